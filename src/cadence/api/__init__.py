@@ -1,0 +1,1 @@
+"""The front: the gRPC service, per-request buffers and the output reader."""

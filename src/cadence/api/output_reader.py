@@ -1,0 +1,57 @@
+"""Fans every worker message out to the request streams it concerns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+
+from cadence.api.request_stream import RequestStream
+from cadence.transport.messages import (
+    Finish,
+    RequestFailed,
+    StepOutput,
+    WorkerOutput,
+    WorkerReady,
+)
+
+
+class OutputReader:
+    """Routes worker output into the per-request buffers.
+
+    `handle` is the only function in the front that loops over a step's tokens; whatever
+    must happen per token happens there, and it never blocks.
+    """
+
+    def __init__(
+        self,
+        streams: dict[int, RequestStream],
+        on_ready: Callable[[WorkerReady], None],
+    ) -> None:
+        self._streams = streams
+        self._on_ready = on_ready
+        self.steps = 0
+        self.tokens = 0
+
+    def handle(self, message: WorkerOutput, recv_ns: int) -> None:
+        """Dispatch one message that the front read at `recv_ns`."""
+        if type(message) is StepOutput:
+            streams = self._streams
+            start, end = message.start_ns, message.end_ns
+            for seq_id, token in zip(message.seq_ids, message.token_ids):
+                stream = streams.get(seq_id)
+                # A missing stream was cancelled after the step started; its token is dropped.
+                if stream is not None:
+                    stream.push(token, start, end, recv_ns)
+            for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
+                stream = streams.get(seq_id)
+                if stream is not None:
+                    stream.end(Finish(reason))
+            self.steps += 1
+            self.tokens += len(message.token_ids)
+        elif type(message) is RequestFailed:
+            stream = self._streams.get(message.seq_id)
+            if stream is not None:
+                stream.fail(grpc.StatusCode[message.code], message.message)
+        elif type(message) is WorkerReady:
+            self._on_ready(message)

@@ -1,0 +1,164 @@
+"""One request's bounded buffer, bound to its context: id, deadline, cancellation.
+
+The output reader pushes tokens in as steps arrive; the request's gRPC handler takes
+everything that is waiting as one chunk whenever its stream is ready to send. Nothing ever
+waits in order to batch: a chunk goes out as soon as the sender is free, and it holds
+several tokens only when several were already waiting.
+
+Overflow policy, when more than `capacity` steps' tokens wait (the client reads slower
+than the engine writes):
+- ``merge`` (default): keep accepting; the waiting tokens go out together as one larger
+  chunk. The engine never stalls, no token is lost, memory is bounded by max_tokens.
+  Every such overflow is counted.
+- ``abort``: end the stream with RESOURCE_EXHAUSTED and free its slot, so a client that
+  cannot keep up does not hold server memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.engines.tokenizer import StreamDecoder
+from cadence.transport.messages import Finish
+
+OVERFLOW_POLICIES = ("merge", "abort")
+
+
+class RequestStream:
+    """The per-request buffer between the output reader and one gRPC stream."""
+
+    __slots__ = (
+        "seq_id", "request_id", "worker", "max_tokens", "include_timing", "received_ns",
+        "finish", "error", "overflows", "merged_steps", "_capacity", "_abort_on_overflow",
+        "chunks", "_tokens", "_steps", "sent_tokens", "_decode", "_waiter", "_scheduled_ns",
+        "_start_ns", "_end_ns", "_recv_ns", "_prompt_tokens",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        worker: int,
+        max_tokens: int,
+        prompt_tokens: int,
+        *,
+        capacity: int,
+        overflow: str,
+        include_timing: bool,
+        decoder: StreamDecoder,
+        received_ns: int,
+    ) -> None:
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.worker = worker
+        self.max_tokens = max_tokens
+        self.include_timing = include_timing
+        self.received_ns = received_ns
+        self.finish = Finish.NONE
+        self.error: tuple[grpc.StatusCode, str] | None = None
+        self.overflows = 0
+        """Pushes that found `capacity` steps already waiting."""
+        self.merged_steps = 0
+        """Steps whose tokens went out in a chunk together with an earlier step's."""
+        self._capacity = capacity
+        self._abort_on_overflow = overflow == "abort"
+        self._tokens: list[int] = []
+        self._steps = 0
+        self.sent_tokens = 0
+        """Tokens taken into chunks so far: the next chunk's index."""
+        self.chunks = 0
+        self._decode = decoder
+        self._waiter: asyncio.Future[None] | None = None
+        self._prompt_tokens = prompt_tokens
+        self._scheduled_ns = 0
+        self._start_ns = self._end_ns = self._recv_ns = 0
+
+    @property
+    def done(self) -> bool:
+        return self.finish != Finish.NONE or self.error is not None
+
+    def push(self, token: int, start_ns: int, end_ns: int, recv_ns: int) -> None:
+        """Add one step's token. Called by the output reader only."""
+        if self._steps >= self._capacity:
+            self.overflows += 1
+            if self._abort_on_overflow:
+                self.fail(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the client read too slowly: {self._steps} steps of output were waiting "
+                    f"(queue capacity {self._capacity}); read faster or ask the operator to "
+                    "raise --queue-capacity",
+                )
+                return
+        if not self._tokens:
+            self._start_ns, self._end_ns, self._recv_ns = start_ns, end_ns, recv_ns
+            if not self._scheduled_ns:
+                self._scheduled_ns = start_ns
+        self._tokens.append(token)
+        self._steps += 1
+        self._wake()
+
+    def end(self, reason: Finish) -> None:
+        """The worker finished the sequence; its last token has been pushed already."""
+        self.finish = reason
+        self._wake()
+
+    def fail(self, code: grpc.StatusCode, message: str) -> None:
+        """End the stream with a gRPC status; the first failure wins."""
+        if not self.done:
+            self.error = (code, message)
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Return once there is something to send or the stream has ended."""
+        if self._tokens or self.done:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
+
+    def take_chunk(self) -> pb.GenerateChunk:
+        """Everything waiting, as one chunk (the last one carries finish_reason)."""
+        tokens = self._tokens
+        self._tokens = []
+        if self._steps > 1:
+            self.merged_steps += self._steps - 1
+        self._steps = 0
+        finish = self.finish
+        chunk = pb.GenerateChunk(
+            request_id=self.request_id,
+            index=self.sent_tokens,
+            token_ids=tokens,
+            text=self._decode(tokens, finish != Finish.NONE),
+            finish_reason=finish,
+        )
+        if self.sent_tokens == 0:
+            chunk.prompt_tokens = self._prompt_tokens
+        self.sent_tokens += len(tokens)
+        self.chunks += 1
+        if self.include_timing:
+            timing = chunk.timing
+            timing.worker = self.worker
+            if tokens:
+                timing.step_start_ns = self._start_ns
+                timing.step_end_ns = self._end_ns
+                timing.front_recv_ns = self._recv_ns
+            if chunk.index == 0:
+                timing.received_ns = self.received_ns
+                timing.scheduled_ns = self._scheduled_ns
+            timing.send_ns = time.monotonic_ns()
+        return chunk
+
+    @property
+    def ready(self) -> bool:
+        """Something is waiting to be sent."""
+        return bool(self._tokens) or self.finish != Finish.NONE

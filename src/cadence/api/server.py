@@ -1,0 +1,193 @@
+"""Builds and runs the front: worker processes, their sockets, and the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cadence.api.output_reader import OutputReader
+from cadence.api.request_stream import OVERFLOW_POLICIES, RequestStream
+from cadence.api.service import InferenceService
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.config import ServerConfig
+from cadence.router import WorkerRouter
+from cadence.transport.channel import FrontChannel, local_addresses
+from cadence.transport.launcher import Launcher, LocalLauncher, WorkerHandle
+from cadence.transport.messages import WorkerReady, WorkerSpec
+
+log = logging.getLogger("cadence.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+_MONITOR_INTERVAL_S = 0.2
+
+
+class StartupError(RuntimeError):
+    """The server could not start; the message says why and what to do."""
+
+
+class CadenceServer:
+    """The front process: owns the network, starts and watches one worker per device.
+
+    `start()` returns the bound port once every worker is ready; `stop()` stops the gRPC
+    server with a grace period, then the workers, leaving no process behind.
+    """
+
+    def __init__(self, config: ServerConfig, launcher: Launcher | None = None) -> None:
+        if config.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {config.overflow!r}")
+        if config.queue_capacity < 1:
+            raise ValueError(f"queue_capacity must be at least 1, got {config.queue_capacity}")
+        self.config = config
+        self._launcher = launcher or LocalLauncher()
+        self._streams: dict[int, RequestStream] = {}
+        self._workers: list[WorkerHandle] = []
+        self._ready: set[int] = set()
+        self._all_ready = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task] = []
+        self.port = 0
+
+    async def start(self) -> int:
+        """Start the workers and the gRPC server; return the port once serving."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        n = len(config.devices)
+
+        # Stage 1: sockets. The front binds, workers connect.
+        self._channel = FrontChannel(*local_addresses(n, config.transport, config.host))
+        links = self._channel.links(loop)
+
+        # Stage 2: routing and the per-request side of the front.
+        self.router = WorkerRouter(n)
+        self.service = InferenceService(config, self._streams, links, self.router)
+        self._links = links
+        self.reader = OutputReader(self._streams, self._on_worker_ready)
+        self._tasks.append(loop.create_task(self._channel.read(self.reader.handle)))
+
+        # Stage 3: the gRPC server, health NOT_SERVING until every worker is ready.
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_InferenceServicer_to_server(self.service, self._server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+        )
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        if self.port == 0:
+            raise StartupError(f"could not bind {config.host}:{config.port}; is the port in use?")
+        await self._server.start()
+
+        # Stage 4: the workers.
+        for index, device in enumerate(config.devices):
+            spec = WorkerSpec(
+                index=index,
+                device=device,
+                input_address=self._channel.input_addresses[index],
+                output_address=self._channel.output_address,
+                engine=config.engine,
+            )
+            self._workers.append(self._launcher.launch(spec))
+        self._tasks.append(loop.create_task(self._monitor_workers()))
+        try:
+            await asyncio.wait_for(self._all_ready.wait(), config.startup_timeout_s)
+        except asyncio.TimeoutError:
+            missing = sorted(set(range(n)) - self._ready)
+            raise StartupError(
+                f"workers {missing} were not ready within {config.startup_timeout_s:.0f} s; "
+                "check their output above, or raise the start-up timeout for slow model loads"
+            ) from None
+        if self._stopping:
+            raise StartupError("a worker exited during start-up; see its output above")
+        self.service.ready = True
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n, config.devices)
+        return self.port
+
+    def _on_worker_ready(self, message: WorkerReady) -> None:
+        self._ready.add(message.worker)
+        log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine)
+        if len(self._ready) == len(self.config.devices):
+            self._all_ready.set()
+
+    async def _set_health(self, status: int) -> None:
+        await self._health.set("", status)
+        await self._health.set(SERVICE_NAME, status)
+
+    async def _monitor_workers(self) -> None:
+        """Fail every stream of a worker that died, so none is left hanging."""
+        dead: set[int] = set()
+        while not self._stopping:
+            await asyncio.sleep(_MONITOR_INTERVAL_S)
+            for worker in self._workers:
+                code = worker.exit_code()
+                if code is None or worker.index in dead or self._stopping:
+                    continue
+                dead.add(worker.index)
+                self.router.mark_dead(worker.index)
+                log.error("worker %d exited with status %s", worker.index, code)
+                message = f"worker {worker.index} stopped (exit status {code}); retry the request"
+                for stream in list(self._streams.values()):
+                    if stream.worker == worker.index:
+                        stream.fail(grpc.StatusCode.UNAVAILABLE, message)
+                if not self._all_ready.is_set():
+                    self._stopping = True
+                    self._all_ready.set()  # wake start() so it reports the failure
+                    return
+                if len(dead) == len(self._workers):
+                    await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking requests, let open streams finish for `grace` seconds, stop workers."""
+        self._stopping = True
+        grace = self.config.grace_s if grace is None else grace
+        if hasattr(self, "_health"):
+            with contextlib.suppress(Exception):
+                await self._health.enter_graceful_shutdown()
+        if hasattr(self, "_server"):
+            await self._server.stop(grace)
+        for link in getattr(self, "_links", []):
+            with contextlib.suppress(Exception):
+                link.shutdown()
+        for worker in self._workers:
+            if await asyncio.to_thread(worker.wait, 5.0) is None:
+                worker.terminate()
+                if await asyncio.to_thread(worker.wait, 2.0) is None:
+                    worker.kill()
+                    await asyncio.to_thread(worker.wait, 2.0)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if hasattr(self, "_channel"):
+            self._channel.close()
+
+
+async def serve(config: ServerConfig, on_started=None) -> None:
+    """Run a server until SIGINT or SIGTERM, then stop it cleanly."""
+    server = CadenceServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        port = await server.start()
+        if on_started is not None:
+            on_started(server, port)
+        await stop.wait()
+        log.info("stopping: %d stream(s) open, grace %.1f s", server.service.active, config.grace_s)
+    finally:
+        await server.stop()
+    stats = server.service.stats
+    log.info(
+        "stopped: requests %s, %d chunks, %d tokens, %d steps merged, %d buffer overflows",
+        stats.requests_by_code, stats.chunks, stats.tokens, stats.merged_steps, stats.overflows,
+    )

@@ -1,0 +1,183 @@
+"""The gRPC service: validation, admission, routing, and one stream loop per request."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from cadence.api.request_stream import RequestStream
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.config import ServerConfig
+from cadence.engines.tokenizer import ByteTokenizer
+from cadence.router import AdmissionGate, WorkerRouter
+from cadence.router.worker_router import NoWorkerAvailable
+from cadence.transport.channel import WorkerLink
+from cadence.transport.messages import AddRequest
+
+
+class InvalidRequest(ValueError):
+    """The request cannot be served as sent; the message says what to change."""
+
+
+class FrontStats:
+    """Counters of the front, read by the metrics endpoint and the shutdown summary."""
+
+    def __init__(self) -> None:
+        self.requests_by_code: dict[str, int] = {}
+        self.chunks = 0
+        self.tokens = 0
+        self.merged_steps = 0
+        self.overflows = 0
+
+    def count(self, code: grpc.StatusCode) -> None:
+        self.requests_by_code[code.name] = self.requests_by_code.get(code.name, 0) + 1
+
+
+class InferenceService(pb_grpc.InferenceServicer):
+    """Serves `cadence.v1.Inference`; each stream waits on its own buffer, never on a thread."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        streams: dict[int, RequestStream],
+        links: list[WorkerLink],
+        router: WorkerRouter,
+    ) -> None:
+        self._config = config
+        self._streams = streams
+        self._links = links
+        self._router = router
+        self._gate = AdmissionGate(config.max_concurrent)
+        self._tokenizer = ByteTokenizer()
+        self._seq_ids = itertools.count(1)
+        self.stats = FrontStats()
+        self.ready = False
+
+    @property
+    def active(self) -> int:
+        return self._gate.active
+
+    def to_add_request(self, seq_id: int, request: pb.GenerateRequest) -> AddRequest:
+        """Check a request and turn it into the worker's message, or raise InvalidRequest."""
+        config = self._config
+        if request.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be at least 1")
+        if request.max_tokens > config.max_tokens_limit:
+            raise InvalidRequest(
+                f"max_tokens is {request.max_tokens}; this server allows at most "
+                f"{config.max_tokens_limit} (--max-tokens-limit)"
+            )
+        if request.prompt_token_ids:
+            prompt = list(request.prompt_token_ids)
+            if min(prompt) < 0:
+                raise InvalidRequest("prompt_token_ids must not be negative")
+        elif request.prompt:
+            prompt = self._tokenizer.encode(request.prompt)
+        else:
+            raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids")
+        if len(prompt) > config.max_prompt_tokens:
+            raise InvalidRequest(
+                f"the prompt has {len(prompt)} tokens; this server allows at most "
+                f"{config.max_prompt_tokens} (--max-prompt-tokens)"
+            )
+        sampling = request.sampling
+        if sampling.temperature < 0:
+            raise InvalidRequest("sampling.temperature must be 0 (greedy) or more")
+        if not 0 <= sampling.top_p <= 1:
+            raise InvalidRequest("sampling.top_p must be between 0 and 1")
+        return AddRequest(
+            seq_id,
+            prompt,
+            request.max_tokens,
+            list(request.stop_token_ids),
+            sampling.temperature,
+            sampling.top_p,
+            sampling.top_k,
+            sampling.seed,
+        )
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
+        received_ns = time.monotonic_ns()
+        stats = self.stats
+        if not self.ready:
+            stats.count(grpc.StatusCode.UNAVAILABLE)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is starting; retry shortly")
+        seq_id = next(self._seq_ids)
+        try:
+            add = self.to_add_request(seq_id, request)
+        except InvalidRequest as exc:
+            stats.count(grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if not self._gate.try_enter():
+            stats.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the server is serving its limit of {self._gate.limit} streams "
+                "(--max-concurrent); retry later",
+            )
+        try:
+            worker = self._router.pick()
+        except NoWorkerAvailable:
+            self._gate.leave()
+            stats.count(grpc.StatusCode.UNAVAILABLE)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is running on this server")
+
+        config = self._config
+        stream = RequestStream(
+            seq_id,
+            request.request_id or uuid.uuid4().hex,
+            worker,
+            add.max_tokens,
+            len(add.prompt_token_ids),
+            capacity=config.queue_capacity,
+            overflow=config.overflow,
+            include_timing=request.include_timing,
+            decoder=self._tokenizer.stream_decoder(),
+            received_ns=received_ns,
+        )
+        self._streams[seq_id] = stream
+        self._router.assign(worker, add.max_tokens)
+        self._links[worker].add(add)
+        remaining = context.time_remaining()
+        deadline = None
+        if remaining is not None:
+            deadline = asyncio.get_running_loop().call_later(
+                max(remaining, 0.0),
+                stream.fail,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "the request's deadline passed before generation finished",
+            )
+        code = grpc.StatusCode.CANCELLED
+        try:
+            while True:
+                await stream.wait()
+                if stream.error is not None:
+                    code = stream.error[0]
+                    await context.abort(*stream.error)
+                chunk = stream.take_chunk()
+                yield chunk
+                if stream.finish:
+                    code = grpc.StatusCode.OK
+                    return
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+            del self._streams[seq_id]
+            self._router.release(worker, add.max_tokens)
+            self._gate.leave()
+            if not stream.finish:
+                # Cancelled, past its deadline or failed: the worker drops it at its next step.
+                self._links[worker].abort(seq_id)
+            stats.count(code)
+            stats.chunks += stream.chunks
+            stats.tokens += stream.sent_tokens
+            stats.merged_steps += stream.merged_steps
+            stats.overflows += stream.overflows

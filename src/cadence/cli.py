@@ -1,0 +1,129 @@
+"""`cadence serve | generate | bench`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+
+def _run(coro) -> None:
+    """Run on uvloop when it is installed, else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a server: the gRPC front and one worker per device")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one")
+    p.add_argument("--devices", default="cpu:1", help="cpu:N, cuda:I,J,... or auto (default cpu:1)")
+    p.add_argument("--engine", default="synthetic", choices=["synthetic"])
+    p.add_argument("--step-ms", type=float, default=20.0, help="synthetic decode step (ms)")
+    p.add_argument("--per-seq-ms", type=float, default=0.0, help="synthetic cost per sequence in a step (ms)")
+    p.add_argument("--prefill-ms-per-token", type=float, default=0.01, help="synthetic prefill cost (ms/token)")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="synthetic step jitter, std dev (ms)")
+    p.add_argument("--first-step-ms", type=float, default=0.0, help="extra time on each worker's first step (ms)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-batch", type=int, default=512, help="sequences per engine step at most")
+    p.add_argument("--max-concurrent", type=int, default=1024, help="streams admitted at once")
+    p.add_argument("--queue-capacity", type=int, default=64, help="steps of output a request's buffer holds")
+    p.add_argument("--overflow", default="merge", choices=["merge", "abort"],
+                   help="when a client lags past --queue-capacity: merge its tokens, or end its stream")
+    p.add_argument("--max-tokens-limit", type=int, default=16384)
+    p.add_argument("--max-prompt-tokens", type=int, default=65536)
+    p.add_argument("--transport", default="ipc", choices=["ipc", "tcp"], help="front <-> worker sockets")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds open streams get on shutdown")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from cadence.api.server import serve
+    from cadence.config import ServerConfig, parse_devices
+    from cadence.transport.messages import EngineConfig
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        devices = parse_devices(args.devices)
+    except ValueError as exc:
+        sys.exit(f"cadence serve: {exc}")
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        devices=devices,
+        engine=EngineConfig(
+            name=args.engine,
+            step_ms=args.step_ms,
+            per_seq_ms=args.per_seq_ms,
+            prefill_ms_per_token=args.prefill_ms_per_token,
+            jitter_ms=args.jitter_ms,
+            first_step_ms=args.first_step_ms,
+            seed=args.seed,
+            max_batch=args.max_batch,
+        ),
+        max_concurrent=args.max_concurrent,
+        queue_capacity=args.queue_capacity,
+        overflow=args.overflow,
+        max_tokens_limit=args.max_tokens_limit,
+        max_prompt_tokens=args.max_prompt_tokens,
+        transport=args.transport,
+        grace_s=args.grace,
+    )
+
+    def announce(server, port: int) -> None:
+        # One machine-readable line, so scripts and tests can find the port.
+        print(f"cadence serving on {args.host}:{port}", flush=True)
+
+    _run(serve(config, on_started=announce))
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="stream one request's text to the terminal")
+    p.add_argument("prompt")
+    p.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT of a cadence server")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_generate)
+
+
+def _generate(args: argparse.Namespace) -> None:
+    import grpc
+
+    from cadence.client import Client
+
+    with Client(args.target) as client:
+        try:
+            for chunk in client.generate(
+                args.prompt, max_tokens=args.max_tokens, timeout=args.timeout, seed=args.seed
+            ):
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+        except grpc.RpcError as exc:
+            sys.stdout.write("\n")
+            sys.exit(f"cadence generate: {exc.code().name}: {exc.details()}")
+    sys.stdout.write("\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cadence", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_generate(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `cadence` command."""
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

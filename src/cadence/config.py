@@ -1,0 +1,70 @@
+"""Server configuration: one typed object, built once from the command line or by a program."""
+
+from __future__ import annotations
+
+import msgspec
+
+from cadence.transport.messages import EngineConfig
+
+
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 50051
+    """0 asks the OS for a free port."""
+    devices: list[str] = msgspec.field(default_factory=lambda: ["cpu"])
+    """One worker per entry: `cpu` or `cuda:N`."""
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    max_concurrent: int = 1024
+    """Streams admitted at once; more are refused with RESOURCE_EXHAUSTED."""
+    queue_capacity: int = 64
+    """Steps of output that may wait in a request's buffer before the overflow policy applies."""
+    overflow: str = "merge"
+    """`merge` or `abort`; see cadence.api.request_stream."""
+    max_tokens_limit: int = 16384
+    """Largest max_tokens a request may ask for."""
+    max_prompt_tokens: int = 65536
+    transport: str = "ipc"
+    """`ipc` (one host) or `tcp`."""
+    startup_timeout_s: float = 60.0
+    grace_s: float = 5.0
+    """On shutdown, open streams get this long to finish before they are cancelled."""
+
+
+def parse_devices(text: str) -> list[str]:
+    """`cpu:N` → N CPU workers; `cuda:0,1` → one worker per listed card; `auto` → every
+    visible CUDA card, or one CPU worker when there is none."""
+    text = text.strip()
+    if text == "auto":
+        count = _cuda_device_count()
+        return [f"cuda:{i}" for i in range(count)] if count else ["cpu"]
+    kind, _, rest = text.partition(":")
+    if kind == "cpu":
+        count = int(rest) if rest else 1
+        if count < 1:
+            raise ValueError(f"--devices cpu:N needs N >= 1, got {text!r}")
+        return ["cpu"] * count
+    if kind == "cuda":
+        ids = [int(i) for i in rest.split(",") if i.strip()] if rest else [0]
+        if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+            raise ValueError(f"--devices cuda:I,J,... needs distinct card numbers, got {text!r}")
+        return [f"cuda:{i}" for i in ids]
+    raise ValueError(f"--devices must be cpu:N, cuda:I,J,... or auto; got {text!r}")
+
+
+def _cuda_device_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML library or no driver: no cards
+        pass
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0

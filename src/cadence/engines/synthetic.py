@@ -1,0 +1,87 @@
+"""A timing model of a real engine, with no tensor work.
+
+It isolates the serving layer: a step takes what a card would take (a base decode time, a
+cost per sequence in the batch, a prefill cost per prompt token, optional jitter and a slow
+first step), and every sequence gets one token per step. Tokens are bytes of a pseudo-text
+built from the seed, read from an offset that depends on the prompt and seeds, so output is
+readable and the same prompt with the same seeds gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import zlib
+
+from cadence.engines.base import Sequence
+from cadence.engines.tokenizer import ByteTokenizer
+from cadence.transport.messages import AddRequest, EngineConfig
+
+_WORDS = (
+    "the a stream token card batch step model latency queue buffer client server worker "
+    "engine cadence first gap tail each every new piece moment output rhythm network side "
+    "request response send read wait merge slot time fast slow steady bound context cancel"
+).split()
+_CORPUS_BYTES = 1 << 16
+
+
+def _corpus(seed: int) -> bytes:
+    rng = random.Random(seed)
+    out = bytearray()
+    while len(out) < _CORPUS_BYTES:
+        sentence = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 14)))
+        out += sentence.capitalize().encode() + b". "
+    return bytes(out[:_CORPUS_BYTES])
+
+
+class SyntheticEngine:
+    """Steps take modelled time; see EngineConfig for the knobs."""
+
+    name = "synthetic"
+    vocab_size = ByteTokenizer.vocab_size
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config = config
+        self._rng = random.Random(config.seed)
+        self._corpus = _corpus(config.seed)
+        self._first_step = True
+        self._step_s = config.step_ms / 1e3
+        self._per_seq_s = config.per_seq_ms / 1e3
+        self._prefill_s = config.prefill_ms_per_token / 1e3
+        self._jitter_s = config.jitter_ms / 1e3
+
+    def start(self) -> None:
+        """Nothing to load."""
+
+    def check(self, request: AddRequest) -> str | None:
+        """Every prompt of byte tokens is acceptable."""
+        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            return f"prompt_token_ids must be in [0, {self.vocab_size}); got {bad[0]}"
+        return None
+
+    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int]:
+        """Produce one token per sequence once the modelled step time has passed."""
+        start = time.monotonic()
+        duration = self._step_s + self._per_seq_s * (len(prefill) + len(decode))
+        if self._first_step:
+            duration += self._config.first_step_ms / 1e3
+            self._first_step = False
+        if self._jitter_s:
+            duration = max(0.0, duration + self._rng.gauss(0.0, self._jitter_s))
+        corpus = self._corpus
+        size = len(corpus)
+        for seq in prefill:
+            req = seq.request
+            duration += self._prefill_s * len(req.prompt_token_ids)
+            key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
+            seq.state = zlib.crc32(key, self._config.seed) % size
+        tokens = [corpus[(s.state + s.generated) % size] for s in prefill]
+        tokens += [corpus[(s.state + s.generated) % size] for s in decode]
+        remaining = start + duration - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
+        return tokens
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing is held per sequence."""

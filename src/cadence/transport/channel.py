@@ -1,0 +1,176 @@
+"""ZeroMQ sockets between the front and its workers.
+
+The front binds everything and workers connect, so a worker can run wherever it can reach
+the front's addresses (ipc:// on one host, tcp:// across hosts). Each worker has its own
+input socket (PUSH at the front, PULL at the worker); all workers share one output socket
+(PUSH at each worker, one PULL at the front), so the front reads every step from one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from cadence.transport.messages import (
+    AddRequest,
+    Shutdown,
+    WorkerInput,
+    WorkerInputs,
+    WorkerOutput,
+)
+
+
+def local_addresses(workers: int, transport: str, host: str = "127.0.0.1") -> tuple[list[str], str]:
+    """Addresses for `workers` input sockets and the output socket.
+
+    `ipc` uses a fresh private directory; `tcp` asks the OS for ports when binding
+    (`tcp://host:*`), so the bound address must be read back from the socket.
+    """
+    if transport == "ipc":
+        base = tempfile.mkdtemp(prefix="cadence-")
+        return [f"ipc://{base}/in-{i}" for i in range(workers)], f"ipc://{base}/out"
+    if transport == "tcp":
+        return [f"tcp://{host}:*"] * workers, f"tcp://{host}:*"
+    raise ValueError(f"transport must be 'ipc' or 'tcp', got {transport!r}")
+
+
+class WorkerLink:
+    """The front's sending end to one worker.
+
+    Adds and aborts made during one event-loop tick go out as one `WorkerInputs` message,
+    so a burst of new requests costs one send, not one per request.
+    """
+
+    def __init__(self, socket: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
+        self._socket = socket
+        self._loop = loop
+        self._adds: list[AddRequest] = []
+        self._aborts: list[int] = []
+        self._flush_scheduled = False
+        self._encode = msgspec.msgpack.Encoder().encode
+
+    def add(self, request: AddRequest) -> None:
+        self._adds.append(request)
+        self._schedule()
+
+    def abort(self, seq_id: int) -> None:
+        self._aborts.append(seq_id)
+        self._schedule()
+
+    def shutdown(self) -> None:
+        self.flush()
+        self._socket.send(self._encode(Shutdown()), zmq.NOBLOCK)
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._adds or self._aborts:
+            message = WorkerInputs(self._adds, self._aborts)
+            self._adds, self._aborts = [], []
+            # Never blocks: the input socket has no high-water mark and admission bounds
+            # how much can be outstanding.
+            self._socket.send(self._encode(message), zmq.NOBLOCK)
+
+
+class FrontChannel:
+    """All of the front's sockets: one `WorkerLink` per worker and the shared output socket."""
+
+    def __init__(self, input_addresses: list[str], output_address: str) -> None:
+        self._context = zmq.asyncio.Context()
+        self._inputs: list[zmq.Socket] = []
+        self.input_addresses: list[str] = []
+        self._sync_context = zmq.Context.shadow(self._context.underlying)
+        for address in input_addresses:
+            sock = self._sync_context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind(address)
+            self._inputs.append(sock)
+            self.input_addresses.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        self._output = self._context.socket(zmq.PULL)
+        self._output.setsockopt(zmq.RCVHWM, 0)
+        self._output.setsockopt(zmq.LINGER, 0)
+        self._output.bind(output_address)
+        self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._output_sync = zmq.Socket.shadow(self._output.underlying)
+        self._decode = msgspec.msgpack.Decoder(WorkerOutput).decode
+
+    def links(self, loop: asyncio.AbstractEventLoop) -> list[WorkerLink]:
+        return [WorkerLink(sock, loop) for sock in self._inputs]
+
+    async def read(self, handle: Callable[[WorkerOutput, int], None]) -> None:
+        """Forever: wait for output, then hand every waiting message to `handle`.
+
+        Draining with non-blocking reads after one wake-up keeps the event loop from
+        switching tasks once per message under load.
+        """
+        recv = self._output_sync.recv
+        decode = self._decode
+        monotonic_ns = time.monotonic_ns
+        while True:
+            await self._output.poll(flags=zmq.POLLIN)
+            while True:
+                try:
+                    frame = recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                handle(decode(frame), monotonic_ns())
+
+    def close(self) -> None:
+        for sock in self._inputs:
+            sock.close(linger=0)
+        self._output.close(linger=0)
+        self._context.term()
+        for address in [*self.input_addresses, self.output_address]:
+            if address.startswith("ipc://"):
+                try:
+                    os.unlink(address[len("ipc://"):])
+                except OSError:
+                    pass
+
+
+class WorkerChannel:
+    """A worker's end: read inputs (blocking only when idle), send outputs."""
+
+    def __init__(self, input_address: str, output_address: str) -> None:
+        self._context = zmq.Context()
+        self._input = self._context.socket(zmq.PULL)
+        self._input.setsockopt(zmq.RCVHWM, 0)
+        self._input.connect(input_address)
+        self._output = self._context.socket(zmq.PUSH)
+        self._output.setsockopt(zmq.LINGER, 1000)
+        self._output.connect(output_address)
+        self._poller = zmq.Poller()
+        self._poller.register(self._input, zmq.POLLIN)
+        self._decode = msgspec.msgpack.Decoder(WorkerInput).decode
+        self._encode = msgspec.msgpack.Encoder().encode
+
+    def receive(self, timeout_ms: int | None) -> list[WorkerInput]:
+        """Every waiting input; waits up to `timeout_ms` for the first (None: forever, 0: not)."""
+        messages: list[WorkerInput] = []
+        if timeout_ms != 0 and not self._poller.poll(timeout_ms):
+            return messages
+        while True:
+            try:
+                messages.append(self._decode(self._input.recv(zmq.NOBLOCK)))
+            except zmq.Again:
+                return messages
+
+    def send(self, message: WorkerOutput) -> None:
+        self._output.send(self._encode(message))
+
+    def close(self) -> None:
+        self._input.close(linger=0)
+        self._output.close()
+        self._context.term()

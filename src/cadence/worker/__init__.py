@@ -1,0 +1,1 @@
+"""The worker: one process per card (or tensor-parallel group) running the batching loop."""

@@ -1,0 +1,3 @@
+from cadence.worker.process import main
+
+main()
