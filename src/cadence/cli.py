@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_generate(sub)
+    from cadence.lab.bench_cli import add_bench
+
+    add_bench(sub)
     return parser
 
 

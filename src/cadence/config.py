@@ -39,12 +39,18 @@ def parse_devices(text: str) -> list[str]:
         return [f"cuda:{i}" for i in range(count)] if count else ["cpu"]
     kind, _, rest = text.partition(":")
     if kind == "cpu":
-        count = int(rest) if rest else 1
+        try:
+            count = int(rest) if rest else 1
+        except ValueError:
+            count = 0
         if count < 1:
             raise ValueError(f"--devices cpu:N needs N >= 1, got {text!r}")
         return ["cpu"] * count
     if kind == "cuda":
-        ids = [int(i) for i in rest.split(",") if i.strip()] if rest else [0]
+        try:
+            ids = [int(i) for i in rest.split(",") if i.strip()] if rest else [0]
+        except ValueError:
+            ids = []
         if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
             raise ValueError(f"--devices cuda:I,J,... needs distinct card numbers, got {text!r}")
         return [f"cuda:{i}" for i in ids]

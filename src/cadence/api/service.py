@@ -164,7 +164,9 @@ class InferenceService(pb_grpc.InferenceServicer):
                     await context.abort(*stream.error)
                 chunk = stream.take_chunk()
                 yield chunk
-                if stream.finish:
+                # Not stream.finish: it may have been set while this chunk was being sent,
+                # with the last tokens still waiting.
+                if chunk.finish_reason:
                     code = grpc.StatusCode.OK
                     return
         finally:

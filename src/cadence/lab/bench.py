@@ -1,0 +1,115 @@
+"""`cadence bench`: drive a server with a fixed workload and report what the client saw."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from cadence.lab.loadgen import ProcessPlan, RequestPlan, run_load
+from cadence.lab.stats import summarize
+
+_START_DELAY_S = 3.0
+"""Time for client processes to start and connect before the agreed start."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A closed-loop workload: `requests` streams, `concurrency` open at once."""
+
+    requests: int
+    concurrency: int
+    max_tokens: int = 128
+    prompt_tokens: int = 16
+    seed: int = 0
+    include_timing: bool = True
+    timeout_s: float | None = None
+    warmup: int = 0
+
+    def plans(self, target: str, processes: int, channels: int = 1) -> list[ProcessPlan]:
+        """Split the requests and the concurrency evenly over `processes` client processes."""
+        rng = random.Random(self.seed)
+        requests = [
+            RequestPlan(f"bench-{i}", [rng.randrange(32, 127) for _ in range(self.prompt_tokens)],
+                        self.max_tokens)
+            for i in range(self.requests)
+        ]
+        start_at = time.monotonic_ns() + int(_START_DELAY_S * 1e9)
+        return [
+            ProcessPlan(
+                process=p,
+                target=target,
+                requests=requests[p::processes],
+                concurrency=max(1, len(range(p, self.concurrency, processes))),
+                start_at_ns=start_at,
+                include_timing=self.include_timing,
+                timeout_s=self.timeout_s,
+                channels=channels,
+                warmup=self.warmup,
+            )
+            for p in range(processes)
+        ]
+
+
+def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1) -> dict:
+    """Run `workload` against `target`; return the summary plus the raw records."""
+    processes_out = run_load(workload.plans(target, processes, channels))
+    records = [r for p in processes_out for r in p.records]
+    result = summarize(records)
+    client_cpu_s = sum(p.cpu_s for p in processes_out)
+    result["client"] = {
+        "processes": processes,
+        "cpu_s": client_cpu_s,
+        "cpu_per_chunk_us": client_cpu_s / result["chunks"] * 1e6 if result["chunks"] else None,
+        "busiest_process_cpu_share": max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
+    }
+    result["workload"] = {
+        "target": target,
+        "requests": workload.requests,
+        "concurrency": workload.concurrency,
+        "max_tokens": workload.max_tokens,
+        "prompt_tokens": workload.prompt_tokens,
+        "client_processes": processes,
+        "channels_per_process": channels,
+    }
+    result["records"] = msgspec.to_builtins(records)
+    return result
+
+
+def print_summary(result: dict) -> None:
+    """A table of the aggregates (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"cadence bench: {result['workload']['target']}", show_lines=False)
+    table.add_column("metric")
+    for col in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(col, justify="right")
+    rows = ["ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens"]
+    for name in rows:
+        d = result.get(name)
+        if d:
+            table.add_row(name, *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
+    for name, d in result.get("segments_ms", {}).items():
+        table.add_row(f"  segment {name}", *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
+    console.print(table)
+    client = result["client"]
+    console.print(
+        f"client: {client['processes']} process(es), {client['cpu_per_chunk_us']:.0f} µs CPU per chunk, "
+        f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
+        + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
+    )
+    integrity = result["integrity"]
+    console.print(
+        f"requests {result['requests_ok']}/{result['requests']} ok, errors {result['errors_by_code'] or 'none'}; "
+        f"{result['output_tokens']} tokens in {result['chunks']} chunks over {result['wall_s']:.2f} s: "
+        f"{result['tokens_per_s']:.0f} tokens/s, {result['chunks_per_s']:.0f} chunks/s, "
+        f"{result['requests_per_s']:.1f} requests/s"
+    )
+    console.print(
+        f"integrity: lost {integrity['lost_tokens']}, repeated {integrity['repeated_tokens']}, "
+        f"reordered {integrity['reordered_chunks']}, short streams {integrity['short_streams']}"
+    )

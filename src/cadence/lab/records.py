@@ -1,0 +1,40 @@
+"""What the load generator records for each request: raw, per chunk, never aggregated."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
+    """One request as the client saw it. Times are `time.monotonic_ns()` on the client host.
+
+    Per-chunk lists are parallel: chunk i arrived at `arrival_ns[i]` with `tokens[i]`
+    tokens at output position `index[i]`. The `t_*` lists hold the server's Timing of
+    each chunk when the request asked for it (else they are empty).
+    """
+
+    request_id: str
+    process: int
+    start_ns: int
+    """Just before the request was sent."""
+    end_ns: int = 0
+    """When the stream ended (last chunk or error)."""
+    code: str = "OK"
+    """gRPC status code name."""
+    error: str = ""
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    finish_reason: int = 0
+    arrival_ns: list[int] = []
+    tokens: list[int] = []
+    index: list[int] = []
+    t_received_ns: int = 0
+    t_scheduled_ns: int = 0
+    t_step_start_ns: list[int] = []
+    t_step_end_ns: list[int] = []
+    t_front_recv_ns: list[int] = []
+    t_send_ns: list[int] = []
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.tokens)

@@ -1,0 +1,69 @@
+"""parse_devices: the --devices flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence import config
+from cadence.config import ServerConfig, parse_devices
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("cpu", ["cpu"]),
+        ("cpu:1", ["cpu"]),
+        ("cpu:3", ["cpu", "cpu", "cpu"]),
+        ("  cpu:2 ", ["cpu", "cpu"]),
+        ("cuda", ["cuda:0"]),
+        ("cuda:0", ["cuda:0"]),
+        ("cuda:0,1", ["cuda:0", "cuda:1"]),
+        ("cuda:3,1", ["cuda:3", "cuda:1"]),
+        ("cuda:0, 2", ["cuda:0", "cuda:2"]),
+    ],
+)
+def test_valid_devices(text: str, expected: list[str]):
+    assert parse_devices(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        ("cpu:0", "cpu:N"),
+        ("cpu:-2", "cpu:N"),
+        ("cpu:x", "cpu:N"),
+        ("cpu:1.5", "cpu:N"),
+        ("cuda:0,0", "distinct"),
+        ("cuda:-1", "cuda:I,J"),
+        ("cuda:,", "cuda:I,J"),
+        ("cuda:a", "cuda:I,J"),
+        ("cuda:0,b", "cuda:I,J"),
+        ("gpu:0", "cpu:N, cuda:I,J,... or auto"),
+        ("", "cpu:N, cuda:I,J,... or auto"),
+        ("tpu", "cpu:N, cuda:I,J,... or auto"),
+    ],
+)
+def test_invalid_devices_raise_helpful_value_error(text: str, hint: str):
+    with pytest.raises(ValueError) as info:
+        parse_devices(text)
+    message = str(info.value)
+    assert "--devices" in message
+    assert hint in message
+    assert repr(text.strip()) in message  # says what was given
+
+
+def test_auto_uses_every_visible_card(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(config, "_cuda_device_count", lambda: 2)
+    assert parse_devices("auto") == ["cuda:0", "cuda:1"]
+
+
+def test_auto_falls_back_to_one_cpu_worker(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(config, "_cuda_device_count", lambda: 0)
+    assert parse_devices("auto") == ["cpu"]
+
+
+def test_server_config_defaults():
+    c = ServerConfig()
+    assert c.devices == ["cpu"]
+    assert c.overflow == "merge"
+    assert c.queue_capacity >= 1 and c.max_concurrent >= 1

@@ -1,0 +1,348 @@
+"""RequestStream: the per-request buffer between the output reader and one gRPC stream."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from cadence.api.request_stream import RequestStream
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.engines.tokenizer import ByteTokenizer
+from cadence.transport.messages import Finish
+
+
+def make_stream(
+    *,
+    capacity: int = 64,
+    overflow: str = "merge",
+    include_timing: bool = False,
+    prompt_tokens: int = 3,
+    received_ns: int = 1_000,
+    worker: int = 2,
+) -> RequestStream:
+    return RequestStream(
+        7,
+        "req-7",
+        worker,
+        100,
+        prompt_tokens,
+        capacity=capacity,
+        overflow=overflow,
+        include_timing=include_timing,
+        decoder=ByteTokenizer().stream_decoder(),
+        received_ns=received_ns,
+    )
+
+
+def push_step(stream: RequestStream, token: int, step: int) -> None:
+    """One step's token, with distinct, increasing timestamps per step."""
+    base = 10_000 + 100 * step
+    stream.push(token, start_ns=base, end_ns=base + 50, recv_ns=base + 60)
+
+
+# -- chunking -------------------------------------------------------------------------------
+
+
+def test_waiting_tokens_go_out_as_one_chunk_with_contiguous_indexes():
+    s = make_stream()
+    for step, t in enumerate(b"abc"):
+        push_step(s, t, step)
+    first = s.take_chunk()
+    assert list(first.token_ids) == list(b"abc")
+    assert first.index == 0
+    assert first.text == "abc"
+    assert first.request_id == "req-7"
+    assert first.finish_reason == pb.FINISH_REASON_UNSPECIFIED
+
+    push_step(s, ord("d"), 3)
+    second = s.take_chunk()
+    assert list(second.token_ids) == [ord("d")]
+    assert second.index == 3
+
+    for step, t in enumerate(b"ef", start=4):
+        push_step(s, t, step)
+    third = s.take_chunk()
+    assert third.index == 4
+    assert third.text == "ef"
+    assert s.sent_tokens == 6
+    assert s.chunks == 3
+
+
+def test_take_chunk_empties_the_buffer():
+    s = make_stream()
+    push_step(s, ord("x"), 0)
+    assert s.ready
+    s.take_chunk()
+    assert not s.ready
+    assert not s.done
+
+
+def test_prompt_tokens_only_on_first_chunk():
+    s = make_stream(prompt_tokens=5)
+    push_step(s, ord("a"), 0)
+    first = s.take_chunk()
+    push_step(s, ord("b"), 1)
+    second = s.take_chunk()
+    assert first.prompt_tokens == 5
+    assert second.prompt_tokens == 0
+
+
+def test_finish_reason_only_on_last_chunk():
+    s = make_stream()
+    push_step(s, ord("a"), 0)
+    push_step(s, ord("b"), 1)
+    early = s.take_chunk()
+    assert early.finish_reason == pb.FINISH_REASON_UNSPECIFIED
+    assert not s.done
+
+    push_step(s, ord("c"), 2)
+    s.end(Finish.LENGTH)
+    assert s.done and s.ready
+    last = s.take_chunk()
+    assert last.finish_reason == pb.FINISH_REASON_LENGTH
+    assert list(last.token_ids) == [ord("c")]
+    assert last.index == 2
+
+
+def test_finish_reason_values_match_proto_enum():
+    for reason, proto in [
+        (Finish.LENGTH, pb.FINISH_REASON_LENGTH),
+        (Finish.STOP, pb.FINISH_REASON_STOP),
+        (Finish.CANCELLED, pb.FINISH_REASON_CANCELLED),
+    ]:
+        s = make_stream()
+        push_step(s, ord("z"), 0)
+        s.end(reason)
+        assert s.take_chunk().finish_reason == proto
+
+
+def test_merged_steps_counts_steps_that_shared_a_chunk():
+    s = make_stream()
+    push_step(s, 1, 0)
+    s.take_chunk()  # one step alone: nothing merged
+    assert s.merged_steps == 0
+    for step in range(1, 5):
+        push_step(s, 1, step)
+    s.take_chunk()  # four steps in one chunk: three merged into the first
+    assert s.merged_steps == 3
+    push_step(s, 1, 5)
+    push_step(s, 1, 6)
+    s.take_chunk()
+    assert s.merged_steps == 4
+    assert s.overflows == 0
+
+
+# -- overflow -------------------------------------------------------------------------------
+
+
+def test_overflow_merge_keeps_every_token_and_counts_overflows():
+    s = make_stream(capacity=2, overflow="merge")
+    tokens = list(b"hello")
+    for step, t in enumerate(tokens):
+        push_step(s, t, step)
+    # Capacity 2: the 3rd, 4th and 5th pushes each found 2 or more steps waiting.
+    assert s.overflows == 3
+    assert s.error is None
+    chunk = s.take_chunk()
+    assert list(chunk.token_ids) == tokens
+    assert chunk.text == "hello"
+    assert s.merged_steps == 4
+
+    # Once drained, the buffer takes `capacity` steps again before overflowing.
+    push_step(s, ord("!"), 5)
+    push_step(s, ord("!"), 6)
+    assert s.overflows == 3
+    push_step(s, ord("!"), 7)
+    assert s.overflows == 4
+
+
+def test_no_overflow_at_exactly_capacity():
+    s = make_stream(capacity=3, overflow="abort")
+    for step in range(3):
+        push_step(s, 65, step)
+    assert s.overflows == 0
+    assert s.error is None
+    assert len(s.take_chunk().token_ids) == 3
+
+
+def test_overflow_abort_fails_with_resource_exhausted():
+    s = make_stream(capacity=2, overflow="abort")
+    push_step(s, 65, 0)
+    push_step(s, 66, 1)
+    assert s.error is None
+    push_step(s, 67, 2)
+    assert s.overflows == 1
+    assert s.done
+    assert s.error is not None
+    code, message = s.error
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "queue" in message and "2" in message
+    # The overflowing token was not buffered.
+    assert list(s.take_chunk().token_ids) == [65, 66]
+
+
+# -- failure --------------------------------------------------------------------------------
+
+
+def test_fail_first_failure_wins():
+    s = make_stream()
+    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+    s.fail(grpc.StatusCode.INVALID_ARGUMENT, "later")
+    assert s.error == (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+    assert s.done
+
+
+def test_fail_after_finish_is_ignored():
+    s = make_stream()
+    push_step(s, 65, 0)
+    s.end(Finish.STOP)
+    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "too late")
+    assert s.error is None
+    assert s.take_chunk().finish_reason == pb.FINISH_REASON_STOP
+
+
+def test_abort_overflow_does_not_replace_earlier_failure():
+    s = make_stream(capacity=1, overflow="abort")
+    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+    push_step(s, 65, 0)
+    push_step(s, 66, 1)
+    assert s.error[0] is grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+# -- wait -----------------------------------------------------------------------------------
+
+
+def test_wait_returns_immediately_when_tokens_are_waiting():
+    s = make_stream()
+    push_step(s, 65, 0)
+
+    async def main() -> None:
+        # A waiter that needed a wake-up would never finish: nothing else runs.
+        await asyncio.wait_for(s.wait(), timeout=5)
+
+    asyncio.run(main())
+
+
+def test_wait_returns_immediately_when_done():
+    for finish in (True, False):
+        s = make_stream()
+        if finish:
+            s.end(Finish.LENGTH)
+        else:
+            s.fail(grpc.StatusCode.CANCELLED, "gone")
+
+        async def main(stream: RequestStream = s) -> None:
+            await asyncio.wait_for(stream.wait(), timeout=5)
+
+        asyncio.run(main())
+
+
+def test_wait_blocks_until_push():
+    s = make_stream()
+    events: list[str] = []
+
+    async def consumer() -> None:
+        events.append("waiting")
+        await s.wait()
+        events.append("woke")
+
+    async def main() -> None:
+        task = asyncio.create_task(consumer())
+        # Let the consumer reach its wait; it must not get past it without a push.
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert events == ["waiting"]
+        assert not task.done()
+        push_step(s, 65, 0)
+        events.append("pushed")
+        await asyncio.wait_for(task, timeout=5)
+
+    asyncio.run(main())
+    assert events == ["waiting", "pushed", "woke"]
+    assert s.ready
+
+
+@pytest.mark.parametrize("how", ["end", "fail"])
+def test_wait_wakes_on_end_or_fail(how: str):
+    s = make_stream()
+
+    async def main() -> None:
+        task = asyncio.create_task(s.wait())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done()
+        if how == "end":
+            s.end(Finish.CANCELLED)
+        else:
+            s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+        await asyncio.wait_for(task, timeout=5)
+
+    asyncio.run(main())
+    assert s.done
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+def test_include_timing_fills_timing_fields():
+    s = make_stream(include_timing=True, received_ns=500, worker=3)
+    s.push(ord("a"), start_ns=1_000, end_ns=1_100, recv_ns=1_150)
+    s.push(ord("b"), start_ns=2_000, end_ns=2_100, recv_ns=2_150)
+    first = s.take_chunk()
+    assert first.HasField("timing")
+    t = first.timing
+    assert t.worker == 3
+    assert t.received_ns == 500
+    assert t.scheduled_ns == 1_000  # the first step of the request
+    # Per-token fields describe the chunk's first (oldest) token.
+    assert (t.step_start_ns, t.step_end_ns, t.front_recv_ns) == (1_000, 1_100, 1_150)
+    assert t.send_ns > 0
+
+    s.push(ord("c"), start_ns=3_000, end_ns=3_100, recv_ns=3_150)
+    s.push(ord("d"), start_ns=4_000, end_ns=4_100, recv_ns=4_150)
+    second = s.take_chunk()
+    t2 = second.timing
+    assert second.index == 2
+    assert t2.worker == 3
+    assert t2.received_ns == 0 and t2.scheduled_ns == 0  # first chunk only
+    assert (t2.step_start_ns, t2.step_end_ns, t2.front_recv_ns) == (3_000, 3_100, 3_150)
+    assert t2.send_ns >= t.send_ns
+
+
+def test_no_timing_unless_asked():
+    s = make_stream(include_timing=False)
+    push_step(s, 65, 0)
+    chunk = s.take_chunk()
+    assert not chunk.HasField("timing")
+
+
+# -- UTF-8 ----------------------------------------------------------------------------------
+
+
+def test_multibyte_character_split_across_chunks_is_decoded_once_complete():
+    s = make_stream()
+    data = "añ€😀".encode()  # 1 + 2 + 3 + 4 bytes
+    assert len(data) == 10
+    texts = []
+    # Push the bytes one step at a time, taking a chunk after every step.
+    for step, byte in enumerate(data):
+        push_step(s, byte, step)
+        if step == len(data) - 1:
+            s.end(Finish.LENGTH)
+        texts.append(s.take_chunk().text)
+    assert "".join(texts) == "añ€😀"
+    assert "\ufffd" not in "".join(texts)
+    # Each character appears in the chunk that completes it, nothing before.
+    assert texts == ["a", "", "ñ", "", "", "€", "", "", "", "😀"]
+
+
+def test_incomplete_character_at_finish_becomes_replacement():
+    s = make_stream()
+    euro = "€".encode()
+    push_step(s, euro[0], 0)
+    push_step(s, euro[1], 1)
+    assert s.take_chunk().text == ""
+    s.end(Finish.LENGTH)
+    assert s.take_chunk().text == "\ufffd"
