@@ -111,11 +111,21 @@ def _generate(args: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="start a CPU server, stream a few requests, run a short bench")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--step-ms", type=float, default=20.0)
+    p.add_argument("--streams", type=int, default=64)
+    p.set_defaults(func=lambda a: __import__("cadence.lab.demo", fromlist=["run_demo"]).run_demo(
+        a.workers, a.step_ms, a.streams))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cadence", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_generate(sub)
+    _add_demo(sub)
     from cadence.lab.bench_cli import add_bench
 
     add_bench(sub)

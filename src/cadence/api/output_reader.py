@@ -8,7 +8,6 @@ import grpc
 
 from cadence.api.request_stream import RequestStream
 from cadence.transport.messages import (
-    Finish,
     RequestFailed,
     StepOutput,
     WorkerOutput,
@@ -46,7 +45,7 @@ class OutputReader:
             for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
                 stream = streams.get(seq_id)
                 if stream is not None:
-                    stream.end(Finish(reason))
+                    stream.end(reason)
             self.steps += 1
             self.tokens += len(message.token_ids)
         elif type(message) is RequestFailed:

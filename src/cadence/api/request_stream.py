@@ -101,8 +101,8 @@ class RequestStream:
         self._steps += 1
         self._wake()
 
-    def end(self, reason: Finish) -> None:
-        """The worker finished the sequence; its last token has been pushed already."""
+    def end(self, reason: int) -> None:
+        """The worker finished the sequence (a Finish value); its last token was pushed already."""
         self.finish = reason
         self._wake()
 

@@ -69,7 +69,7 @@ class CadenceServer:
         self.service = InferenceService(config, self._streams, links, self.router)
         self._links = links
         self.reader = OutputReader(self._streams, self._on_worker_ready)
-        self._tasks.append(loop.create_task(self._channel.read(self.reader.handle)))
+        self._channel.start_reading(loop, self.reader.handle)
 
         # Stage 3: the gRPC server, health NOT_SERVING until every worker is ready.
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 from cadence.transport.messages import (
     AddRequest,
@@ -66,7 +65,10 @@ class WorkerLink:
 
     def shutdown(self) -> None:
         self.flush()
-        self._socket.send(self._encode(Shutdown()), zmq.NOBLOCK)
+        try:
+            self._socket.send(self._encode(Shutdown()), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the worker is gone already
 
     def _schedule(self) -> None:
         if not self._flush_scheduled:
@@ -79,20 +81,23 @@ class WorkerLink:
             message = WorkerInputs(self._adds, self._aborts)
             self._adds, self._aborts = [], []
             # Never blocks: the input socket has no high-water mark and admission bounds
-            # how much can be outstanding.
-            self._socket.send(self._encode(message), zmq.NOBLOCK)
+            # how much can be outstanding. It fails only when no worker is connected,
+            # i.e. the worker died; the front's monitor fails that worker's streams.
+            try:
+                self._socket.send(self._encode(message), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
 
 
 class FrontChannel:
     """All of the front's sockets: one `WorkerLink` per worker and the shared output socket."""
 
     def __init__(self, input_addresses: list[str], output_address: str) -> None:
-        self._context = zmq.asyncio.Context()
+        self._context = zmq.Context()
         self._inputs: list[zmq.Socket] = []
         self.input_addresses: list[str] = []
-        self._sync_context = zmq.Context.shadow(self._context.underlying)
         for address in input_addresses:
-            sock = self._sync_context.socket(zmq.PUSH)
+            sock = self._context.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.LINGER, 0)
             sock.bind(address)
@@ -103,31 +108,37 @@ class FrontChannel:
         self._output.setsockopt(zmq.LINGER, 0)
         self._output.bind(output_address)
         self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._output_sync = zmq.Socket.shadow(self._output.underlying)
         self._decode = msgspec.msgpack.Decoder(WorkerOutput).decode
+        self._stop_reading: Callable[[], None] | None = None
 
     def links(self, loop: asyncio.AbstractEventLoop) -> list[WorkerLink]:
         return [WorkerLink(sock, loop) for sock in self._inputs]
 
-    async def read(self, handle: Callable[[WorkerOutput, int], None]) -> None:
-        """Forever: wait for output, then hand every waiting message to `handle`.
+    def start_reading(self, loop: asyncio.AbstractEventLoop,
+                      handle: Callable[[WorkerOutput, int], None]) -> None:
+        """From now on, hand every worker message to `handle` with the time it was read.
 
-        Draining with non-blocking reads after one wake-up keeps the event loop from
-        switching tasks once per message under load.
+        The event loop watches the socket's file descriptor directly (no future per read);
+        ZeroMQ signals it edge-triggered, so each wake-up drains every waiting message.
         """
-        recv = self._output_sync.recv
+        sock = self._output
+        recv = sock.recv
         decode = self._decode
         monotonic_ns = time.monotonic_ns
-        while True:
-            await self._output.poll(flags=zmq.POLLIN)
-            while True:
-                try:
-                    frame = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                handle(decode(frame), monotonic_ns())
+        pollin = zmq.POLLIN
+        events = zmq.EVENTS
+
+        def on_readable() -> None:
+            while sock.getsockopt(events) & pollin:
+                handle(decode(recv()), monotonic_ns())
+
+        loop.add_reader(sock.getsockopt(zmq.FD), on_readable)
+        self._stop_reading = lambda: loop.remove_reader(sock.getsockopt(zmq.FD))
+        loop.call_soon(on_readable)  # messages that arrived before the reader was added
 
     def close(self) -> None:
+        if self._stop_reading is not None:
+            self._stop_reading()
         for sock in self._inputs:
             sock.close(linger=0)
         self._output.close(linger=0)

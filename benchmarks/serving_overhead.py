@@ -1,0 +1,112 @@
+"""Serving overhead of the streaming core: workloads W1-W3 of the streaming-core issue.
+
+Each workload starts a fresh `cadence serve` (synthetic engine, two CPU workers) and drives
+it with `cadence bench`'s load generator in separate processes, then checks the targets.
+
+    python benchmarks/serving_overhead.py [--out results/serving_overhead.json] [--only W1]
+
+Targets (2 cores, client on the same machine):
+  W1  --step-ms 20, 256 streams x 128 tokens together: chunk gap - 20 ms p99 <= 2 ms,
+      token delay (step end -> client) p99 <= 5 ms, TTFT p99 <= 100 ms.
+  W2  the same with 1024 streams: wall time <= 1.15 x ideal, token delay p99 <= 40 ms.
+  W3  --step-ms 0, 512 streams: >= 150,000 tokens/s delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import psutil
+
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.server_process import ServerProcess
+
+WORKLOADS = {
+    "W1": {"step_ms": 20.0, "streams": 256, "max_tokens": 128},
+    "W2": {"step_ms": 20.0, "streams": 1024, "max_tokens": 128},
+    "W3": {"step_ms": 0.0, "streams": 512, "max_tokens": 512},
+}
+
+
+def _cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of the front and of each of its workers so far."""
+    front = psutil.Process(pid)
+    out = {"front": sum(front.cpu_times()[:2])}
+    for i, child in enumerate(front.children()):
+        out[f"worker{i}"] = sum(child.cpu_times()[:2])
+    return out
+
+
+def run_workload(name: str, procs: int) -> dict:
+    spec = WORKLOADS[name]
+    args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]),
+            "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024")
+    with ServerProcess(*args) as server:
+        before = _cpu_s(server.pid)
+        workload = Workload(requests=spec["streams"], concurrency=spec["streams"],
+                            max_tokens=spec["max_tokens"], warmup=2)
+        result = run_bench(server.target, workload, processes=procs)
+        after = _cpu_s(server.pid)
+    result.pop("records")
+    result["server_cpu_s"] = {k: after[k] - before.get(k, 0.0) for k in after}
+    result["server_args"] = list(args)
+    result["targets"] = check_targets(name, spec, result)
+    return result
+
+
+def check_targets(name: str, spec: dict, r: dict) -> dict:
+    """Each target: the measured value, the bound, and whether it was met."""
+    def target(value: float, bound: float, at_most: bool = True) -> dict:
+        return {"measured": value, "bound": bound,
+                "met": value <= bound if at_most else value >= bound}
+
+    if name == "W1":
+        return {
+            "chunk_gap_minus_step_p99_ms": target(r["chunk_gap_ms"]["p99"] - spec["step_ms"], 2.0),
+            "token_delay_p99_ms": target(r["token_delay_ms"]["p99"], 5.0),
+            "ttft_p99_ms": target(r["ttft_ms"]["p99"], 100.0),
+        }
+    if name == "W2":
+        ideal_s = spec["max_tokens"] * spec["step_ms"] / 1e3
+        return {
+            "wall_over_ideal": target(r["e2e_ms"]["max"] / 1e3 / ideal_s, 1.15),
+            "token_delay_p99_ms": target(r["token_delay_ms"]["p99"], 40.0),
+        }
+    return {"tokens_per_s": target(r["tokens_per_s"], 150_000, at_most=False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/serving_overhead.json")
+    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS))
+    parser.add_argument("--procs", type=int, default=2, help="load-generating processes")
+    args = parser.parse_args()
+    results = {
+        "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "workloads": {},
+    }
+    for name in args.only or sorted(WORKLOADS):
+        r = run_workload(name, args.procs)
+        results["workloads"][name] = r
+        print(f"{name}: ttft p99 {r['ttft_ms']['p99']:.1f} ms, chunk gap p50/p99 "
+              f"{r['chunk_gap_ms']['p50']:.2f}/{r['chunk_gap_ms']['p99']:.2f} ms, token delay p50/p99 "
+              f"{r['token_delay_ms']['p50']:.2f}/{r['token_delay_ms']['p99']:.2f} ms, "
+              f"{r['tokens_per_s']:.0f} tokens/s, {r['chunk_tokens']['mean']:.2f} tokens/chunk, "
+              f"wall {r['wall_s']:.2f} s, integrity {r['integrity']}, errors {r['errors_by_code']}")
+        print(f"    server CPU s {r['server_cpu_s']}, client {r['client']['cpu_per_chunk_us']:.0f} µs/chunk")
+        for key, t in r["targets"].items():
+            print(f"    {key}: {t['measured']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Start real `cadence serve` processes on 127.0.0.1 and stop them, checking nothing is left."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+from cadence.client import Client
+
+_BANNER = re.compile(r"cadence serving on (\S+):(\d+)")
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    target: str
+    workers: list[psutil.Process]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Signal the front and wait for it; assert that no worker outlives it."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout)
+        gone, alive = psutil.wait_procs(self.workers, timeout=10)
+        assert not alive, f"workers outlived the server: {[p.pid for p in alive]}"
+        return code
+
+
+def start_server(*args: str, timeout: float = 60.0) -> RunningServer:
+    """Run `cadence serve --port 0 ARGS` and return once health says SERVING."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--log-level", "WARNING", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    line = process.stdout.readline()  # the banner comes after every worker is ready
+    match = _BANNER.search(line)
+    if not match:
+        process.kill()
+        raise RuntimeError(f"server did not start (exit {process.wait()}): {line!r}")
+    target = f"{match.group(1)}:{match.group(2)}"
+    with Client(target) as client:
+        while client.health() != "SERVING":
+            assert time.monotonic() < deadline, "server never became SERVING"
+            time.sleep(0.05)
+    workers = psutil.Process(process.pid).children(recursive=True)
+    return RunningServer(process, target, workers)
+
+
+@pytest.fixture
+def server_factory() -> Iterator:
+    started: list[RunningServer] = []
+
+    def factory(*args: str) -> RunningServer:
+        server = start_server(*args)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    """A shared two-worker synthetic server with a short step."""
+    running = start_server("--devices", "cpu:2", "--step-ms", "5")
+    yield running
+    assert running.stop() == 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,0 +1,135 @@
+"""Admission, cancellation, deadlines, worker death and shutdown, on real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import grpc
+import psutil
+import pytest
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.client import Client, build_request
+
+_SLOT_WAIT_S = 2.0
+"""Upper bound for a freed slot to become usable: cancellation crosses the network."""
+
+
+async def _open_stream(stub, prompt: str, max_tokens: int = 10_000, timeout=None):
+    """Start a stream and read its first chunk; return the call, or the error code."""
+    call = stub.Generate(build_request(prompt, max_tokens=max_tokens), timeout=timeout)
+    try:
+        await call.read()
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    return call
+
+
+async def _admit_within(stub, prompt: str, seconds: float):
+    """Open a stream, retrying RESOURCE_EXHAUSTED until `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        result = await _open_stream(stub, prompt)
+        if not isinstance(result, grpc.StatusCode):
+            return result
+        assert result == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert time.monotonic() < deadline, "a cancelled stream's slot was not freed"
+        await asyncio.sleep(0.01)
+
+
+def test_cancelling_streams_frees_their_slots(server_factory) -> None:
+    server = server_factory("--devices", "cpu:2", "--step-ms", "20", "--max-concurrent", "4")
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            first = [await _open_stream(stub, f"a{i}") for i in range(4)]
+            assert all(isinstance(c, grpc.aio.UnaryStreamCall) for c in first)
+            # Beyond --max-concurrent: refused at once, not queued.
+            t0 = time.monotonic()
+            assert await _open_stream(stub, "too many") == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert time.monotonic() - t0 < 1.0
+            for call in first:
+                call.cancel()
+            second = [await _admit_within(stub, f"b{i}", _SLOT_WAIT_S) for i in range(4)]
+            # The new streams keep streaming: the cancelled ones left the workers' batches.
+            for call in second:
+                chunk = await call.read()
+                assert chunk.index > 0
+            assert await _open_stream(stub, "still full") == grpc.StatusCode.RESOURCE_EXHAUSTED
+            for call in second:
+                call.cancel()
+
+    asyncio.run(run())
+
+
+def test_deadline_ends_stream_and_frees_slot(server_factory) -> None:
+    server = server_factory("--step-ms", "20", "--max-concurrent", "1")
+    with Client(server.target) as client:
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            list(client.generate("slow", max_tokens=10_000, timeout=0.3))
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - t0 < 5.0
+
+    async def admitted() -> None:
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            call = await _admit_within(pb_grpc.InferenceStub(channel), "next", _SLOT_WAIT_S)
+            call.cancel()
+
+    asyncio.run(admitted())
+
+
+def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> None:
+    server = server_factory("--devices", "cpu:2", "--step-ms", "10")
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            calls = [stub.Generate(build_request(f"p{i}", max_tokens=150, include_timing=True))
+                     for i in range(4)]
+            firsts = [await call.read() for call in calls]
+            victim = firsts[0].timing.worker
+            os.kill(server.workers[victim].pid, signal.SIGKILL)
+            for call, first in zip(calls, firsts):
+                chunks = [first]
+                try:
+                    while (chunk := await call.read()) is not grpc.aio.EOF:
+                        chunks.append(chunk)
+                except grpc.aio.AioRpcError as exc:
+                    assert first.timing.worker == victim
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                    assert f"worker {victim}" in exc.details()
+                else:
+                    assert first.timing.worker != victim
+                    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+                    assert sum(len(c.token_ids) for c in chunks) == 150
+            # New requests go to the worker that is left.
+            chunks = [c async for c in stub.Generate(build_request("after", max_tokens=3,
+                                                                   include_timing=True))]
+            assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+            assert chunks[0].timing.worker != victim
+
+    asyncio.run(run())
+
+
+def test_sigterm_with_open_streams_leaves_no_process(server_factory) -> None:
+    server = server_factory("--devices", "cpu:2", "--step-ms", "20", "--grace", "0.5")
+    with Client(server.target) as client:
+        stream = client.generate("long", max_tokens=10_000)
+        next(stream)
+        assert server.stop(signal.SIGTERM) == 0
+        with pytest.raises(grpc.RpcError):
+            list(stream)
+
+
+def test_killed_front_takes_its_workers_with_it(server_factory) -> None:
+    server = server_factory("--devices", "cpu:2")
+    server.process.kill()
+    server.process.wait(10)
+    gone, alive = psutil.wait_procs(server.workers, timeout=10)
+    assert not alive

@@ -1,0 +1,119 @@
+"""End to end: many concurrent streams through real worker processes, checked token by token."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.client import AsyncClient, Client
+from cadence.engines.tokenizer import ByteTokenizer
+
+
+async def _collect(client: AsyncClient, prompt: str, max_tokens: int, **options) -> list:
+    return [chunk async for chunk in client.generate(prompt, max_tokens=max_tokens, **options)]
+
+
+def _check_stream(chunks: list, max_tokens: int) -> list[int]:
+    """Indexes are contiguous, only the last chunk finishes, and no token is lost or repeated."""
+    tokens: list[int] = []
+    for chunk in chunks:
+        assert chunk.index == len(tokens), "a chunk's index must be its first token's position"
+        tokens.extend(chunk.token_ids)
+    assert [c.finish_reason for c in chunks[:-1]] == [0] * (len(chunks) - 1)
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert len(tokens) == max_tokens
+    assert "".join(c.text for c in chunks) == ByteTokenizer().decode(tokens)
+    return tokens
+
+
+def test_64_concurrent_streams_complete_with_every_token(server) -> None:
+    async def run() -> list[list]:
+        async with AsyncClient(server.target) as client:
+            return await asyncio.gather(
+                *(_collect(client, f"prompt {i % 8}", 60, request_id=f"r{i}") for i in range(64))
+            )
+
+    results = asyncio.run(run())
+    by_prompt: dict[int, list[int]] = {}
+    for i, chunks in enumerate(results):
+        assert {c.request_id for c in chunks} == {f"r{i}"}
+        tokens = _check_stream(chunks, 60)
+        # Same prompt and seed, same tokens, whichever worker served it.
+        assert by_prompt.setdefault(i % 8, tokens) == tokens
+    assert len({tuple(t) for t in by_prompt.values()}) > 1
+
+
+def test_sync_client_and_server_assigned_request_id(server) -> None:
+    with Client(server.target) as client:
+        chunks = list(client.generate("hello", max_tokens=5))
+    _check_stream(chunks, 5)
+    assert chunks[0].request_id and all(c.request_id == chunks[0].request_id for c in chunks)
+    assert chunks[0].prompt_tokens == len("hello")
+
+
+def test_timing_fields_follow_the_data_path(server) -> None:
+    with Client(server.target) as client:
+        chunks = list(client.generate("timed", max_tokens=4, include_timing=True))
+    first = chunks[0].timing
+    assert 0 < first.received_ns <= first.scheduled_ns <= first.step_start_ns
+    for chunk in chunks:
+        t = chunk.timing
+        assert t.step_start_ns <= t.step_end_ns <= t.front_recv_ns <= t.send_ns
+
+
+def test_stop_token_ends_stream_with_stop(server) -> None:
+    with Client(server.target) as client:
+        first = next(iter(client.generate("stop here", max_tokens=3)))
+        stop = first.token_ids[0]
+        chunks = list(client.generate("stop here", max_tokens=50, stop_token_ids=[stop]))
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_STOP
+    assert [t for c in chunks for t in c.token_ids] == [stop]
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens must be at least 1"),
+        ({"prompt": "", "max_tokens": 4}, "prompt is empty"),
+        ({"prompt": "x", "max_tokens": 10**6}, "--max-tokens-limit"),
+        ({"prompt": [1, 300], "max_tokens": 4}, "prompt_token_ids must be in [0, 256)"),
+        ({"prompt": [-1], "max_tokens": 4}, "must not be negative"),
+        ({"prompt": "x", "max_tokens": 4, "temperature": -1.0}, "temperature"),
+    ],
+)
+def test_bad_requests_get_invalid_argument(server, options, needle) -> None:
+    prompt = options.pop("prompt")
+    with Client(server.target) as client, pytest.raises(grpc.RpcError) as info:
+        list(client.generate(prompt, **options))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in info.value.details()
+
+
+def test_health_and_reflection_on_the_same_port(server) -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with Client(server.target) as client:
+        assert client.health() == "SERVING"
+        assert client.health("cadence.v1.Inference") == "SERVING"
+    with grpc.insecure_channel(server.target) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        reply = next(stub.ServerReflectionInfo(iter([request])))
+    names = {s.name for s in reply.list_services_response.service}
+    assert {"cadence.v1.Inference", "grpc.health.v1.Health"} <= names
+
+
+def test_generate_command_streams_text(server) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "generate", "--target", server.target,
+         "--max-tokens", "12", "hello"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    with Client(server.target) as client:
+        expected = client.complete("hello", max_tokens=12)
+    assert out.stdout == expected + "\n"
