@@ -37,6 +37,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="when a client lags past --queue-capacity: merge its tokens, or end its stream")
     p.add_argument("--max-tokens-limit", type=int, default=16384)
     p.add_argument("--max-prompt-tokens", type=int, default=65536)
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (0: any free port)")
     p.add_argument("--transport", default="ipc", choices=["ipc", "tcp"], help="front <-> worker sockets")
     p.add_argument("--grace", type=float, default=5.0, help="seconds open streams get on shutdown")
     p.add_argument("--log-level", default="INFO")
@@ -72,13 +74,15 @@ def _serve(args: argparse.Namespace) -> None:
         overflow=args.overflow,
         max_tokens_limit=args.max_tokens_limit,
         max_prompt_tokens=args.max_prompt_tokens,
+        metrics_port=args.metrics_port,
         transport=args.transport,
         grace_s=args.grace,
     )
 
     def announce(server, port: int) -> None:
         # One machine-readable line, so scripts and tests can find the port.
-        print(f"cadence serving on {args.host}:{port}", flush=True)
+        metrics = f" (metrics on {args.host}:{server.metrics_port})" if server.metrics_port else ""
+        print(f"cadence serving on {args.host}:{port}{metrics}", flush=True)
 
     _run(serve(config, on_started=announce))
 

@@ -23,6 +23,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens_limit: int = 16384
     """Largest max_tokens a request may ask for."""
     max_prompt_tokens: int = 65536
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0: any free port); None: no metrics endpoint."""
     transport: str = "ipc"
     """`ipc` (one host) or `tcp`."""
     startup_timeout_s: float = 60.0

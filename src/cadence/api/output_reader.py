@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import grpc
 
+from cadence.api.metrics import FrontMetrics
 from cadence.api.request_stream import RequestStream
 from cadence.transport.messages import (
     RequestFailed,
@@ -26,11 +27,15 @@ class OutputReader:
         self,
         streams: dict[int, RequestStream],
         on_ready: Callable[[WorkerReady], None],
+        metrics: FrontMetrics,
+        workers: int,
     ) -> None:
         self._streams = streams
         self._on_ready = on_ready
-        self.steps = 0
-        self.tokens = 0
+        labels = [str(i) for i in range(workers)]
+        self._batch_size = [metrics.batch_size.labels(w) for w in labels]
+        self._step_time = [metrics.step_time.labels(w) for w in labels]
+        self._steps = [metrics.steps.labels(w) for w in labels]
 
     def handle(self, message: WorkerOutput, recv_ns: int) -> None:
         """Dispatch one message that the front read at `recv_ns`."""
@@ -46,8 +51,10 @@ class OutputReader:
                 stream = streams.get(seq_id)
                 if stream is not None:
                     stream.end(reason)
-            self.steps += 1
-            self.tokens += len(message.token_ids)
+            worker = message.worker
+            self._batch_size[worker].set(len(message.seq_ids))
+            self._step_time[worker].set((end - start) / 1e9)
+            self._steps[worker].inc()
         elif type(message) is RequestFailed:
             stream = self._streams.get(message.seq_id)
             if stream is not None:

@@ -33,8 +33,8 @@ class RequestStream:
 
     __slots__ = (
         "seq_id", "request_id", "worker", "max_tokens", "include_timing", "received_ns",
-        "finish", "error", "overflows", "merged_steps", "_capacity", "_abort_on_overflow",
-        "chunks", "_tokens", "_steps", "sent_tokens", "_decode", "_waiter", "_scheduled_ns",
+        "finish", "error", "overflows", "merged_steps", "_capacity", "_abort_on_overflow", "scheduled_ns",
+        "chunks", "_tokens", "_steps", "sent_tokens", "_decode", "_waiter",
         "_start_ns", "_end_ns", "_recv_ns", "_prompt_tokens",
     )  # fmt: skip
 
@@ -74,8 +74,13 @@ class RequestStream:
         self._decode = decoder
         self._waiter: asyncio.Future[None] | None = None
         self._prompt_tokens = prompt_tokens
-        self._scheduled_ns = 0
+        self.scheduled_ns = 0
         self._start_ns = self._end_ns = self._recv_ns = 0
+
+    @property
+    def waiting_steps(self) -> int:
+        """Steps of output waiting to be sent."""
+        return self._steps
 
     @property
     def done(self) -> bool:
@@ -95,8 +100,8 @@ class RequestStream:
                 return
         if not self._tokens:
             self._start_ns, self._end_ns, self._recv_ns = start_ns, end_ns, recv_ns
-            if not self._scheduled_ns:
-                self._scheduled_ns = start_ns
+            if not self.scheduled_ns:
+                self.scheduled_ns = start_ns
         self._tokens.append(token)
         self._steps += 1
         self._wake()
@@ -154,7 +159,7 @@ class RequestStream:
                 timing.front_recv_ns = self._recv_ns
             if chunk.index == 0:
                 timing.received_ns = self.received_ns
-                timing.scheduled_ns = self._scheduled_ns
+                timing.scheduled_ns = self.scheduled_ns
             timing.send_ns = time.monotonic_ns()
         return chunk
 

@@ -11,6 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cadence.api.metrics import FrontMetrics
 from cadence.api.output_reader import OutputReader
 from cadence.api.request_stream import OVERFLOW_POLICIES, RequestStream
 from cadence.api.service import InferenceService
@@ -53,6 +54,7 @@ class CadenceServer:
         self._stopping = False
         self._tasks: list[asyncio.Task] = []
         self.port = 0
+        self.metrics_port: int | None = None
 
     async def start(self) -> int:
         """Start the workers and the gRPC server; return the port once serving."""
@@ -66,9 +68,12 @@ class CadenceServer:
 
         # Stage 2: routing and the per-request side of the front.
         self.router = WorkerRouter(n)
-        self.service = InferenceService(config, self._streams, links, self.router)
+        self.metrics = FrontMetrics()
+        self.service = InferenceService(config, self._streams, links, self.router, self.metrics)
         self._links = links
-        self.reader = OutputReader(self._streams, self._on_worker_ready)
+        self.reader = OutputReader(self._streams, self._on_worker_ready, self.metrics, n)
+        if config.metrics_port is not None:
+            self.metrics_port = self.metrics.serve(config.metrics_port, config.host)
         self._channel.start_reading(loop, self.reader.handle)
 
         # Stage 3: the gRPC server, health NOT_SERVING until every worker is ready.
@@ -186,8 +191,9 @@ async def serve(config: ServerConfig, on_started=None) -> None:
         log.info("stopping: %d stream(s) open, grace %.1f s", server.service.active, config.grace_s)
     finally:
         await server.stop()
-    stats = server.service.stats
+    value = server.metrics.registry.get_sample_value
     log.info(
-        "stopped: requests %s, %d chunks, %d tokens, %d steps merged, %d buffer overflows",
-        stats.requests_by_code, stats.chunks, stats.tokens, stats.merged_steps, stats.overflows,
+        "stopped: %d chunks, %d tokens, %d steps merged, %d buffer overflows",
+        value("cadence_chunks_total"), value("cadence_output_tokens_total"),
+        value("cadence_merged_steps_total"), value("cadence_buffer_overflows_total"),
     )

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from cadence.api.metrics import FrontMetrics
 from cadence.api.request_stream import RequestStream
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
@@ -25,20 +26,6 @@ class InvalidRequest(ValueError):
     """The request cannot be served as sent; the message says what to change."""
 
 
-class FrontStats:
-    """Counters of the front, read by the metrics endpoint and the shutdown summary."""
-
-    def __init__(self) -> None:
-        self.requests_by_code: dict[str, int] = {}
-        self.chunks = 0
-        self.tokens = 0
-        self.merged_steps = 0
-        self.overflows = 0
-
-    def count(self, code: grpc.StatusCode) -> None:
-        self.requests_by_code[code.name] = self.requests_by_code.get(code.name, 0) + 1
-
-
 class InferenceService(pb_grpc.InferenceServicer):
     """Serves `cadence.v1.Inference`; each stream waits on its own buffer, never on a thread."""
 
@@ -48,6 +35,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         streams: dict[int, RequestStream],
         links: list[WorkerLink],
         router: WorkerRouter,
+        metrics: FrontMetrics,
     ) -> None:
         self._config = config
         self._streams = streams
@@ -56,7 +44,11 @@ class InferenceService(pb_grpc.InferenceServicer):
         self._gate = AdmissionGate(config.max_concurrent)
         self._tokenizer = ByteTokenizer()
         self._seq_ids = itertools.count(1)
-        self.stats = FrontStats()
+        self.metrics = metrics
+        metrics.watch(
+            active=lambda: self._gate.active,
+            deepest_buffer=lambda: max((s.waiting_steps for s in streams.values()), default=0),
+        )
         self.ready = False
 
     @property
@@ -106,18 +98,18 @@ class InferenceService(pb_grpc.InferenceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateChunk]:
         received_ns = time.monotonic_ns()
-        stats = self.stats
+        metrics = self.metrics
         if not self.ready:
-            stats.count(grpc.StatusCode.UNAVAILABLE)
+            metrics.requests.labels("UNAVAILABLE").inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is starting; retry shortly")
         seq_id = next(self._seq_ids)
         try:
             add = self.to_add_request(seq_id, request)
         except InvalidRequest as exc:
-            stats.count(grpc.StatusCode.INVALID_ARGUMENT)
+            metrics.requests.labels("INVALID_ARGUMENT").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if not self._gate.try_enter():
-            stats.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            metrics.requests.labels("RESOURCE_EXHAUSTED").inc()
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the server is serving its limit of {self._gate.limit} streams "
@@ -127,7 +119,7 @@ class InferenceService(pb_grpc.InferenceServicer):
             worker = self._router.pick()
         except NoWorkerAvailable:
             self._gate.leave()
-            stats.count(grpc.StatusCode.UNAVAILABLE)
+            metrics.requests.labels("UNAVAILABLE").inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is running on this server")
 
         config = self._config
@@ -156,6 +148,8 @@ class InferenceService(pb_grpc.InferenceServicer):
                 "the request's deadline passed before generation finished",
             )
         code = grpc.StatusCode.CANCELLED
+        observe_itl = metrics.itl.observe
+        last_ns = received_ns
         try:
             while True:
                 await stream.wait()
@@ -163,6 +157,13 @@ class InferenceService(pb_grpc.InferenceServicer):
                     code = stream.error[0]
                     await context.abort(*stream.error)
                 chunk = stream.take_chunk()
+                now = time.monotonic_ns()
+                if chunk.index == 0:
+                    metrics.ttft.observe((now - received_ns) / 1e9)
+                    metrics.queue_wait.observe((stream.scheduled_ns - received_ns) / 1e9)
+                elif chunk.token_ids:
+                    observe_itl((now - last_ns) / 1e9 / len(chunk.token_ids))
+                last_ns = now
                 yield chunk
                 # Not stream.finish: it may have been set while this chunk was being sent,
                 # with the last tokens still waiting.
@@ -178,8 +179,9 @@ class InferenceService(pb_grpc.InferenceServicer):
             if not stream.finish:
                 # Cancelled, past its deadline or failed: the worker drops it at its next step.
                 self._links[worker].abort(seq_id)
-            stats.count(code)
-            stats.chunks += stream.chunks
-            stats.tokens += stream.sent_tokens
-            stats.merged_steps += stream.merged_steps
-            stats.overflows += stream.overflows
+            metrics.requests.labels(code.name).inc()
+            metrics.e2e.observe((time.monotonic_ns() - received_ns) / 1e9)
+            metrics.chunks.inc(stream.chunks)
+            metrics.tokens.inc(stream.sent_tokens)
+            metrics.merged_steps.inc(stream.merged_steps)
+            metrics.overflows.inc(stream.overflows)

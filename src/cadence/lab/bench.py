@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import msgspec
 
 from cadence.lab.loadgen import ProcessPlan, RequestPlan, run_load
+from cadence.lab.sampler import SystemSampler, server_processes
 from cadence.lab.stats import summarize
 
 _START_DELAY_S = 3.0
@@ -27,6 +28,7 @@ class Workload:
     include_timing: bool = True
     timeout_s: float | None = None
     warmup: int = 0
+    read_delay_ms: float = 0.0
 
     def plans(self, target: str, processes: int, channels: int = 1) -> list[ProcessPlan]:
         """Split the requests and the concurrency evenly over `processes` client processes."""
@@ -48,6 +50,7 @@ class Workload:
                 timeout_s=self.timeout_s,
                 channels=channels,
                 warmup=self.warmup,
+                read_delay_ms=self.read_delay_ms,
             )
             for p in range(processes)
         ]
@@ -55,7 +58,17 @@ class Workload:
 
 def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1) -> dict:
     """Run `workload` against `target`; return the summary plus the raw records."""
-    processes_out = run_load(workload.plans(target, processes, channels))
+    sampler = SystemSampler()
+    for name, pid in server_processes(target).items():
+        sampler.watch(name, pid)
+    sampler.start()
+    try:
+        processes_out = run_load(
+            workload.plans(target, processes, channels),
+            on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
+        )
+    finally:
+        system = sampler.stop()
     records = [r for p in processes_out for r in p.records]
     result = summarize(records)
     client_cpu_s = sum(p.cpu_s for p in processes_out)
@@ -65,6 +78,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         "cpu_per_chunk_us": client_cpu_s / result["chunks"] * 1e6 if result["chunks"] else None,
         "busiest_process_cpu_share": max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
     }
+    result["system"] = system
     result["workload"] = {
         "target": target,
         "requests": workload.requests,

@@ -19,6 +19,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=None, help="per-request deadline (s)")
     p.add_argument("--procs", type=int, default=1, help="load-generating processes")
     p.add_argument("--channels", type=int, default=1, help="gRPC connections per process")
+    p.add_argument("--read-delay-ms", type=float, default=0.0,
+                   help="pause after each chunk, to play a slow-reading client")
     p.add_argument("--no-timing", action="store_true", help="do not ask for server timestamps")
     p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
     p.set_defaults(func=_bench)
@@ -36,6 +38,7 @@ def _bench(args: argparse.Namespace) -> None:
         include_timing=not args.no_timing,
         timeout_s=args.timeout,
         warmup=args.warmup,
+        read_delay_ms=args.read_delay_ms,
     )
     try:
         result = run_bench(args.target, workload, processes=args.procs, channels=args.channels)

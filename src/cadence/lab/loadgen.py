@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 
 import grpc
 import msgspec
@@ -42,10 +43,13 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     channels: int = 1
     warmup: int = 0
     """Requests sent (and not recorded) before start_at_ns."""
+    read_delay_ms: float = 0.0
+    """Sleep this long after each chunk: a slow-reading client, to test backpressure."""
 
 
 async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
-               include_timing: bool, timeout: float | None) -> RequestRecord:
+               include_timing: bool, timeout: float | None,
+               read_delay_s: float = 0.0) -> RequestRecord:
     request = pb.GenerateRequest(
         request_id=plan.request_id,
         prompt_token_ids=plan.prompt_token_ids,
@@ -81,6 +85,8 @@ async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
                     record.t_scheduled_ns = t.scheduled_ns
             if chunk.finish_reason:
                 record.finish_reason = chunk.finish_reason
+            if read_delay_s:
+                await asyncio.sleep(read_delay_s)
     except grpc.aio.AioRpcError as exc:
         record.code = exc.code().name
         record.error = exc.details() or ""
@@ -112,9 +118,8 @@ async def _run_process(plan: ProcessPlan) -> tuple[list[RequestRecord], float, f
     async def lane(k: int) -> None:
         stub = stubs[k % len(stubs)]
         while queue:
-            records.append(
-                await _one(stub, queue.pop(), plan.process, plan.include_timing, plan.timeout_s)
-            )
+            records.append(await _one(stub, queue.pop(), plan.process, plan.include_timing,
+                                      plan.timeout_s, plan.read_delay_ms / 1e3))
 
     await asyncio.gather(*(lane(k) for k in range(min(plan.concurrency, len(plan.requests)))))
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
@@ -150,8 +155,12 @@ def _process_main(plan_bytes: bytes, conn) -> None:
     conn.close()
 
 
-def run_load(plans: list[ProcessPlan]) -> list[ProcessResult]:
-    """Run each plan in its own process and gather every process's result."""
+def run_load(plans: list[ProcessPlan],
+             on_started: Callable[[int, int], None] | None = None) -> list[ProcessResult]:
+    """Run each plan in its own process and gather every process's result.
+
+    `on_started(process_number, pid)` is called for each process once it runs.
+    """
     context = mp.get_context("spawn")
     started = []
     for plan in plans:
@@ -160,6 +169,8 @@ def run_load(plans: list[ProcessPlan]) -> list[ProcessResult]:
         proc.start()
         sender.close()
         started.append((proc, receiver))
+        if on_started is not None:
+            on_started(plan.process, proc.pid)
     decode = msgspec.msgpack.Decoder(ProcessResult).decode
     results: list[ProcessResult] = []
     for proc, receiver in started:

@@ -9,9 +9,14 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
 - e2e_ms: last chunk's arrival − send time.
 - token_delay_ms: a chunk's arrival − the end of the engine step that made its first
   (oldest) token (server step end, client arrival: same host, same monotonic clock).
-- segments (server timing): queue = worker scheduled − front received; engine = step end −
-  step start; transfer = front read − step end; buffer = handed to gRPC − front read;
-  send = client arrival − handed to gRPC.
+- segments_ms (server timing, per chunk's first token): engine_step = step end − step
+  start; transfer = front read − step end; buffer = handed to gRPC − front read; send =
+  client arrival − handed to gRPC. Per request: client_to_front = front received − sent;
+  queue = the admitting step's start − front received.
+- ttft_segments_ms: the first chunk's client_to_front, queue, first_step, transfer, buffer
+  and send; they add up to ttft_ms exactly.
+- segment_shares: each segment's mean over the sum of the means, for TTFT and for a
+  token's path from step start to client (engine_step, transfer, buffer, send).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import msgspec
 from cadence.lab.records import RequestRecord
 
 _NS_PER_MS = 1e6
+
+TTFT_SEGMENTS = ("client_to_front", "queue", "first_step", "transfer", "buffer", "send")
+"""Time to first token, split where it is spent; the segments add up to TTFT exactly."""
 
 
 class Distribution(msgspec.Struct, kw_only=True):
@@ -95,28 +103,53 @@ def check_integrity(records: list[RequestRecord]) -> Integrity:
     return result
 
 
+def is_ok(r: RequestRecord) -> bool:
+    """A request that finished with status OK and received at least one chunk."""
+    return r.code == "OK" and bool(r.arrival_ns)
+
+
+def ttft_ms(r: RequestRecord) -> float:
+    """The request's time to first token (ms); `r` must have a chunk."""
+    return (r.arrival_ns[0] - r.start_ns) / _NS_PER_MS
+
+
+def itl_points(r: RequestRecord) -> list[tuple[int, float]]:
+    """(arrival_ns, itl_ms) for every chunk after the first that carries tokens."""
+    arrival, tokens = r.arrival_ns, r.tokens
+    return [
+        (arrival[i], (arrival[i] - arrival[i - 1]) / _NS_PER_MS / tokens[i])
+        for i in range(1, len(arrival))
+        if tokens[i]
+    ]
+
+
 def summarize(records: list[RequestRecord]) -> dict:
     """Every aggregate of a run, as plain data for JSON and the report."""
-    ok = [r for r in records if r.code == "OK" and r.arrival_ns]
+    ok = [r for r in records if is_ok(r)]
     ttft, itl, gaps, tpot, e2e, chunk_tokens = [], [], [], [], [], []
     delay, engine, transfer, buffer, send, queue, to_front = [], [], [], [], [], [], []
+    first: dict[str, list[float]] = {name: [] for name in TTFT_SEGMENTS}
     for r in ok:
         arrival, tokens = r.arrival_ns, r.tokens
-        ttft.append((arrival[0] - r.start_ns) / _NS_PER_MS)
+        ttft.append(ttft_ms(r))
         e2e.append((arrival[-1] - r.start_ns) / _NS_PER_MS)
         chunk_tokens.extend(tokens)
         for i in range(1, len(arrival)):
-            gap = (arrival[i] - arrival[i - 1]) / _NS_PER_MS
-            gaps.append(gap)
-            if tokens[i]:
-                itl.append(gap / tokens[i])
+            gaps.append((arrival[i] - arrival[i - 1]) / _NS_PER_MS)
+        itl.extend(value for _, value in itl_points(r))
         total = sum(tokens)
         if total > 1:
             tpot.append((e2e[-1] - ttft[-1]) / (total - 1))
         if r.t_send_ns:
-            if r.t_received_ns:
+            if r.t_received_ns and r.t_step_end_ns[0]:
                 to_front.append((r.t_received_ns - r.start_ns) / _NS_PER_MS)
                 queue.append((r.t_scheduled_ns - r.t_received_ns) / _NS_PER_MS)
+                first["client_to_front"].append(to_front[-1])
+                first["queue"].append(queue[-1])
+                first["first_step"].append((r.t_step_end_ns[0] - r.t_step_start_ns[0]) / _NS_PER_MS)
+                first["transfer"].append((r.t_front_recv_ns[0] - r.t_step_end_ns[0]) / _NS_PER_MS)
+                first["buffer"].append((r.t_send_ns[0] - r.t_front_recv_ns[0]) / _NS_PER_MS)
+                first["send"].append((arrival[0] - r.t_send_ns[0]) / _NS_PER_MS)
             for a, s0, s1, fr, sd in zip(
                 arrival, r.t_step_start_ns, r.t_step_end_ns, r.t_front_recv_ns, r.t_send_ns
             ):
@@ -159,4 +192,14 @@ def summarize(records: list[RequestRecord]) -> dict:
             "buffer": distribution(buffer),
             "send": distribution(send),
         }
+        token = {"engine_step": engine, "transfer": transfer, "buffer": buffer, "send": send}
+        result["ttft_segments_ms"] = {name: distribution(v) for name, v in first.items()}
+        result["segment_shares"] = {"ttft": _shares(first), "token": _shares(token)}
     return msgspec.to_builtins(result)
+
+
+def _shares(segments: dict[str, list[float]]) -> dict[str, float]:
+    """Each segment's mean as a fraction of the sum of the means (segments add up exactly)."""
+    means = {name: sum(v) / len(v) if v else 0.0 for name, v in segments.items()}
+    total = sum(means.values())
+    return {name: m / total if total else math.nan for name, m in means.items()}

@@ -1,0 +1,65 @@
+"""The front's Prometheus metrics: one naming scheme (prefix `cadence_`, unit suffix,
+`_total` on counters), explicit buckets, a `worker` label where a value is per worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS_S = (
+    0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+)
+
+
+class FrontMetrics:
+    """Every metric the front exports. Observed per chunk or per request, never per token."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("cadence_time_to_first_token_seconds",
+                              "From the front receiving a request to its first chunk handed to gRPC.",
+                              buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.itl = Histogram("cadence_inter_token_latency_seconds",
+                             "Gap between a stream's consecutive chunks at the front, divided by "
+                             "the tokens in the later chunk.", buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.e2e = Histogram("cadence_request_duration_seconds",
+                             "From the front receiving a request to its stream ending.",
+                             buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.queue_wait = Histogram("cadence_queue_wait_seconds",
+                                    "From the front receiving a request to the engine step that "
+                                    "admitted it.", buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.requests = Counter("cadence_requests_total", "Finished requests by gRPC status code.",
+                                ["code"], registry=r)
+        self.tokens = Counter("cadence_output_tokens_total", "Tokens sent to clients.", registry=r)
+        self.chunks = Counter("cadence_chunks_total", "Chunks (stream messages) sent to clients.",
+                              registry=r)
+        self.merged_steps = Counter("cadence_merged_steps_total",
+                                    "Engine steps whose tokens went out in one chunk with an "
+                                    "earlier step's, because the stream was not ready to send.",
+                                    registry=r)
+        self.overflows = Counter("cadence_buffer_overflows_total",
+                                 "Tokens that found a request's buffer at --queue-capacity.",
+                                 registry=r)
+        self.active = Gauge("cadence_active_streams", "Streams admitted and not yet finished.",
+                            registry=r)
+        self.batch_size = Gauge("cadence_worker_batch_size",
+                                "Sequences in the worker's last engine step.", ["worker"], registry=r)
+        self.step_time = Gauge("cadence_worker_step_seconds",
+                               "Duration of the worker's last engine step.", ["worker"], registry=r)
+        self.steps = Counter("cadence_worker_steps_total", "Engine steps.", ["worker"], registry=r)
+        self.deepest_buffer = Gauge("cadence_deepest_buffer_steps",
+                                    "Steps of output waiting in the fullest per-request buffer "
+                                    "(read at scrape time).", registry=r)
+
+    def watch(self, active: Callable[[], float], deepest_buffer: Callable[[], float]) -> None:
+        """Gauges computed only when scraped, so they cost nothing per token."""
+        self.active.set_function(active)
+        self.deepest_buffer.set_function(deepest_buffer)
+
+    def serve(self, port: int, host: str) -> int:
+        """Expose /metrics over HTTP (a background thread); returns the bound port."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server.server_port
