@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from cadence.lab.bench import Workload, run_bench
+from cadence.lab.loadgen import RequestShape
 from cadence.lab.server_process import ServerProcess
 
 WORKLOADS = {
@@ -47,8 +48,8 @@ def run_workload(name: str, procs: int) -> dict:
             "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024")
     with ServerProcess(*args) as server:
         before = _cpu_s(server.pid)
-        workload = Workload(requests=spec["streams"], concurrency=spec["streams"],
-                            max_tokens=spec["max_tokens"], warmup=2)
+        workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
+                            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
         result = run_bench(server.target, workload, processes=procs)
         after = _cpu_s(server.pid)
     result.pop("records")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
-from cadence.lab.loadgen import ProcessPlan, RequestPlan, run_load
+from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
 from cadence.lab.sampler import SystemSampler, server_processes
 from cadence.lab.stats import summarize
 
@@ -18,33 +17,42 @@ _START_DELAY_S = 3.0
 
 @dataclass(frozen=True)
 class Workload:
-    """A closed-loop workload: `requests` streams, `concurrency` open at once."""
+    """What to send: how many requests, how they arrive, what they look like.
 
-    requests: int
-    concurrency: int
-    max_tokens: int = 128
-    prompt_tokens: int = 16
-    seed: int = 0
+    Closed loop: `concurrency` streams open at once, each starting the next request when
+    one ends. Open loop: `rate` requests per second, Poisson arrivals. Bounded by
+    `requests`, `duration_s` or both (whichever ends first).
+    """
+
+    requests: int | None = None
+    concurrency: int = 1
+    rate: float | None = None
+    duration_s: float | None = None
+    shape: RequestShape = field(default_factory=RequestShape)
     include_timing: bool = True
     timeout_s: float | None = None
     warmup: int = 0
     read_delay_ms: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.requests is None and self.duration_s is None:
+            raise ValueError("bound the run: give a number of requests, a duration, or both")
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError(f"rate must be positive, got {self.rate}")
+
     def plans(self, target: str, processes: int, channels: int = 1) -> list[ProcessPlan]:
         """Split the requests and the concurrency evenly over `processes` client processes."""
-        rng = random.Random(self.seed)
-        requests = [
-            RequestPlan(f"bench-{i}", [rng.randrange(32, 127) for _ in range(self.prompt_tokens)],
-                        self.max_tokens)
-            for i in range(self.requests)
-        ]
         start_at = time.monotonic_ns() + int(_START_DELAY_S * 1e9)
         return [
             ProcessPlan(
                 process=p,
+                processes=processes,
                 target=target,
-                requests=requests[p::processes],
+                shape=self.shape,
+                requests=self.requests,
+                duration_s=self.duration_s,
                 concurrency=max(1, len(range(p, self.concurrency, processes))),
+                rate=self.rate,
                 start_at_ns=start_at,
                 include_timing=self.include_timing,
                 timeout_s=self.timeout_s,
@@ -77,14 +85,20 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         "cpu_s": client_cpu_s,
         "cpu_per_chunk_us": client_cpu_s / result["chunks"] * 1e6 if result["chunks"] else None,
         "busiest_process_cpu_share": max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
+        "schedule_slips": sum(p.schedule_slips for p in processes_out),
     }
     result["system"] = system
     result["workload"] = {
         "target": target,
         "requests": workload.requests,
-        "concurrency": workload.concurrency,
-        "max_tokens": workload.max_tokens,
-        "prompt_tokens": workload.prompt_tokens,
+        "duration_s": workload.duration_s,
+        "concurrency": None if workload.rate else workload.concurrency,
+        "rate": workload.rate,
+        "max_tokens": list(workload.shape.max_tokens),
+        "prompt_tokens": list(workload.shape.prompt_tokens),
+        "prompts_from_file": len(workload.shape.prompts),
+        "seed": workload.shape.seed,
+        "read_delay_ms": workload.read_delay_ms,
         "client_processes": processes,
         "channels_per_process": channels,
     }

@@ -7,13 +7,50 @@ import json
 import sys
 
 
+def _length(text: str) -> tuple[int, int]:
+    """`N` (fixed) or `LO:HI` (uniform, inclusive)."""
+    lo, _, hi = text.partition(":")
+    try:
+        bounds = (int(lo), int(hi or lo))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or LO:HI, got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return bounds
+
+
+def read_prompts(path: str) -> list[tuple[list[int], int]]:
+    """A JSONL file, one {"prompt": str, "max_tokens": int (optional)} per line."""
+    from cadence.engines.tokenizer import ByteTokenizer
+
+    tokenizer = ByteTokenizer()
+    prompts = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                prompts.append((tokenizer.encode(item["prompt"]), int(item.get("max_tokens", 0))))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SystemExit(f"cadence bench: {path}:{n}: expected {{\"prompt\": ...}}: {exc}")
+    if not prompts:
+        raise SystemExit(f"cadence bench: {path} holds no prompts")
+    return prompts
+
+
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments")
     p.add_argument("--target", required=True, help="HOST:PORT of the server")
-    p.add_argument("--concurrency", type=int, default=64, help="streams open at once (closed loop)")
-    p.add_argument("--requests", type=int, default=None, help="requests in all (default: --concurrency)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--prompt-tokens", type=int, default=16)
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, default=64, help="streams open at once (closed loop)")
+    load.add_argument("--rate", type=float, default=None, help="requests/s, Poisson arrivals (open loop)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests in all (default: --concurrency, unless --duration is given)")
+    p.add_argument("--duration", type=float, default=None, help="stop sending new requests after S seconds")
+    p.add_argument("--max-tokens", type=_length, default=(128, 128), help="N or LO:HI (uniform)")
+    p.add_argument("--prompt-tokens", type=_length, default=(16, 16), help="N or LO:HI (uniform)")
+    p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=0, help="requests per process sent first, not counted")
     p.add_argument("--timeout", type=float, default=None, help="per-request deadline (s)")
@@ -28,13 +65,24 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
 def _bench(args: argparse.Namespace) -> None:
     from cadence.lab.bench import Workload, print_summary, run_bench
+    from cadence.lab.loadgen import RequestShape
 
+    requests = args.requests
+    if requests is None and args.duration is None:
+        if args.rate is not None:
+            sys.exit("cadence bench: with --rate, give --requests or --duration")
+        requests = args.concurrency
     workload = Workload(
-        requests=args.requests or args.concurrency,
+        requests=requests,
         concurrency=args.concurrency,
-        max_tokens=args.max_tokens,
-        prompt_tokens=args.prompt_tokens,
-        seed=args.seed,
+        rate=args.rate,
+        duration_s=args.duration,
+        shape=RequestShape(
+            prompt_tokens=args.prompt_tokens,
+            max_tokens=args.max_tokens,
+            prompts=read_prompts(args.prompts) if args.prompts else [],
+            seed=args.seed,
+        ),
         include_timing=not args.no_timing,
         timeout_s=args.timeout,
         warmup=args.warmup,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import random
 import time
 from collections.abc import Callable
 
@@ -28,14 +29,58 @@ class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
     max_tokens: int
 
 
+class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
+    """How requests are made: lengths fixed or uniform in [lo, hi], or prompts from a file.
+
+    Request i is the same whichever process sends it and however often the run is repeated
+    with the same seed.
+    """
+
+    prompt_tokens: tuple[int, int] = (16, 16)
+    max_tokens: tuple[int, int] = (128, 128)
+    prompts: list[tuple[list[int], int]] = []
+    """(prompt token ids, max_tokens or 0 for the shape's) pairs, cycled; from a JSONL file."""
+    seed: int = 0
+
+    def request(self, i: int) -> RequestPlan:
+        rng = random.Random(self.seed * 1_000_003 + i)
+        max_tokens = rng.randint(*self.max_tokens)
+        if self.prompts:
+            prompt, fixed = self.prompts[i % len(self.prompts)]
+            return RequestPlan(f"bench-{i}", prompt, fixed or max_tokens)
+        prompt = [rng.randrange(32, 127) for _ in range(rng.randint(*self.prompt_tokens))]
+        return RequestPlan(f"bench-{i}", prompt, max_tokens)
+
+
+def poisson_offsets(rate: float, seed: int):
+    """Arrival times (seconds from the start) of a Poisson process: exponential gaps."""
+    rng = random.Random(seed)
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        yield t
+
+
 class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything one load-generating process needs."""
+    """Everything one load-generating process needs.
+
+    The process sends requests i = process, process + processes, ... of the run. Closed
+    loop: `concurrency` streams open at once. Open loop (`rate` set): each request goes out
+    at its precomputed arrival time, whatever is still open.
+    """
 
     process: int
+    processes: int = 1
     target: str
-    requests: list[RequestPlan]
-    concurrency: int
+    shape: RequestShape
+    requests: int | None
+    """Requests in the whole run (None: until duration_s)."""
+    duration_s: float | None = None
+    """Stop sending new requests after this long."""
+    concurrency: int = 1
     """Streams this process keeps open at once (closed loop)."""
+    rate: float | None = None
+    """Requests per second of the whole run (open loop)."""
     start_at_ns: int
     """Monotonic time at which the first requests go out."""
     include_timing: bool = True
@@ -97,7 +142,20 @@ async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
     return record
 
 
-async def _run_process(plan: ProcessPlan) -> tuple[list[RequestRecord], float, float]:
+def _my_requests(plan: ProcessPlan):
+    """(i, arrival offset in s or None) for this process's share of the run."""
+    offsets = poisson_offsets(plan.rate, plan.shape.seed) if plan.rate else None
+    i = 0
+    while plan.requests is None or i < plan.requests:
+        offset = next(offsets) if offsets is not None else None
+        if plan.duration_s is not None and offset is not None and offset > plan.duration_s:
+            return
+        if i % plan.processes == plan.process:
+            yield i, offset
+        i += 1
+
+
+async def _run_process(plan: ProcessPlan) -> tuple[list[RequestRecord], float, float, int]:
     channels = [
         grpc.aio.insecure_channel(plan.target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(plan.channels)
@@ -112,20 +170,41 @@ async def _run_process(plan: ProcessPlan) -> tuple[list[RequestRecord], float, f
     if delay > 0:
         await asyncio.sleep(delay)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    queue = list(reversed(plan.requests))
     records: list[RequestRecord] = []
+    todo = _my_requests(plan)
+    stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
+    slips = 0
 
-    async def lane(k: int) -> None:
-        stub = stubs[k % len(stubs)]
-        while queue:
-            records.append(await _one(stub, queue.pop(), plan.process, plan.include_timing,
-                                      plan.timeout_s, plan.read_delay_ms / 1e3))
+    async def send(i: int, lane: int) -> None:
+        records.append(await _one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
+                                  plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
 
-    await asyncio.gather(*(lane(k) for k in range(min(plan.concurrency, len(plan.requests)))))
+    if plan.rate:
+        # Open loop: sleep to each arrival time on the monotonic clock. When behind, the
+        # rest of the schedule shifts later instead of bursting to catch up.
+        base = time.monotonic()
+        tasks = []
+        for n, (i, offset) in enumerate(todo):
+            delay = base + offset - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -0.001:
+                base -= delay
+                slips += 1
+            tasks.append(asyncio.ensure_future(send(i, n)))
+        await asyncio.gather(*tasks)
+    else:
+        async def lane(k: int) -> None:
+            for i, _ in todo:
+                await send(i, k)
+                if time.monotonic() >= stop_at:
+                    return
+
+        await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
     for channel in channels:
         await channel.close()
-    return records, cpu_s, wall_s
+    return records, cpu_s, wall_s, slips
 
 
 class ProcessResult(msgspec.Struct, array_like=True):
@@ -136,11 +215,12 @@ class ProcessResult(msgspec.Struct, array_like=True):
     cpu_s: float
     """User + system CPU of the process from the agreed start to its last record."""
     wall_s: float
+    schedule_slips: int
+    """Open loop: arrivals the process was late for (the schedule shifted instead)."""
 
 
 async def _measured(plan: ProcessPlan) -> ProcessResult:
-    records, cpu_s, wall_s = await _run_process(plan)
-    return ProcessResult(plan.process, records, cpu_s, wall_s)
+    return ProcessResult(plan.process, *await _run_process(plan))
 
 
 def _process_main(plan_bytes: bytes, conn) -> None:
