@@ -40,25 +40,41 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (0: any free port)")
     p.add_argument("--transport", default="ipc", choices=["ipc", "tcp"], help="front <-> worker sockets")
+    p.add_argument("--startup-timeout", type=float, default=60.0,
+                   help="seconds every worker gets to load its engine and report ready")
     p.add_argument("--grace", type=float, default=5.0, help="seconds open streams get on shutdown")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from cadence.api.server import serve
-    from cadence.config import ServerConfig, parse_devices
-    from cadence.transport.messages import EngineConfig
+    from cadence.api.server import StartupError, serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
-        devices = parse_devices(args.devices)
+        config = _server_config(args)
     except ValueError as exc:
         sys.exit(f"cadence serve: {exc}")
-    config = ServerConfig(
+
+    def announce(server, port: int) -> None:
+        # One machine-readable line, so scripts and tests can find the port.
+        metrics = f" (metrics on {args.host}:{server.metrics_port})" if server.metrics_port else ""
+        print(f"cadence serving on {args.host}:{port}{metrics}", flush=True)
+
+    try:
+        _run(serve(config, on_started=announce))
+    except StartupError as exc:
+        sys.exit(f"cadence serve: {exc}")
+
+
+def _server_config(args: argparse.Namespace):
+    from cadence.config import ServerConfig, parse_devices
+    from cadence.transport.messages import EngineConfig
+
+    return ServerConfig(
         host=args.host,
         port=args.port,
-        devices=devices,
+        devices=parse_devices(args.devices),
         engine=EngineConfig(
             name=args.engine,
             step_ms=args.step_ms,
@@ -77,14 +93,8 @@ def _serve(args: argparse.Namespace) -> None:
         metrics_port=args.metrics_port,
         transport=args.transport,
         grace_s=args.grace,
+        startup_timeout_s=args.startup_timeout,
     )
-
-    def announce(server, port: int) -> None:
-        # One machine-readable line, so scripts and tests can find the port.
-        metrics = f" (metrics on {args.host}:{server.metrics_port})" if server.metrics_port else ""
-        print(f"cadence serving on {args.host}:{port}{metrics}", flush=True)
-
-    _run(serve(config, on_started=announce))
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
@@ -131,8 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_demo(sub)
     from cadence.lab.bench_cli import add_bench
+    from cadence.lab.report_cli import add_report
+    from cadence.lab.sweep_cli import add_sweep
 
     add_bench(sub)
+    add_sweep(sub)
+    add_report(sub)
     return parser
 
 

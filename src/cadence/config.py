@@ -31,6 +31,28 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     grace_s: float = 5.0
     """On shutdown, open streams get this long to finish before they are cancelled."""
 
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_concurrent < 1:
+            problems.append(f"max_concurrent must be at least 1 (got {self.max_concurrent})")
+        if self.queue_capacity < 1:
+            problems.append(f"queue_capacity must be at least 1 (got {self.queue_capacity})")
+        if self.overflow not in ("merge", "abort"):
+            problems.append(f"overflow must be 'merge' or 'abort' (got {self.overflow!r})")
+        if self.transport not in ("ipc", "tcp"):
+            problems.append(f"transport must be 'ipc' or 'tcp' (got {self.transport!r})")
+        if not self.devices:
+            problems.append("devices must name at least one device")
+        if self.engine.max_batch < 1:
+            problems.append(f"max_batch must be at least 1 (got {self.engine.max_batch})")
+        for name in ("step_ms", "per_seq_ms", "prefill_ms_per_token", "jitter_ms", "first_step_ms"):
+            if getattr(self.engine, name) < 0:
+                problems.append(f"{name} must not be negative")
+        if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
+            problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 def parse_devices(text: str) -> list[str]:
     """`cpu:N` → N CPU workers; `cuda:0,1` → one worker per listed card; `auto` → every

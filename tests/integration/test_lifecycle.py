@@ -117,14 +117,37 @@ def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> Non
     asyncio.run(run())
 
 
-def test_sigterm_with_open_streams_leaves_no_process(server_factory) -> None:
+def test_sigterm_drains_open_streams_and_leaves_no_process(server_factory) -> None:
     server = server_factory("--devices", "cpu:2", "--step-ms", "20", "--grace", "0.5")
     with Client(server.target) as client:
         stream = client.generate("long", max_tokens=10_000)
-        next(stream)
-        assert server.stop(signal.SIGTERM) == 0
-        with pytest.raises(grpc.RpcError):
-            list(stream)
+        first = next(stream)
+        server.process.send_signal(signal.SIGTERM)
+        rest = list(stream)  # ends cleanly: the grace passes, then a final CANCELLED chunk
+        assert server.stop() == 0
+    chunks = [first, *rest]
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+    assert [c.index for c in chunks[1:]] == [
+        sum(len(c.token_ids) for c in chunks[:i]) for i in range(1, len(chunks))
+    ]
+
+
+def test_bad_settings_and_a_busy_port_fail_with_a_message(server_factory) -> None:
+    import subprocess
+    import sys
+
+    server = server_factory()
+    port = server.target.rsplit(":", 1)[1]
+    for args, needle in [
+        (["--port", port], "is the port in use"),
+        (["--port", "0", "--max-batch", "0"], "max_batch must be at least 1"),
+        (["--port", "0", "--devices", "gpu:1"], "--devices must be"),
+    ]:
+        out = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", *args],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0
+        assert needle in out.stderr
+        assert "Traceback" not in out.stderr
 
 
 def test_killed_front_takes_its_workers_with_it(server_factory) -> None:

@@ -18,6 +18,7 @@ class FrontMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._http = None
         r = self.registry
         self.ttft = Histogram("cadence_time_to_first_token_seconds",
                               "From the front receiving a request to its first chunk handed to gRPC.",
@@ -61,5 +62,12 @@ class FrontMetrics:
 
     def serve(self, port: int, host: str) -> int:
         """Expose /metrics over HTTP (a background thread); returns the bound port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server.server_port
+        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._http.server_port
+
+    def close(self) -> None:
+        """Stop the /metrics endpoint, if it runs."""
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cadence.api.metrics import FrontMetrics
 from cadence.api.output_reader import OutputReader
-from cadence.api.request_stream import OVERFLOW_POLICIES, RequestStream
+from cadence.api.request_stream import RequestStream
 from cadence.api.service import InferenceService
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
@@ -21,12 +21,14 @@ from cadence.config import ServerConfig
 from cadence.router import WorkerRouter
 from cadence.transport.channel import FrontChannel, local_addresses
 from cadence.transport.launcher import Launcher, LocalLauncher, WorkerHandle
-from cadence.transport.messages import WorkerReady, WorkerSpec
+from cadence.transport.messages import Finish, WorkerReady, WorkerSpec
 
 log = logging.getLogger("cadence.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 _MONITOR_INTERVAL_S = 0.2
+_FINAL_CHUNK_WAIT_S = 1.0
+"""After a drain's grace, how long the last (CANCELLED) chunks get to go out."""
 
 
 class StartupError(RuntimeError):
@@ -41,10 +43,6 @@ class CadenceServer:
     """
 
     def __init__(self, config: ServerConfig, launcher: Launcher | None = None) -> None:
-        if config.overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {config.overflow!r}")
-        if config.queue_capacity < 1:
-            raise ValueError(f"queue_capacity must be at least 1, got {config.queue_capacity}")
         self.config = config
         self._launcher = launcher or LocalLauncher()
         self._streams: dict[int, RequestStream] = {}
@@ -85,9 +83,15 @@ class CadenceServer:
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
         )
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        try:
+            self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise StartupError(f"could not bind {config.host}:{config.port}; is the port in use?")
+            raise StartupError(
+                f"could not bind {config.host}:{config.port}; is the port in use? "
+                "Choose another with --port (0 picks a free one)"
+            )
         await self._server.start()
 
         # Stage 4: the workers.
@@ -111,7 +115,7 @@ class CadenceServer:
             ) from None
         if self._stopping:
             raise StartupError("a worker exited during start-up; see its output above")
-        self.service.ready = True
+        self.service.refusal = None
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n, config.devices)
         return self.port
@@ -121,6 +125,11 @@ class CadenceServer:
         log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine)
         if len(self._ready) == len(self.config.devices):
             self._all_ready.set()
+
+    async def _until_no_streams(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while self._streams and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def _set_health(self, status: int) -> None:
         await self._health.set("", status)
@@ -150,14 +159,23 @@ class CadenceServer:
                     await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def stop(self, grace: float | None = None) -> None:
-        """Stop taking requests, let open streams finish for `grace` seconds, stop workers."""
+        """Drain: refuse new requests, let open streams finish for `grace` seconds, end the
+        rest with FINISH_REASON_CANCELLED, then stop the gRPC server and the workers."""
         self._stopping = True
         grace = self.config.grace_s if grace is None else grace
+        loop = asyncio.get_running_loop()
         if hasattr(self, "_health"):
             with contextlib.suppress(Exception):
                 await self._health.enter_graceful_shutdown()
+        if hasattr(self, "service"):
+            self.service.refusal = "the server is shutting down; retry on another server"
+            await self._until_no_streams(loop.time() + grace)
+            for stream in list(self._streams.values()):
+                stream.end(Finish.CANCELLED)
+            await self._until_no_streams(loop.time() + _FINAL_CHUNK_WAIT_S)
         if hasattr(self, "_server"):
-            await self._server.stop(grace)
+            await self._server.stop(_FINAL_CHUNK_WAIT_S)
+        self.metrics.close()
         for link in getattr(self, "_links", []):
             with contextlib.suppress(Exception):
                 link.shutdown()

@@ -19,7 +19,7 @@ from cadence.engines.tokenizer import ByteTokenizer
 from cadence.router import AdmissionGate, WorkerRouter
 from cadence.router.worker_router import NoWorkerAvailable
 from cadence.transport.channel import WorkerLink
-from cadence.transport.messages import AddRequest
+from cadence.transport.messages import AddRequest, Finish
 
 
 class InvalidRequest(ValueError):
@@ -49,7 +49,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             active=lambda: self._gate.active,
             deepest_buffer=lambda: max((s.waiting_steps for s in streams.values()), default=0),
         )
-        self.ready = False
+        self.refusal: str | None = "the server is starting; retry shortly"
+        """Why new requests are refused (start-up, drain), or None while serving."""
 
     @property
     def active(self) -> int:
@@ -99,9 +100,9 @@ class InferenceService(pb_grpc.InferenceServicer):
     ) -> AsyncIterator[pb.GenerateChunk]:
         received_ns = time.monotonic_ns()
         metrics = self.metrics
-        if not self.ready:
+        if self.refusal is not None:
             metrics.requests.labels("UNAVAILABLE").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is starting; retry shortly")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.refusal)
         seq_id = next(self._seq_ids)
         try:
             add = self.to_add_request(seq_id, request)
@@ -176,9 +177,14 @@ class InferenceService(pb_grpc.InferenceServicer):
             del self._streams[seq_id]
             self._router.release(worker, add.max_tokens)
             self._gate.leave()
-            if not stream.finish:
-                # Cancelled, past its deadline or failed: the worker drops it at its next step.
+            if stream.finish in (Finish.NONE, Finish.CANCELLED):
+                # Cancelled, past its deadline, failed or drained: the worker drops it at its
+                # next step.
                 self._links[worker].abort(seq_id)
+            if code == grpc.StatusCode.CANCELLED and remaining is not None and (
+                context.time_remaining() or 0.0
+            ) <= 0:
+                code = grpc.StatusCode.DEADLINE_EXCEEDED  # gRPC cancelled us at the deadline
             metrics.requests.labels(code.name).inc()
             metrics.e2e.observe((time.monotonic_ns() - received_ns) / 1e9)
             metrics.chunks.inc(stream.chunks)

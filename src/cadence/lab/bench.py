@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from cadence.lab.baseline import engine_config_of, run_baseline
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
 from cadence.lab.sampler import SystemSampler, server_processes
 from cadence.lab.stats import summarize
@@ -64,8 +65,13 @@ class Workload:
         ]
 
 
-def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1) -> dict:
-    """Run `workload` against `target`; return the summary plus the raw records."""
+def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
+              baseline: bool = False) -> dict:
+    """Run `workload` against `target`; return the summary plus the raw records.
+
+    With `baseline`, also replay the workload through the server's engine alone (the server
+    must run on this host) and report serving overhead = served − engine-only.
+    """
     sampler = SystemSampler()
     for name, pid in server_processes(target).items():
         sampler.watch(name, pid)
@@ -102,8 +108,29 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         "client_processes": processes,
         "channels_per_process": channels,
     }
+    if baseline:
+        result["baseline"], result["overhead_ms"] = _baseline(target, workload, result)
     result["records"] = msgspec.to_builtins(records)
     return result
+
+
+_OVERHEAD_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+
+
+def _baseline(target: str, workload: Workload, served: dict) -> tuple[dict, dict]:
+    found = engine_config_of(target)
+    if found is None:
+        return {"error": "the engine-only baseline needs a cadence server on this host"}, {}
+    config, workers = found
+    records = run_baseline(config, workers, workload.shape, workload.requests,
+                           workload.duration_s, workload.concurrency, workload.rate)
+    engine_only = summarize(records)
+    engine_only["workers"] = workers
+    overhead = {
+        m: {q: served[m][q] - engine_only[m][q] for q in ("mean", "p50", "p90", "p99", "max")}
+        for m in _OVERHEAD_METRICS
+    }
+    return engine_only, overhead
 
 
 def print_summary(result: dict) -> None:
@@ -124,6 +151,12 @@ def print_summary(result: dict) -> None:
     for name, d in result.get("segments_ms", {}).items():
         table.add_row(f"  segment {name}", *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
     console.print(table)
+    if result.get("overhead_ms"):
+        o = result["overhead_ms"]
+        console.print("serving overhead (served − engine-only, ms): " + ", ".join(
+            f"{m} p50 {o[m]['p50']:+.2f} p99 {o[m]['p99']:+.2f}" for m in o))
+    elif result.get("baseline", {}).get("error"):
+        console.print(f"baseline: {result['baseline']['error']}")
     client = result["client"]
     console.print(
         f"client: {client['processes']} process(es), {client['cpu_per_chunk_us']:.0f} µs CPU per chunk, "

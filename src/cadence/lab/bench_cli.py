@@ -42,6 +42,16 @@ def read_prompts(path: str) -> list[tuple[list[int], int]]:
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments")
     p.add_argument("--target", required=True, help="HOST:PORT of the server")
+    add_workload_args(p)
+    p.add_argument("--baseline", action="store_true",
+                   help="also run the workload through the engine alone (local server only) "
+                        "and report serving overhead")
+    p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
+    p.set_defaults(func=_bench)
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The options that say what load to send; shared by bench and sweep."""
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, default=64, help="streams open at once (closed loop)")
     load.add_argument("--rate", type=float, default=None, help="requests/s, Poisson arrivals (open loop)")
@@ -59,12 +69,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--read-delay-ms", type=float, default=0.0,
                    help="pause after each chunk, to play a slow-reading client")
     p.add_argument("--no-timing", action="store_true", help="do not ask for server timestamps")
-    p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
-    p.set_defaults(func=_bench)
 
 
-def _bench(args: argparse.Namespace) -> None:
-    from cadence.lab.bench import Workload, print_summary, run_bench
+def workload_from_args(args: argparse.Namespace):
+    """The Workload that `add_workload_args` options describe."""
+    from cadence.lab.bench import Workload
     from cadence.lab.loadgen import RequestShape
 
     requests = args.requests
@@ -72,7 +81,7 @@ def _bench(args: argparse.Namespace) -> None:
         if args.rate is not None:
             sys.exit("cadence bench: with --rate, give --requests or --duration")
         requests = args.concurrency
-    workload = Workload(
+    return Workload(
         requests=requests,
         concurrency=args.concurrency,
         rate=args.rate,
@@ -88,8 +97,15 @@ def _bench(args: argparse.Namespace) -> None:
         warmup=args.warmup,
         read_delay_ms=args.read_delay_ms,
     )
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from cadence.lab.bench import print_summary, run_bench
+
+    workload = workload_from_args(args)
     try:
-        result = run_bench(args.target, workload, processes=args.procs, channels=args.channels)
+        result = run_bench(args.target, workload, processes=args.procs, channels=args.channels,
+                           baseline=args.baseline)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)

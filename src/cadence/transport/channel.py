@@ -9,6 +9,8 @@ input socket (PUSH at the front, PULL at the worker); all workers share one outp
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -24,6 +26,8 @@ from cadence.transport.messages import (
     WorkerInputs,
     WorkerOutput,
 )
+
+log = logging.getLogger("cadence.transport")
 
 
 def local_addresses(workers: int, transport: str, host: str = "127.0.0.1") -> tuple[list[str], str]:
@@ -130,11 +134,23 @@ class FrontChannel:
 
         def on_readable() -> None:
             while sock.getsockopt(events) & pollin:
-                handle(decode(recv()), monotonic_ns())
+                frame = recv()
+                try:
+                    handle(decode(frame), monotonic_ns())
+                except Exception:
+                    # Keep draining: an edge-triggered socket left with unread messages
+                    # would never wake the loop again, and every stream would stall.
+                    log.exception("dropped a worker message that could not be handled")
 
-        loop.add_reader(sock.getsockopt(zmq.FD), on_readable)
-        self._stop_reading = lambda: loop.remove_reader(sock.getsockopt(zmq.FD))
-        loop.call_soon(on_readable)  # messages that arrived before the reader was added
+        fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(fd, on_readable)
+        first = loop.call_soon(on_readable)  # messages that arrived before the reader was added
+
+        def stop_reading() -> None:
+            first.cancel()
+            loop.remove_reader(fd)
+
+        self._stop_reading = stop_reading
 
     def close(self) -> None:
         if self._stop_reading is not None:
@@ -143,12 +159,16 @@ class FrontChannel:
             sock.close(linger=0)
         self._output.close(linger=0)
         self._context.term()
+        folders = set()
         for address in [*self.input_addresses, self.output_address]:
             if address.startswith("ipc://"):
-                try:
-                    os.unlink(address[len("ipc://"):])
-                except OSError:
-                    pass
+                path = address[len("ipc://"):]
+                folders.add(os.path.dirname(path))
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 class WorkerChannel:

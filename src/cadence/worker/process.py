@@ -45,12 +45,14 @@ def run_worker(spec: WorkerSpec) -> None:
                 if isinstance(message, Shutdown):
                     return
                 assert isinstance(message, WorkerInputs)
-                if message.aborts:
-                    scheduler.abort(message.aborts)
+                # Adds first: a request cancelled in the same event-loop tick as it was
+                # sent arrives with its abort in one message.
                 for request in message.adds:
                     failure = scheduler.add(request)
                     if failure is not None:
                         channel.send(failure)
+                if message.aborts:
+                    scheduler.abort(message.aborts)
             output = scheduler.step()
             if output is not None:
                 channel.send(output)

@@ -1,0 +1,497 @@
+"""Point S12 of the design: read a bench result and say where the time goes, with evidence.
+
+`diagnose(result)` takes what `cadence.lab.bench.run_bench` returns and gives a list of
+findings, each a dict:
+
+- ``rule``: a short id (the ``RULE_*`` constants below);
+- ``finding``: one sentence;
+- ``evidence``: the numbers that made the rule fire (ms, shares 0..1, % of one core);
+- ``look_at``: what to check or change.
+
+A rule fires only on evidence in the data. Where the data a rule needs is absent (a run
+without server timing has no segments; a remote target has no process samples; a machine
+without NVML has no cards), the rule stays silent rather than guess.
+
+The yardstick for "high" and "unstable" is the run's own engine step (the p50 of the
+``engine_step`` segment), not a fixed number of milliseconds: the same thresholds then hold
+for a 5 ms synthetic step and a 40 ms step on a card. Every threshold is a module constant
+with the reason for its value; they are set so that a run on a busy 2-core machine (clients,
+front, workers and someone else's benchmark sharing the cores) does not trip them, while a
+planted bottleneck (a slow first step, step jitter, a slow reader) does by a wide margin.
+Aggregates are defined in `cadence.lab.stats`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+RULE_TTFT_ENGINE_START = "ttft_engine_start"
+RULE_TTFT_QUEUEING = "ttft_queueing"
+RULE_ITL_UNSTABLE_NETWORK = "itl_unstable_network_side"
+RULE_ITL_UNSTABLE_ENGINE = "itl_unstable_engine"
+RULE_FRONT_CPU_BOUND = "front_cpu_bound"
+RULE_CLIENT_SATURATED = "client_saturated"
+RULE_UNDER_CAPACITY = "under_capacity"
+RULE_SLOW_READER = "slow_reader"
+RULE_CPU_BUSY_CARDS_IDLE = "cpu_busy_cards_idle"
+
+# -- thresholds -----------------------------------------------------------------------------
+
+TTFT_HIGH_STEPS = 5.0
+"""TTFT is "high" from this many typical engine steps. A request normally waits for the
+step in flight (up to one step), then its own step, plus the trip through the front: 2-3.5
+steps measured on an idle 2-core machine with 16 streams opened at once. 5 leaves room for
+a busy machine."""
+
+STARTUP_STEP_FACTOR = 5.0
+"""A step is a start-up stall when it takes this many times the p90 of the run's steps.
+Jitter puts single steps near 3x the p90 even at a standard deviation of 80 % of the step;
+loading a model, compiling kernels or warming a card costs 10-100 steps."""
+
+STARTUP_MIN_MS = 20.0
+"""...and at least this many ms more than the p90 step: with sub-millisecond steps a
+scheduler hiccup of a few ms would otherwise look like a 10x stall."""
+
+STARTUP_TTFT_SHARE = 0.5
+"""The stall explains the TTFT tail when it is at least this share of TTFT p99, and shows
+in it when TTFT p99 is at least this share of the stall (the requests waited for it)."""
+
+FIRST_STEP_SHARE = 0.5
+"""TTFT is "mostly" the admitting step (first_step) from this share of its mean."""
+
+WAIT_SHARE = 0.5
+"""TTFT is "mostly" waiting (client_to_front + queue, less a start-up stall) from this share."""
+
+ITL_UNSTABLE_P90_RATIO = 1.5
+ITL_UNSTABLE_P99_RATIO = 3.0
+"""ITL is unstable when p90/p50 or p99/p50 reaches these. A steady run shows p90/p50 of
+about 1.1 and p99/p50 of 1.2-1.5 on an idle machine; a busy one adds scheduler delays of a
+few ms to single gaps, which the p90 does not see and the p99 sees at well under 3x.
+Jitter with a standard deviation of 80 % of the step gives p90/p50 above 2."""
+
+ITL_MIN_SPREAD_MS = 5.0
+"""...and p99 - p50 of ITL is at least this many ms: sub-millisecond gaps double on noise."""
+
+SIDE_SHARE = 0.4
+"""The variation is put on a side (the engine's steps, or the path from the step to the
+client) that holds at least this share of the combined spread (p99 - p50 of the engine
+step plus that of the token delay); both sides are named when the split is near even."""
+
+SLOW_READER_ITL_FACTOR = 1.5
+"""Clients receive tokens slower than the engine makes them when ITL p50 is this many
+engine steps (p50). A client keeping up receives one token per step: ITL p50 is 1.0-1.1
+steps, even on a busy machine, because a late chunk is followed by an early one."""
+
+SLOW_READER_PATH_SHARE = 0.5
+"""...and the backlog is on the network side when buffer + send hold at least this share
+of a token's path from step start to client (about 0.2 when clients keep up)."""
+
+MERGED_CHUNK_TOKENS = 1.5
+"""Chunks hold this many tokens on average when merging is in effect: a client that keeps
+up gets one token per chunk (the odd merged chunk under noise moves the mean by < 0.2)."""
+
+MERGE_BUFFER_STEPS = 1.0
+"""...with a chunk's first token waiting in the front's buffer at least this many engine
+steps (p50): the sender was still busy with the previous chunk (flow control)."""
+
+BUSY_CPU_PCT = 80.0
+"""A process is near one core from this % of a core, averaged over the run (as the sampler's
+own S10 flag). The front's event loop runs on one thread; above 80 % its queue builds up."""
+
+CLIENT_BUSY_SHARE = 0.8
+"""A load-generating process spending this share of its wall time on CPU measures itself
+(the threshold `print_summary` already uses)."""
+
+MIN_CPU_SAMPLES = 3
+"""CPU readings come every 0.1 s with ~10 % resolution each; fewer than this many inside the
+run are not evidence."""
+
+UNDER_CAPACITY_BATCH = 4.0
+"""Throughput is under capacity when each worker makes fewer than this many tokens per
+engine step on average (tokens/s x step / workers): a decode step costs about the same for
+1 or 8 sequences, so most of each step is wasted."""
+
+# -- reading the result -----------------------------------------------------------------------
+
+Finding = dict
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _dist(result: dict, *path: str) -> dict | None:
+    """The distribution at `path` if it has values, else None."""
+    d = result
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    if not isinstance(d, dict) or not d.get("count"):
+        return None
+    if not all(_finite(d.get(k)) for k in ("mean", "p50", "p90", "p99", "max")):
+        return None
+    return d
+
+
+def _share(result: dict, kind: str, name: str) -> float | None:
+    value = (result.get("segment_shares") or {}).get(kind, {}).get(name)
+    return value if _finite(value) else None
+
+
+def _r(x: float, digits: int = 2) -> float:
+    return round(float(x), digits)
+
+
+def _active_cpu(result: dict, name: str) -> float | None:
+    """Mean CPU % of process `name` while the run was going, or None without enough samples.
+
+    The sampler starts before the client processes (about 3 s of start-up and connection
+    before the agreed start) and stops right after the last record, so the run is the last
+    `wall_s` seconds of the samples; the means the sampler reports include the idle start.
+    """
+    system = result.get("system") or {}
+    process = (system.get("processes") or {}).get(name) or {}
+    samples = process.get("samples") or []
+    wall_s = result.get("wall_s")
+    if not samples or not _finite(wall_s) or wall_s <= 0:
+        return None
+    last = samples[-1][0]
+    inside = [pct for t, pct in samples if t >= last - wall_s and _finite(pct)]
+    if len(inside) < MIN_CPU_SAMPLES:
+        return None
+    return sum(inside) / len(inside)
+
+
+class _Run:
+    """The numbers several rules share, read once."""
+
+    def __init__(self, result: dict) -> None:
+        self.result = result
+        self.ttft = _dist(result, "ttft_ms")
+        self.itl = _dist(result, "itl_ms")
+        self.step = _dist(result, "segments_ms", "engine_step")
+        self.delay = _dist(result, "token_delay_ms")
+        self.first_step = _dist(result, "ttft_segments_ms", "first_step")
+        processes = (result.get("system") or {}).get("processes") or {}
+        self.workers = sorted(n for n in processes if n.startswith("worker"))
+        self.stall_ms = self._stall()
+
+    @property
+    def typical_step(self) -> float | None:
+        if self.step and self.step["p50"] > 0:
+            return self.step["p50"]
+        return None
+
+    def _stall(self) -> float | None:
+        """The longest admitting step when it is a start-up stall (see STARTUP_*), else None."""
+        if not (self.step and self.first_step and self.typical_step):
+            return None
+        longest, tail = self.first_step["max"], self.step["p90"]
+        if longest >= STARTUP_STEP_FACTOR * tail and longest - tail >= STARTUP_MIN_MS:
+            return longest
+        return None
+
+    def itl_unstable(self) -> bool:
+        itl = self.itl
+        if not itl or itl["p50"] <= 0:
+            return False
+        ratio = max(itl["p90"] / itl["p50"] / ITL_UNSTABLE_P90_RATIO,
+                    itl["p99"] / itl["p50"] / ITL_UNSTABLE_P99_RATIO)
+        return ratio >= 1.0 and itl["p99"] - itl["p50"] >= ITL_MIN_SPREAD_MS
+
+
+# -- rules ------------------------------------------------------------------------------------
+
+
+def _ttft_engine_start(run: _Run) -> list[Finding]:
+    ttft, step, first = run.ttft, run.step, run.first_step
+    if not (ttft and step and first and run.typical_step):
+        return []
+    typical = run.typical_step
+    evidence = {
+        "ttft_p50_ms": _r(ttft["p50"]),
+        "ttft_p99_ms": _r(ttft["p99"]),
+        "first_step_mean_ms": _r(first["mean"]),
+        "first_step_max_ms": _r(first["max"]),
+        "engine_step_p50_ms": _r(typical),
+        "engine_step_p90_ms": _r(step["p90"]),
+    }
+    look_at = ("engine start-up: model load, kernel compilation or warm-up, or the first card's "
+               "scheduling (not the serving layer's threads); warm each worker up before "
+               "serving or measure with --warmup")
+    stall = run.stall_ms
+    if (stall is not None and stall >= STARTUP_TTFT_SHARE * ttft["p99"]
+            and ttft["p99"] >= STARTUP_TTFT_SHARE * stall):
+        queue = _dist(run.result, "segments_ms", "queue")
+        if queue:
+            evidence["queue_p50_ms"] = _r(queue["p50"])
+        evidence["stall_over_step_p90"] = _r(stall / step["p90"], 1)
+        return [{
+            "rule": RULE_TTFT_ENGINE_START,
+            "finding": (f"TTFT is high (p99 {ttft['p99']:.0f} ms) because an engine step that "
+                        f"admitted requests took {stall:.0f} ms, {stall / step['p90']:.0f}x a "
+                        "typical step; requests that arrived meanwhile queued behind it"),
+            "evidence": evidence,
+            "look_at": look_at,
+        }]
+    share = _share(run.result, "ttft", "first_step")
+    if (share is not None and share >= FIRST_STEP_SHARE
+            and first["mean"] >= STARTUP_STEP_FACTOR * typical
+            and ttft["p50"] >= TTFT_HIGH_STEPS * typical):
+        evidence["ttft_share_first_step"] = _r(share, 3)
+        return [{
+            "rule": RULE_TTFT_ENGINE_START,
+            "finding": (f"TTFT is high (p50 {ttft['p50']:.0f} ms) and {share:.0%} of it is the "
+                        f"step that admits a request ({first['mean']:.0f} ms on average, a typical "
+                        f"step {typical:.1f} ms)"),
+            "evidence": evidence,
+            "look_at": look_at + "; or the prefill cost of long prompts",
+        }]
+    return []
+
+
+def _ttft_queueing(run: _Run) -> list[Finding]:
+    ttft, typical = run.ttft, run.typical_step
+    to_front = _dist(run.result, "ttft_segments_ms", "client_to_front")
+    queue = _dist(run.result, "ttft_segments_ms", "queue")
+    if not (ttft and typical and to_front and queue and ttft["mean"] > 0):
+        return []
+    if ttft["p50"] < TTFT_HIGH_STEPS * typical:
+        return []
+    # Time spent waiting for a start-up stall is the stall's, not a backlog's.
+    explained = run.stall_ms or 0.0
+    wait = max(0.0, to_front["mean"] + queue["mean"] - explained)
+    if wait < WAIT_SHARE * ttft["mean"]:
+        return []
+    evidence = {
+        "ttft_p50_ms": _r(ttft["p50"]),
+        "ttft_mean_ms": _r(ttft["mean"]),
+        "client_to_front_mean_ms": _r(to_front["mean"]),
+        "queue_mean_ms": _r(queue["mean"]),
+        "engine_step_p50_ms": _r(typical),
+        "wait_share": _r(wait / ttft["mean"], 3),
+    }
+    if explained:
+        evidence["startup_stall_ms"] = _r(explained)
+    if queue["mean"] >= to_front["mean"]:
+        where = "waiting for a worker to admit it (queue)"
+        look_at = ("scheduling backlog: the workers' batches are full or busy; add workers, "
+                   "raise --max-batch, or lower the concurrency")
+    else:
+        where = "reaching the front (client_to_front)"
+        look_at = ("admission backlog: the front (or the client) is slow to accept new streams; "
+                   "check front and client CPU, open streams more gradually or lower the "
+                   "concurrency, add front or client processes")
+    return [{
+        "rule": RULE_TTFT_QUEUEING,
+        "finding": (f"TTFT is high (p50 {ttft['p50']:.0f} ms, {ttft['p50'] / typical:.0f} engine "
+                    f"steps) and {wait / ttft['mean']:.0%} of it is spent {where}"),
+        "evidence": evidence,
+        "look_at": look_at,
+    }]
+
+
+def _itl_unstable(run: _Run) -> list[Finding]:
+    itl, step, delay = run.itl, run.step, run.delay
+    if not (itl and step and delay and run.itl_unstable()):
+        return []
+    engine_spread = max(0.0, step["p99"] - step["p50"])
+    path_spread = max(0.0, delay["p99"] - delay["p50"])
+    total = engine_spread + path_spread
+    if total <= 0:
+        return []
+    evidence = {
+        "itl_p50_ms": _r(itl["p50"]),
+        "itl_p90_ms": _r(itl["p90"]),
+        "itl_p99_ms": _r(itl["p99"]),
+        "engine_step_p50_ms": _r(step["p50"]),
+        "engine_step_p99_ms": _r(step["p99"]),
+        "token_delay_p50_ms": _r(delay["p50"]),
+        "token_delay_p99_ms": _r(delay["p99"]),
+        "engine_share_of_spread": _r(engine_spread / total, 3),
+    }
+    findings = []
+    if engine_spread >= SIDE_SHARE * total:
+        findings.append({
+            "rule": RULE_ITL_UNSTABLE_ENGINE,
+            "finding": (f"ITL is unstable (p99 {itl['p99']:.1f} ms vs p50 {itl['p50']:.1f} ms) "
+                        f"and the engine's steps vary as much (p99 {step['p99']:.1f} ms vs p50 "
+                        f"{step['p50']:.1f} ms): the engine jitters, not the serving layer"),
+            "evidence": evidence,
+            "look_at": ("the engine's step time: batch composition (prefill in decode steps), "
+                        "host-side work between steps, other jobs on the card, clock throttling"),
+        })
+    if path_spread >= SIDE_SHARE * total:
+        segments = run.result.get("segments_ms") or {}
+        spreads = {
+            name: segments[name]["p99"] - segments[name]["p50"]
+            for name in ("transfer", "buffer", "send")
+            if _dist(run.result, "segments_ms", name)
+        }
+        worst = max(spreads, key=spreads.get) if spreads else "send"
+        evidence.update({f"{n}_spread_ms": _r(v) for n, v in spreads.items()})
+        findings.append({
+            "rule": RULE_ITL_UNSTABLE_NETWORK,
+            "finding": (f"ITL is unstable (p99 {itl['p99']:.1f} ms vs p50 {itl['p50']:.1f} ms) and "
+                        f"the extra time is on the way from the step to the client, mostly in "
+                        f"{worst}, not in the engine's steps"),
+            "evidence": evidence,
+            "look_at": ("backlog on the network side: slow clients, HTTP/2 flow control, a blocked "
+                        "front event loop (front CPU), the output reader falling behind"),
+        })
+    return findings
+
+
+def _slow_reader(run: _Run) -> list[Finding]:
+    itl, typical = run.itl, run.typical_step
+    tokens = _dist(run.result, "chunk_tokens")
+    buffer = _dist(run.result, "segments_ms", "buffer")
+    if not (itl and typical and tokens and buffer):
+        return []
+    path_share = sum(_share(run.result, "token", n) or 0.0 for n in ("buffer", "send"))
+    merging = tokens["mean"] >= MERGED_CHUNK_TOKENS and buffer["p50"] >= MERGE_BUFFER_STEPS * typical
+    lagging = (itl["p50"] >= SLOW_READER_ITL_FACTOR * typical
+               and path_share >= SLOW_READER_PATH_SHARE)
+    if not (merging or lagging):
+        return []
+    evidence = {
+        "itl_p50_ms": _r(itl["p50"]),
+        "engine_step_p50_ms": _r(typical),
+        "chunk_tokens_mean": _r(tokens["mean"]),
+        "buffer_p50_ms": _r(buffer["p50"]),
+        "token_share_buffer_send": _r(path_share, 3),
+    }
+    if run.delay:
+        evidence["token_delay_p50_ms"] = _r(run.delay["p50"])
+    if merging:
+        finding = (f"clients read slower than tokens come: chunks carry {tokens['mean']:.1f} "
+                   f"tokens on average and a chunk's first token waits {buffer['p50']:.1f} ms "
+                   "in the front's buffer (merging is in effect)")
+    else:
+        finding = (f"clients read slower than tokens come: a token every {itl['p50']:.1f} ms "
+                   f"reaches them against an engine step of {typical:.1f} ms, and "
+                   f"{path_share:.0%} of a token's path is after the front (buffer + send)")
+    return [{
+        "rule": RULE_SLOW_READER,
+        "finding": finding,
+        "evidence": evidence,
+        "look_at": ("the clients' read loop (work per chunk, --read-delay-ms), their CPU and "
+                    "network; --queue-capacity and --overflow decide whether the server merges "
+                    "tokens or ends the stream"),
+    }]
+
+
+def _front_cpu_bound(run: _Run) -> list[Finding]:
+    pct = _active_cpu(run.result, "front")
+    if pct is None or pct < BUSY_CPU_PCT:
+        return []
+    evidence = {"front_cpu_pct": _r(pct, 1)}
+    if _finite(run.result.get("chunks_per_s")):
+        evidence["chunks_per_s"] = _r(run.result["chunks_per_s"], 0)
+    return [{
+        "rule": RULE_FRONT_CPU_BOUND,
+        "finding": f"the front used {pct:.0f}% of a core during the run: it is the bottleneck",
+        "evidence": evidence,
+        "look_at": ("more front processes, fewer chunks (let tokens merge, larger steps), less "
+                    "work per chunk in the front (timing, text decoding)"),
+    }]
+
+
+def _client_saturated(run: _Run) -> list[Finding]:
+    client = run.result.get("client") or {}
+    share = client.get("busiest_process_cpu_share")
+    evidence: dict = {}
+    if _finite(share) and share >= CLIENT_BUSY_SHARE:
+        evidence["busiest_process_cpu_share"] = _r(share, 3)
+    processes = (run.result.get("system") or {}).get("processes") or {}
+    for name in sorted(n for n in processes if n.startswith("client")):
+        pct = _active_cpu(run.result, name)
+        if pct is not None and pct >= BUSY_CPU_PCT:
+            evidence[f"{name}_cpu_pct"] = _r(pct, 1)
+    if not evidence:
+        return []
+    if _finite(client.get("cpu_per_chunk_us")):
+        evidence["cpu_per_chunk_us"] = _r(client["cpu_per_chunk_us"], 0)
+    evidence["client_processes"] = client.get("processes")
+    return [{
+        "rule": RULE_CLIENT_SATURATED,
+        "finding": ("a load-generating process is near a full core: the numbers measure the "
+                    "client as much as the server"),
+        "evidence": evidence,
+        "look_at": "add client processes (--procs) or channels, or run the client elsewhere",
+    }]
+
+
+def _under_capacity(run: _Run, fired: set[str]) -> list[Finding]:
+    itl, ttft, typical = run.itl, run.ttft, run.typical_step
+    tokens_per_s = run.result.get("tokens_per_s")
+    if not (itl and ttft and typical and run.workers and _finite(tokens_per_s)):
+        return []
+    latency_rules = {RULE_TTFT_ENGINE_START, RULE_TTFT_QUEUEING, RULE_ITL_UNSTABLE_ENGINE,
+                     RULE_ITL_UNSTABLE_NETWORK, RULE_SLOW_READER, RULE_FRONT_CPU_BOUND,
+                     RULE_CLIENT_SATURATED}
+    if fired & latency_rules:
+        return []
+    if itl["p50"] > SLOW_READER_ITL_FACTOR * typical or ttft["p50"] > TTFT_HIGH_STEPS * typical:
+        return []
+    per_step = tokens_per_s * typical / 1e3 / len(run.workers)
+    if per_step >= UNDER_CAPACITY_BATCH:
+        return []
+    evidence = {
+        "tokens_per_worker_step": _r(per_step),
+        "tokens_per_s": _r(tokens_per_s, 0),
+        "workers": len(run.workers),
+        "engine_step_p50_ms": _r(typical),
+        "itl_p50_ms": _r(itl["p50"]),
+        "ttft_p50_ms": _r(ttft["p50"]),
+    }
+    concurrency = (run.result.get("workload") or {}).get("concurrency")
+    if concurrency is not None:
+        evidence["concurrency"] = concurrency
+    return [{
+        "rule": RULE_UNDER_CAPACITY,
+        "finding": (f"latency is normal but each worker makes {per_step:.1f} tokens per engine "
+                    "step: the server has room for more streams"),
+        "evidence": evidence,
+        "look_at": "raise the concurrency (or the request rate) until latency starts to grow",
+    }]
+
+
+def _cpu_busy_cards_idle(run: _Run) -> list[Finding]:
+    system = run.result.get("system") or {}
+    flags = system.get("flags") or []
+    if not flags:
+        return []
+    gpus = {f"gpu{g.get('index', i)}_util_pct": _r(g["util_pct_mean"], 1)
+            for i, g in enumerate(system.get("gpus") or []) if _finite(g.get("util_pct_mean"))}
+    cpu = {f"{name}_cpu_pct_mean": _r(p["cpu_pct_mean"], 1)
+           for name, p in (system.get("processes") or {}).items()
+           if _finite(p.get("cpu_pct_mean"))}
+    return [{
+        "rule": RULE_CPU_BUSY_CARDS_IDLE,
+        "finding": flag,
+        "evidence": {**cpu, **gpus},
+        "look_at": ("host-side work that keeps the cards waiting: data movement, collective "
+                    "communication on CPU, Python between steps, the front"),
+    } for flag in flags]
+
+
+_RULES: tuple[Callable[[_Run], list[Finding]], ...] = (
+    _ttft_engine_start,
+    _ttft_queueing,
+    _itl_unstable,
+    _slow_reader,
+    _front_cpu_bound,
+    _client_saturated,
+    _cpu_busy_cards_idle,
+)
+
+
+def diagnose(result: dict) -> list[Finding]:
+    """The findings for a `run_bench` result, in rule order; empty when no rule fired."""
+    run = _Run(result)
+    findings = [f for rule in _RULES for f in rule(run)]
+    findings += _under_capacity(run, {f["rule"] for f in findings})
+    return findings

@@ -1,0 +1,328 @@
+"""PNG plots of a `cadence bench` result (and of sweeps), for `cadence report`.
+
+matplotlib is imported inside the functions, and figures are drawn on an Agg canvas
+without pyplot, so importing this module stays cheap and no global backend is touched.
+Every function returns the path it wrote, or None when there was nothing to plot.
+Per-request values use the definitions in `cadence.lab.stats`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from cadence.lab.records import RequestRecord
+from cadence.lab.stats import is_ok, itl_points, percentile, ttft_ms
+
+_DPI = 100
+SEGMENT_ORDER = ("client_to_front", "queue", "engine_step", "transfer", "buffer", "send")
+_TTFT_SEGMENT_ORDER = ("client_to_front", "queue", "first_step", "transfer", "buffer", "send")
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def decode_records(raw: Iterable[Any]) -> list[RequestRecord]:
+    """Records from a result's `records` (lists in field order, or dicts, or RequestRecords)."""
+    out = []
+    for item in raw:
+        if isinstance(item, RequestRecord):
+            out.append(item)
+        elif isinstance(item, dict):
+            out.append(RequestRecord(**item))
+        else:
+            out.append(msgspec.convert(item, RequestRecord))
+    return out
+
+
+def ttft_values(records: Sequence[RequestRecord]) -> list[float]:
+    """TTFT (ms) of every OK request, as in `stats.summarize`."""
+    return [ttft_ms(r) for r in records if is_ok(r)]
+
+
+def itl_values(records: Sequence[RequestRecord]) -> list[float]:
+    """ITL (ms) of every chunk after the first of every OK request, as in `stats.summarize`."""
+    return [v for r in records if is_ok(r) for _, v in itl_points(r)]
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+def _figure(width: float = 8.0, height: float = 4.5, ncols: int = 1, nrows: int = 1):
+    """A figure on an Agg canvas (no pyplot) and its axes, as a flat list."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(nrows, ncols, squeeze=False, sharex=nrows > 1).flat)
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    return fig, axes
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _log_if_skewed(ax, values: Sequence[float], axis: str = "x") -> None:
+    """Log scale when the largest value dwarfs the median (a long tail hides the body)."""
+    positive = sorted(v for v in values if v > 0)
+    if len(positive) < 2 or len(positive) != len(values):
+        return
+    if positive[-1] / percentile(positive, 50) > 50:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+
+
+def plot_cdf(values: Sequence[float], path: Path, title: str, xlabel: str) -> Path | None:
+    """Empirical CDF of `values`, with p50/p90/p99 marked."""
+    ordered = sorted(_finite(values))
+    if not ordered:
+        return None
+    n = len(ordered)
+    fig, (ax,) = _figure()
+    ax.step(ordered, [(i + 1) / n for i in range(n)], where="post", lw=1.5)
+    for q, style in ((50, ":"), (90, "--"), (99, "-.")):
+        v = percentile(ordered, q)
+        ax.axvline(v, color="grey", ls=style, lw=1, label=f"p{q} = {v:.2f}")
+    _log_if_skewed(ax, ordered, "x")
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction ≤ x")
+    ax.set_title(f"{title} (n = {n})")
+    ax.legend(loc="lower right")
+    return _save(fig, path)
+
+
+def plot_ttft_cdf(records: Sequence[RequestRecord], path: Path) -> Path | None:
+    return plot_cdf(ttft_values(records), path, "TTFT CDF", "time to first token (ms)")
+
+
+def plot_itl_cdf(records: Sequence[RequestRecord], path: Path) -> Path | None:
+    return plot_cdf(itl_values(records), path, "ITL CDF", "inter-token latency (ms per token)")
+
+
+def pick_streams(records: Sequence[RequestRecord], count: int = 5) -> list[RequestRecord]:
+    """Up to `count` OK streams with ITL values: the one holding the worst ITL, then streams
+    spread evenly over the start order."""
+    candidates = sorted((r for r in records if is_ok(r) and itl_points(r)), key=lambda r: r.start_ns)
+    if len(candidates) <= count:
+        return candidates
+    worst = max(candidates, key=lambda r: max(v for _, v in itl_points(r)))
+    picked = [worst]
+    rest = [r for r in candidates if r is not worst]
+    need = count - 1
+    for k in range(need):
+        picked.append(rest[round(k * (len(rest) - 1) / max(1, need - 1))])
+    return sorted(picked, key=lambda r: r.start_ns)
+
+
+def plot_itl_over_time(records: Sequence[RequestRecord], path: Path, streams: int = 5) -> Path | None:
+    """Per-chunk ITL of a few streams against the time since the run started."""
+    picked = pick_streams(records, streams)
+    if not picked:
+        return None
+    t0 = min(r.start_ns for r in records)
+    fig, (ax,) = _figure(9.0, 4.5)
+    every = []
+    worst = max(picked, key=lambda r: max(v for _, v in itl_points(r)))
+    for r in picked:
+        points = itl_points(r)
+        xs = [(a - t0) / 1e9 for a, _ in points]
+        ys = [v for _, v in points]
+        every.extend(ys)
+        label = f"{r.request_id} (p{r.process})" + (" · worst ITL" if r is worst else "")
+        ax.plot(xs, ys, marker=".", ms=3, lw=0.8, label=label)
+    _log_if_skewed(ax, every, "y")
+    ax.set_xlabel("time since run start (s)")
+    ax.set_ylabel("ITL (ms per token)")
+    ax.set_title(f"ITL over time, {len(picked)} streams")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(fig, path)
+
+
+def _num(d: dict | None, key: str) -> float:
+    v = (d or {}).get(key)
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+
+
+def _stacked(ax, segments: dict, order: Sequence[str], stats: Sequence[str], title: str) -> None:
+    names = [n for n in order if n in segments] + [n for n in segments if n not in order]
+    totals = [sum(_num(segments.get(n), s) for n in names) for s in stats]
+    bottoms = [0.0] * len(stats)
+    for name, color in zip(names, _palette(len(names))):
+        heights = [_num(segments.get(name), s) for s in stats]
+        bars = ax.bar(stats, heights, bottom=bottoms, label=name, color=color, width=0.55)
+        for bar, h, b, total in zip(bars, heights, bottoms, totals):
+            if total and h / total > 0.06:  # label only the slices with room for it
+                ax.text(bar.get_x() + bar.get_width() / 2, b + h / 2, f"{h:.2f}",
+                        ha="center", va="center", fontsize="x-small")
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    handles, labels = ax.get_legend_handles_labels()  # top of the stack first
+    ax.legend(handles[::-1], labels[::-1], fontsize="small", loc="upper left",
+              bbox_to_anchor=(1.0, 1.0))
+
+
+def _palette(n: int) -> list:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def plot_segments(segments: dict | None, path: Path, ttft_segments: dict | None = None) -> Path | None:
+    """Stacked bars of each segment's p50 and p99 (per-request and per-chunk segments stacked
+    as they are: a sum of p99s is not the p99 of the sum). With `ttft_segments`, a second
+    panel stacks the first chunk's segments, whose means add up to the mean TTFT."""
+    if not segments and not ttft_segments:
+        return None
+    panels = [p for p in (segments, ttft_segments) if p]
+    fig, axes = _figure(5.0 * len(panels) + 1.0, 4.8, ncols=len(panels))
+    k = 0
+    if segments:
+        _stacked(axes[k], segments, SEGMENT_ORDER, ("p50", "p99"), "segments_ms, stacked")
+        k += 1
+    if ttft_segments:
+        _stacked(axes[k], ttft_segments, _TTFT_SEGMENT_ORDER, ("mean", "p50", "p99"),
+                 "ttft_segments_ms (means sum to TTFT)")
+    return _save(fig, path)
+
+
+def plot_cpu(system: dict | None, path: Path) -> Path | None:
+    """CPU % of every sampled process against time; with card samples ([t, util %, ...]),
+    a second panel of each card's utilisation on the same time axis."""
+    system = system or {}
+    processes = system.get("processes") or {}
+    series = {}
+    for name, info in processes.items():
+        samples = [s for s in (info or {}).get("samples") or [] if len(s) >= 2]
+        if samples:
+            series[name] = samples
+    cards = []
+    for i, gpu in enumerate(system.get("gpus") or []):
+        samples = [s for s in (gpu or {}).get("samples") or [] if len(s) >= 2]
+        if samples:
+            cards.append(((gpu or {}).get("index", i), samples))
+    if not series and not cards:
+        return None
+    both = bool(series and cards)
+    fig, axes = _figure(9.0, 7.0 if both else 4.5, nrows=2 if both else 1)
+    k = 0
+    if series:
+        ax = axes[k]
+        for name, samples in series.items():
+            mean = (processes[name] or {}).get("cpu_pct_mean")
+            label = f"{name} (mean {mean:.0f} %)" if isinstance(mean, (int, float)) else name
+            ax.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, label=label)
+        ax.axhline(100, color="grey", ls=":", lw=1)
+        ax.set_ylabel("CPU % (100 = one core)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("CPU per process")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        k += 1
+    if cards:
+        ax = axes[k]
+        for index, samples in cards:
+            ax.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, label=f"card {index}")
+        ax.set_ylabel("card utilisation %")
+        ax.set_ylim(0, 105)
+        ax.set_title("Card utilisation")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[-1].set_xlabel("time since sampling started (s)")
+    return _save(fig, path)
+
+
+# -- sweeps ---------------------------------------------------------------------------------
+
+SWEEP_PANELS = (
+    ("TTFT (ms)", (("ttft_ms", "p50"), ("ttft_ms", "p99"))),
+    ("ITL (ms per token)", (("itl_ms", "mean"), ("itl_ms", "p90"))),
+    ("throughput (tokens/s)", (("tokens_per_s", None),)),
+)
+
+
+def metric(result: dict, name: str, stat: str | None) -> float:
+    """One number from a result: `result[name][stat]`, or `result[name]` when stat is None."""
+    v = result.get(name)
+    if stat is not None:
+        v = v.get(stat) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def spread(repeats: Sequence[dict], name: str, stat: str | None) -> tuple[float, float, float]:
+    """(mean, min, max) of a metric over a point's repeats; NaNs when none has it."""
+    values = _finite(metric(r, name, stat) for r in repeats)
+    if not values:
+        return math.nan, math.nan, math.nan
+    return sum(values) / len(values), min(values), max(values)
+
+
+def as_number(v: Any) -> float | None:
+    """A swept value as a number: numbers, and strings such as "16" or "2.5" (`cadence sweep`
+    keeps the values as typed); None for anything else."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            return None
+    if isinstance(v, (int, float)) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def sweep_points(sweep: dict) -> list[dict]:
+    """The sweep's points; sorted when every value is a number, else in the given order."""
+    points = [p for p in sweep.get("points") or [] if isinstance(p, dict)]
+    if points and all(as_number(p.get("value")) is not None for p in points):
+        points = sorted(points, key=lambda p: as_number(p["value"]))
+    return points
+
+
+def plot_sweep(sweep: dict | None, path: Path) -> Path | None:
+    """TTFT p50/p99, mean ITL, ITL p90 and tokens/s against the swept value; markers at the
+    mean over repeats, error bars from the lowest to the highest repeat."""
+    points = sweep_points(sweep or {})
+    if not points:
+        return None
+    values = [p.get("value") for p in points]
+    numeric = all(as_number(v) is not None for v in values)
+    xs = [as_number(v) for v in values] if numeric else list(range(len(values)))
+    fig, axes = _figure(15.0, 4.5, ncols=len(SWEEP_PANELS))
+    for ax, (ylabel, series) in zip(axes, SWEEP_PANELS):
+        for name, stat in series:
+            mean, low, high = [], [], []
+            for p in points:
+                m, lo, hi = spread(p.get("repeats") or [], name, stat)
+                mean.append(m)
+                low.append(m - lo if math.isfinite(m) else 0.0)
+                high.append(hi - m if math.isfinite(m) else 0.0)
+            label = f"{name} {stat}" if stat else name
+            ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, label=label)
+        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 16:
+            ax.set_xscale("log")
+        if len(xs) <= 12:
+            ax.set_xticks(xs, [str(v) for v in values])
+            ax.minorticks_off()
+        ax.set_xlabel(str((sweep or {}).get("variable", "value")))
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+    repeats = sorted({len(p.get("repeats") or []) for p in points})
+    fig.suptitle(f"sweep over {(sweep or {}).get('variable', 'value')} "
+                 f"({'/'.join(map(str, repeats))} repeats per point; bars: min–max)")
+    return _save(fig, path)

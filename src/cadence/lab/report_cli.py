@@ -1,0 +1,33 @@
+"""The `cadence report` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="render a bench or sweep JSON result as one HTML page")
+    p.add_argument("results", help="JSON written by `cadence bench --json` (or a sweep)")
+    p.add_argument("--out", default=None,
+                   help="folder for report.html and the PNGs (default: <stem>-report/ next to the JSON)")
+    p.set_defaults(func=_report)
+
+
+def _report(args: argparse.Namespace) -> None:
+    from cadence.lab.report import render_report
+
+    source = Path(args.results)
+    try:
+        with source.open() as f:
+            result = json.load(f)
+    except OSError as exc:
+        sys.exit(f"cadence report: cannot read {source}: {exc.strerror or exc}")
+    except json.JSONDecodeError as exc:
+        sys.exit(f"cadence report: {source} is not JSON: {exc}")
+    if not isinstance(result, dict):
+        sys.exit(f"cadence report: {source} holds a {type(result).__name__}, not a result object")
+    out_dir = Path(args.out) if args.out else source.with_name(f"{source.stem}-report")
+    print(render_report(result, out_dir, title=f"cadence report: {source.name}"))
