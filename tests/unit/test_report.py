@@ -82,9 +82,16 @@ def _full_result() -> dict:
                   "samples": [[0.1 * k, 10.0, 900.0] for k in range(20)]}],
         "flags": ["CPU busy while the cards idle: front"],
     }
-    result["diagnosis"] = [{"rule": "front_cpu_bound", "finding": "The front is CPU-bound",
-                            "evidence": "front at 97% of a core", "look_at": "--procs, uvloop"}]
+    result["diagnosis"] = [
+        {"rule": "front_cpu_bound", "finding": "The front is CPU-bound",
+         "evidence": "front at 97% of a core", "look_at": "--procs, uvloop"},
+        {"rule": "ttft_engine_start", "finding": "the first step is slow",
+         "evidence": {"first_step_mean_ms": 812.5, "ttft_share_first_step": 0.93},
+         "look_at": "--warmup"},
+    ]
     result["baseline"] = {k: result[k] for k in ("ttft_ms", "itl_ms", "tokens_per_s")}
+    result["overhead_ms"] = {"ttft_ms": {"mean": 1.25, "p50": 1.5, "p90": 2.0, "p99": 3.5,
+                                         "max": 4.0}}
     return result
 
 
@@ -140,7 +147,8 @@ def test_report_of_one_run(tmp_path: Path):
         assert name in page, name
     for text in ("front_cpu_bound", "The front is CPU-bound", "front at 97% of a core",
                  "--procs, uvloop", "CPU busy while the cards idle", "worker0", "127.0.0.1:50051",
-                 "engine-only baseline", "Client CPU"):
+                 "engine-only baseline", "Client CPU", "first_step_mean_ms <b>812.50</b>",
+                 "ttft_share_first_step <b>0.930</b>", "Serving overhead", "+3.50"):
         assert text in page, text
     assert "No rule fired" not in page
 
@@ -152,9 +160,11 @@ def test_report_with_little_in_it(tmp_path: Path):
         result.pop(key)
     result["tpot_ms"] = {k: math.nan for k in result["tpot_ms"]} | {"count": 0}
     result["diagnosis"] = []
+    result["baseline"] = {"error": "the engine-only baseline needs a cadence server on this host"}
     path = render_report(result, tmp_path)
     page = path.read_text()
     assert "No rule fired" in page
+    assert "No baseline: the engine-only baseline needs" in page
     assert "No raw records" in page
     assert "<h2>System</h2>" not in page
     _assert_pngs(tmp_path, set())

@@ -25,7 +25,6 @@ from cadence.api.v1 import inference_pb2 as pb
 from cadence.engines.tokenizer import StreamDecoder
 from cadence.transport.messages import Finish
 
-OVERFLOW_POLICIES = ("merge", "abort")
 
 
 class RequestStream:

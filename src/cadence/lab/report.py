@@ -291,7 +291,7 @@ def _diagnosis(result: dict) -> str:
         if not isinstance(f, dict):
             parts.append(f'<div class="finding">{_esc(f)}</div>')
             continue
-        details = "".join(f"<dt>{_esc(label)}</dt><dd>{_esc(f[key])}</dd>"
+        details = "".join(f"<dt>{_esc(label)}</dt><dd>{_evidence(f[key])}</dd>"
                           for key, label in (("evidence", "evidence"), ("look_at", "look at"))
                           if f.get(key))
         parts.append(f'<div class="finding"><div><span class="rule">{_esc(f.get("rule", "?"))}'
@@ -299,10 +299,20 @@ def _diagnosis(result: dict) -> str:
     return "".join(parts)
 
 
+def _evidence(value: Any) -> str:
+    """A finding's evidence: text as it is, a dict of numbers as `name value` pairs."""
+    if isinstance(value, dict):
+        return ", ".join(f"{_esc(k)} <b>{fmt(v)}</b>" for k, v in value.items())
+    return _esc(value)
+
+
 def _baseline(result: dict) -> str:
     baseline = result.get("baseline")
     if not isinstance(baseline, dict) or not baseline:
         return ""
+    if baseline.get("error"):
+        return ("<h2>Against the engine-only baseline</h2>"
+                f'<p class="note">No baseline: {_esc(baseline["error"])}</p>')
     names = aggregate_names(baseline)
     rows = []
     for n in names:
@@ -321,7 +331,16 @@ def _baseline(result: dict) -> str:
              if key in baseline]
     if extra:
         parts.append(_table(("", "run", "baseline"), extra))
+    overhead = result.get("overhead_ms")
+    if isinstance(overhead, dict) and overhead:
+        rows = [(m, *(_signed((d or {}).get(s)) for s in STATS)) for m, d in overhead.items()]
+        parts.append("<h3>Serving overhead (served − engine-only, ms)</h3>"
+                     + _table(("metric", *STATS), rows))
     return "".join(parts)
+
+
+def _signed(value: Any) -> _Raw:
+    return _Raw(f"{value:+.2f}" if _finite(value) else "—")
 
 
 def _finite(v: Any) -> bool:

@@ -29,6 +29,12 @@ from cadence.transport.messages import (
 
 log = logging.getLogger("cadence.transport")
 
+OUTPUT_HWM = 64
+"""Step messages each side of the output socket holds at most. A worker more than about
+2 x OUTPUT_HWM steps ahead of the front blocks on its next send: when the front as a whole
+cannot keep up, the engines wait rather than fill the front's memory. A slow client never
+causes this; its tokens merge in its own buffer."""
+
 
 def local_addresses(workers: int, transport: str, host: str = "127.0.0.1") -> tuple[list[str], str]:
     """Addresses for `workers` input sockets and the output socket.
@@ -108,7 +114,7 @@ class FrontChannel:
             self._inputs.append(sock)
             self.input_addresses.append(sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self._output = self._context.socket(zmq.PULL)
-        self._output.setsockopt(zmq.RCVHWM, 0)
+        self._output.setsockopt(zmq.RCVHWM, OUTPUT_HWM)
         self._output.setsockopt(zmq.LINGER, 0)
         self._output.bind(output_address)
         self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -180,6 +186,7 @@ class WorkerChannel:
         self._input.setsockopt(zmq.RCVHWM, 0)
         self._input.connect(input_address)
         self._output = self._context.socket(zmq.PUSH)
+        self._output.setsockopt(zmq.SNDHWM, OUTPUT_HWM)
         self._output.setsockopt(zmq.LINGER, 1000)
         self._output.connect(output_address)
         self._poller = zmq.Poller()
