@@ -9,7 +9,7 @@ import msgspec
 
 from cadence.lab.baseline import engine_config_of, run_baseline
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
-from cadence.lab.sampler import SystemSampler, server_processes
+from cadence.lab.sampler import SystemSampler, metrics_url, server_processes
 from cadence.lab.stats import summarize
 
 _START_DELAY_S = 3.0
@@ -72,7 +72,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
     """
-    sampler = SystemSampler()
+    sampler = SystemSampler(metrics_url=metrics_url(target))
     for name, pid in server_processes(target).items():
         sampler.watch(name, pid)
     sampler.start()
@@ -163,6 +163,7 @@ def print_summary(result: dict) -> None:
         f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
         + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
     )
+    _print_system(console, result.get("system") or {})
     integrity = result["integrity"]
     console.print(
         f"requests {result['requests_ok']}/{result['requests']} ok, errors {result['errors_by_code'] or 'none'}; "
@@ -174,3 +175,25 @@ def print_summary(result: dict) -> None:
         f"integrity: lost {integrity['lost_tokens']}, repeated {integrity['repeated_tokens']}, "
         f"reordered {integrity['reordered_chunks']}, short streams {integrity['short_streams']}"
     )
+
+
+def _print_system(console, system: dict) -> None:
+    cpu = ", ".join(f"{name} {p['cpu_pct_mean']:.0f}%" for name, p in system.get("processes", {}).items()
+                    if p["cpu_pct_mean"] is not None)
+    if cpu:
+        console.print(f"CPU (mean, % of one core): {cpu}")
+    for gpu in system.get("gpus", []):
+        console.print(f"card {gpu['index']}: {gpu['util_pct_mean']:.0f}% utilised (mean), "
+                      f"{gpu['mem_used_mb_max']:.0f} MiB at most")
+    scraped = system.get("server_metrics")
+    if scraped:
+        during, peaks = scraped["during_run"], scraped["peaks"]
+        console.print(
+            f"server metrics ({scraped['scrapes']} scrapes): deepest request buffer "
+            f"{peaks.get('cadence_deepest_buffer_steps', 0):.0f} steps, peak active streams "
+            f"{peaks.get('cadence_active_streams', 0):.0f}; during the run "
+            f"{during['cadence_merged_steps_total']:.0f} steps merged, "
+            f"{during['cadence_buffer_overflows_total']:.0f} buffer overflows"
+        )
+    for flag in system.get("flags", []):
+        console.print(f"[bold red]{flag}[/]")

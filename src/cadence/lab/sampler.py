@@ -34,11 +34,51 @@ def server_processes(target: str) -> dict[str, int]:
     return {}
 
 
+def metrics_url(target: str) -> str | None:
+    """The /metrics address of a local cadence server started with --metrics-port: the
+    front's other listening TCP port."""
+    front = server_processes(target).get("front")
+    if front is None:
+        return None
+    grpc_port = int(target.rpartition(":")[2])
+    for conn in psutil.Process(front).net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port != grpc_port:
+            return f"http://{conn.laddr.ip}:{conn.laddr.port}/metrics"
+    return None
+
+
+_SCRAPED_GAUGES = ("cadence_deepest_buffer_steps", "cadence_active_streams",
+                   "cadence_worker_batch_size")
+_SCRAPED_COUNTERS = ("cadence_merged_steps_total", "cadence_buffer_overflows_total",
+                     "cadence_chunks_total", "cadence_output_tokens_total")
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The cadence gauges and counters of one /metrics page, keyed by name{labels}."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=2) as reply:
+        text = reply.read().decode()
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in _SCRAPED_GAUGES or sample.name in _SCRAPED_COUNTERS:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
 class SystemSampler:
     """Samples every watched process's CPU % (100 = one core) and every card's utilisation."""
 
-    def __init__(self, interval_s: float = 0.1) -> None:
+    def __init__(self, interval_s: float = 0.1, metrics_url: str | None = None,
+                 scrape_every: int = 5) -> None:
         self.interval_s = interval_s
+        self._metrics_url = metrics_url
+        self._scrape_every = scrape_every
+        self._scrapes: list[tuple[float, dict[str, float]]] = []
         self._processes: dict[str, psutil.Process] = {}
         self._samples: dict[str, list[list[float]]] = {}
         self._gpu_samples: list[list[list[float]]] = []
@@ -64,8 +104,13 @@ class SystemSampler:
         return self
 
     def _run(self) -> None:
+        ticks = 0
+        self._scrape(0.0)
         while not self._stop.wait(self.interval_s):
             t = time.monotonic() - self._t0
+            ticks += 1
+            if ticks % self._scrape_every == 0:
+                self._scrape(t)
             with self._lock:
                 watched = list(self._processes.items())
             for name, process in watched:
@@ -80,11 +125,37 @@ class SystemSampler:
                         self._gpu_samples.append([])
                     self._gpu_samples[i].append([t, util, mem_mb])
 
+    def _scrape(self, t: float) -> None:
+        if self._metrics_url is None:
+            return
+        try:
+            self._scrapes.append((t, scrape(self._metrics_url)))
+        except OSError:
+            pass  # a missed scrape leaves a gap, nothing more
+
+    def _server_metrics(self) -> dict | None:
+        if not self._scrapes:
+            return None
+        first, last = self._scrapes[0][1], self._scrapes[-1][1]
+        peaks: dict[str, float] = {}
+        for _, values in self._scrapes:
+            for key, value in values.items():
+                if key.split("{")[0] in _SCRAPED_GAUGES:
+                    peaks[key] = max(peaks.get(key, value), value)
+        return {
+            "url": self._metrics_url,
+            "scrapes": len(self._scrapes),
+            "peaks": peaks,
+            "during_run": {k: last.get(k, 0.0) - first.get(k, 0.0) for k in _SCRAPED_COUNTERS},
+            "samples": [[t, v] for t, v in self._scrapes],
+        }
+
     def stop(self) -> dict:
         """Stop sampling; the samples and their means and peaks, plus the S10 flag."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._scrape(time.monotonic() - self._t0)
         processes = {}
         for name, samples in self._samples.items():
             values = [pct for _, pct in samples]
@@ -107,6 +178,7 @@ class SystemSampler:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
         return {"interval_s": self.interval_s, "processes": processes, "gpus": gpus,
+                "server_metrics": self._server_metrics(),
                 "flags": cpu_busy_cards_idle(processes, gpus)}
 
 
