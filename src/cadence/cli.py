@@ -42,7 +42,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", default="ipc", choices=["ipc", "tcp"], help="front <-> worker sockets")
     p.add_argument("--startup-timeout", type=float, default=60.0,
                    help="seconds every worker gets to load its engine and report ready")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds open streams get on shutdown")
+    p.add_argument("--drain-timeout", "--grace", dest="grace", type=float, default=5.0,
+                   help="on SIGINT/SIGTERM, seconds open streams get to finish before they end "
+                        "with UNAVAILABLE")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 

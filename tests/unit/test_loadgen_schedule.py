@@ -23,7 +23,7 @@ def test_poisson_schedule_has_the_asked_rate_and_is_reproducible() -> None:
 
 def _plan(process: int, processes: int, **kw) -> ProcessPlan:
     return ProcessPlan(process=process, processes=processes, target="x", shape=RequestShape(),
-                       start_at_ns=0, **kw)
+                       **kw)
 
 
 def test_processes_split_the_run_without_overlap_and_share_one_schedule() -> None:

@@ -26,7 +26,6 @@ from cadence.engines.tokenizer import StreamDecoder
 from cadence.transport.messages import Finish
 
 
-
 class RequestStream:
     """The per-request buffer between the output reader and one gRPC stream."""
 

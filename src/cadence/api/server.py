@@ -21,14 +21,14 @@ from cadence.config import ServerConfig
 from cadence.router import WorkerRouter
 from cadence.transport.channel import FrontChannel, local_addresses
 from cadence.transport.launcher import Launcher, LocalLauncher, WorkerHandle
-from cadence.transport.messages import Finish, WorkerReady, WorkerSpec
+from cadence.transport.messages import WorkerReady, WorkerSpec
 
 log = logging.getLogger("cadence.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 _MONITOR_INTERVAL_S = 0.2
 _FINAL_CHUNK_WAIT_S = 1.0
-"""After a drain's grace, how long the last (CANCELLED) chunks get to go out."""
+"""After a drain's grace, how long the streams that were ended get to close."""
 
 
 class StartupError(RuntimeError):
@@ -107,7 +107,7 @@ class CadenceServer:
         self._tasks.append(loop.create_task(self._monitor_workers()))
         try:
             await asyncio.wait_for(self._all_ready.wait(), config.startup_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             missing = sorted(set(range(n)) - self._ready)
             raise StartupError(
                 f"workers {missing} were not ready within {config.startup_timeout_s:.0f} s; "
@@ -160,7 +160,8 @@ class CadenceServer:
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: refuse new requests, let open streams finish for `grace` seconds, end the
-        rest with FINISH_REASON_CANCELLED, then stop the gRPC server and the workers."""
+        rest with UNAVAILABLE (the client may retry elsewhere), then stop the gRPC server and
+        the workers."""
         self._stopping = True
         grace = self.config.grace_s if grace is None else grace
         loop = asyncio.get_running_loop()
@@ -171,7 +172,8 @@ class CadenceServer:
             self.service.refusal = "the server is shutting down; retry on another server"
             await self._until_no_streams(loop.time() + grace)
             for stream in list(self._streams.values()):
-                stream.end(Finish.CANCELLED)
+                stream.fail(grpc.StatusCode.UNAVAILABLE,
+                            "the server shut down before this stream finished; retry elsewhere")
             await self._until_no_streams(loop.time() + _FINAL_CHUNK_WAIT_S)
         if hasattr(self, "_server"):
             await self._server.stop(_FINAL_CHUNK_WAIT_S)

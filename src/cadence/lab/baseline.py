@@ -48,7 +48,7 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
     scheduler = BatchScheduler(engine, worker, config.max_batch)
     # The same request sequence and arrival schedule as the bench, this worker's share.
     plan = ProcessPlan(process=worker, processes=workers, target="", shape=shape,
-                       requests=requests, duration_s=duration_s, rate=rate, start_at_ns=0)
+                       requests=requests, duration_s=duration_s, rate=rate)
     todo = deque(_my_requests(plan))
     lanes = max(1, len(range(worker, concurrency, workers)))
     records: dict[int, RequestRecord] = {}

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import msgspec
 
 from cadence.lab.baseline import engine_config_of, run_baseline
+from cadence.lab.diagnosis import diagnose
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
 from cadence.lab.sampler import SystemSampler, metrics_url, server_processes
 from cadence.lab.stats import summarize
-
-_START_DELAY_S = 3.0
-"""Time for client processes to start and connect before the agreed start."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +40,6 @@ class Workload:
 
     def plans(self, target: str, processes: int, channels: int = 1) -> list[ProcessPlan]:
         """Split the requests and the concurrency evenly over `processes` client processes."""
-        start_at = time.monotonic_ns() + int(_START_DELAY_S * 1e9)
         return [
             ProcessPlan(
                 process=p,
@@ -54,7 +50,6 @@ class Workload:
                 duration_s=self.duration_s,
                 concurrency=max(1, len(range(p, self.concurrency, processes))),
                 rate=self.rate,
-                start_at_ns=start_at,
                 include_timing=self.include_timing,
                 timeout_s=self.timeout_s,
                 channels=channels,
@@ -111,6 +106,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     if baseline:
         result["baseline"], result["overhead_ms"] = _baseline(target, workload, result)
     result["records"] = msgspec.to_builtins(records)
+    result["diagnosis"] = diagnose(result)
     return result
 
 
@@ -175,6 +171,18 @@ def print_summary(result: dict) -> None:
         f"integrity: lost {integrity['lost_tokens']}, repeated {integrity['repeated_tokens']}, "
         f"reordered {integrity['reordered_chunks']}, short streams {integrity['short_streams']}"
     )
+    _print_diagnosis(console, result.get("diagnosis"))
+
+
+def _print_diagnosis(console, findings: list[dict] | None) -> None:
+    if findings is None:
+        return
+    if not findings:
+        console.print("diagnosis: no rule fired")
+    for f in findings:
+        evidence = ", ".join(f"{k} {v}" for k, v in f["evidence"].items())
+        console.print(f"[bold]diagnosis {f['rule']}:[/] {f['finding']}\n  evidence: {evidence}"
+                      f"\n  look at: {f['look_at']}", highlight=False)
 
 
 def _print_system(console, system: dict) -> None:

@@ -81,8 +81,6 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Streams this process keeps open at once (closed loop)."""
     rate: float | None = None
     """Requests per second of the whole run (open loop)."""
-    start_at_ns: int
-    """Monotonic time at which the first requests go out."""
     include_timing: bool = True
     timeout_s: float | None = None
     channels: int = 1
@@ -155,7 +153,10 @@ def _my_requests(plan: ProcessPlan):
         i += 1
 
 
-async def _run_process(plan: ProcessPlan) -> tuple[list[RequestRecord], float, float, int]:
+async def _run_process(
+    plan: ProcessPlan, ready: Callable[[], int]
+) -> tuple[list[RequestRecord], float, float, int]:
+    """Connect, warm up, report `ready()` (which returns the agreed start time), then run."""
     channels = [
         grpc.aio.insecure_channel(plan.target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(plan.channels)
@@ -166,7 +167,8 @@ async def _run_process(plan: ProcessPlan) -> tuple[list[RequestRecord], float, f
     for i in range(plan.warmup):
         await _one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
                    plan.process, plan.include_timing, plan.timeout_s)
-    delay = (plan.start_at_ns - time.monotonic_ns()) / 1e9
+    start_at_ns = await asyncio.get_running_loop().run_in_executor(None, ready)
+    delay = (start_at_ns - time.monotonic_ns()) / 1e9
     if delay > 0:
         await asyncio.sleep(delay)
     cpu0, wall0 = time.process_time(), time.monotonic()
@@ -219,45 +221,70 @@ class ProcessResult(msgspec.Struct, array_like=True):
     """Open loop: arrivals the process was late for (the schedule shifted instead)."""
 
 
-async def _measured(plan: ProcessPlan) -> ProcessResult:
-    return ProcessResult(plan.process, *await _run_process(plan))
+async def _measured(plan: ProcessPlan, ready: Callable[[], int]) -> ProcessResult:
+    return ProcessResult(plan.process, *await _run_process(plan, ready))
 
 
 def _process_main(plan_bytes: bytes, conn) -> None:
     plan = msgspec.msgpack.decode(plan_bytes, type=ProcessPlan)
+
+    def ready() -> int:
+        conn.send_bytes(b"ready")
+        return int(conn.recv_bytes())
+
     try:
         import uvloop
 
-        result = uvloop.run(_measured(plan))
+        result = uvloop.run(_measured(plan, ready))
     except ImportError:
-        result = asyncio.run(_measured(plan))
+        result = asyncio.run(_measured(plan, ready))
     conn.send_bytes(msgspec.msgpack.encode(result))
     conn.close()
+
+
+_START_MARGIN_NS = 20_000_000
+"""Between the last process reporting ready and the agreed start, so all are waiting."""
 
 
 def run_load(plans: list[ProcessPlan],
              on_started: Callable[[int, int], None] | None = None) -> list[ProcessResult]:
     """Run each plan in its own process and gather every process's result.
 
-    `on_started(process_number, pid)` is called for each process once it runs.
+    `on_started(process_number, pid)` is called for each process once it runs. Every process
+    connects and warms up first; then all start at one agreed monotonic time.
     """
     context = mp.get_context("spawn")
     started = []
     for plan in plans:
-        receiver, sender = context.Pipe(duplex=False)
-        proc = context.Process(target=_process_main, args=(msgspec.msgpack.encode(plan), sender))
+        here, there = context.Pipe()
+        proc = context.Process(target=_process_main, args=(msgspec.msgpack.encode(plan), there))
         proc.start()
-        sender.close()
-        started.append((proc, receiver))
+        there.close()
+        started.append((proc, here))
         if on_started is not None:
             on_started(plan.process, proc.pid)
     decode = msgspec.msgpack.Decoder(ProcessResult).decode
     results: list[ProcessResult] = []
-    for proc, receiver in started:
-        try:
-            results.append(decode(receiver.recv_bytes()))
-        except EOFError:
-            raise RuntimeError(f"load process {proc.pid} died (exit status {proc.exitcode})")
-        finally:
-            proc.join()
+    try:
+        for proc, conn in started:
+            if _expect(conn.recv_bytes, proc) != b"ready":
+                raise RuntimeError(f"load process {proc.pid} did not report ready")
+        start_at = str(time.monotonic_ns() + _START_MARGIN_NS).encode()
+        for _, conn in started:
+            conn.send_bytes(start_at)
+        for proc, conn in started:
+            results.append(decode(_expect(conn.recv_bytes, proc)))
+    finally:
+        for proc, _ in started:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
     return results
+
+
+def _expect(recv: Callable[[], bytes], proc) -> bytes:
+    try:
+        return recv()
+    except EOFError:
+        proc.join(timeout=5)
+        raise RuntimeError(f"load process {proc.pid} died (exit status {proc.exitcode})") from None

@@ -1,0 +1,73 @@
+"""The lab against real servers: bench, baseline, sweep and report, end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.loadgen import RequestShape
+from cadence.lab.server_process import ServerProcess
+from cadence.lab.sweep import run_sweep
+
+
+def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
+    with ServerProcess("--devices", "cpu:2", "--step-ms", "20", "--metrics-port", "0") as server:
+        workload = Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(30, 30)))
+        result = run_bench(server.target, workload, baseline=True)
+    # Behaviour, not speed: the median gap is the engine's step, loosely.
+    assert 15.0 < result["itl_ms"]["p50"] < 30.0
+    assert result["requests_ok"] == 16 and result["errors_by_code"] == {}
+    assert result["output_tokens"] == 16 * 30
+    assert all(v == 0 for v in result["integrity"].values())
+    segments = result["ttft_segments_ms"]
+    assert sum(s["mean"] for s in segments.values()) == pytest.approx(result["ttft_ms"]["mean"])
+    assert {"front", "worker0", "worker1", "client0"} <= set(result["system"]["processes"])
+    scraped = result["system"]["server_metrics"]
+    assert scraped["during_run"]["cadence_output_tokens_total"] == 16 * 30
+    assert result["baseline"]["workers"] == 2
+    assert result["baseline"]["output_tokens"] == 16 * 30
+    assert 15.0 < result["baseline"]["itl_ms"]["p50"] < 30.0
+    assert set(result["overhead_ms"]) == {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"}
+    json.dumps(result)
+
+
+def test_open_loop_sends_the_scheduled_requests() -> None:
+    with ServerProcess("--step-ms", "5") as server:
+        workload = Workload(rate=40.0, duration_s=1.0, shape=RequestShape(max_tokens=(5, 5)))
+        result = run_bench(server.target, workload, processes=2)
+    assert result["requests"] == result["requests_ok"] > 10
+    assert result["workload"]["rate"] == 40.0
+
+
+def test_bench_and_report_commands(tmp_path) -> None:
+    out = tmp_path / "run.json"
+    with ServerProcess("--step-ms", "5") as server:
+        subprocess.run(
+            [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
+             "--concurrency", "4", "--requests", "8", "--max-tokens", "10", "--json", str(out)],
+            check=True, capture_output=True, text=True, timeout=120,
+        )
+    result = json.loads(out.read_text())
+    assert result["requests_ok"] == 8 and len(result["records"]) == 8
+    report = subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "report", str(out), "--out", str(tmp_path / "r")],
+        check=True, capture_output=True, text=True, timeout=120,
+    )
+    assert (tmp_path / "r" / "report.html").exists()
+    assert "report.html" in report.stdout
+
+
+def test_sweep_starts_a_fresh_server_per_value() -> None:
+    workload = Workload(requests=4, concurrency=4, shape=RequestShape(max_tokens=(8, 8)))
+    result = run_sweep("workers", ["1", "2"], ["--step-ms", "5"], workload, repeat=1,
+                       progress=lambda _: None)
+    points = result["sweep"]["points"]
+    assert [p["value"] for p in points] == ["1", "2"]
+    workers = [sum(n.startswith("worker") for n in p["repeats"][0]["system"]["processes"])
+               for p in points]
+    assert workers == [1, 2]
+    assert [row["value"] for row in result["sweep"]["table"]] == ["1", "2"]
