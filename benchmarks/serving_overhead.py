@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ import psutil
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.loadgen import RequestShape
 from cadence.lab.server_process import ServerProcess
+
+_REFERENCE = Path(__file__).with_name("plain_grpc_reference.py")
 
 WORKLOADS = {
     "W1": {"step_ms": 20.0, "streams": 256, "max_tokens": 128},
@@ -42,11 +45,16 @@ def _cpu_s(pid: int) -> dict[str, float]:
     return out
 
 
-def run_workload(name: str, procs: int) -> dict:
+def run_workload(name: str, procs: int, plain: bool = False) -> dict:
+    """One workload on a fresh cadence server, or on the plain grpc.aio reference server."""
     spec = WORKLOADS[name]
-    args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]),
-            "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024")
-    with ServerProcess(*args) as server:
+    if plain:
+        args, command = ("--step-ms", str(spec["step_ms"])), [sys.executable, str(_REFERENCE)]
+    else:
+        command = None
+        args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]),
+                "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024")
+    with ServerProcess(*args, command=command) as server:
         before = _cpu_s(server.pid)
         workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
@@ -54,7 +62,7 @@ def run_workload(name: str, procs: int) -> dict:
         after = _cpu_s(server.pid)
     result.pop("records")
     result["server_cpu_s"] = {k: after[k] - before.get(k, 0.0) for k in after}
-    result["server_args"] = list(args)
+    result["server_args"] = ["plain_grpc_reference.py", *args] if plain else list(args)
     result["targets"] = check_targets(name, spec, result)
     return result
 
@@ -65,6 +73,9 @@ def check_targets(name: str, spec: dict, r: dict) -> dict:
         return {"measured": value, "bound": bound,
                 "met": value <= bound if at_most else value >= bound}
 
+    if "token_delay_ms" not in r:  # the reference server sends no timing
+        return {"chunk_gap_minus_step_p99_ms": target(r["chunk_gap_ms"]["p99"] - spec["step_ms"], 2.0),
+                "ttft_p99_ms": target(r["ttft_ms"]["p99"], 100.0)}
     if name == "W1":
         return {
             "chunk_gap_minus_step_p99_ms": target(r["chunk_gap_ms"]["p99"] - spec["step_ms"], 2.0),
@@ -85,6 +96,8 @@ def main() -> None:
     parser.add_argument("--out", default="results/serving_overhead.json")
     parser.add_argument("--only", action="append", choices=sorted(WORKLOADS))
     parser.add_argument("--procs", type=int, default=2, help="load-generating processes")
+    parser.add_argument("--plain", action="store_true",
+                        help="also run W1 against the plain grpc.aio reference server")
     args = parser.parse_args()
     results = {
         "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
@@ -92,12 +105,17 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "workloads": {},
     }
-    for name in args.only or sorted(WORKLOADS):
-        r = run_workload(name, args.procs)
+    runs = [(name, False) for name in args.only or sorted(WORKLOADS)]
+    if args.plain:
+        runs.append(("W1", True))
+    for name, plain in runs:
+        r = run_workload(name, args.procs, plain)
+        name = f"{name}-plain-grpc" if plain else name
         results["workloads"][name] = r
         print(f"{name}: ttft p99 {r['ttft_ms']['p99']:.1f} ms, chunk gap p50/p99 "
               f"{r['chunk_gap_ms']['p50']:.2f}/{r['chunk_gap_ms']['p99']:.2f} ms, token delay p50/p99 "
-              f"{r['token_delay_ms']['p50']:.2f}/{r['token_delay_ms']['p99']:.2f} ms, "
+              f"{r.get('token_delay_ms', {}).get('p50', float('nan')):.2f}/"
+              f"{r.get('token_delay_ms', {}).get('p99', float('nan')):.2f} ms, "
               f"{r['tokens_per_s']:.0f} tokens/s, {r['chunk_tokens']['mean']:.2f} tokens/chunk, "
               f"wall {r['wall_s']:.2f} s, integrity {r['integrity']}, errors {r['errors_by_code']}")
         print(f"    server CPU s {r['server_cpu_s']}, client {r['client']['cpu_per_chunk_us']:.0f} µs/chunk")

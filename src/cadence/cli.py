@@ -42,6 +42,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", default="ipc", choices=["ipc", "tcp"], help="front <-> worker sockets")
     p.add_argument("--startup-timeout", type=float, default=60.0,
                    help="seconds every worker gets to load its engine and report ready")
+    p.add_argument("--worker-timeout", type=float, default=60.0,
+                   help="seconds without a step (while requests are open) before a worker counts "
+                        "as hung and is restarted; 0 disables")
+    p.add_argument("--no-restart", action="store_true", help="do not restart workers that die")
     p.add_argument("--drain-timeout", "--grace", dest="grace", type=float, default=5.0,
                    help="on SIGINT/SIGTERM, seconds open streams get to finish before they end "
                         "with UNAVAILABLE")
@@ -96,6 +100,8 @@ def _server_config(args: argparse.Namespace):
         transport=args.transport,
         grace_s=args.grace,
         startup_timeout_s=args.startup_timeout,
+        worker_timeout_s=args.worker_timeout or None,
+        restart_workers=not args.no_restart,
     )
 
 

@@ -28,6 +28,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     transport: str = "ipc"
     """`ipc` (one host) or `tcp`."""
     startup_timeout_s: float = 60.0
+    worker_timeout_s: float | None = 60.0
+    """A worker with open requests that sends no step for this long is killed and restarted
+    (None: never)."""
+    restart_workers: bool = True
+    """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
     grace_s: float = 5.0
     """On shutdown, open streams get this long to finish before they are cancelled."""
 

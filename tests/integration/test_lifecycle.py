@@ -95,7 +95,17 @@ def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> Non
             firsts = [await call.read() for call in calls]
             victim = firsts[0].timing.worker
             os.kill(server.workers[victim].pid, signal.SIGKILL)
-            for call, first in zip(calls, firsts):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                while await calls[0].read() is not grpc.aio.EOF:
+                    pass
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert f"worker {victim}" in info.value.details()
+            # While it is down, new requests go only to the worker that is left.
+            chunks = [c async for c in stub.Generate(build_request("after", max_tokens=3,
+                                                                   include_timing=True))]
+            assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+            assert chunks[0].timing.worker != victim
+            for call, first in zip(calls[1:], firsts[1:]):
                 chunks = [first]
                 try:
                     while (chunk := await call.read()) is not grpc.aio.EOF:
@@ -103,16 +113,41 @@ def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> Non
                 except grpc.aio.AioRpcError as exc:
                     assert first.timing.worker == victim
                     assert exc.code() == grpc.StatusCode.UNAVAILABLE
-                    assert f"worker {victim}" in exc.details()
                 else:
                     assert first.timing.worker != victim
                     assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
                     assert sum(len(c.token_ids) for c in chunks) == 150
-            # New requests go to the worker that is left.
-            chunks = [c async for c in stub.Generate(build_request("after", max_tokens=3,
-                                                                   include_timing=True))]
-            assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
-            assert chunks[0].timing.worker != victim
+            return victim
+
+    victim = asyncio.run(run())
+    # The worker is restarted; health shows the outage while it lasts.
+    with Client(server.target) as client:
+        assert client.health() == "SERVING"
+        deadline = time.monotonic() + 20
+        while client.health(f"cadence.worker.{victim}") != "SERVING":
+            assert time.monotonic() < deadline, "the killed worker was not restarted"
+            time.sleep(0.1)
+        workers = {next(iter(client.generate(f"x{i}", max_tokens=1, include_timing=True))).timing.worker
+                   for i in range(8)}
+    assert workers == {0, 1}
+
+
+def test_hung_worker_is_stopped_and_restarted(server_factory) -> None:
+    server = server_factory("--devices", "cpu:2", "--step-ms", "10", "--worker-timeout", "1")
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            call = stub.Generate(build_request("hang", max_tokens=10_000, include_timing=True))
+            first = await call.read()
+            hung = psutil.Process(server.workers[first.timing.worker].pid)
+            hung.suspend()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "made no step" in info.value.details()
+            assert not hung.is_running() or hung.status() == psutil.STATUS_ZOMBIE
 
     asyncio.run(run())
 

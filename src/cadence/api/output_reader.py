@@ -36,6 +36,8 @@ class OutputReader:
         self._batch_size = [metrics.batch_size.labels(w) for w in labels]
         self._step_time = [metrics.step_time.labels(w) for w in labels]
         self._steps = [metrics.steps.labels(w) for w in labels]
+        self.last_output_ns = [0] * workers
+        """When each worker last sent a step (the supervisor's hang check reads it)."""
 
     def handle(self, message: WorkerOutput, recv_ns: int) -> None:
         """Dispatch one message that the front read at `recv_ns`."""
@@ -52,6 +54,7 @@ class OutputReader:
                 if stream is not None:
                     stream.end(reason)
             worker = message.worker
+            self.last_output_ns[worker] = recv_ns
             self._batch_size[worker].set(len(message.seq_ids))
             self._step_time[worker].set((end - start) / 1e9)
             self._steps[worker].inc()

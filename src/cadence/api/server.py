@@ -20,13 +20,14 @@ from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.config import ServerConfig
 from cadence.router import WorkerRouter
 from cadence.transport.channel import FrontChannel, local_addresses
-from cadence.transport.launcher import Launcher, LocalLauncher, WorkerHandle
+from cadence.api.worker_supervisor import WorkerSupervisor
+from cadence.transport.launcher import Launcher, LocalLauncher
 from cadence.transport.messages import WorkerReady, WorkerSpec
 
 log = logging.getLogger("cadence.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
-_MONITOR_INTERVAL_S = 0.2
+_STARTUP_POLL_S = 0.05
 _FINAL_CHUNK_WAIT_S = 1.0
 """After a drain's grace, how long the streams that were ended get to close."""
 
@@ -46,10 +47,7 @@ class CadenceServer:
         self.config = config
         self._launcher = launcher or LocalLauncher()
         self._streams: dict[int, RequestStream] = {}
-        self._workers: list[WorkerHandle] = []
-        self._ready: set[int] = set()
-        self._all_ready = asyncio.Event()
-        self._stopping = False
+        self.supervisor: WorkerSupervisor | None = None
         self._tasks: list[asyncio.Task] = []
         self.port = 0
         self.metrics_port: int | None = None
@@ -94,37 +92,69 @@ class CadenceServer:
             )
         await self._server.start()
 
-        # Stage 4: the workers.
-        for index, device in enumerate(config.devices):
-            spec = WorkerSpec(
+        # Stage 4: the workers, watched (and restarted) by the supervisor once all are ready.
+        specs = [
+            WorkerSpec(
                 index=index,
                 device=device,
                 input_address=self._channel.input_addresses[index],
                 output_address=self._channel.output_address,
                 engine=config.engine,
             )
-            self._workers.append(self._launcher.launch(spec))
-        self._tasks.append(loop.create_task(self._monitor_workers()))
-        try:
-            await asyncio.wait_for(self._all_ready.wait(), config.startup_timeout_s)
-        except TimeoutError:
-            missing = sorted(set(range(n)) - self._ready)
-            raise StartupError(
-                f"workers {missing} were not ready within {config.startup_timeout_s:.0f} s; "
-                "check their output above, or raise the start-up timeout for slow model loads"
-            ) from None
-        if self._stopping:
-            raise StartupError("a worker exited during start-up; see its output above")
+            for index, device in enumerate(config.devices)
+        ]
+        self.supervisor = WorkerSupervisor(
+            self._launcher, specs, self.router,
+            on_down=self._fail_streams_of, on_health=self._refresh_health,
+            hang_timeout_s=config.worker_timeout_s, restart=config.restart_workers,
+        )
+        self.reader.last_output_ns = self.supervisor.last_output_ns
+        await self._wait_for_workers()
+        self._tasks.append(loop.create_task(self.supervisor.run()))
         self.service.refusal = None
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        await self._refresh_health_now()
         log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n, config.devices)
         return self.port
 
+    async def _wait_for_workers(self) -> None:
+        """Until every worker is ready; a worker that exits or a timeout fails the start."""
+        supervisor, timeout = self.supervisor, self.config.startup_timeout_s
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not all(supervisor.ready):
+            for worker in supervisor.workers:
+                if worker.exit_code() is not None:
+                    raise StartupError(f"worker {worker.index} exited during start-up (status "
+                                       f"{worker.exit_code()}); see its output above")
+            if asyncio.get_running_loop().time() > deadline:
+                missing = [i for i, ready in enumerate(supervisor.ready) if not ready]
+                raise StartupError(
+                    f"workers {missing} were not ready within {timeout:.0f} s; check their "
+                    "output above, or raise --startup-timeout for slow model loads"
+                )
+            await asyncio.sleep(_STARTUP_POLL_S)
+
     def _on_worker_ready(self, message: WorkerReady) -> None:
-        self._ready.add(message.worker)
         log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine)
-        if len(self._ready) == len(self.config.devices):
-            self._all_ready.set()
+        self.supervisor.mark_ready(message.worker)
+
+    def _fail_streams_of(self, worker: int, message: str) -> None:
+        for stream in list(self._streams.values()):
+            if stream.worker == worker:
+                stream.fail(grpc.StatusCode.UNAVAILABLE, message)
+
+    def _refresh_health(self) -> None:
+        if self.supervisor is not None and not self.supervisor.stopping:
+            self._tasks.append(asyncio.ensure_future(self._refresh_health_now()))
+
+    async def _refresh_health_now(self) -> None:
+        """The server is SERVING while at least one worker is ready; `cadence.worker.N` says
+        whether worker N is (NOT_SERVING while it is down or restarting)."""
+        serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        ready = self.supervisor.ready
+        await self._set_health(serving if any(ready) else not_serving)
+        for i, up in enumerate(ready):
+            await self._health.set(f"cadence.worker.{i}", serving if up else not_serving)
 
     async def _until_no_streams(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -135,34 +165,10 @@ class CadenceServer:
         await self._health.set("", status)
         await self._health.set(SERVICE_NAME, status)
 
-    async def _monitor_workers(self) -> None:
-        """Fail every stream of a worker that died, so none is left hanging."""
-        dead: set[int] = set()
-        while not self._stopping:
-            await asyncio.sleep(_MONITOR_INTERVAL_S)
-            for worker in self._workers:
-                code = worker.exit_code()
-                if code is None or worker.index in dead or self._stopping:
-                    continue
-                dead.add(worker.index)
-                self.router.mark_dead(worker.index)
-                log.error("worker %d exited with status %s", worker.index, code)
-                message = f"worker {worker.index} stopped (exit status {code}); retry the request"
-                for stream in list(self._streams.values()):
-                    if stream.worker == worker.index:
-                        stream.fail(grpc.StatusCode.UNAVAILABLE, message)
-                if not self._all_ready.is_set():
-                    self._stopping = True
-                    self._all_ready.set()  # wake start() so it reports the failure
-                    return
-                if len(dead) == len(self._workers):
-                    await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-
     async def stop(self, grace: float | None = None) -> None:
         """Drain: refuse new requests, let open streams finish for `grace` seconds, end the
         rest with UNAVAILABLE (the client may retry elsewhere), then stop the gRPC server and
         the workers."""
-        self._stopping = True
         grace = self.config.grace_s if grace is None else grace
         loop = asyncio.get_running_loop()
         if hasattr(self, "_health"):
@@ -177,16 +183,10 @@ class CadenceServer:
             await self._until_no_streams(loop.time() + _FINAL_CHUNK_WAIT_S)
         if hasattr(self, "_server"):
             await self._server.stop(_FINAL_CHUNK_WAIT_S)
-        self.metrics.close()
-        for link in getattr(self, "_links", []):
-            with contextlib.suppress(Exception):
-                link.shutdown()
-        for worker in self._workers:
-            if await asyncio.to_thread(worker.wait, 5.0) is None:
-                worker.terminate()
-                if await asyncio.to_thread(worker.wait, 2.0) is None:
-                    worker.kill()
-                    await asyncio.to_thread(worker.wait, 2.0)
+        if hasattr(self, "metrics"):
+            self.metrics.close()
+        if self.supervisor is not None:
+            await self.supervisor.stop(self._links)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -16,17 +16,21 @@ class ServerProcess:
     Use as a context manager: leaving stops the server with SIGTERM (and its workers with it).
     """
 
-    def __init__(self, *args: str, log_level: str = "WARNING") -> None:
+    def __init__(self, *args: str, log_level: str = "WARNING",
+                 command: list[str] | None = None) -> None:
         self.args = list(args)
         self._log_level = log_level
+        self._command = command
+        """Another server program that prints the same banner (a reference server)."""
         self.process: subprocess.Popen | None = None
         self.target = ""
 
     def start(self) -> str:
         """Start the server and return HOST:PORT once every worker is ready."""
+        command = self._command or [sys.executable, "-m", "cadence.cli", "serve",
+                                    "--log-level", self._log_level]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cadence.cli", "serve", "--port", "0",
-             "--log-level", self._log_level, *self.args],
+            [*command, "--port", "0", *self.args],
             stdout=subprocess.PIPE,
             text=True,
         )

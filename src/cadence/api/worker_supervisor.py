@@ -1,0 +1,113 @@
+"""Watches worker processes: a worker that exits or stops stepping is failed, then restarted.
+
+Its streams end at once with UNAVAILABLE and a message naming the worker, the router stops
+sending it requests until its replacement reports ready, and the other workers' streams are
+untouched. Restarts back off (1 s, 2 s, 4 s, ... up to 30 s) so a worker that cannot start
+does not spin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from cadence.router import WorkerRouter
+from cadence.transport.launcher import Launcher, WorkerHandle
+from cadence.transport.messages import WorkerSpec
+
+log = logging.getLogger("cadence.supervisor")
+
+_CHECK_INTERVAL_S = 0.2
+_FIRST_BACKOFF_S = 1.0
+_MAX_BACKOFF_S = 30.0
+
+
+class WorkerSupervisor:
+    """Owns the worker handles: launches, watches, kills hung ones and restarts them."""
+
+    def __init__(
+        self,
+        launcher: Launcher,
+        specs: list[WorkerSpec],
+        router: WorkerRouter,
+        *,
+        on_down: Callable[[int, str], None],
+        on_health: Callable[[], None],
+        hang_timeout_s: float | None,
+        restart: bool,
+    ) -> None:
+        self._launcher = launcher
+        self._specs = specs
+        self._router = router
+        self._on_down = on_down
+        self._on_health = on_health
+        self._hang_timeout_ns = int(hang_timeout_s * 1e9) if hang_timeout_s else None
+        self._restart = restart
+        self.workers: list[WorkerHandle] = [launcher.launch(spec) for spec in specs]
+        self.ready = [False] * len(specs)
+        self.restarts = [0] * len(specs)
+        self.last_output_ns = [time.monotonic_ns()] * len(specs)
+        """Updated by the output reader on every message from a worker."""
+        self._restart_at: dict[int, float] = {}
+        self._backoff = [_FIRST_BACKOFF_S] * len(specs)
+        self.stopping = False
+
+    def mark_ready(self, index: int) -> None:
+        """A worker (first start or replacement) reported ready: route to it again."""
+        self.ready[index] = True
+        self.last_output_ns[index] = time.monotonic_ns()
+        self._router.alive[index] = True
+        self._backoff[index] = _FIRST_BACKOFF_S
+        self._on_health()
+
+    async def run(self) -> None:
+        """Check every worker a few times a second until stopped."""
+        while not self.stopping:
+            await asyncio.sleep(_CHECK_INTERVAL_S)
+            if self.stopping:
+                return
+            now = time.monotonic_ns()
+            for i, worker in enumerate(self.workers):
+                if i in self._restart_at:
+                    if time.monotonic() >= self._restart_at[i]:
+                        del self._restart_at[i]
+                        log.warning("restarting worker %d (restart %d)", i, self.restarts[i] + 1)
+                        self.restarts[i] += 1
+                        self.workers[i] = self._launcher.launch(self._specs[i])
+                    continue
+                code = worker.exit_code()
+                if code is not None:
+                    self._down(i, f"worker {i} stopped (exit status {code}); retry the request")
+                elif (
+                    self._hang_timeout_ns is not None
+                    and self.ready[i]
+                    and self._router.requests[i] > 0
+                    and now - self.last_output_ns[i] > self._hang_timeout_ns
+                ):
+                    worker.kill()
+                    self._down(i, f"worker {i} made no step for "
+                                  f"{self._hang_timeout_ns / 1e9:.0f} s and was stopped; retry")
+
+    def _down(self, index: int, message: str) -> None:
+        log.error("%s", message)
+        self.ready[index] = False
+        self._router.mark_dead(index)
+        self._on_down(index, message)
+        self._on_health()
+        if self._restart and not self.stopping:
+            self._restart_at[index] = time.monotonic() + self._backoff[index]
+            self._backoff[index] = min(self._backoff[index] * 2, _MAX_BACKOFF_S)
+
+    async def stop(self, links) -> None:
+        """Ask every worker to shut down, then make sure it has: SIGTERM, then SIGKILL."""
+        self.stopping = True
+        for link in links:
+            link.shutdown()
+        for worker in self.workers:
+            if await asyncio.to_thread(worker.wait, 5.0) is None:
+                worker.terminate()
+                if await asyncio.to_thread(worker.wait, 2.0) is None:
+                    worker.kill()
+                    await asyncio.to_thread(worker.wait, 2.0)
