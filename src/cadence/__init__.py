@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-__all__ = ["AsyncClient", "Client"]
+__all__ = ["AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "serve"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
     # Lazy, so worker processes do not import grpc just to reach cadence.worker.
-    if name in __all__:
+    if name in ("AsyncClient", "Client"):
         from cadence import client
 
         return getattr(client, name)
+    if name == "ClientCredentials":
+        from cadence.credentials import ClientCredentials
+
+        return ClientCredentials
+    if name == "serve":
+        from cadence.serving import serve
+
+        return serve
+    if name in ("AppContext", "AppRequest"):
+        from cadence.engines import app
+
+        return getattr(app, name)
     raise AttributeError(f"module 'cadence' has no attribute {name!r}")

@@ -23,7 +23,23 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one")
     p.add_argument("--devices", default="cpu:1", help="cpu:N, cuda:I,J,... or auto (default cpu:1)")
-    p.add_argument("--engine", default="synthetic", choices=["synthetic"])
+    p.add_argument("--engine", default="synthetic", choices=["synthetic", "app", "torch"])
+    p.add_argument("--app", default="", metavar="MODULE:FUNCTION",
+                   help="serve your generator function (sync or async; implies --engine app)")
+    p.add_argument("--engine-threads", type=int, default=1,
+                   help="app engine, sync function: executor threads per worker (default 1, "
+                        "one per device)")
+    p.add_argument("--app-in-front", action="store_true",
+                   help="run the app in the front process instead of worker processes")
+    p.add_argument("--model", default="", metavar="PATH|tiny",
+                   help="torch engine: a local Hugging Face Llama folder, or tiny (implies --engine torch)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="torch engine: tensor-parallel ranks per worker; --devices cpu:4 --tp 2 "
+                        "gives two workers of two ranks")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="torch engine: compute dtype (auto: float32 on CPU, the checkpoint's on CUDA)")
+    p.add_argument("--kv-cache-tokens", type=int, default=16384,
+                   help="torch engine: KV cache capacity per worker, in tokens (default 16384)")
     p.add_argument("--step-ms", type=float, default=20.0, help="synthetic decode step (ms)")
     p.add_argument("--per-seq-ms", type=float, default=0.0, help="synthetic cost per sequence in a step (ms)")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.01, help="synthetic prefill cost (ms/token)")
@@ -33,8 +49,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=512, help="sequences per engine step at most")
     p.add_argument("--max-concurrent", type=int, default=1024, help="streams admitted at once")
     p.add_argument("--queue-capacity", type=int, default=64, help="steps of output a request's buffer holds")
-    p.add_argument("--overflow", default="merge", choices=["merge", "abort"],
-                   help="when a client lags past --queue-capacity: merge its tokens, or end its stream")
+    p.add_argument("--overflow", default="merge", choices=["merge", "block", "abort"],
+                   help="when a client lags past --queue-capacity: merge its tokens, pause its "
+                        "sequence in the engine, or end its stream")
+    p.add_argument("--stall-timeout", type=float, default=None,
+                   help="cut off a client that reads nothing for this many seconds")
+    p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024,
+                   help="largest request message accepted")
     p.add_argument("--max-tokens-limit", type=int, default=16384)
     p.add_argument("--max-prompt-tokens", type=int, default=65536)
     p.add_argument("--metrics-port", type=int, default=None,
@@ -49,6 +70,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-timeout", "--grace", dest="grace", type=float, default=5.0,
                    help="on SIGINT/SIGTERM, seconds open streams get to finish before they end "
                         "with UNAVAILABLE")
+    security = p.add_argument_group("security (see docs/architecture.md#security)")
+    security.add_argument("--tls-cert", default=None, metavar="PEM",
+                          help="serve TLS only, with this certificate chain (needs --tls-key)")
+    security.add_argument("--tls-key", default=None, metavar="PEM", help="the key of --tls-cert")
+    security.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                          help="mutual TLS: require client certificates signed by this CA")
+    security.add_argument("--auth-token-file", default=None, metavar="FILE",
+                          help="require 'authorization: Bearer <token>' with a token from FILE "
+                               "(one per line) on every RPC but health")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -74,15 +104,19 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _server_config(args: argparse.Namespace):
-    from cadence.config import ServerConfig, parse_devices
+    from cadence.config import ServerConfig, cpu_threads_per_rank, group_devices, parse_devices
     from cadence.transport.messages import EngineConfig
 
+    devices = group_devices(parse_devices(args.devices), args.tp)
+    engine = "app" if args.app else args.engine
+    if args.model and engine == "synthetic":
+        engine = "torch"
     return ServerConfig(
         host=args.host,
         port=args.port,
-        devices=parse_devices(args.devices),
+        devices=devices,
         engine=EngineConfig(
-            name=args.engine,
+            name=engine,
             step_ms=args.step_ms,
             per_seq_ms=args.per_seq_ms,
             prefill_ms_per_token=args.prefill_ms_per_token,
@@ -90,10 +124,18 @@ def _server_config(args: argparse.Namespace):
             first_step_ms=args.first_step_ms,
             seed=args.seed,
             max_batch=args.max_batch,
+            app=args.app,
+            engine_threads=args.engine_threads,
+            model=args.model,
+            dtype=args.dtype,
+            kv_cache_tokens=args.kv_cache_tokens,
+            threads=cpu_threads_per_rank(devices) if engine == "torch" else 0,
         ),
         max_concurrent=args.max_concurrent,
         queue_capacity=args.queue_capacity,
         overflow=args.overflow,
+        stall_timeout_s=args.stall_timeout,
+        max_message_bytes=args.max_message_bytes,
         max_tokens_limit=args.max_tokens_limit,
         max_prompt_tokens=args.max_prompt_tokens,
         metrics_port=args.metrics_port,
@@ -102,6 +144,11 @@ def _server_config(args: argparse.Namespace):
         startup_timeout_s=args.startup_timeout,
         worker_timeout_s=args.worker_timeout or None,
         restart_workers=not args.no_restart,
+        app_in_front=args.app_in_front,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        auth_token_file=args.auth_token_file,
     )
 
 
@@ -112,6 +159,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
     p.add_argument("--seed", type=int, default=0)
+    from cadence.credentials import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=_generate)
 
 
@@ -119,8 +169,13 @@ def _generate(args: argparse.Namespace) -> None:
     import grpc
 
     from cadence.client import Client
+    from cadence.credentials import from_arguments
 
-    with Client(args.target) as client:
+    try:
+        credentials = from_arguments(args)
+    except ValueError as exc:
+        sys.exit(f"cadence generate: {exc}")
+    with Client(args.target, credentials=credentials) as client:
         try:
             for chunk in client.generate(
                 args.prompt, max_tokens=args.max_tokens, timeout=args.timeout, seed=args.seed

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.credentials import ClientCredentials
 
 GenerateChunk = pb.GenerateChunk
 FinishReason = pb.FinishReason
@@ -42,10 +42,14 @@ def build_request(
 
 
 class AsyncClient:
-    """An asyncio client. Use as `async with AsyncClient("127.0.0.1:50051") as client:`."""
+    """An asyncio client. Use as `async with AsyncClient("127.0.0.1:50051") as client:`.
 
-    def __init__(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+    `credentials` (TLS, client certificate, bearer token) are for a server started with
+    them; the default is a plaintext channel.
+    """
+
+    def __init__(self, target: str, *, credentials: ClientCredentials | None = None) -> None:
+        self._channel = (credentials or ClientCredentials()).aio_channel(target)
         self._stub = pb_grpc.InferenceStub(self._channel)
 
     async def generate(
@@ -79,10 +83,14 @@ class AsyncClient:
 
 
 class Client:
-    """A blocking client. Use as `with Client("127.0.0.1:50051") as client:`."""
+    """A blocking client. Use as `with Client("127.0.0.1:50051") as client:`.
 
-    def __init__(self, target: str) -> None:
-        self._channel = grpc.insecure_channel(target)
+    `credentials` (TLS, client certificate, bearer token) are for a server started with
+    them; the default is a plaintext channel.
+    """
+
+    def __init__(self, target: str, *, credentials: ClientCredentials | None = None) -> None:
+        self._channel = (credentials or ClientCredentials()).channel(target)
         self._stub = pb_grpc.InferenceStub(self._channel)
 
     def generate(

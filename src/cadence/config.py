@@ -12,14 +12,19 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 50051
     """0 asks the OS for a free port."""
     devices: list[str] = msgspec.field(default_factory=lambda: ["cpu"])
-    """One worker per entry: `cpu` or `cuda:N`."""
+    """One worker per entry: `cpu` or `cuda:N`; a tensor-parallel worker lists one device per
+    rank, comma separated (see `group_devices`)."""
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     max_concurrent: int = 1024
     """Streams admitted at once; more are refused with RESOURCE_EXHAUSTED."""
     queue_capacity: int = 64
     """Steps of output that may wait in a request's buffer before the overflow policy applies."""
     overflow: str = "merge"
-    """`merge` or `abort`; see cadence.api.request_stream."""
+    """`merge`, `block` or `abort`; see cadence.api.request_stream."""
+    stall_timeout_s: float | None = None
+    """Cut off a stream whose client reads nothing for this long (None: never)."""
+    max_message_bytes: int = 4 * 1024 * 1024
+    """Largest request message the server accepts."""
     max_tokens_limit: int = 16384
     """Largest max_tokens a request may ask for."""
     max_prompt_tokens: int = 65536
@@ -35,6 +40,18 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
     grace_s: float = 5.0
     """On shutdown, open streams get this long to finish before they are cancelled."""
+    app_in_front: bool = False
+    """App engine: run the function in the front process instead of one worker process per
+    device (shared in-process state; shares the front's GIL). See docs/apps.md."""
+    tls_cert: str | None = None
+    """PEM certificate chain the gRPC port presents; with `tls_key`, the port speaks TLS only."""
+    tls_key: str | None = None
+    """PEM private key of `tls_cert`."""
+    tls_client_ca: str | None = None
+    """PEM CA certificates; clients must present a certificate one of them signed (mutual TLS)."""
+    auth_token_file: str | None = None
+    """Accepted bearer tokens, one per line; every RPC but health must send one. See
+    cadence.api.security."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -42,8 +59,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append(f"max_concurrent must be at least 1 (got {self.max_concurrent})")
         if self.queue_capacity < 1:
             problems.append(f"queue_capacity must be at least 1 (got {self.queue_capacity})")
-        if self.overflow not in ("merge", "abort"):
-            problems.append(f"overflow must be 'merge' or 'abort' (got {self.overflow!r})")
+        if self.overflow not in ("merge", "block", "abort"):
+            problems.append(f"overflow must be 'merge', 'block' or 'abort' (got {self.overflow!r})")
+        if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
+            problems.append("stall_timeout_s must be positive")
+        if self.max_message_bytes < 1024:
+            problems.append("max_message_bytes must be at least 1024")
         if self.transport not in ("ipc", "tcp"):
             problems.append(f"transport must be 'ipc' or 'tcp' (got {self.transport!r})")
         if not self.devices:
@@ -53,10 +74,60 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("step_ms", "per_seq_ms", "prefill_ms_per_token", "jitter_ms", "first_step_ms"):
             if getattr(self.engine, name) < 0:
                 problems.append(f"{name} must not be negative")
+        if self.engine.name == "app" and not self.engine.app:
+            problems.append("the app engine needs a function: --app MODULE:FUNCTION")
+        if self.engine.engine_threads < 1:
+            problems.append(f"engine_threads must be at least 1 (got {self.engine.engine_threads})")
+        if self.app_in_front and self.engine.name != "app":
+            problems.append("app_in_front needs the app engine (--app MODULE:FUNCTION)")
+        problems.extend(_torch_problems(self))
         if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
             problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
+        if self.tls_cert or self.tls_key or self.tls_client_ca or self.auth_token_file:
+            # Imported only when used: it reads the files, and it brings grpc with it.
+            from cadence.api.security import problems as security_problems
+
+            problems.extend(security_problems(self))
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def _torch_problems(config: ServerConfig) -> list[str]:
+    engine = config.engine
+    problems = []
+    if engine.name == "torch":
+        if not engine.model:
+            problems.append("the torch engine needs a model: --model PATH (a local Hugging Face "
+                            "folder) or --model tiny")
+        if engine.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            problems.append(f"dtype must be auto, float32, bfloat16 or float16 (got {engine.dtype!r})")
+        if engine.kv_cache_tokens < 16:
+            problems.append(f"kv_cache_tokens must be at least 16 (got {engine.kv_cache_tokens})")
+    elif any("," in d for d in config.devices):
+        problems.append("tensor parallelism (--tp) needs the torch engine")
+    return problems
+
+
+def group_devices(devices: list[str], tp: int) -> list[str]:
+    """Group a flat device list into tensor-parallel workers of `tp` ranks each:
+    `["cpu"] * 4, tp=2` → `["cpu,cpu", "cpu,cpu"]` (two replicas of two ranks)."""
+    if tp < 1:
+        raise ValueError(f"--tp must be at least 1, got {tp}")
+    if tp == 1:
+        return devices
+    if len(devices) % tp:
+        raise ValueError(
+            f"--tp {tp} needs a multiple of {tp} devices; --devices gives {len(devices)}"
+        )
+    return [",".join(devices[i : i + tp]) for i in range(0, len(devices), tp)]
+
+
+def cpu_threads_per_rank(devices: list[str]) -> int:
+    """Torch threads for each CPU rank, so that all CPU ranks together use every core once."""
+    import os
+
+    ranks = sum(d.count("cpu") for d in devices)
+    return max(1, (os.cpu_count() or 1) // ranks) if ranks else 0
 
 
 def parse_devices(text: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -27,10 +28,14 @@ class RunningServer:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         """Signal the front and wait for it; assert that no worker outlives it."""
+        workers = list(self.workers)
         if self.process.poll() is None:
+            # Restarted workers too, not only those seen at start.
+            with contextlib.suppress(psutil.Error):
+                workers += psutil.Process(self.process.pid).children(recursive=True)
             self.process.send_signal(sig)
         code = self.process.wait(timeout)
-        gone, alive = psutil.wait_procs(self.workers, timeout=10)
+        _, alive = psutil.wait_procs(workers, timeout=10)
         assert not alive, f"workers outlived the server: {[p.pid for p in alive]}"
         return code
 

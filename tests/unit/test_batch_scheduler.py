@@ -306,3 +306,29 @@ def test_tokens_are_readable_text():
     tokens = generate(scheduler(), req(1, max_tokens=64))
     text = bytes(tokens).decode("ascii")
     assert " " in text
+
+
+def test_paused_sequences_are_skipped_and_resume_where_they_stopped():
+    s = scheduler()
+    s.add(req(1, max_tokens=6))
+    s.add(req(2, max_tokens=6))
+    s.step()
+    s.pause([1])
+    out = s.step()
+    assert out.seq_ids == [2]  # the rest of the batch goes on
+    s.step()
+    s.resume([1])
+    outs = run_to_end(s)
+    assert sum(o.seq_ids.count(1) for o in outs) == 5  # nothing skipped, nothing repeated
+    assert not s.has_work
+
+
+def test_a_batch_of_only_paused_sequences_has_no_work():
+    s = scheduler()
+    s.add(req(1, max_tokens=6))
+    s.step()
+    s.pause([1])
+    assert not s.has_work and s.step() is None
+    s.abort([1])
+    s.resume([1])
+    assert not s.has_work

@@ -19,8 +19,10 @@ from cadence.transport.messages import (
 class OutputReader:
     """Routes worker output into the per-request buffers.
 
-    `handle` is the only function in the front that loops over a step's tokens; whatever
-    must happen per token happens there, and it never blocks.
+    `handle` is the only function in the front that loops over a step's tokens (it hands
+    app workers' several-token pieces to `_push_pieces`, and tokens that come with their text
+    to `_push_texts`, its twins); whatever must happen per token happens there, and it never
+    blocks.
     """
 
     def __init__(
@@ -44,11 +46,21 @@ class OutputReader:
         if type(message) is StepOutput:
             streams = self._streams
             start, end = message.start_ns, message.end_ns
-            for seq_id, token in zip(message.seq_ids, message.token_ids):
-                stream = streams.get(seq_id)
-                # A missing stream was cancelled after the step started; its token is dropped.
-                if stream is not None:
-                    stream.push(token, start, end, recv_ns)
+            if message.prompt_lens:  # prompts the worker tokenized; before their first token
+                for seq_id, count in message.prompt_lens.items():
+                    stream = streams.get(seq_id)
+                    if stream is not None:
+                        stream.set_prompt_tokens(count)
+            if message.token_counts:
+                self._push_pieces(message, recv_ns)
+            elif message.texts:
+                self._push_texts(message, recv_ns)
+            else:
+                for seq_id, token in zip(message.seq_ids, message.token_ids):
+                    stream = streams.get(seq_id)
+                    # A missing stream was cancelled after the step started; its token is dropped.
+                    if stream is not None:
+                        stream.push(token, start, end, recv_ns)
             for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
                 stream = streams.get(seq_id)
                 if stream is not None:
@@ -64,3 +76,27 @@ class OutputReader:
                 stream.fail(grpc.StatusCode[message.code], message.message)
         elif type(message) is WorkerReady:
             self._on_ready(message)
+
+    def _push_pieces(self, message: StepOutput, recv_ns: int) -> None:
+        """An app worker's message: `seq_ids[i]` produced `token_counts[i]` tokens (one piece)."""
+        streams = self._streams
+        start, end = message.start_ns, message.end_ns
+        tokens = message.token_ids
+        at = 0
+        for seq_id, count in zip(message.seq_ids, message.token_counts):
+            stream = streams.get(seq_id)
+            if stream is not None:
+                if count == 1:
+                    stream.push(tokens[at], start, end, recv_ns)
+                else:
+                    stream.push_piece(tokens[at:at + count], start, end, recv_ns)
+            at += count
+
+    def _push_texts(self, message: StepOutput, recv_ns: int) -> None:
+        """A worker that detokenizes (torch engine): each token comes with its text piece."""
+        streams = self._streams
+        start, end = message.start_ns, message.end_ns
+        for seq_id, token, text in zip(message.seq_ids, message.token_ids, message.texts):
+            stream = streams.get(seq_id)
+            if stream is not None:
+                stream.push_text(token, text, start, end, recv_ns)

@@ -10,8 +10,14 @@ than the engine writes):
 - ``merge`` (default): keep accepting; the waiting tokens go out together as one larger
   chunk. The engine never stalls, no token is lost, memory is bounded by max_tokens.
   Every such overflow is counted.
+- ``block``: ask the worker to pause this one sequence (it stays in the batch, keeps its
+  cache and is skipped by each step) until the client has read; the rest of the batch never
+  waits. A few in-flight steps may still arrive after the pause.
 - ``abort``: end the stream with RESOURCE_EXHAUSTED and free its slot, so a client that
   cannot keep up does not hold server memory.
+
+A slow client first fills gRPC's own flow-control window (HTTP/2, at least 64 KiB per stream)
+before its writes stop completing; only then do tokens start to wait here.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import grpc
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.engines.tokenizer import StreamDecoder
+from cadence.transport.channel import WorkerLink
 from cadence.transport.messages import Finish
 
 
@@ -33,7 +40,8 @@ class RequestStream:
         "seq_id", "request_id", "worker", "max_tokens", "include_timing", "received_ns",
         "finish", "error", "overflows", "merged_steps", "_capacity", "_abort_on_overflow", "scheduled_ns",
         "chunks", "_tokens", "_steps", "sent_tokens", "_decode", "_waiter",
-        "_start_ns", "_end_ns", "_recv_ns", "_prompt_tokens",
+        "_start_ns", "_end_ns", "_recv_ns", "_prompt_tokens", "_link", "_block", "_paused",
+        "task", "sending_since_ns", "_texts",
     )  # fmt: skip
 
     def __init__(
@@ -49,6 +57,7 @@ class RequestStream:
         include_timing: bool,
         decoder: StreamDecoder,
         received_ns: int,
+        link: WorkerLink | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -64,12 +73,22 @@ class RequestStream:
         """Steps whose tokens went out in a chunk together with an earlier step's."""
         self._capacity = capacity
         self._abort_on_overflow = overflow == "abort"
+        self._block = overflow == "block" and link is not None
+        self._paused = False
+        self._link = link
+        """The worker's link, to pause and resume the sequence under the block policy."""
+        self.task: asyncio.Task | None = None
+        """The task serving this stream's RPC (cancelled when its client stalls)."""
+        self.sending_since_ns = 0
+        """When the chunk being written was handed to gRPC; 0 when no write is pending."""
         self._tokens: list[int] = []
         self._steps = 0
         self.sent_tokens = 0
         """Tokens taken into chunks so far: the next chunk's index."""
         self.chunks = 0
         self._decode = decoder
+        self._texts: list[str] = []
+        """Text pieces sent by a worker that detokenizes (torch engine), one per waiting token."""
         self._waiter: asyncio.Future[None] | None = None
         self._prompt_tokens = prompt_tokens
         self.scheduled_ns = 0
@@ -88,7 +107,11 @@ class RequestStream:
         """Add one step's token. Called by the output reader only."""
         if self._steps >= self._capacity:
             self.overflows += 1
-            if self._abort_on_overflow:
+            if self._block:
+                if not self._paused:
+                    self._paused = True
+                    self._link.pause(self.seq_id)
+            elif self._abort_on_overflow:
                 self.fail(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"the client read too slowly: {self._steps} steps of output were waiting "
@@ -103,6 +126,24 @@ class RequestStream:
         self._tokens.append(token)
         self._steps += 1
         self._wake()
+
+    def push_piece(self, tokens: list[int], start_ns: int, end_ns: int, recv_ns: int) -> None:
+        """Add an app worker's piece of several tokens; like `push`, it counts as one step."""
+        steps = self._steps
+        self.push(tokens[0], start_ns, end_ns, recv_ns)
+        if self._steps > steps:  # accepted (not refused by the overflow policy)
+            self._tokens.extend(tokens[1:])
+
+    def push_text(self, token: int, text: str, start_ns: int, end_ns: int, recv_ns: int) -> None:
+        """`push` for a worker that detokenizes: `text` is the token's piece of output text."""
+        steps = self._steps
+        self.push(token, start_ns, end_ns, recv_ns)
+        if self._steps > steps:  # accepted (not refused by the overflow policy)
+            self._texts.append(text)
+
+    def set_prompt_tokens(self, count: int) -> None:
+        """The worker tokenized the prompt text and counted `count` tokens."""
+        self._prompt_tokens = count
 
     def end(self, reason: int) -> None:
         """The worker finished the sequence (a Finish value); its last token was pushed already."""
@@ -133,15 +174,24 @@ class RequestStream:
         """Everything waiting, as one chunk (the last one carries finish_reason)."""
         tokens = self._tokens
         self._tokens = []
+        if self._paused:
+            self._paused = False
+            self._link.resume(self.seq_id)
         if self._steps > 1:
             self.merged_steps += self._steps - 1
         self._steps = 0
         finish = self.finish
+        texts = self._texts
+        if texts:  # the worker detokenized these tokens
+            self._texts = []
+            text = "".join(texts)
+        else:
+            text = self._decode(tokens, finish != Finish.NONE)
         chunk = pb.GenerateChunk(
             request_id=self.request_id,
             index=self.sent_tokens,
             token_ids=tokens,
-            text=self._decode(tokens, finish != Finish.NONE),
+            text=text,
             finish_reason=finish,
         )
         if self.sent_tokens == 0:

@@ -11,12 +11,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cadence.api import security
 from cadence.api.metrics import FrontMetrics
 from cadence.api.output_reader import OutputReader
 from cadence.api.request_stream import RequestStream
-from cadence.api.service import InferenceService
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.api.service import SERVICE_NAME, InferenceService
 from cadence.config import ServerConfig
 from cadence.router import WorkerRouter
 from cadence.transport.channel import FrontChannel, local_addresses
@@ -26,7 +25,6 @@ from cadence.transport.messages import WorkerReady, WorkerSpec
 
 log = logging.getLogger("cadence.server")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 _STARTUP_POLL_S = 0.05
 _FINAL_CHUNK_WAIT_S = 1.0
 """After a drain's grace, how long the streams that were ended get to close."""
@@ -45,6 +43,10 @@ class CadenceServer:
 
     def __init__(self, config: ServerConfig, launcher: Launcher | None = None) -> None:
         self.config = config
+        if launcher is None and config.app_in_front:
+            from cadence.worker.in_front import InFrontLauncher
+
+            launcher = InFrontLauncher()
         self._launcher = launcher or LocalLauncher()
         self._streams: dict[int, RequestStream] = {}
         self.supervisor: WorkerSupervisor | None = None
@@ -73,8 +75,11 @@ class CadenceServer:
         self._channel.start_reading(loop, self.reader.handle)
 
         # Stage 3: the gRPC server, health NOT_SERVING until every worker is ready.
-        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_InferenceServicer_to_server(self.service, self._server)
+        self._server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+        ], interceptors=security.server_interceptors(config))
+        self._server.add_generic_rpc_handlers((self.service.method_handlers(),))
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -82,7 +87,9 @@ class CadenceServer:
         )
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
-            self.port = self._server.add_insecure_port(f"{config.host}:{config.port}")
+            address, credentials = f"{config.host}:{config.port}", security.server_credentials(config)
+            self.port = (self._server.add_secure_port(address, credentials) if credentials
+                         else self._server.add_insecure_port(address))
         except RuntimeError:
             self.port = 0
         if self.port == 0:
@@ -91,6 +98,8 @@ class CadenceServer:
                 "Choose another with --port (0 picks a free one)"
             )
         await self._server.start()
+        for warning in security.exposure_warnings(config):
+            log.warning("%s", warning)
 
         # Stage 4: the workers, watched (and restarted) by the supervisor once all are ready.
         specs = [
@@ -111,6 +120,8 @@ class CadenceServer:
         self.reader.last_output_ns = self.supervisor.last_output_ns
         await self._wait_for_workers()
         self._tasks.append(loop.create_task(self.supervisor.run()))
+        if config.stall_timeout_s is not None:
+            self._tasks.append(loop.create_task(self.service.sweep_stalled(config.stall_timeout_s)))
         self.service.refusal = None
         await self._refresh_health_now()
         log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n, config.devices)
@@ -135,6 +146,13 @@ class CadenceServer:
 
     def _on_worker_ready(self, message: WorkerReady) -> None:
         log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine)
+        if message.load_ms or message.warmup_ms:
+            # Start-up apart from serving: model load, warm-up, and a cold vs a warm step.
+            log.info(
+                "worker %d start-up: load %.0f ms, warm-up %.0f ms (first step %.1f ms, warm "
+                "step %.1f ms)", message.worker, message.load_ms, message.warmup_ms,
+                message.first_step_ms, message.warm_step_ms,
+            )
         self.supervisor.mark_ready(message.worker)
 
     def _fail_streams_of(self, worker: int, message: str) -> None:
@@ -196,9 +214,9 @@ class CadenceServer:
             self._channel.close()
 
 
-async def serve(config: ServerConfig, on_started=None) -> None:
+async def serve(config: ServerConfig, on_started=None, launcher: Launcher | None = None) -> None:
     """Run a server until SIGINT or SIGTERM, then stop it cleanly."""
-    server = CadenceServer(config)
+    server = CadenceServer(config, launcher)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

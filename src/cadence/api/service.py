@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 import grpc
+import msgspec
+from google.protobuf.message import DecodeError
 
 from cadence.api.metrics import FrontMetrics
 from cadence.api.request_stream import RequestStream
 from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.config import ServerConfig
 from cadence.engines.tokenizer import ByteTokenizer
 from cadence.router import AdmissionGate, WorkerRouter
@@ -22,12 +24,19 @@ from cadence.transport.channel import WorkerLink
 from cadence.transport.messages import AddRequest, Finish
 
 
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+
+
 class InvalidRequest(ValueError):
     """The request cannot be served as sent; the message says what to change."""
 
 
-class InferenceService(pb_grpc.InferenceServicer):
-    """Serves `cadence.v1.Inference`; each stream waits on its own buffer, never on a thread."""
+class InferenceService:
+    """Serves `cadence.v1.Inference`; each stream waits on its own buffer, never on a thread.
+
+    `Generate` receives the request still serialized (see `method_handlers`), so that a
+    malformed one gets INVALID_ARGUMENT with a reason instead of gRPC's bare INTERNAL.
+    """
 
     def __init__(
         self,
@@ -43,18 +52,52 @@ class InferenceService(pb_grpc.InferenceServicer):
         self._router = router
         self._gate = AdmissionGate(config.max_concurrent)
         self._tokenizer = ByteTokenizer()
+        self._text_to_worker = config.engine.name == "torch"
+        """The torch engine tokenizes text prompts with the model's own tokenizer."""
         self._seq_ids = itertools.count(1)
         self.metrics = metrics
         metrics.watch(
             active=lambda: self._gate.active,
             deepest_buffer=lambda: max((s.waiting_steps for s in streams.values()), default=0),
         )
+        self._request_ids: set[str] = set()
+        """Client-chosen request ids of the open streams: a duplicate is refused."""
         self.refusal: str | None = "the server is starting; retry shortly"
         """Why new requests are refused (start-up, drain), or None while serving."""
 
     @property
     def active(self) -> int:
         return self._gate.active
+
+    def method_handlers(self) -> grpc.GenericRpcHandler:
+        """The service's handlers, taking the request as bytes and parsing it in `Generate`."""
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Generate": grpc.unary_stream_rpc_method_handler(
+                    self.Generate, response_serializer=pb.GenerateChunk.SerializeToString
+                )
+            },
+        )
+
+    async def sweep_stalled(self, stall_timeout_s: float) -> None:
+        """Forever: cut off streams whose client has read nothing for `stall_timeout_s`.
+
+        A write that has not completed for that long means the client's flow-control
+        window is full and it is not reading; its handler is cancelled and its slot freed.
+        """
+        limit_ns = int(stall_timeout_s * 1e9)
+        while True:
+            await asyncio.sleep(min(1.0, stall_timeout_s / 4))
+            now = time.monotonic_ns()
+            for stream in list(self._streams.values()):
+                since = stream.sending_since_ns
+                if since and now - since > limit_ns and stream.task is not None:
+                    stream.fail(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)",
+                    )
+                    stream.task.cancel()
 
     def to_add_request(self, seq_id: int, request: pb.GenerateRequest) -> AddRequest:
         """Check a request and turn it into the worker's message, or raise InvalidRequest."""
@@ -66,10 +109,14 @@ class InferenceService(pb_grpc.InferenceServicer):
                 f"max_tokens is {request.max_tokens}; this server allows at most "
                 f"{config.max_tokens_limit} (--max-tokens-limit)"
             )
+        prompt_text = ""
         if request.prompt_token_ids:
             prompt = list(request.prompt_token_ids)
             if min(prompt) < 0:
                 raise InvalidRequest("prompt_token_ids must not be negative")
+        elif request.prompt and self._text_to_worker:
+            # Tokenized, counted and checked against the model's context by the worker.
+            prompt, prompt_text = [], request.prompt
         elif request.prompt:
             prompt = self._tokenizer.encode(request.prompt)
         else:
@@ -80,8 +127,8 @@ class InferenceService(pb_grpc.InferenceServicer):
                 f"{config.max_prompt_tokens} (--max-prompt-tokens)"
             )
         sampling = request.sampling
-        if sampling.temperature < 0:
-            raise InvalidRequest("sampling.temperature must be 0 (greedy) or more")
+        if not sampling.temperature >= 0 or math.isinf(sampling.temperature):
+            raise InvalidRequest("sampling.temperature must be a finite number, 0 (greedy) or more")
         if not 0 <= sampling.top_p <= 1:
             raise InvalidRequest("sampling.top_p must be between 0 and 1")
         return AddRequest(
@@ -93,10 +140,11 @@ class InferenceService(pb_grpc.InferenceServicer):
             sampling.top_p,
             sampling.top_k,
             sampling.seed,
+            prompt_text=prompt_text,
         )
 
     async def Generate(
-        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+        self, raw: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateChunk]:
         received_ns = time.monotonic_ns()
         metrics = self.metrics
@@ -105,9 +153,17 @@ class InferenceService(pb_grpc.InferenceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.refusal)
         seq_id = next(self._seq_ids)
         try:
+            request = pb.GenerateRequest.FromString(raw)
             add = self.to_add_request(seq_id, request)
-        except InvalidRequest as exc:
+            if request.request_id in self._request_ids:
+                raise InvalidRequest(
+                    f"request_id {request.request_id!r} is already streaming; use a unique id "
+                    "or leave it empty for the server to assign one"
+                )
+        except (InvalidRequest, DecodeError) as exc:
             metrics.requests.labels("INVALID_ARGUMENT").inc()
+            if isinstance(exc, DecodeError):
+                exc = f"the request is not a valid cadence.v1.GenerateRequest: {exc}"
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if not self._gate.try_enter():
             metrics.requests.labels("RESOURCE_EXHAUSTED").inc()
@@ -135,11 +191,18 @@ class InferenceService(pb_grpc.InferenceServicer):
             include_timing=request.include_timing,
             decoder=self._tokenizer.stream_decoder(),
             received_ns=received_ns,
+            link=self._links[worker],
         )
+        stream.task = asyncio.current_task()
         self._streams[seq_id] = stream
+        if request.request_id:
+            self._request_ids.add(request.request_id)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            # The worker learns the deadline too, so an app function can see it.
+            add = msgspec.structs.replace(add, timeout_ms=max(remaining * 1e3, 0.001))
         self._router.assign(worker, add.max_tokens)
         self._links[worker].add(add)
-        remaining = context.time_remaining()
         deadline = None
         if remaining is not None:
             deadline = asyncio.get_running_loop().call_later(
@@ -155,8 +218,12 @@ class InferenceService(pb_grpc.InferenceServicer):
             while True:
                 await stream.wait()
                 if stream.error is not None:
+                    # Status set and return rather than abort(): the call may have ended
+                    # already (a deadline races gRPC's own), and abort() would raise then.
                     code = stream.error[0]
-                    await context.abort(*stream.error)
+                    context.set_code(code)
+                    context.set_details(stream.error[1])
+                    return
                 chunk = stream.take_chunk()
                 now = time.monotonic_ns()
                 if chunk.index == 0:
@@ -165,7 +232,9 @@ class InferenceService(pb_grpc.InferenceServicer):
                 elif chunk.token_ids:
                     observe_itl((now - last_ns) / 1e9 / len(chunk.token_ids))
                 last_ns = now
+                stream.sending_since_ns = now
                 yield chunk
+                stream.sending_since_ns = 0
                 # Not stream.finish: it may have been set while this chunk was being sent,
                 # with the last tokens still waiting.
                 if chunk.finish_reason:
@@ -175,6 +244,9 @@ class InferenceService(pb_grpc.InferenceServicer):
             if deadline is not None:
                 deadline.cancel()
             del self._streams[seq_id]
+            self._request_ids.discard(request.request_id)
+            if stream.error is not None:
+                code = stream.error[0]
             self._router.release(worker, add.max_tokens)
             self._gate.leave()
             if stream.finish in (Finish.NONE, Finish.CANCELLED):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from cadence.credentials import ClientCredentials
 from cadence.lab.baseline import engine_config_of, run_baseline
 from cadence.lab.diagnosis import diagnose
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
@@ -38,7 +39,8 @@ class Workload:
         if self.rate is not None and self.rate <= 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
 
-    def plans(self, target: str, processes: int, channels: int = 1) -> list[ProcessPlan]:
+    def plans(self, target: str, processes: int, channels: int = 1,
+              credentials: ClientCredentials | None = None) -> list[ProcessPlan]:
         """Split the requests and the concurrency evenly over `processes` client processes."""
         return [
             ProcessPlan(
@@ -55,17 +57,19 @@ class Workload:
                 channels=channels,
                 warmup=self.warmup,
                 read_delay_ms=self.read_delay_ms,
+                credentials=credentials,
             )
             for p in range(processes)
         ]
 
 
 def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
-              baseline: bool = False) -> dict:
+              baseline: bool = False, credentials: ClientCredentials | None = None) -> dict:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
+    `credentials` are for a server started with TLS or bearer tokens.
     """
     sampler = SystemSampler(metrics_url=metrics_url(target))
     for name, pid in server_processes(target).items():
@@ -73,7 +77,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     sampler.start()
     try:
         processes_out = run_load(
-            workload.plans(target, processes, channels),
+            workload.plans(target, processes, channels, credentials),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
         )
     finally:

@@ -47,6 +47,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="also run the workload through the engine alone (local server only) "
                         "and report serving overhead")
     p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
+    from cadence.credentials import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=_bench)
 
 
@@ -100,12 +103,17 @@ def workload_from_args(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace) -> None:
+    from cadence.credentials import from_arguments
     from cadence.lab.bench import print_summary, run_bench
 
     workload = workload_from_args(args)
     try:
+        credentials = from_arguments(args)
+    except ValueError as exc:
+        sys.exit(f"cadence bench: {exc}")
+    try:
         result = run_bench(args.target, workload, processes=args.procs, channels=args.channels,
-                           baseline=args.baseline)
+                           baseline=args.baseline, credentials=credentials)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)

@@ -18,6 +18,7 @@ import msgspec
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.credentials import ClientCredentials
 from cadence.lab.records import RequestRecord
 
 
@@ -88,6 +89,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Requests sent (and not recorded) before start_at_ns."""
     read_delay_ms: float = 0.0
     """Sleep this long after each chunk: a slow-reading client, to test backpressure."""
+    credentials: ClientCredentials | None = None
+    """TLS roots, client certificate, bearer token; None: a plaintext channel."""
 
 
 async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
@@ -158,7 +161,8 @@ async def _run_process(
 ) -> tuple[list[RequestRecord], float, float, int]:
     """Connect, warm up, report `ready()` (which returns the agreed start time), then run."""
     channels = [
-        grpc.aio.insecure_channel(plan.target, options=[("grpc.use_local_subchannel_pool", 1)])
+        (plan.credentials or ClientCredentials()).aio_channel(
+            plan.target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(plan.channels)
     ]
     for channel in channels:

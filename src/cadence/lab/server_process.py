@@ -24,6 +24,8 @@ class ServerProcess:
         """Another server program that prints the same banner (a reference server)."""
         self.process: subprocess.Popen | None = None
         self.target = ""
+        self.banner = ""
+        """The server's first line: `cadence serving on HOST:PORT [(metrics on HOST:PORT)]`."""
 
     def start(self) -> str:
         """Start the server and return HOST:PORT once every worker is ready."""
@@ -34,7 +36,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             text=True,
         )
-        line = self.process.stdout.readline()
+        line = self.banner = self.process.stdout.readline().strip()
         match = _BANNER.search(line)
         if not match:
             code = self.process.wait()

@@ -22,6 +22,7 @@ SERVER_VARIABLES = {
     "jitter_ms": "--jitter-ms",
     "overflow": "--overflow",
     "workers": "--devices",
+    "engine_threads": "--engine-threads",
 }
 """Variables that change the server, and the `cadence serve` flag each sets."""
 CLIENT_VARIABLES = ("concurrency", "rate", "procs")

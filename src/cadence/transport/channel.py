@@ -62,6 +62,8 @@ class WorkerLink:
         self._loop = loop
         self._adds: list[AddRequest] = []
         self._aborts: list[int] = []
+        self._pauses: list[int] = []
+        self._resumes: list[int] = []
         self._flush_scheduled = False
         self._encode = msgspec.msgpack.Encoder().encode
 
@@ -71,6 +73,14 @@ class WorkerLink:
 
     def abort(self, seq_id: int) -> None:
         self._aborts.append(seq_id)
+        self._schedule()
+
+    def pause(self, seq_id: int) -> None:
+        self._pauses.append(seq_id)
+        self._schedule()
+
+    def resume(self, seq_id: int) -> None:
+        self._resumes.append(seq_id)
         self._schedule()
 
     def shutdown(self) -> None:
@@ -87,9 +97,9 @@ class WorkerLink:
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        if self._adds or self._aborts:
-            message = WorkerInputs(self._adds, self._aborts)
-            self._adds, self._aborts = [], []
+        if self._adds or self._aborts or self._pauses or self._resumes:
+            message = WorkerInputs(self._adds, self._aborts, self._pauses, self._resumes)
+            self._adds, self._aborts, self._pauses, self._resumes = [], [], [], []
             # Never blocks: the input socket has no high-water mark and admission bounds
             # how much can be outstanding. It fails only when no worker is connected,
             # i.e. the worker died; the front's monitor fails that worker's streams.
@@ -180,19 +190,28 @@ class FrontChannel:
 class WorkerChannel:
     """A worker's end: read inputs (blocking only when idle), send outputs."""
 
-    def __init__(self, input_address: str, output_address: str) -> None:
+    def __init__(self, input_address: str, output_address: str,
+                 output_hwm: int = OUTPUT_HWM) -> None:
+        # output_hwm 0 (no limit) is for a worker inside the front: blocking on its own
+        # event loop's reader would deadlock.
         self._context = zmq.Context()
         self._input = self._context.socket(zmq.PULL)
         self._input.setsockopt(zmq.RCVHWM, 0)
         self._input.connect(input_address)
         self._output = self._context.socket(zmq.PUSH)
-        self._output.setsockopt(zmq.SNDHWM, OUTPUT_HWM)
+        self._output.setsockopt(zmq.SNDHWM, output_hwm)
         self._output.setsockopt(zmq.LINGER, 1000)
         self._output.connect(output_address)
         self._poller = zmq.Poller()
         self._poller.register(self._input, zmq.POLLIN)
         self._decode = msgspec.msgpack.Decoder(WorkerInput).decode
         self._encode = msgspec.msgpack.Encoder().encode
+
+    @property
+    def input_fd(self) -> int:
+        """The input socket's file descriptor, for an event loop's `add_reader`. ZeroMQ
+        signals it edge-triggered: on each wake-up call `receive(0)`, which drains every message."""
+        return self._input.getsockopt(zmq.FD)
 
     def receive(self, timeout_ms: int | None) -> list[WorkerInput]:
         """Every waiting input; waits up to `timeout_ms` for the first (None: forever, 0: not)."""

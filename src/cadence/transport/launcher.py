@@ -4,12 +4,19 @@ A launcher turns a `WorkerSpec` into a running worker and gives back a handle to
 stop it. Workers only need the spec (addresses and engine config), so a launcher that
 places them on other hosts (Ray, for instance) can replace `LocalLauncher` without
 touching the transport or the front.
+
+A tensor-parallel worker (a spec whose device lists one device per rank) is one process per
+rank, started, watched and stopped as one handle: rank 0 talks to the front, the others
+follow it through torch.distributed.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from typing import Protocol
 
 import msgspec
@@ -66,16 +73,77 @@ class LocalProcess:
             return None
 
 
-class LocalLauncher:
-    """Starts each worker as `python -m cadence.worker SPEC` on this host.
+class LocalGroup:
+    """A tensor-parallel worker: one child process per rank, handled as one worker.
 
-    Workers get their own session, so a Ctrl-C at the terminal reaches only the front,
-    which then stops them in order; they also die with the front if it is killed.
+    A group that lost a rank cannot step, so once any rank has stopped the others are
+    killed and the group counts as stopped (its exit status is the first non-zero one).
     """
 
-    def launch(self, spec: WorkerSpec) -> LocalProcess:
-        process = subprocess.Popen(
+    def __init__(self, index: int, ranks: list[LocalProcess], store_dir: str) -> None:
+        self.index = index
+        self.ranks = ranks
+        self.pid = ranks[0].pid
+        """Rank 0's process: the one that talks to the front."""
+        self._store_dir = store_dir
+
+    def exit_code(self) -> int | None:
+        codes = [r.exit_code() for r in self.ranks]
+        if all(c is None for c in codes):
+            return None
+        for rank in self.ranks:
+            rank.kill()
+        self._cleanup_if_done()
+        return next((c for c in codes if c), next(c for c in codes if c is not None))
+
+    def terminate(self) -> None:
+        for rank in self.ranks:
+            rank.terminate()
+
+    def kill(self) -> None:
+        for rank in self.ranks:
+            rank.kill()
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        codes = [r.wait(max(0.0, deadline - time.monotonic())) for r in self.ranks]
+        if any(c is None for c in codes):
+            return None
+        self._cleanup_if_done()
+        return next((c for c in codes if c), 0)
+
+    def _cleanup_if_done(self) -> None:
+        if all(r.exit_code() is not None for r in self.ranks):
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+
+
+class LocalLauncher:
+    """Starts each worker as `python -m cadence.worker SPEC` on this host (one process per
+    rank for a tensor-parallel worker).
+
+    Workers get their own session, so a Ctrl-C at the terminal reaches only the front,
+    which then stops them in order; they also die with the front if it is killed
+    (PDEATHSIG), and a follower rank dies with it too.
+    """
+
+    def launch(self, spec: WorkerSpec) -> LocalProcess | LocalGroup:
+        devices = spec.device.split(",")
+        if len(devices) == 1:
+            return LocalProcess(spec.index, self._start(spec))
+        # The ranks meet through a file store in a fresh private folder: no port to pick.
+        store_dir = tempfile.mkdtemp(prefix="cadence-tp-")
+        ranks = []
+        for rank, device in enumerate(devices):
+            rank_spec = msgspec.structs.replace(
+                spec, device=device, rank=rank, group_size=len(devices),
+                dist_init=f"file://{store_dir}/store",
+            )
+            ranks.append(LocalProcess(spec.index, self._start(rank_spec)))
+        return LocalGroup(spec.index, ranks, store_dir)
+
+    @staticmethod
+    def _start(spec: WorkerSpec) -> subprocess.Popen:
+        return subprocess.Popen(
             [sys.executable, "-m", "cadence.worker", msgspec.json.encode(spec).decode()],
             start_new_session=True,
         )
-        return LocalProcess(spec.index, process)

@@ -28,7 +28,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
 
     name: str = "synthetic"
-    """Engine kind: `synthetic`."""
+    """Engine kind: `synthetic`, `app` (a user's generator function) or `torch` (a Llama model)."""
     step_ms: float = 20.0
     """Synthetic: base duration of one decode step."""
     per_seq_ms: float = 0.0
@@ -43,6 +43,19 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Makes token ids and jitter reproducible."""
     max_batch: int = 512
     """Sequences stepped together at most; more wait in the worker's queue."""
+    app: str = ""
+    """App engine: the user's generator function as `module:function` or `path.py:function`."""
+    engine_threads: int = 1
+    """App engine, sync functions: threads of the worker's executor that run the function
+    (default one per device; each worker owns one device)."""
+    model: str = ""
+    """Torch: a local Hugging Face folder (config.json + *.safetensors) or `tiny`."""
+    dtype: str = "auto"
+    """Torch: `float32`, `bfloat16`, `float16`, or `auto` (float32 on CPU, the checkpoint's on CUDA)."""
+    kv_cache_tokens: int = 16384
+    """Torch: KV cache capacity per worker, in tokens of all sequences together."""
+    threads: int = 0
+    """Torch on CPU: intra-op threads per rank; 0 leaves torch's default."""
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,12 +63,19 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     index: int
     device: str
-    """`cpu` or `cuda:N`."""
+    """`cpu` or `cuda:N`. A tensor-parallel group's spec lists one device per rank, comma
+    separated (`cuda:0,cuda:1`); the launcher starts one process per rank."""
     input_address: str
     """ZeroMQ address the worker connects to for `WorkerInputs` (front binds)."""
     output_address: str
     """ZeroMQ address the worker connects to for its outputs (front binds)."""
     engine: EngineConfig
+    rank: int = 0
+    """Rank in the tensor-parallel group; only rank 0 connects to the front."""
+    group_size: int = 1
+    """Ranks in the tensor-parallel group (1: no tensor parallelism)."""
+    dist_init: str = ""
+    """torch.distributed init method shared by the group's ranks (set by the launcher)."""
 
 
 class AddRequest(msgspec.Struct, frozen=True, array_like=True):
@@ -67,6 +87,12 @@ class AddRequest(msgspec.Struct, frozen=True, array_like=True):
     top_p: float = 0.0
     top_k: int = 0
     seed: int = 0
+    timeout_ms: float = 0.0
+    """Time left until the request's deadline when the front sent it; 0: no deadline.
+    Relative, so it stays right when a worker's clock is not the front's."""
+    prompt_text: str = ""
+    """A text prompt for the worker to tokenize with the model's tokenizer (torch engine);
+    then `prompt_token_ids` is empty."""
 
 
 class WorkerInputs(msgspec.Struct, frozen=True, array_like=True, tag="in"):
@@ -74,6 +100,9 @@ class WorkerInputs(msgspec.Struct, frozen=True, array_like=True, tag="in"):
 
     adds: list[AddRequest]
     aborts: list[int]
+    pauses: list[int] = []
+    """Sequences to skip at each step until resumed (the block overflow policy)."""
+    resumes: list[int] = []
 
 
 class Shutdown(msgspec.Struct, frozen=True, array_like=True, tag="shutdown"):
@@ -84,6 +113,14 @@ class WorkerReady(msgspec.Struct, frozen=True, array_like=True, tag="ready"):
     worker: int
     pid: int
     engine: str
+    load_ms: float = 0.0
+    """Building the engine: reading or creating the weights, allocating the cache."""
+    warmup_ms: float = 0.0
+    """Warm-up steps run before reporting ready (the server turns SERVING after them)."""
+    first_step_ms: float = 0.0
+    """The engine's very first step, during warm-up (cold: allocations, kernel selection)."""
+    warm_step_ms: float = 0.0
+    """A decode step at the end of warm-up, for comparison with first_step_ms."""
 
 
 class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
@@ -101,6 +138,14 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     token_ids: list[int]
     finished_ids: list[int]
     finish_reasons: list[int]
+    token_counts: list[int] = []
+    """App workers only: when not empty, `seq_ids[i]` produced the next `token_counts[i]`
+    entries of `token_ids` (one piece of several tokens). Empty: one token each."""
+    texts: list[str] = []
+    """Engines with their own tokenizer: `texts[i]` is the text piece of `token_ids[i]`
+    (possibly empty while a character is incomplete). Empty: the front decodes bytes."""
+    prompt_lens: dict[int, int] = {}
+    """Prompt tokens of each sequence that the worker tokenized and prefilled in this step."""
 
 
 class RequestFailed(msgspec.Struct, frozen=True, array_like=True, tag="failed"):

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
+
+import msgspec
 
 from cadence.engines.base import Engine, Sequence
+from cadence.engines.tokenizer import ByteTokenizer
 from cadence.transport.messages import AddRequest, Finish, RequestFailed, StepOutput
+
+
+_BYTES = ByteTokenizer()
 
 
 class BatchScheduler:
@@ -18,11 +25,12 @@ class BatchScheduler:
         self._max_batch = max_batch
         self._waiting: deque[Sequence] = deque()
         self._running: dict[int, Sequence] = {}
+        self._paused: set[int] = set()
+        """Running sequences the steps skip: their clients are not reading (block policy)."""
         self._steps = 0
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self._running or self._waiting)
+        # Optional engine capabilities (see cadence.engines.base.Engine).
+        self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
+        self._tokenizer = getattr(engine, "tokenizer", None)
 
     @property
     def batch_size(self) -> int:
@@ -34,6 +42,12 @@ class BatchScheduler:
 
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
+        if request.prompt_text and not request.prompt_token_ids:
+            # The front sent text: tokenize it with the model's own tokenizer (bytes if none).
+            tokenizer = self._tokenizer or _BYTES
+            request = msgspec.structs.replace(
+                request, prompt_token_ids=tokenizer.encode(request.prompt_text)
+            )
         problem = self._engine.check(request)
         if problem is not None:
             return RequestFailed(request.seq_id, "INVALID_ARGUMENT", problem)
@@ -43,6 +57,7 @@ class BatchScheduler:
     def abort(self, seq_ids: list[int]) -> None:
         """Drop sequences now, so none of them is in the next step."""
         for seq_id in seq_ids:
+            self._paused.discard(seq_id)
             seq = self._running.pop(seq_id, None)
             if seq is not None:
                 self._engine.release(seq)
@@ -50,14 +65,35 @@ class BatchScheduler:
             gone = set(seq_ids)
             self._waiting = deque(s for s in self._waiting if s.seq_id not in gone)
 
+    def pause(self, seq_ids: list[int]) -> None:
+        """Skip these sequences at each step (they keep their place and engine state)."""
+        self._paused.update(s for s in seq_ids if s in self._running)
+
+    def resume(self, seq_ids: list[int]) -> None:
+        self._paused.difference_update(seq_ids)
+
+    @property
+    def has_work(self) -> bool:
+        """Something to step: waiting sequences, or running ones that are not all paused."""
+        return bool(self._waiting) or len(self._running) > len(self._paused)
+
     def step(self) -> StepOutput | None:
         """Admit waiting sequences, run one engine step, retire finished sequences.
 
         This is the only place in the worker that loops over a step's tokens.
         """
-        room = self._max_batch - len(self._running)
-        prefill = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-        decode = list(self._running.values())
+        room = min(self._max_batch - len(self._running), len(self._waiting))
+        reserve = self._reserve
+        if reserve is None:
+            prefill = [self._waiting.popleft() for _ in range(room)]
+        else:
+            # In arrival order; one that does not fit yet (KV cache full) holds the rest back.
+            prefill = []
+            while len(prefill) < room and reserve(self._waiting[0]):
+                prefill.append(self._waiting.popleft())
+        paused = self._paused
+        decode = [s for s in self._running.values() if s.seq_id not in paused] if paused else (
+            list(self._running.values()))
         if not prefill and not decode:
             return None
         start = time.monotonic_ns()
@@ -68,8 +104,16 @@ class BatchScheduler:
         finished: list[int] = []
         reasons: list[int] = []
         running = self._running
+        tokenizer = self._tokenizer
+        texts: list[str] = []
+        prompt_lens: dict[int, int] = {}
         for seq in prefill:
             running[seq.seq_id] = seq
+            request = seq.request
+            if request.prompt_text:
+                prompt_lens[seq.seq_id] = len(request.prompt_token_ids)
+            if tokenizer is not None:
+                seq.detokenize = tokenizer.stream(request.prompt_token_ids)
         for seq, token in zip(prefill + decode, tokens):
             seq.generated += 1
             seq_ids.append(seq.seq_id)
@@ -78,9 +122,16 @@ class BatchScheduler:
             elif seq.generated >= seq.request.max_tokens:
                 reason = Finish.LENGTH
             else:
+                if tokenizer is not None:
+                    texts.append(seq.detokenize(token, False))
                 continue
+            if tokenizer is not None:  # the last piece also flushes an incomplete character
+                texts.append(seq.detokenize(token, True))
             finished.append(seq.seq_id)
             reasons.append(reason)
             del running[seq.seq_id]
             self._engine.release(seq)
-        return StepOutput(self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons)
+        return StepOutput(
+            self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
+            texts=texts, prompt_lens=prompt_lens,
+        )

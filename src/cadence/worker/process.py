@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 
 import msgspec
 
@@ -21,22 +22,50 @@ from cadence.transport.messages import (
 from cadence.worker.batch_scheduler import BatchScheduler
 
 
-def build_engine(config: EngineConfig, device: str) -> Engine:
-    """The engine named in `config`, on `device`."""
+def build_engine(
+    config: EngineConfig, device: str, *, rank: int = 0, group_size: int = 1, dist_init: str = ""
+) -> Engine:
+    """The engine named in `config`, on `device` (one rank of a tensor-parallel group when
+    `group_size` > 1)."""
     if config.name == "synthetic":
         from cadence.engines.synthetic import SyntheticEngine
 
         return SyntheticEngine(config)
-    raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic'")
+    if config.name == "torch":
+        from cadence.engines.llama.engine import LlamaEngine
+
+        return LlamaEngine(config, device, rank=rank, group_size=group_size, dist_init=dist_init)
+    raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic', 'torch' or 'app'")
 
 
 def run_worker(spec: WorkerSpec) -> None:
     """Build the engine, report ready, then step until told to shut down."""
-    engine = build_engine(spec.engine, spec.device)
+    if spec.engine.name == "app":
+        # A user's generator function: an event loop and its own executor, not a step loop.
+        from cadence.worker.app_runner import run_app_worker
+
+        run_app_worker(spec)
+        return
+    load_start = time.perf_counter()
+    engine = build_engine(
+        spec.engine, spec.device, rank=spec.rank, group_size=spec.group_size, dist_init=spec.dist_init
+    )
+    if spec.rank > 0:
+        # A tensor-parallel follower has no sockets: it runs the steps its rank 0 broadcasts.
+        engine.follow()
+        return
+    warmup_start = time.perf_counter()
     engine.start()
+    ready = time.perf_counter()
     channel = WorkerChannel(spec.input_address, spec.output_address)
     scheduler = BatchScheduler(engine, spec.index, spec.engine.max_batch)
-    channel.send(WorkerReady(spec.index, os.getpid(), engine.name))
+    channel.send(WorkerReady(
+        spec.index, os.getpid(), engine.name,
+        load_ms=(warmup_start - load_start) * 1e3,
+        warmup_ms=(ready - warmup_start) * 1e3,
+        first_step_ms=getattr(engine, "first_step_ms", 0.0),
+        warm_step_ms=getattr(engine, "warm_step_ms", 0.0),
+    ))
     try:
         while True:
             # Block only when there is nothing to step; otherwise take what has arrived
@@ -53,11 +82,18 @@ def run_worker(spec: WorkerSpec) -> None:
                         channel.send(failure)
                 if message.aborts:
                     scheduler.abort(message.aborts)
+                if message.pauses:
+                    scheduler.pause(message.pauses)
+                if message.resumes:
+                    scheduler.resume(message.resumes)
             output = scheduler.step()
             if output is not None:
                 channel.send(output)
     finally:
         channel.close()
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 def _die_with_parent() -> None:
@@ -82,4 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if parent == 1:  # the front died before prctl took effect
         return
-    run_worker(msgspec.json.decode(argv[0].encode(), type=WorkerSpec))
+    spec = msgspec.json.decode(argv[0].encode(), type=WorkerSpec)
+    if spec.rank > 0:
+        # A follower spends its idle time blocked inside a collective, where a Python signal
+        # handler would never run; it holds nothing to clean up, so SIGTERM ends it at once.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    run_worker(spec)

@@ -1,0 +1,199 @@
+"""Who may talk to the front: TLS server credentials and the bearer-token check.
+
+- `--tls-cert` / `--tls-key`: the gRPC port speaks TLS only; a plaintext client fails in the
+  handshake.
+- `--tls-client-ca`: mutual TLS. Every client must present a certificate signed by that CA;
+  the TLS handshake checks it before any RPC exists, so an unknown client reaches no handler
+  (health included).
+- `--auth-token-file`: every RPC must carry the metadata `authorization: Bearer <token>`
+  with one of the file's tokens (one per line), else it ends with UNAUTHENTICATED and a
+  message saying what was missing or wrong. Works with or without TLS; without TLS the token
+  crosses the network in clear text, so use it alone only on loopback.
+
+Health (`grpc.health.v1.Health`) is open without a token, on purpose: orchestrators and
+load balancers (Kubernetes gRPC probes, Envoy health checks) probe it and usually cannot
+attach a token, and all it tells is SERVING / NOT_SERVING for the server and for each
+`cadence.worker.N` (so, how many workers there are). Reflection is not open: it describes
+the whole API, and a caller without a token learns nothing about which methods exist
+(even an unknown method gets UNAUTHENTICATED, not UNIMPLEMENTED).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import ssl
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING
+
+import grpc
+
+if TYPE_CHECKING:
+    from cadence.config import ServerConfig
+
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+"""RPCs that need no token (see the module docstring for why)."""
+
+
+def read_tokens(path: str) -> list[str]:
+    """The accepted tokens: one per line, surrounding whitespace ignored, blank lines skipped."""
+    with open(path, encoding="utf-8") as f:
+        tokens = [line.strip() for line in f]
+    return [token for token in tokens if token]
+
+
+def problems(config: ServerConfig) -> list[str]:
+    """What is wrong with the security settings, each a sentence naming the flag; [] if none.
+
+    Checks the files' contents with the standard `ssl` module, because gRPC reports a bad
+    certificate or a key that does not match it only as "Failed to bind to address".
+    """
+    found = []
+    if (config.tls_cert is None) != (config.tls_key is None):
+        found.append("--tls-cert and --tls-key go together: give both to serve over TLS")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        found.append("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key too")
+    for flag, path in (("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key),
+                       ("--tls-client-ca", config.tls_client_ca),
+                       ("--auth-token-file", config.auth_token_file)):
+        if path is not None:
+            try:
+                with open(path, "rb"):
+                    pass
+            except OSError as exc:
+                found.append(f"{flag} {path}: cannot read it ({exc.strerror})")
+    if found:
+        return found
+    if config.tls_cert is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(config.tls_cert, config.tls_key)
+        except (ssl.SSLError, ValueError) as exc:
+            found.append(f"--tls-cert {config.tls_cert} / --tls-key {config.tls_key}: not a PEM "
+                         f"certificate chain and its matching private key ({exc})")
+    if config.tls_client_ca is not None:
+        try:
+            ssl.create_default_context(cafile=config.tls_client_ca)
+        except (ssl.SSLError, ValueError) as exc:
+            found.append(f"--tls-client-ca {config.tls_client_ca}: not PEM CA certificates ({exc})")
+    if config.auth_token_file is not None and not read_tokens(config.auth_token_file):
+        found.append(f"--auth-token-file {config.auth_token_file} holds no token (one per line)")
+    return found
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials for the gRPC port, or None to serve plaintext (no `--tls-cert`)."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    with open(config.tls_cert, "rb") as f:
+        chain = f.read()
+    with open(config.tls_key, "rb") as f:
+        key = f.read()
+    client_ca = None
+    if config.tls_client_ca is not None:
+        with open(config.tls_client_ca, "rb") as f:
+            client_ca = f.read()
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def server_interceptors(config: ServerConfig) -> list[grpc.aio.ServerInterceptor]:
+    """The interceptors `grpc.aio.server` gets: the token check with `--auth-token-file`."""
+    if config.auth_token_file is None:
+        return []
+    return [BearerTokenInterceptor(read_tokens(config.auth_token_file))]
+
+
+def exposure_warnings(config: ServerConfig) -> list[str]:
+    """Settings that expose more than their owner may think; the server logs each at start."""
+    warnings = []
+    loopback = _is_loopback(config.host)
+    if config.auth_token_file is not None and config.tls_cert is None and not loopback:
+        warnings.append(f"bearer tokens will cross the network in clear text: --host "
+                        f"{config.host} without --tls-cert")
+    if config.transport == "tcp" and not loopback:
+        warnings.append(f"--transport tcp binds the worker sockets on {config.host}; they have "
+                        "no authentication or encryption, so anyone who can reach them can read "
+                        "prompts or inject output. Use ipc, or a host only the server can reach")
+    if config.metrics_port is not None and not loopback:
+        warnings.append(f"the metrics endpoint on {config.host} has no TLS and no token")
+    return warnings
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from elsewhere
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Lets an RPC through only with `authorization: Bearer <token>` naming an accepted token.
+
+    Runs once per RPC, before the handler; an accepted call gets its real handler untouched,
+    so streaming costs nothing more per message. Tokens are compared as SHA-256 digests with
+    `hmac.compare_digest`, against every accepted token, so the time taken says nothing
+    about how much of a guess was right or which token it resembled.
+    """
+
+    def __init__(self, tokens: Iterable[str],
+                 open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES) -> None:
+        self._digests = [_digest(token) for token in tokens]
+        if not self._digests:
+            raise ValueError("BearerTokenInterceptor needs at least one token")
+        self._open_prefixes = open_prefixes
+        # Built once: a refused call costs no allocation beyond gRPC's own.
+        self._missing = _refusal("this server requires a bearer token: send the metadata "
+                                 "'authorization: Bearer <token>' (cadence generate / bench: "
+                                 "--token-file)")
+        self._malformed = _refusal("the authorization metadata must be 'Bearer <token>'")
+        self._wrong = _refusal("the bearer token is not one this server accepts "
+                               "(see the server's --auth-token-file)")
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        if handler_call_details.method.startswith(self._open_prefixes):
+            return await continuation(handler_call_details)
+        value = None
+        for key, item in handler_call_details.invocation_metadata or ():
+            if key == "authorization":  # gRPC lower-cases metadata keys
+                value = item
+                break
+        if value is None:
+            return self._missing
+        scheme, _, token = (value.decode("latin-1") if isinstance(value, bytes) else value
+                            ).partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return self._malformed
+        digest = _digest(token)
+        accepted = False
+        for known in self._digests:
+            accepted |= hmac.compare_digest(known, digest)  # no early exit, see the docstring
+        if not accepted:
+            return self._wrong
+        return await continuation(handler_call_details)
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _refusal(message: str) -> grpc.RpcMethodHandler:
+    """A handler that ends any call with UNAUTHENTICATED, whatever the method's shape.
+
+    Stream-stream fits every kind of call on the wire; with no deserializer the request is
+    never parsed, so an unauthenticated caller cannot make the server decode anything.
+    """
+
+    async def refuse(requests: object, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return grpc.stream_stream_rpc_method_handler(refuse)

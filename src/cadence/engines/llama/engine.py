@@ -1,0 +1,258 @@
+"""`LlamaEngine`: the Engine protocol over a Llama model, its paged KV cache and its sampler.
+
+Each step prefills the sequences admitted at that step boundary (prompts of any lengths)
+and decodes one token for every running sequence, in one pass through the model. A sequence
+gets its cache blocks when it is admitted (`reserve`) and gives them back when it finishes or
+is cancelled (`release`). With tensor parallelism, this object on rank 0 plans each step and
+broadcasts the plan; on the other ranks `follow` runs the same steps until rank 0 stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from cadence.engines.base import Sequence
+from cadence.engines.llama.kv_cache import KVCache
+from cadence.engines.llama.loader import TINY, load_weights, read_config
+from cadence.engines.llama.model import LlamaModel, Shard, check_shardable
+from cadence.engines.llama.parallel import TensorParallelGroup
+from cadence.engines.llama.plan import StepPlan, unpack
+from cadence.engines.llama.sampling import Sampler, sample
+from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
+from cadence.transport.messages import AddRequest, EngineConfig
+
+log = logging.getLogger("cadence.engine.torch")
+
+BLOCK_SIZE = 16
+"""Tokens per KV-cache block."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """`cpu` or `cuda:N` as a torch.device, made current for CUDA; a clear error if absent."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device} was asked for, but torch sees no CUDA card")
+        index = dev.index or 0
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(f"device {device} does not exist ({torch.cuda.device_count()} card(s))")
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise RuntimeError(f"device must be cpu or cuda:N, got {device!r}")
+    return dev
+
+
+def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+    """The compute dtype: as asked, or `auto` (float32 on CPU, the checkpoint's on CUDA)."""
+    if name == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return _DTYPES.get(checkpoint_dtype, torch.float32)
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be auto, {', '.join(_DTYPES)}; got {name!r}")
+    return _DTYPES[name]
+
+
+class _SeqState:
+    """What the engine holds for one running sequence."""
+
+    __slots__ = ("blocks", "cached", "last", "sampler")
+
+    def __init__(self, blocks: list[int], sampler: Sampler) -> None:
+        self.blocks = blocks
+        self.cached = 0
+        """Tokens whose keys and values are in the cache."""
+        self.last = -1
+        """The newest token: the input of the next decode step."""
+        self.sampler = sampler
+
+
+class LlamaEngine:
+    """A Llama-family model (or one tensor-parallel rank of it) with continuous batching."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        device: str,
+        *,
+        rank: int = 0,
+        group_size: int = 1,
+        dist_init: str = "",
+    ) -> None:
+        if config.threads > 0 and device.startswith("cpu"):
+            torch.set_num_threads(config.threads)
+        self.device = resolve_device(device)
+        self.rank = rank
+        self._seed = config.seed
+        if not config.model:
+            raise ValueError("the torch engine needs --model PATH (a local Hugging Face folder) or tiny")
+        self.model_config = read_config(config.model)
+        check_shardable(self.model_config, group_size)
+        self.dtype = resolve_dtype(config.dtype, self.model_config.dtype, self.device)
+        self.group: TensorParallelGroup | None = None
+        if group_size > 1:
+            self.group = TensorParallelGroup(rank, group_size, dist_init, self.device)
+        shard = Shard(rank, group_size)
+        weights = load_weights(
+            config.model,
+            self.model_config,
+            shard=shard,
+            device=self.device,
+            dtype=self.dtype,
+            seed=config.seed,
+            lm_head=rank == 0,
+        )
+        self.model = LlamaModel(
+            self.model_config,
+            weights,
+            shard=shard,
+            context=self.model_config.max_position,
+            all_reduce=self.group.all_reduce if self.group else None,
+        )
+        self.cache = KVCache(
+            layers=self.model_config.num_layers,
+            kv_heads=self.model.kv_heads,
+            head_dim=self.model_config.head_dim,
+            capacity_tokens=config.kv_cache_tokens,
+            block_size=BLOCK_SIZE,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.tokenizer: TextTokenizer | None = None
+        """The model folder's tokenizer; None for byte-level models (`tiny`, no tokenizer.json)."""
+        if rank == 0 and config.model != TINY:
+            self.tokenizer = load_tokenizer(Path(config.model))
+        self.vocab_size = self.model_config.vocab_size
+        self.context = self.model_config.max_position
+        self._eos = frozenset(self.model_config.eos_token_ids)
+        self.first_step_ms = 0.0
+        self.warm_step_ms = 0.0
+
+    # -- the Engine protocol ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Warm up: run prefill and decode steps of a throw-away batch through every code path
+        (one prompt, several prompts, batched decode), so the first request does not pay for
+        first-touch allocations and kernel selection."""
+        if self.rank != 0:
+            return
+        prompts = [[1] * 16, [2] * 7, [3] * 12]
+        fake = [Sequence(AddRequest(-1 - i, p, 4)) for i, p in enumerate(prompts)]
+        for seq in fake:
+            if not self.reserve(seq):
+                break
+        else:
+            start = time.perf_counter()
+            self.step([fake[0]], [])
+            self.first_step_ms = (time.perf_counter() - start) * 1e3
+            self.step(fake[1:], [fake[0]])
+            self.step([], fake)
+            start = time.perf_counter()
+            self.step([], fake)
+            self.warm_step_ms = (time.perf_counter() - start) * 1e3
+        for seq in fake:
+            self.release(seq)
+
+    def check(self, request: AddRequest) -> str | None:
+        """Why the request cannot run here (token ids, context, cache capacity), or None."""
+        prompt = request.prompt_token_ids
+        if not prompt:
+            return "the prompt has no tokens"
+        vocab = self.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            return f"prompt_token_ids must be in [0, {vocab}) for this model; got {bad}"
+        need = len(prompt) + request.max_tokens - 1
+        if need > self.context:
+            return (
+                f"the prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
+                f"the model's context of {self.context} tokens; shorten the prompt or lower max_tokens"
+            )
+        if need > self.cache.capacity_tokens:
+            return (
+                f"the request needs {need} tokens of KV cache but this worker's cache holds "
+                f"{self.cache.capacity_tokens} (--kv-cache-tokens); lower max_tokens"
+            )
+        return None
+
+    def reserve(self, seq: Sequence) -> bool:
+        """Take the cache blocks `seq` can need; False (nothing taken) when the cache is full
+        for now, and the sequence waits for others to finish."""
+        request = seq.request
+        blocks = self.cache.allocate(len(request.prompt_token_ids) + request.max_tokens - 1)
+        if blocks is None:
+            return False
+        seq.state = _SeqState(blocks, Sampler(request, self._seed, self.device))
+        return True
+
+    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int]:
+        """Prefill the admitted sequences and decode the running ones; one token each."""
+        bs = BLOCK_SIZE
+        prompts: list[list[int]] = []
+        prefill_blocks: list[list[int]] = []
+        eos = self._eos
+        for seq in prefill:
+            prompt = seq.request.prompt_token_ids
+            prompts.append(prompt)
+            prefill_blocks.append(seq.state.blocks[: -(-len(prompt) // bs)])
+            if eos:
+                seq.stop_token_ids = seq.stop_token_ids | eos
+        states = [seq.state for seq in decode]
+        plan = StepPlan(
+            prompts,
+            prefill_blocks,
+            [s.last for s in states],
+            [s.cached for s in states],
+            [s.blocks[: s.cached // bs + 1] for s in states],
+        )
+        packed = plan.pack()
+        if self.group is not None:
+            self.group.send_plan(packed)
+        logits = self.model.forward(unpack(packed, bs, self.device), self.cache)
+        samplers = [seq.state.sampler for seq in prefill] + [s.sampler for s in states]
+        tokens = sample(logits, samplers)
+        for seq, prompt, token in zip(prefill, prompts, tokens):
+            state = seq.state
+            state.cached = len(prompt)
+            state.last = token
+        for state, token in zip(states, tokens[len(prefill):]):
+            state.cached += 1
+            state.last = token
+        return tokens
+
+    def release(self, seq: Sequence) -> None:
+        """Give the sequence's cache blocks back at once."""
+        state = seq.state
+        if isinstance(state, _SeqState):
+            self.cache.free(state.blocks)
+            seq.state = None
+
+    # -- tensor parallelism -------------------------------------------------------------------
+
+    def follow(self) -> None:
+        """Followers (rank > 0): run every step rank 0 plans, until it stops the group."""
+        assert self.group is not None and self.rank > 0
+        try:
+            while (packed := self.group.receive_plan()) is not None:
+                self.model.forward(unpack(packed, BLOCK_SIZE, self.device), self.cache)
+        finally:
+            self.group.close()
+
+    def close(self) -> None:
+        """Rank 0: stop the followers and leave the group."""
+        if self.group is not None and self.rank == 0:
+            try:
+                self.group.stop()
+            except Exception:  # noqa: BLE001 - a follower is gone already; it cannot be told
+                pass
+            finally:
+                self.group.close()

@@ -1,0 +1,140 @@
+"""One engine step's batch plan: which tokens run, at which positions, into which cache blocks.
+
+Rank 0 of a tensor-parallel group builds a `StepPlan` from its scheduler's sequences, packs it
+into one int64 tensor and broadcasts it; every rank (rank 0 included) unpacks the same tensor
+into the same `StepInputs`, so all ranks run exactly the same step and followers keep no
+per-sequence state at all.
+
+The step's tokens are laid out flat: the prompts of the sequences being prefilled, one after
+the other, then one token for each sequence being decoded. Dense layers run on that flat
+layout with no padding; only attention treats the two groups differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_HEADER = 5  # prefill count, decode count, prefill table width, decode table width, prefill tokens
+
+
+@dataclass
+class StepPlan:
+    """What rank 0 decided for one step, as plain lists."""
+
+    prefill_tokens: list[list[int]]
+    """The whole prompt of every sequence admitted in this step."""
+    prefill_blocks: list[list[int]]
+    """Each admitted sequence's cache blocks (all it may need, reserved at admission)."""
+    decode_tokens: list[int]
+    """The last token of every running sequence: the input of its next position."""
+    decode_positions: list[int]
+    """The position of that token (the sequence's length so far, minus one)."""
+    decode_blocks: list[list[int]]
+
+    def pack(self) -> torch.Tensor:
+        """The plan as one int64 tensor (the form that is broadcast)."""
+        wp = max((len(b) for b in self.prefill_blocks), default=0)
+        wd = max((len(b) for b in self.decode_blocks), default=0)
+        flat_prompt = [t for p in self.prefill_tokens for t in p]
+        out: list[int] = [len(self.prefill_tokens), len(self.decode_tokens), wp, wd, len(flat_prompt)]
+        out += [len(p) for p in self.prefill_tokens]
+        out += flat_prompt
+        for blocks in self.prefill_blocks:
+            out += blocks
+            out += [0] * (wp - len(blocks))
+        out += self.decode_tokens
+        out += self.decode_positions
+        for blocks in self.decode_blocks:
+            out += blocks
+            out += [0] * (wd - len(blocks))
+        return torch.tensor(out, dtype=torch.int64)
+
+
+@dataclass
+class StepInputs:
+    """A packed plan turned into the tensors the model runs on (all on the model's device)."""
+
+    tokens: torch.Tensor
+    """[N] input token ids: prompts first, then one per decoded sequence."""
+    positions: torch.Tensor
+    """[N] position of each token in its sequence."""
+    write_index: torch.Tensor
+    """[N] flat cache slot (block * block_size + offset) that receives each token's key/value."""
+    prefill_count: int
+    prefill_tokens: int
+    """Np: the first Np rows of the flat layout are prompt tokens."""
+    prefill_pad_index: torch.Tensor | None
+    """[Np] row of each prompt token in a padded [Bp * Tp] layout (None when Bp == 1)."""
+    prefill_width: int
+    """Tp: the longest prompt of the step."""
+    prefill_mask: torch.Tensor | None
+    """[Bp, 1, Tp, Tp] causal mask that also hides padding (None when Bp <= 1)."""
+    decode_count: int
+    decode_blocks: torch.Tensor | None
+    """[Bd, W] cache blocks of each decoded sequence, zero-padded."""
+    decode_mask: torch.Tensor | None
+    """[Bd, 1, 1, W * block_size]: which gathered cache slots hold this sequence's past."""
+    last_index: torch.Tensor
+    """[Bp + Bd] row of each sequence's last token: the rows whose logits are needed."""
+
+
+def unpack(packed: torch.Tensor, block_size: int, device: torch.device) -> StepInputs:
+    """Turn a packed plan into model inputs; the same tensor gives the same inputs on every rank."""
+    bp, bd, wp, wd, np_ = packed[:_HEADER].tolist()
+    at = _HEADER
+    lens = packed[at : at + bp]
+    at += bp
+    prompt = packed[at : at + np_]
+    at += np_
+    ptable = packed[at : at + bp * wp].view(bp, wp)
+    at += bp * wp
+    dtokens = packed[at : at + bd]
+    at += bd
+    dpos = packed[at : at + bd]
+    at += bd
+    dtable = packed[at : at + bd * wd].view(bd, wd)
+
+    if bp:
+        seq_of = torch.repeat_interleave(torch.arange(bp), lens)
+        starts = torch.cumsum(lens, 0) - lens
+        ppos = torch.arange(np_) - starts[seq_of]
+        pwrite = ptable[seq_of, ppos // block_size] * block_size + ppos % block_size
+        width = int(lens.max())
+        last = starts + lens - 1
+    else:
+        ppos = pwrite = last = torch.empty(0, dtype=torch.int64)
+        width = 0
+    pad_index = mask = None
+    if bp > 1:
+        pad_index = seq_of * width + ppos
+        keys = torch.arange(width)
+        causal = keys[None, :] <= keys[:, None]
+        mask = (causal[None] & (keys[None, None, :] < lens[:, None, None]))[:, None]
+    dmask = None
+    if bd:
+        dwrite = dtable[torch.arange(bd), dpos // block_size] * block_size + dpos % block_size
+        slots = torch.arange(wd * block_size)
+        dmask = (slots[None, :] <= dpos[:, None])[:, None, None, :]
+        last = torch.cat([last, torch.arange(np_, np_ + bd)])
+    else:
+        dwrite = torch.empty(0, dtype=torch.int64)
+
+    def put(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device, non_blocking=True)
+
+    return StepInputs(
+        tokens=put(torch.cat([prompt, dtokens])),
+        positions=put(torch.cat([ppos, dpos])),
+        write_index=put(torch.cat([pwrite, dwrite])),
+        prefill_count=bp,
+        prefill_tokens=np_,
+        prefill_pad_index=put(pad_index),
+        prefill_width=width,
+        prefill_mask=put(mask),
+        decode_count=bd,
+        decode_blocks=put(dtable) if bd else None,
+        decode_mask=put(dmask),
+        last_index=put(last),
+    )

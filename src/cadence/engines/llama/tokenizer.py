@@ -1,0 +1,88 @@
+"""The model folder's own tokenizer (`tokenizer.json`, through the `tokenizers` library).
+
+Text prompts are encoded the way transformers' `AutoTokenizer` encodes them by default: with
+the special tokens that tokenizer.json's post-processor adds (a BOS for Llama). transformers 5
+builds its fast tokenizer from tokenizer.json and, for such a file, does not change the
+post-processor because of tokenizer_config.json's `add_bos_token` / `add_eos_token`; the
+tests check this against the installed transformers. Output is detokenized incrementally per
+sequence with the tokenizer's own decoder, special tokens skipped, so each generated token
+comes with its piece of text (empty while a multi-byte character is incomplete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+_CONTEXT_TOKENS = 6
+"""Prompt tokens given to each stream decoder as context, so the first output token's leading
+space or merged bytes come out as they would in the full text."""
+
+
+class TextTokenizer:
+    """Encodes prompts and detokenizes output with a model folder's tokenizer.json."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer can produce, added tokens included."""
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a prompt, special tokens added as AutoTokenizer adds them by default."""
+        return self._tokenizer.encode(text).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of a whole sequence of ids, special tokens skipped."""
+        return self._tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
+        """A per-sequence decoder: call it with each new token (and whether it is the last),
+        get that token's piece of text."""
+        return _StreamDecoder(self._tokenizer, prompt_ids[-_CONTEXT_TOKENS:])
+
+
+class _StreamDecoder:
+    """Incremental detokenization of one sequence.
+
+    Each token's piece is the text that decoding gained by it, measured against the text
+    already given out; while the newest bytes do not yet form a character (the decode ends
+    in U+FFFD) the piece is empty and they wait. The last token flushes whatever waits, so
+    the pieces of a finished sequence add up to the decoded whole.
+    """
+
+    __slots__ = ("_decode", "_ids", "_prefix", "_read")
+
+    def __init__(self, tokenizer, context: list[int]) -> None:
+        decode = tokenizer.decode
+
+        def text(ids: list[int]) -> str:
+            return decode(ids, skip_special_tokens=True)
+
+        self._decode = text
+        self._ids = list(context)
+        self._prefix = 0
+        """Start of the window decoded each time (a few tokens back, for context)."""
+        self._read = len(context)
+        """Tokens before this index have been given out as text."""
+
+    def __call__(self, token: int, final: bool = False) -> str:
+        ids = self._ids
+        ids.append(token)
+        done = self._decode(ids[self._prefix : self._read])
+        text = self._decode(ids[self._prefix :])
+        if len(text) > len(done) and (final or not text.endswith("\ufffd")):
+            self._prefix, self._read = self._read, len(ids)
+            return text[len(done) :]
+        return ""
+
+
+def load_tokenizer(folder: str | Path) -> TextTokenizer | None:
+    """The folder's tokenizer, or None when it has no tokenizer.json (the model is byte-level)."""
+    if not (Path(folder) / "tokenizer.json").exists():
+        return None
+    return TextTokenizer(folder)

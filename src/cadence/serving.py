@@ -1,0 +1,85 @@
+"""`cadence.serve(generate, ...)`: serve a generator function from Python.
+
+The same server as `cadence serve --app MODULE:FUNCTION`, started from a program: it blocks
+until SIGINT or SIGTERM, then drains and stops. Worker processes import the function by
+name, so it must be defined at the top level of a module (or of the script that calls
+`serve` under `if __name__ == "__main__":`); with `app_in_front=True` any callable works,
+because it runs in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import msgspec
+
+from cadence.engines.app import App, app_reference, importing_app
+
+
+def serve(
+    app: App | str,
+    *,
+    devices: str | list[str] = "cpu:1",
+    engine_threads: int = 1,
+    app_in_front: bool = False,
+    on_started: Callable[[int], None] | None = None,
+    **options: object,
+) -> None:
+    """Serve `app` over gRPC until SIGINT or SIGTERM.
+
+    `app` is the function (`def` or `async def`, yielding `str` or `list[int]` pieces) or
+    its `module:function` name. `devices` is `cpu:N`, `cuda:I,J,...`, `auto` or a list of
+    device names: one worker per device. `engine_threads` sizes each worker's executor for a
+    sync function (default one per device). `options` are any other ServerConfig field
+    (`port`, `host`, `max_concurrent`, ...). `on_started(port)` is called once serving;
+    without it, the line `cadence serving on HOST:PORT` is printed.
+    """
+    from cadence.api.server import StartupError
+    from cadence.api.server import serve as serve_config
+    from cadence.config import ServerConfig, parse_devices
+    from cadence.transport.messages import EngineConfig
+
+    if importing_app():
+        raise RuntimeError(
+            "cadence.serve() was called while a worker imported the app's module; call it "
+            "under `if __name__ == \"__main__\":` so that workers can import the function"
+        )
+    launcher = None
+    if app_in_front and not isinstance(app, str):
+        from cadence.worker.in_front import InFrontLauncher
+
+        launcher = InFrontLauncher(app)
+        reference = f"{getattr(app, '__module__', '?')}:{getattr(app, '__qualname__', repr(app))}"
+    else:
+        reference = app_reference(app)
+    engine_fields = set(EngineConfig.__struct_fields__)
+    engine = {k: options.pop(k) for k in list(options) if k in engine_fields}
+    engine.update(name="app", app=reference, engine_threads=engine_threads)
+    unknown = set(options) - set(ServerConfig.__struct_fields__)
+    if unknown:
+        raise TypeError(f"cadence.serve() got unknown options {sorted(unknown)}")
+    # convert, not the constructor: it checks every option's type.
+    config = msgspec.convert(
+        {**options, "devices": parse_devices(devices) if isinstance(devices, str) else list(devices),
+         "engine": engine, "app_in_front": app_in_front},
+        ServerConfig,
+    )
+
+    def started(server, port: int) -> None:
+        if on_started is not None:
+            on_started(port)
+        else:
+            print(f"cadence serving on {config.host}:{port}", flush=True)
+
+    coro = serve_config(config, on_started=started, launcher=launcher)
+    try:
+        import uvloop
+    except ImportError:
+        runner = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        runner(coro)
+    except StartupError as exc:
+        raise RuntimeError(f"cadence.serve: {exc}") from None

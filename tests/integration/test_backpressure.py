@@ -1,0 +1,165 @@
+"""Slow and stalled clients, overload and bad input, on real servers.
+
+A test client that stops reading fills gRPC's flow-control window first; these clients use a
+small window (`grpc.http2.lookahead_bytes`) so the server's per-request buffer is reached fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.client import Client, build_request
+from cadence.lab.server_process import ServerProcess
+
+_SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+
+
+def _metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _metrics_url(server: ServerProcess) -> str:
+    line = server.banner
+    return "http://" + line.rsplit("metrics on ", 1)[1].rstrip(")") + "/metrics"
+
+
+def _wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def _tokens(chunks) -> list[int]:
+    out: list[int] = []
+    for chunk in chunks:
+        assert chunk.index == len(out)
+        out.extend(chunk.token_ids)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["block", "merge"])
+def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
+    args = ("--step-ms", "2", "--overflow", policy, "--queue-capacity", "8", "--metrics-port", "0")
+    with ServerProcess(*args) as server:
+        url = _metrics_url(server)
+        slow_channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
+        slow = pb_grpc.InferenceStub(slow_channel).Generate(build_request("slow", max_tokens=600))
+        first = next(slow)
+        # The slow client reads nothing; its buffer reaches the queue capacity...
+        _wait_until(lambda: _metric(url, "cadence_deepest_buffer_steps") >= 8)
+        # ...while a fast client on the same worker streams at the engine's pace.
+        with Client(server.target) as client:
+            fast = list(client.generate("fast", max_tokens=200))
+        assert _tokens(fast) and fast[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        depth = _metric(url, "cadence_deepest_buffer_steps")
+        if policy == "block":
+            # The sequence is paused in the engine: its buffer stays near the capacity.
+            assert depth <= 8 + 16
+        else:
+            # Merge keeps taking its tokens: they wait here, to go out as larger chunks.
+            assert depth > 8 + 16
+        rest = list(slow)
+        tokens = _tokens([first, *rest])
+        assert len(tokens) == 600 and rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert _metric(url, "cadence_buffer_overflows_total") > 0
+        slow_channel.close()
+
+
+def test_abort_policy_ends_a_slow_stream_with_resource_exhausted() -> None:
+    with ServerProcess("--step-ms", "2", "--overflow", "abort", "--queue-capacity", "8") as server:
+        channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
+        call = pb_grpc.InferenceStub(channel).Generate(build_request("slow", max_tokens=5000))
+        next(call)
+        time.sleep(2.0)  # lets the window and then the buffer fill; any order of events is fine
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--queue-capacity" in info.value.details()
+        channel.close()
+
+
+def test_a_stalled_client_is_cut_off_and_its_slot_freed() -> None:
+    args = ("--step-ms", "2", "--stall-timeout", "1", "--max-concurrent", "1")
+    with ServerProcess(*args) as server:
+        channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
+        stalled = pb_grpc.InferenceStub(channel).Generate(build_request("stall", max_tokens=10000))
+        next(stalled)
+        with Client(server.target) as client:
+            deadline = time.monotonic() + 15
+            while True:  # admitted once the stalled stream has been cut off
+                try:
+                    chunks = list(client.generate("next", max_tokens=3))
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert time.monotonic() < deadline, "the stalled stream kept its slot"
+                    time.sleep(0.2)
+        assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        channel.close()
+
+
+def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
+    with ServerProcess("--devices", "cpu:2", "--step-ms", "10", "--max-concurrent", "8") as server:
+        async def run() -> list:
+            async with grpc.aio.insecure_channel(server.target) as channel:
+                stub = pb_grpc.InferenceStub(channel)
+
+                async def one(i: int):
+                    t0 = time.monotonic()
+                    try:
+                        chunks = [c async for c in stub.Generate(build_request(f"o{i}", max_tokens=40))]
+                        return "OK", len(_tokens(chunks)), time.monotonic() - t0
+                    except grpc.aio.AioRpcError as exc:
+                        return exc.code().name, 0, time.monotonic() - t0
+
+                return await asyncio.gather(*(one(i) for i in range(80)))
+
+        results = asyncio.run(run())
+    ok = [r for r in results if r[0] == "OK"]
+    refused = [r for r in results if r[0] == "RESOURCE_EXHAUSTED"]
+    assert len(ok) + len(refused) == 80
+    assert 8 <= len(ok) < 80 and all(n == 40 for _, n, _ in ok)
+    # Refused at once: well before an admitted stream could have finished (40 x 10 ms).
+    assert max(t for _, _, t in refused) < min(t for _, _, t in ok)
+
+
+def _raw_generate(target: str, payload: bytes) -> grpc.StatusCode:
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_stream("/cadence.v1.Inference/Generate",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=pb.GenerateChunk.FromString)
+        try:
+            list(call(payload, timeout=10))
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details()
+        return grpc.StatusCode.OK, ""
+
+
+def test_malformed_duplicate_and_oversized_requests() -> None:
+    with ServerProcess("--step-ms", "5", "--max-message-bytes", "65536") as server:
+        valid = pb.GenerateRequest(prompt="ab", max_tokens=2).SerializeToString()
+        code, details = _raw_generate(server.target, valid.replace(b"ab", b"\xff\xfe"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in details
+        code, details = _raw_generate(server.target, b"\x0a\xff\xff\xff")
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "GenerateRequest" in details
+        code, details = _raw_generate(server.target, pb.GenerateRequest(
+            prompt="x" * 100_000, max_tokens=1).SerializeToString())
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with Client(server.target) as client:
+            first = client.generate("dup", max_tokens=1000, request_id="same")
+            next(first)
+            with pytest.raises(grpc.RpcError) as info:
+                list(client.generate("dup", max_tokens=5, request_id="same"))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "already streaming" in info.value.details()
+            first.close()
+            assert _tokens(list(client.generate("ok", max_tokens=5, request_id="other")))

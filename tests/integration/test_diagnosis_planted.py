@@ -1,0 +1,72 @@
+"""Planted bottlenecks on real servers: the diagnosis names the one that was planted.
+
+Each test starts `cadence serve` with the synthetic engine set to misbehave in one way, runs a
+small bench against it (16 streams; the run itself takes 0.6-2 s after the load generator's
+3 s start), and checks that the matching rule fires and that the rules for the other planted
+faults do not. The workloads are small because CI has 2 cores; the thresholds in
+`cadence.lab.diagnosis` leave room for another benchmark running on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+
+from cadence.lab import diagnosis as dx
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.loadgen import RequestShape
+from cadence.lab.server_process import ServerProcess
+
+ITL_RULES = {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_ITL_UNSTABLE_NETWORK}
+
+
+def _bench(server_args: list[str], workload: Workload) -> tuple[dict, set[str]]:
+    with ServerProcess(*server_args) as server:
+        result = run_bench(server.target, workload)
+    assert result["requests_ok"] == workload.requests, result["errors_by_code"]
+    return result, {f["rule"] for f in result["diagnosis"]}
+
+
+def _explain(result: dict) -> str:
+    """The findings and the aggregates they read, for a failing assertion's message."""
+    keys = ("ttft_ms", "itl_ms", "chunk_tokens", "token_delay_ms")
+    aggregates = {k: {s: round(result[k][s], 2) for s in ("p50", "p90", "p99", "max")}
+                  for k in keys if k in result}
+    aggregates["segments_ms"] = {
+        name: {s: round(d[s], 2) for s in ("p50", "p90", "p99", "max")}
+        for name, d in result.get("segments_ms", {}).items()
+    }
+    return json.dumps({"diagnosis": result["diagnosis"], **aggregates}, indent=1)
+
+
+def test_slow_first_step_is_diagnosed_as_engine_start() -> None:
+    """The worker's first step takes 400 ms more; every request waits for it."""
+    result, fired = _bench(
+        ["--devices", "cpu:1", "--step-ms", "10", "--first-step-ms", "400"],
+        Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
+    )
+    assert dx.RULE_TTFT_ENGINE_START in fired, _explain(result)
+    assert not fired & ITL_RULES, _explain(result)
+    assert dx.RULE_TTFT_QUEUEING not in fired, _explain(result)
+
+
+def test_jittery_steps_are_diagnosed_as_engine_itl_instability() -> None:
+    """Steps of 10 ms with 8 ms of jitter: the gaps vary because the engine does."""
+    result, fired = _bench(
+        ["--devices", "cpu:1", "--step-ms", "10", "--jitter-ms", "8"],
+        Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
+    )
+    assert dx.RULE_ITL_UNSTABLE_ENGINE in fired, _explain(result)
+    assert dx.RULE_TTFT_ENGINE_START not in fired, _explain(result)
+    assert dx.RULE_SLOW_READER not in fired, _explain(result)
+
+
+def test_slow_reader_is_diagnosed_on_the_network_side() -> None:
+    """Clients pause 30 ms after every chunk while the engine makes a token every 5 ms."""
+    result, fired = _bench(
+        ["--devices", "cpu:1", "--step-ms", "5"],
+        Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(60, 60)),
+                 read_delay_ms=30),
+    )
+    assert fired & {dx.RULE_SLOW_READER, dx.RULE_ITL_UNSTABLE_NETWORK}, _explain(result)
+    assert dx.RULE_ITL_UNSTABLE_ENGINE not in fired, _explain(result)
+    assert dx.RULE_TTFT_ENGINE_START not in fired, _explain(result)
