@@ -105,11 +105,11 @@ def engine_runs(folder: str, batches: list[int], prompt: int, tokens: int, *, ra
 
 def engine_runs_tp(folder: str, batches: list[int], prompt: int, tokens: int, size: int) -> list[dict]:
     """The same measurement with `size` ranks, each in its own process."""
-    store = tempfile.mkdtemp(prefix="cadence-bench-tp-")
-    common = [folder, json.dumps(batches), str(prompt), str(tokens), str(size), f"file://{store}/s"]
-    ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), *common],
-                              stdout=subprocess.PIPE, text=True) for r in range(size)]
-    outs = [p.communicate()[0] for p in ranks]
+    with tempfile.TemporaryDirectory(prefix="cadence-bench-tp-") as store:
+        common = [folder, json.dumps(batches), str(prompt), str(tokens), str(size), f"file://{store}/s"]
+        ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), *common],
+                                  stdout=subprocess.PIPE, text=True) for r in range(size)]
+        outs = [p.communicate()[0] for p in ranks]
     if any(p.returncode for p in ranks):
         raise RuntimeError(f"a TP rank failed: {[p.returncode for p in ranks]}")
     return json.loads(outs[0])

@@ -79,6 +79,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     security.add_argument("--auth-token-file", default=None, metavar="FILE",
                           help="require 'authorization: Bearer <token>' with a token from FILE "
                                "(one per line) on every RPC but health")
+    p.add_argument("--kserve-model-name", default="cadence", metavar="NAME",
+                   help="the model's name in the Open Inference Protocol (KServe v2 / Triton "
+                        "gRPC, same port; docs/kserve.md)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -149,6 +152,7 @@ def _server_config(args: argparse.Namespace):
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         auth_token_file=args.auth_token_file,
+        kserve_model_name=args.kserve_model_name,
     )
 
 

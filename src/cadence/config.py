@@ -52,6 +52,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     auth_token_file: str | None = None
     """Accepted bearer tokens, one per line; every RPC but health must send one. See
     cadence.api.security."""
+    kserve_model_name: str = "cadence"
+    """The model's name in the Open Inference Protocol (`inference.GRPCInferenceService`,
+    served on the same port); see docs/kserve.md."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -83,6 +86,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         problems.extend(_torch_problems(self))
         if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
             problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
+        if not self.kserve_model_name.strip():
+            problems.append("kserve_model_name must not be empty")
         if self.tls_cert or self.tls_key or self.tls_client_ca or self.auth_token_file:
             # Imported only when used: it reads the files, and it brings grpc with it.
             from cadence.api.security import problems as security_problems

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import start_server
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
 from tests.llama_models import PROMPTS, hf_greedy, save_model
-
-from conftest import start_server
 
 N = 12
 

@@ -151,3 +151,21 @@ def test_kv_cache_allocates_whole_blocks_and_takes_them_back():
     assert b == [2, 3] and cache.free_tokens == 0
     cache.free(a)
     assert cache.allocate(16) == [0]
+
+
+def test_without_tokenizer_json_text_is_byte_level_and_larger_ids_have_no_text(tmp_path):
+    folder = save_model(tmp_path / "m", tokenizer=False, vocab_size=300)
+    engine = LlamaEngine(EngineConfig(name="torch", model=str(folder), kv_cache_tokens=256), "cpu")
+    scheduler = BatchScheduler(engine, 0, 4)
+    # Sampled hot, so that ids beyond the bytes come out too.
+    assert scheduler.add(AddRequest(1, [], 40, temperature=5.0, seed=3, prompt_text="héllo")) is None
+    tokens, texts = [], []
+    while scheduler.has_work:
+        out = scheduler.step()
+        tokens += out.token_ids
+        texts += out.texts
+        if out.prompt_lens:
+            assert out.prompt_lens == {1: len("héllo".encode())}
+    assert len(texts) == len(tokens) == 40
+    assert any(t >= 256 for t in tokens)
+    assert "".join(texts) == bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")

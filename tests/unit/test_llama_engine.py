@@ -188,3 +188,17 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(engine, prompt_id
 
 def test_start_up_measures_a_cold_and_a_warm_step(engine):
     assert engine.first_step_ms > 0 and engine.warm_step_ms > 0
+
+
+def test_a_burst_of_long_prompts_is_prefilled_over_several_steps(model_dir):
+    from cadence.engines.llama.engine import PREFILL_BUDGET
+
+    engine = make_engine(model_dir, kv_cache_tokens=16384)
+    scheduler = BatchScheduler(engine, 0, 64)
+    for i in range(30):
+        assert scheduler.add(AddRequest(i, [0] + [7 + i] * 199, 2)) is None
+    first = scheduler.step()
+    assert len(first.seq_ids) == PREFILL_BUDGET // 200
+    while scheduler.has_work:
+        scheduler.step()
+    assert engine.cache.free_tokens == engine.cache.capacity_tokens

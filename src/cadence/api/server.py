@@ -12,6 +12,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cadence.api import security
+from cadence.api.kserve.pool import ReflectionPool
+from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
+from cadence.api.kserve.service import KServeService
 from cadence.api.metrics import FrontMetrics
 from cadence.api.output_reader import OutputReader
 from cadence.api.request_stream import RequestStream
@@ -68,6 +71,8 @@ class CadenceServer:
         self.router = WorkerRouter(n)
         self.metrics = FrontMetrics()
         self.service = InferenceService(config, self._streams, links, self.router, self.metrics)
+        # The Open Inference Protocol, on the same port and through the same service.
+        self.kserve = KServeService(self.service, config.kserve_model_name, self._serving)
         self._links = links
         self.reader = OutputReader(self._streams, self._on_worker_ready, self.metrics, n)
         if config.metrics_port is not None:
@@ -79,11 +84,14 @@ class CadenceServer:
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", config.max_message_bytes),
         ], interceptors=security.server_interceptors(config))
-        self._server.add_generic_rpc_handlers((self.service.method_handlers(),))
+        self._server.add_generic_rpc_handlers(
+            (self.service.method_handlers(), self.kserve.method_handlers())
+        )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
+            (SERVICE_NAME, KSERVE_SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+            self._server, pool=ReflectionPool(),
         )
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
@@ -160,6 +168,11 @@ class CadenceServer:
             if stream.worker == worker:
                 stream.fail(grpc.StatusCode.UNAVAILABLE, message)
 
+    def _serving(self) -> bool:
+        """Requests are taken: start-up is over, no drain, at least one worker ready."""
+        return (self.service.refusal is None and self.supervisor is not None
+                and any(self.supervisor.ready))
+
     def _refresh_health(self) -> None:
         if self.supervisor is not None and not self.supervisor.stopping:
             self._tasks.append(asyncio.ensure_future(self._refresh_health_now()))
@@ -182,6 +195,7 @@ class CadenceServer:
     async def _set_health(self, status: int) -> None:
         await self._health.set("", status)
         await self._health.set(SERVICE_NAME, status)
+        await self._health.set(KSERVE_SERVICE_NAME, status)
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: refuse new requests, let open streams finish for `grace` seconds, end the

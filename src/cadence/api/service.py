@@ -1,4 +1,9 @@
-"""The gRPC service: validation, admission, routing, and one stream loop per request."""
+"""The gRPC service: validation, admission, routing, and one stream loop per request.
+
+`open_stream` is the one way into the data path (admission, routing, the per-request buffer,
+the deadline, cleanup); `Generate` here and the Open Inference Protocol's `ModelStreamInfer`
+(cadence.api.kserve.service) both go through it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import itertools
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import msgspec
@@ -29,6 +34,15 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 
 class InvalidRequest(ValueError):
     """The request cannot be served as sent; the message says what to change."""
+
+
+class Refused(Exception):
+    """The server will not start this request now: a gRPC status code and why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class InferenceService:
@@ -68,6 +82,10 @@ class InferenceService:
     @property
     def active(self) -> int:
         return self._gate.active
+
+    def next_seq_id(self) -> int:
+        """A new front-wide sequence id, for another protocol's handler (see `open_stream`)."""
+        return next(self._seq_ids)
 
     def method_handlers(self) -> grpc.GenericRpcHandler:
         """The service's handlers, taking the request as bytes and parsing it in `Generate`."""
@@ -143,31 +161,37 @@ class InferenceService:
             prompt_text=prompt_text,
         )
 
-    async def Generate(
-        self, raw: bytes, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.GenerateChunk]:
-        received_ns = time.monotonic_ns()
+    def open_stream(
+        self,
+        add: AddRequest,
+        request_id: str,
+        received_ns: int,
+        time_remaining: Callable[[], float | None],
+        *,
+        include_timing: bool = False,
+        unique_id: bool = True,
+        task: asyncio.Task | None = None,
+    ) -> OpenStream:
+        """Admit a checked request, route it, and start it in a worker; raise Refused if not.
+
+        Every protocol's handler comes through here, so all share admission, routing,
+        per-request buffers, deadlines and cleanup. Use the result in a `with` block at once:
+        leaving the block ends the request (see `OpenStream`). `request_id` is the client's
+        (empty: the server assigns one); with `unique_id` a duplicate of an open stream's id
+        is refused. `time_remaining` is the call's gRPC deadline (seconds left, None: no
+        deadline). `task` is cancelled if the client stops reading (default: the current one).
+        """
         metrics = self.metrics
-        if self.refusal is not None:
-            metrics.requests.labels("UNAVAILABLE").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, self.refusal)
-        seq_id = next(self._seq_ids)
-        try:
-            request = pb.GenerateRequest.FromString(raw)
-            add = self.to_add_request(seq_id, request)
-            if request.request_id in self._request_ids:
-                raise InvalidRequest(
-                    f"request_id {request.request_id!r} is already streaming; use a unique id "
-                    "or leave it empty for the server to assign one"
-                )
-        except (InvalidRequest, DecodeError) as exc:
+        if unique_id and request_id in self._request_ids:
             metrics.requests.labels("INVALID_ARGUMENT").inc()
-            if isinstance(exc, DecodeError):
-                exc = f"the request is not a valid cadence.v1.GenerateRequest: {exc}"
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request_id {request_id!r} is already streaming; use a unique id "
+                "or leave it empty for the server to assign one",
+            )
         if not self._gate.try_enter():
             metrics.requests.labels("RESOURCE_EXHAUSTED").inc()
-            await context.abort(
+            raise Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the server is serving its limit of {self._gate.limit} streams "
                 "(--max-concurrent); retry later",
@@ -177,27 +201,29 @@ class InferenceService:
         except NoWorkerAvailable:
             self._gate.leave()
             metrics.requests.labels("UNAVAILABLE").inc()
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is running on this server")
+            raise Refused(grpc.StatusCode.UNAVAILABLE, "no worker is running on this server") from None
 
         config = self._config
+        seq_id = add.seq_id
         stream = RequestStream(
             seq_id,
-            request.request_id or uuid.uuid4().hex,
+            request_id or uuid.uuid4().hex,
             worker,
             add.max_tokens,
             len(add.prompt_token_ids),
             capacity=config.queue_capacity,
             overflow=config.overflow,
-            include_timing=request.include_timing,
+            include_timing=include_timing,
             decoder=self._tokenizer.stream_decoder(),
             received_ns=received_ns,
             link=self._links[worker],
         )
-        stream.task = asyncio.current_task()
+        stream.task = task or asyncio.current_task()
         self._streams[seq_id] = stream
-        if request.request_id:
-            self._request_ids.add(request.request_id)
-        remaining = context.time_remaining()
+        owns_id = unique_id and bool(request_id)
+        if owns_id:
+            self._request_ids.add(request_id)
+        remaining = time_remaining()
         if remaining is not None:
             # The worker learns the deadline too, so an app function can see it.
             add = msgspec.structs.replace(add, timeout_ms=max(remaining * 1e3, 0.001))
@@ -211,17 +237,43 @@ class InferenceService:
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 "the request's deadline passed before generation finished",
             )
-        code = grpc.StatusCode.CANCELLED
+        return OpenStream(self, stream, add.max_tokens, request_id if owns_id else None,
+                          deadline, remaining is not None, time_remaining)
+
+    async def Generate(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
+        received_ns = time.monotonic_ns()
+        metrics = self.metrics
+        if self.refusal is not None:
+            metrics.requests.labels("UNAVAILABLE").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.refusal)
+        seq_id = next(self._seq_ids)
+        try:
+            request = pb.GenerateRequest.FromString(raw)
+            add = self.to_add_request(seq_id, request)
+        except (InvalidRequest, DecodeError) as exc:
+            metrics.requests.labels("INVALID_ARGUMENT").inc()
+            if isinstance(exc, DecodeError):
+                exc = f"the request is not a valid cadence.v1.GenerateRequest: {exc}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            opened = self.open_stream(add, request.request_id, received_ns,
+                                      context.time_remaining,
+                                      include_timing=request.include_timing)
+        except Refused as exc:
+            await context.abort(exc.code, exc.message)
+
+        stream = opened.stream
         observe_itl = metrics.itl.observe
         last_ns = received_ns
-        try:
+        with opened:
             while True:
                 await stream.wait()
                 if stream.error is not None:
                     # Status set and return rather than abort(): the call may have ended
                     # already (a deadline races gRPC's own), and abort() would raise then.
-                    code = stream.error[0]
-                    context.set_code(code)
+                    context.set_code(stream.error[0])
                     context.set_details(stream.error[1])
                     return
                 chunk = stream.take_chunk()
@@ -238,28 +290,70 @@ class InferenceService:
                 # Not stream.finish: it may have been set while this chunk was being sent,
                 # with the last tokens still waiting.
                 if chunk.finish_reason:
-                    code = grpc.StatusCode.OK
+                    opened.code = grpc.StatusCode.OK
                     return
-        finally:
-            if deadline is not None:
-                deadline.cancel()
-            del self._streams[seq_id]
-            self._request_ids.discard(request.request_id)
-            if stream.error is not None:
-                code = stream.error[0]
-            self._router.release(worker, add.max_tokens)
-            self._gate.leave()
-            if stream.finish in (Finish.NONE, Finish.CANCELLED):
-                # Cancelled, past its deadline, failed or drained: the worker drops it at its
-                # next step.
-                self._links[worker].abort(seq_id)
-            if code == grpc.StatusCode.CANCELLED and remaining is not None and (
-                context.time_remaining() or 0.0
-            ) <= 0:
-                code = grpc.StatusCode.DEADLINE_EXCEEDED  # gRPC cancelled us at the deadline
-            metrics.requests.labels(code.name).inc()
-            metrics.e2e.observe((time.monotonic_ns() - received_ns) / 1e9)
-            metrics.chunks.inc(stream.chunks)
-            metrics.tokens.inc(stream.sent_tokens)
-            metrics.merged_steps.inc(stream.merged_steps)
-            metrics.overflows.inc(stream.overflows)
+
+
+class OpenStream:
+    """One admitted request, from `InferenceService.open_stream` to the end of its `with`.
+
+    The handler reads `stream` and sets `code` to OK once the last chunk is sent. Leaving
+    the block, however it is left (finished, failed, client cancel, deadline), gives back
+    what the request held: the deadline timer, its place in the front's streams, the
+    router's work and the admission slot; a sequence the worker has not finished is aborted
+    there. Per-request metrics are recorded with the final status code.
+    """
+
+    __slots__ = ("_deadline", "_has_deadline", "_max_tokens", "_request_id", "_service",
+                 "_time_remaining", "code", "stream")
+
+    def __init__(
+        self,
+        service: InferenceService,
+        stream: RequestStream,
+        max_tokens: int,
+        request_id: str | None,
+        deadline: asyncio.TimerHandle | None,
+        has_deadline: bool,
+        time_remaining: Callable[[], float | None],
+    ) -> None:
+        self._service = service
+        self.stream = stream
+        self.code = grpc.StatusCode.CANCELLED
+        """The status the request ended with, unless the stream failed with its own."""
+        self._max_tokens = max_tokens
+        self._request_id = request_id
+        """The client's id held in the service's set of open ids, or None."""
+        self._deadline = deadline
+        self._has_deadline = has_deadline
+        self._time_remaining = time_remaining
+
+    def __enter__(self) -> RequestStream:
+        return self.stream
+
+    def __exit__(self, *exc_info: object) -> None:
+        service, stream = self._service, self.stream
+        if self._deadline is not None:
+            self._deadline.cancel()
+        del service._streams[stream.seq_id]
+        if self._request_id is not None:
+            service._request_ids.discard(self._request_id)
+        code = self.code if stream.error is None else stream.error[0]
+        worker = stream.worker
+        service._router.release(worker, self._max_tokens)
+        service._gate.leave()
+        if stream.finish in (Finish.NONE, Finish.CANCELLED):
+            # Cancelled, past its deadline, failed or drained: the worker drops it at its
+            # next step.
+            service._links[worker].abort(stream.seq_id)
+        if code == grpc.StatusCode.CANCELLED and self._has_deadline and (
+            self._time_remaining() or 0.0
+        ) <= 0:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED  # gRPC cancelled us at the deadline
+        metrics = service.metrics
+        metrics.requests.labels(code.name).inc()
+        metrics.e2e.observe((time.monotonic_ns() - stream.received_ns) / 1e9)
+        metrics.chunks.inc(stream.chunks)
+        metrics.tokens.inc(stream.sent_tokens)
+        metrics.merged_steps.inc(stream.merged_steps)
+        metrics.overflows.inc(stream.overflows)

@@ -9,6 +9,7 @@ import msgspec
 from cadence.credentials import ClientCredentials
 from cadence.lab.baseline import engine_config_of, run_baseline
 from cadence.lab.diagnosis import diagnose
+from cadence.lab.kserve_load import KServeTarget
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
 from cadence.lab.sampler import SystemSampler, metrics_url, server_processes
 from cadence.lab.stats import summarize
@@ -40,8 +41,10 @@ class Workload:
             raise ValueError(f"rate must be positive, got {self.rate}")
 
     def plans(self, target: str, processes: int, channels: int = 1,
-              credentials: ClientCredentials | None = None) -> list[ProcessPlan]:
-        """Split the requests and the concurrency evenly over `processes` client processes."""
+              credentials: ClientCredentials | None = None,
+              kserve: KServeTarget | None = None) -> list[ProcessPlan]:
+        """Split the requests and the concurrency evenly over `processes` client processes.
+        With `kserve`, they speak the Open Inference Protocol to that model."""
         return [
             ProcessPlan(
                 process=p,
@@ -58,18 +61,22 @@ class Workload:
                 warmup=self.warmup,
                 read_delay_ms=self.read_delay_ms,
                 credentials=credentials,
+                kserve=kserve,
             )
             for p in range(processes)
         ]
 
 
 def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
-              baseline: bool = False, credentials: ClientCredentials | None = None) -> dict:
+              baseline: bool = False, credentials: ClientCredentials | None = None,
+              kserve: KServeTarget | None = None) -> dict:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
-    `credentials` are for a server started with TLS or bearer tokens.
+    `credentials` are for a server started with TLS or bearer tokens. With `kserve`, the
+    requests go to that model over the Open Inference Protocol (any server of it; no server
+    timing, so no segments).
     """
     sampler = SystemSampler(metrics_url=metrics_url(target))
     for name, pid in server_processes(target).items():
@@ -77,7 +84,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     sampler.start()
     try:
         processes_out = run_load(
-            workload.plans(target, processes, channels, credentials),
+            workload.plans(target, processes, channels, credentials, kserve),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
         )
     finally:
@@ -106,6 +113,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         "read_delay_ms": workload.read_delay_ms,
         "client_processes": processes,
         "channels_per_process": channels,
+        "protocol": "cadence" if kserve is None else "kserve",
+        "model": None if kserve is None else kserve.model,
     }
     if baseline:
         result["baseline"], result["overhead_ms"] = _baseline(target, workload, result)
@@ -139,7 +148,11 @@ def print_summary(result: dict) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"cadence bench: {result['workload']['target']}", show_lines=False)
+    workload = result["workload"]
+    title = f"cadence bench: {workload['target']}"
+    if workload.get("protocol") == "kserve":
+        title += f" (Open Inference Protocol, model {workload['model']})"
+    table = Table(title=title, show_lines=False)
     table.add_column("metric")
     for col in ("mean", "p50", "p90", "p99", "max"):
         table.add_column(col, justify="right")

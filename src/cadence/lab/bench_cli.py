@@ -42,6 +42,16 @@ def read_prompts(path: str) -> list[tuple[list[int], int]]:
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments")
     p.add_argument("--target", required=True, help="HOST:PORT of the server")
+    p.add_argument("--protocol", choices=["cadence", "kserve"], default="cadence",
+                   help="cadence.v1.Inference/Generate (default), or the Open Inference Protocol "
+                        "(KServe v2 / Triton gRPC, ModelStreamInfer) of any server that speaks it")
+    p.add_argument("--model", default="cadence",
+                   help="--protocol kserve: the model to drive (default: cadence's own)")
+    p.add_argument("--kserve-inputs", default="PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens",
+                   metavar="NAME=SOURCE,...",
+                   help="--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the "
+                        "prompt's token ids), max_tokens, or an integer (e.g. "
+                        "'N=max_tokens,DELAY_MS=10' for the PyTriton peer)")
     add_workload_args(p)
     p.add_argument("--baseline", action="store_true",
                    help="also run the workload through the engine alone (local server only) "
@@ -111,9 +121,17 @@ def _bench(args: argparse.Namespace) -> None:
         credentials = from_arguments(args)
     except ValueError as exc:
         sys.exit(f"cadence bench: {exc}")
+    kserve = None
+    if args.protocol == "kserve":
+        from cadence.lab.kserve_load import KServeTarget, parse_inputs
+
+        try:
+            kserve = KServeTarget(args.model, parse_inputs(args.kserve_inputs))
+        except ValueError as exc:
+            sys.exit(f"cadence bench: --kserve-inputs: {exc}")
     try:
         result = run_bench(args.target, workload, processes=args.procs, channels=args.channels,
-                           baseline=args.baseline, credentials=credentials)
+                           baseline=args.baseline, credentials=credentials, kserve=kserve)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)

@@ -8,6 +8,7 @@ A request never raises out of the generator: its status code and message are rec
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing as mp
 import random
 import time
@@ -19,6 +20,8 @@ import msgspec
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.credentials import ClientCredentials
+from cadence.lab.kserve_load import KServeTarget, one_kserve
+from cadence.lab.kserve_load import stub as kserve_stub
 from cadence.lab.records import RequestRecord
 
 
@@ -91,6 +94,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Sleep this long after each chunk: a slow-reading client, to test backpressure."""
     credentials: ClientCredentials | None = None
     """TLS roots, client certificate, bearer token; None: a plaintext channel."""
+    kserve: KServeTarget | None = None
+    """Speak the Open Inference Protocol to this model (lab/kserve_load.py); None: cadence's."""
 
 
 async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
@@ -168,9 +173,13 @@ async def _run_process(
     for channel in channels:
         await asyncio.wait_for(channel.channel_ready(), 30)
     stubs = [pb_grpc.InferenceStub(c) for c in channels]
+    one = _one
+    if plan.kserve is not None:
+        stubs = [kserve_stub(c) for c in channels]
+        one = functools.partial(one_kserve, plan.kserve)
     for i in range(plan.warmup):
-        await _one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
-                   plan.process, plan.include_timing, plan.timeout_s)
+        await one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
+                  plan.process, plan.include_timing, plan.timeout_s)
     start_at_ns = await asyncio.get_running_loop().run_in_executor(None, ready)
     delay = (start_at_ns - time.monotonic_ns()) / 1e9
     if delay > 0:
@@ -182,8 +191,8 @@ async def _run_process(
     slips = 0
 
     async def send(i: int, lane: int) -> None:
-        records.append(await _one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
-                                  plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
+        records.append(await one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
+                                 plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
 
     if plan.rate:
         # Open loop: sleep to each arrival time on the monotonic clock. When behind, the

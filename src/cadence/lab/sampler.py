@@ -129,9 +129,11 @@ class SystemSampler:
         if self._metrics_url is None:
             return
         try:
-            self._scrapes.append((t, scrape(self._metrics_url)))
+            values = scrape(self._metrics_url)
         except OSError:
-            pass  # a missed scrape leaves a gap, nothing more
+            return  # a missed scrape leaves a gap, nothing more
+        if values:  # none: not a cadence server's page (another server of the protocol)
+            self._scrapes.append((t, values))
 
     def _server_metrics(self) -> dict | None:
         if not self._scrapes:

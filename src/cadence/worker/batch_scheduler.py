@@ -12,7 +12,6 @@ from cadence.engines.base import Engine, Sequence
 from cadence.engines.tokenizer import ByteTokenizer
 from cadence.transport.messages import AddRequest, Finish, RequestFailed, StepOutput
 
-
 _BYTES = ByteTokenizer()
 
 

@@ -38,6 +38,9 @@ def build_engine(
     raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic', 'torch' or 'app'")
 
 
+_BLOCKED_POLL_MS = 5
+
+
 def run_worker(spec: WorkerSpec) -> None:
     """Build the engine, report ready, then step until told to shut down."""
     if spec.engine.name == "app":
@@ -66,11 +69,18 @@ def run_worker(spec: WorkerSpec) -> None:
         first_step_ms=getattr(engine, "first_step_ms", 0.0),
         warm_step_ms=getattr(engine, "warm_step_ms", 0.0),
     ))
+    stepped = False
     try:
         while True:
             # Block only when there is nothing to step; otherwise take what has arrived
-            # and go straight to the next step boundary.
-            for message in channel.receive(0 if scheduler.has_work else None):
+            # and go straight to the next step boundary. Work that cannot step (every
+            # running sequence paused, the rest waiting for cache) waits for an input, with a
+            # short timeout, instead of spinning.
+            if not scheduler.has_work:
+                timeout = None
+            else:
+                timeout = 0 if stepped else _BLOCKED_POLL_MS
+            for message in channel.receive(timeout):
                 if isinstance(message, Shutdown):
                     return
                 assert isinstance(message, WorkerInputs)
@@ -87,7 +97,8 @@ def run_worker(spec: WorkerSpec) -> None:
                 if message.resumes:
                     scheduler.resume(message.resumes)
             output = scheduler.step()
-            if output is not None:
+            stepped = output is not None
+            if stepped:
                 channel.send(output)
     finally:
         channel.close()

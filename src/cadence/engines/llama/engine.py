@@ -22,13 +22,18 @@ from cadence.engines.llama.model import LlamaModel, Shard, check_shardable
 from cadence.engines.llama.parallel import TensorParallelGroup
 from cadence.engines.llama.plan import StepPlan, unpack
 from cadence.engines.llama.sampling import Sampler, sample
-from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
+from cadence.engines.llama.tokenizer import ByteText, TextTokenizer, load_tokenizer
 from cadence.transport.messages import AddRequest, EngineConfig
 
 log = logging.getLogger("cadence.engine.torch")
 
 BLOCK_SIZE = 16
 """Tokens per KV-cache block."""
+
+PREFILL_BUDGET = 4096
+"""Padded prompt tokens (prompts x longest prompt) admitted into one step at most, so a burst
+of long prompts cannot make one step's attention arbitrarily large; a single prompt longer
+than this is still admitted alone."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -127,15 +132,19 @@ class LlamaEngine:
             dtype=self.dtype,
             device=self.device,
         )
-        self.tokenizer: TextTokenizer | None = None
-        """The model folder's tokenizer; None for byte-level models (`tiny`, no tokenizer.json)."""
-        if rank == 0 and config.model != TINY:
-            self.tokenizer = load_tokenizer(Path(config.model))
+        self.tokenizer: TextTokenizer | ByteText | None = None
+        """The model folder's tokenizer, or byte-level text (`tiny`, no tokenizer.json); the
+        worker tokenizes text prompts and detokenizes output with it (rank 0 only)."""
+        if rank == 0:
+            self.tokenizer = ByteText() if config.model == TINY else load_tokenizer(Path(config.model))
         self.vocab_size = self.model_config.vocab_size
         self.context = self.model_config.max_position
         self._eos = frozenset(self.model_config.eos_token_ids)
         self.first_step_ms = 0.0
         self.warm_step_ms = 0.0
+        self._admitted = 0
+        """Prompts reserved for the coming step, and the longest of them (prefill budget)."""
+        self._admitted_width = 0
 
     # -- the Engine protocol ------------------------------------------------------------------
 
@@ -186,16 +195,23 @@ class LlamaEngine:
 
     def reserve(self, seq: Sequence) -> bool:
         """Take the cache blocks `seq` can need; False (nothing taken) when the cache is full
-        for now, and the sequence waits for others to finish."""
+        for now (it waits for others to finish) or this step's prefill budget is spent."""
         request = seq.request
-        blocks = self.cache.allocate(len(request.prompt_token_ids) + request.max_tokens - 1)
+        length = len(request.prompt_token_ids)
+        width = max(self._admitted_width, length)
+        if self._admitted and (self._admitted + 1) * width > PREFILL_BUDGET:
+            return False  # next step: this one's prefill is full
+        blocks = self.cache.allocate(length + request.max_tokens - 1)
         if blocks is None:
             return False
         seq.state = _SeqState(blocks, Sampler(request, self._seed, self.device))
+        self._admitted += 1
+        self._admitted_width = width
         return True
 
     def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int]:
         """Prefill the admitted sequences and decode the running ones; one token each."""
+        self._admitted = self._admitted_width = 0
         bs = BLOCK_SIZE
         prompts: list[list[int]] = []
         prefill_blocks: list[list[int]] = []
@@ -252,7 +268,7 @@ class LlamaEngine:
         if self.group is not None and self.rank == 0:
             try:
                 self.group.stop()
-            except Exception:  # noqa: BLE001 - a follower is gone already; it cannot be told
+            except Exception:  # noqa: BLE001, S110 - a follower is gone already; it cannot be told
                 pass
             finally:
                 self.group.close()

@@ -11,6 +11,7 @@ comes with its piece of text (empty while a multi-byte character is incomplete).
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,8 +82,30 @@ class _StreamDecoder:
         return ""
 
 
-def load_tokenizer(folder: str | Path) -> TextTokenizer | None:
-    """The folder's tokenizer, or None when it has no tokenizer.json (the model is byte-level)."""
+class ByteText:
+    """Text for a model without tokenizer.json (and `tiny`): token ids 0-255 are UTF-8 bytes;
+    ids beyond (a larger vocabulary with no tokenizer at hand) have no text."""
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of `text`."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of the byte ids, invalid bytes as U+FFFD."""
+        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+
+    def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
+        """A per-sequence incremental UTF-8 decoder (a split character waits for its bytes)."""
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+
+        def piece(token: int, final: bool = False) -> str:
+            return decode(bytes((token,)) if 0 <= token < 256 else b"", final)
+
+        return piece
+
+
+def load_tokenizer(folder: str | Path) -> TextTokenizer | ByteText:
+    """The folder's tokenizer.json, or byte-level text when it has none."""
     if not (Path(folder) / "tokenizer.json").exists():
-        return None
+        return ByteText()
     return TextTokenizer(folder)

@@ -1,0 +1,144 @@
+"""The load generator's second protocol: one request through the Open Inference Protocol.
+
+`cadence bench --protocol kserve --model NAME` sends each request as a `ModelStreamInfer`
+call (KServe v2 over gRPC with Triton's streaming extension) to any server of that
+protocol: cadence, Triton, PyTriton. One call per request, like `Generate`: the request is
+sent, the call half-closed, and every response read until the one that carries
+`triton_final_response` (the request asks for an empty final response, so servers whose
+model sends the final flag alone still mark the end).
+
+What is recorded, per response: its arrival time and its token count, the elements of its
+`TOKEN_IDS` output, or 1 for a response with outputs but no `TOKEN_IDS` (a model that sends
+one token per response under another name). A response without outputs (the final flag
+alone) counts 0 tokens. `index` is the count of tokens received before the response: the
+protocol has no position field, so lost tokens show only as a short stream (fewer than
+max_tokens tokens at the final flag), and reordering cannot be seen. No server timing exists
+in this protocol, so no segments are reported. In-band errors are recorded under the gRPC
+code name their message starts with (cadence's convention), else as INFERENCE_ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING
+
+import grpc
+import msgspec
+
+from cadence.api.kserve import grpc_service_pb2 as kpb
+from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
+from cadence.api.kserve.tensors import int32_raw
+from cadence.lab.records import RequestRecord
+
+if TYPE_CHECKING:
+    from cadence.lab.loadgen import RequestPlan
+
+PROMPT, MAX_TOKENS = "prompt", "max_tokens"
+"""Sources of an input's value: the request's prompt token ids, or its max_tokens."""
+
+DEFAULT_INPUTS = (("PROMPT_TOKEN_IDS", PROMPT), ("MAX_TOKENS", MAX_TOKENS))
+"""cadence's own model's inputs (docs/kserve.md)."""
+
+_FINISH_REASONS = {"length": 1, "stop": 2, "cancelled": 3}
+_CODE_NAMES = frozenset(code.name for code in grpc.StatusCode)
+
+
+class KServeTarget(msgspec.Struct, frozen=True):
+    """Which model to drive and how a request's fields become its INT32 inputs."""
+
+    model: str
+    inputs: tuple[tuple[str, str], ...] = DEFAULT_INPUTS
+    """(input name, source): `prompt` (the prompt token ids, shape [n]), `max_tokens`
+    (shape [1]), or an integer constant (shape [1])."""
+
+
+def parse_inputs(text: str) -> tuple[tuple[str, str], ...]:
+    """`NAME=SOURCE,...` (SOURCE: prompt, max_tokens or an integer); raise ValueError."""
+    inputs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, source = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"expected NAME=SOURCE, got {item!r}")
+        if source not in (PROMPT, MAX_TOKENS):
+            try:
+                int(source)
+            except ValueError:
+                raise ValueError(f"the source of {name} must be prompt, max_tokens or an "
+                                 f"integer, got {source!r}") from None
+        inputs.append((name, source))
+    if not inputs:
+        raise ValueError("give at least one input")
+    return tuple(inputs)
+
+
+def stub(channel: grpc.aio.Channel) -> kpb_grpc.GRPCInferenceServiceStub:
+    return kpb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def build_request(target: KServeTarget, plan: RequestPlan) -> kpb.ModelInferRequest:
+    """The ModelInferRequest of one planned request."""
+    request = kpb.ModelInferRequest(model_name=target.model, id=plan.request_id)
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    for name, source in target.inputs:
+        values = (plan.prompt_token_ids if source == PROMPT
+                  else [plan.max_tokens] if source == MAX_TOKENS else [int(source)])
+        request.inputs.add(name=name, datatype="INT32", shape=(len(values),))
+        request.raw_input_contents.append(int32_raw(values))
+    return request
+
+
+async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceStub,
+                     plan: RequestPlan, process: int, include_timing: bool,
+                     timeout: float | None, read_delay_s: float = 0.0) -> RequestRecord:
+    """Send one request, record every response; never raises (errors are recorded).
+    `include_timing` is accepted for the load generator's signature: the protocol has none."""
+    request = build_request(target, plan)
+    monotonic_ns = time.monotonic_ns
+    record = RequestRecord(
+        request_id=plan.request_id,
+        process=process,
+        start_ns=monotonic_ns(),
+        max_tokens=plan.max_tokens,
+        prompt_tokens=len(plan.prompt_token_ids),
+    )
+    arrival, tokens, index = record.arrival_ns, record.tokens, record.index
+    received = 0
+    # The request and then the half-close: the server ends the call after the last response.
+    call = stub.ModelStreamInfer(iter((request,)), timeout=timeout)
+    try:
+        async for response in call:
+            now = monotonic_ns()
+            if response.error_message:
+                code, _, _ = response.error_message.partition(":")
+                record.code = code if code in _CODE_NAMES else "INFERENCE_ERROR"
+                record.error = response.error_message
+                continue
+            infer = response.infer_response
+            count = _tokens_in(infer)
+            arrival.append(now)
+            tokens.append(count)
+            index.append(received)
+            received += count
+            final = infer.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                reason = infer.parameters.get("finish_reason")
+                record.finish_reason = _FINISH_REASONS.get(reason.string_param, 1) if reason else 1
+            elif read_delay_s:
+                await asyncio.sleep(read_delay_s)
+    except grpc.aio.AioRpcError as exc:
+        record.code = exc.code().name
+        record.error = exc.details() or ""
+    except Exception as exc:  # recorded, never raised: one request must not stop the run
+        record.code = "CLIENT_ERROR"
+        record.error = repr(exc)
+    record.end_ns = monotonic_ns()
+    return record
+
+
+def _tokens_in(infer: kpb.ModelInferResponse) -> int:
+    for output in infer.outputs:
+        if output.name == "TOKEN_IDS":
+            return math.prod(output.shape)
+    return 1 if infer.outputs else 0
