@@ -4,6 +4,7 @@ Each workload starts a fresh `cadence serve` (synthetic engine, two CPU workers)
 it with `cadence bench`'s load generator in separate processes, then checks the targets.
 
     python benchmarks/serving_overhead.py [--out results/serving_overhead.json] [--only W1]
+    python benchmarks/serving_overhead.py --fronts 1 2      # W2 and W3 with 1, then 2 fronts
 
 Targets (2 cores, client on the same machine):
   W1  --step-ms 20, 256 streams x 128 tokens together: chunk gap - 20 ms p99 <= 2 ms,
@@ -17,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -37,12 +40,65 @@ WORKLOADS = {
 
 
 def _cpu_s(pid: int) -> dict[str, float]:
-    """CPU seconds of the front and of each of its workers so far."""
+    """CPU seconds of the front and of each of its workers so far (with --fronts N, the
+    other fronts are `front1`...)."""
     front = psutil.Process(pid)
     out = {"front": sum(front.cpu_times()[:2])}
-    for i, child in enumerate(front.children()):
-        out[f"worker{i}"] = sum(child.cpu_times()[:2])
+    workers = 0
+    for child in front.children():
+        cmdline = child.cmdline()
+        if "cadence.api.front_child" in cmdline:
+            out[f"front{cmdline[cmdline.index('cadence.api.front_child') + 1]}"] = sum(child.cpu_times()[:2])
+        else:
+            out[f"worker{workers}"] = sum(child.cpu_times()[:2])
+            workers += 1
     return out
+
+
+def _chunks_per_front(banner: str) -> dict[str, float]:
+    """`cadence_chunks_total` of each front, from the one metrics endpoint."""
+    match = re.search(r"metrics on (\S+):(\d+)", banner)
+    if not match:
+        return {}
+    with urllib.request.urlopen(f"http://{match.group(1)}:{match.group(2)}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'cadence_chunks_total(?:\{front="(\d+)"\})? (\S+)', line)
+        if m:
+            out["front" if m.group(1) in (None, "0") else f"front{m.group(1)}"] = float(m.group(2))
+    return out
+
+
+_FRONTS_CHANNELS = 8
+"""gRPC connections per load process in the --fronts runs (1 and N fronts alike)."""
+
+
+def run_fronts(name: str, fronts: int, procs: int) -> dict:
+    """W2 or W3 with `--fronts N`: each front's CPU per chunk it sent, and the client's."""
+    spec = WORKLOADS[name]
+    args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]), "--fronts", str(fronts),
+            "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024",
+            "--metrics-port", "0")
+    with ServerProcess(*args) as server:
+        before = _cpu_s(server.pid)
+        chunks_before = _chunks_per_front(server.banner)
+        workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
+                            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
+        # Several connections per load process: the kernel spreads connections, not
+        # streams, over the fronts (with one or two, all may land on one front).
+        result = run_bench(server.target, workload, processes=procs, channels=_FRONTS_CHANNELS)
+        after = _cpu_s(server.pid)
+        chunks = _chunks_per_front(server.banner)
+    result.pop("records")
+    result["server_cpu_s"] = {k: after[k] - before.get(k, 0.0) for k in after}
+    result["server_args"] = list(args)
+    chunks = {k: v - chunks_before.get(k, 0.0) for k, v in chunks.items()}
+    result["front_chunks"] = chunks
+    result["front_cpu_per_chunk_us"] = {
+        k: result["server_cpu_s"][k] / chunks[k] * 1e6 for k in chunks if chunks[k]}
+    result["targets"] = check_targets(name, spec, result)
+    return result
 
 
 def run_workload(name: str, procs: int, plain: bool = False) -> dict:
@@ -98,6 +154,8 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="load-generating processes")
     parser.add_argument("--plain", action="store_true",
                         help="also run W1 against the plain grpc.aio reference server")
+    parser.add_argument("--fronts", type=int, nargs="+", default=None, metavar="N",
+                        help="run W2 and W3 (or --only) once per number of fronts, e.g. 1 2")
     args = parser.parse_args()
     results = {
         "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
@@ -105,11 +163,17 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "workloads": {},
     }
-    runs = [(name, False) for name in args.only or sorted(WORKLOADS)]
+    runs = [(name, False, None) for name in args.only or sorted(WORKLOADS)]
+    if args.fronts:
+        runs = [(name, False, n) for name in args.only or ("W2", "W3") for n in args.fronts]
     if args.plain:
-        runs.append(("W1", True))
-    for name, plain in runs:
-        r = run_workload(name, args.procs, plain)
+        runs.append(("W1", True, None))
+    for name, plain, fronts in runs:
+        if fronts is not None:
+            r = run_fronts(name, fronts, args.procs)
+            name = f"{name}-fronts{fronts}"
+        else:
+            r = run_workload(name, args.procs, plain)
         name = f"{name}-plain-grpc" if plain else name
         results["workloads"][name] = r
         print(f"{name}: ttft p99 {r['ttft_ms']['p99']:.1f} ms, chunk gap p50/p99 "
@@ -119,6 +183,9 @@ def main() -> None:
               f"{r['tokens_per_s']:.0f} tokens/s, {r['chunk_tokens']['mean']:.2f} tokens/chunk, "
               f"wall {r['wall_s']:.2f} s, integrity {r['integrity']}, errors {r['errors_by_code']}")
         print(f"    server CPU s {r['server_cpu_s']}, client {r['client']['cpu_per_chunk_us']:.0f} µs/chunk")
+        if "front_cpu_per_chunk_us" in r:
+            print(f"    chunks per front {r['front_chunks']}, front CPU per chunk "
+                  f"{ {k: round(v, 1) for k, v in r['front_cpu_per_chunk_us'].items()} } µs")
         for key, t in r["targets"].items():
             print(f"    {key}: {t['measured']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}")
     out = Path(args.out)

@@ -60,6 +60,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=65536)
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (0: any free port)")
+    p.add_argument("--fronts", type=int, default=1,
+                   help="front processes sharing the port, each connected to every worker "
+                        "(default 1)")
     p.add_argument("--transport", default="ipc", choices=["ipc", "tcp"], help="front <-> worker sockets")
     p.add_argument("--startup-timeout", type=float, default=60.0,
                    help="seconds every worker gets to load its engine and report ready")
@@ -143,6 +146,7 @@ def _server_config(args: argparse.Namespace):
         max_prompt_tokens=args.max_prompt_tokens,
         metrics_port=args.metrics_port,
         transport=args.transport,
+        fronts=args.fronts,
         grace_s=args.grace,
         startup_timeout_s=args.startup_timeout,
         worker_timeout_s=args.worker_timeout or None,

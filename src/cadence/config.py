@@ -52,6 +52,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     auth_token_file: str | None = None
     """Accepted bearer tokens, one per line; every RPC but health must send one. See
     cadence.api.security."""
+    fronts: int = 1
+    """Front processes serving the port (SO_REUSEPORT), each connected to every worker; the
+    first also launches the workers and the other fronts. See docs/architecture.md#fronts."""
     kserve_model_name: str = "cadence"
     """The model's name in the Open Inference Protocol (`inference.GRPCInferenceService`,
     served on the same port); see docs/kserve.md."""
@@ -84,6 +87,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.app_in_front and self.engine.name != "app":
             problems.append("app_in_front needs the app engine (--app MODULE:FUNCTION)")
         problems.extend(_torch_problems(self))
+        if self.fronts < 1:
+            problems.append(f"fronts must be at least 1 (got {self.fronts})")
+        elif self.fronts > 1 and self.transport != "ipc":
+            problems.append("--fronts above 1 needs --transport ipc")
+        elif self.fronts > 1 and self.app_in_front:
+            problems.append("--fronts above 1 cannot run the app in the front (--app-in-front)")
         if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
             problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
         if not self.kserve_model_name.strip():

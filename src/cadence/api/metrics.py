@@ -60,9 +60,18 @@ class FrontMetrics:
         self.active.set_function(active)
         self.deepest_buffer.set_function(deepest_buffer)
 
-    def serve(self, port: int, host: str) -> int:
-        """Expose /metrics over HTTP (a background thread); returns the bound port."""
-        self._http, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str,
+              other_fronts: Callable[[], list[tuple[int, str]]] | None = None) -> int:
+        """Expose /metrics over HTTP (a background thread); returns the bound port.
+
+        `other_fronts` (`--fronts N`, front 0): returns the other fronts' /metrics texts;
+        the endpoint then shows every front's samples together, each with a `front` label.
+        """
+        registry = self.registry
+        if other_fronts is not None:
+            registry = CollectorRegistry()
+            registry.register(_AllFronts(self.registry, other_fronts))
+        self._http, _thread = start_http_server(port, addr=host, registry=registry)
         return self._http.server_port
 
     def close(self) -> None:
@@ -71,3 +80,31 @@ class FrontMetrics:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+class _AllFronts:
+    """A collector: front 0's own metrics and the other fronts' (scraped at collect time),
+    merged family by family with a `front` label on every sample."""
+
+    def __init__(self, own: CollectorRegistry, others: Callable[[], list[tuple[int, str]]]) -> None:
+        self._own = own
+        self._others = others
+
+    def collect(self):
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.parser import text_string_to_metric_families
+
+        merged: dict[str, Metric] = {}
+        sources = [(0, list(self._own.collect()))]
+        for front, text in self._others():
+            sources.append((front, list(text_string_to_metric_families(text))))
+        for front, families in sources:
+            for family in families:
+                out = merged.get(family.name)
+                if out is None:
+                    out = merged[family.name] = Metric(family.name, family.documentation,
+                                                       family.type, family.unit)
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**sample.labels, "front": str(front)},
+                                   sample.value, sample.timestamp, sample.exemplar)
+        yield from merged.values()

@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import time
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,7 +27,8 @@ from cadence.api.request_stream import RequestStream
 from cadence.api.service import SERVICE_NAME, InferenceService
 from cadence.config import ServerConfig
 from cadence.router import WorkerRouter
-from cadence.transport.channel import FrontChannel, local_addresses
+from cadence.router.admission import SharedAdmissionGate
+from cadence.transport.channel import FrontChannel, front_addresses, local_addresses
 from cadence.api.worker_supervisor import WorkerSupervisor
 from cadence.transport.launcher import Launcher, LocalLauncher
 from cadence.transport.messages import WorkerReady, WorkerSpec
@@ -44,8 +51,17 @@ class CadenceServer:
     server with a grace period, then the workers, leaving no process behind.
     """
 
-    def __init__(self, config: ServerConfig, launcher: Launcher | None = None) -> None:
+    def __init__(self, config: ServerConfig, launcher: Launcher | None = None, *,
+                 front: int = 0, base_dir: str | None = None) -> None:
         self.config = config
+        self.front = front
+        """`--fronts N`: this front's index; 0 launches the workers and the other fronts."""
+        self._base = base_dir
+        """`--fronts N`: the private folder of the fronts' sockets, admission counts and ready
+        files (front 0 creates it)."""
+        self._children: dict[int, subprocess.Popen] = {}
+        self._gate: SharedAdmissionGate | None = None
+        self._fronts_task: asyncio.Task | None = None
         if launcher is None and config.app_in_front:
             from cadence.worker.in_front import InFrontLauncher
 
@@ -64,24 +80,43 @@ class CadenceServer:
         n = len(config.devices)
 
         # Stage 1: sockets. The front binds, workers connect.
-        self._channel = FrontChannel(*local_addresses(n, config.transport, config.host))
+        fronts = config.fronts
+        if fronts == 1:
+            self._channel = FrontChannel(*local_addresses(n, config.transport, config.host))
+        else:
+            if self.front == 0:
+                self._base = tempfile.mkdtemp(prefix="cadence-")
+            self._channel = FrontChannel(*front_addresses(self._base, self.front, n))
+            self._gate = SharedAdmissionGate(f"{self._base}/admission", self.front, fronts,
+                                             config.max_concurrent)
         links = self._channel.links(loop)
 
-        # Stage 2: routing and the per-request side of the front.
+        # Stage 2: routing and the per-request side of the front. With N fronts each routes
+        # by its own counts of work (it sees only its own requests).
         self.router = WorkerRouter(n)
         self.metrics = FrontMetrics()
-        self.service = InferenceService(config, self._streams, links, self.router, self.metrics)
+        self.service = InferenceService(config, self._streams, links, self.router, self.metrics,
+                                        front=self.front, gate=self._gate)
         # The Open Inference Protocol, on the same port and through the same service.
         self.kserve = KServeService(self.service, config.kserve_model_name, self._serving)
         self._links = links
         self.reader = OutputReader(self._streams, self._on_worker_ready, self.metrics, n)
+        if self.front > 0:  # watches the workers front 0 launched (they report to every front)
+            from cadence.api.front_child import WorkerWatcher
+
+            self.supervisor = WorkerWatcher(self.router, n, on_down=self._fail_streams_of,
+                                            on_health=self._refresh_health)
         if config.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(config.metrics_port, config.host)
+            if self.front == 0:
+                self.metrics_port = self.metrics.serve(config.metrics_port, config.host,
+                                                       self._child_metrics if fronts > 1 else None)
+            else:  # scraped by front 0, which exposes all fronts' metrics together
+                self.metrics_port = self.metrics.serve(0, "127.0.0.1")
         self._channel.start_reading(loop, self.reader.handle)
 
         # Stage 3: the gRPC server, health NOT_SERVING until every worker is ready.
         self._server = grpc.aio.server(options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if fronts > 1 else 0),
             ("grpc.max_receive_message_length", config.max_message_bytes),
         ], interceptors=security.server_interceptors(config))
         self._server.add_generic_rpc_handlers(
@@ -109,7 +144,18 @@ class CadenceServer:
         for warning in security.exposure_warnings(config):
             log.warning("%s", warning)
 
+        if self.front > 0:
+            await self._start_as_child()
+            return self.port
+
         # Stage 4: the workers, watched (and restarted) by the supervisor once all are ready.
+        extra_inputs = [[] for _ in range(n)]
+        front_outputs = []
+        for k in range(1, fronts):
+            inputs, output = front_addresses(self._base, k, n)
+            front_outputs.append(output)
+            for i in range(n):
+                extra_inputs[i].append(inputs[i])
         specs = [
             WorkerSpec(
                 index=index,
@@ -117,6 +163,8 @@ class CadenceServer:
                 input_address=self._channel.input_addresses[index],
                 output_address=self._channel.output_address,
                 engine=config.engine,
+                extra_input_addresses=extra_inputs[index],
+                front_output_addresses=front_outputs,
             )
             for index, device in enumerate(config.devices)
         ]
@@ -126,7 +174,13 @@ class CadenceServer:
             hang_timeout_s=config.worker_timeout_s, restart=config.restart_workers,
         )
         self.reader.last_output_ns = self.supervisor.last_output_ns
+        for k in range(1, fronts):
+            self._children[k] = self._launch_front(k)
         await self._wait_for_workers()
+        await self._wait_for_fronts()
+        if fronts > 1:
+            self._fronts_task = loop.create_task(self._watch_fronts())
+            self._tasks.append(self._fronts_task)
         self._tasks.append(loop.create_task(self.supervisor.run()))
         if config.stall_timeout_s is not None:
             self._tasks.append(loop.create_task(self.service.sweep_stalled(config.stall_timeout_s)))
@@ -134,6 +188,100 @@ class CadenceServer:
         await self._refresh_health_now()
         log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n, config.devices)
         return self.port
+
+    # --- --fronts N ----------------------------------------------------------------------
+
+    def _launch_front(self, k: int) -> subprocess.Popen:
+        """Front k as `python -m cadence.api.front_child`: its own session (Ctrl-C reaches
+        front 0 only, which stops it in order) and PDEATHSIG, like a worker."""
+        import msgspec
+
+        config = msgspec.structs.replace(self.config, port=self.port)
+        return subprocess.Popen(
+            [sys.executable, "-m", "cadence.api.front_child", str(k), self._base,
+             msgspec.json.encode(config).decode(), str(logging.getLogger().getEffectiveLevel())],
+            start_new_session=True,
+        )
+
+    async def _wait_for_fronts(self) -> None:
+        """Until every other front has written its ready file (it serves by then)."""
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        for k, child in self._children.items():
+            path = f"{self._base}/f{k}-ready"
+            while not os.path.exists(path):
+                if child.poll() is not None:
+                    raise StartupError(f"front {k} exited during start-up (status "
+                                       f"{child.returncode}); see its output above")
+                if time.monotonic() > deadline:
+                    raise StartupError(f"front {k} was not ready within "
+                                       f"{self.config.startup_timeout_s:.0f} s")
+                await asyncio.sleep(_STARTUP_POLL_S)
+
+    async def _watch_fronts(self) -> None:
+        """A front that died ends only its own streams (its clients see the connection
+        drop); its admission slots are freed and the workers drop its sequences. It is not
+        restarted: the kernel sends new connections to the fronts still listening."""
+        while True:
+            await asyncio.sleep(0.2)
+            for k, child in list(self._children.items()):
+                if child.poll() is not None:
+                    del self._children[k]
+                    log.error("front %d stopped (exit status %s); the other fronts keep serving",
+                              k, child.returncode)
+                    self._gate.clear(k)
+                    for link in self._links:
+                        link.front_gone(k)
+
+    def _child_metrics(self) -> list[str]:
+        """The /metrics text of every other front (front 0 serves them with its own)."""
+        import urllib.request
+
+        texts = []
+        for k in sorted(list(self._children)):
+            try:
+                with open(f"{self._base}/f{k}-ready") as f:
+                    port = int(f.read().strip() or 0)
+                if port:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                        texts.append((k, r.read().decode()))
+            except (OSError, ValueError):
+                continue
+        return texts
+
+    async def _start_as_child(self) -> None:
+        """Front k > 0: no workers of its own; wait until each has said ready to this front,
+        then serve and tell front 0 (the ready file holds the metrics port, 0 if none)."""
+        await self._wait_for_workers()
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while not all(link.connected() for link in self._links):
+            if time.monotonic() > deadline:
+                raise StartupError(f"front {self.front}: the workers did not connect")
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.supervisor.run()))
+        if self.config.stall_timeout_s is not None:
+            self._tasks.append(loop.create_task(
+                self.service.sweep_stalled(self.config.stall_timeout_s)))
+        self.service.refusal = None
+        await self._refresh_health_now()
+        path = f"{self._base}/f{self.front}-ready"
+        with open(path + ".tmp", "w") as f:
+            f.write(str(self.metrics_port or 0))
+        os.replace(path + ".tmp", path)
+
+    async def _stop_fronts(self) -> None:
+        """Front 0's shutdown: SIGTERM every other front, which drains like front 0."""
+        children = list(self._children.values())
+        self._children.clear()
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                await asyncio.to_thread(child.wait, self.config.grace_s + 5.0)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                await asyncio.to_thread(child.wait)
 
     async def _wait_for_workers(self) -> None:
         """Until every worker is ready; a worker that exits or a timeout fails the start."""
@@ -153,6 +301,9 @@ class CadenceServer:
             await asyncio.sleep(_STARTUP_POLL_S)
 
     def _on_worker_ready(self, message: WorkerReady) -> None:
+        if self.front > 0:
+            self.supervisor.mark_ready(message.worker, message.pid)
+            return
         log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine)
         if message.load_ms or message.warmup_ms:
             # Start-up apart from serving: model load, warm-up, and a cold vs a warm step.
@@ -203,6 +354,9 @@ class CadenceServer:
         the workers."""
         grace = self.config.grace_s if grace is None else grace
         loop = asyncio.get_running_loop()
+        if self._fronts_task is not None:
+            self._fronts_task.cancel()  # a front stopped from now on is no failure
+        fronts_stopped = (loop.create_task(self._stop_fronts()) if self._children else None)
         if hasattr(self, "_health"):
             with contextlib.suppress(Exception):
                 await self._health.enter_graceful_shutdown()
@@ -217,6 +371,8 @@ class CadenceServer:
             await self._server.stop(_FINAL_CHUNK_WAIT_S)
         if hasattr(self, "metrics"):
             self.metrics.close()
+        if fronts_stopped is not None:
+            await fronts_stopped  # their streams need the workers until they end
         if self.supervisor is not None:
             await self.supervisor.stop(self._links)
         for task in self._tasks:
@@ -226,6 +382,8 @@ class CadenceServer:
                 await task
         if hasattr(self, "_channel"):
             self._channel.close()
+        if self.front == 0 and self._base is not None:
+            shutil.rmtree(self._base, ignore_errors=True)
 
 
 async def serve(config: ServerConfig, on_started=None, launcher: Launcher | None = None) -> None:

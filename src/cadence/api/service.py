@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -59,16 +60,27 @@ class InferenceService:
         links: list[WorkerLink],
         router: WorkerRouter,
         metrics: FrontMetrics,
+        *,
+        front: int = 0,
+        gate: AdmissionGate | None = None,
     ) -> None:
         self._config = config
         self._streams = streams
         self._links = links
         self._router = router
-        self._gate = AdmissionGate(config.max_concurrent)
+        self._gate = gate or AdmissionGate(config.max_concurrent)
         self._tokenizer = ByteTokenizer()
         self._text_to_worker = config.engine.name == "torch"
         """The torch engine tokenizes text prompts with the model's own tokenizer."""
-        self._seq_ids = itertools.count(1)
+        fronts = config.fronts
+        self._seq_ids = itertools.count(fronts + front, fronts)
+        """Sequence ids; with `--fronts N` front k's are k (mod N), so a worker knows whose
+        each is (one front: 1, 2, 3, ...)."""
+        self._front_metadata = (
+            (("cadence-front", str(front)), ("cadence-front-pid", str(os.getpid())))
+            if fronts > 1 else None
+        )
+        """`--fronts N`: initial metadata naming the front that serves a stream."""
         self.metrics = metrics
         metrics.watch(
             active=lambda: self._gate.active,
@@ -264,6 +276,8 @@ class InferenceService:
         except Refused as exc:
             await context.abort(exc.code, exc.message)
 
+        if self._front_metadata is not None:
+            await context.send_initial_metadata(self._front_metadata)
         stream = opened.stream
         observe_itl = metrics.itl.observe
         last_ns = received_ns

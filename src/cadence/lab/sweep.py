@@ -23,6 +23,7 @@ SERVER_VARIABLES = {
     "overflow": "--overflow",
     "workers": "--devices",
     "engine_threads": "--engine-threads",
+    "fronts": "--fronts",
 }
 """Variables that change the server, and the `cadence serve` flag each sets."""
 CLIENT_VARIABLES = ("concurrency", "rate", "procs")

@@ -21,7 +21,9 @@ import zmq
 
 from cadence.transport.messages import (
     AddRequest,
+    RequestFailed,
     Shutdown,
+    StepOutput,
     WorkerInput,
     WorkerInputs,
     WorkerOutput,
@@ -48,6 +50,12 @@ def local_addresses(workers: int, transport: str, host: str = "127.0.0.1") -> tu
     if transport == "tcp":
         return [f"tcp://{host}:*"] * workers, f"tcp://{host}:*"
     raise ValueError(f"transport must be 'ipc' or 'tcp', got {transport!r}")
+
+
+def front_addresses(base: str, front: int, workers: int) -> tuple[list[str], str]:
+    """`--fronts N` (ipc only): front `front`'s input sockets (one per worker) and output
+    socket, in the folder `base` that front 0 created; every front and worker can derive them."""
+    return ([f"ipc://{base}/f{front}-in-{i}" for i in range(workers)], f"ipc://{base}/f{front}-out")
 
 
 class WorkerLink:
@@ -82,6 +90,23 @@ class WorkerLink:
     def resume(self, seq_id: int) -> None:
         self._resumes.append(seq_id)
         self._schedule()
+
+    def connected(self) -> bool:
+        """Whether the worker's end is connected, so that a send is not dropped (probes with
+        an empty message). A front that binds after its workers connected uses this before
+        it routes to them: until the worker reconnects, a send would be lost."""
+        try:
+            self._socket.send(self._encode(WorkerInputs([], [])), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def front_gone(self, front: int) -> None:
+        """`--fronts N`: tell the worker that front `front` died (drop its sequences)."""
+        try:
+            self._socket.send(self._encode(WorkerInputs([], [], gone_fronts=[front])), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def shutdown(self) -> None:
         self.flush()
@@ -191,7 +216,8 @@ class WorkerChannel:
     """A worker's end: read inputs (blocking only when idle), send outputs."""
 
     def __init__(self, input_address: str, output_address: str,
-                 output_hwm: int = OUTPUT_HWM) -> None:
+                 output_hwm: int = OUTPUT_HWM, *, extra_inputs: list[str] = (),
+                 front_outputs: list[str] = ()) -> None:
         # output_hwm 0 (no limit) is for a worker inside the front: blocking on its own
         # event loop's reader would deadlock.
         self._context = zmq.Context()
@@ -206,6 +232,25 @@ class WorkerChannel:
         self._poller.register(self._input, zmq.POLLIN)
         self._decode = msgspec.msgpack.Decoder(WorkerInput).decode
         self._encode = msgspec.msgpack.Encoder().encode
+        self.fronts = 1 + len(front_outputs)
+        self.gone: set[int] = set()
+        """Fronts that died (`--fronts N`); nothing more is sent to them."""
+        self.newly_gone: list[int] = []
+        """Fronts reported gone since the caller last emptied this list."""
+        if self.fronts > 1:
+            # --fronts N: the same PULL takes every front's inputs; one PUSH per front.
+            for address in extra_inputs:
+                self._input.connect(address)
+            self._outputs = [self._output]
+            for address in front_outputs:
+                sock = self._context.socket(zmq.PUSH)
+                sock.setsockopt(zmq.SNDHWM, output_hwm)
+                sock.setsockopt(zmq.LINGER, 1000)
+                sock.connect(address)
+                self._outputs.append(sock)
+            self._pending: list[WorkerInput] = []
+            self.send = self._send_split
+            self.receive = self._receive_multi
 
     @property
     def input_fd(self) -> int:
@@ -227,7 +272,107 @@ class WorkerChannel:
     def send(self, message: WorkerOutput) -> None:
         self._output.send(self._encode(message))
 
+    # --- --fronts N: route each message to the front(s) that own its sequences ----------
+
+    def _note(self, message: WorkerInput) -> WorkerInput:
+        if type(message) is WorkerInputs and message.gone_fronts:
+            for front in message.gone_fronts:
+                if front not in self.gone:
+                    self.gone.add(front)
+                    self.newly_gone.append(front)
+        return message
+
+    def _receive_multi(self, timeout_ms: int | None) -> list[WorkerInput]:
+        messages, self._pending = self._pending, []
+        if messages:
+            timeout_ms = 0
+        if timeout_ms != 0 and not self._poller.poll(timeout_ms):
+            return messages
+        while True:
+            try:
+                messages.append(self._note(self._decode(self._input.recv(zmq.NOBLOCK))))
+            except zmq.Again:
+                return messages
+
+    def _send_to(self, front: int, frame: bytes) -> None:
+        """Send to one front, blocking while its queue is full, but never on a dead front:
+        while blocked, inputs are read (kept for the next `receive`) to learn of its death."""
+        sock = self._outputs[front]
+        poller = None
+        while front not in self.gone:
+            try:
+                sock.send(frame, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+            if poller is None:
+                poller = zmq.Poller()
+                poller.register(sock, zmq.POLLOUT)
+                poller.register(self._input, zmq.POLLIN)
+            ready = dict(poller.poll(100))
+            if self._input in ready:
+                while True:
+                    try:
+                        self._pending.append(self._note(self._decode(self._input.recv(zmq.NOBLOCK))))
+                    except zmq.Again:
+                        break
+
+    def _send_split(self, message: WorkerOutput) -> None:
+        n, encode = self.fronts, self._encode
+        kind = type(message)
+        if kind is StepOutput:
+            for front, part in enumerate(split_step(message, n)):
+                if part is not None and front not in self.gone:
+                    self._send_to(front, encode(part))
+        elif kind is RequestFailed:
+            self._send_to(message.seq_id % n, encode(message))
+        else:  # WorkerReady: every front
+            frame = encode(message)
+            for front in range(n):
+                self._send_to(front, frame)
+
     def close(self) -> None:
         self._input.close(linger=0)
+        if self.fronts > 1:
+            for sock in self._outputs[1:]:
+                sock.close(linger=0)
         self._output.close()
         self._context.term()
+
+
+def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
+    """One step's output as one message per front (`seq_id % fronts` owns a sequence);
+    None for a front with nothing in this step."""
+    seq_ids = [[] for _ in range(fronts)]
+    tokens = [[] for _ in range(fronts)]
+    counts = [[] for _ in range(fronts)]
+    texts = [[] for _ in range(fronts)]
+    finished = [[] for _ in range(fronts)]
+    reasons = [[] for _ in range(fronts)]
+    prompt_lens: list[dict[int, int]] = [{} for _ in range(fronts)]
+    if message.token_counts:
+        at = 0
+        for seq_id, count in zip(message.seq_ids, message.token_counts):
+            f = seq_id % fronts
+            seq_ids[f].append(seq_id)
+            counts[f].append(count)
+            tokens[f].extend(message.token_ids[at:at + count])
+            at += count
+    else:
+        for i, (seq_id, token) in enumerate(zip(message.seq_ids, message.token_ids)):
+            f = seq_id % fronts
+            seq_ids[f].append(seq_id)
+            tokens[f].append(token)
+            if message.texts:
+                texts[f].append(message.texts[i])
+    for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
+        finished[seq_id % fronts].append(seq_id)
+        reasons[seq_id % fronts].append(reason)
+    for seq_id, count in message.prompt_lens.items():
+        prompt_lens[seq_id % fronts][seq_id] = count
+    return [
+        StepOutput(message.worker, message.step, message.start_ns, message.end_ns, seq_ids[f],
+                   tokens[f], finished[f], reasons[f], counts[f], texts[f], prompt_lens[f])
+        if seq_ids[f] or finished[f] or prompt_lens[f] else None
+        for f in range(fronts)
+    ]

@@ -76,6 +76,13 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Ranks in the tensor-parallel group (1: no tensor parallelism)."""
     dist_init: str = ""
     """torch.distributed init method shared by the group's ranks (set by the launcher)."""
+    extra_input_addresses: list[str] = []
+    """`--fronts N`: the input sockets of fronts 1..N-1 for this worker (front 0's is
+    `input_address`); the worker's one PULL connects to all and fair-queues them."""
+    front_output_addresses: list[str] = []
+    """`--fronts N`: the output sockets of fronts 1..N-1 (front 0's is `output_address`).
+    Empty: one front. A sequence belongs to front `seq_id % N`; each step's output is split
+    into one message per front that has sequences in it."""
 
 
 class AddRequest(msgspec.Struct, frozen=True, array_like=True):
@@ -103,6 +110,8 @@ class WorkerInputs(msgspec.Struct, frozen=True, array_like=True, tag="in"):
     pauses: list[int] = []
     """Sequences to skip at each step until resumed (the block overflow policy)."""
     resumes: list[int] = []
+    gone_fronts: list[int] = []
+    """`--fronts N`: fronts that died (sent by front 0): drop their sequences, send them nothing."""
 
 
 class Shutdown(msgspec.Struct, frozen=True, array_like=True, tag="shutdown"):

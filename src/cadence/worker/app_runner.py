@@ -461,7 +461,9 @@ async def serve_app(app: App, spec: WorkerSpec, *, output_hwm: int = OUTPUT_HWM)
     Returns True when executor threads were still inside the function at the end.
     """
     loop = asyncio.get_running_loop()
-    channel = WorkerChannel(spec.input_address, spec.output_address, output_hwm=output_hwm)
+    channel = WorkerChannel(spec.input_address, spec.output_address, output_hwm=output_hwm,
+                            extra_inputs=spec.extra_input_addresses,
+                            front_outputs=spec.front_output_addresses)
     runner = AppRunner(app, worker=spec.index, device=spec.device,
                        threads=spec.engine.engine_threads, send=channel.send)
     stopped = loop.create_future()

@@ -64,6 +64,10 @@ class BatchScheduler:
             gone = set(seq_ids)
             self._waiting = deque(s for s in self._waiting if s.seq_id not in gone)
 
+    def seq_ids(self) -> list[int]:
+        """Every sequence the scheduler holds, running or waiting."""
+        return [*self._running, *(s.seq_id for s in self._waiting)]
+
     def pause(self, seq_ids: list[int]) -> None:
         """Skip these sequences at each step (they keep their place and engine state)."""
         self._paused.update(s for s in seq_ids if s in self._running)

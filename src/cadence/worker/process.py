@@ -60,7 +60,9 @@ def run_worker(spec: WorkerSpec) -> None:
     warmup_start = time.perf_counter()
     engine.start()
     ready = time.perf_counter()
-    channel = WorkerChannel(spec.input_address, spec.output_address)
+    channel = WorkerChannel(spec.input_address, spec.output_address,
+                            extra_inputs=spec.extra_input_addresses,
+                            front_outputs=spec.front_output_addresses)
     scheduler = BatchScheduler(engine, spec.index, spec.engine.max_batch)
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
@@ -96,6 +98,11 @@ def run_worker(spec: WorkerSpec) -> None:
                     scheduler.pause(message.pauses)
                 if message.resumes:
                     scheduler.resume(message.resumes)
+            if channel.newly_gone:
+                # --fronts N: a front died; its sequences have no one to stream to.
+                gone, n = set(channel.newly_gone), channel.fronts
+                channel.newly_gone.clear()
+                scheduler.abort([s for s in scheduler.seq_ids() if s % n in gone])
             output = scheduler.step()
             stepped = output is not None
             if stepped:

@@ -1,0 +1,180 @@
+"""`cadence serve --fronts 2`: two front processes on one port, each connected to every worker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import urllib.request
+
+import grpc
+import pytest
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+
+_OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+"""A channel of its own: a new TCP connection, which the kernel gives to either front."""
+
+
+class _Stream:
+    """One Generate call on its own connection; `front` and `pid` come from its metadata."""
+
+    def __init__(self, target: str, max_tokens: int) -> None:
+        self.channel = grpc.aio.insecure_channel(target, options=_OWN_CONNECTION)
+        stub = pb_grpc.InferenceStub(self.channel)
+        self.call = stub.Generate(pb.GenerateRequest(prompt="the fronts", max_tokens=max_tokens))
+        self.max_tokens = max_tokens
+        self.front = self.pid = None
+
+    async def opened(self) -> _Stream:
+        metadata = dict(await self.call.initial_metadata())
+        self.front = int(metadata["cadence-front"])
+        self.pid = int(metadata["cadence-front-pid"])
+        return self
+
+    async def read_all(self) -> tuple[str, list]:
+        """(status name, chunks) once the call ends."""
+        chunks = []
+        try:
+            async for chunk in self.call:
+                chunks.append(chunk)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name, chunks
+        return "OK", chunks
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+async def _open(target: str, max_tokens: int) -> _Stream:
+    return await _Stream(target, max_tokens).opened()
+
+
+def _whole(chunks: list, max_tokens: int) -> str:
+    """Assert a stream has every token once, in order, and ended; return its text."""
+    index = 0
+    for chunk in chunks:
+        assert chunk.index == index
+        index += len(chunk.token_ids)
+    assert index == max_tokens
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    return "".join(c.text for c in chunks)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connections_spread_over_both_fronts_and_every_stream_is_whole(server_factory) -> None:
+    metrics_port = _free_port()
+    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "5",
+                            "--metrics-port", str(metrics_port))
+
+    async def run():
+        streams = await asyncio.gather(*(_open(server.target, 30) for _ in range(24)))
+        results = await asyncio.gather(*(s.read_all() for s in streams))
+        for s in streams:
+            await s.close()
+        return streams, results
+
+    streams, results = asyncio.run(run())
+    assert {s.front for s in streams} == {0, 1}, "every connection landed on one front"
+    assert len({s.pid for s in streams}) == 2
+    texts = set()
+    for status, chunks in results:
+        assert status == "OK"
+        texts.add(_whole(chunks, 30))
+    assert len(texts) == 1, "the same request gave different text on different fronts"
+
+    # One endpoint shows every front's own counters, each sample labelled with its front.
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for front in (0, 1):
+        expected = sum(1 for s in streams if s.front == front)
+        line = f'cadence_requests_total{{code="OK",front="{front}"}} {float(expected)}'
+        assert line in text, (line, text[:2000])
+
+
+def test_max_concurrent_is_global_and_cancel_frees_the_slot(server_factory) -> None:
+    server = server_factory("--fronts", "2", "--max-concurrent", "4", "--step-ms", "20")
+
+    async def run():
+        held = [await _open(server.target, 5000) for _ in range(4)]
+        refused = []
+        for _ in range(8):  # new connections: each lands on either front
+            extra = _Stream(server.target, 5)
+            status, _ = await extra.read_all()
+            refused.append(status)
+            await extra.close()
+        # Cancel one held stream: its slot is free again, whichever front it was on.
+        held[0].call.cancel()
+        await held[0].close()
+        await asyncio.sleep(0.3)
+        statuses = []
+        for _ in range(4):
+            extra = _Stream(server.target, 3)
+            status, chunks = await extra.read_all()
+            statuses.append(status)
+            if status == "OK":
+                _whole(chunks, 3)
+            await extra.close()
+        for s in held[1:]:
+            s.call.cancel()
+            await s.close()
+        return refused, statuses
+
+    refused, statuses = asyncio.run(run())
+    assert refused == ["RESOURCE_EXHAUSTED"] * 8, refused
+    assert statuses == ["OK"] * 4, statuses
+
+
+def test_killing_one_front_ends_only_its_streams(server_factory) -> None:
+    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "10",
+                            "--max-concurrent", "12")
+
+    async def run():
+        streams = []
+        while len({s.front for s in streams}) < 2 or len(streams) < 6:
+            assert len(streams) < 12, "no connection landed on the second front"
+            streams.append(await _open(server.target, 150))
+        readers = [asyncio.ensure_future(s.read_all()) for s in streams]
+        await asyncio.sleep(0.3)
+        victim = next(s.pid for s in streams if s.front == 1)
+        assert victim != server.process.pid
+        os.kill(victim, signal.SIGKILL)
+        results = await asyncio.gather(*readers)
+        for s in streams:
+            await s.close()
+        # The other front keeps serving, and the dead front's slots were given back: as many
+        # streams as --max-concurrent allows fit again.
+        await asyncio.sleep(0.5)
+        again = await asyncio.gather(*(_open(server.target, 20) for _ in range(12)))
+        after = await asyncio.gather(*(s.read_all() for s in again))
+        for s in again:
+            await s.close()
+        return streams, results, again, after
+
+    streams, results, again, after = asyncio.run(run())
+    for s, (status, chunks) in zip(streams, results):
+        if s.front == 1:
+            assert status == "UNAVAILABLE", status
+        else:
+            assert status == "OK", status
+            _whole(chunks, 150)
+    assert {s.front for s in again} == {0}
+    for status, chunks in after:
+        assert status == "OK"
+        _whole(chunks, 20)
+
+
+def test_fronts_above_one_need_ipc() -> None:
+    from cadence.config import ServerConfig
+
+    with pytest.raises(ValueError, match="--transport ipc"):
+        ServerConfig(fronts=2, transport="tcp")
+    with pytest.raises(ValueError, match="fronts must be at least 1"):
+        ServerConfig(fronts=0)

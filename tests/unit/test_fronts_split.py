@@ -1,0 +1,45 @@
+"""`--fronts N`: a step's output split per owning front; the sweep can vary the fronts."""
+
+from __future__ import annotations
+
+from cadence.lab.sweep import _server_args, parse_vary
+from cadence.router.admission import SharedAdmissionGate
+from cadence.transport.channel import split_step
+from cadence.transport.messages import StepOutput
+
+
+def test_split_step_gives_each_front_its_sequences_only() -> None:
+    step = StepOutput(3, 7, 10, 20, [1, 2, 3, 4], [11, 12, 13, 14], [4], [1],
+                      prompt_lens={2: 5})
+    zero, one = split_step(step, 2)
+    assert (zero.seq_ids, zero.token_ids, zero.finished_ids, zero.finish_reasons) == (
+        [2, 4], [12, 14], [4], [1])
+    assert zero.prompt_lens == {2: 5} and one.prompt_lens == {}
+    assert (one.seq_ids, one.token_ids, one.finished_ids) == ([1, 3], [11, 13], [])
+    assert (one.worker, one.step, one.start_ns, one.end_ns) == (3, 7, 10, 20)
+
+
+def test_split_step_keeps_pieces_and_texts_and_skips_idle_fronts() -> None:
+    pieces = StepOutput(0, 1, 0, 1, [3, 6], [1, 2, 3, 4, 5], [], [], token_counts=[2, 3])
+    zero, one, two = split_step(pieces, 3)
+    assert (zero.seq_ids, zero.token_ids, zero.token_counts) == ([3, 6], [1, 2, 3, 4, 5], [2, 3])
+    assert one is None and two is None
+    texts = StepOutput(0, 1, 0, 1, [1, 2], [65, 66], [], [], texts=["A", "B"])
+    zero, one = split_step(texts, 2)
+    assert (zero.texts, one.texts) == (["B"], ["A"])
+
+
+def test_shared_gate_limits_all_fronts_together(tmp_path) -> None:
+    path = str(tmp_path / "admission")
+    a, b = SharedAdmissionGate(path, 0, 2, 3), SharedAdmissionGate(path, 1, 2, 3)
+    assert a.try_enter() and b.try_enter() and b.try_enter()
+    assert not a.try_enter() and not b.try_enter()
+    b.leave()
+    assert a.try_enter()
+    a.clear(1)  # front 1 died: its slot is free
+    assert a.total == 2 and a.try_enter()
+
+
+def test_sweep_varies_fronts() -> None:
+    assert parse_vary("fronts=1,2") == ("fronts", ["1", "2"])
+    assert _server_args(["--step-ms", "5"], "fronts", "2") == ["--step-ms", "5", "--fronts", "2"]
