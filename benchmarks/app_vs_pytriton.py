@@ -22,12 +22,8 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from cadence.lab.bench import Workload, run_bench
@@ -35,9 +31,9 @@ from cadence.lab.loadgen import RequestShape
 from cadence.lab.records import RequestRecord
 from cadence.lab.server_process import ServerProcess
 from cadence.lab.stats import summarize
+from peers import pytriton_server  # benchmarks/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS_SCRIPTS = ROOT.parent / "shared" / "peers"
 DELAY_MS = 10
 WARMUP = 2
 
@@ -76,48 +72,14 @@ def run_cadence(streams: int, tokens: int, rounds: int, app: str, threads: int) 
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
-    grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
-    server = subprocess.Popen(
-        ["bash", str(PEERS_SCRIPTS / "start_pytriton.sh"), "--mode", "async",
-         "--grpc-port", str(grpc_port), "--http-port", str(http_port),
-         "--metrics-port", str(metrics_port)],
-        env={**os.environ, "PEERS_DIR": str(peers)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                url = f"http://127.0.0.1:{http_port}/v2/models/tokens/ready"
-                with urllib.request.urlopen(url, timeout=1) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("PyTriton did not become ready")
-            time.sleep(0.2)
+    with pytriton_server(peers) as target:
         load = subprocess.run(
             [str(peers / "pytriton311" / "bin" / "python"), str(ROOT / "benchmarks" / "triton_stream_load.py"),
-             "--url", f"127.0.0.1:{grpc_port}", "--streams", str(streams),
+             "--url", target, "--streams", str(streams),
              "--requests", str(streams * rounds), "--tokens", str(tokens), "--delay-ms", str(DELAY_MS)],
             capture_output=True, text=True, check=True, timeout=600,
         )
-    finally:
-        # The server script's process group is ours: SIGINT stops PyTriton and its Triton.
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
     out = json.loads(load.stdout)
     records = [RequestRecord(**r) for r in out["records"]]
     return _metrics(summarize(records), out["cpu_s"] / out["wall_s"])

@@ -27,6 +27,7 @@ Without the PyTriton venv, only cadence runs and the output says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -96,7 +97,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
+@contextlib.contextmanager
+def pytriton_server(peers: Path):
+    """Start the shared peers' PyTriton token server (decoupled, async); yield its gRPC target."""
     grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
     server = subprocess.Popen(
         ["bash", str(PEERS_SCRIPTS / "start_pytriton.sh"), "--mode", "async",
@@ -107,8 +110,7 @@ def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
     )
     try:
         _wait_ready(server, f"http://127.0.0.1:{http_port}/v2/models/tokens/ready")
-        row = bench(f"127.0.0.1:{grpc_port}", "tokens", streams, tokens, rounds,
-                    kserve_inputs=f"N=max_tokens,DELAY_MS={DELAY_MS}")
+        yield f"127.0.0.1:{grpc_port}"
     finally:
         # The script's process group is ours alone: SIGINT stops PyTriton and its Triton.
         os.killpg(server.pid, signal.SIGINT)
@@ -117,6 +119,12 @@ def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
+    with pytriton_server(peers) as target:
+        row = bench(target, "tokens", streams, tokens, rounds,
+                    kserve_inputs=f"N=max_tokens,DELAY_MS={DELAY_MS}")
     row["server"] = "start_pytriton.sh --mode async (PyTriton 0.7, Triton 2.51)"
     return row
 

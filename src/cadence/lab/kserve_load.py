@@ -30,7 +30,7 @@ import msgspec
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.api.kserve.tensors import int32_raw
-from cadence.lab.records import RequestRecord
+from cadence.lab.records import RequestRecord, recording
 
 if TYPE_CHECKING:
     from cadence.lab.loadgen import RequestPlan
@@ -107,7 +107,7 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     received = 0
     # The request and then the half-close: the server ends the call after the last response.
     call = stub.ModelStreamInfer(iter((request,)), timeout=timeout)
-    try:
+    with recording(record):
         async for response in call:
             now = monotonic_ns()
             if response.error_message:
@@ -127,13 +127,6 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
                 record.finish_reason = _FINISH_REASONS.get(reason.string_param, 1) if reason else 1
             elif read_delay_s:
                 await asyncio.sleep(read_delay_s)
-    except grpc.aio.AioRpcError as exc:
-        record.code = exc.code().name
-        record.error = exc.details() or ""
-    except Exception as exc:  # recorded, never raised: one request must not stop the run
-        record.code = "CLIENT_ERROR"
-        record.error = repr(exc)
-    record.end_ns = monotonic_ns()
     return record
 
 

@@ -14,7 +14,6 @@ import random
 import time
 from collections.abc import Callable
 
-import grpc
 import msgspec
 
 from cadence.api.v1 import inference_pb2 as pb
@@ -22,7 +21,7 @@ from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.credentials import ClientCredentials
 from cadence.lab.kserve_load import KServeTarget, one_kserve
 from cadence.lab.kserve_load import stub as kserve_stub
-from cadence.lab.records import RequestRecord
+from cadence.lab.records import RequestRecord, recording
 
 
 class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
@@ -120,7 +119,7 @@ async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
         record.t_step_start_ns, record.t_step_end_ns, record.t_front_recv_ns, record.t_send_ns
     )
     call = stub.Generate(request, timeout=timeout)
-    try:
+    with recording(record):
         async for chunk in call:
             arrival.append(monotonic_ns())
             tokens.append(len(chunk.token_ids))
@@ -138,13 +137,6 @@ async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
                 record.finish_reason = chunk.finish_reason
             if read_delay_s:
                 await asyncio.sleep(read_delay_s)
-    except grpc.aio.AioRpcError as exc:
-        record.code = exc.code().name
-        record.error = exc.details() or ""
-    except Exception as exc:  # recorded, never raised: one request must not stop the run
-        record.code = "CLIENT_ERROR"
-        record.error = repr(exc)
-    record.end_ns = monotonic_ns()
     return record
 
 

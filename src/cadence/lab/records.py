@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
+
+import grpc
 import msgspec
 
 
@@ -38,3 +43,19 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     @property
     def output_tokens(self) -> int:
         return sum(self.tokens)
+
+
+@contextlib.contextmanager
+def recording(record: RequestRecord) -> Iterator[RequestRecord]:
+    """Around one request's stream: an error is recorded, never raised (one request must not
+    stop the run), and the end time is stamped however the stream ends."""
+    try:
+        yield record
+    except grpc.aio.AioRpcError as exc:
+        record.code = exc.code().name
+        record.error = exc.details() or ""
+    except Exception as exc:
+        record.code = "CLIENT_ERROR"
+        record.error = repr(exc)
+    finally:
+        record.end_ns = time.monotonic_ns()
