@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -298,15 +299,17 @@ def test_a_paused_request_takes_no_piece_until_resumed(kind: str):
     taken: list[int] = []
 
     if kind == "sync":
+        # Each piece takes a few ms, so the pause lands long before the last one.
         def app(request, context):
             for i in range(100):
                 taken.append(i)
+                time.sleep(0.005)
                 yield "."
     else:
         async def app(request, context):
             for i in range(100):
                 taken.append(i)
-                await asyncio.sleep(0)
+                await asyncio.sleep(0.005)
                 yield "."
 
     async def main():
