@@ -63,7 +63,25 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fronts", type=int, default=1,
                    help="front processes sharing the port, each connected to every worker "
                         "(default 1)")
-    p.add_argument("--transport", default="ipc", choices=["ipc", "tcp"], help="front <-> worker sockets")
+    p.add_argument("--transport", default=None, choices=["ipc", "tcp"],
+                   help="front <-> worker sockets (default ipc; tcp with --launcher ray)")
+    p.add_argument("--worker-host", default="", metavar="ADDR",
+                   help="tcp: the address the front binds for its workers (default 127.0.0.1; "
+                        "the Ray node's IP with --launcher ray)")
+    cluster = p.add_argument_group("placement on other hosts (see docs/ray.md)")
+    cluster.add_argument("--launcher", default="local", choices=["local", "ray"],
+                         help="start workers as child processes (local) or as Ray actors")
+    cluster.add_argument("--ray-address", default="", metavar="ADDR",
+                         help="Ray cluster to join (HOST:PORT or auto); default: a Ray "
+                              "instance on this host")
+    cluster.add_argument("--dist-ifname", default="", metavar="IFNAME",
+                         help="network interface torch.distributed uses between hosts "
+                              "(default: the one carrying each Ray node's IP)")
+    p.add_argument("--heartbeat-interval", type=float, default=0.1, metavar="S",
+                   help="front <-> worker heartbeat period in seconds (default 0.1)")
+    p.add_argument("--heartbeat-timeout", type=float, default=1.0, metavar="S",
+                   help="a worker silent this long is restarted; a worker that hears no front "
+                        "this long exits (default 1.0)")
     p.add_argument("--startup-timeout", type=float, default=60.0,
                    help="seconds every worker gets to load its engine and report ready")
     p.add_argument("--worker-timeout", type=float, default=60.0,
@@ -145,7 +163,13 @@ def _server_config(args: argparse.Namespace):
         max_tokens_limit=args.max_tokens_limit,
         max_prompt_tokens=args.max_prompt_tokens,
         metrics_port=args.metrics_port,
-        transport=args.transport,
+        transport=args.transport or ("tcp" if args.launcher == "ray" else "ipc"),
+        worker_host=args.worker_host,
+        launcher=args.launcher,
+        ray_address=args.ray_address,
+        dist_ifname=args.dist_ifname,
+        heartbeat_interval_s=args.heartbeat_interval,
+        heartbeat_timeout_s=args.heartbeat_timeout,
         fronts=args.fronts,
         grace_s=args.grace,
         startup_timeout_s=args.startup_timeout,

@@ -31,7 +31,22 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: any free port); None: no metrics endpoint."""
     transport: str = "ipc"
-    """`ipc` (one host) or `tcp`."""
+    """`ipc` (one host) or `tcp` (CURVE-encrypted; what `launcher="ray"` needs)."""
+    worker_host: str = ""
+    """tcp: the address the front binds for its workers' sockets. Empty: the Ray node's IP
+    with the Ray launcher, else 127.0.0.1."""
+    launcher: str = "local"
+    """`local` (child processes) or `ray` (actors in a Ray cluster; see docs/ray.md)."""
+    ray_address: str = ""
+    """Ray cluster to join (`HOST:PORT` or `auto`); empty: start a Ray instance on this host."""
+    dist_ifname: str = ""
+    """torch.distributed's network interface between hosts (GLOO_SOCKET_IFNAME and
+    NCCL_SOCKET_IFNAME); empty: the interface that carries the Ray node's IP."""
+    heartbeat_interval_s: float = 0.1
+    """Front and workers tell each other they are alive this often."""
+    heartbeat_timeout_s: float = 1.0
+    """A worker silent this long is stopped and restarted; a worker that hears nothing from
+    the front this long exits."""
     startup_timeout_s: float = 60.0
     worker_timeout_s: float | None = 60.0
     """A worker with open requests that sends no step for this long is killed and restarted
@@ -73,6 +88,19 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append("max_message_bytes must be at least 1024")
         if self.transport not in ("ipc", "tcp"):
             problems.append(f"transport must be 'ipc' or 'tcp' (got {self.transport!r})")
+        if self.launcher not in ("local", "ray"):
+            problems.append(f"launcher must be 'local' or 'ray' (got {self.launcher!r})")
+        elif self.launcher == "ray" and self.transport != "tcp":
+            problems.append("--launcher ray needs --transport tcp (workers on other hosts "
+                            "cannot reach ipc sockets)")
+        elif self.launcher == "ray" and (self.fronts > 1 or self.app_in_front):
+            problems.append("--launcher ray runs one front with no in-front app "
+                            "(drop --fronts / --app-in-front)")
+        if self.launcher != "ray" and (self.ray_address or self.dist_ifname):
+            problems.append("--ray-address and --dist-ifname need --launcher ray")
+        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
+            problems.append("heartbeat_interval_s must be positive and below heartbeat_timeout_s "
+                            f"(got {self.heartbeat_interval_s:g} and {self.heartbeat_timeout_s:g})")
         if not self.devices:
             problems.append("devices must name at least one device")
         if self.engine.max_batch < 1:

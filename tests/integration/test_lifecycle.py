@@ -132,8 +132,10 @@ def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> Non
     assert workers == {0, 1}
 
 
-def test_hung_worker_is_stopped_and_restarted(server_factory) -> None:
-    server = server_factory("--devices", "cpu:2", "--step-ms", "10", "--worker-timeout", "2")
+def test_silent_worker_is_stopped_and_restarted(server_factory) -> None:
+    """A stopped process sends no heartbeat: noticed within the heartbeat timeout, with or
+    without open requests."""
+    server = server_factory("--devices", "cpu:2", "--step-ms", "10", "--heartbeat-timeout", "0.5")
 
     async def run() -> None:
         async with grpc.aio.insecure_channel(server.target) as channel:
@@ -146,11 +148,35 @@ def test_hung_worker_is_stopped_and_restarted(server_factory) -> None:
                 while await call.read() is not grpc.aio.EOF:
                     pass
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "made no step" in info.value.details()
+            assert f"worker {first.timing.worker} sent no heartbeat" in info.value.details()
             _, alive = psutil.wait_procs([hung], timeout=10)
             assert not alive
 
     asyncio.run(run())
+    _wait_serving_workers(server.target, 2)
+
+
+def test_hung_engine_is_stopped_and_restarted(server_factory) -> None:
+    """A process that still beats but whose engine makes no step (a function blocked for
+    good) is caught by --worker-timeout."""
+    server = server_factory("--app", "tests.apps:sync_app", "--worker-timeout", "1.5")
+    with Client(server.target) as client:
+        stream = client.generate("block", max_tokens=100, timeout=30)
+        next(stream)
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "worker 0 made no step" in info.value.details()
+    _wait_serving_workers(server.target, 1)
+
+
+def _wait_serving_workers(target: str, workers: int, timeout: float = 30.0) -> None:
+    """Until every worker's health says SERVING again (its replacement is ready)."""
+    deadline = time.monotonic() + timeout
+    with Client(target) as client:
+        while not all(client.health(f"cadence.worker.{i}") == "SERVING" for i in range(workers)):
+            assert time.monotonic() < deadline, "a replacement worker never became ready"
+            time.sleep(0.1)
 
 
 def test_sigterm_drains_open_streams_and_leaves_no_process(server_factory) -> None:
@@ -198,3 +224,28 @@ def test_killed_front_takes_its_workers_with_it(server_factory) -> None:
     server.process.wait(10)
     _, alive = psutil.wait_procs(server.workers, timeout=10)
     assert not alive
+
+
+def test_worker_exits_when_the_front_falls_silent(server_factory) -> None:
+    """A worker on another host gets no PDEATHSIG: it must leave on its own once the front's
+    heartbeat stops (here the front is suspended; once resumed it restarts the workers)."""
+    server = server_factory("--devices", "cpu:2", "--heartbeat-timeout", "0.5")
+    front = psutil.Process(server.process.pid)
+    front.suspend()
+    try:
+        deadline = time.monotonic() + 10
+        while not all(_exited(p) for p in server.workers):  # zombies: the front reaps them
+            assert time.monotonic() < deadline, "a worker outlived its front's heartbeat"
+            time.sleep(0.05)
+    finally:
+        front.resume()
+    _wait_serving_workers(server.target, 2)
+    with Client(server.target) as client:
+        assert len(list(client.generate("again", max_tokens=5))) >= 1
+
+
+def _exited(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -31,6 +31,7 @@ from cadence.config import ServerConfig
 from cadence.credentials import ClientCredentials
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
 from cadence.lab.server_process import ServerProcess
+from cadence.transport.messages import EngineConfig
 
 TOKEN = "correct-horse-battery-staple"
 _NO_WAIT = 5.0
@@ -327,6 +328,9 @@ def test_risky_exposure_is_warned_about(pki: Pki) -> None:
                                           metrics_port=0)) == []  # all on 127.0.0.1
     warnings = exposure_warnings(ServerConfig(host="0.0.0.0", auth_token_file=str(pki.tokens),
                                               transport="tcp", metrics_port=0))
-    assert len(warnings) == 3
-    assert "clear text" in warnings[0] and "worker sockets" in warnings[1]
+    assert len(warnings) == 2  # the worker sockets are CURVE-encrypted: no warning
+    assert "clear text" in warnings[0] and "metrics" in warnings[1]
+    ray_tp = ServerConfig(launcher="ray", transport="tcp", devices=["cpu,cpu"],
+                          engine=EngineConfig(name="torch", model="tiny"))
+    assert "torch.distributed" in exposure_warnings(ray_tp)[0]
     assert exposure_warnings(ServerConfig(host="::1", transport="tcp")) == []

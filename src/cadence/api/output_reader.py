@@ -9,6 +9,7 @@ import grpc
 from cadence.api.metrics import FrontMetrics
 from cadence.api.request_stream import RequestStream
 from cadence.transport.messages import (
+    Heartbeat,
     RequestFailed,
     StepOutput,
     WorkerOutput,
@@ -40,6 +41,8 @@ class OutputReader:
         self._steps = [metrics.steps.labels(w) for w in labels]
         self.last_output_ns = [0] * workers
         """When each worker last sent a step (the supervisor's hang check reads it)."""
+        self.last_heard_ns = [0] * workers
+        """When each worker's heartbeat last arrived (0: none yet; the supervisor reads it)."""
 
     def handle(self, message: WorkerOutput, recv_ns: int) -> None:
         """Dispatch one message that the front read at `recv_ns`."""
@@ -74,6 +77,8 @@ class OutputReader:
             stream = self._streams.get(message.seq_id)
             if stream is not None:
                 stream.fail(grpc.StatusCode[message.code], message.message)
+        elif type(message) is Heartbeat:
+            self.last_heard_ns[message.worker] = recv_ns
         elif type(message) is WorkerReady:
             self._on_ready(message)
 

@@ -113,10 +113,11 @@ def exposure_warnings(config: ServerConfig) -> list[str]:
     if config.auth_token_file is not None and config.tls_cert is None and not loopback:
         warnings.append(f"bearer tokens will cross the network in clear text: --host "
                         f"{config.host} without --tls-cert")
-    if config.transport == "tcp" and not loopback:
-        warnings.append(f"--transport tcp binds the worker sockets on {config.host}; they have "
-                        "no authentication or encryption, so anyone who can reach them can read "
-                        "prompts or inject output. Use ipc, or a host only the server can reach")
+    if config.launcher == "ray" and any("," in d for d in config.devices):
+        # The front's own sockets are CURVE-encrypted; torch.distributed's are not.
+        warnings.append("tensor-parallel ranks on different hosts talk torch.distributed (gloo "
+                        "/ NCCL) with no authentication or encryption: keep the cluster's "
+                        "network private (--dist-ifname picks the interface)")
     if config.metrics_port is not None and not loopback:
         warnings.append(f"the metrics endpoint on {config.host} has no TLS and no token")
     return warnings

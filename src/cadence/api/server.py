@@ -66,7 +66,7 @@ class CadenceServer:
             from cadence.worker.in_front import InFrontLauncher
 
             launcher = InFrontLauncher()
-        self._launcher = launcher or LocalLauncher()
+        self._launcher = launcher
         self._streams: dict[int, RequestStream] = {}
         self.supervisor: WorkerSupervisor | None = None
         self._tasks: list[asyncio.Task] = []
@@ -79,10 +79,17 @@ class CadenceServer:
         loop = asyncio.get_running_loop()
         n = len(config.devices)
 
+        # Stage 0: the launcher (connecting to a Ray cluster blocks: not on the loop).
+        if self._launcher is None:
+            self._launcher = await asyncio.to_thread(_make_launcher, config)
+
         # Stage 1: sockets. The front binds, workers connect.
         fronts = config.fronts
         if fronts == 1:
-            self._channel = FrontChannel(*local_addresses(n, config.transport, config.host))
+            worker_host = (config.worker_host or getattr(self._launcher, "worker_host", "")
+                           or "127.0.0.1")
+            self._channel = FrontChannel(*local_addresses(n, config.transport, worker_host),
+                                         secure=config.transport == "tcp")
         else:
             if self.front == 0:
                 self._base = tempfile.mkdtemp(prefix="cadence-")
@@ -165,15 +172,25 @@ class CadenceServer:
                 engine=config.engine,
                 extra_input_addresses=extra_inputs[index],
                 front_output_addresses=front_outputs,
+                heartbeat_address=self._channel.heartbeat_address,
+                heartbeat_interval_s=config.heartbeat_interval_s,
+                heartbeat_timeout_s=config.heartbeat_timeout_s,
+                curve_server_key=self._channel.curve_server_key,
+                curve_public_key=self._channel.curve_client_keys[0],
+                curve_secret_key=self._channel.curve_client_keys[1],
+                dist_ifname=config.dist_ifname,
             )
             for index, device in enumerate(config.devices)
         ]
+        self._tasks.append(loop.create_task(self._beat()))
         self.supervisor = WorkerSupervisor(
             self._launcher, specs, self.router,
             on_down=self._fail_streams_of, on_health=self._refresh_health,
             hang_timeout_s=config.worker_timeout_s, restart=config.restart_workers,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
         )
         self.reader.last_output_ns = self.supervisor.last_output_ns
+        self.reader.last_heard_ns = self.supervisor.last_heard_ns
         for k in range(1, fronts):
             self._children[k] = self._launch_front(k)
         await self._wait_for_workers()
@@ -188,6 +205,12 @@ class CadenceServer:
         await self._refresh_health_now()
         log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n, config.devices)
         return self.port
+
+    async def _beat(self) -> None:
+        """The front's heartbeat: workers that stop hearing it exit (see WorkerHeartbeat)."""
+        while True:
+            self._channel.beat()
+            await asyncio.sleep(self.config.heartbeat_interval_s)
 
     # --- --fronts N ----------------------------------------------------------------------
 
@@ -382,8 +405,20 @@ class CadenceServer:
                 await task
         if hasattr(self, "_channel"):
             self._channel.close()
+        close_launcher = getattr(self._launcher, "close", None)
+        if close_launcher is not None:
+            await asyncio.to_thread(close_launcher)
         if self.front == 0 and self._base is not None:
             shutil.rmtree(self._base, ignore_errors=True)
+
+
+def _make_launcher(config: ServerConfig) -> Launcher:
+    """The launcher `config` names: local processes, or Ray actors (`--launcher ray`)."""
+    if config.launcher == "ray":
+        from cadence.transport.ray_launcher import RayLauncher
+
+        return RayLauncher(config)
+    return LocalLauncher()
 
 
 async def serve(config: ServerConfig, on_started=None, launcher: Launcher | None = None) -> None:

@@ -37,6 +37,7 @@ class WorkerSupervisor:
         on_health: Callable[[], None],
         hang_timeout_s: float | None,
         restart: bool,
+        heartbeat_timeout_s: float | None = None,
     ) -> None:
         self._launcher = launcher
         self._specs = specs
@@ -48,8 +49,11 @@ class WorkerSupervisor:
         self.workers: list[WorkerHandle] = [launcher.launch(spec) for spec in specs]
         self.ready = [False] * len(specs)
         self.restarts = [0] * len(specs)
+        self._heartbeat_timeout_ns = int(heartbeat_timeout_s * 1e9) if heartbeat_timeout_s else None
         self.last_output_ns = [time.monotonic_ns()] * len(specs)
-        """Updated by the output reader on every message from a worker."""
+        """Updated by the output reader on every step from a worker."""
+        self.last_heard_ns = [0] * len(specs)
+        """Updated by the output reader on every heartbeat (0: none since the last start)."""
         self._restart_at: dict[int, float] = {}
         self._backoff = [_FIRST_BACKOFF_S] * len(specs)
         self.stopping = False
@@ -75,6 +79,7 @@ class WorkerSupervisor:
                         del self._restart_at[i]
                         log.warning("restarting worker %d (restart %d)", i, self.restarts[i] + 1)
                         self.restarts[i] += 1
+                        self.last_heard_ns[i] = 0
                         self.workers[i] = self._launcher.launch(self._specs[i])
                     continue
                 code = worker.exit_code()
@@ -89,6 +94,17 @@ class WorkerSupervisor:
                     worker.kill()
                     self._down(i, f"worker {i} made no step for "
                                   f"{self._hang_timeout_ns / 1e9:.0f} s and was stopped; retry")
+                elif (
+                    # Silent (gone, stopped, or cut off by the network) before its process
+                    # is seen to exit; a worker that never beat (inside the front) is exempt.
+                    self._heartbeat_timeout_ns is not None
+                    and self.ready[i]
+                    and self.last_heard_ns[i]
+                    and now - self.last_heard_ns[i] > self._heartbeat_timeout_ns
+                ):
+                    worker.kill()
+                    self._down(i, f"worker {i} sent no heartbeat for "
+                                  f"{self._heartbeat_timeout_ns / 1e9:g} s and was stopped; retry")
 
     def _down(self, index: int, message: str) -> None:
         log.error("%s", message)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -21,12 +22,14 @@ import zmq
 
 from cadence.transport.messages import (
     AddRequest,
+    Heartbeat,
     RequestFailed,
     Shutdown,
     StepOutput,
     WorkerInput,
     WorkerInputs,
     WorkerOutput,
+    WorkerSpec,
 )
 
 log = logging.getLogger("cadence.transport")
@@ -134,11 +137,35 @@ class WorkerLink:
                 pass
 
 
-class FrontChannel:
-    """All of the front's sockets: one `WorkerLink` per worker and the shared output socket."""
+def _sibling(address: str, name: str) -> str:
+    """Another socket's address next to `address`: the same folder (ipc) or host (tcp)."""
+    if address.startswith("ipc://"):
+        return f"ipc://{os.path.dirname(address[len('ipc://'):])}/{name}"
+    return address.rsplit(":", 1)[0] + ":*"
 
-    def __init__(self, input_addresses: list[str], output_address: str) -> None:
+
+class FrontChannel:
+    """All of the front's sockets: one `WorkerLink` per worker, the shared output socket, and
+    the heartbeat (PUB) socket.
+
+    `secure` (what tcp uses) makes every socket a CURVE server: a peer needs the front's
+    public key, which only the specs of the server's own workers carry, and all traffic is
+    encrypted. ipc sockets live in a private folder instead.
+    """
+
+    def __init__(self, input_addresses: list[str], output_address: str, *,
+                 secure: bool = False) -> None:
         self._context = zmq.Context()
+        self.curve_server_key = ""
+        self.curve_client_keys = ("", "")
+        """(public, secret) Z85 key pair for this front's workers; empty unless secure."""
+        if secure:
+            public, secret = zmq.curve_keypair()
+            self.curve_server_key = public.decode()
+            self.curve_client_keys = tuple(k.decode() for k in zmq.curve_keypair())
+            for option, value in ((zmq.CURVE_SERVER, 1), (zmq.CURVE_SECRETKEY, secret),
+                                  (zmq.CURVE_PUBLICKEY, public)):
+                self._context.setsockopt(option, value)
         self._inputs: list[zmq.Socket] = []
         self.input_addresses: list[str] = []
         for address in input_addresses:
@@ -153,8 +180,17 @@ class FrontChannel:
         self._output.setsockopt(zmq.LINGER, 0)
         self._output.bind(output_address)
         self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._heartbeat = self._context.socket(zmq.PUB)
+        self._heartbeat.setsockopt(zmq.LINGER, 0)
+        self._heartbeat.bind(_sibling(output_address, "hb"))
+        self.heartbeat_address = self._heartbeat.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._beat = msgspec.msgpack.encode(Heartbeat())
         self._decode = msgspec.msgpack.Decoder(WorkerOutput).decode
         self._stop_reading: Callable[[], None] | None = None
+
+    def beat(self) -> None:
+        """Tell every worker the front is alive (never blocks: PUB drops when full)."""
+        self._heartbeat.send(self._beat, zmq.NOBLOCK)
 
     def links(self, loop: asyncio.AbstractEventLoop) -> list[WorkerLink]:
         return [WorkerLink(sock, loop) for sock in self._inputs]
@@ -199,9 +235,10 @@ class FrontChannel:
         for sock in self._inputs:
             sock.close(linger=0)
         self._output.close(linger=0)
+        self._heartbeat.close(linger=0)
         self._context.term()
         folders = set()
-        for address in [*self.input_addresses, self.output_address]:
+        for address in [*self.input_addresses, self.output_address, self.heartbeat_address]:
             if address.startswith("ipc://"):
                 path = address[len("ipc://"):]
                 folders.add(os.path.dirname(path))
@@ -217,10 +254,10 @@ class WorkerChannel:
 
     def __init__(self, input_address: str, output_address: str,
                  output_hwm: int = OUTPUT_HWM, *, extra_inputs: list[str] = (),
-                 front_outputs: list[str] = ()) -> None:
+                 front_outputs: list[str] = (), curve: WorkerSpec | None = None) -> None:
         # output_hwm 0 (no limit) is for a worker inside the front: blocking on its own
         # event loop's reader would deadlock.
-        self._context = zmq.Context()
+        self._context = _worker_context(curve)
         self._input = self._context.socket(zmq.PULL)
         self._input.setsockopt(zmq.RCVHWM, 0)
         self._input.connect(input_address)
@@ -376,3 +413,70 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
         if seq_ids[f] or finished[f] or prompt_lens[f] else None
         for f in range(fronts)
     ]
+
+
+def _worker_context(spec: WorkerSpec | None) -> zmq.Context:
+    """A ZeroMQ context whose sockets are CURVE clients of the front when `spec` says so."""
+    context = zmq.Context()
+    if spec is not None and spec.curve_server_key:
+        for option, value in ((zmq.CURVE_SERVERKEY, spec.curve_server_key),
+                              (zmq.CURVE_PUBLICKEY, spec.curve_public_key),
+                              (zmq.CURVE_SECRETKEY, spec.curve_secret_key)):
+            context.setsockopt(option, value.encode())
+    return context
+
+
+class WorkerHeartbeat(threading.Thread):
+    """A worker's side of the heartbeat, on its own thread and sockets so that a long engine
+    step delays nothing: every `heartbeat_interval_s` it tells the front this worker is alive,
+    and when it has heard nothing from the front for `heartbeat_timeout_s` it calls `on_lost`
+    (the worker exits). A tensor-parallel follower only listens (`send=False`).
+    """
+
+    def __init__(self, spec: WorkerSpec, on_lost: Callable[[], None], *, send: bool = True) -> None:
+        super().__init__(name="cadence-heartbeat", daemon=True)
+        self._spec = spec
+        self._on_lost = on_lost
+        self._send = send
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        spec = self._spec
+        context = _worker_context(spec)
+        listen = context.socket(zmq.SUB)
+        listen.setsockopt(zmq.LINGER, 0)
+        listen.setsockopt(zmq.SUBSCRIBE, b"")
+        listen.connect(spec.heartbeat_address)
+        tell = None
+        if self._send:
+            tell = context.socket(zmq.PUSH)
+            tell.setsockopt(zmq.LINGER, 0)
+            tell.setsockopt(zmq.SNDHWM, 4)
+            tell.connect(spec.output_address)
+        beat = msgspec.msgpack.encode(Heartbeat(spec.index))
+        interval, timeout = spec.heartbeat_interval_s, spec.heartbeat_timeout_s
+        heard = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                if tell is not None:
+                    with contextlib.suppress(zmq.Again):
+                        tell.send(beat, zmq.NOBLOCK)
+                if listen.poll(int(interval * 1e3)):
+                    while True:
+                        try:
+                            listen.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                    heard = time.monotonic()
+                elif time.monotonic() - heard > timeout and not self._stop.is_set():
+                    self._on_lost()
+                    return
+        finally:
+            listen.close(linger=0)
+            if tell is not None:
+                tell.close(linger=0)
+            context.term()
+
+    def stop(self) -> None:
+        """Stop beating (a worker shutting down in order must not be taken for lost)."""
+        self._stop.set()

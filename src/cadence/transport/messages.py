@@ -83,6 +83,22 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """`--fronts N`: the output sockets of fronts 1..N-1 (front 0's is `output_address`).
     Empty: one front. A sequence belongs to front `seq_id % N`; each step's output is split
     into one message per front that has sequences in it."""
+    heartbeat_address: str = ""
+    """The front's heartbeat (PUB) socket. Empty: no heartbeat (a worker inside the front)."""
+    heartbeat_interval_s: float = 0.1
+    """How often the worker tells the front it is alive."""
+    heartbeat_timeout_s: float = 1.0
+    """The worker exits when it has heard nothing from the front for this long."""
+    curve_server_key: str = ""
+    """tcp transport: the front's CURVE public key (Z85). Only the server's own processes are
+    given it, so nothing else can complete a handshake with the front's sockets; traffic is
+    encrypted. Empty: plain sockets (ipc, private to this host's user)."""
+    curve_public_key: str = ""
+    """The worker's own CURVE key pair (Z85), made by the front."""
+    curve_secret_key: str = ""
+    dist_ifname: str = ""
+    """Network interface for torch.distributed between hosts (GLOO_SOCKET_IFNAME,
+    NCCL_SOCKET_IFNAME). Empty: the launcher's choice (Ray: the interface of the node's IP)."""
 
 
 class AddRequest(msgspec.Struct, frozen=True, array_like=True):
@@ -166,5 +182,14 @@ class RequestFailed(msgspec.Struct, frozen=True, array_like=True, tag="failed"):
     message: str
 
 
+class Heartbeat(msgspec.Struct, frozen=True, array_like=True, tag="beat"):
+    """Sent both ways every `heartbeat_interval_s`: the front notices a worker that is gone
+    (or cut off) without waiting for its process to exit, and a worker that lost its front
+    exits (a worker on another host gets no PDEATHSIG)."""
+
+    worker: int = -1
+    """The sender (-1: the front)."""
+
+
 WorkerInput = WorkerInputs | Shutdown
-WorkerOutput = WorkerReady | StepOutput | RequestFailed
+WorkerOutput = WorkerReady | StepOutput | RequestFailed | Heartbeat

@@ -463,7 +463,7 @@ async def serve_app(app: App, spec: WorkerSpec, *, output_hwm: int = OUTPUT_HWM)
     loop = asyncio.get_running_loop()
     channel = WorkerChannel(spec.input_address, spec.output_address, output_hwm=output_hwm,
                             extra_inputs=spec.extra_input_addresses,
-                            front_outputs=spec.front_output_addresses)
+                            front_outputs=spec.front_output_addresses, curve=spec)
     runner = AppRunner(app, worker=spec.index, device=spec.device,
                        threads=spec.engine.engine_threads, send=channel.send)
     stopped = loop.create_future()
@@ -498,12 +498,17 @@ def run_app_worker(spec: WorkerSpec) -> None:
     except Exception as exc:  # noqa: BLE001 - report any import failure the same way
         sys.exit(f"cadence worker {spec.index}: cannot load app {spec.engine.app!r}: "
                  f"{type(exc).__name__}: {exc}")
+    from cadence.worker.process import start_heartbeat
+
+    heartbeat = start_heartbeat(spec)
     try:
         import uvloop
     except ImportError:
         stuck = asyncio.run(serve_app(app, spec))
     else:
         stuck = uvloop.run(serve_app(app, spec))
+    if heartbeat is not None:
+        heartbeat.stop()
     if stuck:
         # A thread is blocked inside the user's function; the interpreter would wait for it
         # at exit. The sockets are closed and nothing else is pending: leave now.

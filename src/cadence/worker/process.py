@@ -11,7 +11,7 @@ import time
 import msgspec
 
 from cadence.engines.base import Engine
-from cadence.transport.channel import WorkerChannel
+from cadence.transport.channel import WorkerChannel, WorkerHeartbeat
 from cadence.transport.messages import (
     EngineConfig,
     Shutdown,
@@ -54,7 +54,10 @@ def run_worker(spec: WorkerSpec) -> None:
         spec.engine, spec.device, rank=spec.rank, group_size=spec.group_size, dist_init=spec.dist_init
     )
     if spec.rank > 0:
-        # A tensor-parallel follower has no sockets: it runs the steps its rank 0 broadcasts.
+        # A tensor-parallel follower talks to no front: it runs the steps its rank 0
+        # broadcasts, and only listens for the front's heartbeat (a follower on another host
+        # would otherwise wait in a collective forever once the link to its rank 0 is cut).
+        start_heartbeat(spec, send=False)
         engine.follow()
         return
     warmup_start = time.perf_counter()
@@ -62,7 +65,8 @@ def run_worker(spec: WorkerSpec) -> None:
     ready = time.perf_counter()
     channel = WorkerChannel(spec.input_address, spec.output_address,
                             extra_inputs=spec.extra_input_addresses,
-                            front_outputs=spec.front_output_addresses)
+                            front_outputs=spec.front_output_addresses, curve=spec)
+    heartbeat = start_heartbeat(spec)
     scheduler = BatchScheduler(engine, spec.index, spec.engine.max_batch)
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
@@ -108,10 +112,27 @@ def run_worker(spec: WorkerSpec) -> None:
             if stepped:
                 channel.send(output)
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         channel.close()
         close = getattr(engine, "close", None)
         if close is not None:
             close()
+
+
+def start_heartbeat(spec: WorkerSpec, *, send: bool = True) -> WorkerHeartbeat | None:
+    """Beat to the front and exit once it has been silent too long (see `WorkerHeartbeat`)."""
+    if not spec.heartbeat_address:
+        return None
+
+    def lost() -> None:
+        print(f"cadence worker {spec.index} (rank {spec.rank}): no heartbeat from the front "
+              f"for {spec.heartbeat_timeout_s:g} s; exiting", file=sys.stderr, flush=True)
+        os._exit(3)  # the engine loop may be blocked in a send or a collective
+
+    heartbeat = WorkerHeartbeat(spec, lost, send=send)
+    heartbeat.start()
+    return heartbeat
 
 
 def _die_with_parent() -> None:

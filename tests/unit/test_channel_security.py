@@ -1,0 +1,64 @@
+"""The tcp transport's sockets answer only peers that were given the front's CURVE key."""
+
+from __future__ import annotations
+
+import msgspec
+import zmq
+
+from cadence.transport.channel import FrontChannel, WorkerChannel, local_addresses
+from cadence.transport.messages import EngineConfig, Heartbeat, WorkerSpec
+
+
+def _spec(channel: FrontChannel, **keys: str) -> WorkerSpec:
+    return WorkerSpec(index=0, device="cpu", input_address=channel.input_addresses[0],
+                      output_address=channel.output_address, engine=EngineConfig(),
+                      heartbeat_address=channel.heartbeat_address, **keys)
+
+
+def _received(channel: FrontChannel, timeout_ms: int = 500) -> list:
+    got = []
+    while channel._output.poll(timeout_ms):
+        got.append(msgspec.msgpack.decode(channel._output.recv()))
+        timeout_ms = 50
+    return got
+
+
+def test_a_worker_with_the_key_is_heard_and_an_outsider_is_not() -> None:
+    front = FrontChannel(*local_addresses(1, "tcp"), secure=True)
+    assert front.curve_server_key and front.output_address.startswith("tcp://127.0.0.1:")
+    context = zmq.Context()
+    outsider = context.socket(zmq.PUSH)
+    outsider.setsockopt(zmq.LINGER, 0)
+    outsider.connect(front.output_address)
+    outsider.send(msgspec.msgpack.encode(Heartbeat(0)))
+    listener = context.socket(zmq.SUB)  # nor can an outsider read the front's heartbeat
+    listener.setsockopt(zmq.SUBSCRIBE, b"")
+    listener.connect(front.heartbeat_address)
+    assert _received(front) == []
+
+    public, secret = front.curve_client_keys
+    worker = WorkerChannel(front.input_addresses[0], front.output_address, curve=_spec(
+        front, curve_server_key=front.curve_server_key, curve_public_key=public,
+        curve_secret_key=secret))
+    worker.send(Heartbeat(0))
+    assert _received(front) == [["beat", 0]]
+    front.beat()
+    assert not listener.poll(300)
+    worker.close()
+    outsider.close()
+    listener.close()
+    context.term()
+    front.close()
+
+
+def test_a_worker_with_a_wrong_key_is_not_heard() -> None:
+    front = FrontChannel(*local_addresses(1, "tcp"), secure=True)
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    other_server, _ = zmq.curve_keypair()
+    worker = WorkerChannel(front.input_addresses[0], front.output_address, curve=_spec(
+        front, curve_server_key=other_server.decode(), curve_public_key=public,
+        curve_secret_key=secret))
+    worker.send(Heartbeat(0))
+    assert _received(front) == []
+    worker.close()
+    front.close()
