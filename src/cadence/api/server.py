@@ -79,9 +79,9 @@ class CadenceServer:
         loop = asyncio.get_running_loop()
         n = len(config.devices)
 
-        # Stage 0: the launcher (connecting to a Ray cluster blocks: not on the loop).
+        # Stage 0: the launcher (joining a Ray cluster blocks, harmlessly: nothing serves yet).
         if self._launcher is None:
-            self._launcher = await asyncio.to_thread(_make_launcher, config)
+            self._launcher = _make_launcher(config)
 
         # Stage 1: sockets. The front binds, workers connect.
         fronts = config.fronts

@@ -1,0 +1,264 @@
+"""Workers as Ray actors (`cadence serve --launcher ray`): Ray places and supervises the
+processes; requests and tokens still go over our own ZeroMQ sockets (tcp, CURVE), never
+through Ray's object store.
+
+One placement group holds one bundle per card (`{"GPU": 1}` on CUDA, `{"card": 1}` on CPU
+hosts, a custom resource each node declares with `ray start --resources '{"card": N}'`).
+Each rank of each worker is one actor with `num_cpus=0` in its own bundle, running the same
+`run_worker` entry point as a local worker process. The front is the Ray driver: the actors
+are not detached, so they die with it, and each also exits when the front's heartbeat
+stops. Ray does not restart them (`max_restarts=0`): the front's supervisor does, with its
+own back-off and health, in the same bundle.
+
+A tensor-parallel worker's ranks meet through a TCP store on rank 0's node (its Ray IP and
+a port free there); gloo and NCCL use the network interface that carries each node's Ray
+IP, or `--dist-ifname`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+
+import msgspec
+
+from cadence.config import ServerConfig
+from cadence.transport.messages import WorkerSpec
+
+log = logging.getLogger("cadence.ray")
+
+CARD = "card"
+"""The custom resource a CPU host declares per worker rank it can hold."""
+_DIED = -9
+"""Exit status reported for an actor that Ray saw die (killed, or its node lost)."""
+
+
+class WorkerActor:
+    """One rank of one worker, inside a Ray worker process on the node Ray chose."""
+
+    def where(self) -> tuple[str, int, int]:
+        """This actor's node IP, its pid, and a TCP port free on that IP (for a rendezvous)."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as probe:
+            probe.bind((ip, 0))
+            port = probe.getsockname()[1]
+        return ip, os.getpid(), port
+
+    def run(self, spec_json: bytes) -> int:
+        """Run the worker until the front shuts it down; 0 then."""
+        import ray
+
+        from cadence.worker.process import run_worker
+
+        spec = msgspec.json.decode(spec_json, type=WorkerSpec)
+        ifname = spec.dist_ifname or _interface_of(ray.util.get_node_ip_address())
+        if ifname:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", ifname)
+        if spec.device.startswith("cuda"):
+            # Ray gives the actor its card as the only visible one.
+            spec = msgspec.structs.replace(spec, device="cuda:0")
+        run_worker(spec)
+        return 0
+
+
+def _interface_of(ip: str) -> str:
+    """The network interface that holds `ip` (empty when none does)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addresses):
+            return name
+    return ""
+
+
+class RayWorker:
+    """A `WorkerHandle` for one worker (all its ranks) as Ray actors.
+
+    Starting does not block the front's event loop: a thread creates the actors, finds the
+    rendezvous and starts them; until then the worker simply counts as running.
+    """
+
+    def __init__(self, launcher: RayLauncher, spec: WorkerSpec) -> None:
+        self.index = spec.index
+        self.pid = 0
+        """Rank 0's process id, once started (on whichever node it runs)."""
+        self.node_ips: list[str] = []
+        """Each rank's node IP, once started."""
+        self._actors: list = []
+        self._refs: list = []
+        self._failed: str | None = None
+        self._started = threading.Event()
+        self._lock = threading.Lock()
+        self._stopped = False
+        threading.Thread(target=self._start, args=(launcher, spec), daemon=True,
+                         name=f"cadence-ray-start-{spec.index}").start()
+
+    def _start(self, launcher: RayLauncher, spec: WorkerSpec) -> None:
+        import ray
+
+        try:
+            devices = spec.device.split(",")
+            for rank, device in enumerate(devices):
+                with self._lock:
+                    if self._stopped:
+                        return
+                    self._actors.append(launcher.actor(spec.index, rank, device))
+            places = ray.get([actor.where.remote() for actor in self._actors])
+            self.node_ips = [ip for ip, _, _ in places]
+            self.pid = places[0][1]
+            ip, _, port = places[0]
+            dist_init = f"tcp://{ip}:{port}" if len(devices) > 1 else ""
+            with self._lock:
+                if self._stopped:
+                    return
+                for rank, (actor, device) in enumerate(zip(self._actors, devices)):
+                    rank_spec = msgspec.structs.replace(
+                        spec, device=device, rank=rank, group_size=len(devices),
+                        dist_init=dist_init,
+                    )
+                    self._refs.append(actor.run.remote(msgspec.json.encode(rank_spec)))
+            log.info("worker %d placed on %s", spec.index, ", ".join(self.node_ips))
+        except Exception as exc:  # noqa: BLE001 - any failure to place counts as an exit
+            self._failed = f"{type(exc).__name__}: {exc}"
+            log.error("worker %d could not be started on Ray: %s", spec.index, self._failed)
+        finally:
+            self._started.set()
+
+    def exit_code(self) -> int | None:
+        """None while every rank runs; once any rank has stopped, the others are killed and
+        the first non-zero status is returned."""
+        import ray
+
+        if self._failed is not None:
+            return 1
+        if not self._started.is_set() or not self._refs:
+            return None
+        done, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=0)
+        if not done:
+            return None
+        self.kill()
+        return next((c for c in map(_status, done) if c), 0)
+
+    def terminate(self) -> None:
+        """Ray cannot ask an actor to stop; the front's Shutdown message already has."""
+        self.kill()
+
+    def kill(self) -> None:
+        import ray
+
+        with self._lock:
+            self._stopped = True
+            actors = list(self._actors)
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
+
+    def wait(self, timeout: float) -> int | None:
+        import ray
+
+        if not self._started.wait(timeout):
+            return None
+        if self._failed is not None:
+            return 1
+        if not self._refs:
+            return 0
+        done, pending = ray.wait(self._refs, num_returns=len(self._refs), timeout=timeout)
+        if pending:
+            return None
+        return next((c for c in map(_status, done) if c), 0)
+
+
+def _status(ref) -> int:
+    """A finished rank's exit status: 0 after a shutdown, -9 if Ray saw the actor die."""
+    import ray
+
+    try:
+        return int(ray.get(ref))
+    except ray.exceptions.RayActorError:
+        return _DIED
+    except Exception:  # noqa: BLE001 - the worker raised: a failed exit like a local one
+        return 1
+
+
+class RayLauncher:
+    """Connects the front to a Ray cluster (or starts one on this host) and reserves one
+    bundle per card for all of `config`'s workers."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        try:
+            import ray
+        except ImportError as exc:
+            raise RuntimeError("--launcher ray needs Ray: pip install 'cadence[ray]'") from exc
+        from ray.util.placement_group import placement_group
+
+        ranks = [device for worker in config.devices for device in worker.split(",")]
+        self._gpu = [device.startswith("cuda") for device in ranks]
+        # ray.init replaces the SIGTERM handler with one that exits at once; the front's own
+        # (a drain) must stay.
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if config.ray_address:
+                ray.init(address=config.ray_address, namespace="cadence", log_to_driver=True)
+            else:  # a Ray instance of our own, with a card per rank
+                ray.init(namespace="cadence", include_dashboard=False, log_to_driver=True,
+                         resources={CARD: sum(not g for g in self._gpu)})
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
+        self.worker_host = ray.util.get_node_ip_address()
+        """The address the front binds its worker sockets on: this node's Ray IP."""
+        self._offsets = []
+        offset = 0
+        for worker in config.devices:
+            self._offsets.append(offset)
+            offset += worker.count(",") + 1
+        bundles = [{"GPU": 1} if gpu else {CARD: 1} for gpu in self._gpu]
+        self._group = placement_group(bundles, strategy="PACK", name="")
+        try:
+            ray.get(self._group.ready(), timeout=config.startup_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(self._group)
+            ray.shutdown()
+            raise RuntimeError(
+                f"the Ray cluster has no room for {len(bundles)} worker rank(s) "
+                f"({sum(self._gpu)} GPU, {len(bundles) - sum(self._gpu)} '{CARD}') within "
+                f"{config.startup_timeout_s:.0f} s; start nodes with `ray start --resources "
+                f"'{{\"{CARD}\": N}}'` (CPU) or with GPUs, or ask for fewer --devices"
+            ) from None
+        self._actor_class = ray.remote(WorkerActor)
+
+    def actor(self, worker: int, rank: int, device: str):
+        """A new actor for one rank of `worker`, in that rank's bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = self._offsets[worker] + rank
+        resources = {} if self._gpu[bundle] else {CARD: 1}
+        return self._actor_class.options(
+            num_cpus=0,
+            num_gpus=1 if self._gpu[bundle] else 0,
+            resources=resources,
+            max_restarts=0,
+            name=None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._group, placement_group_bundle_index=bundle
+            ),
+        ).remote()
+
+    def launch(self, spec: WorkerSpec) -> RayWorker:
+        """Start `spec`'s worker (one actor per rank); returns at once."""
+        return RayWorker(self, spec)
+
+    def close(self) -> None:
+        """Release the cards and leave the cluster (a Ray instance of our own stops)."""
+        import ray
+
+        try:
+            ray.util.remove_placement_group(self._group)
+        finally:
+            ray.shutdown()
