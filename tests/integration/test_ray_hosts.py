@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
 from cadence.client import Client
@@ -247,3 +248,56 @@ def test_replicas_on_two_hosts_survive_a_killed_worker(hosts, model_dir, tmp_pat
         assert _greedy(front.target, PROMPTS * 2) == expected * 2  # both replicas again
     finally:
         assert front.stop() == 0
+
+
+@pytest.mark.timeout(300)
+def test_a_cut_link_is_noticed_by_the_heartbeat(hosts, tmp_path) -> None:
+    """Ray alone takes about a minute to notice a cut link; the heartbeat ends the streams of
+    the worker behind it within its timeout, that worker exits on its own, and once the link
+    is back its replacement serves."""
+    front = Front(hosts, tmp_path / "front.log", "--devices", "cpu:2", "--step-ms", "10")
+    try:
+        placed = dict((ip, int(w)) for w, ip in
+                      re.findall(r"worker (\d) placed on (\S+)", front.log.read_text()))
+        remote = placed[hosts.NODE]
+        old_pid = front.worker_pids()[remote]
+        with Client(front.target) as client:
+            streams = [client.generate(f"s{i}", max_tokens=10_000, include_timing=True,
+                                       timeout=120) for i in range(4)]
+            workers = [next(s).timing.worker for s in streams]
+            assert remote in workers
+            cut = time.monotonic()
+            _ip("-n", hosts.b, "link", "set", "cad0", "down")
+            try:
+                stream = streams[workers.index(remote)]
+                with pytest.raises(grpc.RpcError) as ended:
+                    list(stream)
+                noticed = time.monotonic() - cut
+                assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "heartbeat" in ended.value.details()
+                assert noticed < 10, noticed  # heartbeat timeout 2 s; Ray alone: about 60 s
+                deadline = time.monotonic() + 15
+                while _alive(old_pid):  # it heard no front either, and left
+                    assert time.monotonic() < deadline, "the cut-off worker did not exit"
+                    time.sleep(0.1)
+            finally:
+                _ip("-n", hosts.b, "link", "set", "cad0", "up")
+            for stream, worker in zip(streams, workers):
+                if worker != remote:
+                    assert next(stream).token_ids  # the local replica kept streaming
+                    stream.close()
+            deadline = time.monotonic() + 120
+            while client.health(f"cadence.worker.{remote}") != "SERVING":
+                assert time.monotonic() < deadline, front.log.read_text()[-3000:]
+                time.sleep(0.2)
+            assert len(list(client.generate("after", max_tokens=20, timeout=30))) >= 1
+        print(f"cut link noticed after {noticed:.2f} s")
+    finally:
+        assert front.stop() == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
