@@ -64,6 +64,9 @@ def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
         if policy == "block":
             # The sequence is paused in the engine: its buffer stays near the capacity.
             assert depth <= 8 + 16
+            # ...and the pause is counted as it happens, not when the stream ends.
+            assert _metric(url, "cadence_sequence_pauses_total") >= 1
+            assert _metric(url, "cadence_paused_sequences") == 1
         else:
             # Merge keeps taking its tokens: they wait here, to go out as larger chunks.
             assert depth > 8 + 16
@@ -71,6 +74,12 @@ def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
         tokens = _tokens([first, *rest])
         assert len(tokens) == 600 and rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
         assert _metric(url, "cadence_buffer_overflows_total") > 0
+        # Once the slow client has read everything no sequence is left paused.
+        assert _metric(url, "cadence_paused_sequences") == 0
+        if policy == "block":
+            assert _metric(url, "cadence_sequence_pauses_total") >= 1
+        else:
+            assert _metric(url, "cadence_sequence_pauses_total") == 0
         slow_channel.close()
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
+from cadence.lab.loadgen import RequestCounter, RequestShape
 from cadence.lab.server_process import ServerProcess
 from cadence.lab.sweep import run_sweep
 
@@ -43,14 +43,30 @@ def test_open_loop_sends_the_scheduled_requests() -> None:
     assert result["workload"]["rate"] == 40.0
 
 
+def test_the_progress_counter_reaches_the_requests_the_result_reports() -> None:
+    with ServerProcess("--step-ms", "5") as server:
+        workload = Workload(requests=12, concurrency=4, warmup=2,
+                            shape=RequestShape(max_tokens=(5, 5)))
+        counter = RequestCounter()
+        result = run_bench(server.target, workload, processes=2, counter=counter)
+        plain = run_bench(server.target, workload, processes=2)
+    # Every process's slot summed, warm-up requests not counted, like the records.
+    assert counter.completed == result["requests"] == len(result["records"]) == 12
+    assert counter.started_ns is not None
+    # Counting leaves no trace in the result (nor so in --json).
+    assert set(result) == set(plain) and result["workload"] == plain["workload"]
+
+
 def test_bench_and_report_commands(tmp_path) -> None:
     out = tmp_path / "run.json"
     with ServerProcess("--step-ms", "5") as server:
-        subprocess.run(
+        bench = subprocess.run(
             [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
              "--concurrency", "4", "--requests", "8", "--max-tokens", "10", "--json", str(out)],
             check=True, capture_output=True, text=True, timeout=120,
         )
+    # stderr is a pipe here: no progress bar on it.
+    assert "/8 requests" not in bench.stderr and "cadence bench" not in bench.stderr
     result = json.loads(out.read_text())
     assert result["requests_ok"] == 8 and len(result["records"]) == 8
     report = subprocess.run(

@@ -7,6 +7,7 @@ import asyncio
 import grpc
 import pytest
 
+from cadence.api.metrics import FrontMetrics
 from cadence.api.request_stream import RequestStream
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.engines.tokenizer import ByteTokenizer
@@ -346,3 +347,111 @@ def test_incomplete_character_at_finish_becomes_replacement():
     assert s.take_chunk().text == ""
     s.end(Finish.LENGTH)
     assert s.take_chunk().text == "\ufffd"
+
+
+# -- block policy: pauses and the metrics that count them -----------------------------------
+
+
+class PauseLink:
+    """Records the pauses and resumes a stream asks of its worker."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def pause(self, seq_id: int) -> None:
+        self.calls.append(("pause", seq_id))
+
+    def resume(self, seq_id: int) -> None:
+        self.calls.append(("resume", seq_id))
+
+
+def blocking_stream(capacity: int = 2, overflow: str = "block") -> tuple[RequestStream, PauseLink]:
+    link = PauseLink()
+    stream = RequestStream(7, "req-7", 0, 100, 3, capacity=capacity, overflow=overflow,
+                           include_timing=False, decoder=ByteTokenizer().stream_decoder(),
+                           received_ns=1_000, link=link)
+    return stream, link
+
+
+def pause_samples() -> tuple[float, float]:
+    """(cadence_sequence_pauses_total, cadence_paused_sequences) as a front would export."""
+    registry = FrontMetrics().registry
+    return (registry.get_sample_value("cadence_sequence_pauses_total"),
+            registry.get_sample_value("cadence_paused_sequences"))
+
+
+def test_block_counts_each_pause_once_and_the_gauge_follows_resumes():
+    issued, paused = pause_samples()
+    s, link = blocking_stream()
+    for step in range(5):  # capacity 2: the third step pauses; later pushes do not re-pause
+        push_step(s, 65, step)
+    assert link.calls == [("pause", 7)]
+    assert pause_samples() == (issued + 1, paused + 1)
+    s.take_chunk()  # the client read: resumed, off the gauge, still counted as issued
+    assert link.calls == [("pause", 7), ("resume", 7)]
+    assert pause_samples() == (issued + 1, paused)
+    for step in range(5, 8):  # a second pause is a second one issued
+        push_step(s, 65, step)
+    assert pause_samples() == (issued + 2, paused + 1)
+    s.take_chunk()
+    assert pause_samples() == (issued + 2, paused)
+
+
+def test_merge_never_pauses():
+    issued, paused = pause_samples()
+    s, link = blocking_stream(overflow="merge")
+    for step in range(10):
+        push_step(s, 65, step)
+    assert s.overflows == 8 and link.calls == []
+    assert pause_samples() == (issued, paused)
+
+
+def test_a_paused_stream_that_fails_leaves_the_gauge():
+    issued, paused = pause_samples()
+    s, _ = blocking_stream()
+    for step in range(3):
+        push_step(s, 65, step)
+    assert pause_samples() == (issued + 1, paused + 1)
+    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+    assert pause_samples() == (issued + 1, paused)
+    s.fail(grpc.StatusCode.CANCELLED, "again")  # ignored: counted off once
+    assert pause_samples() == (issued + 1, paused)
+
+
+def test_a_paused_stream_whose_client_goes_away_leaves_the_gauge():
+    issued, paused = pause_samples()
+
+    async def main() -> None:
+        s, _ = blocking_stream()
+
+        async def handler() -> None:  # the RPC's task: cancelled when its client goes
+            await asyncio.sleep(3600)
+
+        s.task = asyncio.create_task(handler())
+        for step in range(3):
+            push_step(s, 65, step)
+        assert pause_samples() == (issued + 1, paused + 1)
+        s.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await s.task
+        await asyncio.sleep(0)  # done callbacks run on the next turn of the loop
+        assert pause_samples() == (issued + 1, paused)
+
+    asyncio.run(main())
+
+
+def test_a_resumed_stream_stops_watching_its_task():
+    async def main() -> None:
+        issued, paused = pause_samples()
+        s, _ = blocking_stream()
+        s.task = asyncio.create_task(asyncio.sleep(3600))
+        for step in range(3):
+            push_step(s, 65, step)
+        s.take_chunk()
+        s.task.cancel()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        # Counted off by the resume, not a second time by the task's end.
+        assert pause_samples() == (issued + 1, paused)
+
+    asyncio.run(main())

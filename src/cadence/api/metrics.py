@@ -6,11 +6,34 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
     0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
 )
+
+
+class SequencePauses:
+    """Pauses of the block overflow policy in this process, kept by the request streams
+    (cadence.api.request_stream) on the control path and read when /metrics is scraped.
+
+    Process-wide, not per FrontMetrics, because a request stream holds no metrics object;
+    every front is a process of its own, so a front's page still counts only its streams.
+    Plain ints: only the event loop's thread changes them, a scrape only reads them.
+    """
+
+    __slots__ = ("issued", "paused")
+
+    def __init__(self) -> None:
+        self.issued = 0
+        """Pauses asked of the workers so far (a sequence paused again counts again)."""
+        self.paused = 0
+        """Sequences paused now: asked to pause, not yet resumed, failed or ended."""
+
+
+PAUSES = SequencePauses()
+"""This process's tally, the one `FrontMetrics` exports."""
 
 
 class FrontMetrics:
@@ -54,6 +77,7 @@ class FrontMetrics:
         self.deepest_buffer = Gauge("cadence_deepest_buffer_steps",
                                     "Steps of output waiting in the fullest per-request buffer "
                                     "(read at scrape time).", registry=r)
+        r.register(_PauseCollector(PAUSES))
 
     def watch(self, active: Callable[[], float], deepest_buffer: Callable[[], float]) -> None:
         """Gauges computed only when scraped, so they cost nothing per token."""
@@ -80,6 +104,35 @@ class FrontMetrics:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+class _PauseCollector:
+    """`cadence_sequence_pauses_total` and `cadence_paused_sequences`, read from a tally.
+
+    The counter is not `cadence_paused_sequences_total`: a counter of that name claims the
+    family `cadence_paused_sequences`, which the gauge needs (prometheus_client refuses both
+    in one registry, and `_AllFronts` merges families by name).
+    """
+
+    def __init__(self, pauses: SequencePauses) -> None:
+        self._pauses = pauses
+
+    def describe(self):
+        # Declared so the registry checks these names against every other metric's.
+        return [CounterMetricFamily("cadence_sequence_pauses_total", ""),
+                GaugeMetricFamily("cadence_paused_sequences", "")]
+
+    def collect(self):
+        pauses = self._pauses
+        yield CounterMetricFamily(
+            "cadence_sequence_pauses_total",
+            "Sequences paused in the engine by --overflow block because their client read "
+            "too slowly (pauses issued; a sequence paused again counts again).",
+            value=pauses.issued)
+        yield GaugeMetricFamily(
+            "cadence_paused_sequences",
+            "Sequences paused by --overflow block now, waiting for their client to read.",
+            value=pauses.paused)
 
 
 class _AllFronts:

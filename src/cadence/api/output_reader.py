@@ -14,7 +14,12 @@ from cadence.transport.messages import (
     StepOutput,
     WorkerOutput,
     WorkerReady,
+    boot_id,
 )
+
+_OFFSET_WINDOW = 50
+"""Heartbeats per clock-offset estimate (5 s at the default interval): short enough to
+follow the drift between two hosts' clocks, long enough to catch a beat that was not delayed."""
 
 
 class OutputReader:
@@ -43,12 +48,21 @@ class OutputReader:
         """When each worker last sent a step (the supervisor's hang check reads it)."""
         self.last_heard_ns = [0] * workers
         """When each worker's heartbeat last arrived (0: none yet; the supervisor reads it)."""
+        self._boot_id = boot_id()
+        self.clock_offset_ns = [0] * workers
+        """Added to a worker's timestamps to put them on the front's clock: 0 on this host;
+        for a worker on another host, the least (arrival - sending) time over the last
+        window of heartbeats, i.e. the clocks' offset plus the fastest one-way trip."""
+        self._foreign = [False] * workers
+        self._offset_best = [0] * workers
+        self._offset_beats = [0] * workers
 
     def handle(self, message: WorkerOutput, recv_ns: int) -> None:
         """Dispatch one message that the front read at `recv_ns`."""
         if type(message) is StepOutput:
             streams = self._streams
-            start, end = message.start_ns, message.end_ns
+            offset = self.clock_offset_ns[message.worker]
+            start, end = message.start_ns + offset, message.end_ns + offset
             if message.prompt_lens:  # prompts the worker tokenized; before their first token
                 for seq_id, count in message.prompt_lens.items():
                     stream = streams.get(seq_id)
@@ -78,14 +92,35 @@ class OutputReader:
             if stream is not None:
                 stream.fail(grpc.StatusCode[message.code], message.message)
         elif type(message) is Heartbeat:
-            self.last_heard_ns[message.worker] = recv_ns
+            worker = message.worker
+            self.last_heard_ns[worker] = recv_ns
+            if self._foreign[worker]:
+                self._track_clock(worker, recv_ns - message.sent_ns)
         elif type(message) is WorkerReady:
+            worker = message.worker
+            self._foreign[worker] = bool(message.boot_id) and message.boot_id != self._boot_id
+            self.clock_offset_ns[worker] = 0
+            self._offset_beats[worker] = 0
             self._on_ready(message)
+
+    def _track_clock(self, worker: int, sample_ns: int) -> None:
+        """One heartbeat's (arrival - sending) time of a worker on another host."""
+        beats = self._offset_beats[worker]
+        if beats == 0 or sample_ns < self._offset_best[worker]:
+            self._offset_best[worker] = sample_ns
+        if beats == 0 and self.clock_offset_ns[worker] == 0:
+            self.clock_offset_ns[worker] = sample_ns  # the first estimate, at once
+        beats += 1
+        if beats == _OFFSET_WINDOW:
+            self.clock_offset_ns[worker] = self._offset_best[worker]
+            beats = 0
+        self._offset_beats[worker] = beats
 
     def _push_pieces(self, message: StepOutput, recv_ns: int) -> None:
         """An app worker's message: `seq_ids[i]` produced `token_counts[i]` tokens (one piece)."""
         streams = self._streams
-        start, end = message.start_ns, message.end_ns
+        offset = self.clock_offset_ns[message.worker]
+        start, end = message.start_ns + offset, message.end_ns + offset
         tokens = message.token_ids
         at = 0
         for seq_id, count in zip(message.seq_ids, message.token_counts):
@@ -100,7 +135,8 @@ class OutputReader:
     def _push_texts(self, message: StepOutput, recv_ns: int) -> None:
         """A worker that detokenizes (torch engine): each token comes with its text piece."""
         streams = self._streams
-        start, end = message.start_ns, message.end_ns
+        offset = self.clock_offset_ns[message.worker]
+        start, end = message.start_ns + offset, message.end_ns + offset
         for seq_id, token, text in zip(message.seq_ids, message.token_ids, message.texts):
             stream = streams.get(seq_id)
             if stream is not None:

@@ -12,7 +12,8 @@ than the engine writes):
   Every such overflow is counted.
 - ``block``: ask the worker to pause this one sequence (it stays in the batch, keeps its
   cache and is skipped by each step) until the client has read; the rest of the batch never
-  waits. A few in-flight steps may still arrive after the pause.
+  waits. A few in-flight steps may still arrive after the pause. Pauses are counted as they
+  happen: cadence_sequence_pauses_total, and cadence_paused_sequences for those paused now.
 - ``abort``: end the stream with RESOURCE_EXHAUSTED and free its slot, so a client that
   cannot keep up does not hold server memory.
 
@@ -27,6 +28,7 @@ import time
 
 import grpc
 
+from cadence.api.metrics import PAUSES
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.engines.tokenizer import StreamDecoder
 from cadence.transport.channel import WorkerLink
@@ -41,7 +43,7 @@ class RequestStream:
         "finish", "error", "overflows", "merged_steps", "_capacity", "_abort_on_overflow", "scheduled_ns",
         "chunks", "_tokens", "_steps", "sent_tokens", "_decode", "_waiter",
         "_start_ns", "_end_ns", "_recv_ns", "_prompt_tokens", "_link", "_block", "_paused",
-        "task", "sending_since_ns", "_texts",
+        "_paused_task", "task", "sending_since_ns", "_texts",
     )  # fmt: skip
 
     def __init__(
@@ -75,6 +77,9 @@ class RequestStream:
         self._abort_on_overflow = overflow == "abort"
         self._block = overflow == "block" and link is not None
         self._paused = False
+        """Asked the worker to pause the sequence, and neither resumed it nor ended since."""
+        self._paused_task: asyncio.Task | None = None
+        """The task watched while paused, to count the pause off if it ends first."""
         self._link = link
         """The worker's link, to pause and resume the sequence under the block policy."""
         self.task: asyncio.Task | None = None
@@ -109,8 +114,7 @@ class RequestStream:
             self.overflows += 1
             if self._block:
                 if not self._paused:
-                    self._paused = True
-                    self._link.pause(self.seq_id)
+                    self._pause()
             elif self._abort_on_overflow:
                 self.fail(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -141,6 +145,31 @@ class RequestStream:
         if self._steps > steps:  # accepted (not refused by the overflow policy)
             self._texts.append(text)
 
+    def _pause(self) -> None:
+        self._paused = True
+        self._link.pause(self.seq_id)
+        PAUSES.issued += 1
+        PAUSES.paused += 1
+        task = self.task
+        if task is not None:
+            # A client that cancels while paused never reads again, so nothing here would
+            # resume it: its task's end takes the pause off the gauge instead.
+            self._paused_task = task
+            task.add_done_callback(self._task_ended)
+
+    def _unpaused(self) -> None:
+        """The pause is over (resumed, or the stream ends): off the gauge, once."""
+        self._paused = False
+        PAUSES.paused -= 1
+        task = self._paused_task
+        if task is not None:
+            self._paused_task = None
+            task.remove_done_callback(self._task_ended)
+
+    def _task_ended(self, _task: asyncio.Task) -> None:
+        if self._paused:
+            self._unpaused()
+
     def set_prompt_tokens(self, count: int) -> None:
         """The worker tokenized the prompt text and counted `count` tokens."""
         self._prompt_tokens = count
@@ -154,6 +183,9 @@ class RequestStream:
         """End the stream with a gRPC status; the first failure wins."""
         if not self.done:
             self.error = (code, message)
+            if self._paused:
+                # Ended with an error, the sequence is aborted, not resumed.
+                self._unpaused()
             self._wake()
 
     def _wake(self) -> None:
@@ -175,7 +207,7 @@ class RequestStream:
         tokens = self._tokens
         self._tokens = []
         if self._paused:
-            self._paused = False
+            self._unpaused()
             self._link.resume(self.seq_id)
         if self._steps > 1:
             self.merged_steps += self._steps - 1

@@ -10,7 +10,7 @@ from cadence.credentials import ClientCredentials
 from cadence.lab.baseline import engine_config_of, run_baseline
 from cadence.lab.diagnosis import diagnose
 from cadence.lab.kserve_load import KServeTarget
-from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
+from cadence.lab.loadgen import ProcessPlan, RequestCounter, RequestShape, run_load
 from cadence.lab.sampler import SystemSampler, metrics_url, server_processes
 from cadence.lab.stats import summarize
 
@@ -69,14 +69,16 @@ class Workload:
 
 def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
               baseline: bool = False, credentials: ClientCredentials | None = None,
-              kserve: KServeTarget | None = None) -> dict:
+              kserve: KServeTarget | None = None,
+              counter: RequestCounter | None = None) -> dict:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
     `credentials` are for a server started with TLS or bearer tokens. With `kserve`, the
     requests go to that model over the Open Inference Protocol (any server of it; no server
-    timing, so no segments).
+    timing, so no segments). `counter` counts finished requests while the load runs, for a
+    progress display (lab/progress.py); it changes nothing in the result.
     """
     sampler = SystemSampler(metrics_url=metrics_url(target))
     for name, pid in server_processes(target).items():
@@ -86,6 +88,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         processes_out = run_load(
             workload.plans(target, processes, channels, credentials, kserve),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
+            counter=counter,
         )
     finally:
         system = sampler.stop()
@@ -219,6 +222,16 @@ def _print_system(console, system: dict) -> None:
             f"{peaks.get('cadence_active_streams', 0):.0f}; during the run "
             f"{during['cadence_merged_steps_total']:.0f} steps merged, "
             f"{during['cadence_buffer_overflows_total']:.0f} buffer overflows"
+            + _blocking(during, peaks)
         )
     for flag in system.get("flags", []):
         console.print(f"[bold red]{flag}[/]")
+
+
+def _blocking(during: dict, peaks: dict) -> str:
+    """The blocking the run saw (--overflow block): pauses issued, most paused at a scrape.
+    Empty for a result saved before the server exported them."""
+    if "cadence_sequence_pauses_total" not in during:
+        return ""
+    return (f"; blocking: {during['cadence_sequence_pauses_total']:.0f} sequence pauses, "
+            f"{peaks.get('cadence_paused_sequences', 0):.0f} paused at the busiest scrape")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -57,6 +58,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="also run the workload through the engine alone (local server only) "
                         "and report serving overhead")
     p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is none anyway when stderr is not a terminal)")
     from cadence.credentials import add_arguments
 
     add_arguments(p)
@@ -115,6 +118,8 @@ def workload_from_args(args: argparse.Namespace):
 def _bench(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.bench import print_summary, run_bench
+    from cadence.lab.loadgen import RequestCounter
+    from cadence.lab.progress import BenchProgress, progress_wanted
 
     workload = workload_from_args(args)
     try:
@@ -129,9 +134,15 @@ def _bench(args: argparse.Namespace) -> None:
             kserve = KServeTarget(args.model, parse_inputs(args.kserve_inputs))
         except ValueError as exc:
             sys.exit(f"cadence bench: --kserve-inputs: {exc}")
+    counter, shown = None, contextlib.nullcontext()
+    if progress_wanted(args.no_progress):
+        counter = RequestCounter()
+        shown = BenchProgress(counter, workload.requests, workload.duration_s)
     try:
-        result = run_bench(args.target, workload, processes=args.procs, channels=args.channels,
-                           baseline=args.baseline, credentials=credentials, kserve=kserve)
+        with shown:
+            result = run_bench(args.target, workload, processes=args.procs,
+                               channels=args.channels, baseline=args.baseline,
+                               credentials=credentials, kserve=kserve, counter=counter)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)

@@ -417,19 +417,42 @@ def _slow_reader(run: _Run) -> list[Finding]:
     }]
 
 
+def _fronts(result: dict) -> list[str]:
+    """The sampled front processes: "front" (one front), or "front0", "front1", ... with
+    `--fronts N`, in front order."""
+    processes = (result.get("system") or {}).get("processes") or {}
+    names = [n for n in processes if n == "front" or (n.startswith("front") and n[5:].isdigit())]
+    return sorted(names, key=lambda n: int(n[5:] or 0))
+
+
 def _front_cpu_bound(run: _Run) -> list[Finding]:
-    pct = _active_cpu(run.result, "front")
-    if pct is None or pct < BUSY_CPU_PCT:
+    # Each front's event loop is one thread: with `--fronts N` any one of them near a core
+    # is a bottleneck for its own connections, however idle the others are.
+    cpu = {name: _active_cpu(run.result, name) for name in _fronts(run.result)}
+    cpu = {name: pct for name, pct in cpu.items() if pct is not None}
+    busy = [name for name, pct in cpu.items() if pct >= BUSY_CPU_PCT]
+    if not busy:
         return []
-    evidence = {"front_cpu_pct": _r(pct, 1)}
+    evidence = {f"{name}_cpu_pct": _r(pct, 1) for name, pct in cpu.items()}
     if _finite(run.result.get("chunks_per_s")):
         evidence["chunks_per_s"] = _r(run.result["chunks_per_s"], 0)
+    look_at = ("more front processes, fewer chunks (let tokens merge, larger steps), less "
+               "work per chunk in the front (timing, text decoding)")
+    if list(cpu) == ["front"]:
+        finding = (f"the front used {cpu['front']:.0f}% of a core during the run: it is the "
+                   "bottleneck")
+    else:
+        pct = max(cpu[name] for name in busy)
+        finding = (f"{' and '.join(busy)} of {len(cpu)} fronts used up to {pct:.0f}% of a core "
+                   "during the run: a busy front is the bottleneck for its connections")
+        if len(busy) < len(cpu):
+            look_at += ("; the kernel spreads connections, not streams, over the fronts: more "
+                        "client connections (--channels, --procs) even them out")
     return [{
         "rule": RULE_FRONT_CPU_BOUND,
-        "finding": f"the front used {pct:.0f}% of a core during the run: it is the bottleneck",
+        "finding": finding,
         "evidence": evidence,
-        "look_at": ("more front processes, fewer chunks (let tokens merge, larger steps), less "
-                    "work per chunk in the front (timing, text decoding)"),
+        "look_at": look_at,
     }]
 
 

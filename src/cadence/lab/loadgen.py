@@ -154,9 +154,10 @@ def _my_requests(plan: ProcessPlan):
 
 
 async def _run_process(
-    plan: ProcessPlan, ready: Callable[[], int]
+    plan: ProcessPlan, ready: Callable[[], int], completed=None
 ) -> tuple[list[RequestRecord], float, float, int]:
-    """Connect, warm up, report `ready()` (which returns the agreed start time), then run."""
+    """Connect, warm up, report `ready()` (which returns the agreed start time), then run.
+    `completed` (a shared c_longlong, or None) gets one added per measured request."""
     channels = [
         (plan.credentials or ClientCredentials()).aio_channel(
             plan.target, options=[("grpc.use_local_subchannel_pool", 1)])
@@ -185,6 +186,9 @@ async def _run_process(
     async def send(i: int, lane: int) -> None:
         records.append(await one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
                                  plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
+        if completed is not None:
+            # Per request, never per chunk: all the progress display costs this process.
+            completed.value += 1
 
     if plan.rate:
         # Open loop: sleep to each arrival time on the monotonic clock. When behind, the
@@ -226,11 +230,11 @@ class ProcessResult(msgspec.Struct, array_like=True):
     """Open loop: arrivals the process was late for (the schedule shifted instead)."""
 
 
-async def _measured(plan: ProcessPlan, ready: Callable[[], int]) -> ProcessResult:
-    return ProcessResult(plan.process, *await _run_process(plan, ready))
+async def _measured(plan: ProcessPlan, ready: Callable[[], int], completed) -> ProcessResult:
+    return ProcessResult(plan.process, *await _run_process(plan, ready, completed))
 
 
-def _process_main(plan_bytes: bytes, conn) -> None:
+def _process_main(plan_bytes: bytes, conn, completed=None) -> None:
     plan = msgspec.msgpack.decode(plan_bytes, type=ProcessPlan)
 
     def ready() -> int:
@@ -240,11 +244,36 @@ def _process_main(plan_bytes: bytes, conn) -> None:
     try:
         import uvloop
 
-        result = uvloop.run(_measured(plan, ready))
+        result = uvloop.run(_measured(plan, ready, completed))
     except ImportError:
-        result = asyncio.run(_measured(plan, ready))
+        result = asyncio.run(_measured(plan, ready, completed))
     conn.send_bytes(msgspec.msgpack.encode(result))
     conn.close()
+
+
+class RequestCounter:
+    """Requests the load processes have finished so far, for a progress display.
+
+    Each process adds one to its own slot of shared memory as a request ends: one writer per
+    slot, so no lock and nothing sent; `completed` sums the slots whenever the parent looks.
+    The count is of measured requests (not warm-up), errors included, like the records.
+    """
+
+    def __init__(self) -> None:
+        self._slots: list = []
+        self.started_ns: int | None = None
+        """The agreed start (time.monotonic_ns), once every process is ready; else None."""
+
+    def slot(self, context) -> object:
+        """A new process's slot: a c_longlong in shared memory, made by `context`."""
+        slot = context.RawValue("q", 0)
+        self._slots.append(slot)
+        return slot
+
+    @property
+    def completed(self) -> int:
+        """Requests finished so far, over every process (read from any thread)."""
+        return sum(slot.value for slot in self._slots)
 
 
 _START_MARGIN_NS = 20_000_000
@@ -252,17 +281,21 @@ _START_MARGIN_NS = 20_000_000
 
 
 def run_load(plans: list[ProcessPlan],
-             on_started: Callable[[int, int], None] | None = None) -> list[ProcessResult]:
+             on_started: Callable[[int, int], None] | None = None,
+             counter: RequestCounter | None = None) -> list[ProcessResult]:
     """Run each plan in its own process and gather every process's result.
 
     `on_started(process_number, pid)` is called for each process once it runs. Every process
-    connects and warms up first; then all start at one agreed monotonic time.
+    connects and warms up first; then all start at one agreed monotonic time. `counter`
+    counts their finished requests as they go (a progress bar reads it).
     """
     context = mp.get_context("spawn")
     started = []
     for plan in plans:
         here, there = context.Pipe()
-        proc = context.Process(target=_process_main, args=(msgspec.msgpack.encode(plan), there))
+        completed = counter.slot(context) if counter is not None else None
+        proc = context.Process(target=_process_main,
+                               args=(msgspec.msgpack.encode(plan), there, completed))
         proc.start()
         there.close()
         started.append((proc, here))
@@ -274,7 +307,10 @@ def run_load(plans: list[ProcessPlan],
         for proc, conn in started:
             if _expect(conn.recv_bytes, proc) != b"ready":
                 raise RuntimeError(f"load process {proc.pid} did not report ready")
-        start_at = str(time.monotonic_ns() + _START_MARGIN_NS).encode()
+        start_at_ns = time.monotonic_ns() + _START_MARGIN_NS
+        if counter is not None:
+            counter.started_ns = start_at_ns
+        start_at = str(start_at_ns).encode()
         for _, conn in started:
             conn.send_bytes(start_at)
         for proc, conn in started:

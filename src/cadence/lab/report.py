@@ -256,12 +256,41 @@ def _system(result: dict) -> str:
     gpus = system.get("gpus")
     if gpus:
         parts.append("<h3>Cards</h3>" + _generic_rows(gpus))
-    others = {k: v for k, v in system.items() if k not in ("processes", "gpus", "flags")}
+    scraped = system.get("server_metrics")
+    if isinstance(scraped, dict):
+        parts.append(_server_metrics(scraped))
+    others = {k: v for k, v in system.items()
+              if k not in ("processes", "gpus", "flags", "server_metrics")}
     if others:
         parts.append(_kv_table(others))
     if len(parts) == 1:
         parts.append('<p class="note">No system samples.</p>')
     return "".join(parts)
+
+
+_SERVER_METRICS = (
+    ("deepest request buffer (steps)", "peaks", "cadence_deepest_buffer_steps"),
+    ("active streams", "peaks", "cadence_active_streams"),
+    ("steps merged", "during_run", "cadence_merged_steps_total"),
+    ("buffer overflows", "during_run", "cadence_buffer_overflows_total"),
+    ("sequence pauses (--overflow block)", "during_run", "cadence_sequence_pauses_total"),
+    ("sequences paused at once", "peaks", "cadence_paused_sequences"),
+)
+"""(row, part of server_metrics, metric): the backpressure the server's own metrics saw."""
+
+
+def _server_metrics(scraped: dict) -> str:
+    """The scraped /metrics: peaks of the gauges, counters' growth over the run."""
+    rows = []
+    for label, part, name in _SERVER_METRICS:
+        value = (scraped.get(part) or {}).get(name)
+        if value is not None:  # older results lack the newer metrics
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)  # counts, shown as counts
+            rows.append((label, "peak" if part == "peaks" else "during the run", value))
+    note = (f'<p class="note">{_esc(scraped.get("scrapes"))} scrapes of '
+            f'{_esc(scraped.get("url"))}; peaks are of the scrapes, not of every moment.</p>')
+    return "<h3>Server metrics</h3>" + _table(("metric", "", "value"), rows) + note
 
 
 def _generic_rows(items: Any) -> str:

@@ -15,59 +15,137 @@ _BUSY_CPU_PCT = 80.0
 _IDLE_GPU_PCT = 30.0
 
 
+_FRONT_CHILD = "cadence.api.front_child"
+"""The module fronts 1..N-1 of `cadence serve --fronts N` run as (children of front 0)."""
+
+
 def server_processes(target: str) -> dict[str, int]:
-    """{"front": pid, "worker0": pid, ...} for a server listening on this host, else {}."""
+    """The processes of a server listening on this host, else {}.
+
+    One front: {"front": pid, "worker0": pid, ...}. With `--fronts N` every front listens on
+    the port (SO_REUSEPORT), so the first listener may be any of them: this finds front 0
+    (the one that launched the workers and the other fronts) and returns {"front0": pid,
+    "front1": pid, ..., "worker0": pid, ...}.
+    """
+    front = _front_zero(target)
+    if front is None:
+        return {}
+    fronts: dict[int, int] = {}
+    workers = []
+    for child in sorted(front.children(), key=lambda p: p.pid):
+        k = _front_index(child)
+        if k is None:
+            workers.append(child.pid)
+        else:
+            fronts[k] = child.pid
+    if fronts:
+        found = {"front0": front.pid, **{f"front{k}": fronts[k] for k in sorted(fronts)}}
+    else:
+        found = {"front": front.pid}
+    for i, pid in enumerate(workers):
+        found[f"worker{i}"] = pid
+    return found
+
+
+def _front_zero(target: str) -> psutil.Process | None:
+    """Front 0 of a server listening on this host: a listener on the port that is not a child
+    front (a child front's parent is front 0)."""
     host, _, port = target.rpartition(":")
     if host not in ("127.0.0.1", "localhost", "0.0.0.0", "[::1]", "::1"):
-        return {}
+        return None
     try:
         connections = psutil.net_connections(kind="tcp")
     except psutil.AccessDenied:
-        return {}
-    for conn in connections:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == int(port) and conn.pid:
-            front = psutil.Process(conn.pid)
-            found = {"front": front.pid}
-            for i, child in enumerate(sorted(front.children(), key=lambda p: p.pid)):
-                found[f"worker{i}"] = child.pid
-            return found
-    return {}
+        return None
+    listeners = sorted({c.pid for c in connections
+                        if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port) and c.pid})
+    for pid in listeners:
+        try:
+            process = psutil.Process(pid)
+            if _front_index(process) is None:
+                return process
+            parent = process.parent()
+        except psutil.Error:
+            continue
+        if parent is not None:
+            return parent
+    return None
+
+
+def _front_index(process: psutil.Process) -> int | None:
+    """K for a `python -m cadence.api.front_child K ...` process, else None."""
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return None
+    if _FRONT_CHILD in cmdline:
+        i = cmdline.index(_FRONT_CHILD)
+        if i + 1 < len(cmdline) and cmdline[i + 1].isdigit():
+            return int(cmdline[i + 1])
+    return None
 
 
 def metrics_url(target: str) -> str | None:
-    """The /metrics address of a local cadence server started with --metrics-port: the
-    front's other listening TCP port."""
-    front = server_processes(target).get("front")
+    """The /metrics address of a local cadence server started with --metrics-port: front 0's
+    other listening TCP port (with `--fronts N`, the endpoint that shows every front's)."""
+    front = _front_zero(target)
     if front is None:
         return None
     grpc_port = int(target.rpartition(":")[2])
-    for conn in psutil.Process(front).net_connections(kind="tcp"):
+    for conn in front.net_connections(kind="tcp"):
         if conn.status == psutil.CONN_LISTEN and conn.laddr.port != grpc_port:
             return f"http://{conn.laddr.ip}:{conn.laddr.port}/metrics"
     return None
 
 
 _SCRAPED_GAUGES = ("cadence_deepest_buffer_steps", "cadence_active_streams",
-                   "cadence_worker_batch_size")
+                   "cadence_worker_batch_size", "cadence_paused_sequences")
 _SCRAPED_COUNTERS = ("cadence_merged_steps_total", "cadence_buffer_overflows_total",
-                     "cadence_chunks_total", "cadence_output_tokens_total")
+                     "cadence_sequence_pauses_total", "cadence_chunks_total",
+                     "cadence_output_tokens_total")
+
+
+_MAX_OVER_FRONTS = ("cadence_deepest_buffer_steps",)
+"""With `--fronts N`, gauges whose all-fronts value is the largest front's; the others (and
+every counter) add up: each front counts its own streams and its own share of each worker's
+batch (a front's batch gauge holds its last step with any of its sequences, so the sum can
+run ahead of the worker's batch while a front has none)."""
 
 
 def scrape(url: str) -> dict[str, float]:
-    """The cadence gauges and counters of one /metrics page, keyed by name{labels}."""
+    """The cadence gauges and counters of one /metrics page, keyed by name{labels}.
+
+    Front 0 of `--fronts N` labels every front's samples with `front`: those are kept, and
+    each is also combined over the fronts under its name without that label, so the same
+    keys as with one front hold the whole server's values.
+    """
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=2) as reply:
         text = reply.read().decode()
-    values = {}
+    values: dict[str, float] = {}
+    combined: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name in _SCRAPED_GAUGES or sample.name in _SCRAPED_COUNTERS:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
+                values[_key(sample.name, sample.labels)] = sample.value
+                if "front" in sample.labels:
+                    rest = {k: v for k, v in sample.labels.items() if k != "front"}
+                    key = _key(sample.name, rest)
+                    if key not in combined:
+                        combined[key] = sample.value
+                    elif sample.name in _MAX_OVER_FRONTS:
+                        combined[key] = max(combined[key], sample.value)
+                    else:
+                        combined[key] += sample.value
+    return {**values, **combined}
+
+
+def _key(name: str, labels: dict[str, str]) -> str:
+    text = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    return f"{name}{{{text}}}" if text else name
 
 
 class SystemSampler:

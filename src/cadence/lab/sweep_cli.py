@@ -14,7 +14,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="vary one setting, fresh server per value, same workload")
     p.add_argument("--vary", required=True,
                    help="NAME=V1,V2,...: queue_capacity, workers, max_concurrent, max_batch, "
-                        "step_ms, jitter_ms, overflow, engine_threads (app engine), "
+                        "step_ms, jitter_ms, overflow, engine_threads (app engine), fronts, "
                         "concurrency, rate or procs")
     p.add_argument("--repeat", type=int, default=1, help="runs per value")
     p.add_argument("--serve-args", default="--devices cpu:2 --step-ms 20",

@@ -453,14 +453,14 @@ class WorkerHeartbeat(threading.Thread):
             tell.setsockopt(zmq.LINGER, 0)
             tell.setsockopt(zmq.SNDHWM, 4)
             tell.connect(spec.output_address)
-        beat = msgspec.msgpack.encode(Heartbeat(spec.index))
+        encode, worker = msgspec.msgpack.encode, spec.index
         interval, timeout = spec.heartbeat_interval_s, spec.heartbeat_timeout_s
         heard = time.monotonic()
         try:
             while not self._stop.is_set():
                 if tell is not None:
                     with contextlib.suppress(zmq.Again):
-                        tell.send(beat, zmq.NOBLOCK)
+                        tell.send(encode(Heartbeat(worker, time.monotonic_ns())), zmq.NOBLOCK)
                 if listen.poll(int(interval * 1e3)):
                     while True:
                         try:

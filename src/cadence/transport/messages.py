@@ -146,6 +146,20 @@ class WorkerReady(msgspec.Struct, frozen=True, array_like=True, tag="ready"):
     """The engine's very first step, during warm-up (cold: allocations, kernel selection)."""
     warm_step_ms: float = 0.0
     """A decode step at the end of warm-up, for comparison with first_step_ms."""
+    boot_id: str = ""
+    """The worker's kernel boot id: the same as the front's when both read one monotonic
+    clock (one host, namespaces included); otherwise the front maps the worker's
+    timestamps onto its own clock (see OutputReader)."""
+
+
+def boot_id() -> str:
+    """This kernel's boot id (empty where there is none): processes that share it share
+    time.monotonic_ns()."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
@@ -189,6 +203,8 @@ class Heartbeat(msgspec.Struct, frozen=True, array_like=True, tag="beat"):
 
     worker: int = -1
     """The sender (-1: the front)."""
+    sent_ns: int = 0
+    """The sender's time.monotonic_ns() when it sent this beat."""
 
 
 WorkerInput = WorkerInputs | Shutdown

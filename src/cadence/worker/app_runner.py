@@ -48,6 +48,7 @@ from cadence.transport.messages import (
     WorkerOutput,
     WorkerReady,
     WorkerSpec,
+    boot_id,
 )
 
 log = logging.getLogger("cadence.app")
@@ -479,7 +480,7 @@ async def serve_app(app: App, spec: WorkerSpec, *, output_hwm: int = OUTPUT_HWM)
     loop.add_reader(fd, on_readable)
     first = loop.call_soon(on_readable)  # inputs that arrived before the reader was added
     try:
-        channel.send(WorkerReady(spec.index, os.getpid(), "app"))
+        channel.send(WorkerReady(spec.index, os.getpid(), "app", boot_id=boot_id()))
         await stopped
     finally:
         first.cancel()

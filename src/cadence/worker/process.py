@@ -15,6 +15,7 @@ from cadence.transport.channel import WorkerChannel, WorkerHeartbeat
 from cadence.transport.messages import (
     EngineConfig,
     Shutdown,
+    boot_id,
     WorkerInputs,
     WorkerReady,
     WorkerSpec,
@@ -74,6 +75,7 @@ def run_worker(spec: WorkerSpec) -> None:
         warmup_ms=(ready - warmup_start) * 1e3,
         first_step_ms=getattr(engine, "first_step_ms", 0.0),
         warm_step_ms=getattr(engine, "warm_step_ms", 0.0),
+        boot_id=boot_id(),
     ))
     stepped = False
     try:
