@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,119 +23,17 @@ import psutil
 import pytest
 
 from cadence.client import Client
+from cadence.lab.netns_hosts import Front, TwoHosts, ip, netns_unavailable
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 
 pytest.importorskip("ray", reason="--launcher ray needs the ray extra (pip install '.[ray]')")
 
 N = 12
-VENV_BIN = Path(sys.executable).parent
-_BANNER = re.compile(r"cadence serving on (\S+):(\d+)")
-_READY = re.compile(r"worker (\d+) ready \(pid (\d+)")
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-class TwoHosts:
-    """Two namespaces `a` (10.213.0.1, and 10.213.1.2 towards this process) and `b`
-    (10.213.0.2), each with a Ray node, removed with everything in them by `close`."""
-
-    HEAD, NODE, FRONT = "10.213.0.1", "10.213.0.2", "10.213.1.2"
-
-    def __init__(self) -> None:
-        tag = f"{os.getpid() % 100000}"
-        self.a, self.b = f"cad{tag}a", f"cad{tag}b"
-        self._root_link = f"cad{tag}r"
-        self.env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
-                        RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
-        self._made: list[str] = []
-        self.logs: list[Path] = []
-
-    def open(self, log_dir: Path) -> None:
-        for ns in (self.a, self.b):
-            _ip("netns", "add", ns)
-            self._made.append(ns)
-        # The hosts' link: both ends are called cad0, each in its own namespace.
-        _ip("link", "add", f"{self._root_link}x", "type", "veth", "peer", "name", f"{self._root_link}y")
-        _ip("link", "set", f"{self._root_link}x", "netns", self.a)
-        _ip("link", "set", f"{self._root_link}y", "netns", self.b)
-        _ip("-n", self.a, "link", "set", f"{self._root_link}x", "name", "cad0")
-        _ip("-n", self.b, "link", "set", f"{self._root_link}y", "name", "cad0")
-        _ip("-n", self.a, "addr", "add", f"{self.HEAD}/24", "dev", "cad0")
-        _ip("-n", self.b, "addr", "add", f"{self.NODE}/24", "dev", "cad0")
-        # This process's way to the front in `a`.
-        _ip("link", "add", self._root_link, "type", "veth", "peer", "name", f"{self._root_link}c")
-        _ip("link", "set", f"{self._root_link}c", "netns", self.a)
-        _ip("-n", self.a, "addr", "add", f"{self.FRONT}/24", "dev", f"{self._root_link}c")
-        _ip("addr", "add", "10.213.1.1/24", "dev", self._root_link)
-        for ns in (self.a, self.b):
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", "cad0", "up")
-        _ip("-n", self.a, "link", "set", f"{self._root_link}c", "up")
-        _ip("link", "set", self._root_link, "up")
-        common = ["--num-cpus", "1", "--resources", '{"card": 1}', "--object-store-memory",
-                  "80000000", "--disable-usage-stats", "--block"]
-        self.spawn(self.a, log_dir / "ray-head.log", str(VENV_BIN / "ray"), "start", "--head",
-                   "--node-ip-address", self.HEAD, "--port", "6379", "--include-dashboard",
-                   "false", *common)
-        self._wait_for_port(self.a, self.HEAD, 6379, log_dir / "ray-head.log")
-        self.spawn(self.b, log_dir / "ray-node.log", str(VENV_BIN / "ray"), "start", "--address",
-                   f"{self.HEAD}:6379", "--node-ip-address", self.NODE, *common)
-
-    def spawn(self, ns: str, log: Path, *argv: str) -> subprocess.Popen:
-        """Run `argv` inside namespace `ns`, its output in `log`."""
-        self.logs.append(log)
-        out = open(log, "w")  # noqa: SIM115 - kept open for the process's life
-        return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=out,
-                                stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-
-    def _wait_for_port(self, ns: str, host: str, port: int, log: Path, timeout: float = 60) -> None:
-        probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=1)"
-        deadline = time.monotonic() + timeout
-        while subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe],
-                             capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline, f"Ray head never listened:\n{log.read_text()[-3000:]}"
-            time.sleep(0.5)
-
-    def pids(self) -> list[int]:
-        """Every process in either namespace."""
-        pids: list[int] = []
-        for ns in self._made:
-            out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
-            pids += [int(p) for p in out.split()]
-        return pids
-
-    def close(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
-        for ns in self._made:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", self._root_link], capture_output=True)
-
-
-def _netns_permitted() -> str | None:
-    """Why namespaces cannot be made here, or None when they can."""
-    if shutil.which("ip") is None:
-        return "no `ip` command (Debian's iproute2)"
-    probe = f"cadprobe{os.getpid() % 100000}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"`ip netns add` is not permitted here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory) -> Iterator[TwoHosts]:
-    reason = _netns_permitted()
+    reason = netns_unavailable()
     if reason:
         pytest.skip(reason)
     hosts = TwoHosts()
@@ -154,32 +48,6 @@ def hosts(tmp_path_factory) -> Iterator[TwoHosts]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("ray-model") / "model")
-
-
-class Front:
-    """`cadence serve --launcher ray` in namespace `a`, reached from here."""
-
-    def __init__(self, hosts: TwoHosts, log: Path, *args: str) -> None:
-        self.log = log
-        self.process = hosts.spawn(
-            hosts.a, log, sys.executable, "-m", "cadence.cli", "serve", "--launcher", "ray",
-            "--ray-address", f"{hosts.HEAD}:6379", "--host", hosts.FRONT, "--port", "0",
-            "--startup-timeout", "120", "--heartbeat-timeout", "2", *args,
-        )
-        deadline = time.monotonic() + 150
-        while not (match := _BANNER.search(log.read_text())):
-            assert self.process.poll() is None, f"front exited:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"front never served:\n{log.read_text()[-3000:]}"
-            time.sleep(0.2)
-        self.target = f"{match.group(1)}:{match.group(2)}"
-
-    def worker_pids(self) -> dict[int, int]:
-        """Each worker's rank-0 pid, from the latest 'ready' line of each."""
-        return {int(w): int(p) for w, p in _READY.findall(self.log.read_text())}
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(60)
 
 
 def _greedy(target: str, prompts: list[str]) -> list[list[int]]:
@@ -257,8 +125,8 @@ def test_a_cut_link_is_noticed_by_the_heartbeat(hosts, tmp_path) -> None:
     is back its replacement serves."""
     front = Front(hosts, tmp_path / "front.log", "--devices", "cpu:2", "--step-ms", "10")
     try:
-        placed = dict((ip, int(w)) for w, ip in
-                      re.findall(r"worker (\d) placed on (\S+)", front.log.read_text()))
+        placed = {address: int(w) for w, address in
+                  re.findall(r"worker (\d) placed on (\S+)", front.log.read_text())}
         remote = placed[hosts.NODE]
         old_pid = front.worker_pids()[remote]
         with Client(front.target) as client:
@@ -267,7 +135,7 @@ def test_a_cut_link_is_noticed_by_the_heartbeat(hosts, tmp_path) -> None:
             workers = [next(s).timing.worker for s in streams]
             assert remote in workers
             cut = time.monotonic()
-            _ip("-n", hosts.b, "link", "set", "cad0", "down")
+            ip("-n", hosts.b, "link", "set", "cad0", "down")
             try:
                 stream = streams[workers.index(remote)]
                 with pytest.raises(grpc.RpcError) as ended:
@@ -281,7 +149,7 @@ def test_a_cut_link_is_noticed_by_the_heartbeat(hosts, tmp_path) -> None:
                     assert time.monotonic() < deadline, "the cut-off worker did not exit"
                     time.sleep(0.1)
             finally:
-                _ip("-n", hosts.b, "link", "set", "cad0", "up")
+                ip("-n", hosts.b, "link", "set", "cad0", "up")
             for stream, worker in zip(streams, workers):
                 if worker != remote:
                     assert next(stream).token_ids  # the local replica kept streaming

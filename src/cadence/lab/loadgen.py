@@ -131,6 +131,7 @@ async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
                 recvs.append(t.front_recv_ns)
                 sends.append(t.send_ns)
                 if chunk.index == 0:
+                    record.worker = t.worker
                     record.t_received_ns = t.received_ns
                     record.t_scheduled_ns = t.scheduled_ns
             if chunk.finish_reason:

@@ -33,6 +33,8 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     arrival_ns: list[int] = []
     tokens: list[int] = []
     index: list[int] = []
+    worker: int = -1
+    """The worker that served it (with timing; -1 without)."""
     t_received_ns: int = 0
     t_scheduled_ns: int = 0
     t_step_start_ns: list[int] = []
