@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -185,7 +186,14 @@ def test_sigterm_drains_open_streams_and_leaves_no_process(server_factory) -> No
         short = client.generate("short", max_tokens=20)
         long = client.generate("long", max_tokens=10_000)
         next(short), next(long)
+        folder = _socket_folder(server)
         server.process.send_signal(signal.SIGTERM)
+        # Draining: health says so at once, to every service a load balancer might watch.
+        deadline = time.monotonic() + 5
+        while client.health() != "NOT_SERVING":
+            assert time.monotonic() < deadline, "health did not turn NOT_SERVING on SIGTERM"
+            time.sleep(0.01)
+        assert client.health("cadence.v1.Inference") == "NOT_SERVING"
         # A stream that can finish within the drain timeout finishes normally...
         assert list(short)[-1].finish_reason == pb.FINISH_REASON_LENGTH
         # ...new requests are refused...
@@ -198,6 +206,7 @@ def test_sigterm_drains_open_streams_and_leaves_no_process(server_factory) -> No
         assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "shut down" in ended.value.details()
     assert server.stop() == 0
+    assert not os.path.exists(folder)
 
 
 def test_bad_settings_and_a_busy_port_fail_with_a_message(server_factory) -> None:
@@ -220,10 +229,20 @@ def test_bad_settings_and_a_busy_port_fail_with_a_message(server_factory) -> Non
 
 def test_killed_front_takes_its_workers_with_it(server_factory) -> None:
     server = server_factory("--devices", "cpu:2")
+    folder = _socket_folder(server)
     server.process.kill()
     server.process.wait(10)
     _, alive = psutil.wait_procs(server.workers, timeout=10)
     assert not alive
+    assert not os.path.exists(folder)  # the workers removed the dead front's sockets
+
+
+def _socket_folder(server) -> str:
+    """The private folder of the server's ipc sockets, from a worker's spec."""
+    spec = json.loads(server.workers[0].cmdline()[-1])
+    folder = os.path.dirname(spec["output_address"][len("ipc://"):])
+    assert os.path.isdir(folder)
+    return folder
 
 
 def test_worker_exits_when_the_front_falls_silent(server_factory) -> None:

@@ -237,16 +237,22 @@ class FrontChannel:
         self._output.close(linger=0)
         self._heartbeat.close(linger=0)
         self._context.term()
-        folders = set()
-        for address in [*self.input_addresses, self.output_address, self.heartbeat_address]:
-            if address.startswith("ipc://"):
-                path = address[len("ipc://"):]
-                folders.add(os.path.dirname(path))
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-        for folder in folders:
+        remove_ipc_sockets([*self.input_addresses, self.output_address, self.heartbeat_address])
+
+
+def remove_ipc_sockets(addresses: list[str]) -> None:
+    """Unlink the socket files of the ipc addresses among `addresses`, then their folders
+    once empty (a folder that still holds another's sockets stays)."""
+    folders = set()
+    for address in addresses:
+        if address.startswith("ipc://"):
+            path = address[len("ipc://"):]
+            folders.add(os.path.dirname(path))
             with contextlib.suppress(OSError):
-                os.rmdir(folder)
+                os.unlink(path)
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
 
 
 class WorkerChannel:

@@ -11,7 +11,7 @@ import time
 import msgspec
 
 from cadence.engines.base import Engine
-from cadence.transport.channel import WorkerChannel, WorkerHeartbeat
+from cadence.transport.channel import WorkerChannel, WorkerHeartbeat, remove_ipc_sockets
 from cadence.transport.messages import (
     EngineConfig,
     Shutdown,
@@ -156,10 +156,23 @@ def main(argv: list[str] | None = None) -> None:
     parent = os.getppid()
     # Ctrl-C belongs to the front, which shuts workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if parent == 1:  # the front died before prctl took effect
         return
     spec = msgspec.json.decode(argv[0].encode(), type=WorkerSpec)
+
+    def on_sigterm(*_) -> None:
+        # PDEATHSIG comes when the thread that started this worker exits, which can be while
+        # the rest of a killed front is still going down: give the reparenting a moment.
+        deadline = time.monotonic() + 0.5
+        while os.getppid() == parent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if os.getppid() != parent:
+            # The front is gone (killed) and could not remove its socket files.
+            remove_ipc_sockets([spec.input_address, spec.output_address, spec.heartbeat_address,
+                                *spec.extra_input_addresses, *spec.front_output_addresses])
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     if spec.rank > 0:
         # A follower spends its idle time blocked inside a collective, where a Python signal
         # handler would never run; it holds nothing to clean up, so SIGTERM ends it at once.
