@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -77,12 +77,44 @@ class FrontMetrics:
         self.deepest_buffer = Gauge("cadence_deepest_buffer_steps",
                                     "Steps of output waiting in the fullest per-request buffer "
                                     "(read at scrape time).", registry=r)
+        # Start-up, apart from serving latency: set on every WorkerReady, so a restarted
+        # worker's values replace its predecessor's.
+        self.worker_load = Gauge("cadence_worker_load_seconds",
+                                 "The worker's model load (engine built: weights read or "
+                                 "created, cache allocated), at its last start.", ["worker"],
+                                 registry=r)
+        self.worker_warmup = Gauge("cadence_worker_warmup_seconds",
+                                   "The worker's warm-up steps before it reported ready (health "
+                                   "turns SERVING after them), at its last start.", ["worker"],
+                                   registry=r)
+        self.worker_first_step = Gauge("cadence_worker_first_step_seconds",
+                                       "The worker's first (cold) engine step, during warm-up, "
+                                       "at its last start.", ["worker"], registry=r)
+        self.worker_warm_step = Gauge("cadence_worker_warm_step_seconds",
+                                      "A decode step at the end of the worker's warm-up, to "
+                                      "compare with the first step.", ["worker"], registry=r)
+        self._restarts = _RestartCollector()
+        r.register(self._restarts)
         r.register(_PauseCollector(PAUSES))
 
     def watch(self, active: Callable[[], float], deepest_buffer: Callable[[], float]) -> None:
         """Gauges computed only when scraped, so they cost nothing per token."""
         self.active.set_function(active)
         self.deepest_buffer.set_function(deepest_buffer)
+
+    def worker_started(self, worker: int, load_s: float, warmup_s: float, first_step_s: float,
+                       warm_step_s: float) -> None:
+        """Record a worker's start-up (from its WorkerReady), replacing any earlier start's."""
+        label = str(worker)
+        self.worker_load.labels(label).set(load_s)
+        self.worker_warmup.labels(label).set(warmup_s)
+        self.worker_first_step.labels(label).set(first_step_s)
+        self.worker_warm_step.labels(label).set(warm_step_s)
+
+    def watch_restarts(self, restarts: Sequence[int]) -> None:
+        """Export `cadence_worker_restarts_total` from the supervisor's per-worker counts
+        (read when scraped, so a restart that never comes back ready still counts)."""
+        self._restarts.restarts = restarts
 
     def serve(self, port: int, host: str,
               other_fronts: Callable[[], list[tuple[int, str]]] | None = None) -> int:
@@ -104,6 +136,30 @@ class FrontMetrics:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+class _RestartCollector:
+    """`cadence_worker_restarts_total{worker}`, read from the supervisor's counts.
+
+    A collector, not a Counter, because the supervisor already keeps the count (and changes
+    it where no metrics object is at hand); front 0 alone has a supervisor, so the other
+    fronts export the family without samples.
+    """
+
+    def __init__(self) -> None:
+        self.restarts: Sequence[int] = ()
+
+    def describe(self):
+        return [CounterMetricFamily("cadence_worker_restarts_total", "", labels=["worker"])]
+
+    def collect(self):
+        family = CounterMetricFamily(
+            "cadence_worker_restarts_total",
+            "Times the supervisor restarted the worker after it exited or hung.",
+            labels=["worker"])
+        for worker, count in enumerate(self.restarts):
+            family.add_metric([str(worker)], count)
+        yield family
 
 
 class _PauseCollector:

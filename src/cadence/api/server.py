@@ -324,9 +324,19 @@ class CadenceServer:
             await asyncio.sleep(_STARTUP_POLL_S)
 
     def _on_worker_ready(self, message: WorkerReady) -> None:
+        """A worker (first start or restart) is ready: export its start-up, route to it."""
+        if message.load_ms or message.warmup_ms:  # zero: an app worker, which measures none
+            # Every front gets the same WorkerReady, so each front's page is whole; the
+            # values of a restart overwrite the previous start's.
+            self.metrics.worker_started(message.worker, message.load_ms / 1e3,
+                                        message.warmup_ms / 1e3, message.first_step_ms / 1e3,
+                                        message.warm_step_ms / 1e3)
         if self.front > 0:
             self.supervisor.mark_ready(message.worker, message.pid)
             return
+        # The supervisor (front 0's only) is made after the metrics, so it is handed over
+        # here, where it is sure to exist; the same list each time, so this is idempotent.
+        self.metrics.watch_restarts(self.supervisor.restarts)
         log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine)
         if message.load_ms or message.warmup_ms:
             # Start-up apart from serving: model load, warm-up, and a cold vs a warm step.

@@ -11,7 +11,7 @@ from cadence.lab.baseline import engine_config_of, run_baseline
 from cadence.lab.diagnosis import diagnose
 from cadence.lab.kserve_load import KServeTarget
 from cadence.lab.loadgen import ProcessPlan, RequestCounter, RequestShape, run_load
-from cadence.lab.sampler import SystemSampler, metrics_url, server_processes
+from cadence.lab.sampler import SystemSampler, metrics_url, server_processes, worker_startup
 from cadence.lab.stats import summarize
 
 
@@ -224,6 +224,8 @@ def _print_system(console, system: dict) -> None:
             f"{during['cadence_buffer_overflows_total']:.0f} buffer overflows"
             + _blocking(during, peaks)
         )
+        for line in startup_lines(worker_startup(scraped)):
+            console.print(line, highlight=False)
     for flag in system.get("flags", []):
         console.print(f"[bold red]{flag}[/]")
 
@@ -235,3 +237,28 @@ def _blocking(during: dict, peaks: dict) -> str:
         return ""
     return (f"; blocking: {during['cadence_sequence_pauses_total']:.0f} sequence pauses, "
             f"{peaks.get('cadence_paused_sequences', 0):.0f} paused at the busiest scrape")
+
+
+def startup_lines(startup: list[dict]) -> list[str]:
+    """One "start-up" line per worker (from `sampler.worker_startup`): model load, warm-up,
+    and the cold first step against a warm one. All before the run, so none of it is in the
+    serving latencies above; shown apart so a slow start is not read as slow serving."""
+    lines = []
+    for w in startup:
+        if w["load_s"] is None:
+            continue  # restarts only: nothing measured of this worker's start
+        line = (f"start-up worker {w['worker']}: load {_ms(w['load_s'])}, warm-up "
+                f"{_ms(w['warmup_s'])} (first step {_ms(w['first_step_s'])} vs warm step "
+                f"{_ms(w['warm_step_s'])})")
+        if w["restarts"]:
+            line += (f"; {w['restarts']:.0f} restart(s), {w['restarts_during_run']:.0f} during "
+                     "the run (the values are of the last start)")
+        lines.append(line)
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    ms = seconds * 1e3
+    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"

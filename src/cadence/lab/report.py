@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from cadence.lab import plots
+from cadence.lab.sampler import worker_startup
 
 AGGREGATES = (
     "ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens",
@@ -259,6 +260,7 @@ def _system(result: dict) -> str:
     scraped = system.get("server_metrics")
     if isinstance(scraped, dict):
         parts.append(_server_metrics(scraped))
+        parts.append(_startup(scraped))
     others = {k: v for k, v in system.items()
               if k not in ("processes", "gpus", "flags", "server_metrics")}
     if others:
@@ -291,6 +293,30 @@ def _server_metrics(scraped: dict) -> str:
     note = (f'<p class="note">{_esc(scraped.get("scrapes"))} scrapes of '
             f'{_esc(scraped.get("url"))}; peaks are of the scrapes, not of every moment.</p>')
     return "<h3>Server metrics</h3>" + _table(("metric", "", "value"), rows) + note
+
+
+def _startup(scraped: dict) -> str:
+    """A start-up row per worker: model load, warm-up, the cold first step against a warm one
+    (ms), and restarts; empty for a server that exported none (or an older result)."""
+    rows = []
+    for w in worker_startup(scraped):
+        if w["load_s"] is None:
+            continue  # restarts only: nothing measured of this worker's start
+        ms = [None if w[k] is None else w[k] * 1e3
+              for k in ("load_s", "warmup_s", "first_step_s", "warm_step_s")]
+        restarts = None if w["restarts"] is None else int(w["restarts"])
+        during = None if w["restarts_during_run"] is None else int(w["restarts_during_run"])
+        rows.append((f"worker {w['worker']}", *ms, restarts, during))
+    if not rows:
+        return ""
+    note = ('<p class="note">Before the run, so in none of the latencies above: the last start '
+            "of each worker (a restarted worker shows its new start). The server turns SERVING "
+            "after the warm-up.</p>")
+    return ("<h3>Worker start-up</h3>"
+            + _table(("start-up", "load (ms)", "warm-up (ms)", "first step (ms)",
+                      "warm step (ms)", "restarts", "during the run"), rows,
+                     bad=lambda i, v: i == 6 and isinstance(v, int) and v > 0)
+            + note)
 
 
 def _generic_rows(items: Any) -> str:

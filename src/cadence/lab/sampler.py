@@ -105,11 +105,22 @@ _SCRAPED_COUNTERS = ("cadence_merged_steps_total", "cadence_buffer_overflows_tot
                      "cadence_output_tokens_total")
 
 
-_MAX_OVER_FRONTS = ("cadence_deepest_buffer_steps",)
-"""With `--fronts N`, gauges whose all-fronts value is the largest front's; the others (and
-every counter) add up: each front counts its own streams and its own share of each worker's
-batch (a front's batch gauge holds its last step with any of its sequences, so the sum can
-run ahead of the worker's batch while a front has none)."""
+_STARTUP_GAUGES = ("cadence_worker_load_seconds", "cadence_worker_warmup_seconds",
+                   "cadence_worker_first_step_seconds", "cadence_worker_warm_step_seconds")
+"""Each worker's start-up (its last start), kept apart from _SCRAPED_GAUGES: they hold still
+during a run, so peaks of them would say nothing."""
+_STARTUP_COUNTERS = ("cadence_worker_restarts_total",)
+"""Per worker, so not among _SCRAPED_COUNTERS (whose growth is taken under the bare name)."""
+_STARTUP = _STARTUP_GAUGES + _STARTUP_COUNTERS
+
+
+_MAX_OVER_FRONTS = ("cadence_deepest_buffer_steps", *_STARTUP)
+"""With `--fronts N`, values whose all-fronts value is the largest front's; the others (and
+every other counter) add up: each front counts its own streams and its own share of each
+worker's batch (a front's batch gauge holds its last step with any of its sequences, so the
+sum can run ahead of the worker's batch while a front has none). The start-up values are the
+worker's own, the same on every front that has them (restarts: front 0's alone), so adding
+them up would count a worker once per front."""
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -129,7 +140,8 @@ def scrape(url: str) -> dict[str, float]:
     combined: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in _SCRAPED_GAUGES or sample.name in _SCRAPED_COUNTERS:
+            if (sample.name in _SCRAPED_GAUGES or sample.name in _SCRAPED_COUNTERS
+                    or sample.name in _STARTUP):
                 values[_key(sample.name, sample.labels)] = sample.value
                 if "front" in sample.labels:
                     rest = {k: v for k, v in sample.labels.items() if k != "front"}
@@ -141,6 +153,45 @@ def scrape(url: str) -> dict[str, float]:
                     else:
                         combined[key] += sample.value
     return {**values, **combined}
+
+
+_STARTUP_FIELDS = (("load_s", "cadence_worker_load_seconds"),
+                   ("warmup_s", "cadence_worker_warmup_seconds"),
+                   ("first_step_s", "cadence_worker_first_step_seconds"),
+                   ("warm_step_s", "cadence_worker_warm_step_seconds"),
+                   ("restarts", "cadence_worker_restarts_total"))
+
+
+def worker_startup(server_metrics: dict | None) -> list[dict]:
+    """Each worker's start-up from a run's scrapes (`server_metrics` of a bench result):
+    [{"worker": 0, "load_s", "warmup_s", "first_step_s", "warm_step_s", "restarts",
+    "restarts_during_run"}, ...], from the last scrape (a worker restarted during the run shows
+    its new start). A field the server did not export is None; [] when no worker has any
+    (no scrape, an app server, or a result saved before the server exported them).
+    """
+    samples = (server_metrics or {}).get("samples") or []
+    if not samples:
+        return []
+    first, last = samples[0][1], samples[-1][1]
+    workers: dict[int, dict] = {}
+    for key, value in last.items():
+        name, _, labels = key.partition("{")
+        # Only the keys labelled by worker alone: with `--fronts N` those hold the value
+        # over all fronts, and the per-front copies (front=K,worker=W) repeat it.
+        if name in _STARTUP and labels.startswith("worker=") and "," not in labels:
+            worker = int(labels[len("worker="):].rstrip("}"))
+            workers.setdefault(worker, {})[name] = value
+    rows = []
+    for worker in sorted(workers):
+        found = workers[worker]
+        row: dict = {"worker": worker}
+        for field, name in _STARTUP_FIELDS:
+            row[field] = found.get(name)
+        restarts_key = _key("cadence_worker_restarts_total", {"worker": str(worker)})
+        row["restarts_during_run"] = (None if row["restarts"] is None
+                                      else row["restarts"] - first.get(restarts_key, 0.0))
+        rows.append(row)
+    return rows
 
 
 def _key(name: str, labels: dict[str, str]) -> str:
