@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,3 +171,12 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_an_unreachable_ray_cluster_is_a_clear_start_up_error() -> None:
+    out = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", "--port", "0",
+                          "--launcher", "ray", "--ray-address", "127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "cannot reach the Ray cluster at 127.0.0.1:1" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -427,7 +427,10 @@ def _make_launcher(config: ServerConfig) -> Launcher:
     if config.launcher == "ray":
         from cadence.transport.ray_launcher import RayLauncher
 
-        return RayLauncher(config)
+        try:
+            return RayLauncher(config)
+        except RuntimeError as exc:  # no Ray, or no room in the cluster: said, not traced
+            raise StartupError(str(exc)) from exc
     return LocalLauncher()
 
 

@@ -67,6 +67,18 @@ class WorkerActor:
         return 0
 
 
+def _check_reachable(address: str) -> None:
+    """Fail fast on a Ray address nothing listens on (ray.init retries it for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # `auto` or a scheme Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise RuntimeError(f"cannot reach the Ray cluster at {address}: {exc}; is `ray start "
+                           "--head` running there, and is --ray-address right?") from None
+
+
 def _interface_of(ip: str) -> str:
     """The network interface that holds `ip` (empty when none does)."""
     import psutil
@@ -198,6 +210,8 @@ class RayLauncher:
 
         ranks = [device for worker in config.devices for device in worker.split(",")]
         self._gpu = [device.startswith("cuda") for device in ranks]
+        if config.ray_address:
+            _check_reachable(config.ray_address)
         # ray.init replaces the SIGTERM handler with one that exits at once; the front's own
         # (a drain) must stay.
         handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -207,6 +221,10 @@ class RayLauncher:
             else:  # a Ray instance of our own, with a card per rank
                 ray.init(namespace="cadence", include_dashboard=False, log_to_driver=True,
                          resources={CARD: sum(not g for g in self._gpu)})
+        except (ConnectionError, ValueError) as exc:
+            where = config.ray_address or "a new local instance"
+            raise RuntimeError(f"cannot join the Ray cluster at {where}: {exc}; check "
+                               "--ray-address and RAY_AUTH_TOKEN") from exc
         finally:
             if threading.current_thread() is threading.main_thread():
                 for sig, handler in handlers.items():
