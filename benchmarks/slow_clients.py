@@ -30,7 +30,8 @@ NORMAL = Workload(requests=512, concurrency=64, warmup=16,
                   shape=RequestShape(max_tokens=(128, 128)))
 
 
-def _slow_streams(target: str, seconds: float, opened: multiprocessing.Event) -> None:
+def _slow_streams(target: str, seconds: float, opened: multiprocessing.Event,
+                  default_window: bool = False) -> None:
     """SLOW streams that read one chunk a second for `seconds`, in this process."""
     import asyncio
 
@@ -40,7 +41,14 @@ def _slow_streams(target: str, seconds: float, opened: multiprocessing.Event) ->
     from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 
     async def main() -> None:
-        channels = [grpc.aio.insecure_channel(target) for _ in range(8)]
+        # A small receive window (1 KiB per stream, no BDP growth) makes these clients slow
+        # at the transport, as a slow link is: with gRPC's default window (64 KiB and
+        # growing) a client that reads one chunk a second still takes in every token as its
+        # own message for the first ~30 s, and the front sends 50,000 messages a second.
+        options = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+        if default_window:
+            options = []
+        channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(8)]
         calls = [pb_grpc.InferenceStub(channels[i % 8]).Generate(
             build_request(f"slow {i}", max_tokens=16000), timeout=seconds + 60)
             for i in range(SLOW)]
@@ -86,6 +94,8 @@ def _itl(result: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/slow_clients.json")
+    parser.add_argument("--default-window", action="store_true",
+                        help="slow clients with gRPC's default receive window")
     args = parser.parse_args()
     with ServerProcess("--devices", "cpu:2", "--step-ms", "20", "--max-batch", "2048",
                        "--max-concurrent", "2048") as server:
@@ -94,7 +104,8 @@ def main() -> None:
         alone = run_bench(server.target, NORMAL)
         rss_before = rss.samples[-1][1]
         opened = multiprocessing.Event()
-        slow = multiprocessing.Process(target=_slow_streams, args=(server.target, 60.0, opened))
+        slow = multiprocessing.Process(target=_slow_streams,
+                                       args=(server.target, 60.0, opened, args.default_window))
         slow.start()
         if not opened.wait(60):
             raise SystemExit("the slow streams did not open")
@@ -109,7 +120,8 @@ def main() -> None:
     out = {
         "server": "--devices cpu:2 --step-ms 20 --overflow merge (default) --queue-capacity 64",
         "normal_workload": "512 requests, concurrency 64, 128 tokens",
-        "slow_streams": f"{SLOW} streams reading one chunk per second",
+        "slow_streams": f"{SLOW} streams reading one chunk per second, receive window "
+                        + ("gRPC's default" if args.default_window else "1 KiB per stream"),
         "alone": {"itl_ms": _itl(alone), "ttft_p99_ms": alone["ttft_ms"]["p99"],
                   "integrity": alone["integrity"], "errors": alone["errors_by_code"]},
         "beside_slow": {"itl_ms": _itl(beside), "ttft_p99_ms": beside["ttft_ms"]["p99"],
