@@ -191,6 +191,7 @@ class CadenceServer:
         )
         self.reader.last_output_ns = self.supervisor.last_output_ns
         self.reader.last_heard_ns = self.supervisor.last_heard_ns
+        self.metrics.watch_restarts(self.supervisor.restarts)
         for k in range(1, fronts):
             self._children[k] = self._launch_front(k)
         await self._wait_for_workers()
@@ -334,9 +335,6 @@ class CadenceServer:
         if self.front > 0:
             self.supervisor.mark_ready(message.worker, message.pid)
             return
-        # The supervisor (front 0's only) is made after the metrics, so it is handed over
-        # here, where it is sure to exist; the same list each time, so this is idempotent.
-        self.metrics.watch_restarts(self.supervisor.restarts)
         log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine)
         if message.load_ms or message.warmup_ms:
             # Start-up apart from serving: model load, warm-up, and a cold vs a warm step.

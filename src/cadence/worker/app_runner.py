@@ -499,17 +499,12 @@ def run_app_worker(spec: WorkerSpec) -> None:
     except Exception as exc:  # noqa: BLE001 - report any import failure the same way
         sys.exit(f"cadence worker {spec.index}: cannot load app {spec.engine.app!r}: "
                  f"{type(exc).__name__}: {exc}")
-    from cadence.worker.process import start_heartbeat
-
-    heartbeat = start_heartbeat(spec)
     try:
         import uvloop
     except ImportError:
         stuck = asyncio.run(serve_app(app, spec))
     else:
         stuck = uvloop.run(serve_app(app, spec))
-    if heartbeat is not None:
-        heartbeat.stop()
     if stuck:
         # A thread is blocked inside the user's function; the interpreter would wait for it
         # at exit. The sockets are closed and nothing else is pending: leave now.

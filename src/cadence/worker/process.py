@@ -48,7 +48,12 @@ def run_worker(spec: WorkerSpec) -> None:
         # A user's generator function: an event loop and its own executor, not a step loop.
         from cadence.worker.app_runner import run_app_worker
 
-        run_app_worker(spec)
+        heartbeat = start_heartbeat(spec)
+        try:
+            run_app_worker(spec)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
         return
     load_start = time.perf_counter()
     engine = build_engine(
