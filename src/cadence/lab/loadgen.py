@@ -17,7 +17,6 @@ from collections.abc import Callable
 import msgspec
 
 from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.credentials import ClientCredentials
 from cadence.lab.kserve_load import KServeTarget, one_kserve
 from cadence.lab.kserve_load import stub as kserve_stub
@@ -97,9 +96,22 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Speak the Open Inference Protocol to this model (lab/kserve_load.py); None: cadence's."""
 
 
-async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
+GENERATE = "/cadence.v1.Inference/Generate"
+
+
+def generate_method(channel) -> Callable:
+    """`Generate` on `channel`, answering each chunk as its serialized bytes.
+
+    The load generator parses chunks after the run (`decode_chunks`), not as they arrive:
+    between two arrivals it only stamps the time and keeps the bytes, which is about a fifth
+    less CPU per chunk than parsing there and keeps one process ahead of 30,000 chunks/s.
+    """
+    return channel.unary_stream(GENERATE, request_serializer=pb.GenerateRequest.SerializeToString)
+
+
+async def _one(generate: Callable, plan: RequestPlan, process: int,
                include_timing: bool, timeout: float | None,
-               read_delay_s: float = 0.0) -> RequestRecord:
+               read_delay_s: float = 0.0) -> tuple[RequestRecord, list[bytes]]:
     request = pb.GenerateRequest(
         request_id=plan.request_id,
         prompt_token_ids=plan.prompt_token_ids,
@@ -114,31 +126,41 @@ async def _one(stub: pb_grpc.InferenceStub, plan: RequestPlan, process: int,
         max_tokens=plan.max_tokens,
         prompt_tokens=len(plan.prompt_token_ids),
     )
-    arrival, tokens, index = record.arrival_ns, record.tokens, record.index
-    starts, ends, recvs, sends = (
-        record.t_step_start_ns, record.t_step_end_ns, record.t_front_recv_ns, record.t_send_ns
-    )
-    call = stub.Generate(request, timeout=timeout)
+    arrival, chunks = record.arrival_ns, []
+    keep = chunks.append
+    call = generate(request, timeout=timeout)
     with recording(record):
         async for chunk in call:
             arrival.append(monotonic_ns())
-            tokens.append(len(chunk.token_ids))
-            index.append(chunk.index)
-            if include_timing:
-                t = chunk.timing
-                starts.append(t.step_start_ns)
-                ends.append(t.step_end_ns)
-                recvs.append(t.front_recv_ns)
-                sends.append(t.send_ns)
-                if chunk.index == 0:
-                    record.worker = t.worker
-                    record.t_received_ns = t.received_ns
-                    record.t_scheduled_ns = t.scheduled_ns
-            if chunk.finish_reason:
-                record.finish_reason = chunk.finish_reason
+            keep(chunk)
             if read_delay_s:
                 await asyncio.sleep(read_delay_s)
-    return record
+    return record, chunks
+
+
+def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bool) -> None:
+    """Fill the record's per-chunk fields from the chunks `_one` kept, in arrival order."""
+    parse = pb.GenerateChunk.FromString
+    tokens, index = record.tokens, record.index
+    starts, ends, recvs, sends = (
+        record.t_step_start_ns, record.t_step_end_ns, record.t_front_recv_ns, record.t_send_ns
+    )
+    for data in chunks:
+        chunk = parse(data)
+        tokens.append(len(chunk.token_ids))
+        index.append(chunk.index)
+        if include_timing:
+            t = chunk.timing
+            starts.append(t.step_start_ns)
+            ends.append(t.step_end_ns)
+            recvs.append(t.front_recv_ns)
+            sends.append(t.send_ns)
+            if chunk.index == 0:
+                record.worker = t.worker
+                record.t_received_ns = t.received_ns
+                record.t_scheduled_ns = t.scheduled_ns
+        if chunk.finish_reason:
+            record.finish_reason = chunk.finish_reason
 
 
 def _my_requests(plan: ProcessPlan):
@@ -166,7 +188,7 @@ async def _run_process(
     ]
     for channel in channels:
         await asyncio.wait_for(channel.channel_ready(), 30)
-    stubs = [pb_grpc.InferenceStub(c) for c in channels]
+    stubs = [generate_method(c) for c in channels]
     one = _one
     if plan.kserve is not None:
         stubs = [kserve_stub(c) for c in channels]
@@ -180,13 +202,19 @@ async def _run_process(
         await asyncio.sleep(delay)
     cpu0, wall0 = time.process_time(), time.monotonic()
     records: list[RequestRecord] = []
+    kept: list[tuple[RequestRecord, list[bytes]]] = []
+    """cadence's protocol: each record with its chunks' bytes, parsed after the run."""
     todo = _my_requests(plan)
     stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
     slips = 0
 
     async def send(i: int, lane: int) -> None:
-        records.append(await one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
-                                 plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
+        result = await one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
+                           plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3)
+        if plan.kserve is None:
+            kept.append(result)
+            result = result[0]
+        records.append(result)
         if completed is not None:
             # Per request, never per chunk: all the progress display costs this process.
             completed.value += 1
@@ -214,6 +242,8 @@ async def _run_process(
 
         await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+    for record, chunks in kept:
+        decode_chunks(record, chunks, plan.include_timing)
     for channel in channels:
         await channel.close()
     return records, cpu_s, wall_s, slips
@@ -225,7 +255,8 @@ class ProcessResult(msgspec.Struct, array_like=True):
     process: int
     records: list[RequestRecord]
     cpu_s: float
-    """User + system CPU of the process from the agreed start to its last record."""
+    """User + system CPU of the process from the agreed start to its last record (the
+    chunks' parsing after that is not in it: it competes with no arrival)."""
     wall_s: float
     schedule_slips: int
     """Open loop: arrivals the process was late for (the schedule shifted instead)."""

@@ -1,0 +1,103 @@
+"""How many chunks one load-generating process of `cadence bench` keeps up with.
+
+The source is `plain_grpc_reference.py --step-ms 0`: a grpc.aio server that sends one-token
+chunks as fast as gRPC takes them, never merged, so the client is offered more chunks than it
+can take and its receive rate is its capacity (unless the source is the slower of the two:
+the source's own CPU is reported beside it). The lab's target: at least 30,000 chunks/s per
+process, beyond which `cadence bench --procs N` spreads the load and the diagnosis says when
+the client was saturated.
+
+    python benchmarks/client_capacity.py [--streams 64] [--tokens 2000] [--out results/client_capacity.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
+from cadence.lab.server_process import ServerProcess
+
+SOURCE = [sys.executable, str(Path(__file__).with_name("plain_grpc_reference.py"))]
+TARGET_CHUNKS_PER_S = 30_000
+
+
+def measure(target: str, source_pid: int, streams: int, tokens: int, rounds: int,
+            include_timing: bool, procs: int) -> dict:
+    plans = [
+        ProcessPlan(process=k, processes=procs, target=target,
+                    shape=RequestShape(max_tokens=(tokens, tokens)),
+                    requests=streams * rounds, concurrency=streams // procs,
+                    include_timing=include_timing, warmup=4)
+        for k in range(procs)
+    ]
+    source = psutil.Process(source_pid)
+    started = time.monotonic()
+    cpu0 = sum(source.cpu_times()[:2])
+    results = run_load(plans)
+    source_cpu = sum(source.cpu_times()[:2]) - cpu0
+    elapsed = time.monotonic() - started
+    chunks = sum(len(r.arrival_ns) for p in results for r in p.records)
+    lost = sum(r.max_tokens - r.output_tokens for p in results for r in p.records)
+    errors = sum(r.code != "OK" for p in results for r in p.records)
+    wall = max(p.wall_s for p in results)
+    per_proc = [
+        {"process": p.process,
+         "chunks_per_s": round(sum(len(r.arrival_ns) for r in p.records) / p.wall_s),
+         "cpu_us_per_chunk": round(p.cpu_s / max(1, sum(len(r.arrival_ns) for r in p.records)) * 1e6, 1),
+         "cpu_share": round(p.cpu_s / p.wall_s, 2)}
+        for p in results
+    ]
+    return {
+        "procs": procs, "streams": streams, "tokens_per_stream": tokens,
+        "include_timing": include_timing, "chunks": chunks, "errors": errors,
+        "tokens_missing": lost,
+        "chunks_per_s": round(chunks / wall),
+        "per_process": per_proc,
+        # The source's CPU spans the processes' start-up too, so it is a bound from above.
+        "source_cpu_share": round(source_cpu / elapsed, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=2000, help="chunks per stream")
+    parser.add_argument("--rounds", type=int, default=2, help="requests per stream")
+    parser.add_argument("--procs", type=int, nargs="+", default=[1])
+    parser.add_argument("--out", default="results/client_capacity.json")
+    args = parser.parse_args()
+    rows = []
+    with ServerProcess("--step-ms", "0", command=SOURCE) as source:
+        for procs in args.procs:
+            for timing in (True, False):
+                row = measure(source.target, source.pid, args.streams, args.tokens, args.rounds,
+                              timing, procs)
+                rows.append(row)
+                p0 = row["per_process"][0]
+                print(f"procs {procs} timing {'on ' if timing else 'off'}: "
+                      f"{row['chunks_per_s']:,} chunks/s; process 0 {p0['chunks_per_s']:,} "
+                      f"chunks/s at {p0['cpu_us_per_chunk']} us CPU/chunk "
+                      f"({p0['cpu_share']:.0%} of a core); source {row['source_cpu_share']:.0%} "
+                      f"of a core; errors {row['errors']}, tokens missing {row['tokens_missing']}",
+                      flush=True)
+    one = [r for r in rows if r["procs"] == 1]
+    result = {
+        "machine": {"cpus": psutil.cpu_count(), "load_before": psutil.getloadavg()},
+        "target_chunks_per_s_per_process": TARGET_CHUNKS_PER_S,
+        "met": bool(one) and all(r["per_process"][0]["chunks_per_s"] >= TARGET_CHUNKS_PER_S
+                                 for r in one),
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"target {TARGET_CHUNKS_PER_S:,} chunks/s per process met: {result['met']}; {args.out}")
+
+
+if __name__ == "__main__":
+    main()
