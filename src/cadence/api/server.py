@@ -25,11 +25,12 @@ from cadence.api.metrics import FrontMetrics
 from cadence.api.output_reader import OutputReader
 from cadence.api.request_stream import RequestStream
 from cadence.api.service import SERVICE_NAME, InferenceService
+from cadence.api.worker_supervisor import WorkerSupervisor
 from cadence.config import ServerConfig
+from cadence.heap import settle_heap
 from cadence.router import WorkerRouter
 from cadence.router.admission import SharedAdmissionGate
 from cadence.transport.channel import FrontChannel, front_addresses, local_addresses
-from cadence.api.worker_supervisor import WorkerSupervisor
 from cadence.transport.launcher import Launcher, LocalLauncher
 from cadence.transport.messages import WorkerReady, WorkerSpec
 
@@ -203,6 +204,7 @@ class CadenceServer:
         if config.stall_timeout_s is not None:
             self._tasks.append(loop.create_task(self.service.sweep_stalled(config.stall_timeout_s)))
         self.service.refusal = None
+        settle_heap()
         await self._refresh_health_now()
         log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n, config.devices)
         return self.port
@@ -287,6 +289,7 @@ class CadenceServer:
             self._tasks.append(loop.create_task(
                 self.service.sweep_stalled(self.config.stall_timeout_s)))
         self.service.refusal = None
+        settle_heap()
         await self._refresh_health_now()
         path = f"{self._base}/f{self.front}-ready"
         with open(path + ".tmp", "w") as f:

@@ -18,6 +18,7 @@ import msgspec
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.credentials import ClientCredentials
+from cadence.heap import settle_heap
 from cadence.lab.kserve_load import KServeTarget, one_kserve
 from cadence.lab.kserve_load import stub as kserve_stub
 from cadence.lab.records import RequestRecord, recording
@@ -196,6 +197,7 @@ async def _run_process(
     for i in range(plan.warmup):
         await one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
                   plan.process, plan.include_timing, plan.timeout_s)
+    settle_heap()  # a full collection during the run would stall every stream it records
     start_at_ns = await asyncio.get_running_loop().run_in_executor(None, ready)
     delay = (start_at_ns - time.monotonic_ns()) / 1e9
     if delay > 0:

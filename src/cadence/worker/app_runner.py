@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
 from cadence.engines.tokenizer import ByteTokenizer
+from cadence.heap import settle_heap
 from cadence.transport.channel import OUTPUT_HWM, WorkerChannel
 from cadence.transport.messages import (
     AddRequest,
@@ -480,6 +481,7 @@ async def serve_app(app: App, spec: WorkerSpec, *, output_hwm: int = OUTPUT_HWM)
     loop.add_reader(fd, on_readable)
     first = loop.call_soon(on_readable)  # inputs that arrived before the reader was added
     try:
+        settle_heap()
         channel.send(WorkerReady(spec.index, os.getpid(), "app", boot_id=boot_id()))
         await stopped
     finally:

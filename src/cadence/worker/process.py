@@ -11,14 +11,15 @@ import time
 import msgspec
 
 from cadence.engines.base import Engine
+from cadence.heap import settle_heap
 from cadence.transport.channel import WorkerChannel, WorkerHeartbeat, remove_ipc_sockets
 from cadence.transport.messages import (
     EngineConfig,
     Shutdown,
-    boot_id,
     WorkerInputs,
     WorkerReady,
     WorkerSpec,
+    boot_id,
 )
 from cadence.worker.batch_scheduler import BatchScheduler
 
@@ -74,6 +75,7 @@ def run_worker(spec: WorkerSpec) -> None:
                             front_outputs=spec.front_output_addresses, curve=spec)
     heartbeat = start_heartbeat(spec)
     scheduler = BatchScheduler(engine, spec.index, spec.engine.max_batch)
+    settle_heap()
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
         load_ms=(warmup_start - load_start) * 1e3,
