@@ -1,0 +1,98 @@
+"""How long grpc.aio takes to start N calls that a client opens at the same instant.
+
+A floor under time to first token when streams start together (the closed loop of the
+bring-your-own-model issue's 32-stream target, W1's 256): a bare grpc.aio server whose
+handler answers one message holding the time it was entered, and a grpc.aio client (uvloop
+on both, as cadence runs) that opens N calls at once, ten times. Reports client start ->
+handler entry and the full round trip, p50/p99, per N. No cadence code on the path.
+
+    python benchmarks/call_setup.py [--calls 1 8 32 64 256] [--out results/call_setup.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import grpc
+import msgspec
+import uvloop
+
+from cadence.lab.stats import distribution
+
+METHOD = "/cadence.v1.Inference/Generate"
+
+
+async def _serve(port: mp.Value, ready: mp.Event) -> None:
+    async def entered(request: bytes, context) -> object:
+        yield str(time.monotonic_ns()).encode()
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "cadence.v1.Inference", {"Generate": grpc.unary_stream_rpc_method_handler(entered)})])
+    port.value = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ready.set()
+    await server.wait_for_termination()
+
+
+def _server_main(port: mp.Value, ready: mp.Event) -> None:
+    uvloop.run(_serve(port, ready))
+
+
+async def _measure(target: str, calls: list[int], rounds: int) -> list[dict]:
+    channel = grpc.aio.insecure_channel(target)
+    await channel.channel_ready()
+    generate = channel.unary_stream(METHOD)
+
+    async def one() -> tuple[float, float]:
+        start = time.monotonic_ns()
+        async for message in generate(b""):
+            return (int(message) - start) / 1e6, (time.monotonic_ns() - start) / 1e6
+        raise RuntimeError("no message")
+
+    rows = []
+    for n in calls:
+        for _ in range(3):  # warm-up rounds
+            await asyncio.gather(*(one() for _ in range(n)))
+        samples = []
+        for _ in range(rounds):
+            samples += await asyncio.gather(*(one() for _ in range(n)))
+            await asyncio.sleep(0.05)
+        entry = msgspec.structs.asdict(distribution([s[0] for s in samples]))
+        trip = msgspec.structs.asdict(distribution([s[1] for s in samples]))
+        rows.append({"calls_at_once": n, "to_handler_ms": entry, "round_trip_ms": trip})
+        print(f"{n:4d} calls at once: client start -> handler p50 {entry['p50']:.2f} p99 "
+              f"{entry['p99']:.2f} ms; round trip p50 {trip['p50']:.2f} p99 {trip['p99']:.2f} ms",
+              flush=True)
+    await channel.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, nargs="+", default=[1, 8, 32, 64, 256])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--out", default="results/call_setup.json")
+    args = parser.parse_args()
+    spawn = mp.get_context("spawn")
+    port, ready = spawn.Value("i", 0), spawn.Event()
+    server = spawn.Process(target=_server_main, args=(port, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(30):
+            raise SystemExit("the reference server did not start")
+        rows = uvloop.run(_measure(f"127.0.0.1:{port.value}", args.calls, args.rounds))
+    finally:
+        server.kill()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
