@@ -244,12 +244,13 @@ def hf_greedy_on(folder, prompt: list[int], n: int, device: str, dtype_name: str
     return out[0, len(prompt):].tolist()
 
 
-def make_engine(folder: str, device: str, dtype: str, kv_tokens: int, **tp):
+def make_engine(folder: str, device: str, dtype: str, kv_tokens: int, graphs: bool = True, **tp):
     from cadence.engines.llama.engine import LlamaEngine
     from cadence.transport.messages import EngineConfig
 
     config = EngineConfig(name="torch", model=folder, kv_cache_tokens=kv_tokens, dtype=dtype,
-                          threads=max(1, (os.cpu_count() or 1) // tp.get("group_size", 1)))
+                          threads=max(1, (os.cpu_count() or 1) // tp.get("group_size", 1)),
+                          cuda_graph_batch=32 if graphs else 0)
     return LlamaEngine(config, device, **tp)
 
 
@@ -266,6 +267,9 @@ def stage_engine(args, ctx) -> dict:
         alone = [run_requests(engine, [(p, n, 0)])[0] for p in prompts]
         together = run_requests(engine, [(p, n, 0) for p in prompts])
         joining = run_requests(engine, [(p, n, i) for i, p in enumerate(prompts)])
+        graphs = engine.graphs
+        graph_use = {"replays": graphs.replays, "failed": graphs.failed,
+                     "buckets": sorted(graphs._buckets)} if graphs is not None else None
     finally:
         engine.close()
         del engine
@@ -275,7 +279,7 @@ def stage_engine(args, ctx) -> dict:
     ok = all(not r["diffs"] for r in parts.values())
     summary = ", ".join(f"{k} {r['equal']}/{r['of']}" for k, r in parts.items())
     return {"status": "pass" if ok else "fail", "device": args.device, "dtype": "float32",
-            "max_tokens": n, "prompt_lengths": [len(p) for p in prompts],
+            "cuda_graphs": graph_use, "max_tokens": n, "prompt_lengths": [len(p) for p in prompts],
             "summary": f"greedy tokens equal transformers': {summary}", **parts}
 
 
@@ -497,8 +501,9 @@ def stage_perf(args, ctx) -> dict:
         folder = make_model(size, Path(ctx["tmp"]) / f"perf-{size}")
         vocab = SHAPES[size]["vocab_size"]
         kv = max(batches) * (args.prompt * 3 // 2 + args.tokens + 32) + 1024
-        for dtype in args.dtypes.split(","):
-            key = f"{size}/{dtype}"
+        for dtype, graphs in ((d, g) for d in args.dtypes.split(",")
+                              for g in args.graphs.split(",")):
+            key = f"{size}/{dtype}/graphs-{graphs}"
             if elapsed() > args.budget_s:
                 runs[key] = {"status": "skipped", "reason": f"time budget {args.budget_s} s spent"}
                 lines.append(f"{key} skipped (budget)")
@@ -509,7 +514,7 @@ def stage_perf(args, ctx) -> dict:
                 if args.device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
                 start = time.monotonic()
-                engine = make_engine(str(folder), args.device, dtype, kv)
+                engine = make_engine(str(folder), args.device, dtype, kv, graphs=graphs == "on")
                 engine.start()
                 entry["load_and_warmup_s"] = round(time.monotonic() - start, 2)
                 try:
@@ -573,6 +578,8 @@ def main() -> int:
     p.add_argument("--sizes", default=None, help="perf sizes (default tiny,100m; --quick: tiny)")
     p.add_argument("--batches", default=None, help="perf batches (default 1,8,32; --quick: 1,4)")
     p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--graphs", default="on,off",
+                   help="perf with CUDA graphs for decode on, off, or both (default on,off)")
     p.add_argument("--prompt", type=int, default=None, help="perf prompt length (32; --quick 16)")
     p.add_argument("--tokens", type=int, default=None, help="perf tokens per request (64; --quick 8)")
     p.add_argument("--check-tokens", type=int, default=None,

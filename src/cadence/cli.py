@@ -40,6 +40,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="torch engine: compute dtype (auto: float32 on CPU, the checkpoint's on CUDA)")
     p.add_argument("--kv-cache-tokens", type=int, default=16384,
                    help="torch engine: KV cache capacity per worker, in tokens (default 16384)")
+    p.add_argument("--cuda-graph-batch", type=int, default=32,
+                   help="torch engine on CUDA, --tp 1: decode steps of up to N sequences replay "
+                        "captured CUDA graphs (default 32; 0 turns them off)")
     p.add_argument("--step-ms", type=float, default=20.0, help="synthetic decode step (ms)")
     p.add_argument("--per-seq-ms", type=float, default=0.0, help="synthetic cost per sequence in a step (ms)")
     p.add_argument("--prefill-ms-per-token", type=float, default=0.01, help="synthetic prefill cost (ms/token)")
@@ -153,6 +156,7 @@ def _server_config(args: argparse.Namespace):
             model=args.model,
             dtype=args.dtype,
             kv_cache_tokens=args.kv_cache_tokens,
+            cuda_graph_batch=args.cuda_graph_batch,
             threads=cpu_threads_per_rank(devices) if engine == "torch" else 0,
         ),
         max_concurrent=args.max_concurrent,

@@ -143,6 +143,8 @@ def _torch_problems(config: ServerConfig) -> list[str]:
                             "folder) or --model tiny")
         if engine.dtype not in ("auto", "float32", "bfloat16", "float16"):
             problems.append(f"dtype must be auto, float32, bfloat16 or float16 (got {engine.dtype!r})")
+        if engine.cuda_graph_batch < 0:
+            problems.append(f"cuda_graph_batch must be 0 (off) or more (got {engine.cuda_graph_batch})")
         if engine.kv_cache_tokens < 16:
             problems.append(f"kv_cache_tokens must be at least 16 (got {engine.kv_cache_tokens})")
     elif any("," in d for d in config.devices):

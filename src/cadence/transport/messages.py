@@ -54,6 +54,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Torch: `float32`, `bfloat16`, `float16`, or `auto` (float32 on CPU, the checkpoint's on CUDA)."""
     kv_cache_tokens: int = 16384
     """Torch: KV cache capacity per worker, in tokens of all sequences together."""
+    cuda_graph_batch: int = 32
+    """Torch on CUDA: decode steps of up to this many sequences replay CUDA graphs (0: off)."""
     threads: int = 0
     """Torch on CPU: intra-op threads per rank; 0 leaves torch's default."""
 

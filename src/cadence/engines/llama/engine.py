@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from cadence.engines.base import Sequence
+from cadence.engines.llama.decode_graphs import DecodeGraphs
 from cadence.engines.llama.kv_cache import KVCache
 from cadence.engines.llama.loader import TINY, load_weights, read_config
 from cadence.engines.llama.model import LlamaModel, Shard, check_shardable
@@ -132,6 +133,11 @@ class LlamaEngine:
             dtype=self.dtype,
             device=self.device,
         )
+        self.graphs: DecodeGraphs | None = None
+        """CUDA graphs for decode steps (CUDA, one rank, --cuda-graph-batch > 0)."""
+        if self.device.type == "cuda" and group_size == 1 and config.cuda_graph_batch > 0:
+            self.graphs = DecodeGraphs(self.model, self.cache, max_batch=config.cuda_graph_batch,
+                                       capture=True)
         self.tokenizer: TextTokenizer | ByteText | None = None
         """The model folder's tokenizer, or byte-level text (`tiny`, no tokenizer.json); the
         worker tokenizes text prompts and detokenizes output with it (rank 0 only)."""
@@ -170,6 +176,8 @@ class LlamaEngine:
             self.warm_step_ms = (time.perf_counter() - start) * 1e3
         for seq in fake:
             self.release(seq)
+        if self.graphs is not None:
+            self.graphs.warm_up()
 
     def check(self, request: AddRequest) -> str | None:
         """Why the request cannot run here (token ids, context, cache capacity), or None."""
@@ -233,7 +241,11 @@ class LlamaEngine:
         packed = plan.pack()
         if self.group is not None:
             self.group.send_plan(packed)
-        logits = self.model.forward(unpack(packed, bs, self.device), self.cache)
+        inputs = unpack(packed, bs, self.device)
+        if self.graphs is not None and self.graphs.fits(inputs):
+            logits = self.graphs.run(inputs)
+        else:
+            logits = self.model.forward(inputs, self.cache)
         samplers = [seq.state.sampler for seq in prefill] + [s.sampler for s in states]
         tokens = sample(logits, samplers)
         for seq, prompt, token in zip(prefill, prompts, tokens):

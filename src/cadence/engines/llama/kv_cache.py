@@ -41,6 +41,14 @@ class KVCache:
         # Popped from the end: the lowest-numbered blocks go out first.
         self._free = list(range(self.num_blocks - 1, -1, -1))
 
+    def take_scratch_block(self) -> int:
+        """One block out of the pool for good (padding rows write there); the capacity shrinks
+        by it, so admission never waits for a block that will not come back."""
+        if len(self._free) < 2:
+            raise ValueError("the KV cache is too small to spare a scratch block")
+        self.capacity_tokens -= self.block_size
+        return self._free.pop()
+
     @property
     def free_tokens(self) -> int:
         """Token slots not held by any sequence."""
