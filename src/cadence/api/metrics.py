@@ -64,6 +64,10 @@ class FrontMetrics:
                                     "Engine steps whose tokens went out in one chunk with an "
                                     "earlier step's, because the stream was not ready to send.",
                                     registry=r)
+        self.failed_sends = Counter("cadence_failed_sends_total",
+                                    "Chunks whose send failed because the client had just "
+                                    "cancelled (grpc.aio's ExecuteBatchError; not logged).",
+                                    registry=r)
         self.overflows = Counter("cadence_buffer_overflows_total",
                                  "Tokens that found a request's buffer at --queue-capacity.",
                                  registry=r)

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cadence.api import security
+from cadence.api.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.api.kserve.pool import ReflectionPool
 from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
 from cadence.api.kserve.service import KServeService
@@ -103,6 +104,7 @@ class CadenceServer:
         # by its own counts of work (it sees only its own requests).
         self.router = WorkerRouter(n)
         self.metrics = FrontMetrics()
+        self._failed_sends = count_failed_sends(self.metrics.failed_sends)
         self.service = InferenceService(config, self._streams, links, self.router, self.metrics,
                                         front=self.front, gate=self._gate)
         # The Open Inference Protocol, on the same port and through the same service.
@@ -405,6 +407,7 @@ class CadenceServer:
             await self._server.stop(_FINAL_CHUNK_WAIT_S)
         if hasattr(self, "metrics"):
             self.metrics.close()
+            logging.getLogger(GRPC_LOGGER).removeFilter(self._failed_sends)
         if fronts_stopped is not None:
             await fronts_stopped  # their streams need the workers until they end
         if self.supervisor is not None:
