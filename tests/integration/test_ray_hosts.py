@@ -180,3 +180,25 @@ def test_an_unreachable_ray_cluster_is_a_clear_start_up_error() -> None:
     assert out.returncode != 0
     assert "cannot reach the Ray cluster at 127.0.0.1:1" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_an_own_ray_instance_ignores_a_stale_current_cluster_file(monkeypatch) -> None:
+    # A Ray head that died without cleaning up leaves ray_current_cluster behind; without
+    # --ray-address, cadence starts its own Ray instead of joining that dead address.
+    import tempfile
+
+    temp = Path(tempfile.mkdtemp(prefix="cr"))  # short: Ray's socket paths must fit
+    (temp / "ray").mkdir()
+    (temp / "ray" / "ray_current_cluster").write_text("10.213.9.9:6379")
+    monkeypatch.setenv("RAY_TMPDIR", str(temp))
+    from cadence.lab.server_process import ServerProcess
+
+    try:
+        with (ServerProcess("--launcher", "ray", "--devices", "cpu:1", "--step-ms", "1") as server,
+              Client(server.target) as client):
+            chunks = list(client.generate("hello", max_tokens=4, timeout=30))
+        assert sum(len(c.token_ids) for c in chunks) == 4
+    finally:
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)

@@ -5,7 +5,10 @@ Needs root (or CAP_NET_ADMIN) and Debian's iproute2. Namespace `a` holds the Ray
 where the front runs; `b` holds a second Ray node; a veth pair joins them (10.213.0.0/24,
 both ends named `cad0`, so one GLOO_SOCKET_IFNAME fits both), and a second pair lets the
 calling process, in the root namespace, reach the front at 10.213.1.2. Everything is removed
-by `close`, processes by PID (never `ray stop`, which matches processes by name).
+by `close`, processes by PID (never `ray stop`, which matches processes by name). The Ray
+nodes keep their sessions in a private temporary folder, not the shared /tmp/ray, whose
+`ray_current_cluster` file would otherwise send every later `ray.init()` on this machine to
+these namespaces' head after it is gone.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +47,8 @@ class TwoHosts:
                         RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
         self._made: list[str] = []
         self.logs: list[Path] = []
+        self._ray_dir = tempfile.mkdtemp(prefix="cadray-")
+        """The nodes' --temp-dir (short: Ray's socket paths must fit in 107 bytes)."""
 
     def open(self, log_dir: Path) -> None:
         for ns in (self.a, self.b):
@@ -67,7 +73,7 @@ class TwoHosts:
         ip("-n", self.a, "link", "set", f"{self._root_link}c", "up")
         ip("link", "set", self._root_link, "up")
         common = ["--num-cpus", "1", "--resources", '{"card": 1}', "--object-store-memory",
-                  "80000000", "--disable-usage-stats", "--block"]
+                  "80000000", "--disable-usage-stats", "--block", "--temp-dir", self._ray_dir]
         self.spawn(self.a, log_dir / "ray-head.log", str(VENV_BIN / "ray"), "start", "--head",
                    "--node-ip-address", self.HEAD, "--port", "6379", "--include-dashboard",
                    "false", *common)
@@ -112,6 +118,7 @@ class TwoHosts:
         for ns in self._made:
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         subprocess.run(["ip", "link", "del", self._root_link], check=False, capture_output=True)
+        shutil.rmtree(self._ray_dir, ignore_errors=True)
 
 
 def netns_unavailable() -> str | None:

@@ -218,8 +218,11 @@ class RayLauncher:
         try:
             if config.ray_address:
                 ray.init(address=config.ray_address, namespace="cadence", log_to_driver=True)
-            else:  # a Ray instance of our own, with a card per rank
-                ray.init(namespace="cadence", include_dashboard=False, log_to_driver=True,
+            else:
+                # A Ray instance of our own, with a card per rank. `local`, because without an
+                # address ray.init joins whatever cluster /tmp/ray/ray_current_cluster names,
+                # even one long gone.
+                ray.init(address="local", namespace="cadence", include_dashboard=False, log_to_driver=True,
                          resources={CARD: sum(not g for g in self._gpu)})
         except (ConnectionError, ValueError) as exc:
             where = config.ray_address or "a new local instance"
