@@ -81,11 +81,11 @@ def start_ray_serve(port: int):
                                        finish_reason=pb.FINISH_REASON_LENGTH if i == last else 0)
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT / "src")}})
     serve.start(http_options={"host": "127.0.0.1", "port": _free_port()},
                 grpc_options={"port": port, "grpc_servicer_functions": [SERVICER]})
-    serve.run(Tokens.bind(), name="tokens", route_prefix=None)
+    serve.run(Tokens.bind(), name="tokens")
     return ray, serve
 
 

@@ -68,8 +68,8 @@ def generate(src_dir: Path) -> None:
 def generate_set(stub_set: StubSet, out_dir: Path) -> None:
     """Run protoc into a temporary tree, then place the stubs flat in `out_dir`.
 
-    protoc names imports after the proto path (`cadence.v1`, `inference`); the stubs live
-    in `python_package`, so those import lines are rewritten. With a `private_pool`, the
+    protoc names imports and the messages' module after the proto path (`cadence.v1`,
+    `inference`); the stubs live in `python_package`, so both are rewritten. With a `private_pool`, the
     descriptors are added to that module's `POOL` instead of the default pool.
     """
     import tempfile
@@ -93,6 +93,10 @@ def generate_set(stub_set: StubSet, out_dir: Path) -> None:
             text = (generated / name).read_text()
             text = text.replace(f"from {stub_set.proto_package} import",
                                 f"from {stub_set.python_package} import")
+            # The messages' __module__ too, or pickle (multiprocessing, Ray) cannot find their
+            # classes: it would import `cadence.v1.inference_pb2`, which does not exist.
+            text = text.replace(f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{stub_set.proto_package}.",
+                                f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{stub_set.python_package}.")
             if stub_set.private_pool and name.endswith("_pb2.py"):
                 text = _use_private_pool(text, stub_set.private_pool)
             (out_dir / name).write_text(text)

@@ -92,3 +92,16 @@ def _all_messages(messages):
         if not message.GetOptions().map_entry:
             yield message
             yield from _all_messages(message.nested_types)
+
+
+def test_messages_pickle_by_their_real_module() -> None:
+    # multiprocessing and Ray pickle messages by class; the class's module must import.
+    import pickle
+
+    from cadence.api.kserve import grpc_service_pb2 as kpb
+    from cadence.api.v1 import inference_pb2 as pb
+
+    chunk = pb.GenerateChunk(request_id="r", index=3, token_ids=[1, 2], finish_reason=1)
+    assert pickle.loads(pickle.dumps(chunk)) == chunk
+    request = kpb.ModelInferRequest(model_name="cadence")
+    assert pickle.loads(pickle.dumps(request)) == request

@@ -6,6 +6,7 @@ lab watches CPU and card utilisation together and flags "CPU busy while the card
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 
@@ -85,12 +86,19 @@ def _front_index(process: psutil.Process) -> int | None:
     return None
 
 
+def _has_metrics_port(process: psutil.Process) -> bool:
+    try:
+        return any(arg.startswith("--metrics-port") for arg in process.cmdline())
+    except psutil.Error:
+        return False
+
+
 def metrics_url(target: str) -> str | None:
     """The /metrics address of a local cadence server started with --metrics-port: front 0's
     other listening TCP port (with `--fronts N`, the endpoint that shows every front's)."""
     front = _front_zero(target)
-    if front is None:
-        return None
+    if front is None or not _has_metrics_port(front):
+        return None  # another server (its other ports speak other protocols), or no metrics
     grpc_port = int(target.rpartition(":")[2])
     for conn in front.net_connections(kind="tcp"):
         if conn.status == psutil.CONN_LISTEN and conn.laddr.port != grpc_port:
@@ -259,8 +267,8 @@ class SystemSampler:
             return
         try:
             values = scrape(self._metrics_url)
-        except OSError:
-            return  # a missed scrape leaves a gap, nothing more
+        except (OSError, http.client.HTTPException, ValueError):
+            return  # a missed or unreadable scrape leaves a gap, nothing more
         if values:  # none: not a cadence server's page (another server of the protocol)
             self._scrapes.append((t, values))
 
