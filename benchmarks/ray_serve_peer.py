@@ -1,5 +1,6 @@
 """cadence and Ray Serve serving the same token function, driven by the same client.
 
+    pip install "ray[serve]==2.60.0"      # Serve's own dependencies, beyond the .[ray] extra
     python benchmarks/ray_serve_peer.py [--streams 1 32 256] [--tokens 50] [--rounds 3]
         [--out results/ray_serve_peer.json]
 
