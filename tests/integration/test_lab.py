@@ -87,3 +87,18 @@ def test_sweep_starts_a_fresh_server_per_value() -> None:
                for p in points]
     assert workers == [1, 2]
     assert [row["value"] for row in result["sweep"]["table"]] == ["1", "2"]
+
+
+def test_the_front_exports_its_event_loop_lag() -> None:
+    import re
+    import time
+    import urllib.request
+
+    with ServerProcess("--step-ms", "5", "--metrics-port", "0",
+                       "--heartbeat-interval", "0.05") as server:
+        host, port = re.search(r"metrics on (\S+):(\d+)", server.banner).groups()
+        time.sleep(0.5)
+        text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+    count = next(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("cadence_event_loop_lag_seconds_count"))
+    assert count >= 5  # one sample per heartbeat, every 50 ms

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
     0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
@@ -55,6 +56,10 @@ class FrontMetrics:
         self.queue_wait = Histogram("cadence_queue_wait_seconds",
                                     "From the front receiving a request to the engine step that "
                                     "admitted it.", buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.loop_lag = Histogram("cadence_event_loop_lag_seconds",
+                                  "How late the front's event loop woke for a timer, sampled "
+                                  "every --heartbeat-interval: time it spent in other callbacks.",
+                                  buckets=_LAG_BUCKETS_S, registry=r)
         self.requests = Counter("cadence_requests_total", "Finished requests by gRPC status code.",
                                 ["code"], registry=r)
         self.tokens = Counter("cadence_output_tokens_total", "Tokens sent to clients.", registry=r)

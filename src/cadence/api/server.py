@@ -212,10 +212,18 @@ class CadenceServer:
         return self.port
 
     async def _beat(self) -> None:
-        """The front's heartbeat: workers that stop hearing it exit (see WorkerHeartbeat)."""
+        """The front's heartbeat: workers that stop hearing it exit (see WorkerHeartbeat).
+
+        Its timer doubles as the event loop's lag probe: how late each wake-up comes is how
+        long the loop was busy with other callbacks (cadence_event_loop_lag_seconds)."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.heartbeat_interval_s
+        observe = self.metrics.loop_lag.observe
         while True:
             self._channel.beat()
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            observe(max(0.0, loop.time() - due))
 
     # --- --fronts N ----------------------------------------------------------------------
 
