@@ -28,6 +28,8 @@ def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
     assert {"front", "worker0", "worker1", "client0"} <= set(result["system"]["processes"])
     scraped = result["system"]["server_metrics"]
     assert scraped["during_run"]["cadence_output_tokens_total"] == 16 * 30
+    assert scraped["front_loop"]["samples"] >= 1  # the front's event-loop lag, per heartbeat
+    assert 0 <= scraped["front_loop"]["late_over_20ms"] <= scraped["front_loop"]["samples"]
     assert result["baseline"]["workers"] == 2
     assert result["baseline"]["output_tokens"] == 16 * 30
     assert 15.0 < result["baseline"]["itl_ms"]["p50"] < 30.0

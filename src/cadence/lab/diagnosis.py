@@ -362,12 +362,19 @@ def _itl_unstable(run: _Run) -> list[Finding]:
             if _dist(run.result, "segments_ms", name)
         }
         worst = max(spreads, key=spreads.get) if spreads else "send"
+        # The front's own event-loop lag (when the server exports it): a loop late by more than
+        # 20 ms in many samples says the front itself is blocked or saturated.
+        loop = ((run.result.get("system") or {}).get("server_metrics") or {}).get("front_loop")
+        loop_evidence = ({"front_loop_samples": loop["samples"],
+                          "front_loop_late_over_20ms": loop["late_over_20ms"]}
+                         if loop and loop["samples"] else {})
         findings.append({
             "rule": RULE_ITL_UNSTABLE_NETWORK,
             "finding": (f"ITL is unstable (p90 {itl['p90']:.1f} ms vs p50 {itl['p50']:.1f} ms) and "
                         f"the extra time is on the way from the step to the client, mostly in "
                         f"{worst}, not in the engine's steps"),
-            "evidence": {**evidence, **{f"{n}_spread_ms": _r(v) for n, v in spreads.items()}},
+            "evidence": {**evidence, **{f"{n}_spread_ms": _r(v) for n, v in spreads.items()},
+                         **loop_evidence},
             "look_at": ("backlog on the network side: slow clients, HTTP/2 flow control, a blocked "
                         "front event loop (front CPU), the output reader falling behind"),
         })

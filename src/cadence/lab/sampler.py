@@ -113,6 +113,12 @@ _SCRAPED_COUNTERS = ("cadence_merged_steps_total", "cadence_buffer_overflows_tot
                      "cadence_output_tokens_total")
 
 
+_LOOP_LAG = ("cadence_event_loop_lag_seconds_count", "cadence_event_loop_lag_seconds_bucket")
+_LATE_S = "0.02"
+"""The bucket bound above which a wake-up of the front's loop counts as late."""
+_LOOP_ON_TIME = f"cadence_event_loop_lag_seconds_bucket{{le={_LATE_S}}}"
+
+
 _STARTUP_GAUGES = ("cadence_worker_load_seconds", "cadence_worker_warmup_seconds",
                    "cadence_worker_first_step_seconds", "cadence_worker_warm_step_seconds")
 """Each worker's start-up (its last start), kept apart from _SCRAPED_GAUGES: they hold still
@@ -149,7 +155,8 @@ def scrape(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if (sample.name in _SCRAPED_GAUGES or sample.name in _SCRAPED_COUNTERS
-                    or sample.name in _STARTUP):
+                    or sample.name in _STARTUP
+                    or (sample.name in _LOOP_LAG and sample.labels.get("le", _LATE_S) == _LATE_S)):
                 values[_key(sample.name, sample.labels)] = sample.value
                 if "front" in sample.labels:
                     rest = {k: v for k, v in sample.labels.items() if k != "front"}
@@ -286,8 +293,19 @@ class SystemSampler:
             "scrapes": len(self._scrapes),
             "peaks": peaks,
             "during_run": {k: last.get(k, 0.0) - first.get(k, 0.0) for k in _SCRAPED_COUNTERS},
+            "front_loop": self._front_loop(first, last),
             "samples": [[t, v] for t, v in self._scrapes],
         }
+
+    @staticmethod
+    def _front_loop(first: dict, last: dict) -> dict | None:
+        """The front's event-loop lag samples of the run, and how many came over 20 ms late."""
+        count = _LOOP_LAG[0]
+        if count not in last:
+            return None  # a server that does not export it
+        samples = last[count] - first.get(count, 0.0)
+        on_time = last.get(_LOOP_ON_TIME, 0.0) - first.get(_LOOP_ON_TIME, 0.0)
+        return {"samples": samples, "late_over_20ms": samples - on_time}
 
     def stop(self) -> dict:
         """Stop sampling; the samples and their means and peaks, plus the S10 flag."""
