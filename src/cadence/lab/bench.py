@@ -222,12 +222,20 @@ def _print_system(console, system: dict) -> None:
             f"{peaks.get('cadence_active_streams', 0):.0f}; during the run "
             f"{during['cadence_merged_steps_total']:.0f} steps merged, "
             f"{during['cadence_buffer_overflows_total']:.0f} buffer overflows"
-            + _blocking(during, peaks)
+            + _blocking(during, peaks) + _front_loop(scraped.get("front_loop"))
         )
         for line in startup_lines(worker_startup(scraped)):
             console.print(line, highlight=False)
     for flag in system.get("flags", []):
         console.print(f"[bold red]{flag}[/]")
+
+
+def _front_loop(loop: dict | None) -> str:
+    """The front's event-loop lag over the run; empty when the server exported none."""
+    if not loop or not loop["samples"]:
+        return ""
+    return (f"; front event loop late > 20 ms in {loop['late_over_20ms']:.0f} of "
+            f"{loop['samples']:.0f} samples")
 
 
 def _blocking(during: dict, peaks: dict) -> str:

@@ -290,6 +290,10 @@ def _server_metrics(scraped: dict) -> str:
             if isinstance(value, float) and value.is_integer():
                 value = int(value)  # counts, shown as counts
             rows.append((label, "peak" if part == "peaks" else "during the run", value))
+    loop = scraped.get("front_loop")
+    if loop and loop["samples"]:
+        rows.append(("front event loop late > 20 ms (samples)", "during the run",
+                     f"{loop['late_over_20ms']:.0f} of {loop['samples']:.0f}"))
     note = (f'<p class="note">{_esc(scraped.get("scrapes"))} scrapes of '
             f'{_esc(scraped.get("url"))}; peaks are of the scrapes, not of every moment.</p>')
     return "<h3>Server metrics</h3>" + _table(("metric", "", "value"), rows) + note
