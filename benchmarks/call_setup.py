@@ -2,9 +2,10 @@
 
 A floor under time to first token when streams start together (the closed loop of the
 bring-your-own-model issue's 32-stream target, W1's 256): a bare grpc.aio server whose
-handler answers one message holding the time it was entered, and a grpc.aio client (uvloop
-on both, as cadence runs) that opens N calls at once, ten times. Reports client start ->
-handler entry and the full round trip, p50/p99, per N. No cadence code on the path.
+handler answers one message holding the time it was entered, and a grpc.aio client that
+opens N calls at once, ten times, both on the loop cadence runs on (uvloop when installed).
+Reports client start -> handler entry and the full round trip, p50/p99, per N. No cadence
+code on the path.
 
     python benchmarks/call_setup.py [--calls 1 8 32 64 256] [--out results/call_setup.json]
 """
@@ -20,8 +21,8 @@ from pathlib import Path
 
 import grpc
 import msgspec
-import uvloop
 
+from cadence import event_loop
 from cadence.lab.stats import distribution
 
 METHOD = "/cadence.v1.Inference/Generate"
@@ -41,7 +42,7 @@ async def _serve(port: mp.Value, ready: mp.Event) -> None:
 
 
 def _server_main(port: mp.Value, ready: mp.Event) -> None:
-    uvloop.run(_serve(port, ready))
+    event_loop.run(_serve(port, ready))
 
 
 async def _measure(target: str, calls: list[int], rounds: int) -> list[dict]:
@@ -86,7 +87,7 @@ def main() -> None:
     try:
         if not ready.wait(30):
             raise SystemExit("the reference server did not start")
-        rows = uvloop.run(_measure(f"127.0.0.1:{port.value}", args.calls, args.rounds))
+        rows = event_loop.run(_measure(f"127.0.0.1:{port.value}", args.calls, args.rounds))
     finally:
         server.kill()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

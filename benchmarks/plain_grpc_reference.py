@@ -20,6 +20,7 @@ import time
 
 import grpc
 
+from cadence import event_loop
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 
@@ -92,9 +93,4 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--step-ms", type=float, default=20.0)
     args = parser.parse_args()
-    try:  # the loop cadence's front runs on, when installed
-        import uvloop
-    except ImportError:
-        asyncio.run(main(args.port, args.step_ms))
-    else:
-        uvloop.run(main(args.port, args.step_ms))
+    event_loop.run(main(args.port, args.step_ms))  # the loop cadence's front runs on

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
-
-def _run(coro) -> None:
-    """Run on uvloop when it is installed, else on asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
+from cadence import event_loop
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -125,7 +116,7 @@ def _serve(args: argparse.Namespace) -> None:
         print(f"cadence serving on {args.host}:{port}{metrics}", flush=True)
 
     try:
-        _run(serve(config, on_started=announce))
+        event_loop.run(serve(config, on_started=announce))
     except StartupError as exc:
         sys.exit(f"cadence serve: {exc}")
 

@@ -9,11 +9,11 @@ because it runs in this process.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import msgspec
 
+from cadence import event_loop
 from cadence.engines.app import App, app_reference, importing_app
 
 
@@ -74,12 +74,6 @@ def serve(
 
     coro = serve_config(config, on_started=started, launcher=launcher)
     try:
-        import uvloop
-    except ImportError:
-        runner = asyncio.run
-    else:
-        runner = uvloop.run
-    try:
-        runner(coro)
+        event_loop.run(coro)
     except StartupError as exc:
         raise RuntimeError(f"cadence.serve: {exc}") from None

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from cadence import event_loop
 from cadence.router import WorkerRouter
 
 log = logging.getLogger("cadence.front")
@@ -103,12 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     config = msgspec.json.decode(argv[2].encode(), type=ServerConfig)
     logging.basicConfig(level=int(argv[3]) if len(argv) > 3 else logging.WARNING,
                         format=f"%(asctime)s front-{front} %(name)s %(message)s")
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(_serve(front, base, config))
-    else:
-        uvloop.run(_serve(front, base, config))
+    event_loop.run(_serve(front, base, config))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from cadence import event_loop
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.credentials import ClientCredentials
 from cadence.heap import settle_heap
@@ -275,12 +276,7 @@ def _process_main(plan_bytes: bytes, conn, completed=None) -> None:
         conn.send_bytes(b"ready")
         return int(conn.recv_bytes())
 
-    try:
-        import uvloop
-
-        result = uvloop.run(_measured(plan, ready, completed))
-    except ImportError:
-        result = asyncio.run(_measured(plan, ready, completed))
+    result = event_loop.run(_measured(plan, ready, completed))
     conn.send_bytes(msgspec.msgpack.encode(result))
     conn.close()
 

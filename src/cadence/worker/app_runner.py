@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from cadence import event_loop
 from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
 from cadence.engines.tokenizer import ByteTokenizer
 from cadence.heap import settle_heap
@@ -501,12 +502,7 @@ def run_app_worker(spec: WorkerSpec) -> None:
     except Exception as exc:  # noqa: BLE001 - report any import failure the same way
         sys.exit(f"cadence worker {spec.index}: cannot load app {spec.engine.app!r}: "
                  f"{type(exc).__name__}: {exc}")
-    try:
-        import uvloop
-    except ImportError:
-        stuck = asyncio.run(serve_app(app, spec))
-    else:
-        stuck = uvloop.run(serve_app(app, spec))
+    stuck = event_loop.run(serve_app(app, spec))
     if stuck:
         # A thread is blocked inside the user's function; the interpreter would wait for it
         # at exit. The sockets are closed and nothing else is pending: leave now.
