@@ -269,7 +269,7 @@ def stage_engine(args, ctx) -> dict:
         joining = run_requests(engine, [(p, n, i) for i, p in enumerate(prompts)])
         graphs = engine.graphs
         graph_use = {"replays": graphs.replays, "failed": graphs.failed,
-                     "buckets": sorted(graphs._buckets)} if graphs is not None else None
+                     "buckets": graphs.shapes} if graphs is not None else None
     finally:
         engine.close()
         del engine

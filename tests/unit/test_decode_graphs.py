@@ -45,7 +45,7 @@ def test_padded_decode_gives_transformers_tokens_across_buckets(model_dir, promp
     for i, ids in enumerate(prompt_ids):
         assert tokens[i] == hf_greedy(model_dir, ids, N + 8 - 2 * i), f"prompt {PROMPTS[i]!r}"
     assert engine.graphs.replays > 0
-    assert {batch for batch, _ in engine.graphs._buckets} == {1, 2, 4}
+    assert {batch for batch, _ in engine.graphs.shapes} == {1, 2, 4}
     assert engine.cache.free_tokens == engine.cache.capacity_tokens
 
 
@@ -53,10 +53,10 @@ def test_padding_rows_write_only_to_the_scratch_block(model_dir, prompt_ids):
     engine = padded_engine(model_dir, max_batch=8)
     graphs, cache = engine.graphs, engine.cache
     before = [k.clone() for k in cache.keys]
-    scratch = graphs._scratch * cache.block_size
+    scratch = graphs.scratch_block * cache.block_size
     # Three sequences decode in a bucket of four: one padding row per step.
     run(engine, [AddRequest(i, ids, 6) for i, ids in enumerate(prompt_ids[:3])])
-    assert {batch for batch, _ in graphs._buckets} == {4}
+    assert {batch for batch, _ in graphs.shapes} == {4}
     for old, new in zip(before, cache.keys):
         changed = (old != new).any(dim=(1, 2)).nonzero().flatten().tolist()
         held = [s for s in changed if not scratch <= s < scratch + cache.block_size]

@@ -91,9 +91,12 @@ def build_request(target: KServeTarget, plan: RequestPlan) -> kpb.ModelInferRequ
 
 async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceStub,
                      plan: RequestPlan, process: int, include_timing: bool,
-                     timeout: float | None, read_delay_s: float = 0.0) -> RequestRecord:
+                     timeout: float | None, read_delay_s: float = 0.0,
+                     ) -> tuple[RequestRecord, list[bytes]]:
     """Send one request, record every response; never raises (errors are recorded).
-    `include_timing` is accepted for the load generator's signature: the protocol has none."""
+
+    The load generator's signature: `include_timing` is accepted (the protocol has none), and
+    the record comes with no chunks left to parse (each response is read as it arrives)."""
     request = build_request(target, plan)
     monotonic_ns = time.monotonic_ns
     record = RequestRecord(
@@ -127,7 +130,7 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
                 record.finish_reason = _FINISH_REASONS.get(reason.string_param, 1) if reason else 1
             elif read_delay_s:
                 await asyncio.sleep(read_delay_s)
-    return record
+    return record, []
 
 
 def _tokens_in(infer: kpb.ModelInferResponse) -> int:

@@ -190,9 +190,9 @@ async def _run_process(
     ]
     for channel in channels:
         await asyncio.wait_for(channel.channel_ready(), 30)
-    stubs = [generate_method(c) for c in channels]
-    one = _one
-    if plan.kserve is not None:
+    if plan.kserve is None:
+        stubs, one = [generate_method(c) for c in channels], _one
+    else:
         stubs = [kserve_stub(c) for c in channels]
         one = functools.partial(one_kserve, plan.kserve)
     for i in range(plan.warmup):
@@ -204,20 +204,15 @@ async def _run_process(
     if delay > 0:
         await asyncio.sleep(delay)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    records: list[RequestRecord] = []
     kept: list[tuple[RequestRecord, list[bytes]]] = []
-    """cadence's protocol: each record with its chunks' bytes, parsed after the run."""
+    """Each request's record and its chunks' bytes, parsed after the run."""
     todo = _my_requests(plan)
     stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
     slips = 0
 
     async def send(i: int, lane: int) -> None:
-        result = await one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
-                           plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3)
-        if plan.kserve is None:
-            kept.append(result)
-            result = result[0]
-        records.append(result)
+        kept.append(await one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
+                              plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
         if completed is not None:
             # Per request, never per chunk: all the progress display costs this process.
             completed.value += 1
@@ -247,6 +242,7 @@ async def _run_process(
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
     for record, chunks in kept:
         decode_chunks(record, chunks, plan.include_timing)
+    records = [record for record, _ in kept]
     for channel in channels:
         await channel.close()
     return records, cpu_s, wall_s, slips

@@ -113,7 +113,8 @@ _SCRAPED_COUNTERS = ("cadence_merged_steps_total", "cadence_buffer_overflows_tot
                      "cadence_output_tokens_total")
 
 
-_LOOP_LAG = ("cadence_event_loop_lag_seconds_count", "cadence_event_loop_lag_seconds_bucket")
+_LOOP_SAMPLES = "cadence_event_loop_lag_seconds_count"
+_LOOP_LAG = (_LOOP_SAMPLES, "cadence_event_loop_lag_seconds_bucket")
 _LATE_S = "0.02"
 """The bucket bound above which a wake-up of the front's loop counts as late."""
 _LOOP_ON_TIME = f"cadence_event_loop_lag_seconds_bucket{{le={_LATE_S}}}"
@@ -300,10 +301,9 @@ class SystemSampler:
     @staticmethod
     def _front_loop(first: dict, last: dict) -> dict | None:
         """The front's event-loop lag samples of the run, and how many came over 20 ms late."""
-        count = _LOOP_LAG[0]
-        if count not in last:
+        if _LOOP_SAMPLES not in last:
             return None  # a server that does not export it
-        samples = last[count] - first.get(count, 0.0)
+        samples = last[_LOOP_SAMPLES] - first.get(_LOOP_SAMPLES, 0.0)
         on_time = last.get(_LOOP_ON_TIME, 0.0) - first.get(_LOOP_ON_TIME, 0.0)
         return {"samples": samples, "late_over_20ms": samples - on_time}
 

@@ -222,8 +222,8 @@ class RayLauncher:
                 # A Ray instance of our own, with a card per rank. `local`, because without an
                 # address ray.init joins whatever cluster /tmp/ray/ray_current_cluster names,
                 # even one long gone.
-                ray.init(address="local", namespace="cadence", include_dashboard=False, log_to_driver=True,
-                         resources={CARD: sum(not g for g in self._gpu)})
+                ray.init(address="local", namespace="cadence", include_dashboard=False,
+                         log_to_driver=True, resources={CARD: sum(not g for g in self._gpu)})
         except (ConnectionError, ValueError) as exc:
             where = config.ray_address or "a new local instance"
             raise RuntimeError(f"cannot join the Ray cluster at {where}: {exc}; check "

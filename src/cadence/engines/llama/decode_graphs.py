@@ -50,7 +50,7 @@ class _Bucket:
     def __init__(self, batch: int, width: int, block_size: int, scratch: int,
                  device: torch.device) -> None:
         slots = width * block_size
-        self.batch, self.width = batch, width
+        self.batch = batch
         self.scratch_block, self.scratch_slot = scratch, scratch * block_size
         self.tokens = torch.zeros(batch, dtype=torch.int64, device=device)
         self.positions = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -98,13 +98,19 @@ class DecodeGraphs:
         self.max_width = _bucket(-(-model.context // cache.block_size), _MIN_WIDTH)
         self._capture = capture
         self._max_graphs = max_graphs
-        self._scratch = cache.take_scratch_block()
+        self.scratch_block = cache.take_scratch_block()
+        """The cache block padding rows write to; no sequence ever gets it."""
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._pool = None
         self.failed = False
         """A capture failed once: every later step runs eagerly (logged once)."""
         self.replays = 0
         """Steps run through a bucket (replayed graphs, or padded eager steps)."""
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """The (batch, width) buckets made so far, sorted."""
+        return sorted(self._buckets)
 
     def fits(self, step: StepInputs) -> bool:
         """Whether this step can go through a bucket."""
@@ -140,7 +146,8 @@ class DecodeGraphs:
             return bucket
         if len(self._buckets) >= self._max_graphs:
             return None
-        bucket = _Bucket(batch, width, self._cache.block_size, self._scratch, self._model.device)
+        bucket = _Bucket(batch, width, self._cache.block_size, self.scratch_block,
+                         self._model.device)
         if self._capture:
             try:
                 self._record(bucket)
