@@ -135,9 +135,9 @@ def stage_env(args: argparse.Namespace) -> dict:
 
     missing = {}
     for module in ("transformers", "safetensors", "tokenizers", "msgspec", "zmq", "grpc",
-                   "grpc_health.v1", "grpc_reflection.v1alpha", "google.protobuf", "psutil",
+                   "grpc_health.v1", "grpc_reflection.v1alpha", "google.protobuf", "psutil", "prometheus_client",
                    "cadence.engines.llama.engine", "cadence.worker.batch_scheduler",
-                   "cadence.client", "cadence.cli", "cadence.serving"):
+                   "cadence.client", "cadence.cli", "cadence.serving", "cadence.api.server"):
         try:
             mod = __import__(module, fromlist=["_"])
             if module in ("transformers", "grpc", "google.protobuf"):

@@ -17,7 +17,7 @@ WHEELS=${GPU_WHEELS:-build/gpu-wheels}
 PY=${PYTHON:-python3}
 # cadence's runtime dependencies that the GPU image may lack or hold too old (pyproject.toml).
 PACKAGES="grpcio==1.85.3 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
-protobuf==7.36.2 pyzmq==27.3.0 msgspec==0.23.0"
+protobuf==7.36.2 pyzmq==27.3.0 msgspec==0.23.0 prometheus-client==0.26.0"
 
 if [ "${1:-}" = prepare ]; then
     pyver=${2:-3.12}
@@ -34,7 +34,7 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 check='import sys; sys.path[:0] = ["src"]
-import cadence.engines.llama.engine, cadence.worker.batch_scheduler, cadence.client, cadence.serving'
+import cadence.engines.llama.engine, cadence.worker.batch_scheduler, cadence.client, cadence.serving, cadence.api.server'
 if ! "$PY" -c "$check" 2>/dev/null; then
     if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         deps=${GPU_DEPS:-/tmp/cadence-gpu-deps}

@@ -202,16 +202,8 @@ def parse_devices(text: str) -> list[str]:
 
 
 def _cuda_device_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no NVML library or no driver: no cards
-        pass
+    # torch's count, not NVML's: NVML lists every physical card whatever
+    # CUDA_VISIBLE_DEVICES says, and `auto` must give only the cards workers can open.
     try:
         import torch
 

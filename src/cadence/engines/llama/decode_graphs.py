@@ -153,6 +153,9 @@ class DecodeGraphs:
                 self._record(bucket)
             except Exception as exc:  # noqa: BLE001 - a driver or kernel that cannot be captured
                 self.failed = True
+                # A capture that fails in capture_end leaves its stream current; eager steps
+                # must run on the default stream again.
+                torch.cuda.set_stream(torch.cuda.default_stream(self._model.device))
                 log.warning("CUDA graph capture failed (%r); decode steps run without graphs", exc)
                 return None
         self._buckets[key] = bucket
