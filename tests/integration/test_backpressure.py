@@ -172,3 +172,22 @@ def test_malformed_duplicate_and_oversized_requests() -> None:
             assert "already streaming" in info.value.details()
             first.close()
             assert _tokens(list(client.generate("ok", max_tokens=5, request_id="other")))
+
+
+def test_output_counters_move_while_a_stream_runs() -> None:
+    """Tokens and chunks are counted as they are sent, not when the stream ends, so a
+    scrape during a long stream sees its progress."""
+    with ServerProcess("--step-ms", "5", "--metrics-port", "0") as server:
+        url = _metrics_url(server)
+        channel = grpc.insecure_channel(server.target)
+        call = pb_grpc.InferenceStub(channel).Generate(build_request("long", max_tokens=10_000))
+        received = 0
+        for chunk in call:
+            received += len(chunk.token_ids)
+            if received >= 50:
+                break
+        tokens, chunks = _metric(url, "cadence_output_tokens_total"), _metric(url, "cadence_chunks_total")
+        assert tokens >= 50 and chunks >= 1, (tokens, chunks)
+        assert _metric(url, "cadence_requests_total") == 0  # still streaming
+        call.cancel()
+        channel.close()

@@ -37,6 +37,22 @@ PAUSES = SequencePauses()
 """This process's tally, the one `FrontMetrics` exports."""
 
 
+class OutputTally:
+    """What a front's request streams have handed to gRPC, counted as it happens (per chunk,
+    by each `RequestStream`), so the counters move while long streams run, not only when they
+    end. Plain ints: only the event loop's thread changes them, a scrape only reads them.
+    """
+
+    __slots__ = ("chunks", "merged_steps", "overflows", "tokens")
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.tokens = 0
+        self.merged_steps = 0
+        self.overflows = 0
+
+
+
 class FrontMetrics:
     """Every metric the front exports. Observed per chunk or per request, never per token."""
 
@@ -62,20 +78,10 @@ class FrontMetrics:
                                   buckets=_LAG_BUCKETS_S, registry=r)
         self.requests = Counter("cadence_requests_total", "Finished requests by gRPC status code.",
                                 ["code"], registry=r)
-        self.tokens = Counter("cadence_output_tokens_total", "Tokens sent to clients.", registry=r)
-        self.chunks = Counter("cadence_chunks_total", "Chunks (stream messages) sent to clients.",
-                              registry=r)
-        self.merged_steps = Counter("cadence_merged_steps_total",
-                                    "Engine steps whose tokens went out in one chunk with an "
-                                    "earlier step's, because the stream was not ready to send.",
-                                    registry=r)
         self.failed_sends = Counter("cadence_failed_sends_total",
                                     "Chunks whose send failed because the client had just "
                                     "cancelled (grpc.aio's ExecuteBatchError; not logged).",
                                     registry=r)
-        self.overflows = Counter("cadence_buffer_overflows_total",
-                                 "Tokens that found a request's buffer at --queue-capacity.",
-                                 registry=r)
         self.active = Gauge("cadence_active_streams", "Streams admitted and not yet finished.",
                             registry=r)
         self.batch_size = Gauge("cadence_worker_batch_size",
@@ -105,6 +111,9 @@ class FrontMetrics:
         self._restarts = _RestartCollector()
         r.register(self._restarts)
         r.register(_PauseCollector(PAUSES))
+        self.output = OutputTally()
+        """Handed to every request stream, which counts its chunks and tokens into it."""
+        r.register(_OutputCollector(self.output))
 
     def watch(self, active: Callable[[], float], deepest_buffer: Callable[[], float]) -> None:
         """Gauges computed only when scraped, so they cost nothing per token."""
@@ -198,6 +207,32 @@ class _PauseCollector:
             "cadence_paused_sequences",
             "Sequences paused by --overflow block now, waiting for their client to read.",
             value=pauses.paused)
+
+
+class _OutputCollector:
+    """`cadence_chunks_total`, `cadence_output_tokens_total`, `cadence_merged_steps_total` and
+    `cadence_buffer_overflows_total`, read from the tally when scraped."""
+
+    _FAMILIES = (
+        ("chunks", "cadence_chunks_total", "Chunks (stream messages) handed to gRPC for clients."),
+        ("tokens", "cadence_output_tokens_total", "Tokens handed to gRPC for clients."),
+        ("merged_steps", "cadence_merged_steps_total",
+         "Engine steps whose tokens went out in one chunk with an earlier step's, because the "
+         "stream was not ready to send."),
+        ("overflows", "cadence_buffer_overflows_total",
+         "Tokens that found a request's buffer at --queue-capacity."),
+    )
+
+    def __init__(self, tally: OutputTally) -> None:
+        self._tally = tally
+
+    def describe(self):
+        return [CounterMetricFamily(name, "") for _, name, _ in self._FAMILIES]
+
+    def collect(self):
+        tally = self._tally
+        for field, name, text in self._FAMILIES:
+            yield CounterMetricFamily(name, text, value=getattr(tally, field))
 
 
 class _AllFronts:

@@ -229,6 +229,7 @@ class InferenceService:
             decoder=self._tokenizer.stream_decoder(),
             received_ns=received_ns,
             link=self._links[worker],
+            output=self.metrics.output,
         )
         stream.task = task or asyncio.current_task()
         self._streams[seq_id] = stream
@@ -367,7 +368,3 @@ class OpenStream:
         metrics = service.metrics
         metrics.requests.labels(code.name).inc()
         metrics.e2e.observe((time.monotonic_ns() - stream.received_ns) / 1e9)
-        metrics.chunks.inc(stream.chunks)
-        metrics.tokens.inc(stream.sent_tokens)
-        metrics.merged_steps.inc(stream.merged_steps)
-        metrics.overflows.inc(stream.overflows)
