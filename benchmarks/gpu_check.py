@@ -556,6 +556,10 @@ def stage_perf(args, ctx) -> dict:
                 entry["traceback"] = traceback.format_exc()[-3000:]
                 lines.append(f"{key} error {type(exc).__name__}")
                 free_cuda()
+            # Each finished entry is on disk at once: a run cut off by its time limit
+            # keeps the entries before it.
+            ctx["report"].data["stages"]["perf"] = {"status": "running", "results": runs}
+            ctx["report"].write()
     return {"status": "ok" if not errors else "error", "device": args.device,
             "prompt": args.prompt, "tokens": args.tokens, "batches": batches,
             "summary": "; ".join(lines), "results": runs}
@@ -611,7 +615,7 @@ def main() -> int:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     with tempfile.TemporaryDirectory(prefix="cadence-gpu-check-") as tmp:
-        ctx: dict = {"tmp": tmp}
+        ctx: dict = {"tmp": tmp, "report": report}
         model = report.stage("model", _stage_model, ctx)
         checks = {"engine": stage_engine, "bf16": stage_bf16, "served": stage_served,
                   "tp": stage_tp, "perf": stage_perf}
