@@ -217,8 +217,8 @@ class _OutputCollector:
         ("chunks", "cadence_chunks_total", "Chunks (stream messages) handed to gRPC for clients."),
         ("tokens", "cadence_output_tokens_total", "Tokens handed to gRPC for clients."),
         ("merged_steps", "cadence_merged_steps_total",
-         "Engine steps whose tokens went out in one chunk with an earlier step's, because the "
-         "stream was not ready to send."),
+         ("Engine steps whose tokens went out in one chunk with an earlier step's, because "
+          "the stream was not ready to send.")),
         ("overflows", "cadence_buffer_overflows_total",
          "Tokens that found a request's buffer at --queue-capacity."),
     )
