@@ -51,6 +51,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024,
                    help="largest request message accepted")
     p.add_argument("--max-tokens-limit", type=int, default=16384)
+    p.add_argument("--accept-ahead", type=int, default=16, metavar="N",
+                   help="new calls of each streaming method requested from gRPC ahead of their "
+                        "arrival, so a burst of calls is taken in while other streams keep the "
+                        "front busy (0: grpc.aio's own accept loop, one at a time)")
     p.add_argument("--max-prompt-tokens", type=int, default=65536)
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (0: any free port)")
@@ -155,6 +159,7 @@ def _server_config(args: argparse.Namespace):
         overflow=args.overflow,
         stall_timeout_s=args.stall_timeout,
         max_message_bytes=args.max_message_bytes,
+        accept_ahead=args.accept_ahead,
         max_tokens_limit=args.max_tokens_limit,
         max_prompt_tokens=args.max_prompt_tokens,
         metrics_port=args.metrics_port,

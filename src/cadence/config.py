@@ -25,6 +25,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Cut off a stream whose client reads nothing for this long (None: never)."""
     max_message_bytes: int = 4 * 1024 * 1024
     """Largest request message the server accepts."""
+    accept_ahead: int = 16
+    """Incoming calls of each streaming method requested from gRPC's core before they arrive
+    (0: grpc.aio's own one at a time). See cadence.api.call_acceptor."""
     max_tokens_limit: int = 16384
     """Largest max_tokens a request may ask for."""
     max_prompt_tokens: int = 65536
@@ -84,6 +87,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append(f"overflow must be 'merge', 'block' or 'abort' (got {self.overflow!r})")
         if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
             problems.append("stall_timeout_s must be positive")
+        if self.accept_ahead < 0:
+            problems.append(f"accept_ahead must be 0 or more (got {self.accept_ahead})")
         if self.max_message_bytes < 1024:
             problems.append("max_message_bytes must be at least 1024")
         if self.transport not in ("ipc", "tcp"):

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cadence.api import security
+from cadence.api.call_acceptor import CallAcceptor
 from cadence.api.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.api.kserve.pool import ReflectionPool
 from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
@@ -125,13 +126,20 @@ class CadenceServer:
         self._channel.start_reading(loop, self.reader.handle)
 
         # Stage 3: the gRPC server, health NOT_SERVING until every worker is ready.
+        interceptors = security.server_interceptors(config)
         self._server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 1 if fronts > 1 else 0),
             ("grpc.max_receive_message_length", config.max_message_bytes),
-        ], interceptors=security.server_interceptors(config))
-        self._server.add_generic_rpc_handlers(
-            (self.service.method_handlers(), self.kserve.method_handlers())
-        )
+        ], interceptors=interceptors)
+        # Registered, not generic: the core then matches calls to methods itself, and the
+        # call acceptor can request calls of the streaming methods ahead.
+        streaming = {}
+        for name, handlers in ((SERVICE_NAME, self.service.handlers()),
+                               (KSERVE_SERVICE_NAME, self.kserve.handlers())):
+            self._server.add_registered_method_handlers(name, handlers)
+            streaming.update({f"/{name}/{method}": handler for method, handler in handlers.items()
+                              if handler.response_streaming})
+        self._acceptor = CallAcceptor(self._server, streaming, interceptors, config.accept_ahead)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
@@ -151,6 +159,7 @@ class CadenceServer:
                 "Choose another with --port (0 picks a free one)"
             )
         await self._server.start()
+        self._acceptor.start()
         for warning in security.exposure_warnings(config):
             log.warning("%s", warning)
 
@@ -413,6 +422,7 @@ class CadenceServer:
             await self._until_no_streams(loop.time() + _FINAL_CHUNK_WAIT_S)
         if hasattr(self, "_server"):
             await self._server.stop(_FINAL_CHUNK_WAIT_S)
+            self._acceptor.close()
         if hasattr(self, "metrics"):
             self.metrics.close()
             logging.getLogger(GRPC_LOGGER).removeFilter(self._failed_sends)

@@ -99,16 +99,11 @@ class InferenceService:
         """A new front-wide sequence id, for another protocol's handler (see `open_stream`)."""
         return next(self._seq_ids)
 
-    def method_handlers(self) -> grpc.GenericRpcHandler:
-        """The service's handlers, taking the request as bytes and parsing it in `Generate`."""
-        return grpc.method_handlers_generic_handler(
-            SERVICE_NAME,
-            {
-                "Generate": grpc.unary_stream_rpc_method_handler(
-                    self.Generate, response_serializer=pb.GenerateChunk.SerializeToString
-                )
-            },
-        )
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The service's handlers by method name, taking the request as bytes and parsing it
+        in `Generate`."""
+        return {"Generate": grpc.unary_stream_rpc_method_handler(
+            self.Generate, response_serializer=pb.GenerateChunk.SerializeToString)}
 
     async def sweep_stalled(self, stall_timeout_s: float) -> None:
         """Forever: cut off streams whose client has read nothing for `stall_timeout_s`.

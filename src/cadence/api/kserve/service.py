@@ -63,8 +63,8 @@ class KServeService:
         self._scheduled = self._queue_ns = self._compute_ns = 0
         self._last_inference_ms = 0
 
-    def method_handlers(self) -> grpc.GenericRpcHandler:
-        """The service's handlers. ModelStreamInfer reads its requests as bytes, so that a
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The service's handlers by method name. ModelStreamInfer reads its requests as bytes, so that a
         malformed one gets an in-band error instead of ending the call, and writes bytes
         (cadence.api.kserve.responses encodes them)."""
 
@@ -73,7 +73,7 @@ class KServeService:
                 method, request_deserializer=request_type.FromString,
                 response_serializer=response_type.SerializeToString)
 
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        return {
             "ServerLive": unary(self.ServerLive, kpb.ServerLiveRequest, kpb.ServerLiveResponse),
             "ServerReady": unary(self.ServerReady, kpb.ServerReadyRequest, kpb.ServerReadyResponse),
             "ModelReady": unary(self.ModelReady, kpb.ModelReadyRequest, kpb.ModelReadyResponse),
@@ -86,7 +86,7 @@ class KServeService:
                                      kpb.ModelStatisticsResponse),
             "ModelInfer": unary(self.ModelInfer, kpb.ModelInferRequest, kpb.ModelInferResponse),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer),
-        })
+        }
 
     def unknown_model(self, name: str, version: str) -> str | None:
         """Why `name`/`version` is not this server's model, or None if it is."""
