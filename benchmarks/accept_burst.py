@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=640)
     parser.add_argument("--second", type=int, default=384)
     parser.add_argument("--delay", type=float, default=0.3, help="seconds between the waves")
-    parser.add_argument("--ahead", type=int, nargs="+", default=[0, 16])
+    parser.add_argument("--ahead", type=int, nargs="+", default=[0, 64])
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--out", default="results/accept_burst.json")
     args = parser.parse_args()

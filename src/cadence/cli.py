@@ -51,7 +51,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024,
                    help="largest request message accepted")
     p.add_argument("--max-tokens-limit", type=int, default=16384)
-    p.add_argument("--accept-ahead", type=int, default=16, metavar="N",
+    p.add_argument("--accept-ahead", type=int, default=64, metavar="N",
                    help="new calls of each streaming method requested from gRPC ahead of their "
                         "arrival, so a burst of calls is taken in while other streams keep the "
                         "front busy (0: grpc.aio's own accept loop, one at a time)")

@@ -25,7 +25,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Cut off a stream whose client reads nothing for this long (None: never)."""
     max_message_bytes: int = 4 * 1024 * 1024
     """Largest request message the server accepts."""
-    accept_ahead: int = 16
+    accept_ahead: int = 64
     """Incoming calls of each streaming method requested from gRPC's core before they arrive
     (0: grpc.aio's own one at a time). See cadence.api.call_acceptor."""
     max_tokens_limit: int = 16384
