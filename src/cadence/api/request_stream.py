@@ -82,9 +82,9 @@ class RequestStream:
         self._paused_task: asyncio.Task | None = None
         """The task watched while paused, to count the pause off if it ends first."""
         self._link = link
+        """The worker's link, to pause and resume the sequence under the block policy."""
         self._output = output if output is not None else OutputTally()
         """The front's running totals (its metrics), counted into as chunks are taken."""
-        """The worker's link, to pause and resume the sequence under the block policy."""
         self.task: asyncio.Task | None = None
         """The task serving this stream's RPC (cancelled when its client stalls)."""
         self.sending_since_ns = 0

@@ -64,9 +64,9 @@ class KServeService:
         self._last_inference_ms = 0
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        """The service's handlers by method name. ModelStreamInfer reads its requests as bytes, so that a
-        malformed one gets an in-band error instead of ending the call, and writes bytes
-        (cadence.api.kserve.responses encodes them)."""
+        """The service's handlers by method name. ModelStreamInfer reads its requests as
+        bytes, so that a malformed one gets an in-band error instead of ending the call, and
+        writes bytes (cadence.api.kserve.responses encodes them)."""
 
         def unary(method, request_type, response_type) -> grpc.RpcMethodHandler:
             return grpc.unary_unary_rpc_method_handler(
