@@ -63,8 +63,8 @@ def run(ahead: int, first: int, second: int, delay_s: float) -> dict:
     with ServerProcess(*args) as server:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
-        procs = [ctx.Process(target=_load, args=(server.target, first // 2, second // 2, delay_s, out))
-                 for _ in range(2)]
+        half = (server.target, first // 2, second // 2, delay_s, out)
+        procs = [ctx.Process(target=_load, args=half) for _ in range(2)]
         start = time.monotonic()
         for p in procs:
             p.start()

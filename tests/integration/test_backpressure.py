@@ -186,7 +186,8 @@ def test_output_counters_move_while_a_stream_runs() -> None:
             received += len(chunk.token_ids)
             if received >= 50:
                 break
-        tokens, chunks = _metric(url, "cadence_output_tokens_total"), _metric(url, "cadence_chunks_total")
+        tokens = _metric(url, "cadence_output_tokens_total")
+        chunks = _metric(url, "cadence_chunks_total")
         assert tokens >= 50 and chunks >= 1, (tokens, chunks)
         assert _metric(url, "cadence_requests_total") == 0  # still streaming
         call.cancel()
