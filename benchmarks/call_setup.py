@@ -5,9 +5,11 @@ bring-your-own-model issue's 32-stream target, W1's 256): a bare grpc.aio server
 handler answers one message holding the time it was entered, and a grpc.aio client that
 opens N calls at once, ten times, both on the loop cadence runs on (uvloop when installed).
 Reports client start -> handler entry and the full round trip, p50/p99, per N. No cadence
-code on the path.
+code on the path, unless `--accept-ahead N` adds cadence's call acceptor (N calls requested
+from gRPC's core ahead of their arrival, as `cadence serve --accept-ahead` does).
 
     python benchmarks/call_setup.py [--calls 1 8 32 64 256] [--out results/call_setup.json]
+    python benchmarks/call_setup.py --accept-ahead 64 --out results/call_setup_ahead.json
 """
 
 from __future__ import annotations
@@ -28,21 +30,24 @@ from cadence.lab.stats import distribution
 METHOD = "/cadence.v1.Inference/Generate"
 
 
-async def _serve(port: mp.Value, ready: mp.Event) -> None:
+async def _serve(port: mp.Value, ready: mp.Event, accept_ahead: int) -> None:
+    from cadence.api.call_acceptor import CallAcceptor
+
     async def entered(request: bytes, context) -> object:
         yield str(time.monotonic_ns()).encode()
 
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        "cadence.v1.Inference", {"Generate": grpc.unary_stream_rpc_method_handler(entered)})])
+    handler = grpc.unary_stream_rpc_method_handler(entered)
+    server.add_registered_method_handlers("cadence.v1.Inference", {"Generate": handler})
     port.value = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    CallAcceptor(server, {METHOD: handler}, (), accept_ahead).start()
     ready.set()
     await server.wait_for_termination()
 
 
-def _server_main(port: mp.Value, ready: mp.Event) -> None:
-    event_loop.run(_serve(port, ready))
+def _server_main(port: mp.Value, ready: mp.Event, accept_ahead: int) -> None:
+    event_loop.run(_serve(port, ready, accept_ahead))
 
 
 async def _measure(target: str, calls: list[int], rounds: int) -> list[dict]:
@@ -78,11 +83,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, nargs="+", default=[1, 8, 32, 64, 256])
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--accept-ahead", type=int, default=0, metavar="N",
+                        help="calls requested ahead by cadence's call acceptor (0: grpc.aio alone)")
     parser.add_argument("--out", default="results/call_setup.json")
     args = parser.parse_args()
     spawn = mp.get_context("spawn")
     port, ready = spawn.Value("i", 0), spawn.Event()
-    server = spawn.Process(target=_server_main, args=(port, ready), daemon=True)
+    server = spawn.Process(target=_server_main, args=(port, ready, args.accept_ahead), daemon=True)
     server.start()
     try:
         if not ready.wait(30):
@@ -91,7 +98,8 @@ def main() -> None:
     finally:
         server.kill()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rows": rows}, indent=1))
+    Path(args.out).write_text(json.dumps({"accept_ahead": args.accept_ahead, "rows": rows},
+                                         indent=1))
     print(f"wrote {args.out}")
 
 
