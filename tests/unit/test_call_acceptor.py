@@ -51,6 +51,17 @@ def test_this_grpcio_is_supported() -> None:
     assert asyncio.run(main())
 
 
+def test_a_server_without_those_internals_is_left_alone() -> None:
+    class Other:
+        class _server:  # noqa: N801 - grpc.aio's attribute name
+            @staticmethod
+            async def _request_registered_call(method, extra):  # another signature
+                return None
+
+    assert not supported(object())
+    assert not supported(Other())
+
+
 def test_calls_requested_ahead_are_served_whole() -> None:
     async def main() -> tuple[list[list[bytes]], int]:
         server, acceptor, port = await _serve(depth=4)

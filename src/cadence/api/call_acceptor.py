@@ -37,18 +37,17 @@ _SIGNATURES = {
 def supported(server: grpc.aio.Server) -> bool:
     """Whether this grpcio has the internals `CallAcceptor` relies on, as it expects them."""
     core = getattr(server, "_server", None)
-    if core is None or not hasattr(core, "_request_registered_call") or not hasattr(
-        cygrpc, "_MethodResolver"
-    ):
+    if core is None or not hasattr(cygrpc, "_MethodResolver"):
         return False
-    for name, expected in _SIGNATURES.items():
-        function = getattr(cygrpc, name, None)
+    functions = [(getattr(cygrpc, name, None), expected) for name, expected in _SIGNATURES.items()]
+    functions.append((getattr(core, "_request_registered_call", None), ("method",)))
+    for function, expected in functions:
         try:
             if tuple(inspect.signature(function).parameters) != expected:
                 return False
         except (TypeError, ValueError):  # missing, or no signature to read
             return False
-    return True
+    return hasattr(core, "is_running")
 
 
 class CallAcceptor:
