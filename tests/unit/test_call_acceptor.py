@@ -53,7 +53,7 @@ def test_this_grpcio_is_supported() -> None:
 
 def test_a_server_without_those_internals_is_left_alone() -> None:
     class Other:
-        class _server:  # noqa: N801 - grpc.aio's attribute name
+        class _server:
             @staticmethod
             async def _request_registered_call(method, extra):  # another signature
                 return None
