@@ -6,7 +6,7 @@ wave's time to first token measures how fast the front accepts calls while the f
 tokens flow. Run once per `--accept-ahead` value (0: grpc.aio's own accept loop, which asks its
 core for one call at a time; see cadence.api.call_acceptor).
 
-    python benchmarks/accept_burst.py [--first 640] [--second 384] [--ahead 0 16] [--runs 2]
+    python benchmarks/accept_burst.py [--first 640] [--second 384] [--ahead 0 64] [--runs 2]
 """
 
 from __future__ import annotations

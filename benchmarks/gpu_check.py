@@ -135,7 +135,8 @@ def stage_env(args: argparse.Namespace) -> dict:
 
     missing = {}
     for module in ("transformers", "safetensors", "tokenizers", "msgspec", "zmq", "grpc",
-                   "grpc_health.v1", "grpc_reflection.v1alpha", "google.protobuf", "psutil", "prometheus_client",
+                   "grpc_health.v1", "grpc_reflection.v1alpha", "google.protobuf", "psutil",
+                   "prometheus_client",
                    "cadence.engines.llama.engine", "cadence.worker.batch_scheduler",
                    "cadence.client", "cadence.cli", "cadence.serving", "cadence.api.server"):
         try:

@@ -19,8 +19,8 @@ def _fronts_page(own: FrontMetrics, others: list[FrontMetrics]) -> tuple[FrontMe
 
 def _metrics(tokens: int, chunks: int, batch: int, active: float, deepest: float) -> FrontMetrics:
     m = FrontMetrics()
-    m.output.tokens += tokens
-    m.output.chunks += chunks
+    m.tally.tokens += tokens
+    m.tally.chunks += chunks
     m.batch_size.labels("0").set(batch)
     m.watch(active=lambda: active, deepest_buffer=lambda: deepest)
     return m

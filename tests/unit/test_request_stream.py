@@ -365,17 +365,21 @@ class PauseLink:
         self.calls.append(("resume", seq_id))
 
 
+_FRONT_METRICS = FrontMetrics()
+"""The metrics of the front the blocking streams below belong to."""
+
+
 def blocking_stream(capacity: int = 2, overflow: str = "block") -> tuple[RequestStream, PauseLink]:
     link = PauseLink()
     stream = RequestStream(7, "req-7", 0, 100, 3, capacity=capacity, overflow=overflow,
                            include_timing=False, decoder=ByteTokenizer().stream_decoder(),
-                           received_ns=1_000, link=link)
+                           received_ns=1_000, link=link, tally=_FRONT_METRICS.tally)
     return stream, link
 
 
 def pause_samples() -> tuple[float, float]:
-    """(cadence_sequence_pauses_total, cadence_paused_sequences) as a front would export."""
-    registry = FrontMetrics().registry
+    """(cadence_sequence_pauses_total, cadence_paused_sequences) as the front exports them."""
+    registry = _FRONT_METRICS.registry
     return (registry.get_sample_value("cadence_sequence_pauses_total"),
             registry.get_sample_value("cadence_paused_sequences"))
 

@@ -15,42 +15,25 @@ _LATENCY_BUCKETS_S = (
 )
 
 
-class SequencePauses:
-    """Pauses of the block overflow policy in this process, kept by the request streams
-    (cadence.api.request_stream) on the control path and read when /metrics is scraped.
-
-    Process-wide, not per FrontMetrics, because a request stream holds no metrics object;
-    every front is a process of its own, so a front's page still counts only its streams.
-    Plain ints: only the event loop's thread changes them, a scrape only reads them.
+class StreamTally:
+    """What a front's request streams have done, counted as it happens by each `RequestStream`
+    (chunks and tokens as they are handed to gRPC, pauses of the block policy as they are
+    asked and lifted), so the counters move while long streams run, not only when they end.
+    Read when /metrics is scraped. Plain ints: only the event loop's thread changes them, a
+    scrape only reads them.
     """
 
-    __slots__ = ("issued", "paused")
-
-    def __init__(self) -> None:
-        self.issued = 0
-        """Pauses asked of the workers so far (a sequence paused again counts again)."""
-        self.paused = 0
-        """Sequences paused now: asked to pause, not yet resumed, failed or ended."""
-
-
-PAUSES = SequencePauses()
-"""This process's tally, the one `FrontMetrics` exports."""
-
-
-class OutputTally:
-    """What a front's request streams have handed to gRPC, counted as it happens (per chunk,
-    by each `RequestStream`), so the counters move while long streams run, not only when they
-    end. Plain ints: only the event loop's thread changes them, a scrape only reads them.
-    """
-
-    __slots__ = ("chunks", "merged_steps", "overflows", "tokens")
+    __slots__ = ("chunks", "merged_steps", "overflows", "paused", "pauses", "tokens")
 
     def __init__(self) -> None:
         self.chunks = 0
         self.tokens = 0
         self.merged_steps = 0
         self.overflows = 0
-
+        self.pauses = 0
+        """Pauses asked of the workers so far (a sequence paused again counts again)."""
+        self.paused = 0
+        """Sequences paused now: asked to pause, not yet resumed, failed or ended."""
 
 
 class FrontMetrics:
@@ -110,10 +93,9 @@ class FrontMetrics:
                                       "compare with the first step.", ["worker"], registry=r)
         self._restarts = _RestartCollector()
         r.register(self._restarts)
-        r.register(_PauseCollector(PAUSES))
-        self.output = OutputTally()
-        """Handed to every request stream, which counts its chunks and tokens into it."""
-        r.register(_OutputCollector(self.output))
+        self.tally = StreamTally()
+        """Handed to every request stream, which counts into it."""
+        r.register(_TallyCollector(self.tally))
 
     def watch(self, active: Callable[[], float], deepest_buffer: Callable[[], float]) -> None:
         """Gauges computed only when scraped, so they cost nothing per token."""
@@ -180,59 +162,42 @@ class _RestartCollector:
         yield family
 
 
-class _PauseCollector:
-    """`cadence_sequence_pauses_total` and `cadence_paused_sequences`, read from a tally.
+class _TallyCollector:
+    """The counters (and one gauge) read from a `StreamTally` when scraped.
 
-    The counter is not `cadence_paused_sequences_total`: a counter of that name claims the
-    family `cadence_paused_sequences`, which the gauge needs (prometheus_client refuses both
-    in one registry, and `_AllFronts` merges families by name).
+    The pause counter is not `cadence_paused_sequences_total`: a counter of that name claims
+    the family `cadence_paused_sequences`, which the gauge needs (prometheus_client refuses
+    both in one registry, and `_AllFronts` merges families by name).
     """
 
-    def __init__(self, pauses: SequencePauses) -> None:
-        self._pauses = pauses
-
-    def describe(self):
-        # Declared so the registry checks these names against every other metric's.
-        return [CounterMetricFamily("cadence_sequence_pauses_total", ""),
-                GaugeMetricFamily("cadence_paused_sequences", "")]
-
-    def collect(self):
-        pauses = self._pauses
-        yield CounterMetricFamily(
-            "cadence_sequence_pauses_total",
-            "Sequences paused in the engine by --overflow block because their client read "
-            "too slowly (pauses issued; a sequence paused again counts again).",
-            value=pauses.issued)
-        yield GaugeMetricFamily(
-            "cadence_paused_sequences",
-            "Sequences paused by --overflow block now, waiting for their client to read.",
-            value=pauses.paused)
-
-
-class _OutputCollector:
-    """`cadence_chunks_total`, `cadence_output_tokens_total`, `cadence_merged_steps_total` and
-    `cadence_buffer_overflows_total`, read from the tally when scraped."""
-
     _FAMILIES = (
-        ("chunks", "cadence_chunks_total", "Chunks (stream messages) handed to gRPC for clients."),
-        ("tokens", "cadence_output_tokens_total", "Tokens handed to gRPC for clients."),
-        ("merged_steps", "cadence_merged_steps_total",
+        (CounterMetricFamily, "chunks", "cadence_chunks_total",
+         "Chunks (stream messages) handed to gRPC for clients."),
+        (CounterMetricFamily, "tokens", "cadence_output_tokens_total",
+         "Tokens handed to gRPC for clients."),
+        (CounterMetricFamily, "merged_steps", "cadence_merged_steps_total",
          ("Engine steps whose tokens went out in one chunk with an earlier step's, because "
           "the stream was not ready to send.")),
-        ("overflows", "cadence_buffer_overflows_total",
+        (CounterMetricFamily, "overflows", "cadence_buffer_overflows_total",
          "Tokens that found a request's buffer at --queue-capacity."),
+        (CounterMetricFamily, "pauses", "cadence_sequence_pauses_total",
+         ("Sequences paused in the engine by --overflow block because their client read "
+          "too slowly (pauses issued; a sequence paused again counts again).")),
+        (GaugeMetricFamily, "paused", "cadence_paused_sequences",
+         "Sequences paused by --overflow block now, waiting for their client to read."),
     )
 
-    def __init__(self, tally: OutputTally) -> None:
+    def __init__(self, tally: StreamTally) -> None:
         self._tally = tally
 
     def describe(self):
-        return [CounterMetricFamily(name, "") for _, name, _ in self._FAMILIES]
+        # Declared so the registry checks these names against every other metric's.
+        return [family(name, "") for family, _, name, _ in self._FAMILIES]
 
     def collect(self):
         tally = self._tally
-        for field, name, text in self._FAMILIES:
-            yield CounterMetricFamily(name, text, value=getattr(tally, field))
+        for family, field, name, text in self._FAMILIES:
+            yield family(name, text, value=getattr(tally, field))
 
 
 class _AllFronts:

@@ -28,7 +28,7 @@ import time
 
 import grpc
 
-from cadence.api.metrics import PAUSES, OutputTally
+from cadence.api.metrics import StreamTally
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.engines.tokenizer import StreamDecoder
 from cadence.transport.channel import WorkerLink
@@ -43,7 +43,7 @@ class RequestStream:
         "finish", "error", "overflows", "merged_steps", "_capacity", "_abort_on_overflow", "scheduled_ns",
         "chunks", "_tokens", "_steps", "sent_tokens", "_decode", "_waiter",
         "_start_ns", "_end_ns", "_recv_ns", "_prompt_tokens", "_link", "_block", "_paused",
-        "_paused_task", "task", "sending_since_ns", "_texts", "_output",
+        "_paused_task", "task", "sending_since_ns", "_texts", "_tally",
     )  # fmt: skip
 
     def __init__(
@@ -60,7 +60,7 @@ class RequestStream:
         decoder: StreamDecoder,
         received_ns: int,
         link: WorkerLink | None = None,
-        output: OutputTally | None = None,
+        tally: StreamTally | None = None,
     ) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
@@ -83,8 +83,8 @@ class RequestStream:
         """The task watched while paused, to count the pause off if it ends first."""
         self._link = link
         """The worker's link, to pause and resume the sequence under the block policy."""
-        self._output = output if output is not None else OutputTally()
-        """The front's running totals (its metrics), counted into as chunks are taken."""
+        self._tally = tally if tally is not None else StreamTally()
+        """The front's running totals (its metrics), counted into as things happen."""
         self.task: asyncio.Task | None = None
         """The task serving this stream's RPC (cancelled when its client stalls)."""
         self.sending_since_ns = 0
@@ -115,7 +115,7 @@ class RequestStream:
         """Add one step's token. Called by the output reader only."""
         if self._steps >= self._capacity:
             self.overflows += 1
-            self._output.overflows += 1
+            self._tally.overflows += 1
             if self._block:
                 if not self._paused:
                     self._pause()
@@ -152,8 +152,8 @@ class RequestStream:
     def _pause(self) -> None:
         self._paused = True
         self._link.pause(self.seq_id)
-        PAUSES.issued += 1
-        PAUSES.paused += 1
+        self._tally.pauses += 1
+        self._tally.paused += 1
         task = self.task
         if task is not None:
             # A client that cancels while paused never reads again, so nothing here would
@@ -164,7 +164,7 @@ class RequestStream:
     def _unpaused(self) -> None:
         """The pause is over (resumed, or the stream ends): off the gauge, once."""
         self._paused = False
-        PAUSES.paused -= 1
+        self._tally.paused -= 1
         task = self._paused_task
         if task is not None:
             self._paused_task = None
@@ -215,7 +215,7 @@ class RequestStream:
             self._link.resume(self.seq_id)
         if self._steps > 1:
             self.merged_steps += self._steps - 1
-            self._output.merged_steps += self._steps - 1
+            self._tally.merged_steps += self._steps - 1
         self._steps = 0
         finish = self.finish
         texts = self._texts
@@ -235,9 +235,9 @@ class RequestStream:
             chunk.prompt_tokens = self._prompt_tokens
         self.sent_tokens += len(tokens)
         self.chunks += 1
-        output = self._output
-        output.chunks += 1
-        output.tokens += len(tokens)
+        tally = self._tally
+        tally.chunks += 1
+        tally.tokens += len(tokens)
         if self.include_timing:
             timing = chunk.timing
             timing.worker = self.worker

@@ -224,7 +224,7 @@ class InferenceService:
             decoder=self._tokenizer.stream_decoder(),
             received_ns=received_ns,
             link=self._links[worker],
-            output=self.metrics.output,
+            tally=self.metrics.tally,
         )
         stream.task = task or asyncio.current_task()
         self._streams[seq_id] = stream
