@@ -9,9 +9,16 @@ import msgspec
 from cadence.credentials import ClientCredentials
 from cadence.lab.baseline import engine_config_of, run_baseline
 from cadence.lab.diagnosis import diagnose
+from cadence.lab.grpc_load import GrpcTarget
 from cadence.lab.kserve_load import KServeTarget
 from cadence.lab.loadgen import ProcessPlan, RequestCounter, RequestShape, run_load
-from cadence.lab.sampler import SystemSampler, metrics_url, server_processes, worker_startup
+from cadence.lab.sampler import (
+    SystemSampler,
+    listener_pid,
+    metrics_url,
+    server_processes,
+    worker_startup,
+)
 from cadence.lab.stats import summarize
 
 
@@ -42,9 +49,11 @@ class Workload:
 
     def plans(self, target: str, processes: int, channels: int = 1,
               credentials: ClientCredentials | None = None,
-              kserve: KServeTarget | None = None) -> list[ProcessPlan]:
+              kserve: KServeTarget | None = None,
+              grpc: GrpcTarget | None = None) -> list[ProcessPlan]:
         """Split the requests and the concurrency evenly over `processes` client processes.
-        With `kserve`, they speak the Open Inference Protocol to that model."""
+        With `kserve`, they speak the Open Inference Protocol to that model; with `grpc`,
+        they drive that method of any gRPC service."""
         return [
             ProcessPlan(
                 process=p,
@@ -62,6 +71,7 @@ class Workload:
                 read_delay_ms=self.read_delay_ms,
                 credentials=credentials,
                 kserve=kserve,
+                grpc=grpc,
             )
             for p in range(processes)
         ]
@@ -70,23 +80,28 @@ class Workload:
 def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
               baseline: bool = False, credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
-              counter: RequestCounter | None = None) -> dict:
+              counter: RequestCounter | None = None, grpc: GrpcTarget | None = None,
+              server_pid: int | None = None) -> dict:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
     `credentials` are for a server started with TLS or bearer tokens. With `kserve`, the
     requests go to that model over the Open Inference Protocol (any server of it; no server
-    timing, so no segments). `counter` counts finished requests while the load runs, for a
-    progress display (lab/progress.py); it changes nothing in the result.
+    timing, so no segments). With `grpc`, they drive that method of any gRPC service (no
+    server timing either). `counter` counts finished requests while the load runs, for a
+    progress display (lab/progress.py); it changes nothing in the result. `server_pid` names
+    the server process whose CPU to sample (default: cadence's processes, or for `grpc`, the
+    process listening on the target's port when it is on this host).
     """
-    sampler = SystemSampler(metrics_url=metrics_url(target))
-    for name, pid in server_processes(target).items():
+    protocol = "kserve" if kserve is not None else "grpc" if grpc is not None else "cadence"
+    sampler = SystemSampler(metrics_url=metrics_url(target) if grpc is None else None)
+    for name, pid in _server_to_sample(target, protocol, server_pid).items():
         sampler.watch(name, pid)
     sampler.start()
     try:
         processes_out = run_load(
-            workload.plans(target, processes, channels, credentials, kserve),
+            workload.plans(target, processes, channels, credentials, kserve, grpc),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
             counter=counter,
         )
@@ -116,14 +131,31 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         "read_delay_ms": workload.read_delay_ms,
         "client_processes": processes,
         "channels_per_process": channels,
-        "protocol": "cadence" if kserve is None else "kserve",
+        "protocol": protocol,
         "model": None if kserve is None else kserve.model,
     }
+    if grpc is not None:
+        result["workload"]["grpc"] = {
+            "method": grpc.schema.path, "types_from": grpc.schema.source,
+            "bidirectional": grpc.schema.client_streaming, "request_json": grpc.request_json,
+            "tokens_field": grpc.tokens_field or None, "index_field": grpc.index_field or None,
+            "headers": sorted({k for k, _ in grpc.headers}),
+        }
     if baseline:
         result["baseline"], result["overhead_ms"] = _baseline(target, workload, result)
     result["records"] = msgspec.to_builtins(records)
     result["diagnosis"] = diagnose(result)
     return result
+
+
+def _server_to_sample(target: str, protocol: str, server_pid: int | None) -> dict[str, int]:
+    """{name: pid} of the server's processes whose CPU the run samples; {} when unknown."""
+    if server_pid:
+        return {"server": server_pid}
+    if protocol != "grpc":
+        return server_processes(target)
+    pid = listener_pid(target)
+    return {"server": pid} if pid else {}
 
 
 _OVERHEAD_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
@@ -155,6 +187,8 @@ def print_summary(result: dict) -> None:
     title = f"cadence bench: {workload['target']}"
     if workload.get("protocol") == "kserve":
         title += f" (Open Inference Protocol, model {workload['model']})"
+    elif workload.get("protocol") == "grpc":
+        title += f" ({workload['grpc']['method']}, types from {workload['grpc']['types_from']})"
     table = Table(title=title, show_lines=False)
     table.add_column("metric")
     for col in ("mean", "p50", "p90", "p99", "max"):
@@ -174,9 +208,11 @@ def print_summary(result: dict) -> None:
     elif result.get("baseline", {}).get("error"):
         console.print(f"baseline: {result['baseline']['error']}")
     client = result["client"]
+    per_chunk = client["cpu_per_chunk_us"]
     console.print(
-        f"client: {client['processes']} process(es), {client['cpu_per_chunk_us']:.0f} µs CPU per chunk, "
-        f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
+        f"client: {client['processes']} process(es), "
+        + (f"{per_chunk:.0f} µs CPU per chunk, " if per_chunk is not None else "no chunks, ")
+        + f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
         + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
     )
     _print_system(console, result.get("system") or {})
@@ -187,10 +223,17 @@ def print_summary(result: dict) -> None:
         f"{result['tokens_per_s']:.0f} tokens/s, {result['chunks_per_s']:.0f} chunks/s, "
         f"{result['requests_per_s']:.1f} requests/s"
     )
-    console.print(
-        f"integrity: lost {integrity['lost_tokens']}, repeated {integrity['repeated_tokens']}, "
-        f"reordered {integrity['reordered_chunks']}, short streams {integrity['short_streams']}"
-    )
+    for code, message in (result.get("first_error_by_code") or {}).items():
+        console.print(f"  {code}: {message}", highlight=False)
+    grpc = workload.get("grpc")
+    if grpc is not None and not grpc["index_field"]:
+        console.print("integrity: not checked (the output's positions are unknown: give "
+                      "--index-field)")
+    else:
+        console.print(
+            f"integrity: lost {integrity['lost_tokens']}, repeated "
+            f"{integrity['repeated_tokens']}, reordered {integrity['reordered_chunks']}, "
+            f"short streams {integrity['short_streams']}")
     _print_diagnosis(console, result.get("diagnosis"))
 
 

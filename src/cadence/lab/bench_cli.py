@@ -43,9 +43,26 @@ def read_prompts(path: str) -> list[tuple[list[int], int]]:
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments")
     p.add_argument("--target", required=True, help="HOST:PORT of the server")
-    p.add_argument("--protocol", choices=["cadence", "kserve"], default="cadence",
-                   help="cadence.v1.Inference/Generate (default), or the Open Inference Protocol "
-                        "(KServe v2 / Triton gRPC, ModelStreamInfer) of any server that speaks it")
+    add_protocol_args(p)
+    add_workload_args(p)
+    p.add_argument("--server-pid", type=int, default=None, metavar="PID",
+                   help="the server process whose CPU to sample (default: cadence's processes, "
+                        "or the process listening on a local target's port)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run the workload through the engine alone (local server only) "
+                        "and report serving overhead")
+    p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (there is none anyway when stderr is not a terminal)")
+    p.set_defaults(func=_bench)
+
+
+def add_protocol_args(p: argparse.ArgumentParser) -> None:
+    """The options that say how to talk to the server; shared by bench and sweep."""
+    p.add_argument("--protocol", choices=["cadence", "kserve", "grpc"], default="cadence",
+                   help="cadence.v1.Inference/Generate (default), the Open Inference Protocol "
+                        "(KServe v2 / Triton gRPC, ModelStreamInfer) of any server that speaks "
+                        "it, or any gRPC streaming method (--method, --request-json)")
     p.add_argument("--model", default="cadence",
                    help="--protocol kserve: the model to drive (default: cadence's own)")
     p.add_argument("--kserve-inputs", default="PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens",
@@ -53,17 +70,78 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the "
                         "prompt's token ids), max_tokens, or an integer (e.g. "
                         "'N=max_tokens,DELAY_MS=10' for the PyTriton peer)")
-    add_workload_args(p)
-    p.add_argument("--baseline", action="store_true",
-                   help="also run the workload through the engine alone (local server only) "
-                        "and report serving overhead")
-    p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (there is none anyway when stderr is not a terminal)")
+    g = p.add_argument_group("--protocol grpc (any server-streaming or bidirectional method)")
+    g.add_argument("--method", default=None, metavar="PACKAGE.SERVICE/METHOD",
+                   help="the method to drive")
+    g.add_argument("--request-json", default=None, metavar="JSON",
+                   help='the request in the proto3 JSON mapping; whole string values '
+                        '"{max_tokens}", "{prompt}", "{request_id}" and "{i}" are replaced per '
+                        'request')
+    g.add_argument("--proto", action="append", default=[], metavar="FILE",
+                   help="the service's .proto file (repeatable), when the server offers no "
+                        "reflection")
+    g.add_argument("--proto-path", action="append", default=[], metavar="DIR",
+                   help="where --proto files and their imports are found (repeatable)")
+    g.add_argument("--tokens-field", default="", metavar="NAME",
+                   help="the response field that holds its tokens (a repeated field counts its "
+                        "elements, a number is a count, a string is one); default: one message "
+                        "is one token")
+    g.add_argument("--index-field", default="", metavar="NAME",
+                   help="the response field that numbers the output (the position of the "
+                        "message's first token, or the message's number without "
+                        "--tokens-field): turns on the lost/repeated/reordered checks")
+    g.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
+                   help="metadata sent with every call (repeatable), e.g. authorization=...")
     from cadence.credentials import add_arguments
 
     add_arguments(p)
-    p.set_defaults(func=_bench)
+
+
+def protocol_from_args(args: argparse.Namespace, command: str):
+    """(kserve target, None) or (None, a function that resolves the gRPC target against a
+    server's address) or (None, None) for cadence's protocol; exits with one line when the
+    options do not fit together."""
+    if args.protocol == "kserve":
+        from cadence.lab.kserve_load import KServeTarget, parse_inputs
+
+        try:
+            return KServeTarget(args.model, parse_inputs(args.kserve_inputs)), None
+        except ValueError as exc:
+            sys.exit(f"cadence {command}: --kserve-inputs: {exc}")
+    grpc_only = ("method", "request_json", "proto", "proto_path", "tokens_field", "index_field",
+                 "header")
+    if args.protocol != "grpc":
+        given = [f"--{n.replace('_', '-')}" for n in grpc_only if getattr(args, n)]
+        if given:
+            sys.exit(f"cadence {command}: {', '.join(given)} need --protocol grpc")
+        return None, None
+    if not args.method or args.request_json is None:
+        sys.exit(f"cadence {command}: --protocol grpc needs --method PACKAGE.SERVICE/METHOD and "
+                 "--request-json JSON")
+    from cadence.lab.grpc_load import headers_of
+
+    try:
+        headers = headers_of(args.header)
+    except ValueError as exc:
+        sys.exit(f"cadence {command}: {exc}")
+    return None, lambda target, credentials: _grpc_target(args, target, credentials, headers)
+
+
+def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):
+    """Resolve the method (reflection or protos) and check the request: SchemaError if not."""
+    from cadence.lab import grpc_schema
+    from cadence.lab.grpc_load import GrpcTarget, check_request
+
+    if args.proto:
+        schema = grpc_schema.from_protos(args.proto, args.proto_path, args.method)
+    else:
+        with credentials.channel(target) as channel:
+            schema = grpc_schema.from_reflection(channel, args.method, metadata=headers)
+    grpc = GrpcTarget(schema=schema, request_json=args.request_json,
+                      tokens_field=args.tokens_field, index_field=args.index_field,
+                      headers=headers)
+    check_request(grpc, workload_from_args(args).shape.request(0))
+    return grpc
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -118,22 +196,22 @@ def workload_from_args(args: argparse.Namespace):
 def _bench(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.bench import print_summary, run_bench
+    from cadence.lab.grpc_schema import SchemaError
     from cadence.lab.loadgen import RequestCounter
     from cadence.lab.progress import BenchProgress, progress_wanted
+    from cadence.lab.readiness import require_reachable
 
     workload = workload_from_args(args)
     try:
         credentials = from_arguments(args)
     except ValueError as exc:
         sys.exit(f"cadence bench: {exc}")
-    kserve = None
-    if args.protocol == "kserve":
-        from cadence.lab.kserve_load import KServeTarget, parse_inputs
-
-        try:
-            kserve = KServeTarget(args.model, parse_inputs(args.kserve_inputs))
-        except ValueError as exc:
-            sys.exit(f"cadence bench: --kserve-inputs: {exc}")
+    kserve, resolve = protocol_from_args(args, "bench")
+    try:
+        require_reachable(args.target, credentials)
+        grpc = resolve(args.target, credentials) if resolve else None
+    except (RuntimeError, SchemaError) as exc:
+        sys.exit(f"cadence bench: {exc}")
     counter, shown = None, contextlib.nullcontext()
     if progress_wanted(args.no_progress):
         counter = RequestCounter()
@@ -142,7 +220,8 @@ def _bench(args: argparse.Namespace) -> None:
         with shown:
             result = run_bench(args.target, workload, processes=args.procs,
                                channels=args.channels, baseline=args.baseline,
-                               credentials=credentials, kserve=kserve, counter=counter)
+                               credentials=credentials, kserve=kserve, counter=counter,
+                               grpc=grpc, server_pid=args.server_pid)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)

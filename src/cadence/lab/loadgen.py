@@ -20,6 +20,7 @@ from cadence import event_loop
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.credentials import ClientCredentials
 from cadence.heap import settle_heap
+from cadence.lab.grpc_load import GrpcCodec, GrpcTarget, one_grpc
 from cadence.lab.kserve_load import KServeTarget, one_kserve
 from cadence.lab.kserve_load import stub as kserve_stub
 from cadence.lab.records import RequestRecord, recording
@@ -31,6 +32,8 @@ class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int
+    number: int = 0
+    """The request's number in the run (i); warm-up requests count apart."""
 
 
 class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,9 +54,9 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
         max_tokens = rng.randint(*self.max_tokens)
         if self.prompts:
             prompt, fixed = self.prompts[i % len(self.prompts)]
-            return RequestPlan(f"bench-{i}", prompt, fixed or max_tokens)
+            return RequestPlan(f"bench-{i}", prompt, fixed or max_tokens, i)
         prompt = [rng.randrange(32, 127) for _ in range(rng.randint(*self.prompt_tokens))]
-        return RequestPlan(f"bench-{i}", prompt, max_tokens)
+        return RequestPlan(f"bench-{i}", prompt, max_tokens, i)
 
 
 def poisson_offsets(rate: float, seed: int):
@@ -96,6 +99,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """TLS roots, client certificate, bearer token; None: a plaintext channel."""
     kserve: KServeTarget | None = None
     """Speak the Open Inference Protocol to this model (lab/kserve_load.py); None: cadence's."""
+    grpc: GrpcTarget | None = None
+    """Drive this method of any gRPC service (lab/grpc_load.py); None: cadence's."""
 
 
 GENERATE = "/cadence.v1.Inference/Generate"
@@ -190,11 +195,16 @@ async def _run_process(
     ]
     for channel in channels:
         await asyncio.wait_for(channel.channel_ready(), 30)
-    if plan.kserve is None:
-        stubs, one = [generate_method(c) for c in channels], _one
-    else:
+    decode = functools.partial(decode_chunks, include_timing=plan.include_timing)
+    if plan.kserve is not None:
         stubs = [kserve_stub(c) for c in channels]
         one = functools.partial(one_kserve, plan.kserve)
+    elif plan.grpc is not None:
+        codec = GrpcCodec(plan.grpc)
+        stubs, one, decode = [codec.method(c) for c in channels], functools.partial(
+            one_grpc, codec), codec.decode
+    else:
+        stubs, one = [generate_method(c) for c in channels], _one
     for i in range(plan.warmup):
         await one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
                   plan.process, plan.include_timing, plan.timeout_s)
@@ -241,7 +251,7 @@ async def _run_process(
         await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
     for record, chunks in kept:
-        decode_chunks(record, chunks, plan.include_timing)
+        decode(record, chunks)
     records = [record for record, _ in kept]
     for channel in channels:
         await channel.close()

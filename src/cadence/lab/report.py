@@ -502,7 +502,11 @@ def _sweep(result: dict, out_dir: Path) -> tuple[str, list[Path]]:
                      broken))
     parts.append(_table(header, rows, bad=lambda i, v: i == len(header) - 1 and v != 0))
     parts.append('<p class="note">Mean over repeats, [lowest–highest] when they differ.</p>')
-    settings = {k: v for k, v in sweep.items() if k in ("serve_args", "repeat")}
+    failures = [(p.get("value"), text) for p in points for text in p.get("failures") or []]
+    if failures:
+        parts.append("<h3>Runs that failed</h3>")
+        parts.append(_table((variable, "why"), failures, bad=lambda i, v: i == 1))
+    settings = {k: v for k, v in sweep.items() if k in ("serve_args", "server_cmd", "repeat")}
     if isinstance(settings.get("serve_args"), list):
         settings["serve_args"] = " ".join(map(str, settings["serve_args"]))
     if settings:

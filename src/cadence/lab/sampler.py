@@ -48,19 +48,29 @@ def server_processes(target: str) -> dict[str, int]:
     return found
 
 
-def _front_zero(target: str) -> psutil.Process | None:
-    """Front 0 of a server listening on this host: a listener on the port that is not a child
-    front (a child front's parent is front 0)."""
+def _listeners(target: str) -> list[int]:
+    """The pids listening on the target's port, when the target is on this host."""
     host, _, port = target.rpartition(":")
-    if host not in ("127.0.0.1", "localhost", "0.0.0.0", "[::1]", "::1"):
-        return None
+    if host not in ("127.0.0.1", "localhost", "0.0.0.0", "[::1]", "::1") or not port.isdigit():
+        return []
     try:
         connections = psutil.net_connections(kind="tcp")
     except psutil.AccessDenied:
-        return None
-    listeners = sorted({c.pid for c in connections
-                        if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port) and c.pid})
-    for pid in listeners:
+        return []
+    return sorted({c.pid for c in connections
+                   if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port) and c.pid})
+
+
+def listener_pid(target: str) -> int | None:
+    """The process listening on the target's port on this host (any server), else None."""
+    found = _listeners(target)
+    return found[0] if found else None
+
+
+def _front_zero(target: str) -> psutil.Process | None:
+    """Front 0 of a server listening on this host: a listener on the port that is not a child
+    front (a child front's parent is front 0)."""
+    for pid in _listeners(target):
         try:
             process = psutil.Process(pid)
             if _front_index(process) is None:

@@ -168,6 +168,7 @@ def summarize(records: list[RequestRecord]) -> dict:
         "requests": len(records),
         "requests_ok": len(ok),
         "errors_by_code": dict(Counter(r.code for r in records if r.code != "OK")),
+        "first_error_by_code": _first_errors(records),
         "wall_s": wall_s,
         "output_tokens": out_tokens,
         "chunks": len(chunk_tokens),
@@ -203,3 +204,12 @@ def _shares(segments: dict[str, list[float]]) -> dict[str, float]:
     means = {name: sum(v) / len(v) if v else 0.0 for name, v in segments.items()}
     total = sum(means.values())
     return {name: m / total if total else math.nan for name, m in means.items()}
+
+
+def _first_errors(records: list[RequestRecord]) -> dict[str, str]:
+    """Each error code's first message, so a summary can say what went wrong."""
+    first: dict[str, str] = {}
+    for r in records:
+        if r.code != "OK" and r.code not in first:
+            first[r.code] = r.error[:300]
+    return first

@@ -7,7 +7,12 @@ import json
 import shlex
 import sys
 
-from cadence.lab.bench_cli import add_workload_args, workload_from_args
+from cadence.lab.bench_cli import (
+    add_protocol_args,
+    add_workload_args,
+    protocol_from_args,
+    workload_from_args,
+)
 
 
 def add_sweep(sub: argparse._SubParsersAction) -> None:
@@ -15,10 +20,19 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vary", required=True,
                    help="NAME=V1,V2,...: queue_capacity, workers, max_concurrent, max_batch, "
                         "step_ms, jitter_ms, overflow, engine_threads (app engine), fronts, "
-                        "concurrency, rate or procs")
+                        "concurrency, rate or procs; with --server-cmd, any {NAME} of the "
+                        "command")
     p.add_argument("--repeat", type=int, default=1, help="runs per value")
     p.add_argument("--serve-args", default="--devices cpu:2 --step-ms 20",
                    help="arguments of `cadence serve` that stay fixed (quoted)")
+    p.add_argument("--server-cmd", default=None, metavar="COMMAND",
+                   help="sweep a server of your own instead: a shell command with {port} (a "
+                        "free port) and {NAME} (the varied value) replaced; it runs in its own "
+                        "process group, stopped with SIGTERM (SIGKILL after 5 s)")
+    p.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
+                   help="--server-cmd: how long to wait for the server to answer gRPC "
+                        "(health SERVING, or any answer when it has no health service)")
+    add_protocol_args(p)
     add_workload_args(p)
     p.add_argument("--json", dest="json_path", default=None, help="write the sweep's results here")
     p.add_argument("--report", default=None, help="render plots and an HTML report into this folder")
@@ -26,16 +40,25 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def _sweep(args: argparse.Namespace) -> None:
+    from cadence.credentials import from_arguments
+    from cadence.lab.grpc_schema import SchemaError
     from cadence.lab.sweep import parse_vary, print_table, run_sweep
 
     try:
-        variable, values = parse_vary(args.vary)
+        variable, values = parse_vary(args.vary, args.server_cmd)
+        credentials = from_arguments(args)
     except ValueError as exc:
         sys.exit(f"cadence sweep: {exc}")
     if args.repeat < 1:
         sys.exit("cadence sweep: --repeat must be at least 1")
-    result = run_sweep(variable, values, shlex.split(args.serve_args), workload_from_args(args),
-                       repeat=args.repeat, processes=args.procs)
+    kserve, resolve = protocol_from_args(args, "sweep")
+    try:
+        result = run_sweep(variable, values, shlex.split(args.serve_args),
+                           workload_from_args(args), repeat=args.repeat, processes=args.procs,
+                           server_cmd=args.server_cmd, ready_timeout=args.ready_timeout,
+                           credentials=credentials, kserve=kserve, resolve_grpc=resolve)
+    except SchemaError as exc:
+        sys.exit(f"cadence sweep: {exc}")
     print_table(result)
     if args.json_path:
         with open(args.json_path, "w") as f:

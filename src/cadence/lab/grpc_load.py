@@ -1,0 +1,220 @@
+"""The load generator's third protocol: one request to any gRPC streaming method.
+
+`cadence bench --protocol grpc --method PACKAGE.SERVICE/METHOD --request-json JSON` drives a
+service cadence did not write. The request is the proto3 JSON mapping of the method's input
+type, with whole string values `"{max_tokens}"`, `"{prompt}"`, `"{request_id}"` and `"{i}"`
+replaced per request (`RequestTemplate`). A server-streaming method gets the request and reads
+to the end; a bidirectional one gets the request, a half-close, and is read to the end.
+
+Between two arrivals the generator only stamps the time and keeps the message's bytes, as on
+the cadence path; `ResponseReader` parses them after the run. What a message counts:
+`--tokens-field` names a field of the response (a repeated field counts its elements, a
+number is read as a count, a non-empty string or bytes counts one); without it every message
+is one token. `--index-field` names the field that numbers the output (the position of the
+message's first token, or the message's number without `--tokens-field`): with it the
+integrity checks (lost, repeated, reordered) hold; without it the positions are counted on
+the client and those checks cannot fail. The protocol has no finish reason: a stream that
+ends OK counts as finished, so a service that stops early is not a "short stream".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import grpc
+import msgspec
+from google.protobuf import descriptor, json_format
+
+from cadence.lab.grpc_schema import MethodSchema, SchemaError, message_classes
+from cadence.lab.records import RequestRecord, recording
+
+if TYPE_CHECKING:
+    from cadence.lab.loadgen import RequestPlan
+
+PLACEHOLDERS = ("{max_tokens}", "{prompt}", "{request_id}", "{i}")
+
+_STOPPED = 2
+"""The finish reason recorded for a stream that ended OK (cadence.v1's STOP)."""
+
+
+class GrpcTarget(msgspec.Struct, frozen=True, kw_only=True):
+    """Which method to drive, with what request, and how to read its responses."""
+
+    schema: MethodSchema
+    request_json: str
+    tokens_field: str = ""
+    index_field: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Metadata sent with every call (keys lower-case, as gRPC requires)."""
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    """`KEY=VALUE` (or `KEY: VALUE`) → (key in lower case, value); raise ValueError."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        key, sep, value = text.partition(":")
+    key = key.strip().lower()
+    if not sep or not key:
+        raise ValueError(f"--header: expected KEY=VALUE, got {text!r}")
+    return key, value.strip()
+
+
+class RequestTemplate:
+    """The request JSON with its placeholders; `bytes_for(plan, i)` is one serialized request."""
+
+    def __init__(self, request_type: type, text: str) -> None:
+        try:
+            self._doc = json.loads(text)
+        except ValueError as exc:
+            raise SchemaError(f"--request-json is not JSON: {exc}") from None
+        if not isinstance(self._doc, dict):
+            raise SchemaError("--request-json must be a JSON object (the request message)")
+        self._type = request_type
+        self._slots: list[tuple[list, str]] = []
+        """(path to a value, its placeholder) for every whole-string placeholder."""
+        self._find(self._doc, [])
+        self.uses = frozenset(p for _, p in self._slots)
+
+    def _find(self, node, path: list) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(
+            node, list) else ()
+        for key, value in items:
+            if isinstance(value, str) and value in PLACEHOLDERS:
+                self._slots.append(([*path, key], value))
+            else:
+                self._find(value, [*path, key])
+
+    def message(self, plan: RequestPlan):
+        """The request message of `plan`; SchemaError names a field the type lacks."""
+        values = {"{max_tokens}": str(plan.max_tokens), "{request_id}": plan.request_id,
+                  "{i}": str(plan.number), "{prompt}": bytes(plan.prompt_token_ids).decode(
+                      "utf-8", errors="replace")}
+        doc = json.loads(json.dumps(self._doc)) if self._slots else self._doc
+        for path, placeholder in self._slots:
+            node = doc
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = values[placeholder]
+        try:
+            return json_format.ParseDict(doc, self._type())
+        except json_format.ParseError as exc:
+            raise SchemaError(f"--request-json: {' '.join(str(exc).split())}") from None
+
+
+def _field(message_type: descriptor.Descriptor, path: str, option: str) -> list:
+    """The field descriptors along a dotted `path` of `message_type`."""
+    fields = []
+    current = message_type
+    for part in path.split("."):
+        if current is None or part not in current.fields_by_name:
+            names = ", ".join(current.fields_by_name) if current is not None else "none"
+            raise SchemaError(f"{option}: {message_type.full_name} has no field {path!r} "
+                              f"(its fields: {names})")
+        field = current.fields_by_name[part]
+        fields.append(field)
+        current = field.message_type if field.type == field.TYPE_MESSAGE else None
+    return fields
+
+
+def _counter(fields: list, option: str) -> Callable[[object], int]:
+    """Reads the number a message's field stands for (see the module's docstring)."""
+    *outer, last = fields
+    if any(f.is_repeated for f in outer):
+        raise SchemaError(f"{option}: the path crosses a repeated field")
+    names = [f.name for f in fields]
+
+    def leaf(message):
+        for name in names[:-1]:
+            message = getattr(message, name)
+        return getattr(message, names[-1])
+
+    if last.is_repeated:
+        return lambda m: len(leaf(m))
+    if last.type in (last.TYPE_STRING, last.TYPE_BYTES):
+        return lambda m: 1 if leaf(m) else 0
+    if last.type in (last.TYPE_MESSAGE, last.TYPE_BOOL, last.TYPE_FLOAT, last.TYPE_DOUBLE):
+        raise SchemaError(f"{option}: {'.'.join(names)} is not a count, a list or a string")
+    return lambda m: int(leaf(m))
+
+
+class GrpcCodec:
+    """One load process's view of a `GrpcTarget`: message classes, template, readers."""
+
+    def __init__(self, target: GrpcTarget) -> None:
+        self.target = target
+        request_type, response_type = message_classes(target.schema)
+        self.response_type = response_type
+        self.template = RequestTemplate(request_type, target.request_json)
+        out = response_type.DESCRIPTOR
+        self._tokens = (_counter(_field(out, target.tokens_field, "--tokens-field"),
+                                 "--tokens-field") if target.tokens_field else None)
+        if target.index_field:
+            index = _field(out, target.index_field, "--index-field")
+            if index[-1].is_repeated or index[-1].type in (
+                    index[-1].TYPE_STRING, index[-1].TYPE_BYTES, index[-1].TYPE_MESSAGE):
+                raise SchemaError(f"--index-field: {target.index_field} is not an integer")
+            self._index = _counter(index, "--index-field")
+        else:
+            self._index = None
+        self.metadata = target.headers or None
+
+    def method(self, channel: grpc.aio.Channel) -> Callable:
+        """The method on `channel`, sending and answering bytes (nothing parsed per message)."""
+        path = self.target.schema.path
+        if self.target.schema.client_streaming:
+            call = channel.stream_stream(path)
+            return lambda request, **kw: call(iter((request,)), **kw)
+        return channel.unary_stream(path)
+
+    def decode(self, record: RequestRecord, messages: list[bytes]) -> None:
+        """Fill the record's per-message token counts and positions, in arrival order."""
+        parse, count, number = self.response_type.FromString, self._tokens, self._index
+        tokens, index = record.tokens, record.index
+        position = 0
+        for data in messages:
+            message = parse(data)
+            n = count(message) if count is not None else 1
+            index.append(number(message) if number is not None else position)
+            tokens.append(n)
+            position += n
+
+
+async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, process: int,
+                   include_timing: bool, timeout: float | None, read_delay_s: float = 0.0,
+                   ) -> tuple[RequestRecord, list[bytes]]:
+    """Send one request, stamp and keep every response; never raises (errors are recorded).
+
+    The load generator's signature: `include_timing` is accepted (no such thing here)."""
+    request = codec.template.message(plan).SerializeToString()
+    monotonic_ns = time.monotonic_ns
+    record = RequestRecord(
+        request_id=plan.request_id,
+        process=process,
+        start_ns=monotonic_ns(),
+        max_tokens=plan.max_tokens,
+        prompt_tokens=len(plan.prompt_token_ids),
+    )
+    arrival, messages = record.arrival_ns, []
+    keep = messages.append
+    with recording(record):
+        async for message in method(request, timeout=timeout, metadata=codec.metadata):
+            arrival.append(monotonic_ns())
+            keep(message)
+            if read_delay_s:
+                await asyncio.sleep(read_delay_s)
+        record.finish_reason = _STOPPED
+    return record, messages
+
+
+def check_request(target: GrpcTarget, sample: RequestPlan) -> None:
+    """Build every reader and one request before any process starts: a wrong field name or
+    value is one SchemaError here, not an error per request."""
+    GrpcCodec(target).template.message(sample)
+
+
+def headers_of(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    return tuple(parse_header(h) for h in items)
