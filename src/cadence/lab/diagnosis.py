@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from cadence.lab.timeline import MIN_BURST
+
 RULE_TTFT_ENGINE_START = "ttft_engine_start"
 RULE_TTFT_QUEUEING = "ttft_queueing"
 RULE_ITL_UNSTABLE_NETWORK = "itl_unstable_network_side"
@@ -35,6 +37,8 @@ RULE_CLIENT_SATURATED = "client_saturated"
 RULE_UNDER_CAPACITY = "under_capacity"
 RULE_SLOW_READER = "slow_reader"
 RULE_CPU_BUSY_CARDS_IDLE = "cpu_busy_cards_idle"
+RULE_STREAMS_STALL_TOGETHER = "streams_stall_together"
+RULE_TTFT_GROWS_WITH_STREAMS = "ttft_grows_with_streams"
 
 # -- thresholds -----------------------------------------------------------------------------
 
@@ -138,6 +142,39 @@ UNDER_CAPACITY_BATCH = 4.0
 """Throughput is under capacity when each worker makes fewer than this many tokens per
 engine step on average (tokens/s x step / workers): a decode step costs about the same for
 1 or 8 sequences, so most of each step is wasted."""
+
+# Client-side evidence only (runs without server timing, e.g. any gRPC service): what the
+# streams' arrival times show together (`cadence.lab.timeline`).
+
+SHARED_STALLS_MIN = 3
+"""Stalls that hit every open stream at once count from this many: one or two are what a
+busy 2-core machine gives a run now and then (a process descheduled for ~100 ms)."""
+
+SHARED_TIME_SHARE = 0.05
+"""...and when they hold at least this share of the run: a server pausing 100 ms every
+0.5 s stalls 20 % of it; machine hiccups stay near 1-2 %."""
+
+SHARED_LONG_GAP_SHARE = 0.5
+"""...and when at least this share of the streams' long gaps fall inside them (the rest are
+single streams' own stalls)."""
+
+TTFT_GROWTH_GAPS = 5.0
+TTFT_GROWTH_MIN_MS = 50.0
+"""TTFT "grows" when the requests opened at once are served over a spread (p90 - p10 within
+the largest burst) of this many typical gaps and this many ms at least: a healthy server
+starts a burst within one or two steps; one that takes calls in one at a time, or runs one
+thread per stream, serves the last of 32 streams hundreds of ms after the first."""
+
+CAP_RECEIVING_SHARE = 0.8
+CAP_TIME_SHARE = 0.5
+"""A hard cap on streams: at most this share of the open streams ever received output at
+once, and the receiving count sat at its peak, with streams waiting, for at least this share
+of the run. A server that is merely slow to start streams (a long prefill) lets the
+receiving count wander below its peak instead of holding it."""
+
+GAPS_NORMAL_RATIO = 2.5
+"""...while the gaps stay normal: chunk-gap p90 within this many times its p50 (as
+NETWORK_UNSTABLE_P90_RATIO: below it a busy machine is not told apart from uneven delivery)."""
 
 # -- reading the result -----------------------------------------------------------------------
 
@@ -496,7 +533,8 @@ def _under_capacity(run: _Run, fired: set[str]) -> list[Finding]:
         return []
     latency_rules = {RULE_TTFT_ENGINE_START, RULE_TTFT_QUEUEING, RULE_ITL_UNSTABLE_ENGINE,
                      RULE_ITL_UNSTABLE_NETWORK, RULE_SLOW_READER, RULE_FRONT_CPU_BOUND,
-                     RULE_CLIENT_SATURATED}
+                     RULE_CLIENT_SATURATED, RULE_STREAMS_STALL_TOGETHER,
+                     RULE_TTFT_GROWS_WITH_STREAMS}
     if fired & latency_rules:
         return []
     if (itl["p50"] > SLOW_READER_ITL_FACTOR * typical
@@ -544,6 +582,106 @@ def _cpu_busy_cards_idle(run: _Run) -> list[Finding]:
     } for flag in flags]
 
 
+def _client_side(run: _Run) -> dict | None:
+    """The timeline, for runs without server timing (with it, the segment rules speak)."""
+    if run.result.get("segments_ms"):
+        return None
+    found = run.result.get("timeline")
+    return found if isinstance(found, dict) else None
+
+
+def _streams_stall_together(run: _Run) -> list[Finding]:
+    timeline = _client_side(run)
+    stalls = (timeline or {}).get("stalls") or {}
+    if not stalls or stalls["shared"] < SHARED_STALLS_MIN:
+        return []
+    if stalls["shared_time_share"] < SHARED_TIME_SHARE or not stalls["long_gaps"]:
+        return []
+    in_shared = stalls["long_gaps_in_shared"] / stalls["long_gaps"]
+    if in_shared < SHARED_LONG_GAP_SHARE:
+        return []
+    gaps = _dist(run.result, "chunk_gap_ms")
+    evidence = {
+        "shared_stalls": stalls["shared"],
+        "stall_p50_ms": _r(stalls["shared_ms_p50"]),
+        "stall_max_ms": _r(stalls["shared_ms_max"]),
+        "run_share_stalled": _r(stalls["shared_time_share"], 3),
+        "streams_hit_p50": _r(stalls["streams_hit_p50"], 1),
+        "streams_hit_min": stalls["streams_hit_min"],
+        "long_gaps_in_shared_stalls": f"{stalls['long_gaps_in_shared']} of {stalls['long_gaps']}",
+        "gap_p50_ms": _r(timeline["gap_p50_ms"]),
+    }
+    if gaps:
+        evidence["gap_p99_ms"] = _r(gaps["p99"])
+    return [{
+        "rule": RULE_STREAMS_STALL_TOGETHER,
+        "finding": (f"every open stream stalled at the same instants: {stalls['shared']} times "
+                    f"(up to {stalls['shared_ms_max']:.0f} ms, {stalls['shared_time_share']:.0%}"
+                    f" of the run) no stream got anything although a median of "
+                    f"{stalls['streams_hit_p50']:.0f} were open; the pause is on the server's "
+                    "side, not any one stream's"),
+        "evidence": evidence,
+        "look_at": ("what can pause the whole server: a blocking call on its event loop, a "
+                    "thread pool or one queue that every stream waits on, the GIL held by "
+                    "compute, garbage collection, an engine (or its producer) blocked on a full "
+                    "queue; run the server under a profiler (py-spy) during the stalls"),
+    }]
+
+
+def _ttft_grows_with_streams(run: _Run) -> list[Finding]:
+    timeline = _client_side(run)
+    gaps = _dist(run.result, "chunk_gap_ms")
+    if not timeline or not gaps or gaps["p50"] <= 0:
+        return []
+    if gaps["p90"] > GAPS_NORMAL_RATIO * gaps["p50"]:
+        return []  # everything is slow or uneven: not a start-up limit alone
+    typical = timeline["gap_p50_ms"]
+    high = max(TTFT_GROWTH_GAPS * typical, TTFT_GROWTH_MIN_MS)
+    bursts, cap = timeline["bursts"], timeline["concurrency"]
+    capped = (cap["peak_receiving"] <= CAP_RECEIVING_SHARE * cap["peak_open"]
+              and cap["capped_share"] >= CAP_TIME_SHARE and run.ttft is not None
+              and run.ttft["p90"] >= high)
+    spread = bursts["ttft_p90_ms"] - bursts["ttft_p10_ms"]
+    burst = bursts["largest"] >= MIN_BURST and _finite(spread) and spread >= high
+    if not (capped or burst):
+        return []
+    evidence = {
+        "largest_burst": bursts["largest"],
+        "burst_ttft_p10_ms": _r(bursts["ttft_p10_ms"]),
+        "burst_ttft_p90_ms": _r(bursts["ttft_p90_ms"]),
+        "peak_open_streams": cap["peak_open"],
+        "peak_receiving_streams": cap["peak_receiving"],
+        "share_at_cap_with_streams_waiting": _r(cap["capped_share"], 3),
+        "gap_p50_ms": _r(gaps["p50"]),
+        "gap_p90_ms": _r(gaps["p90"]),
+    }
+    if bursts["opened_alone"]:
+        evidence["ttft_p50_opened_alone_ms"] = _r(bursts["alone_ttft_p50_ms"])
+    if capped:
+        finding = (f"at most {cap['peak_receiving']} streams received output at once while up "
+                   f"to {cap['peak_open']} were open: the others waited for their first output "
+                   f"(TTFT p90 {run.ttft['p90']:.0f} ms) although gaps stay normal (p50 "
+                   f"{gaps['p50']:.1f} ms); something holds one slot per stream")
+        look_at = ("a thread per stream (a ThreadPoolExecutor's max_workers, a sync handler "
+                   "that holds its thread while it waits for output), the server's max "
+                   "concurrent streams, an engine batch limit; forward output without holding a "
+                   "thread (an async server, per-request queues)")
+    else:
+        finding = (f"of {bursts['largest']} streams opened at once, the first tenth got output "
+                   f"within {bursts['ttft_p10_ms']:.0f} ms and the last tenth after "
+                   f"{bursts['ttft_p90_ms']:.0f} ms, while gaps stay normal (p50 "
+                   f"{gaps['p50']:.1f} ms): new streams are taken in one at a time")
+        look_at = ("call set-up: a server that accepts calls one at a time, a lock or a slow "
+                   "step at the start of each call (authentication, a per-call model lookup), "
+                   "an engine that admits one request per step, too few threads for new calls")
+    return [{
+        "rule": RULE_TTFT_GROWS_WITH_STREAMS,
+        "finding": finding,
+        "evidence": evidence,
+        "look_at": look_at,
+    }]
+
+
 _RULES: tuple[Callable[[_Run], list[Finding]], ...] = (
     _ttft_engine_start,
     _ttft_queueing,
@@ -552,6 +690,8 @@ _RULES: tuple[Callable[[_Run], list[Finding]], ...] = (
     _front_cpu_bound,
     _client_saturated,
     _cpu_busy_cards_idle,
+    _streams_stall_together,
+    _ttft_grows_with_streams,
 )
 
 

@@ -17,6 +17,8 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
   and send; they add up to ttft_ms exactly.
 - segment_shares: each segment's mean over the sum of the means, for TTFT and for a
   token's path from step start to client (engine_step, transfer, buffer, send).
+- timeline: the streams' arrival times read together (shared stalls, bursts of streams
+  opened at once, open against receiving streams); defined in `cadence.lab.timeline`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Iterable
 import msgspec
 
 from cadence.lab.records import RequestRecord
+from cadence.lab.timeline import timeline
 
 _NS_PER_MS = 1e6
 
@@ -182,6 +185,7 @@ def summarize(records: list[RequestRecord]) -> dict:
         "e2e_ms": distribution(e2e),
         "chunk_tokens": distribution(chunk_tokens),
         "integrity": check_integrity(records),
+        "timeline": timeline(records),
     }
     if delay:
         result["token_delay_ms"] = distribution(delay)

@@ -1,0 +1,87 @@
+"""A plain grpc.aio token service with one planted fault, for the client-side diagnosis tests.
+
+    python tests/planted_server.py --fault none|pause|setup [--port 0] [--gap-ms 20]
+
+It speaks the worked example's proto (examples/thread_pool/tokens.proto, reflection on):
+each stream gets `max_tokens` Tokens, the first after one gap, then one per gap on an
+absolute schedule. Faults:
+- `pause`: the event loop is blocked (time.sleep) for `--pause-ms` every `--pause-every-ms`,
+  so every open stream stalls at the same instants (a blocking call in async code);
+- `setup`: each call holds one lock for `--setup-ms` before its first token, so calls are
+  taken in one at a time (a slow per-call set-up);
+- `none`: a clean server.
+It prints `listening on HOST:PORT` once serving and stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import time
+
+import grpc
+from grpc_reflection.v1alpha import reflection
+
+_PROTO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
+                          "thread_pool")
+
+
+def _messages():
+    import sys
+
+    sys.path.insert(0, os.path.abspath(_PROTO_DIR))
+    return grpc.protos_and_services("tokens.proto")
+
+
+async def main(args: argparse.Namespace) -> None:
+    protos, services = _messages()
+    setup_lock = asyncio.Lock()
+
+    class TokenService(services.TokenServiceServicer):
+        async def Generate(self, request, context):
+            if args.fault == "setup":
+                async with setup_lock:
+                    await asyncio.sleep(args.setup_ms / 1e3)
+            gap = args.gap_ms / 1e3
+            t0 = time.monotonic()
+            for i in range(request.max_tokens):
+                delay = t0 + (i + 1) * gap - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                yield protos.Token(index=i, text=f"t{i} ")
+
+    server = grpc.aio.server()
+    services.add_TokenServiceServicer_to_server(TokenService(), server)
+    name = protos.DESCRIPTOR.services_by_name["TokenService"].full_name
+    reflection.enable_server_reflection((name, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    await server.start()
+    print(f"listening on {args.host}:{port}", flush=True)
+
+    async def block_the_loop() -> None:
+        while True:
+            await asyncio.sleep(args.pause_every_ms / 1e3)
+            time.sleep(args.pause_ms / 1e3)  # the planted fault: a blocking call on the loop
+
+    if args.fault == "pause":
+        pauses = asyncio.ensure_future(block_the_loop())
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    if args.fault == "pause":
+        pauses.cancel()
+    await server.stop(0.5)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fault", choices=["none", "pause", "setup"], default="none")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--gap-ms", type=float, default=20.0)
+    parser.add_argument("--pause-ms", type=float, default=120.0)
+    parser.add_argument("--pause-every-ms", type=float, default=400.0)
+    parser.add_argument("--setup-ms", type=float, default=15.0)
+    asyncio.run(main(parser.parse_args()))
