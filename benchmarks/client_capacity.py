@@ -7,6 +7,11 @@ the source's own CPU is reported beside it). The lab's target: at least 30,000 c
 process, beyond which `cadence bench --procs N` spreads the load and the diagnosis says when
 the client was saturated.
 
+The same source is also driven as any gRPC service (`cadence bench --protocol grpc`: the
+method's types from proto/cadence/v1/inference.proto, tokens from `token_ids`, positions from
+`index`), beside the cadence path without timing in the same run: that path must keep within
+1.2x of the cadence path's chunks/s (nothing parsed between arrivals there either).
+
     python benchmarks/client_capacity.py [--streams 64] [--tokens 2000] [--out results/client_capacity.json]
 """
 
@@ -20,20 +25,33 @@ from pathlib import Path
 
 import psutil
 
+from cadence.lab.grpc_load import GrpcTarget
+from cadence.lab.grpc_schema import from_protos
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
 from cadence.lab.server_process import ServerProcess
 
+ROOT = Path(__file__).resolve().parents[1]
 SOURCE = [sys.executable, str(Path(__file__).with_name("plain_grpc_reference.py"))]
 TARGET_CHUNKS_PER_S = 30_000
+GRPC_PATH_RATIO = 1.2
+"""The any-service path's chunks/s within this factor of the cadence path's (no timing)."""
+
+
+def any_service() -> GrpcTarget:
+    """The source driven as a service cadence did not write: types from its .proto."""
+    schema = from_protos(["cadence/v1/inference.proto"], [str(ROOT / "proto")],
+                         "cadence.v1.Inference/Generate")
+    return GrpcTarget(schema=schema, tokens_field="token_ids", index_field="index",
+                      request_json='{"prompt_token_ids": [1, 2, 3], "max_tokens": "{max_tokens}"}')
 
 
 def measure(target: str, source_pid: int, streams: int, tokens: int, rounds: int,
-            include_timing: bool, procs: int) -> dict:
+            include_timing: bool, procs: int, grpc: GrpcTarget | None = None) -> dict:
     plans = [
         ProcessPlan(process=k, processes=procs, target=target,
                     shape=RequestShape(max_tokens=(tokens, tokens)),
                     requests=streams * rounds, concurrency=streams // procs,
-                    include_timing=include_timing, warmup=4)
+                    include_timing=include_timing, warmup=4, grpc=grpc)
         for k in range(procs)
     ]
     source = psutil.Process(source_pid)
@@ -54,6 +72,7 @@ def measure(target: str, source_pid: int, streams: int, tokens: int, rounds: int
         for p in results
     ]
     return {
+        "protocol": "cadence" if grpc is None else "grpc",
         "procs": procs, "streams": streams, "tokens_per_stream": tokens,
         "include_timing": include_timing, "chunks": chunks, "errors": errors,
         "tokens_missing": lost,
@@ -73,30 +92,38 @@ def main() -> None:
     parser.add_argument("--out", default="results/client_capacity.json")
     args = parser.parse_args()
     rows = []
+    grpc = any_service()
     with ServerProcess("--step-ms", "0", command=SOURCE) as source:
         for procs in args.procs:
-            for timing in (True, False):
+            for timing, target in ((True, None), (False, None), (False, grpc)):
                 row = measure(source.target, source.pid, args.streams, args.tokens, args.rounds,
-                              timing, procs)
+                              timing, procs, target)
                 rows.append(row)
                 p0 = row["per_process"][0]
-                print(f"procs {procs} timing {'on ' if timing else 'off'}: "
+                print(f"procs {procs} {row['protocol']:7} timing {'on ' if timing else 'off'}: "
                       f"{row['chunks_per_s']:,} chunks/s; process 0 {p0['chunks_per_s']:,} "
                       f"chunks/s at {p0['cpu_us_per_chunk']} us CPU/chunk "
                       f"({p0['cpu_share']:.0%} of a core); source {row['source_cpu_share']:.0%} "
                       f"of a core; errors {row['errors']}, tokens missing {row['tokens_missing']}",
                       flush=True)
     one = [r for r in rows if r["procs"] == 1]
+    untimed = {r["protocol"]: r["per_process"][0]["chunks_per_s"] for r in one
+               if not r["include_timing"]}
+    ratio = untimed["cadence"] / untimed["grpc"] if untimed.get("grpc") else None
     result = {
         "machine": {"cpus": psutil.cpu_count(), "load_before": psutil.getloadavg()},
         "target_chunks_per_s_per_process": TARGET_CHUNKS_PER_S,
         "met": bool(one) and all(r["per_process"][0]["chunks_per_s"] >= TARGET_CHUNKS_PER_S
-                                 for r in one),
+                                 for r in one if r["protocol"] == "cadence"),
+        "grpc_path_slowdown": ratio,
+        "grpc_path_met": ratio is not None and ratio <= GRPC_PATH_RATIO,
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"target {TARGET_CHUNKS_PER_S:,} chunks/s per process met: {result['met']}; {args.out}")
+    print(f"target {TARGET_CHUNKS_PER_S:,} chunks/s per process met: {result['met']}; "
+          f"any-service path {ratio:.2f}x slower than the cadence path (target <= "
+          f"{GRPC_PATH_RATIO}x): {result['grpc_path_met']}; {args.out}")
 
 
 if __name__ == "__main__":

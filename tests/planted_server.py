@@ -1,6 +1,6 @@
 """A plain grpc.aio token service with one planted fault, for the client-side diagnosis tests.
 
-    python tests/planted_server.py --fault none|pause|setup [--port 0] [--gap-ms 20]
+    python tests/planted_server.py --fault none|pause|setup|skip [--port 0] [--gap-ms 20]
 
 It speaks the worked example's proto (examples/thread_pool/tokens.proto, reflection on):
 each stream gets `max_tokens` Tokens, the first after one gap, then one per gap on an
@@ -9,6 +9,7 @@ absolute schedule. Faults:
   so every open stream stalls at the same instants (a blocking call in async code);
 - `setup`: each call holds one lock for `--setup-ms` before its first token, so calls are
   taken in one at a time (a slow per-call set-up);
+- `skip`: every stream leaves out its token 5 (a lost token the integrity check must see);
 - `none`: a clean server.
 It prints `listening on HOST:PORT` once serving and stops on SIGTERM.
 """
@@ -50,7 +51,8 @@ async def main(args: argparse.Namespace) -> None:
                 delay = t0 + (i + 1) * gap - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                yield protos.Token(index=i, text=f"t{i} ")
+                if args.fault != "skip" or i != 5:
+                    yield protos.Token(index=i, text=f"t{i} ")
 
     server = grpc.aio.server()
     services.add_TokenServiceServicer_to_server(TokenService(), server)
@@ -77,7 +79,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=["none", "pause", "setup"], default="none")
+    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip"], default="none")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gap-ms", type=float, default=20.0)
