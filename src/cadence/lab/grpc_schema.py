@@ -125,35 +125,40 @@ def _with_imports(first: Iterable[bytes], fetch) -> list[descriptor_pb2.FileDesc
 
 
 def from_protos(protos: Sequence[str], proto_paths: Sequence[str], method: str) -> MethodSchema:
-    """Compile `protos` (searched on `proto_paths`, then the current folder) with protoc."""
+    """Compile `protos` with protoc. Each is a path relative to one of `proto_paths` (default:
+    the current folder), or a file of its own, whose folder then joins the include paths."""
     from grpc_tools import protoc
 
     service, name = split_method(method)
     include = [os.path.join(os.path.dirname(protoc.__file__), "_proto")]
     paths = list(proto_paths) or ["."]
+    names = []
     for proto in protos:
-        if not any(os.path.isfile(os.path.join(p, proto)) for p in paths) and os.path.isfile(proto):
-            paths.append(os.path.dirname(os.path.abspath(proto)) or ".")
+        found = _relative(proto, paths)
+        if found is None and os.path.isfile(proto):
+            paths.append(os.path.dirname(os.path.abspath(proto)))
+            found = os.path.basename(proto)
+        names.append(found or proto)  # not found: protoc says so
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "set.pb")
         args = ["protoc", f"--descriptor_set_out={out}", "--include_imports",
-                *(f"--proto_path={p}" for p in [*paths, *include]),
-                *(_relative(proto, paths) for proto in protos)]
+                *(f"--proto_path={p}" for p in [*paths, *include]), *names]
         if protoc.main(args) != 0:
             raise SchemaError("--proto: protoc could not compile the files (its message is above)")
         with open(out, "rb") as f:
-            found = descriptor_pb2.FileDescriptorSet.FromString(f.read())
-    return _schema(list(found.file), service, name, "protos")
+            found_set = descriptor_pb2.FileDescriptorSet.FromString(f.read())
+    return _schema(list(found_set.file), service, name, "protos")
 
 
-def _relative(proto: str, paths: list[str]) -> str:
-    """`proto` as protoc wants it: relative to the include path that holds it."""
-    full = os.path.abspath(proto)
+def _relative(proto: str, paths: list[str]) -> str | None:
+    """`proto` as protoc names it: relative to the include path that holds it, or None."""
     for p in paths:
-        root = os.path.abspath(p)
+        if not os.path.isabs(proto) and os.path.isfile(os.path.join(p, proto)):
+            return proto
+        root, full = os.path.abspath(p), os.path.abspath(proto)
         if full.startswith(root + os.sep) and os.path.isfile(full):
             return os.path.relpath(full, root)
-    return proto
+    return None
 
 
 def _schema(files: list[descriptor_pb2.FileDescriptorProto], service: str, method: str,

@@ -208,13 +208,21 @@ def _integrity(result: dict) -> str:
     if not isinstance(integrity, dict) and errors is None:
         return ""
     parts = ["<h2>Integrity and errors</h2>"]
+    grpc = (result.get("workload") or {}).get("grpc")
+    if isinstance(grpc, dict) and not grpc.get("index_field"):
+        parts.append('<p class="note">Not checked: the output\'s positions are unknown '
+                     '(bench with --index-field).</p>')
+        integrity = None
     if isinstance(integrity, dict):
         names = [n for n in INTEGRITY if n in integrity] + [
             n for n in integrity if n not in INTEGRITY]
         parts.append(_table(("check (must be 0)", "count"), ((n, integrity[n]) for n in names),
                             bad=lambda i, v: i == 1 and isinstance(v, (int, float)) and v != 0))
     if errors:
-        parts.append(_table(("error code", "requests"), sorted(errors.items(), key=lambda kv: -kv[1]),
+        first = result.get("first_error_by_code") or {}
+        parts.append(_table(("error code", "requests", "first message"),
+                            ((code, n, first.get(code, "")) for code, n in
+                             sorted(errors.items(), key=lambda kv: -kv[1])),
                             bad=lambda i, v: i == 1))
     elif errors is not None:
         parts.append('<p class="ok">No request failed.</p>')
