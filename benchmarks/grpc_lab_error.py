@@ -11,7 +11,7 @@ timestamp before the call and at each message, nothing else. The lab's own error
 reports beyond that reference; the target (a benchmark, not a test) is TTFT and gap p50 within
 0.5 ms of the planted values at 64 streams.
 
-    python benchmarks/grpc_lab_error.py [--streams 1 64] [--rounds 3]
+    python benchmarks/grpc_lab_error.py [--streams 1 64] [--rounds 3] [--pairs 2]
         [--out results/grpc_lab_error.json]
 """
 
@@ -107,6 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--rounds", type=int, default=3, help="calls per stream")
+    parser.add_argument("--pairs", type=int, default=2,
+                        help="runs of each client, alternating ABBA (default 2)")
     parser.add_argument("--messages", type=int, default=50)
     parser.add_argument("--first-delay-ms", type=int, default=50)
     parser.add_argument("--gap-ms", type=int, default=20)
@@ -120,10 +122,17 @@ def main() -> None:
             schema = from_reflection(channel, COUNT_METHOD)
         grpc_target = GrpcTarget(schema=schema, request_json=request, index_field="seq")
         for streams in args.streams:
-            # Alternate so that neither client always runs on a warmer or busier machine.
-            ref = reference(target, schema, streams, args.rounds, args.messages,
-                            args.first_delay_ms, args.gap_ms)
-            got = lab(target, grpc_target, streams, args.rounds, args.messages)
+            # ABBA, --pairs times: neither client always runs on a warmer or busier machine;
+            # each one's p50s are the medians over its runs.
+            refs, labs = [], []
+            for k in range(2 * args.pairs):
+                if k % 4 in (0, 3):
+                    refs.append(reference(target, schema, streams, args.rounds, args.messages,
+                                          args.first_delay_ms, args.gap_ms))
+                else:
+                    labs.append(lab(target, grpc_target, streams, args.rounds, args.messages))
+            ref = [statistics.median(r[n] for r in refs) for n in (0, 1)] + [refs[0][2]]
+            got = [statistics.median(r[n] for r in labs) for n in (0, 1)] + [labs[0][2]]
             row = {
                 "streams": streams,
                 "lab_ttft_p50_ms": round(got[0], 3), "lab_gap_p50_ms": round(got[1], 3),
@@ -133,7 +142,10 @@ def main() -> None:
                 "lab_gap_over_planted_ms": round(got[1] - args.gap_ms, 3),
                 "lab_ttft_over_reference_ms": round(got[0] - ref[0], 3),
                 "lab_gap_over_reference_ms": round(got[1] - ref[1], 3),
-                "calls": got[2],
+                "calls_per_run": got[2],
+                "runs_each": args.pairs,
+                "lab_ttft_p50_runs_ms": [round(r[0], 3) for r in labs],
+                "reference_ttft_p50_runs_ms": [round(r[0], 3) for r in refs],
             }
             rows.append(row)
             print(f"{streams:3} streams: TTFT p50 lab {got[0]:.2f} ms, reference {ref[0]:.2f} ms "

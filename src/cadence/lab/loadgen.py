@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import multiprocessing as mp
 import random
 import time
@@ -208,6 +209,14 @@ async def _run_process(
     for i in range(plan.warmup):
         await one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
                   plan.process, plan.include_timing, plan.timeout_s)
+    # The closed loop's first wave starts at one instant: its requests are made now, so that
+    # making one does not hold up the sending of the others.
+    todo = _my_requests(plan)
+    head = [] if plan.rate else list(itertools.islice(todo, plan.concurrency))
+    todo = itertools.chain(head, todo)
+    made = {i: plan.shape.request(i) for i, _ in head}
+    if plan.grpc is not None:
+        codec.prepare(made.values())
     settle_heap()  # a full collection during the run would stall every stream it records
     start_at_ns = await asyncio.get_running_loop().run_in_executor(None, ready)
     delay = (start_at_ns - time.monotonic_ns()) / 1e9
@@ -216,12 +225,12 @@ async def _run_process(
     cpu0, wall0 = time.process_time(), time.monotonic()
     kept: list[tuple[RequestRecord, list[bytes]]] = []
     """Each request's record and its chunks' bytes, parsed after the run."""
-    todo = _my_requests(plan)
     stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
     slips = 0
 
     async def send(i: int, lane: int) -> None:
-        kept.append(await one(stubs[lane % len(stubs)], plan.shape.request(i), plan.process,
+        request = made.pop(i, None) or plan.shape.request(i)
+        kept.append(await one(stubs[lane % len(stubs)], request, plan.process,
                               plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
         if completed is not None:
             # Per request, never per chunk: all the progress display costs this process.
