@@ -6,7 +6,7 @@
 #     examples/thread_pool/sweep.sh [OUT_DIR]      (default results/thread_pool)
 #
 # Each sweep writes OUT_DIR/<design>_<variable>.json and an HTML report with plots in
-# OUT_DIR/<design>_<variable>/. About five minutes on a 2-core machine.
+# OUT_DIR/<design>_<variable>/. About three minutes on a 2-core machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-results/thread_pool}
