@@ -20,6 +20,7 @@ import pytest
 
 from cadence.lab import diagnosis as dx
 from cadence.lab.bench import Workload, run_bench
+from cadence.lab.command_server import CommandServer
 from cadence.lab.grpc_load import GrpcTarget
 from cadence.lab.grpc_schema import from_reflection
 from cadence.lab.loadgen import RequestShape
@@ -67,7 +68,7 @@ def ticker() -> Iterator[str]:
 def test_node_service_by_reflection_counts_tokens_per_message(ticker, tmp_path):
     result = bench_json(tmp_path, ticker, *count_args(words_per_tick=3),
                         "--tokens-field", "words", "--index-field", "first_word",
-                        "--concurrency", "16", "--max-tokens", "20")
+                        "--concurrency", "16", "--max-tokens", "20", "--procs", "2")
     assert_clean(result, 16)
     assert result["output_tokens"] == 16 * 20 * 3 and result["chunks"] == 16 * 20
     assert result["chunk_tokens"]["p50"] == 3
@@ -256,3 +257,32 @@ def test_sweep_of_a_server_command(tmp_path):
     assert "oops" in done.stdout and (tmp_path / "report" / "report.html").is_file()
     html = (tmp_path / "report" / "report.html").read_text()
     assert "Runs that failed" in html
+
+
+def _group_gone(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_server_command_is_stopped_with_its_whole_process_group():
+    """The command's shell starts a child that ignores SIGTERM: after the grace it is killed
+    with the rest of the group."""
+    command = (f"trap '' TERM; sleep 300 & exec {sys.executable} tests/planted_server.py "
+               "--port {port}")
+    server = CommandServer(command, {}, ready_timeout=20, grace_s=1.0)
+    server.start()
+    group = server.process.pid
+    assert not _group_gone(group)
+    started = time.monotonic()
+    server.stop()
+    assert _group_gone(group)
+    assert 1.0 <= time.monotonic() - started < 5
+
+
+def test_a_server_command_that_never_answers_is_given_up():
+    server = CommandServer("echo starting; sleep 300", {}, ready_timeout=1.0, grace_s=1.0)
+    with pytest.raises(RuntimeError, match=r"not ready within 1 s .*its last output: starting"):
+        server.start()

@@ -80,6 +80,9 @@ class CommandServer:
             time.sleep(0.05)
         if _group_alive(group, self.process):
             _signal_group(group, signal.SIGKILL)
+            deadline = time.monotonic() + 2.0  # killed processes are gone once reaped
+            while _group_alive(group, self.process) and time.monotonic() < deadline:
+                time.sleep(0.01)
         self.process.wait()
         if not keep_log:
             self._log.close()
