@@ -106,7 +106,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from cadence.api.server import StartupError, serve
+    from cadence.lifecycle import StartupError
+    from cadence.lifecycle.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -126,8 +127,13 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _server_config(args: argparse.Namespace):
-    from cadence.config import ServerConfig, cpu_threads_per_rank, group_devices, parse_devices
-    from cadence.transport.messages import EngineConfig
+    from cadence.config import (
+        EngineConfig,
+        ServerConfig,
+        cpu_threads_per_rank,
+        group_devices,
+        parse_devices,
+    )
 
     devices = group_devices(parse_devices(args.devices), args.tp)
     engine = "app" if args.app else args.engine

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.engines.synthetic import SyntheticEngine
-from cadence.transport.messages import AddRequest, EngineConfig, Finish, RequestFailed, StepOutput
+from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 from cadence.worker.batch_scheduler import BatchScheduler
 
 PROMPT = list(b"Hello, cadence")
@@ -260,7 +261,7 @@ def test_out_of_range_prompt_ids_are_rejected(bad: int):
     failure = s.add(req(42, prompt=[72, bad, 73]))
     assert isinstance(failure, RequestFailed)
     assert failure.seq_id == 42
-    assert failure.code == "INVALID_ARGUMENT"
+    assert failure.failure == Failure.INVALID_ARGUMENT
     assert str(bad) in failure.message and "256" in failure.message
     assert not s.has_work
 

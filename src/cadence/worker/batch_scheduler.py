@@ -10,7 +10,7 @@ import msgspec
 
 from cadence.engines.base import Engine, Sequence
 from cadence.engines.tokenizer import ByteTokenizer
-from cadence.transport.messages import AddRequest, Finish, RequestFailed, StepOutput
+from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 
 _BYTES = ByteTokenizer()
 
@@ -49,7 +49,7 @@ class BatchScheduler:
             )
         problem = self._engine.check(request)
         if problem is not None:
-            return RequestFailed(request.seq_id, "INVALID_ARGUMENT", problem)
+            return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
         self._waiting.append(Sequence(request))
         return None
 

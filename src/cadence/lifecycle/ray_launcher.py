@@ -25,8 +25,7 @@ import threading
 
 import msgspec
 
-from cadence.config import ServerConfig
-from cadence.transport.messages import WorkerSpec
+from cadence.config import ServerConfig, WorkerSpec
 
 log = logging.getLogger("cadence.ray")
 
