@@ -150,7 +150,7 @@ def test_cancelled_and_finished_sequences_free_their_cache_at_once(engine, promp
     assert cache.capacity_tokens - cache.free_tokens == held - cache.blocks_for(
         len(prompt_ids[2]) + 39) * cache.block_size
     scheduler.step()
-    assert scheduler.batch_size == 3
+    assert len(scheduler._running) == 3
     scheduler.abort([0, 1, 3])
     assert cache.free_tokens == cache.capacity_tokens
 

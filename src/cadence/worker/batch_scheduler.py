@@ -31,14 +31,6 @@ class BatchScheduler:
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
         self._tokenizer = getattr(engine, "tokenizer", None)
 
-    @property
-    def batch_size(self) -> int:
-        return len(self._running)
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)
-
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
         if request.prompt_text and not request.prompt_token_ids:
