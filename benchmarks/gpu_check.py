@@ -138,7 +138,7 @@ def stage_env(args: argparse.Namespace) -> dict:
                    "grpc_health.v1", "grpc_reflection.v1alpha", "google.protobuf", "psutil",
                    "prometheus_client",
                    "cadence.engines.llama.engine", "cadence.worker.batch_scheduler",
-                   "cadence.client", "cadence.cli", "cadence.serving", "cadence.api.server"):
+                   "cadence.client", "cadence.cli", "cadence.serving", "cadence.lifecycle.server"):
         try:
             mod = __import__(module, fromlist=["_"])
             if module in ("transformers", "grpc", "google.protobuf"):
@@ -246,8 +246,8 @@ def hf_greedy_on(folder, prompt: list[int], n: int, device: str, dtype_name: str
 
 
 def make_engine(folder: str, device: str, dtype: str, kv_tokens: int, graphs: bool = True, **tp):
+    from cadence.config import EngineConfig
     from cadence.engines.llama.engine import LlamaEngine
-    from cadence.transport.messages import EngineConfig
 
     config = EngineConfig(name="torch", model=folder, kv_cache_tokens=kv_tokens, dtype=dtype,
                           threads=max(1, (os.cpu_count() or 1) // tp.get("group_size", 1)),

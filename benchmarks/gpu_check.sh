@@ -34,7 +34,7 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 check='import sys; sys.path[:0] = ["src"]
-import cadence.engines.llama.engine, cadence.worker.batch_scheduler, cadence.client, cadence.serving, cadence.api.server'
+import cadence.engines.llama.engine, cadence.worker.batch_scheduler, cadence.client, cadence.serving, cadence.lifecycle.server'
 if ! "$PY" -c "$check" 2>/dev/null; then
     if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         deps=${GPU_DEPS:-/tmp/cadence-gpu-deps}

@@ -47,8 +47,8 @@ def _cpu_s(pid: int) -> dict[str, float]:
     workers = 0
     for child in front.children():
         cmdline = child.cmdline()
-        if "cadence.api.front_child" in cmdline:
-            out[f"front{cmdline[cmdline.index('cadence.api.front_child') + 1]}"] = sum(child.cpu_times()[:2])
+        if "cadence.lifecycle.front_child" in cmdline:
+            out[f"front{cmdline[cmdline.index('cadence.lifecycle.front_child') + 1]}"] = sum(child.cpu_times()[:2])
         else:
             out[f"worker{workers}"] = sum(child.cpu_times()[:2])
             workers += 1

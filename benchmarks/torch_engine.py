@@ -72,8 +72,9 @@ def prompts(count: int, length: int, vocab: int, vary: bool) -> list[list[int]]:
 def engine_runs(folder: str, batches: list[int], prompt: int, tokens: int, *, rank: int = 0,
                 size: int = 1, init: str = "") -> list[dict] | None:
     """Rank 0: one measurement per batch size. Other ranks follow and return None."""
+    from cadence.config import EngineConfig
     from cadence.engines.llama.engine import LlamaEngine
-    from cadence.transport.messages import AddRequest, EngineConfig
+    from cadence.transport.messages import AddRequest
     from cadence.worker.batch_scheduler import BatchScheduler
 
     config = EngineConfig(name="torch", model=folder, kv_cache_tokens=65536,

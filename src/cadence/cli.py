@@ -10,16 +10,21 @@ from cadence import event_loop
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from cadence.config import EngineConfig, ServerConfig
+
+    d, e = ServerConfig(), EngineConfig()  # the defaults, from their one place
     p = sub.add_parser("serve", help="run a server: the gRPC front and one worker per device")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=50051, help="port to bind; 0 picks a free one")
-    p.add_argument("--devices", default="cpu:1", help="cpu:N, cuda:I,J,... or auto (default cpu:1)")
-    p.add_argument("--engine", default="synthetic", choices=["synthetic", "app", "torch"])
+    p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host})")
+    p.add_argument("--port", type=int, default=d.port, help="port to bind; 0 picks a free one")
+    devices = f"cpu:{len(d.devices)}"
+    p.add_argument("--devices", default=devices,
+                   help=f"cpu:N, cuda:I,J,... or auto (default {devices})")
+    p.add_argument("--engine", default=e.name, choices=["synthetic", "app", "torch"])
     p.add_argument("--app", default="", metavar="MODULE:FUNCTION",
                    help="serve your generator function (sync or async; implies --engine app)")
-    p.add_argument("--engine-threads", type=int, default=1,
-                   help="app engine, sync function: executor threads per worker (default 1, "
-                        "one per device)")
+    p.add_argument("--engine-threads", type=int, default=e.engine_threads,
+                   help="app engine, sync function: executor threads per worker (default "
+                        f"{e.engine_threads}, one per device)")
     p.add_argument("--app-in-front", action="store_true",
                    help="run the app in the front process instead of worker processes")
     p.add_argument("--model", default="", metavar="PATH|tiny",
@@ -27,66 +32,68 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1,
                    help="torch engine: tensor-parallel ranks per worker; --devices cpu:4 --tp 2 "
                         "gives two workers of two ranks")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=e.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                    help="torch engine: compute dtype (auto: float32 on CPU, the checkpoint's on CUDA)")
-    p.add_argument("--kv-cache-tokens", type=int, default=16384,
-                   help="torch engine: KV cache capacity per worker, in tokens (default 16384)")
-    p.add_argument("--cuda-graph-batch", type=int, default=32,
+    p.add_argument("--kv-cache-tokens", type=int, default=e.kv_cache_tokens,
+                   help=f"torch engine: KV cache capacity per worker, in tokens (default "
+                        f"{e.kv_cache_tokens})")
+    p.add_argument("--cuda-graph-batch", type=int, default=e.cuda_graph_batch,
                    help="torch engine on CUDA, --tp 1: decode steps of up to N sequences replay "
-                        "captured CUDA graphs (default 32; 0 turns them off)")
-    p.add_argument("--step-ms", type=float, default=20.0, help="synthetic decode step (ms)")
-    p.add_argument("--per-seq-ms", type=float, default=0.0, help="synthetic cost per sequence in a step (ms)")
-    p.add_argument("--prefill-ms-per-token", type=float, default=0.01, help="synthetic prefill cost (ms/token)")
-    p.add_argument("--jitter-ms", type=float, default=0.0, help="synthetic step jitter, std dev (ms)")
-    p.add_argument("--first-step-ms", type=float, default=0.0, help="extra time on each worker's first step (ms)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-batch", type=int, default=512, help="sequences per engine step at most")
-    p.add_argument("--max-concurrent", type=int, default=1024, help="streams admitted at once")
-    p.add_argument("--queue-capacity", type=int, default=64, help="steps of output a request's buffer holds")
-    p.add_argument("--overflow", default="merge", choices=["merge", "block", "abort"],
+                        f"captured CUDA graphs (default {e.cuda_graph_batch}; 0 turns them off)")
+    p.add_argument("--step-ms", type=float, default=e.step_ms, help="synthetic decode step (ms)")
+    p.add_argument("--per-seq-ms", type=float, default=e.per_seq_ms, help="synthetic cost per sequence in a step (ms)")
+    p.add_argument("--prefill-ms-per-token", type=float, default=e.prefill_ms_per_token, help="synthetic prefill cost (ms/token)")
+    p.add_argument("--jitter-ms", type=float, default=e.jitter_ms, help="synthetic step jitter, std dev (ms)")
+    p.add_argument("--first-step-ms", type=float, default=e.first_step_ms, help="extra time on each worker's first step (ms)")
+    p.add_argument("--seed", type=int, default=e.seed)
+    p.add_argument("--max-batch", type=int, default=e.max_batch, help="sequences per engine step at most")
+    p.add_argument("--max-concurrent", type=int, default=d.max_concurrent, help="streams admitted at once")
+    p.add_argument("--queue-capacity", type=int, default=d.queue_capacity, help="steps of output a request's buffer holds")
+    p.add_argument("--overflow", default=d.overflow, choices=["merge", "block", "abort"],
                    help="when a client lags past --queue-capacity: merge its tokens, pause its "
                         "sequence in the engine, or end its stream")
-    p.add_argument("--stall-timeout", type=float, default=None,
+    p.add_argument("--stall-timeout", type=float, default=d.stall_timeout_s,
                    help="cut off a client that reads nothing for this many seconds")
-    p.add_argument("--max-message-bytes", type=int, default=4 * 1024 * 1024,
+    p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest request message accepted")
-    p.add_argument("--max-tokens-limit", type=int, default=16384)
-    p.add_argument("--accept-ahead", type=int, default=64, metavar="N",
+    p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens_limit)
+    p.add_argument("--accept-ahead", type=int, default=d.accept_ahead, metavar="N",
                    help="new calls of each streaming method requested from gRPC ahead of their "
                         "arrival, so a burst of calls is taken in while other streams keep the "
                         "front busy (0: grpc.aio's own accept loop, one at a time)")
-    p.add_argument("--max-prompt-tokens", type=int, default=65536)
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens)
+    p.add_argument("--metrics-port", type=int, default=d.metrics_port,
                    help="serve Prometheus metrics on this port (0: any free port)")
-    p.add_argument("--fronts", type=int, default=1,
+    p.add_argument("--fronts", type=int, default=d.fronts,
                    help="front processes sharing the port, each connected to every worker "
                         "(default 1)")
     p.add_argument("--transport", default=None, choices=["ipc", "tcp"],
                    help="front <-> worker sockets (default ipc; tcp with --launcher ray)")
-    p.add_argument("--worker-host", default="", metavar="ADDR",
+    p.add_argument("--worker-host", default=d.worker_host, metavar="ADDR",
                    help="tcp: the address the front binds for its workers (default 127.0.0.1; "
                         "the Ray node's IP with --launcher ray)")
     cluster = p.add_argument_group("placement on other hosts (see docs/ray.md)")
-    cluster.add_argument("--launcher", default="local", choices=["local", "ray"],
+    cluster.add_argument("--launcher", default=d.launcher, choices=["local", "ray"],
                          help="start workers as child processes (local) or as Ray actors")
-    cluster.add_argument("--ray-address", default="", metavar="ADDR",
+    cluster.add_argument("--ray-address", default=d.ray_address, metavar="ADDR",
                          help="Ray cluster to join (HOST:PORT or auto); default: a Ray "
                               "instance on this host")
-    cluster.add_argument("--dist-ifname", default="", metavar="IFNAME",
+    cluster.add_argument("--dist-ifname", default=d.dist_ifname, metavar="IFNAME",
                          help="network interface torch.distributed uses between hosts "
                               "(default: the one carrying each Ray node's IP)")
-    p.add_argument("--heartbeat-interval", type=float, default=0.1, metavar="S",
-                   help="front <-> worker heartbeat period in seconds (default 0.1)")
-    p.add_argument("--heartbeat-timeout", type=float, default=1.0, metavar="S",
+    p.add_argument("--heartbeat-interval", type=float, default=d.heartbeat_interval_s, metavar="S",
+                   help=f"front <-> worker heartbeat period in seconds (default "
+                        f"{d.heartbeat_interval_s:g})")
+    p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout_s, metavar="S",
                    help="a worker silent this long is restarted; a worker that hears no front "
-                        "this long exits (default 1.0)")
-    p.add_argument("--startup-timeout", type=float, default=60.0,
+                        f"this long exits (default {d.heartbeat_timeout_s:g})")
+    p.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s,
                    help="seconds every worker gets to load its engine and report ready")
-    p.add_argument("--worker-timeout", type=float, default=60.0,
+    p.add_argument("--worker-timeout", type=float, default=d.worker_timeout_s,
                    help="seconds without a step (while requests are open) before a worker counts "
                         "as hung and is restarted; 0 disables")
     p.add_argument("--no-restart", action="store_true", help="do not restart workers that die")
-    p.add_argument("--drain-timeout", "--grace", dest="grace", type=float, default=5.0,
+    p.add_argument("--drain-timeout", "--grace", dest="grace", type=float, default=d.grace_s,
                    help="on SIGINT/SIGTERM, seconds open streams get to finish before they end "
                         "with UNAVAILABLE")
     security = p.add_argument_group("security (see docs/architecture.md#security)")
@@ -98,7 +105,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     security.add_argument("--auth-token-file", default=None, metavar="FILE",
                           help="require 'authorization: Bearer <token>' with a token from FILE "
                                "(one per line) on every RPC but health")
-    p.add_argument("--kserve-model-name", default="cadence", metavar="NAME",
+    p.add_argument("--kserve-model-name", default=d.kserve_model_name, metavar="NAME",
                    help="the model's name in the Open Inference Protocol (KServe v2 / Triton "
                         "gRPC, same port; docs/kserve.md)")
     p.add_argument("--log-level", default="INFO")
@@ -106,7 +113,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from cadence.api.server import StartupError, serve
+    from cadence.lifecycle import StartupError
+    from cadence.lifecycle.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -126,8 +134,13 @@ def _serve(args: argparse.Namespace) -> None:
 
 
 def _server_config(args: argparse.Namespace):
-    from cadence.config import ServerConfig, cpu_threads_per_rank, group_devices, parse_devices
-    from cadence.transport.messages import EngineConfig
+    from cadence.config import (
+        EngineConfig,
+        ServerConfig,
+        cpu_threads_per_rank,
+        group_devices,
+        parse_devices,
+    )
 
     devices = group_devices(parse_devices(args.devices), args.tp)
     engine = "app" if args.app else args.engine

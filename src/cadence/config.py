@@ -1,10 +1,90 @@
-"""Server configuration: one typed object, built once from the command line or by a program."""
+"""Configuration: the server's (`ServerConfig`), built once from the command line or by a
+program, and what each worker is launched with (`WorkerSpec`, `EngineConfig`).
+
+The defaults live here only; the CLI reads its defaults from these classes."""
 
 from __future__ import annotations
 
 import msgspec
 
-from cadence.transport.messages import EngineConfig
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
+
+    name: str = "synthetic"
+    """Engine kind: `synthetic`, `app` (a user's generator function) or `torch` (a Llama model)."""
+    step_ms: float = 20.0
+    """Synthetic: base duration of one decode step."""
+    per_seq_ms: float = 0.0
+    """Synthetic: added to a step for each sequence in the batch."""
+    prefill_ms_per_token: float = 0.01
+    """Synthetic: added to a step for each prompt token of the sequences it admits."""
+    jitter_ms: float = 0.0
+    """Synthetic: standard deviation of Gaussian noise on each step (clipped at 0)."""
+    first_step_ms: float = 0.0
+    """Synthetic: extra time on the worker's first step (cold start)."""
+    seed: int = 0
+    """Makes token ids and jitter reproducible."""
+    max_batch: int = 512
+    """Sequences stepped together at most; more wait in the worker's queue."""
+    app: str = ""
+    """App engine: the user's generator function as `module:function` or `path.py:function`."""
+    engine_threads: int = 1
+    """App engine, sync functions: threads of the worker's executor that run the function
+    (default one per device; each worker owns one device)."""
+    model: str = ""
+    """Torch: a local Hugging Face folder (config.json + *.safetensors) or `tiny`."""
+    dtype: str = "auto"
+    """Torch: `float32`, `bfloat16`, `float16`, or `auto` (float32 on CPU, the checkpoint's on CUDA)."""
+    kv_cache_tokens: int = 16384
+    """Torch: KV cache capacity per worker, in tokens of all sequences together."""
+    cuda_graph_batch: int = 32
+    """Torch on CUDA: decode steps of up to this many sequences replay CUDA graphs (0: off)."""
+    threads: int = 0
+    """Torch on CPU: intra-op threads per rank; 0 leaves torch's default."""
+
+
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a worker process needs to start, wherever it runs."""
+
+    index: int
+    device: str
+    """`cpu` or `cuda:N`. A tensor-parallel group's spec lists one device per rank, comma
+    separated (`cuda:0,cuda:1`); the launcher starts one process per rank."""
+    input_address: str
+    """ZeroMQ address the worker connects to for `WorkerInputs` (front binds)."""
+    output_address: str
+    """ZeroMQ address the worker connects to for its outputs (front binds)."""
+    engine: EngineConfig
+    rank: int = 0
+    """Rank in the tensor-parallel group; only rank 0 connects to the front."""
+    group_size: int = 1
+    """Ranks in the tensor-parallel group (1: no tensor parallelism)."""
+    dist_init: str = ""
+    """torch.distributed init method shared by the group's ranks (set by the launcher)."""
+    extra_input_addresses: list[str] = []
+    """`--fronts N`: the input sockets of fronts 1..N-1 for this worker (front 0's is
+    `input_address`); the worker's one PULL connects to all and fair-queues them."""
+    front_output_addresses: list[str] = []
+    """`--fronts N`: the output sockets of fronts 1..N-1 (front 0's is `output_address`).
+    Empty: one front. A sequence belongs to front `seq_id % N`; each step's output is split
+    into one message per front that has sequences in it."""
+    heartbeat_address: str = ""
+    """The front's heartbeat (PUB) socket. Empty: no heartbeat (a worker inside the front)."""
+    heartbeat_interval_s: float = 0.1
+    """How often the worker tells the front it is alive."""
+    heartbeat_timeout_s: float = 1.0
+    """The worker exits when it has heard nothing from the front for this long."""
+    curve_server_key: str = ""
+    """tcp transport: the front's CURVE public key (Z85). Only the server's own processes are
+    given it, so nothing else can complete a handshake with the front's sockets; traffic is
+    encrypted. Empty: plain sockets (ipc, private to this host's user)."""
+    curve_public_key: str = ""
+    """The worker's own CURVE key pair (Z85), made by the front."""
+    curve_secret_key: str = ""
+    dist_ifname: str = ""
+    """Network interface for torch.distributed between hosts (GLOO_SOCKET_IFNAME,
+    NCCL_SOCKET_IFNAME). Empty: the launcher's choice (Ray: the interface of the node's IP)."""
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,7 +107,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Largest request message the server accepts."""
     accept_ahead: int = 64
     """Incoming calls of each streaming method requested from gRPC's core before they arrive
-    (0: grpc.aio's own one at a time). See cadence.api.call_acceptor."""
+    (0: grpc.aio's own one at a time). See cadence.lifecycle.call_acceptor."""
     max_tokens_limit: int = 16384
     """Largest max_tokens a request may ask for."""
     max_prompt_tokens: int = 65536

@@ -35,10 +35,9 @@ def serve(
     (`port`, `host`, `max_concurrent`, ...). `on_started(port)` is called once serving;
     without it, the line `cadence serving on HOST:PORT` is printed.
     """
-    from cadence.api.server import StartupError
-    from cadence.api.server import serve as serve_config
-    from cadence.config import ServerConfig, parse_devices
-    from cadence.transport.messages import EngineConfig
+    from cadence.config import EngineConfig, ServerConfig, parse_devices
+    from cadence.lifecycle import StartupError
+    from cadence.lifecycle.server import serve as serve_config
 
     if importing_app():
         raise RuntimeError(
@@ -47,7 +46,7 @@ def serve(
         )
     launcher = None
     if app_in_front and not isinstance(app, str):
-        from cadence.worker.in_front import InFrontLauncher
+        from cadence.lifecycle.in_front import InFrontLauncher
 
         launcher = InFrontLauncher(app)
         reference = f"{getattr(app, '__module__', '?')}:{getattr(app, '__qualname__', repr(app))}"

@@ -156,19 +156,61 @@ def test_killing_one_front_ends_only_its_streams(server_factory) -> None:
         after = await asyncio.gather(*(s.read_all() for s in again))
         for s in again:
             await s.close()
-        return streams, results, again, after
+        return streams, results, again, after, victim
 
-    streams, results, again, after = asyncio.run(run())
+    streams, results, again, after, victim = asyncio.run(run())
     for s, (status, chunks) in zip(streams, results):
         if s.front == 1:
             assert status == "UNAVAILABLE", status
         else:
             assert status == "OK", status
             _whole(chunks, 150)
-    assert {s.front for s in again} == {0}
+    # Served by front 0, or by front 1's replacement (restarted after a 1 s back-off), never
+    # by the dead process.
+    assert victim not in {s.pid for s in again}
     for status, chunks in after:
         assert status == "OK"
         _whole(chunks, 20)
+
+
+def test_a_killed_front_is_restarted_and_counted(server_factory) -> None:
+    metrics_port = _free_port()
+    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "5",
+                            "--metrics-port", str(metrics_port))
+
+    async def front_one() -> _Stream:
+        for _ in range(40):  # new connections land on either front
+            stream = await _open(server.target, 5)
+            if stream.front == 1:
+                return stream
+            await stream.read_all()
+            await stream.close()
+        raise AssertionError("no connection landed on front 1")
+
+    async def run():
+        first = await front_one()
+        await first.read_all()
+        await first.close()
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:  # until a new process serves as front 1 (after a 1 s back-off)
+            assert asyncio.get_running_loop().time() < deadline, "front 1 was not restarted"
+            await asyncio.sleep(0.2)
+            try:
+                stream = await asyncio.wait_for(front_one(), 10)
+            except (AssertionError, grpc.aio.AioRpcError, TimeoutError):
+                continue
+            status, chunks = await stream.read_all()
+            await stream.close()
+            if stream.pid != first.pid:
+                return first.pid, stream.pid, status, chunks
+
+    dead, pid, status, chunks = asyncio.run(run())
+    assert pid != dead and status == "OK"
+    _whole(chunks, 5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert 'cadence_front_restarts_total{front="1"} 1.0' in text, text[:3000]
 
 
 def test_fronts_above_one_need_ipc() -> None:

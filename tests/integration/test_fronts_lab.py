@@ -31,7 +31,7 @@ def test_bench_samples_every_front_and_worker_and_scrapes_all_fronts(server_fact
     assert "front" not in processes
     assert processes["front0"]["pid"] == server.process.pid
     child = psutil.Process(processes["front1"]["pid"])
-    assert "cadence.api.front_child" in child.cmdline()
+    assert "cadence.lifecycle.front_child" in child.cmdline()
     assert child.ppid() == server.process.pid
     for name in ("worker0", "worker1"):
         assert "cadence.worker" in psutil.Process(processes[name]["pid"]).cmdline()

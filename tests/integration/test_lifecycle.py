@@ -227,6 +227,43 @@ def test_bad_settings_and_a_busy_port_fail_with_a_message(server_factory) -> Non
         assert "Traceback" not in out.stderr
 
 
+_WITHOUT = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class Hide(MetaPathFinder):  # as if these packages were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {hidden!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, Hide())
+from cadence.cli import main
+main({args!r})
+"""
+
+
+@pytest.mark.parametrize(("hidden", "args", "needle"), [
+    (["safetensors"], ["--engine", "torch", "--model", "tiny"],
+     ("--engine torch needs the package 'safetensors', which is not installed; install it "
+      "with: pip install 'cadence[torch]'")),
+    (["ray"], ["--launcher", "ray"],
+     ("--launcher ray needs the package 'ray', which is not installed; install it with: "
+      "pip install 'cadence[ray]'")),
+])
+def test_a_missing_extra_is_refused_at_once_in_one_line(hidden, args, needle) -> None:
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    code = _WITHOUT.format(hidden=hidden, args=["serve", "--port", "0", *args])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == f"cadence serve: {needle}", out.stderr
+    assert "Traceback" not in out.stderr and "worker" not in out.stderr
+    assert time.monotonic() - started < 15
+
+
 def test_killed_front_takes_its_workers_with_it(server_factory) -> None:
     server = server_factory("--devices", "cpu:2")
     folder = _socket_folder(server)

@@ -202,3 +202,36 @@ def test_an_own_ray_instance_ignores_a_stale_current_cluster_file(monkeypatch) -
         import shutil
 
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_sigterm_to_the_whole_process_group_stops_everything_within_the_drain() -> None:
+    # systemd's KillMode=control-group and `kill -TERM -- -PGID` signal the front and the Ray
+    # instance it started together; the front must neither hang on Ray nor leave a process.
+    drain_s = 2.0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--launcher", "ray",
+         "--devices", "cpu:1", "--step-ms", "1", "--drain-timeout", str(drain_s)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output = []
+        for line in process.stdout:
+            output.append(line)
+            if "cadence serving on" in line:
+                break
+        assert process.poll() is None, "".join(output)
+        processes = psutil.Process(process.pid).children(recursive=True)
+        assert any("raylet" in p.name() for p in processes)
+        started = time.monotonic()
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=drain_s + 15) == 0, "".join(output) + process.stdout.read()
+        assert time.monotonic() - started < drain_s + 6
+        deadline = time.monotonic() + 3
+        left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, [p.name() for p in left]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -27,11 +27,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
-from cadence.config import ServerConfig
+from cadence.config import EngineConfig, ServerConfig
 from cadence.credentials import ClientCredentials
 from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
 from cadence.lab.server_process import ServerProcess
-from cadence.transport.messages import EngineConfig
 
 TOKEN = "correct-horse-battery-staple"
 _NO_WAIT = 5.0

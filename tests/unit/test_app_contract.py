@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from cadence.api.metrics import FrontMetrics
-from cadence.api.output_reader import OutputReader
-from cadence.api.request_stream import RequestStream
-from cadence.config import ServerConfig
+from cadence.config import EngineConfig, ServerConfig
+from cadence.core.metrics import FrontMetrics, StreamTally
+from cadence.core.output_reader import OutputReader
+from cadence.core.stream import RequestStream
 from cadence.engines.app import app_reference, is_async_app, load_app, piece_tokens
 from cadence.engines.tokenizer import ByteTokenizer
 from cadence.lab.sweep import _server_args, parse_vary
-from cadence.transport.messages import EngineConfig, StepOutput
+from cadence.transport.messages import StepOutput
 
 
 def test_piece_tokens():
@@ -92,17 +92,18 @@ def test_sweep_can_vary_engine_threads():
     assert _server_args(["--app", "m:f"], name, "4") == ["--app", "m:f", "--engine-threads", "4"]
 
 
-def _stream(seq_id: int, capacity: int = 64) -> RequestStream:
-    return RequestStream(seq_id, f"r{seq_id}", 0, 100, 1, capacity=capacity, overflow="merge",
+def _stream(seq_id: int, tally: StreamTally, capacity: int = 64) -> RequestStream:
+    return RequestStream(seq_id, 0, 1, capacity=capacity, overflow="merge",
                          include_timing=False, decoder=ByteTokenizer().stream_decoder(),
-                         received_ns=1)
+                         received_ns=1, tally=tally)
 
 
 def test_output_reader_splits_pieces_by_token_counts():
-    streams = {1: _stream(1), 2: _stream(2)}
+    one_tally, two_tally = StreamTally(), StreamTally()
+    streams = {1: _stream(1, one_tally), 2: _stream(2, two_tally)}
     reader = OutputReader(streams, lambda message: None, FrontMetrics(), 1)
     reader.handle(StepOutput(0, 1, 10, 20, [1, 2, 1], list(b"hello!?"), [2], [2], [5, 1, 1]), 30)
     one, two = streams[1].take_chunk(), streams[2].take_chunk()
     assert (one.index, one.text) == (0, "hello?")
-    assert (two.index, two.text, two.finish_reason) == (0, "!", 2)
-    assert streams[1].merged_steps == 1, "a piece of five tokens counts as one step"
+    assert (two.index, two.text, two.finish) == (0, "!", 2)
+    assert one_tally.merged_steps == 1, "a piece of five tokens counts as one step"

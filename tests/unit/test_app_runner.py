@@ -12,6 +12,7 @@ import pytest
 from cadence.engines.app import AppContext, AppRequest
 from cadence.transport.messages import (
     AddRequest,
+    Failure,
     Finish,
     RequestFailed,
     StepOutput,
@@ -177,7 +178,7 @@ def test_an_exception_fails_only_its_own_stream_with_internal(kind: str):
         h.runner.apply(WorkerInputs([AddRequest(1, list(b"boom"), 6), AddRequest(2, [1], 6)], []))
         await _until(lambda: h.ended(1) and h.ended(2))
         failure = h.failures()[1]
-        assert failure.code == "INTERNAL"
+        assert failure.failure == Failure.INTERNAL
         assert "ValueError" in failure.message and "boom at 2" in failure.message
         assert h.finish(2) == Finish.LENGTH and len(h.tokens(2)) == 6
         await h.runner.close()
@@ -257,7 +258,7 @@ def test_deadline_stops_the_function_and_fails_the_stream():
         h = Harness(app)
         h.runner.add(AddRequest(1, [1], 10, timeout_ms=50.0))
         await _until(lambda: h.ended(1))
-        assert h.failures()[1].code == "DEADLINE_EXCEEDED"
+        assert h.failures()[1].failure == Failure.DEADLINE_EXCEEDED
         assert h.tokens(1) == [ord("a")]
         await h.runner.close()
 
@@ -288,7 +289,7 @@ def test_prompt_tokens_outside_bytes_are_refused():
         h = Harness(lambda request, context: iter(["x"]))
         h.runner.add(AddRequest(1, [1, 300], 3))
         await _until(lambda: 1 in h.failures())
-        assert h.failures()[1].code == "INVALID_ARGUMENT"
+        assert h.failures()[1].failure == Failure.INVALID_ARGUMENT
         await h.runner.close()
 
     run(main())

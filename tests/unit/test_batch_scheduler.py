@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.engines.synthetic import SyntheticEngine
-from cadence.transport.messages import AddRequest, EngineConfig, Finish, RequestFailed, StepOutput
+from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 from cadence.worker.batch_scheduler import BatchScheduler
 
 PROMPT = list(b"Hello, cadence")
@@ -56,7 +57,7 @@ def test_each_step_emits_one_token_per_running_sequence():
     s = scheduler(worker=5)
     for i in (1, 2, 3):
         assert s.add(req(i, max_tokens=10)) is None
-    assert s.waiting == 3 and s.batch_size == 0
+    assert len(s._waiting) == 3 and len(s._running) == 0
     out = s.step()
     assert isinstance(out, StepOutput)
     assert out.worker == 5
@@ -65,7 +66,7 @@ def test_each_step_emits_one_token_per_running_sequence():
     assert len(out.token_ids) == 3
     assert out.finished_ids == [] and out.finish_reasons == []
     assert out.start_ns <= out.end_ns
-    assert s.batch_size == 3 and s.waiting == 0
+    assert len(s._running) == 3 and len(s._waiting) == 0
 
     out2 = s.step()
     assert out2.step == 2
@@ -80,10 +81,10 @@ def test_new_request_joins_at_next_step_boundary():
     s.step()
     s.add(req(2, max_tokens=10))
     # Queued, not running, until the next step begins.
-    assert s.waiting == 1 and s.batch_size == 1
+    assert len(s._waiting) == 1 and len(s._running) == 1
     out = s.step()
     assert sorted(out.seq_ids) == [1, 2]
-    assert s.waiting == 0 and s.batch_size == 2
+    assert len(s._waiting) == 0 and len(s._running) == 2
     # The late joiner's tokens start at its own first token, not at sequence 1's position.
     assert tokens_of([out], 2) == generate(scheduler(), req(9, max_tokens=1))
 
@@ -154,16 +155,16 @@ def test_max_batch_limits_running_and_admits_as_slots_free():
 
     out = s.step()
     assert out.seq_ids == [1, 2]  # arrival order
-    assert s.batch_size == 1 and s.waiting == 2  # 1 finished, 3 and 4 wait
+    assert len(s._running) == 1 and len(s._waiting) == 2  # 1 finished, 3 and 4 wait
 
     out = s.step()
     assert sorted(out.seq_ids) == [2, 3]  # 3 took the slot 1 freed; 4 still waits
-    assert s.waiting == 1
+    assert len(s._waiting) == 1
 
     out = s.step()
     assert sorted(out.seq_ids) == [2, 3]
     assert sorted(out.finished_ids) == [2, 3]
-    assert s.batch_size == 0 and s.waiting == 1
+    assert len(s._running) == 0 and len(s._waiting) == 1
 
     out = s.step()
     assert out.seq_ids == [4] and out.finished_ids == [4]
@@ -192,7 +193,7 @@ def test_abort_removes_running_sequence_before_next_step():
     s.add(req(2, max_tokens=10))
     s.step()
     s.abort([1])
-    assert s.batch_size == 1
+    assert len(s._running) == 1
     out = s.step()
     assert out.seq_ids == [2]
 
@@ -203,9 +204,9 @@ def test_abort_removes_waiting_sequence():
     s.add(req(2, max_tokens=3))
     s.add(req(3, max_tokens=3))
     s.step()
-    assert s.waiting == 2
+    assert len(s._waiting) == 2
     s.abort([2])
-    assert s.waiting == 1
+    assert len(s._waiting) == 1
     outs = run_to_end(s)
     assert 2 not in {i for o in outs for i in o.seq_ids}
     assert tokens_of(outs, 3)
@@ -260,7 +261,7 @@ def test_out_of_range_prompt_ids_are_rejected(bad: int):
     failure = s.add(req(42, prompt=[72, bad, 73]))
     assert isinstance(failure, RequestFailed)
     assert failure.seq_id == 42
-    assert failure.code == "INVALID_ARGUMENT"
+    assert failure.failure == Failure.INVALID_ARGUMENT
     assert str(bad) in failure.message and "256" in failure.message
     assert not s.has_work
 

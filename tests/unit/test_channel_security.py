@@ -5,8 +5,9 @@ from __future__ import annotations
 import msgspec
 import zmq
 
+from cadence.config import EngineConfig, WorkerSpec
 from cadence.transport.channel import FrontChannel, WorkerChannel, local_addresses
-from cadence.transport.messages import EngineConfig, Heartbeat, WorkerSpec
+from cadence.transport.messages import Heartbeat
 
 
 def _spec(channel: FrontChannel, **keys: str) -> WorkerSpec:

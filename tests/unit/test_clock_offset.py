@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cadence.api.metrics import FrontMetrics
-from cadence.api.output_reader import _OFFSET_WINDOW, OutputReader
+from cadence.core.metrics import FrontMetrics
+from cadence.core.output_reader import _OFFSET_WINDOW, OutputReader
 from cadence.transport.messages import Heartbeat, WorkerReady, boot_id
 
 

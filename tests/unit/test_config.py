@@ -84,3 +84,11 @@ def test_placement_options_are_checked(fields: dict, hint: str):
 def test_ray_launcher_config_is_accepted():
     config = ServerConfig(launcher="ray", transport="tcp", ray_address="auto", dist_ifname="eth1")
     assert config.launcher == "ray" and config.heartbeat_timeout_s == 1.0
+
+
+def test_cli_defaults_are_the_configs_own() -> None:
+    """`cadence serve` without flags builds exactly the default ServerConfig: the CLI reads its
+    defaults from the config classes, so there is no second copy to drift."""
+    from cadence.cli import _server_config, build_parser
+
+    assert _server_config(build_parser().parse_args(["serve"])) == ServerConfig()

@@ -9,7 +9,7 @@ import pytest
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model
 from cadence.api.kserve.tensors import TensorError, bytes_raw, decode_input, int32_raw
-from cadence.api.service import InvalidRequest
+from cadence.core.errors import InvalidRequest
 from cadence.lab.kserve_load import KServeTarget, _tokens_in, build_request, parse_inputs
 from cadence.lab.loadgen import RequestPlan
 
@@ -58,14 +58,14 @@ def test_a_request_becomes_cadences_own() -> None:
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     request.outputs.add(name="TEXT")
     translated = model.to_stream_request(request)
-    g = translated.generate
+    g = translated.request
     assert (g.request_id, list(g.prompt_token_ids), g.max_tokens) == ("r1", [7, 8, 9], 12)
-    assert (g.sampling.temperature, g.sampling.top_k, g.sampling.seed) == (0.5, 4, 2**40)
+    assert (g.temperature, g.top_k, g.seed) == (0.5, 4, 2**40)
     assert list(g.stop_token_ids) == [9]
     assert translated.empty_final and translated.want_text and not translated.want_tokens
     text = model.to_stream_request(_request(("PROMPT", "BYTES", [1], bytes_raw("héllo".encode())),
                                             ("MAX_TOKENS", "INT32", [1], int32_raw([3]))))
-    assert text.generate.prompt == "héllo" and not text.empty_final
+    assert text.request.prompt == "héllo" and not text.empty_final
     assert text.want_tokens and text.want_text
 
 

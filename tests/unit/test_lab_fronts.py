@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from cadence.api.metrics import FrontMetrics
+from cadence.core.metrics import FrontMetrics
 from cadence.lab import diagnosis as dx
 from cadence.lab.sampler import scrape
 

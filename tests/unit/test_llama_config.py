@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from cadence.config import EngineConfig
 from cadence.engines.llama.config import UnsupportedModel, from_hf
 from cadence.engines.llama.engine import LlamaEngine
 from cadence.engines.llama.kv_cache import KVCache
 from cadence.engines.llama.loader import ModelFolderError, read_config
 from cadence.engines.llama.tokenizer import TextTokenizer
-from cadence.transport.messages import AddRequest, EngineConfig
+from cadence.transport.messages import AddRequest
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests.llama_models import PROMPTS, hf_greedy, save_model, save_tokenizer
 

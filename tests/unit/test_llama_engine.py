@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
-from cadence.transport.messages import AddRequest, EngineConfig, Finish, StepOutput
+from cadence.transport.messages import AddRequest, Failure, Finish, StepOutput
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 
@@ -149,7 +150,7 @@ def test_cancelled_and_finished_sequences_free_their_cache_at_once(engine, promp
     assert cache.capacity_tokens - cache.free_tokens == held - cache.blocks_for(
         len(prompt_ids[2]) + 39) * cache.block_size
     scheduler.step()
-    assert scheduler.batch_size == 3
+    assert len(scheduler._running) == 3
     scheduler.abort([0, 1, 3])
     assert cache.free_tokens == cache.capacity_tokens
 
@@ -172,7 +173,7 @@ def test_check_refuses_requests_that_cannot_run_with_the_reason(model_dir):
     assert "must be in [0, " in engine.check(AddRequest(0, [5, 100_000], 10))
     scheduler = BatchScheduler(engine, 0, 8)
     failure = scheduler.add(AddRequest(9, [5] * 250, 10))
-    assert failure is not None and failure.code == "INVALID_ARGUMENT"
+    assert failure is not None and failure.failure == Failure.INVALID_ARGUMENT
 
 
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(engine, prompt_ids, expected):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from cadence.config import EngineConfig, WorkerSpec
 from cadence.transport.messages import (
     AddRequest,
-    EngineConfig,
+    Failure,
     Finish,
     RequestFailed,
     Shutdown,
@@ -16,7 +17,6 @@ from cadence.transport.messages import (
     WorkerInputs,
     WorkerOutput,
     WorkerReady,
-    WorkerSpec,
 )
 
 encode = msgspec.msgpack.Encoder().encode
@@ -66,7 +66,7 @@ def test_step_output_roundtrip():
 
 
 def test_request_failed_roundtrip():
-    msg = RequestFailed(9, "INVALID_ARGUMENT", "prompt_token_ids must be in [0, 256); got 300")
+    msg = RequestFailed(9, Failure.INVALID_ARGUMENT, "prompt_token_ids must be in [0, 256); got 300")
     got = decode_output(encode(msg))
     assert type(got) is RequestFailed
     assert got == msg
@@ -83,7 +83,7 @@ def test_tags_distinguish_union_members():
     # array_like structs carry no field names; the tag alone picks the type.
     outputs = [
         WorkerReady(1, 2, "x"),
-        RequestFailed(1, "CANCELLED", "x"),
+        RequestFailed(1, Failure.CANCELLED, "x"),
         StepOutput(0, 1, 2, 3, [], [], [], []),
     ]
     kinds = [type(decode_output(encode(m))) for m in outputs]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from cadence.api.metrics import FrontMetrics
+from cadence.core.metrics import FrontMetrics
 from cadence.lab.bench import print_summary, startup_lines
 from cadence.lab.report import render_report
 from cadence.lab.sampler import scrape, worker_startup

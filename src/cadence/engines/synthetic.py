@@ -13,9 +13,10 @@ import random
 import time
 import zlib
 
+from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.engines.tokenizer import ByteTokenizer
-from cadence.transport.messages import AddRequest, EngineConfig
+from cadence.transport.messages import AddRequest
 
 _WORDS = (
     "the a stream token card batch step model latency queue buffer client server worker "

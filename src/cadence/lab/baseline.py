@@ -15,9 +15,10 @@ from collections import deque
 import msgspec
 import psutil
 
+from cadence.config import EngineConfig
 from cadence.lab.loadgen import ProcessPlan, RequestShape, _my_requests
 from cadence.lab.records import RequestRecord
-from cadence.transport.messages import AddRequest, EngineConfig
+from cadence.transport.messages import AddRequest
 
 
 def engine_config_of(target: str) -> tuple[EngineConfig, int] | None:

@@ -16,7 +16,24 @@ def add_report(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_report)
 
 
+def missing_plotting() -> str | None:
+    """Why the report cannot be drawn here (plotting is the `lab` extra), or None."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return ("the report's plots need matplotlib, which is not installed; install it with: "
+                "pip install 'cadence[lab]'")
+    return None
+
+
 def _report(args: argparse.Namespace) -> None:
+    problem = missing_plotting()
+    if problem is not None:
+        sys.exit(f"cadence report: {problem}")
     from cadence.lab.report import render_report
 
     source = Path(args.results)

@@ -16,7 +16,7 @@ _BUSY_CPU_PCT = 80.0
 _IDLE_GPU_PCT = 30.0
 
 
-_FRONT_CHILD = "cadence.api.front_child"
+_FRONT_CHILD = "cadence.lifecycle.front_child"
 """The module fronts 1..N-1 of `cadence serve --fronts N` run as (children of front 0)."""
 
 
@@ -84,7 +84,7 @@ def _front_zero(target: str) -> psutil.Process | None:
 
 
 def _front_index(process: psutil.Process) -> int | None:
-    """K for a `python -m cadence.api.front_child K ...` process, else None."""
+    """K for a `python -m cadence.lifecycle.front_child K ...` process, else None."""
     try:
         cmdline = process.cmdline()
     except psutil.Error:

@@ -51,6 +51,11 @@ def _sweep(args: argparse.Namespace) -> None:
         sys.exit(f"cadence sweep: {exc}")
     if args.repeat < 1:
         sys.exit("cadence sweep: --repeat must be at least 1")
+    if args.report:  # before the sweep, not after it
+        from cadence.lab.report_cli import missing_plotting
+
+        if missing_plotting() is not None:
+            sys.exit(f"cadence sweep: {missing_plotting()}")
     kserve, resolve = protocol_from_args(args, "sweep")
     try:
         result = run_sweep(variable, values, shlex.split(args.serve_args),

@@ -63,11 +63,6 @@ class SharedAdmissionGate:
     def _unlock(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    @property
-    def total(self) -> int:
-        """Streams open on all fronts."""
-        return sum(self._counts)
-
     def try_enter(self) -> bool:
         self._lock()
         try:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
+from cadence.config import WorkerSpec
 from cadence.transport.messages import (
     AddRequest,
     Heartbeat,
@@ -29,7 +30,6 @@ from cadence.transport.messages import (
     WorkerInput,
     WorkerInputs,
     WorkerOutput,
-    WorkerSpec,
 )
 
 log = logging.getLogger("cadence.transport")
@@ -108,6 +108,13 @@ class WorkerLink:
         """`--fronts N`: tell the worker that front `front` died (drop its sequences)."""
         try:
             self._socket.send(self._encode(WorkerInputs([], [], gone_fronts=[front])), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def front_back(self, front: int) -> None:
+        """`--fronts N`: tell the worker that front `front` was restarted (send to it again)."""
+        try:
+            self._socket.send(self._encode(WorkerInputs([], [], back_fronts=[front])), zmq.NOBLOCK)
         except zmq.Again:
             pass
 
@@ -280,6 +287,10 @@ class WorkerChannel:
         """Fronts that died (`--fronts N`); nothing more is sent to them."""
         self.newly_gone: list[int] = []
         """Fronts reported gone since the caller last emptied this list."""
+        self._back: list[int] = []
+        """Fronts reported restarted, still to be sent this worker's `WorkerReady`."""
+        self._ready_frame = b""
+        """This worker's `WorkerReady`, for a front that is restarted later."""
         if self.fronts > 1:
             # --fronts N: the same PULL takes every front's inputs; one PUSH per front.
             for address in extra_inputs:
@@ -318,11 +329,14 @@ class WorkerChannel:
     # --- --fronts N: route each message to the front(s) that own its sequences ----------
 
     def _note(self, message: WorkerInput) -> WorkerInput:
-        if type(message) is WorkerInputs and message.gone_fronts:
+        if type(message) is WorkerInputs:
             for front in message.gone_fronts:
                 if front not in self.gone:
                     self.gone.add(front)
                     self.newly_gone.append(front)
+            for front in message.back_fronts:
+                self.gone.discard(front)
+                self._back.append(front)
         return message
 
     def _receive_multi(self, timeout_ms: int | None) -> list[WorkerInput]:
@@ -335,7 +349,12 @@ class WorkerChannel:
             try:
                 messages.append(self._note(self._decode(self._input.recv(zmq.NOBLOCK))))
             except zmq.Again:
-                return messages
+                break
+        while self._back:  # a restarted front learns this worker is ready, like the others did
+            front = self._back.pop()
+            if self._ready_frame and front not in self.gone:
+                self._send_to(front, self._ready_frame)
+        return messages
 
     def _send_to(self, front: int, frame: bytes) -> None:
         """Send to one front, blocking while its queue is full, but never on a dead front:
@@ -370,7 +389,7 @@ class WorkerChannel:
         elif kind is RequestFailed:
             self._send_to(message.seq_id % n, encode(message))
         else:  # WorkerReady: every front
-            frame = encode(message)
+            frame = self._ready_frame = encode(message)
             for front in range(n):
                 self._send_to(front, frame)
 

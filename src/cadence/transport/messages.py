@@ -1,6 +1,7 @@
 """Every message that crosses a process boundary, in one module.
 
-Messages are frozen msgspec Structs encoded once with msgpack. The front sends a worker
+Messages are frozen msgspec Structs encoded once with msgpack. (What a worker is started with,
+`WorkerSpec` and its `EngineConfig`, is launch configuration: cadence.config.) The front sends a worker
 `WorkerInputs` (all the adds and aborts of one event-loop tick, batched) or `Shutdown`;
 a worker sends the front `WorkerReady` once, then one `StepOutput` per engine step
 (every sequence's new token of that step), and `RequestFailed` for a request it rejects.
@@ -24,83 +25,24 @@ class Finish(enum.IntEnum):
     CANCELLED = 3
 
 
-class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
+class Failure(enum.IntEnum):
+    """Why a request ended without finishing: the one error vocabulary of cadence, from the
+    worker that detects a failure to the front that reports it. The names (and numbers) are
+    gRPC's status codes; cadence.api.errors maps each to every protocol's own form."""
 
-    name: str = "synthetic"
-    """Engine kind: `synthetic`, `app` (a user's generator function) or `torch` (a Llama model)."""
-    step_ms: float = 20.0
-    """Synthetic: base duration of one decode step."""
-    per_seq_ms: float = 0.0
-    """Synthetic: added to a step for each sequence in the batch."""
-    prefill_ms_per_token: float = 0.01
-    """Synthetic: added to a step for each prompt token of the sequences it admits."""
-    jitter_ms: float = 0.0
-    """Synthetic: standard deviation of Gaussian noise on each step (clipped at 0)."""
-    first_step_ms: float = 0.0
-    """Synthetic: extra time on the worker's first step (cold start)."""
-    seed: int = 0
-    """Makes token ids and jitter reproducible."""
-    max_batch: int = 512
-    """Sequences stepped together at most; more wait in the worker's queue."""
-    app: str = ""
-    """App engine: the user's generator function as `module:function` or `path.py:function`."""
-    engine_threads: int = 1
-    """App engine, sync functions: threads of the worker's executor that run the function
-    (default one per device; each worker owns one device)."""
-    model: str = ""
-    """Torch: a local Hugging Face folder (config.json + *.safetensors) or `tiny`."""
-    dtype: str = "auto"
-    """Torch: `float32`, `bfloat16`, `float16`, or `auto` (float32 on CPU, the checkpoint's on CUDA)."""
-    kv_cache_tokens: int = 16384
-    """Torch: KV cache capacity per worker, in tokens of all sequences together."""
-    cuda_graph_batch: int = 32
-    """Torch on CUDA: decode steps of up to this many sequences replay CUDA graphs (0: off)."""
-    threads: int = 0
-    """Torch on CPU: intra-op threads per rank; 0 leaves torch's default."""
-
-
-class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything a worker process needs to start, wherever it runs."""
-
-    index: int
-    device: str
-    """`cpu` or `cuda:N`. A tensor-parallel group's spec lists one device per rank, comma
-    separated (`cuda:0,cuda:1`); the launcher starts one process per rank."""
-    input_address: str
-    """ZeroMQ address the worker connects to for `WorkerInputs` (front binds)."""
-    output_address: str
-    """ZeroMQ address the worker connects to for its outputs (front binds)."""
-    engine: EngineConfig
-    rank: int = 0
-    """Rank in the tensor-parallel group; only rank 0 connects to the front."""
-    group_size: int = 1
-    """Ranks in the tensor-parallel group (1: no tensor parallelism)."""
-    dist_init: str = ""
-    """torch.distributed init method shared by the group's ranks (set by the launcher)."""
-    extra_input_addresses: list[str] = []
-    """`--fronts N`: the input sockets of fronts 1..N-1 for this worker (front 0's is
-    `input_address`); the worker's one PULL connects to all and fair-queues them."""
-    front_output_addresses: list[str] = []
-    """`--fronts N`: the output sockets of fronts 1..N-1 (front 0's is `output_address`).
-    Empty: one front. A sequence belongs to front `seq_id % N`; each step's output is split
-    into one message per front that has sequences in it."""
-    heartbeat_address: str = ""
-    """The front's heartbeat (PUB) socket. Empty: no heartbeat (a worker inside the front)."""
-    heartbeat_interval_s: float = 0.1
-    """How often the worker tells the front it is alive."""
-    heartbeat_timeout_s: float = 1.0
-    """The worker exits when it has heard nothing from the front for this long."""
-    curve_server_key: str = ""
-    """tcp transport: the front's CURVE public key (Z85). Only the server's own processes are
-    given it, so nothing else can complete a handshake with the front's sockets; traffic is
-    encrypted. Empty: plain sockets (ipc, private to this host's user)."""
-    curve_public_key: str = ""
-    """The worker's own CURVE key pair (Z85), made by the front."""
-    curve_secret_key: str = ""
-    dist_ifname: str = ""
-    """Network interface for torch.distributed between hosts (GLOO_SOCKET_IFNAME,
-    NCCL_SOCKET_IFNAME). Empty: the launcher's choice (Ray: the interface of the node's IP)."""
+    CANCELLED = 1
+    """The client went away (or a drain ended the request)."""
+    INVALID_ARGUMENT = 3
+    """The request cannot be served as sent; the message says what to change."""
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    """The request names a model (or version) this server does not serve."""
+    RESOURCE_EXHAUSTED = 8
+    """A limit: --max-concurrent, --overflow abort, --stall-timeout, message size."""
+    INTERNAL = 13
+    """The app's function raised, or yielded something that is not output."""
+    UNAVAILABLE = 14
+    """Not now, retry: starting, draining, its worker stopped, no worker."""
 
 
 class AddRequest(msgspec.Struct, frozen=True, array_like=True):
@@ -130,6 +72,9 @@ class WorkerInputs(msgspec.Struct, frozen=True, array_like=True, tag="in"):
     resumes: list[int] = []
     gone_fronts: list[int] = []
     """`--fronts N`: fronts that died (sent by front 0): drop their sequences, send them nothing."""
+    back_fronts: list[int] = []
+    """`--fronts N`: fronts front 0 restarted since they were gone: send to them again, first
+    this worker's `WorkerReady`."""
 
 
 class Shutdown(msgspec.Struct, frozen=True, array_like=True, tag="shutdown"):
@@ -165,10 +110,13 @@ def boot_id() -> str:
 
 
 class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
-    """One engine step: the new token of every sequence that was stepped.
+    """One step's output, of every engine, in one layout: the new tokens of every sequence
+    that produced some.
 
-    `seq_ids[i]` produced `token_ids[i]`. A sequence in `finished_ids` produced its last
-    token in this step; `finish_reasons` holds its FinishReason value (proto enum).
+    `seq_ids[i]` produced the next `token_counts[i]` entries of `token_ids` (one piece), whose
+    text is `texts[i]`. The fast path, what a batching engine sends: `token_counts` empty, one
+    token per sequence. `texts` empty: the front decodes the tokens (bytes) itself. A sequence
+    in `finished_ids` produced its last token in this step; `finish_reasons` holds its Finish.
     """
 
     worker: int
@@ -180,11 +128,10 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     finished_ids: list[int]
     finish_reasons: list[int]
     token_counts: list[int] = []
-    """App workers only: when not empty, `seq_ids[i]` produced the next `token_counts[i]`
-    entries of `token_ids` (one piece of several tokens). Empty: one token each."""
+    """Tokens of each sequence's piece; empty: one each."""
     texts: list[str] = []
-    """Engines with their own tokenizer: `texts[i]` is the text piece of `token_ids[i]`
-    (possibly empty while a character is incomplete). Empty: the front decodes bytes."""
+    """Engines with their own tokenizer: the text of each sequence's piece (possibly empty
+    while a character is incomplete). Empty: the front decodes bytes."""
     prompt_lens: dict[int, int] = {}
     """Prompt tokens of each sequence that the worker tokenized and prefilled in this step."""
 
@@ -193,8 +140,7 @@ class RequestFailed(msgspec.Struct, frozen=True, array_like=True, tag="failed"):
     """The worker rejected or lost one sequence; `message` says what to fix."""
 
     seq_id: int
-    code: str
-    """A grpc.StatusCode name, e.g. INVALID_ARGUMENT."""
+    failure: Failure
     message: str
 
 

@@ -36,12 +36,14 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from cadence import event_loop
+from cadence.config import WorkerSpec
 from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
 from cadence.engines.tokenizer import ByteTokenizer
 from cadence.heap import settle_heap
 from cadence.transport.channel import OUTPUT_HWM, WorkerChannel
 from cadence.transport.messages import (
     AddRequest,
+    Failure,
     Finish,
     RequestFailed,
     Shutdown,
@@ -49,7 +51,6 @@ from cadence.transport.messages import (
     WorkerInputs,
     WorkerOutput,
     WorkerReady,
-    WorkerSpec,
     boot_id,
 )
 
@@ -166,7 +167,7 @@ class AppRunner:
         if prompt and not (0 <= min(prompt) and max(prompt) < ByteTokenizer.vocab_size):
             bad = next(t for t in prompt if not 0 <= t < ByteTokenizer.vocab_size)
             self._failures.append(RequestFailed(
-                add.seq_id, "INVALID_ARGUMENT",
+                add.seq_id, Failure.INVALID_ARGUMENT,
                 f"prompt_token_ids must be in [0, {ByteTokenizer.vocab_size}); got {bad}"))
             self._schedule_flush()
             return
@@ -217,7 +218,7 @@ class AppRunner:
     def _expire(self, seq: _Seq) -> None:
         if not seq.done:
             self._failures.append(RequestFailed(
-                seq.seq_id, "DEADLINE_EXCEEDED",
+                seq.seq_id, Failure.DEADLINE_EXCEEDED,
                 "the request's deadline passed before generation finished"))
             self._schedule_flush()
             self._cancel(seq)
@@ -401,7 +402,7 @@ class AppRunner:
             return
         # Not on the token path: a failure is rare and the traceback is what the user needs.
         log.error("app raised on request %d", seq.seq_id, exc_info=exc)
-        self._failures.append(RequestFailed(seq.seq_id, "INTERNAL", f"{type(exc).__name__}: {exc}"))
+        self._failures.append(RequestFailed(seq.seq_id, Failure.INTERNAL, f"{type(exc).__name__}: {exc}"))
         self._end(seq)
         self._schedule_flush()
 

@@ -10,7 +10,7 @@ import msgspec
 
 from cadence.engines.base import Engine, Sequence
 from cadence.engines.tokenizer import ByteTokenizer
-from cadence.transport.messages import AddRequest, Finish, RequestFailed, StepOutput
+from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 
 _BYTES = ByteTokenizer()
 
@@ -31,14 +31,6 @@ class BatchScheduler:
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
         self._tokenizer = getattr(engine, "tokenizer", None)
 
-    @property
-    def batch_size(self) -> int:
-        return len(self._running)
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)
-
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
         if request.prompt_text and not request.prompt_token_ids:
@@ -49,7 +41,7 @@ class BatchScheduler:
             )
         problem = self._engine.check(request)
         if problem is not None:
-            return RequestFailed(request.seq_id, "INVALID_ARGUMENT", problem)
+            return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
         self._waiting.append(Sequence(request))
         return None
 

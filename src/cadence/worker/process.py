@@ -10,17 +10,11 @@ import time
 
 import msgspec
 
+from cadence.config import EngineConfig, WorkerSpec
 from cadence.engines.base import Engine
 from cadence.heap import settle_heap
 from cadence.transport.channel import WorkerChannel, WorkerHeartbeat, remove_ipc_sockets
-from cadence.transport.messages import (
-    EngineConfig,
-    Shutdown,
-    WorkerInputs,
-    WorkerReady,
-    WorkerSpec,
-    boot_id,
-)
+from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
 from cadence.worker.batch_scheduler import BatchScheduler
 
 
@@ -144,7 +138,7 @@ def start_heartbeat(spec: WorkerSpec, *, send: bool = True) -> WorkerHeartbeat |
     return heartbeat
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGTERM this process when the front dies, so no worker is orphaned."""
     if sys.platform != "linux":
         return
@@ -159,7 +153,7 @@ def _die_with_parent() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m cadence.worker SPEC_JSON`."""
     argv = sys.argv[1:] if argv is None else argv
-    _die_with_parent()
+    die_with_parent()
     parent = os.getppid()
     # Ctrl-C belongs to the front, which shuts workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -18,8 +18,8 @@ from typing import NamedTuple
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model_config_pb2 as mpb
 from cadence.api.kserve.tensors import FLOAT_TYPES, INTEGER_TYPES, TensorError, decode_input
-from cadence.api.service import InvalidRequest
-from cadence.api.v1 import inference_pb2 as pb
+from cadence.core.errors import InvalidRequest
+from cadence.core.requests import Request
 
 MODEL_VERSION = "1"
 """cadence serves one version of its model; requests may name it or leave the version empty."""
@@ -63,8 +63,8 @@ _UINT32_MAX, _UINT64_MAX, _INT32 = 2**32 - 1, 2**64 - 1, (-(2**31), 2**31 - 1)
 class StreamRequest(NamedTuple):
     """One ModelStreamInfer request, translated."""
 
-    generate: pb.GenerateRequest
-    """The same request as cadence's own API would receive it (validated further there)."""
+    request: Request
+    """The core's request (validated further there)."""
     want_tokens: bool
     want_text: bool
     empty_final: bool
@@ -93,7 +93,7 @@ def config(name: str) -> mpb.ModelConfig:
 
 
 def to_stream_request(request: kpb.ModelInferRequest) -> StreamRequest:
-    """Read the request's tensors into a cadence GenerateRequest; raise InvalidRequest."""
+    """Read the request's tensors into the core's request; raise InvalidRequest."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for "
@@ -116,24 +116,23 @@ def to_stream_request(request: kpb.ModelInferRequest) -> StreamRequest:
         values[spec.name] = data
     if "MAX_TOKENS" not in values:
         raise InvalidRequest("input 'MAX_TOKENS' is missing: how many tokens to generate at most")
-    generate = pb.GenerateRequest(
+    generate = Request(
         request_id=request.id,
         max_tokens=_integer(values, "MAX_TOKENS", 1, _UINT32_MAX),
         prompt_token_ids=_integers(values, "PROMPT_TOKEN_IDS"),
         stop_token_ids=_integers(values, "STOP_TOKEN_IDS"),
+        top_k=_integer(values, "TOP_K", 0, _UINT32_MAX),
+        seed=_integer(values, "SEED", 0, _UINT64_MAX),
     )
     if "PROMPT" in values:
         try:
             generate.prompt = values["PROMPT"][0].decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidRequest("input 'PROMPT' is not UTF-8 text") from None
-    sampling = generate.sampling
     if "TEMPERATURE" in values:
-        sampling.temperature = values["TEMPERATURE"][0]
+        generate.temperature = float(values["TEMPERATURE"][0])
     if "TOP_P" in values:
-        sampling.top_p = values["TOP_P"][0]
-    sampling.top_k = _integer(values, "TOP_K", 0, _UINT32_MAX)
-    sampling.seed = _integer(values, "SEED", 0, _UINT64_MAX)
+        generate.top_p = float(values["TOP_P"][0])
     wanted = {output.name for output in request.outputs}
     unknown = wanted - _OUTPUT_NAMES
     if unknown:

@@ -1,9 +1,11 @@
 """`inference.GRPCInferenceService`: the Open Inference Protocol (KServe v2 over gRPC, with
 Triton's streaming extension) in front of cadence's data path.
 
-Served on the same port as `cadence.v1.Inference`. Every request of `ModelStreamInfer` goes
-through `InferenceService.open_stream`, like `Generate`: the same validation, admission,
-router, workers, per-request buffers, deadlines and cleanup. What differs is the wire:
+Served on the same port as `cadence.v1.Inference`: an adapter between this protocol's wire and
+the core (cadence.core.front), like `Generate`'s. Every request of `ModelStreamInfer` is
+mapped to the core's `Request` (model.py) and opened with `FrontCore.open`: the same
+validation, admission, router, workers, per-request buffers, deadlines, metrics and cleanup.
+What differs is the wire:
 
 - One call carries many requests. Each gets a task that waits on its buffer and writes one
   `ModelStreamInferResponse` per chunk; the call's writes are serialised by a lock (gRPC
@@ -14,8 +16,8 @@ router, workers, per-request buffers, deadlines and cleanup. What differs is the
   alone, as an empty response, only to requests that set `triton_enable_empty_final_response`
   (as Triton does).
 - Errors are in-band: a request that fails gets a response with `error_message` (starting
-  with the gRPC status code name, e.g. "INVALID_ARGUMENT: ...") and `infer_response.id`; the
-  call goes on.
+  with the gRPC status code name, e.g. "INVALID_ARGUMENT: ...", cadence.api.errors) and
+  `infer_response.id`; the call goes on.
 - The client half-closing the call means "no more requests": open requests finish, then the
   call ends OK. The call ending otherwise (client cancel, disconnect, deadline, the client
   not reading for --stall-timeout) aborts every request still open, in the engine too.
@@ -32,11 +34,13 @@ import grpc
 from google.protobuf.message import DecodeError
 
 import cadence
+from cadence.api.errors import kserve_error
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
-from cadence.api.service import InferenceService, InvalidRequest, OpenStream, Refused
-from cadence.transport.messages import Finish
+from cadence.core.errors import InvalidRequest, RequestError
+from cadence.core.front import FrontCore, Generation
+from cadence.transport.messages import Failure, Finish
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
@@ -46,14 +50,13 @@ _EXTENSIONS = ("model_configuration", "statistics", "parameters", "binary_tensor
 
 
 class KServeService:
-    """Serves one decoupled model, `model_name`, through the front's `InferenceService`.
+    """Serves one decoupled model, `model_name`, through the front's `core`.
 
     `ready()` says whether the server takes requests (every worker up, not draining).
     """
 
-    def __init__(self, service: InferenceService, model_name: str,
-                 ready: Callable[[], bool]) -> None:
-        self.service = service
+    def __init__(self, core: FrontCore, model_name: str, ready: Callable[[], bool]) -> None:
+        self.core = core
         self.model_name = model_name
         self._ready = ready
         self._metadata = model.metadata(model_name)
@@ -213,91 +216,65 @@ class _StreamCall:
     async def start(self, raw: bytes, received_ns: int) -> None:
         """Start one request's stream, or answer it with an in-band error."""
         kserve = self._kserve
-        service = kserve.service
+        request_id = ""
         try:
-            request = kpb.ModelInferRequest.FromString(raw)
-        except DecodeError as exc:
-            await self._fail("", grpc.StatusCode.INVALID_ARGUMENT,
-                             f"the request is not a valid inference.ModelInferRequest: {exc}")
-            return
-        problem = kserve.unknown_model(request.model_name, request.model_version)
-        if problem is not None:
-            await self._fail(request.id, grpc.StatusCode.NOT_FOUND, problem)
-            return
-        if service.refusal is not None:
-            await self._fail(request.id, grpc.StatusCode.UNAVAILABLE, service.refusal)
-            return
-        try:
+            try:
+                request = kpb.ModelInferRequest.FromString(raw)
+            except DecodeError as exc:
+                raise InvalidRequest(
+                    f"the request is not a valid inference.ModelInferRequest: {exc}") from None
+            request_id = request.id
+            problem = kserve.unknown_model(request.model_name, request.model_version)
+            if problem is not None:
+                raise RequestError(Failure.NOT_FOUND, problem)
             translated = model.to_stream_request(request)
-            add = service.to_add_request(service.next_seq_id(), translated.generate)
-        except InvalidRequest as exc:
-            await self._fail(request.id, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RequestError as exc:
+            kserve.core.refused(exc.failure)
+            await self._fail(request_id, exc)
             return
         try:
             # Triton does not require unique ids: they are only echoed.
-            opened = service.open_stream(add, request.id, received_ns,
-                                         self._context.time_remaining, unique_id=False,
-                                         task=self._handler)
-        except Refused as exc:  # counted in the metrics by open_stream
-            await self._fail(request.id, exc.code, exc.message, counted=True)
+            generation = kserve.core.open(translated.request, received_ns,
+                                          self._context.time_remaining, unique_id=False,
+                                          task=self._handler)
+        except RequestError as exc:  # counted by the core
+            await self._fail(request_id, exc)
             return
-        task = asyncio.get_running_loop().create_task(self._serve(opened, request.id, translated))
+        task = asyncio.get_running_loop().create_task(self._serve(generation, translated))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, opened: OpenStream, request_id: str,
-                     translated: model.StreamRequest) -> None:
+    async def _serve(self, generation: Generation, translated: model.StreamRequest) -> None:
         """Write one response per chunk of one request until its last."""
-        kserve, stream = self._kserve, opened.stream
-        metrics = kserve.service.metrics
+        kserve = self._kserve
+        request_id = translated.request.request_id
         encoder = ResponseEncoder(kserve.model_name, model.MODEL_VERSION, request_id,
                                   translated.want_tokens, translated.want_text)
         empty_final = translated.empty_final
-        received_ns = last_ns = stream.received_ns
         try:
-            with opened:
-                while True:
-                    await stream.wait()
-                    if stream.error is not None:
-                        code, message = stream.error
-                        await self._write(_error(request_id, code, message))
-                        return
-                    chunk = stream.take_chunk()
-                    now = time.monotonic_ns()
-                    tokens = chunk.token_ids
-                    if chunk.index == 0:
-                        metrics.ttft.observe((now - received_ns) / 1e9)
-                        metrics.queue_wait.observe((stream.scheduled_ns - received_ns) / 1e9)
-                    elif tokens:
-                        metrics.itl.observe((now - last_ns) / 1e9 / len(tokens))
-                    last_ns = now
-                    final = chunk.finish_reason != 0
-                    finish = _FINISH_NAMES[chunk.finish_reason] if final else None
-                    if tokens:
-                        response = encoder.chunk(tokens, chunk.text, finish)
-                    elif empty_final:  # the finish came after the last tokens
-                        response = encoder.final_only(finish)
-                    else:
-                        response = None  # as Triton: the final flag alone only when asked
-                    if response is not None:
-                        stream.sending_since_ns = now
+            with generation:
+                try:
+                    async for chunk in generation:
+                        final = chunk.finish != Finish.NONE
+                        finish = _FINISH_NAMES[chunk.finish] if final else None
+                        if chunk.token_ids:
+                            response = encoder.chunk(chunk.token_ids, chunk.text, finish)
+                        elif empty_final:  # the finish came after the last tokens
+                            response = encoder.final_only(finish)
+                        else:
+                            continue  # as Triton: the final flag alone only when asked
                         async with self._lock:
                             await self._context.write(response)
-                        stream.sending_since_ns = 0
-                    if final:
-                        opened.code = grpc.StatusCode.OK
-                        return
+                except RequestError as exc:
+                    await self._write(kserve_error(exc.failure, request_id, exc.message))
         finally:
-            kserve.record(opened.code == grpc.StatusCode.OK and stream.error is None, received_ns,
-                          stream.scheduled_ns)
+            kserve.record(generation.failure is None, generation.received_ns,
+                          generation.scheduled_ns)
 
-    async def _fail(self, request_id: str, code: grpc.StatusCode, message: str,
-                    counted: bool = False) -> None:
+    async def _fail(self, request_id: str, exc: RequestError) -> None:
         """Answer a request that never started with an in-band error."""
-        if not counted:
-            self._kserve.service.metrics.requests.labels(code.name).inc()
         self._kserve.record(False, time.monotonic_ns())
-        await self._write(_error(request_id, code, message))
+        await self._write(kserve_error(exc.failure, request_id, exc.message))
 
     async def _write(self, response: bytes) -> None:
         async with self._lock:
@@ -316,10 +293,3 @@ class _StreamCall:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _error(request_id: str, code: grpc.StatusCode, message: str) -> bytes:
-    """An in-band error: the message starts with the status code's name."""
-    response = kpb.ModelStreamInferResponse(error_message=f"{code.name}: {message}")
-    response.infer_response.id = request_id
-    return response.SerializeToString()

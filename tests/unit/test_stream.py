@@ -1,17 +1,20 @@
-"""RequestStream: the per-request buffer between the output reader and one gRPC stream."""
+"""RequestStream: the per-request buffer between the output reader and one request's
+Generation."""
 
 from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
-from cadence.api.metrics import FrontMetrics
-from cadence.api.request_stream import RequestStream
 from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1.service import to_chunk
+from cadence.core.metrics import FrontMetrics, StreamTally
+from cadence.core.stream import RequestStream
 from cadence.engines.tokenizer import ByteTokenizer
-from cadence.transport.messages import Finish
+from cadence.transport.messages import Failure, Finish
+
+_TALLIES: dict[int, StreamTally] = {}
 
 
 def make_stream(
@@ -23,24 +26,31 @@ def make_stream(
     received_ns: int = 1_000,
     worker: int = 2,
 ) -> RequestStream:
-    return RequestStream(
+    tally = StreamTally()
+    stream = RequestStream(
         7,
-        "req-7",
         worker,
-        100,
         prompt_tokens,
         capacity=capacity,
         overflow=overflow,
         include_timing=include_timing,
         decoder=ByteTokenizer().stream_decoder(),
         received_ns=received_ns,
+        tally=tally,
     )
+    _TALLIES[id(stream)] = tally
+    return stream
+
+
+def tally_of(stream: RequestStream) -> StreamTally:
+    """What the stream counted into its front's totals."""
+    return _TALLIES[id(stream)]
 
 
 def push_step(stream: RequestStream, token: int, step: int) -> None:
     """One step's token, with distinct, increasing timestamps per step."""
     base = 10_000 + 100 * step
-    stream.push(token, start_ns=base, end_ns=base + 50, recv_ns=base + 60)
+    stream.push([token], None, start_ns=base, end_ns=base + 50, recv_ns=base + 60)
 
 
 # -- chunking -------------------------------------------------------------------------------
@@ -54,8 +64,8 @@ def test_waiting_tokens_go_out_as_one_chunk_with_contiguous_indexes():
     assert list(first.token_ids) == list(b"abc")
     assert first.index == 0
     assert first.text == "abc"
-    assert first.request_id == "req-7"
-    assert first.finish_reason == pb.FINISH_REASON_UNSPECIFIED
+    assert to_chunk(first, "req-7").request_id == "req-7"
+    assert first.finish == pb.FINISH_REASON_UNSPECIFIED
 
     push_step(s, ord("d"), 3)
     second = s.take_chunk()
@@ -68,15 +78,15 @@ def test_waiting_tokens_go_out_as_one_chunk_with_contiguous_indexes():
     assert third.index == 4
     assert third.text == "ef"
     assert s.sent_tokens == 6
-    assert s.chunks == 3
+    assert tally_of(s).chunks == 3
 
 
 def test_take_chunk_empties_the_buffer():
     s = make_stream()
     push_step(s, ord("x"), 0)
-    assert s.ready
+    assert s.waiting_steps
     s.take_chunk()
-    assert not s.ready
+    assert not s.waiting_steps
     assert not s.done
 
 
@@ -95,14 +105,14 @@ def test_finish_reason_only_on_last_chunk():
     push_step(s, ord("a"), 0)
     push_step(s, ord("b"), 1)
     early = s.take_chunk()
-    assert early.finish_reason == pb.FINISH_REASON_UNSPECIFIED
+    assert early.finish == pb.FINISH_REASON_UNSPECIFIED
     assert not s.done
 
     push_step(s, ord("c"), 2)
     s.end(Finish.LENGTH)
-    assert s.done and s.ready
+    assert s.done and s.waiting_steps
     last = s.take_chunk()
-    assert last.finish_reason == pb.FINISH_REASON_LENGTH
+    assert last.finish == pb.FINISH_REASON_LENGTH
     assert list(last.token_ids) == [ord("c")]
     assert last.index == 2
 
@@ -116,23 +126,23 @@ def test_finish_reason_values_match_proto_enum():
         s = make_stream()
         push_step(s, ord("z"), 0)
         s.end(reason)
-        assert s.take_chunk().finish_reason == proto
+        assert to_chunk(s.take_chunk(), "x").finish_reason == proto
 
 
 def test_merged_steps_counts_steps_that_shared_a_chunk():
     s = make_stream()
     push_step(s, 1, 0)
     s.take_chunk()  # one step alone: nothing merged
-    assert s.merged_steps == 0
+    assert tally_of(s).merged_steps == 0
     for step in range(1, 5):
         push_step(s, 1, step)
     s.take_chunk()  # four steps in one chunk: three merged into the first
-    assert s.merged_steps == 3
+    assert tally_of(s).merged_steps == 3
     push_step(s, 1, 5)
     push_step(s, 1, 6)
     s.take_chunk()
-    assert s.merged_steps == 4
-    assert s.overflows == 0
+    assert tally_of(s).merged_steps == 4
+    assert tally_of(s).overflows == 0
 
 
 # -- overflow -------------------------------------------------------------------------------
@@ -144,26 +154,26 @@ def test_overflow_merge_keeps_every_token_and_counts_overflows():
     for step, t in enumerate(tokens):
         push_step(s, t, step)
     # Capacity 2: the 3rd, 4th and 5th pushes each found 2 or more steps waiting.
-    assert s.overflows == 3
+    assert tally_of(s).overflows == 3
     assert s.error is None
     chunk = s.take_chunk()
     assert list(chunk.token_ids) == tokens
     assert chunk.text == "hello"
-    assert s.merged_steps == 4
+    assert tally_of(s).merged_steps == 4
 
     # Once drained, the buffer takes `capacity` steps again before overflowing.
     push_step(s, ord("!"), 5)
     push_step(s, ord("!"), 6)
-    assert s.overflows == 3
+    assert tally_of(s).overflows == 3
     push_step(s, ord("!"), 7)
-    assert s.overflows == 4
+    assert tally_of(s).overflows == 4
 
 
 def test_no_overflow_at_exactly_capacity():
     s = make_stream(capacity=3, overflow="abort")
     for step in range(3):
         push_step(s, 65, step)
-    assert s.overflows == 0
+    assert tally_of(s).overflows == 0
     assert s.error is None
     assert len(s.take_chunk().token_ids) == 3
 
@@ -174,11 +184,11 @@ def test_overflow_abort_fails_with_resource_exhausted():
     push_step(s, 66, 1)
     assert s.error is None
     push_step(s, 67, 2)
-    assert s.overflows == 1
+    assert tally_of(s).overflows == 1
     assert s.done
     assert s.error is not None
-    code, message = s.error
-    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    failure, message = s.error
+    assert failure is Failure.RESOURCE_EXHAUSTED
     assert "queue" in message and "2" in message
     # The overflowing token was not buffered.
     assert list(s.take_chunk().token_ids) == [65, 66]
@@ -189,9 +199,9 @@ def test_overflow_abort_fails_with_resource_exhausted():
 
 def test_fail_first_failure_wins():
     s = make_stream()
-    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
-    s.fail(grpc.StatusCode.INVALID_ARGUMENT, "later")
-    assert s.error == (grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+    s.fail(Failure.DEADLINE_EXCEEDED, "deadline")
+    s.fail(Failure.INVALID_ARGUMENT, "later")
+    assert s.error == (Failure.DEADLINE_EXCEEDED, "deadline")
     assert s.done
 
 
@@ -199,17 +209,17 @@ def test_fail_after_finish_is_ignored():
     s = make_stream()
     push_step(s, 65, 0)
     s.end(Finish.STOP)
-    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "too late")
+    s.fail(Failure.DEADLINE_EXCEEDED, "too late")
     assert s.error is None
-    assert s.take_chunk().finish_reason == pb.FINISH_REASON_STOP
+    assert s.take_chunk().finish == pb.FINISH_REASON_STOP
 
 
 def test_abort_overflow_does_not_replace_earlier_failure():
     s = make_stream(capacity=1, overflow="abort")
-    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+    s.fail(Failure.DEADLINE_EXCEEDED, "deadline")
     push_step(s, 65, 0)
     push_step(s, 66, 1)
-    assert s.error[0] is grpc.StatusCode.DEADLINE_EXCEEDED
+    assert s.error[0] is Failure.DEADLINE_EXCEEDED
 
 
 # -- wait -----------------------------------------------------------------------------------
@@ -232,7 +242,7 @@ def test_wait_returns_immediately_when_done():
         if finish:
             s.end(Finish.LENGTH)
         else:
-            s.fail(grpc.StatusCode.CANCELLED, "gone")
+            s.fail(Failure.CANCELLED, "gone")
 
         async def main(stream: RequestStream = s) -> None:
             await asyncio.wait_for(stream.wait(), timeout=5)
@@ -262,7 +272,7 @@ def test_wait_blocks_until_push():
 
     asyncio.run(main())
     assert events == ["waiting", "pushed", "woke"]
-    assert s.ready
+    assert s.waiting_steps
 
 
 @pytest.mark.parametrize("how", ["end", "fail"])
@@ -277,7 +287,7 @@ def test_wait_wakes_on_end_or_fail(how: str):
         if how == "end":
             s.end(Finish.CANCELLED)
         else:
-            s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+            s.fail(Failure.DEADLINE_EXCEEDED, "deadline")
         await asyncio.wait_for(task, timeout=5)
 
     asyncio.run(main())
@@ -289,34 +299,34 @@ def test_wait_wakes_on_end_or_fail(how: str):
 
 def test_include_timing_fills_timing_fields():
     s = make_stream(include_timing=True, received_ns=500, worker=3)
-    s.push(ord("a"), start_ns=1_000, end_ns=1_100, recv_ns=1_150)
-    s.push(ord("b"), start_ns=2_000, end_ns=2_100, recv_ns=2_150)
+    s.push([ord("a")], None, start_ns=1_000, end_ns=1_100, recv_ns=1_150)
+    s.push([ord("b")], None, start_ns=2_000, end_ns=2_100, recv_ns=2_150)
     first = s.take_chunk()
-    assert first.HasField("timing")
+    assert first.timing is not None
     t = first.timing
     assert t.worker == 3
     assert t.received_ns == 500
     assert t.scheduled_ns == 1_000  # the first step of the request
     # Per-token fields describe the chunk's first (oldest) token.
     assert (t.step_start_ns, t.step_end_ns, t.front_recv_ns) == (1_000, 1_100, 1_150)
-    assert t.send_ns > 0
+    # send_ns: stamped when the Generation hands the chunk out (test_front_core.py).
 
-    s.push(ord("c"), start_ns=3_000, end_ns=3_100, recv_ns=3_150)
-    s.push(ord("d"), start_ns=4_000, end_ns=4_100, recv_ns=4_150)
+    s.push([ord("c")], None, start_ns=3_000, end_ns=3_100, recv_ns=3_150)
+    s.push([ord("d")], None, start_ns=4_000, end_ns=4_100, recv_ns=4_150)
     second = s.take_chunk()
     t2 = second.timing
     assert second.index == 2
     assert t2.worker == 3
     assert t2.received_ns == 0 and t2.scheduled_ns == 0  # first chunk only
     assert (t2.step_start_ns, t2.step_end_ns, t2.front_recv_ns) == (3_000, 3_100, 3_150)
-    assert t2.send_ns >= t.send_ns
 
 
 def test_no_timing_unless_asked():
     s = make_stream(include_timing=False)
     push_step(s, 65, 0)
     chunk = s.take_chunk()
-    assert not chunk.HasField("timing")
+    assert chunk.timing is None
+    assert not to_chunk(chunk, "x").HasField("timing")
 
 
 # -- UTF-8 ----------------------------------------------------------------------------------
@@ -371,9 +381,10 @@ _FRONT_METRICS = FrontMetrics()
 
 def blocking_stream(capacity: int = 2, overflow: str = "block") -> tuple[RequestStream, PauseLink]:
     link = PauseLink()
-    stream = RequestStream(7, "req-7", 0, 100, 3, capacity=capacity, overflow=overflow,
+    stream = RequestStream(7, 0, 3, capacity=capacity, overflow=overflow,
                            include_timing=False, decoder=ByteTokenizer().stream_decoder(),
                            received_ns=1_000, link=link, tally=_FRONT_METRICS.tally)
+    _TALLIES[id(stream)] = _FRONT_METRICS.tally
     return stream, link
 
 
@@ -404,9 +415,10 @@ def test_block_counts_each_pause_once_and_the_gauge_follows_resumes():
 def test_merge_never_pauses():
     issued, paused = pause_samples()
     s, link = blocking_stream(overflow="merge")
+    overflows = tally_of(s).overflows  # the front's total so far
     for step in range(10):
         push_step(s, 65, step)
-    assert s.overflows == 8 and link.calls == []
+    assert tally_of(s).overflows - overflows == 8 and link.calls == []
     assert pause_samples() == (issued, paused)
 
 
@@ -416,9 +428,9 @@ def test_a_paused_stream_that_fails_leaves_the_gauge():
     for step in range(3):
         push_step(s, 65, step)
     assert pause_samples() == (issued + 1, paused + 1)
-    s.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
+    s.fail(Failure.DEADLINE_EXCEEDED, "deadline")
     assert pause_samples() == (issued + 1, paused)
-    s.fail(grpc.StatusCode.CANCELLED, "again")  # ignored: counted off once
+    s.fail(Failure.CANCELLED, "again")  # ignored: counted off once
     assert pause_samples() == (issued + 1, paused)
 
 

@@ -1,7 +1,7 @@
 """One request's bounded buffer, bound to its context: id, deadline, cancellation.
 
-The output reader pushes tokens in as steps arrive; the request's gRPC handler takes
-everything that is waiting as one chunk whenever its stream is ready to send. Nothing ever
+The output reader pushes tokens in as steps arrive; the request's `Generation` (front.py)
+takes everything that is waiting as one chunk whenever its protocol adapter is ready to send. Nothing ever
 waits in order to batch: a chunk goes out as soon as the sender is free, and it holds
 several tokens only when several were already waiting.
 
@@ -14,7 +14,7 @@ than the engine writes):
   cache and is skipped by each step) until the client has read; the rest of the batch never
   waits. A few in-flight steps may still arrive after the pause. Pauses are counted as they
   happen: cadence_sequence_pauses_total, and cadence_paused_sequences for those paused now.
-- ``abort``: end the stream with RESOURCE_EXHAUSTED and free its slot, so a client that
+- ``abort``: end the stream with Failure.RESOURCE_EXHAUSTED and free its slot, so a client that
   cannot keep up does not hold server memory.
 
 A slow client first fills gRPC's own flow-control window (HTTP/2, at least 64 KiB per stream)
@@ -24,34 +24,28 @@ before its writes stop completing; only then do tokens start to wait here.
 from __future__ import annotations
 
 import asyncio
-import time
 
-import grpc
-
-from cadence.api.metrics import StreamTally
-from cadence.api.v1 import inference_pb2 as pb
+from cadence.core.metrics import StreamTally
+from cadence.core.requests import Chunk, ChunkTiming
 from cadence.engines.tokenizer import StreamDecoder
 from cadence.transport.channel import WorkerLink
-from cadence.transport.messages import Finish
+from cadence.transport.messages import Failure, Finish
 
 
 class RequestStream:
-    """The per-request buffer between the output reader and one gRPC stream."""
+    """The per-request buffer between the output reader and one request's `Generation`."""
 
     __slots__ = (
-        "seq_id", "request_id", "worker", "max_tokens", "include_timing", "received_ns",
-        "finish", "error", "overflows", "merged_steps", "_capacity", "_abort_on_overflow", "scheduled_ns",
-        "chunks", "_tokens", "_steps", "sent_tokens", "_decode", "_waiter",
-        "_start_ns", "_end_ns", "_recv_ns", "_prompt_tokens", "_link", "_block", "_paused",
-        "_paused_task", "task", "sending_since_ns", "_texts", "_tally",
-    )  # fmt: skip
+        "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_link", "_paused",
+        "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
+        "_tokens", "_waiter", "error", "finish", "include_timing", "received_ns",
+        "scheduled_ns", "sending_since_ns", "sent_tokens", "seq_id", "task", "worker",
+    )
 
     def __init__(
         self,
         seq_id: int,
-        request_id: str,
         worker: int,
-        max_tokens: int,
         prompt_tokens: int,
         *,
         capacity: int,
@@ -59,21 +53,15 @@ class RequestStream:
         include_timing: bool,
         decoder: StreamDecoder,
         received_ns: int,
+        tally: StreamTally,
         link: WorkerLink | None = None,
-        tally: StreamTally | None = None,
     ) -> None:
         self.seq_id = seq_id
-        self.request_id = request_id
         self.worker = worker
-        self.max_tokens = max_tokens
         self.include_timing = include_timing
         self.received_ns = received_ns
         self.finish = Finish.NONE
-        self.error: tuple[grpc.StatusCode, str] | None = None
-        self.overflows = 0
-        """Pushes that found `capacity` steps already waiting."""
-        self.merged_steps = 0
-        """Steps whose tokens went out in a chunk together with an earlier step's."""
+        self.error: tuple[Failure, str] | None = None
         self._capacity = capacity
         self._abort_on_overflow = overflow == "abort"
         self._block = overflow == "block" and link is not None
@@ -83,20 +71,19 @@ class RequestStream:
         """The task watched while paused, to count the pause off if it ends first."""
         self._link = link
         """The worker's link, to pause and resume the sequence under the block policy."""
-        self._tally = tally if tally is not None else StreamTally()
+        self._tally = tally
         """The front's running totals (its metrics), counted into as things happen."""
         self.task: asyncio.Task | None = None
-        """The task serving this stream's RPC (cancelled when its client stalls)."""
+        """The task serving this stream's call (cancelled when its client stalls)."""
         self.sending_since_ns = 0
-        """When the chunk being written was handed to gRPC; 0 when no write is pending."""
+        """When the chunk being written was handed to the adapter; 0 when no write is pending."""
         self._tokens: list[int] = []
         self._steps = 0
         self.sent_tokens = 0
         """Tokens taken into chunks so far: the next chunk's index."""
-        self.chunks = 0
         self._decode = decoder
         self._texts: list[str] = []
-        """Text pieces sent by a worker that detokenizes (torch engine), one per waiting token."""
+        """Text pieces sent by a worker that detokenizes (torch engine), one per waiting step."""
         self._waiter: asyncio.Future[None] | None = None
         self._prompt_tokens = prompt_tokens
         self.scheduled_ns = 0
@@ -111,17 +98,18 @@ class RequestStream:
     def done(self) -> bool:
         return self.finish != Finish.NONE or self.error is not None
 
-    def push(self, token: int, start_ns: int, end_ns: int, recv_ns: int) -> None:
-        """Add one step's token. Called by the output reader only."""
+    def push(self, tokens: list[int], text: str | None, start_ns: int, end_ns: int,
+             recv_ns: int) -> None:
+        """Add one step's piece of output: its tokens, and their text when the worker
+        detokenizes (None: the front decodes them). Called by the output reader only."""
         if self._steps >= self._capacity:
-            self.overflows += 1
             self._tally.overflows += 1
             if self._block:
                 if not self._paused:
                     self._pause()
             elif self._abort_on_overflow:
                 self.fail(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    Failure.RESOURCE_EXHAUSTED,
                     f"the client read too slowly: {self._steps} steps of output were waiting "
                     f"(queue capacity {self._capacity}); read faster or ask the operator to "
                     "raise --queue-capacity",
@@ -131,23 +119,11 @@ class RequestStream:
             self._start_ns, self._end_ns, self._recv_ns = start_ns, end_ns, recv_ns
             if not self.scheduled_ns:
                 self.scheduled_ns = start_ns
-        self._tokens.append(token)
+        self._tokens += tokens
+        if text is not None:
+            self._texts.append(text)
         self._steps += 1
         self._wake()
-
-    def push_piece(self, tokens: list[int], start_ns: int, end_ns: int, recv_ns: int) -> None:
-        """Add an app worker's piece of several tokens; like `push`, it counts as one step."""
-        steps = self._steps
-        self.push(tokens[0], start_ns, end_ns, recv_ns)
-        if self._steps > steps:  # accepted (not refused by the overflow policy)
-            self._tokens.extend(tokens[1:])
-
-    def push_text(self, token: int, text: str, start_ns: int, end_ns: int, recv_ns: int) -> None:
-        """`push` for a worker that detokenizes: `text` is the token's piece of output text."""
-        steps = self._steps
-        self.push(token, start_ns, end_ns, recv_ns)
-        if self._steps > steps:  # accepted (not refused by the overflow policy)
-            self._texts.append(text)
 
     def _pause(self) -> None:
         self._paused = True
@@ -183,10 +159,10 @@ class RequestStream:
         self.finish = reason
         self._wake()
 
-    def fail(self, code: grpc.StatusCode, message: str) -> None:
-        """End the stream with a gRPC status; the first failure wins."""
+    def fail(self, failure: Failure, message: str) -> None:
+        """End the stream with a failure; the first one wins."""
         if not self.done:
-            self.error = (code, message)
+            self.error = (failure, message)
             if self._paused:
                 # Ended with an error, the sequence is aborted, not resumed.
                 self._unpaused()
@@ -206,16 +182,17 @@ class RequestStream:
         self._waiter = asyncio.get_running_loop().create_future()
         await self._waiter
 
-    def take_chunk(self) -> pb.GenerateChunk:
-        """Everything waiting, as one chunk (the last one carries finish_reason)."""
+    def take_chunk(self) -> Chunk:
+        """Everything waiting, as one chunk (the last one carries its finish)."""
         tokens = self._tokens
         self._tokens = []
         if self._paused:
             self._unpaused()
             self._link.resume(self.seq_id)
-        if self._steps > 1:
-            self.merged_steps += self._steps - 1
-            self._tally.merged_steps += self._steps - 1
+        tally = self._tally
+        steps = self._steps
+        if steps > 1:
+            tally.merged_steps += steps - 1
         self._steps = 0
         finish = self.finish
         texts = self._texts
@@ -224,34 +201,19 @@ class RequestStream:
             text = "".join(texts)
         else:
             text = self._decode(tokens, finish != Finish.NONE)
-        chunk = pb.GenerateChunk(
-            request_id=self.request_id,
-            index=self.sent_tokens,
-            token_ids=tokens,
-            text=text,
-            finish_reason=finish,
-        )
-        if self.sent_tokens == 0:
-            chunk.prompt_tokens = self._prompt_tokens
-        self.sent_tokens += len(tokens)
-        self.chunks += 1
-        tally = self._tally
-        tally.chunks += 1
-        tally.tokens += len(tokens)
+        index = self.sent_tokens
+        timing = None
         if self.include_timing:
-            timing = chunk.timing
-            timing.worker = self.worker
+            timing = ChunkTiming(worker=self.worker)
             if tokens:
                 timing.step_start_ns = self._start_ns
                 timing.step_end_ns = self._end_ns
                 timing.front_recv_ns = self._recv_ns
-            if chunk.index == 0:
+            if index == 0:
                 timing.received_ns = self.received_ns
                 timing.scheduled_ns = self.scheduled_ns
-            timing.send_ns = time.monotonic_ns()
+        chunk = Chunk(index, tokens, text, finish, self._prompt_tokens if index == 0 else 0, timing)
+        self.sent_tokens = index + len(tokens)
+        tally.chunks += 1
+        tally.tokens += len(tokens)
         return chunk
-
-    @property
-    def ready(self) -> bool:
-        """Something is waiting to be sent."""
-        return bool(self._tokens) or self.finish != Finish.NONE

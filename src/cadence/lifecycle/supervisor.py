@@ -1,5 +1,8 @@
 """Watches worker processes: a worker that exits or stops stepping is failed, then restarted.
 
+`WorkerSupervisor` is front 0's (it launched the workers); `WorkerWatcher` is a child front's
+with `--fronts N` (it follows the workers front 0 launched).
+
 Its streams end at once with UNAVAILABLE and a message naming the worker, the router stops
 sending it requests until its replacement reports ready, and the other workers' streams are
 untouched. Restarts back off (1 s, 2 s, 4 s, ... up to 30 s) so a worker that cannot start
@@ -13,9 +16,9 @@ import logging
 import time
 from collections.abc import Callable
 
+from cadence.config import WorkerSpec
+from cadence.lifecycle.launcher import Launcher, WorkerHandle
 from cadence.router import WorkerRouter
-from cadence.transport.launcher import Launcher, WorkerHandle
-from cadence.transport.messages import WorkerSpec
 
 log = logging.getLogger("cadence.supervisor")
 
@@ -46,7 +49,7 @@ class WorkerSupervisor:
         self._on_health = on_health
         self._hang_timeout_ns = int(hang_timeout_s * 1e9) if hang_timeout_s else None
         self._restart = restart
-        self.workers: list[WorkerHandle] = [launcher.launch(spec) for spec in specs]
+        self.workers: list[WorkerHandle] = []
         self.ready = [False] * len(specs)
         self.restarts = [0] * len(specs)
         self._heartbeat_timeout_ns = int(heartbeat_timeout_s * 1e9) if heartbeat_timeout_s else None
@@ -58,7 +61,19 @@ class WorkerSupervisor:
         self._backoff = [_FIRST_BACKOFF_S] * len(specs)
         self.stopping = False
 
-    def mark_ready(self, index: int) -> None:
+    def launch(self) -> None:
+        """Start every worker."""
+        self.workers = [self._launcher.launch(spec) for spec in self._specs]
+
+    def exited(self) -> tuple[int, int] | None:
+        """(index, exit status) of a worker that has stopped, or None (start-up's check)."""
+        for worker in self.workers:
+            code = worker.exit_code()
+            if code is not None:
+                return worker.index, code
+        return None
+
+    def mark_ready(self, index: int, pid: int) -> None:
         """A worker (first start or replacement) reported ready: route to it again."""
         self.ready[index] = True
         self.last_output_ns[index] = time.monotonic_ns()
@@ -127,3 +142,50 @@ class WorkerSupervisor:
                 if await asyncio.to_thread(worker.wait, 2.0) is None:
                     worker.kill()
                     await asyncio.to_thread(worker.wait, 2.0)
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped by front 0 counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+class WorkerWatcher:
+    """A child front's view of the workers: ready once each said so to this front, down when
+    its process is gone (front 0 restarts it; the replacement reports ready again)."""
+
+    def __init__(self, router: WorkerRouter, workers: int, *,
+                 on_down: Callable[[int, str], None], on_health: Callable[[], None]) -> None:
+        self._router = router
+        self._on_down = on_down
+        self._on_health = on_health
+        self.ready = [False] * workers
+        self.pids = [0] * workers
+        self.last_output_ns = [time.monotonic_ns()] * workers
+        self.last_heard_ns = [0] * workers
+        """Kept by the output reader; front 0 acts on them."""
+        self.stopping = False
+
+    def exited(self) -> None:
+        """Front 0 owns the workers' processes and fails the start if one exits."""
+
+    def mark_ready(self, index: int, pid: int) -> None:
+        self.ready[index] = True
+        self.pids[index] = pid
+        self._router.alive[index] = True
+        self._on_health()
+
+    async def run(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(_CHECK_INTERVAL_S)
+            for i, pid in enumerate(self.pids):
+                if self.ready[i] and pid and _gone(pid):
+                    self.ready[i] = False
+                    self._router.mark_dead(i)
+                    message = f"worker {i} stopped; retry the request"
+                    log.error("%s", message)
+                    self._on_down(i, message)
+                    self._on_health()

@@ -12,7 +12,9 @@ with 64 calls asked ahead). gRPC's core expects a server to keep many requests o
 `CallAcceptor` asks for `depth` more calls per method, through the same private functions
 grpc.aio's own accept loop uses, and hands each call to grpc.aio's handler path unchanged
 (interceptors, cancellation, status). It checks those functions' signatures first: on a
-grpcio whose internals differ it does nothing, and the server runs on grpc.aio's own loop.
+grpcio whose internals differ it does nothing, and the server runs on grpc.aio's own loop; the
+start-up log warns, and the metric cadence_accept_ahead_calls reads 0. pyproject.toml bounds
+grpcio to the minor version this is tested on, so an upgrade is a deliberate step.
 """
 
 from __future__ import annotations
@@ -79,8 +81,12 @@ class CallAcceptor:
         if self._depth <= 0 or not self._handlers:
             return False
         if not supported(self._server):
-            log.info("grpcio %s: calls are accepted one at a time (grpc.aio's own loop)",
-                     grpc.__version__)
+            # Said loudly (and in cadence_accept_ahead_calls = 0): under load, bursts of new
+            # calls then wait seconds for grpc.aio's loop to take them in.
+            log.warning("--accept-ahead is off: grpcio %s's internals are not those the call "
+                        "acceptor was tested on (grpcio 1.85); new calls are taken in one at a "
+                        "time, so under load a burst of calls can wait for its first token. "
+                        "Install the grpcio version cadence requires.", grpc.__version__)
             return False
         loop = asyncio.get_running_loop()
         resolver = cygrpc._MethodResolver([], self._handlers)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 
-import grpc
-
-from cadence.api.metrics import FrontMetrics
-from cadence.api.request_stream import RequestStream
+from cadence.core.metrics import FrontMetrics
+from cadence.core.stream import RequestStream
 from cadence.transport.messages import (
     Heartbeat,
     RequestFailed,
@@ -25,10 +24,8 @@ follow the drift between two hosts' clocks, long enough to catch a beat that was
 class OutputReader:
     """Routes worker output into the per-request buffers.
 
-    `handle` is the only function in the front that loops over a step's tokens (it hands
-    app workers' several-token pieces to `_push_pieces`, and tokens that come with their text
-    to `_push_texts`, its twins); whatever must happen per token happens there, and it never
-    blocks.
+    `_push_step` is the only function in the front that loops over a step's outputs;
+    whatever must happen per piece of output happens there, and it never blocks.
     """
 
     def __init__(
@@ -60,37 +57,11 @@ class OutputReader:
     def handle(self, message: WorkerOutput, recv_ns: int) -> None:
         """Dispatch one message that the front read at `recv_ns`."""
         if type(message) is StepOutput:
-            streams = self._streams
-            offset = self.clock_offset_ns[message.worker]
-            start, end = message.start_ns + offset, message.end_ns + offset
-            if message.prompt_lens:  # prompts the worker tokenized; before their first token
-                for seq_id, count in message.prompt_lens.items():
-                    stream = streams.get(seq_id)
-                    if stream is not None:
-                        stream.set_prompt_tokens(count)
-            if message.token_counts:
-                self._push_pieces(message, recv_ns)
-            elif message.texts:
-                self._push_texts(message, recv_ns)
-            else:
-                for seq_id, token in zip(message.seq_ids, message.token_ids):
-                    stream = streams.get(seq_id)
-                    # A missing stream was cancelled after the step started; its token is dropped.
-                    if stream is not None:
-                        stream.push(token, start, end, recv_ns)
-            for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
-                stream = streams.get(seq_id)
-                if stream is not None:
-                    stream.end(reason)
-            worker = message.worker
-            self.last_output_ns[worker] = recv_ns
-            self._batch_size[worker].set(len(message.seq_ids))
-            self._step_time[worker].set((end - start) / 1e9)
-            self._steps[worker].inc()
+            self._push_step(message, recv_ns)
         elif type(message) is RequestFailed:
             stream = self._streams.get(message.seq_id)
             if stream is not None:
-                stream.fail(grpc.StatusCode[message.code], message.message)
+                stream.fail(message.failure, message.message)
         elif type(message) is Heartbeat:
             worker = message.worker
             self.last_heard_ns[worker] = recv_ns
@@ -102,6 +73,45 @@ class OutputReader:
             self.clock_offset_ns[worker] = 0
             self._offset_beats[worker] = 0
             self._on_ready(message)
+
+    def _push_step(self, message: StepOutput, recv_ns: int) -> None:
+        """Push each sequence's piece of one step into its stream, then end the finished.
+
+        The only loop over a step's outputs in the front. One token per sequence (no
+        `token_counts`) is the fast path; a stream that is gone (cancelled after the step
+        started) drops its piece.
+        """
+        get = self._streams.get
+        worker = message.worker
+        offset = self.clock_offset_ns[worker]
+        start, end = message.start_ns + offset, message.end_ns + offset
+        if message.prompt_lens:  # prompts the worker tokenized; before their first token
+            for seq_id, count in message.prompt_lens.items():
+                stream = get(seq_id)
+                if stream is not None:
+                    stream.set_prompt_tokens(count)
+        tokens = message.token_ids
+        texts = message.texts or repeat(None)
+        if not message.token_counts:
+            for seq_id, token, text in zip(message.seq_ids, tokens, texts):
+                stream = get(seq_id)
+                if stream is not None:
+                    stream.push([token], text, start, end, recv_ns)
+        else:
+            at = 0
+            for seq_id, count, text in zip(message.seq_ids, message.token_counts, texts):
+                stream = get(seq_id)
+                if stream is not None:
+                    stream.push(tokens[at:at + count], text, start, end, recv_ns)
+                at += count
+        for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
+            stream = get(seq_id)
+            if stream is not None:
+                stream.end(reason)
+        self.last_output_ns[worker] = recv_ns
+        self._batch_size[worker].set(len(message.seq_ids))
+        self._step_time[worker].set((end - start) / 1e9)
+        self._steps[worker].inc()
 
     def _track_clock(self, worker: int, sample_ns: int) -> None:
         """One heartbeat's (arrival - sending) time of a worker on another host."""
@@ -115,29 +125,3 @@ class OutputReader:
             self.clock_offset_ns[worker] = self._offset_best[worker]
             beats = 0
         self._offset_beats[worker] = beats
-
-    def _push_pieces(self, message: StepOutput, recv_ns: int) -> None:
-        """An app worker's message: `seq_ids[i]` produced `token_counts[i]` tokens (one piece)."""
-        streams = self._streams
-        offset = self.clock_offset_ns[message.worker]
-        start, end = message.start_ns + offset, message.end_ns + offset
-        tokens = message.token_ids
-        at = 0
-        for seq_id, count in zip(message.seq_ids, message.token_counts):
-            stream = streams.get(seq_id)
-            if stream is not None:
-                if count == 1:
-                    stream.push(tokens[at], start, end, recv_ns)
-                else:
-                    stream.push_piece(tokens[at:at + count], start, end, recv_ns)
-            at += count
-
-    def _push_texts(self, message: StepOutput, recv_ns: int) -> None:
-        """A worker that detokenizes (torch engine): each token comes with its text piece."""
-        streams = self._streams
-        offset = self.clock_offset_ns[message.worker]
-        start, end = message.start_ns + offset, message.end_ns + offset
-        for seq_id, token, text in zip(message.seq_ids, message.token_ids, message.texts):
-            stream = streams.get(seq_id)
-            if stream is not None:
-                stream.push_text(token, text, start, end, recv_ns)

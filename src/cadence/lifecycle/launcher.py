@@ -1,4 +1,5 @@
-"""How worker processes are started: a small seam, local processes today.
+"""How worker processes are started: a small seam (local processes; Ray actors in
+ray_launcher.py; tasks of the front's own loop in in_front.py).
 
 A launcher turns a `WorkerSpec` into a running worker and gives back a handle to watch and
 stop it. Workers only need the spec (addresses and engine config), so a launcher that
@@ -12,6 +13,7 @@ follow it through torch.distributed.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -21,7 +23,7 @@ from typing import Protocol
 
 import msgspec
 
-from cadence.transport.messages import WorkerSpec
+from cadence.config import ServerConfig, WorkerSpec
 
 
 class WorkerHandle(Protocol):
@@ -45,6 +47,9 @@ class WorkerHandle(Protocol):
 class Launcher(Protocol):
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         """Start a worker for `spec`."""
+
+    def close(self) -> None:
+        """Release what the launcher holds, once its workers have stopped (may block)."""
 
 
 class LocalProcess:
@@ -126,6 +131,9 @@ class LocalLauncher:
     (PDEATHSIG), and a follower rank dies with it too.
     """
 
+    def close(self) -> None:
+        """Nothing to release: the processes are gone."""
+
     def launch(self, spec: WorkerSpec) -> LocalProcess | LocalGroup:
         devices = spec.device.split(",")
         if len(devices) == 1:
@@ -147,3 +155,45 @@ class LocalLauncher:
             [sys.executable, "-m", "cadence.worker", msgspec.json.encode(spec).decode()],
             start_new_session=True,
         )
+
+
+_EXTRAS = {
+    "torch": ("--engine torch", ("torch", "safetensors", "tokenizers")),
+    "ray": ("--launcher ray", ("ray",)),
+}
+"""Each optional extra: the option that needs it and the packages it installs."""
+
+
+def missing_extra(config: ServerConfig) -> str | None:
+    """Why `config` cannot run with the packages installed here (one line naming the missing
+    package and the extra to install), or None. Checked before any worker starts, so the
+    answer is one line, not a worker's traceback."""
+    extras = []
+    if config.engine.name == "torch":
+        extras.append("torch")
+    if config.launcher == "ray":
+        extras.append("ray")
+    for extra in extras:
+        option, packages = _EXTRAS[extra]
+        for package in packages:
+            if not _installed(package):
+                return (f"{option} needs the package {package!r}, which is not installed; "
+                        f"install it with: pip install 'cadence[{extra}]'")
+    return None
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def make_launcher(config: ServerConfig) -> Launcher:
+    """The launcher `config` names: local processes, or Ray actors (`--launcher ray`).
+    Joining a Ray cluster blocks; raises RuntimeError when it cannot."""
+    if config.launcher == "ray":
+        from cadence.lifecycle.ray_launcher import RayLauncher
+
+        return RayLauncher(config)
+    return LocalLauncher()

@@ -13,20 +13,27 @@ own back-off and health, in the same bundle.
 A tensor-parallel worker's ranks meet through a TCP store on rank 0's node (its Ray IP and
 a port free there); gloo and NCCL use the network interface that carries each node's Ray
 IP, or `--dist-ifname`.
+
+A signal to the whole process group (or cgroup: systemd's `KillMode=control-group`) reaches
+the Ray instance the front started as well as the front: its GCS and raylet begin their own
+shutdown, and Ray's calls that need them block for minutes (`remove_placement_group` retries).
+So the launcher's `close` gives Ray a few seconds; past them it kills, by pid, its actors on
+this host and whatever is left of the Ray instance it started, and skips Ray's shutdown.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
 import socket
+import sys
 import threading
 
 import msgspec
 
-from cadence.config import ServerConfig
-from cadence.transport.messages import WorkerSpec
+from cadence.config import ServerConfig, WorkerSpec
 
 log = logging.getLogger("cadence.ray")
 
@@ -34,6 +41,8 @@ CARD = "card"
 """The custom resource a CPU host declares per worker rank it can hold."""
 _DIED = -9
 """Exit status reported for an actor that Ray saw die (killed, or its node lost)."""
+_CLOSE_TIMEOUT_S = 4.0
+"""How long leaving Ray may take (it takes under 2 s when Ray's processes are healthy)."""
 
 
 class WorkerActor:
@@ -124,6 +133,7 @@ class RayWorker:
             places = ray.get([actor.where.remote() for actor in self._actors])
             self.node_ips = [ip for ip, _, _ in places]
             self.pid = places[0][1]
+            launcher.local_pids.update(pid for ip, pid, _ in places if ip == launcher.worker_host)
             ip, _, port = places[0]
             dist_init = f"tcp://{ip}:{port}" if len(devices) > 1 else ""
             with self._lock:
@@ -253,6 +263,10 @@ class RayLauncher:
                 f"'{{\"{CARD}\": N}}'` (CPU) or with GPUs, or ask for fewer --devices"
             ) from None
         self._actor_class = ray.remote(WorkerActor)
+        self.local_pids: set[int] = set()
+        """Processes of this launcher's actors on this host."""
+        self._own = None if config.ray_address else ray._private.worker._global_node
+        """The Ray instance this front started (None: a cluster it joined)."""
 
     def actor(self, worker: int, rank: int, device: str):
         """A new actor for one rank of `worker`, in that rank's bundle."""
@@ -275,11 +289,64 @@ class RayLauncher:
         """Start `spec`'s worker (one actor per rank); returns at once."""
         return RayWorker(self, spec)
 
+    def kill_local(self) -> None:
+        """SIGKILL this launcher's actors on this host and what is left of the Ray instance it
+        started (with every process its raylet started): Ray can no longer stop them."""
+        import psutil
+
+        pids = set(self.local_pids)
+        self.local_pids.clear()
+        processes = []
+        if self._own is not None:
+            for infos in self._own.all_processes.values():
+                for info in infos:
+                    processes.append(info.process)
+                    try:
+                        pids.update(child.pid for child in
+                                    psutil.Process(info.process.pid).children(recursive=True))
+                    except psutil.Error:
+                        pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
     def close(self) -> None:
-        """Release the cards and leave the cluster (a Ray instance of our own stops)."""
+        """Release the cards and leave the cluster (a Ray instance of our own stops), or, when
+        Ray does not answer within a few seconds, stop what is left of it here by pid."""
         import ray
 
-        try:
-            ray.util.remove_placement_group(self._group)
-        finally:
-            ray.shutdown()
+        done = threading.Event()
+
+        def release() -> None:
+            try:
+                if self._own is None:  # a cluster we joined: give its cards back
+                    ray.util.remove_placement_group(self._group)
+                ray.shutdown()  # our own instance: its processes stop, the group with them
+            finally:
+                done.set()
+
+        # A daemon thread: one stuck in Ray's calls must not hold the front's exit.
+        threading.Thread(target=release, daemon=True, name="cadence-ray-close").start()
+        if not done.wait(_CLOSE_TIMEOUT_S):
+            log.warning("Ray did not shut down within %.0f s (was it stopped from outside, by a "
+                        "signal to the whole process group or cgroup?); killing what is left "
+                        "of it on this host", _CLOSE_TIMEOUT_S)
+            self.kill_local()
+            # Ray's own exit hooks would wait for it again, and its threads, stuck in calls to
+            # processes that are gone, crash the interpreter's teardown: leave at once.
+            atexit.unregister(ray.shutdown)
+            atexit.register(_exit_now)
+
+
+def _exit_now() -> None:
+    """The last exit hook once Ray was abandoned: flush, then exit without the teardown."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -15,8 +15,8 @@ import logging
 import os
 import threading
 
+from cadence.config import WorkerSpec
 from cadence.engines.app import App, load_app
-from cadence.transport.messages import WorkerSpec
 from cadence.worker.app_runner import serve_app
 
 log = logging.getLogger("cadence.app")
@@ -69,6 +69,9 @@ class InFrontLauncher:
 
     def __init__(self, app: App | None = None) -> None:
         self._app = app
+
+    def close(self) -> None:
+        """Nothing to release: the tasks have ended."""
 
     def launch(self, spec: WorkerSpec) -> InFrontWorker:
         """Start serving `spec` on the running loop; must be called from that loop."""

@@ -91,8 +91,19 @@ class FrontMetrics:
         self.worker_warm_step = Gauge("cadence_worker_warm_step_seconds",
                                       "A decode step at the end of the worker's warm-up, to "
                                       "compare with the first step.", ["worker"], registry=r)
-        self._restarts = _RestartCollector()
+        self.accept_ahead = Gauge("cadence_accept_ahead_calls",
+                                  "Incoming calls of each streaming method requested from gRPC "
+                                  "ahead of their arrival (--accept-ahead); 0 when off, which "
+                                  "this grpcio's internals may force (see the start-up log).",
+                                  registry=r)
+        self._restarts = _RestartCollector(
+            "cadence_worker_restarts_total",
+            "Times the supervisor restarted the worker after it exited or hung.", "worker")
+        self._front_restarts = _RestartCollector(
+            "cadence_front_restarts_total",
+            "Times front 0 restarted front N (--fronts) after it exited.", "front")
         r.register(self._restarts)
+        r.register(self._front_restarts)
         self.tally = StreamTally()
         """Handed to every request stream, which counts into it."""
         r.register(_TallyCollector(self.tally))
@@ -115,6 +126,10 @@ class FrontMetrics:
         """Export `cadence_worker_restarts_total` from the supervisor's per-worker counts
         (read when scraped, so a restart that never comes back ready still counts)."""
         self._restarts.restarts = restarts
+
+    def watch_front_restarts(self, restarts: Sequence[int]) -> None:
+        """Export `cadence_front_restarts_total` from front 0's per-front counts."""
+        self._front_restarts.restarts = restarts
 
     def serve(self, port: int, host: str,
               other_fronts: Callable[[], list[tuple[int, str]]] | None = None) -> int:
@@ -139,26 +154,24 @@ class FrontMetrics:
 
 
 class _RestartCollector:
-    """`cadence_worker_restarts_total{worker}`, read from the supervisor's counts.
+    """A restart counter by worker (or front), read from the supervisor's counts.
 
     A collector, not a Counter, because the supervisor already keeps the count (and changes
     it where no metrics object is at hand); front 0 alone has a supervisor, so the other
     fronts export the family without samples.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str, text: str, label: str) -> None:
+        self._name, self._text, self._label = name, text, label
         self.restarts: Sequence[int] = ()
 
     def describe(self):
-        return [CounterMetricFamily("cadence_worker_restarts_total", "", labels=["worker"])]
+        return [CounterMetricFamily(self._name, "", labels=[self._label])]
 
     def collect(self):
-        family = CounterMetricFamily(
-            "cadence_worker_restarts_total",
-            "Times the supervisor restarted the worker after it exited or hung.",
-            labels=["worker"])
-        for worker, count in enumerate(self.restarts):
-            family.add_metric([str(worker)], count)
+        family = CounterMetricFamily(self._name, self._text, labels=[self._label])
+        for index, count in enumerate(self.restarts):
+            family.add_metric([str(index)], count)
         yield family
 
 
@@ -223,6 +236,7 @@ class _AllFronts:
                     out = merged[family.name] = Metric(family.name, family.documentation,
                                                        family.type, family.unit)
                 for sample in family.samples:
-                    out.add_sample(sample.name, {**sample.labels, "front": str(front)},
+                    # A sample about a front (front restarts) keeps its own label.
+                    out.add_sample(sample.name, {"front": str(front), **sample.labels},
                                    sample.value, sample.timestamp, sample.exemplar)
         yield from merged.values()

@@ -1,0 +1,99 @@
+"""`cadence.v1.Inference`: the adapter between cadence's own wire and the core.
+
+`Generate` maps a `GenerateRequest` to the core's `Request`, each `Chunk` to a
+`GenerateChunk`, and a failure to the call's status (cadence.api.errors); the core does the
+rest (cadence.core.front). It receives the request still serialized (see `handlers`), so that
+a malformed one gets INVALID_ARGUMENT with a reason instead of gRPC's bare INTERNAL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from cadence.api.errors import grpc_status
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.core.errors import InvalidRequest, RequestError
+from cadence.core.front import FrontCore
+from cadence.core.requests import Chunk, Request
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+
+
+def to_request(raw: bytes) -> Request:
+    """A serialized `GenerateRequest` as the core's request; raise InvalidRequest."""
+    try:
+        message = pb.GenerateRequest.FromString(raw)
+    except DecodeError as exc:
+        raise InvalidRequest(f"the request is not a valid cadence.v1.GenerateRequest: {exc}") from None
+    sampling = message.sampling
+    return Request(
+        request_id=message.request_id, prompt=message.prompt,
+        prompt_token_ids=list(message.prompt_token_ids), max_tokens=message.max_tokens,
+        stop_token_ids=list(message.stop_token_ids), temperature=sampling.temperature,
+        top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
+        include_timing=message.include_timing,
+    )
+
+
+def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
+    """A core chunk as a `GenerateChunk` of request `request_id`."""
+    out = pb.GenerateChunk(request_id=request_id, index=chunk.index, token_ids=chunk.token_ids,
+                           text=chunk.text, finish_reason=chunk.finish,
+                           prompt_tokens=chunk.prompt_tokens)
+    timing = chunk.timing
+    if timing is not None:
+        wire = out.timing
+        wire.worker = timing.worker
+        wire.received_ns = timing.received_ns
+        wire.scheduled_ns = timing.scheduled_ns
+        wire.step_start_ns = timing.step_start_ns
+        wire.step_end_ns = timing.step_end_ns
+        wire.front_recv_ns = timing.front_recv_ns
+        wire.send_ns = timing.send_ns
+    return out
+
+
+class InferenceService:
+    """Serves `cadence.v1.Inference` through `core`; each stream waits on its own buffer.
+
+    `metadata`: initial metadata for every stream (`--fronts N`: which front serves it).
+    """
+
+    def __init__(self, core: FrontCore, metadata: tuple[tuple[str, str], ...] | None = None) -> None:
+        self._core = core
+        self._metadata = metadata
+
+    def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The service's handlers by method name, taking the request as bytes."""
+        return {"Generate": grpc.unary_stream_rpc_method_handler(
+            self.Generate, response_serializer=pb.GenerateChunk.SerializeToString)}
+
+    async def Generate(self, raw: bytes,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+        received_ns = time.monotonic_ns()
+        core = self._core
+        try:
+            request = to_request(raw)
+        except InvalidRequest as exc:
+            core.refused(exc.failure)
+            await context.abort(grpc_status(exc.failure), exc.message)
+        try:
+            generation = core.open(request, received_ns, context.time_remaining)
+        except RequestError as exc:  # counted by the core
+            await context.abort(grpc_status(exc.failure), exc.message)
+        if self._metadata is not None:
+            await context.send_initial_metadata(self._metadata)
+        request_id = generation.request_id
+        with generation:
+            try:
+                async for chunk in generation:
+                    yield to_chunk(chunk, request_id)
+            except RequestError as exc:
+                # Status set and return rather than abort(): the call may have ended
+                # already (a deadline races gRPC's own), and abort() would raise then.
+                context.set_code(grpc_status(exc.failure))
+                context.set_details(exc.message)

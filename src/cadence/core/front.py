@@ -1,0 +1,321 @@
+"""The stages every protocol shares, from a checked request to its last chunk.
+
+`FrontCore.open` validates a `Request` into the worker's `AddRequest`, admits it
+(router/admission.py), routes it (router/worker_router.py), registers its `RequestStream`
+(stream.py) and sends it to its worker, with a deadline timer. It returns a `Generation`: the
+one async iterator per request, which yields domain `Chunk`s as the output reader
+(output_reader.py) fills the stream, records TTFT / ITL / queue wait for every protocol, and,
+when closed however the request ended, gives back everything the request held. Protocol
+adapters (cadence.api.*) map their wire to a `Request` and each `Chunk` to their wire, and
+nothing else; failures arrive as `RequestError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Self
+
+import msgspec
+
+from cadence.config import ServerConfig
+from cadence.core.errors import InvalidRequest, RequestError
+from cadence.core.metrics import FrontMetrics
+from cadence.core.requests import Chunk, Request
+from cadence.core.stream import RequestStream
+from cadence.engines.tokenizer import ByteTokenizer
+from cadence.router import WorkerRouter
+from cadence.router.admission import AdmissionGate, SharedAdmissionGate
+from cadence.router.worker_router import NoWorkerAvailable
+from cadence.transport.channel import WorkerLink
+from cadence.transport.messages import AddRequest, Failure, Finish
+
+
+def sequence_ids(front: int, fronts: int, generation: int = 0) -> Iterator[int]:
+    """A front's sequence ids: with `--fronts N` front k's are k (mod N), so a worker knows
+    whose each is (one front: 1, 2, 3, ...); a restarted front (`generation` > 0) starts far
+    past its predecessors, so no id of theirs comes back."""
+    return itertools.count(fronts * (1 + (generation << 32)) + front, fronts)
+
+
+class FrontCore:
+    """The protocol-agnostic front: one per front process, shared by every adapter."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        links: list[WorkerLink],
+        router: WorkerRouter,
+        metrics: FrontMetrics,
+        *,
+        gate: AdmissionGate | SharedAdmissionGate | None = None,
+        seq_ids: Iterator[int] | None = None,
+    ) -> None:
+        self._config = config
+        self._links = links
+        self._router = router
+        self._gate = gate or AdmissionGate(config.max_concurrent)
+        self._seq_ids = seq_ids or sequence_ids(0, 1)
+        self._tokenizer = ByteTokenizer()
+        self._text_to_worker = config.engine.name == "torch"
+        """The torch engine tokenizes text prompts with the model's own tokenizer."""
+        self.streams: dict[int, RequestStream] = {}
+        """The open requests' streams by sequence id (the output reader's index)."""
+        self._request_ids: set[str] = set()
+        """Client-chosen request ids of the open streams that must be unique."""
+        self.metrics = metrics
+        metrics.watch(
+            active=lambda: self._gate.active,
+            deepest_buffer=lambda: max((s.waiting_steps for s in self.streams.values()),
+                                       default=0),
+        )
+        self.refusal: str | None = "the server is starting; retry shortly"
+        """Why new requests are refused (start-up, drain), or None while serving."""
+
+    @property
+    def active(self) -> int:
+        """Requests admitted and not yet closed."""
+        return self._gate.active
+
+    def refused(self, failure: Failure) -> None:
+        """Count a request that ended before it started (an adapter's own refusals too)."""
+        self.metrics.requests.labels(failure.name).inc()
+
+    def open(
+        self,
+        request: Request,
+        received_ns: int,
+        time_remaining: Callable[[], float | None],
+        *,
+        unique_id: bool = True,
+        task: asyncio.Task | None = None,
+    ) -> Generation:
+        """Check, admit, route and start one request; raise RequestError if it cannot start.
+
+        Close the result however the request ends (`with generation:`). `time_remaining`
+        gives the seconds left before the call's deadline (None: no deadline); with
+        `unique_id` a `request_id` that an open request holds is refused; `task` is
+        cancelled if the client stops reading (default: the current one).
+        """
+        try:
+            if self.refusal is not None:
+                raise RequestError(Failure.UNAVAILABLE, self.refusal)
+            add = self._validate(next(self._seq_ids), request)
+            request_id = request.request_id
+            if unique_id and request_id in self._request_ids:
+                raise InvalidRequest(
+                    f"request_id {request_id!r} is already streaming; use a unique id "
+                    "or leave it empty for the server to assign one")
+            if not self._gate.try_enter():
+                raise RequestError(
+                    Failure.RESOURCE_EXHAUSTED,
+                    f"the server is serving its limit of {self._gate.limit} streams "
+                    "(--max-concurrent); retry later")
+            try:
+                worker = self._router.pick()
+            except NoWorkerAvailable:
+                self._gate.leave()
+                raise RequestError(Failure.UNAVAILABLE,
+                                   "no worker is running on this server") from None
+        except RequestError as exc:
+            self.refused(exc.failure)
+            raise
+
+        config = self._config
+        link = self._links[worker]
+        stream = RequestStream(
+            add.seq_id, worker, len(add.prompt_token_ids),
+            capacity=config.queue_capacity, overflow=config.overflow,
+            include_timing=request.include_timing, decoder=self._tokenizer.stream_decoder(),
+            received_ns=received_ns, tally=self.metrics.tally, link=link,
+        )
+        stream.task = task or asyncio.current_task()
+        self.streams[add.seq_id] = stream
+        held_id = request_id if unique_id and request_id else None
+        if held_id is not None:
+            self._request_ids.add(held_id)
+        remaining = time_remaining()
+        deadline = None
+        if remaining is not None:
+            # The worker learns the deadline too, so an app function can see it.
+            add = msgspec.structs.replace(add, timeout_ms=max(remaining * 1e3, 0.001))
+            deadline = asyncio.get_running_loop().call_later(
+                max(remaining, 0.0), stream.fail, Failure.DEADLINE_EXCEEDED,
+                "the request's deadline passed before generation finished")
+        self._router.assign(worker, add.max_tokens)
+        link.add(add)
+        return Generation(self, stream, request_id or uuid.uuid4().hex, add.max_tokens,
+                          held_id, deadline, time_remaining if remaining is not None else None)
+
+    def _validate(self, seq_id: int, request: Request) -> AddRequest:
+        """Check a request and turn it into the worker's message, or raise InvalidRequest."""
+        config = self._config
+        if request.max_tokens < 1:
+            raise InvalidRequest("max_tokens must be at least 1")
+        if request.max_tokens > config.max_tokens_limit:
+            raise InvalidRequest(
+                f"max_tokens is {request.max_tokens}; this server allows at most "
+                f"{config.max_tokens_limit} (--max-tokens-limit)")
+        prompt_text = ""
+        if request.prompt_token_ids:
+            prompt = request.prompt_token_ids
+            if min(prompt) < 0:
+                raise InvalidRequest("prompt_token_ids must not be negative")
+        elif request.prompt and self._text_to_worker:
+            # Tokenized, counted and checked against the model's context by the worker.
+            prompt, prompt_text = [], request.prompt
+        elif request.prompt:
+            prompt = self._tokenizer.encode(request.prompt)
+        else:
+            raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids")
+        if len(prompt) > config.max_prompt_tokens:
+            raise InvalidRequest(
+                f"the prompt has {len(prompt)} tokens; this server allows at most "
+                f"{config.max_prompt_tokens} (--max-prompt-tokens)")
+        if not request.temperature >= 0 or math.isinf(request.temperature):
+            raise InvalidRequest("sampling.temperature must be a finite number, 0 (greedy) or more")
+        if not 0 <= request.top_p <= 1:
+            raise InvalidRequest("sampling.top_p must be between 0 and 1")
+        return AddRequest(seq_id, prompt, request.max_tokens, request.stop_token_ids,
+                          request.temperature, request.top_p, request.top_k, request.seed,
+                          prompt_text=prompt_text)
+
+    def release(self, generation: Generation) -> None:
+        """Give back what a request held (see `Generation.close`) and record how it ended."""
+        stream = generation.stream
+        if generation.deadline is not None:
+            generation.deadline.cancel()
+        del self.streams[stream.seq_id]
+        if generation.held_id is not None:
+            self._request_ids.discard(generation.held_id)
+        worker = stream.worker
+        self._router.release(worker, generation.max_tokens)
+        self._gate.leave()
+        if stream.finish in (Finish.NONE, Finish.CANCELLED):
+            # Cancelled, past its deadline, failed or drained: the worker drops it at its
+            # next step.
+            self._links[worker].abort(stream.seq_id)
+        failure = generation.failure
+        metrics = self.metrics
+        metrics.requests.labels(failure.name if failure is not None else "OK").inc()
+        metrics.e2e.observe((time.monotonic_ns() - stream.received_ns) / 1e9)
+
+    def fail_worker(self, worker: int, message: str) -> None:
+        """Worker `worker` stopped: end its streams at once (the others go on)."""
+        for stream in list(self.streams.values()):
+            if stream.worker == worker:
+                stream.fail(Failure.UNAVAILABLE, message)
+
+    def fail_all(self, failure: Failure, message: str) -> None:
+        for stream in list(self.streams.values()):
+            stream.fail(failure, message)
+
+    async def sweep_stalled(self, stall_timeout_s: float) -> None:
+        """Forever: cut off streams whose client has read nothing for `stall_timeout_s`.
+
+        A write that has not completed for that long means the client's flow-control
+        window is full and it is not reading; its task is cancelled and its slot freed.
+        """
+        limit_ns = int(stall_timeout_s * 1e9)
+        while True:
+            await asyncio.sleep(min(1.0, stall_timeout_s / 4))
+            now = time.monotonic_ns()
+            for stream in list(self.streams.values()):
+                since = stream.sending_since_ns
+                if since and now - since > limit_ns and stream.task is not None:
+                    stream.fail(
+                        Failure.RESOURCE_EXHAUSTED,
+                        f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)")
+                    stream.task.cancel()
+
+
+class Generation:
+    """One started request: an async iterator of its chunks, then `close` (or a `with` block).
+
+    Each chunk is handed to the adapter as soon as there is one: everything waiting, merged
+    (stream.py). The iterator records TTFT (first chunk), queue wait and ITL (per token of a
+    later chunk) on the front's clock; it ends after the chunk that carries the finish, once
+    the adapter asks for the next (so the last write completed), or raises RequestError when
+    the stream failed. Closing, however the request ended (finished, failed, client cancel,
+    deadline, drain), gives back the deadline timer, its place in the streams, the router's
+    work and the admission slot, aborts in the worker a sequence it has not finished, and
+    records the outcome.
+    """
+
+    __slots__ = ("_core", "_ended", "_last_ns", "deadline", "failure", "held_id", "max_tokens",
+                 "request_id", "stream", "time_remaining")
+
+    def __init__(self, core: FrontCore, stream: RequestStream, request_id: str, max_tokens: int,
+                 held_id: str | None, deadline: asyncio.TimerHandle | None,
+                 time_remaining: Callable[[], float | None] | None) -> None:
+        self._core = core
+        self.stream = stream
+        self.request_id = request_id
+        """The client's id, or the one the server assigned."""
+        self.max_tokens = max_tokens
+        self.held_id = held_id
+        """The client's id held in the core's set of unique ids, or None."""
+        self.deadline = deadline
+        self.time_remaining = time_remaining
+        """The call's deadline (seconds left), or None when it has none."""
+        self.failure: Failure | None = Failure.CANCELLED
+        """How the request ended: None once its last chunk was taken and sent (OK)."""
+        self._last_ns = 0
+        self._ended = False
+        """The chunk with the finish was handed out."""
+
+    @property
+    def received_ns(self) -> int:
+        return self.stream.received_ns
+
+    @property
+    def scheduled_ns(self) -> int:
+        """When a worker took the request (its first step began); 0 until then."""
+        return self.stream.scheduled_ns
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        stream = self.stream
+        stream.sending_since_ns = 0  # the adapter asks for more: the last chunk is written
+        if self._ended:
+            self.failure = None
+            raise StopAsyncIteration
+        await stream.wait()
+        if stream.error is not None:
+            self.failure = stream.error[0]
+            raise RequestError(*stream.error)
+        chunk = stream.take_chunk()
+        now = time.monotonic_ns()
+        metrics = self._core.metrics
+        if chunk.index == 0:
+            metrics.ttft.observe((now - stream.received_ns) / 1e9)
+            metrics.queue_wait.observe((stream.scheduled_ns - stream.received_ns) / 1e9)
+        elif chunk.token_ids:
+            metrics.itl.observe((now - self._last_ns) / 1e9 / len(chunk.token_ids))
+        self._last_ns = now
+        self._ended = chunk.finish != Finish.NONE
+        if chunk.timing is not None:
+            chunk.timing.send_ns = now
+        stream.sending_since_ns = now
+        return chunk
+
+    def close(self) -> None:
+        if self.failure is Failure.CANCELLED and self.stream.error is None and (
+            self.time_remaining is not None and (self.time_remaining() or 0.0) <= 0
+        ):
+            self.failure = Failure.DEADLINE_EXCEEDED  # the call was cancelled at its deadline
+        elif self.stream.error is not None:
+            self.failure = self.stream.error[0]
+        self._core.release(self)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

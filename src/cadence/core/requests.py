@@ -1,0 +1,63 @@
+"""The core's own request and chunk types: what every protocol adapter maps its wire to and
+from, and all the core knows of a request.
+
+A `Request` is what a client asked for, not yet checked (`FrontCore.open` validates it); a
+`Chunk` is one message of its output stream, whatever the protocol makes of it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Request(msgspec.Struct, kw_only=True):
+    """One generation request, as an adapter read it from its wire."""
+
+    request_id: str = ""
+    """The client's id; empty: the server assigns one."""
+    prompt: str = ""
+    """Text; used when `prompt_token_ids` is empty."""
+    prompt_token_ids: list[int] = []
+    max_tokens: int = 0
+    stop_token_ids: list[int] = []
+    temperature: float = 0.0
+    """0: greedy."""
+    top_p: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+    include_timing: bool = False
+    """Put the server's timestamps of each hop on every chunk (`Chunk.timing`)."""
+
+
+class ChunkTiming(msgspec.Struct, kw_only=True, gc=False):
+    """Server timestamps of one chunk (time.monotonic_ns(), on the front's clock)."""
+
+    worker: int
+    received_ns: int = 0
+    """The request reached the front (first chunk only)."""
+    scheduled_ns: int = 0
+    """The step that admitted the request began (first chunk only)."""
+    step_start_ns: int = 0
+    """The step of the chunk's first (oldest) token began..."""
+    step_end_ns: int = 0
+    """...and ended."""
+    front_recv_ns: int = 0
+    """The front read that step's message."""
+    send_ns: int = 0
+    """The chunk was handed to the protocol adapter."""
+
+
+class Chunk(msgspec.Struct, array_like=True, gc=False):
+    """One message of a request's output: every token that was waiting when it was taken."""
+
+    index: int
+    """Position of the first token in the output."""
+    token_ids: list[int]
+    text: str
+    """The tokens' text (a character split across chunks comes whole in the later one)."""
+    finish: int
+    """A Finish value; not NONE on the last chunk only."""
+    prompt_tokens: int = 0
+    """Tokens of the prompt, on the first chunk (index 0)."""
+    timing: ChunkTiming | None = None
+    """With `Request.include_timing`."""

@@ -1,0 +1,92 @@
+"""The front's gRPC server: the protocol adapters' services, health and reflection on one
+port, with the call acceptor that takes new calls in ahead."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cadence.api import security
+from cadence.api.kserve.pool import ReflectionPool
+from cadence.config import ServerConfig
+from cadence.core.metrics import FrontMetrics
+from cadence.lifecycle import StartupError
+from cadence.lifecycle.call_acceptor import CallAcceptor
+
+log = logging.getLogger("cadence.server")
+
+_FINAL_CHUNK_WAIT_S = 1.0
+"""At stop, how long the calls still open get to close."""
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class GrpcServer:
+    """One grpc.aio server for `services` (full service name -> handlers by method name)."""
+
+    def __init__(self, config: ServerConfig, services: dict[str, dict[str, grpc.RpcMethodHandler]],
+                 metrics: FrontMetrics) -> None:
+        self._config = config
+        self._metrics = metrics
+        interceptors = security.server_interceptors(config)
+        self._server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 1 if config.fronts > 1 else 0),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+        ], interceptors=interceptors)
+        # Registered, not generic: the core then matches calls to methods itself, and the
+        # call acceptor can request calls of the streaming methods ahead.
+        streaming = {}
+        for name, handlers in services.items():
+            self._server.add_registered_method_handlers(name, handlers)
+            streaming.update({f"/{name}/{method}": handler for method, handler in handlers.items()
+                              if handler.response_streaming})
+        self._acceptor = CallAcceptor(self._server, streaming, interceptors, config.accept_ahead)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        self._names = ("", *services)
+        reflection.enable_server_reflection(
+            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server,
+            pool=ReflectionPool(),
+        )
+
+    async def start(self) -> int:
+        """Bind and start, health NOT_SERVING; return the bound port."""
+        config = self._config
+        await self.set_health([False])
+        try:
+            address, credentials = f"{config.host}:{config.port}", security.server_credentials(config)
+            port = (self._server.add_secure_port(address, credentials) if credentials
+                    else self._server.add_insecure_port(address))
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            raise StartupError(f"could not bind {config.host}:{config.port}; is the port in use? "
+                               "Choose another with --port (0 picks a free one)")
+        await self._server.start()
+        accepting = self._acceptor.start()
+        self._metrics.accept_ahead.set(config.accept_ahead if accepting else 0)
+        for warning in security.exposure_warnings(config):
+            log.warning("%s", warning)
+        return port
+
+    async def set_health(self, workers_ready: list[bool]) -> None:
+        """SERVING while at least one worker is ready; `cadence.worker.N` says whether worker
+        N is (NOT_SERVING while it is down or restarting)."""
+        status = _SERVING if any(workers_ready) else _NOT_SERVING
+        for name in self._names:
+            await self._health.set(name, status)
+        for i, up in enumerate(workers_ready):
+            await self._health.set(f"cadence.worker.{i}", _SERVING if up else _NOT_SERVING)
+
+    async def drain(self) -> None:
+        """Health NOT_SERVING for good (a drain began)."""
+        with contextlib.suppress(Exception):
+            await self._health.enter_graceful_shutdown()
+
+    async def stop(self) -> None:
+        await self._server.stop(_FINAL_CHUNK_WAIT_S)
+        self._acceptor.close()

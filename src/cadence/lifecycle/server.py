@@ -1,0 +1,378 @@
+"""The composition root: builds a front's parts in order, starts them, and stops whatever it
+started, in reverse.
+
+`CadenceServer.start()` reads as its stages; each stage that starts something pushes how to
+stop it onto one `AsyncExitStack`, so `stop()` needs to know nothing about how far `start()`
+got. The data path itself (cadence.core, cadence.api) knows nothing of any of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+
+from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
+from cadence.api.kserve.service import KServeService
+from cadence.api.v1.service import SERVICE_NAME, InferenceService
+from cadence.config import ServerConfig, WorkerSpec
+from cadence.core.front import FrontCore, sequence_ids
+from cadence.core.metrics import FrontMetrics
+from cadence.core.output_reader import OutputReader
+from cadence.heap import settle_heap
+from cadence.lifecycle import StartupError
+from cadence.lifecycle.failed_sends import GRPC_LOGGER, count_failed_sends
+from cadence.lifecycle.fronts import FrontChildren
+from cadence.lifecycle.grpc_server import GrpcServer
+from cadence.lifecycle.in_front import InFrontLauncher
+from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
+from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
+from cadence.router import WorkerRouter
+from cadence.router.admission import AdmissionGate, SharedAdmissionGate
+from cadence.transport.channel import FrontChannel, front_addresses, local_addresses
+from cadence.transport.messages import Failure, WorkerReady
+
+log = logging.getLogger("cadence.server")
+
+_STARTUP_POLL_S = 0.05
+_FINAL_CHUNK_WAIT_S = 1.0
+"""After a drain's grace, how long the streams that were ended get to close."""
+
+
+class CadenceServer:
+    """One front process: owns the network, starts and watches one worker per device.
+
+    `start()` returns the bound port once every worker is ready; `stop()` drains, then stops
+    what was started in reverse, leaving no process behind. With `--fronts N`, front 0 (this
+    class with `front=0`) also starts fronts 1..N-1, each this class in its own process.
+    """
+
+    def __init__(self, config: ServerConfig, launcher: Launcher | None = None, *,
+                 front: int = 0, base_dir: str | None = None, generation: int = 0) -> None:
+        self.config = config
+        self.front = front
+        """`--fronts N`: this front's index; 0 launches the workers and the other fronts."""
+        self._base = base_dir
+        """`--fronts N`: the private folder of the fronts' sockets, admission counts and ready
+        files (front 0 creates it)."""
+        self._generation = generation
+        self._launcher = launcher
+        self._stack = contextlib.AsyncExitStack()
+        """How to stop everything started so far, in reverse."""
+        self.metrics = FrontMetrics()
+        self.router = WorkerRouter(len(config.devices))
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._health_updates: set[asyncio.Task] = set()
+
+    async def start(self) -> int:
+        """Start the workers and the gRPC server; return the port once serving."""
+        config, stack = self.config, self._stack
+        loop = asyncio.get_running_loop()
+        n = len(config.devices)
+
+        # 1. What the config needs is installed; the launcher (joining a Ray cluster blocks,
+        #    harmlessly: nothing serves yet).
+        problem = missing_extra(config)
+        if problem is not None:
+            raise StartupError(problem)
+        launcher = self._launcher or self._make_launcher()
+        stack.push_async_callback(asyncio.to_thread, launcher.close)  # once workers stopped
+
+        # 2. Sockets: the front binds, workers connect.
+        channel, gate = self._bind(n, launcher)
+        links = self._links = channel.links(loop)
+        stack.callback(channel.close)
+
+        # 3. The data path: the core, the output reader, the protocol adapters.
+        core = self.core = FrontCore(
+            config, links, self.router, self.metrics, gate=gate,
+            seq_ids=sequence_ids(self.front, config.fronts, self._generation))
+        watcher = self._watcher(n, launcher, channel)
+        reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
+        reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
+        channel.start_reading(loop, reader.handle)
+        v1 = InferenceService(core, self._front_metadata())
+        kserve = KServeService(core, config.kserve_model_name, self._serving)
+
+        # 4. Metrics: the endpoint, and grpc.aio's failed sends counted instead of logged.
+        self._serve_metrics()
+        failed_sends = count_failed_sends(self.metrics.failed_sends)
+        stack.callback(logging.getLogger(GRPC_LOGGER).removeFilter, failed_sends)
+
+        # 5. The gRPC server, health NOT_SERVING (and requests refused) until workers are ready.
+        grpc_server = self._grpc = GrpcServer(
+            config, {SERVICE_NAME: v1.handlers(), KSERVE_SERVICE_NAME: kserve.handlers()},
+            self.metrics)
+        self.port = await grpc_server.start()
+        stack.push_async_callback(grpc_server.stop)
+
+        # 6. The workers (front 0 launches them; a child front watches front 0's), ready.
+        if self.front == 0:
+            self._task(self._beat(channel))
+            watcher.launch()
+            stack.push_async_callback(watcher.stop, links)
+        await self._wait_for_workers(watcher, links)
+
+        # 7. --fronts N, front 0: the other fronts, ready and watched.
+        if self.front == 0 and config.fronts > 1:
+            fronts = FrontChildren(config, self._base, self.port, on_gone=self._front_gone,
+                                   on_back=self._front_back)
+            self.metrics.watch_front_restarts(fronts.restarts)
+            self._fronts = fronts
+            fronts.launch()
+            stack.push_async_callback(fronts.stop)
+            await fronts.wait_ready()
+            self._task(fronts.watch())
+
+        # 8. Serve: watch the workers, sweep stalled clients, health SERVING.
+        self._task(watcher.run())
+        if config.stall_timeout_s is not None:
+            self._task(core.sweep_stalled(config.stall_timeout_s))
+        stack.push_async_callback(self._drain)  # stopping begins with the drain
+        core.refusal = None
+        settle_heap()
+        await self._refresh_health_now()
+        if self.front > 0:
+            self._write_ready_file()
+        else:
+            log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n,
+                     config.devices)
+        return self.port
+
+    async def stop(self) -> None:
+        """Drain (refuse new requests; open streams get `--drain-timeout` seconds, the rest
+        end with UNAVAILABLE), then stop, in reverse, whatever `start()` started."""
+        await self._stack.aclose()
+
+    # --- the stages' parts ---------------------------------------------------------------
+
+    def _make_launcher(self) -> Launcher:
+        if self.config.app_in_front:
+            return InFrontLauncher()
+        try:
+            return make_launcher(self.config)
+        except RuntimeError as exc:  # no room in the Ray cluster, unreachable: said, not traced
+            raise StartupError(str(exc)) from exc
+
+    def _bind(self, n: int, launcher: Launcher
+              ) -> tuple[FrontChannel, AdmissionGate | SharedAdmissionGate]:
+        """This front's sockets, and its admission gate (shared by all fronts with N > 1)."""
+        config = self.config
+        if config.fronts == 1:
+            worker_host = (config.worker_host or getattr(launcher, "worker_host", "")
+                           or "127.0.0.1")
+            channel = FrontChannel(*local_addresses(n, config.transport, worker_host),
+                                   secure=config.transport == "tcp")
+            return channel, AdmissionGate(config.max_concurrent)
+        if self.front == 0:
+            self._base = tempfile.mkdtemp(prefix="cadence-")
+            self._stack.callback(shutil.rmtree, self._base, ignore_errors=True)
+        channel = FrontChannel(*front_addresses(self._base, self.front, n))
+        gate = SharedAdmissionGate(f"{self._base}/admission", self.front, config.fronts,
+                                   config.max_concurrent)
+        self._gate = gate
+        return channel, gate
+
+    def _watcher(self, n: int, launcher: Launcher,
+                 channel: FrontChannel) -> WorkerSupervisor | WorkerWatcher:
+        """Front 0's supervisor of the workers it launches, or a child front's watcher."""
+        config = self.config
+        if self.front > 0:
+            self.supervisor = WorkerWatcher(self.router, n, on_down=self.core.fail_worker,
+                                            on_health=self._refresh_health)
+            return self.supervisor
+        extra_inputs: list[list[str]] = [[] for _ in range(n)]
+        front_outputs = []
+        for k in range(1, config.fronts):
+            inputs, output = front_addresses(self._base, k, n)
+            front_outputs.append(output)
+            for i in range(n):
+                extra_inputs[i].append(inputs[i])
+        specs = [
+            WorkerSpec(
+                index=index, device=device, engine=config.engine,
+                input_address=channel.input_addresses[index],
+                output_address=channel.output_address,
+                extra_input_addresses=extra_inputs[index], front_output_addresses=front_outputs,
+                heartbeat_address=channel.heartbeat_address,
+                heartbeat_interval_s=config.heartbeat_interval_s,
+                heartbeat_timeout_s=config.heartbeat_timeout_s,
+                curve_server_key=channel.curve_server_key,
+                curve_public_key=channel.curve_client_keys[0],
+                curve_secret_key=channel.curve_client_keys[1],
+                dist_ifname=config.dist_ifname,
+            )
+            for index, device in enumerate(config.devices)
+        ]
+        self.supervisor = WorkerSupervisor(
+            launcher, specs, self.router, on_down=self.core.fail_worker,
+            on_health=self._refresh_health, hang_timeout_s=config.worker_timeout_s,
+            restart=config.restart_workers, heartbeat_timeout_s=config.heartbeat_timeout_s)
+        self.metrics.watch_restarts(self.supervisor.restarts)
+        return self.supervisor
+
+    def _front_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """`--fronts N`: initial metadata naming the front that serves a stream."""
+        if self.config.fronts == 1:
+            return None
+        return (("cadence-front", str(self.front)), ("cadence-front-pid", str(os.getpid())))
+
+    def _serve_metrics(self) -> None:
+        config = self.config
+        if config.metrics_port is None:
+            return
+        if self.front == 0:
+            others = (lambda: self._fronts.metrics_texts()) if config.fronts > 1 else None
+            self.metrics_port = self.metrics.serve(config.metrics_port, config.host, others)
+        else:  # scraped by front 0, which exposes all fronts' metrics together
+            self.metrics_port = self.metrics.serve(0, "127.0.0.1")
+        self._stack.callback(self.metrics.close)
+
+    def _task(self, coroutine) -> None:
+        """Run `coroutine` until the server stops (cancelled then, before what it uses)."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+
+        async def cancel() -> None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+        self._stack.push_async_callback(cancel)
+
+    async def _beat(self, channel: FrontChannel) -> None:
+        """The front's heartbeat: workers that stop hearing it exit (see WorkerHeartbeat).
+
+        Its timer doubles as the event loop's lag probe: how late each wake-up comes is how
+        long the loop was busy with other callbacks (cadence_event_loop_lag_seconds)."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.heartbeat_interval_s
+        observe = self.metrics.loop_lag.observe
+        while True:
+            channel.beat()
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            observe(max(0.0, loop.time() - due))
+
+    async def _wait_for_workers(self, watcher: WorkerSupervisor | WorkerWatcher, links) -> None:
+        """Until every worker is ready (and, in a child front, connected to this front's
+        sockets); a worker that exits or a timeout fails the start."""
+        timeout = self.config.startup_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        # A child front binds after the workers connected: it waits until each worker's
+        # input socket takes a message (a send before then would be dropped).
+        while not (all(watcher.ready)
+                   and (self.front == 0 or all(link.connected() for link in links))):
+            exited = watcher.exited()
+            if exited is not None:
+                raise StartupError(f"worker {exited[0]} exited during start-up (status "
+                                   f"{exited[1]}); see its output above")
+            if loop.time() > deadline:
+                missing = [i for i, ready in enumerate(watcher.ready) if not ready]
+                raise StartupError(
+                    f"workers {missing} were not ready within {timeout:.0f} s; check their "
+                    "output above, or raise --startup-timeout for slow model loads")
+            await asyncio.sleep(_STARTUP_POLL_S)
+
+    def _write_ready_file(self) -> None:
+        """A child front tells front 0 it serves (the file holds its metrics port, 0: none)."""
+        path = f"{self._base}/f{self.front}-ready"
+        with open(path + ".tmp", "w") as f:
+            f.write(str(self.metrics_port or 0))
+        os.replace(path + ".tmp", path)
+
+    def _on_worker_ready(self, message: WorkerReady) -> None:
+        """A worker (first start or restart) is ready: export its start-up, route to it."""
+        if message.load_ms or message.warmup_ms:  # zero: an app worker, which measures none
+            # Every front gets the same WorkerReady, so each front's page is whole; the
+            # values of a restart overwrite the previous start's.
+            self.metrics.worker_started(message.worker, message.load_ms / 1e3,
+                                        message.warmup_ms / 1e3, message.first_step_ms / 1e3,
+                                        message.warm_step_ms / 1e3)
+        if self.front == 0:
+            log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid,
+                     message.engine)
+            if message.load_ms or message.warmup_ms:
+                # Start-up apart from serving: model load, warm-up, and a cold vs a warm step.
+                log.info("worker %d start-up: load %.0f ms, warm-up %.0f ms (first step %.1f "
+                         "ms, warm step %.1f ms)", message.worker, message.load_ms,
+                         message.warmup_ms, message.first_step_ms, message.warm_step_ms)
+        self.supervisor.mark_ready(message.worker, message.pid)
+
+    def _front_gone(self, k: int) -> None:
+        """Front k died: its admission slots are free, the workers drop its sequences."""
+        self._gate.clear(k)
+        for link in self._links:
+            link.front_gone(k)
+
+    def _front_back(self, k: int) -> None:
+        """Front k is being restarted: the workers send to it again."""
+        for link in self._links:
+            link.front_back(k)
+
+    def _serving(self) -> bool:
+        """Requests are taken: start-up is over, no drain, at least one worker ready."""
+        return self.core.refusal is None and any(self.supervisor.ready)
+
+    def _refresh_health(self) -> None:
+        if not self.supervisor.stopping:
+            task = asyncio.ensure_future(self._refresh_health_now())
+            self._health_updates.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(self._health_updates.discard)
+
+    async def _refresh_health_now(self) -> None:
+        await self._grpc.set_health(self.supervisor.ready)
+
+    async def _drain(self) -> None:
+        """The first step of stopping once serving: other fronts are told to drain too,
+        health turns NOT_SERVING, new requests are refused, open streams get the drain's
+        time to finish, and the rest end with UNAVAILABLE."""
+        if self.front == 0 and self.config.fronts > 1:
+            self._fronts.terminate()
+        await self._grpc.drain()
+        core = self.core
+        core.refusal = "the server is shutting down; retry on another server"
+        loop = asyncio.get_running_loop()
+        await self._until_no_streams(loop.time() + self.config.grace_s)
+        core.fail_all(Failure.UNAVAILABLE,
+                      "the server shut down before this stream finished; retry elsewhere")
+        await self._until_no_streams(loop.time() + _FINAL_CHUNK_WAIT_S)
+
+    async def _until_no_streams(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while self.core.streams and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+
+async def run_until_signalled(server: CadenceServer, on_started=None) -> None:
+    """Start `server`, serve until SIGINT or SIGTERM, then stop it cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        port = await server.start()
+        if on_started is not None:
+            on_started(server, port)
+        await stop.wait()
+        log.info("stopping: %d stream(s) open, grace %.1f s", server.core.active,
+                 server.config.grace_s)
+    finally:
+        await server.stop()
+
+
+async def serve(config: ServerConfig, on_started=None, launcher: Launcher | None = None) -> None:
+    """Run a server until SIGINT or SIGTERM, then stop it cleanly."""
+    server = CadenceServer(config, launcher)
+    await run_until_signalled(server, on_started)
+    value = server.metrics.registry.get_sample_value
+    log.info(
+        "stopped: %d chunks, %d tokens, %d steps merged, %d buffer overflows",
+        value("cadence_chunks_total"), value("cadence_output_tokens_total"),
+        value("cadence_merged_steps_total"), value("cadence_buffer_overflows_total"),
+    )

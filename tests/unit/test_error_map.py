@@ -1,0 +1,40 @@
+"""One error vocabulary: docs/architecture.md's table of failures is cadence.api.errors' map."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cadence.api.errors import GRPC_STATUS, kserve_error
+from cadence.api.kserve import grpc_service_pb2 as kpb
+from cadence.transport.messages import Failure
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def _table() -> dict[str, tuple[str, str]]:
+    """failure -> (gRPC status, KServe column) from the table under `## Error mapping`."""
+    section = DOC.read_text().split("## Error mapping", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if not line.startswith("| ") or line.startswith(("| failure", "|---")):
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = (cells[1], cells[2])
+    return rows
+
+
+def test_the_documented_table_is_the_map() -> None:
+    table = _table()
+    assert set(table) == {failure.name for failure in Failure}, "a failure is missing"
+    assert {name: status for name, (status, _) in table.items()} == {
+        failure.name: code.name for failure, code in GRPC_STATUS.items()}
+
+
+def test_every_failure_has_an_in_band_kserve_error_that_names_its_status() -> None:
+    table = _table()
+    for failure in Failure:
+        response = kpb.ModelStreamInferResponse.FromString(kserve_error(failure, "r1", "why"))
+        assert response.error_message == f"{GRPC_STATUS[failure].name}: why"
+        assert response.infer_response.id == "r1"
+        if failure is not Failure.CANCELLED:  # a cancelled call has no one to tell
+            assert table[failure.name][1] == f"in-band `{GRPC_STATUS[failure].name}: ...`"

@@ -1,0 +1,164 @@
+"""FrontCore.open: the one way into the data path, with in-process fakes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cadence.config import ServerConfig
+from cadence.core.errors import RequestError
+from cadence.core.front import FrontCore, Generation
+from cadence.core.metrics import FrontMetrics
+from cadence.core.requests import Request
+from cadence.router import WorkerRouter
+from cadence.transport.messages import Failure, Finish
+
+
+class FakeLink:
+    """Records what the core sends a worker."""
+
+    def __init__(self) -> None:
+        self.added: list = []
+        self.aborted: list[int] = []
+
+    def add(self, request) -> None:
+        self.added.append(request)
+
+    def abort(self, seq_id: int) -> None:
+        self.aborted.append(seq_id)
+
+
+def make_core(workers: int = 2, max_concurrent: int = 4):
+    links = [FakeLink() for _ in range(workers)]
+    router = WorkerRouter(workers)
+    core = FrontCore(ServerConfig(max_concurrent=max_concurrent), links, router, FrontMetrics())
+    core.refusal = None
+    return core, core.streams, links, router
+
+
+def request(request_id: str = "", max_tokens: int = 5) -> Request:
+    return Request(request_id=request_id, prompt="hi", max_tokens=max_tokens)
+
+
+def no_deadline() -> None:
+    return None
+
+
+def requests_total(core: FrontCore, code: str) -> float:
+    return core.metrics.registry.get_sample_value("cadence_requests_total", {"code": code}) or 0
+
+
+def test_open_registers_and_leaving_gives_everything_back() -> None:
+    async def run() -> None:
+        core, streams, links, router = make_core()
+        generation = core.open(request("mine"), 1, no_deadline)
+        with generation:
+            stream = generation.stream
+            seq_id = stream.seq_id
+            assert streams == {seq_id: stream} and generation.request_id == "mine"
+            assert core.active == 1 and router.load[stream.worker] == 5
+            assert links[stream.worker].added[0].seq_id == seq_id
+            assert stream.task is asyncio.current_task()
+        assert streams == {} and core.active == 0 and router.load == [0, 0]
+        # Not finished by the worker: aborted there; counted as cancelled.
+        assert links[stream.worker].aborted == [seq_id]
+        assert requests_total(core, "CANCELLED") == 1
+
+    asyncio.run(run())
+
+
+def test_a_finished_stream_is_not_aborted_and_counts_ok() -> None:
+    async def run() -> None:
+        core, _, links, _ = make_core()
+        generation = core.open(request(), 1, no_deadline)
+        with generation:
+            stream = generation.stream
+            stream.end(Finish.LENGTH)
+            assert [chunk.finish async for chunk in generation] == [Finish.LENGTH]
+        assert links[stream.worker].aborted == []
+        assert generation.request_id  # assigned by the server
+        assert requests_total(core, "OK") == 1
+
+    asyncio.run(run())
+
+
+def test_refusals_take_nothing() -> None:
+    async def run() -> None:
+        core, streams, _, router = make_core(workers=1, max_concurrent=1)
+        with core.open(request("dup"), 1, no_deadline):
+            with pytest.raises(RequestError) as dup:
+                core.open(request("dup"), 1, no_deadline)
+            assert dup.value.failure == Failure.INVALID_ARGUMENT
+            # Another protocol's ids need not be unique, but the gate is full.
+            with pytest.raises(RequestError) as full:
+                core.open(request("dup"), 1, no_deadline, unique_id=False)
+            assert full.value.failure == Failure.RESOURCE_EXHAUSTED
+        router.mark_dead(0)
+        with pytest.raises(RequestError) as dead:
+            core.open(request(), 1, no_deadline)
+        assert dead.value.failure == Failure.UNAVAILABLE
+        assert streams == {} and core.active == 0
+
+    asyncio.run(run())
+
+
+def test_a_non_unique_id_does_not_release_another_streams_id() -> None:
+    async def run() -> None:
+        core, _, _, _ = make_core()
+        with core.open(request("same"), 1, no_deadline):
+            with core.open(request("same"), 1, no_deadline, unique_id=False):
+                pass
+            with pytest.raises(RequestError):  # still held by the first
+                core.open(request("same"), 1, no_deadline)
+
+    asyncio.run(run())
+
+
+def test_the_deadline_fails_the_stream_and_reaches_the_worker() -> None:
+    async def run() -> None:
+        core, _, links, _ = make_core()
+        generation = core.open(request(), 1, lambda: 0.01)
+        with generation:
+            stream = generation.stream
+            assert links[stream.worker].added[0].timeout_ms == pytest.approx(10.0)
+            with pytest.raises(RequestError) as failed:
+                await asyncio.wait_for(anext(generation), 1)
+            assert failed.value.failure == Failure.DEADLINE_EXCEEDED
+        assert requests_total(core, "DEADLINE_EXCEEDED") == 1
+
+    asyncio.run(run())
+
+
+def test_a_starting_server_refuses_and_counts_it() -> None:
+    async def run() -> None:
+        core, streams, _, _ = make_core()
+        core.refusal = "the server is starting; retry shortly"
+        with pytest.raises(RequestError) as starting:
+            core.open(request(), 1, no_deadline)
+        assert starting.value.failure == Failure.UNAVAILABLE
+        assert streams == {} and requests_total(core, "UNAVAILABLE") == 1
+
+    asyncio.run(run())
+
+
+def test_the_generation_records_ttft_and_itl_once_per_chunk() -> None:
+    async def run() -> None:
+        core, _, _, _ = make_core()
+        generation: Generation = core.open(request(), 1, no_deadline)
+        with generation:
+            stream = generation.stream
+            stream.push([104], None, 2, 3, 4)
+            first = await anext(generation)
+            stream.push([105, 33], None, 5, 6, 7)
+            stream.end(Finish.LENGTH)
+            second = await anext(generation)
+            assert (first.index, second.index, second.finish) == (0, 1, Finish.LENGTH)
+            with pytest.raises(StopAsyncIteration):
+                await anext(generation)
+        value = core.metrics.registry.get_sample_value
+        assert value("cadence_time_to_first_token_seconds_count") == 1
+        assert value("cadence_inter_token_latency_seconds_count") == 1
+        assert requests_total(core, "OK") == 1
+
+    asyncio.run(run())
