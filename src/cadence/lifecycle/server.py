@@ -105,11 +105,13 @@ class CadenceServer:
         stack.callback(logging.getLogger(GRPC_LOGGER).removeFilter, failed_sends)
 
         # 5. The gRPC server, health NOT_SERVING (and requests refused) until workers are ready.
-        grpc_server = self._grpc = GrpcServer(
+        #    A child front (--fronts N) opens the shared port only once they are: a connection
+        #    the kernel gives it (a restarted front's too) never meets a front still starting.
+        self._grpc = GrpcServer(
             config, {SERVICE_NAME: v1.handlers(), KSERVE_SERVICE_NAME: kserve.handlers()},
             self.metrics)
-        self.port = await grpc_server.start()
-        stack.push_async_callback(grpc_server.stop)
+        if self.front == 0:
+            await self._open_port()
 
         # 6. The workers (front 0 launches them; a child front watches front 0's), ready.
         if self.front == 0:
@@ -117,6 +119,8 @@ class CadenceServer:
             watcher.launch()
             stack.push_async_callback(watcher.stop, links)
         await self._wait_for_workers(watcher, links)
+        if self.front > 0:
+            await self._open_port()
 
         # 7. --fronts N, front 0: the other fronts, ready and watched.
         if self.front == 0 and config.fronts > 1:
@@ -150,6 +154,10 @@ class CadenceServer:
         await self._stack.aclose()
 
     # --- the stages' parts ---------------------------------------------------------------
+
+    async def _open_port(self) -> None:
+        self.port = await self._grpc.start()
+        self._stack.push_async_callback(self._grpc.stop)
 
     def _make_launcher(self) -> Launcher:
         if self.config.app_in_front:
