@@ -96,3 +96,20 @@ def overlap_app(request: AppRequest, context: AppContext) -> Iterator[list[int]]
 def pid_app(request: AppRequest, context: AppContext) -> Iterator[str]:
     """Yields the serving process's pid and device, to tell where the function runs."""
     yield f"{os.getpid()} {context.device} {request.device}"
+
+
+_last_block = 0.0
+
+
+async def loop_blocking_app(request: AppRequest, context: AppContext) -> AsyncIterator[str]:
+    """One piece every 10 ms; every 0.3 s, whichever stream comes first blocks the event loop
+    for 60 ms with a blocking call (a planted fault: user code that blocks the front's loop
+    when run with --app-in-front)."""
+    global _last_block
+    for i in range(request.max_tokens):
+        await asyncio.sleep(0.01)
+        now = time.monotonic()
+        if now - _last_block >= 0.3:
+            _last_block = now
+            time.sleep(0.06)  # noqa: ASYNC251 - the planted fault
+        yield f"{i % 10}"

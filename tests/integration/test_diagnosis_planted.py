@@ -47,6 +47,7 @@ def test_slow_first_step_is_diagnosed_as_engine_start() -> None:
     assert dx.RULE_TTFT_ENGINE_START in fired, _explain(result)
     assert not fired & ITL_RULES, _explain(result)
     assert dx.RULE_TTFT_QUEUEING not in fired, _explain(result)
+    assert dx.RULE_FRONT_LOOP_BLOCKED not in fired, _explain(result)
 
 
 def test_jittery_steps_are_diagnosed_as_engine_itl_instability() -> None:
@@ -58,6 +59,7 @@ def test_jittery_steps_are_diagnosed_as_engine_itl_instability() -> None:
     assert dx.RULE_ITL_UNSTABLE_ENGINE in fired, _explain(result)
     assert dx.RULE_TTFT_ENGINE_START not in fired, _explain(result)
     assert dx.RULE_SLOW_READER not in fired, _explain(result)
+    assert dx.RULE_FRONT_LOOP_BLOCKED not in fired, _explain(result)
 
 
 def test_slow_reader_is_diagnosed_on_the_network_side() -> None:
@@ -70,3 +72,28 @@ def test_slow_reader_is_diagnosed_on_the_network_side() -> None:
     assert fired & {dx.RULE_SLOW_READER, dx.RULE_ITL_UNSTABLE_NETWORK}, _explain(result)
     assert dx.RULE_ITL_UNSTABLE_ENGINE not in fired, _explain(result)
     assert dx.RULE_TTFT_ENGINE_START not in fired, _explain(result)
+    assert dx.RULE_FRONT_LOOP_BLOCKED not in fired, _explain(result)
+
+
+def test_a_blocked_front_loop_is_named_with_the_lag_it_measured() -> None:
+    """User code in the front (--app-in-front) blocks the event loop for 60 ms every 0.3 s.
+    The server has no metrics endpoint: the loop's lag reaches the bench with the timing."""
+    result, fired = _bench(
+        ["--app", "tests.apps:loop_blocking_app", "--app-in-front"],
+        Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(100, 100))),
+    )
+    assert dx.RULE_FRONT_LOOP_BLOCKED in fired, _explain(result)
+    # The engine runs on the blocked loop: its slow steps are the loop's, not the engine's.
+    assert not fired & {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START,
+                        dx.RULE_TTFT_QUEUEING}, _explain(result)
+    assert result["front_loop"]["samples"] >= 10
+    finding = next(f for f in result["diagnosis"] if f["rule"] == dx.RULE_FRONT_LOOP_BLOCKED)
+    assert "loop_wakeups_late_over_20ms" in finding["evidence"]
+
+
+def test_a_clean_run_names_nothing() -> None:
+    result, fired = _bench(
+        ["--devices", "cpu:2", "--step-ms", "10"],
+        Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
+    )
+    assert fired == set(), _explain(result)

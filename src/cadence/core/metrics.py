@@ -36,10 +36,40 @@ class StreamTally:
         """Sequences paused now: asked to pause, not yet resumed, failed or ended."""
 
 
+class LoopLagTally:
+    """The front's event-loop lag samples so far, counted per bucket of
+    `cadence_event_loop_lag_seconds`, for the lab: a timed stream carries them in its initial
+    and trailing metadata (`encoded`), so a bench sees how late the loop woke during its run
+    whether or not the server exports metrics."""
+
+    __slots__ = ("counts", "front", "samples")
+
+    KEY = "cadence-loop-lag"
+    BOUNDS_S = _LAG_BUCKETS_S
+
+    def __init__(self, front: int = 0) -> None:
+        self.front = front
+        self.samples = 0
+        self.counts = [0] * (len(_LAG_BUCKETS_S) + 1)
+        """Samples per bucket: <= each bound, the last one above every bound."""
+
+    def observe(self, lag_s: float) -> None:
+        self.samples += 1
+        for k, bound in enumerate(_LAG_BUCKETS_S):
+            if lag_s <= bound:
+                self.counts[k] += 1
+                return
+        self.counts[-1] += 1
+
+    def encoded(self) -> str:
+        """`FRONT:SAMPLES:C0,C1,...` (per-bucket counts in the order of BOUNDS_S, then +Inf)."""
+        return f"{self.front}:{self.samples}:{','.join(map(str, self.counts))}"
+
+
 class FrontMetrics:
     """Every metric the front exports. Observed per chunk or per request, never per token."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, front: int = 0) -> None:
         self.registry = registry or CollectorRegistry()
         self._http = None
         r = self.registry
@@ -105,6 +135,7 @@ class FrontMetrics:
         r.register(self._restarts)
         r.register(self._front_restarts)
         self.tally = StreamTally()
+        self.loop_lag_tally = LoopLagTally(front)
         """Handed to every request stream, which counts into it."""
         r.register(_TallyCollector(self.tally))
 

@@ -216,6 +216,12 @@ def print_summary(result: dict) -> None:
         + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
     )
     _print_system(console, result.get("system") or {})
+    loop = result.get("front_loop")
+    if loop and loop["samples"]:
+        console.print(
+            f"front event loop (from the timed streams): {loop['late_over_20ms']:.0f} of "
+            f"{loop['samples']:.0f} timer wake-ups more than 20 ms late, p99 <= "
+            f"{loop['p99_ms_at_most']:g} ms, max <= {loop['max_ms_at_most']:g} ms")
     integrity = result["integrity"]
     console.print(
         f"requests {result['requests_ok']}/{result['requests']} ok, errors {result['errors_by_code'] or 'none'}; "

@@ -39,6 +39,7 @@ RULE_SLOW_READER = "slow_reader"
 RULE_CPU_BUSY_CARDS_IDLE = "cpu_busy_cards_idle"
 RULE_STREAMS_STALL_TOGETHER = "streams_stall_together"
 RULE_TTFT_GROWS_WITH_STREAMS = "ttft_grows_with_streams"
+RULE_FRONT_LOOP_BLOCKED = "front_loop_blocked"
 
 # -- thresholds -----------------------------------------------------------------------------
 
@@ -175,6 +176,17 @@ receiving count wander below its peak instead of holding it."""
 GAPS_NORMAL_RATIO = 2.5
 """...while the gaps stay normal: chunk-gap p90 within this many times its p50 (as
 NETWORK_UNSTABLE_P90_RATIO: below it a busy machine is not told apart from uneven delivery)."""
+
+LOOP_LATE_SHARE = 0.15
+LOOP_LATE_MIN = 3
+"""The front's loop is blocked when at least this share of its heartbeat wake-ups (one per
+0.1 s) came more than 20 ms late, and at least this many: a busy but healthy front (256
+streams of 10 ms steps on a 2-core machine) was late in 1 of 12; user code that blocks the
+loop for 60 ms every 0.3 s makes a third of them late."""
+
+LOOP_GAP_TAIL_MS = 20.0
+"""...and when the gaps have a tail it can explain: chunk-gap p99 this many ms above p50
+(a blocked loop delays the next chunk of every stream by the time it was blocked)."""
 
 # -- reading the result -----------------------------------------------------------------------
 
@@ -534,7 +546,7 @@ def _under_capacity(run: _Run, fired: set[str]) -> list[Finding]:
     latency_rules = {RULE_TTFT_ENGINE_START, RULE_TTFT_QUEUEING, RULE_ITL_UNSTABLE_ENGINE,
                      RULE_ITL_UNSTABLE_NETWORK, RULE_SLOW_READER, RULE_FRONT_CPU_BOUND,
                      RULE_CLIENT_SATURATED, RULE_STREAMS_STALL_TOGETHER,
-                     RULE_TTFT_GROWS_WITH_STREAMS}
+                     RULE_TTFT_GROWS_WITH_STREAMS, RULE_FRONT_LOOP_BLOCKED}
     if fired & latency_rules:
         return []
     if (itl["p50"] > SLOW_READER_ITL_FACTOR * typical
@@ -682,6 +694,71 @@ def _ttft_grows_with_streams(run: _Run) -> list[Finding]:
     }]
 
 
+def _loop_lag(result: dict) -> dict | None:
+    """The front's loop lag over the run: from the timed streams' tallies, else from the
+    scraped metrics (`--metrics-port`), as {samples, late_over_20ms, ...}; None without."""
+    found = result.get("front_loop")
+    if isinstance(found, dict) and found.get("samples"):
+        return found
+    scraped = ((result.get("system") or {}).get("server_metrics") or {}).get("front_loop")
+    if isinstance(scraped, dict) and scraped.get("samples"):
+        return scraped
+    return None
+
+
+def _front_loop_blocked(run: _Run) -> list[Finding]:
+    gaps = _dist(run.result, "chunk_gap_ms")
+    if not gaps:
+        return []
+    lag = _loop_lag(run.result)
+    late = lag["late_over_20ms"] if lag else 0
+    direct = (lag is not None and late >= LOOP_LATE_MIN
+              and late / lag["samples"] >= LOOP_LATE_SHARE
+              and gaps["p99"] - gaps["p50"] >= LOOP_GAP_TAIL_MS)
+    stalls = ((run.result.get("timeline") or {}).get("stalls") or {})
+    step = run.step
+    together = (bool(stalls) and stalls["shared"] >= SHARED_STALLS_MIN
+                and stalls["shared_time_share"] >= SHARED_TIME_SHARE
+                and stalls["long_gaps"] > 0
+                and stalls["long_gaps_in_shared"] / stalls["long_gaps"] >= SHARED_LONG_GAP_SHARE
+                and step is not None and run.typical_step is not None
+                and not (step["p90"] >= ENGINE_UNSTABLE_P90_RATIO * step["p50"]
+                         and step["p90"] - step["p50"] >= ENGINE_UNSTABLE_MIN_MS))
+    if not (direct or together):
+        return []
+    evidence: dict = {"gap_p50_ms": _r(gaps["p50"]), "gap_p99_ms": _r(gaps["p99"])}
+    if lag is not None:
+        evidence["loop_wakeups_late_over_20ms"] = f"{late:.0f} of {lag['samples']:.0f}"
+        for key in ("p99_ms_at_most", "max_ms_at_most"):
+            if key in lag:
+                evidence[f"loop_lag_{key}"] = lag[key]
+    if stalls and stalls["shared"]:
+        evidence["stalls_of_every_stream"] = stalls["shared"]
+        evidence["streams_hit_per_stall_p50"] = _r(stalls["streams_hit_p50"], 1)
+    if step is not None:
+        evidence["engine_step_p50_ms"] = _r(step["p50"])
+        evidence["engine_step_p90_ms"] = _r(step["p90"])
+    if direct:
+        finding = (f"the front's event loop was blocked: {late:.0f} of its "
+                   f"{lag['samples']:.0f} timer wake-ups came more than 20 ms late, and the "
+                   f"streams' gaps have a tail of the same size (p99 {gaps['p99']:.0f} ms "
+                   f"against p50 {gaps['p50']:.0f} ms)")
+    else:
+        finding = (f"every open stream stalled at the same instants ({stalls['shared']} "
+                   f"times, a median of {stalls['streams_hit_p50']:.0f} streams each) while "
+                   "the engine's steps did not: the front stopped sending")
+    return [{
+        "rule": RULE_FRONT_LOOP_BLOCKED,
+        "finding": finding,
+        "evidence": evidence,
+        "look_at": ("blocking calls in async code on the front (time.sleep, file or network "
+                    "I/O, a lock, heavy Python between awaits), user code running in the front "
+                    "(--app-in-front: move it to workers or make it await), garbage "
+                    "collection pauses, a front at a full core (front_cpu_bound); py-spy dump "
+                    "of the front during a stall shows the culprit"),
+    }]
+
+
 _RULES: tuple[Callable[[_Run], list[Finding]], ...] = (
     _ttft_engine_start,
     _ttft_queueing,
@@ -692,6 +769,7 @@ _RULES: tuple[Callable[[_Run], list[Finding]], ...] = (
     _cpu_busy_cards_idle,
     _streams_stall_together,
     _ttft_grows_with_streams,
+    _front_loop_blocked,
 )
 
 
@@ -699,5 +777,19 @@ def diagnose(result: dict) -> list[Finding]:
     """The findings for a `run_bench` result, in rule order; empty when no rule fired."""
     run = _Run(result)
     findings = [f for rule in _RULES for f in rule(run)]
+    if any(f["rule"] == RULE_FRONT_LOOP_BLOCKED for f in findings):
+        findings = [f for f in findings if not _explained_by_blocked_loop(f, run)]
     findings += _under_capacity(run, {f["rule"] for f in findings})
     return findings
+
+
+def _explained_by_blocked_loop(finding: Finding, run: _Run) -> bool:
+    """Findings a blocked front loop explains: the engine's steps "jittering" or a slow
+    admitting step when the engine runs in the front (no worker processes: its steps wait
+    for the loop too), and TTFT put on admission into the front (the loop could not take the
+    calls in)."""
+    if finding["rule"] in (RULE_ITL_UNSTABLE_ENGINE, RULE_TTFT_ENGINE_START):
+        return not run.workers
+    if finding["rule"] == RULE_TTFT_QUEUEING:
+        return "client_to_front" in finding["finding"]
+    return False

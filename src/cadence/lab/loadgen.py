@@ -19,6 +19,7 @@ import msgspec
 
 from cadence import event_loop
 from cadence.api.v1 import inference_pb2 as pb
+from cadence.core.metrics import LoopLagTally
 from cadence.credentials import ClientCredentials
 from cadence.heap import settle_heap
 from cadence.lab.grpc_load import GrpcCodec, GrpcTarget, one_grpc
@@ -143,7 +144,17 @@ async def _one(generate: Callable, plan: RequestPlan, process: int,
             keep(chunk)
             if read_delay_s:
                 await asyncio.sleep(read_delay_s)
+        if include_timing:
+            record.loop_lag = _loop_lag(await call.initial_metadata(),
+                                        await call.trailing_metadata())
     return record, chunks
+
+
+def _loop_lag(initial, trailing) -> list[str]:
+    """The front's loop-lag tally at a stream's start and end, when the server sent both."""
+    start = next((v for k, v in initial or () if k == LoopLagTally.KEY), None)
+    end = next((v for k, v in trailing or () if k == LoopLagTally.KEY), None)
+    return [start, end] if start is not None and end is not None else []
 
 
 def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bool) -> None:

@@ -41,6 +41,9 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     t_step_end_ns: list[int] = []
     t_front_recv_ns: list[int] = []
     t_send_ns: list[int] = []
+    loop_lag: list[str] = []
+    """With timing, from cadence: the front's loop-lag tally at the stream's start and end
+    (`cadence.core.metrics.LoopLagTally.encoded`); empty from other servers."""
 
     @property
     def output_tokens(self) -> int:

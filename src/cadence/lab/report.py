@@ -252,6 +252,13 @@ def _system(result: dict) -> str:
     if not isinstance(system, dict):
         return ""
     parts = ["<h2>System</h2>"]
+    loop = result.get("front_loop")
+    if isinstance(loop, dict) and loop.get("samples"):
+        parts.append(_table(("front event loop (timed streams)", "value"), (
+            ("timer wake-ups", loop["samples"]),
+            ("more than 20 ms late", loop["late_over_20ms"]),
+            ("lag p99 at most (ms)", loop["p99_ms_at_most"]),
+            ("lag max at most (ms)", loop["max_ms_at_most"]))))
     for flag in system.get("flags") or []:
         parts.append(f'<div class="finding">{_esc(flag)}</div>')
     processes = system.get("processes") or {}

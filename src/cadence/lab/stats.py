@@ -19,6 +19,10 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
   token's path from step start to client (engine_step, transfer, buffer, send).
 - timeline: the streams' arrival times read together (shared stalls, bursts of streams
   opened at once, open against receiving streams); defined in `cadence.lab.timeline`.
+- front_loop (server timing from cadence): how late the front's event loop woke for its
+  heartbeat timer during the run, from the lag tallies timed streams carry (the tally at the
+  first stream's start against the one at the last stream's end, per front, added up):
+  samples, those over 20 ms, and the p99 and max as the upper bounds of their buckets.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from cadence.core.metrics import LoopLagTally
 from cadence.lab.records import RequestRecord
 from cadence.lab.timeline import timeline
 
@@ -186,6 +191,7 @@ def summarize(records: list[RequestRecord]) -> dict:
         "chunk_tokens": distribution(chunk_tokens),
         "integrity": check_integrity(records),
         "timeline": timeline(records),
+        "front_loop": front_loop(records),
     }
     if delay:
         result["token_delay_ms"] = distribution(delay)
@@ -217,3 +223,49 @@ def _first_errors(records: list[RequestRecord]) -> dict[str, str]:
         if r.code != "OK" and r.code not in first:
             first[r.code] = r.error[:300]
     return first
+
+
+LATE_LOOP_S = 0.02
+"""A wake-up of the front's loop this late or later counts as late (as the sampler's)."""
+
+
+def front_loop(records: list[RequestRecord]) -> dict | None:
+    """The front's loop lag over the run (see the module docstring); None without tallies."""
+    first: dict[int, tuple[int, list[int]]] = {}
+    last: dict[int, tuple[int, list[int]]] = {}
+    for r in records:
+        if len(r.loop_lag) != 2:
+            continue
+        for t, text, keep, older in ((r.start_ns, r.loop_lag[0], first, True),
+                                     (r.end_ns, r.loop_lag[1], last, False)):
+            front, _, counts = text.split(":")
+            k = int(front)
+            if k not in keep or (t < keep[k][0]) == older:
+                keep[k] = (t, [int(c) for c in counts.split(",")])
+    if not first:
+        return None
+    bounds = LoopLagTally.BOUNDS_S
+    delta = [0] * (len(bounds) + 1)
+    for k, (_, start) in first.items():
+        for i, (a, b) in enumerate(zip(start, last[k][1], strict=True)):
+            delta[i] += b - a
+    samples = sum(delta)
+    late = sum(c for bound, c in zip((*bounds, math.inf), delta) if bound > LATE_LOOP_S)
+    edges = [*bounds, math.inf]
+
+    def upper(q: float) -> float:
+        seen = 0
+        for bound, count in zip(edges, delta):
+            seen += count
+            if samples and seen >= q * samples:
+                return bound * 1e3
+        return math.nan
+
+    return {
+        "fronts": len(first),
+        "samples": samples,
+        "late_over_20ms": late,
+        "late_share": late / samples if samples else 0.0,
+        "p99_ms_at_most": upper(0.99),
+        "max_ms_at_most": upper(1.0),
+    }

@@ -63,7 +63,7 @@ class CadenceServer:
         self._launcher = launcher
         self._stack = contextlib.AsyncExitStack()
         """How to stop everything started so far, in reverse."""
-        self.metrics = FrontMetrics()
+        self.metrics = FrontMetrics(front=front)
         self.router = WorkerRouter(len(config.devices))
         self.port = 0
         self.metrics_port: int | None = None
@@ -259,12 +259,14 @@ class CadenceServer:
         long the loop was busy with other callbacks (cadence_event_loop_lag_seconds)."""
         loop = asyncio.get_running_loop()
         interval = self.config.heartbeat_interval_s
-        observe = self.metrics.loop_lag.observe
+        observe, tally = self.metrics.loop_lag.observe, self.metrics.loop_lag_tally.observe
         while True:
             channel.beat()
             due = loop.time() + interval
             await asyncio.sleep(interval)
-            observe(max(0.0, loop.time() - due))
+            lag = max(0.0, loop.time() - due)
+            observe(lag)
+            tally(lag)
 
     async def _wait_for_workers(self, watcher: WorkerSupervisor | WorkerWatcher, links) -> None:
         """Until every worker is ready (and, in a child front, connected to this front's

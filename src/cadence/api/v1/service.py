@@ -85,7 +85,13 @@ class InferenceService:
             generation = core.open(request, received_ns, context.time_remaining)
         except RequestError as exc:  # counted by the core
             await context.abort(grpc_status(exc.failure), exc.message)
-        if self._metadata is not None:
+        lag = core.metrics.loop_lag_tally if request.include_timing else None
+        if lag is not None:
+            # The front's loop lag so far, at the start and the end of a timed stream: the
+            # lab's evidence of a blocked loop, with or without a metrics endpoint.
+            await context.send_initial_metadata(
+                (*(self._metadata or ()), (lag.KEY, lag.encoded())))
+        elif self._metadata is not None:
             await context.send_initial_metadata(self._metadata)
         request_id = generation.request_id
         with generation:
@@ -97,3 +103,5 @@ class InferenceService:
                 # already (a deadline races gRPC's own), and abort() would raise then.
                 context.set_code(grpc_status(exc.failure))
                 context.set_details(exc.message)
+            if lag is not None:
+                context.set_trailing_metadata(((lag.KEY, lag.encoded()),))
