@@ -9,6 +9,13 @@ import sys
 from cadence import event_loop
 
 
+def _step_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MS,MS,... (numbers), got {text!r}") from None
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from cadence.config import EngineConfig, ServerConfig
 
@@ -41,6 +48,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="torch engine on CUDA, --tp 1: decode steps of up to N sequences replay "
                         f"captured CUDA graphs (default {e.cuda_graph_batch}; 0 turns them off)")
     p.add_argument("--step-ms", type=float, default=e.step_ms, help="synthetic decode step (ms)")
+    p.add_argument("--step-ms-by-worker", type=_step_list, default=e.step_ms_by_worker,
+                   metavar="MS,MS,...",
+                   help="synthetic: each worker's decode step, one per worker in --devices "
+                        "order, to model cards of different speeds (overrides --step-ms)")
     p.add_argument("--per-seq-ms", type=float, default=e.per_seq_ms, help="synthetic cost per sequence in a step (ms)")
     p.add_argument("--prefill-ms-per-token", type=float, default=e.prefill_ms_per_token, help="synthetic prefill cost (ms/token)")
     p.add_argument("--jitter-ms", type=float, default=e.jitter_ms, help="synthetic step jitter, std dev (ms)")
@@ -157,6 +168,7 @@ def _server_config(args: argparse.Namespace):
             prefill_ms_per_token=args.prefill_ms_per_token,
             jitter_ms=args.jitter_ms,
             first_step_ms=args.first_step_ms,
+            step_ms_by_worker=args.step_ms_by_worker,
             seed=args.seed,
             max_batch=args.max_batch,
             app=args.app,

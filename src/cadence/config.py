@@ -23,6 +23,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Synthetic: standard deviation of Gaussian noise on each step (clipped at 0)."""
     first_step_ms: float = 0.0
     """Synthetic: extra time on the worker's first step (cold start)."""
+    step_ms_by_worker: tuple[float, ...] = ()
+    """Synthetic: each worker's decode step instead of step_ms, one value per worker in
+    device order (cards of different speeds); empty: step_ms for all."""
     seed: int = 0
     """Makes token ids and jitter reproducible."""
     max_batch: int = 512
@@ -193,6 +196,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("step_ms", "per_seq_ms", "prefill_ms_per_token", "jitter_ms", "first_step_ms"):
             if getattr(self.engine, name) < 0:
                 problems.append(f"{name} must not be negative")
+        by_worker = self.engine.step_ms_by_worker
+        if by_worker and (len(by_worker) != len(self.devices) or min(by_worker) < 0):
+            problems.append(f"step_ms_by_worker needs one step (>= 0 ms) per worker: "
+                            f"{len(self.devices)} workers, got {len(by_worker)} value(s)")
         if self.engine.name == "app" and not self.engine.app:
             problems.append("the app engine needs a function: --app MODULE:FUNCTION")
         if self.engine.engine_threads < 1:

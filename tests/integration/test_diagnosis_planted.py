@@ -97,3 +97,18 @@ def test_a_clean_run_names_nothing() -> None:
         Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
     )
     assert fired == set(), _explain(result)
+
+
+def test_one_slow_card_is_named_with_its_streams() -> None:
+    """Two workers, the second stepping three times slower: the lab names that worker, and
+    does not call it the engine's jitter."""
+    result, fired = _bench(
+        ["--devices", "cpu:2", "--step-ms-by-worker", "10,30"],
+        Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
+    )
+    assert dx.RULE_SLOW_WORKER in fired, _explain(result)
+    assert dx.RULE_ITL_UNSTABLE_ENGINE not in fired, _explain(result)
+    (finding,) = [f for f in result["diagnosis"] if f["rule"] == dx.RULE_SLOW_WORKER]
+    assert finding["evidence"]["worker"] == 1 and finding["evidence"]["device"] == "cpu"
+    curves = {w["worker"]: w for w in result["workers"]}
+    assert curves[1]["step_ms_p50"] > 2 * curves[0]["step_ms_p50"]

@@ -55,12 +55,13 @@ class SyntheticEngine:
     name = "synthetic"
     vocab_size = ByteTokenizer.vocab_size
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, worker: int = 0) -> None:
         self._config = config
         self._rng = random.Random(config.seed)
         self._corpus = _corpus(config.seed)
         self._first_step = True
-        self._step_s = config.step_ms / 1e3
+        by_worker = config.step_ms_by_worker
+        self._step_s = (by_worker[worker % len(by_worker)] if by_worker else config.step_ms) / 1e3
         self._per_seq_s = config.per_seq_ms / 1e3
         self._prefill_s = config.prefill_ms_per_token / 1e3
         self._jitter_s = config.jitter_ms / 1e3

@@ -44,7 +44,7 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
     from cadence.worker.batch_scheduler import BatchScheduler
     from cadence.worker.process import build_engine
 
-    engine = build_engine(config, "cpu")
+    engine = build_engine(config, "cpu", worker=worker)
     engine.start()
     scheduler = BatchScheduler(engine, worker, config.max_batch)
     # The same request sequence and arrival schedule as the bench, this worker's share.

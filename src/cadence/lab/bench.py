@@ -17,9 +17,11 @@ from cadence.lab.sampler import (
     listener_pid,
     metrics_url,
     server_processes,
+    worker_devices,
     worker_startup,
 )
 from cadence.lab.stats import summarize
+from cadence.lab.worker_curves import worker_curves
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         system = sampler.stop()
     records = [r for p in processes_out for r in p.records]
     result = summarize(records)
+    result["workers"] = worker_curves(records, worker_devices(target) if grpc is None else {})
     client_cpu_s = sum(p.cpu_s for p in processes_out)
     result["client"] = {
         "processes": processes,
@@ -215,6 +218,8 @@ def print_summary(result: dict) -> None:
         + f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
         + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
     )
+    for line in worker_lines(result.get("workers") or []):
+        console.print(line, highlight=False)
     _print_system(console, result.get("system") or {})
     loop = result.get("front_loop")
     if loop and loop["samples"]:
@@ -294,6 +299,20 @@ def _blocking(during: dict, peaks: dict) -> str:
         return ""
     return (f"; blocking: {during['cadence_sequence_pauses_total']:.0f} sequence pauses, "
             f"{peaks.get('cadence_paused_sequences', 0):.0f} paused at the busiest scrape")
+
+
+def worker_lines(workers: list[dict]) -> list[str]:
+    """One line per worker's output curve (lab/worker_curves.py), when there are several."""
+    if len(workers) < 2:
+        return []
+    return [
+        f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
+        + f": step p50 {w['step_ms_p50']:.1f} / p90 {w['step_ms_p90']:.1f} ms, "
+        f"{w['sequences_per_step_p50']:.0f} sequences per step, {w['tokens_per_s']:,.0f} "
+        f"tokens/s ({w['token_share']:.0%} of the run's), its streams' ITL p50 "
+        f"{w['itl_ms_p50']:.1f} ms"
+        for w in workers
+    ]
 
 
 def startup_lines(startup: list[dict]) -> list[str]:

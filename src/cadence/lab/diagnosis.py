@@ -40,6 +40,7 @@ RULE_CPU_BUSY_CARDS_IDLE = "cpu_busy_cards_idle"
 RULE_STREAMS_STALL_TOGETHER = "streams_stall_together"
 RULE_TTFT_GROWS_WITH_STREAMS = "ttft_grows_with_streams"
 RULE_FRONT_LOOP_BLOCKED = "front_loop_blocked"
+RULE_SLOW_WORKER = "slow_worker"
 
 # -- thresholds -----------------------------------------------------------------------------
 
@@ -187,6 +188,19 @@ loop for 60 ms every 0.3 s makes a third of them late."""
 LOOP_GAP_TAIL_MS = 20.0
 """...and when the gaps have a tail it can explain: chunk-gap p99 this many ms above p50
 (a blocked loop delays the next chunk of every stream by the time it was blocked)."""
+
+SLOW_WORKER_RATIO = 1.5
+SLOW_WORKER_MIN_MS = 3.0
+"""A worker's steps are much slower than the others' when its step p50 is this many times
+the median of theirs and this many ms above it (a busy 2-core host moves one worker's steps
+by up to 1.4x for 10 ms steps; a card at a third of the others' speed gives 3x)."""
+
+SLOW_WORKER_BATCH_RATIO = 2.0
+"""...at a comparable batch: its sequences per step within this factor of the others'
+(a step carrying four times the sequences may rightly take longer)."""
+
+SLOW_WORKER_ITL_RATIO = 1.3
+"""...and its streams are the slow ones: their ITL p50 this many times the other streams'."""
 
 # -- reading the result -----------------------------------------------------------------------
 
@@ -546,7 +560,8 @@ def _under_capacity(run: _Run, fired: set[str]) -> list[Finding]:
     latency_rules = {RULE_TTFT_ENGINE_START, RULE_TTFT_QUEUEING, RULE_ITL_UNSTABLE_ENGINE,
                      RULE_ITL_UNSTABLE_NETWORK, RULE_SLOW_READER, RULE_FRONT_CPU_BOUND,
                      RULE_CLIENT_SATURATED, RULE_STREAMS_STALL_TOGETHER,
-                     RULE_TTFT_GROWS_WITH_STREAMS, RULE_FRONT_LOOP_BLOCKED}
+                     RULE_TTFT_GROWS_WITH_STREAMS, RULE_FRONT_LOOP_BLOCKED,
+                     RULE_SLOW_WORKER}
     if fired & latency_rules:
         return []
     if (itl["p50"] > SLOW_READER_ITL_FACTOR * typical
@@ -759,6 +774,59 @@ def _front_loop_blocked(run: _Run) -> list[Finding]:
     }]
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _slow_worker(run: _Run) -> list[Finding]:
+    workers = [w for w in run.result.get("workers") or []
+               if _finite(w.get("step_ms_p50")) and _finite(w.get("itl_ms_p50"))
+               and w.get("steps", 0) >= MIN_CPU_SAMPLES]
+    if len(workers) < 2:
+        return []
+    findings = []
+    for w in workers:
+        others = [o for o in workers if o is not w]
+        step = _median([o["step_ms_p50"] for o in others])
+        batch = _median([o["sequences_per_step_p50"] for o in others])
+        itl = _median([o["itl_ms_p50"] for o in others])
+        if not (w["step_ms_p50"] >= SLOW_WORKER_RATIO * step
+                and w["step_ms_p50"] - step >= SLOW_WORKER_MIN_MS
+                and batch / SLOW_WORKER_BATCH_RATIO <= w["sequences_per_step_p50"]
+                <= batch * SLOW_WORKER_BATCH_RATIO
+                and w["itl_ms_p50"] >= SLOW_WORKER_ITL_RATIO * itl):
+            continue
+        name = f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
+        evidence = {
+            "worker": w["worker"],
+            "device": w.get("device"),
+            "step_p50_ms": _r(w["step_ms_p50"]),
+            "others_step_p50_ms": _r(step),
+            "sequences_per_step": _r(w["sequences_per_step_p50"], 1),
+            "others_sequences_per_step": _r(batch, 1),
+            "its_streams_itl_p50_ms": _r(w["itl_ms_p50"]),
+            "other_streams_itl_p50_ms": _r(itl),
+            "token_share": _r(w["token_share"], 3),
+        }
+        cpu = _active_cpu(run.result, f"worker{w['worker']}")
+        if cpu is not None:
+            evidence[f"worker{w['worker']}_cpu_pct"] = _r(cpu, 1)
+        findings.append({
+            "rule": RULE_SLOW_WORKER,
+            "finding": (f"{name} steps in {w['step_ms_p50']:.1f} ms at p50 against "
+                        f"{step:.1f} ms for the others at a comparable batch, and the streams "
+                        f"it serves get a token every {w['itl_ms_p50']:.1f} ms against "
+                        f"{itl:.1f} ms: one card is slow, not the engine as a whole"),
+            "evidence": evidence,
+            "look_at": (f"that card: its clocks and temperature, other jobs on it, its PCIe / "
+                        f"NVLink, the host CPU of its process (worker{w['worker']}); then the "
+                        "router, which gives it as many streams as the others"),
+        })
+    return findings
+
+
 _RULES: tuple[Callable[[_Run], list[Finding]], ...] = (
     _ttft_engine_start,
     _ttft_queueing,
@@ -770,6 +838,7 @@ _RULES: tuple[Callable[[_Run], list[Finding]], ...] = (
     _streams_stall_together,
     _ttft_grows_with_streams,
     _front_loop_blocked,
+    _slow_worker,
 )
 
 
@@ -779,8 +848,17 @@ def diagnose(result: dict) -> list[Finding]:
     findings = [f for rule in _RULES for f in rule(run)]
     if any(f["rule"] == RULE_FRONT_LOOP_BLOCKED for f in findings):
         findings = [f for f in findings if not _explained_by_blocked_loop(f, run)]
+    if any(f["rule"] == RULE_SLOW_WORKER for f in findings) and _each_worker_steady(run):
+        # The steps vary between workers, not within one: the slow card is the finding.
+        findings = [f for f in findings if f["rule"] != RULE_ITL_UNSTABLE_ENGINE]
     findings += _under_capacity(run, {f["rule"] for f in findings})
     return findings
+
+
+def _each_worker_steady(run: _Run) -> bool:
+    return all(w["step_ms_p90"] < ENGINE_UNSTABLE_P90_RATIO * w["step_ms_p50"]
+               or w["step_ms_p90"] - w["step_ms_p50"] < ENGINE_UNSTABLE_MIN_MS
+               for w in run.result.get("workers") or [] if _finite(w.get("step_ms_p90")))
 
 
 def _explained_by_blocked_loop(finding: Finding, run: _Run) -> bool:

@@ -245,6 +245,38 @@ def plot_cpu(system: dict | None, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_worker_curves(workers: list[dict] | None, path: Path, bin_s: float = 0.25
+                       ) -> Path | None:
+    """Each worker's output curve on one time axis: its step time, this run's sequences per
+    step, and the tokens it made per second (steps' sequences over `bin_s` windows)."""
+    curves = [w for w in workers or [] if w.get("series")]
+    if not curves:
+        return None
+    fig, axes = _figure(9.0, 8.0, nrows=3)
+    for w in curves:
+        series = w["series"]
+        label = f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
+        t = [p[0] for p in series]
+        axes[0].plot(t, [p[1] for p in series], lw=0.8, label=label)
+        axes[1].plot(t, [p[2] for p in series], lw=0.8, label=label)
+        # The series may be thinned: scale each kept step by the steps it stands for.
+        weight = w.get("steps", len(series)) / len(series)
+        bins: dict[int, float] = {}
+        for p in series:
+            k = int(p[0] / bin_s)
+            bins[k] = bins.get(k, 0.0) + p[2] * weight
+        keys = sorted(bins)
+        axes[2].plot([(k + 0.5) * bin_s for k in keys], [bins[k] / bin_s for k in keys],
+                     lw=1, marker=".", label=label)
+    for ax, ylabel in zip(axes, ("step (ms)", "sequences per step", "tokens/s"), strict=True):
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[0].set_title("Each worker's output curve")
+    axes[-1].set_xlabel("time since the run's first step (s)")
+    return _save(fig, path)
+
+
 # -- sweeps ---------------------------------------------------------------------------------
 
 SWEEP_PANELS = (

@@ -247,6 +247,18 @@ def _client(result: dict) -> str:
     return "<h2>Client CPU</h2>" + _table(("", "value"), rows) + warn
 
 
+def _workers(result: dict) -> str:
+    workers = [w for w in result.get("workers") or [] if isinstance(w, dict)]
+    if not workers:
+        return ""
+    rows = [(w.get("worker"), w.get("device") or "", w.get("steps"), w.get("step_ms_p50"),
+             w.get("step_ms_p90"), w.get("sequences_per_step_p50"), w.get("tokens_per_s"),
+             w.get("token_share"), w.get("itl_ms_p50")) for w in workers]
+    return "<h2>Workers</h2>" + _table(
+        ("worker", "device", "steps", "step p50 (ms)", "step p90 (ms)", "sequences per step",
+         "tokens/s", "share of tokens", "its streams' ITL p50 (ms)"), rows)
+
+
 def _system(result: dict) -> str:
     system = result.get("system")
     if not isinstance(system, dict):
@@ -458,6 +470,9 @@ def _run_plots(result: dict, out_dir: Path, prefix: str = "") -> tuple[str, list
         ("segments.png", lambda p: plots.plot_segments(result.get("segments_ms"), p,
                                                        result.get("ttft_segments_ms")),
          "Segments stacked at p50 and p99 (a sum of p99s is not the p99 of the sum)."),
+        ("workers.png", lambda p: plots.plot_worker_curves(result.get("workers"), p),
+         ("Each worker's output curve over the run: step time, this run's sequences per "
+          "step, tokens per second (0.25 s windows).")),
         ("cpu.png", lambda p: plots.plot_cpu(result.get("system"), p),
          ("CPU % per process over the run (100 % = one core), and card utilisation when "
           "cards were sampled.")),
@@ -596,6 +611,7 @@ def render_report(result: dict, out_dir: Path, title: str | None = None) -> Path
         _segments(result),
         _integrity(result),
         _client(result),
+        _workers(result),
         _system(result),
         _baseline(result),
         f"<h2>Plots</h2>{plots_html}" if plots_html else "",

@@ -48,6 +48,31 @@ def server_processes(target: str) -> dict[str, int]:
     return found
 
 
+def worker_devices(target: str) -> dict[int, str]:
+    """{worker index: its device(s)} of a cadence server on this host, from its worker
+    processes' start-up specs (a tensor-parallel group: its ranks' devices, joined by "+")."""
+    import json
+
+    front = _front_zero(target)
+    if front is None:
+        return {}
+    found: dict[int, list[tuple[int, str]]] = {}
+    for child in front.children(recursive=True):
+        try:
+            cmdline = child.cmdline()
+        except psutil.Error:
+            continue
+        if "cadence.worker" not in cmdline or not cmdline[-1].startswith("{"):
+            continue
+        try:
+            spec = json.loads(cmdline[-1])
+            found.setdefault(int(spec["index"]), []).append(
+                (int(spec.get("rank", 0)), str(spec["device"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return {k: "+".join(d for _, d in sorted(v)) for k, v in found.items()}
+
+
 def _listeners(target: str) -> list[int]:
     """The pids listening on the target's port, when the target is on this host."""
     host, _, port = target.rpartition(":")

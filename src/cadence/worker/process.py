@@ -19,14 +19,15 @@ from cadence.worker.batch_scheduler import BatchScheduler
 
 
 def build_engine(
-    config: EngineConfig, device: str, *, rank: int = 0, group_size: int = 1, dist_init: str = ""
+    config: EngineConfig, device: str, *, rank: int = 0, group_size: int = 1, dist_init: str = "",
+    worker: int = 0,
 ) -> Engine:
     """The engine named in `config`, on `device` (one rank of a tensor-parallel group when
-    `group_size` > 1)."""
+    `group_size` > 1), for worker number `worker`."""
     if config.name == "synthetic":
         from cadence.engines.synthetic import SyntheticEngine
 
-        return SyntheticEngine(config)
+        return SyntheticEngine(config, worker)
     if config.name == "torch":
         from cadence.engines.llama.engine import LlamaEngine
 
@@ -52,7 +53,8 @@ def run_worker(spec: WorkerSpec) -> None:
         return
     load_start = time.perf_counter()
     engine = build_engine(
-        spec.engine, spec.device, rank=spec.rank, group_size=spec.group_size, dist_init=spec.dist_init
+        spec.engine, spec.device, rank=spec.rank, group_size=spec.group_size,
+        dist_init=spec.dist_init, worker=spec.index,
     )
     if spec.rank > 0:
         # A tensor-parallel follower talks to no front: it runs the steps its rank 0
