@@ -29,7 +29,7 @@ def engine_config_of(target: str) -> tuple[EngineConfig, int] | None:
     pids = server_processes(target)
     specs = []
     for name, pid in pids.items():
-        if name.startswith("worker"):
+        if name.startswith("worker") and ".rank" not in name:  # one per worker, not per rank
             cmdline = psutil.Process(pid).cmdline()
             specs.append(json.loads(cmdline[-1]))
     if not specs:

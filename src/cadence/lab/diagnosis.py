@@ -268,7 +268,8 @@ class _Run:
         self.delay = _dist(result, "token_delay_ms")
         self.first_step = _dist(result, "ttft_segments_ms", "first_step")
         processes = (result.get("system") or {}).get("processes") or {}
-        self.workers = sorted(n for n in processes if n.startswith("worker"))
+        self.workers = sorted(n for n in processes
+                              if n.startswith("worker") and ".rank" not in n)
         self.stall_ms = self._stall()
 
     @property

@@ -26,7 +26,8 @@ def server_processes(target: str) -> dict[str, int]:
     One front: {"front": pid, "worker0": pid, ...}. With `--fronts N` every front listens on
     the port (SO_REUSEPORT), so the first listener may be any of them: this finds front 0
     (the one that launched the workers and the other fronts) and returns {"front0": pid,
-    "front1": pid, ..., "worker0": pid, ...}.
+    "front1": pid, ..., "worker0": pid, ...}. A worker is named by its index; the other
+    ranks of a tensor-parallel group as "worker{index}.rank{rank}".
     """
     front = _front_zero(target)
     if front is None:
@@ -36,40 +37,51 @@ def server_processes(target: str) -> dict[str, int]:
     for child in sorted(front.children(), key=lambda p: p.pid):
         k = _front_index(child)
         if k is None:
-            workers.append(child.pid)
+            workers.append(child)
         else:
             fronts[k] = child.pid
     if fronts:
         found = {"front0": front.pid, **{f"front{k}": fronts[k] for k in sorted(fronts)}}
     else:
         found = {"front": front.pid}
-    for i, pid in enumerate(workers):
-        found[f"worker{i}"] = pid
+    for i, child in enumerate(workers):
+        spec = _worker_spec(child)
+        if spec is None:
+            found[f"worker{i}"] = child.pid
+        else:
+            index, rank, _ = spec
+            found[f"worker{index}" + (f".rank{rank}" if rank else "")] = child.pid
     return found
+
+
+def _worker_spec(process: psutil.Process) -> tuple[int, int, str] | None:
+    """(index, rank, device) of a `python -m cadence.worker SPEC` process, else None."""
+    import json
+
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return None
+    if "cadence.worker" not in cmdline or not cmdline[-1].startswith("{"):
+        return None
+    try:
+        spec = json.loads(cmdline[-1])
+        return int(spec["index"]), int(spec.get("rank", 0)), str(spec["device"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def worker_devices(target: str) -> dict[int, str]:
     """{worker index: its device(s)} of a cadence server on this host, from its worker
     processes' start-up specs (a tensor-parallel group: its ranks' devices, joined by "+")."""
-    import json
-
     front = _front_zero(target)
     if front is None:
         return {}
     found: dict[int, list[tuple[int, str]]] = {}
-    for child in front.children(recursive=True):
-        try:
-            cmdline = child.cmdline()
-        except psutil.Error:
-            continue
-        if "cadence.worker" not in cmdline or not cmdline[-1].startswith("{"):
-            continue
-        try:
-            spec = json.loads(cmdline[-1])
-            found.setdefault(int(spec["index"]), []).append(
-                (int(spec.get("rank", 0)), str(spec["device"])))
-        except (ValueError, KeyError, TypeError):
-            continue
+    for child in front.children():
+        spec = _worker_spec(child)
+        if spec is not None:
+            found.setdefault(spec[0], []).append((spec[1], spec[2]))
     return {k: "+".join(d for _, d in sorted(v)) for k, v in found.items()}
 
 
