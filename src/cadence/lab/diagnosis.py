@@ -178,12 +178,12 @@ GAPS_NORMAL_RATIO = 2.5
 """...while the gaps stay normal: chunk-gap p90 within this many times its p50 (as
 NETWORK_UNSTABLE_P90_RATIO: below it a busy machine is not told apart from uneven delivery)."""
 
-LOOP_LATE_SHARE = 0.15
+LOOP_LATE_SHARE = 0.05
 LOOP_LATE_MIN = 3
 """The front's loop is blocked when at least this share of its heartbeat wake-ups (one per
 0.1 s) came more than 20 ms late, and at least this many: a busy but healthy front (256
 streams of 10 ms steps on a 2-core machine) was late in 1 of 12; user code that blocks the
-loop for 60 ms every 0.3 s makes a third of them late."""
+loop for 60 ms every 0.3 s makes about 13% of them late, 100 ms every second 8%."""
 
 LOOP_GAP_TAIL_MS = 20.0
 """...and when the gaps have a tail it can explain: chunk-gap p99 this many ms above p50
