@@ -302,9 +302,7 @@ def _blocking(during: dict, peaks: dict) -> str:
 
 
 def worker_lines(workers: list[dict]) -> list[str]:
-    """One line per worker's output curve (lab/worker_curves.py), when there are several."""
-    if len(workers) < 2:
-        return []
+    """One line per worker's output curve (lab/worker_curves.py)."""
     return [
         f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
         + f": step p50 {w['step_ms_p50']:.1f} / p90 {w['step_ms_p90']:.1f} ms, "
