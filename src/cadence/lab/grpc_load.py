@@ -7,7 +7,7 @@ replaced per request (`RequestTemplate`). A server-streaming method gets the req
 to the end; a bidirectional one gets the request, a half-close, and is read to the end.
 
 Between two arrivals the generator only stamps the time and keeps the message's bytes, as on
-the cadence path; `ResponseReader` parses them after the run. What a message counts:
+the cadence path; `GrpcCodec.decode` parses them after the run. What a message counts:
 `--tokens-field` names a field of the response (a repeated field counts its elements, a
 number is read as a count, a non-empty string or bytes counts one); without it every message
 is one token. `--index-field` names the field that numbers the output (the position of the
