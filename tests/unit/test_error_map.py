@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cadence.api.errors import GRPC_STATUS, kserve_error
+from cadence.api.errors import GRPC_STATUS, kserve_error_message
 from cadence.api.kserve import grpc_service_pb2 as kpb
+from cadence.api.kserve.service import _error
+from cadence.core.errors import RequestError
 from cadence.transport.messages import Failure
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -33,7 +35,8 @@ def test_the_documented_table_is_the_map() -> None:
 def test_every_failure_has_an_in_band_kserve_error_that_names_its_status() -> None:
     table = _table()
     for failure in Failure:
-        response = kpb.ModelStreamInferResponse.FromString(kserve_error(failure, "r1", "why"))
+        assert kserve_error_message(failure, "why") == f"{GRPC_STATUS[failure].name}: why"
+        response = kpb.ModelStreamInferResponse.FromString(_error("r1", RequestError(failure, "why")))
         assert response.error_message == f"{GRPC_STATUS[failure].name}: why"
         assert response.infer_response.id == "r1"
         if failure is not Failure.CANCELLED:  # a cancelled call has no one to tell

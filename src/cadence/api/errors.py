@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import grpc
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.transport.messages import Failure
 
 GRPC_STATUS: dict[Failure, grpc.StatusCode] = {
@@ -27,11 +26,7 @@ def grpc_status(failure: Failure) -> grpc.StatusCode:
     return GRPC_STATUS[failure]
 
 
-def kserve_error(failure: Failure, request_id: str, message: str) -> bytes:
-    """A `ModelStreamInferResponse` that reports one request's failure in-band (the call goes
-    on): `error_message` starts with the gRPC status code's name, `infer_response.id` is the
-    request's id."""
-    response = kpb.ModelStreamInferResponse(
-        error_message=f"{GRPC_STATUS[failure].name}: {message}")
-    response.infer_response.id = request_id
-    return response.SerializeToString()
+def kserve_error_message(failure: Failure, message: str) -> str:
+    """The `error_message` of a `ModelStreamInferResponse` that reports one request's failure
+    in-band (the call goes on): the gRPC status code's name, then the message."""
+    return f"{GRPC_STATUS[failure].name}: {message}"
