@@ -25,7 +25,7 @@ from cadence.heap import settle_heap
 from cadence.lab.grpc_load import GrpcCodec, GrpcTarget, one_grpc
 from cadence.lab.kserve_load import KServeTarget, one_kserve
 from cadence.lab.kserve_load import stub as kserve_stub
-from cadence.lab.records import RequestRecord, recording
+from cadence.lab.records import RequestRecord, recording, sent
 
 
 class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
@@ -128,13 +128,7 @@ async def _one(generate: Callable, plan: RequestPlan, process: int,
         include_timing=include_timing,
     )
     monotonic_ns = time.monotonic_ns
-    record = RequestRecord(
-        request_id=plan.request_id,
-        process=process,
-        start_ns=monotonic_ns(),
-        max_tokens=plan.max_tokens,
-        prompt_tokens=len(plan.prompt_token_ids),
-    )
+    record = sent(plan, process)
     arrival, chunks = record.arrival_ns, []
     keep = chunks.append
     call = generate(request, timeout=timeout)
