@@ -1,11 +1,13 @@
-"""The one error map: every `Failure` to its gRPC status (cadence.v1, and any call status)
-and to the Open Inference Protocol's in-band error. docs/architecture.md's table of failures
+"""The one error map: every `Failure` to its gRPC status (cadence.v1, and any call status),
+to the Open Inference Protocol's in-band error, and to the OpenAI-compatible HTTP front's
+status and error body. docs/architecture.md's table of failures
 is this map; tests/unit/test_error_map.py holds the two together.
 """
 
 from __future__ import annotations
 
 import grpc
+import msgspec
 
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.transport.messages import Failure
@@ -35,3 +37,30 @@ def kserve_error(failure: Failure, request_id: str, message: str) -> bytes:
         error_message=f"{GRPC_STATUS[failure].name}: {message}")
     response.infer_response.id = request_id
     return response.SerializeToString()
+
+
+HTTP_STATUS: dict[Failure, tuple[int, str]] = {
+    Failure.CANCELLED: (499, "cancelled"),
+    Failure.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    Failure.DEADLINE_EXCEEDED: (504, "timeout_error"),
+    Failure.NOT_FOUND: (404, "not_found_error"),
+    Failure.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    Failure.INTERNAL: (500, "server_error"),
+    Failure.UNAVAILABLE: (503, "service_unavailable_error"),
+}
+"""The OpenAI-compatible HTTP front's status and error `type` of each failure (499, nginx's
+"client closed request", only counts: the client is gone)."""
+HTTP_UNAUTHENTICATED = (401, "authentication_error")
+"""No valid bearer token (`--auth-token-file`), decided before any handler."""
+
+
+def openai_error(failure: Failure, message: str, param: str | None = None) -> tuple[int, bytes]:
+    """The HTTP status and OpenAI-shaped body (`{"error": {message, type, param, code}}`) of a
+    failure; `code` is the failure's name in lower case."""
+    status, kind = HTTP_STATUS[failure]
+    return status, http_error_body(message, kind, failure.name.lower(), param)
+
+
+def http_error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
+    return msgspec.json.encode(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}})

@@ -1,0 +1,231 @@
+"""The OpenAI-compatible HTTP front from outside: the official `openai` package streaming
+completions and chat, every error status, a disconnect that frees its slot, `--fronts 2`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.integration.conftest import RunningServer
+
+openai = pytest.importorskip("openai")
+
+_BANNER = re.compile(r"cadence serving on (\S+):(\d+) \(http on (\S+):(\d+)\)")
+
+
+class HttpServer(RunningServer):
+    base: str = ""
+
+
+def start_http(*args: str, timeout: float = 60.0) -> HttpServer:
+    """`cadence serve --port 0 --http-port 0 ARGS`, returned once /health answers 200."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--http-port", "0",
+         "--log-level", "WARNING", *args], stdout=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    match = _BANNER.search(line)
+    if not match:
+        process.kill()
+        raise RuntimeError(f"server did not start (exit {process.wait()}): {line!r}")
+    server = HttpServer(process, f"{match.group(1)}:{match.group(2)}",
+                        psutil.Process(process.pid).children(recursive=True))
+    server.base = f"http://{match.group(3)}:{match.group(4)}"
+    deadline = time.monotonic() + timeout
+    while _get(server.base + "/health")[0] != 200:
+        assert time.monotonic() < deadline, "never healthy"
+        assert process.poll() is None, "the server exited"
+        time.sleep(0.05)
+    return server
+
+
+def _get(url: str, headers: dict | None = None) -> tuple[int, dict]:
+    return _call(urllib.request.Request(url, headers=headers or {}))
+
+
+def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    return _call(urllib.request.Request(url, data=json.dumps(body).encode(),
+                                        headers={"Content-Type": "application/json",
+                                                 **(headers or {})}))
+
+
+def _call(request: urllib.request.Request) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+    except OSError:
+        return 0, {}
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[HttpServer]:
+    server = start_http("--devices", "cpu:2", "--step-ms", "5", "--served-model-name", "tiny-m")
+    yield server
+    assert server.stop() == 0
+
+
+def test_the_openai_package_streams_completions_and_chat(http_server) -> None:
+    client = openai.OpenAI(base_url=http_server.base + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["tiny-m"]
+    chunks = list(client.completions.create(model="tiny-m", prompt="Hello", max_tokens=12,
+                                            stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == 5
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    whole = client.completions.create(model="tiny-m", prompt="Hello", max_tokens=12)
+    assert whole.choices[0].text == text  # the synthetic engine is reproducible
+    assert whole.usage.total_tokens == 17
+    stream = client.chat.completions.create(
+        model="tiny-m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, stream=True)
+    deltas = [c.choices[0].delta for c in stream]
+    assert deltas[0].role == "assistant"
+    reply = "".join(d.content or "" for d in deltas)
+    chat = client.chat.completions.create(
+        model="tiny-m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+    assert chat.choices[0].message.content == reply and len(reply) == 8
+    assert chat.choices[0].finish_reason == "length"
+
+
+async def _async_stream(base: str) -> str:
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused")
+    async with client:
+        stream = await client.completions.create(model="tiny-m", prompt="Hi", max_tokens=5,
+                                                 stream=True, stop=["\x00never"])
+        return "".join([c.choices[0].text async for c in stream])
+
+
+def test_async_client_and_stop_strings(http_server) -> None:
+    text = asyncio.run(_async_stream(http_server.base))
+    assert len(text) == 5
+    stop = text[2]
+    status, body = _post(http_server.base + "/v1/completions",
+                         {"model": "tiny-m", "prompt": "Hi", "max_tokens": 5, "stop": stop})
+    assert status == 200
+    assert body["choices"][0]["text"] == text[:text.index(stop)]
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+def test_errors_in_openai_shape(http_server) -> None:
+    base = http_server.base
+    cases = [
+        (_post(base + "/v1/completions", {"model": "tiny-m", "prompt": "Hi", "max_tokens": 0}),
+         400, "max_tokens"),
+        (_post(base + "/v1/completions", {"model": "tiny-m", "prompt": "Hi", "n": 3}), 400, "n"),
+        (_post(base + "/v1/chat/completions", {"model": "tiny-m"}), 400, "messages"),
+        (_post(base + "/v1/completions", {"model": "tiny-m", "prompt": "x",
+                                          "max_tokens": 10 ** 6}), 400, "max_tokens"),
+        (_post(base + "/v1/completions", {"model": "other", "prompt": "Hi"}), 404, "model"),
+        (_get(base + "/v1/nothing"), 404, None),
+        (_post(base + "/v1/completions", {"model": "tiny-m", "prompt": "Hi", "max_tokens": 500,
+                                          "cadence_timeout_s": 0.05}), 504, None),
+    ]
+    for (status, body), expected, param in cases:
+        assert status == expected, body
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["param"] == param and body["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        openai.OpenAI(base_url=base + "/v1", api_key="x").completions.create(
+            model="nope", prompt="Hi")
+
+
+def test_bearer_token_429_and_503_while_draining(tmp_path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret\n")
+    server = start_http("--devices", "cpu:1", "--step-ms", "10", "--max-concurrent", "1",
+                        "--auth-token-file", str(tokens), "--drain-timeout", "3")
+    base, auth = server.base, {"Authorization": "Bearer secret"}
+    try:
+        status, body = _get(base + "/v1/models")
+        assert status == 401 and body["error"]["type"] == "authentication_error"
+        assert _get(base + "/v1/models", {"Authorization": "Bearer wrong"})[0] == 401
+        assert _get(base + "/v1/models", auth)[0] == 200
+        client = openai.OpenAI(base_url=base + "/v1", api_key="secret")
+        with client.completions.create(model="cadence", prompt="Hi", max_tokens=200,
+                                       stream=True) as stream:
+            next(iter(stream))  # the one slot is taken
+            status, body = _post(base + "/v1/completions",
+                                 {"model": "cadence", "prompt": "Hi"}, auth)
+            assert status == 429 and body["error"]["code"] == "resource_exhausted"
+            server.process.send_signal(signal.SIGTERM)  # drain: the open stream goes on
+            deadline = time.monotonic() + 10
+            while _get(base + "/health")[0] != 503:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            status, body = _post(base + "/v1/completions",
+                                 {"model": "cadence", "prompt": "Hi"}, auth)
+            assert status == 503 and body["error"]["type"] == "service_unavailable_error"
+            assert sum(1 for _ in stream) > 0
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_disconnect_frees_the_slot_at_once() -> None:
+    server = start_http("--devices", "cpu:1", "--step-ms", "50", "--max-concurrent", "1")
+    try:
+        host, port = server.base[7:].split(":")
+
+        async def run() -> float:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            body = json.dumps({"model": "cadence", "prompt": "Hi", "max_tokens": 1000,
+                               "stream": True}).encode()
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            while b"data: {" not in await reader.readline():
+                pass
+            writer.transport.abort()  # gone mid-stream
+            closed = time.monotonic()
+            while True:
+                status, _ = await asyncio.to_thread(
+                    _post, server.base + "/v1/completions",
+                    {"model": "cadence", "prompt": "Hi", "max_tokens": 1})
+                if status == 200:
+                    return time.monotonic() - closed
+                assert status == 429
+                assert time.monotonic() - closed < 2, "the slot was never freed"
+
+        assert asyncio.run(run()) < 1.0
+    finally:
+        assert server.stop() == 0
+
+
+def test_every_front_serves_http_on_the_shared_port() -> None:
+    server = start_http("--devices", "cpu:2", "--step-ms", "5", "--fronts", "2")
+    try:
+        port = int(server.base.rsplit(":", 1)[1])
+        front = psutil.Process(server.process.pid)
+        fronts = [front] + [p for p in front.children()
+                            if "cadence.lifecycle.front_child" in p.cmdline()]
+        assert len(fronts) == 2
+        for process in fronts:
+            listening = [c for c in process.net_connections("tcp")
+                         if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+            assert listening, f"front pid {process.pid} does not listen on {port}"
+
+        async def many() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="unused",
+                                        max_retries=0)
+            async with client:
+                async def one() -> str:
+                    stream = await client.completions.create(
+                        model="cadence", prompt="Hi", max_tokens=6, stream=True)
+                    return "".join([c.choices[0].text async for c in stream])
+
+                return await asyncio.gather(*(one() for _ in range(24)))
+
+        texts = asyncio.run(many())
+        assert len(set(texts)) == 1 and len(texts[0]) == 6
+    finally:
+        assert server.stop() == 0
