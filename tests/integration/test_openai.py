@@ -229,3 +229,22 @@ def test_every_front_serves_http_on_the_shared_port() -> None:
         assert len(set(texts)) == 1 and len(texts[0]) == 6
     finally:
         assert server.stop() == 0
+
+
+def test_the_lab_drives_the_http_front(http_server) -> None:
+    from cadence.lab.bench import Workload, run_bench
+    from cadence.lab.loadgen import RequestShape
+    from cadence.lab.openai_load import OpenAITarget
+
+    for endpoint in ("completions", "chat"):
+        workload = Workload(requests=16, concurrency=8,
+                            shape=RequestShape(max_tokens=(12, 12), prompt_tokens=(8, 8)))
+        result = run_bench("", workload, processes=2,
+                           openai=OpenAITarget(http_server.base, "tiny-m", endpoint))
+        assert result["requests_ok"] == 16, result["errors_by_code"]
+        assert result["output_tokens"] == 16 * 12
+        assert result["workload"]["protocol"] == "openai"
+        assert result["segments_ms"], "cadence's timing extension gives the segments"
+    result = run_bench("", Workload(requests=2, concurrency=2),
+                       openai=OpenAITarget(http_server.base, "other-model"))
+    assert result["errors_by_code"] == {"HTTP_404": 2}

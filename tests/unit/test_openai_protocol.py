@@ -153,3 +153,24 @@ def test_the_template_file_wins_and_no_template_means_none(tmp_path) -> None:
     assert load_template(tmp_path).render(messages) == "Hi?"
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}!")
     assert load_template(tmp_path).render(messages) == "Hi!"
+
+
+def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
+    from cadence.lab.openai_load import decode_events
+    from cadence.lab.records import RequestRecord
+
+    def event(body: dict) -> bytes:
+        return b"data: " + json.dumps(body).encode() + b"\n"
+
+    events = [event({"choices": [{"index": 0, "delta": {"content": "ab"},
+                                  "finish_reason": None}]}),
+              event({"choices": [{"index": 0, "delta": {"content": "c"},
+                                  "finish_reason": "length"}]}),
+              event({"choices": [], "usage": {"completion_tokens": 5}})]
+    record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
+    decode_events(record, events, include_timing=False)
+    assert (record.arrival_ns, record.tokens, record.index) == ([1, 2], [3, 2], [0, 3])
+    assert record.finish_reason == 1
+    failed = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1])
+    decode_events(failed, [event({"error": {"code": "unavailable", "message": "gone"}})], False)
+    assert (failed.code, failed.error) == ("UNAVAILABLE", "gone")

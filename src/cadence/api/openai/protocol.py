@@ -245,8 +245,11 @@ class StopStrings:
         return pending[: len(pending) - keep]
 
 
-def _timing_json(timing: ChunkTiming) -> bytes:
-    return _encode(timing)
+def _extension(chunk: Chunk, timing: ChunkTiming) -> bytes:
+    """`cadence_timing`'s field of one event: the chunk's position, its token count (an event
+    can hold several tokens) and the server's timestamps."""
+    return (b',"cadence":{"index":%d,"tokens":%d,"timing":' % (chunk.index, len(chunk.token_ids))
+            + _encode(timing) + b"}")
 
 
 class Encoder:
@@ -280,14 +283,14 @@ class Encoder:
         return b'{"index":0,"delta":' + delta + b',"logprobs":null,"finish_reason":' + reason + b"}"
 
     def event(self, text: str, finish: str | None, *, first: bool, usage_null: bool,
-              timing: ChunkTiming | None = None) -> bytes:
+              chunk: Chunk | None = None) -> bytes:
         """One SSE event of a streamed response (`usage_null`: `include_usage` is on, so every
-        chunk but the last carries `"usage":null`)."""
+        chunk but the last carries `"usage":null`; a `chunk` with timing adds `cadence`)."""
         out = self._head + b',"choices":[' + self._choice(text, finish, first) + b"]"
         if usage_null:
             out += b',"usage":null'
-        if timing is not None:
-            out += b',"cadence_timing":' + _timing_json(timing)
+        if chunk is not None and chunk.timing is not None:
+            out += _extension(chunk, chunk.timing)
         return out + b"}\n\n"
 
     def usage(self) -> dict[str, int]:

@@ -212,7 +212,7 @@ class OpenAIService:
                         await response.prepare(http)
                     await response.write(encoder.event(text, finish, first=first,
                                                        usage_null=usage_null,
-                                                       timing=chunk.timing))
+                                                       chunk=chunk))
                     first = False
                     if stops is not None and stops.matched:
                         generation.failure = None  # finished here: OK, aborted in the worker
