@@ -248,3 +248,17 @@ def test_the_lab_drives_the_http_front(http_server) -> None:
     result = run_bench("", Workload(requests=2, concurrency=2),
                        openai=OpenAITarget(http_server.base, "other-model"))
     assert result["errors_by_code"] == {"HTTP_404": 2}
+
+
+def test_cadence_sweep_and_bench_cli_speak_openai(http_server, tmp_path) -> None:
+    out = tmp_path / "sweep.json"
+    subprocess.run([sys.executable, "-m", "cadence.cli", "sweep", "--protocol", "openai",
+                    "--vary", "concurrency=2,4", "--serve-args", "--devices cpu:1 --step-ms 5",
+                    "--max-tokens", "6", "--requests", "4", "--json", str(out)],
+                   check=True, timeout=120, capture_output=True)
+    points = json.loads(out.read_text())["sweep"]["points"]
+    assert [p["repeats"][0]["requests_ok"] for p in points] == [4, 4]
+    bench = subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--protocol",
+                            "openai", "--target", http_server.target, "--model", "tiny-m"],
+                           timeout=60, capture_output=True, text=True)
+    assert bench.returncode != 0 and "http://HOST:PORT" in bench.stderr

@@ -140,14 +140,15 @@ def openai_from_args(args: argparse.Namespace, command: str):
         return None
     from cadence.lab.openai_load import OpenAITarget
 
-    if not args.target.startswith(("http://", "https://")):
+    target = getattr(args, "target", "")  # sweep: none, each server's own
+    if target is None or (target and not target.startswith(("http://", "https://"))):
         sys.exit(f"cadence {command}: --protocol openai needs --target http://HOST:PORT")
     token = ""
     if getattr(args, "token_file", None):
         from cadence.api.security import read_tokens
 
         token = read_tokens(args.token_file)[0]
-    return OpenAITarget(args.target.rstrip("/"), args.model, args.endpoint, token)
+    return OpenAITarget(target.rstrip("/"), args.model, args.endpoint, token)
 
 
 def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):
