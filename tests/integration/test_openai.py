@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import RunningServer
+from tests.integration.test_security import Pki, pki  # noqa: F401 (a fixture)
 
 openai = pytest.importorskip("openai")
 
@@ -28,8 +30,10 @@ class HttpServer(RunningServer):
     base: str = ""
 
 
-def start_http(*args: str, timeout: float = 60.0) -> HttpServer:
-    """`cadence serve --port 0 --http-port 0 ARGS`, returned once /health answers 200."""
+def start_http(*args: str, timeout: float = 60.0,
+               context: ssl.SSLContext | None = None) -> HttpServer:
+    """`cadence serve --port 0 --http-port 0 ARGS`, returned once /health answers 200
+    (`context`: the client's TLS settings for a server with --tls-cert)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--http-port", "0",
          "--log-level", "WARNING", *args], stdout=subprocess.PIPE, text=True)
@@ -40,17 +44,19 @@ def start_http(*args: str, timeout: float = 60.0) -> HttpServer:
         raise RuntimeError(f"server did not start (exit {process.wait()}): {line!r}")
     server = HttpServer(process, f"{match.group(1)}:{match.group(2)}",
                         psutil.Process(process.pid).children(recursive=True))
-    server.base = f"http://{match.group(3)}:{match.group(4)}"
+    scheme = "https" if context is not None else "http"
+    server.base = f"{scheme}://{match.group(3)}:{match.group(4)}"
     deadline = time.monotonic() + timeout
-    while _get(server.base + "/health")[0] != 200:
+    while _get(server.base + "/health", context=context)[0] != 200:
         assert time.monotonic() < deadline, "never healthy"
         assert process.poll() is None, "the server exited"
         time.sleep(0.05)
     return server
 
 
-def _get(url: str, headers: dict | None = None) -> tuple[int, dict]:
-    return _call(urllib.request.Request(url, headers=headers or {}))
+def _get(url: str, headers: dict | None = None,
+         context: ssl.SSLContext | None = None) -> tuple[int, dict]:
+    return _call(urllib.request.Request(url, headers=headers or {}), context)
 
 
 def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
@@ -59,9 +65,10 @@ def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]
                                                  **(headers or {})}))
 
 
-def _call(request: urllib.request.Request) -> tuple[int, dict]:
+def _call(request: urllib.request.Request,
+          context: ssl.SSLContext | None = None) -> tuple[int, dict]:
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
             return response.status, json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
@@ -262,3 +269,60 @@ def test_cadence_sweep_and_bench_cli_speak_openai(http_server, tmp_path) -> None
                             "openai", "--target", http_server.target, "--model", "tiny-m"],
                            timeout=60, capture_output=True, text=True)
     assert bench.returncode != 0 and "http://HOST:PORT" in bench.stderr
+
+
+def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+    server = start_http("--devices", "cpu:1", "--step-ms", "5", "--tls-cert",
+                        str(pki.server_cert), "--tls-key", str(pki.server_key),
+                        "--tls-client-ca", str(pki.ca), context=context)
+    try:
+        http_client = openai.DefaultHttpxClient(verify=context)
+        client = openai.OpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0,
+                               http_client=http_client)
+        text = "".join(c.choices[0].text for c in client.completions.create(
+            model="cadence", prompt="Hi", max_tokens=4, stream=True))
+        assert len(text) == 4
+        plain = server.base.replace("https://", "http://")
+        assert _get(plain + "/health")[0] == 0  # plaintext: no answer
+        no_cert = ssl.create_default_context(cafile=str(pki.ca))
+        assert _get(server.base + "/health", context=no_cert)[0] == 0  # refused in handshake
+    finally:
+        assert server.stop() == 0
+
+
+def test_torch_chat_uses_the_checkpoint_template(tmp_path) -> None:
+    """The prompt the torch engine gets for `messages` is transformers' own
+    `apply_chat_template(add_generation_prompt=True)`, and its greedy reply is transformers'."""
+    pytest.importorskip("torch")
+    from transformers import AutoTokenizer
+
+    from tests.llama_models import hf_greedy, save_model
+
+    folder = save_model(tmp_path / "model")
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+        "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}the{% endif %}")
+    config_path.write_text(json.dumps(config))
+    messages = [{"role": "system", "content": "the lazy dog"},
+                {"role": "user", "content": "a quick fox"}]
+    expected_ids = AutoTokenizer.from_pretrained(folder).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True)
+    expected_ids = list(getattr(expected_ids, "input_ids", expected_ids))
+    server = start_http("--engine", "torch", "--model", str(folder), "--kv-cache-tokens", "1024")
+    try:
+        status, body = _post(server.base + "/v1/chat/completions",
+                             {"model": "cadence", "messages": messages, "max_tokens": 6,
+                              "temperature": 0})
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] == len(expected_ids)
+        status, tokens = _post(server.base + "/v1/completions",
+                               {"model": "cadence", "prompt": expected_ids, "max_tokens": 6,
+                                "temperature": 0})
+        assert tokens["choices"][0]["text"] == body["choices"][0]["message"]["content"]
+        assert len(hf_greedy(folder, expected_ids, 6)) == body["usage"]["completion_tokens"]
+    finally:
+        assert server.stop() == 0
