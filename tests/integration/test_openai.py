@@ -221,19 +221,21 @@ def test_every_front_serves_http_on_the_shared_port() -> None:
                          if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
             assert listening, f"front pid {process.pid} does not listen on {port}"
 
-        async def many() -> list[str]:
+        async def many() -> list[tuple[str, str]]:
             client = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="unused",
                                         max_retries=0)
             async with client:
-                async def one() -> str:
-                    stream = await client.completions.create(
+                async def one() -> tuple[str, str]:
+                    raw = await client.completions.with_raw_response.create(
                         model="cadence", prompt="Hi", max_tokens=6, stream=True)
-                    return "".join([c.choices[0].text async for c in stream])
+                    text = "".join([c.choices[0].text async for c in raw.parse()])
+                    return raw.headers["cadence-front"], text
 
                 return await asyncio.gather(*(one() for _ in range(24)))
 
-        texts = asyncio.run(many())
-        assert len(set(texts)) == 1 and len(texts[0]) == 6
+        served = asyncio.run(many())  # 24 connections: the kernel spreads them over both
+        assert {front for front, _ in served} == {"0", "1"}
+        assert len({text for _, text in served}) == 1 and len(served[0][1]) == 6
     finally:
         assert server.stop() == 0
 

@@ -80,12 +80,14 @@ class OpenAIService:
     `ready()`: every worker is ready and the server is not draining (GET /health).
     `default_max_tokens`: a chat request's `max_tokens` when it gives none; `max_body`: the
     largest request body (`--max-message-bytes`); `tokens`: the accepted bearer tokens
-    (`--auth-token-file`), or None for no check.
+    (`--auth-token-file`), or None for no check; `headers`: sent with every streamed
+    response (`--fronts N`: which front serves it, as cadence.v1's initial metadata).
     """
 
     def __init__(self, core: FrontCore, model_name: str, ready: Callable[[], bool],
                  chat: TemplateChat | PlainChat, *, default_max_tokens: int, max_body: int,
-                 tokens: list[str] | None = None) -> None:
+                 tokens: list[str] | None = None,
+                 headers: tuple[tuple[str, str], ...] | None = None) -> None:
         self.core = core
         self.model_name = model_name
         self._ready = ready
@@ -94,6 +96,7 @@ class OpenAIService:
         self._max_body = max_body
         self._created = int(time.time())
         self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens or ()]
+        self._sse_headers = {**_SSE_HEADERS, **dict(headers or ())}
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors_and_auth],
@@ -208,7 +211,7 @@ class OpenAIService:
                         if stops.matched:
                             finish = "stop"
                     if response is None:
-                        response = web.StreamResponse(headers=_SSE_HEADERS)
+                        response = web.StreamResponse(headers=self._sse_headers)
                         await response.prepare(http)
                     await response.write(encoder.event(text, finish, first=first,
                                                        usage_null=usage_null,
@@ -225,7 +228,7 @@ class OpenAIService:
                 await response.write_eof()
                 return response
             if response is None:  # cannot happen: the last chunk always comes
-                response = web.StreamResponse(headers=_SSE_HEADERS)
+                response = web.StreamResponse(headers=self._sse_headers)
                 await response.prepare(http)
             if wire.include_usage:
                 await response.write(encoder.usage_event())
