@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cadence.api.errors import GRPC_STATUS, HTTP_STATUS, kserve_error, openai_error
+from cadence.api.errors import GRPC_STATUS, HTTP_STATUS, kserve_error_message
 from cadence.api.kserve import grpc_service_pb2 as kpb
+from cadence.api.kserve.service import _error
+from cadence.api.openai.protocol import failure_body
+from cadence.core.errors import RequestError
 from cadence.transport.messages import Failure
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -35,7 +38,8 @@ def test_the_documented_table_is_the_map() -> None:
 def test_every_failure_has_an_in_band_kserve_error_that_names_its_status() -> None:
     table = _table()
     for failure in Failure:
-        response = kpb.ModelStreamInferResponse.FromString(kserve_error(failure, "r1", "why"))
+        assert kserve_error_message(failure, "why") == f"{GRPC_STATUS[failure].name}: why"
+        response = kpb.ModelStreamInferResponse.FromString(_error("r1", RequestError(failure, "why")))
         assert response.error_message == f"{GRPC_STATUS[failure].name}: why"
         assert response.infer_response.id == "r1"
         if failure is not Failure.CANCELLED:  # a cancelled call has no one to tell
@@ -45,7 +49,7 @@ def test_every_failure_has_an_in_band_kserve_error_that_names_its_status() -> No
 def test_every_failure_has_an_openai_status_and_error_body() -> None:
     table = _table()
     for failure in Failure:
-        status, body = openai_error(failure, "why", "max_tokens")
+        status, body = failure_body(failure, "why", "max_tokens")
         assert status == HTTP_STATUS[failure][0]
         assert table[failure.name][2].split()[0] == str(status)
         assert json.loads(body) == {"error": {

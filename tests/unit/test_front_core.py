@@ -162,3 +162,19 @@ def test_the_generation_records_ttft_and_itl_once_per_chunk() -> None:
         assert requests_total(core, "OK") == 1
 
     asyncio.run(run())
+
+
+def test_the_generation_stamps_send_ns_on_each_timed_chunk() -> None:
+    async def run() -> None:
+        core, _, _, _ = make_core()
+        timed = Request(prompt="hi", max_tokens=5, include_timing=True)
+        with core.open(timed, 1, no_deadline) as generation:
+            stream = generation.stream
+            stream.push([104], None, 2, 3, 4)
+            first = await anext(generation)
+            stream.push([105], None, 5, 6, 7)
+            second = await anext(generation)
+        assert first.timing.send_ns > 0
+        assert second.timing.send_ns >= first.timing.send_ns
+
+    asyncio.run(run())

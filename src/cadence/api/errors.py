@@ -7,9 +7,7 @@ is this map; tests/unit/test_error_map.py holds the two together.
 from __future__ import annotations
 
 import grpc
-import msgspec
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.transport.messages import Failure
 
 GRPC_STATUS: dict[Failure, grpc.StatusCode] = {
@@ -29,14 +27,10 @@ def grpc_status(failure: Failure) -> grpc.StatusCode:
     return GRPC_STATUS[failure]
 
 
-def kserve_error(failure: Failure, request_id: str, message: str) -> bytes:
-    """A `ModelStreamInferResponse` that reports one request's failure in-band (the call goes
-    on): `error_message` starts with the gRPC status code's name, `infer_response.id` is the
-    request's id."""
-    response = kpb.ModelStreamInferResponse(
-        error_message=f"{GRPC_STATUS[failure].name}: {message}")
-    response.infer_response.id = request_id
-    return response.SerializeToString()
+def kserve_error_message(failure: Failure, message: str) -> str:
+    """The `error_message` of a `ModelStreamInferResponse` that reports one request's failure
+    in-band (the call goes on): the gRPC status code's name, then the message."""
+    return f"{GRPC_STATUS[failure].name}: {message}"
 
 
 HTTP_STATUS: dict[Failure, tuple[int, str]] = {
@@ -49,18 +43,12 @@ HTTP_STATUS: dict[Failure, tuple[int, str]] = {
     Failure.UNAVAILABLE: (503, "service_unavailable_error"),
 }
 """The OpenAI-compatible HTTP front's status and error `type` of each failure (499, nginx's
-"client closed request", only counts: the client is gone)."""
+"client closed request", only counts: the client is gone). The adapter builds the body
+(cadence.api.openai.protocol.error_body), with the failure's name in lower case as `code`."""
 HTTP_UNAUTHENTICATED = (401, "authentication_error")
 """No valid bearer token (`--auth-token-file`), decided before any handler."""
 
 
-def openai_error(failure: Failure, message: str, param: str | None = None) -> tuple[int, bytes]:
-    """The HTTP status and OpenAI-shaped body (`{"error": {message, type, param, code}}`) of a
-    failure; `code` is the failure's name in lower case."""
-    status, kind = HTTP_STATUS[failure]
-    return status, http_error_body(message, kind, failure.name.lower(), param)
-
-
-def http_error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
-    return msgspec.json.encode(
-        {"error": {"message": message, "type": kind, "param": param, "code": code}})
+def http_status(failure: Failure) -> tuple[int, str]:
+    """The HTTP status and OpenAI error `type` of a failure."""
+    return HTTP_STATUS[failure]

@@ -93,10 +93,12 @@ class OutputReader:
         tokens = message.token_ids
         texts = message.texts or repeat(None)
         if not message.token_counts:
+            piece = [0]  # one token; push copies it, so one list serves the whole step
             for seq_id, token, text in zip(message.seq_ids, tokens, texts):
                 stream = get(seq_id)
                 if stream is not None:
-                    stream.push([token], text, start, end, recv_ns)
+                    piece[0] = token
+                    stream.push(piece, text, start, end, recv_ns)
         else:
             at = 0
             for seq_id, count, text in zip(message.seq_ids, message.token_counts, texts):

@@ -100,8 +100,9 @@ class RequestStream:
 
     def push(self, tokens: list[int], text: str | None, start_ns: int, end_ns: int,
              recv_ns: int) -> None:
-        """Add one step's piece of output: its tokens, and their text when the worker
-        detokenizes (None: the front decodes them). Called by the output reader only."""
+        """Add one step's piece of output: its tokens (copied: the caller may reuse the list),
+        and their text when the worker detokenizes (None: the front decodes them). Called by
+        the output reader only."""
         if self._steps >= self._capacity:
             self._tally.overflows += 1
             if self._block:

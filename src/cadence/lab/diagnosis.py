@@ -618,15 +618,17 @@ def _client_side(run: _Run) -> dict | None:
     return found if isinstance(found, dict) else None
 
 
+def _stalled_together(stalls: dict) -> bool:
+    """Enough stalls of every open stream at once to explain the gap tail (SHARED_*)."""
+    return (bool(stalls) and stalls["shared"] >= SHARED_STALLS_MIN
+            and stalls["shared_time_share"] >= SHARED_TIME_SHARE and stalls["long_gaps"] > 0
+            and stalls["long_gaps_in_shared"] / stalls["long_gaps"] >= SHARED_LONG_GAP_SHARE)
+
+
 def _streams_stall_together(run: _Run) -> list[Finding]:
     timeline = _client_side(run)
     stalls = (timeline or {}).get("stalls") or {}
-    if not stalls or stalls["shared"] < SHARED_STALLS_MIN:
-        return []
-    if stalls["shared_time_share"] < SHARED_TIME_SHARE or not stalls["long_gaps"]:
-        return []
-    in_shared = stalls["long_gaps_in_shared"] / stalls["long_gaps"]
-    if in_shared < SHARED_LONG_GAP_SHARE:
+    if not _stalled_together(stalls):
         return []
     gaps = _dist(run.result, "chunk_gap_ms")
     evidence = {
@@ -733,11 +735,7 @@ def _front_loop_blocked(run: _Run) -> list[Finding]:
               and gaps["p99"] - gaps["p50"] >= LOOP_GAP_TAIL_MS)
     stalls = ((run.result.get("timeline") or {}).get("stalls") or {})
     step = run.step
-    together = (bool(stalls) and stalls["shared"] >= SHARED_STALLS_MIN
-                and stalls["shared_time_share"] >= SHARED_TIME_SHARE
-                and stalls["long_gaps"] > 0
-                and stalls["long_gaps_in_shared"] / stalls["long_gaps"] >= SHARED_LONG_GAP_SHARE
-                and step is not None and run.typical_step is not None
+    together = (_stalled_together(stalls) and step is not None and run.typical_step is not None
                 and not (step["p90"] >= ENGINE_UNSTABLE_P90_RATIO * step["p50"]
                          and step["p90"] - step["p50"] >= ENGINE_UNSTABLE_MIN_MS))
     if not (direct or together):

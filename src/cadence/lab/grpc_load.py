@@ -7,7 +7,7 @@ replaced per request (`RequestTemplate`). A server-streaming method gets the req
 to the end; a bidirectional one gets the request, a half-close, and is read to the end.
 
 Between two arrivals the generator only stamps the time and keeps the message's bytes, as on
-the cadence path; `ResponseReader` parses them after the run. What a message counts:
+the cadence path; `GrpcCodec.decode` parses them after the run. What a message counts:
 `--tokens-field` names a field of the response (a repeated field counts its elements, a
 number is read as a count, a non-empty string or bytes counts one); without it every message
 is one token. `--index-field` names the field that numbers the output (the position of the
@@ -30,7 +30,7 @@ import msgspec
 from google.protobuf import descriptor, json_format
 
 from cadence.lab.grpc_schema import MethodSchema, SchemaError, message_classes
-from cadence.lab.records import RequestRecord, recording
+from cadence.lab.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
     from cadence.lab.loadgen import RequestPlan
@@ -145,7 +145,7 @@ class RequestTemplate:
             return self._parse(doc)
         message = self._type()
         message.CopyFrom(self._prototype)
-        for (path, placeholder), (names, kind) in zip(self._slots, self._fields, strict=True):
+        for (_, placeholder), (names, kind) in zip(self._slots, self._fields, strict=True):
             node = message
             for name in names[:-1]:
                 node = getattr(node, name)
@@ -259,13 +259,7 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
     The load generator's signature: `include_timing` is accepted (no such thing here)."""
     request = codec.request(plan)
     monotonic_ns = time.monotonic_ns
-    record = RequestRecord(
-        request_id=plan.request_id,
-        process=process,
-        start_ns=monotonic_ns(),
-        max_tokens=plan.max_tokens,
-        prompt_tokens=len(plan.prompt_token_ids),
-    )
+    record = sent(plan, process)
     arrival, messages = record.arrival_ns, []
     keep = messages.append
     with recording(record):

@@ -30,7 +30,7 @@ import msgspec
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.api.kserve.tensors import int32_raw
-from cadence.lab.records import RequestRecord, recording
+from cadence.lab.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
     from cadence.lab.loadgen import RequestPlan
@@ -99,13 +99,7 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     the record comes with no chunks left to parse (each response is read as it arrives)."""
     request = build_request(target, plan)
     monotonic_ns = time.monotonic_ns
-    record = RequestRecord(
-        request_id=plan.request_id,
-        process=process,
-        start_ns=monotonic_ns(),
-        max_tokens=plan.max_tokens,
-        prompt_tokens=len(plan.prompt_token_ids),
-    )
+    record = sent(plan, process)
     arrival, tokens, index = record.arrival_ns, record.tokens, record.index
     received = 0
     # The request and then the half-close: the server ends the call after the last response.

@@ -27,7 +27,7 @@ from cadence.lab.kserve_load import KServeTarget, one_kserve
 from cadence.lab.kserve_load import stub as kserve_stub
 from cadence.lab.openai_load import OpenAITarget, decode_events, one_openai
 from cadence.lab.openai_load import session as openai_session
-from cadence.lab.records import RequestRecord, recording
+from cadence.lab.records import RequestRecord, recording, sent
 
 
 class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
@@ -132,13 +132,7 @@ async def _one(generate: Callable, plan: RequestPlan, process: int,
         include_timing=include_timing,
     )
     monotonic_ns = time.monotonic_ns
-    record = RequestRecord(
-        request_id=plan.request_id,
-        process=process,
-        start_ns=monotonic_ns(),
-        max_tokens=plan.max_tokens,
-        prompt_tokens=len(plan.prompt_token_ids),
-    )
+    record = sent(plan, process)
     arrival, chunks = record.arrival_ns, []
     keep = chunks.append
     call = generate(request, timeout=timeout)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from cadence.lab.records import RequestRecord, recording
+from cadence.lab.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
     import aiohttp
@@ -83,9 +83,7 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     url = target.base_url + ENDPOINTS[target.endpoint]
     body = build_body(target, plan, include_timing)
     monotonic_ns = time.monotonic_ns
-    record = RequestRecord(request_id=plan.request_id, process=process,
-                           start_ns=monotonic_ns(), max_tokens=plan.max_tokens,
-                           prompt_tokens=len(plan.prompt_token_ids))
+    record = sent(plan, process)
     arrival, events = record.arrival_ns, []
     stamp, keep = arrival.append, events.append
     with recording(record):

@@ -5,9 +5,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import grpc
 import msgspec
+
+if TYPE_CHECKING:
+    from cadence.lab.loadgen import RequestPlan
 
 
 class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
@@ -48,6 +52,13 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     @property
     def output_tokens(self) -> int:
         return sum(self.tokens)
+
+
+def sent(plan: RequestPlan, process: int) -> RequestRecord:
+    """The record of `plan`, its start stamped now: make it just before the request goes."""
+    return RequestRecord(request_id=plan.request_id, process=process,
+                         start_ns=time.monotonic_ns(), max_tokens=plan.max_tokens,
+                         prompt_tokens=len(plan.prompt_token_ids))
 
 
 @contextlib.contextmanager

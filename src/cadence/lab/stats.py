@@ -34,6 +34,7 @@ from collections.abc import Iterable
 import msgspec
 
 from cadence.core.metrics import LoopLagTally
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 from cadence.lab.timeline import timeline
 
@@ -51,16 +52,6 @@ class Distribution(msgspec.Struct, kw_only=True):
     p99: float
     max: float
     min: float
-
-
-def percentile(ordered: list[float], q: float) -> float:
-    """The q-th percentile (0..100) of sorted values, interpolating linearly between ranks."""
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def distribution(values: Iterable[float]) -> Distribution:
@@ -250,12 +241,12 @@ def front_loop(records: list[RequestRecord]) -> dict | None:
         for i, (a, b) in enumerate(zip(start, last[k][1], strict=True)):
             delta[i] += b - a
     samples = sum(delta)
-    late = sum(c for bound, c in zip((*bounds, math.inf), delta) if bound > LATE_LOOP_S)
     edges = [*bounds, math.inf]
+    late = sum(c for bound, c in zip(edges, delta, strict=True) if bound > LATE_LOOP_S)
 
     def upper(q: float) -> float:
         seen = 0
-        for bound, count in zip(edges, delta):
+        for bound, count in zip(edges, delta, strict=True):
             seen += count
             if samples and seen >= q * samples:
                 return bound * 1e3

@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 
 _NS_PER_MS = 1e6
@@ -45,15 +46,6 @@ MIN_BURST = 8
 """Bursts smaller than this say little about how TTFT grows with streams opened at once."""
 
 
-def _percentile(ordered: list[float], q: float) -> float:
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 def timeline(records: list[RequestRecord]) -> dict | None:
     """The three pieces of evidence above, as plain data; None without two streams that got
     output."""
@@ -62,7 +54,7 @@ def timeline(records: list[RequestRecord]) -> dict | None:
                   for a, b in zip(r.arrival_ns, r.arrival_ns[1:]))
     if len(streams) < 2 or not gaps:
         return None
-    typical = _percentile(gaps, 50)
+    typical = percentile(gaps, 50)
     threshold = max(STALL_GAP_FACTOR * typical, typical + STALL_MIN_MS)
     return {
         "gap_p50_ms": typical,
@@ -106,11 +98,11 @@ def _stalls(streams: list[RequestRecord], threshold_ms: float, gap_count: int) -
     hit = sorted(n for _, _, n in shared)
     return {
         "shared": len(shared),
-        "shared_ms_p50": _percentile(lengths, 50),
+        "shared_ms_p50": percentile(lengths, 50),
         "shared_ms_max": lengths[-1] if lengths else math.nan,
         "shared_time_share": sum(lengths) * _NS_PER_MS / span_ns if span_ns else 0.0,
         "streams_hit_min": hit[0] if hit else 0,
-        "streams_hit_p50": _percentile([float(n) for n in hit], 50),
+        "streams_hit_p50": percentile([float(n) for n in hit], 50),
         "gaps": gap_count,
         "long_gaps": long_gaps,
         "long_gaps_in_shared": in_shared,
@@ -133,12 +125,12 @@ def _bursts(streams: list[RequestRecord]) -> dict:
     alone = sorted((r.arrival_ns[0] - r.start_ns) / _NS_PER_MS for r in _alone(by_start))
     return {
         "largest": len(best),
-        "ttft_p10_ms": _percentile(ttft, 10),
-        "ttft_p50_ms": _percentile(ttft, 50),
-        "ttft_p90_ms": _percentile(ttft, 90),
+        "ttft_p10_ms": percentile(ttft, 10),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p90_ms": percentile(ttft, 90),
         "ttft_max_ms": ttft[-1] if ttft else math.nan,
         "opened_alone": len(alone),
-        "alone_ttft_p50_ms": _percentile(alone, 50),
+        "alone_ttft_p50_ms": percentile(alone, 50),
     }
 
 

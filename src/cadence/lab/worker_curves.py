@@ -15,20 +15,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 
 _NS_PER_MS = 1e6
 MAX_POINTS = 2000
 """Per worker, the series keeps at most this many steps (evenly thinned) for the plot."""
-
-
-def _percentile(ordered: list[float], q: float) -> float:
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None = None
@@ -66,12 +58,12 @@ def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None =
             "worker": worker,
             "device": (devices or {}).get(worker),
             "steps": len(ordered),
-            "step_ms_p50": _percentile(ms, 50),
-            "step_ms_p90": _percentile(ms, 90),
-            "sequences_per_step_p50": _percentile(seqs, 50),
+            "step_ms_p50": percentile(ms, 50),
+            "step_ms_p90": percentile(ms, 90),
+            "sequences_per_step_p50": percentile(seqs, 50),
             "tokens_per_s": tokens[worker] / span_s,
             "token_share": tokens[worker] / total,
-            "itl_ms_p50": _percentile(its, 50),
+            "itl_ms_p50": percentile(its, 50),
             # [seconds from the run's first step, step ms, this run's sequences in it]
             "series": [[round((start - t0) / 1e9, 4), round((end - start) / _NS_PER_MS, 3), n]
                        for (start, end), n in ordered[::every]],

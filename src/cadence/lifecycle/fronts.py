@@ -49,7 +49,6 @@ class FrontChildren:
         """Restarted fronts whose ready file has not appeared yet (their back-off resets then)."""
         self.restarts = [0] * config.fronts
         """Restarts per front (index 0, front 0 itself, stays 0)."""
-        self._stopping = False
 
     def _ready_file(self, k: int) -> str:
         return f"{self._base}/f{k}-ready"

@@ -70,6 +70,8 @@ class InFrontLauncher:
     def __init__(self, app: App | None = None) -> None:
         self._app = app
 
+    worker_host = ""
+
     def close(self) -> None:
         """Nothing to release: the tasks have ended."""
 

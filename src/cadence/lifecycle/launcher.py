@@ -45,6 +45,9 @@ class WorkerHandle(Protocol):
 
 
 class Launcher(Protocol):
+    worker_host: str
+    """The address the front should bind its worker sockets on (tcp); empty: its default."""
+
     def launch(self, spec: WorkerSpec) -> WorkerHandle:
         """Start a worker for `spec`."""
 
@@ -130,6 +133,8 @@ class LocalLauncher:
     which then stops them in order; they also die with the front if it is killed
     (PDEATHSIG), and a follower rank dies with it too.
     """
+
+    worker_host = ""
 
     def close(self) -> None:
         """Nothing to release: the processes are gone."""

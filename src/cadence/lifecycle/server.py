@@ -204,8 +204,7 @@ class CadenceServer:
         """This front's sockets, and its admission gate (shared by all fronts with N > 1)."""
         config = self.config
         if config.fronts == 1:
-            worker_host = (config.worker_host or getattr(launcher, "worker_host", "")
-                           or "127.0.0.1")
+            worker_host = config.worker_host or launcher.worker_host or "127.0.0.1"
             channel = FrontChannel(*local_addresses(n, config.transport, worker_host),
                                    secure=config.transport == "tcp")
             return channel, AdmissionGate(config.max_concurrent)

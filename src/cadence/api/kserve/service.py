@@ -34,7 +34,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 import cadence
-from cadence.api.errors import kserve_error
+from cadence.api.errors import kserve_error_message
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
@@ -266,7 +266,7 @@ class _StreamCall:
                         async with self._lock:
                             await self._context.write(response)
                 except RequestError as exc:
-                    await self._write(kserve_error(exc.failure, request_id, exc.message))
+                    await self._write(_error(request_id, exc))
         finally:
             kserve.record(generation.failure is None, generation.received_ns,
                           generation.scheduled_ns)
@@ -274,7 +274,7 @@ class _StreamCall:
     async def _fail(self, request_id: str, exc: RequestError) -> None:
         """Answer a request that never started with an in-band error."""
         self._kserve.record(False, time.monotonic_ns())
-        await self._write(kserve_error(exc.failure, request_id, exc.message))
+        await self._write(_error(request_id, exc))
 
     async def _write(self, response: bytes) -> None:
         async with self._lock:
@@ -293,3 +293,11 @@ class _StreamCall:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _error(request_id: str, exc: RequestError) -> bytes:
+    """One request's failure, in-band (cadence.api.errors names it), with the request's id."""
+    response = kpb.ModelStreamInferResponse(
+        error_message=kserve_error_message(exc.failure, exc.message))
+    response.infer_response.id = request_id
+    return response.SerializeToString()

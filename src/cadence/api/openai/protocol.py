@@ -20,9 +20,10 @@ from typing import Any
 
 import msgspec
 
+from cadence.api.errors import http_status
 from cadence.core.errors import InvalidRequest
 from cadence.core.requests import Chunk, ChunkTiming, Request
-from cadence.transport.messages import Finish
+from cadence.transport.messages import Failure, Finish
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -318,6 +319,18 @@ class Encoder:
             "created": self.created, "model": self.model, "choices": [choice],
             "usage": self.usage(),
         })
+
+
+def error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
+    """OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+    return _encode({"error": {"message": message, "type": kind, "param": param, "code": code}})
+
+
+def failure_body(failure: Failure, message: str, param: str | None = None) -> tuple[int, bytes]:
+    """The HTTP status (cadence.api.errors, the one map) and the error body of a failure;
+    `code` is the failure's name in lower case."""
+    status, kind = http_status(failure)
+    return status, error_body(message, kind, failure.name.lower(), param)
 
 
 def models_body(model: str, created: int) -> bytes:

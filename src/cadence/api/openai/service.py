@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from cadence.api.errors import HTTP_UNAUTHENTICATED, http_error_body, openai_error
+from cadence.api.errors import HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
 from cadence.api.openai.protocol import (
     CHAT,
@@ -37,6 +37,8 @@ from cadence.api.openai.protocol import (
     Encoder,
     OpenAIRequest,
     StopStrings,
+    error_body,
+    failure_body,
     models_body,
     parse,
 )
@@ -59,7 +61,7 @@ def _json(body: bytes, status: int = 200) -> web.Response:
 
 
 def _failure(failure: Failure, message: str, param: str | None = None) -> web.Response:
-    status, body = openai_error(failure, message, param)
+    status, body = failure_body(failure, message, param)
     return _json(body, status)
 
 
@@ -132,7 +134,7 @@ class OpenAIService:
             refusal = self._check_token(request.headers.get("Authorization"))
             if refusal is not None:
                 status, kind = HTTP_UNAUTHENTICATED
-                return _json(http_error_body(refusal, kind, "invalid_api_key"), status)
+                return _json(error_body(refusal, kind, "invalid_api_key"), status)
         try:
             return await handler(request)
         except web.HTTPNotFound:
@@ -140,7 +142,7 @@ class OpenAIService:
                             "POST /v1/completions, POST /v1/chat/completions, GET /v1/models "
                             "and GET /health")
         except web.HTTPMethodNotAllowed as exc:
-            return _json(http_error_body(
+            return _json(error_body(
                 f"{request.method} is not allowed on {request.path}; use "
                 f"{', '.join(sorted(exc.allowed_methods))}", "invalid_request_error",
                 "method_not_allowed"), 405)
@@ -223,7 +225,7 @@ class OpenAIService:
             except RequestError as exc:
                 if response is None:
                     return _failure(exc.failure, exc.message)
-                _, body = openai_error(exc.failure, exc.message)
+                _, body = failure_body(exc.failure, exc.message)
                 await response.write(b"data: " + body + b"\n\n" + DONE)
                 await response.write_eof()
                 return response

@@ -42,8 +42,9 @@ def to_request(raw: bytes) -> Request:
 def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
     """A core chunk as a `GenerateChunk` of request `request_id`."""
     out = pb.GenerateChunk(request_id=request_id, index=chunk.index, token_ids=chunk.token_ids,
-                           text=chunk.text, finish_reason=chunk.finish,
-                           prompt_tokens=chunk.prompt_tokens)
+                           text=chunk.text, finish_reason=chunk.finish)
+    if chunk.prompt_tokens:  # the first chunk's
+        out.prompt_tokens = chunk.prompt_tokens
     timing = chunk.timing
     if timing is not None:
         wire = out.timing
