@@ -271,6 +271,12 @@ def test_cadence_sweep_and_bench_cli_speak_openai(http_server, tmp_path) -> None
                             "openai", "--target", http_server.target, "--model", "tiny-m"],
                            timeout=60, capture_output=True, text=True)
     assert bench.returncode != 0 and "http://HOST:PORT" in bench.stderr
+    port = int(http_server.base.rsplit(":", 1)[1])
+    closed = subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--protocol",
+                             "openai", "--target", f"http://127.0.0.1:{port}/nothing-here-x",
+                             "--requests", "1"], timeout=60, capture_output=True, text=True)
+    assert closed.returncode == 0, closed.stderr  # a 404 is an answer; the request records it
+    assert "HTTP_404" in closed.stdout
 
 
 def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:

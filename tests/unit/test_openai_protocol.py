@@ -174,3 +174,15 @@ def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
     failed = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1])
     decode_events(failed, [event({"error": {"code": "unavailable", "message": "gone"}})], False)
     assert (failed.code, failed.error) == ("UNAVAILABLE", "gone")
+
+
+def test_the_lab_says_when_nothing_answers_http() -> None:
+    import socket
+
+    from cadence.lab.openai_load import OpenAITarget, require_http
+
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        with pytest.raises(RuntimeError, match="no HTTP server answers"):
+            require_http(OpenAITarget(f"http://127.0.0.1:{port}", "m"), timeout=2)

@@ -235,6 +235,10 @@ def _bench(args: argparse.Namespace) -> None:
     try:
         if openai is None:
             require_reachable(args.target, credentials)
+        else:
+            from cadence.lab.openai_load import require_http
+
+            require_http(openai)
         grpc = resolve(args.target, credentials) if resolve else None
     except (RuntimeError, SchemaError) as exc:
         sys.exit(f"cadence bench: {exc}")

@@ -56,6 +56,22 @@ def session(target: OpenAITarget) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers)
 
 
+def require_http(target: OpenAITarget, timeout: float = 5.0) -> None:
+    """Raise RuntimeError (one line) when nothing answers HTTP at the target: any status, even
+    401 or 404, is an answer."""
+    import urllib.error
+    import urllib.request
+
+    url = target.base_url + "/v1/models"
+    try:
+        urllib.request.urlopen(url, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RuntimeError(f"no HTTP server answers at {target.base_url}: {reason}") from None
+
+
 def prompt_text(token_ids: list[int]) -> str:
     """The planned prompt as text: one printable ASCII character per token id."""
     return "".join(chr(97 + t % 26) for t in token_ids)
