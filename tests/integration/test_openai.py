@@ -334,3 +334,16 @@ def test_torch_chat_uses_the_checkpoint_template(tmp_path) -> None:
         assert len(hf_greedy(folder, expected_ids, 6)) == body["usage"]["completion_tokens"]
     finally:
         assert server.stop() == 0
+
+
+def test_the_served_model_name_is_kserve_s_too(http_server) -> None:
+    import grpc
+
+    from cadence.api.kserve import grpc_service_pb2 as kpb
+    from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
+
+    with grpc.insecure_channel(http_server.target) as channel:
+        stub = kpb_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ModelReady(kpb.ModelReadyRequest(name="tiny-m"), timeout=10).ready
+        assert stub.ModelMetadata(kpb.ModelMetadataRequest(name="tiny-m"), timeout=10).name == (
+            "tiny-m")
