@@ -108,6 +108,11 @@ def main() -> None:
         print(f"{name} targets {json.dumps(results['workloads'][name]['targets'])}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():  # the run history stays in the file, newest first
+        previous = json.loads(out.read_text())
+        results["previous_runs"] = [
+            {k: v for k, v in previous.items() if k != "previous_runs"},
+            *previous.get("previous_runs", [])]
     out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")
 
