@@ -11,6 +11,11 @@ from aiohttp import web
 from cadence.config import ServerConfig
 from cadence.lifecycle import StartupError
 
+_BACKLOG = 4096
+"""Connections the kernel queues before the loop accepts them (capped by net.core.somaxconn).
+HTTP/1.1 takes one connection per stream, so a burst of new streams is a burst of connects:
+aiohttp's default of 128 would overflow, and each dropped SYN costs its client a 1 s
+retransmit."""
 _SHUTDOWN_S = 1.0
 """At stop (after the drain), how long the handlers still open get to end."""
 
@@ -44,7 +49,7 @@ class HttpServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.http_port,
                            ssl_context=ssl_context(config), reuse_port=config.fronts > 1,
-                           backlog=1024)
+                           backlog=_BACKLOG)
         try:
             await site.start()
         except OSError as exc:
