@@ -119,6 +119,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kserve-model-name", default=d.kserve_model_name, metavar="NAME",
                    help="the model's name in the Open Inference Protocol (KServe v2 / Triton "
                         "gRPC, same port; docs/kserve.md)")
+    p.add_argument("--served-model-name", default=d.served_model_name, metavar="NAME",
+                   help="the model's name for every protocol: OpenAI's model (GET /v1/models) "
+                        "and KServe's (default: --kserve-model-name's)")
+    p.add_argument("--http-port", type=int, default=d.http_port, metavar="PORT",
+                   help="also serve the OpenAI-compatible HTTP API (/v1/completions, "
+                        "/v1/chat/completions, /v1/models, /health) on this port; 0 picks a "
+                        "free one (default: off; docs/openai.md)")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=_serve)
 
@@ -134,9 +141,11 @@ def _serve(args: argparse.Namespace) -> None:
         sys.exit(f"cadence serve: {exc}")
 
     def announce(server, port: int) -> None:
-        # One machine-readable line, so scripts and tests can find the port.
+        # One machine-readable line, so scripts and tests can find the port; the HTTP port
+        # comes before the metrics port, which tools read as the line's last part.
+        http = f" (http on {args.host}:{server.http_port})" if server.http_port else ""
         metrics = f" (metrics on {args.host}:{server.metrics_port})" if server.metrics_port else ""
-        print(f"cadence serving on {args.host}:{port}{metrics}", flush=True)
+        print(f"cadence serving on {args.host}:{port}{http}{metrics}", flush=True)
 
     try:
         event_loop.run(serve(config, on_started=announce))
@@ -206,6 +215,8 @@ def _server_config(args: argparse.Namespace):
         tls_client_ca=args.tls_client_ca,
         auth_token_file=args.auth_token_file,
         kserve_model_name=args.kserve_model_name,
+        served_model_name=args.served_model_name,
+        http_port=args.http_port,
     )
 
 

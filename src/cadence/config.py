@@ -159,6 +159,17 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     kserve_model_name: str = "cadence"
     """The model's name in the Open Inference Protocol (`inference.GRPCInferenceService`,
     served on the same port); see docs/kserve.md."""
+    served_model_name: str = ""
+    """The model's name for every protocol (OpenAI's `model`, KServe's); empty:
+    `kserve_model_name`. See `model_name`."""
+    http_port: int | None = None
+    """Serve the OpenAI-compatible HTTP API on this port (0: any free port); None: no HTTP.
+    See docs/openai.md."""
+
+    @property
+    def model_name(self) -> str:
+        """The name the model is served under: `served_model_name`, else `kserve_model_name`."""
+        return self.served_model_name or self.kserve_model_name
 
     def __post_init__(self) -> None:
         problems = []
@@ -217,6 +228,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
         if not self.kserve_model_name.strip():
             problems.append("kserve_model_name must not be empty")
+        if self.http_port is not None and not 0 <= self.http_port < 65536:
+            problems.append(f"http_port must be 0 (any free port) to 65535 (got {self.http_port})")
         if self.tls_cert or self.tls_key or self.tls_client_ca or self.auth_token_file:
             # Imported only when used: it reads the files, and it brings grpc with it.
             from cadence.api.security import problems as security_problems

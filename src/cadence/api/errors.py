@@ -1,5 +1,6 @@
-"""The one error map: every `Failure` to its gRPC status (cadence.v1, and any call status)
-and to the Open Inference Protocol's in-band error. docs/architecture.md's table of failures
+"""The one error map: every `Failure` to its gRPC status (cadence.v1, and any call status),
+to the Open Inference Protocol's in-band error, and to the OpenAI-compatible HTTP front's
+status and error body. docs/architecture.md's table of failures
 is this map; tests/unit/test_error_map.py holds the two together.
 """
 
@@ -30,3 +31,24 @@ def kserve_error_message(failure: Failure, message: str) -> str:
     """The `error_message` of a `ModelStreamInferResponse` that reports one request's failure
     in-band (the call goes on): the gRPC status code's name, then the message."""
     return f"{GRPC_STATUS[failure].name}: {message}"
+
+
+HTTP_STATUS: dict[Failure, tuple[int, str]] = {
+    Failure.CANCELLED: (499, "cancelled"),
+    Failure.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    Failure.DEADLINE_EXCEEDED: (504, "timeout_error"),
+    Failure.NOT_FOUND: (404, "not_found_error"),
+    Failure.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    Failure.INTERNAL: (500, "server_error"),
+    Failure.UNAVAILABLE: (503, "service_unavailable_error"),
+}
+"""The OpenAI-compatible HTTP front's status and error `type` of each failure (499, nginx's
+"client closed request", only counts: the client is gone). The adapter builds the body
+(cadence.api.openai.protocol.error_body), with the failure's name in lower case as `code`."""
+HTTP_UNAUTHENTICATED = (401, "authentication_error")
+"""No valid bearer token (`--auth-token-file`), decided before any handler."""
+
+
+def http_status(failure: Failure) -> tuple[int, str]:
+    """The HTTP status and OpenAI error `type` of a failure."""
+    return HTTP_STATUS[failure]

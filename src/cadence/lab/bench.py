@@ -12,6 +12,7 @@ from cadence.lab.diagnosis import diagnose
 from cadence.lab.grpc_load import GrpcTarget
 from cadence.lab.kserve_load import KServeTarget
 from cadence.lab.loadgen import ProcessPlan, RequestCounter, RequestShape, run_load
+from cadence.lab.openai_load import OpenAITarget
 from cadence.lab.sampler import (
     SystemSampler,
     listener_pid,
@@ -52,7 +53,8 @@ class Workload:
     def plans(self, target: str, processes: int, channels: int = 1,
               credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
-              grpc: GrpcTarget | None = None) -> list[ProcessPlan]:
+              grpc: GrpcTarget | None = None,
+              openai: OpenAITarget | None = None) -> list[ProcessPlan]:
         """Split the requests and the concurrency evenly over `processes` client processes.
         With `kserve`, they speak the Open Inference Protocol to that model; with `grpc`,
         they drive that method of any gRPC service."""
@@ -74,6 +76,7 @@ class Workload:
                 credentials=credentials,
                 kserve=kserve,
                 grpc=grpc,
+                openai=openai,
             )
             for p in range(processes)
         ]
@@ -83,7 +86,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
               baseline: bool = False, credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
               counter: RequestCounter | None = None, grpc: GrpcTarget | None = None,
-              server_pid: int | None = None) -> dict:
+              server_pid: int | None = None, openai: OpenAITarget | None = None) -> dict:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
@@ -96,14 +99,19 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     the server process whose CPU to sample (default: cadence's processes, or for `grpc`, the
     process listening on the target's port when it is on this host).
     """
-    protocol = "kserve" if kserve is not None else "grpc" if grpc is not None else "cadence"
-    sampler = SystemSampler(metrics_url=metrics_url(target) if grpc is None else None)
+    protocol = ("kserve" if kserve is not None else "grpc" if grpc is not None
+                else "openai" if openai is not None else "cadence")
+    if openai is not None:  # the OpenAI target is a URL; the server's host:port for the rest
+        target = openai.base_url.split("://", 1)[-1].rstrip("/")
+    foreign = protocol in ("grpc", "openai")
+    """Any server: no cadence metrics endpoint or workers to look up."""
+    sampler = SystemSampler(metrics_url=metrics_url(target) if not foreign else None)
     for name, pid in _server_to_sample(target, protocol, server_pid).items():
         sampler.watch(name, pid)
     sampler.start()
     try:
         processes_out = run_load(
-            workload.plans(target, processes, channels, credentials, kserve, grpc),
+            workload.plans(target, processes, channels, credentials, kserve, grpc, openai),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
             counter=counter,
         )
@@ -111,7 +119,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         system = sampler.stop()
     records = [r for p in processes_out for r in p.records]
     result = summarize(records)
-    result["workers"] = worker_curves(records, worker_devices(target) if grpc is None else {})
+    result["workers"] = worker_curves(records, worker_devices(target) if not foreign else {})
     client_cpu_s = sum(p.cpu_s for p in processes_out)
     result["client"] = {
         "processes": processes,
@@ -135,8 +143,11 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         "client_processes": processes,
         "channels_per_process": channels,
         "protocol": protocol,
-        "model": None if kserve is None else kserve.model,
+        "model": kserve.model if kserve is not None else openai.model if openai else None,
     }
+    if openai is not None:
+        result["workload"]["openai"] = {"base_url": openai.base_url,
+                                        "endpoint": openai.endpoint}
     if grpc is not None:
         result["workload"]["grpc"] = {
             "method": grpc.schema.path, "types_from": grpc.schema.source,
@@ -155,7 +166,7 @@ def _server_to_sample(target: str, protocol: str, server_pid: int | None) -> dic
     """{name: pid} of the server's processes whose CPU the run samples; {} when unknown."""
     if server_pid:
         return {"server": server_pid}
-    if protocol != "grpc":
+    if protocol not in ("grpc", "openai"):
         return server_processes(target)
     pid = listener_pid(target)
     return {"server": pid} if pid else {}
@@ -190,6 +201,8 @@ def print_summary(result: dict) -> None:
     title = f"cadence bench: {workload['target']}"
     if workload.get("protocol") == "kserve":
         title += f" (Open Inference Protocol, model {workload['model']})"
+    elif workload.get("protocol") == "openai":
+        title += f" (OpenAI {workload['openai']['endpoint']}, model {workload['model']})"
     elif workload.get("protocol") == "grpc":
         title += f" ({workload['grpc']['method']}, types from {workload['grpc']['types_from']})"
     table = Table(title=title, show_lines=False)

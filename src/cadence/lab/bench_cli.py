@@ -42,7 +42,8 @@ def read_prompts(path: str) -> list[tuple[list[int], int]]:
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments")
-    p.add_argument("--target", required=True, help="HOST:PORT of the server")
+    p.add_argument("--target", required=True,
+                   help="HOST:PORT of the server (--protocol openai: http://HOST:PORT)")
     add_protocol_args(p)
     add_workload_args(p)
     p.add_argument("--server-pid", type=int, default=None, metavar="PID",
@@ -59,12 +60,17 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
 
 def add_protocol_args(p: argparse.ArgumentParser) -> None:
     """The options that say how to talk to the server; shared by bench and sweep."""
-    p.add_argument("--protocol", choices=["cadence", "kserve", "grpc"], default="cadence",
+    p.add_argument("--protocol", choices=["cadence", "kserve", "grpc", "openai"],
+                   default="cadence",
                    help="cadence.v1.Inference/Generate (default), the Open Inference Protocol "
                         "(KServe v2 / Triton gRPC, ModelStreamInfer) of any server that speaks "
-                        "it, or any gRPC streaming method (--method, --request-json)")
+                        "it, any gRPC streaming method (--method, --request-json), or the OpenAI "
+                        "HTTP API with SSE of any server that speaks it (docs/openai.md)")
     p.add_argument("--model", default="cadence",
-                   help="--protocol kserve: the model to drive (default: cadence's own)")
+                   help="--protocol kserve or openai: the model to drive (default: cadence's "
+                        "own)")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="--protocol openai: /v1/completions (default) or /v1/chat/completions")
     p.add_argument("--kserve-inputs", default="PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens",
                    metavar="NAME=SOURCE,...",
                    help="--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the "
@@ -125,6 +131,24 @@ def protocol_from_args(args: argparse.Namespace, command: str):
     except ValueError as exc:
         sys.exit(f"cadence {command}: {exc}")
     return None, lambda target, credentials: _grpc_target(args, target, credentials, headers)
+
+
+def openai_from_args(args: argparse.Namespace, command: str):
+    """The OpenAI target of `--protocol openai` (None for another protocol); exits with one
+    line when `--target` is not an http(s) URL."""
+    if args.protocol != "openai":
+        return None
+    from cadence.lab.openai_load import OpenAITarget
+
+    target = getattr(args, "target", "")  # sweep: none, each server's own
+    if target is None or (target and not target.startswith(("http://", "https://"))):
+        sys.exit(f"cadence {command}: --protocol openai needs --target http://HOST:PORT")
+    token = ""
+    if getattr(args, "token_file", None):
+        from cadence.api.security import read_tokens
+
+        token = read_tokens(args.token_file)[0]
+    return OpenAITarget(target.rstrip("/"), args.model, args.endpoint, token)
 
 
 def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):
@@ -207,8 +231,14 @@ def _bench(args: argparse.Namespace) -> None:
     except ValueError as exc:
         sys.exit(f"cadence bench: {exc}")
     kserve, resolve = protocol_from_args(args, "bench")
+    openai = openai_from_args(args, "bench")
     try:
-        require_reachable(args.target, credentials)
+        if openai is None:
+            require_reachable(args.target, credentials)
+        else:
+            from cadence.lab.openai_load import require_http
+
+            require_http(openai)
         grpc = resolve(args.target, credentials) if resolve else None
     except (RuntimeError, SchemaError) as exc:
         sys.exit(f"cadence bench: {exc}")
@@ -221,7 +251,7 @@ def _bench(args: argparse.Namespace) -> None:
             result = run_bench(args.target, workload, processes=args.procs,
                                channels=args.channels, baseline=args.baseline,
                                credentials=credentials, kserve=kserve, counter=counter,
-                               grpc=grpc, server_pid=args.server_pid)
+                               grpc=grpc, server_pid=args.server_pid, openai=openai)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)

@@ -25,6 +25,8 @@ from cadence.heap import settle_heap
 from cadence.lab.grpc_load import GrpcCodec, GrpcTarget, one_grpc
 from cadence.lab.kserve_load import KServeTarget, one_kserve
 from cadence.lab.kserve_load import stub as kserve_stub
+from cadence.lab.openai_load import OpenAITarget, decode_events, one_openai
+from cadence.lab.openai_load import session as openai_session
 from cadence.lab.records import RequestRecord, recording, sent
 
 
@@ -103,6 +105,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Speak the Open Inference Protocol to this model (lab/kserve_load.py); None: cadence's."""
     grpc: GrpcTarget | None = None
     """Drive this method of any gRPC service (lab/grpc_load.py); None: cadence's."""
+    openai: OpenAITarget | None = None
+    """Speak the OpenAI HTTP API to this server and model (lab/openai_load.py); None: gRPC."""
 
 
 GENERATE = "/cadence.v1.Inference/Generate"
@@ -194,7 +198,7 @@ async def _run_process(
 ) -> tuple[list[RequestRecord], float, float, int]:
     """Connect, warm up, report `ready()` (which returns the agreed start time), then run.
     `completed` (a shared c_longlong, or None) gets one added per measured request."""
-    channels = [
+    channels = [] if plan.openai is not None else [
         (plan.credentials or ClientCredentials()).aio_channel(
             plan.target, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(plan.channels)
@@ -202,7 +206,11 @@ async def _run_process(
     for channel in channels:
         await asyncio.wait_for(channel.channel_ready(), 30)
     decode = functools.partial(decode_chunks, include_timing=plan.include_timing)
-    if plan.kserve is not None:
+    if plan.openai is not None:  # HTTP sessions stand for the channels
+        channels = stubs = [openai_session(plan.openai) for _ in range(plan.channels)]
+        one = functools.partial(one_openai, plan.openai)
+        decode = functools.partial(decode_events, include_timing=plan.include_timing)
+    elif plan.kserve is not None:
         stubs = [kserve_stub(c) for c in channels]
         one = functools.partial(one_kserve, plan.kserve)
     elif plan.grpc is not None:

@@ -11,15 +11,19 @@ and the sweep goes on.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import statistics
 from collections.abc import Callable
+
+import msgspec
 
 from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.command_server import CommandServer
 from cadence.lab.grpc_schema import SchemaError
 from cadence.lab.kserve_load import KServeTarget
+from cadence.lab.openai_load import OpenAITarget
 from cadence.lab.server_process import ServerProcess
 
 SERVER_VARIABLES = {
@@ -81,13 +85,15 @@ def run_sweep(variable: str, values: list[str], serve_args: list[str], workload:
               server_cmd: str | None = None, ready_timeout: float = 60.0,
               credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
-              resolve_grpc: Callable | None = None) -> dict:
+              resolve_grpc: Callable | None = None,
+              openai: OpenAITarget | None = None) -> dict:
     """Every value, `repeat` times, each on a fresh server; results without raw records.
 
     The server is `cadence serve SERVE_ARGS`, or `server_cmd` filled with the value. With
     `kserve` the load speaks the Open Inference Protocol; with `resolve_grpc(target,
     credentials)`, which resolves any gRPC method once (against the first server that is
-    ready), the load drives that method.
+    ready), the load drives that method. With `openai` each server also serves HTTP
+    (`--http-port 0`) and the load speaks the OpenAI API to it.
     """
     grpc = None
     points = []
@@ -107,6 +113,8 @@ def run_sweep(variable: str, values: list[str], serve_args: list[str], workload:
                 progress(f"{variable}={value} run {n + 1}/{repeat}: {server.command}")
             else:
                 args = _server_args(serve_args, variable, value)
+                if openai is not None:
+                    args = [*args, "--http-port", "0"]
                 server = ServerProcess(*args)
                 progress(f"{variable}={value} run {n + 1}/{repeat}: "
                          f"cadence serve {shlex.join(args)}")
@@ -114,8 +122,10 @@ def run_sweep(variable: str, values: list[str], serve_args: list[str], workload:
                 with server:
                     if resolve_grpc is not None and grpc is None:
                         grpc = resolve_grpc(server.target, credentials or ClientCredentials())
+                    http = _http_target(server, openai) if openai is not None else None
                     result = run_bench(server.target, load, processes=procs,
-                                       credentials=credentials, kserve=kserve, grpc=grpc)
+                                       credentials=credentials, kserve=kserve, grpc=grpc,
+                                       openai=http)
             except SchemaError:
                 raise  # the same for every value: the sweep cannot run
             except RuntimeError as exc:
@@ -135,6 +145,14 @@ def run_sweep(variable: str, values: list[str], serve_args: list[str], workload:
     else:
         sweep["serve_args"] = serve_args
     return {"sweep": sweep}
+
+
+def _http_target(server: ServerProcess, openai: OpenAITarget) -> OpenAITarget:
+    """`openai` aimed at the HTTP port on the server's start line."""
+    match = re.search(r"\(http on (\S+):(\d+)\)", server.banner)
+    if match is None:
+        raise RuntimeError(f"the server printed no HTTP port: {server.banner!r}")
+    return msgspec.structs.replace(openai, base_url=f"http://{match.group(1)}:{match.group(2)}")
 
 
 def sweep_table(points: list[dict]) -> list[dict]:

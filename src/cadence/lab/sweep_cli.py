@@ -10,6 +10,7 @@ import sys
 from cadence.lab.bench_cli import (
     add_protocol_args,
     add_workload_args,
+    openai_from_args,
     protocol_from_args,
     workload_from_args,
 )
@@ -57,11 +58,16 @@ def _sweep(args: argparse.Namespace) -> None:
         if missing_plotting() is not None:
             sys.exit(f"cadence sweep: {missing_plotting()}")
     kserve, resolve = protocol_from_args(args, "sweep")
+    openai = openai_from_args(args, "sweep")
+    if openai is not None and args.server_cmd:
+        sys.exit("cadence sweep: --protocol openai runs cadence serve (with --http-port), not "
+                 "--server-cmd")
     try:
         result = run_sweep(variable, values, shlex.split(args.serve_args),
                            workload_from_args(args), repeat=args.repeat, processes=args.procs,
                            server_cmd=args.server_cmd, ready_timeout=args.ready_timeout,
-                           credentials=credentials, kserve=kserve, resolve_grpc=resolve)
+                           credentials=credentials, kserve=kserve, resolve_grpc=resolve,
+                           openai=openai)
     except SchemaError as exc:
         sys.exit(f"cadence sweep: {exc}")
     print_table(result)

@@ -16,6 +16,8 @@ import shutil
 import signal
 import tempfile
 
+import msgspec
+
 from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
 from cadence.api.kserve.service import KServeService
 from cadence.api.v1.service import SERVICE_NAME, InferenceService
@@ -66,6 +68,8 @@ class CadenceServer:
         self.metrics = FrontMetrics(front=front)
         self.router = WorkerRouter(len(config.devices))
         self.port = 0
+        self.http_port: int | None = None
+        """The OpenAI-compatible HTTP port (`--http-port`), None without one."""
         self.metrics_port: int | None = None
         self._health_updates: set[asyncio.Task] = set()
 
@@ -97,7 +101,8 @@ class CadenceServer:
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
         channel.start_reading(loop, reader.handle)
         v1 = InferenceService(core, self._front_metadata())
-        kserve = KServeService(core, config.kserve_model_name, self._serving)
+        kserve = KServeService(core, config.model_name, self._serving)
+        self._http = self._http_server(core) if config.http_port is not None else None
 
         # 4. Metrics: the endpoint, and grpc.aio's failed sends counted instead of logged.
         self._serve_metrics()
@@ -124,7 +129,9 @@ class CadenceServer:
 
         # 7. --fronts N, front 0: the other fronts, ready and watched.
         if self.front == 0 and config.fronts > 1:
-            fronts = FrontChildren(config, self._base, self.port, on_gone=self._front_gone,
+            shared = (msgspec.structs.replace(config, http_port=self.http_port)
+                      if self.http_port is not None else config)  # every front: one HTTP port
+            fronts = FrontChildren(shared, self._base, self.port, on_gone=self._front_gone,
                                    on_back=self._front_back)
             self.metrics.watch_front_restarts(fronts.restarts)
             self._fronts = fronts
@@ -146,6 +153,9 @@ class CadenceServer:
         else:
             log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n,
                      config.devices)
+            if self.http_port is not None:
+                log.info("OpenAI-compatible HTTP on %s:%d, model %r", config.host,
+                         self.http_port, config.model_name)
         return self.port
 
     async def stop(self) -> None:
@@ -158,6 +168,28 @@ class CadenceServer:
     async def _open_port(self) -> None:
         self.port = await self._grpc.start()
         self._stack.push_async_callback(self._grpc.stop)
+        if self._http is not None:
+            self.http_port = await self._http.start()
+            self._stack.push_async_callback(self._http.stop)
+
+    def _http_server(self, core: FrontCore):
+        """The OpenAI-compatible HTTP front (`--http-port`): its adapter and its server."""
+        from cadence.api.openai.chat import chat_format
+        from cadence.api.openai.service import OpenAIService
+        from cadence.api.security import read_tokens
+        from cadence.lifecycle.http_server import HttpServer
+
+        config = self.config
+        tokens = read_tokens(config.auth_token_file) if config.auth_token_file else None
+        service = OpenAIService(
+            core, config.model_name, self._all_ready, chat_format(config),
+            default_max_tokens=config.max_tokens_limit, max_body=config.max_message_bytes,
+            tokens=tokens, headers=self._front_metadata())
+        return HttpServer(config, service.app())
+
+    def _all_ready(self) -> bool:
+        """GET /health: start-up is over, no drain, every worker ready."""
+        return self.core.refusal is None and all(self.supervisor.ready)
 
     def _make_launcher(self) -> Launcher:
         if self.config.app_in_front:

@@ -1,0 +1,338 @@
+"""The OpenAI wire, without HTTP: a request body to the core's `Request`, each `Chunk` to the
+bytes of one Server-Sent Event (or to a whole response), stop strings.
+
+Fields read (docs/openai.md): `model`, `prompt` (completions: a string, one string in a list,
+or token ids) or `messages` (chat), `max_tokens` / `max_completion_tokens`, `temperature`,
+`top_p`, `seed`, `stop` (a string or up to 4), `stop_token_ids`, `n` (1 only), `stream`,
+`stream_options.include_usage`; `user` and fields cadence does not use are ignored. Two
+extension fields of cadence's own: `cadence_timing` (server timestamps on every chunk, for the
+lab's segments) and `cadence_timeout_s` (a deadline: 504 once it passes).
+
+Streamed events are built from bytes that are fixed per request (id, object, created, model)
+and the chunk's own text, encoded with msgspec: the per-chunk work is one string encode.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from cadence.api.errors import http_status
+from cadence.core.errors import InvalidRequest
+from cadence.core.requests import Chunk, ChunkTiming, Request
+from cadence.transport.messages import Failure, Finish
+
+COMPLETIONS = "completions"
+CHAT = "chat"
+DONE = b"data: [DONE]\n\n"
+DEFAULT_COMPLETION_TOKENS = 16
+"""`max_tokens` of a completion that gives none (OpenAI's documented default)."""
+_MAX_STOPS = 4
+
+FINISH_REASON = {Finish.LENGTH: "length", Finish.STOP: "stop"}
+
+_encode = msgspec.json.Encoder().encode
+_decode_body = msgspec.json.Decoder().decode
+
+
+class BadField(InvalidRequest):
+    """Invalid input in one field: `param` names it (the error body's `param`)."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class OpenAIRequest(msgspec.Struct, kw_only=True):
+    """A parsed request: the core's `Request` and what only the OpenAI wire needs."""
+
+    endpoint: str
+    model: str
+    request: Request
+    stream: bool = False
+    include_usage: bool = False
+    stops: list[str] = []
+    messages: list[dict[str, str]] = []
+    """Chat: the messages (role and text), rendered into `request.prompt` by a ChatTemplate."""
+    timeout_s: float | None = None
+
+
+def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIRequest:
+    """A request body of `endpoint` (COMPLETIONS or CHAT); raise BadField naming the field."""
+    try:
+        data = _decode_body(body) if body else None
+    except msgspec.DecodeError as exc:
+        raise BadField(None, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BadField(None, "the request body must be a JSON object")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadField("model", "model is required: the name GET /v1/models lists")
+    n = data.get("n", 1)
+    if n not in (1, None):
+        raise BadField("n", "n must be 1: this server returns one choice per request")
+    request = Request(
+        max_tokens=_max_tokens(data, endpoint, default_max_tokens),
+        temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(data, "top_p", 1.0, 0.0, 1.0),
+        seed=_integer(data, "seed", 0),
+        stop_token_ids=_token_ids(data, "stop_token_ids", required=False),
+        include_timing=_boolean(data, "cadence_timing"),
+    )
+    out = OpenAIRequest(endpoint=endpoint, model=model, request=request,
+                        stream=_boolean(data, "stream"), stops=_stops(data))
+    options = data.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise BadField("stream_options", "stream_options must be an object")
+        out.include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
+    timeout = data.get("cadence_timeout_s")
+    if timeout is not None:
+        if not _is_number(timeout) or timeout <= 0:
+            raise BadField("cadence_timeout_s", "cadence_timeout_s must be a positive number "
+                           "of seconds")
+        out.timeout_s = float(timeout)
+    if endpoint == CHAT:
+        out.messages = _messages(data)
+    else:
+        _prompt(data, request)
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(data: dict, name: str, default: float, low: float, high: float) -> float:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not _is_number(value) or not low <= value <= high:
+        raise BadField(name, f"{name} must be a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _integer(data: dict, name: str, default: int) -> int:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadField(name, f"{name} must be an integer")
+    return value
+
+
+def _boolean(data: dict, name: str, param: str | None = None) -> bool:
+    value = data.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadField(param or name, f"{param or name} must be true or false")
+    return value
+
+
+def _max_tokens(data: dict, endpoint: str, default: int) -> int:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = data.get(name)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BadField(name, f"{name} must be an integer of at least 1")
+            return value
+    return DEFAULT_COMPLETION_TOKENS if endpoint == COMPLETIONS else default
+
+
+def _token_ids(data: dict, name: str, *, required: bool) -> list[int]:
+    value = data.get(name)
+    if value is None and not required:
+        return []
+    if (not isinstance(value, list)
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
+        raise BadField(name, f"{name} must be a list of token ids (integers, 0 or more)")
+    return value
+
+
+def _stops(data: dict) -> list[str]:
+    value = data.get("stop")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if (not isinstance(value, list) or len(value) > _MAX_STOPS
+            or not all(isinstance(s, str) and s for s in value)):
+        raise BadField("stop", f"stop must be a non-empty string or a list of up to "
+                       f"{_MAX_STOPS} of them")
+    return value
+
+
+def _prompt(data: dict, request: Request) -> None:
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str) and prompt:
+        request.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if min(prompt) < 0:
+            raise BadField("prompt", "prompt token ids must not be negative")
+        request.prompt_token_ids = prompt
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise BadField("prompt", "prompt must be one prompt: this server does not batch "
+                       "several prompts in one request")
+    else:
+        raise BadField("prompt", "prompt is required: a non-empty string or a list of "
+                       "token ids")
+
+
+def _messages(data: dict) -> list[dict[str, str]]:
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadField("messages", "messages is required: a non-empty list of "
+                       "{role, content} objects")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadField(f"messages[{i}]", f"messages[{i}] must be an object with a role")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                        part.get("text"), str):
+                    raise BadField(f"messages[{i}].content",
+                                   "only text content parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise BadField(f"messages[{i}].content",
+                           f"messages[{i}].content must be a string or a list of text parts")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+class StopStrings:
+    """Ends the output at the first of `stops`: text is held back while it could still be
+    the start of one, and what follows a match is dropped."""
+
+    __slots__ = ("_hold", "_pending", "_stops", "matched")
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = stops
+        self._hold = max(map(len, stops)) - 1
+        self._pending = ""
+        self.matched = False
+
+    def feed(self, text: str, final: bool) -> str:
+        """The text that may go out now; `matched` turns true at a stop string."""
+        pending = self._pending + text
+        cut = min((i for i in (pending.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.matched = True
+            self._pending = ""
+            return pending[:cut]
+        if final:
+            self._pending = ""
+            return pending
+        keep = 0
+        for size in range(min(self._hold, len(pending)), 0, -1):
+            tail = pending[-size:]
+            if any(s.startswith(tail) for s in self._stops):
+                keep = size
+                break
+        self._pending = pending[len(pending) - keep:] if keep else ""
+        return pending[: len(pending) - keep]
+
+
+def _extension(chunk: Chunk, timing: ChunkTiming) -> bytes:
+    """`cadence_timing`'s field of one event: the chunk's position, its token count (an event
+    can hold several tokens) and the server's timestamps."""
+    return (b',"cadence":{"index":%d,"tokens":%d,"timing":' % (chunk.index, len(chunk.token_ids))
+            + _encode(timing) + b"}")
+
+
+class Encoder:
+    """The bytes of one request's responses: SSE events while streaming, or one body."""
+
+    __slots__ = ("_chat", "_head", "_timing", "completion_tokens", "created", "id", "model",
+                 "prompt_tokens")
+
+    def __init__(self, endpoint: str, model: str) -> None:
+        self._chat = endpoint == CHAT
+        self.id = ("chatcmpl-" if self._chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())  # the wire's field: seconds since the epoch
+        self.model = model
+        obj = "chat.completion.chunk" if self._chat else "text_completion"
+        self._head = (b'data: {"id":"' + self.id.encode() + b'","object":"' + obj.encode()
+                      + b'","created":%d,"model":' % self.created + _encode(model))
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def _choice(self, text: str, finish: str | None, first: bool) -> bytes:
+        reason = b"null" if finish is None else b'"' + finish.encode() + b'"'
+        if not self._chat:
+            return (b'{"index":0,"text":' + _encode(text) + b',"logprobs":null,'
+                    b'"finish_reason":' + reason + b"}")
+        if finish is not None and not text:
+            delta = b"{}"
+        elif first:
+            delta = b'{"role":"assistant","content":' + _encode(text) + b"}"
+        else:
+            delta = b'{"content":' + _encode(text) + b"}"
+        return b'{"index":0,"delta":' + delta + b',"logprobs":null,"finish_reason":' + reason + b"}"
+
+    def event(self, text: str, finish: str | None, *, first: bool, usage_null: bool,
+              chunk: Chunk | None = None) -> bytes:
+        """One SSE event of a streamed response (`usage_null`: `include_usage` is on, so every
+        chunk but the last carries `"usage":null`; a `chunk` with timing adds `cadence`)."""
+        out = self._head + b',"choices":[' + self._choice(text, finish, first) + b"]"
+        if usage_null:
+            out += b',"usage":null'
+        if chunk is not None and chunk.timing is not None:
+            out += _extension(chunk, chunk.timing)
+        return out + b"}\n\n"
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def usage_event(self) -> bytes:
+        """The last chunk with `stream_options.include_usage`: no choices, the usage."""
+        return self._head + b',"choices":[],"usage":' + _encode(self.usage()) + b"}\n\n"
+
+    def count(self, chunk: Chunk) -> None:
+        if chunk.index == 0:
+            self.prompt_tokens = chunk.prompt_tokens
+        self.completion_tokens += len(chunk.token_ids)
+
+    def whole(self, text: str, finish: str | None) -> bytes:
+        """The body of a response with `stream: false`."""
+        if self._chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return _encode({
+            "id": self.id, "object": "chat.completion" if self._chat else "text_completion",
+            "created": self.created, "model": self.model, "choices": [choice],
+            "usage": self.usage(),
+        })
+
+
+def error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
+    """OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`."""
+    return _encode({"error": {"message": message, "type": kind, "param": param, "code": code}})
+
+
+def failure_body(failure: Failure, message: str, param: str | None = None) -> tuple[int, bytes]:
+    """The HTTP status (cadence.api.errors, the one map) and the error body of a failure;
+    `code` is the failure's name in lower case."""
+    status, kind = http_status(failure)
+    return status, error_body(message, kind, failure.name.lower(), param)
+
+
+def models_body(model: str, created: int) -> bytes:
+    return _encode({"object": "list", "data": [
+        {"id": model, "object": "model", "created": created, "owned_by": "cadence"}]})

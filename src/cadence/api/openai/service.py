@@ -1,0 +1,272 @@
+"""The OpenAI-compatible HTTP API (aiohttp) in front of cadence's data path.
+
+An adapter like cadence.v1's `Generate`: each request body is mapped to the core's `Request`
+(protocol.py; chat messages through chat.py) and opened with `FrontCore.open`, so the same
+validation, admission, router, workers, per-request buffers, deadlines, metrics and cleanup
+apply; each `Chunk` goes out as one Server-Sent Event (`stream: true`) or joins one JSON body.
+Failures become OpenAI-shaped errors with their HTTP status (cadence.api.errors).
+
+- The response starts (status 200 and the SSE headers) with the first chunk, so a request
+  that fails before its first token (the deadline, a worker that stopped, the engine's own
+  check) still gets its status. A failure after that comes as one `data: {"error": ...}` event
+  before `data: [DONE]`.
+- A client that disconnects cancels its handler (aiohttp's handler cancellation): the
+  `Generation` closes, which aborts the sequence in its worker at the next step.
+- `stop` strings end the output at the first match (the text after it is never sent) and
+  the sequence is aborted in the worker; the request counts as OK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from cadence.api.errors import HTTP_UNAUTHENTICATED
+from cadence.api.openai.chat import PlainChat, TemplateChat
+from cadence.api.openai.protocol import (
+    CHAT,
+    COMPLETIONS,
+    DONE,
+    FINISH_REASON,
+    BadField,
+    Encoder,
+    OpenAIRequest,
+    StopStrings,
+    error_body,
+    failure_body,
+    models_body,
+    parse,
+)
+from cadence.core.errors import RequestError
+from cadence.core.front import FrontCore, Generation
+from cadence.transport.messages import Failure
+
+_JSON = "application/json"
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no"}
+_OPEN_PATHS = ("/health",)
+"""Routes that need no bearer token (probes; see cadence.api.security)."""
+_CORE_PARAMS = (("max_tokens", "max_tokens"), ("the prompt", "prompt"), ("prompt", "prompt"),
+                ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"))
+"""The field a core's InvalidRequest is about, from how its message begins."""
+
+
+def _json(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=_JSON)
+
+
+def _failure(failure: Failure, message: str, param: str | None = None) -> web.Response:
+    status, body = failure_body(failure, message, param)
+    return _json(body, status)
+
+
+def _param(exc: RequestError, endpoint: str) -> str | None:
+    if isinstance(exc, BadField):
+        return exc.param
+    if exc.failure is not Failure.INVALID_ARGUMENT:
+        return None
+    for prefix, param in _CORE_PARAMS:
+        if exc.message.startswith(prefix):
+            return "messages" if param == "prompt" and endpoint == CHAT else param
+    return None
+
+
+class OpenAIService:
+    """Serves the OpenAI-compatible routes for one model, `model_name`, through `core`.
+
+    `ready()`: every worker is ready and the server is not draining (GET /health).
+    `default_max_tokens`: a chat request's `max_tokens` when it gives none; `max_body`: the
+    largest request body (`--max-message-bytes`); `tokens`: the accepted bearer tokens
+    (`--auth-token-file`), or None for no check; `headers`: sent with every streamed
+    response (`--fronts N`: which front serves it, as cadence.v1's initial metadata).
+    """
+
+    def __init__(self, core: FrontCore, model_name: str, ready: Callable[[], bool],
+                 chat: TemplateChat | PlainChat, *, default_max_tokens: int, max_body: int,
+                 tokens: list[str] | None = None,
+                 headers: tuple[tuple[str, str], ...] | None = None) -> None:
+        self.core = core
+        self.model_name = model_name
+        self._ready = ready
+        self._chat = chat
+        self._default_max_tokens = default_max_tokens
+        self._max_body = max_body
+        self._created = int(time.time())
+        self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens or ()]
+        self._sse_headers = {**_SSE_HEADERS, **dict(headers or ())}
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors_and_auth],
+                              client_max_size=self._max_body)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        return app
+
+    # --- routes ----------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, COMPLETIONS)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, CHAT)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return _json(models_body(self.model_name, self._created))
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self._ready():
+            return _json(b'{"status":"ok"}')
+        return _failure(Failure.UNAVAILABLE, self.core.refusal or
+                        "not every worker is ready; retry shortly")
+
+    # --- middleware ------------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
+        if self._digests and request.path not in _OPEN_PATHS:
+            refusal = self._check_token(request.headers.get("Authorization"))
+            if refusal is not None:
+                status, kind = HTTP_UNAUTHENTICATED
+                return _json(error_body(refusal, kind, "invalid_api_key"), status)
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return _failure(Failure.NOT_FOUND, f"no route {request.path}; this server serves "
+                            "POST /v1/completions, POST /v1/chat/completions, GET /v1/models "
+                            "and GET /health")
+        except web.HTTPMethodNotAllowed as exc:
+            return _json(error_body(
+                f"{request.method} is not allowed on {request.path}; use "
+                f"{', '.join(sorted(exc.allowed_methods))}", "invalid_request_error",
+                "method_not_allowed"), 405)
+        except web.HTTPRequestEntityTooLarge:
+            return _failure(Failure.INVALID_ARGUMENT, "the request body is larger than this "
+                            "server accepts (--max-message-bytes)")
+
+    def _check_token(self, header: str | None) -> str | None:
+        """Why the Authorization header is refused, or None when it carries an accepted token.
+        Compared as SHA-256 digests, against every token (as cadence.api.security does)."""
+        if header is None:
+            return ("this server requires a bearer token: send the header 'Authorization: "
+                    "Bearer <token>'")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return "the Authorization header must be 'Bearer <token>'"
+        digest = hashlib.sha256(token.encode()).digest()
+        accepted = False
+        for known in self._digests:
+            accepted |= hmac.compare_digest(known, digest)
+        return None if accepted else ("the bearer token is not one this server accepts (see "
+                                      "the server's --auth-token-file)")
+
+    # --- generation ------------------------------------------------------------------------
+
+    async def _generate(self, http: web.Request, endpoint: str) -> web.StreamResponse:
+        received_ns = time.monotonic_ns()
+        core = self.core
+        try:
+            wire = parse(await http.read(), endpoint, default_max_tokens=self._default_max_tokens)
+            if wire.model != self.model_name:
+                core.refused(Failure.NOT_FOUND)
+                return _failure(Failure.NOT_FOUND, f"the model {wire.model!r} does not exist "
+                                f"here; this server serves {self.model_name!r}", "model")
+            if endpoint == CHAT:
+                try:
+                    wire.request.prompt = self._chat.render(wire.messages)
+                except Exception as exc:  # a template's own refusal or error
+                    raise BadField("messages", str(exc)) from None
+        except BadField as exc:
+            core.refused(exc.failure)
+            return _failure(exc.failure, exc.message, exc.param)
+        try:
+            generation = core.open(wire.request, received_ns, _time_remaining(wire.timeout_s))
+        except RequestError as exc:  # counted by the core
+            return _failure(exc.failure, exc.message, _param(exc, endpoint))
+        with generation:
+            if wire.stream:
+                return await self._stream(http, wire, generation)
+            return await self._whole(wire, generation)
+
+    async def _stream(self, http: web.Request, wire: OpenAIRequest,
+                      generation: Generation) -> web.StreamResponse:
+        encoder = Encoder(wire.endpoint, self.model_name)
+        stops = StopStrings(wire.stops) if wire.stops else None
+        usage_null = wire.include_usage
+        response: web.StreamResponse | None = None
+        first = True
+        try:
+            try:
+                async for chunk in generation:
+                    encoder.count(chunk)
+                    finish = FINISH_REASON.get(chunk.finish)
+                    text = chunk.text
+                    if stops is not None:
+                        text = stops.feed(text, finish is not None)
+                        if stops.matched:
+                            finish = "stop"
+                    if response is None:
+                        response = web.StreamResponse(headers=self._sse_headers)
+                        await response.prepare(http)
+                    await response.write(encoder.event(text, finish, first=first,
+                                                       usage_null=usage_null,
+                                                       chunk=chunk))
+                    first = False
+                    if stops is not None and stops.matched:
+                        generation.failure = None  # finished here: OK, aborted in the worker
+                        break
+            except RequestError as exc:
+                if response is None:
+                    return _failure(exc.failure, exc.message)
+                _, body = failure_body(exc.failure, exc.message)
+                await response.write(b"data: " + body + b"\n\n" + DONE)
+                await response.write_eof()
+                return response
+            if response is None:  # cannot happen: the last chunk always comes
+                response = web.StreamResponse(headers=self._sse_headers)
+                await response.prepare(http)
+            if wire.include_usage:
+                await response.write(encoder.usage_event())
+            await response.write(DONE)
+            await response.write_eof()
+        except ConnectionError:  # the client went away mid-write: the Generation closes
+            pass
+        return response
+
+    async def _whole(self, wire: OpenAIRequest, generation: Generation) -> web.Response:
+        encoder = Encoder(wire.endpoint, self.model_name)
+        stops = StopStrings(wire.stops) if wire.stops else None
+        texts = []
+        finish = None
+        try:
+            async for chunk in generation:
+                encoder.count(chunk)
+                finish = FINISH_REASON.get(chunk.finish)
+                text = chunk.text
+                if stops is not None:
+                    text = stops.feed(text, finish is not None)
+                    if stops.matched:
+                        finish = "stop"
+                texts.append(text)
+                if stops is not None and stops.matched:
+                    generation.failure = None
+                    break
+        except RequestError as exc:
+            return _failure(exc.failure, exc.message)
+        return _json(encoder.whole("".join(texts), finish))
+
+
+def _time_remaining(timeout_s: float | None) -> Callable[[], float | None]:
+    """The request's seconds left before its `cadence_timeout_s`, or no deadline."""
+    if timeout_s is None:
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    return lambda: deadline - loop.time()

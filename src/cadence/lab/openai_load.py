@@ -1,0 +1,184 @@
+"""The load generator's OpenAI protocol: one request as `POST /v1/completions` or
+`/v1/chat/completions` with `stream: true`, to any OpenAI-compatible server (cadence's
+`--http-port`, vLLM, SGLang, TGI, llama.cpp's server).
+
+Between two events the hot path only stamps the arrival time and keeps the line's bytes;
+the events are parsed after the run (`decode_events`). Per event: `index` and `tokens` from
+cadence's own extension (`cadence_timing: true` puts the chunk's position, token count and
+server timestamps on every event, so the segments work); from another server, each event
+with text counts one token, unless the last chunk's `usage.completion_tokens` says more, which
+are then spread evenly over the events. The request asks for usage
+(`stream_options.include_usage`). The prompt is text: the planned prompt's token ids as
+printable characters, one per token (servers count them with their own tokenizers).
+
+Errors: an HTTP status other than 200 is recorded as `HTTP_<status>` with the error's
+message; an error event inside a stream as its `code` in upper case (cadence's failure names
+are gRPC's codes), else `STREAM_ERROR`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from cadence.lab.records import RequestRecord, recording, sent
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from cadence.lab.loadgen import RequestPlan
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_FINISH = {"length": 1, "stop": 2}
+_decode = msgspec.json.decode
+
+
+class OpenAITarget(msgspec.Struct, frozen=True):
+    """Which server, model and endpoint to drive."""
+
+    base_url: str
+    """`http://HOST:PORT` (or https)."""
+    model: str
+    endpoint: str = "completions"
+    """`completions` or `chat`."""
+    token: str = ""
+    """A bearer token, sent as `Authorization: Bearer <token>`; empty: none."""
+
+
+def session(target: OpenAITarget) -> aiohttp.ClientSession:
+    """One client session (a pool of connections, no limit) for a load process."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {target.token}"} if target.token else None
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers)
+
+
+def require_http(target: OpenAITarget, timeout: float = 5.0) -> None:
+    """Raise RuntimeError (one line) when nothing answers HTTP at the target: any status, even
+    401 or 404, is an answer."""
+    import urllib.error
+    import urllib.request
+
+    url = target.base_url + "/v1/models"
+    try:
+        urllib.request.urlopen(url, timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RuntimeError(f"no HTTP server answers at {target.base_url}: {reason}") from None
+
+
+def prompt_text(token_ids: list[int]) -> str:
+    """The planned prompt as text: one printable ASCII character per token id."""
+    return "".join(chr(97 + t % 26) for t in token_ids)
+
+
+def build_body(target: OpenAITarget, plan: RequestPlan, include_timing: bool) -> bytes:
+    body: dict = {"model": target.model, "max_tokens": plan.max_tokens, "stream": True,
+                  "stream_options": {"include_usage": True}, "temperature": 0}
+    text = prompt_text(plan.prompt_token_ids)
+    if target.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    if include_timing:
+        body["cadence_timing"] = True
+    return msgspec.json.encode(body)
+
+
+async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: RequestPlan,
+                     process: int, include_timing: bool, timeout: float | None,
+                     read_delay_s: float = 0.0) -> tuple[RequestRecord, list[bytes]]:
+    """Send one request, stamp and keep every event; never raises (errors are recorded)."""
+    import aiohttp
+
+    url = target.base_url + ENDPOINTS[target.endpoint]
+    body = build_body(target, plan, include_timing)
+    monotonic_ns = time.monotonic_ns
+    record = sent(plan, process)
+    arrival, events = record.arrival_ns, []
+    stamp, keep = arrival.append, events.append
+    with recording(record):
+        async with client.post(url, data=body, headers={"Content-Type": "application/json"},
+                               timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            if response.status != 200:
+                record.code = f"HTTP_{response.status}"
+                record.error = _message(await response.read())
+                return record, []
+            async for line in response.content:
+                if line[:6] == b"data: ":
+                    if line[6:12] == b"[DONE]":
+                        break
+                    stamp(monotonic_ns())
+                    keep(line)
+                    if read_delay_s:
+                        await asyncio.sleep(read_delay_s)
+    return record, events
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(_decode(body)["error"]["message"])
+    except Exception:
+        return body[:200].decode("utf-8", "replace")
+
+
+def decode_events(record: RequestRecord, events: list[bytes], include_timing: bool) -> None:
+    """Fill the record's per-chunk fields from the events `one_openai` kept."""
+    arrivals, kept_arrivals = record.arrival_ns, []
+    tokens, index = record.tokens, record.index
+    usage_tokens = None
+    ours = False
+    for at, line in zip(list(arrivals), events, strict=True):
+        event = _decode(line[6:])
+        if "error" in event:
+            error = event["error"] or {}
+            code = str(error.get("code") or "").upper()
+            record.code = code or "STREAM_ERROR"
+            record.error = str(error.get("message", ""))
+            continue
+        usage = event.get("usage")
+        if usage:
+            usage_tokens = usage.get("completion_tokens")
+        choices = event.get("choices") or []
+        if not choices:
+            continue  # the usage chunk
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            record.finish_reason = _FINISH.get(choice["finish_reason"], 1)
+        extension = event.get("cadence")
+        if extension is not None:
+            ours = True
+            kept_arrivals.append(at)
+            tokens.append(extension["tokens"])
+            index.append(extension["index"])
+            if include_timing:
+                _timing(record, extension)
+            continue
+        delta = choice.get("delta", choice)
+        text = delta.get("content") if "delta" in choice else choice.get("text")
+        if text:
+            kept_arrivals.append(at)
+            tokens.append(1)
+            index.append(len(index))
+    if not ours and usage_tokens and tokens and usage_tokens != len(tokens):
+        whole, extra = divmod(usage_tokens, len(tokens))
+        tokens[:] = [whole + (1 if i < extra else 0) for i in range(len(tokens))]
+        index[:] = [sum(tokens[:i]) for i in range(len(tokens))]
+    arrivals[:] = kept_arrivals
+
+
+def _timing(record: RequestRecord, extension: dict) -> None:
+    timing = extension["timing"]
+    record.t_step_start_ns.append(timing["step_start_ns"])
+    record.t_step_end_ns.append(timing["step_end_ns"])
+    record.t_front_recv_ns.append(timing["front_recv_ns"])
+    record.t_send_ns.append(timing["send_ns"])
+    if extension["index"] == 0:
+        record.worker = timing["worker"]
+        record.t_received_ns = timing["received_ns"]
+        record.t_scheduled_ns = timing["scheduled_ns"]

@@ -1,0 +1,63 @@
+"""The front's HTTP server (aiohttp, on the front's own event loop): the OpenAI-compatible
+routes on `--http-port`, with the gRPC port's TLS settings; with `--fronts N` every front
+binds the same port (SO_REUSEPORT), as for gRPC."""
+
+from __future__ import annotations
+
+import ssl
+
+from aiohttp import web
+
+from cadence.config import ServerConfig
+from cadence.lifecycle import StartupError
+
+_BACKLOG = 4096
+"""Connections the kernel queues before the loop accepts them (capped by net.core.somaxconn).
+HTTP/1.1 takes one connection per stream, so a burst of new streams is a burst of connects:
+aiohttp's default of 128 would overflow, and each dropped SYN costs its client a 1 s
+retransmit."""
+_SHUTDOWN_S = 1.0
+"""At stop (after the drain), how long the handlers still open get to end."""
+
+
+def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """TLS for the HTTP port from `--tls-cert` / `--tls-key` (and `--tls-client-ca`: mutual
+    TLS), or None for plaintext."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cafile=config.tls_client_ca)
+    return context
+
+
+class HttpServer:
+    """One aiohttp server for `app` on `config.host:config.http_port`."""
+
+    def __init__(self, config: ServerConfig, app: web.Application) -> None:
+        self._config = config
+        # Handler cancellation: a client that disconnects cancels its request's handler, so
+        # its Generation closes and the worker drops the sequence at its next step.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=_SHUTDOWN_S)
+
+    async def start(self) -> int:
+        """Bind and start; return the bound port."""
+        config = self._config
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, config.host, config.http_port,
+                           ssl_context=ssl_context(config), reuse_port=config.fronts > 1,
+                           backlog=_BACKLOG)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise StartupError(f"could not bind {config.host}:{config.http_port} for HTTP "
+                               f"({exc.strerror}); choose another --http-port (0 picks a "
+                               "free one)") from None
+        return site._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

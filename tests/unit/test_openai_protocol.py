@@ -1,0 +1,188 @@
+"""The OpenAI wire without HTTP: request bodies to the core's Request, events, stop strings,
+chat templates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cadence.api.openai.chat import PlainChat, load_template
+from cadence.api.openai.protocol import (
+    CHAT,
+    COMPLETIONS,
+    BadField,
+    Encoder,
+    StopStrings,
+    parse,
+)
+from cadence.core.requests import Chunk
+from cadence.transport.messages import Finish
+
+
+def _parse(body: dict, endpoint: str = COMPLETIONS):
+    return parse(json.dumps(body).encode(), endpoint, default_max_tokens=99)
+
+
+def test_completion_fields_map_to_the_core_request() -> None:
+    wire = _parse({"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.5,
+                   "top_p": 0.9, "seed": 3, "stop": "x", "stop_token_ids": [2], "user": "u",
+                   "stream": True, "stream_options": {"include_usage": True},
+                   "cadence_timing": True, "cadence_timeout_s": 2})
+    request = wire.request
+    assert (request.prompt, request.max_tokens, request.temperature, request.top_p,
+            request.seed, request.stop_token_ids, request.include_timing) == (
+        "Hi", 7, 0.5, 0.9, 3, [2], True)
+    assert wire.stream and wire.include_usage and wire.stops == ["x"]
+    assert wire.timeout_s == 2.0 and wire.model == "m"
+
+
+def test_defaults_and_prompt_forms() -> None:
+    assert _parse({"model": "m", "prompt": "Hi"}).request.max_tokens == 16
+    assert _parse({"model": "m", "prompt": [5, 6]}).request.prompt_token_ids == [5, 6]
+    assert _parse({"model": "m", "prompt": ["Hi"]}).request.prompt == "Hi"
+    assert _parse({"model": "m", "prompt": "Hi", "max_completion_tokens": 4}
+                  ).request.max_tokens == 4
+    chat = _parse({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, CHAT)
+    assert chat.messages == [{"role": "user", "content": "ab"}]
+    assert chat.request.max_tokens == 99
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "Hi"}, "model"),
+    ({"model": "m"}, "prompt"),
+    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "m", "prompt": "Hi", "n": 2}, "n"),
+    ({"model": "m", "prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "prompt": "Hi", "temperature": 3}, "temperature"),
+    ({"model": "m", "prompt": "Hi", "top_p": "x"}, "top_p"),
+    ({"model": "m", "prompt": "Hi", "stop": ["a"] * 5}, "stop"),
+    ({"model": "m", "prompt": "Hi", "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"model": "m", "prompt": "Hi", "stream": "yes"}, "stream"),
+    ({"model": "m", "prompt": "Hi", "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage"),
+])
+def test_invalid_fields_are_named(body: dict, param: str) -> None:
+    with pytest.raises(BadField) as info:
+        _parse(body)
+    assert info.value.param == param
+
+
+def test_chat_needs_messages_and_a_body_must_be_json() -> None:
+    with pytest.raises(BadField) as info:
+        _parse({"model": "m", "messages": []}, CHAT)
+    assert info.value.param == "messages"
+    with pytest.raises(BadField):
+        parse(b"{not json", COMPLETIONS, default_max_tokens=1)
+
+
+def test_stop_strings_hold_back_a_possible_start_and_cut_at_a_match() -> None:
+    stops = StopStrings(["END", "##"])
+    assert stops.feed("abc E", False) == "abc "
+    assert stops.feed("N", False) == ""
+    assert stops.feed("x", False) == "ENx"
+    assert not stops.matched
+    assert stops.feed("y#", False) == "y"
+    assert stops.feed("#tail", False) == ""
+    assert stops.matched
+    assert StopStrings(["zz"]).feed("z", True) == "z"  # the end flushes what was held
+
+
+def test_streamed_events_and_usage() -> None:
+    encoder = Encoder(CHAT, "m")
+    first = Chunk(0, [1, 2], "ab", Finish.NONE, prompt_tokens=5)
+    encoder.count(first)
+    event = encoder.event("ab", None, first=True, usage_null=True)
+    assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
+    body = json.loads(event[6:])
+    assert body["object"] == "chat.completion.chunk" and body["model"] == "m"
+    assert body["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "ab"},
+                                "logprobs": None, "finish_reason": None}]
+    assert body["usage"] is None
+    encoder.count(Chunk(2, [3], "c", Finish.LENGTH))
+    last = json.loads(encoder.event("", "length", first=False, usage_null=False)[6:])
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+    usage = json.loads(encoder.usage_event()[6:])
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    text = Encoder(COMPLETIONS, "m")
+    whole = json.loads(text.whole("hi", "stop"))
+    assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "hi"
+
+
+def test_plain_chat_format() -> None:
+    assert PlainChat().render([{"role": "system", "content": "Be terse."},
+                               {"role": "user", "content": "Hi"}]) == (
+        "system: Be terse.\nuser: Hi\nassistant:")
+
+
+_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+             "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+             "{% endif %}")
+
+
+def test_a_checkpoint_template_gives_transformers_token_ids(tmp_path) -> None:
+    """The rendered prompt, tokenized as the torch worker tokenizes it, is exactly
+    transformers' `apply_chat_template(..., add_generation_prompt=True)` (one BOS)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from cadence.engines.llama.tokenizer import TextTokenizer
+    from tests.llama_models import build_tokenizer
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), bos_token="<s>",
+                                 eos_token="</s>")
+    hf.chat_template = _TEMPLATE
+    hf.save_pretrained(tmp_path)
+    messages = [{"role": "system", "content": "the dog"}, {"role": "user", "content": "a fox"}]
+    expected = AutoTokenizer.from_pretrained(tmp_path).apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True)
+    expected = getattr(expected, "input_ids", expected)
+    template = load_template(tmp_path)
+    assert template is not None
+    assert TextTokenizer(tmp_path).encode(template.render(messages)) == list(expected)
+
+
+def test_the_template_file_wins_and_no_template_means_none(tmp_path) -> None:
+    assert load_template(tmp_path) is None
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
+        {"name": "default", "template": "{{ messages[0]['content'] }}?"}]}))
+    messages = [{"role": "user", "content": "Hi"}]
+    assert load_template(tmp_path).render(messages) == "Hi?"
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}!")
+    assert load_template(tmp_path).render(messages) == "Hi!"
+
+
+def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
+    from cadence.lab.openai_load import decode_events
+    from cadence.lab.records import RequestRecord
+
+    def event(body: dict) -> bytes:
+        return b"data: " + json.dumps(body).encode() + b"\n"
+
+    events = [event({"choices": [{"index": 0, "delta": {"content": "ab"},
+                                  "finish_reason": None}]}),
+              event({"choices": [{"index": 0, "delta": {"content": "c"},
+                                  "finish_reason": "length"}]}),
+              event({"choices": [], "usage": {"completion_tokens": 5}})]
+    record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
+    decode_events(record, events, include_timing=False)
+    assert (record.arrival_ns, record.tokens, record.index) == ([1, 2], [3, 2], [0, 3])
+    assert record.finish_reason == 1
+    failed = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1])
+    decode_events(failed, [event({"error": {"code": "unavailable", "message": "gone"}})], False)
+    assert (failed.code, failed.error) == ("UNAVAILABLE", "gone")
+
+
+def test_the_lab_says_when_nothing_answers_http() -> None:
+    import socket
+
+    from cadence.lab.openai_load import OpenAITarget, require_http
+
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        with pytest.raises(RuntimeError, match="no HTTP server answers"):
+            require_http(OpenAITarget(f"http://127.0.0.1:{port}", "m"), timeout=2)
