@@ -30,9 +30,11 @@ def test_tiny_model_start_up_is_exported_and_a_restart_overwrites_it(server_fact
     with Client(server.target) as client:
         while True:
             time.sleep(0.2)
+            # Health first, then the page: a page scraped before the replacement was ready
+            # would hold the first start's values even if health turned SERVING after it.
+            serving = client.health("cadence.worker.0") == "SERVING"
             again = scrape(url)
-            if (again["cadence_worker_restarts_total{worker=0}"] == 1
-                    and client.health("cadence.worker.0") == "SERVING"):
+            if again["cadence_worker_restarts_total{worker=0}"] == 1 and serving:
                 break
             assert time.monotonic() < deadline, "the killed worker was not restarted"
     assert again["cadence_worker_load_seconds{worker=0}"] > 0
