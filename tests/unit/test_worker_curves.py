@@ -36,6 +36,10 @@ def test_curves_per_worker():
     assert abs(fast["tokens_per_s"] - 160 / 1.2) < 1e-6
     assert fast["series"][0] == [0.0, 10.0, 4]
     assert worker_curves([RequestRecord(request_id="r", process=0, start_ns=0)]) is None
+    # Timing fields without step times (a server that fills them with zeros): no curves.
+    blank = stream(0, 0, 10.0)
+    blank.t_step_end_ns = [0] * len(blank.t_step_end_ns)
+    assert worker_curves([blank]) is None
 
 
 def diagnosed(records: list[RequestRecord]) -> set[str]:

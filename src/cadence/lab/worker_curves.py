@@ -41,8 +41,9 @@ def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None =
         arrival = r.arrival_ns
         itl[r.worker].extend((arrival[i] - arrival[i - 1]) / _NS_PER_MS / r.tokens[i]
                              for i in range(1, len(arrival)) if r.tokens[i])
+    steps = {worker: mine for worker, mine in steps.items() if mine}
     if not steps:
-        return None
+        return None  # timing without step times (a server that only echoes the fields)
     t0 = min(start for mine in steps.values() for start, _ in mine)
     t1 = max(end for mine in steps.values() for _, end in mine)
     span_s = max((t1 - t0) / 1e9, 1e-9)
