@@ -204,14 +204,7 @@ class OpenAIService:
         first = True
         try:
             try:
-                async for chunk in generation:
-                    encoder.count(chunk)
-                    finish = FINISH_REASON.get(chunk.finish)
-                    text = chunk.text
-                    if stops is not None:
-                        text = stops.feed(text, finish is not None)
-                        if stops.matched:
-                            finish = "stop"
+                async for chunk, text, finish in _pieces(generation, encoder, stops):
                     if response is None:
                         response = web.StreamResponse(headers=self._sse_headers)
                         await response.prepare(http)
@@ -219,9 +212,6 @@ class OpenAIService:
                                                        usage_null=usage_null,
                                                        chunk=chunk))
                     first = False
-                    if stops is not None and stops.matched:
-                        generation.failure = None  # finished here: OK, aborted in the worker
-                        break
             except RequestError as exc:
                 if response is None:
                     return _failure(exc.failure, exc.message)
@@ -246,21 +236,28 @@ class OpenAIService:
         texts = []
         finish = None
         try:
-            async for chunk in generation:
-                encoder.count(chunk)
-                finish = FINISH_REASON.get(chunk.finish)
-                text = chunk.text
-                if stops is not None:
-                    text = stops.feed(text, finish is not None)
-                    if stops.matched:
-                        finish = "stop"
+            async for _, text, finish in _pieces(generation, encoder, stops):
                 texts.append(text)
-                if stops is not None and stops.matched:
-                    generation.failure = None
-                    break
         except RequestError as exc:
             return _failure(exc.failure, exc.message)
         return _json(encoder.whole("".join(texts), finish))
+
+
+async def _pieces(generation: Generation, encoder: Encoder, stops: StopStrings | None):
+    """Each chunk as (chunk, its text, its finish reason), counted by `encoder`, with the stop
+    strings applied: at a match the text is cut there, the finish is "stop", and the request
+    ends OK (the core aborts its sequence in the worker when the Generation closes)."""
+    async for chunk in generation:
+        encoder.count(chunk)
+        finish = FINISH_REASON.get(chunk.finish)
+        text = chunk.text
+        if stops is not None:
+            text = stops.feed(text, finish is not None)
+            if stops.matched:
+                generation.failure = None
+                yield chunk, text, "stop"
+                return
+        yield chunk, text, finish
 
 
 def _time_remaining(timeout_s: float | None) -> Callable[[], float | None]:
