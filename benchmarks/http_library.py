@@ -13,6 +13,9 @@ is finished inside the step (each event carries its step's wake-up time).
     flock /tmp/cadence-bench.lock python benchmarks/http_library.py \
         [--out results/http_library.json] [--streams 256] [--events 128] [--step-ms 20]
 
+The uvicorn candidate needs `pip install uvicorn httptools` (not a dependency of cadence;
+`--only aiohttp protocol grpc` leaves it out).
+
 Candidates: aiohttp (web.StreamResponse), uvicorn with httptools (a raw ASGI app), a bare
 asyncio.Protocol writing SSE (the floor), and grpc.aio (generic handler, bytes in and out).
 granian is not a candidate: it runs the application on event loops of its own in worker
@@ -36,6 +39,9 @@ import psutil
 
 from cadence import event_loop
 
+sys.path.insert(0, str(Path(__file__).parent))
+from sse_reference import Ticker  # noqa: E402  (one timer that wakes every stream per step)
+
 _HEAD = b'{"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk",'
 _TAIL = b',"model":"cadence","choices":[{"index":0,"delta":{"content":"A"},"finish_reason":null}]}'
 
@@ -47,38 +53,9 @@ def payload(tick_ns: int) -> bytes:
 
 def sse(tick_ns: int) -> bytes:
     return b"data: " + payload(tick_ns) + b"\n\n"
+
+
 CANDIDATES = ("aiohttp", "uvicorn", "protocol", "grpc")
-
-
-class Ticker:
-    """One timer for all streams: every `step_s` it wakes every waiting stream at once, with
-    the step's wake-up time (the future's result) stamped in the event they write."""
-
-    def __init__(self, step_s: float) -> None:
-        self._step_s = step_s
-        self._waiters: list[asyncio.Future] = []
-        self._started = False
-
-    def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.call_later(self._step_s, self._tick)
-        waiters, self._waiters = self._waiters, []
-        now = time.monotonic_ns()
-        for future in waiters:
-            if not future.done():
-                future.set_result(now)
-
-    def wait(self) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        if not self._started:
-            self._started = True
-            loop.call_later(self._step_s, self._tick)
-        future = loop.create_future()
-        self._waiters.append(future)
-        return future
-
-
-# --- servers ---------------------------------------------------------------------------------
 
 
 async def _serve_aiohttp(ticker: Ticker, events: int) -> None:
@@ -275,16 +252,20 @@ def main() -> None:
                   f"delay p99 {run['event_delay_ms']['p99']:6.2f} ms  "
                   f"events {run['events']}/{run['expected']}", flush=True)
     best = {kind: min(r["server_cpu_us_per_event"] for r in rs) for kind, rs in runs.items()}
-    import aiohttp
-    import grpc
-    import uvicorn
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
 
     out = {
         "command": " ".join(["python", "benchmarks/http_library.py", *sys.argv[1:]]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
-        "versions": {"aiohttp": aiohttp.__version__, "uvicorn": uvicorn.__version__,
-                     "grpcio": grpc.__version__},
+        "versions": {name: installed(name) for name in ("aiohttp", "uvicorn", "httptools",
+                                                         "grpcio")},
         "workload": {"streams": args.streams, "events": args.events, "step_ms": args.step_ms},
         "server_cpu_us_per_event_best": best,
         "runs": runs,
