@@ -19,6 +19,7 @@ are gRPC's codes), else `STREAM_ERROR`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import TYPE_CHECKING
 
@@ -168,7 +169,7 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
     if not ours and usage_tokens and tokens and usage_tokens != len(tokens):
         whole, extra = divmod(usage_tokens, len(tokens))
         tokens[:] = [whole + (1 if i < extra else 0) for i in range(len(tokens))]
-        index[:] = [sum(tokens[:i]) for i in range(len(tokens))]
+        index[:] = [0, *itertools.accumulate(tokens[:-1])]
     arrivals[:] = kept_arrivals
 
 
