@@ -222,23 +222,24 @@ LATE_LOOP_S = 0.02
 
 def front_loop(records: list[RequestRecord]) -> dict | None:
     """The front's loop lag over the run (see the module docstring); None without tallies."""
-    first: dict[int, tuple[int, list[int]]] = {}
-    last: dict[int, tuple[int, list[int]]] = {}
+    first: dict[int, tuple[int, str]] = {}
+    """Per front: the earliest stream start and the tally sent then."""
+    last: dict[int, tuple[int, str]] = {}
+    """Per front: the latest stream end and the tally sent then."""
     for r in records:
         if len(r.loop_lag) != 2:
             continue
-        for t, text, keep, older in ((r.start_ns, r.loop_lag[0], first, True),
-                                     (r.end_ns, r.loop_lag[1], last, False)):
-            front, _, counts = text.split(":")
-            k = int(front)
-            if k not in keep or (t < keep[k][0]) == older:
-                keep[k] = (t, [int(c) for c in counts.split(",")])
+        front = int(r.loop_lag[0].partition(":")[0])
+        if front not in first or r.start_ns < first[front][0]:
+            first[front] = (r.start_ns, r.loop_lag[0])
+        if front not in last or r.end_ns >= last[front][0]:
+            last[front] = (r.end_ns, r.loop_lag[1])
     if not first:
         return None
     bounds = LoopLagTally.BOUNDS_S
     delta = [0] * (len(bounds) + 1)
     for k, (_, start) in first.items():
-        for i, (a, b) in enumerate(zip(start, last[k][1], strict=True)):
+        for i, (a, b) in enumerate(zip(_counts(start), _counts(last[k][1]), strict=True)):
             delta[i] += b - a
     samples = sum(delta)
     edges = [*bounds, math.inf]
@@ -260,3 +261,8 @@ def front_loop(records: list[RequestRecord]) -> dict | None:
         "p99_ms_at_most": upper(0.99),
         "max_ms_at_most": upper(1.0),
     }
+
+
+def _counts(tally: str) -> list[int]:
+    """The per-bucket counts of an encoded `LoopLagTally` (`FRONT:SAMPLES:C0,C1,...`)."""
+    return [int(c) for c in tally.rsplit(":", 1)[1].split(",")]
