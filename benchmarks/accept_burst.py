@@ -20,8 +20,8 @@ from pathlib import Path
 
 import msgspec
 
-from cadence.lab.server_process import ServerProcess
-from cadence.lab.stats import distribution
+from cadence.lab.analysis.stats import distribution
+from cadence.lab.servers.server_process import ServerProcess
 
 
 async def _waves(target: str, first: int, second: int, delay_s: float) -> list[float]:

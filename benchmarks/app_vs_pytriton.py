@@ -26,12 +26,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.records import RequestRecord
-from cadence.lab.server_process import ServerProcess
-from cadence.lab.stats import summarize
 from peers import pytriton_server  # benchmarks/ is on sys.path when run as a script
+
+from cadence.lab.analysis.stats import summarize
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.records import RequestRecord
+from cadence.lab.servers.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DELAY_MS = 10

@@ -25,7 +25,7 @@ import grpc
 import msgspec
 
 from cadence import event_loop
-from cadence.lab.stats import distribution
+from cadence.lab.analysis.stats import distribution
 
 METHOD = "/cadence.v1.Inference/Generate"
 

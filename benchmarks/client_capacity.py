@@ -26,10 +26,11 @@ from pathlib import Path
 
 import psutil
 
-from cadence.lab.grpc_load import GrpcTarget
-from cadence.lab.grpc_schema import from_protos
-from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.grpc_schema import from_protos
+from cadence.lab.load.grpc_service import GrpcTarget
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.processes import ProcessPlan, run_load
+from cadence.lab.servers.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = [sys.executable, str(Path(__file__).with_name("plain_grpc_reference.py"))]

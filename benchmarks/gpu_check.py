@@ -329,7 +329,7 @@ def served_check(folder, n: int, want_ids: list[list[int]], want: list[list[int]
     from transformers import AutoTokenizer
 
     from cadence.client import Client
-    from cadence.lab.server_process import ServerProcess
+    from cadence.lab.servers.server_process import ServerProcess
     from tests.llama_models import PROMPTS, hf_greedy
 
     tok = AutoTokenizer.from_pretrained(folder)

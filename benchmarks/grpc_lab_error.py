@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cadence import event_loop  # noqa: E402
-from cadence.lab.bench import Workload, run_bench  # noqa: E402
-from cadence.lab.grpc_load import GrpcTarget  # noqa: E402
-from cadence.lab.grpc_schema import from_reflection, message_classes  # noqa: E402
-from cadence.lab.loadgen import RequestShape  # noqa: E402
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.grpc_schema import from_reflection, message_classes
+from cadence.lab.load.grpc_service import GrpcTarget
+from cadence.lab.load.plan import RequestShape
 from tests.node_ticker import COUNT_METHOD, ticker_server  # noqa: E402
 
 TARGET_MS = 0.5
@@ -47,7 +47,7 @@ def _reference(target: str, schema_bytes: bytes, streams: int, rounds: int, mess
     """The minimal client, in a process of its own: TTFT and gaps of every call."""
     import msgspec
 
-    from cadence.lab.grpc_schema import MethodSchema
+    from cadence.lab.load.grpc_schema import MethodSchema
 
     schema = msgspec.msgpack.decode(schema_bytes, type=MethodSchema)
     request_type, _ = message_classes(schema)

@@ -24,9 +24,9 @@ import psutil
 from serving_overhead import WORKLOADS, _cpu_s
 
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.openai_load import OpenAITarget
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.openai_http import OpenAITarget
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.server_process import ServerProcess
 
 _REFERENCE = Path(__file__).with_name("sse_reference.py")
 SERVERS = ("grpc", "sse", "sse-reference")

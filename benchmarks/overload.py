@@ -19,10 +19,10 @@ from pathlib import Path
 
 import msgspec
 
+from cadence.lab.analysis.stats import distribution
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.stats import distribution
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.server_process import ServerProcess
 
 LIMIT = 64
 BURST = 10 * LIMIT

@@ -40,7 +40,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.servers.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_SCRIPTS = ROOT.parent / "shared" / "peers"

@@ -1,6 +1,6 @@
 """Streams from a worker on another host versus a worker beside the front, in one run.
 
-Two network namespaces are the hosts (cadence.lab.netns_hosts): the front and one worker in
+Two network namespaces are the hosts (tests/netns_hosts.py): the front and one worker in
 `a`, the other worker in `b`, placed by `--launcher ray`; requests and tokens cross the veth
 link over CURVE-encrypted ZeroMQ. One `cadence bench` run (synthetic engine, 20 ms step) is
 split by the worker that served each request: token delay (step end -> client), the
@@ -16,17 +16,20 @@ import json
 import os
 import platform
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import msgspec
 
+from cadence.lab.analysis.stats import summarize
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.netns_hosts import Front, TwoHosts, netns_unavailable
-from cadence.lab.records import RequestRecord
-from cadence.lab.stats import summarize
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.records import RequestRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.netns_hosts import Front, TwoHosts, netns_unavailable  # noqa: E402
 
 
 def main() -> None:

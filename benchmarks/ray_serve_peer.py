@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DELAY_S = 0.010

@@ -27,8 +27,8 @@ from pathlib import Path
 import psutil
 
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.server_process import ServerProcess
 
 _REFERENCE = Path(__file__).with_name("plain_grpc_reference.py")
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.server_process import ServerProcess
 
 SLOW = 1000
 NORMAL = Workload(requests=512, concurrency=64, warmup=16,
@@ -37,8 +37,8 @@ def _slow_streams(target: str, seconds: float, opened: multiprocessing.Event,
 
     import grpc
 
-    from cadence.client import build_request
     from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+    from cadence.client import build_request
 
     async def main() -> None:
         # A small receive window (1 KiB per stream, no BDP growth) makes these clients slow

@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.servers.server_process import ServerProcess
 
 _METRICS = re.compile(r"\(metrics on (\S+):(\d+)\)")
 _PROMPTS = [f"soak {i:02d}: tell me how the stream goes" for i in range(16)]

@@ -138,7 +138,7 @@ async def _stream_all(target: str, batch: list[list[int]], tokens: int) -> tuple
 
 
 def served(folder: str, batch: list[list[int]], tokens: int) -> tuple[float, list, list]:
-    from cadence.lab.server_process import ServerProcess
+    from cadence.lab.servers.server_process import ServerProcess
 
     with ServerProcess("--model", folder, "--kv-cache-tokens", "65536", "--max-batch", "256",
                        "--startup-timeout", "300") as server:

@@ -230,11 +230,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append("kserve_model_name must not be empty")
         if self.http_port is not None and not 0 <= self.http_port < 65536:
             problems.append(f"http_port must be 0 (any free port) to 65535 (got {self.http_port})")
-        if self.tls_cert or self.tls_key or self.tls_client_ca or self.auth_token_file:
-            # Imported only when used: it reads the files, and it brings grpc with it.
-            from cadence.api.security import problems as security_problems
-
-            problems.extend(security_problems(self))
+        if (self.tls_cert is None) != (self.tls_key is None):
+            problems.append("--tls-cert and --tls-key go together: give both to serve over TLS")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            problems.append("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key too")
         if problems:
             raise ValueError("; ".join(problems))
 

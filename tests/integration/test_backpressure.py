@@ -16,7 +16,7 @@ import pytest
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.servers.server_process import ServerProcess
 
 _SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
 

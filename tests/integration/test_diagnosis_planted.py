@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 
-from cadence.lab import diagnosis as dx
+from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.server_process import ServerProcess
 
 ITL_RULES = {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_ITL_UNSTABLE_NETWORK}
 

@@ -11,7 +11,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestShape
+from cadence.lab.load.plan import RequestShape
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own: a new TCP connection, which the kernel gives to either front."""

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import Client
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.servers.server_process import ServerProcess
 
 _ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
 _SETTINGS = settings(max_examples=60, deadline=None,

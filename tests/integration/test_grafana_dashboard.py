@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cadence.client import Client
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.servers.server_process import ServerProcess
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "examples" / "grafana" / "cadence.json"
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cadence.lab import diagnosis as dx
+from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.command_server import CommandServer
-from cadence.lab.grpc_load import GrpcTarget
-from cadence.lab.grpc_schema import from_reflection
-from cadence.lab.loadgen import RequestShape
+from cadence.lab.load.grpc_schema import from_reflection
+from cadence.lab.load.grpc_service import GrpcTarget
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.command_server import CommandServer
 from tests import node_ticker
 from tests.node_ticker import COUNT_METHOD, PROTO_FILE, PROTO_PATH, ticker_server
 

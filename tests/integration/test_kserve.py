@@ -13,8 +13,8 @@ import pytest
 
 from cadence.client import Client
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.kserve_load import KServeTarget
-from cadence.lab.loadgen import RequestShape
+from cadence.lab.load.kserve import KServeTarget
+from cadence.lab.load.plan import RequestShape
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is in the test extras")
 np = pytest.importorskip("numpy")
@@ -219,7 +219,7 @@ def test_closing_the_stream_aborts_its_requests(server_factory) -> None:
 
 
 def test_closing_the_stream_shows_in_the_metrics() -> None:
-    from cadence.lab.server_process import ServerProcess
+    from cadence.lab.servers.server_process import ServerProcess
 
     with ServerProcess("--step-ms", "5", "--metrics-port", "0") as running:
         url = "http://" + running.banner.rsplit("metrics on ", 1)[1].rstrip(")") + "/metrics"
@@ -325,9 +325,9 @@ def test_the_calls_deadline_ends_its_requests(server) -> None:
 
 def test_a_client_that_stops_reading_is_cut_off() -> None:
     from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
-    from cadence.lab.kserve_load import build_request
-    from cadence.lab.loadgen import RequestPlan
-    from cadence.lab.server_process import ServerProcess
+    from cadence.lab.load.kserve import build_request
+    from cadence.lab.load.plan import RequestPlan
+    from cadence.lab.servers.server_process import ServerProcess
 
     args = ("--step-ms", "1", "--stall-timeout", "0.5", "--metrics-port", "0")
     with ServerProcess(*args) as running:

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.loadgen import RequestCounter, RequestShape
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.processes import RequestCounter
+from cadence.lab.servers.server_process import ServerProcess
 from cadence.lab.sweep import run_sweep
 
 

@@ -242,8 +242,8 @@ def test_every_front_serves_http_on_the_shared_port() -> None:
 
 def test_the_lab_drives_the_http_front(http_server) -> None:
     from cadence.lab.bench import Workload, run_bench
-    from cadence.lab.loadgen import RequestShape
-    from cadence.lab.openai_load import OpenAITarget
+    from cadence.lab.load.openai_http import OpenAITarget
+    from cadence.lab.load.plan import RequestShape
 
     for endpoint in ("completions", "chat"):
         workload = Workload(requests=16, concurrency=8,

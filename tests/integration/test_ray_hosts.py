@@ -25,8 +25,8 @@ import psutil
 import pytest
 
 from cadence.client import Client
-from cadence.lab.netns_hosts import Front, TwoHosts, ip, netns_unavailable
 from tests.llama_models import PROMPTS, hf_greedy, save_model
+from tests.netns_hosts import Front, TwoHosts, ip, netns_unavailable
 
 pytest.importorskip("ray", reason="--launcher ray needs the ray extra (pip install '.[ray]')")
 
@@ -191,7 +191,7 @@ def test_an_own_ray_instance_ignores_a_stale_current_cluster_file(monkeypatch) -
     (temp / "ray").mkdir()
     (temp / "ray" / "ray_current_cluster").write_text("10.213.9.9:6379")
     monkeypatch.setenv("RAY_TMPDIR", str(temp))
-    from cadence.lab.server_process import ServerProcess
+    from cadence.lab.servers.server_process import ServerProcess
 
     try:
         with (ServerProcess("--launcher", "ray", "--devices", "cpu:1", "--step-ms", "1") as server,

@@ -29,8 +29,9 @@ from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
 from cadence.config import EngineConfig, ServerConfig
 from cadence.credentials import ClientCredentials
-from cadence.lab.loadgen import ProcessPlan, RequestShape, run_load
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.processes import ProcessPlan, run_load
+from cadence.lab.servers.server_process import ServerProcess
 
 TOKEN = "correct-horse-battery-staple"
 _NO_WAIT = 5.0
@@ -295,19 +296,31 @@ def test_mtls_client_with_a_ca_signed_certificate_streams(mtls_server: str, pki:
     ({"tls_cert": "server_cert"}, "--tls-cert and --tls-key go together"),
     ({"tls_key": "server_key"}, "--tls-cert and --tls-key go together"),
     ({"tls_client_ca": "ca"}, "--tls-client-ca (mutual TLS) needs --tls-cert"),
+])
+def test_config_names_the_flags_that_go_together(pki: Pki, fields: dict, message: str) -> None:
+    resolved = {k: str(getattr(pki, v)) for k, v in fields.items()}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ServerConfig(**resolved)
+
+
+@pytest.mark.parametrize("fields, message", [
     ({"tls_cert": "server_cert", "tls_key": "client_key"}, "its matching private key"),
     ({"tls_cert": "server_cert", "tls_key": "server_key", "tls_client_ca": "tokens"},
      "not PEM CA certificates"),
     ({"auth_token_file": "missing"}, "cannot read it"),
     ({"auth_token_file": "empty"}, "holds no token"),
 ])
-def test_config_names_the_flag_that_is_wrong(pki: Pki, tmp_path: Path, fields: dict,
-                                             message: str) -> None:
+def test_serve_names_the_file_that_is_wrong(pki: Pki, tmp_path: Path, fields: dict,
+                                           message: str) -> None:
+    """The files are read at start-up: `cadence serve` says in one line which is wrong."""
     (tmp_path / "empty").write_text("\n  \n")
     paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty"}
-    resolved = {k: str(paths.get(v) or getattr(pki, v)) for k, v in fields.items()}
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        ServerConfig(**resolved)
+    flags = [arg for k, v in fields.items()
+             for arg in ("--" + k.replace("_", "-"), str(paths.get(v) or getattr(pki, v)))]
+    done = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
 def test_client_credentials_from_files(pki: Pki, tmp_path: Path) -> None:

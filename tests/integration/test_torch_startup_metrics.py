@@ -9,7 +9,8 @@ import signal
 import time
 
 from cadence.client import Client
-from cadence.lab.sampler import metrics_url, scrape
+from cadence.lab.measure.discovery import metrics_url
+from cadence.lab.measure.scrape import scrape
 
 _STARTUP = ("cadence_worker_load_seconds", "cadence_worker_warmup_seconds",
             "cadence_worker_first_step_seconds", "cadence_worker_warm_step_seconds")

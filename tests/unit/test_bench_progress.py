@@ -9,8 +9,8 @@ import time
 from rich.console import Console
 
 from cadence.cli import build_parser
-from cadence.lab.loadgen import RequestCounter
-from cadence.lab.progress import BenchProgress, progress_wanted
+from cadence.lab.load.processes import RequestCounter
+from cadence.lab.load.progress import BenchProgress, progress_wanted
 
 
 class _Terminal(io.StringIO):

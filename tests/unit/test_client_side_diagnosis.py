@@ -8,10 +8,13 @@ Each result goes through `summarize` and `diagnose` as `run_bench` would send it
 
 from __future__ import annotations
 
-from cadence.lab.diagnosis import (RULE_STREAMS_STALL_TOGETHER, RULE_TTFT_GROWS_WITH_STREAMS,
-                                   diagnose)
-from cadence.lab.records import RequestRecord
-from cadence.lab.stats import summarize
+from cadence.lab.analysis.diagnosis import (
+    RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_GROWS_WITH_STREAMS,
+    diagnose,
+)
+from cadence.lab.analysis.stats import summarize
+from cadence.lab.load.records import RequestRecord
 
 MS = 1_000_000
 GAP = 20 * MS

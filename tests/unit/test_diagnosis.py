@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from cadence.lab import diagnosis as dx
-from cadence.lab.diagnosis import diagnose
+from cadence.lab.analysis import diagnosis as dx
+from cadence.lab.analysis.diagnosis import diagnose
 
 
 def dist(p50: float, p90: float | None = None, p99: float | None = None, *,

@@ -5,9 +5,9 @@ stream stalled while the engine's steps did not), and what a blocked loop explai
 from __future__ import annotations
 
 from cadence.core.metrics import LoopLagTally
-from cadence.lab import diagnosis as dx
-from cadence.lab.records import RequestRecord
-from cadence.lab.stats import front_loop
+from cadence.lab.analysis import diagnosis as dx
+from cadence.lab.analysis.stats import front_loop
+from cadence.lab.load.records import RequestRecord
 
 
 def tally(front: int, lags_ms: list[float]) -> str:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cadence.lab.grpc_load import GrpcCodec, GrpcTarget, RequestTemplate, parse_header
-from cadence.lab.grpc_schema import SchemaError, from_protos, message_classes, split_method
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.records import RequestRecord
+from cadence.lab.load.grpc_schema import SchemaError, from_protos, message_classes, split_method
+from cadence.lab.load.grpc_service import GrpcCodec, GrpcTarget, RequestTemplate, parse_header
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.records import RequestRecord
 
 PROTO = str(Path(__file__).resolve().parents[2] / "proto")
 SCHEMA = from_protos(["cadence/v1/inference.proto"], [PROTO], "cadence.v1.Inference/Generate")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from cadence.core.metrics import FrontMetrics
-from cadence.lab import diagnosis as dx
-from cadence.lab.sampler import scrape
+from cadence.lab.analysis import diagnosis as dx
+from cadence.lab.measure.scrape import scrape
 
 
 def _fronts_page(own: FrontMetrics, others: list[FrontMetrics]) -> tuple[FrontMetrics, str]:

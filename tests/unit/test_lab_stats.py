@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from cadence.lab.records import RequestRecord
-from cadence.lab.stats import check_integrity, distribution, percentile, summarize
+from cadence.lab.analysis.stats import check_integrity, distribution, percentile, summarize
+from cadence.lab.load.records import RequestRecord
 
 MS = 1_000_000
 

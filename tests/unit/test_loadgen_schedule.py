@@ -8,7 +8,8 @@ import statistics
 import pytest
 
 from cadence.lab.bench import Workload
-from cadence.lab.loadgen import ProcessPlan, RequestShape, _my_requests, poisson_offsets
+from cadence.lab.load.plan import RequestShape, poisson_offsets
+from cadence.lab.load.processes import ProcessPlan, _my_requests
 
 
 def test_poisson_schedule_has_the_asked_rate_and_is_reproducible() -> None:

@@ -156,8 +156,8 @@ def test_the_template_file_wins_and_no_template_means_none(tmp_path) -> None:
 
 
 def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
-    from cadence.lab.openai_load import decode_events
-    from cadence.lab.records import RequestRecord
+    from cadence.lab.load.openai_http import decode_events
+    from cadence.lab.load.records import RequestRecord
 
     def event(body: dict) -> bytes:
         return b"data: " + json.dumps(body).encode() + b"\n"
@@ -179,7 +179,7 @@ def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
 def test_the_lab_says_when_nothing_answers_http() -> None:
     import socket
 
-    from cadence.lab.openai_load import OpenAITarget, require_http
+    from cadence.lab.load.openai_http import OpenAITarget, require_http
 
     with socket.socket() as bound:  # bound, never listening: connections are refused
         bound.bind(("127.0.0.1", 0))

@@ -11,10 +11,10 @@ import msgspec
 import pytest
 
 from cadence.cli import main
-from cadence.lab import plots
-from cadence.lab.records import RequestRecord
-from cadence.lab.report import render_report
-from cadence.lab.stats import distribution, itl_points, summarize
+from cadence.lab.analysis.stats import distribution, itl_points, summarize
+from cadence.lab.load.records import RequestRecord
+from cadence.lab.report import plots
+from cadence.lab.report.run import render_report
 
 _T0 = 5_000_000_000_000  # an arbitrary monotonic origin (ns)
 _MS = 1_000_000

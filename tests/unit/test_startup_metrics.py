@@ -8,10 +8,10 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 from cadence.core.metrics import FrontMetrics
-from cadence.lab.bench import print_summary, startup_lines
-from cadence.lab.report import render_report
-from cadence.lab.sampler import scrape, worker_startup
-from cadence.lab.stats import summarize
+from cadence.lab.analysis.stats import summarize
+from cadence.lab.measure.scrape import scrape, worker_startup
+from cadence.lab.report.run import render_report
+from cadence.lab.report.summary import print_summary, startup_lines
 
 
 def _started(workers: int = 2) -> FrontMetrics:

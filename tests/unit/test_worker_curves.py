@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from cadence.lab import diagnosis as dx
-from cadence.lab.records import RequestRecord
-from cadence.lab.stats import summarize
-from cadence.lab.worker_curves import worker_curves
+from cadence.lab.analysis import diagnosis as dx
+from cadence.lab.analysis.stats import summarize
+from cadence.lab.analysis.worker_curves import worker_curves
+from cadence.lab.load.records import RequestRecord
 
 MS = 1_000_000
 

@@ -44,16 +44,13 @@ def read_tokens(path: str) -> list[str]:
 
 
 def problems(config: ServerConfig) -> list[str]:
-    """What is wrong with the security settings, each a sentence naming the flag; [] if none.
+    """What is wrong with the security files, each a sentence naming the flag; [] if none.
+    Checked at start-up (ServerConfig itself reads no files; it checks which flags go together).
 
     Checks the files' contents with the standard `ssl` module, because gRPC reports a bad
     certificate or a key that does not match it only as "Failed to bind to address".
     """
     found = []
-    if (config.tls_cert is None) != (config.tls_key is None):
-        found.append("--tls-cert and --tls-key go together: give both to serve over TLS")
-    if config.tls_client_ca is not None and config.tls_cert is None:
-        found.append("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key too")
     for flag, path in (("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key),
                        ("--tls-client-ca", config.tls_client_ca),
                        ("--auth-token-file", config.auth_token_file)):

@@ -7,22 +7,22 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cadence.credentials import ClientCredentials
-from cadence.lab.baseline import engine_config_of, run_baseline
-from cadence.lab.diagnosis import diagnose
-from cadence.lab.grpc_load import GrpcTarget
-from cadence.lab.kserve_load import KServeTarget
-from cadence.lab.loadgen import ProcessPlan, RequestCounter, RequestShape, run_load
-from cadence.lab.openai_load import OpenAITarget
-from cadence.lab.sampler import (
-    SystemSampler,
+from cadence.lab.analysis.diagnosis import diagnose
+from cadence.lab.analysis.stats import summarize
+from cadence.lab.analysis.worker_curves import worker_curves
+from cadence.lab.load.grpc_service import GrpcTarget
+from cadence.lab.load.kserve import KServeTarget
+from cadence.lab.load.openai_http import OpenAITarget
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.processes import ProcessPlan, RequestCounter, run_load
+from cadence.lab.measure.baseline import engine_config_of, run_baseline
+from cadence.lab.measure.discovery import (
     listener_pid,
     metrics_url,
     server_processes,
     worker_devices,
-    worker_startup,
 )
-from cadence.lab.stats import summarize
-from cadence.lab.worker_curves import worker_curves
+from cadence.lab.measure.sampler import SystemSampler
 
 
 @dataclass(frozen=True)
@@ -189,163 +189,3 @@ def _baseline(target: str, workload: Workload, served: dict) -> tuple[dict, dict
         for m in _OVERHEAD_METRICS
     }
     return engine_only, overhead
-
-
-def print_summary(result: dict) -> None:
-    """A table of the aggregates (rich)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    workload = result["workload"]
-    title = f"cadence bench: {workload['target']}"
-    if workload.get("protocol") == "kserve":
-        title += f" (Open Inference Protocol, model {workload['model']})"
-    elif workload.get("protocol") == "openai":
-        title += f" (OpenAI {workload['openai']['endpoint']}, model {workload['model']})"
-    elif workload.get("protocol") == "grpc":
-        title += f" ({workload['grpc']['method']}, types from {workload['grpc']['types_from']})"
-    table = Table(title=title, show_lines=False)
-    table.add_column("metric")
-    for col in ("mean", "p50", "p90", "p99", "max"):
-        table.add_column(col, justify="right")
-    rows = ["ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens"]
-    for name in rows:
-        d = result.get(name)
-        if d:
-            table.add_row(name, *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
-    for name, d in result.get("segments_ms", {}).items():
-        table.add_row(f"  segment {name}", *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
-    console.print(table)
-    if result.get("overhead_ms"):
-        o = result["overhead_ms"]
-        console.print("serving overhead (served − engine-only, ms): " + ", ".join(
-            f"{m} p50 {o[m]['p50']:+.2f} p99 {o[m]['p99']:+.2f}" for m in o))
-    elif result.get("baseline", {}).get("error"):
-        console.print(f"baseline: {result['baseline']['error']}")
-    client = result["client"]
-    per_chunk = client["cpu_per_chunk_us"]
-    console.print(
-        f"client: {client['processes']} process(es), "
-        + (f"{per_chunk:.0f} µs CPU per chunk, " if per_chunk is not None else "no chunks, ")
-        + f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
-        + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
-    )
-    for line in worker_lines(result.get("workers") or []):
-        console.print(line, highlight=False)
-    _print_system(console, result.get("system") or {})
-    loop = result.get("front_loop")
-    if loop and loop["samples"]:
-        console.print(
-            f"front event loop (from the timed streams): {loop['late_over_20ms']:.0f} of "
-            f"{loop['samples']:.0f} timer wake-ups more than 20 ms late, p99 <= "
-            f"{loop['p99_ms_at_most']:g} ms, max <= {loop['max_ms_at_most']:g} ms")
-    integrity = result["integrity"]
-    console.print(
-        f"requests {result['requests_ok']}/{result['requests']} ok, errors {result['errors_by_code'] or 'none'}; "
-        f"{result['output_tokens']} tokens in {result['chunks']} chunks over {result['wall_s']:.2f} s: "
-        f"{result['tokens_per_s']:.0f} tokens/s, {result['chunks_per_s']:.0f} chunks/s, "
-        f"{result['requests_per_s']:.1f} requests/s"
-    )
-    for code, message in (result.get("first_error_by_code") or {}).items():
-        console.print(f"  {code}: {message}", highlight=False)
-    grpc = workload.get("grpc")
-    if grpc is not None and not grpc["index_field"]:
-        console.print("integrity: not checked (the output's positions are unknown: give "
-                      "--index-field)")
-    else:
-        console.print(
-            f"integrity: lost {integrity['lost_tokens']}, repeated "
-            f"{integrity['repeated_tokens']}, reordered {integrity['reordered_chunks']}, "
-            f"short streams {integrity['short_streams']}")
-    _print_diagnosis(console, result.get("diagnosis"))
-
-
-def _print_diagnosis(console, findings: list[dict] | None) -> None:
-    if findings is None:
-        return
-    if not findings:
-        console.print("diagnosis: no rule fired")
-    for f in findings:
-        evidence = ", ".join(f"{k} {v}" for k, v in f["evidence"].items())
-        console.print(f"[bold]diagnosis {f['rule']}:[/] {f['finding']}\n  evidence: {evidence}"
-                      f"\n  look at: {f['look_at']}", highlight=False)
-
-
-def _print_system(console, system: dict) -> None:
-    cpu = ", ".join(f"{name} {p['cpu_pct_mean']:.0f}%" for name, p in system.get("processes", {}).items()
-                    if p["cpu_pct_mean"] is not None)
-    if cpu:
-        console.print(f"CPU (mean, % of one core): {cpu}")
-    for gpu in system.get("gpus", []):
-        console.print(f"card {gpu['index']}: {gpu['util_pct_mean']:.0f}% utilised (mean), "
-                      f"{gpu['mem_used_mb_max']:.0f} MiB at most")
-    scraped = system.get("server_metrics")
-    if scraped:
-        during, peaks = scraped["during_run"], scraped["peaks"]
-        console.print(
-            f"server metrics ({scraped['scrapes']} scrapes): deepest request buffer "
-            f"{peaks.get('cadence_deepest_buffer_steps', 0):.0f} steps, peak active streams "
-            f"{peaks.get('cadence_active_streams', 0):.0f}; during the run "
-            f"{during['cadence_merged_steps_total']:.0f} steps merged, "
-            f"{during['cadence_buffer_overflows_total']:.0f} buffer overflows"
-            + _blocking(during, peaks) + _front_loop(scraped.get("front_loop"))
-        )
-        for line in startup_lines(worker_startup(scraped)):
-            console.print(line, highlight=False)
-    for flag in system.get("flags", []):
-        console.print(f"[bold red]{flag}[/]")
-
-
-def _front_loop(loop: dict | None) -> str:
-    """The front's event-loop lag over the run; empty when the server exported none."""
-    if not loop or not loop["samples"]:
-        return ""
-    return (f"; front event loop late > 20 ms in {loop['late_over_20ms']:.0f} of "
-            f"{loop['samples']:.0f} samples")
-
-
-def _blocking(during: dict, peaks: dict) -> str:
-    """The blocking the run saw (--overflow block): pauses issued, most paused at a scrape.
-    Empty for a result saved before the server exported them."""
-    if "cadence_sequence_pauses_total" not in during:
-        return ""
-    return (f"; blocking: {during['cadence_sequence_pauses_total']:.0f} sequence pauses, "
-            f"{peaks.get('cadence_paused_sequences', 0):.0f} paused at the busiest scrape")
-
-
-def worker_lines(workers: list[dict]) -> list[str]:
-    """One line per worker's output curve (lab/worker_curves.py)."""
-    return [
-        f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
-        + f": step p50 {w['step_ms_p50']:.1f} / p90 {w['step_ms_p90']:.1f} ms, "
-        f"{w['sequences_per_step_p50']:.0f} sequences per step, {w['tokens_per_s']:,.0f} "
-        f"tokens/s ({w['token_share']:.0%} of the run's), its streams' ITL p50 "
-        f"{w['itl_ms_p50']:.1f} ms"
-        for w in workers
-    ]
-
-
-def startup_lines(startup: list[dict]) -> list[str]:
-    """One "start-up" line per worker (from `sampler.worker_startup`): model load, warm-up,
-    and the cold first step against a warm one. All before the run, so none of it is in the
-    serving latencies above; shown apart so a slow start is not read as slow serving."""
-    lines = []
-    for w in startup:
-        if w["load_s"] is None:
-            continue  # restarts only: nothing measured of this worker's start
-        line = (f"start-up worker {w['worker']}: load {_ms(w['load_s'])}, warm-up "
-                f"{_ms(w['warmup_s'])} (first step {_ms(w['first_step_s'])} vs warm step "
-                f"{_ms(w['warm_step_s'])})")
-        if w["restarts"]:
-            line += (f"; {w['restarts']:.0f} restart(s), {w['restarts_during_run']:.0f} during "
-                     "the run (the values are of the last start)")
-        lines.append(line)
-    return lines
-
-
-def _ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    ms = seconds * 1e3
-    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"

@@ -108,7 +108,7 @@ def protocol_from_args(args: argparse.Namespace, command: str):
     server's address) or (None, None) for cadence's protocol; exits with one line when the
     options do not fit together."""
     if args.protocol == "kserve":
-        from cadence.lab.kserve_load import KServeTarget, parse_inputs
+        from cadence.lab.load.kserve import KServeTarget, parse_inputs
 
         try:
             return KServeTarget(args.model, parse_inputs(args.kserve_inputs)), None
@@ -124,7 +124,7 @@ def protocol_from_args(args: argparse.Namespace, command: str):
     if not args.method or args.request_json is None:
         sys.exit(f"cadence {command}: --protocol grpc needs --method PACKAGE.SERVICE/METHOD and "
                  "--request-json JSON")
-    from cadence.lab.grpc_load import headers_of
+    from cadence.lab.load.grpc_service import headers_of
 
     try:
         headers = headers_of(args.header)
@@ -138,7 +138,7 @@ def openai_from_args(args: argparse.Namespace, command: str):
     line when `--target` is not an http(s) URL."""
     if args.protocol != "openai":
         return None
-    from cadence.lab.openai_load import OpenAITarget
+    from cadence.lab.load.openai_http import OpenAITarget
 
     target = getattr(args, "target", "")  # sweep: none, each server's own
     if target is None or (target and not target.startswith(("http://", "https://"))):
@@ -153,8 +153,8 @@ def openai_from_args(args: argparse.Namespace, command: str):
 
 def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):
     """Resolve the method (reflection or protos) and check the request: SchemaError if not."""
-    from cadence.lab import grpc_schema
-    from cadence.lab.grpc_load import GrpcTarget, check_request
+    from cadence.lab.load import grpc_schema
+    from cadence.lab.load.grpc_service import GrpcTarget, check_request
 
     if args.proto:
         schema = grpc_schema.from_protos(args.proto, args.proto_path, args.method)
@@ -192,7 +192,7 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 def workload_from_args(args: argparse.Namespace):
     """The Workload that `add_workload_args` options describe."""
     from cadence.lab.bench import Workload
-    from cadence.lab.loadgen import RequestShape
+    from cadence.lab.load.plan import RequestShape
 
     requests = args.requests
     if requests is None and args.duration is None:
@@ -219,11 +219,12 @@ def workload_from_args(args: argparse.Namespace):
 
 def _bench(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
-    from cadence.lab.bench import print_summary, run_bench
-    from cadence.lab.grpc_schema import SchemaError
-    from cadence.lab.loadgen import RequestCounter
-    from cadence.lab.progress import BenchProgress, progress_wanted
-    from cadence.lab.readiness import require_reachable
+    from cadence.lab.bench import run_bench
+    from cadence.lab.load.grpc_schema import SchemaError
+    from cadence.lab.load.processes import RequestCounter
+    from cadence.lab.load.progress import BenchProgress, progress_wanted
+    from cadence.lab.report.summary import print_summary
+    from cadence.lab.servers.readiness import require_reachable
 
     workload = workload_from_args(args)
     try:
@@ -236,7 +237,7 @@ def _bench(args: argparse.Namespace) -> None:
         if openai is None:
             require_reachable(args.target, credentials)
         else:
-            from cadence.lab.openai_load import require_http
+            from cadence.lab.load.openai_http import require_http
 
             require_http(openai)
         grpc = resolve(args.target, credentials) if resolve else None

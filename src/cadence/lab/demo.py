@@ -7,9 +7,10 @@ import time
 from rich.console import Console
 
 from cadence.client import Client
-from cadence.lab.bench import Workload, print_summary, run_bench
-from cadence.lab.loadgen import RequestShape
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.report.summary import print_summary
+from cadence.lab.servers.server_process import ServerProcess
 
 
 def run_demo(workers: int = 2, step_ms: float = 20.0, streams: int = 64) -> None:

@@ -34,7 +34,7 @@ def _report(args: argparse.Namespace) -> None:
     problem = missing_plotting()
     if problem is not None:
         sys.exit(f"cadence report: {problem}")
-    from cadence.lab.report import render_report
+    from cadence.lab.report.run import render_report
 
     source = Path(args.results)
     try:

@@ -20,11 +20,11 @@ import msgspec
 
 from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.command_server import CommandServer
-from cadence.lab.grpc_schema import SchemaError
-from cadence.lab.kserve_load import KServeTarget
-from cadence.lab.openai_load import OpenAITarget
-from cadence.lab.server_process import ServerProcess
+from cadence.lab.load.grpc_schema import SchemaError
+from cadence.lab.load.kserve import KServeTarget
+from cadence.lab.load.openai_http import OpenAITarget
+from cadence.lab.servers.command_server import CommandServer
+from cadence.lab.servers.server_process import ServerProcess
 
 SERVER_VARIABLES = {
     "queue_capacity": "--queue-capacity",

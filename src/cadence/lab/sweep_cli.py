@@ -42,7 +42,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
 
 def _sweep(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
-    from cadence.lab.grpc_schema import SchemaError
+    from cadence.lab.load.grpc_schema import SchemaError
     from cadence.lab.sweep import parse_vary, print_table, run_sweep
 
     try:
@@ -77,6 +77,6 @@ def _sweep(args: argparse.Namespace) -> None:
     if args.report:
         from pathlib import Path
 
-        from cadence.lab.report import render_report
+        from cadence.lab.report.run import render_report
 
         print(render_report(result, Path(args.report)))

@@ -18,6 +18,7 @@ import tempfile
 
 import msgspec
 
+from cadence.api import security
 from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
 from cadence.api.kserve.service import KServeService
 from cadence.api.v1.service import SERVICE_NAME, InferenceService
@@ -84,6 +85,9 @@ class CadenceServer:
         problem = missing_extra(config)
         if problem is not None:
             raise StartupError(problem)
+        found = security.problems(config)
+        if found:
+            raise StartupError("; ".join(found))
         launcher = self._launcher or self._make_launcher()
         stack.push_async_callback(asyncio.to_thread, launcher.close)  # once workers stopped
 

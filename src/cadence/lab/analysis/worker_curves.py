@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from cadence.lab.percentile import percentile
-from cadence.lab.records import RequestRecord
+from cadence.lab.analysis.percentile import percentile
+from cadence.lab.load.records import RequestRecord
 
 _NS_PER_MS = 1e6
 MAX_POINTS = 2000

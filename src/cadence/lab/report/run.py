@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from cadence.lab import plots
-from cadence.lab.sampler import worker_startup
+from cadence.lab.measure.scrape import worker_startup
+from cadence.lab.report import plots
 
 AGGREGATES = (
     "ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens",

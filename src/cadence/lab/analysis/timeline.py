@@ -25,8 +25,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from cadence.lab.percentile import percentile
-from cadence.lab.records import RequestRecord
+from cadence.lab.analysis.percentile import percentile
+from cadence.lab.load.records import RequestRecord
 
 _NS_PER_MS = 1e6
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from cadence.credentials import ClientCredentials
-from cadence.lab.readiness import wait_ready
+from cadence.lab.servers.readiness import wait_ready
 
 
 def free_port(host: str = "127.0.0.1") -> int:

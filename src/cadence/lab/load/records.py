@@ -11,7 +11,7 @@ import grpc
 import msgspec
 
 if TYPE_CHECKING:
-    from cadence.lab.loadgen import RequestPlan
+    from cadence.lab.load.plan import RequestPlan
 
 
 class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):

@@ -30,10 +30,10 @@ import msgspec
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.api.kserve.tensors import int32_raw
-from cadence.lab.records import RequestRecord, recording, sent
+from cadence.lab.load.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
-    from cadence.lab.loadgen import RequestPlan
+    from cadence.lab.load.plan import RequestPlan
 
 PROMPT, MAX_TOKENS = "prompt", "max_tokens"
 """Sources of an input's value: the request's prompt token ids, or its max_tokens."""

@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
-from cadence.lab.records import RequestRecord
-from cadence.lab.stats import is_ok, itl_points, percentile, ttft_ms
+from cadence.lab.analysis.stats import is_ok, itl_points, percentile, ttft_ms
+from cadence.lab.load.records import RequestRecord
 
 _DPI = 100
 SEGMENT_ORDER = ("client_to_front", "queue", "engine_step", "transfer", "buffer", "send")

@@ -16,15 +16,16 @@ import msgspec
 import psutil
 
 from cadence.config import EngineConfig
-from cadence.lab.loadgen import ProcessPlan, RequestShape, _my_requests
-from cadence.lab.records import RequestRecord
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.processes import ProcessPlan, _my_requests
+from cadence.lab.load.records import RequestRecord
 from cadence.transport.messages import AddRequest
 
 
 def engine_config_of(target: str) -> tuple[EngineConfig, int] | None:
     """The engine config and worker count of a server running on this host, read from its
     worker processes' command lines; None when the server is not local."""
-    from cadence.lab.sampler import server_processes
+    from cadence.lab.measure.discovery import server_processes
 
     pids = server_processes(target)
     specs = []

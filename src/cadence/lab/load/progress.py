@@ -15,7 +15,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cadence.lab.loadgen import RequestCounter
+from cadence.lab.load.processes import RequestCounter
 
 _REDRAWS_PER_S = 4
 

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from cadence.lab.records import RequestRecord, recording, sent
+from cadence.lab.load.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from cadence.lab.loadgen import RequestPlan
+    from cadence.lab.load.plan import RequestPlan
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _FINISH = {"length": 1, "stop": 2}

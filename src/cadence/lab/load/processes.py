@@ -11,65 +11,22 @@ import asyncio
 import functools
 import itertools
 import multiprocessing as mp
-import random
 import time
 from collections.abc import Callable
 
 import msgspec
 
 from cadence import event_loop
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.core.metrics import LoopLagTally
 from cadence.credentials import ClientCredentials
 from cadence.heap import settle_heap
-from cadence.lab.grpc_load import GrpcCodec, GrpcTarget, one_grpc
-from cadence.lab.kserve_load import KServeTarget, one_kserve
-from cadence.lab.kserve_load import stub as kserve_stub
-from cadence.lab.openai_load import OpenAITarget, decode_events, one_openai
-from cadence.lab.openai_load import session as openai_session
-from cadence.lab.records import RequestRecord, recording, sent
-
-
-class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
-    """One request to send."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    number: int = 0
-    """The request's number in the run (i); warm-up requests count apart."""
-
-
-class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
-    """How requests are made: lengths fixed or uniform in [lo, hi], or prompts from a file.
-
-    Request i is the same whichever process sends it and however often the run is repeated
-    with the same seed.
-    """
-
-    prompt_tokens: tuple[int, int] = (16, 16)
-    max_tokens: tuple[int, int] = (128, 128)
-    prompts: list[tuple[list[int], int]] = []
-    """(prompt token ids, max_tokens or 0 for the shape's) pairs, cycled; from a JSONL file."""
-    seed: int = 0
-
-    def request(self, i: int) -> RequestPlan:
-        rng = random.Random(self.seed * 1_000_003 + i)
-        max_tokens = rng.randint(*self.max_tokens)
-        if self.prompts:
-            prompt, fixed = self.prompts[i % len(self.prompts)]
-            return RequestPlan(f"bench-{i}", prompt, fixed or max_tokens, i)
-        prompt = [rng.randrange(32, 127) for _ in range(rng.randint(*self.prompt_tokens))]
-        return RequestPlan(f"bench-{i}", prompt, max_tokens, i)
-
-
-def poisson_offsets(rate: float, seed: int):
-    """Arrival times (seconds from the start) of a Poisson process: exponential gaps."""
-    rng = random.Random(seed)
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        yield t
+from cadence.lab.load.cadence_v1 import decode_chunks, generate_method, one_cadence
+from cadence.lab.load.grpc_service import GrpcCodec, GrpcTarget, one_grpc
+from cadence.lab.load.kserve import KServeTarget, one_kserve
+from cadence.lab.load.kserve import stub as kserve_stub
+from cadence.lab.load.openai_http import OpenAITarget, decode_events, one_openai
+from cadence.lab.load.openai_http import session as openai_session
+from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
+from cadence.lab.load.records import RequestRecord
 
 
 class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,77 +64,6 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Drive this method of any gRPC service (lab/grpc_load.py); None: cadence's."""
     openai: OpenAITarget | None = None
     """Speak the OpenAI HTTP API to this server and model (lab/openai_load.py); None: gRPC."""
-
-
-GENERATE = "/cadence.v1.Inference/Generate"
-
-
-def generate_method(channel) -> Callable:
-    """`Generate` on `channel`, answering each chunk as its serialized bytes.
-
-    The load generator parses chunks after the run (`decode_chunks`), not as they arrive:
-    between two arrivals it only stamps the time and keeps the bytes, which is about a fifth
-    less CPU per chunk than parsing there and keeps one process ahead of 30,000 chunks/s.
-    """
-    return channel.unary_stream(GENERATE, request_serializer=pb.GenerateRequest.SerializeToString)
-
-
-async def _one(generate: Callable, plan: RequestPlan, process: int,
-               include_timing: bool, timeout: float | None,
-               read_delay_s: float = 0.0) -> tuple[RequestRecord, list[bytes]]:
-    request = pb.GenerateRequest(
-        request_id=plan.request_id,
-        prompt_token_ids=plan.prompt_token_ids,
-        max_tokens=plan.max_tokens,
-        include_timing=include_timing,
-    )
-    monotonic_ns = time.monotonic_ns
-    record = sent(plan, process)
-    arrival, chunks = record.arrival_ns, []
-    keep = chunks.append
-    call = generate(request, timeout=timeout)
-    with recording(record):
-        async for chunk in call:
-            arrival.append(monotonic_ns())
-            keep(chunk)
-            if read_delay_s:
-                await asyncio.sleep(read_delay_s)
-        if include_timing:
-            record.loop_lag = _loop_lag(await call.initial_metadata(),
-                                        await call.trailing_metadata())
-    return record, chunks
-
-
-def _loop_lag(initial, trailing) -> list[str]:
-    """The front's loop-lag tally at a stream's start and end, when the server sent both."""
-    start = next((v for k, v in initial or () if k == LoopLagTally.KEY), None)
-    end = next((v for k, v in trailing or () if k == LoopLagTally.KEY), None)
-    return [start, end] if start is not None and end is not None else []
-
-
-def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bool) -> None:
-    """Fill the record's per-chunk fields from the chunks `_one` kept, in arrival order."""
-    parse = pb.GenerateChunk.FromString
-    tokens, index = record.tokens, record.index
-    starts, ends, recvs, sends = (
-        record.t_step_start_ns, record.t_step_end_ns, record.t_front_recv_ns, record.t_send_ns
-    )
-    for data in chunks:
-        chunk = parse(data)
-        tokens.append(len(chunk.token_ids))
-        index.append(chunk.index)
-        if include_timing:
-            t = chunk.timing
-            starts.append(t.step_start_ns)
-            ends.append(t.step_end_ns)
-            recvs.append(t.front_recv_ns)
-            sends.append(t.send_ns)
-            if chunk.index == 0:
-                record.worker = t.worker
-                record.t_received_ns = t.received_ns
-                record.t_scheduled_ns = t.scheduled_ns
-        if chunk.finish_reason:
-            record.finish_reason = chunk.finish_reason
 
 
 def _my_requests(plan: ProcessPlan):
@@ -218,7 +104,7 @@ async def _run_process(
         stubs, one, decode = [codec.method(c) for c in channels], functools.partial(
             one_grpc, codec), codec.decode
     else:
-        stubs, one = [generate_method(c) for c in channels], _one
+        stubs, one = [generate_method(c) for c in channels], one_cadence
     for i in range(plan.warmup):
         await one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
                   plan.process, plan.include_timing, plan.timeout_s)

@@ -29,11 +29,11 @@ import grpc
 import msgspec
 from google.protobuf import descriptor, json_format
 
-from cadence.lab.grpc_schema import MethodSchema, SchemaError, message_classes
-from cadence.lab.records import RequestRecord, recording, sent
+from cadence.lab.load.grpc_schema import MethodSchema, SchemaError, message_classes
+from cadence.lab.load.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
-    from cadence.lab.loadgen import RequestPlan
+    from cadence.lab.load.plan import RequestPlan
 
 PLACEHOLDERS = ("{max_tokens}", "{prompt}", "{request_id}", "{i}")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from cadence.lab.timeline import MIN_BURST
+from cadence.lab.analysis.timeline import MIN_BURST
 
 RULE_TTFT_ENGINE_START = "ttft_engine_start"
 RULE_TTFT_QUEUEING = "ttft_queueing"

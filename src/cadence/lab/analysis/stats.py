@@ -34,9 +34,9 @@ from collections.abc import Iterable
 import msgspec
 
 from cadence.core.metrics import LoopLagTally
-from cadence.lab.percentile import percentile
-from cadence.lab.records import RequestRecord
-from cadence.lab.timeline import timeline
+from cadence.lab.analysis.percentile import percentile
+from cadence.lab.analysis.timeline import timeline
+from cadence.lab.load.records import RequestRecord
 
 _NS_PER_MS = 1e6
 

@@ -1,0 +1,82 @@
+"""The cadence.v1 driver: one `Generate` stream per request, its chunks decoded after the run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.core.metrics import LoopLagTally
+from cadence.lab.load.plan import RequestPlan
+from cadence.lab.load.records import RequestRecord, recording, sent
+
+GENERATE = "/cadence.v1.Inference/Generate"
+
+
+def generate_method(channel) -> Callable:
+    """`Generate` on `channel`, answering each chunk as its serialized bytes.
+
+    The load generator parses chunks after the run (`decode_chunks`), not as they arrive:
+    between two arrivals it only stamps the time and keeps the bytes, which is about a fifth
+    less CPU per chunk than parsing there and keeps one process ahead of 30,000 chunks/s.
+    """
+    return channel.unary_stream(GENERATE, request_serializer=pb.GenerateRequest.SerializeToString)
+
+
+async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
+               include_timing: bool, timeout: float | None,
+               read_delay_s: float = 0.0) -> tuple[RequestRecord, list[bytes]]:
+    request = pb.GenerateRequest(
+        request_id=plan.request_id,
+        prompt_token_ids=plan.prompt_token_ids,
+        max_tokens=plan.max_tokens,
+        include_timing=include_timing,
+    )
+    monotonic_ns = time.monotonic_ns
+    record = sent(plan, process)
+    arrival, chunks = record.arrival_ns, []
+    keep = chunks.append
+    call = generate(request, timeout=timeout)
+    with recording(record):
+        async for chunk in call:
+            arrival.append(monotonic_ns())
+            keep(chunk)
+            if read_delay_s:
+                await asyncio.sleep(read_delay_s)
+        if include_timing:
+            record.loop_lag = loop_lag(await call.initial_metadata(),
+                                        await call.trailing_metadata())
+    return record, chunks
+
+
+def loop_lag(initial, trailing) -> list[str]:
+    """The front's loop-lag tally at a stream's start and end, when the server sent both."""
+    start = next((v for k, v in initial or () if k == LoopLagTally.KEY), None)
+    end = next((v for k, v in trailing or () if k == LoopLagTally.KEY), None)
+    return [start, end] if start is not None and end is not None else []
+
+
+def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bool) -> None:
+    """Fill the record's per-chunk fields from the chunks `_one` kept, in arrival order."""
+    parse = pb.GenerateChunk.FromString
+    tokens, index = record.tokens, record.index
+    starts, ends, recvs, sends = (
+        record.t_step_start_ns, record.t_step_end_ns, record.t_front_recv_ns, record.t_send_ns
+    )
+    for data in chunks:
+        chunk = parse(data)
+        tokens.append(len(chunk.token_ids))
+        index.append(chunk.index)
+        if include_timing:
+            t = chunk.timing
+            starts.append(t.step_start_ns)
+            ends.append(t.step_end_ns)
+            recvs.append(t.front_recv_ns)
+            sends.append(t.send_ns)
+            if chunk.index == 0:
+                record.worker = t.worker
+                record.t_received_ns = t.received_ns
+                record.t_scheduled_ns = t.scheduled_ns
+        if chunk.finish_reason:
+            record.finish_reason = chunk.finish_reason

@@ -1,0 +1,142 @@
+"""Where a server's processes are: a cadence server's fronts and workers, or whatever process
+listens on the target's port, and the address of its metrics page."""
+
+from __future__ import annotations
+
+import psutil
+
+_FRONT_CHILD = "cadence.lifecycle.front_child"
+"""The module fronts 1..N-1 of `cadence serve --fronts N` run as (children of front 0)."""
+
+
+def server_processes(target: str) -> dict[str, int]:
+    """The processes of a server listening on this host, else {}.
+
+    One front: {"front": pid, "worker0": pid, ...}. With `--fronts N` every front listens on
+    the port (SO_REUSEPORT), so the first listener may be any of them: this finds front 0
+    (the one that launched the workers and the other fronts) and returns {"front0": pid,
+    "front1": pid, ..., "worker0": pid, ...}. A worker is named by its index; the other
+    ranks of a tensor-parallel group as "worker{index}.rank{rank}".
+    """
+    front = _front_zero(target)
+    if front is None:
+        return {}
+    fronts: dict[int, int] = {}
+    workers = []
+    for child in sorted(front.children(), key=lambda p: p.pid):
+        k = _front_index(child)
+        if k is None:
+            workers.append(child)
+        else:
+            fronts[k] = child.pid
+    if fronts:
+        found = {"front0": front.pid, **{f"front{k}": fronts[k] for k in sorted(fronts)}}
+    else:
+        found = {"front": front.pid}
+    for i, child in enumerate(workers):
+        spec = _worker_spec(child)
+        if spec is None:
+            found[f"worker{i}"] = child.pid
+        else:
+            index, rank, _ = spec
+            found[f"worker{index}" + (f".rank{rank}" if rank else "")] = child.pid
+    return found
+
+
+def _worker_spec(process: psutil.Process) -> tuple[int, int, str] | None:
+    """(index, rank, device) of a `python -m cadence.worker SPEC` process, else None."""
+    import json
+
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return None
+    if "cadence.worker" not in cmdline or not cmdline[-1].startswith("{"):
+        return None
+    try:
+        spec = json.loads(cmdline[-1])
+        return int(spec["index"]), int(spec.get("rank", 0)), str(spec["device"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def worker_devices(target: str) -> dict[int, str]:
+    """{worker index: its device(s)} of a cadence server on this host, from its worker
+    processes' start-up specs (a tensor-parallel group: its ranks' devices, joined by "+")."""
+    front = _front_zero(target)
+    if front is None:
+        return {}
+    found: dict[int, list[tuple[int, str]]] = {}
+    for child in front.children():
+        spec = _worker_spec(child)
+        if spec is not None:
+            found.setdefault(spec[0], []).append((spec[1], spec[2]))
+    return {k: "+".join(d for _, d in sorted(v)) for k, v in found.items()}
+
+
+def _listeners(target: str) -> list[int]:
+    """The pids listening on the target's port, when the target is on this host."""
+    host, _, port = target.rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "0.0.0.0", "[::1]", "::1") or not port.isdigit():
+        return []
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return []
+    return sorted({c.pid for c in connections
+                   if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port) and c.pid})
+
+
+def listener_pid(target: str) -> int | None:
+    """The process listening on the target's port on this host (any server), else None."""
+    found = _listeners(target)
+    return found[0] if found else None
+
+
+def _front_zero(target: str) -> psutil.Process | None:
+    """Front 0 of a server listening on this host: a listener on the port that is not a child
+    front (a child front's parent is front 0)."""
+    for pid in _listeners(target):
+        try:
+            process = psutil.Process(pid)
+            if _front_index(process) is None:
+                return process
+            parent = process.parent()
+        except psutil.Error:
+            continue
+        if parent is not None:
+            return parent
+    return None
+
+
+def _front_index(process: psutil.Process) -> int | None:
+    """K for a `python -m cadence.lifecycle.front_child K ...` process, else None."""
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return None
+    if _FRONT_CHILD in cmdline:
+        i = cmdline.index(_FRONT_CHILD)
+        if i + 1 < len(cmdline) and cmdline[i + 1].isdigit():
+            return int(cmdline[i + 1])
+    return None
+
+
+def _has_metrics_port(process: psutil.Process) -> bool:
+    try:
+        return any(arg.startswith("--metrics-port") for arg in process.cmdline())
+    except psutil.Error:
+        return False
+
+
+def metrics_url(target: str) -> str | None:
+    """The /metrics address of a local cadence server started with --metrics-port: front 0's
+    other listening TCP port (with `--fronts N`, the endpoint that shows every front's)."""
+    front = _front_zero(target)
+    if front is None or not _has_metrics_port(front):
+        return None  # another server (its other ports speak other protocols), or no metrics
+    grpc_port = int(target.rpartition(":")[2])
+    for conn in front.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port != grpc_port:
+            return f"http://{conn.laddr.ip}:{conn.laddr.port}/metrics"
+    return None

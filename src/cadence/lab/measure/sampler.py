@@ -1,0 +1,176 @@
+"""CPU per process (psutil) and card use (NVML) sampled during a run, on a background thread,
+with the server's metrics page scraped every few samples."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+
+import psutil
+
+from cadence.lab.measure.scrape import (
+    LOOP_ON_TIME,
+    LOOP_SAMPLES,
+    SCRAPED_COUNTERS,
+    SCRAPED_GAUGES,
+    scrape,
+)
+
+_BUSY_CPU_PCT = 80.0
+_IDLE_GPU_PCT = 30.0
+
+class SystemSampler:
+    """Samples every watched process's CPU % (100 = one core) and every card's utilisation."""
+
+    def __init__(self, interval_s: float = 0.1, metrics_url: str | None = None,
+                 scrape_every: int = 5) -> None:
+        self.interval_s = interval_s
+        self._metrics_url = metrics_url
+        self._scrape_every = scrape_every
+        self._scrapes: list[tuple[float, dict[str, float]]] = []
+        self._processes: dict[str, psutil.Process] = {}
+        self._samples: dict[str, list[list[float]]] = {}
+        self._gpu_samples: list[list[list[float]]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cadence-sampler", daemon=True)
+        self._t0 = time.monotonic()
+        self._nvml = _open_nvml()
+
+    def watch(self, name: str, pid: int) -> None:
+        try:
+            process = psutil.Process(pid)
+            process.cpu_percent(None)  # the first call only sets the baseline
+        except psutil.Error:
+            return
+        with self._lock:
+            self._processes[name] = process
+            self._samples.setdefault(name, [])
+
+    def start(self) -> SystemSampler:
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        ticks = 0
+        self._scrape(0.0)
+        while not self._stop.wait(self.interval_s):
+            t = time.monotonic() - self._t0
+            ticks += 1
+            if ticks % self._scrape_every == 0:
+                self._scrape(t)
+            with self._lock:
+                watched = list(self._processes.items())
+            for name, process in watched:
+                try:
+                    self._samples[name].append([t, process.cpu_percent(None)])
+                except psutil.Error:
+                    with self._lock:
+                        self._processes.pop(name, None)
+            if self._nvml is not None:
+                for i, (util, mem_mb) in enumerate(_gpu_readings(self._nvml)):
+                    while len(self._gpu_samples) <= i:
+                        self._gpu_samples.append([])
+                    self._gpu_samples[i].append([t, util, mem_mb])
+
+    def _scrape(self, t: float) -> None:
+        if self._metrics_url is None:
+            return
+        try:
+            values = scrape(self._metrics_url)
+        except (OSError, http.client.HTTPException, ValueError):
+            return  # a missed or unreadable scrape leaves a gap, nothing more
+        if values:  # none: not a cadence server's page (another server of the protocol)
+            self._scrapes.append((t, values))
+
+    def _server_metrics(self) -> dict | None:
+        if not self._scrapes:
+            return None
+        first, last = self._scrapes[0][1], self._scrapes[-1][1]
+        peaks: dict[str, float] = {}
+        for _, values in self._scrapes:
+            for key, value in values.items():
+                if key.split("{")[0] in SCRAPED_GAUGES:
+                    peaks[key] = max(peaks.get(key, value), value)
+        return {
+            "url": self._metrics_url,
+            "scrapes": len(self._scrapes),
+            "peaks": peaks,
+            "during_run": {k: last.get(k, 0.0) - first.get(k, 0.0) for k in SCRAPED_COUNTERS},
+            "front_loop": self._front_loop(first, last),
+            "samples": [[t, v] for t, v in self._scrapes],
+        }
+
+    @staticmethod
+    def _front_loop(first: dict, last: dict) -> dict | None:
+        """The front's event-loop lag samples of the run, and how many came over 20 ms late."""
+        if LOOP_SAMPLES not in last:
+            return None  # a server that does not export it
+        samples = last[LOOP_SAMPLES] - first.get(LOOP_SAMPLES, 0.0)
+        on_time = last.get(LOOP_ON_TIME, 0.0) - first.get(LOOP_ON_TIME, 0.0)
+        return {"samples": samples, "late_over_20ms": samples - on_time}
+
+    def stop(self) -> dict:
+        """Stop sampling; the samples and their means and peaks, plus the S10 flag."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._scrape(time.monotonic() - self._t0)
+        processes = {}
+        for name, samples in self._samples.items():
+            values = [pct for _, pct in samples]
+            processes[name] = {
+                "pid": self._processes[name].pid if name in self._processes else None,
+                "cpu_pct_mean": sum(values) / len(values) if values else None,
+                "cpu_pct_max": max(values) if values else None,
+                "samples": samples,
+            }
+        gpus = []
+        for i, samples in enumerate(self._gpu_samples):
+            utils = [u for _, u, _ in samples]
+            gpus.append({
+                "index": i,
+                "util_pct_mean": sum(utils) / len(utils) if utils else None,
+                "util_pct_max": max(utils) if utils else None,
+                "mem_used_mb_max": max((m for _, _, m in samples), default=None),
+                "samples": samples,
+            })
+        if self._nvml is not None:
+            self._nvml.nvmlShutdown()
+        return {"interval_s": self.interval_s, "processes": processes, "gpus": gpus,
+                "server_metrics": self._server_metrics(),
+                "flags": cpu_busy_cards_idle(processes, gpus)}
+
+
+def cpu_busy_cards_idle(processes: dict, gpus: list[dict]) -> list[str]:
+    """S10: a process near a full core while every card is mostly idle."""
+    if not gpus or any((g["util_pct_mean"] or 0) >= _IDLE_GPU_PCT for g in gpus):
+        return []
+    busy = [n for n, p in processes.items() if (p["cpu_pct_mean"] or 0) >= _BUSY_CPU_PCT]
+    if not busy:
+        return []
+    util = max(g["util_pct_mean"] or 0 for g in gpus)
+    return [f"CPU busy while the cards idle: {', '.join(busy)} at >= {_BUSY_CPU_PCT:.0f}% of a "
+            f"core, cards at most {util:.0f}% utilised"]
+
+
+def _open_nvml():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # no nvidia-ml-py, no driver, no card: sample CPU only
+        return None
+
+
+def _gpu_readings(nvml) -> list[tuple[float, float]]:
+    readings = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        mem = nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        readings.append((float(util), float(mem)))
+    return readings
