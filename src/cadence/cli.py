@@ -1,4 +1,5 @@
-"""`cadence serve | generate | bench`."""
+"""Stream model output over gRPC from machines with several accelerator cards, and measure
+where the latency goes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,35 @@ import logging
 import sys
 
 from cadence import event_loop
+
+
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's help ends with its default, unless the help already says what it is; an
+    unset default reads "none", a switch's "off"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if "default" in (action.help or "") or action.required:
+            return action.help
+        if action.option_strings and action.default is False:
+            return f"{action.help} (default: off)"
+        if action.option_strings and action.default in (None, "", []):
+            return f"{action.help} (default: none)"
+        return super()._get_help_string(action)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: its flags' defaults in its help, and a mistyped flag reported
+    with this command's usage (argparse leaves it to the top level, which shows its own)."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(**kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed, unknown
 
 
 def _step_list(text: str) -> tuple[float, ...]:
@@ -26,7 +56,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     devices = f"cpu:{len(d.devices)}"
     p.add_argument("--devices", default=devices,
                    help=f"cpu:N, cuda:I,J,... or auto (default {devices})")
-    p.add_argument("--engine", default=e.name, choices=["synthetic", "app", "torch"])
+    p.add_argument("--engine", default=e.name, choices=["synthetic", "app", "torch"],
+                   help="what generates the tokens: a synthetic model of an engine's timing, "
+                        "your generator function (--app), or a Llama model in torch (--model)")
     p.add_argument("--app", default="", metavar="MODULE:FUNCTION",
                    help="serve your generator function (sync or async; implies --engine app)")
     p.add_argument("--engine-threads", type=int, default=e.engine_threads,
@@ -56,7 +88,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-ms-per-token", type=float, default=e.prefill_ms_per_token, help="synthetic prefill cost (ms/token)")
     p.add_argument("--jitter-ms", type=float, default=e.jitter_ms, help="synthetic step jitter, std dev (ms)")
     p.add_argument("--first-step-ms", type=float, default=e.first_step_ms, help="extra time on each worker's first step (ms)")
-    p.add_argument("--seed", type=int, default=e.seed)
+    p.add_argument("--seed", type=int, default=e.seed,
+                   help="seed of the synthetic engine's tokens and jitter")
     p.add_argument("--max-batch", type=int, default=e.max_batch, help="sequences per engine step at most")
     p.add_argument("--max-concurrent", type=int, default=d.max_concurrent, help="streams admitted at once")
     p.add_argument("--queue-capacity", type=int, default=d.queue_capacity, help="steps of output a request's buffer holds")
@@ -67,12 +100,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="cut off a client that reads nothing for this many seconds")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest request message accepted")
-    p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens_limit)
+    p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens_limit,
+                   help="largest max_tokens a request may ask for (INVALID_ARGUMENT above)")
     p.add_argument("--accept-ahead", type=int, default=d.accept_ahead, metavar="N",
                    help="new calls of each streaming method requested from gRPC ahead of their "
                         "arrival, so a burst of calls is taken in while other streams keep the "
                         "front busy (0: grpc.aio's own accept loop, one at a time)")
-    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens)
+    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens,
+                   help="longest prompt accepted, in tokens (INVALID_ARGUMENT above)")
     p.add_argument("--metrics-port", type=int, default=d.metrics_port,
                    help="serve Prometheus metrics on this port (0: any free port)")
     p.add_argument("--fronts", type=int, default=d.fronts,
@@ -126,7 +161,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="also serve the OpenAI-compatible HTTP API (/v1/completions, "
                         "/v1/chat/completions, /v1/models, /health) on this port; 0 picks a "
                         "free one (default: off; docs/openai.md)")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO",
+                   help="DEBUG, INFO, WARNING or ERROR: the least severe message logged")
     p.set_defaults(func=_serve)
 
 
@@ -222,11 +258,11 @@ def _server_config(args: argparse.Namespace):
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="stream one request's text to the terminal")
-    p.add_argument("prompt")
+    p.add_argument("prompt", help="the text to continue")
     p.add_argument("--target", default="127.0.0.1:50051", help="HOST:PORT of a cadence server")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
     p.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed, sent with the request")
     from cadence.credentials import add_arguments
 
     add_arguments(p)
@@ -258,16 +294,29 @@ def _generate(args: argparse.Namespace) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="start a CPU server, stream a few requests, run a short bench")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--step-ms", type=float, default=20.0)
-    p.add_argument("--streams", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2, help="CPU workers of the demo's server")
+    p.add_argument("--step-ms", type=float, default=20.0,
+                   help="the synthetic engine's decode step (ms)")
+    p.add_argument("--streams", type=int, default=64, help="streams open at once in the bench")
     p.set_defaults(func=lambda a: __import__("cadence.lab.demo", fromlist=["run_demo"]).run_demo(
         a.workers, a.step_ms, a.streams))
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cadence")
+    except PackageNotFoundError:
+        return "unknown (cadence is not installed; no package metadata)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cadence", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="cadence", usage="%(prog)s [-h] [--version] COMMAND ...",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_CommandParser, help=argparse.SUPPRESS)
     _add_serve(sub)
     _add_generate(sub)
     _add_demo(sub)
@@ -278,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench(sub)
     add_sweep(sub)
     add_report(sub)
+    # The commands listed once, in the description, rather than again as a positional.
+    commands = "\n".join(f"  {a.dest:<10}{a.help}" for a in sub._choices_actions)
+    parser.description = f"{__doc__}\n\ncommands (cadence COMMAND -h for each one's flags):\n{commands}"
     return parser
 
 
