@@ -12,7 +12,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import RequestCounter
 from cadence.lab.servers.server_process import ServerProcess
-from cadence.lab.sweep import run_sweep
+from cadence.lab.sweep import Load, grid, run_sweep
 
 
 def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
@@ -82,7 +82,7 @@ def test_bench_and_report_commands(tmp_path) -> None:
 
 def test_sweep_starts_a_fresh_server_per_value() -> None:
     workload = Workload(requests=4, concurrency=4, shape=RequestShape(max_tokens=(8, 8)))
-    result = run_sweep("workers", ["1", "2"], ["--step-ms", "5"], workload, repeat=1,
+    result = run_sweep(grid([("workers", ["1", "2"])], Load(workload)), ["--step-ms", "5"],
                        progress=lambda _: None)
     points = result["sweep"]["points"]
     assert [p["value"] for p in points] == ["1", "2"]

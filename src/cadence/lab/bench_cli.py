@@ -140,8 +140,8 @@ def openai_from_args(args: argparse.Namespace, command: str):
         return None
     from cadence.lab.load.openai_http import OpenAITarget
 
-    target = getattr(args, "target", "")  # sweep: none, each server's own
-    if target is None or (target and not target.startswith(("http://", "https://"))):
+    target = args.target or ""  # a sweep without --target: each server's own
+    if target and not target.startswith(("http://", "https://")):
         sys.exit(f"cadence {command}: --protocol openai needs --target http://HOST:PORT")
     token = ""
     if getattr(args, "token_file", None):
@@ -176,10 +176,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=None,
                    help="requests in all (default: --concurrency, unless --duration is given)")
     p.add_argument("--duration", type=float, default=None, help="stop sending new requests after S seconds")
-    p.add_argument("--max-tokens", type=_length, default=(128, 128), help="N or LO:HI (uniform)")
-    p.add_argument("--prompt-tokens", type=_length, default=(16, 16), help="N or LO:HI (uniform)")
+    p.add_argument("--max-tokens", type=_length, default="128", help="N or LO:HI (uniform)")
+    p.add_argument("--prompt-tokens", type=_length, default="16", help="N or LO:HI (uniform)")
     p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the requests' lengths and prompts")
     p.add_argument("--warmup", type=int, default=0, help="requests per process sent first, not counted")
     p.add_argument("--timeout", type=float, default=None, help="per-request deadline (s)")
     p.add_argument("--procs", type=int, default=1, help="load-generating processes")

@@ -1,29 +1,38 @@
-"""`cadence sweep`: change one variable at a time, fresh server per value, same workload.
+"""`cadence sweep`: the same workload at each point of one variable, or of several (a grid).
 
-Point S11 of the design: measure before changing. Each value of the varied variable gets a
-new server (so nothing carries over), the same workload, and `repeat` runs, and the table
-shows the spread over repeats next to the mean. The server is `cadence serve`, or any
-server started from a command line (`server_cmd`, lab/command_server.py) whose `{NAME}` the
-variable fills. A server that exits or never gets ready is recorded as that run's failure,
-and the sweep goes on.
+Each point gets `repeat` runs, and the table shows the spread over repeats next to the
+mean. A variable changes the server (SERVER_VARIABLES, or any `{NAME}` of `server_cmd`) or
+the load (CLIENT_VARIABLES). Without `target` each run gets a fresh server, so nothing
+carries over: `cadence serve`, or any server started from a command line (`server_cmd`,
+lab/servers/command_server.py) whose `{NAME}`s the values fill. With `target` the sweep
+drives a server that is already running and varies only the load: nothing is restarted,
+since a large model takes minutes to load. A run that fails (the server exits or never gets
+ready, nothing answers, no request succeeds) is recorded as its point's failure, and the
+sweep goes on.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import csv
 import dataclasses
 import re
 import shlex
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import msgspec
 
 from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
+from cadence.lab.bench_cli import _length
 from cadence.lab.load.grpc_schema import SchemaError
 from cadence.lab.load.kserve import KServeTarget
-from cadence.lab.load.openai_http import OpenAITarget
+from cadence.lab.load.openai_http import OpenAITarget, require_http
 from cadence.lab.servers.command_server import CommandServer
+from cadence.lab.servers.readiness import require_reachable
 from cadence.lab.servers.server_process import ServerProcess
 
 SERVER_VARIABLES = {
@@ -38,8 +47,67 @@ SERVER_VARIABLES = {
     "fronts": "--fronts",
 }
 """Variables that change the server, and the `cadence serve` flag each sets."""
-CLIENT_VARIABLES = ("concurrency", "rate", "procs")
-"""Variables that change the load."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    """What one run sends, and from how many client processes and connections."""
+
+    workload: Workload
+    processes: int = 1
+    channels: int = 1
+
+
+def _token_range(text: str) -> tuple[int, int]:
+    try:
+        return _length(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _whole(text: str, least: int = 1) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        number = least - 1
+    if number < least:
+        raise ValueError(f"expected a whole number of at least {least}, got {text!r}")
+    return number
+
+
+def _number(text: str) -> float:
+    try:
+        number = float(text)
+    except ValueError:
+        number = -1.0
+    if not number >= 0:  # NaN too
+        raise ValueError(f"expected a number of at least 0, got {text!r}")
+    return number
+
+
+def _workload(load: Load, **changes) -> Load:
+    return dataclasses.replace(load, workload=dataclasses.replace(load.workload, **changes))
+
+
+def _shape(load: Load, **changes) -> Load:
+    return _workload(load, shape=msgspec.structs.replace(load.workload.shape, **changes))
+
+
+CLIENT_VARIABLES: dict[str, Callable[[Load, str], Load]] = {
+    "concurrency": lambda load, v: _workload(load, concurrency=_whole(v), rate=None),
+    "rate": lambda load, v: _workload(load, rate=_number(v)),
+    "requests": lambda load, v: _workload(load, requests=_whole(v)),
+    "duration": lambda load, v: _workload(load, duration_s=_number(v)),
+    "max_tokens": lambda load, v: _shape(load, max_tokens=_token_range(v)),
+    "prompt_tokens": lambda load, v: _shape(load, prompt_tokens=_token_range(v)),
+    "read_delay_ms": lambda load, v: _workload(load, read_delay_ms=_number(v)),
+    "timeout": lambda load, v: _workload(load, timeout_s=_number(v)),
+    "warmup": lambda load, v: _workload(load, warmup=_whole(v, least=0)),
+    "procs": lambda load, v: dataclasses.replace(load, processes=_whole(v)),
+    "channels": lambda load, v: dataclasses.replace(load, channels=_whole(v)),
+}
+"""Variables that change the load (named as `cadence bench`'s flags), and how each value
+changes it; a bad value raises ValueError."""
 
 TABLE_METRICS = (
     ("ttft_p50_ms", lambda r: r["ttft_ms"]["p50"]),
@@ -50,26 +118,66 @@ TABLE_METRICS = (
 )
 
 
-def parse_vary(text: str, server_cmd: str | None = None) -> tuple[str, list[str]]:
+def parse_vary(text: str, server_cmd: str | None = None, *,
+               running: bool = False) -> tuple[str, list[str]]:
     """`name=v1,v2,...` → (name, values). With `server_cmd`, NAME is any `{NAME}` of the
-    command (or a client variable)."""
+    command (or a client variable); with `running` (a server the sweep does not start),
+    only a client variable."""
     name, _, values = text.partition("=")
     name = name.strip()
+    if server_cmd is None or name.replace("-", "_") in CLIENT_VARIABLES:
+        name = name.replace("-", "_")
+    if running and name in SERVER_VARIABLES:
+        raise ValueError(f"{name} changes the server, and --target drives a running one that "
+                         "the sweep does not restart: sweep it with --serve-args or "
+                         "--server-cmd instead")
     if server_cmd is not None:
         if name not in CLIENT_VARIABLES and "{" + name + "}" not in server_cmd:
             raise ValueError(f"--server-cmd has no {{{name}}} to vary (nor is {name!r} one of "
                              f"the client variables {', '.join(CLIENT_VARIABLES)})")
         if name == "port":
             raise ValueError("{port} is chosen by the sweep; vary another name")
-    else:
-        name = name.replace("-", "_")
-    if server_cmd is None and name not in SERVER_VARIABLES and name not in CLIENT_VARIABLES:
-        known = ", ".join(sorted([*SERVER_VARIABLES, *CLIENT_VARIABLES]))
-        raise ValueError(f"cannot vary {name!r}; choose one of: {known}")
+    elif name not in CLIENT_VARIABLES and (running or name not in SERVER_VARIABLES):
+        known = sorted(CLIENT_VARIABLES if running else [*SERVER_VARIABLES, *CLIENT_VARIABLES])
+        raise ValueError(f"cannot vary {name!r}; choose one of: {', '.join(known)}")
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not items:
         raise ValueError(f"--vary {name}=... needs at least one value")
     return name, items
+
+
+class Point(NamedTuple):
+    """One point of the grid: the value of each variable, as typed, and the load it sends."""
+
+    values: dict[str, str]
+    load: Load
+
+
+def grid(axes: list[tuple[str, list[str]]], base: Load) -> list[Point]:
+    """Every combination of the axes' values, the first axis slowest; ValueError (one line)
+    when a variable repeats, the load's variables clash, or a value does not fit."""
+    names = [name for name, _ in axes]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"--vary {repeated[0]} is given twice; give all its values in one")
+    if "concurrency" in names and "rate" in names:
+        raise ValueError("--vary concurrency (closed loop) and --vary rate (open loop) do not "
+                         "combine; sweep one")
+    points = [Point({}, base)]
+    for name, values in axes:
+        change = CLIENT_VARIABLES.get(name)
+        grown = []
+        for point in points:
+            for value in values:
+                load = point.load
+                if change is not None:
+                    try:
+                        load = change(load, value)
+                    except ValueError as exc:
+                        raise ValueError(f"--vary {name}={value}: {exc}") from None
+                grown.append(Point({**point.values, name: value}, load))
+        points = grown
+    return points
 
 
 def _server_args(base: list[str], variable: str, value: str) -> list[str]:
@@ -80,71 +188,120 @@ def _server_args(base: list[str], variable: str, value: str) -> list[str]:
     return [*base, flag, value]  # argparse keeps the last occurrence of a flag
 
 
-def run_sweep(variable: str, values: list[str], serve_args: list[str], workload: Workload,
-              repeat: int = 1, processes: int = 1, progress=print, *,
-              server_cmd: str | None = None, ready_timeout: float = 60.0,
-              credentials: ClientCredentials | None = None,
+def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: int = 1,
+              progress=print, *, target: str | None = None, server_cmd: str | None = None,
+              ready_timeout: float = 60.0, credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
               resolve_grpc: Callable | None = None,
               openai: OpenAITarget | None = None) -> dict:
-    """Every value, `repeat` times, each on a fresh server; results without raw records.
+    """Every point, `repeat` times; results without raw records.
 
-    The server is `cadence serve SERVE_ARGS`, or `server_cmd` filled with the value. With
-    `kserve` the load speaks the Open Inference Protocol; with `resolve_grpc(target,
-    credentials)`, which resolves any gRPC method once (against the first server that is
-    ready), the load drives that method. With `openai` each server also serves HTTP
-    (`--http-port 0`) and the load speaks the OpenAI API to it.
+    The server is the one running at `target` (its load's variables only; `openai` then
+    aims at its HTTP address), or per run a fresh `cadence serve SERVE_ARGS` or `server_cmd`
+    filled with the point's values. With `kserve` the load speaks the Open Inference
+    Protocol; with `resolve_grpc(target, credentials)`, which resolves any gRPC method once
+    (against the first server that answers), the load drives that method. With `openai` and
+    a fresh server each serves HTTP too (`--http-port 0`) and the load speaks the OpenAI API
+    to it.
     """
+    credentials = credentials or ClientCredentials()
+    variables = list(points[0].values)
     grpc = None
-    points = []
-    for value in values:
+    done = []
+    for point in points:
+        label = " ".join(f"{name}={value}" for name, value in point.values.items())
         runs, failures = [], []
         for n in range(repeat):
-            load, procs = workload, processes
-            if variable == "concurrency":
-                load = dataclasses.replace(workload, concurrency=int(value), rate=None)
-            elif variable == "rate":
-                load = dataclasses.replace(workload, rate=float(value))
-            elif variable == "procs":
-                procs = int(value)
-            if server_cmd is not None:
-                server = CommandServer(server_cmd, {variable: value}, ready_timeout,
-                                       credentials=credentials)
-                progress(f"{variable}={value} run {n + 1}/{repeat}: {server.command}")
-            else:
-                args = _server_args(serve_args, variable, value)
-                if openai is not None:
-                    args = [*args, "--http-port", "0"]
-                server = ServerProcess(*args)
-                progress(f"{variable}={value} run {n + 1}/{repeat}: "
-                         f"cadence serve {shlex.join(args)}")
+            described, server = _server_of(point.values, serve_args or [], target, server_cmd,
+                                           ready_timeout, credentials, openai)
+            progress(f"{label} run {n + 1}/{repeat}: {described}")
             try:
-                with server:
+                with server as (address, http):
                     if resolve_grpc is not None and grpc is None:
-                        grpc = resolve_grpc(server.target, credentials or ClientCredentials())
-                    http = _http_target(server, openai) if openai is not None else None
-                    result = run_bench(server.target, load, processes=procs,
-                                       credentials=credentials, kserve=kserve, grpc=grpc,
-                                       openai=http)
+                        grpc = resolve_grpc(address, credentials)
+                    result = _bench(address, point.load, credentials, kserve, grpc, http)
             except SchemaError:
-                raise  # the same for every value: the sweep cannot run
+                raise  # the same for every point: the sweep cannot run
             except RuntimeError as exc:
-                progress(f"{variable}={value} run {n + 1}/{repeat} failed: {exc}")
-                failures.append(str(exc))
-                continue
-            result.pop("records")
-            runs.append(result)
-        point = {"value": value, "repeats": runs}
+                problem = str(exc)
+            else:
+                result.pop("records")
+                problem = _failed(result)
+                if problem is None:
+                    runs.append(result)
+                    continue
+            progress(f"{label} run {n + 1}/{repeat} failed: {problem}")
+            failures.append(problem)
+        entry = {"value": ",".join(point.values.values()), "values": point.values,
+                 "repeats": runs, "failed": not runs}
         if failures:
-            point["failures"] = failures
-        points.append(point)
-    sweep = {"variable": variable, "repeat": repeat, "points": points,
-             "table": sweep_table(points)}
-    if server_cmd is not None:
+            entry["failures"] = failures
+        done.append(entry)
+    sweep = {"variable": ",".join(variables), "variables": variables, "repeat": repeat,
+             "points": done, "table": sweep_table(done)}
+    if target is not None:
+        sweep["target"] = target
+    elif server_cmd is not None:
         sweep["server_cmd"] = server_cmd
     else:
-        sweep["serve_args"] = serve_args
+        sweep["serve_args"] = serve_args or []
     return {"sweep": sweep}
+
+
+def _server_of(values: dict[str, str], serve_args: list[str], target: str | None,
+               server_cmd: str | None, ready_timeout: float, credentials: ClientCredentials,
+               openai: OpenAITarget | None):
+    """(what the server is, in words; a context that yields its gRPC address and its
+    OpenAI target) for one run."""
+    if target is not None:
+        return target, _running(target, credentials, openai)
+    if server_cmd is not None:
+        server = CommandServer(server_cmd, values, ready_timeout, credentials=credentials)
+        return server.command, _started(server, None)
+    args = serve_args
+    for name, value in values.items():
+        args = _server_args(args, name, value)
+    if openai is not None:
+        args = [*args, "--http-port", "0"]
+    return f"cadence serve {shlex.join(args)}", _started(ServerProcess(*args), openai)
+
+
+@contextlib.contextmanager
+def _running(target: str, credentials: ClientCredentials,
+             openai: OpenAITarget | None) -> Iterator[tuple[str, OpenAITarget | None]]:
+    """The server someone else started: checked that it answers, never restarted."""
+    if openai is None:
+        require_reachable(target, credentials)
+    else:
+        require_http(openai)
+    yield target, openai
+
+
+@contextlib.contextmanager
+def _started(server: ServerProcess | CommandServer,
+             openai: OpenAITarget | None) -> Iterator[tuple[str, OpenAITarget | None]]:
+    with server:
+        yield server.target, _http_target(server, openai) if openai is not None else None
+
+
+def _bench(address: str, load: Load, credentials: ClientCredentials,
+           kserve: KServeTarget | None, grpc, openai: OpenAITarget | None) -> dict:
+    """The sweep's one call into the bench."""
+    return run_bench(address, load.workload, processes=load.processes, channels=load.channels,
+                     credentials=credentials, kserve=kserve, grpc=grpc, openai=openai)
+
+
+def _failed(result: dict) -> str | None:
+    """Why a run that went through counts as failed (it stopped early, or no request
+    succeeded), or None: its figures would describe errors, not the server's service."""
+    if result.get("aborted"):
+        return f"the run stopped early: {result['aborted']}"
+    if result["requests_ok"]:
+        return None
+    codes = ", ".join(f"{count} {code}" for code, count in result["errors_by_code"].items())
+    first = next(iter((result.get("first_error_by_code") or {}).values()), "")
+    return (f"no request of {result['requests']} succeeded"
+            + (f" ({codes}; first: {first})" if codes else ""))
 
 
 def _http_target(server: ServerProcess, openai: OpenAITarget) -> OpenAITarget:
@@ -155,11 +312,17 @@ def _http_target(server: ServerProcess, openai: OpenAITarget) -> OpenAITarget:
     return msgspec.structs.replace(openai, base_url=f"http://{match.group(1)}:{match.group(2)}")
 
 
+def every_run_failed(sweep: dict) -> bool:
+    """No point of the sweep has a run that went through."""
+    return all(point["failed"] for point in sweep["sweep"]["points"])
+
+
 def sweep_table(points: list[dict]) -> list[dict]:
-    """Per value: each metric's mean over repeats and its spread (min, max, stdev)."""
+    """Per point: each metric's mean over repeats and its spread (min, max, stdev), and the
+    diagnosis rules that fired in any repeat."""
     rows = []
     for point in points:
-        row = {"value": point["value"]}
+        row = {"value": point["value"], "values": point["values"]}
         if point.get("failures"):
             row["failures"] = len(point["failures"])
         if not point["repeats"]:
@@ -173,8 +336,26 @@ def sweep_table(points: list[dict]) -> list[dict]:
                 "max": max(values),
                 "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
             }
+        row["diagnosis"] = list(dict.fromkeys(
+            f["rule"] for r in point["repeats"] for f in r.get("diagnosis") or []))
         rows.append(row)
     return rows
+
+
+def write_csv(sweep: dict, path: str) -> None:
+    """One row per point: its values, each table metric's mean, min, max and stdev, the
+    runs that went through and failed, and the diagnosis rules (space-separated)."""
+    s = sweep["sweep"]
+    spread = [f"{name}{part}" for name, _ in TABLE_METRICS
+              for part in ("", "_min", "_max", "_stdev")]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow([*s["variables"], "runs", "failed_runs", *spread, "diagnosis"])
+        for point, row in zip(s["points"], s["table"], strict=True):
+            figures = [row[name][part] if name in row else ""
+                       for name, _ in TABLE_METRICS for part in ("mean", "min", "max", "stdev")]
+            out.writerow([*point["values"].values(), len(point["repeats"]),
+                          row.get("failures", 0), *figures, " ".join(row.get("diagnosis", []))])
 
 
 def print_table(sweep: dict) -> None:
@@ -182,31 +363,40 @@ def print_table(sweep: dict) -> None:
     from rich.table import Table
 
     s = sweep["sweep"]
-    table = Table(title=f"cadence sweep: {s['variable']} ({s['repeat']} run(s) each; mean \\[min-max])")
-    table.add_column(s["variable"])
+    over = " x ".join(s["variables"])
+    where = f" of {s['target']}" if s.get("target") else ""
+    table = Table(title=f"cadence sweep{where}: {over} ({s['repeat']} run(s) each; "
+                        "mean \\[min-max])")
+    for name in s["variables"]:
+        table.add_column(name)
     for name, _ in TABLE_METRICS:
         table.add_column(name, justify="right")
     failed = any(row.get("failures") for row in s["table"])
     if failed:
         table.add_column("failed runs", justify="right")
+    diagnosed = any(row.get("diagnosis") for row in s["table"])
+    if diagnosed:
+        table.add_column("diagnosis")
     for row in s["table"]:
-        cells = []
-        if TABLE_METRICS[0][0] not in row:
-            table.add_row(str(row["value"]), *("—" for _ in TABLE_METRICS),
-                          *([str(row.get("failures", 0))] if failed else []))
-            continue
+        cells = [*row["values"].values()]
         for name, _ in TABLE_METRICS:
-            m = row[name]
-            fmt = "{:.0f}" if name == "tokens_per_s" else "{:.2f}"
-            cell = fmt.format(m["mean"])
-            if m["max"] != m["min"]:
-                cell += f" [{fmt.format(m['min'])}-{fmt.format(m['max'])}]"
-            cells.append(cell)
+            cells.append(_cell(name, row[name]) if name in row else "—")
         if failed:
             cells.append(str(row.get("failures", 0)))
-        table.add_row(str(row["value"]), *cells)
+        if diagnosed:
+            cells.append(" ".join(row.get("diagnosis", [])))
+        table.add_row(*cells)
     console = Console()
     console.print(table)
     for point in s["points"]:
+        label = " ".join(f"{name}={value}" for name, value in point["values"].items())
         for failure in point.get("failures", []):
-            console.print(f"{s['variable']}={point['value']}: {failure}", highlight=False)
+            console.print(f"{label}: {failure}", highlight=False, markup=False)
+
+
+def _cell(name: str, metric: dict) -> str:
+    fmt = "{:.0f}" if name == "tokens_per_s" else "{:.2f}"
+    cell = fmt.format(metric["mean"])
+    if metric["max"] != metric["min"]:
+        cell += f" [{fmt.format(metric['min'])}-{fmt.format(metric['max'])}]"
+    return cell

@@ -15,16 +15,25 @@ from cadence.lab.bench_cli import (
     workload_from_args,
 )
 
+SERVE_ARGS = "--devices cpu:2 --step-ms 20"
+
 
 def add_sweep(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="vary one setting, fresh server per value, same workload")
-    p.add_argument("--vary", required=True,
-                   help="NAME=V1,V2,...: queue_capacity, workers, max_concurrent, max_batch, "
-                        "step_ms, jitter_ms, overflow, engine_threads (app engine), fronts, "
-                        "concurrency, rate or procs; with --server-cmd, any {NAME} of the "
-                        "command")
-    p.add_argument("--repeat", type=int, default=1, help="runs per value")
-    p.add_argument("--serve-args", default="--devices cpu:2 --step-ms 20",
+    p = sub.add_parser("sweep", help="vary server or load settings (one, or a grid of several); "
+                                     "same workload per point")
+    p.add_argument("--vary", required=True, action="append", metavar="NAME=V1,V2,...",
+                   help="the variable and its values; repeat it for a grid of every "
+                        "combination. The server's: queue_capacity, workers, max_concurrent, "
+                        "max_batch, step_ms, jitter_ms, overflow, engine_threads (app engine), "
+                        "fronts; with --server-cmd, any {NAME} of the command. The load's "
+                        "(named as the flags below): concurrency, rate, requests, duration, "
+                        "max_tokens, prompt_tokens, read_delay_ms, timeout, warmup, procs, "
+                        "channels")
+    p.add_argument("--target", default=None, metavar="HOST:PORT",
+                   help="sweep the load against this running server, restarting nothing "
+                        "(--protocol openai: http://HOST:PORT); default: a fresh server per run")
+    p.add_argument("--repeat", type=int, default=1, help="runs per point")
+    p.add_argument("--serve-args", default=SERVE_ARGS,
                    help="arguments of `cadence serve` that stay fixed (quoted)")
     p.add_argument("--server-cmd", default=None, metavar="COMMAND",
                    help="sweep a server of your own instead: a shell command with {port} (a "
@@ -36,6 +45,9 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
     add_protocol_args(p)
     add_workload_args(p)
     p.add_argument("--json", dest="json_path", default=None, help="write the sweep's results here")
+    p.add_argument("--csv", dest="csv_path", default=None, metavar="PATH",
+                   help="write one row per point here: its values, the table's metrics, the "
+                        "diagnosis rules")
     p.add_argument("--report", default=None, help="render plots and an HTML report into this folder")
     p.set_defaults(func=_sweep)
 
@@ -43,15 +55,29 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.load.grpc_schema import SchemaError
-    from cadence.lab.sweep import parse_vary, print_table, run_sweep
+    from cadence.lab.sweep import (
+        Load,
+        every_run_failed,
+        grid,
+        parse_vary,
+        print_table,
+        run_sweep,
+        write_csv,
+    )
 
+    if args.target is not None and (args.server_cmd or args.serve_args != SERVE_ARGS):
+        sys.exit("cadence sweep: --target drives a running server; --serve-args and "
+                 "--server-cmd start servers: give one or the other")
+    if args.repeat < 1:
+        sys.exit("cadence sweep: --repeat must be at least 1")
+    base = Load(workload_from_args(args), args.procs, args.channels)
     try:
-        variable, values = parse_vary(args.vary, args.server_cmd)
+        axes = [parse_vary(text, args.server_cmd, running=args.target is not None)
+                for text in args.vary]
+        points = grid(axes, base)
         credentials = from_arguments(args)
     except ValueError as exc:
         sys.exit(f"cadence sweep: {exc}")
-    if args.repeat < 1:
-        sys.exit("cadence sweep: --repeat must be at least 1")
     if args.report:  # before the sweep, not after it
         from cadence.lab.report_cli import missing_plotting
 
@@ -63,20 +89,25 @@ def _sweep(args: argparse.Namespace) -> None:
         sys.exit("cadence sweep: --protocol openai runs cadence serve (with --http-port), not "
                  "--server-cmd")
     try:
-        result = run_sweep(variable, values, shlex.split(args.serve_args),
-                           workload_from_args(args), repeat=args.repeat, processes=args.procs,
-                           server_cmd=args.server_cmd, ready_timeout=args.ready_timeout,
-                           credentials=credentials, kserve=kserve, resolve_grpc=resolve,
-                           openai=openai)
+        result = run_sweep(points, shlex.split(args.serve_args), repeat=args.repeat,
+                           target=args.target, server_cmd=args.server_cmd,
+                           ready_timeout=args.ready_timeout, credentials=credentials,
+                           kserve=kserve, resolve_grpc=resolve, openai=openai)
     except SchemaError as exc:
         sys.exit(f"cadence sweep: {exc}")
     print_table(result)
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(result, f)
+    if args.csv_path:
+        write_csv(result, args.csv_path)
     if args.report:
         from pathlib import Path
 
         from cadence.lab.report.run import render_report
 
         print(render_report(result, Path(args.report)))
+    if every_run_failed(result):
+        runs = sum(len(p.get("failures", [])) for p in result["sweep"]["points"])
+        sys.exit(f"cadence sweep: every run failed ({runs} of {runs}); each one's reason is "
+                 "above")
