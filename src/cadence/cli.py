@@ -315,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cadence", usage="%(prog)s [-h] [--version] COMMAND ...",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", prog="cadence",
                                 parser_class=_CommandParser, help=argparse.SUPPRESS)
     _add_serve(sub)
     _add_generate(sub)
@@ -329,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_report(sub)
     # The commands listed once, in the description, rather than again as a positional.
     commands = "\n".join(f"  {a.dest:<10}{a.help}" for a in sub._choices_actions)
-    parser.description = f"{__doc__}\n\ncommands (cadence COMMAND -h for each one's flags):\n{commands}"
+    parser.description = (f"{__doc__}\n\ncommands (cadence COMMAND -h for each one's flags):\n"
+                          f"{commands}")
     return parser
 
 
