@@ -17,10 +17,12 @@ import argparse
 import contextlib
 import csv
 import dataclasses
+import itertools
 import re
 import shlex
 import statistics
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import NamedTuple
 
 import msgspec
@@ -29,6 +31,7 @@ from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.bench_cli import _length
 from cadence.lab.load.grpc_schema import SchemaError
+from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.openai_http import OpenAITarget, require_http
 from cadence.lab.servers.command_server import CommandServer
@@ -163,20 +166,16 @@ def grid(axes: list[tuple[str, list[str]]], base: Load) -> list[Point]:
     if "concurrency" in names and "rate" in names:
         raise ValueError("--vary concurrency (closed loop) and --vary rate (open loop) do not "
                          "combine; sweep one")
-    points = [Point({}, base)]
-    for name, values in axes:
-        change = CLIENT_VARIABLES.get(name)
-        grown = []
-        for point in points:
-            for value in values:
-                load = point.load
-                if change is not None:
-                    try:
-                        load = change(load, value)
-                    except ValueError as exc:
-                        raise ValueError(f"--vary {name}={value}: {exc}") from None
-                grown.append(Point({**point.values, name: value}, load))
-        points = grown
+    points = []
+    for combination in itertools.product(*(values for _, values in axes)):
+        values = dict(zip(names, combination, strict=True))
+        load = base
+        for name, value in values.items():
+            try:
+                load = CLIENT_VARIABLES[name](load, value) if name in CLIENT_VARIABLES else load
+            except ValueError as exc:
+                raise ValueError(f"--vary {name}={value}: {exc}") from None
+        points.append(Point(values, load))
     return points
 
 
@@ -248,9 +247,13 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
     return {"sweep": sweep}
 
 
+Serving = tuple[str, OpenAITarget | None]
+"""A run's server: its gRPC address, and with `--protocol openai` the HTTP target."""
+
+
 def _server_of(values: dict[str, str], serve_args: list[str], target: str | None,
                server_cmd: str | None, ready_timeout: float, credentials: ClientCredentials,
-               openai: OpenAITarget | None):
+               openai: OpenAITarget | None) -> tuple[str, AbstractContextManager[Serving]]:
     """(what the server is, in words; a context that yields its gRPC address and its
     OpenAI target) for one run."""
     if target is not None:
@@ -268,7 +271,7 @@ def _server_of(values: dict[str, str], serve_args: list[str], target: str | None
 
 @contextlib.contextmanager
 def _running(target: str, credentials: ClientCredentials,
-             openai: OpenAITarget | None) -> Iterator[tuple[str, OpenAITarget | None]]:
+             openai: OpenAITarget | None) -> Iterator[Serving]:
     """The server someone else started: checked that it answers, never restarted."""
     if openai is None:
         require_reachable(target, credentials)
@@ -279,13 +282,14 @@ def _running(target: str, credentials: ClientCredentials,
 
 @contextlib.contextmanager
 def _started(server: ServerProcess | CommandServer,
-             openai: OpenAITarget | None) -> Iterator[tuple[str, OpenAITarget | None]]:
+             openai: OpenAITarget | None) -> Iterator[Serving]:
     with server:
         yield server.target, _http_target(server, openai) if openai is not None else None
 
 
 def _bench(address: str, load: Load, credentials: ClientCredentials,
-           kserve: KServeTarget | None, grpc, openai: OpenAITarget | None) -> dict:
+           kserve: KServeTarget | None, grpc: GrpcTarget | None,
+           openai: OpenAITarget | None) -> dict:
     """The sweep's one call into the bench."""
     return run_bench(address, load.workload, processes=load.processes, channels=load.channels,
                      credentials=credentials, kserve=kserve, grpc=grpc, openai=openai)
