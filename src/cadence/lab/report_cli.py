@@ -47,4 +47,4 @@ def _report(args: argparse.Namespace) -> None:
     if not isinstance(result, dict):
         sys.exit(f"cadence report: {source} holds a {type(result).__name__}, not a result object")
     out_dir = Path(args.out) if args.out else source.with_name(f"{source.stem}-report")
-    print(render_report(result, out_dir, title=f"cadence report: {source.name}"))
+    print(render_report(result, out_dir, source=source.name))

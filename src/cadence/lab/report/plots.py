@@ -15,12 +15,13 @@ from typing import Any
 
 import msgspec
 
-from cadence.lab.analysis.stats import is_ok, itl_points, percentile, ttft_ms
+from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, percentile, ttft_ms
 from cadence.lab.load.records import RequestRecord
 
 _DPI = 100
 SEGMENT_ORDER = ("client_to_front", "queue", "engine_step", "transfer", "buffer", "send")
-_TTFT_SEGMENT_ORDER = ("client_to_front", "queue", "first_step", "transfer", "buffer", "send")
+_TOKEN_SEGMENT_ORDER = SEGMENT_ORDER[2:]
+"""The per-chunk segments; client_to_front and queue are one per request."""
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -49,6 +50,24 @@ def itl_values(records: Sequence[RequestRecord]) -> list[float]:
     return [v for r in records if is_ok(r) for _, v in itl_points(r)]
 
 
+AGGREGATES = (
+    "ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens",
+)
+"""Aggregates in the order they are shown; any other distribution-shaped key follows."""
+STATS = ("mean", "p50", "p90", "p99", "max")
+"""The statistics of a distribution the report shows, in order."""
+
+
+def is_distribution(value: Any) -> bool:
+    return isinstance(value, dict) and {"count", "mean", "p50", "p99"} <= value.keys()
+
+
+def aggregate_names(result: dict) -> list[str]:
+    """The distribution-shaped top-level keys of a result, known ones first."""
+    names = [n for n in AGGREGATES if is_distribution(result.get(n))]
+    return names + sorted(k for k, v in result.items() if k not in names and is_distribution(v))
+
+
 def _finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
@@ -56,14 +75,16 @@ def _finite(values: Iterable[Any]) -> list[float]:
 # -- figures --------------------------------------------------------------------------------
 
 
-def _figure(width: float = 8.0, height: float = 4.5, ncols: int = 1, nrows: int = 1):
-    """A figure on an Agg canvas (no pyplot) and its axes, as a flat list."""
+def _figure(width: float = 8.0, height: float = 4.5, ncols: int = 1, nrows: int = 1,
+            sharex: bool = True):
+    """A figure on an Agg canvas (no pyplot) and its axes, as a flat list; rows share their
+    x axis unless `sharex` is False."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = list(fig.subplots(nrows, ncols, squeeze=False, sharex=nrows > 1).flat)
+    axes = list(fig.subplots(nrows, ncols, squeeze=False, sharex=sharex and nrows > 1).flat)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     return fig, axes
@@ -152,28 +173,61 @@ def plot_itl_over_time(records: Sequence[RequestRecord], path: Path, streams: in
     return _save(fig, path)
 
 
-def _num(d: dict | None, key: str) -> float:
-    v = (d or {}).get(key)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+class Stack(msgspec.Struct, frozen=True):
+    """One stacked bar: parts that add up to `total` (means only: a mean of a sum is the sum of
+    the means, which no percentile is)."""
+
+    title: str
+    parts: list[tuple[str, float]]
+
+    @property
+    def total(self) -> float:
+        return sum(v for _, v in self.parts)
 
 
-def _stacked(ax, segments: dict, order: Sequence[str], stats: Sequence[str], title: str) -> None:
-    names = [n for n in order if n in segments] + [n for n in segments if n not in order]
-    totals = [sum(_num(segments.get(n), s) for n in names) for s in stats]
-    bottoms = [0.0] * len(stats)
-    for name, color in zip(names, _palette(len(names))):
-        heights = [_num(segments.get(name), s) for s in stats]
-        bars = ax.bar(stats, heights, bottom=bottoms, label=name, color=color, width=0.55)
-        for bar, h, b, total in zip(bars, heights, bottoms, totals):
-            if total and h / total > 0.06:  # label only the slices with room for it
-                ax.text(bar.get_x() + bar.get_width() / 2, b + h / 2, f"{h:.2f}",
-                        ha="center", va="center", fontsize="x-small")
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
-    ax.set_ylabel("ms")
-    ax.set_title(title)
-    handles, labels = ax.get_legend_handles_labels()  # top of the stack first
-    ax.legend(handles[::-1], labels[::-1], fontsize="small", loc="upper left",
-              bbox_to_anchor=(1.0, 1.0))
+def segment_stacks(result: dict) -> list[Stack]:
+    """The segment bars of a run, each of one unit: a request's time to first token (from
+    `ttft_segments_ms`), and a chunk's path from its step's start to the client (the per-chunk
+    parts of `segments_ms`). The per-request parts of `segments_ms` (client_to_front, queue)
+    are not a chunk's and are left out of the second."""
+    stacks = []
+    for key, order, title in (
+        ("ttft_segments_ms", TTFT_SEGMENTS, "time to first token, per request"),
+        ("segments_ms", _TOKEN_SEGMENT_ORDER, "a token's path, per chunk: step start to client"),
+    ):
+        segments = result.get(key)
+        if not isinstance(segments, dict):
+            continue
+        parts = [(n, float(segments[n]["mean"])) for n in order
+                 if isinstance(segments.get(n), dict) and _finite([segments[n].get("mean")])]
+        if parts:
+            stacks.append(Stack(title, parts))
+    return stacks
+
+
+def plot_segments(stacks: Sequence[Stack], path: Path) -> Path | None:
+    """One horizontal bar per stack, its parts' means side by side and the total at its end;
+    each bar has its own axis (a token's path is far shorter than a TTFT)."""
+    if not stacks:
+        return None
+    fig, axes = _figure(9.0, 1.0 + 1.6 * len(stacks), nrows=len(stacks), sharex=False)
+    names = list(dict.fromkeys(n for s in stacks for n, _ in s.parts))
+    colors = dict(zip(names, _palette(len(names))))
+    for ax, stack in zip(axes, stacks):
+        left = 0.0
+        for name, value in stack.parts:
+            ax.barh([0], [value], left=left, color=colors[name], label=name, height=0.6)
+            if stack.total and value / stack.total > 0.08:  # label only the parts with room
+                ax.text(left + value / 2, 0, f"{value:.2f}", ha="center", va="center",
+                        fontsize="x-small")
+            left += value
+        ax.text(left, 0, f"  {stack.total:.2f} ms", va="center", fontsize="small")
+        ax.set_xlim(0, left * 1.18 or 1)
+        ax.set_yticks([])
+        ax.set_title(f"{stack.title} (means, ms)", fontsize="medium")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[-1].set_xlabel("ms")
+    return _save(fig, path)
 
 
 def _palette(n: int) -> list:
@@ -181,24 +235,6 @@ def _palette(n: int) -> list:
 
     cmap = colormaps["tab10"]
     return [cmap(i % 10) for i in range(n)]
-
-
-def plot_segments(segments: dict | None, path: Path, ttft_segments: dict | None = None) -> Path | None:
-    """Stacked bars of each segment's p50 and p99 (per-request and per-chunk segments stacked
-    as they are: a sum of p99s is not the p99 of the sum). With `ttft_segments`, a second
-    panel stacks the first chunk's segments, whose means add up to the mean TTFT."""
-    if not segments and not ttft_segments:
-        return None
-    panels = [p for p in (segments, ttft_segments) if p]
-    fig, axes = _figure(5.0 * len(panels) + 1.0, 4.8, ncols=len(panels))
-    k = 0
-    if segments:
-        _stacked(axes[k], segments, SEGMENT_ORDER, ("p50", "p99"), "segments_ms, stacked")
-        k += 1
-    if ttft_segments:
-        _stacked(axes[k], ttft_segments, _TTFT_SEGMENT_ORDER, ("mean", "p50", "p99"),
-                 "ttft_segments_ms (means sum to TTFT)")
-    return _save(fig, path)
 
 
 def plot_cpu(system: dict | None, path: Path) -> Path | None:
@@ -317,44 +353,87 @@ def as_number(v: Any) -> float | None:
     return None
 
 
+def sweep_variables(sweep: dict) -> list[str]:
+    """The swept variables: the keys of the points' `values` (a grid), else `variable`."""
+    names = list(dict.fromkeys(k for p in sweep.get("points") or [] if isinstance(p, dict)
+                               for k in (p.get("values") or {})))
+    return names or [str(sweep.get("variable", "value"))]
+
+
+def point_value(point: dict, variable: str) -> Any:
+    """The value of `variable` at a sweep point (`values` of a grid point, else `value`)."""
+    values = point.get("values")
+    return values.get(variable) if isinstance(values, dict) else point.get("value")
+
+
 def sweep_points(sweep: dict) -> list[dict]:
-    """The sweep's points; sorted when every value is a number, else in the given order."""
+    """The sweep's points; sorted by each variable in turn when every value is a number, else
+    in the given order."""
     points = [p for p in sweep.get("points") or [] if isinstance(p, dict)]
-    if points and all(as_number(p.get("value")) is not None for p in points):
-        points = sorted(points, key=lambda p: as_number(p["value"]))
+    names = sweep_variables(sweep)
+    if points and all(as_number(point_value(p, n)) is not None for p in points for n in names):
+        points = sorted(points, key=lambda p: [as_number(point_value(p, n)) for n in names])
     return points
 
 
-def plot_sweep(sweep: dict | None, path: Path) -> Path | None:
-    """TTFT p50/p99, mean ITL, ITL p90 and tokens/s against the swept value; markers at the
-    mean over repeats, error bars from the lowest to the highest repeat."""
-    points = sweep_points(sweep or {})
+def spans_decades(values: Iterable[Any]) -> bool:
+    """Positive values whose largest is ten times the smallest or more: a log axis shows them
+    all, a linear one flattens the small ones."""
+    numbers = _finite(values)
+    return bool(numbers) and min(numbers) > 0 and max(numbers) / min(numbers) >= 10
+
+
+def sweep_figure(sweep: dict | None):
+    """The sweep's figure (see `plot_sweep`), or None without points."""
+    sweep = sweep or {}
+    points = sweep_points(sweep)
     if not points:
         return None
-    values = [p.get("value") for p in points]
-    numeric = all(as_number(v) is not None for v in values)
-    xs = [as_number(v) for v in values] if numeric else list(range(len(values)))
+    x_name, *others = sweep_variables(sweep)
+    # a grid: one line per combination of the other variables, against the first
+    lines: dict[str, list[dict]] = {}
+    for p in points:
+        key = ", ".join(f"{n}={point_value(p, n)}" for n in others)
+        lines.setdefault(key, []).append(p)
+    x_values = list(dict.fromkeys(point_value(p, x_name) for p in points))
+    numeric = all(as_number(v) is not None for v in x_values)
+    position = {v: as_number(v) if numeric else i for i, v in enumerate(x_values)}
     fig, axes = _figure(15.0, 4.5, ncols=len(SWEEP_PANELS))
     for ax, (ylabel, series) in zip(axes, SWEEP_PANELS):
+        shown = []
         for name, stat in series:
-            mean, low, high = [], [], []
-            for p in points:
-                m, lo, hi = spread(p.get("repeats") or [], name, stat)
-                mean.append(m)
-                low.append(m - lo if math.isfinite(m) else 0.0)
-                high.append(hi - m if math.isfinite(m) else 0.0)
-            label = f"{name} {stat}" if stat else name
-            ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, label=label)
-        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 16:
+            for key, line in lines.items():
+                xs, mean, low, high = [], [], [], []
+                for p in line:
+                    m, lo, hi = spread(p.get("repeats") or [], name, stat)
+                    xs.append(position[point_value(p, x_name)])
+                    mean.append(m)
+                    low.append(m - lo if math.isfinite(m) else 0.0)
+                    high.append(hi - m if math.isfinite(m) else 0.0)
+                shown += mean
+                label = (f"{name} {stat}" if stat else name) + (f" · {key}" if key else "")
+                ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, label=label)
+        if numeric and spans_decades(position.values()):
             ax.set_xscale("log")
-        if len(xs) <= 12:
-            ax.set_xticks(xs, [str(v) for v in values])
+        if len(x_values) <= 12:
+            ax.set_xticks([position[v] for v in x_values], [str(v) for v in x_values])
             ax.minorticks_off()
-        ax.set_xlabel(str((sweep or {}).get("variable", "value")))
+        if spans_decades(shown):
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel(x_name)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
         ax.legend(fontsize="small")
     repeats = sorted({len(p.get("repeats") or []) for p in points})
-    fig.suptitle(f"sweep over {(sweep or {}).get('variable', 'value')} "
+    fig.suptitle(f"sweep over {' × '.join([x_name, *others])} "
                  f"({'/'.join(map(str, repeats))} repeats per point; bars: min–max)")
-    return _save(fig, path)
+    return fig
+
+
+def plot_sweep(sweep: dict | None, path: Path) -> Path | None:
+    """TTFT p50/p99, mean ITL, ITL p90 and tokens/s against the (first) swept variable, one
+    line per value of the others; markers at the mean over repeats, error bars from the lowest
+    to the highest repeat; log axes where the values span a decade or more."""
+    fig = sweep_figure(sweep)
+    return None if fig is None else _save(fig, path)
