@@ -401,8 +401,8 @@ def sweep_figure(sweep: dict | None):
     fig, axes = _figure(15.0, 4.5, ncols=len(SWEEP_PANELS))
     for ax, (ylabel, series) in zip(axes, SWEEP_PANELS):
         shown = []
-        for name, stat in series:
-            for key, line in lines.items():
+        for (name, stat), style in zip(series, ("-", "--")):
+            for (key, line), color in zip(lines.items(), _palette(len(lines))):
                 xs, mean, low, high = [], [], [], []
                 for p in line:
                     m, lo, hi = spread(p.get("repeats") or [], name, stat)
@@ -412,7 +412,8 @@ def sweep_figure(sweep: dict | None):
                     high.append(hi - m if math.isfinite(m) else 0.0)
                 shown += mean
                 label = (f"{name} {stat}" if stat else name) + (f" · {key}" if key else "")
-                ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, label=label)
+                ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, ls=style,
+                            color=color if len(lines) > 1 else None, label=label)
         if numeric and spans_decades(position.values()):
             ax.set_xscale("log")
         if len(x_values) <= 12:
