@@ -14,7 +14,7 @@ from cadence.cli import main
 from cadence.lab.analysis.stats import distribution, itl_points, summarize
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.report import plots
-from cadence.lab.report.run import render_report
+from cadence.lab.report.run import decode_result, render_report
 from cadence.lab.report.summary import print_summary
 
 _T0 = 5_000_000_000_000  # an arbitrary monotonic origin (ns)
@@ -86,7 +86,7 @@ def _full_result() -> dict:
     }
     result["diagnosis"] = [
         {"rule": "front_cpu_bound", "finding": "The front is CPU-bound",
-         "evidence": "front at 97% of a core", "look_at": "--procs, uvloop"},
+         "evidence": {"front_cpu": "97% of a core"}, "look_at": "--procs, uvloop"},
         {"rule": "ttft_engine_start", "finding": "the first step is slow",
          "evidence": {"first_step_mean_ms": 812.5, "ttft_share_first_step": 0.93},
          "look_at": "--warmup"},
@@ -123,8 +123,8 @@ def test_plot_values_use_the_summary_definitions():
     first = [round(v, 6) for _, v in itl_points(records[0])]
     assert first == [20.0, 21.0, 20.0, 19.0, 22.0]
     assert len(itl) == 8 * 5
-    decoded = plots.decode_records(msgspec.to_builtins(records))
-    assert decoded == records
+    decoded, why_not = decode_result({"records": msgspec.to_builtins(records)})
+    assert decoded.records == records and why_not == ""
 
 
 def test_pick_streams_keeps_the_worst():
@@ -147,7 +147,7 @@ def test_report_of_one_run(tmp_path: Path):
                  "chunk_tokens", "client_to_front", "queue", "engine_step", "transfer", "buffer",
                  "send", "first_step", "lost_tokens", "short_streams", "UNAVAILABLE", "tokens/s"):
         assert name in page, name
-    for text in ("front_cpu_bound", "The front is CPU-bound", "front at 97% of a core",
+    for text in ("front_cpu_bound", "The front is CPU-bound", "front_cpu <b>97% of a core</b>",
                  "--procs, uvloop", "CPU busy while the cards idle", "worker0", "127.0.0.1:50051",
                  "engine-only baseline", "<h2>Client</h2>", "first_step_mean_ms <b>812.50</b>",
                  "ttft_share_first_step <b>0.930</b>", "Serving overhead", "+3.50"):
@@ -185,7 +185,7 @@ def test_report_of_a_sweep(tmp_path: Path):
         for value in (16, 1, 4)
     ]
     points[0]["repeats"][1]["diagnosis"] = [{"rule": "queueing", "finding": "requests wait",
-                                             "evidence": "queue p99 9 ms", "look_at": "--max-batch"}]
+                                             "evidence": {"queue_p99_ms": 9.0}, "look_at": "--max-batch"}]
     points[0]["repeats"][0]["system"] = {"processes": {"front": {"cpu_pct_mean": 61.0}}}
     sweep = {"variable": "concurrency", "serve_args": ["--devices", "cpu:2"], "repeat": 2,
              "points": points}
@@ -247,7 +247,7 @@ def _assert_no_orphans(page: str) -> None:
 
 def test_segments_plot_keeps_a_request_and_a_chunk_apart(tmp_path: Path):
     result = _result(_records())
-    stacks = plots.segment_stacks(result)
+    stacks = plots.segment_stacks(decode_result(result)[0])
     ttft, token = stacks
     assert [n for n, _ in ttft.parts] == ["client_to_front", "queue", "first_step", "transfer",
                                           "buffer", "send"]
@@ -261,7 +261,7 @@ def test_segments_plot_keeps_a_request_and_a_chunk_apart(tmp_path: Path):
     assert "<h3>Time to first token, per request</h3>" in page
     assert "<h3>A token&#x27;s path, per chunk</h3>" in page
     older = {k: v for k, v in result.items() if k != "ttft_segments_ms"}
-    assert [s.title for s in plots.segment_stacks(older)] == [token.title]
+    assert [s.title for s in plots.segment_stacks(decode_result(older)[0])] == [token.title]
 
 
 def _grpc_result(index_field: str | None) -> dict:
@@ -372,8 +372,9 @@ def test_sweep_report_is_titled_by_the_sweep_and_names_its_rules(tmp_path: Path)
         for c in (4, 1) for m in (64, 8)
     ]
     points[0]["repeats"][0]["diagnosis"] = [{"rule": "queueing", "finding": "requests wait",
-                                             "evidence": "queue p99 9 ms", "look_at": "-"}]
+                                             "evidence": {"queue_p99_ms": 9.0}, "look_at": "-"}]
     points[1]["repeats"][0]["diagnosis"] = []
+    points[3] |= {"repeats": [], "failures": ["the server exited with status 1"]}
     sweep = {"variable": "concurrency,max_tokens", "repeat": 1, "points": points}
     page = render_report({"sweep": sweep}, tmp_path, source="grid.json").read_text()
     assert "<h1>cadence sweep over concurrency × max_tokens</h1>" in page
@@ -386,6 +387,7 @@ def test_sweep_report_is_titled_by_the_sweep_and_names_its_rules(tmp_path: Path)
     assert re.search(r"<td>4</td><td>8</td>.*?<td>none</td></tr>", page)
     assert re.search(r"<td>1</td><td>8</td>.*?<td>—</td></tr>", page)
     assert "concurrency = 4, max_tokens = 64 (1 repeats)" in page
+    assert "<td>concurrency = 1, max_tokens = 8</td><td class=\"bad\">the server exited" in page
     _assert_no_orphans(page)
 
 
@@ -395,8 +397,40 @@ def test_sweep_axes_go_log_over_decades():
             {"value": str(c), "repeats": [_result(_records(shift_ms=shift * c), with_records=False)]}
             for c in (1, 4, 64)]}
 
-    ttft = plots.sweep_figure(sweep_of(50.0)).axes[0]
+    def figure(shift: float):
+        return plots.sweep_figure(decode_result({"sweep": sweep_of(shift)})[0].sweep)
+
+    ttft = figure(50.0).axes[0]
     assert ttft.get_yscale() == "log" and ttft.get_xscale() == "log"
-    assert plots.sweep_figure(sweep_of(0.0)).axes[0].get_yscale() == "linear"
+    assert figure(0.0).axes[0].get_yscale() == "linear"
     assert plots.spans_decades([1.0, 10.0]) and not plots.spans_decades([1.0, 9.0])
     assert not plots.spans_decades([0.0, 100.0])
+
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*_result*.json")))
+def test_report_of_results_written_by_the_lab(name: str, tmp_path: Path, capsys):
+    """Every kind of result the lab wrote before the report read typed results."""
+    main(["report", str(DATA / name), "--out", str(tmp_path)])
+    page = (tmp_path / "report.html").read_text()
+    assert capsys.readouterr().out.strip() == str(tmp_path / "report.html")
+    # the metrics and OpenAI URLs are shown as text; nothing is loaded from anywhere
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
+    assert "<script" not in page.lower() and "<link" not in page.lower()
+    _assert_no_orphans(page)
+    assert f"from {name}" in page
+    if "grpc" in name:
+        assert "short_streams" not in page and "Integrity not checked" in page
+    if "baseline" in name:
+        assert "<td>itl_ms</td><td>within noise</td>" in page
+    if name.startswith("sweep"):
+        assert "<h1>cadence sweep over concurrency</h1>" in page
+
+
+def test_cli_report_of_something_else(tmp_path: Path):
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"workload": "127.0.0.1:1"}))
+    with pytest.raises(SystemExit, match=r"wrong.json is not a bench or sweep result: .*workload"):
+        main(["report", str(wrong)])

@@ -1,9 +1,10 @@
-"""PNG plots of a `cadence bench` result (and of sweeps), for `cadence report`.
+"""PNG plots of a `cadence bench` result (and of sweeps), for `cadence report`, and the
+readers of a typed result (`cadence.lab.results`) they and the report share.
 
 matplotlib is imported inside the functions, and figures are drawn on an Agg canvas
 without pyplot, so importing this module stays cheap and no global backend is touched.
 Every function returns the path it wrote, or None when there was nothing to plot.
-Per-request values use the definitions in `cadence.lab.stats`.
+Per-request values use the definitions in `cadence.lab.analysis.stats`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import msgspec
 
 from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, percentile, ttft_ms
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import BenchResult, Distribution, Sweep, SweepPoint, System, WorkerCurve
 
 _DPI = 100
 SEGMENT_ORDER = ("client_to_front", "queue", "engine_step", "transfer", "buffer", "send")
@@ -25,19 +27,6 @@ _TOKEN_SEGMENT_ORDER = SEGMENT_ORDER[2:]
 
 
 # -- data -----------------------------------------------------------------------------------
-
-
-def decode_records(raw: Iterable[Any]) -> list[RequestRecord]:
-    """Records from a result's `records` (lists in field order, or dicts, or RequestRecords)."""
-    out = []
-    for item in raw:
-        if isinstance(item, RequestRecord):
-            out.append(item)
-        elif isinstance(item, dict):
-            out.append(RequestRecord(**item))
-        else:
-            out.append(msgspec.convert(item, RequestRecord))
-    return out
 
 
 def ttft_values(records: Sequence[RequestRecord]) -> list[float]:
@@ -58,14 +47,19 @@ STATS = ("mean", "p50", "p90", "p99", "max")
 """The statistics of a distribution the report shows, in order."""
 
 
-def is_distribution(value: Any) -> bool:
-    return isinstance(value, dict) and {"count", "mean", "p50", "p99"} <= value.keys()
+def aggregate_names(result: Any) -> list[str]:
+    """The distributions of a result (or of its baseline) that counted something, known ones
+    first."""
+    counted = [n for n in result.__struct_fields__
+               if isinstance(d := getattr(result, n), Distribution) and d.count]
+    return [n for n in AGGREGATES if n in counted] + [n for n in counted if n not in AGGREGATES]
 
 
-def aggregate_names(result: dict) -> list[str]:
-    """The distribution-shaped top-level keys of a result, known ones first."""
-    names = [n for n in AGGREGATES if is_distribution(result.get(n))]
-    return names + sorted(k for k, v in result.items() if k not in names and is_distribution(v))
+def field(obj: Any, name: str) -> Any:
+    """A struct's field or a dict's key (a result's per-name tables are dicts); None when
+    absent or unset."""
+    value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return None if value is msgspec.UNSET else value
 
 
 def _finite(values: Iterable[Any]) -> list[float]:
@@ -185,7 +179,7 @@ class Stack(msgspec.Struct, frozen=True):
         return sum(v for _, v in self.parts)
 
 
-def segment_stacks(result: dict) -> list[Stack]:
+def segment_stacks(result: BenchResult) -> list[Stack]:
     """The segment bars of a run, each of one unit: a request's time to first token (from
     `ttft_segments_ms`), and a chunk's path from its step's start to the client (the per-chunk
     parts of `segments_ms`). The per-request parts of `segments_ms` (client_to_front, queue)
@@ -195,11 +189,11 @@ def segment_stacks(result: dict) -> list[Stack]:
         ("ttft_segments_ms", TTFT_SEGMENTS, "time to first token, per request"),
         ("segments_ms", _TOKEN_SEGMENT_ORDER, "a token's path, per chunk: step start to client"),
     ):
-        segments = result.get(key)
-        if not isinstance(segments, dict):
+        segments = field(result, key)
+        if segments is None:
             continue
-        parts = [(n, float(segments[n]["mean"])) for n in order
-                 if isinstance(segments.get(n), dict) and _finite([segments[n].get("mean")])]
+        parts = [(n, float(d.mean)) for n in order
+                 if (d := getattr(segments, n)).count and math.isfinite(d.mean)]
         if parts:
             stacks.append(Stack(title, parts))
     return stacks
@@ -237,21 +231,11 @@ def _palette(n: int) -> list:
     return [cmap(i % 10) for i in range(n)]
 
 
-def plot_cpu(system: dict | None, path: Path) -> Path | None:
+def plot_cpu(system: System, path: Path) -> Path | None:
     """CPU % of every sampled process against time; with card samples ([t, util %, ...]),
     a second panel of each card's utilisation on the same time axis."""
-    system = system or {}
-    processes = system.get("processes") or {}
-    series = {}
-    for name, info in processes.items():
-        samples = [s for s in (info or {}).get("samples") or [] if len(s) >= 2]
-        if samples:
-            series[name] = samples
-    cards = []
-    for i, gpu in enumerate(system.get("gpus") or []):
-        samples = [s for s in (gpu or {}).get("samples") or [] if len(s) >= 2]
-        if samples:
-            cards.append(((gpu or {}).get("index", i), samples))
+    series = {name: p for name, p in system.processes.items() if p.samples}
+    cards = [gpu for gpu in system.gpus if gpu.samples]
     if not series and not cards:
         return None
     both = bool(series and cards)
@@ -259,10 +243,9 @@ def plot_cpu(system: dict | None, path: Path) -> Path | None:
     k = 0
     if series:
         ax = axes[k]
-        for name, samples in series.items():
-            mean = (processes[name] or {}).get("cpu_pct_mean")
-            label = f"{name} (mean {mean:.0f} %)" if isinstance(mean, (int, float)) else name
-            ax.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, label=label)
+        for name, p in series.items():
+            label = f"{name} (mean {p.cpu_pct_mean:.0f} %)" if p.cpu_pct_mean is not None else name
+            ax.plot([s[0] for s in p.samples], [s[1] for s in p.samples], lw=1, label=label)
         ax.axhline(100, color="grey", ls=":", lw=1)
         ax.set_ylabel("CPU % (100 = one core)")
         ax.set_ylim(bottom=0)
@@ -271,8 +254,9 @@ def plot_cpu(system: dict | None, path: Path) -> Path | None:
         k += 1
     if cards:
         ax = axes[k]
-        for index, samples in cards:
-            ax.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, label=f"card {index}")
+        for gpu in cards:
+            ax.plot([s[0] for s in gpu.samples], [s[1] for s in gpu.samples], lw=1,
+                    label=f"card {gpu.index}")
         ax.set_ylabel("card utilisation %")
         ax.set_ylim(0, 105)
         ax.set_title("Card utilisation")
@@ -281,22 +265,22 @@ def plot_cpu(system: dict | None, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_worker_curves(workers: list[dict] | None, path: Path, bin_s: float = 0.25
+def plot_worker_curves(workers: list[WorkerCurve] | None, path: Path, bin_s: float = 0.25
                        ) -> Path | None:
     """Each worker's output curve on one time axis: its step time, this run's sequences per
     step, and the tokens it made per second (steps' sequences over `bin_s` windows)."""
-    curves = [w for w in workers or [] if w.get("series")]
+    curves = [w for w in workers or [] if w.series]
     if not curves:
         return None
     fig, axes = _figure(9.0, 8.0, nrows=3)
     for w in curves:
-        series = w["series"]
-        label = f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
+        series = w.series
+        label = f"worker {w.worker}" + (f" ({w.device})" if w.device else "")
         t = [p[0] for p in series]
         axes[0].plot(t, [p[1] for p in series], lw=0.8, label=label)
         axes[1].plot(t, [p[2] for p in series], lw=0.8, label=label)
         # The series may be thinned: scale each kept step by the steps it stands for.
-        weight = w.get("steps", len(series)) / len(series)
+        weight = (w.steps or len(series)) / len(series)
         bins: dict[int, float] = {}
         for p in series:
             k = int(p[0] / bin_s)
@@ -322,15 +306,15 @@ SWEEP_PANELS = (
 )
 
 
-def metric(result: dict, name: str, stat: str | None) -> float:
-    """One number from a result: `result[name][stat]`, or `result[name]` when stat is None."""
-    v = result.get(name)
-    if stat is not None:
-        v = v.get(stat) if isinstance(v, dict) else None
+def metric(result: Any, name: str, stat: str | None) -> float:
+    """One number: `result.name.stat`, or `result.name` when stat is None; NaN when absent."""
+    v = field(result, name)
+    if stat is not None and v is not None:
+        v = field(v, stat)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def spread(repeats: Sequence[dict], name: str, stat: str | None) -> tuple[float, float, float]:
+def spread(repeats: Sequence[Any], name: str, stat: str | None) -> tuple[float, float, float]:
     """(mean, min, max) of a metric over a point's repeats; NaNs when none has it."""
     values = _finite(metric(r, name, stat) for r in repeats)
     if not values:
@@ -353,23 +337,21 @@ def as_number(v: Any) -> float | None:
     return None
 
 
-def sweep_variables(sweep: dict) -> list[str]:
+def sweep_variables(sweep: Sweep) -> list[str]:
     """The swept variables: the keys of the points' `values` (a grid), else `variable`."""
-    names = list(dict.fromkeys(k for p in sweep.get("points") or [] if isinstance(p, dict)
-                               for k in (p.get("values") or {})))
-    return names or [str(sweep.get("variable", "value"))]
+    names = list(dict.fromkeys(k for p in sweep.points for k in p.values or {}))
+    return names or [sweep.variable]
 
 
-def point_value(point: dict, variable: str) -> Any:
+def point_value(point: SweepPoint, variable: str) -> str | None:
     """The value of `variable` at a sweep point (`values` of a grid point, else `value`)."""
-    values = point.get("values")
-    return values.get(variable) if isinstance(values, dict) else point.get("value")
+    return point.values.get(variable) if point.values else point.value
 
 
-def sweep_points(sweep: dict) -> list[dict]:
+def sweep_points(sweep: Sweep) -> list[SweepPoint]:
     """The sweep's points; sorted by each variable in turn when every value is a number, else
     in the given order."""
-    points = [p for p in sweep.get("points") or [] if isinstance(p, dict)]
+    points = list(sweep.points)
     names = sweep_variables(sweep)
     if points and all(as_number(point_value(p, n)) is not None for p in points for n in names):
         points = sorted(points, key=lambda p: [as_number(point_value(p, n)) for n in names])
@@ -383,9 +365,8 @@ def spans_decades(values: Iterable[Any]) -> bool:
     return bool(numbers) and min(numbers) > 0 and max(numbers) / min(numbers) >= 10
 
 
-def sweep_figure(sweep: dict | None):
+def sweep_figure(sweep: Sweep):
     """The sweep's figure (see `plot_sweep`), or None without points."""
-    sweep = sweep or {}
     points = sweep_points(sweep)
     if not points:
         return None
@@ -405,7 +386,7 @@ def sweep_figure(sweep: dict | None):
             for (key, line), color in zip(lines.items(), _palette(len(lines))):
                 xs, mean, low, high = [], [], [], []
                 for p in line:
-                    m, lo, hi = spread(p.get("repeats") or [], name, stat)
+                    m, lo, hi = spread(p.repeats, name, stat)
                     xs.append(position[point_value(p, x_name)])
                     mean.append(m)
                     low.append(m - lo if math.isfinite(m) else 0.0)
@@ -426,13 +407,13 @@ def sweep_figure(sweep: dict | None):
         ax.set_xlabel(x_name)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize="small")
-    repeats = sorted({len(p.get("repeats") or []) for p in points})
+    repeats = sorted({len(p.repeats) for p in points})
     fig.suptitle(f"sweep over {' × '.join([x_name, *others])} "
                  f"({'/'.join(map(str, repeats))} repeats per point; bars: min–max)")
     return fig
 
 
-def plot_sweep(sweep: dict | None, path: Path) -> Path | None:
+def plot_sweep(sweep: Sweep, path: Path) -> Path | None:
     """TTFT p50/p99, mean ITL, ITL p90 and tokens/s against the (first) swept variable, one
     line per value of the others; markers at the mean over repeats, error bars from the lowest
     to the highest repeat; log axes where the values span a decade or more."""
