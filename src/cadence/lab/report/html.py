@@ -94,10 +94,6 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]],
                     "</tr></thead><tbody>", *body, "</tbody></table>"])
 
 
-def kv_table(mapping: dict) -> str:
-    return table(("key", "value"), mapping.items())
-
-
 def section(heading: str, *parts: str, level: int = 2) -> str:
     """A heading over its parts; "" when every part is empty (no orphan heading)."""
     body = "".join(parts)
