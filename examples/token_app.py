@@ -1,7 +1,7 @@
 """The smallest useful apps: N tokens (N = max_tokens), a fixed delay before each.
 
-The same token function as the PyTriton peer (`../shared/peers/pytriton_stream_server.py`)
-so that benchmarks/app_vs_pytriton.py compares the servers and not the functions:
+The same token function as the PyTriton model that benchmarks/app_vs_pytriton.py drives, so
+that it compares the servers and not the functions:
 
     cadence serve --app examples.token_app:async_tokens          # like PyTriton --mode async
     cadence serve --app examples.token_app:sync_tokens --engine-threads 32

@@ -1,4 +1,4 @@
-"""A user's own token-streaming gRPC service, in the two designs of the streaming-latency note.
+"""A user's own token-streaming gRPC service, in two designs: one shared queue, or one per request.
 
 This file plays a service that someone else wrote: it imports nothing from cadence. It serves
 `tokens.v1.TokenService/Generate` (tokens.proto, next to this file; the messages are built at
@@ -12,7 +12,7 @@ next step boundary and gets its first token one step later; it leaves after `max
 tokens (indices 0..max_tokens-1, text f"t{index} "), or within one step of being cancelled or
 of its deadline. Both designs send identical token streams; only the plumbing differs.
 
---design shared (the note's "before", its pseudo-code): a sync `grpc.server` whose
+--design shared (the common one): a sync `grpc.server` whose
 ThreadPoolExecutor has `--threads` workers. The engine puts every token into ONE shared bounded
 `queue.Queue(maxsize=--queue-capacity)` and blocks when it is full (the engine stalls for every
 request). Each handler holds its pool thread for its whole stream, waiting for its next token.
@@ -21,7 +21,7 @@ every waiting thread wakes for everybody's output. Streams beyond `--threads` wa
 thread before their handler runs at all, so their request reaches the engine only then: the
 time to first token grows in waves of `--threads` streams, each wave a whole stream long.
 
---design per-request (the note's "after"): a `grpc.aio` server. Each request has its own
+--design per-request: a `grpc.aio` server. Each request has its own
 bounded asyncio queue (capacity `--queue-capacity`) bound to that request: its id, its deadline
 and its cancellation. The engine hands each step's tokens to the event loop with ONE
 `loop.call_soon_threadsafe` per step; the handler is an async generator awaiting its own queue,
@@ -205,18 +205,18 @@ class Engine:
 
 
 # ---------------------------------------------------------------------------------------------
-# design "shared": the note's pseudo-code, made correct for many concurrent streams
+# design "shared": one queue for all, made correct for many concurrent streams
 
 
 class SharedQueueHub:
-    """ONE bounded queue for all requests (the note's `inference_result_queue`).
+    """ONE bounded queue for all requests (`inference_result_queue`).
 
     The simplest correct way for many handlers to read one queue: at most one handler at a time
     blocks on the shared queue (the "reader"); it files what it takes into per-stream mailboxes
     and wakes every waiting handler (notify_all), which looks for its own token and otherwise
     goes back to sleep or takes its turn as the reader. No token is lost or sent to the wrong
     stream, and each stream's tokens stay in order (one FIFO, one reader at a time). The costs
-    the note warns about stay: each stream holds a pool thread while it waits, threads wake for
+    of the design stay: each stream holds a pool thread while it waits, threads wake for
     other streams' output, and when the queue is full the engine stalls for everybody
     (head-of-line blocking). The mailboxes are unbounded; the shared queue is the only bound.
     """
@@ -355,7 +355,7 @@ def serve_shared(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# design "per-request": the note's advice
+# design "per-request": one bounded queue per request
 
 
 class PerRequestServicer(tokens_pb2_grpc.TokenServiceServicer):

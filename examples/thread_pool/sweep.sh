@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The source note's experiment on examples/thread_pool/server.py: for both designs, vary the
+# A thread pool and one shared queue, measured on examples/thread_pool/server.py: for both designs, vary the
 # thread pool's size, then the queue's capacity, one at a time, with the same 32 streams of 64
 # tokens (20 ms engine steps); record TTFT, the mean gap and the slowest 10%.
 #

@@ -14,7 +14,8 @@ from cadence.cli import main
 from cadence.lab.analysis.stats import distribution, itl_points, summarize
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.report import plots
-from cadence.lab.report.run import render_report
+from cadence.lab.report.run import decode_result, render_report
+from cadence.lab.report.summary import print_summary
 
 _T0 = 5_000_000_000_000  # an arbitrary monotonic origin (ns)
 _MS = 1_000_000
@@ -38,7 +39,8 @@ def _record(i: int, start_ms: float, ttft_ms: float, gaps_ms: list[float],
         code=code, error="" if code == "OK" else "boom", prompt_tokens=16, max_tokens=pos,
         finish_reason=1, arrival_ns=arrival if code == "OK" else [], tokens=tokens if code == "OK" else [],
         index=index if code == "OK" else [],
-        t_received_ns=start + _MS // 2, t_scheduled_ns=start + _MS,
+        # admitted by the step that made the first token, so TTFT's parts add up to it
+        t_received_ns=step_end[0] - 3 * _MS, t_scheduled_ns=step_end[0] - 2 * _MS,
         t_step_start_ns=[e - 2 * _MS for e in step_end] if code == "OK" else [],
         t_step_end_ns=step_end if code == "OK" else [],
         t_front_recv_ns=[e + _MS // 5 for e in step_end] if code == "OK" else [],
@@ -84,7 +86,7 @@ def _full_result() -> dict:
     }
     result["diagnosis"] = [
         {"rule": "front_cpu_bound", "finding": "The front is CPU-bound",
-         "evidence": "front at 97% of a core", "look_at": "--procs, uvloop"},
+         "evidence": {"front_cpu": "97% of a core"}, "look_at": "--procs, uvloop"},
         {"rule": "ttft_engine_start", "finding": "the first step is slow",
          "evidence": {"first_step_mean_ms": 812.5, "ttft_share_first_step": 0.93},
          "look_at": "--warmup"},
@@ -121,8 +123,8 @@ def test_plot_values_use_the_summary_definitions():
     first = [round(v, 6) for _, v in itl_points(records[0])]
     assert first == [20.0, 21.0, 20.0, 19.0, 22.0]
     assert len(itl) == 8 * 5
-    decoded = plots.decode_records(msgspec.to_builtins(records))
-    assert decoded == records
+    decoded, why_not = decode_result({"records": msgspec.to_builtins(records)})
+    assert decoded.records == records and why_not == ""
 
 
 def test_pick_streams_keeps_the_worst():
@@ -145,9 +147,9 @@ def test_report_of_one_run(tmp_path: Path):
                  "chunk_tokens", "client_to_front", "queue", "engine_step", "transfer", "buffer",
                  "send", "first_step", "lost_tokens", "short_streams", "UNAVAILABLE", "tokens/s"):
         assert name in page, name
-    for text in ("front_cpu_bound", "The front is CPU-bound", "front at 97% of a core",
+    for text in ("front_cpu_bound", "The front is CPU-bound", "front_cpu <b>97% of a core</b>",
                  "--procs, uvloop", "CPU busy while the cards idle", "worker0", "127.0.0.1:50051",
-                 "engine-only baseline", "Client CPU", "first_step_mean_ms <b>812.50</b>",
+                 "engine-only baseline", "<h2>Client</h2>", "first_step_mean_ms <b>812.50</b>",
                  "ttft_share_first_step <b>0.930</b>", "Serving overhead", "+3.50"):
         assert text in page, text
     assert "No rule fired" not in page
@@ -183,7 +185,7 @@ def test_report_of_a_sweep(tmp_path: Path):
         for value in (16, 1, 4)
     ]
     points[0]["repeats"][1]["diagnosis"] = [{"rule": "queueing", "finding": "requests wait",
-                                             "evidence": "queue p99 9 ms", "look_at": "--max-batch"}]
+                                             "evidence": {"queue_p99_ms": 9.0}, "look_at": "--max-batch"}]
     points[0]["repeats"][0]["system"] = {"processes": {"front": {"cpu_pct_mean": 61.0}}}
     sweep = {"variable": "concurrency", "serve_args": ["--devices", "cpu:2"], "repeat": 2,
              "points": points}
@@ -191,7 +193,7 @@ def test_report_of_a_sweep(tmp_path: Path):
     page = path.read_text()
     _assert_self_contained(page)
     _assert_pngs(tmp_path, {"sweep.png"})
-    assert "Sweep over concurrency" in page
+    assert "<h1>cadence sweep over concurrency</h1>" in page
     assert "Workload (of the sweep&#x27;s first run)" in page and "127.0.0.1:50051" in page
     assert page.index("concurrency = 1 ") < page.index("concurrency = 4 ") < page.index(
         "concurrency = 16 ")
@@ -234,3 +236,201 @@ def test_cli_report(tmp_path: Path, capsys):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(SystemExit, match="not JSON"):
         main(["report", str(tmp_path / "bad.json")])
+
+
+def _assert_no_orphans(page: str) -> None:
+    """No table without rows, no heading over nothing (next to a heading as high or the end)."""
+    assert "<tbody></tbody>" not in page
+    for m in re.finditer(r"<h([1-6])>[^<]*</h\1>\s*(<h([1-6])>|</body>)", page):
+        assert m.group(3) and int(m.group(3)) > int(m.group(1)), m.group(0)
+
+
+def test_segments_plot_keeps_a_request_and_a_chunk_apart(tmp_path: Path):
+    result = _result(_records())
+    stacks = plots.segment_stacks(decode_result(result)[0])
+    ttft, token = stacks
+    assert [n for n, _ in ttft.parts] == ["client_to_front", "queue", "first_step", "transfer",
+                                          "buffer", "send"]
+    assert [n for n, _ in token.parts] == ["engine_step", "transfer", "buffer", "send"]
+    # each bar's total is the mean of the whole it claims
+    assert ttft.total == pytest.approx(result["ttft_ms"]["mean"])
+    path_mean = result["segments_ms"]["engine_step"]["mean"] + result["token_delay_ms"]["mean"]
+    assert token.total == pytest.approx(path_mean)
+    assert plots.plot_segments(stacks, tmp_path / "s.png").read_bytes().startswith(b"\x89PNG")
+    page = render_report(result, tmp_path / "rep").read_text()
+    assert "<h3>Time to first token, per request</h3>" in page
+    assert "<h3>A token&#x27;s path, per chunk</h3>" in page
+    older = {k: v for k, v in result.items() if k != "ttft_segments_ms"}
+    assert [s.title for s in plots.segment_stacks(decode_result(older)[0])] == [token.title]
+
+
+def _grpc_result(index_field: str | None) -> dict:
+    result = _result(_records(), with_records=False)
+    result["workload"] |= {"protocol": "grpc", "grpc": {
+        "method": "/demo.Gen/Stream", "types_from": "reflection v1alpha", "bidirectional": False,
+        "request_json": '{"prompt": "{prompt}"}', "tokens_field": "text",
+        "index_field": index_field, "headers": []}}
+    result["integrity"]["short_streams"] = 0
+    return result
+
+
+def test_grpc_workload_and_its_integrity(tmp_path: Path, capsys, monkeypatch):
+    page = render_report(_grpc_result(None), tmp_path / "plain").read_text()
+    assert "<td>grpc.method</td><td>/demo.Gen/Stream</td>" in page
+    assert "<td>grpc.tokens_field</td><td>text</td>" in page
+    assert "<td>grpc.index_field</td><td>not given: positions unknown" in page
+    assert "<code>{&quot;prompt&quot;: &quot;{prompt}&quot;}</code>" in page
+    assert "Integrity not checked" in page
+    assert "short_streams" not in page and "lost_tokens" not in page
+    _assert_no_orphans(page)
+
+    page = render_report(_grpc_result("pos"), tmp_path / "indexed").read_text()
+    assert "<td>lost_tokens</td>" in page and "<td>short_streams</td>" not in page
+    assert "short_streams not counted" in page
+    assert "<td>short_streams</td>" in render_report(_result(_records()), tmp_path / "v1").read_text()
+
+
+def test_no_orphan_tables(tmp_path: Path):
+    result = _full_result()
+    result["system"]["server_metrics"] = {"url": "http://127.0.0.1:9/metrics", "scrapes": 0,
+                                          "peaks": {}, "during_run": {}, "samples": []}
+    result["system"]["gpus"] = []
+    result["workers"] = []
+    page = render_report(result, tmp_path / "full").read_text()
+    assert "Server metrics" not in page and "<h2>Workers</h2>" not in page
+    _assert_no_orphans(page)
+    _assert_no_orphans(render_report({}, tmp_path / "empty").read_text())
+    _assert_no_orphans(render_report({"sweep": {"variable": "rate", "points": []}},
+                                     tmp_path / "nothing").read_text())
+
+
+def test_run_metadata_table(tmp_path: Path):
+    result = _full_result()
+    result["run"] = {"started_at": "2026-12-04T11:00:00+00:00", "cadence_version": "0.9.0",
+                     "grpcio_version": "1.68.1", "python_version": "3.12.3", "host": "lab-1",
+                     "cpu_count": 16, "server_cmdline": ["cadence", "serve", "--port", "0"]}
+    page = render_report(result, tmp_path / "run").read_text()
+    assert "<h2>Run</h2>" in page
+    for cell in ("2026-12-04T11:00:00+00:00", "0.9.0", "1.68.1", "3.12.3", "lab-1",
+                 "<td>16</td>", "<code>cadence serve --port 0</code>"):
+        assert cell in page, cell
+    result["run"]["server_cmdline"] = None
+    assert "not known" in render_report(result, tmp_path / "found").read_text()
+    assert "<h2>Run</h2>" not in render_report(_full_result(), tmp_path / "older").read_text()
+
+
+def test_negative_overhead_reads_as_noise(tmp_path: Path, capsys):
+    result = _full_result()
+    result["overhead_ms"]["itl_ms"] = {"mean": -0.07, "p50": 0.2, "p90": -0.59, "p99": -0.67,
+                                       "max": -0.26}
+    page = render_report(result, tmp_path).read_text()
+    assert "-0.67" not in page and "−0.67" not in page
+    assert "<td>itl_ms</td><td>within noise</td><td>+0.20</td><td>within noise</td>" in page
+    print_summary(_summary_ready(result))
+    out = capsys.readouterr().out
+    assert "itl_ms p50 +0.20 p99 within noise" in out and "-0.67" not in out
+
+
+def _summary_ready(result: dict) -> dict:
+    """The result as `cadence bench` hands it to the summary (evidence as numbers)."""
+    result = dict(result, diagnosis=[])
+    result["client"] = result["client"] | {"schedule_slips": 0}
+    return result
+
+
+def test_piped_summary_is_not_wrapped(capsys, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = _summary_ready(_full_result())
+    result["workers"] = [{"worker": 0, "device": "cuda:0 (a card with a long descriptive name)",
+                          "step_ms_p50": 12.25, "step_ms_p90": 19.5,
+                          "sequences_per_step_p50": 64, "tokens_per_s": 123456.0,
+                          "token_share": 0.5, "itl_ms_p50": 15.75}]
+    print_summary(result)
+    lines = capsys.readouterr().out.splitlines()
+    worker = [line for line in lines if line.startswith("worker 0")]
+    assert len(worker) == 1 and worker[0].endswith("its streams' ITL p50 15.8 ms")
+    requests = [line for line in lines if line.startswith("requests ")]
+    assert len(requests) == 1 and "requests/s" in requests[0]
+
+
+def test_summary_names_only_the_counted_checks(capsys):
+    for index_field, shown in ((None, "integrity: not checked"),
+                               ("pos", "integrity: lost 0, repeated 0, reordered 0\n")):
+        result = _summary_ready(_grpc_result(index_field))
+        result["workload"]["model"] = None
+        print_summary(result)
+        out = capsys.readouterr().out
+        assert shown in out and "short streams" not in out
+    print_summary(_summary_ready(_full_result()))
+    assert "short streams 0" in capsys.readouterr().out
+
+
+def test_sweep_report_is_titled_by_the_sweep_and_names_its_rules(tmp_path: Path):
+    points = [
+        {"value": f"{c},{m}", "values": {"concurrency": str(c), "max_tokens": str(m)},
+         "repeats": [_result(_records(shift_ms=c * m), with_records=False)]}
+        for c in (4, 1) for m in (64, 8)
+    ]
+    points[0]["repeats"][0]["diagnosis"] = [{"rule": "queueing", "finding": "requests wait",
+                                             "evidence": {"queue_p99_ms": 9.0}, "look_at": "-"}]
+    points[1]["repeats"][0]["diagnosis"] = []
+    points[3] |= {"repeats": [], "failures": ["the server exited with status 1"]}
+    sweep = {"variable": "concurrency,max_tokens", "repeat": 1, "points": points}
+    page = render_report({"sweep": sweep}, tmp_path, source="grid.json").read_text()
+    assert "<h1>cadence sweep over concurrency × max_tokens</h1>" in page
+    assert "127.0.0.1:50051" not in page.split("</h1>")[0]
+    assert "from grid.json" in page
+    assert "<th>concurrency</th><th>max_tokens</th>" in page
+    rows = re.findall(r"<tr><td>(\d+)</td><td>(\d+)</td>.*?</tr>", page)
+    assert rows == [("1", "8"), ("1", "64"), ("4", "8"), ("4", "64")]
+    assert re.search(r"<td>4</td><td>64</td>.*?<td>queueing</td></tr>", page)
+    assert re.search(r"<td>4</td><td>8</td>.*?<td>none</td></tr>", page)
+    assert re.search(r"<td>1</td><td>8</td>.*?<td>—</td></tr>", page)
+    assert "concurrency = 4, max_tokens = 64 (1 repeats)" in page
+    assert "<td>concurrency = 1, max_tokens = 8</td><td class=\"bad\">the server exited" in page
+    _assert_no_orphans(page)
+
+
+def test_sweep_axes_go_log_over_decades():
+    def sweep_of(shift: float) -> dict:
+        return {"variable": "concurrency", "points": [
+            {"value": str(c), "repeats": [_result(_records(shift_ms=shift * c), with_records=False)]}
+            for c in (1, 4, 64)]}
+
+    def figure(shift: float):
+        return plots.sweep_figure(decode_result({"sweep": sweep_of(shift)})[0].sweep)
+
+    ttft = figure(50.0).axes[0]
+    assert ttft.get_yscale() == "log" and ttft.get_xscale() == "log"
+    assert figure(0.0).axes[0].get_yscale() == "linear"
+    assert plots.spans_decades([1.0, 10.0]) and not plots.spans_decades([1.0, 9.0])
+    assert not plots.spans_decades([0.0, 100.0])
+
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*_result*.json")))
+def test_report_of_results_written_by_the_lab(name: str, tmp_path: Path, capsys):
+    """Every kind of result the lab wrote before the report read typed results."""
+    main(["report", str(DATA / name), "--out", str(tmp_path)])
+    page = (tmp_path / "report.html").read_text()
+    assert capsys.readouterr().out.strip() == str(tmp_path / "report.html")
+    # the metrics and OpenAI URLs are shown as text; nothing is loaded from anywhere
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
+    assert "<script" not in page.lower() and "<link" not in page.lower()
+    _assert_no_orphans(page)
+    assert f"from {name}" in page
+    if "grpc" in name:
+        assert "short_streams" not in page and "Integrity not checked" in page
+    if "baseline" in name:
+        assert "<td>itl_ms</td><td>within noise</td>" in page
+    if name.startswith("sweep"):
+        assert "<h1>cadence sweep over concurrency</h1>" in page
+
+
+def test_cli_report_of_something_else(tmp_path: Path):
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"workload": "127.0.0.1:1"}))
+    with pytest.raises(SystemExit, match=r"wrong.json is not a bench or sweep result: .*workload"):
+        main(["report", str(wrong)])

@@ -34,17 +34,23 @@ def _report(args: argparse.Namespace) -> None:
     problem = missing_plotting()
     if problem is not None:
         sys.exit(f"cadence report: {problem}")
-    from cadence.lab.report.run import render_report
+    import msgspec
+
+    from cadence.lab.report.run import decode_result, render_report
 
     source = Path(args.results)
     try:
         with source.open() as f:
-            result = json.load(f)
+            data = json.load(f)
     except OSError as exc:
         sys.exit(f"cadence report: cannot read {source}: {exc.strerror or exc}")
     except json.JSONDecodeError as exc:
         sys.exit(f"cadence report: {source} is not JSON: {exc}")
-    if not isinstance(result, dict):
-        sys.exit(f"cadence report: {source} holds a {type(result).__name__}, not a result object")
+    if not isinstance(data, dict):
+        sys.exit(f"cadence report: {source} holds a {type(data).__name__}, not a result object")
+    try:
+        result, records_note = decode_result(data)
+    except msgspec.ValidationError as exc:
+        sys.exit(f"cadence report: {source} is not a bench or sweep result: {exc}")
     out_dir = Path(args.out) if args.out else source.with_name(f"{source.stem}-report")
-    print(render_report(result, out_dir, title=f"cadence report: {source.name}"))
+    print(render_report(result, out_dir, source=source.name, records_note=records_note))

@@ -1,9 +1,10 @@
-"""PNG plots of a `cadence bench` result (and of sweeps), for `cadence report`.
+"""PNG plots of a `cadence bench` result (and of sweeps), for `cadence report`, and the
+readers of a typed result (`cadence.lab.results`) they and the report share.
 
 matplotlib is imported inside the functions, and figures are drawn on an Agg canvas
 without pyplot, so importing this module stays cheap and no global backend is touched.
 Every function returns the path it wrote, or None when there was nothing to plot.
-Per-request values use the definitions in `cadence.lab.stats`.
+Per-request values use the definitions in `cadence.lab.analysis.stats`.
 """
 
 from __future__ import annotations
@@ -15,28 +16,17 @@ from typing import Any
 
 import msgspec
 
-from cadence.lab.analysis.stats import is_ok, itl_points, percentile, ttft_ms
+from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, percentile, ttft_ms
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import BenchResult, Distribution, Sweep, SweepPoint, System, WorkerCurve
 
 _DPI = 100
 SEGMENT_ORDER = ("client_to_front", "queue", "engine_step", "transfer", "buffer", "send")
-_TTFT_SEGMENT_ORDER = ("client_to_front", "queue", "first_step", "transfer", "buffer", "send")
+_TOKEN_SEGMENT_ORDER = SEGMENT_ORDER[2:]
+"""The per-chunk segments; client_to_front and queue are one per request."""
 
 
 # -- data -----------------------------------------------------------------------------------
-
-
-def decode_records(raw: Iterable[Any]) -> list[RequestRecord]:
-    """Records from a result's `records` (lists in field order, or dicts, or RequestRecords)."""
-    out = []
-    for item in raw:
-        if isinstance(item, RequestRecord):
-            out.append(item)
-        elif isinstance(item, dict):
-            out.append(RequestRecord(**item))
-        else:
-            out.append(msgspec.convert(item, RequestRecord))
-    return out
 
 
 def ttft_values(records: Sequence[RequestRecord]) -> list[float]:
@@ -49,6 +39,29 @@ def itl_values(records: Sequence[RequestRecord]) -> list[float]:
     return [v for r in records if is_ok(r) for _, v in itl_points(r)]
 
 
+AGGREGATES = (
+    "ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens",
+)
+"""Aggregates in the order they are shown; any other distribution-shaped key follows."""
+STATS = ("mean", "p50", "p90", "p99", "max")
+"""The statistics of a distribution the report shows, in order."""
+
+
+def aggregate_names(result: Any) -> list[str]:
+    """The distributions of a result (or of its baseline) that counted something, known ones
+    first."""
+    counted = [n for n in result.__struct_fields__
+               if isinstance(d := getattr(result, n), Distribution) and d.count]
+    return [n for n in AGGREGATES if n in counted] + [n for n in counted if n not in AGGREGATES]
+
+
+def field(obj: Any, name: str) -> Any:
+    """A struct's field or a dict's key (a result's per-name tables are dicts); None when
+    absent or unset."""
+    value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return None if value is msgspec.UNSET else value
+
+
 def _finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
@@ -56,14 +69,16 @@ def _finite(values: Iterable[Any]) -> list[float]:
 # -- figures --------------------------------------------------------------------------------
 
 
-def _figure(width: float = 8.0, height: float = 4.5, ncols: int = 1, nrows: int = 1):
-    """A figure on an Agg canvas (no pyplot) and its axes, as a flat list."""
+def _figure(width: float = 8.0, height: float = 4.5, ncols: int = 1, nrows: int = 1,
+            sharex: bool = True):
+    """A figure on an Agg canvas (no pyplot) and its axes, as a flat list; rows share their
+    x axis unless `sharex` is False."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = list(fig.subplots(nrows, ncols, squeeze=False, sharex=nrows > 1).flat)
+    axes = list(fig.subplots(nrows, ncols, squeeze=False, sharex=sharex and nrows > 1).flat)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     return fig, axes
@@ -152,28 +167,61 @@ def plot_itl_over_time(records: Sequence[RequestRecord], path: Path, streams: in
     return _save(fig, path)
 
 
-def _num(d: dict | None, key: str) -> float:
-    v = (d or {}).get(key)
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0
+class Stack(msgspec.Struct, frozen=True):
+    """One stacked bar: parts that add up to `total` (means only: a mean of a sum is the sum of
+    the means, which no percentile is)."""
+
+    title: str
+    parts: list[tuple[str, float]]
+
+    @property
+    def total(self) -> float:
+        return sum(v for _, v in self.parts)
 
 
-def _stacked(ax, segments: dict, order: Sequence[str], stats: Sequence[str], title: str) -> None:
-    names = [n for n in order if n in segments] + [n for n in segments if n not in order]
-    totals = [sum(_num(segments.get(n), s) for n in names) for s in stats]
-    bottoms = [0.0] * len(stats)
-    for name, color in zip(names, _palette(len(names))):
-        heights = [_num(segments.get(name), s) for s in stats]
-        bars = ax.bar(stats, heights, bottom=bottoms, label=name, color=color, width=0.55)
-        for bar, h, b, total in zip(bars, heights, bottoms, totals):
-            if total and h / total > 0.06:  # label only the slices with room for it
-                ax.text(bar.get_x() + bar.get_width() / 2, b + h / 2, f"{h:.2f}",
-                        ha="center", va="center", fontsize="x-small")
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
-    ax.set_ylabel("ms")
-    ax.set_title(title)
-    handles, labels = ax.get_legend_handles_labels()  # top of the stack first
-    ax.legend(handles[::-1], labels[::-1], fontsize="small", loc="upper left",
-              bbox_to_anchor=(1.0, 1.0))
+def segment_stacks(result: BenchResult) -> list[Stack]:
+    """The segment bars of a run, each of one unit: a request's time to first token (from
+    `ttft_segments_ms`), and a chunk's path from its step's start to the client (the per-chunk
+    parts of `segments_ms`). The per-request parts of `segments_ms` (client_to_front, queue)
+    are not a chunk's and are left out of the second."""
+    stacks = []
+    for key, order, title in (
+        ("ttft_segments_ms", TTFT_SEGMENTS, "time to first token, per request"),
+        ("segments_ms", _TOKEN_SEGMENT_ORDER, "a token's path, per chunk: step start to client"),
+    ):
+        segments = field(result, key)
+        if segments is None:
+            continue
+        parts = [(n, float(d.mean)) for n in order
+                 if (d := getattr(segments, n)).count and math.isfinite(d.mean)]
+        if parts:
+            stacks.append(Stack(title, parts))
+    return stacks
+
+
+def plot_segments(stacks: Sequence[Stack], path: Path) -> Path | None:
+    """One horizontal bar per stack, its parts' means side by side and the total at its end;
+    each bar has its own axis (a token's path is far shorter than a TTFT)."""
+    if not stacks:
+        return None
+    fig, axes = _figure(9.0, 1.0 + 1.6 * len(stacks), nrows=len(stacks), sharex=False)
+    names = list(dict.fromkeys(n for s in stacks for n, _ in s.parts))
+    colors = dict(zip(names, _palette(len(names))))
+    for ax, stack in zip(axes, stacks):
+        left = 0.0
+        for name, value in stack.parts:
+            ax.barh([0], [value], left=left, color=colors[name], label=name, height=0.6)
+            if stack.total and value / stack.total > 0.08:  # label only the parts with room
+                ax.text(left + value / 2, 0, f"{value:.2f}", ha="center", va="center",
+                        fontsize="x-small")
+            left += value
+        ax.text(left, 0, f"  {stack.total:.2f} ms", va="center", fontsize="small")
+        ax.set_xlim(0, left * 1.18 or 1)
+        ax.set_yticks([])
+        ax.set_title(f"{stack.title} (means, ms)", fontsize="medium")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[-1].set_xlabel("ms")
+    return _save(fig, path)
 
 
 def _palette(n: int) -> list:
@@ -183,39 +231,11 @@ def _palette(n: int) -> list:
     return [cmap(i % 10) for i in range(n)]
 
 
-def plot_segments(segments: dict | None, path: Path, ttft_segments: dict | None = None) -> Path | None:
-    """Stacked bars of each segment's p50 and p99 (per-request and per-chunk segments stacked
-    as they are: a sum of p99s is not the p99 of the sum). With `ttft_segments`, a second
-    panel stacks the first chunk's segments, whose means add up to the mean TTFT."""
-    if not segments and not ttft_segments:
-        return None
-    panels = [p for p in (segments, ttft_segments) if p]
-    fig, axes = _figure(5.0 * len(panels) + 1.0, 4.8, ncols=len(panels))
-    k = 0
-    if segments:
-        _stacked(axes[k], segments, SEGMENT_ORDER, ("p50", "p99"), "segments_ms, stacked")
-        k += 1
-    if ttft_segments:
-        _stacked(axes[k], ttft_segments, _TTFT_SEGMENT_ORDER, ("mean", "p50", "p99"),
-                 "ttft_segments_ms (means sum to TTFT)")
-    return _save(fig, path)
-
-
-def plot_cpu(system: dict | None, path: Path) -> Path | None:
+def plot_cpu(system: System, path: Path) -> Path | None:
     """CPU % of every sampled process against time; with card samples ([t, util %, ...]),
     a second panel of each card's utilisation on the same time axis."""
-    system = system or {}
-    processes = system.get("processes") or {}
-    series = {}
-    for name, info in processes.items():
-        samples = [s for s in (info or {}).get("samples") or [] if len(s) >= 2]
-        if samples:
-            series[name] = samples
-    cards = []
-    for i, gpu in enumerate(system.get("gpus") or []):
-        samples = [s for s in (gpu or {}).get("samples") or [] if len(s) >= 2]
-        if samples:
-            cards.append(((gpu or {}).get("index", i), samples))
+    series = {name: p for name, p in system.processes.items() if p.samples}
+    cards = [gpu for gpu in system.gpus if gpu.samples]
     if not series and not cards:
         return None
     both = bool(series and cards)
@@ -223,10 +243,9 @@ def plot_cpu(system: dict | None, path: Path) -> Path | None:
     k = 0
     if series:
         ax = axes[k]
-        for name, samples in series.items():
-            mean = (processes[name] or {}).get("cpu_pct_mean")
-            label = f"{name} (mean {mean:.0f} %)" if isinstance(mean, (int, float)) else name
-            ax.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, label=label)
+        for name, p in series.items():
+            label = f"{name} (mean {p.cpu_pct_mean:.0f} %)" if p.cpu_pct_mean is not None else name
+            ax.plot([s[0] for s in p.samples], [s[1] for s in p.samples], lw=1, label=label)
         ax.axhline(100, color="grey", ls=":", lw=1)
         ax.set_ylabel("CPU % (100 = one core)")
         ax.set_ylim(bottom=0)
@@ -235,8 +254,9 @@ def plot_cpu(system: dict | None, path: Path) -> Path | None:
         k += 1
     if cards:
         ax = axes[k]
-        for index, samples in cards:
-            ax.plot([s[0] for s in samples], [s[1] for s in samples], lw=1, label=f"card {index}")
+        for gpu in cards:
+            ax.plot([s[0] for s in gpu.samples], [s[1] for s in gpu.samples], lw=1,
+                    label=f"card {gpu.index}")
         ax.set_ylabel("card utilisation %")
         ax.set_ylim(0, 105)
         ax.set_title("Card utilisation")
@@ -245,22 +265,22 @@ def plot_cpu(system: dict | None, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_worker_curves(workers: list[dict] | None, path: Path, bin_s: float = 0.25
+def plot_worker_curves(workers: list[WorkerCurve] | None, path: Path, bin_s: float = 0.25
                        ) -> Path | None:
     """Each worker's output curve on one time axis: its step time, this run's sequences per
     step, and the tokens it made per second (steps' sequences over `bin_s` windows)."""
-    curves = [w for w in workers or [] if w.get("series")]
+    curves = [w for w in workers or [] if w.series]
     if not curves:
         return None
     fig, axes = _figure(9.0, 8.0, nrows=3)
     for w in curves:
-        series = w["series"]
-        label = f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
+        series = w.series
+        label = f"worker {w.worker}" + (f" ({w.device})" if w.device else "")
         t = [p[0] for p in series]
         axes[0].plot(t, [p[1] for p in series], lw=0.8, label=label)
         axes[1].plot(t, [p[2] for p in series], lw=0.8, label=label)
         # The series may be thinned: scale each kept step by the steps it stands for.
-        weight = w.get("steps", len(series)) / len(series)
+        weight = (w.steps or len(series)) / len(series)
         bins: dict[int, float] = {}
         for p in series:
             k = int(p[0] / bin_s)
@@ -286,15 +306,15 @@ SWEEP_PANELS = (
 )
 
 
-def metric(result: dict, name: str, stat: str | None) -> float:
-    """One number from a result: `result[name][stat]`, or `result[name]` when stat is None."""
-    v = result.get(name)
-    if stat is not None:
-        v = v.get(stat) if isinstance(v, dict) else None
+def metric(result: Any, name: str, stat: str | None) -> float:
+    """One number: `result.name.stat`, or `result.name` when stat is None; NaN when absent."""
+    v = field(result, name)
+    if stat is not None and v is not None:
+        v = field(v, stat)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
 
 
-def spread(repeats: Sequence[dict], name: str, stat: str | None) -> tuple[float, float, float]:
+def spread(repeats: Sequence[Any], name: str, stat: str | None) -> tuple[float, float, float]:
     """(mean, min, max) of a metric over a point's repeats; NaNs when none has it."""
     values = _finite(metric(r, name, stat) for r in repeats)
     if not values:
@@ -317,44 +337,85 @@ def as_number(v: Any) -> float | None:
     return None
 
 
-def sweep_points(sweep: dict) -> list[dict]:
-    """The sweep's points; sorted when every value is a number, else in the given order."""
-    points = [p for p in sweep.get("points") or [] if isinstance(p, dict)]
-    if points and all(as_number(p.get("value")) is not None for p in points):
-        points = sorted(points, key=lambda p: as_number(p["value"]))
+def sweep_variables(sweep: Sweep) -> list[str]:
+    """The swept variables: the keys of the points' `values` (a grid), else `variable`."""
+    names = list(dict.fromkeys(k for p in sweep.points for k in p.values or {}))
+    return names or [sweep.variable]
+
+
+def point_value(point: SweepPoint, variable: str) -> str | None:
+    """The value of `variable` at a sweep point (`values` of a grid point, else `value`)."""
+    return point.values.get(variable) if point.values else point.value
+
+
+def sweep_points(sweep: Sweep) -> list[SweepPoint]:
+    """The sweep's points; sorted by each variable in turn when every value is a number, else
+    in the given order."""
+    points = list(sweep.points)
+    names = sweep_variables(sweep)
+    if points and all(as_number(point_value(p, n)) is not None for p in points for n in names):
+        points = sorted(points, key=lambda p: [as_number(point_value(p, n)) for n in names])
     return points
 
 
-def plot_sweep(sweep: dict | None, path: Path) -> Path | None:
-    """TTFT p50/p99, mean ITL, ITL p90 and tokens/s against the swept value; markers at the
-    mean over repeats, error bars from the lowest to the highest repeat."""
-    points = sweep_points(sweep or {})
+def spans_decades(values: Iterable[Any]) -> bool:
+    """Positive values whose largest is ten times the smallest or more: a log axis shows them
+    all, a linear one flattens the small ones."""
+    numbers = _finite(values)
+    return bool(numbers) and min(numbers) > 0 and max(numbers) / min(numbers) >= 10
+
+
+def sweep_figure(sweep: Sweep):
+    """The sweep's figure (see `plot_sweep`), or None without points."""
+    points = sweep_points(sweep)
     if not points:
         return None
-    values = [p.get("value") for p in points]
-    numeric = all(as_number(v) is not None for v in values)
-    xs = [as_number(v) for v in values] if numeric else list(range(len(values)))
+    x_name, *others = sweep_variables(sweep)
+    # a grid: one line per combination of the other variables, against the first
+    lines: dict[str, list[dict]] = {}
+    for p in points:
+        key = ", ".join(f"{n}={point_value(p, n)}" for n in others)
+        lines.setdefault(key, []).append(p)
+    x_values = list(dict.fromkeys(point_value(p, x_name) for p in points))
+    numeric = all(as_number(v) is not None for v in x_values)
+    position = {v: as_number(v) if numeric else i for i, v in enumerate(x_values)}
     fig, axes = _figure(15.0, 4.5, ncols=len(SWEEP_PANELS))
     for ax, (ylabel, series) in zip(axes, SWEEP_PANELS):
-        for name, stat in series:
-            mean, low, high = [], [], []
-            for p in points:
-                m, lo, hi = spread(p.get("repeats") or [], name, stat)
-                mean.append(m)
-                low.append(m - lo if math.isfinite(m) else 0.0)
-                high.append(hi - m if math.isfinite(m) else 0.0)
-            label = f"{name} {stat}" if stat else name
-            ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, label=label)
-        if numeric and min(xs) > 0 and max(xs) / min(xs) >= 16:
+        shown = []
+        for (name, stat), style in zip(series, ("-", "--")):
+            for (key, line), color in zip(lines.items(), _palette(len(lines))):
+                xs, mean, low, high = [], [], [], []
+                for p in line:
+                    m, lo, hi = spread(p.repeats, name, stat)
+                    xs.append(position[point_value(p, x_name)])
+                    mean.append(m)
+                    low.append(m - lo if math.isfinite(m) else 0.0)
+                    high.append(hi - m if math.isfinite(m) else 0.0)
+                shown += mean
+                label = (f"{name} {stat}" if stat else name) + (f" · {key}" if key else "")
+                ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, ls=style,
+                            color=color if len(lines) > 1 else None, label=label)
+        if numeric and spans_decades(position.values()):
             ax.set_xscale("log")
-        if len(xs) <= 12:
-            ax.set_xticks(xs, [str(v) for v in values])
+        if len(x_values) <= 12:
+            ax.set_xticks([position[v] for v in x_values], [str(v) for v in x_values])
             ax.minorticks_off()
-        ax.set_xlabel(str((sweep or {}).get("variable", "value")))
+        if spans_decades(shown):
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_xlabel(x_name)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)
         ax.legend(fontsize="small")
-    repeats = sorted({len(p.get("repeats") or []) for p in points})
-    fig.suptitle(f"sweep over {(sweep or {}).get('variable', 'value')} "
+    repeats = sorted({len(p.repeats) for p in points})
+    fig.suptitle(f"sweep over {' × '.join([x_name, *others])} "
                  f"({'/'.join(map(str, repeats))} repeats per point; bars: min–max)")
-    return _save(fig, path)
+    return fig
+
+
+def plot_sweep(sweep: Sweep, path: Path) -> Path | None:
+    """TTFT p50/p99, mean ITL, ITL p90 and tokens/s against the (first) swept variable, one
+    line per value of the others; markers at the mean over repeats, error bars from the lowest
+    to the highest repeat; log axes where the values span a decade or more."""
+    fig = sweep_figure(sweep)
+    return None if fig is None else _save(fig, path)

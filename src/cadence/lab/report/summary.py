@@ -3,7 +3,17 @@ the diagnosis, one line or table each."""
 
 from __future__ import annotations
 
+import math
+import sys
+
 from cadence.lab.measure.scrape import worker_startup
+from cadence.lab.report.integrity import counted_checks
+
+_PIPED_WIDTH = 10_000
+"""Piped output is read by scripts and pasted: no line is wrapped (a number split across two
+lines reads as two numbers)."""
+WITHIN_NOISE = "within noise"
+"""How a negative overhead reads: served faster than the engine alone is run-to-run noise."""
 
 
 def print_summary(result: dict) -> None:
@@ -11,7 +21,8 @@ def print_summary(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    piped = not sys.stdout.isatty()
+    console = Console(soft_wrap=piped, width=_PIPED_WIDTH if piped else None)
     workload = result["workload"]
     title = f"cadence bench: {workload['target']}"
     if workload.get("protocol") == "kserve":
@@ -35,7 +46,7 @@ def print_summary(result: dict) -> None:
     if result.get("overhead_ms"):
         o = result["overhead_ms"]
         console.print("serving overhead (served − engine-only, ms): " + ", ".join(
-            f"{m} p50 {o[m]['p50']:+.2f} p99 {o[m]['p99']:+.2f}" for m in o))
+            f"{m} p50 {overhead(o[m]['p50'])} p99 {overhead(o[m]['p99'])}" for m in o))
     elif result.get("baseline", {}).get("error"):
         console.print(f"baseline: {result['baseline']['error']}")
     client = result["client"]
@@ -64,16 +75,25 @@ def print_summary(result: dict) -> None:
     )
     for code, message in (result.get("first_error_by_code") or {}).items():
         console.print(f"  {code}: {message}", highlight=False)
-    grpc = workload.get("grpc")
-    if grpc is not None and not grpc["index_field"]:
+    checks = counted_checks(workload)
+    if not checks:
         console.print("integrity: not checked (the output's positions are unknown: give "
                       "--index-field)")
     else:
-        console.print(
-            f"integrity: lost {integrity['lost_tokens']}, repeated "
-            f"{integrity['repeated_tokens']}, reordered {integrity['reordered_chunks']}, "
-            f"short streams {integrity['short_streams']}")
+        console.print("integrity: " + ", ".join(
+            f"{_CHECK_WORDS[name]} {integrity[name]}" for name in checks))
     _print_diagnosis(console, result.get("diagnosis"))
+
+
+_CHECK_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",
+                "reordered_chunks": "reordered", "short_streams": "short streams"}
+
+
+def overhead(value: float | None) -> str:
+    """A serving overhead (ms) as text: a negative one is noise, not a gain."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "—"
+    return WITHIN_NOISE if value < 0 else f"+{value:.2f}"
 
 
 def _print_diagnosis(console, findings: list[dict] | None) -> None:

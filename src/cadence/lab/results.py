@@ -1,0 +1,405 @@
+"""The lab's results as typed structs: what `cadence bench` and `cadence sweep` return and write.
+
+Their JSON keys are a contract (scripts outside this repository parse them), so the field
+names, the field order and which keys may be absent follow what the lab has always written:
+
+- a field typed `X | UnsetType` is a key that only some runs have (segments need server
+  timing, `baseline` needs `--baseline`); UNSET leaves the key out, and UNSET is falsy;
+- a field typed `X | None` is a key that is always written, null when there is nothing;
+- every field has a default, so results written before a key existed still decode.
+
+Write a result with `to_builtins` (then `json.dump`, which keeps NaN as the lab always wrote
+it), read one with `msgspec.convert(json.load(f), BenchResult)`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from cadence.lab.load.records import RequestRecord
+
+Number = int | float
+"""A figure that is an integer or not depending on the values it came from (a max of token
+counts), written as it came."""
+
+
+class Distribution(msgspec.Struct, kw_only=True):
+    """Percentiles of one per-request or per-chunk quantity; NaN everywhere when count is 0."""
+
+    count: int = 0
+    mean: float = math.nan
+    p50: float = math.nan
+    p90: float = math.nan
+    p99: float = math.nan
+    max: Number = math.nan
+    min: Number = math.nan
+
+    @property
+    def usable(self) -> bool:
+        """Values to reason about: some counted and every figure finite."""
+        return self.count > 0 and all(
+            math.isfinite(v) for v in (self.mean, self.p50, self.p90, self.p99, self.max))
+
+
+class Integrity(msgspec.Struct, kw_only=True):
+    """Tokens lost, repeated or out of order, from every chunk's `index`; all must be 0."""
+
+    lost_tokens: int = 0
+    repeated_tokens: int = 0
+    reordered_chunks: int = 0
+    short_streams: int = 0
+    """Streams that ended OK without a final chunk, or with fewer than max_tokens tokens
+    after a LENGTH finish."""
+
+
+class Segments(msgspec.Struct, kw_only=True):
+    """Where each chunk's time goes (server timing); see `cadence.lab.analysis.stats`."""
+
+    client_to_front: Distribution = msgspec.field(default_factory=Distribution)
+    queue: Distribution = msgspec.field(default_factory=Distribution)
+    engine_step: Distribution = msgspec.field(default_factory=Distribution)
+    transfer: Distribution = msgspec.field(default_factory=Distribution)
+    buffer: Distribution = msgspec.field(default_factory=Distribution)
+    send: Distribution = msgspec.field(default_factory=Distribution)
+
+
+class TtftSegments(msgspec.Struct, kw_only=True):
+    """The first chunk's path; the parts add up to TTFT exactly."""
+
+    client_to_front: Distribution = msgspec.field(default_factory=Distribution)
+    queue: Distribution = msgspec.field(default_factory=Distribution)
+    first_step: Distribution = msgspec.field(default_factory=Distribution)
+    transfer: Distribution = msgspec.field(default_factory=Distribution)
+    buffer: Distribution = msgspec.field(default_factory=Distribution)
+    send: Distribution = msgspec.field(default_factory=Distribution)
+
+
+class SegmentShares(msgspec.Struct, kw_only=True):
+    """Each segment's mean over the sum of the means: of TTFT, and of a token's path."""
+
+    ttft: dict[str, float] = {}
+    token: dict[str, float] = {}
+
+
+class Stalls(msgspec.Struct, kw_only=True):
+    """Stretches in which no open stream got anything (`cadence.lab.analysis.timeline`)."""
+
+    shared: int = 0
+    shared_ms_p50: float = math.nan
+    shared_ms_max: float = math.nan
+    shared_time_share: float = 0.0
+    streams_hit_min: int = 0
+    streams_hit_p50: float = math.nan
+    gaps: int = 0
+    long_gaps: int = 0
+    long_gaps_in_shared: int = 0
+
+
+class Bursts(msgspec.Struct, kw_only=True):
+    """The largest burst of requests opened at once and how its TTFTs spread."""
+
+    largest: int = 0
+    ttft_p10_ms: float = math.nan
+    ttft_p50_ms: float = math.nan
+    ttft_p90_ms: float = math.nan
+    ttft_max_ms: float = math.nan
+    opened_alone: int = 0
+    alone_ttft_p50_ms: float = math.nan
+
+
+class StreamConcurrency(msgspec.Struct, kw_only=True):
+    """Peak open and receiving streams, and the share of the run spent capped."""
+
+    peak_open: int = 0
+    peak_receiving: int = 0
+    capped_share: float = 0.0
+
+
+class Timeline(msgspec.Struct, kw_only=True):
+    """The streams' arrival times read together: evidence from client timestamps alone."""
+
+    gap_p50_ms: float = math.nan
+    stall_threshold_ms: float = math.nan
+    stalls: Stalls = msgspec.field(default_factory=Stalls)
+    bursts: Bursts = msgspec.field(default_factory=Bursts)
+    concurrency: StreamConcurrency = msgspec.field(default_factory=StreamConcurrency)
+
+
+class FrontLoop(msgspec.Struct, kw_only=True):
+    """How late the front's event loop woke over the run, from the timed streams' tallies."""
+
+    fronts: int = 0
+    samples: int = 0
+    late_over_20ms: int = 0
+    late_share: float = 0.0
+    p99_ms_at_most: float = math.nan
+    max_ms_at_most: float = math.nan
+
+
+class RunStats(msgspec.Struct, kw_only=True):
+    """Every aggregate of a run's records (`cadence.lab.analysis.stats.summarize`)."""
+
+    requests: int = 0
+    requests_ok: int = 0
+    errors_by_code: dict[str, int] = {}
+    first_error_by_code: dict[str, str] = {}
+    """Each error code's first message."""
+    wall_s: float = math.nan
+    output_tokens: int = 0
+    chunks: int = 0
+    requests_per_s: float = math.nan
+    tokens_per_s: float = math.nan
+    chunks_per_s: float = math.nan
+    ttft_ms: Distribution = msgspec.field(default_factory=Distribution)
+    itl_ms: Distribution = msgspec.field(default_factory=Distribution)
+    chunk_gap_ms: Distribution = msgspec.field(default_factory=Distribution)
+    tpot_ms: Distribution = msgspec.field(default_factory=Distribution)
+    e2e_ms: Distribution = msgspec.field(default_factory=Distribution)
+    chunk_tokens: Distribution = msgspec.field(default_factory=Distribution)
+    integrity: Integrity = msgspec.field(default_factory=Integrity)
+    timeline: Timeline | None = None
+    front_loop: FrontLoop | None = None
+    token_delay_ms: Distribution | UnsetType = UNSET
+    """With server timing only, as the three below."""
+    segments_ms: Segments | UnsetType = UNSET
+    ttft_segments_ms: TtftSegments | UnsetType = UNSET
+    segment_shares: SegmentShares | UnsetType = UNSET
+
+
+class WorkerCurve(msgspec.Struct, kw_only=True):
+    """One worker's output curve (`cadence.lab.analysis.worker_curves`)."""
+
+    worker: int
+    device: str | None = None
+    steps: int = 0
+    step_ms_p50: float = math.nan
+    step_ms_p90: float = math.nan
+    sequences_per_step_p50: float = math.nan
+    tokens_per_s: float = math.nan
+    token_share: float = math.nan
+    itl_ms_p50: float = math.nan
+    series: list[tuple[float, float, int]] = []
+    """[seconds from the run's first step, step ms, this run's sequences in it]."""
+
+
+class Client(msgspec.Struct, kw_only=True):
+    """The load-generating processes: their CPU, and how well they kept their schedule."""
+
+    processes: int = 1
+    cpu_s: float = 0.0
+    cpu_per_chunk_us: float | None = None
+    busiest_process_cpu_share: float | None = None
+    schedule_slips: int = 0
+    offered_rate_per_s: float | None | UnsetType = UNSET
+    """Requests/s the open loop's schedule asked for (null in a closed loop)."""
+    achieved_rate_per_s: float | None | UnsetType = UNSET
+    schedule_lag_ms: Distribution | None | UnsetType = UNSET
+    """Actual minus intended send time of each open-loop request (null in a closed loop)."""
+    behind_schedule: bool | UnsetType = UNSET
+    """The client fell behind its schedule: its figures are the client's, not the server's."""
+
+
+class ProcessCpu(msgspec.Struct, kw_only=True):
+    """One sampled process: % of one core, every `interval_s`."""
+
+    pid: int | None = None
+    cpu_pct_mean: float | None = None
+    cpu_pct_max: float | None = None
+    samples: list[tuple[float, float]] = []
+    """[seconds since the sampler started, % of one core]."""
+
+
+class Gpu(msgspec.Struct, kw_only=True):
+    index: int = 0
+    util_pct_mean: float | None = None
+    util_pct_max: float | None = None
+    mem_used_mb_max: float | None = None
+    samples: list[tuple[float, float, float]] = []
+    """[seconds since the sampler started, utilisation %, memory used MiB]."""
+
+
+class ScrapedFrontLoop(msgspec.Struct, kw_only=True):
+    """The front's event-loop lag samples of the run, from its metrics page."""
+
+    samples: float = 0.0
+    late_over_20ms: float = 0.0
+
+
+class ServerMetrics(msgspec.Struct, kw_only=True):
+    """The server's /metrics page scraped during the run (`cadence.lab.measure.scrape`)."""
+
+    url: str | None = None
+    scrapes: int = 0
+    peaks: dict[str, float] = {}
+    during_run: dict[str, float] = {}
+    """Each counter's growth from the first scrape to the last."""
+    front_loop: ScrapedFrontLoop | None = None
+    samples: list[tuple[float, dict[str, float]]] = []
+    """[seconds since the sampler started, every scraped value by name{labels}]."""
+
+
+class System(msgspec.Struct, kw_only=True):
+    """What `cadence.lab.measure.sampler.SystemSampler` saw during the run."""
+
+    interval_s: float = 0.1
+    processes: dict[str, ProcessCpu] = {}
+    gpus: list[Gpu] = []
+    server_metrics: ServerMetrics | None = None
+    flags: list[str] = []
+    """The findings of the `cpu_busy_cards_idle` rule, kept here as results always had them."""
+
+
+class OpenAIWorkload(msgspec.Struct, kw_only=True):
+    base_url: str
+    endpoint: str
+
+
+class GrpcWorkload(msgspec.Struct, kw_only=True):
+    method: str
+    types_from: str
+    bidirectional: bool = False
+    request_json: str = ""
+    tokens_field: str | None = None
+    index_field: str | None = None
+    headers: list[str] = []
+    """The names of the metadata sent, never their values."""
+
+
+class Workload(msgspec.Struct, kw_only=True):
+    """What was sent, and to what."""
+
+    target: str = ""
+    requests: int | None = None
+    duration_s: float | None = None
+    concurrency: int | None = None
+    """Null in an open loop."""
+    rate: float | None = None
+    max_tokens: list[int] = []
+    """[low, high]."""
+    prompt_tokens: list[int] = []
+    prompts_from_file: int = 0
+    seed: int | None = None
+    read_delay_ms: float = 0.0
+    client_processes: int = 1
+    channels_per_process: int = 1
+    protocol: str = "cadence"
+    model: str | None = None
+    openai: OpenAIWorkload | UnsetType = UNSET
+    grpc: GrpcWorkload | UnsetType = UNSET
+
+
+class EngineOnly(RunStats, kw_only=True):
+    """`--baseline`: the workload replayed through the engine alone; or why it could not be."""
+
+    workers: int | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+    """Set alone: the baseline did not run (written as `{"error": ...}`)."""
+
+
+class Overhead(msgspec.Struct, kw_only=True):
+    """Served minus engine-only, ms."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+
+
+class Finding(msgspec.Struct, kw_only=True):
+    """What a diagnosis rule found: one sentence, the numbers behind it, what to look at."""
+
+    rule: str
+    finding: str
+    evidence: dict[str, int | float | str | None]
+    look_at: str
+
+
+class RunInfo(msgspec.Struct, kw_only=True):
+    """When, where and with what a run was made."""
+
+    started_at: str = ""
+    """ISO-8601, UTC."""
+    cadence_version: str = ""
+    grpcio_version: str = ""
+    python_version: str = ""
+    host: str = ""
+    cpu_count: int | None = None
+    server_cmdline: list[str] | None = None
+
+
+class BenchResult(RunStats, kw_only=True):
+    """What `cadence.lab.bench.run_bench` returns and `cadence bench --json` writes."""
+
+    workers: list[WorkerCurve] | None = None
+    """Per-worker output curves; null without server step timing."""
+    client: Client = msgspec.field(default_factory=Client)
+    system: System = msgspec.field(default_factory=System)
+    workload: Workload = msgspec.field(default_factory=Workload)
+    baseline: EngineOnly | UnsetType = UNSET
+    overhead_ms: dict[str, Overhead] | UnsetType = UNSET
+    records: list[RequestRecord] | UnsetType = UNSET
+    """Every request's raw record; left out of a sweep's runs."""
+    diagnosis: list[Finding] = []
+    run: RunInfo | UnsetType = UNSET
+    aborted: str | None | UnsetType = UNSET
+    """Why the bench stopped early (null when it ran to its end)."""
+
+
+class Spread(msgspec.Struct, kw_only=True):
+    """One metric over a sweep point's repeats."""
+
+    mean: float
+    min: float
+    max: float
+    stdev: float
+
+
+class SweepRow(msgspec.Struct, kw_only=True):
+    """One value's line of the sweep table; metrics absent when every run failed."""
+
+    value: str
+    failures: int | UnsetType = UNSET
+    ttft_p50_ms: Spread | UnsetType = UNSET
+    ttft_p99_ms: Spread | UnsetType = UNSET
+    itl_mean_ms: Spread | UnsetType = UNSET
+    itl_p90_ms: Spread | UnsetType = UNSET
+    tokens_per_s: Spread | UnsetType = UNSET
+
+
+class SweepPoint(msgspec.Struct, kw_only=True):
+    value: str
+    values: dict[str, str] | UnsetType = UNSET
+    """A grid point's value of each varied name."""
+    repeats: list[BenchResult] = []
+    failures: list[str] | UnsetType = UNSET
+
+
+class Sweep(msgspec.Struct, kw_only=True):
+    variable: str
+    repeat: int = 1
+    points: list[SweepPoint] = []
+    table: list[SweepRow] = []
+    server_cmd: str | UnsetType = UNSET
+    serve_args: list[str] | UnsetType = UNSET
+
+
+class SweepResult(msgspec.Struct, kw_only=True):
+    """What `cadence.lab.sweep.run_sweep` returns and `cadence sweep --json` writes."""
+
+    sweep: Sweep
+
+
+def to_builtins(result: BenchResult | SweepResult) -> dict:
+    """`result` as plain data for `json.dump`, keys as the lab has always written them."""
+    out = msgspec.to_builtins(result)
+    runs = ([(result, out)] if isinstance(result, BenchResult) else
+            [(r, o) for p, po in zip(result.sweep.points, out["sweep"]["points"], strict=True)
+             for r, o in zip(p.repeats, po["repeats"], strict=True)])
+    for run, written in runs:
+        if run.baseline and run.baseline.error:
+            written["baseline"] = {"error": run.baseline.error}
+    return out
