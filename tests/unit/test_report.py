@@ -58,7 +58,7 @@ def _records(shift_ms: float = 0.0) -> list[RequestRecord]:
 
 
 def _result(records: list[RequestRecord], with_records: bool = True) -> dict:
-    result = summarize(records)
+    result = msgspec.to_builtins(summarize(records))
     result["workload"] = {"target": "127.0.0.1:50051", "requests": len(records), "concurrency": 4,
                           "max_tokens": [7], "prompt_tokens": [16]}
     result["client"] = {"processes": 2, "cpu_s": 0.4, "cpu_per_chunk_us": 120.0,
@@ -111,7 +111,7 @@ def _assert_pngs(out_dir: Path, names: set[str]) -> None:
 
 def test_plot_values_use_the_summary_definitions():
     records = _records()
-    result = summarize(records)
+    result = msgspec.to_builtins(summarize(records))
     ttft, itl = plots.ttft_values(records), plots.itl_values(records)
     assert msgspec.to_builtins(distribution(ttft)) == result["ttft_ms"]
     assert msgspec.to_builtins(distribution(itl)) == result["itl_ms"]

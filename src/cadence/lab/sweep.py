@@ -23,6 +23,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.grpc_schema import SchemaError
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.openai_http import OpenAITarget
+from cadence.lab.results import Spread, Sweep, SweepPoint, SweepResult, SweepRow
 from cadence.lab.servers.command_server import CommandServer
 from cadence.lab.servers.server_process import ServerProcess
 
@@ -42,11 +43,11 @@ CLIENT_VARIABLES = ("concurrency", "rate", "procs")
 """Variables that change the load."""
 
 TABLE_METRICS = (
-    ("ttft_p50_ms", lambda r: r["ttft_ms"]["p50"]),
-    ("ttft_p99_ms", lambda r: r["ttft_ms"]["p99"]),
-    ("itl_mean_ms", lambda r: r["itl_ms"]["mean"]),
-    ("itl_p90_ms", lambda r: r["itl_ms"]["p90"]),
-    ("tokens_per_s", lambda r: r["tokens_per_s"]),
+    ("ttft_p50_ms", lambda r: r.ttft_ms.p50),
+    ("ttft_p99_ms", lambda r: r.ttft_ms.p99),
+    ("itl_mean_ms", lambda r: r.itl_ms.mean),
+    ("itl_p90_ms", lambda r: r.itl_ms.p90),
+    ("tokens_per_s", lambda r: r.tokens_per_s),
 )
 
 
@@ -86,7 +87,7 @@ def run_sweep(variable: str, values: list[str], serve_args: list[str], workload:
               credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
               resolve_grpc: Callable | None = None,
-              openai: OpenAITarget | None = None) -> dict:
+              openai: OpenAITarget | None = None) -> SweepResult:
     """Every value, `repeat` times, each on a fresh server; results without raw records.
 
     The server is `cadence serve SERVE_ARGS`, or `server_cmd` filled with the value. With
@@ -132,19 +133,15 @@ def run_sweep(variable: str, values: list[str], serve_args: list[str], workload:
                 progress(f"{variable}={value} run {n + 1}/{repeat} failed: {exc}")
                 failures.append(str(exc))
                 continue
-            result.pop("records")
+            result.records = msgspec.UNSET
             runs.append(result)
-        point = {"value": value, "repeats": runs}
-        if failures:
-            point["failures"] = failures
-        points.append(point)
-    sweep = {"variable": variable, "repeat": repeat, "points": points,
-             "table": sweep_table(points)}
+        points.append(SweepPoint(value=value, repeats=runs, failures=failures or msgspec.UNSET))
+    sweep = Sweep(variable=variable, repeat=repeat, points=points, table=sweep_table(points))
     if server_cmd is not None:
-        sweep["server_cmd"] = server_cmd
+        sweep.server_cmd = server_cmd
     else:
-        sweep["serve_args"] = serve_args
-    return {"sweep": sweep}
+        sweep.serve_args = serve_args
+    return SweepResult(sweep=sweep)
 
 
 def _http_target(server: ServerProcess, openai: OpenAITarget) -> OpenAITarget:
@@ -155,58 +152,55 @@ def _http_target(server: ServerProcess, openai: OpenAITarget) -> OpenAITarget:
     return msgspec.structs.replace(openai, base_url=f"http://{match.group(1)}:{match.group(2)}")
 
 
-def sweep_table(points: list[dict]) -> list[dict]:
+def sweep_table(points: list[SweepPoint]) -> list[SweepRow]:
     """Per value: each metric's mean over repeats and its spread (min, max, stdev)."""
     rows = []
     for point in points:
-        row = {"value": point["value"]}
-        if point.get("failures"):
-            row["failures"] = len(point["failures"])
-        if not point["repeats"]:
-            rows.append(row)
-            continue
-        for name, get in TABLE_METRICS:
-            values = [get(r) for r in point["repeats"]]
-            row[name] = {
-                "mean": statistics.fmean(values),
-                "min": min(values),
-                "max": max(values),
-                "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-            }
+        row = SweepRow(value=point.value)
+        if point.failures:
+            row.failures = len(point.failures)
+        for name, get in TABLE_METRICS if point.repeats else ():
+            values = [get(r) for r in point.repeats]
+            setattr(row, name, Spread(
+                mean=statistics.fmean(values),
+                min=min(values),
+                max=max(values),
+                stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
+            ))
         rows.append(row)
     return rows
 
 
-def print_table(sweep: dict) -> None:
+def print_table(result: SweepResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    s = sweep["sweep"]
-    table = Table(title=f"cadence sweep: {s['variable']} ({s['repeat']} run(s) each; mean \\[min-max])")
-    table.add_column(s["variable"])
+    s = result.sweep
+    table = Table(title=f"cadence sweep: {s.variable} ({s.repeat} run(s) each; mean \\[min-max])")
+    table.add_column(s.variable)
     for name, _ in TABLE_METRICS:
         table.add_column(name, justify="right")
-    failed = any(row.get("failures") for row in s["table"])
+    failed = any(row.failures for row in s.table)
     if failed:
         table.add_column("failed runs", justify="right")
-    for row in s["table"]:
+    for row in s.table:
         cells = []
-        if TABLE_METRICS[0][0] not in row:
-            table.add_row(str(row["value"]), *("—" for _ in TABLE_METRICS),
-                          *([str(row.get("failures", 0))] if failed else []))
+        if not getattr(row, TABLE_METRICS[0][0]):
+            table.add_row(row.value, *("—" for _ in TABLE_METRICS),
+                          *([str(row.failures or 0)] if failed else []))
             continue
         for name, _ in TABLE_METRICS:
-            m = row[name]
+            m: Spread = getattr(row, name)
             fmt = "{:.0f}" if name == "tokens_per_s" else "{:.2f}"
-            cell = fmt.format(m["mean"])
-            if m["max"] != m["min"]:
-                cell += f" [{fmt.format(m['min'])}-{fmt.format(m['max'])}]"
+            cell = fmt.format(m.mean)
+            if m.max != m.min:
+                cell += f" [{fmt.format(m.min)}-{fmt.format(m.max)}]"
             cells.append(cell)
         if failed:
-            cells.append(str(row.get("failures", 0)))
-        table.add_row(str(row["value"]), *cells)
+            cells.append(str(row.failures or 0))
+        table.add_row(row.value, *cells)
     console = Console()
     console.print(table)
-    for point in s["points"]:
-        for failure in point.get("failures", []):
-            console.print(f"{s['variable']}={point['value']}: {failure}", highlight=False)
+    for point in s.points:
+        for failure in point.failures or []:
+            console.print(f"{s.variable}={point.value}: {failure}", highlight=False)

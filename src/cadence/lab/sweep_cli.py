@@ -43,6 +43,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.load.grpc_schema import SchemaError
+    from cadence.lab.results import to_builtins
     from cadence.lab.sweep import parse_vary, print_table, run_sweep
 
     try:
@@ -71,12 +72,13 @@ def _sweep(args: argparse.Namespace) -> None:
     except SchemaError as exc:
         sys.exit(f"cadence sweep: {exc}")
     print_table(result)
+    written = to_builtins(result)
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump(result, f)
+            json.dump(written, f)
     if args.report:
         from pathlib import Path
 
         from cadence.lab.report.run import render_report
 
-        print(render_report(result, Path(args.report)))
+        print(render_report(written, Path(args.report)))
