@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-
 from prometheus_client import generate_latest
 
 from cadence.core.metrics import FrontMetrics
