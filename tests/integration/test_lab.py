@@ -37,7 +37,7 @@ def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
     assert result.baseline.output_tokens == 16 * 30
     assert 15.0 < result.baseline.itl_ms.p50 < 30.0
     assert set(result.overhead_ms) == {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"}
-    json.dumps(result)
+    json.dumps(to_builtins(result))
 
 
 def test_open_loop_sends_the_scheduled_requests() -> None:

@@ -520,3 +520,101 @@ def test_under_capacity_needs_to_know_the_workers():
     r = low_concurrency()
     r["system"]["processes"] = {}
     assert rules(r) == []
+
+
+# -- requests_failing ----------------------------------------------------------------------------
+
+
+def failing(ok: int, errors: dict[str, int]) -> dict:
+    r = healthy()
+    r["requests"] = ok + sum(errors.values())
+    r["requests_ok"] = ok
+    r["errors_by_code"] = errors
+    r["first_error_by_code"] = {code: f"{code.lower()} happened" for code in errors}
+    return r
+
+
+def test_a_server_answering_only_errors_fires_requests_failing():
+    """12 of 22060 ok: the run that once said "no rule fired"."""
+    findings = {f.rule: f for f in diagnose(failing(12, {"UNAVAILABLE": 22048}))}
+    assert dx.RULE_REQUESTS_FAILING in findings
+    finding = findings[dx.RULE_REQUESTS_FAILING]
+    assert finding.evidence["error_rate"] == pytest.approx(22048 / 22060, abs=1e-4)
+    assert finding.evidence["errors_UNAVAILABLE"] == 22048
+    assert "UNAVAILABLE" in finding.finding and "unavailable happened" in finding.finding
+    assert "went away" in finding.look_at
+    assert dx.RULE_UNDER_CAPACITY not in findings  # a failing server has no room to offer
+
+
+def test_requests_failing_names_every_code_and_the_first_message():
+    finding = next(f for f in diagnose(failing(90, {"DEADLINE_EXCEEDED": 7, "UNAVAILABLE": 3}))
+                   if f.rule == dx.RULE_REQUESTS_FAILING)
+    assert finding.evidence["requests_failed"] == 10
+    assert finding.evidence["error_rate"] == 0.1
+    assert finding.evidence["first_error"] == "DEADLINE_EXCEEDED: deadline_exceeded happened"
+    assert "DEADLINE_EXCEEDED 7, UNAVAILABLE 3" in finding.finding
+
+
+def test_an_error_below_the_share_is_not_requests_failing():
+    below = failing(1000, {"CANCELLED": 1})
+    assert 1 / 1001 < dx.FAILING_SHARE
+    assert dx.RULE_REQUESTS_FAILING not in rules(below)
+    assert dx.RULE_REQUESTS_FAILING not in rules(healthy())
+
+
+def test_an_aborted_run_says_why_in_the_evidence():
+    r = failing(0, {"UNAVAILABLE": 5})
+    r["aborted"] = "the server stopped answering"
+    (finding,) = [f for f in diagnose(r) if f.rule == dx.RULE_REQUESTS_FAILING]
+    assert finding.evidence["aborted"] == "the server stopped answering"
+
+
+# -- client_behind_schedule ----------------------------------------------------------------------
+
+
+def open_loop(behind: bool | None) -> dict:
+    r = healthy()
+    r["workload"]["concurrency"] = None
+    r["workload"]["rate"] = 400.0
+    if behind is not None:
+        r["client"].update({
+            "behind_schedule": behind, "offered_rate_per_s": 400.0,
+            "achieved_rate_per_s": 250.0 if behind else 399.0, "schedule_slips": 3,
+            "schedule_lag_ms": dist(40.0, 120.0, 180.0, max=210.0, count=16),
+        })
+    return r
+
+
+def test_a_client_behind_its_schedule_fires_client_behind_schedule():
+    findings = {f.rule: f for f in diagnose(open_loop(behind=True))}
+    assert set(findings) == {dx.RULE_CLIENT_BEHIND_SCHEDULE}
+    finding = findings[dx.RULE_CLIENT_BEHIND_SCHEDULE]
+    assert finding.evidence["offered_rate_per_s"] == 400.0
+    assert finding.evidence["achieved_rate_per_s"] == 250.0
+    assert finding.evidence["schedule_lag_p99_ms"] == 180.0
+    assert "250 requests/s of the 400" in finding.finding
+    assert "client's, not the server's" in finding.finding
+
+
+def test_a_client_on_schedule_or_a_result_without_the_fields_is_silent():
+    assert dx.RULE_CLIENT_BEHIND_SCHEDULE not in rules(open_loop(behind=False))
+    assert dx.RULE_CLIENT_BEHIND_SCHEDULE not in rules(open_loop(behind=None))
+
+
+# -- the rules laid out -------------------------------------------------------------------------
+
+
+def test_every_rule_has_a_unique_name_and_gives_way_only_to_known_rules():
+    names = [rule.name for rule in dx.RULES]
+    assert len(names) == len(set(names))
+    assert {way.to for rule in dx.RULES for way in rule.gives_way_to} <= set(names)
+    assert {dx.RULE_REQUESTS_FAILING, dx.RULE_CLIENT_BEHIND_SCHEDULE} <= set(names)
+
+
+def test_an_explained_finding_gives_way():
+    """Under capacity's own check holds, but a saturated client explains the small batches."""
+    r = low_concurrency()
+    r["client"]["busiest_process_cpu_share"] = 0.93
+    under = next(rule for rule in dx.RULES if rule.name == dx.RULE_UNDER_CAPACITY)
+    assert under.check(dx.RunFacts(msgspec.convert(r, BenchResult)))
+    assert rules(r) == [dx.RULE_CLIENT_SATURATED]
