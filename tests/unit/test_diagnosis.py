@@ -7,7 +7,9 @@ a real run (16 streams of 50 tokens, one worker, 10 ms steps, on a 2-core machin
 from __future__ import annotations
 
 import copy
+import json
 import math
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -618,3 +620,25 @@ def test_an_explained_finding_gives_way():
     under = next(rule for rule in dx.RULES if rule.name == dx.RULE_UNDER_CAPACITY)
     assert under.check(dx.RunFacts(msgspec.convert(r, BenchResult)))
     assert rules(r) == [dx.RULE_CLIENT_SATURATED]
+
+
+# -- results written by the lab before the rules were laid out ----------------------------------
+
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+@pytest.mark.parametrize("name", ["bench_result_v0.json", "bench_result_baseline_v0.json",
+                                  "bench_result_open_v0.json", "bench_result_openai_v0.json",
+                                  "bench_result_grpc_v0.json"])
+def test_saved_results_get_the_findings_they_were_written_with(name):
+    written = msgspec.convert(json.loads((DATA / name).read_text()), BenchResult)
+    assert dx.diagnose(written) == written.diagnosis
+
+
+def test_a_saved_run_of_errors_only_now_names_them():
+    """Every request past its deadline: saved with "no rule fired"."""
+    written = msgspec.convert(json.loads((DATA / "bench_result_errors_v0.json").read_text()),
+                              BenchResult)
+    assert written.diagnosis == [] and written.requests_ok == 0
+    assert [f.rule for f in dx.diagnose(written)] == [dx.RULE_REQUESTS_FAILING]
