@@ -24,7 +24,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.grpc_schema import from_reflection
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.plan import RequestShape
-from cadence.lab.results import Integrity, SweepResult
+from cadence.lab.results import BenchResult, Integrity, SweepResult
 from cadence.lab.servers.command_server import CommandServer
 from tests import node_ticker
 from tests.node_ticker import COUNT_METHOD, PROTO_FILE, PROTO_PATH, ticker_server
@@ -41,12 +41,12 @@ def cadence(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def bench_json(tmp_path: Path, target: str, *args: str) -> dict:
+def bench_json(tmp_path: Path, target: str, *args: str) -> BenchResult:
     out = tmp_path / "run.json"
     done = cadence("bench", "--target", target, "--protocol", "grpc", "--no-progress",
                    "--json", str(out), *args)
     assert done.returncode == 0, done.stderr
-    return json.loads(out.read_text())
+    return msgspec.convert(json.loads(out.read_text()), BenchResult)
 
 
 def count_args(count: str = "{max_tokens}", **fields) -> list[str]:
