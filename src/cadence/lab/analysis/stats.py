@@ -47,7 +47,7 @@ from cadence.lab.results import (
 
 _NS_PER_MS = 1e6
 
-TTFT_SEGMENTS = ("client_to_front", "queue", "first_step", "transfer", "buffer", "send")
+TTFT_SEGMENTS = TtftSegments.__struct_fields__
 """Time to first token, split where it is spent; the segments add up to TTFT exactly."""
 
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary
+from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary, usable
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
     RULE_ITL_UNSTABLE_ENGINE,
@@ -147,7 +147,7 @@ def unstable_network_side(facts: RunFacts) -> list[Finding]:
 
 def slow_reader(facts: RunFacts) -> list[Finding]:
     itl, typical = facts.itl, facts.typical_step
-    tokens = facts.result.chunk_tokens if facts.result.chunk_tokens.usable else None
+    tokens = usable(facts.result.chunk_tokens)
     buffer = facts.segment("buffer")
     if not (itl and typical and tokens and buffer):
         return []
