@@ -26,6 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 from peers import pytriton_server  # benchmarks/ is on sys.path when run as a script
 
 from cadence.lab.analysis.stats import summarize
@@ -64,7 +65,7 @@ def run_cadence(streams: int, tokens: int, rounds: int, app: str, threads: int) 
         workload = Workload(requests=streams * rounds, concurrency=streams, warmup=WARMUP,
                             include_timing=False,
                             shape=RequestShape(prompt_tokens=(8, 8), max_tokens=(tokens, tokens)))
-        result = run_bench(server.target, workload, processes=1)
+        result = msgspec.to_builtins(run_bench(server.target, workload, processes=1))
     result.pop("records")
     out = _metrics(result, result["client"]["busiest_process_cpu_share"])
     out["server_args"] = list(args)
@@ -83,7 +84,7 @@ def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
         )
     out = json.loads(load.stdout)
     records = [RequestRecord(**r) for r in out["records"]]
-    return _metrics(summarize(records), out["cpu_s"] / out["wall_s"])
+    return _metrics(msgspec.to_builtins(summarize(records)), out["cpu_s"] / out["wall_s"])
 
 
 def main() -> None:

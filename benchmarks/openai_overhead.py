@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import psutil
 from serving_overhead import WORKLOADS, _cpu_s
 
@@ -50,7 +51,7 @@ def run(name: str, server_kind: str, procs: int) -> dict:
         before = _cpu_s(server.pid)
         workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
-        result = run_bench(server.target, workload, processes=procs, openai=openai)
+        result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs, openai=openai))
         after = _cpu_s(server.pid)
     front_cpu = after["front"] - before["front"]
     row = {

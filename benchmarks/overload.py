@@ -79,14 +79,14 @@ def main() -> None:
     args = parser.parse_args()
     with ServerProcess("--devices", "cpu:2", "--step-ms", "20", "--max-concurrent",
                        str(LIMIT)) as server:
-        alone = run_bench(server.target, ADMITTED)
+        alone = msgspec.to_builtins(run_bench(server.target, ADMITTED))
         with multiprocessing.Manager() as manager:
             results = manager.list()
             # The bench's load processes start together about 3 s after it is called.
             bursts = multiprocessing.Process(target=_bursts,
                                              args=(server.target, 4.0, 3.0, results))
             bursts.start()
-            beside = run_bench(server.target, ADMITTED)
+            beside = msgspec.to_builtins(run_bench(server.target, ADMITTED))
             bursts.join(60)
             burst_results = list(results)
     codes = Counter(code for code, _ in burst_results)

@@ -55,7 +55,7 @@ def main() -> None:
                   re.findall(r"worker (\d) placed on (\S+)", front.log.read_text())}
         workload = Workload(requests=args.requests, concurrency=args.concurrency, warmup=16,
                             shape=RequestShape(max_tokens=(args.max_tokens, args.max_tokens)))
-        result = run_bench(front.target, workload)
+        result = msgspec.to_builtins(run_bench(front.target, workload))
         front.stop()
     finally:
         hosts.close()
@@ -64,7 +64,7 @@ def main() -> None:
     groups = {}
     for worker, address in sorted(placed.items()):
         where = "local" if address == TwoHosts.HEAD else "remote"
-        part = summarize([r for r in records if r.worker == worker])
+        part = msgspec.to_builtins(summarize([r for r in records if r.worker == worker]))
         groups[where] = {
             "worker": worker,
             "node": address,

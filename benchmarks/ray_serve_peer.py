@@ -31,6 +31,8 @@ import socket
 import time
 from pathlib import Path
 
+import msgspec
+
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.servers.server_process import ServerProcess
@@ -101,7 +103,7 @@ def main() -> None:
     with ServerProcess("--app", "examples.token_app:async_tokens", "--devices", "cpu:1",
                        "--max-concurrent", "1024") as server:
         for streams in args.streams:
-            result = run_bench(server.target, workload(streams, args.tokens, args.rounds))
+            result = msgspec.to_builtins(run_bench(server.target, workload(streams, args.tokens, args.rounds)))
             rows.append(row("cadence", streams, result))
             print(json.dumps(rows[-1]), flush=True)
     port = _free_port()
@@ -110,7 +112,7 @@ def main() -> None:
     print(f"Ray Serve up in {time.monotonic() - started:.1f} s", flush=True)
     try:
         for streams in args.streams:
-            result = run_bench(f"127.0.0.1:{port}", workload(streams, args.tokens, args.rounds))
+            result = msgspec.to_builtins(run_bench(f"127.0.0.1:{port}", workload(streams, args.tokens, args.rounds)))
             rows.append(row("ray serve", streams, result))
             print(json.dumps(rows[-1]), flush=True)
     finally:

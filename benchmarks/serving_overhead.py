@@ -24,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import msgspec
 import psutil
 
 from cadence.lab.bench import Workload, run_bench
@@ -87,7 +88,7 @@ def run_fronts(name: str, fronts: int, procs: int) -> dict:
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
         # Several connections per load process: the kernel spreads connections, not
         # streams, over the fronts (with one or two, all may land on one front).
-        result = run_bench(server.target, workload, processes=procs, channels=_FRONTS_CHANNELS)
+        result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs, channels=_FRONTS_CHANNELS))
         after = _cpu_s(server.pid)
         chunks = _chunks_per_front(server.banner)
     result.pop("records")
@@ -114,7 +115,7 @@ def run_workload(name: str, procs: int, plain: bool = False) -> dict:
         before = _cpu_s(server.pid)
         workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
-        result = run_bench(server.target, workload, processes=procs)
+        result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs))
         after = _cpu_s(server.pid)
     result.pop("records")
     result["server_cpu_s"] = {k: after[k] - before.get(k, 0.0) for k in after}

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import psutil
 
 from cadence.lab.bench import Workload, run_bench
@@ -101,7 +102,7 @@ def main() -> None:
                        "--max-concurrent", "2048") as server:
         rss = RssSampler(server.pid)
         rss.start()
-        alone = run_bench(server.target, NORMAL)
+        alone = msgspec.to_builtins(run_bench(server.target, NORMAL))
         rss_before = rss.samples[-1][1]
         opened = multiprocessing.Event()
         slow = multiprocessing.Process(target=_slow_streams,
@@ -111,7 +112,7 @@ def main() -> None:
             raise SystemExit("the slow streams did not open")
         time.sleep(5)  # their buffers fill and start merging
         rss_slow_start = rss.samples[-1][1]
-        beside = run_bench(server.target, NORMAL)
+        beside = msgspec.to_builtins(run_bench(server.target, NORMAL))
         time.sleep(10)
         rss_slow_end = rss.samples[-1][1]
         slow.join(120)

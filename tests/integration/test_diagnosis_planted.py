@@ -14,20 +14,22 @@ import json
 from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
+from cadence.lab.results import BenchResult, to_builtins
 from cadence.lab.servers.server_process import ServerProcess
 
 ITL_RULES = {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_ITL_UNSTABLE_NETWORK}
 
 
-def _bench(server_args: list[str], workload: Workload) -> tuple[dict, set[str]]:
+def _bench(server_args: list[str], workload: Workload) -> tuple[BenchResult, set[str]]:
     with ServerProcess(*server_args) as server:
         result = run_bench(server.target, workload)
-    assert result["requests_ok"] == workload.requests, result["errors_by_code"]
-    return result, {f["rule"] for f in result["diagnosis"]}
+    assert result.requests_ok == workload.requests, result.errors_by_code
+    return result, {f.rule for f in result.diagnosis}
 
 
-def _explain(result: dict) -> str:
+def _explain(result: BenchResult) -> str:
     """The findings and the aggregates they read, for a failing assertion's message."""
+    result = to_builtins(result)
     keys = ("ttft_ms", "itl_ms", "chunk_tokens", "token_delay_ms")
     aggregates = {k: {s: round(result[k][s], 2) for s in ("p50", "p90", "p99", "max")}
                   for k in keys if k in result}
@@ -86,9 +88,9 @@ def test_a_blocked_front_loop_is_named_with_the_lag_it_measured() -> None:
     # The engine runs on the blocked loop: its slow steps are the loop's, not the engine's.
     assert not fired & {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START,
                         dx.RULE_TTFT_QUEUEING}, _explain(result)
-    assert result["front_loop"]["samples"] >= 10
-    finding = next(f for f in result["diagnosis"] if f["rule"] == dx.RULE_FRONT_LOOP_BLOCKED)
-    assert "loop_wakeups_late_over_20ms" in finding["evidence"]
+    assert result.front_loop.samples >= 10
+    finding = next(f for f in result.diagnosis if f.rule == dx.RULE_FRONT_LOOP_BLOCKED)
+    assert "loop_wakeups_late_over_20ms" in finding.evidence
 
 
 def test_a_clean_run_names_nothing() -> None:
@@ -108,7 +110,7 @@ def test_one_slow_card_is_named_with_its_streams() -> None:
     )
     assert dx.RULE_SLOW_WORKER in fired, _explain(result)
     assert dx.RULE_ITL_UNSTABLE_ENGINE not in fired, _explain(result)
-    (finding,) = [f for f in result["diagnosis"] if f["rule"] == dx.RULE_SLOW_WORKER]
-    assert finding["evidence"]["worker"] == 1 and finding["evidence"]["device"] == "cpu"
-    curves = {w["worker"]: w for w in result["workers"]}
-    assert curves[1]["step_ms_p50"] > 2 * curves[0]["step_ms_p50"]
+    (finding,) = [f for f in result.diagnosis if f.rule == dx.RULE_SLOW_WORKER]
+    assert finding.evidence["worker"] == 1 and finding.evidence["device"] == "cpu"
+    curves = {w.worker: w for w in result.workers}
+    assert curves[1].step_ms_p50 > 2 * curves[0].step_ms_p50

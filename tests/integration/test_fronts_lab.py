@@ -23,28 +23,28 @@ def test_bench_samples_every_front_and_worker_and_scrapes_all_fronts(server_fact
     # 16 connections: all on one front by chance is 2 in 65536.
     workload = Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(20, 20)))
     result = run_bench(server.target, workload, channels=16)
-    assert result["requests_ok"] == 32 and result["errors_by_code"] == {}
-    assert result["output_tokens"] == 32 * 20
+    assert result.requests_ok == 32 and result.errors_by_code == {}
+    assert result.output_tokens == 32 * 20
 
-    processes = result["system"]["processes"]
+    processes = result.system.processes
     assert {"front0", "front1", "worker0", "worker1", "client0"} <= set(processes), processes
     assert "front" not in processes
-    assert processes["front0"]["pid"] == server.process.pid
-    child = psutil.Process(processes["front1"]["pid"])
+    assert processes["front0"].pid == server.process.pid
+    child = psutil.Process(processes["front1"].pid)
     assert "cadence.lifecycle.front_child" in child.cmdline()
     assert child.ppid() == server.process.pid
     for name in ("worker0", "worker1"):
-        assert "cadence.worker" in psutil.Process(processes[name]["pid"]).cmdline()
-    assert all(processes[n]["samples"] for n in ("front0", "front1", "worker0", "worker1"))
+        assert "cadence.worker" in psutil.Process(processes[name].pid).cmdline()
+    assert all(processes[n].samples for n in ("front0", "front1", "worker0", "worker1"))
 
     # Front 0's endpoint: the all-fronts totals under the plain names, and each front's own.
-    scraped = result["system"]["server_metrics"]
-    assert scraped["during_run"]["cadence_output_tokens_total"] == result["output_tokens"]
-    assert scraped["during_run"]["cadence_chunks_total"] == result["chunks"]
-    first, last = scraped["samples"][0][1], scraped["samples"][-1][1]
+    scraped = result.system.server_metrics
+    assert scraped.during_run["cadence_output_tokens_total"] == result.output_tokens
+    assert scraped.during_run["cadence_chunks_total"] == result.chunks
+    first, last = scraped.samples[0][1], scraped.samples[-1][1]
     per_front = [last[f"cadence_output_tokens_total{{front={k}}}"]
                  - first.get(f"cadence_output_tokens_total{{front={k}}}", 0.0) for k in (0, 1)]
-    assert sum(per_front) == result["output_tokens"]
+    assert sum(per_front) == result.output_tokens
     assert all(tokens > 0 for tokens in per_front), per_front
 
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import msgspec
 import pytest
 
 from cadence.lab.analysis import diagnosis as dx
@@ -23,6 +24,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.grpc_schema import from_reflection
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.plan import RequestShape
+from cadence.lab.results import BenchResult, Integrity, SweepResult
 from cadence.lab.servers.command_server import CommandServer
 from tests import node_ticker
 from tests.node_ticker import COUNT_METHOD, PROTO_FILE, PROTO_PATH, ticker_server
@@ -39,12 +41,12 @@ def cadence(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def bench_json(tmp_path: Path, target: str, *args: str) -> dict:
+def bench_json(tmp_path: Path, target: str, *args: str) -> BenchResult:
     out = tmp_path / "run.json"
     done = cadence("bench", "--target", target, "--protocol", "grpc", "--no-progress",
                    "--json", str(out), *args)
     assert done.returncode == 0, done.stderr
-    return json.loads(out.read_text())
+    return msgspec.convert(json.loads(out.read_text()), BenchResult)
 
 
 def count_args(count: str = "{max_tokens}", **fields) -> list[str]:
@@ -54,9 +56,8 @@ def count_args(count: str = "{max_tokens}", **fields) -> list[str]:
 
 
 def assert_clean(result: dict, requests: int) -> None:
-    assert result["requests_ok"] == requests, result["first_error_by_code"]
-    assert result["integrity"] == {"lost_tokens": 0, "repeated_tokens": 0,
-                                   "reordered_chunks": 0, "short_streams": 0}
+    assert result.requests_ok == requests, result.first_error_by_code
+    assert result.integrity == Integrity()
 
 
 @pytest.fixture(scope="module")
@@ -70,17 +71,17 @@ def test_node_service_by_reflection_counts_tokens_per_message(ticker, tmp_path):
                         "--tokens-field", "words", "--index-field", "first_word",
                         "--concurrency", "16", "--max-tokens", "20", "--procs", "2")
     assert_clean(result, 16)
-    assert result["output_tokens"] == 16 * 20 * 3 and result["chunks"] == 16 * 20
-    assert result["chunk_tokens"]["p50"] == 3
-    assert 30 <= result["ttft_ms"]["p50"] < 200
+    assert result.output_tokens == 16 * 20 * 3 and result.chunks == 16 * 20
+    assert result.chunk_tokens.p50 == 3
+    assert 30 <= result.ttft_ms.p50 < 200
     # Three tokens per 10 ms message: ITL is the gap over the tokens it carries.
-    gap = result["chunk_gap_ms"]["p50"]
-    assert 9 <= gap <= 20 and abs(result["itl_ms"]["p50"] - gap / 3) < 0.5
-    workload = result["workload"]
-    assert workload["protocol"] == "grpc"
-    assert workload["grpc"]["types_from"].startswith("reflection")
-    assert workload["grpc"]["method"] == f"/{COUNT_METHOD}"
-    assert "server" in result["system"]["processes"]  # the Node process, found by its port
+    gap = result.chunk_gap_ms.p50
+    assert 9 <= gap <= 20 and abs(result.itl_ms.p50 - gap / 3) < 0.5
+    workload = result.workload
+    assert workload.protocol == "grpc"
+    assert workload.grpc.types_from.startswith("reflection")
+    assert workload.grpc.method == f"/{COUNT_METHOD}"
+    assert "server" in result.system.processes  # the Node process, found by its port
 
 
 def test_node_bidirectional_method(ticker, tmp_path):
@@ -88,7 +89,7 @@ def test_node_bidirectional_method(ticker, tmp_path):
                         '{"count": "{max_tokens}", "gap_ms": 5}', "--index-field", "seq",
                         "--concurrency", "8", "--max-tokens", "12")
     assert_clean(result, 8)
-    assert result["output_tokens"] == 8 * 12 and result["workload"]["grpc"]["bidirectional"]
+    assert result.output_tokens == 8 * 12 and result.workload.grpc.bidirectional
 
 
 def test_reflection_that_serves_one_file_per_proto_is_followed_through_its_imports(tmp_path):
@@ -99,7 +100,7 @@ def test_reflection_that_serves_one_file_per_proto_is_followed_through_its_impor
                             "words", "--index-field", "first_word", "--concurrency", "4",
                             "--max-tokens", "6")
     assert_clean(result, 4)
-    assert result["output_tokens"] == 4 * 6 * 2
+    assert result.output_tokens == 4 * 6 * 2
 
 
 def test_without_reflection_the_protos_give_the_types(tmp_path):
@@ -113,7 +114,7 @@ def test_without_reflection_the_protos_give_the_types(tmp_path):
                             "--proto-path", PROTO_PATH, "--index-field", "seq",
                             "--concurrency", "4", "--max-tokens", "8")
     assert_clean(result, 4)
-    assert result["workload"]["grpc"]["types_from"] == "protos"
+    assert result.workload.grpc.types_from == "protos"
 
 
 def test_headers_reach_the_service_and_errors_are_counted_by_code(tmp_path):
@@ -126,10 +127,10 @@ def test_headers_reach_the_service_and_errors_are_counted_by_code(tmp_path):
         failing = bench_json(tmp_path, target, *count_args(count="8", fail_after=2),
                              "--header", "authorization=Bearer s3cret", "--requests", "3",
                              "--concurrency", "3")
-    assert denied["errors_by_code"] == {"UNAUTHENTICATED": 3}
-    assert "bearer token" in denied["first_error_by_code"]["UNAUTHENTICATED"]
-    assert allowed["requests_ok"] == 3 and allowed["errors_by_code"] == {}
-    assert failing["errors_by_code"] == {"RESOURCE_EXHAUSTED": 3}
+    assert denied.errors_by_code == {"UNAUTHENTICATED": 3}
+    assert "bearer token" in denied.first_error_by_code["UNAUTHENTICATED"]
+    assert allowed.requests_ok == 3 and allowed.errors_by_code == {}
+    assert failing.errors_by_code == {"RESOURCE_EXHAUSTED": 3}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -194,13 +195,13 @@ def tokens_bench(target: str, streams: int = 16, requests: int | None = None,
 
 
 def fired(result: dict) -> set[str]:
-    return {f["rule"] for f in result["diagnosis"]}
+    return {f.rule for f in result.diagnosis}
 
 
 def test_a_lost_token_is_seen_with_index_field():
     with python_server("tests/planted_server.py", "--fault", "skip", "--gap-ms", "5") as target:
         result = tokens_bench(target, streams=4, max_tokens=10)
-    assert result["integrity"]["lost_tokens"] == 4
+    assert result.integrity.lost_tokens == 4
 
 
 @pytest.mark.parametrize("fault, rule", [
@@ -214,7 +215,7 @@ def test_planted_faults_without_server_timing(fault, rule):
     with python_server("tests/planted_server.py", "--fault", fault) as target:
         result = tokens_bench(target, streams=32, requests=64, max_tokens=50)
     assert_clean(result, 64)
-    assert fired(result) == ({rule} if rule else set()), result["diagnosis"]
+    assert fired(result) == ({rule} if rule else set()), result.diagnosis
 
 
 def test_worked_example_designs():
@@ -227,10 +228,10 @@ def test_worked_example_designs():
         per_request = tokens_bench(target, streams=16, max_tokens=30)
     assert_clean(shared, 16)
     assert_clean(per_request, 16)
-    assert fired(shared) == {dx.RULE_TTFT_GROWS_WITH_STREAMS}, shared["diagnosis"]
-    assert shared["timeline"]["concurrency"]["peak_receiving"] == 4
-    assert fired(per_request) == set(), per_request["diagnosis"]
-    assert per_request["ttft_ms"]["max"] < shared["ttft_ms"]["max"] / 3
+    assert fired(shared) == {dx.RULE_TTFT_GROWS_WITH_STREAMS}, shared.diagnosis
+    assert shared.timeline.concurrency.peak_receiving == 4
+    assert fired(per_request) == set(), per_request.diagnosis
+    assert per_request.ttft_ms.max < shared.ttft_ms.max / 3
 
 
 def test_sweep_of_a_server_command(tmp_path):
@@ -246,15 +247,15 @@ def test_sweep_of_a_server_command(tmp_path):
         "--report", str(tmp_path / "report"))
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 90
-    sweep = json.loads(out.read_text())["sweep"]
-    assert sweep["variable"] == "threads" and "{threads}" in sweep["server_cmd"]
-    by_value = {p["value"]: p for p in sweep["points"]}
-    assert by_value["oops"]["repeats"] == []
-    assert "exited with status 2 before it was ready" in by_value["oops"]["failures"][0]
-    two, sixteen = by_value["2"]["repeats"][0], by_value["16"]["repeats"][0]
-    assert two["requests_ok"] == sixteen["requests_ok"] == 8
+    sweep = msgspec.convert(json.loads(out.read_text()), SweepResult).sweep
+    assert sweep.variable == "threads" and "{threads}" in sweep.server_cmd
+    by_value = {p.value: p for p in sweep.points}
+    assert by_value["oops"].repeats == []
+    assert "exited with status 2 before it was ready" in by_value["oops"].failures[0]
+    two, sixteen = by_value["2"].repeats[0], by_value["16"].repeats[0]
+    assert two.requests_ok == sixteen.requests_ok == 8
     # 8 streams on 2 threads wait for each other; on 16 threads none waits.
-    assert two["ttft_ms"]["p99"] > 3 * sixteen["ttft_ms"]["p99"]
+    assert two.ttft_ms.p99 > 3 * sixteen.ttft_ms.p99
     assert "oops" in done.stdout and (tmp_path / "report" / "report.html").is_file()
     html = (tmp_path / "report" / "report.html").read_text()
     assert "Runs that failed" in html

@@ -6,11 +6,13 @@ import json
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import RequestCounter
+from cadence.lab.results import BenchResult, to_builtins
 from cadence.lab.servers.server_process import ServerProcess
 from cadence.lab.sweep import Load, grid, run_sweep
 
@@ -20,30 +22,30 @@ def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
         workload = Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(30, 30)))
         result = run_bench(server.target, workload, baseline=True)
     # Behaviour, not speed: the median gap is the engine's step, loosely.
-    assert 15.0 < result["itl_ms"]["p50"] < 30.0
-    assert result["requests_ok"] == 16 and result["errors_by_code"] == {}
-    assert result["output_tokens"] == 16 * 30
-    assert all(v == 0 for v in result["integrity"].values())
-    segments = result["ttft_segments_ms"]
-    assert sum(s["mean"] for s in segments.values()) == pytest.approx(result["ttft_ms"]["mean"])
-    assert {"front", "worker0", "worker1", "client0"} <= set(result["system"]["processes"])
-    scraped = result["system"]["server_metrics"]
-    assert scraped["during_run"]["cadence_output_tokens_total"] == 16 * 30
-    assert scraped["front_loop"]["samples"] >= 1  # the front's event-loop lag, per heartbeat
-    assert 0 <= scraped["front_loop"]["late_over_20ms"] <= scraped["front_loop"]["samples"]
-    assert result["baseline"]["workers"] == 2
-    assert result["baseline"]["output_tokens"] == 16 * 30
-    assert 15.0 < result["baseline"]["itl_ms"]["p50"] < 30.0
-    assert set(result["overhead_ms"]) == {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"}
-    json.dumps(result)
+    assert 15.0 < result.itl_ms.p50 < 30.0
+    assert result.requests_ok == 16 and result.errors_by_code == {}
+    assert result.output_tokens == 16 * 30
+    assert all(v == 0 for v in msgspec.structs.asdict(result.integrity).values())
+    segments = result.ttft_segments_ms
+    assert sum(s.mean for s in msgspec.structs.asdict(segments).values()) == pytest.approx(result.ttft_ms.mean)
+    assert {"front", "worker0", "worker1", "client0"} <= set(result.system.processes)
+    scraped = result.system.server_metrics
+    assert scraped.during_run["cadence_output_tokens_total"] == 16 * 30
+    assert scraped.front_loop.samples >= 1  # the front's event-loop lag, per heartbeat
+    assert 0 <= scraped.front_loop.late_over_20ms <= scraped.front_loop.samples
+    assert result.baseline.workers == 2
+    assert result.baseline.output_tokens == 16 * 30
+    assert 15.0 < result.baseline.itl_ms.p50 < 30.0
+    assert set(result.overhead_ms) == {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"}
+    json.dumps(to_builtins(result))
 
 
 def test_open_loop_sends_the_scheduled_requests() -> None:
     with ServerProcess("--step-ms", "5") as server:
         workload = Workload(rate=40.0, duration_s=1.0, shape=RequestShape(max_tokens=(5, 5)))
         result = run_bench(server.target, workload, processes=2)
-    assert result["requests"] == result["requests_ok"] > 10
-    assert result["workload"]["rate"] == 40.0
+    assert result.requests == result.requests_ok > 10
+    assert result.workload.rate == 40.0
 
 
 def test_the_progress_counter_reaches_the_requests_the_result_reports() -> None:
@@ -54,10 +56,10 @@ def test_the_progress_counter_reaches_the_requests_the_result_reports() -> None:
         result = run_bench(server.target, workload, processes=2, counter=counter)
         plain = run_bench(server.target, workload, processes=2)
     # Every process's slot summed, warm-up requests not counted, like the records.
-    assert counter.completed == result["requests"] == len(result["records"]) == 12
+    assert counter.completed == result.requests == len(result.records) == 12
     assert counter.started_ns is not None
     # Counting leaves no trace in the result (nor so in --json).
-    assert set(result) == set(plain) and result["workload"] == plain["workload"]
+    assert set(to_builtins(result)) == set(to_builtins(plain)) and result.workload == plain.workload
 
 
 def test_bench_and_report_commands(tmp_path) -> None:
@@ -70,8 +72,8 @@ def test_bench_and_report_commands(tmp_path) -> None:
         )
     # stderr is a pipe here: no progress bar on it.
     assert "/8 requests" not in bench.stderr and "cadence bench" not in bench.stderr
-    result = json.loads(out.read_text())
-    assert result["requests_ok"] == 8 and len(result["records"]) == 8
+    result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+    assert result.requests_ok == 8 and len(result.records) == 8
     report = subprocess.run(
         [sys.executable, "-m", "cadence.cli", "report", str(out), "--out", str(tmp_path / "r")],
         check=True, capture_output=True, text=True, timeout=120,
@@ -84,12 +86,12 @@ def test_sweep_starts_a_fresh_server_per_value() -> None:
     workload = Workload(requests=4, concurrency=4, shape=RequestShape(max_tokens=(8, 8)))
     result = run_sweep(grid([("workers", ["1", "2"])], Load(workload)), ["--step-ms", "5"],
                        progress=lambda _: None)
-    points = result["sweep"]["points"]
-    assert [p["value"] for p in points] == ["1", "2"]
-    workers = [sum(n.startswith("worker") for n in p["repeats"][0]["system"]["processes"])
+    points = result.sweep.points
+    assert [p.value for p in points] == ["1", "2"]
+    workers = [sum(n.startswith("worker") for n in p.repeats[0].system.processes)
                for p in points]
     assert workers == [1, 2]
-    assert [row["value"] for row in result["sweep"]["table"]] == ["1", "2"]
+    assert [row.value for row in result.sweep.table] == ["1", "2"]
 
 
 def test_the_front_exports_its_event_loop_lag() -> None:

@@ -15,9 +15,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+import msgspec
 import psutil
 import pytest
 
+from cadence.lab.results import SweepResult
 from tests.integration.conftest import RunningServer
 from tests.integration.test_security import Pki, pki  # noqa: F401 (a fixture)
 
@@ -250,13 +252,13 @@ def test_the_lab_drives_the_http_front(http_server) -> None:
                             shape=RequestShape(max_tokens=(12, 12), prompt_tokens=(8, 8)))
         result = run_bench("", workload, processes=2,
                            openai=OpenAITarget(http_server.base, "tiny-m", endpoint))
-        assert result["requests_ok"] == 16, result["errors_by_code"]
-        assert result["output_tokens"] == 16 * 12
-        assert result["workload"]["protocol"] == "openai"
-        assert result["segments_ms"], "cadence's timing extension gives the segments"
+        assert result.requests_ok == 16, result.errors_by_code
+        assert result.output_tokens == 16 * 12
+        assert result.workload.protocol == "openai"
+        assert result.segments_ms, "cadence's timing extension gives the segments"
     result = run_bench("", Workload(requests=2, concurrency=2),
                        openai=OpenAITarget(http_server.base, "other-model"))
-    assert result["errors_by_code"] == {"HTTP_404": 2}
+    assert result.errors_by_code == {"HTTP_404": 2}
 
 
 def test_cadence_sweep_and_bench_cli_speak_openai(http_server, tmp_path) -> None:
@@ -265,8 +267,8 @@ def test_cadence_sweep_and_bench_cli_speak_openai(http_server, tmp_path) -> None
                     "--vary", "concurrency=2,4", "--serve-args", "--devices cpu:1 --step-ms 5",
                     "--max-tokens", "6", "--requests", "4", "--json", str(out)],
                    check=True, timeout=120, capture_output=True)
-    points = json.loads(out.read_text())["sweep"]["points"]
-    assert [p["repeats"][0]["requests_ok"] for p in points] == [4, 4]
+    points = msgspec.convert(json.loads(out.read_text()), SweepResult).sweep.points
+    assert [p.repeats[0].requests_ok for p in points] == [4, 4]
     bench = subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--protocol",
                             "openai", "--target", http_server.target, "--model", "tiny-m"],
                            timeout=60, capture_output=True, text=True)

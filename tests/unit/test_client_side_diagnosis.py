@@ -8,6 +8,8 @@ Each result goes through `summarize` and `diagnose` as `run_bench` would send it
 
 from __future__ import annotations
 
+import msgspec
+
 from cadence.lab.analysis.diagnosis import (
     RULE_STREAMS_STALL_TOGETHER,
     RULE_TTFT_GROWS_WITH_STREAMS,
@@ -15,6 +17,7 @@ from cadence.lab.analysis.diagnosis import (
 )
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import BenchResult, Segments
 
 MS = 1_000_000
 GAP = 20 * MS
@@ -34,9 +37,13 @@ def stream(k: int, start: int, first: int, tokens: int = 50, gap: int = GAP,
                          tokens=[1] * tokens, index=list(range(tokens)))
 
 
-def diagnosed(records: list[RequestRecord]) -> tuple[dict, list[str]]:
-    result = summarize(records)
-    return result, [f["rule"] for f in diagnose(result)]
+def as_bench(records: list[RequestRecord]) -> BenchResult:
+    return BenchResult(**msgspec.structs.asdict(summarize(records)))
+
+
+def diagnosed(records: list[RequestRecord]) -> tuple[BenchResult, list[str]]:
+    result = as_bench(records)
+    return result, [f.rule for f in diagnose(result)]
 
 
 def burst(n: int, ttft=lambda k: 25 * MS, **kw) -> list[RequestRecord]:
@@ -47,20 +54,20 @@ def burst(n: int, ttft=lambda k: 25 * MS, **kw) -> list[RequestRecord]:
 def test_clean_run_fires_nothing():
     result, fired = diagnosed(burst(32))
     assert fired == []
-    stalls = result["timeline"]["stalls"]
-    assert stalls["shared"] == 0 and stalls["long_gaps"] == 0
+    stalls = result.timeline.stalls
+    assert stalls.shared == 0 and stalls.long_gaps == 0
 
 
 def test_a_pause_of_the_whole_server_stalls_every_stream_together():
     pauses = [(t * MS, 120 * MS) for t in (200, 500, 800)]
     result, fired = diagnosed(burst(32, shifts=pauses))
     assert fired == [RULE_STREAMS_STALL_TOGETHER]
-    stalls = result["timeline"]["stalls"]
-    assert stalls["shared"] == 3
-    assert stalls["streams_hit_min"] == 32
-    assert stalls["long_gaps_in_shared"] == stalls["long_gaps"] == 3 * 32
+    stalls = result.timeline.stalls
+    assert stalls.shared == 3
+    assert stalls.streams_hit_min == 32
+    assert stalls.long_gaps_in_shared == stalls.long_gaps == 3 * 32
     finding = diagnose(result)[0]
-    assert finding["evidence"]["stall_max_ms"] > 120
+    assert finding.evidence["stall_max_ms"] > 120
 
 
 def test_single_streams_stalling_on_their_own_are_not_a_server_pause():
@@ -71,8 +78,8 @@ def test_single_streams_stalling_on_their_own_are_not_a_server_pause():
         records[k] = stream(k, records[k].start_ns, records[k].arrival_ns[0], shifts=pauses)
     result, fired = diagnosed(records)
     assert RULE_STREAMS_STALL_TOGETHER not in fired
-    stalls = result["timeline"]["stalls"]
-    assert stalls["long_gaps"] == 12 and stalls["long_gaps_in_shared"] == 0
+    stalls = result.timeline.stalls
+    assert stalls.long_gaps == 12 and stalls.long_gaps_in_shared == 0
 
 
 def test_two_machine_hiccups_are_not_enough():
@@ -85,8 +92,8 @@ def test_calls_taken_in_one_at_a_time_make_ttft_grow_with_the_burst():
     result, fired = diagnosed(burst(32, ttft=lambda k: 25 * MS + 15 * MS * k))
     assert fired == [RULE_TTFT_GROWS_WITH_STREAMS]
     finding = diagnose(result)[0]
-    assert "one at a time" in finding["finding"]
-    assert finding["evidence"]["largest_burst"] == 32
+    assert "one at a time" in finding.finding
+    assert finding.evidence["largest_burst"] == 32
 
 
 def test_a_cap_on_streams_keeps_the_others_waiting():
@@ -95,10 +102,10 @@ def test_a_cap_on_streams_keeps_the_others_waiting():
     records = burst(16, ttft=lambda k: 25 * MS + (k // 4) * duration)
     result, fired = diagnosed(records)
     assert fired == [RULE_TTFT_GROWS_WITH_STREAMS]
-    concurrency = result["timeline"]["concurrency"]
-    assert concurrency["peak_open"] == 16 and concurrency["peak_receiving"] == 4
+    concurrency = result.timeline.concurrency
+    assert concurrency.peak_open == 16 and concurrency.peak_receiving == 4
     finding = diagnose(result)[0]
-    assert finding["finding"].startswith("at most 4 streams received output at once")
+    assert finding.finding.startswith("at most 4 streams received output at once")
 
 
 def test_a_long_even_ttft_is_not_growth():
@@ -109,6 +116,6 @@ def test_a_long_even_ttft_is_not_growth():
 
 
 def test_runs_with_server_timing_leave_these_rules_to_the_segments():
-    result = summarize(burst(32, ttft=lambda k: 25 * MS + 15 * MS * k))
-    result["segments_ms"] = {"engine_step": {"count": 0}}
-    assert RULE_TTFT_GROWS_WITH_STREAMS not in [f["rule"] for f in diagnose(result)]
+    result = as_bench(burst(32, ttft=lambda k: 25 * MS + 15 * MS * k))
+    result.segments_ms = Segments()
+    assert RULE_TTFT_GROWS_WITH_STREAMS not in [f.rule for f in diagnose(result)]

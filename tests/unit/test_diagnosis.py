@@ -7,12 +7,20 @@ a real run (16 streams of 50 tokens, one worker, 10 ms steps, on a 2-core machin
 from __future__ import annotations
 
 import copy
+import json
 import math
+from pathlib import Path
 
+import msgspec
 import pytest
 
 from cadence.lab.analysis import diagnosis as dx
-from cadence.lab.analysis.diagnosis import diagnose
+from cadence.lab.results import BenchResult, Finding
+
+
+def diagnose(result: dict) -> list[Finding]:
+    """The findings for a result built here as plain data, read as the typed result."""
+    return dx.diagnose(msgspec.convert(result, BenchResult))
 
 
 def dist(p50: float, p90: float | None = None, p99: float | None = None, *,
@@ -106,14 +114,14 @@ def healthy() -> dict:
             "flags": [],
         },
         "workload": {"target": "127.0.0.1:1", "requests": 16, "concurrency": 16,
-                     "max_tokens": 50, "prompt_tokens": 16, "client_processes": 1,
+                     "max_tokens": [50, 50], "prompt_tokens": [16, 16], "client_processes": 1,
                      "channels_per_process": 1},
         "records": [],
     }
 
 
 def rules(result: dict) -> list[str]:
-    return [f["rule"] for f in diagnose(result)]
+    return [f.rule for f in diagnose(result)]
 
 
 def set_shares(r: dict) -> dict:
@@ -136,10 +144,10 @@ def test_healthy_run_fires_nothing():
 def test_findings_have_the_four_keys_with_numeric_evidence():
     r = slow_first_step()
     for finding in diagnose(r):
-        assert set(finding) == {"rule", "finding", "evidence", "look_at"}
-        assert finding["finding"] and finding["look_at"]
-        assert finding["evidence"]
-        assert all(isinstance(v, (int, float)) for v in finding["evidence"].values())
+        assert set(msgspec.to_builtins(finding)) == {"rule", "finding", "evidence", "look_at"}
+        assert finding.finding and finding.look_at
+        assert finding.evidence
+        assert all(isinstance(v, (int, float)) for v in finding.evidence.values())
 
 
 def test_no_timing_and_no_samples_fire_nothing_even_when_latency_looks_bad():
@@ -183,9 +191,9 @@ def slow_first_step() -> dict:
 def test_slow_first_step_fires_engine_start_not_queueing():
     r = slow_first_step()
     assert r["segment_shares"]["ttft"]["queue"] > 0.8  # the trap: TTFT is mostly queue
-    findings = {f["rule"]: f for f in diagnose(r)}
+    findings = {f.rule: f for f in diagnose(r)}
     assert set(findings) == {dx.RULE_TTFT_ENGINE_START}
-    evidence = findings[dx.RULE_TTFT_ENGINE_START]["evidence"]
+    evidence = findings[dx.RULE_TTFT_ENGINE_START].evidence
     assert evidence["first_step_max_ms"] == 410.4
     assert evidence["engine_step_p50_ms"] == 10.2
 
@@ -199,8 +207,8 @@ def test_every_admitting_step_slow_fires_engine_start_by_share():
     r["segments_ms"]["engine_step"] = dist(10.2, 300.0, 320.0, max=330.0)
     r["ttft_ms"] = dist(330.0, 345.0, 350.0, mean=330.0, count=16)
     findings = diagnose(set_shares(r))
-    assert [f["rule"] for f in findings] == [dx.RULE_TTFT_ENGINE_START]
-    assert findings[0]["evidence"]["ttft_share_first_step"] > 0.8
+    assert [f.rule for f in findings] == [dx.RULE_TTFT_ENGINE_START]
+    assert findings[0].evidence["ttft_share_first_step"] > 0.8
 
 
 def test_a_slow_step_that_few_requests_saw_does_not_fire():
@@ -231,21 +239,21 @@ def queued() -> dict:
 
 
 def test_queue_backlog_fires_ttft_queueing_pointing_at_the_workers():
-    findings = {f["rule"]: f for f in diagnose(queued())}
+    findings = {f.rule: f for f in diagnose(queued())}
     assert set(findings) == {dx.RULE_TTFT_QUEUEING}
     finding = findings[dx.RULE_TTFT_QUEUEING]
-    assert "queue" in finding["finding"]
-    assert "workers" in finding["look_at"]
-    assert finding["evidence"]["queue_mean_ms"] == 640.0
+    assert "queue" in finding.finding
+    assert "workers" in finding.look_at
+    assert finding.evidence["queue_mean_ms"] == 640.0
 
 
 def test_slow_admission_at_the_front_fires_ttft_queueing_pointing_at_the_front():
     r = healthy()
     r["ttft_ms"] = dist(180.0, 200.0, 210.0, mean=180.0, count=64)
     r["ttft_segments_ms"]["client_to_front"] = dist(150.0, 170.0, 180.0, mean=150.0, count=64)
-    finding = {f["rule"]: f for f in diagnose(set_shares(r))}[dx.RULE_TTFT_QUEUEING]
-    assert "client_to_front" in finding["finding"]
-    assert "front" in finding["look_at"]
+    finding = {f.rule: f for f in diagnose(set_shares(r))}[dx.RULE_TTFT_QUEUEING]
+    assert "client_to_front" in finding.finding
+    assert "front" in finding.look_at
 
 
 def test_a_few_steps_of_ttft_with_a_short_step_is_not_high():
@@ -264,9 +272,9 @@ def test_queueing_far_beyond_a_start_up_stall_is_queueing():
     r = slow_first_step()
     r["ttft_ms"] = dist(1200.0, 1400.0, 1500.0, mean=1200.0, count=16)
     r["ttft_segments_ms"]["queue"] = dist(1170.0, 1370.0, 1470.0, mean=1170.0, count=16)
-    findings = {f["rule"]: f for f in diagnose(set_shares(r))}
+    findings = {f.rule: f for f in diagnose(set_shares(r))}
     assert set(findings) == {dx.RULE_TTFT_QUEUEING}
-    evidence = findings[dx.RULE_TTFT_QUEUEING]["evidence"]
+    evidence = findings[dx.RULE_TTFT_QUEUEING].evidence
     assert evidence["startup_stall_ms"] == 410.4
     assert evidence["wait_share"] == pytest.approx((8.6 + 1170.0 - 410.4) / 1200.0, abs=1e-3)
 
@@ -286,9 +294,9 @@ def jittery() -> dict:
 
 
 def test_jittery_steps_fire_itl_unstable_engine_only():
-    findings = {f["rule"]: f for f in diagnose(jittery())}
+    findings = {f.rule: f for f in diagnose(jittery())}
     assert set(findings) == {dx.RULE_ITL_UNSTABLE_ENGINE}
-    evidence = findings[dx.RULE_ITL_UNSTABLE_ENGINE]["evidence"]
+    evidence = findings[dx.RULE_ITL_UNSTABLE_ENGINE].evidence
     assert evidence["engine_share_of_spread"] > 0.6
 
 
@@ -302,12 +310,12 @@ def network_jitter() -> dict:
 
 
 def test_delivery_jitter_fires_itl_unstable_network_side_naming_the_segment():
-    findings = {f["rule"]: f for f in diagnose(network_jitter())}
+    findings = {f.rule: f for f in diagnose(network_jitter())}
     assert set(findings) == {dx.RULE_ITL_UNSTABLE_NETWORK}
     finding = findings[dx.RULE_ITL_UNSTABLE_NETWORK]
-    assert "buffer" in finding["finding"]
-    assert finding["evidence"]["buffer_spread_ms"] == pytest.approx(17.4)
-    assert finding["evidence"]["engine_share_of_spread"] < 0.1
+    assert "buffer" in finding.finding
+    assert finding.evidence["buffer_spread_ms"] == pytest.approx(17.4)
+    assert finding.evidence["engine_share_of_spread"] < 0.1
 
 
 def test_one_stall_in_the_p99_is_not_instability():
@@ -381,9 +389,9 @@ def slow_reader() -> dict:
 
 
 def test_a_slow_reader_fires_slow_reader():
-    findings = {f["rule"]: f for f in diagnose(slow_reader())}
+    findings = {f.rule: f for f in diagnose(slow_reader())}
     assert set(findings) == {dx.RULE_SLOW_READER}
-    evidence = findings[dx.RULE_SLOW_READER]["evidence"]
+    evidence = findings[dx.RULE_SLOW_READER].evidence
     assert evidence["token_share_buffer_send"] > 0.9
     assert "merged_steps_total" not in evidence  # no server metrics scraped
     assert evidence["itl_p50_ms"] == 31.1
@@ -397,10 +405,10 @@ def test_merged_chunks_with_a_full_buffer_fire_slow_reader_as_merging():
     r["token_delay_ms"] = dist(27.0, 42.0, 58.0, mean=29.0)
     r["system"]["server_metrics"] = {"during_run": {"cadence_merged_steps_total": 1900.0,
                                                     "cadence_buffer_overflows_total": 0.0}}
-    findings = {f["rule"]: f for f in diagnose(set_shares(r))}
+    findings = {f.rule: f for f in diagnose(set_shares(r))}
     assert dx.RULE_SLOW_READER in findings
-    assert "merging" in findings[dx.RULE_SLOW_READER]["finding"]
-    assert findings[dx.RULE_SLOW_READER]["evidence"]["merged_steps_total"] == 1900
+    assert "merging" in findings[dx.RULE_SLOW_READER].finding
+    assert findings[dx.RULE_SLOW_READER].evidence["merged_steps_total"] == 1900
 
 
 def test_the_odd_merged_chunk_is_not_a_slow_reader():
@@ -416,9 +424,9 @@ def test_front_near_one_core_during_the_run_fires_front_cpu_bound():
     r = healthy()
     r["system"]["processes"]["front"] = cpu(95.0)
     assert r["system"]["processes"]["front"]["cpu_pct_mean"] < 20  # the idle start dilutes it
-    findings = {f["rule"]: f for f in diagnose(r)}
+    findings = {f.rule: f for f in diagnose(r)}
     assert set(findings) == {dx.RULE_FRONT_CPU_BOUND}
-    assert findings[dx.RULE_FRONT_CPU_BOUND]["evidence"]["front_cpu_pct"] == 95.0
+    assert findings[dx.RULE_FRONT_CPU_BOUND].evidence["front_cpu_pct"] == 95.0
 
 
 def test_a_busy_start_up_does_not_make_the_front_cpu_bound():
@@ -438,30 +446,44 @@ def test_too_few_samples_in_the_run_are_not_evidence():
 def test_busy_client_fires_client_saturated():
     r = healthy()
     r["client"]["busiest_process_cpu_share"] = 0.93
-    findings = {f["rule"]: f for f in diagnose(r)}
+    findings = {f.rule: f for f in diagnose(r)}
     assert set(findings) == {dx.RULE_CLIENT_SATURATED}
-    assert findings[dx.RULE_CLIENT_SATURATED]["evidence"]["busiest_process_cpu_share"] == 0.93
-    assert "--procs" in findings[dx.RULE_CLIENT_SATURATED]["look_at"]
+    assert findings[dx.RULE_CLIENT_SATURATED].evidence["busiest_process_cpu_share"] == 0.93
+    assert "--procs" in findings[dx.RULE_CLIENT_SATURATED].look_at
 
 
 def test_client_samples_alone_fire_client_saturated():
     r = healthy()
     del r["client"]["busiest_process_cpu_share"]
     r["system"]["processes"]["client1"] = cpu(97.0)
-    findings = {f["rule"]: f for f in diagnose(r)}
-    assert findings[dx.RULE_CLIENT_SATURATED]["evidence"]["client1_cpu_pct"] == 97.0
+    findings = {f.rule: f for f in diagnose(r)}
+    assert findings[dx.RULE_CLIENT_SATURATED].evidence["client1_cpu_pct"] == 97.0
 
 
-def test_system_flags_are_surfaced():
+def busy_worker_idle_card(card_pct: float) -> dict:
     r = healthy()
-    flag = "CPU busy while the cards idle: worker0 at >= 80% of a core, cards at most 5% utilised"
-    r["system"]["flags"] = [flag]
-    r["system"]["gpus"] = [{"index": 0, "util_pct_mean": 5.0, "util_pct_max": 9.0,
+    r["system"]["processes"]["worker0"]["cpu_pct_mean"] = 92.0
+    r["system"]["gpus"] = [{"index": 0, "util_pct_mean": card_pct, "util_pct_max": 9.0,
                             "mem_used_mb_max": 800.0, "samples": []}]
-    findings = {f["rule"]: f for f in diagnose(r)}
+    return r
+
+
+def test_a_busy_process_while_the_cards_idle_fires_cpu_busy_cards_idle():
+    """The rule reads the samples itself (the sampler raises no flag of its own); the old
+    `system.flags` line is what it finds."""
+    findings = {f.rule: f for f in diagnose(busy_worker_idle_card(5.0))}
     assert set(findings) == {dx.RULE_CPU_BUSY_CARDS_IDLE}
-    assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE]["finding"] == flag
-    assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE]["evidence"]["gpu0_util_pct"] == 5.0
+    assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE].finding == (
+        "CPU busy while the cards idle: worker0 at >= 80% of a core, cards at most 5% utilised")
+    assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE].evidence["gpu0_util_pct"] == 5.0
+    assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE].evidence["worker0_cpu_pct_mean"] == 92.0
+
+
+def test_busy_cards_or_no_cards_are_not_cpu_busy_cards_idle():
+    assert dx.RULE_CPU_BUSY_CARDS_IDLE not in rules(busy_worker_idle_card(dx.IDLE_CARD_PCT))
+    no_cards = busy_worker_idle_card(5.0)
+    no_cards["system"]["gpus"] = []
+    assert dx.RULE_CPU_BUSY_CARDS_IDLE not in rules(no_cards)
 
 
 # -- under_capacity ------------------------------------------------------------------------------
@@ -478,12 +500,12 @@ def low_concurrency() -> dict:
 
 
 def test_low_concurrency_with_normal_latency_fires_under_capacity():
-    findings = {f["rule"]: f for f in diagnose(low_concurrency())}
+    findings = {f.rule: f for f in diagnose(low_concurrency())}
     assert set(findings) == {dx.RULE_UNDER_CAPACITY}
-    evidence = findings[dx.RULE_UNDER_CAPACITY]["evidence"]
+    evidence = findings[dx.RULE_UNDER_CAPACITY].evidence
     assert evidence["workers"] == 2
     assert evidence["tokens_per_worker_step"] == pytest.approx(94.0 * 10.2 / 1e3 / 2, abs=0.01)
-    assert "concurrency" in findings[dx.RULE_UNDER_CAPACITY]["look_at"]
+    assert "concurrency" in findings[dx.RULE_UNDER_CAPACITY].look_at
 
 
 def test_under_capacity_needs_normal_latency():
@@ -500,3 +522,123 @@ def test_under_capacity_needs_to_know_the_workers():
     r = low_concurrency()
     r["system"]["processes"] = {}
     assert rules(r) == []
+
+
+# -- requests_failing ----------------------------------------------------------------------------
+
+
+def failing(ok: int, errors: dict[str, int]) -> dict:
+    r = healthy()
+    r["requests"] = ok + sum(errors.values())
+    r["requests_ok"] = ok
+    r["errors_by_code"] = errors
+    r["first_error_by_code"] = {code: f"{code.lower()} happened" for code in errors}
+    return r
+
+
+def test_a_server_answering_only_errors_fires_requests_failing():
+    """12 of 22060 ok: the run that once said "no rule fired"."""
+    findings = {f.rule: f for f in diagnose(failing(12, {"UNAVAILABLE": 22048}))}
+    assert dx.RULE_REQUESTS_FAILING in findings
+    finding = findings[dx.RULE_REQUESTS_FAILING]
+    assert finding.evidence["error_rate"] == pytest.approx(22048 / 22060, abs=1e-4)
+    assert finding.evidence["errors_UNAVAILABLE"] == 22048
+    assert "UNAVAILABLE" in finding.finding and "unavailable happened" in finding.finding
+    assert "went away" in finding.look_at
+    assert dx.RULE_UNDER_CAPACITY not in findings  # a failing server has no room to offer
+
+
+def test_requests_failing_names_every_code_and_the_first_message():
+    finding = next(f for f in diagnose(failing(90, {"DEADLINE_EXCEEDED": 7, "UNAVAILABLE": 3}))
+                   if f.rule == dx.RULE_REQUESTS_FAILING)
+    assert finding.evidence["requests_failed"] == 10
+    assert finding.evidence["error_rate"] == 0.1
+    assert finding.evidence["first_error"] == "DEADLINE_EXCEEDED: deadline_exceeded happened"
+    assert "DEADLINE_EXCEEDED 7, UNAVAILABLE 3" in finding.finding
+
+
+def test_an_error_below_the_share_is_not_requests_failing():
+    below = failing(1000, {"CANCELLED": 1})
+    assert 1 / 1001 < dx.FAILING_SHARE
+    assert dx.RULE_REQUESTS_FAILING not in rules(below)
+    assert dx.RULE_REQUESTS_FAILING not in rules(healthy())
+
+
+def test_an_aborted_run_says_why_in_the_evidence():
+    r = failing(0, {"UNAVAILABLE": 5})
+    r["aborted"] = "the server stopped answering"
+    (finding,) = [f for f in diagnose(r) if f.rule == dx.RULE_REQUESTS_FAILING]
+    assert finding.evidence["aborted"] == "the server stopped answering"
+
+
+# -- client_behind_schedule ----------------------------------------------------------------------
+
+
+def open_loop(behind: bool | None) -> dict:
+    r = healthy()
+    r["workload"]["concurrency"] = None
+    r["workload"]["rate"] = 400.0
+    if behind is not None:
+        r["client"].update({
+            "behind_schedule": behind, "offered_rate_per_s": 400.0,
+            "achieved_rate_per_s": 250.0 if behind else 399.0, "schedule_slips": 3,
+            "schedule_lag_ms": dist(40.0, 120.0, 180.0, max=210.0, count=16),
+        })
+    return r
+
+
+def test_a_client_behind_its_schedule_fires_client_behind_schedule():
+    findings = {f.rule: f for f in diagnose(open_loop(behind=True))}
+    assert set(findings) == {dx.RULE_CLIENT_BEHIND_SCHEDULE}
+    finding = findings[dx.RULE_CLIENT_BEHIND_SCHEDULE]
+    assert finding.evidence["offered_rate_per_s"] == 400.0
+    assert finding.evidence["achieved_rate_per_s"] == 250.0
+    assert finding.evidence["schedule_lag_p99_ms"] == 180.0
+    assert "250 requests/s of the 400" in finding.finding
+    assert "client's, not the server's" in finding.finding
+
+
+def test_a_client_on_schedule_or_a_result_without_the_fields_is_silent():
+    assert dx.RULE_CLIENT_BEHIND_SCHEDULE not in rules(open_loop(behind=False))
+    assert dx.RULE_CLIENT_BEHIND_SCHEDULE not in rules(open_loop(behind=None))
+
+
+# -- the rules laid out -------------------------------------------------------------------------
+
+
+def test_every_rule_has_a_unique_name_and_gives_way_only_to_known_rules():
+    names = [rule.name for rule in dx.RULES]
+    assert len(names) == len(set(names))
+    assert {way.to for rule in dx.RULES for way in rule.gives_way_to} <= set(names)
+    assert {dx.RULE_REQUESTS_FAILING, dx.RULE_CLIENT_BEHIND_SCHEDULE} <= set(names)
+
+
+def test_an_explained_finding_gives_way():
+    """Under capacity's own check holds, but a saturated client explains the small batches."""
+    r = low_concurrency()
+    r["client"]["busiest_process_cpu_share"] = 0.93
+    under = next(rule for rule in dx.RULES if rule.name == dx.RULE_UNDER_CAPACITY)
+    assert under.check(dx.RunFacts(msgspec.convert(r, BenchResult)))
+    assert rules(r) == [dx.RULE_CLIENT_SATURATED]
+
+
+# -- results written by the lab before the rules were laid out ----------------------------------
+
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+@pytest.mark.parametrize("name", ["bench_result_v0.json", "bench_result_baseline_v0.json",
+                                  "bench_result_open_v0.json", "bench_result_openai_v0.json",
+                                  "bench_result_grpc_v0.json"])
+def test_saved_results_get_the_findings_they_were_written_with(name):
+    written = msgspec.convert(json.loads((DATA / name).read_text()), BenchResult)
+    assert dx.diagnose(written) == written.diagnosis
+
+
+def test_a_saved_run_of_errors_only_now_names_them():
+    """Every request past its deadline: saved with "no rule fired"."""
+    written = msgspec.convert(json.loads((DATA / "bench_result_errors_v0.json").read_text()),
+                              BenchResult)
+    assert written.diagnosis == [] and written.requests_ok == 0
+    assert [f.rule for f in dx.diagnose(written)] == [dx.RULE_REQUESTS_FAILING]

@@ -4,10 +4,13 @@ stream stalled while the engine's steps did not), and what a blocked loop explai
 
 from __future__ import annotations
 
+import msgspec
+
 from cadence.core.metrics import LoopLagTally
 from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.analysis.stats import front_loop
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import BenchResult
 
 
 def tally(front: int, lags_ms: list[float]) -> str:
@@ -32,9 +35,9 @@ def test_the_run_is_the_first_start_against_the_last_end_per_front():
         record(15, 80, tally(1, []), tally(1, run1)),
     ]
     loop = front_loop(records)
-    assert loop["fronts"] == 2 and loop["samples"] == 10 + 5
-    assert loop["late_over_20ms"] == 3  # 40 and 60 on front 0, 30 on front 1
-    assert loop["max_ms_at_most"] == 100.0 and loop["p99_ms_at_most"] == 100.0
+    assert loop.fronts == 2 and loop.samples == 10 + 5
+    assert loop.late_over_20ms == 3  # 40 and 60 on front 0, 30 on front 1
+    assert loop.max_ms_at_most == 100.0 and loop.p99_ms_at_most == 100.0
     assert front_loop([RequestRecord(request_id="r", process=0, start_ns=0)]) is None
 
 
@@ -62,15 +65,15 @@ def result(*, late: int = 0, samples: int = 30, gap_p99: float = 70.0, shared: i
 
 
 def rules(r: dict) -> set[str]:
-    return {f["rule"] for f in dx.diagnose(r)}
+    return {f.rule for f in dx.diagnose(msgspec.convert(r, BenchResult))}
 
 
 def test_late_wakeups_with_a_gap_tail_are_a_blocked_loop():
     r = result(late=9)
     assert dx.RULE_FRONT_LOOP_BLOCKED in rules(r)
-    finding = next(f for f in dx.diagnose(r) if f["rule"] == dx.RULE_FRONT_LOOP_BLOCKED)
-    assert finding["evidence"]["loop_wakeups_late_over_20ms"] == "9 of 30"
-    assert finding["evidence"]["loop_lag_max_ms_at_most"] == 100.0
+    finding = next(f for f in dx.diagnose(msgspec.convert(r, BenchResult)) if f.rule == dx.RULE_FRONT_LOOP_BLOCKED)
+    assert finding.evidence["loop_wakeups_late_over_20ms"] == "9 of 30"
+    assert finding.evidence["loop_lag_max_ms_at_most"] == 100.0
 
 
 def test_every_stream_stalling_while_steps_stay_steady_is_a_blocked_loop():

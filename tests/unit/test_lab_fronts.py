@@ -3,11 +3,14 @@ and the front_cpu_bound rule looking at every front."""
 
 from __future__ import annotations
 
+import msgspec
 from prometheus_client import generate_latest
 
 from cadence.core.metrics import FrontMetrics
 from cadence.lab.analysis import diagnosis as dx
+from cadence.lab.analysis.diagnosis.host import front_cpu_bound
 from cadence.lab.measure.scrape import scrape
+from cadence.lab.results import BenchResult
 
 
 def _fronts_page(own: FrontMetrics, others: list[FrontMetrics]) -> tuple[FrontMetrics, str]:
@@ -60,27 +63,27 @@ def _cpu(pct: float) -> dict:
     return {"pid": 1, "cpu_pct_mean": None, "cpu_pct_max": None, "samples": samples}
 
 
-def _run(processes: dict) -> dx._Run:
-    return dx._Run({"wall_s": 0.6, "chunks_per_s": 900.0,
-                    "system": {"interval_s": 0.1, "processes": processes}})
+def _run(processes: dict) -> dx.RunFacts:
+    return dx.RunFacts(msgspec.convert({"wall_s": 0.6, "chunks_per_s": 900.0,
+                    "system": {"interval_s": 0.1, "processes": processes}}, BenchResult))
 
 
 def test_one_busy_front_of_two_is_front_cpu_bound() -> None:
-    (finding,) = dx._front_cpu_bound(_run({"front0": _cpu(20.0), "front1": _cpu(95.0),
+    (finding,) = front_cpu_bound(_run({"front0": _cpu(20.0), "front1": _cpu(95.0),
                                            "worker0": _cpu(30.0)}))
-    assert finding["rule"] == dx.RULE_FRONT_CPU_BOUND
-    assert finding["evidence"]["front0_cpu_pct"] == 20.0
-    assert finding["evidence"]["front1_cpu_pct"] == 95.0
-    assert "front1 of 2 fronts" in finding["finding"]
-    assert "--channels" in finding["look_at"]  # uneven connections, not too few fronts
+    assert finding.rule == dx.RULE_FRONT_CPU_BOUND
+    assert finding.evidence["front0_cpu_pct"] == 20.0
+    assert finding.evidence["front1_cpu_pct"] == 95.0
+    assert "front1 of 2 fronts" in finding.finding
+    assert "--channels" in finding.look_at  # uneven connections, not too few fronts
 
 
 def test_fronts_below_one_core_are_not_front_cpu_bound() -> None:
-    assert dx._front_cpu_bound(_run({"front0": _cpu(60.0), "front1": _cpu(70.0),
+    assert front_cpu_bound(_run({"front0": _cpu(60.0), "front1": _cpu(70.0),
                                      "frontend_proxy": _cpu(99.0)})) == []
 
 
 def test_one_front_keeps_its_evidence_name() -> None:
-    (finding,) = dx._front_cpu_bound(_run({"front": _cpu(90.0), "worker0": _cpu(10.0)}))
-    assert finding["evidence"] == {"front_cpu_pct": 90.0, "chunks_per_s": 900.0}
-    assert finding["finding"].startswith("the front used 90% of a core")
+    (finding,) = front_cpu_bound(_run({"front": _cpu(90.0), "worker0": _cpu(10.0)}))
+    assert finding.evidence == {"front_cpu_pct": 90.0, "chunks_per_s": 900.0}
+    assert finding.finding.startswith("the front used 90% of a core")

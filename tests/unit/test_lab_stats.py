@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from cadence.lab.analysis.stats import check_integrity, distribution, percentile, summarize
@@ -39,15 +40,15 @@ def test_percentile_interpolates_between_ranks() -> None:
 def test_ttft_itl_tpot_and_e2e_from_a_known_timeline() -> None:
     # Sent at 0; chunks of 1, 1, 2 tokens arrive at 100, 120, 160 ms.
     result = summarize([_record([100, 120, 160], [1, 1, 2])])
-    assert result["ttft_ms"]["p50"] == pytest.approx(100)
-    assert sorted([result["itl_ms"]["min"], result["itl_ms"]["max"]]) == pytest.approx([20, 20])
+    assert result.ttft_ms.p50 == pytest.approx(100)
+    assert sorted([result.itl_ms.min, result.itl_ms.max]) == pytest.approx([20, 20])
     # The merged chunk's 40 ms gap counts once, divided by its 2 tokens.
-    assert result["itl_ms"]["count"] == 2
-    assert result["chunk_gap_ms"]["max"] == pytest.approx(40)
-    assert result["tpot_ms"]["p50"] == pytest.approx((160 - 100) / 3)
-    assert result["e2e_ms"]["p50"] == pytest.approx(160)
-    assert result["chunk_tokens"]["mean"] == pytest.approx(4 / 3)
-    assert result["output_tokens"] == 4
+    assert result.itl_ms.count == 2
+    assert result.chunk_gap_ms.max == pytest.approx(40)
+    assert result.tpot_ms.p50 == pytest.approx((160 - 100) / 3)
+    assert result.e2e_ms.p50 == pytest.approx(160)
+    assert result.chunk_tokens.mean == pytest.approx(4 / 3)
+    assert result.output_tokens == 4
 
 
 def test_errors_are_counted_by_code_and_left_out_of_latencies() -> None:
@@ -58,8 +59,8 @@ def test_errors_are_counted_by_code_and_left_out_of_latencies() -> None:
         _record([5], [1], code="DEADLINE_EXCEEDED", finish=0),
     ]
     result = summarize(records)
-    assert result["errors_by_code"] == {"RESOURCE_EXHAUSTED": 2, "DEADLINE_EXCEEDED": 1}
-    assert result["requests_ok"] == 1 and result["ttft_ms"]["count"] == 1
+    assert result.errors_by_code == {"RESOURCE_EXHAUSTED": 2, "DEADLINE_EXCEEDED": 1}
+    assert result.requests_ok == 1 and result.ttft_ms.count == 1
 
 
 def test_integrity_counts_lost_repeated_reordered_and_short_streams() -> None:
@@ -84,10 +85,10 @@ def test_segments_add_up_to_ttft() -> None:
                 t_step_start_ns=[5 * MS, 30 * MS], t_step_end_ns=[25 * MS, 45 * MS],
                 t_front_recv_ns=[26 * MS, 47 * MS], t_send_ns=[28 * MS, 48 * MS])
     result = summarize([r])
-    seg = {k: v["p50"] for k, v in result["ttft_segments_ms"].items()}
+    seg = {k: v.p50 for k, v in msgspec.structs.asdict(result.ttft_segments_ms).items()}
     assert seg == pytest.approx({"client_to_front": 2, "queue": 3, "first_step": 20,
                                  "transfer": 1, "buffer": 2, "send": 2})
-    assert sum(seg.values()) == pytest.approx(result["ttft_ms"]["p50"])
-    assert sum(result["segment_shares"]["ttft"].values()) == pytest.approx(1)
-    assert result["token_delay_ms"]["max"] == pytest.approx(5)  # 50 - 45
-    assert result["segments_ms"]["engine_step"]["min"] == pytest.approx(15)
+    assert sum(seg.values()) == pytest.approx(result.ttft_ms.p50)
+    assert sum(result.segment_shares.ttft.values()) == pytest.approx(1)
+    assert result.token_delay_ms.max == pytest.approx(5)  # 50 - 45
+    assert result.segments_ms.engine_step.min == pytest.approx(15)

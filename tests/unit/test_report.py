@@ -16,6 +16,7 @@ from cadence.lab.load.records import RequestRecord
 from cadence.lab.report import plots
 from cadence.lab.report.run import decode_result, render_report
 from cadence.lab.report.summary import print_summary
+from cadence.lab.results import BenchResult
 
 _T0 = 5_000_000_000_000  # an arbitrary monotonic origin (ns)
 _MS = 1_000_000
@@ -60,7 +61,7 @@ def _records(shift_ms: float = 0.0) -> list[RequestRecord]:
 
 
 def _result(records: list[RequestRecord], with_records: bool = True) -> dict:
-    result = summarize(records)
+    result = msgspec.to_builtins(summarize(records))
     result["workload"] = {"target": "127.0.0.1:50051", "requests": len(records), "concurrency": 4,
                           "max_tokens": [7], "prompt_tokens": [16]}
     result["client"] = {"processes": 2, "cpu_s": 0.4, "cpu_per_chunk_us": 120.0,
@@ -113,7 +114,7 @@ def _assert_pngs(out_dir: Path, names: set[str]) -> None:
 
 def test_plot_values_use_the_summary_definitions():
     records = _records()
-    result = summarize(records)
+    result = msgspec.to_builtins(summarize(records))
     ttft, itl = plots.ttft_values(records), plots.itl_values(records)
     assert msgspec.to_builtins(distribution(ttft)) == result["ttft_ms"]
     assert msgspec.to_builtins(distribution(itl)) == result["itl_ms"]
@@ -331,21 +332,21 @@ def test_negative_overhead_reads_as_noise(tmp_path: Path, capsys):
     assert "itl_ms p50 +0.20 p99 within noise" in out and "-0.67" not in out
 
 
-def _summary_ready(result: dict) -> dict:
-    """The result as `cadence bench` hands it to the summary (evidence as numbers)."""
+def _summary_ready(result: dict) -> BenchResult:
+    """The result as `cadence bench` hands it to the summary (typed, no findings)."""
     result = dict(result, diagnosis=[])
     result["client"] = result["client"] | {"schedule_slips": 0}
-    return result
+    return decode_result(result)[0]
 
 
 def test_piped_summary_is_not_wrapped(capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
-    result = _summary_ready(_full_result())
+    result = _full_result()
     result["workers"] = [{"worker": 0, "device": "cuda:0 (a card with a long descriptive name)",
                           "step_ms_p50": 12.25, "step_ms_p90": 19.5,
                           "sequences_per_step_p50": 64, "tokens_per_s": 123456.0,
                           "token_share": 0.5, "itl_ms_p50": 15.75}]
-    print_summary(result)
+    print_summary(_summary_ready(result))
     lines = capsys.readouterr().out.splitlines()
     worker = [line for line in lines if line.startswith("worker 0")]
     assert len(worker) == 1 and worker[0].endswith("its streams' ITL p50 15.8 ms")
@@ -356,9 +357,9 @@ def test_piped_summary_is_not_wrapped(capsys, monkeypatch):
 def test_summary_names_only_the_counted_checks(capsys):
     for index_field, shown in ((None, "integrity: not checked"),
                                ("pos", "integrity: lost 0, repeated 0, reordered 0\n")):
-        result = _summary_ready(_grpc_result(index_field))
+        result = _grpc_result(index_field)
         result["workload"]["model"] = None
-        print_summary(result)
+        print_summary(_summary_ready(result))
         out = capsys.readouterr().out
         assert shown in out and "short streams" not in out
     print_summary(_summary_ready(_full_result()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 from prometheus_client import generate_latest
 
 from cadence.core.metrics import FrontMetrics
@@ -12,6 +13,7 @@ from cadence.lab.analysis.stats import summarize
 from cadence.lab.measure.scrape import scrape, worker_startup
 from cadence.lab.report.run import render_report
 from cadence.lab.report.summary import print_summary, startup_lines
+from cadence.lab.results import BenchResult
 
 
 def _started(workers: int = 2) -> FrontMetrics:
@@ -97,7 +99,7 @@ def test_startup_lines_show_load_warm_up_and_cold_against_warm_step() -> None:
 
 
 def _result_with_startup() -> dict:
-    result = summarize([])
+    result = msgspec.to_builtins(summarize([]))
     result["workload"] = {"target": "127.0.0.1:1", "requests": 0}
     result["client"] = {"processes": 1, "cpu_s": 0.0, "cpu_per_chunk_us": 0.0,
                         "busiest_process_cpu_share": 0.1}
@@ -118,7 +120,7 @@ def test_bench_summary_prints_a_start_up_line(capsys, monkeypatch) -> None:
     result = _result_with_startup()
     result["integrity"] = {"lost_tokens": 0, "repeated_tokens": 0, "reordered_chunks": 0,
                            "short_streams": 0}
-    print_summary(result)
+    print_summary(msgspec.convert(result, BenchResult))
     out = capsys.readouterr().out
     assert "start-up worker 0: load 2500 ms, warm-up 400 ms (first step 300 ms vs warm step " \
            "20.0 ms)" in out

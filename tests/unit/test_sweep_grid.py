@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 
+import msgspec
 import pytest
 
 from cadence.lab.bench import Workload
+from cadence.lab.results import BenchResult, Sweep, SweepPoint, SweepResult
 from cadence.lab.sweep import Load, grid, parse_vary, sweep_table, write_csv
 
 BASE = Load(Workload(requests=8, concurrency=2))
@@ -49,14 +51,17 @@ def test_a_running_server_varies_only_the_load() -> None:
 
 
 def test_the_csv_has_a_row_per_point_failed_ones_without_figures(tmp_path) -> None:
-    run = {"ttft_ms": {"p50": 10.0, "p99": 20.0}, "itl_ms": {"mean": 5.0, "p90": 6.0},
-           "tokens_per_s": 100.0, "diagnosis": [{"rule": "under_capacity"}]}
-    points = [{"value": "1,4", "values": {"concurrency": "1", "max_tokens": "4"},
-               "repeats": [run, run], "failed": False},
-              {"value": "2,4", "values": {"concurrency": "2", "max_tokens": "4"},
-               "repeats": [], "failed": True, "failures": ["nothing answers"]}]
-    sweep = {"sweep": {"variables": ["concurrency", "max_tokens"], "points": points,
-                       "table": sweep_table(points)}}
+    run = msgspec.convert({"ttft_ms": {"p50": 10.0, "p99": 20.0}, "itl_ms": {"mean": 5.0, "p90": 6.0},
+                           "tokens_per_s": 100.0, "diagnosis": [{"rule": "under_capacity", "finding": "", "evidence": {},
+                                          "look_at": ""}]},
+                          BenchResult)
+    points = [SweepPoint(value="1,4", values={"concurrency": "1", "max_tokens": "4"},
+                         repeats=[run, run], failed=False),
+              SweepPoint(value="2,4", values={"concurrency": "2", "max_tokens": "4"},
+                         repeats=[], failed=True, failures=["nothing answers"])]
+    sweep = SweepResult(sweep=Sweep(variable="concurrency,max_tokens",
+                                    variables=["concurrency", "max_tokens"], points=points,
+                                    table=sweep_table(points)))
     write_csv(sweep, tmp_path / "s.csv")
     ok, failed = csv.DictReader((tmp_path / "s.csv").open())
     assert (ok["concurrency"], ok["runs"], ok["failed_runs"]) == ("1", "2", "0")

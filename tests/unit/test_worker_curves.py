@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.worker_curves import worker_curves
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import BenchResult
 
 MS = 1_000_000
 
@@ -25,16 +28,16 @@ def stream(k: int, worker: int, step_ms: float, steps: int = 40) -> RequestRecor
 def test_curves_per_worker():
     records = [stream(k, k % 2, 10.0 if k % 2 == 0 else 30.0) for k in range(8)]
     curves = worker_curves(records, {0: "cuda:0", 1: "cuda:1"})
-    assert [c["worker"] for c in curves] == [0, 1]
+    assert [c.worker for c in curves] == [0, 1]
     fast, slow = curves
-    assert (fast["device"], slow["device"]) == ("cuda:0", "cuda:1")
-    assert fast["steps"] == slow["steps"] == 40
-    assert fast["step_ms_p50"] == 10.0 and slow["step_ms_p50"] == 30.0
-    assert fast["sequences_per_step_p50"] == 4  # four streams share each of its steps
-    assert abs(fast["token_share"] - 0.5) < 1e-9
+    assert (fast.device, slow.device) == ("cuda:0", "cuda:1")
+    assert fast.steps == slow.steps == 40
+    assert fast.step_ms_p50 == 10.0 and slow.step_ms_p50 == 30.0
+    assert fast.sequences_per_step_p50 == 4  # four streams share each of its steps
+    assert abs(fast.token_share - 0.5) < 1e-9
     # 4 streams x 40 tokens each, over the run's 1.2 s (the slow worker's last step ends it)
-    assert abs(fast["tokens_per_s"] - 160 / 1.2) < 1e-6
-    assert fast["series"][0] == [0.0, 10.0, 4]
+    assert abs(fast.tokens_per_s - 160 / 1.2) < 1e-6
+    assert fast.series[0] == (0.0, 10.0, 4)
     assert worker_curves([RequestRecord(request_id="r", process=0, start_ns=0)]) is None
     # Timing fields without step times (a server that fills them with zeros): no curves.
     blank = stream(0, 0, 10.0)
@@ -43,9 +46,9 @@ def test_curves_per_worker():
 
 
 def diagnosed(records: list[RequestRecord]) -> set[str]:
-    result = summarize(records)
-    result["workers"] = worker_curves(records, {})
-    return {f["rule"] for f in dx.diagnose(result)}
+    result = BenchResult(**msgspec.structs.asdict(summarize(records)),
+                         workers=worker_curves(records, {}))
+    return {f.rule for f in dx.diagnose(result)}
 
 
 def test_one_slow_worker_is_named():

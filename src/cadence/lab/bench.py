@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cadence.credentials import ClientCredentials
-from cadence.lab.analysis.diagnosis import diagnose
+from cadence.lab import results
+from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.worker_curves import worker_curves
 from cadence.lab.load.grpc_service import GrpcTarget
@@ -86,7 +87,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
               baseline: bool = False, credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
               counter: RequestCounter | None = None, grpc: GrpcTarget | None = None,
-              server_pid: int | None = None, openai: OpenAITarget | None = None) -> dict:
+              server_pid: int | None = None, openai: OpenAITarget | None = None
+              ) -> results.BenchResult:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
@@ -118,47 +120,52 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     finally:
         system = sampler.stop()
     records = [r for p in processes_out for r in p.records]
-    result = summarize(records)
-    result["workers"] = worker_curves(records, worker_devices(target) if not foreign else {})
+    stats = summarize(records)
     client_cpu_s = sum(p.cpu_s for p in processes_out)
-    result["client"] = {
-        "processes": processes,
-        "cpu_s": client_cpu_s,
-        "cpu_per_chunk_us": client_cpu_s / result["chunks"] * 1e6 if result["chunks"] else None,
-        "busiest_process_cpu_share": max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
-        "schedule_slips": sum(p.schedule_slips for p in processes_out),
-    }
-    result["system"] = system
-    result["workload"] = {
-        "target": target,
-        "requests": workload.requests,
-        "duration_s": workload.duration_s,
-        "concurrency": None if workload.rate else workload.concurrency,
-        "rate": workload.rate,
-        "max_tokens": list(workload.shape.max_tokens),
-        "prompt_tokens": list(workload.shape.prompt_tokens),
-        "prompts_from_file": len(workload.shape.prompts),
-        "seed": workload.shape.seed,
-        "read_delay_ms": workload.read_delay_ms,
-        "client_processes": processes,
-        "channels_per_process": channels,
-        "protocol": protocol,
-        "model": kserve.model if kserve is not None else openai.model if openai else None,
-    }
+    result = results.BenchResult(
+        **msgspec.structs.asdict(stats),
+        workers=worker_curves(records, worker_devices(target) if not foreign else {}),
+        client=results.Client(
+            processes=processes,
+            cpu_s=client_cpu_s,
+            cpu_per_chunk_us=client_cpu_s / stats.chunks * 1e6 if stats.chunks else None,
+            busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
+            schedule_slips=sum(p.schedule_slips for p in processes_out),
+        ),
+        system=system,
+        workload=results.Workload(
+            target=target,
+            requests=workload.requests,
+            duration_s=workload.duration_s,
+            concurrency=None if workload.rate else workload.concurrency,
+            rate=workload.rate,
+            max_tokens=list(workload.shape.max_tokens),
+            prompt_tokens=list(workload.shape.prompt_tokens),
+            prompts_from_file=len(workload.shape.prompts),
+            seed=workload.shape.seed,
+            read_delay_ms=workload.read_delay_ms,
+            client_processes=processes,
+            channels_per_process=channels,
+            protocol=protocol,
+            model=kserve.model if kserve is not None else openai.model if openai else None,
+        ),
+        records=records,
+    )
     if openai is not None:
-        result["workload"]["openai"] = {"base_url": openai.base_url,
-                                        "endpoint": openai.endpoint}
+        result.workload.openai = results.OpenAIWorkload(base_url=openai.base_url,
+                                                        endpoint=openai.endpoint)
     if grpc is not None:
-        result["workload"]["grpc"] = {
-            "method": grpc.schema.path, "types_from": grpc.schema.source,
-            "bidirectional": grpc.schema.client_streaming, "request_json": grpc.request_json,
-            "tokens_field": grpc.tokens_field or None, "index_field": grpc.index_field or None,
-            "headers": sorted({k for k, _ in grpc.headers}),
-        }
+        result.workload.grpc = results.GrpcWorkload(
+            method=grpc.schema.path, types_from=grpc.schema.source,
+            bidirectional=grpc.schema.client_streaming, request_json=grpc.request_json,
+            tokens_field=grpc.tokens_field or None, index_field=grpc.index_field or None,
+            headers=sorted({k for k, _ in grpc.headers}),
+        )
     if baseline:
-        result["baseline"], result["overhead_ms"] = _baseline(target, workload, result)
-    result["records"] = msgspec.to_builtins(records)
-    result["diagnosis"] = diagnose(result)
+        result.baseline, result.overhead_ms = _baseline(target, workload, result)
+    result.diagnosis = diagnose(result)
+    result.system.flags = [f.finding for f in result.diagnosis
+                           if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
 
 
@@ -175,17 +182,20 @@ def _server_to_sample(target: str, protocol: str, server_pid: int | None) -> dic
 _OVERHEAD_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 
 
-def _baseline(target: str, workload: Workload, served: dict) -> tuple[dict, dict]:
+def _baseline(target: str, workload: Workload, served: results.BenchResult
+              ) -> tuple[results.EngineOnly, dict[str, results.Overhead]]:
     found = engine_config_of(target)
     if found is None:
-        return {"error": "the engine-only baseline needs a cadence server on this host"}, {}
+        return results.EngineOnly(
+            error="the engine-only baseline needs a cadence server on this host"), {}
     config, workers = found
     records = run_baseline(config, workers, workload.shape, workload.requests,
                            workload.duration_s, workload.concurrency, workload.rate)
-    engine_only = summarize(records)
-    engine_only["workers"] = workers
+    engine_only = results.EngineOnly(**msgspec.structs.asdict(summarize(records)),
+                                     workers=workers)
     overhead = {
-        m: {q: served[m][q] - engine_only[m][q] for q in ("mean", "p50", "p90", "p99", "max")}
+        m: results.Overhead(**{q: getattr(getattr(served, m), q) - getattr(getattr(engine_only, m), q)
+                               for q in ("mean", "p50", "p90", "p99", "max")})
         for m in _OVERHEAD_METRICS
     }
     return engine_only, overhead

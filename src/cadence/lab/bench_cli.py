@@ -257,5 +257,7 @@ def _bench(args: argparse.Namespace) -> None:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)
     if args.json_path:
+        from cadence.lab.results import to_builtins
+
         with open(args.json_path, "w") as f:
-            json.dump(result, f)
+            json.dump(to_builtins(result), f)

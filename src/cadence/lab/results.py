@@ -362,12 +362,16 @@ class SweepRow(msgspec.Struct, kw_only=True):
     """One value's line of the sweep table; metrics absent when every run failed."""
 
     value: str
+    values: dict[str, str] | UnsetType = UNSET
+    """A grid point's value of each varied name."""
     failures: int | UnsetType = UNSET
     ttft_p50_ms: Spread | UnsetType = UNSET
     ttft_p99_ms: Spread | UnsetType = UNSET
     itl_mean_ms: Spread | UnsetType = UNSET
     itl_p90_ms: Spread | UnsetType = UNSET
     tokens_per_s: Spread | UnsetType = UNSET
+    diagnosis: list[str] | UnsetType = UNSET
+    """The rules that fired in any repeat of the point."""
 
 
 class SweepPoint(msgspec.Struct, kw_only=True):
@@ -375,11 +379,17 @@ class SweepPoint(msgspec.Struct, kw_only=True):
     values: dict[str, str] | UnsetType = UNSET
     """A grid point's value of each varied name."""
     repeats: list[BenchResult] = []
+    failed: bool | UnsetType = UNSET
+    """Every repeat of the point failed."""
     failures: list[str] | UnsetType = UNSET
 
 
 class Sweep(msgspec.Struct, kw_only=True):
     variable: str
+    """The varied names joined by commas (one name unless a grid)."""
+    variables: list[str] | UnsetType = UNSET
+    target: str | UnsetType = UNSET
+    """The running server swept (`--target`); unset when the sweep started its servers."""
     repeat: int = 1
     points: list[SweepPoint] = []
     table: list[SweepRow] = []

@@ -21,6 +21,7 @@ import itertools
 import re
 import shlex
 import statistics
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import NamedTuple
@@ -34,6 +35,8 @@ from cadence.lab.load.grpc_schema import SchemaError
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.openai_http import OpenAITarget, require_http
+from cadence.lab.report.summary import PIPED_WIDTH
+from cadence.lab.results import BenchResult, Spread, Sweep, SweepPoint, SweepResult, SweepRow
 from cadence.lab.servers.command_server import CommandServer
 from cadence.lab.servers.readiness import require_reachable
 from cadence.lab.servers.server_process import ServerProcess
@@ -113,11 +116,11 @@ CLIENT_VARIABLES: dict[str, Callable[[Load, str], Load]] = {
 changes it; a bad value raises ValueError."""
 
 TABLE_METRICS = (
-    ("ttft_p50_ms", lambda r: r["ttft_ms"]["p50"]),
-    ("ttft_p99_ms", lambda r: r["ttft_ms"]["p99"]),
-    ("itl_mean_ms", lambda r: r["itl_ms"]["mean"]),
-    ("itl_p90_ms", lambda r: r["itl_ms"]["p90"]),
-    ("tokens_per_s", lambda r: r["tokens_per_s"]),
+    ("ttft_p50_ms", lambda r: r.ttft_ms.p50),
+    ("ttft_p99_ms", lambda r: r.ttft_ms.p99),
+    ("itl_mean_ms", lambda r: r.itl_ms.mean),
+    ("itl_p90_ms", lambda r: r.itl_ms.p90),
+    ("tokens_per_s", lambda r: r.tokens_per_s),
 )
 
 
@@ -192,7 +195,7 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
               ready_timeout: float = 60.0, credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
               resolve_grpc: Callable | None = None,
-              openai: OpenAITarget | None = None) -> dict:
+              openai: OpenAITarget | None = None) -> SweepResult:
     """Every point, `repeat` times; results without raw records.
 
     The server is the one running at `target` (its load's variables only; `openai` then
@@ -224,27 +227,24 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
             except RuntimeError as exc:
                 problem = str(exc)
             else:
-                result.pop("records")
+                result.records = msgspec.UNSET
                 problem = _failed(result)
                 if problem is None:
                     runs.append(result)
                     continue
             progress(f"{label} run {n + 1}/{repeat} failed: {problem}")
             failures.append(problem)
-        entry = {"value": ",".join(point.values.values()), "values": point.values,
-                 "repeats": runs, "failed": not runs}
-        if failures:
-            entry["failures"] = failures
-        done.append(entry)
-    sweep = {"variable": ",".join(variables), "variables": variables, "repeat": repeat,
-             "points": done, "table": sweep_table(done)}
+        done.append(SweepPoint(value=",".join(point.values.values()), values=point.values,
+                               repeats=runs, failed=not runs, failures=failures or msgspec.UNSET))
+    sweep = Sweep(variable=",".join(variables), variables=variables, repeat=repeat,
+                  points=done, table=sweep_table(done))
     if target is not None:
-        sweep["target"] = target
+        sweep.target = target
     elif server_cmd is not None:
-        sweep["server_cmd"] = server_cmd
+        sweep.server_cmd = server_cmd
     else:
-        sweep["serve_args"] = serve_args or []
-    return {"sweep": sweep}
+        sweep.serve_args = serve_args or []
+    return SweepResult(sweep=sweep)
 
 
 Serving = tuple[str, OpenAITarget | None]
@@ -289,22 +289,22 @@ def _started(server: ServerProcess | CommandServer,
 
 def _bench(address: str, load: Load, credentials: ClientCredentials,
            kserve: KServeTarget | None, grpc: GrpcTarget | None,
-           openai: OpenAITarget | None) -> dict:
+           openai: OpenAITarget | None) -> BenchResult:
     """The sweep's one call into the bench."""
     return run_bench(address, load.workload, processes=load.processes, channels=load.channels,
                      credentials=credentials, kserve=kserve, grpc=grpc, openai=openai)
 
 
-def _failed(result: dict) -> str | None:
+def _failed(result: BenchResult) -> str | None:
     """Why a run that went through counts as failed (it stopped early, or no request
     succeeded), or None: its figures would describe errors, not the server's service."""
-    if result.get("aborted"):
-        return f"the run stopped early: {result['aborted']}"
-    if result["requests_ok"]:
+    if result.aborted:
+        return f"the run stopped early: {result.aborted}"
+    if result.requests_ok:
         return None
-    codes = ", ".join(f"{count} {code}" for code, count in result["errors_by_code"].items())
-    first = next(iter((result.get("first_error_by_code") or {}).values()), "")
-    return (f"no request of {result['requests']} succeeded"
+    codes = ", ".join(f"{count} {code}" for code, count in result.errors_by_code.items())
+    first = next(iter(result.first_error_by_code.values()), "")
+    return (f"no request of {result.requests} succeeded"
             + (f" ({codes}; first: {first})" if codes else ""))
 
 
@@ -316,91 +316,99 @@ def _http_target(server: ServerProcess, openai: OpenAITarget) -> OpenAITarget:
     return msgspec.structs.replace(openai, base_url=f"http://{match.group(1)}:{match.group(2)}")
 
 
-def every_run_failed(sweep: dict) -> bool:
+def every_run_failed(result: SweepResult) -> bool:
     """No point of the sweep has a run that went through."""
-    return all(point["failed"] for point in sweep["sweep"]["points"])
+    return all(not point.repeats for point in result.sweep.points)
 
 
-def sweep_table(points: list[dict]) -> list[dict]:
+def sweep_table(points: list[SweepPoint]) -> list[SweepRow]:
     """Per point: each metric's mean over repeats and its spread (min, max, stdev), and the
     diagnosis rules that fired in any repeat."""
     rows = []
     for point in points:
-        row = {"value": point["value"], "values": point["values"]}
-        if point.get("failures"):
-            row["failures"] = len(point["failures"])
-        if not point["repeats"]:
-            rows.append(row)
-            continue
-        for name, get in TABLE_METRICS:
-            values = [get(r) for r in point["repeats"]]
-            row[name] = {
-                "mean": statistics.fmean(values),
-                "min": min(values),
-                "max": max(values),
-                "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-            }
-        row["diagnosis"] = list(dict.fromkeys(
-            f["rule"] for r in point["repeats"] for f in r.get("diagnosis") or []))
+        row = SweepRow(value=point.value, values=point.values)
+        if point.failures:
+            row.failures = len(point.failures)
+        if point.repeats:
+            for name, get in TABLE_METRICS:
+                values = [get(r) for r in point.repeats]
+                setattr(row, name, Spread(
+                    mean=statistics.fmean(values),
+                    min=min(values),
+                    max=max(values),
+                    stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
+                ))
+            row.diagnosis = list(dict.fromkeys(f.rule for r in point.repeats for f in r.diagnosis))
         rows.append(row)
     return rows
 
 
-def write_csv(sweep: dict, path: str) -> None:
+def write_csv(result: SweepResult, path: str) -> None:
     """One row per point: its values, each table metric's mean, min, max and stdev, the
     runs that went through and failed, and the diagnosis rules (space-separated)."""
-    s = sweep["sweep"]
+    s = result.sweep
     spread = [f"{name}{part}" for name, _ in TABLE_METRICS
               for part in ("", "_min", "_max", "_stdev")]
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow([*s["variables"], "runs", "failed_runs", *spread, "diagnosis"])
-        for point, row in zip(s["points"], s["table"], strict=True):
-            figures = [row[name][part] if name in row else ""
+        out.writerow([*_variables(s), "runs", "failed_runs", *spread, "diagnosis"])
+        for point, row in zip(s.points, s.table, strict=True):
+            figures = [getattr(getattr(row, name), part) if getattr(row, name) else ""
                        for name, _ in TABLE_METRICS for part in ("mean", "min", "max", "stdev")]
-            out.writerow([*point["values"].values(), len(point["repeats"]),
-                          row.get("failures", 0), *figures, " ".join(row.get("diagnosis", []))])
+            out.writerow([*_values(point), len(point.repeats), row.failures or 0, *figures,
+                          " ".join(row.diagnosis or [])])
 
 
-def print_table(sweep: dict) -> None:
+def _variables(s: Sweep) -> list[str]:
+    """The varied names (a sweep saved before grids names one, `variable`)."""
+    return s.variables or [s.variable]
+
+
+def _values(point: SweepPoint | SweepRow) -> list[str]:
+    return list(point.values.values()) if point.values else [point.value]
+
+
+def print_table(result: SweepResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    s = sweep["sweep"]
-    over = " x ".join(s["variables"])
-    where = f" of {s['target']}" if s.get("target") else ""
-    table = Table(title=f"cadence sweep{where}: {over} ({s['repeat']} run(s) each; "
-                        "mean \\[min-max])")
-    for name in s["variables"]:
+    s = result.sweep
+    variables = _variables(s)
+    where = f" of {s.target}" if s.target else ""
+    table = Table(title=f"cadence sweep{where}: {' x '.join(variables)} ({s.repeat} run(s) "
+                        "each; mean \\[min-max])")
+    for name in variables:
         table.add_column(name)
     for name, _ in TABLE_METRICS:
         table.add_column(name, justify="right")
-    failed = any(row.get("failures") for row in s["table"])
+    failed = any(row.failures for row in s.table)
     if failed:
         table.add_column("failed runs", justify="right")
-    diagnosed = any(row.get("diagnosis") for row in s["table"])
+    diagnosed = any(row.diagnosis for row in s.table)
     if diagnosed:
         table.add_column("diagnosis")
-    for row in s["table"]:
-        cells = [*row["values"].values()]
+    for row in s.table:
+        cells = _values(row)
         for name, _ in TABLE_METRICS:
-            cells.append(_cell(name, row[name]) if name in row else "—")
+            spread = getattr(row, name)
+            cells.append(_cell(name, spread) if spread else "—")
         if failed:
-            cells.append(str(row.get("failures", 0)))
+            cells.append(str(row.failures or 0))
         if diagnosed:
-            cells.append(" ".join(row.get("diagnosis", [])))
+            cells.append(" ".join(row.diagnosis or []))
         table.add_row(*cells)
-    console = Console()
+    piped = not sys.stdout.isatty()
+    console = Console(soft_wrap=piped, width=PIPED_WIDTH if piped else None)
     console.print(table)
-    for point in s["points"]:
-        label = " ".join(f"{name}={value}" for name, value in point["values"].items())
-        for failure in point.get("failures", []):
+    for point in s.points:
+        label = " ".join(f"{n}={v}" for n, v in zip(variables, _values(point), strict=False))
+        for failure in point.failures or []:
             console.print(f"{label}: {failure}", highlight=False, markup=False)
 
 
-def _cell(name: str, metric: dict) -> str:
+def _cell(name: str, metric: Spread) -> str:
     fmt = "{:.0f}" if name == "tokens_per_s" else "{:.2f}"
-    cell = fmt.format(metric["mean"])
-    if metric["max"] != metric["min"]:
-        cell += f" [{fmt.format(metric['min'])}-{fmt.format(metric['max'])}]"
+    cell = fmt.format(metric.mean)
+    if metric.max != metric.min:
+        cell += f" [{fmt.format(metric.min)}-{fmt.format(metric.max)}]"
     return cell

@@ -55,6 +55,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.load.grpc_schema import SchemaError
+    from cadence.lab.results import to_builtins
     from cadence.lab.sweep import (
         Load,
         every_run_failed,
@@ -96,9 +97,10 @@ def _sweep(args: argparse.Namespace) -> None:
     except SchemaError as exc:
         sys.exit(f"cadence sweep: {exc}")
     print_table(result)
+    written = to_builtins(result)
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump(result, f)
+            json.dump(written, f)
     if args.csv_path:
         write_csv(result, args.csv_path)
     if args.report:
@@ -108,6 +110,6 @@ def _sweep(args: argparse.Namespace) -> None:
 
         print(render_report(result, Path(args.report)))
     if every_run_failed(result):
-        runs = sum(len(p.get("failures", [])) for p in result["sweep"]["points"])
+        runs = sum(len(p.failures or []) for p in result.sweep.points)
         sys.exit(f"cadence sweep: every run failed ({runs} of {runs}); each one's reason is "
                  "above")

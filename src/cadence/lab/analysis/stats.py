@@ -31,34 +31,30 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 
-import msgspec
-
 from cadence.core.metrics import LoopLagTally
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.timeline import timeline
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import (
+    Distribution,
+    FrontLoop,
+    Integrity,
+    RunStats,
+    Segments,
+    SegmentShares,
+    TtftSegments,
+)
 
 _NS_PER_MS = 1e6
 
-TTFT_SEGMENTS = ("client_to_front", "queue", "first_step", "transfer", "buffer", "send")
+TTFT_SEGMENTS = TtftSegments.__struct_fields__
 """Time to first token, split where it is spent; the segments add up to TTFT exactly."""
-
-
-class Distribution(msgspec.Struct, kw_only=True):
-    count: int
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-    max: float
-    min: float
 
 
 def distribution(values: Iterable[float]) -> Distribution:
     ordered = sorted(values)
     if not ordered:
-        nan = math.nan
-        return Distribution(count=0, mean=nan, p50=nan, p90=nan, p99=nan, max=nan, min=nan)
+        return Distribution()
     return Distribution(
         count=len(ordered),
         mean=sum(ordered) / len(ordered),
@@ -68,17 +64,6 @@ def distribution(values: Iterable[float]) -> Distribution:
         max=ordered[-1],
         min=ordered[0],
     )
-
-
-class Integrity(msgspec.Struct, kw_only=True):
-    """Tokens lost, repeated or out of order, from every chunk's `index`; all must be 0."""
-
-    lost_tokens: int = 0
-    repeated_tokens: int = 0
-    reordered_chunks: int = 0
-    short_streams: int = 0
-    """Streams that ended OK without a final chunk, or with fewer than max_tokens tokens
-    after a LENGTH finish."""
 
 
 def check_integrity(records: list[RequestRecord]) -> Integrity:
@@ -122,8 +107,8 @@ def itl_points(r: RequestRecord) -> list[tuple[int, float]]:
     ]
 
 
-def summarize(records: list[RequestRecord]) -> dict:
-    """Every aggregate of a run, as plain data for JSON and the report."""
+def summarize(records: list[RequestRecord]) -> RunStats:
+    """Every aggregate of a run."""
     ok = [r for r in records if is_ok(r)]
     ttft, itl, gaps, tpot, e2e, chunk_tokens = [], [], [], [], [], []
     delay, engine, transfer, buffer, send, queue, to_front = [], [], [], [], [], [], []
@@ -163,41 +148,42 @@ def summarize(records: list[RequestRecord]) -> dict:
     ends = [r.end_ns for r in records]
     wall_s = (max(ends) - min(starts)) / 1e9 if records else math.nan
     out_tokens = sum(sum(r.tokens) for r in ok)
-    result = {
-        "requests": len(records),
-        "requests_ok": len(ok),
-        "errors_by_code": dict(Counter(r.code for r in records if r.code != "OK")),
-        "first_error_by_code": _first_errors(records),
-        "wall_s": wall_s,
-        "output_tokens": out_tokens,
-        "chunks": len(chunk_tokens),
-        "requests_per_s": len(ok) / wall_s if wall_s else math.nan,
-        "tokens_per_s": out_tokens / wall_s if wall_s else math.nan,
-        "chunks_per_s": len(chunk_tokens) / wall_s if wall_s else math.nan,
-        "ttft_ms": distribution(ttft),
-        "itl_ms": distribution(itl),
-        "chunk_gap_ms": distribution(gaps),
-        "tpot_ms": distribution(tpot),
-        "e2e_ms": distribution(e2e),
-        "chunk_tokens": distribution(chunk_tokens),
-        "integrity": check_integrity(records),
-        "timeline": timeline(records),
-        "front_loop": front_loop(records),
-    }
+    result = RunStats(
+        requests=len(records),
+        requests_ok=len(ok),
+        errors_by_code=dict(Counter(r.code for r in records if r.code != "OK")),
+        first_error_by_code=_first_errors(records),
+        wall_s=wall_s,
+        output_tokens=out_tokens,
+        chunks=len(chunk_tokens),
+        requests_per_s=len(ok) / wall_s if wall_s else math.nan,
+        tokens_per_s=out_tokens / wall_s if wall_s else math.nan,
+        chunks_per_s=len(chunk_tokens) / wall_s if wall_s else math.nan,
+        ttft_ms=distribution(ttft),
+        itl_ms=distribution(itl),
+        chunk_gap_ms=distribution(gaps),
+        tpot_ms=distribution(tpot),
+        e2e_ms=distribution(e2e),
+        chunk_tokens=distribution(chunk_tokens),
+        integrity=check_integrity(records),
+        timeline=timeline(records),
+        front_loop=front_loop(records),
+    )
     if delay:
-        result["token_delay_ms"] = distribution(delay)
-        result["segments_ms"] = {
-            "client_to_front": distribution(to_front),
-            "queue": distribution(queue),
-            "engine_step": distribution(engine),
-            "transfer": distribution(transfer),
-            "buffer": distribution(buffer),
-            "send": distribution(send),
-        }
+        result.token_delay_ms = distribution(delay)
+        result.segments_ms = Segments(
+            client_to_front=distribution(to_front),
+            queue=distribution(queue),
+            engine_step=distribution(engine),
+            transfer=distribution(transfer),
+            buffer=distribution(buffer),
+            send=distribution(send),
+        )
         token = {"engine_step": engine, "transfer": transfer, "buffer": buffer, "send": send}
-        result["ttft_segments_ms"] = {name: distribution(v) for name, v in first.items()}
-        result["segment_shares"] = {"ttft": _shares(first), "token": _shares(token)}
-    return msgspec.to_builtins(result)
+        result.ttft_segments_ms = TtftSegments(
+            **{name: distribution(v) for name, v in first.items()})
+        result.segment_shares = SegmentShares(ttft=_shares(first), token=_shares(token))
+    return result
 
 
 def _shares(segments: dict[str, list[float]]) -> dict[str, float]:
@@ -220,7 +206,7 @@ LATE_LOOP_S = 0.02
 """A wake-up of the front's loop this late or later counts as late (as the sampler's)."""
 
 
-def front_loop(records: list[RequestRecord]) -> dict | None:
+def front_loop(records: list[RequestRecord]) -> FrontLoop | None:
     """The front's loop lag over the run (see the module docstring); None without tallies."""
     first: dict[int, tuple[int, str]] = {}
     """Per front: the earliest stream start and the tally sent then."""
@@ -253,14 +239,14 @@ def front_loop(records: list[RequestRecord]) -> dict | None:
                 return bound * 1e3
         return math.nan
 
-    return {
-        "fronts": len(first),
-        "samples": samples,
-        "late_over_20ms": late,
-        "late_share": late / samples if samples else 0.0,
-        "p99_ms_at_most": upper(0.99),
-        "max_ms_at_most": upper(1.0),
-    }
+    return FrontLoop(
+        fronts=len(first),
+        samples=samples,
+        late_over_20ms=late,
+        late_share=late / samples if samples else 0.0,
+        p99_ms_at_most=upper(0.99),
+        max_ms_at_most=upper(1.0),
+    )
 
 
 def _counts(tally: str) -> list[int]:

@@ -27,6 +27,7 @@ import math
 
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import Bursts, Stalls, StreamConcurrency, Timeline
 
 _NS_PER_MS = 1e6
 
@@ -46,9 +47,8 @@ MIN_BURST = 8
 """Bursts smaller than this say little about how TTFT grows with streams opened at once."""
 
 
-def timeline(records: list[RequestRecord]) -> dict | None:
-    """The three pieces of evidence above, as plain data; None without two streams that got
-    output."""
+def timeline(records: list[RequestRecord]) -> Timeline | None:
+    """The three pieces of evidence above; None without two streams that got output."""
     streams = [r for r in records if r.arrival_ns]
     gaps = sorted((b - a) / _NS_PER_MS for r in streams
                   for a, b in zip(r.arrival_ns, r.arrival_ns[1:]))
@@ -56,16 +56,16 @@ def timeline(records: list[RequestRecord]) -> dict | None:
         return None
     typical = percentile(gaps, 50)
     threshold = max(STALL_GAP_FACTOR * typical, typical + STALL_MIN_MS)
-    return {
-        "gap_p50_ms": typical,
-        "stall_threshold_ms": threshold,
-        "stalls": _stalls(streams, threshold, len(gaps)),
-        "bursts": _bursts(streams),
-        "concurrency": _concurrency(records),
-    }
+    return Timeline(
+        gap_p50_ms=typical,
+        stall_threshold_ms=threshold,
+        stalls=_stalls(streams, threshold, len(gaps)),
+        bursts=_bursts(streams),
+        concurrency=_concurrency(records),
+    )
 
 
-def _stalls(streams: list[RequestRecord], threshold_ms: float, gap_count: int) -> dict:
+def _stalls(streams: list[RequestRecord], threshold_ms: float, gap_count: int) -> Stalls:
     limit = threshold_ms * _NS_PER_MS
     merged = sorted(t for r in streams for t in r.arrival_ns)
     firsts = sorted(r.arrival_ns[0] for r in streams)
@@ -96,20 +96,20 @@ def _stalls(streams: list[RequestRecord], threshold_ms: float, gap_count: int) -
     span_ns = merged[-1] - merged[0]
     lengths = sorted((t1 - t0) / _NS_PER_MS for t0, t1, _ in shared)
     hit = sorted(n for _, _, n in shared)
-    return {
-        "shared": len(shared),
-        "shared_ms_p50": percentile(lengths, 50),
-        "shared_ms_max": lengths[-1] if lengths else math.nan,
-        "shared_time_share": sum(lengths) * _NS_PER_MS / span_ns if span_ns else 0.0,
-        "streams_hit_min": hit[0] if hit else 0,
-        "streams_hit_p50": percentile([float(n) for n in hit], 50),
-        "gaps": gap_count,
-        "long_gaps": long_gaps,
-        "long_gaps_in_shared": in_shared,
-    }
+    return Stalls(
+        shared=len(shared),
+        shared_ms_p50=percentile(lengths, 50),
+        shared_ms_max=lengths[-1] if lengths else math.nan,
+        shared_time_share=sum(lengths) * _NS_PER_MS / span_ns if span_ns else 0.0,
+        streams_hit_min=hit[0] if hit else 0,
+        streams_hit_p50=percentile([float(n) for n in hit], 50),
+        gaps=gap_count,
+        long_gaps=long_gaps,
+        long_gaps_in_shared=in_shared,
+    )
 
 
-def _bursts(streams: list[RequestRecord]) -> dict:
+def _bursts(streams: list[RequestRecord]) -> Bursts:
     """The largest burst of requests opened at once, and how its TTFTs spread."""
     by_start = sorted(streams, key=lambda r: r.start_ns)
     best: list[RequestRecord] = []
@@ -123,15 +123,15 @@ def _bursts(streams: list[RequestRecord]) -> dict:
             best = list(current)
     ttft = sorted((r.arrival_ns[0] - r.start_ns) / _NS_PER_MS for r in best)
     alone = sorted((r.arrival_ns[0] - r.start_ns) / _NS_PER_MS for r in _alone(by_start))
-    return {
-        "largest": len(best),
-        "ttft_p10_ms": percentile(ttft, 10),
-        "ttft_p50_ms": percentile(ttft, 50),
-        "ttft_p90_ms": percentile(ttft, 90),
-        "ttft_max_ms": ttft[-1] if ttft else math.nan,
-        "opened_alone": len(alone),
-        "alone_ttft_p50_ms": percentile(alone, 50),
-    }
+    return Bursts(
+        largest=len(best),
+        ttft_p10_ms=percentile(ttft, 10),
+        ttft_p50_ms=percentile(ttft, 50),
+        ttft_p90_ms=percentile(ttft, 90),
+        ttft_max_ms=ttft[-1] if ttft else math.nan,
+        opened_alone=len(alone),
+        alone_ttft_p50_ms=percentile(alone, 50),
+    )
 
 
 def _alone(by_start: list[RequestRecord]) -> list[RequestRecord]:
@@ -146,7 +146,7 @@ def _alone(by_start: list[RequestRecord]) -> list[RequestRecord]:
     return out
 
 
-def _concurrency(records: list[RequestRecord]) -> dict:
+def _concurrency(records: list[RequestRecord]) -> StreamConcurrency:
     """Peak open and receiving streams, and the share of the run the receiving count held its
     peak while at least one stream waited for its first output."""
     events: list[tuple[int, int, int]] = []
@@ -172,8 +172,8 @@ def _concurrency(records: list[RequestRecord]) -> dict:
         if receiving == peak_receiving and open_ > receiving:
             at_peak_waiting += t_next - t
     span = steps[-1][0] - steps[0][0] if steps else 0
-    return {
-        "peak_open": peak_open,
-        "peak_receiving": peak_receiving,
-        "capped_share": at_peak_waiting / span if span else 0.0,
-    }
+    return StreamConcurrency(
+        peak_open=peak_open,
+        peak_receiving=peak_receiving,
+        capped_share=at_peak_waiting / span if span else 0.0,
+    )

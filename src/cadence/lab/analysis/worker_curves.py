@@ -17,6 +17,7 @@ from collections import defaultdict
 
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import WorkerCurve
 
 _NS_PER_MS = 1e6
 MAX_POINTS = 2000
@@ -24,7 +25,7 @@ MAX_POINTS = 2000
 
 
 def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None = None
-                  ) -> list[dict] | None:
+                  ) -> list[WorkerCurve] | None:
     """One entry per worker seen in the timing, in worker order; None without timing."""
     steps: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
     tokens: dict[int, int] = defaultdict(int)
@@ -55,18 +56,17 @@ def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None =
         seqs = sorted(float(n) for _, n in ordered)
         every = max(1, math.ceil(len(ordered) / MAX_POINTS))
         its = sorted(itl[worker])
-        curves.append({
-            "worker": worker,
-            "device": (devices or {}).get(worker),
-            "steps": len(ordered),
-            "step_ms_p50": percentile(ms, 50),
-            "step_ms_p90": percentile(ms, 90),
-            "sequences_per_step_p50": percentile(seqs, 50),
-            "tokens_per_s": tokens[worker] / span_s,
-            "token_share": tokens[worker] / total,
-            "itl_ms_p50": percentile(its, 50),
-            # [seconds from the run's first step, step ms, this run's sequences in it]
-            "series": [[round((start - t0) / 1e9, 4), round((end - start) / _NS_PER_MS, 3), n]
-                       for (start, end), n in ordered[::every]],
-        })
+        curves.append(WorkerCurve(
+            worker=worker,
+            device=(devices or {}).get(worker),
+            steps=len(ordered),
+            step_ms_p50=percentile(ms, 50),
+            step_ms_p90=percentile(ms, 90),
+            sequences_per_step_p50=percentile(seqs, 50),
+            tokens_per_s=tokens[worker] / span_s,
+            token_share=tokens[worker] / total,
+            itl_ms_p50=percentile(its, 50),
+            series=[(round((start - t0) / 1e9, 4), round((end - start) / _NS_PER_MS, 3), n)
+                    for (start, end), n in ordered[::every]],
+        ))
     return curves

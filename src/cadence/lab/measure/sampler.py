@@ -16,9 +16,8 @@ from cadence.lab.measure.scrape import (
     SCRAPED_GAUGES,
     scrape,
 )
+from cadence.lab.results import Gpu, ProcessCpu, ScrapedFrontLoop, ServerMetrics, System
 
-_BUSY_CPU_PCT = 80.0
-_IDLE_GPU_PCT = 30.0
 
 class SystemSampler:
     """Samples every watched process's CPU % (100 = one core) and every card's utilisation."""
@@ -85,7 +84,7 @@ class SystemSampler:
         if values:  # none: not a cadence server's page (another server of the protocol)
             self._scrapes.append((t, values))
 
-    def _server_metrics(self) -> dict | None:
+    def _server_metrics(self) -> ServerMetrics | None:
         if not self._scrapes:
             return None
         first, last = self._scrapes[0][1], self._scrapes[-1][1]
@@ -94,26 +93,27 @@ class SystemSampler:
             for key, value in values.items():
                 if key.split("{")[0] in SCRAPED_GAUGES:
                     peaks[key] = max(peaks.get(key, value), value)
-        return {
-            "url": self._metrics_url,
-            "scrapes": len(self._scrapes),
-            "peaks": peaks,
-            "during_run": {k: last.get(k, 0.0) - first.get(k, 0.0) for k in SCRAPED_COUNTERS},
-            "front_loop": self._front_loop(first, last),
-            "samples": [[t, v] for t, v in self._scrapes],
-        }
+        return ServerMetrics(
+            url=self._metrics_url,
+            scrapes=len(self._scrapes),
+            peaks=peaks,
+            during_run={k: last.get(k, 0.0) - first.get(k, 0.0) for k in SCRAPED_COUNTERS},
+            front_loop=self._front_loop(first, last),
+            samples=list(self._scrapes),
+        )
 
     @staticmethod
-    def _front_loop(first: dict, last: dict) -> dict | None:
+    def _front_loop(first: dict, last: dict) -> ScrapedFrontLoop | None:
         """The front's event-loop lag samples of the run, and how many came over 20 ms late."""
         if LOOP_SAMPLES not in last:
             return None  # a server that does not export it
         samples = last[LOOP_SAMPLES] - first.get(LOOP_SAMPLES, 0.0)
         on_time = last.get(LOOP_ON_TIME, 0.0) - first.get(LOOP_ON_TIME, 0.0)
-        return {"samples": samples, "late_over_20ms": samples - on_time}
+        return ScrapedFrontLoop(samples=samples, late_over_20ms=samples - on_time)
 
-    def stop(self) -> dict:
-        """Stop sampling; the samples and their means and peaks, plus the S10 flag."""
+    def stop(self) -> System:
+        """Stop sampling; the samples and their means and peaks. Its `flags` are left to the
+        diagnosis (`cpu_busy_cards_idle`), which reads these samples."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -121,39 +121,26 @@ class SystemSampler:
         processes = {}
         for name, samples in self._samples.items():
             values = [pct for _, pct in samples]
-            processes[name] = {
-                "pid": self._processes[name].pid if name in self._processes else None,
-                "cpu_pct_mean": sum(values) / len(values) if values else None,
-                "cpu_pct_max": max(values) if values else None,
-                "samples": samples,
-            }
+            processes[name] = ProcessCpu(
+                pid=self._processes[name].pid if name in self._processes else None,
+                cpu_pct_mean=sum(values) / len(values) if values else None,
+                cpu_pct_max=max(values) if values else None,
+                samples=[(t, pct) for t, pct in samples],
+            )
         gpus = []
         for i, samples in enumerate(self._gpu_samples):
             utils = [u for _, u, _ in samples]
-            gpus.append({
-                "index": i,
-                "util_pct_mean": sum(utils) / len(utils) if utils else None,
-                "util_pct_max": max(utils) if utils else None,
-                "mem_used_mb_max": max((m for _, _, m in samples), default=None),
-                "samples": samples,
-            })
+            gpus.append(Gpu(
+                index=i,
+                util_pct_mean=sum(utils) / len(utils) if utils else None,
+                util_pct_max=max(utils) if utils else None,
+                mem_used_mb_max=max((m for _, _, m in samples), default=None),
+                samples=[(t, u, m) for t, u, m in samples],
+            ))
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
-        return {"interval_s": self.interval_s, "processes": processes, "gpus": gpus,
-                "server_metrics": self._server_metrics(),
-                "flags": cpu_busy_cards_idle(processes, gpus)}
-
-
-def cpu_busy_cards_idle(processes: dict, gpus: list[dict]) -> list[str]:
-    """S10: a process near a full core while every card is mostly idle."""
-    if not gpus or any((g["util_pct_mean"] or 0) >= _IDLE_GPU_PCT for g in gpus):
-        return []
-    busy = [n for n, p in processes.items() if (p["cpu_pct_mean"] or 0) >= _BUSY_CPU_PCT]
-    if not busy:
-        return []
-    util = max(g["util_pct_mean"] or 0 for g in gpus)
-    return [f"CPU busy while the cards idle: {', '.join(busy)} at >= {_BUSY_CPU_PCT:.0f}% of a "
-            f"core, cards at most {util:.0f}% utilised"]
+        return System(interval_s=self.interval_s, processes=processes, gpus=gpus,
+                      server_metrics=self._server_metrics())
 
 
 def _open_nvml():

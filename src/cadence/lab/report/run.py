@@ -175,7 +175,7 @@ def _share(d: dict | None, name: str) -> Raw:
 def _integrity(result: BenchResult) -> str:
     if not result.requests:
         return ""
-    checks = counted_checks(msgspec.to_builtins(result.workload))
+    checks = counted_checks(result.workload)
     parts = []
     if not checks:
         parts.append(note("Integrity not checked: the output's positions are unknown "

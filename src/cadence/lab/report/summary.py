@@ -6,74 +6,89 @@ from __future__ import annotations
 import math
 import sys
 
+import msgspec
+
+from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.report.integrity import counted_checks
+from cadence.lab.results import (
+    BenchResult,
+    Distribution,
+    Finding,
+    ScrapedFrontLoop,
+    System,
+    WorkerCurve,
+)
 
-_PIPED_WIDTH = 10_000
+PIPED_WIDTH = 10_000
 """Piped output is read by scripts and pasted: no line is wrapped (a number split across two
 lines reads as two numbers)."""
 WITHIN_NOISE = "within noise"
 """How a negative overhead reads: served faster than the engine alone is run-to-run noise."""
+_COLUMNS = ("mean", "p50", "p90", "p99", "max")
+_ROWS = ("ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms",
+         "chunk_tokens")
 
 
-def print_summary(result: dict) -> None:
+def print_summary(result: BenchResult) -> None:
     """A table of the aggregates (rich)."""
     from rich.console import Console
     from rich.table import Table
 
     piped = not sys.stdout.isatty()
-    console = Console(soft_wrap=piped, width=_PIPED_WIDTH if piped else None)
-    workload = result["workload"]
-    title = f"cadence bench: {workload['target']}"
-    if workload.get("protocol") == "kserve":
-        title += f" (Open Inference Protocol, model {workload['model']})"
-    elif workload.get("protocol") == "openai":
-        title += f" (OpenAI {workload['openai']['endpoint']}, model {workload['model']})"
-    elif workload.get("protocol") == "grpc":
-        title += f" ({workload['grpc']['method']}, types from {workload['grpc']['types_from']})"
+    console = Console(soft_wrap=piped, width=PIPED_WIDTH if piped else None)
+    workload = result.workload
+    title = f"cadence bench: {workload.target}"
+    if workload.protocol == "kserve":
+        title += f" (Open Inference Protocol, model {workload.model})"
+    elif workload.openai:
+        title += f" (OpenAI {workload.openai.endpoint}, model {workload.model})"
+    elif workload.grpc:
+        title += f" ({workload.grpc.method}, types from {workload.grpc.types_from})"
     table = Table(title=title, show_lines=False)
     table.add_column("metric")
-    for col in ("mean", "p50", "p90", "p99", "max"):
+    for col in _COLUMNS:
         table.add_column(col, justify="right")
-    rows = ["ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens"]
-    for name in rows:
-        d = result.get(name)
-        if d:
-            table.add_row(name, *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
-    for name, d in result.get("segments_ms", {}).items():
-        table.add_row(f"  segment {name}", *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
+    for name in _ROWS:
+        d: Distribution | None = getattr(result, name) or None
+        if d is not None:
+            table.add_row(name, *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
+    if result.segments_ms:
+        for name, d in msgspec.structs.asdict(result.segments_ms).items():
+            table.add_row(f"  segment {name}", *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
     console.print(table)
-    if result.get("overhead_ms"):
-        o = result["overhead_ms"]
+    if result.overhead_ms:
+        o = result.overhead_ms
         console.print("serving overhead (served − engine-only, ms): " + ", ".join(
-            f"{m} p50 {overhead(o[m]['p50'])} p99 {overhead(o[m]['p99'])}" for m in o))
-    elif result.get("baseline", {}).get("error"):
-        console.print(f"baseline: {result['baseline']['error']}")
-    client = result["client"]
-    per_chunk = client["cpu_per_chunk_us"]
+            f"{m} p50 {overhead(o[m].p50)} p99 {overhead(o[m].p99)}" for m in o))
+    elif result.baseline and result.baseline.error:
+        console.print(f"baseline: {result.baseline.error}")
+    client = result.client
+    per_chunk, busiest = client.cpu_per_chunk_us, client.busiest_process_cpu_share or 0.0
     console.print(
-        f"client: {client['processes']} process(es), "
+        f"client: {client.processes} process(es), "
         + (f"{per_chunk:.0f} µs CPU per chunk, " if per_chunk is not None else "no chunks, ")
-        + f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
-        + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
+        + f"busiest process {busiest:.0%} of a core"
+        + (" (the client may be the bottleneck: add --procs)"
+           if busiest >= CLIENT_BUSY_SHARE else "")
     )
-    for line in worker_lines(result.get("workers") or []):
+    for line in worker_lines(result.workers or []):
         console.print(line, highlight=False)
-    _print_system(console, result.get("system") or {})
-    loop = result.get("front_loop")
-    if loop and loop["samples"]:
+    _print_system(console, result.system)
+    loop = result.front_loop
+    if loop and loop.samples:
         console.print(
-            f"front event loop (from the timed streams): {loop['late_over_20ms']:.0f} of "
-            f"{loop['samples']:.0f} timer wake-ups more than 20 ms late, p99 <= "
-            f"{loop['p99_ms_at_most']:g} ms, max <= {loop['max_ms_at_most']:g} ms")
-    integrity = result["integrity"]
+            f"front event loop (from the timed streams): {loop.late_over_20ms:.0f} of "
+            f"{loop.samples:.0f} timer wake-ups more than 20 ms late, p99 <= "
+            f"{loop.p99_ms_at_most:g} ms, max <= {loop.max_ms_at_most:g} ms")
+    integrity = result.integrity
     console.print(
-        f"requests {result['requests_ok']}/{result['requests']} ok, errors {result['errors_by_code'] or 'none'}; "
-        f"{result['output_tokens']} tokens in {result['chunks']} chunks over {result['wall_s']:.2f} s: "
-        f"{result['tokens_per_s']:.0f} tokens/s, {result['chunks_per_s']:.0f} chunks/s, "
-        f"{result['requests_per_s']:.1f} requests/s"
+        f"requests {result.requests_ok}/{result.requests} ok, errors "
+        f"{result.errors_by_code or 'none'}; {result.output_tokens} tokens in {result.chunks} "
+        f"chunks over {result.wall_s:.2f} s: {result.tokens_per_s:.0f} tokens/s, "
+        f"{result.chunks_per_s:.0f} chunks/s, {result.requests_per_s:.1f} requests/s"
     )
-    for code, message in (result.get("first_error_by_code") or {}).items():
+    for code, message in result.first_error_by_code.items():
         console.print(f"  {code}: {message}", highlight=False)
     checks = counted_checks(workload)
     if not checks:
@@ -81,8 +96,8 @@ def print_summary(result: dict) -> None:
                       "--index-field)")
     else:
         console.print("integrity: " + ", ".join(
-            f"{_CHECK_WORDS[name]} {integrity[name]}" for name in checks))
-    _print_diagnosis(console, result.get("diagnosis"))
+            f"{_CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
+    _print_diagnosis(console, result.diagnosis)
 
 
 _CHECK_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",
@@ -96,48 +111,46 @@ def overhead(value: float | None) -> str:
     return WITHIN_NOISE if value < 0 else f"+{value:.2f}"
 
 
-def _print_diagnosis(console, findings: list[dict] | None) -> None:
-    if findings is None:
-        return
+def _print_diagnosis(console, findings: list[Finding]) -> None:
     if not findings:
         console.print("diagnosis: no rule fired")
     for f in findings:
-        evidence = ", ".join(f"{k} {v}" for k, v in f["evidence"].items())
-        console.print(f"[bold]diagnosis {f['rule']}:[/] {f['finding']}\n  evidence: {evidence}"
-                      f"\n  look at: {f['look_at']}", highlight=False)
+        evidence = ", ".join(f"{k} {v}" for k, v in f.evidence.items())
+        console.print(f"[bold]diagnosis {f.rule}:[/] {f.finding}\n  evidence: {evidence}"
+                      f"\n  look at: {f.look_at}", highlight=False)
 
 
-def _print_system(console, system: dict) -> None:
-    cpu = ", ".join(f"{name} {p['cpu_pct_mean']:.0f}%" for name, p in system.get("processes", {}).items()
-                    if p["cpu_pct_mean"] is not None)
+def _print_system(console, system: System) -> None:
+    cpu = ", ".join(f"{name} {p.cpu_pct_mean:.0f}%" for name, p in system.processes.items()
+                    if p.cpu_pct_mean is not None)
     if cpu:
         console.print(f"CPU (mean, % of one core): {cpu}")
-    for gpu in system.get("gpus", []):
-        console.print(f"card {gpu['index']}: {gpu['util_pct_mean']:.0f}% utilised (mean), "
-                      f"{gpu['mem_used_mb_max']:.0f} MiB at most")
-    scraped = system.get("server_metrics")
+    for gpu in system.gpus:
+        console.print(f"card {gpu.index}: {gpu.util_pct_mean:.0f}% utilised (mean), "
+                      f"{gpu.mem_used_mb_max:.0f} MiB at most")
+    scraped = system.server_metrics
     if scraped:
-        during, peaks = scraped["during_run"], scraped["peaks"]
+        during, peaks = scraped.during_run, scraped.peaks
         console.print(
-            f"server metrics ({scraped['scrapes']} scrapes): deepest request buffer "
+            f"server metrics ({scraped.scrapes} scrapes): deepest request buffer "
             f"{peaks.get('cadence_deepest_buffer_steps', 0):.0f} steps, peak active streams "
             f"{peaks.get('cadence_active_streams', 0):.0f}; during the run "
-            f"{during['cadence_merged_steps_total']:.0f} steps merged, "
-            f"{during['cadence_buffer_overflows_total']:.0f} buffer overflows"
-            + _blocking(during, peaks) + _front_loop(scraped.get("front_loop"))
+            f"{during.get('cadence_merged_steps_total', 0):.0f} steps merged, "
+            f"{during.get('cadence_buffer_overflows_total', 0):.0f} buffer overflows"
+            + _blocking(during, peaks) + _front_loop(scraped.front_loop)
         )
-        for line in startup_lines(worker_startup(scraped)):
+        for line in startup_lines(worker_startup(msgspec.to_builtins(scraped))):
             console.print(line, highlight=False)
-    for flag in system.get("flags", []):
+    for flag in system.flags:
         console.print(f"[bold red]{flag}[/]")
 
 
-def _front_loop(loop: dict | None) -> str:
+def _front_loop(loop: ScrapedFrontLoop | None) -> str:
     """The front's event-loop lag over the run; empty when the server exported none."""
-    if not loop or not loop["samples"]:
+    if not loop or not loop.samples:
         return ""
-    return (f"; front event loop late > 20 ms in {loop['late_over_20ms']:.0f} of "
-            f"{loop['samples']:.0f} samples")
+    return (f"; front event loop late > 20 ms in {loop.late_over_20ms:.0f} of "
+            f"{loop.samples:.0f} samples")
 
 
 def _blocking(during: dict, peaks: dict) -> str:
@@ -149,14 +162,14 @@ def _blocking(during: dict, peaks: dict) -> str:
             f"{peaks.get('cadence_paused_sequences', 0):.0f} paused at the busiest scrape")
 
 
-def worker_lines(workers: list[dict]) -> list[str]:
+def worker_lines(workers: list[WorkerCurve]) -> list[str]:
     """One line per worker's output curve (lab/worker_curves.py)."""
     return [
-        f"worker {w['worker']}" + (f" ({w['device']})" if w.get("device") else "")
-        + f": step p50 {w['step_ms_p50']:.1f} / p90 {w['step_ms_p90']:.1f} ms, "
-        f"{w['sequences_per_step_p50']:.0f} sequences per step, {w['tokens_per_s']:,.0f} "
-        f"tokens/s ({w['token_share']:.0%} of the run's), its streams' ITL p50 "
-        f"{w['itl_ms_p50']:.1f} ms"
+        f"worker {w.worker}" + (f" ({w.device})" if w.device else "")
+        + f": step p50 {w.step_ms_p50:.1f} / p90 {w.step_ms_p90:.1f} ms, "
+        f"{w.sequences_per_step_p50:.0f} sequences per step, {w.tokens_per_s:,.0f} "
+        f"tokens/s ({w.token_share:.0%} of the run's), its streams' ITL p50 "
+        f"{w.itl_ms_p50:.1f} ms"
         for w in workers
     ]
 

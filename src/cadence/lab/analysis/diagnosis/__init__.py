@@ -1,0 +1,140 @@
+"""Read a bench result and say where the time goes, with evidence.
+
+`diagnose(result)` takes what `cadence.lab.bench.run_bench` returns and gives its findings
+(`cadence.lab.results.Finding`): the rule's name, one sentence, the numbers that made it fire
+(ms, shares 0..1, % of one core) and what to look at.
+
+Each rule is a `Rule` in the module of its family, with its thresholds beside it and the
+rules it gives way to (a finding another rule's finding explains is dropped):
+
+- `health`: requests_failing
+- `ttft`: ttft_engine_start, ttft_queueing
+- `itl`: itl_unstable_engine, itl_unstable_network_side, slow_reader
+- `host`: front_cpu_bound, cpu_busy_cards_idle
+- `client`: client_saturated, client_behind_schedule
+- `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
+- `workers`: slow_worker
+- `capacity`: under_capacity (only when nothing else is wrong)
+
+A rule fires only on evidence in the data. Where the data a rule needs is absent (a run
+without server timing has no segments; a remote target has no process samples; a machine
+without NVML has no cards), the rule stays silent rather than guess. The thresholds are set
+so that a run on a busy 2-core machine (clients, front, workers and someone else's benchmark
+sharing the cores) does not trip them, while a planted bottleneck (a slow first step, step
+jitter, a slow reader) does with room to spare.
+"""
+
+from __future__ import annotations
+
+from cadence.lab.analysis.diagnosis import (
+    capacity,
+    client,
+    health,
+    host,
+    itl,
+    streams,
+    ttft,
+    workers,
+)
+from cadence.lab.analysis.diagnosis.capacity import UNDER_CAPACITY_BATCH
+from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.facts import (
+    ENGINE_UNSTABLE_MIN_MS,
+    ENGINE_UNSTABLE_P90_RATIO,
+    MIN_CPU_SAMPLES,
+    RunFacts,
+)
+from cadence.lab.analysis.diagnosis.health import FAILING_SHARE
+from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT, IDLE_CARD_PCT
+from cadence.lab.analysis.diagnosis.itl import (
+    ENGINE_SIDE_SHARE,
+    ITL_MIN_SPREAD_MS,
+    ITL_UNEVEN_P90_RATIO,
+    MERGE_BUFFER_STEPS,
+    MERGED_CHUNK_TOKENS,
+    NETWORK_UNSTABLE_P90_RATIO,
+    SIDE_SHARE,
+    SLOW_READER_ITL_FACTOR,
+    SLOW_READER_PATH_SHARE,
+)
+from cadence.lab.analysis.diagnosis.names import (
+    RULE_CLIENT_BEHIND_SCHEDULE,
+    RULE_CLIENT_SATURATED,
+    RULE_CPU_BUSY_CARDS_IDLE,
+    RULE_FRONT_CPU_BOUND,
+    RULE_FRONT_LOOP_BLOCKED,
+    RULE_ITL_UNSTABLE_ENGINE,
+    RULE_ITL_UNSTABLE_NETWORK,
+    RULE_REQUESTS_FAILING,
+    RULE_SLOW_READER,
+    RULE_SLOW_WORKER,
+    RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_ENGINE_START,
+    RULE_TTFT_GROWS_WITH_STREAMS,
+    RULE_TTFT_QUEUEING,
+    RULE_UNDER_CAPACITY,
+)
+from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
+from cadence.lab.analysis.diagnosis.streams import (
+    CAP_RECEIVING_SHARE,
+    CAP_TIME_SHARE,
+    GAPS_NORMAL_RATIO,
+    LOOP_GAP_TAIL_MS,
+    LOOP_LATE_MIN,
+    LOOP_LATE_SHARE,
+    SHARED_LONG_GAP_SHARE,
+    SHARED_STALLS_MIN,
+    SHARED_TIME_SHARE,
+    TTFT_GROWTH_GAPS,
+    TTFT_GROWTH_MIN_MS,
+)
+from cadence.lab.analysis.diagnosis.ttft import (
+    FIRST_STEP_SHARE,
+    STARTUP_MIN_MS,
+    STARTUP_STEP_FACTOR,
+    STARTUP_TTFT_SHARE,
+    TTFT_HIGH_MIN_MS,
+    TTFT_HIGH_STEPS,
+    WAIT_SHARE,
+)
+from cadence.lab.analysis.diagnosis.workers import (
+    SLOW_WORKER_BATCH_RATIO,
+    SLOW_WORKER_ITL_RATIO,
+    SLOW_WORKER_MIN_MS,
+    SLOW_WORKER_RATIO,
+)
+from cadence.lab.results import BenchResult, Finding
+
+RULES: tuple[Rule, ...] = (
+    *health.RULES, *ttft.RULES, *itl.RULES, *host.RULES, *client.RULES, *streams.RULES,
+    *workers.RULES, *capacity.RULES,
+)
+"""Every rule, in the order their findings are listed."""
+
+
+def diagnose(result: BenchResult) -> list[Finding]:
+    """The findings for a bench result, in rule order; empty when no rule fired."""
+    facts = RunFacts(result)
+    found = [(rule, f) for rule in RULES for f in rule.check(facts)]
+    fired = {f.rule for _, f in found}
+    return [f for rule, f in found
+            if not any(way.to in fired and way.when(f, facts) for way in rule.gives_way_to)]
+
+
+__all__ = [
+    "BUSY_CPU_PCT", "CAP_RECEIVING_SHARE", "CAP_TIME_SHARE", "CLIENT_BUSY_SHARE",
+    "ENGINE_SIDE_SHARE", "ENGINE_UNSTABLE_MIN_MS", "ENGINE_UNSTABLE_P90_RATIO", "FAILING_SHARE",
+    "FIRST_STEP_SHARE", "GAPS_NORMAL_RATIO", "IDLE_CARD_PCT", "ITL_MIN_SPREAD_MS",
+    "ITL_UNEVEN_P90_RATIO", "LOOP_GAP_TAIL_MS", "LOOP_LATE_MIN", "LOOP_LATE_SHARE",
+    "MERGED_CHUNK_TOKENS", "MERGE_BUFFER_STEPS", "MIN_CPU_SAMPLES", "NETWORK_UNSTABLE_P90_RATIO",
+    "RULES", "RULE_CLIENT_BEHIND_SCHEDULE", "RULE_CLIENT_SATURATED", "RULE_CPU_BUSY_CARDS_IDLE",
+    "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_ITL_UNSTABLE_ENGINE",
+    "RULE_ITL_UNSTABLE_NETWORK", "RULE_REQUESTS_FAILING", "RULE_SLOW_READER", "RULE_SLOW_WORKER",
+    "RULE_STREAMS_STALL_TOGETHER", "RULE_TTFT_ENGINE_START", "RULE_TTFT_GROWS_WITH_STREAMS",
+    "RULE_TTFT_QUEUEING", "RULE_UNDER_CAPACITY", "SHARED_LONG_GAP_SHARE", "SHARED_STALLS_MIN",
+    "SHARED_TIME_SHARE", "SIDE_SHARE", "SLOW_READER_ITL_FACTOR", "SLOW_READER_PATH_SHARE",
+    "SLOW_WORKER_BATCH_RATIO", "SLOW_WORKER_ITL_RATIO", "SLOW_WORKER_MIN_MS", "SLOW_WORKER_RATIO",
+    "STARTUP_MIN_MS", "STARTUP_STEP_FACTOR", "STARTUP_TTFT_SHARE", "TTFT_GROWTH_GAPS",
+    "TTFT_GROWTH_MIN_MS", "TTFT_HIGH_MIN_MS", "TTFT_HIGH_STEPS", "UNDER_CAPACITY_BATCH",
+    "WAIT_SHARE", "Finding", "GiveWay", "Rule", "RunFacts", "diagnose",
+]

@@ -1,0 +1,111 @@
+"""What several rules read from a bench result, read once, and the yardsticks they share.
+
+The yardstick for "high" and "unstable" is the run's own engine step (the p50 of the
+``engine_step`` segment), not a fixed number of milliseconds: the same thresholds then hold
+for a 5 ms synthetic step and a 40 ms step on a card.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cadence.lab.results import BenchResult, Distribution, FrontLoop, ScrapedFrontLoop
+
+MIN_CPU_SAMPLES = 3
+"""CPU readings come every 0.1 s with ~10 % resolution each; fewer than this many inside the
+run are not evidence (nor are fewer steps of a worker)."""
+
+ENGINE_UNSTABLE_P90_RATIO = 1.5
+ENGINE_UNSTABLE_MIN_MS = 6.0
+"""The engine's steps vary when their p90 is this many times their p50 and this many ms above
+it. Late wake-ups on a busy machine stretch steps by a few ms whatever their length: synthetic
+steps measure p90/p50 of 1.0-1.05 on an idle 2-core machine and, with another benchmark on the
+same cores, up to 1.4 for 10 ms steps and 1.85 for 5 ms steps, at most 4.5 ms above the p50.
+Jitter with a standard deviation of 80 % of a 10 ms step gives 1.9-2.5, 9-15 ms above the
+p50."""
+
+
+def steps_vary(p50: float, p90: float) -> bool:
+    """The engine's steps vary (ENGINE_UNSTABLE_*)."""
+    return p90 >= ENGINE_UNSTABLE_P90_RATIO * p50 and p90 - p50 >= ENGINE_UNSTABLE_MIN_MS
+
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def rounded(x: float, digits: int = 2) -> float:
+    return round(float(x), digits)
+
+
+def usable(d: Distribution | None) -> Distribution | None:
+    """`d` when it has values to reason about, else None."""
+    return d if d and d.usable else None
+
+
+class RunFacts:
+    """The numbers several rules share, read once from a bench result."""
+
+    def __init__(self, result: BenchResult) -> None:
+        self.result = result
+        segments, first = result.segments_ms or None, result.ttft_segments_ms or None
+        self.ttft = usable(result.ttft_ms)
+        self.itl = usable(result.itl_ms)
+        self.gaps = usable(result.chunk_gap_ms)
+        self.step = usable(segments.engine_step) if segments else None
+        self.delay = usable(result.token_delay_ms or None)
+        self.first_step = usable(first.first_step) if first else None
+        self.workers = sorted(n for n in result.system.processes
+                              if n.startswith("worker") and ".rank" not in n)
+
+    @property
+    def typical_step(self) -> float | None:
+        if self.step and self.step.p50 > 0:
+            return self.step.p50
+        return None
+
+    def segment(self, name: str) -> Distribution | None:
+        segments = self.result.segments_ms
+        return usable(getattr(segments, name)) if segments else None
+
+    def ttft_segment(self, name: str) -> Distribution | None:
+        segments = self.result.ttft_segments_ms
+        return usable(getattr(segments, name)) if segments else None
+
+    def share(self, kind: str, name: str) -> float | None:
+        """A segment's share of TTFT (`kind` "ttft") or of a token's path ("token")."""
+        shares = self.result.segment_shares
+        value = getattr(shares, kind).get(name) if shares else None
+        return value if finite(value) else None
+
+    def active_cpu(self, name: str) -> float | None:
+        """Mean CPU % of process `name` while the run was going, or None without enough samples.
+
+        The sampler starts before the client processes start, import and connect (a second or
+        more on a small machine) and stops right after the last record, so the run is the last
+        `wall_s` seconds of the samples; the means the sampler reports include that idle start.
+        A sample at t covers the interval before t; it counts when most of that is in the run.
+        """
+        system = self.result.system
+        process = system.processes.get(name)
+        samples = process.samples if process else []
+        wall_s = self.result.wall_s
+        interval = system.interval_s if finite(system.interval_s) and system.interval_s > 0 else 0.1
+        if not samples or not finite(wall_s) or wall_s <= 0:
+            return None
+        start = samples[-1][0] - wall_s
+        inside = [pct for t, pct in samples if t - interval / 2 >= start and finite(pct)]
+        if len(inside) < MIN_CPU_SAMPLES:
+            return None
+        return sum(inside) / len(inside)
+
+    def loop_lag(self) -> FrontLoop | ScrapedFrontLoop | None:
+        """The front's loop lag over the run: from the timed streams' tallies, else from the
+        scraped metrics (`--metrics-port`); None without."""
+        found = self.result.front_loop
+        if found is not None and found.samples:
+            return found
+        scraped = self.result.system.server_metrics
+        if scraped is not None and scraped.front_loop is not None and scraped.front_loop.samples:
+            return scraped.front_loop
+        return None

@@ -1,0 +1,18 @@
+"""Every diagnosis rule's name: what a finding's `rule` says, a contract of the results (add
+names freely, never rename or drop one)."""
+
+RULE_TTFT_ENGINE_START = "ttft_engine_start"
+RULE_TTFT_QUEUEING = "ttft_queueing"
+RULE_ITL_UNSTABLE_NETWORK = "itl_unstable_network_side"
+RULE_ITL_UNSTABLE_ENGINE = "itl_unstable_engine"
+RULE_SLOW_READER = "slow_reader"
+RULE_FRONT_CPU_BOUND = "front_cpu_bound"
+RULE_CLIENT_SATURATED = "client_saturated"
+RULE_CLIENT_BEHIND_SCHEDULE = "client_behind_schedule"
+RULE_CPU_BUSY_CARDS_IDLE = "cpu_busy_cards_idle"
+RULE_STREAMS_STALL_TOGETHER = "streams_stall_together"
+RULE_TTFT_GROWS_WITH_STREAMS = "ttft_grows_with_streams"
+RULE_FRONT_LOOP_BLOCKED = "front_loop_blocked"
+RULE_SLOW_WORKER = "slow_worker"
+RULE_UNDER_CAPACITY = "under_capacity"
+RULE_REQUESTS_FAILING = "requests_failing"

@@ -1,0 +1,204 @@
+"""Rules on the streams read together (`cadence.lab.analysis.timeline`), the evidence a run
+without server timing still has: `streams_stall_together`, `ttft_grows_with_streams`, and
+`front_loop_blocked` (which also reads the front's own loop-lag tallies)."""
+
+from __future__ import annotations
+
+from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary
+from cadence.lab.analysis.diagnosis.names import (
+    RULE_FRONT_LOOP_BLOCKED,
+    RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_GROWS_WITH_STREAMS,
+)
+from cadence.lab.analysis.diagnosis.rule import Rule
+from cadence.lab.analysis.timeline import MIN_BURST
+from cadence.lab.results import Finding, Stalls, Timeline
+
+SHARED_STALLS_MIN = 3
+"""Stalls that hit every open stream at once count from this many: one or two are what a
+busy 2-core machine gives a run now and then (a process descheduled for ~100 ms)."""
+
+SHARED_TIME_SHARE = 0.05
+"""...and when they hold at least this share of the run: a server pausing 100 ms every
+0.5 s stalls 20 % of it; machine hiccups stay near 1-2 %."""
+
+SHARED_LONG_GAP_SHARE = 0.5
+"""...and when at least this share of the streams' long gaps fall inside them (the rest are
+single streams' own stalls)."""
+
+TTFT_GROWTH_GAPS = 5.0
+TTFT_GROWTH_MIN_MS = 50.0
+"""TTFT "grows" when the requests opened at once are served over a spread (p90 - p10 within
+the largest burst) of this many typical gaps and this many ms at least: a healthy server
+starts a burst within one or two steps; one that takes calls in one at a time, or runs one
+thread per stream, serves the last of 32 streams hundreds of ms after the first."""
+
+CAP_RECEIVING_SHARE = 0.8
+CAP_TIME_SHARE = 0.5
+"""A hard cap on streams: at most this share of the open streams ever received output at
+once, and the receiving count sat at its peak, with streams waiting, for at least this share
+of the run. A server that is merely slow to start streams (a long prefill) lets the
+receiving count wander below its peak instead of holding it."""
+
+GAPS_NORMAL_RATIO = 2.5
+"""...while the gaps stay normal: chunk-gap p90 within this many times its p50 (below it a
+busy machine is not told apart from uneven delivery, as for `itl.NETWORK_UNSTABLE_P90_RATIO`)."""
+
+LOOP_LATE_SHARE = 0.05
+LOOP_LATE_MIN = 3
+"""The front's loop is blocked when at least this share of its heartbeat wake-ups (one per
+0.1 s) came more than 20 ms late, and at least this many: a busy but healthy front (256
+streams of 10 ms steps on a 2-core machine) was late in 1 of 12; user code that blocks the
+loop for 60 ms every 0.3 s makes about 13% of them late, 100 ms every second 8%."""
+
+LOOP_GAP_TAIL_MS = 20.0
+"""...and when the gaps have a tail it can explain: chunk-gap p99 this many ms above p50
+(a blocked loop delays the next chunk of every stream by the time it was blocked)."""
+
+
+def _client_side(facts: RunFacts) -> Timeline | None:
+    """The timeline, for runs without server timing (with it, the segment rules speak)."""
+    if facts.result.segments_ms:
+        return None
+    return facts.result.timeline
+
+
+def stalled_together(stalls: Stalls | None) -> bool:
+    """Enough stalls of every open stream at once to explain the gap tail (SHARED_*)."""
+    return (stalls is not None and stalls.shared >= SHARED_STALLS_MIN
+            and stalls.shared_time_share >= SHARED_TIME_SHARE and stalls.long_gaps > 0
+            and stalls.long_gaps_in_shared / stalls.long_gaps >= SHARED_LONG_GAP_SHARE)
+
+
+def stall_together(facts: RunFacts) -> list[Finding]:
+    timeline = _client_side(facts)
+    if timeline is None or not stalled_together(timeline.stalls):
+        return []
+    stalls = timeline.stalls
+    evidence: dict = {
+        "shared_stalls": stalls.shared,
+        "stall_p50_ms": rounded(stalls.shared_ms_p50),
+        "stall_max_ms": rounded(stalls.shared_ms_max),
+        "run_share_stalled": rounded(stalls.shared_time_share, 3),
+        "streams_hit_p50": rounded(stalls.streams_hit_p50, 1),
+        "streams_hit_min": stalls.streams_hit_min,
+        "long_gaps_in_shared_stalls": f"{stalls.long_gaps_in_shared} of {stalls.long_gaps}",
+        "gap_p50_ms": rounded(timeline.gap_p50_ms),
+    }
+    if facts.gaps:
+        evidence["gap_p99_ms"] = rounded(facts.gaps.p99)
+    return [Finding(
+        rule=RULE_STREAMS_STALL_TOGETHER,
+        finding=(f"every open stream stalled at the same instants: {stalls.shared} times "
+                 f"(up to {stalls.shared_ms_max:.0f} ms, {stalls.shared_time_share:.0%}"
+                 f" of the run) no stream got anything although a median of "
+                 f"{stalls.streams_hit_p50:.0f} were open; the pause is on the server's "
+                 "side, not any one stream's"),
+        evidence=evidence,
+        look_at=("what can pause the whole server: a blocking call on its event loop, a "
+                 "thread pool or one queue that every stream waits on, the GIL held by "
+                 "compute, garbage collection, an engine (or its producer) blocked on a full "
+                 "queue; run the server under a profiler (py-spy) during the stalls"),
+    )]
+
+
+def ttft_grows(facts: RunFacts) -> list[Finding]:
+    timeline, gaps = _client_side(facts), facts.gaps
+    if timeline is None or not gaps or gaps.p50 <= 0:
+        return []
+    if gaps.p90 > GAPS_NORMAL_RATIO * gaps.p50:
+        return []  # everything is slow or uneven: not a start-up limit alone
+    high = max(TTFT_GROWTH_GAPS * timeline.gap_p50_ms, TTFT_GROWTH_MIN_MS)
+    bursts, cap = timeline.bursts, timeline.concurrency
+    capped = (cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
+              and cap.capped_share >= CAP_TIME_SHARE and facts.ttft is not None
+              and facts.ttft.p90 >= high)
+    spread = bursts.ttft_p90_ms - bursts.ttft_p10_ms
+    burst = bursts.largest >= MIN_BURST and finite(spread) and spread >= high
+    if not (capped or burst):
+        return []
+    evidence: dict = {
+        "largest_burst": bursts.largest,
+        "burst_ttft_p10_ms": rounded(bursts.ttft_p10_ms),
+        "burst_ttft_p90_ms": rounded(bursts.ttft_p90_ms),
+        "peak_open_streams": cap.peak_open,
+        "peak_receiving_streams": cap.peak_receiving,
+        "share_at_cap_with_streams_waiting": rounded(cap.capped_share, 3),
+        "gap_p50_ms": rounded(gaps.p50),
+        "gap_p90_ms": rounded(gaps.p90),
+    }
+    if bursts.opened_alone:
+        evidence["ttft_p50_opened_alone_ms"] = rounded(bursts.alone_ttft_p50_ms)
+    if capped:
+        finding = (f"at most {cap.peak_receiving} streams received output at once while up "
+                   f"to {cap.peak_open} were open: the others waited for their first output "
+                   f"(TTFT p90 {facts.ttft.p90:.0f} ms) although gaps stay normal (p50 "
+                   f"{gaps.p50:.1f} ms); something holds one slot per stream")
+        look_at = ("a thread per stream (a ThreadPoolExecutor's max_workers, a sync handler "
+                   "that holds its thread while it waits for output), the server's max "
+                   "concurrent streams, an engine batch limit; forward output without holding a "
+                   "thread (an async server, per-request queues)")
+    else:
+        finding = (f"of {bursts.largest} streams opened at once, the first tenth got output "
+                   f"within {bursts.ttft_p10_ms:.0f} ms and the last tenth after "
+                   f"{bursts.ttft_p90_ms:.0f} ms, while gaps stay normal (p50 "
+                   f"{gaps.p50:.1f} ms): new streams are taken in one at a time")
+        look_at = ("call set-up: a server that accepts calls one at a time, a lock or a slow "
+                   "step at the start of each call (authentication, a per-call model lookup), "
+                   "an engine that admits one request per step, too few threads for new calls")
+    return [Finding(rule=RULE_TTFT_GROWS_WITH_STREAMS, finding=finding, evidence=evidence,
+                    look_at=look_at)]
+
+
+def front_loop_blocked(facts: RunFacts) -> list[Finding]:
+    gaps = facts.gaps
+    if not gaps:
+        return []
+    lag = facts.loop_lag()
+    late = lag.late_over_20ms if lag else 0
+    direct = (lag is not None and late >= LOOP_LATE_MIN and late / lag.samples >= LOOP_LATE_SHARE
+              and gaps.p99 - gaps.p50 >= LOOP_GAP_TAIL_MS)
+    stalls = facts.result.timeline.stalls if facts.result.timeline else None
+    step = facts.step
+    together = (stalled_together(stalls) and step is not None and facts.typical_step is not None
+                and not steps_vary(step.p50, step.p90))
+    if not (direct or together):
+        return []
+    evidence: dict = {"gap_p50_ms": rounded(gaps.p50), "gap_p99_ms": rounded(gaps.p99)}
+    if lag is not None:
+        evidence["loop_wakeups_late_over_20ms"] = f"{late:.0f} of {lag.samples:.0f}"
+        for key in ("p99_ms_at_most", "max_ms_at_most"):
+            if hasattr(lag, key):
+                evidence[f"loop_lag_{key}"] = getattr(lag, key)
+    if stalls and stalls.shared:
+        evidence["stalls_of_every_stream"] = stalls.shared
+        evidence["streams_hit_per_stall_p50"] = rounded(stalls.streams_hit_p50, 1)
+    if step is not None:
+        evidence["engine_step_p50_ms"] = rounded(step.p50)
+        evidence["engine_step_p90_ms"] = rounded(step.p90)
+    if direct:
+        finding = (f"the front's event loop was blocked: {late:.0f} of its "
+                   f"{lag.samples:.0f} timer wake-ups came more than 20 ms late, and the "
+                   f"streams' gaps have a tail of the same size (p99 {gaps.p99:.0f} ms "
+                   f"against p50 {gaps.p50:.0f} ms)")
+    else:
+        finding = (f"every open stream stalled at the same instants ({stalls.shared} "
+                   f"times, a median of {stalls.streams_hit_p50:.0f} streams each) while "
+                   "the engine's steps did not: the front stopped sending")
+    return [Finding(
+        rule=RULE_FRONT_LOOP_BLOCKED,
+        finding=finding,
+        evidence=evidence,
+        look_at=("blocking calls in async code on the front (time.sleep, file or network "
+                 "I/O, a lock, heavy Python between awaits), user code running in the front "
+                 "(--app-in-front: move it to workers or make it await), garbage "
+                 "collection pauses, a front at a full core (front_cpu_bound); py-spy dump "
+                 "of the front during a stall shows the culprit"),
+    )]
+
+
+RULES = (
+    Rule(RULE_STREAMS_STALL_TOGETHER, stall_together),
+    Rule(RULE_TTFT_GROWS_WITH_STREAMS, ttft_grows),
+    Rule(RULE_FRONT_LOOP_BLOCKED, front_loop_blocked),
+)
