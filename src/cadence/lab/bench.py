@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import msgspec
 
 from cadence.credentials import ClientCredentials
 from cadence.lab.analysis.diagnosis import diagnose
+from cadence.lab.analysis.schedule import schedule
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.worker_curves import worker_curves
+from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, RequestCounter, run_load
+from cadence.lab.load.target import Target, protocol_name
 from cadence.lab.measure.baseline import engine_config_of, run_baseline
 from cadence.lab.measure.discovery import (
     listener_pid,
@@ -22,6 +26,7 @@ from cadence.lab.measure.discovery import (
     server_processes,
     worker_devices,
 )
+from cadence.lab.measure.run_context import run_context
 from cadence.lab.measure.sampler import SystemSampler
 
 
@@ -52,12 +57,9 @@ class Workload:
 
     def plans(self, target: str, processes: int, channels: int = 1,
               credentials: ClientCredentials | None = None,
-              kserve: KServeTarget | None = None,
-              grpc: GrpcTarget | None = None,
-              openai: OpenAITarget | None = None) -> list[ProcessPlan]:
-        """Split the requests and the concurrency evenly over `processes` client processes.
-        With `kserve`, they speak the Open Inference Protocol to that model; with `grpc`,
-        they drive that method of any gRPC service."""
+              protocol: Target = CADENCE) -> list[ProcessPlan]:
+        """Split the requests and the concurrency evenly over `processes` client processes,
+        each speaking `protocol`."""
         return [
             ProcessPlan(
                 process=p,
@@ -74,9 +76,7 @@ class Workload:
                 warmup=self.warmup,
                 read_delay_ms=self.read_delay_ms,
                 credentials=credentials,
-                kserve=kserve,
-                grpc=grpc,
-                openai=openai,
+                protocol=protocol,
             )
             for p in range(processes)
         ]
@@ -84,34 +84,39 @@ class Workload:
 
 def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
               baseline: bool = False, credentials: ClientCredentials | None = None,
-              kserve: KServeTarget | None = None,
-              counter: RequestCounter | None = None, grpc: GrpcTarget | None = None,
-              server_pid: int | None = None, openai: OpenAITarget | None = None) -> dict:
+              protocol: Target = CADENCE,
+              counter: RequestCounter | None = None,
+              server_pid: int | None = None) -> dict:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
-    `credentials` are for a server started with TLS or bearer tokens. With `kserve`, the
-    requests go to that model over the Open Inference Protocol (any server of it; no server
-    timing, so no segments). With `grpc`, they drive that method of any gRPC service (no
-    server timing either). `counter` counts finished requests while the load runs, for a
-    progress display (lab/progress.py); it changes nothing in the result. `server_pid` names
-    the server process whose CPU to sample (default: cadence's processes, or for `grpc`, the
-    process listening on the target's port when it is on this host).
+    `credentials` are for a server started with TLS or bearer tokens. `protocol` is what the
+    requests speak: cadence's own (the default), a `KServeTarget` (that model over the Open
+    Inference Protocol, any server of it; no server timing, so no segments), a `GrpcTarget`
+    (that method of any gRPC service; no server timing either) or an `OpenAITarget`.
+    `counter` counts finished requests while the load runs, for a progress display
+    (lab/progress.py); it changes nothing in the result. `server_pid` names the server process
+    whose CPU to sample (default: cadence's processes, or for `grpc`, the process listening on
+    the target's port when it is on this host).
     """
-    protocol = ("kserve" if kserve is not None else "grpc" if grpc is not None
-                else "openai" if openai is not None else "cadence")
+    name = protocol_name(protocol)
+    kserve = protocol if isinstance(protocol, KServeTarget) else None
+    grpc = protocol if isinstance(protocol, GrpcTarget) else None
+    openai = protocol if isinstance(protocol, OpenAITarget) else None
     if openai is not None:  # the OpenAI target is a URL; the server's host:port for the rest
         target = openai.base_url.split("://", 1)[-1].rstrip("/")
-    foreign = protocol in ("grpc", "openai")
+    foreign = name in ("grpc", "openai")
     """Any server: no cadence metrics endpoint or workers to look up."""
+    started_at = datetime.now(UTC)
     sampler = SystemSampler(metrics_url=metrics_url(target) if not foreign else None)
-    for name, pid in _server_to_sample(target, protocol, server_pid).items():
-        sampler.watch(name, pid)
+    server = _server_to_sample(target, name, server_pid)
+    for process_name, pid in server.items():
+        sampler.watch(process_name, pid)
     sampler.start()
     try:
         processes_out = run_load(
-            workload.plans(target, processes, channels, credentials, kserve, grpc, openai),
+            workload.plans(target, processes, channels, credentials, protocol),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
             counter=counter,
         )
@@ -142,7 +147,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         "read_delay_ms": workload.read_delay_ms,
         "client_processes": processes,
         "channels_per_process": channels,
-        "protocol": protocol,
+        "protocol": name,
         "model": kserve.model if kserve is not None else openai.model if openai else None,
     }
     if openai is not None:
@@ -155,6 +160,10 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             "tokens_field": grpc.tokens_field or None, "index_field": grpc.index_field or None,
             "headers": sorted({k for k, _ in grpc.headers}),
         }
+    # Runs that never lie (issue 24): the open loop's schedule, an early stop, the run's context.
+    result["client"].update(schedule(workload.rate, processes_out))
+    result["aborted"] = next((p.aborted for p in processes_out if p.aborted), None)
+    result["run"] = run_context(started_at, next(iter(server.values()), None))
     if baseline:
         result["baseline"], result["overhead_ms"] = _baseline(target, workload, result)
     result["records"] = msgspec.to_builtins(records)
@@ -163,7 +172,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
 
 
 def _server_to_sample(target: str, protocol: str, server_pid: int | None) -> dict[str, int]:
-    """{name: pid} of the server's processes whose CPU the run samples; {} when unknown."""
+    """{name: pid} of the server's processes whose CPU the run samples, the front (or the
+    one server process) first; {} when unknown."""
     if server_pid:
         return {"server": server_pid}
     if protocol not in ("grpc", "openai"):

@@ -220,7 +220,9 @@ def workload_from_args(args: argparse.Namespace):
 def _bench(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.bench import run_bench
+    from cadence.lab.load.cadence_v1 import CadenceTarget
     from cadence.lab.load.grpc_schema import SchemaError
+    from cadence.lab.load.probe import require_protocol
     from cadence.lab.load.processes import RequestCounter
     from cadence.lab.load.progress import BenchProgress, progress_wanted
     from cadence.lab.report.summary import print_summary
@@ -241,6 +243,8 @@ def _bench(args: argparse.Namespace) -> None:
 
             require_http(openai)
         grpc = resolve(args.target, credentials) if resolve else None
+        protocol = openai or grpc or kserve or CadenceTarget()
+        require_protocol(protocol, args.target, credentials)
     except (RuntimeError, SchemaError) as exc:
         sys.exit(f"cadence bench: {exc}")
     counter, shown = None, contextlib.nullcontext()
@@ -251,11 +255,24 @@ def _bench(args: argparse.Namespace) -> None:
         with shown:
             result = run_bench(args.target, workload, processes=args.procs,
                                channels=args.channels, baseline=args.baseline,
-                               credentials=credentials, kserve=kserve, counter=counter,
-                               grpc=grpc, server_pid=args.server_pid, openai=openai)
+                               credentials=credentials, protocol=protocol, counter=counter,
+                               server_pid=args.server_pid)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(result, f)
+    failed = _failed(result)
+    if failed:
+        sys.exit(f"cadence bench: {failed}")
+
+
+def _failed(result: dict) -> str | None:
+    """Why the run's figures cannot stand for the server (the exit status is then non-zero):
+    it stopped early, or not one request succeeded."""
+    if result.get("aborted"):
+        return result["aborted"]
+    if result["requests"] and not result["requests_ok"]:
+        return f"every request failed ({', '.join(result['errors_by_code'])})"
+    return None

@@ -20,6 +20,7 @@ import msgspec
 
 from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.cadence_v1 import CadenceTarget
 from cadence.lab.load.grpc_schema import SchemaError
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.openai_http import OpenAITarget
@@ -124,8 +125,8 @@ def run_sweep(variable: str, values: list[str], serve_args: list[str], workload:
                         grpc = resolve_grpc(server.target, credentials or ClientCredentials())
                     http = _http_target(server, openai) if openai is not None else None
                     result = run_bench(server.target, load, processes=procs,
-                                       credentials=credentials, kserve=kserve, grpc=grpc,
-                                       openai=http)
+                                       credentials=credentials,
+                                       protocol=http or grpc or kserve or CadenceTarget())
             except SchemaError:
                 raise  # the same for every value: the sweep cannot run
             except RuntimeError as exc:
