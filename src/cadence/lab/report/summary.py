@@ -46,6 +46,9 @@ def print_summary(result: dict) -> None:
         + f"busiest process {client['busiest_process_cpu_share']:.0%} of a core"
         + (" (the client may be the bottleneck: add --procs)" if client["busiest_process_cpu_share"] > 0.8 else "")
     )
+    schedule = schedule_line(client)
+    if schedule:
+        console.print(schedule, highlight=False)
     for line in worker_lines(result.get("workers") or []):
         console.print(line, highlight=False)
     _print_system(console, result.get("system") or {})
@@ -74,6 +77,35 @@ def print_summary(result: dict) -> None:
             f"{integrity['repeated_tokens']}, reordered {integrity['reordered_chunks']}, "
             f"short streams {integrity['short_streams']}")
     _print_diagnosis(console, result.get("diagnosis"))
+    if result.get("aborted"):
+        console.print(f"[bold red]run {result['aborted']}[/]", highlight=False)
+    if result.get("run"):
+        console.print(run_line(result["run"]), highlight=False)
+
+
+def schedule_line(client: dict) -> str | None:
+    """The open loop's rates and schedule lag, and whether the client fell behind; None in a
+    closed loop (or for a result saved before these were measured)."""
+    if client.get("offered_rate_per_s") is None:
+        return None
+    achieved, lag = client["achieved_rate_per_s"], client["schedule_lag_ms"]
+    line = (f"open loop: offered {client['offered_rate_per_s']:g} requests/s, achieved "
+            + (f"{achieved:.1f}" if achieved is not None else "?")
+            + f"; send lag behind the schedule p50 {lag['p50']:.1f} ms, p99 {lag['p99']:.1f} ms")
+    if client["behind_schedule"]:
+        line += (" [bold red]: the client fell behind its schedule (the server saw a lower, "
+                 "burstier load than offered; add --procs)[/]")
+    return line
+
+
+def run_line(run: dict) -> str:
+    """When, where and with what the run was made, and the server's command line."""
+    import shlex
+
+    server = shlex.join(run["server_cmdline"]) if run["server_cmdline"] else "not found here"
+    return (f"run: {run['started_at']} on {run['host']} ({run['cpu_count']} CPUs), cadence "
+            f"{run['cadence_version']}, grpcio {run['grpcio_version']}, Python "
+            f"{run['python_version']}; server: {server}")
 
 
 def _print_diagnosis(console, findings: list[dict] | None) -> None:
