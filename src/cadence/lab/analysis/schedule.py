@@ -5,7 +5,7 @@ schedule).
 The client is behind its schedule when more than a tenth of its requests went out later than
 one mean gap between arrivals (1 / rate), or 10 ms when the gap is shorter: the arrivals the
 server saw were then not the Poisson process the run claims, so its latencies belong to a
-lower, burstier load. The causes are the client's (CPU, event loop), not the server's.
+lower load. The causes are the client's (CPU, event loop), not the server's.
 """
 
 from __future__ import annotations

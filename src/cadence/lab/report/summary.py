@@ -78,9 +78,11 @@ def print_summary(result: dict) -> None:
             f"short streams {integrity['short_streams']}")
     _print_diagnosis(console, result.get("diagnosis"))
     if result.get("aborted"):
-        console.print(f"[bold red]run {result['aborted']}[/]", highlight=False)
+        from rich.markup import escape
+
+        console.print(f"[bold red]run {escape(result['aborted'])}[/]", highlight=False)
     if result.get("run"):
-        console.print(run_line(result["run"]), highlight=False)
+        console.print(run_line(result["run"]), highlight=False, markup=False)
 
 
 def schedule_line(client: dict) -> str | None:
@@ -93,8 +95,8 @@ def schedule_line(client: dict) -> str | None:
             + (f"{achieved:.1f}" if achieved is not None else "?")
             + f"; send lag behind the schedule p50 {lag['p50']:.1f} ms, p99 {lag['p99']:.1f} ms")
     if client["behind_schedule"]:
-        line += (" [bold red]: the client fell behind its schedule (the server saw a lower, "
-                 "burstier load than offered; add --procs)[/]")
+        line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
+                 "than offered; add --procs)[/]")
     return line
 
 
