@@ -27,7 +27,7 @@ def print_summary(result: dict) -> None:
     rows = ["ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens"]
     for name in rows:
         d = result.get(name)
-        if d:
+        if d and d.get("count") != 0:  # no row of nan when no request gave a value
             table.add_row(name, *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
     for name, d in result.get("segments_ms", {}).items():
         table.add_row(f"  segment {name}", *(f"{d[c]:.2f}" for c in ("mean", "p50", "p90", "p99", "max")))
