@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from cadence.lab.load.cadence_v1 import CadenceTarget
 from cadence.lab.load.grpc_schema import from_protos
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.plan import RequestShape
@@ -53,7 +54,8 @@ def measure(target: str, source_pid: int, streams: int, tokens: int, rounds: int
         ProcessPlan(process=k, processes=procs, target=target,
                     shape=RequestShape(max_tokens=(tokens, tokens)),
                     requests=streams * rounds, concurrency=streams // procs,
-                    include_timing=include_timing, warmup=4, grpc=grpc)
+                    include_timing=include_timing, warmup=4,
+                    protocol=grpc or CadenceTarget())
         for k in range(procs)
     ]
     source = psutil.Process(source_pid)

@@ -100,7 +100,7 @@ def lab(target: str, grpc_target: GrpcTarget, streams: int, rounds: int,
         messages: int) -> tuple[float, float, int]:
     workload = Workload(requests=streams * rounds, concurrency=streams, warmup=min(streams, 4),
                         shape=RequestShape(max_tokens=(messages, messages)))
-    result = msgspec.to_builtins(run_bench(target, workload, grpc=grpc_target))
+    result = msgspec.to_builtins(run_bench(target, workload, protocol=grpc_target))
     assert result["requests_ok"] == streams * rounds, result["errors_by_code"]
     return result["ttft_ms"]["p50"], result["chunk_gap_ms"]["p50"], result["requests_ok"]
 

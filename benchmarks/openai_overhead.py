@@ -25,6 +25,7 @@ import psutil
 from serving_overhead import WORKLOADS, _cpu_s
 
 from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.servers.server_process import ServerProcess
@@ -51,7 +52,8 @@ def run(name: str, server_kind: str, procs: int) -> dict:
         before = _cpu_s(server.pid)
         workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
-        result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs, openai=openai))
+        result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs,
+                                                 protocol=openai or CADENCE))
         after = _cpu_s(server.pid)
     front_cpu = after["front"] - before["front"]
     row = {

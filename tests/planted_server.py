@@ -1,6 +1,6 @@
 """A plain grpc.aio token service with one planted fault, for the client-side diagnosis tests.
 
-    python tests/planted_server.py --fault none|pause|setup|skip [--port 0] [--gap-ms 20]
+    python tests/planted_server.py --fault none|pause|setup|skip|errors|die [--port 0] [--gap-ms 20]
 
 It speaks the worked example's proto (examples/thread_pool/tokens.proto, reflection on):
 each stream gets `max_tokens` Tokens, the first after one gap, then one per gap on an
@@ -10,6 +10,9 @@ absolute schedule. Faults:
 - `setup`: each call holds one lock for `--setup-ms` before its first token, so calls are
   taken in one at a time (a slow per-call set-up);
 - `skip`: every stream leaves out its token 5 (a lost token the integrity check must see);
+- `errors`: after `--after-calls` calls, every call is answered UNAVAILABLE (a server that
+  answers only errors mid-run);
+- `die`: the call after `--after-calls` calls ends the process (a server that dies mid-run);
 - `none`: a clean server.
 It prints `listening on HOST:PORT` once serving and stops on SIGTERM.
 """
@@ -39,9 +42,16 @@ def _messages():
 async def main(args: argparse.Namespace) -> None:
     protos, services = _messages()
     setup_lock = asyncio.Lock()
+    calls = 0
 
     class TokenService(services.TokenServiceServicer):
         async def Generate(self, request, context):
+            nonlocal calls
+            calls += 1
+            if args.fault == "die" and calls > args.after_calls:
+                os._exit(3)  # the planted fault: the server dies, its streams with it
+            if args.fault == "errors" and calls > args.after_calls:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "planted: only errors now")
             if args.fault == "setup":
                 async with setup_lock:
                     await asyncio.sleep(args.setup_ms / 1e3)
@@ -79,11 +89,12 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip"], default="none")
+    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip", "errors", "die"], default="none")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gap-ms", type=float, default=20.0)
     parser.add_argument("--pause-ms", type=float, default=120.0)
     parser.add_argument("--pause-every-ms", type=float, default=400.0)
     parser.add_argument("--setup-ms", type=float, default=15.0)
+    parser.add_argument("--after-calls", type=int, default=20)
     asyncio.run(main(parser.parse_args()))

@@ -191,7 +191,7 @@ def tokens_bench(target: str, streams: int = 16, requests: int | None = None,
     grpc_target = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index")
     workload = Workload(requests=requests or streams, concurrency=streams,
                         shape=RequestShape(max_tokens=(max_tokens, max_tokens)))
-    return run_bench(target, workload, grpc=grpc_target)
+    return run_bench(target, workload, protocol=grpc_target)
 
 
 def fired(result: dict) -> set[str]:

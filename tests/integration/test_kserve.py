@@ -297,14 +297,14 @@ def test_a_thread_per_stream_client_like_perf_analyzer(server) -> None:
 
 def test_bench_speaks_the_protocol(server) -> None:
     workload = Workload(requests=12, concurrency=4, shape=RequestShape(max_tokens=(20, 20)))
-    result = run_bench(server.target, workload, kserve=KServeTarget(MODEL))
+    result = run_bench(server.target, workload, protocol=KServeTarget(MODEL))
     assert result.requests_ok == 12 and result.errors_by_code == {}
     assert result.output_tokens == 12 * 20
     assert all(v == 0 for v in msgspec.structs.asdict(result.integrity).values())
     assert not result.segments_ms  # the protocol carries no server timing
     assert result.workload.protocol == "kserve"
     bad = run_bench(server.target, Workload(requests=2, concurrency=2),
-                    kserve=KServeTarget("other"))
+                    protocol=KServeTarget("other"))
     assert bad.errors_by_code == {"NOT_FOUND": 2}
 
 

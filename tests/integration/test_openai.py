@@ -251,13 +251,13 @@ def test_the_lab_drives_the_http_front(http_server) -> None:
         workload = Workload(requests=16, concurrency=8,
                             shape=RequestShape(max_tokens=(12, 12), prompt_tokens=(8, 8)))
         result = run_bench("", workload, processes=2,
-                           openai=OpenAITarget(http_server.base, "tiny-m", endpoint))
+                           protocol=OpenAITarget(http_server.base, "tiny-m", endpoint))
         assert result.requests_ok == 16, result.errors_by_code
         assert result.output_tokens == 16 * 12
         assert result.workload.protocol == "openai"
         assert result.segments_ms, "cadence's timing extension gives the segments"
     result = run_bench("", Workload(requests=2, concurrency=2),
-                       openai=OpenAITarget(http_server.base, "other-model"))
+                       protocol=OpenAITarget(http_server.base, "other-model"))
     assert result.errors_by_code == {"HTTP_404": 2}
 
 
@@ -277,8 +277,21 @@ def test_cadence_sweep_and_bench_cli_speak_openai(http_server, tmp_path) -> None
     closed = subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--protocol",
                              "openai", "--target", f"http://127.0.0.1:{port}/nothing-here-x",
                              "--requests", "1"], timeout=60, capture_output=True, text=True)
-    assert closed.returncode == 0, closed.stderr  # a 404 is an answer; the request records it
+    # A 404 is an answer: the run goes on and records it, and since no request succeeded,
+    # the bench exits non-zero with one line saying so.
     assert "HTTP_404" in closed.stdout
+    assert closed.returncode != 0
+    assert closed.stderr == "cadence bench: every request failed (HTTP_404)\n"
+
+
+def test_bench_openai_at_a_grpc_port_says_so_in_one_line(http_server) -> None:
+    done = subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--protocol", "openai",
+                           "--target", f"http://{http_server.target}", "--requests", "1"],
+                          timeout=60, capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"cadence bench: no HTTP server answers at http://{http_server.target}")
 
 
 def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:

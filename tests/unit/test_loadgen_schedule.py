@@ -1,15 +1,20 @@
-"""The load generator's request shapes and open-loop schedule."""
+"""The load generator's request shapes, open-loop schedule (and how well it was kept), and
+the rule that stops a failing run."""
 
 from __future__ import annotations
 
 import itertools
 import statistics
+import time
 
 import pytest
 
+from cadence.lab.analysis.schedule import schedule
 from cadence.lab.bench import Workload
 from cadence.lab.load.plan import RequestShape, poisson_offsets
-from cadence.lab.load.processes import ProcessPlan, _my_requests
+from cadence.lab.load.processes import FailureStreak, ProcessPlan, ProcessResult, _my_requests
+from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import Client
 
 
 def test_poisson_schedule_has_the_asked_rate_and_is_reproducible() -> None:
@@ -56,3 +61,76 @@ def test_a_run_must_be_bounded() -> None:
         Workload(concurrency=4)
     with pytest.raises(ValueError, match="rate"):
         Workload(requests=4, rate=0)
+
+
+def _sent(lags_ms: list[float], gap_s: float) -> ProcessResult:
+    """A process that sent one request every `gap_s`, each `lags_ms[k]` late."""
+    records = [RequestRecord(request_id=str(k), process=0,
+                             start_ns=int((k + 1) * gap_s * 1e9 + lag * 1e6))
+               for k, lag in enumerate(lags_ms)]
+    return ProcessResult(0, records, 0.0, 1.0, 0, 0, lags_ms)
+
+
+def test_a_client_on_its_schedule_is_not_behind() -> None:
+    figures = schedule(100.0, [_sent([0.2] * 50, 0.01)])
+    assert figures["offered_rate_per_s"] == 100.0
+    assert figures["achieved_rate_per_s"] == pytest.approx(100.0, rel=0.01)
+    assert figures["schedule_lag_ms"].count == 50
+    assert figures["behind_schedule"] is False
+
+
+def test_a_client_late_by_more_than_a_gap_for_a_tenth_of_its_requests_is_behind() -> None:
+    late = [0.2] * 40 + [25.0] * 10  # a fifth of the requests 25 ms late, the gap 10 ms
+    assert schedule(100.0, [_sent(late, 0.01)])["behind_schedule"] is True
+    few = [0.2] * 48 + [25.0] * 2  # a few late ones: jitter, not a client behind
+    assert schedule(100.0, [_sent(few, 0.01)])["behind_schedule"] is False
+
+
+def test_a_closed_loop_has_no_schedule() -> None:
+    assert schedule(None, [_sent([], 0.01)]) == {
+        "offered_rate_per_s": None, "achieved_rate_per_s": None, "schedule_lag_ms": None,
+        "behind_schedule": False}
+
+
+def _failed(code: str = "UNAVAILABLE") -> RequestRecord:
+    return RequestRecord(request_id="r", process=0, start_ns=0, code=code, error="gone\nmore")
+
+
+def test_a_failure_streak_stops_a_run_only_when_long_and_quiet() -> None:
+    quick = FailureStreak(started=time.monotonic())
+    for _ in range(FailureStreak.FAILURES * 3):
+        quick.add(_failed())
+    assert quick.reason is None  # many failures, but within the quiet time: a blip
+    quiet = FailureStreak(started=time.monotonic() - FailureStreak.QUIET_S)
+    for _ in range(FailureStreak.FAILURES - 1):
+        quiet.add(_failed())
+    assert quiet.reason is None  # quiet long enough, but not failures enough
+    quiet.add(_failed())
+    assert quiet.reason == (f"stopped early: {FailureStreak.FAILURES} requests in a row failed "
+                            f"and none succeeded for {FailureStreak.QUIET_S:.1f} s (last: "
+                            "UNAVAILABLE: gone)")
+
+
+def test_a_success_resets_the_failure_streak() -> None:
+    streak = FailureStreak(started=time.monotonic() - FailureStreak.QUIET_S)
+    for _ in range(FailureStreak.FAILURES - 1):
+        streak.add(_failed())
+    streak.add(RequestRecord(request_id="ok", process=0, start_ns=0))
+    for _ in range(FailureStreak.FAILURES):
+        streak.add(_failed())
+    assert streak.reason is None
+
+
+def test_the_summary_says_when_the_client_fell_behind() -> None:
+    from cadence.lab.report.summary import schedule_line
+
+    def client(figures: dict) -> Client:
+        return Client(**figures)
+
+    late = client(schedule(100.0, [_sent([0.2] * 40 + [25.0] * 10, 0.01)]))
+    assert "fell behind its schedule" in schedule_line(late)
+    kept = client(schedule(100.0, [_sent([0.2] * 50, 0.01)]))
+    assert schedule_line(kept).startswith("open loop: offered 100 requests/s, achieved 100.0")
+    assert "fell behind" not in schedule_line(kept)
+    assert schedule_line(client(schedule(None, []))) is None
+    assert schedule_line(Client()) is None  # a result saved before the schedule was measured

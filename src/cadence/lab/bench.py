@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import msgspec
 
 from cadence.credentials import ClientCredentials
 from cadence.lab import results
 from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
+from cadence.lab.analysis.schedule import schedule
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.worker_curves import worker_curves
+from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, RequestCounter, run_load
+from cadence.lab.load.target import Target, protocol_name
 from cadence.lab.measure.baseline import engine_config_of, run_baseline
 from cadence.lab.measure.discovery import (
     listener_pid,
@@ -23,6 +27,7 @@ from cadence.lab.measure.discovery import (
     server_processes,
     worker_devices,
 )
+from cadence.lab.measure.run_context import run_context
 from cadence.lab.measure.sampler import SystemSampler
 
 
@@ -53,12 +58,9 @@ class Workload:
 
     def plans(self, target: str, processes: int, channels: int = 1,
               credentials: ClientCredentials | None = None,
-              kserve: KServeTarget | None = None,
-              grpc: GrpcTarget | None = None,
-              openai: OpenAITarget | None = None) -> list[ProcessPlan]:
-        """Split the requests and the concurrency evenly over `processes` client processes.
-        With `kserve`, they speak the Open Inference Protocol to that model; with `grpc`,
-        they drive that method of any gRPC service."""
+              protocol: Target = CADENCE) -> list[ProcessPlan]:
+        """Split the requests and the concurrency evenly over `processes` client processes,
+        each speaking `protocol`."""
         return [
             ProcessPlan(
                 process=p,
@@ -75,9 +77,7 @@ class Workload:
                 warmup=self.warmup,
                 read_delay_ms=self.read_delay_ms,
                 credentials=credentials,
-                kserve=kserve,
-                grpc=grpc,
-                openai=openai,
+                protocol=protocol,
             )
             for p in range(processes)
         ]
@@ -85,35 +85,39 @@ class Workload:
 
 def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
               baseline: bool = False, credentials: ClientCredentials | None = None,
-              kserve: KServeTarget | None = None,
-              counter: RequestCounter | None = None, grpc: GrpcTarget | None = None,
-              server_pid: int | None = None, openai: OpenAITarget | None = None
-              ) -> results.BenchResult:
+              protocol: Target = CADENCE,
+              counter: RequestCounter | None = None,
+              server_pid: int | None = None) -> results.BenchResult:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
-    `credentials` are for a server started with TLS or bearer tokens. With `kserve`, the
-    requests go to that model over the Open Inference Protocol (any server of it; no server
-    timing, so no segments). With `grpc`, they drive that method of any gRPC service (no
-    server timing either). `counter` counts finished requests while the load runs, for a
-    progress display (lab/progress.py); it changes nothing in the result. `server_pid` names
-    the server process whose CPU to sample (default: cadence's processes, or for `grpc`, the
-    process listening on the target's port when it is on this host).
+    `credentials` are for a server started with TLS or bearer tokens. `protocol` is what the
+    requests speak: cadence's own (the default), a `KServeTarget` (that model over the Open
+    Inference Protocol, any server of it; no server timing, so no segments), a `GrpcTarget`
+    (that method of any gRPC service; no server timing either) or an `OpenAITarget`.
+    `counter` counts finished requests while the load runs, for a progress display
+    (lab/progress.py); it changes nothing in the result. `server_pid` names the server process
+    whose CPU to sample (default: cadence's processes, or for `grpc`, the process listening on
+    the target's port when it is on this host).
     """
-    protocol = ("kserve" if kserve is not None else "grpc" if grpc is not None
-                else "openai" if openai is not None else "cadence")
+    name = protocol_name(protocol)
+    kserve = protocol if isinstance(protocol, KServeTarget) else None
+    grpc = protocol if isinstance(protocol, GrpcTarget) else None
+    openai = protocol if isinstance(protocol, OpenAITarget) else None
     if openai is not None:  # the OpenAI target is a URL; the server's host:port for the rest
         target = openai.base_url.split("://", 1)[-1].rstrip("/")
-    foreign = protocol in ("grpc", "openai")
+    foreign = name in ("grpc", "openai")
     """Any server: no cadence metrics endpoint or workers to look up."""
+    started_at = datetime.now(UTC)
     sampler = SystemSampler(metrics_url=metrics_url(target) if not foreign else None)
-    for name, pid in _server_to_sample(target, protocol, server_pid).items():
-        sampler.watch(name, pid)
+    server = _server_to_sample(target, name, server_pid)
+    for process_name, pid in server.items():
+        sampler.watch(process_name, pid)
     sampler.start()
     try:
         processes_out = run_load(
-            workload.plans(target, processes, channels, credentials, kserve, grpc, openai),
+            workload.plans(target, processes, channels, credentials, protocol),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
             counter=counter,
         )
@@ -131,6 +135,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             cpu_per_chunk_us=client_cpu_s / stats.chunks * 1e6 if stats.chunks else None,
             busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
             schedule_slips=sum(p.schedule_slips for p in processes_out),
+            **schedule(workload.rate, processes_out),
         ),
         system=system,
         workload=results.Workload(
@@ -146,10 +151,12 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             read_delay_ms=workload.read_delay_ms,
             client_processes=processes,
             channels_per_process=channels,
-            protocol=protocol,
+            protocol=name,
             model=kserve.model if kserve is not None else openai.model if openai else None,
         ),
         records=records,
+        aborted=next((p.aborted for p in processes_out if p.aborted), None),
+        run=run_context(started_at, next(iter(server.values()), None)),
     )
     if openai is not None:
         result.workload.openai = results.OpenAIWorkload(base_url=openai.base_url,
@@ -170,7 +177,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
 
 
 def _server_to_sample(target: str, protocol: str, server_pid: int | None) -> dict[str, int]:
-    """{name: pid} of the server's processes whose CPU the run samples; {} when unknown."""
+    """{name: pid} of the server's processes whose CPU the run samples, the front (or the
+    one server process) first; {} when unknown."""
     if server_pid:
         return {"server": server_pid}
     if protocol not in ("grpc", "openai"):

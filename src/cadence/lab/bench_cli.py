@@ -6,6 +6,10 @@ import argparse
 import contextlib
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cadence.lab.results import BenchResult
 
 
 def _length(text: str) -> tuple[int, int]:
@@ -220,7 +224,9 @@ def workload_from_args(args: argparse.Namespace):
 def _bench(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.bench import run_bench
+    from cadence.lab.load.cadence_v1 import CadenceTarget
     from cadence.lab.load.grpc_schema import SchemaError
+    from cadence.lab.load.probe import require_protocol
     from cadence.lab.load.processes import RequestCounter
     from cadence.lab.load.progress import BenchProgress, progress_wanted
     from cadence.lab.report.summary import print_summary
@@ -241,6 +247,8 @@ def _bench(args: argparse.Namespace) -> None:
 
             require_http(openai)
         grpc = resolve(args.target, credentials) if resolve else None
+        protocol = openai or grpc or kserve or CadenceTarget()
+        require_protocol(protocol, args.target, credentials)
     except (RuntimeError, SchemaError) as exc:
         sys.exit(f"cadence bench: {exc}")
     counter, shown = None, contextlib.nullcontext()
@@ -251,8 +259,8 @@ def _bench(args: argparse.Namespace) -> None:
         with shown:
             result = run_bench(args.target, workload, processes=args.procs,
                                channels=args.channels, baseline=args.baseline,
-                               credentials=credentials, kserve=kserve, counter=counter,
-                               grpc=grpc, server_pid=args.server_pid, openai=openai)
+                               credentials=credentials, protocol=protocol, counter=counter,
+                               server_pid=args.server_pid)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)
@@ -261,3 +269,16 @@ def _bench(args: argparse.Namespace) -> None:
 
         with open(args.json_path, "w") as f:
             json.dump(to_builtins(result), f)
+    failed = _failed(result)
+    if failed:
+        sys.exit(f"cadence bench: {failed}")
+
+
+def _failed(result: BenchResult) -> str | None:
+    """Why the run's figures cannot stand for the server (the exit status is then non-zero):
+    it stopped early, or not one request succeeded."""
+    if result.aborted:
+        return result.aborted
+    if result.requests and not result.requests_ok:
+        return f"every request failed ({', '.join(result.errors_by_code)})"
+    return None

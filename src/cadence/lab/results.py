@@ -323,8 +323,8 @@ class RunInfo(msgspec.Struct, kw_only=True):
 
     started_at: str = ""
     """ISO-8601, UTC."""
-    cadence_version: str = ""
-    grpcio_version: str = ""
+    cadence_version: str | None = None
+    grpcio_version: str | None = None
     python_version: str = ""
     host: str = ""
     cpu_count: int | None = None

@@ -31,6 +31,7 @@ import msgspec
 from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.bench_cli import _length
+from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.grpc_schema import SchemaError
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
@@ -292,7 +293,7 @@ def _bench(address: str, load: Load, credentials: ClientCredentials,
            openai: OpenAITarget | None) -> BenchResult:
     """The sweep's one call into the bench."""
     return run_bench(address, load.workload, processes=load.processes, channels=load.channels,
-                     credentials=credentials, kserve=kserve, grpc=grpc, openai=openai)
+                     credentials=credentials, protocol=openai or grpc or kserve or CADENCE)
 
 
 def _failed(result: BenchResult) -> str | None:

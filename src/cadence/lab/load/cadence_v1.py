@@ -6,12 +6,40 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.core.metrics import LoopLagTally
+from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.plan import RequestPlan
 from cadence.lab.load.records import RequestRecord, recording, sent
 
 GENERATE = "/cadence.v1.Inference/Generate"
+
+
+class CadenceTarget(msgspec.Struct, frozen=True, tag="cadence"):
+    """cadence's own protocol: `cadence.v1.Inference/Generate`, with server timing."""
+
+    def driver(self) -> CadenceDriver:
+        return CadenceDriver()
+
+
+CADENCE = CadenceTarget()
+"""The default target: cadence's own protocol."""
+
+
+class CadenceDriver(ChannelDriver):
+    def stub(self, channel) -> Callable:
+        return generate_method(channel)
+
+    async def one(self, request: RequestPlan, process: int,
+                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+        s = self.session
+        return await one_cadence(self.stubs[lane % len(self.stubs)], request, process,
+                                 s.include_timing, s.timeout_s, s.read_delay_s)
+
+    def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
+        decode_chunks(record, chunks, self.session.include_timing)
 
 
 def generate_method(channel) -> Callable:
@@ -58,7 +86,7 @@ def loop_lag(initial, trailing) -> list[str]:
 
 
 def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bool) -> None:
-    """Fill the record's per-chunk fields from the chunks `_one` kept, in arrival order."""
+    """Fill the record's per-chunk fields from the chunks `one_cadence` kept, in arrival order."""
     parse = pb.GenerateChunk.FromString
     tokens, index = record.tokens, record.index
     starts, ends, recvs, sends = (

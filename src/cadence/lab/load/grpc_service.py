@@ -29,6 +29,7 @@ import grpc
 import msgspec
 from google.protobuf import descriptor, json_format
 
+from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.grpc_schema import MethodSchema, SchemaError, message_classes
 from cadence.lab.load.records import RequestRecord, recording, sent
 
@@ -41,7 +42,7 @@ _STOPPED = 2
 """The finish reason recorded for a stream that ended OK (cadence.v1's STOP)."""
 
 
-class GrpcTarget(msgspec.Struct, frozen=True, kw_only=True):
+class GrpcTarget(msgspec.Struct, frozen=True, kw_only=True, tag="grpc"):
     """Which method to drive, with what request, and how to read its responses."""
 
     schema: MethodSchema
@@ -50,6 +51,9 @@ class GrpcTarget(msgspec.Struct, frozen=True, kw_only=True):
     index_field: str = ""
     headers: tuple[tuple[str, str], ...] = ()
     """Metadata sent with every call (keys lower-case, as gRPC requires)."""
+
+    def driver(self) -> GrpcDriver:
+        return GrpcDriver(GrpcCodec(self))
 
 
 def parse_header(text: str) -> tuple[str, str]:
@@ -270,6 +274,26 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
                 await asyncio.sleep(read_delay_s)
         record.finish_reason = _STOPPED
     return record, messages
+
+
+class GrpcDriver(ChannelDriver):
+    def __init__(self, codec: GrpcCodec) -> None:
+        self.codec = codec
+
+    def stub(self, channel: grpc.aio.Channel) -> Callable:
+        return self.codec.method(channel)
+
+    def prepare(self, requests) -> None:
+        self.codec.prepare(requests)
+
+    async def one(self, request: RequestPlan, process: int,
+                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+        s = self.session
+        return await one_grpc(self.codec, self.stubs[lane % len(self.stubs)], request, process,
+                              s.include_timing, s.timeout_s, s.read_delay_s)
+
+    def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
+        self.codec.decode(record, chunks)
 
 
 def check_request(target: GrpcTarget, sample: RequestPlan) -> None:

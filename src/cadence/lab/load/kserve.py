@@ -30,6 +30,7 @@ import msgspec
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.api.kserve.tensors import int32_raw
+from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
@@ -45,13 +46,33 @@ _FINISH_REASONS = {"length": 1, "stop": 2, "cancelled": 3}
 _CODE_NAMES = frozenset(code.name for code in grpc.StatusCode)
 
 
-class KServeTarget(msgspec.Struct, frozen=True):
+class KServeTarget(msgspec.Struct, frozen=True, tag="kserve"):
     """Which model to drive and how a request's fields become its INT32 inputs."""
 
     model: str
     inputs: tuple[tuple[str, str], ...] = DEFAULT_INPUTS
     """(input name, source): `prompt` (the prompt token ids, shape [n]), `max_tokens`
     (shape [1]), or an integer constant (shape [1])."""
+
+    def driver(self) -> KServeDriver:
+        return KServeDriver(self)
+
+
+class KServeDriver(ChannelDriver):
+    def __init__(self, target: KServeTarget) -> None:
+        self.target = target
+
+    def stub(self, channel: grpc.aio.Channel) -> kpb_grpc.GRPCInferenceServiceStub:
+        return stub(channel)
+
+    async def one(self, request: RequestPlan, process: int,
+                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+        s = self.session
+        return await one_kserve(self.target, self.stubs[lane % len(self.stubs)], request,
+                                process, s.include_timing, s.timeout_s, s.read_delay_s)
+
+    def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
+        """Nothing left: each response was read as it arrived."""
 
 
 def parse_inputs(text: str) -> tuple[tuple[str, str], ...]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from cadence.lab.load.driver import Driver, Session
 from cadence.lab.load.records import RequestRecord, recording, sent
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ _FINISH = {"length": 1, "stop": 2}
 _decode = msgspec.json.decode
 
 
-class OpenAITarget(msgspec.Struct, frozen=True):
+class OpenAITarget(msgspec.Struct, frozen=True, tag="openai"):
     """Which server, model and endpoint to drive."""
 
     base_url: str
@@ -48,8 +49,36 @@ class OpenAITarget(msgspec.Struct, frozen=True):
     token: str = ""
     """A bearer token, sent as `Authorization: Bearer <token>`; empty: none."""
 
+    def driver(self) -> OpenAIDriver:
+        return OpenAIDriver(self)
 
-def session(target: OpenAITarget) -> aiohttp.ClientSession:
+
+class OpenAIDriver(Driver):
+    """HTTP sessions stand for the channels; the session's address is not used (the target
+    carries its URL)."""
+
+    def __init__(self, target: OpenAITarget) -> None:
+        self.target = target
+
+    async def connect(self, session: Session) -> None:
+        self.session = session
+        self._clients = [client_session(self.target) for _ in range(session.channels)]
+
+    async def one(self, request: RequestPlan, process: int,
+                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+        s = self.session
+        return await one_openai(self.target, self._clients[lane % len(self._clients)], request,
+                                process, s.include_timing, s.timeout_s, s.read_delay_s)
+
+    def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
+        decode_events(record, chunks, self.session.include_timing)
+
+    async def close(self) -> None:
+        for client in self._clients:
+            await client.close()
+
+
+def client_session(target: OpenAITarget) -> aiohttp.ClientSession:
     """One client session (a pool of connections, no limit) for a load process."""
     import aiohttp
 
@@ -60,6 +89,7 @@ def session(target: OpenAITarget) -> aiohttp.ClientSession:
 def require_http(target: OpenAITarget, timeout: float = 5.0) -> None:
     """Raise RuntimeError (one line) when nothing answers HTTP at the target: any status, even
     401 or 404, is an answer."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -68,6 +98,9 @@ def require_http(target: OpenAITarget, timeout: float = 5.0) -> None:
         urllib.request.urlopen(url, timeout=timeout).close()
     except urllib.error.HTTPError:
         return
+    except http.client.HTTPException as exc:  # something answers, but not in HTTP/1.1
+        raise RuntimeError(f"no HTTP server answers at {target.base_url}: the answer is not "
+                           f"HTTP/1.1 ({type(exc).__name__}; a gRPC port?)") from None
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise RuntimeError(f"no HTTP server answers at {target.base_url}: {reason}") from None

@@ -8,7 +8,6 @@ A request never raises out of the generator: its status code and message are rec
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import multiprocessing as mp
 import time
@@ -19,14 +18,11 @@ import msgspec
 from cadence import event_loop
 from cadence.credentials import ClientCredentials
 from cadence.heap import settle_heap
-from cadence.lab.load.cadence_v1 import decode_chunks, generate_method, one_cadence
-from cadence.lab.load.grpc_service import GrpcCodec, GrpcTarget, one_grpc
-from cadence.lab.load.kserve import KServeTarget, one_kserve
-from cadence.lab.load.kserve import stub as kserve_stub
-from cadence.lab.load.openai_http import OpenAITarget, decode_events, one_openai
-from cadence.lab.load.openai_http import session as openai_session
+from cadence.lab.load.cadence_v1 import CADENCE
+from cadence.lab.load.driver import Session
 from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
 from cadence.lab.load.records import RequestRecord
+from cadence.lab.load.target import Target
 
 
 class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,12 +54,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Sleep this long after each chunk: a slow-reading client, to test backpressure."""
     credentials: ClientCredentials | None = None
     """TLS roots, client certificate, bearer token; None: a plaintext channel."""
-    kserve: KServeTarget | None = None
-    """Speak the Open Inference Protocol to this model (lab/kserve_load.py); None: cadence's."""
-    grpc: GrpcTarget | None = None
-    """Drive this method of any gRPC service (lab/grpc_load.py); None: cadence's."""
-    openai: OpenAITarget | None = None
-    """Speak the OpenAI HTTP API to this server and model (lab/openai_load.py); None: gRPC."""
+    protocol: Target = CADENCE
+    """What the requests speak (lab/load/target.py)."""
 
 
 def _my_requests(plan: ProcessPlan):
@@ -79,93 +71,6 @@ def _my_requests(plan: ProcessPlan):
         i += 1
 
 
-async def _run_process(
-    plan: ProcessPlan, ready: Callable[[], int], completed=None
-) -> tuple[list[RequestRecord], float, float, int]:
-    """Connect, warm up, report `ready()` (which returns the agreed start time), then run.
-    `completed` (a shared c_longlong, or None) gets one added per measured request."""
-    channels = [] if plan.openai is not None else [
-        (plan.credentials or ClientCredentials()).aio_channel(
-            plan.target, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(plan.channels)
-    ]
-    for channel in channels:
-        await asyncio.wait_for(channel.channel_ready(), 30)
-    decode = functools.partial(decode_chunks, include_timing=plan.include_timing)
-    if plan.openai is not None:  # HTTP sessions stand for the channels
-        channels = stubs = [openai_session(plan.openai) for _ in range(plan.channels)]
-        one = functools.partial(one_openai, plan.openai)
-        decode = functools.partial(decode_events, include_timing=plan.include_timing)
-    elif plan.kserve is not None:
-        stubs = [kserve_stub(c) for c in channels]
-        one = functools.partial(one_kserve, plan.kserve)
-    elif plan.grpc is not None:
-        codec = GrpcCodec(plan.grpc)
-        stubs, one, decode = [codec.method(c) for c in channels], functools.partial(
-            one_grpc, codec), codec.decode
-    else:
-        stubs, one = [generate_method(c) for c in channels], one_cadence
-    for i in range(plan.warmup):
-        await one(stubs[i % len(stubs)], RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4),
-                  plan.process, plan.include_timing, plan.timeout_s)
-    # The closed loop's first wave starts at one instant: its requests are made now, so that
-    # making one does not hold up the sending of the others.
-    todo = _my_requests(plan)
-    head = [] if plan.rate else list(itertools.islice(todo, plan.concurrency))
-    todo = itertools.chain(head, todo)
-    made = {i: plan.shape.request(i) for i, _ in head}
-    if plan.grpc is not None:
-        codec.prepare(made.values())
-    settle_heap()  # a full collection during the run would stall every stream it records
-    start_at_ns = await asyncio.get_running_loop().run_in_executor(None, ready)
-    delay = (start_at_ns - time.monotonic_ns()) / 1e9
-    if delay > 0:
-        await asyncio.sleep(delay)
-    cpu0, wall0 = time.process_time(), time.monotonic()
-    kept: list[tuple[RequestRecord, list[bytes]]] = []
-    """Each request's record and its chunks' bytes, parsed after the run."""
-    stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
-    slips = 0
-
-    async def send(i: int, lane: int) -> None:
-        request = made.pop(i, None) or plan.shape.request(i)
-        kept.append(await one(stubs[lane % len(stubs)], request, plan.process,
-                              plan.include_timing, plan.timeout_s, plan.read_delay_ms / 1e3))
-        if completed is not None:
-            # Per request, never per chunk: all the progress display costs this process.
-            completed.value += 1
-
-    if plan.rate:
-        # Open loop: sleep to each arrival time on the monotonic clock. When behind, the
-        # rest of the schedule shifts later instead of bursting to catch up.
-        base = time.monotonic()
-        tasks = []
-        for n, (i, offset) in enumerate(todo):
-            delay = base + offset - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -0.001:
-                base -= delay
-                slips += 1
-            tasks.append(asyncio.ensure_future(send(i, n)))
-        await asyncio.gather(*tasks)
-    else:
-        async def lane(k: int) -> None:
-            for i, _ in todo:
-                await send(i, k)
-                if time.monotonic() >= stop_at:
-                    return
-
-        await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
-    cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
-    for record, chunks in kept:
-        decode(record, chunks)
-    records = [record for record, _ in kept]
-    for channel in channels:
-        await channel.close()
-    return records, cpu_s, wall_s, slips
-
-
 class ProcessResult(msgspec.Struct, array_like=True):
     """What one load process sends back: its records and the CPU it spent on them."""
 
@@ -177,10 +82,121 @@ class ProcessResult(msgspec.Struct, array_like=True):
     wall_s: float
     schedule_slips: int
     """Open loop: arrivals the process was late for (the schedule shifted instead)."""
+    started_ns: int = 0
+    """When the process's run began (time.monotonic_ns): the open loop's time zero."""
+    schedule_lag_ms: list[float] = []
+    """Open loop: per request, its actual send time minus its intended one (the unshifted
+    schedule); empty in a closed loop."""
+    aborted: str | None = None
+    """Why the process stopped sending early (`FailureStreak`); None: it ran to its end."""
 
 
-async def _measured(plan: ProcessPlan, ready: Callable[[], int], completed) -> ProcessResult:
-    return ProcessResult(plan.process, *await _run_process(plan, ready, completed))
+class FailureStreak:
+    """The rule that stops a run early: a process stops sending once at least
+    `FAILURES` requests in a row have failed AND none has succeeded for `QUIET_S` seconds
+    (counted from the run's start when none ever did).
+
+    Both must hold: a short burst of quick failures (a worker restarting, a shed wave) is
+    what the run is there to show, so it does not stop the run; a long stretch of slow
+    failures (a few requests timing out) is not stopped on time alone either. Requests
+    still open when the rule fires run to their end and are recorded.
+    """
+
+    FAILURES = 20
+    QUIET_S = 3.0
+
+    def __init__(self, started: float) -> None:
+        self._failures = 0
+        self._last_ok = started
+        self.reason: str | None = None
+        """One line saying why the run stopped; None while it goes on."""
+
+    def add(self, record: RequestRecord) -> None:
+        now = time.monotonic()
+        if record.code == "OK":
+            self._failures, self._last_ok = 0, now
+            return
+        self._failures += 1
+        quiet = now - self._last_ok
+        if self.reason is None and self._failures >= self.FAILURES and quiet >= self.QUIET_S:
+            error = record.error.splitlines()[0] if record.error else ""
+            self.reason = (f"stopped early: {self._failures} requests in a row failed and none "
+                           f"succeeded for {quiet:.1f} s (last: {record.code}"
+                           + (f": {error})" if error else ")"))
+
+
+async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
+                       completed=None) -> ProcessResult:
+    """Connect, warm up, report `ready()` (which returns the agreed start time), then run.
+    `completed` (a shared c_longlong, or None) gets one added per measured request."""
+    driver = plan.protocol.driver()
+    await driver.connect(Session(
+        address=plan.target, channels=plan.channels, credentials=plan.credentials,
+        include_timing=plan.include_timing, timeout_s=plan.timeout_s,
+        read_delay_s=plan.read_delay_ms / 1e3))
+    for i in range(plan.warmup):
+        await driver.one(RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4), plan.process, i)
+    # The closed loop's first wave starts at one instant: its requests are made now, so that
+    # making one does not hold up the sending of the others.
+    todo = _my_requests(plan)
+    head = [] if plan.rate else list(itertools.islice(todo, plan.concurrency))
+    todo = itertools.chain(head, todo)
+    made = {i: plan.shape.request(i) for i, _ in head}
+    driver.prepare(made.values())
+    settle_heap()  # a full collection during the run would stall every stream it records
+    start_at_ns = await asyncio.get_running_loop().run_in_executor(None, ready)
+    delay = (start_at_ns - time.monotonic_ns()) / 1e9
+    if delay > 0:
+        await asyncio.sleep(delay)
+    cpu0, wall0, started_ns = time.process_time(), time.monotonic(), time.monotonic_ns()
+    kept: list[tuple[RequestRecord, list[bytes]]] = []
+    """Each request's record and its chunks' bytes, parsed after the run."""
+    stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
+    streak = FailureStreak(wall0)
+    slips, lags = 0, []
+
+    async def send(i: int, lane: int, intended_ns: int | None = None) -> None:
+        request = made.pop(i, None) or plan.shape.request(i)
+        record, chunks = await driver.one(request, plan.process, lane)
+        kept.append((record, chunks))
+        streak.add(record)
+        if intended_ns is not None:
+            lags.append((record.start_ns - intended_ns) / 1e6)
+        if completed is not None:
+            # Per request, never per chunk: all the progress display costs this process.
+            completed.value += 1
+
+    if plan.rate:
+        # Open loop: sleep to each arrival time on the monotonic clock. When behind, the
+        # rest of the schedule shifts later instead of bursting to catch up; the lag is
+        # still measured against the unshifted schedule.
+        base = started_ns / 1e9
+        tasks = []
+        for n, (i, offset) in enumerate(todo):
+            delay = base + offset - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -0.001:
+                base -= delay
+                slips += 1
+            if streak.reason is not None:
+                break
+            tasks.append(asyncio.ensure_future(send(i, n, started_ns + int(offset * 1e9))))
+        await asyncio.gather(*tasks)
+    else:
+        async def lane(k: int) -> None:
+            for i, _ in todo:
+                await send(i, k)
+                if time.monotonic() >= stop_at or streak.reason is not None:
+                    return
+
+        await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
+    cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+    for record, chunks in kept:
+        driver.decode(record, chunks)
+    await driver.close()
+    return ProcessResult(plan.process, [record for record, _ in kept], cpu_s, wall_s, slips,
+                         started_ns, lags, streak.reason)
 
 
 def _process_main(plan_bytes: bytes, conn, completed=None) -> None:
@@ -190,7 +206,7 @@ def _process_main(plan_bytes: bytes, conn, completed=None) -> None:
         conn.send_bytes(b"ready")
         return int(conn.recv_bytes())
 
-    result = event_loop.run(_measured(plan, ready, completed))
+    result = event_loop.run(_run_process(plan, ready, completed))
     conn.send_bytes(msgspec.msgpack.encode(result))
     conn.close()
 

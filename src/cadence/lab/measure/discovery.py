@@ -122,21 +122,55 @@ def _front_index(process: psutil.Process) -> int | None:
     return None
 
 
-def _has_metrics_port(process: psutil.Process) -> bool:
+def _metrics_port_arg(process: psutil.Process) -> int | None:
+    """N of `--metrics-port N` (or `--metrics-port=N`) on the process's command line; None
+    without the flag (or when the command line cannot be read)."""
     try:
-        return any(arg.startswith("--metrics-port") for arg in process.cmdline())
+        cmdline = process.cmdline()
     except psutil.Error:
+        return None
+    for k, arg in enumerate(cmdline):
+        value = (arg.partition("=")[2] if arg.startswith("--metrics-port=")
+                 else cmdline[k + 1] if arg == "--metrics-port" and k + 1 < len(cmdline)
+                 else None)
+        if value is not None:
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _serves_cadence_metrics(url: str) -> bool:
+    """Whether `url` answers with cadence's Prometheus page (not, say, the HTTP front's 404)."""
+    import http.client
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as response:
+            return b"cadence_" in response.read(1 << 20)
+    except (OSError, ValueError, http.client.HTTPException):
         return False
 
 
 def metrics_url(target: str) -> str | None:
-    """The /metrics address of a local cadence server started with --metrics-port: front 0's
-    other listening TCP port (with `--fronts N`, the endpoint that shows every front's)."""
+    """The /metrics address of a local cadence server started with --metrics-port (with
+    `--fronts N`, front 0's, which shows every front's).
+
+    The port comes from front 0's command line; with `--metrics-port 0` (a port the server
+    picked), it is the one of front 0's other listening ports that serves cadence's metrics
+    page: a server with `--http-port` listens on a third port, so "the other port" is not
+    enough.
+    """
     front = _front_zero(target)
-    if front is None or not _has_metrics_port(front):
+    port = _metrics_port_arg(front) if front is not None else None
+    if port is None:
         return None  # another server (its other ports speak other protocols), or no metrics
+    listening = [conn.laddr for conn in front.net_connections(kind="tcp")
+                 if conn.status == psutil.CONN_LISTEN]
+    if port:
+        return next((f"http://{a.ip}:{a.port}/metrics" for a in listening if a.port == port),
+                    None)
     grpc_port = int(target.rpartition(":")[2])
-    for conn in front.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port != grpc_port:
-            return f"http://{conn.laddr.ip}:{conn.laddr.port}/metrics"
+    for address in listening:
+        url = f"http://{address.ip}:{address.port}/metrics"
+        if address.port != grpc_port and _serves_cadence_metrics(url):
+            return url
     return None

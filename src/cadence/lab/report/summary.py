@@ -7,14 +7,17 @@ import math
 import sys
 
 import msgspec
+from msgspec import UNSET
 
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.report.integrity import counted_checks
 from cadence.lab.results import (
     BenchResult,
+    Client,
     Distribution,
     Finding,
+    RunInfo,
     ScrapedFrontLoop,
     System,
     WorkerCurve,
@@ -51,7 +54,7 @@ def print_summary(result: BenchResult) -> None:
         table.add_column(col, justify="right")
     for name in _ROWS:
         d: Distribution | None = getattr(result, name) or None
-        if d is not None:
+        if d is not None and d.count:  # no row of nan when no request gave a value
             table.add_row(name, *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
     if result.segments_ms:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
@@ -72,6 +75,9 @@ def print_summary(result: BenchResult) -> None:
         + (" (the client may be the bottleneck: add --procs)"
            if busiest >= CLIENT_BUSY_SHARE else "")
     )
+    schedule = schedule_line(client)
+    if schedule:
+        console.print(schedule, highlight=False)
     for line in worker_lines(result.workers or []):
         console.print(line, highlight=False)
     _print_system(console, result.system)
@@ -98,6 +104,38 @@ def print_summary(result: BenchResult) -> None:
         console.print("integrity: " + ", ".join(
             f"{_CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
     _print_diagnosis(console, result.diagnosis)
+    if result.aborted:
+        from rich.markup import escape
+
+        console.print(f"[bold red]run {escape(result.aborted)}[/]", highlight=False)
+    if result.run:
+        console.print(run_line(result.run), highlight=False, markup=False)
+
+
+def schedule_line(client: Client) -> str | None:
+    """The open loop's rates and schedule lag, and whether the client fell behind; None in a
+    closed loop (or for a result saved before these were measured)."""
+    if client.offered_rate_per_s is None or client.offered_rate_per_s is UNSET:
+        return None
+    achieved, lag = client.achieved_rate_per_s, client.schedule_lag_ms
+    line = (f"open loop: offered {client.offered_rate_per_s:g} requests/s, achieved "
+            + (f"{achieved:.1f}" if isinstance(achieved, float | int) else "?"))
+    if lag:
+        line += f"; send lag behind the schedule p50 {lag.p50:.1f} ms, p99 {lag.p99:.1f} ms"
+    if client.behind_schedule:
+        line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
+                 "than offered; add --procs)[/]")
+    return line
+
+
+def run_line(run: RunInfo) -> str:
+    """When, where and with what the run was made, and the server's command line."""
+    import shlex
+
+    server = shlex.join(run.server_cmdline) if run.server_cmdline else "not found here"
+    return (f"run: {run.started_at} on {run.host} ({run.cpu_count} CPUs), cadence "
+            f"{run.cadence_version}, grpcio {run.grpcio_version}, Python "
+            f"{run.python_version}; server: {server}")
 
 
 _CHECK_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",

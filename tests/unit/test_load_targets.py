@@ -1,0 +1,44 @@
+"""One target type for the four protocols: each variant travels to a load process in its
+plan (msgpack, tagged by protocol) and makes its own driver behind one interface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from cadence.lab.load.cadence_v1 import CADENCE
+from cadence.lab.load.driver import Driver
+from cadence.lab.load.grpc_schema import from_protos
+from cadence.lab.load.grpc_service import GrpcTarget
+from cadence.lab.load.kserve import KServeTarget
+from cadence.lab.load.openai_http import OpenAITarget
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.load.processes import ProcessPlan
+from cadence.lab.load.target import protocol_name
+
+PROTO = str(Path(__file__).resolve().parents[2] / "proto")
+TARGETS = {
+    "cadence": CADENCE,
+    "kserve": KServeTarget("m"),
+    "grpc": GrpcTarget(schema=from_protos(["cadence/v1/inference.proto"], [PROTO],
+                                          "cadence.v1.Inference/Generate"),
+                       request_json='{"max_tokens": "{max_tokens}"}'),
+    "openai": OpenAITarget("http://127.0.0.1:1", "m"),
+}
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_a_target_travels_in_the_plan_and_makes_its_driver(name: str) -> None:
+    plan = ProcessPlan(process=0, target="127.0.0.1:1", shape=RequestShape(), requests=1,
+                       protocol=TARGETS[name])
+    there = msgspec.msgpack.decode(msgspec.msgpack.encode(plan), type=ProcessPlan)
+    assert there.protocol == TARGETS[name]
+    assert protocol_name(there.protocol) == name
+    assert isinstance(there.protocol.driver(), Driver)
+
+
+def test_the_default_protocol_is_cadence() -> None:
+    plan = ProcessPlan(process=0, target="x", shape=RequestShape(), requests=1)
+    assert protocol_name(plan.protocol) == "cadence"
