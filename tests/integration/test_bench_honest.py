@@ -81,18 +81,20 @@ def test_open_loop_reports_its_schedule() -> None:
     with ServerProcess("--devices", "cpu:1", "--step-ms", "1") as server:
         kept = run_bench(server.target, Workload(requests=20, rate=40.0, shape=shape))
         flooded = run_bench(server.target, Workload(requests=400, rate=1e6, shape=shape))
-    client = kept["client"]
-    assert client["offered_rate_per_s"] == 40.0
-    assert 10 < client["achieved_rate_per_s"] < 160  # twenty Poisson arrivals
-    assert client["schedule_lag_ms"]["count"] == 20
-    assert client["behind_schedule"] is False, client["schedule_lag_ms"]
-    behind = flooded["client"]
-    assert behind["behind_schedule"] is True
-    assert behind["achieved_rate_per_s"] < 1e6 / 10
-    assert behind["schedule_lag_ms"]["p90"] > 10
-    assert kept["aborted"] is None
-    run = kept["run"]
-    assert datetime.fromisoformat(run["started_at"]).utcoffset().total_seconds() == 0
-    assert run["cadence_version"] and run["grpcio_version"] and run["python_version"]
-    assert run["cpu_count"] >= 1 and run["host"]
-    assert "serve" in run["server_cmdline"]
+    client = kept.client
+    assert client.offered_rate_per_s == 40.0
+    assert 10 < client.achieved_rate_per_s < 160  # twenty Poisson arrivals
+    assert client.schedule_lag_ms.count == 20
+    assert client.behind_schedule is False, client.schedule_lag_ms
+    behind = flooded.client
+    assert behind.behind_schedule is True
+    assert behind.achieved_rate_per_s < 1e6 / 10
+    assert behind.schedule_lag_ms.p90 > 10
+    assert kept.aborted is None
+    run = kept.run
+    assert datetime.fromisoformat(run.started_at).utcoffset().total_seconds() == 0
+    assert run.cadence_version and run.grpcio_version and run.python_version
+    assert run.cpu_count >= 1 and run.host
+    assert "serve" in run.server_cmdline
+    assert "client_behind_schedule" in {f.rule for f in flooded.diagnosis}
+    assert "client_behind_schedule" not in {f.rule for f in kept.diagnosis}

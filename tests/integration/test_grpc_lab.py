@@ -41,11 +41,16 @@ def cadence(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def bench_json(tmp_path: Path, target: str, *args: str) -> BenchResult:
+def bench_json(tmp_path: Path, target: str, *args: str, all_fail: bool = False) -> BenchResult:
+    """The run's result; `all_fail`: every request is to fail, and the bench to say so and
+    exit non-zero (its JSON still written)."""
     out = tmp_path / "run.json"
     done = cadence("bench", "--target", target, "--protocol", "grpc", "--no-progress",
                    "--json", str(out), *args)
-    assert done.returncode == 0, done.stderr
+    if all_fail:
+        assert done.returncode != 0 and "every request failed" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
     return msgspec.convert(json.loads(out.read_text()), BenchResult)
 
 
@@ -120,13 +125,13 @@ def test_without_reflection_the_protos_give_the_types(tmp_path):
 def test_headers_reach_the_service_and_errors_are_counted_by_code(tmp_path):
     with ticker_server(token="s3cret") as target:
         denied = bench_json(tmp_path, target, *count_args(), "--requests", "3",
-                            "--concurrency", "3", "--max-tokens", "4")
+                            "--concurrency", "3", "--max-tokens", "4", all_fail=True)
         allowed = bench_json(tmp_path, target, *count_args(), "--header",
                              "Authorization=Bearer s3cret", "--requests", "3",
                              "--concurrency", "3", "--max-tokens", "4")
         failing = bench_json(tmp_path, target, *count_args(count="8", fail_after=2),
                              "--header", "authorization=Bearer s3cret", "--requests", "3",
-                             "--concurrency", "3")
+                             "--concurrency", "3", all_fail=True)
     assert denied.errors_by_code == {"UNAUTHENTICATED": 3}
     assert "bearer token" in denied.first_error_by_code["UNAUTHENTICATED"]
     assert allowed.requests_ok == 3 and allowed.errors_by_code == {}
