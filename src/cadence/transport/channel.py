@@ -61,24 +61,40 @@ def front_addresses(base: str, front: int, workers: int) -> tuple[list[str], str
     return ([f"ipc://{base}/f{front}-in-{i}" for i in range(workers)], f"ipc://{base}/f{front}-out")
 
 
+_encode_add = msgspec.msgpack.Encoder().encode
+
+
+def encode_add(request: AddRequest) -> msgspec.Raw:
+    """One request's message, encoded on its own before it joins a tick's batch, so that a
+    value msgpack cannot hold (an integer wider than 64 bits) fails that request alone
+    (ValueError) and never the batch, and so every request sent with it."""
+    try:
+        return msgspec.Raw(_encode_add(request))
+    except OverflowError as exc:
+        raise ValueError(f"a field of the request does not fit in 64 bits ({exc})") from None
+
+
 class WorkerLink:
     """The front's sending end to one worker.
 
     Adds and aborts made during one event-loop tick go out as one `WorkerInputs` message,
-    so a burst of new requests costs one send, not one per request.
+    so a burst of new requests costs one send, not one per request. Each add arrives already
+    encoded (`encode_add`): the batch holds only bytes and the front's own integers, so its
+    encoding cannot fail.
     """
 
     def __init__(self, socket: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
         self._socket = socket
         self._loop = loop
-        self._adds: list[AddRequest] = []
+        self._adds: list[msgspec.Raw] = []
         self._aborts: list[int] = []
         self._pauses: list[int] = []
         self._resumes: list[int] = []
         self._flush_scheduled = False
         self._encode = msgspec.msgpack.Encoder().encode
 
-    def add(self, request: AddRequest) -> None:
+    def add(self, request: msgspec.Raw) -> None:
+        """Send one request (`encode_add`'s result) with this tick's batch."""
         self._adds.append(request)
         self._schedule()
 
@@ -133,6 +149,7 @@ class WorkerLink:
     def flush(self) -> None:
         self._flush_scheduled = False
         if self._adds or self._aborts or self._pauses or self._resumes:
+            # The worker decodes `adds` as AddRequests: the raw frames are spliced in as is.
             message = WorkerInputs(self._adds, self._aborts, self._pauses, self._resumes)
             self._adds, self._aborts, self._pauses, self._resumes = [], [], [], []
             # Never blocks: the input socket has no high-water mark and admission bounds

@@ -52,7 +52,8 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _OPEN_PATHS = ("/health",)
 """Routes that need no bearer token (probes; see cadence.api.security)."""
 _CORE_PARAMS = (("max_tokens", "max_tokens"), ("the prompt", "prompt"), ("prompt", "prompt"),
-                ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"))
+                ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"),
+                ("sampling.seed", "seed"), ("stop_token_ids", "stop_token_ids"))
 """The field a core's InvalidRequest is about, from how its message begins."""
 
 
