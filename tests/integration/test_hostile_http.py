@@ -94,3 +94,24 @@ def test_seed_at_the_edges_of_64_bits_is_served(logged) -> None:
     answers = asyncio.run(_burst(server.base, [{**good, "seed": 2 ** 64 - 1},
                                                {**good, "seed": -(2 ** 63)}]))
     assert [s for s, _ in answers] == [200, 200], answers
+
+
+def _post_raw(base: str, body: bytes) -> tuple[int, dict]:
+    async def run() -> tuple[int, dict]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            async with session.post(base + "/v1/completions", data=body,
+                                    headers={"Content-Type": "application/json"}) as response:
+                return response.status, json.loads(await response.read())
+
+    return asyncio.run(run())
+
+
+def test_a_nesting_bomb_is_a_400_not_a_traceback(logged) -> None:
+    server, log = logged
+    depth = 100_000
+    for bomb in (b'{"model":"tiny-m","prompt":' + b"[" * depth + b"]" * depth + b"}",
+                 b"[" * depth + b"]" * depth):
+        status, body = _post_raw(server.base, bomb)
+        assert status == 400, body
+        assert body["error"]["type"] == "invalid_request_error" and "deep" in body["error"]["message"]
+    assert "Traceback" not in log.read_text()

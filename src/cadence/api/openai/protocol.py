@@ -66,6 +66,9 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
         data = _decode_body(body) if body else None
     except msgspec.DecodeError as exc:
         raise BadField(None, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's guard against a nesting bomb: refused, not a 500
+        raise BadField(None, "the request body nests arrays or objects too deeply; no field "
+                       "of a request nests more than a few levels") from None
     if not isinstance(data, dict):
         raise BadField(None, "the request body must be a JSON object")
     model = data.get("model")
