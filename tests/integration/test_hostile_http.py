@@ -115,3 +115,43 @@ def test_a_nesting_bomb_is_a_400_not_a_traceback(logged) -> None:
         assert status == 400, body
         assert body["error"]["type"] == "invalid_request_error" and "deep" in body["error"]["message"]
     assert "Traceback" not in log.read_text()
+
+
+async def _exchange(base: str, data: bytes, read_s: float = 10.0) -> bytes:
+    """Send raw bytes on a fresh connection; everything the server sends until it closes."""
+    host, port = base[len("http://"):].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), read_s)
+    finally:
+        writer.close()
+
+
+_BODY = b'{"model":"tiny-m","prompt":"Hi","max_tokens":1}'
+_MALFORMED = {
+    "a header over 8190 bytes": b"X-Big: " + b"a" * 9000 + b"\r\nContent-Length: 47\r\n",
+    "10,000 headers": b"".join(b"X-%d: a\r\n" % i for i in range(10_000))
+    + b"Content-Length: 47\r\n",
+    "Content-Length: -1": b"Content-Length: -1\r\n",
+    "Content-Length with Transfer-Encoding":
+        b"Content-Length: 47\r\nTransfer-Encoding: chunked\r\n",
+}
+
+
+@pytest.mark.parametrize("case", list(_MALFORMED))
+def test_malformed_http_is_a_400_in_openai_shape_and_one_log_line(logged, case) -> None:
+    server, log = logged
+    before = log.read_text().count("\n")
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               + _MALFORMED[case] + b"\r\n" + _BODY)
+    head, _, body = asyncio.run(_exchange(server.base, request)).partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].endswith(b" 400 Bad Request"), head
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("malformed")
+    deadline = time.monotonic() + 5  # the log line is written after the response
+    while not (added := log.read_text().splitlines()[before:]):
+        assert time.monotonic() < deadline, "nothing was logged"
+        time.sleep(0.02)
+    assert len(added) == 1 and "refused malformed HTTP" in added[0], added
