@@ -5,6 +5,7 @@ the fault it guards against (issue 25)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
@@ -155,3 +156,97 @@ def test_malformed_http_is_a_400_in_openai_shape_and_one_log_line(logged, case) 
         assert time.monotonic() < deadline, "nothing was logged"
         time.sleep(0.02)
     assert len(added) == 1 and "refused malformed HTTP" in added[0], added
+
+
+@pytest.fixture(scope="module")
+def impatient(tmp_path_factory) -> Iterator[HttpServer]:
+    """A server with short HTTP timeouts and --stall-timeout, one stream at a time."""
+    log = tmp_path_factory.mktemp("impatient") / "server.log"
+    server = start_logged(log, "--devices", "cpu:1", "--step-ms", "0", "--max-concurrent", "1",
+                          "--max-tokens-limit", "1000000", "--stall-timeout", "1",
+                          "--http-header-timeout", "1", "--http-body-timeout", "1",
+                          "--log-level", "WARNING")
+    yield server
+    assert server.stop() == 0
+
+
+def _server_holds(server: HttpServer, client_ports: set[int]) -> int:
+    """How many of the clients' connections (by their local ports) the server still holds."""
+    port = int(server.base.rsplit(":", 1)[1])
+    held = psutil.Process(server.process.pid).net_connections(kind="tcp")
+    return sum(1 for c in held if c.laddr.port == port and c.raddr and c.raddr.port in client_ports
+               and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_slowloris_connections_are_closed_after_the_header_timeout(impatient) -> None:
+    async def run() -> None:
+        host, port = impatient.base[len("http://"):].rsplit(":", 1)
+        connections = [await asyncio.open_connection(host, int(port)) for _ in range(300)]
+        for _, writer in connections:
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: a")  # never ends
+        ports = {w.get_extra_info("sockname")[1] for _, w in connections}
+        assert await asyncio.to_thread(_server_holds, impatient, ports) > 0
+        # Closed by the server: each reader sees the end of its stream.
+        await asyncio.wait_for(asyncio.gather(*(r.read() for r, _ in connections)), 10)
+        for _, writer in connections:
+            writer.close()
+
+    asyncio.run(run())
+
+
+def test_a_body_that_never_arrives_is_refused_and_its_connection_closed(impatient) -> None:
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n")
+
+    async def refused(request: bytes) -> tuple[float, bytes]:
+        """Seconds until the status line came, and all that came before the server closed."""
+        host, port = impatient.base[len("http://"):].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            started = time.monotonic()
+            writer.write(request)
+            first = await asyncio.wait_for(reader.readline(), 5)
+            waited = time.monotonic() - started
+            return waited, first + await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+
+    waited, huge = asyncio.run(refused(head % 10 ** 12 + b"{"))
+    assert waited < 0.9  # refused before reading, not at the timeout
+    assert b" 400 " in huge.split(b"\r\n")[0] and b"--max-message-bytes" in huge
+    waited, slow = asyncio.run(refused(head % 100 + b'{"model":'))
+    assert waited >= 0.9 and b" 408 " in slow.split(b"\r\n")[0]
+    assert b"--http-body-timeout" in slow
+
+
+def test_a_stalled_reader_is_cut_off_and_its_socket_closed(impatient) -> None:
+    import socket
+
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1_000_000,
+                       "stream": True}).encode()
+    host, port = impatient.base[len("http://"):].rsplit(":", 1)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.connect((host, int(port)))
+    client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert client.recv(4096).startswith(b"HTTP/1.1 200")
+    ports = {client.getsockname()[1]}
+    try:
+        # The client reads nothing more; within --stall-timeout (1 s), the sweep's period and
+        # the grace for the last event, the server lets go of the connection.
+        deadline = time.monotonic() + 10
+        while _server_holds(impatient, ports):
+            assert time.monotonic() < deadline, "the server still holds the stalled connection"
+            time.sleep(0.1)
+        # Nor does its kernel keep the megabytes queued: the client's reads end at once.
+        client.settimeout(5)
+        with contextlib.suppress(ConnectionResetError):
+            while client.recv(1 << 20):
+                pass
+        # Its one slot (--max-concurrent 1) is free again.
+        status, _ = asyncio.run(_burst(impatient.base, [{"model": MODEL, "prompt": "Hi",
+                                                         "max_tokens": 2}]))[0]
+        assert status == 200
+    finally:
+        client.close()

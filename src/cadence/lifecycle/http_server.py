@@ -21,6 +21,10 @@ _BACKLOG = 4096
 HTTP/1.1 takes one connection per stream, so a burst of new streams is a burst of connects:
 aiohttp's default of 128 would overflow, and each dropped SYN costs its client a 1 s
 retransmit."""
+_LINGER_S = 2.0
+"""After a response to a request whose body was not read (refused as too large, or too slow),
+how long the rest is read and dropped before the connection closes, so that the client gets
+the response rather than a reset; aiohttp's default of 10 s would let it hold the socket longer."""
 _SHUTDOWN_S = 1.0
 """At stop (after the drain), how long the handlers still open get to end."""
 
@@ -83,8 +87,12 @@ class HttpServer:
         self._config = config
         # Handler cancellation: a client that disconnects cancels its request's handler, so
         # its Generation closes and the worker drops the sequence at its next step.
+        # keepalive_timeout is aiohttp's idle timer, which runs from the connection's start
+        # and between requests until a whole request's headers are in: the header timeout.
         self._runner = _Runner(app, access_log=None, handler_cancellation=True,
-                             shutdown_timeout=_SHUTDOWN_S)
+                               shutdown_timeout=_SHUTDOWN_S,
+                               keepalive_timeout=config.http_header_timeout_s,
+                               lingering_time=_LINGER_S)
 
     async def start(self) -> int:
         """Bind and start; return the bound port."""

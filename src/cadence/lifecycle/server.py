@@ -184,7 +184,8 @@ class CadenceServer:
         service = OpenAIService(
             core, config.model_name, self._all_ready, chat_format(config),
             default_max_tokens=config.max_tokens_limit, max_body=config.max_message_bytes,
-            tokens=tokens, headers=self._front_metadata())
+            body_timeout_s=config.http_body_timeout_s, tokens=tokens,
+            headers=self._front_metadata())
         return HttpServer(config, service.app())
 
     def _all_ready(self) -> bool:

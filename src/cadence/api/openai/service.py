@@ -12,6 +12,11 @@ Failures become OpenAI-shaped errors with their HTTP status (cadence.api.errors)
   before `data: [DONE]`.
 - A client that disconnects cancels its handler (aiohttp's handler cancellation): the
   `Generation` closes, which aborts the sequence in its worker at the next step.
+- A client that reads nothing for `--stall-timeout` is cut off: its error event and `[DONE]`
+  go into the socket's buffer, and the connection is closed once they are read or after
+  `_STALLED_CLOSE_S`, whichever is first (its queued output is not kept).
+- A request's body must arrive within `--http-body-timeout` (else 408); one whose
+  Content-Length is over `--max-message-bytes` is refused before any of it is read.
 - `stop` strings end the output at the first match (the text after it is never sent) and
   the sequence is aborted in the worker; the request counts as OK.
 """
@@ -19,6 +24,9 @@ Failures become OpenAI-shaped errors with their HTTP status (cadence.api.errors)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 import hashlib
 import hmac
 import time
@@ -26,7 +34,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from cadence.api.errors import HTTP_UNAUTHENTICATED
+from cadence.api.errors import HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
 from cadence.api.openai.protocol import (
     CHAT,
@@ -55,6 +63,18 @@ _CORE_PARAMS = (("max_tokens", "max_tokens"), ("the prompt", "prompt"), ("prompt
                 ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"),
                 ("sampling.seed", "seed"), ("stop_token_ids", "stop_token_ids"))
 """The field a core's InvalidRequest is about, from how its message begins."""
+_STALLED_CLOSE_S = 1.0
+"""A stream cut off by --stall-timeout: how long its error event and [DONE] wait in the
+socket's buffer for the client to read them before the connection is dropped."""
+
+
+_TOO_LARGE = "the request body is larger than this server accepts (--max-message-bytes)"
+
+
+def _closing(response: web.Response) -> web.Response:
+    """`response`, then the connection closes: what the client still sends is not read."""
+    response.force_close()
+    return response
 
 
 def _json(body: bytes, status: int = 200) -> web.Response:
@@ -82,14 +102,15 @@ class OpenAIService:
 
     `ready()`: every worker is ready and the server is not draining (GET /health).
     `default_max_tokens`: a chat request's `max_tokens` when it gives none; `max_body`: the
-    largest request body (`--max-message-bytes`); `tokens`: the accepted bearer tokens
+    largest request body (`--max-message-bytes`); `body_timeout_s`: how long a body may take
+    to arrive (`--http-body-timeout`); `tokens`: the accepted bearer tokens
     (`--auth-token-file`), or None for no check; `headers`: sent with every streamed
     response (`--fronts N`: which front serves it, as cadence.v1's initial metadata).
     """
 
     def __init__(self, core: FrontCore, model_name: str, ready: Callable[[], bool],
                  chat: TemplateChat | PlainChat, *, default_max_tokens: int, max_body: int,
-                 tokens: list[str] | None = None,
+                 body_timeout_s: float = 60.0, tokens: list[str] | None = None,
                  headers: tuple[tuple[str, str], ...] | None = None) -> None:
         self.core = core
         self.model_name = model_name
@@ -97,6 +118,7 @@ class OpenAIService:
         self._chat = chat
         self._default_max_tokens = default_max_tokens
         self._max_body = max_body
+        self._body_timeout_s = body_timeout_s
         self._created = int(time.time())
         self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens or ()]
         self._sse_headers = {**_SSE_HEADERS, **dict(headers or ())}
@@ -148,8 +170,7 @@ class OpenAIService:
                 f"{', '.join(sorted(exc.allowed_methods))}", "invalid_request_error",
                 "method_not_allowed"), 405)
         except web.HTTPRequestEntityTooLarge:
-            return _failure(Failure.INVALID_ARGUMENT, "the request body is larger than this "
-                            "server accepts (--max-message-bytes)")
+            return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
 
     def _check_token(self, header: str | None) -> str | None:
         """Why the Authorization header is refused, or None when it carries an accepted token.
@@ -173,8 +194,22 @@ class OpenAIService:
     async def _generate(self, http: web.Request, endpoint: str) -> web.StreamResponse:
         received_ns = time.monotonic_ns()
         core = self.core
+        if (http.content_length or 0) > self._max_body:
+            # Refused before reading: a client must not hold the connection with a body it
+            # will never finish sending.
+            core.refused(Failure.INVALID_ARGUMENT)
+            return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
         try:
-            wire = parse(await http.read(), endpoint, default_max_tokens=self._default_max_tokens)
+            async with asyncio.timeout(self._body_timeout_s):
+                body = await http.read()
+        except TimeoutError:
+            core.refused(Failure.DEADLINE_EXCEEDED)
+            status, kind = HTTP_REQUEST_TIMEOUT
+            return _closing(_json(error_body(
+                f"the request body did not arrive within {self._body_timeout_s:g} s "
+                "(the server's --http-body-timeout)", kind, "request_timeout"), status))
+        try:
+            wire = parse(body, endpoint, default_max_tokens=self._default_max_tokens)
             if wire.model != self.model_name:
                 core.refused(Failure.NOT_FOUND)
                 return _failure(Failure.NOT_FOUND, f"the model {wire.model!r} does not exist "
@@ -229,6 +264,10 @@ class OpenAIService:
             await response.write_eof()
         except ConnectionError:  # the client went away mid-write: the Generation closes
             pass
+        except asyncio.CancelledError:
+            if response is not None and generation.stream.error is not None:
+                await _cut_off(http, response, generation.stream.error)
+            raise
         return response
 
     async def _whole(self, wire: OpenAIRequest, generation: Generation) -> web.Response:
@@ -242,6 +281,33 @@ class OpenAIService:
         except RequestError as exc:
             return _failure(exc.failure, exc.message)
         return _json(encoder.whole("".join(texts), finish))
+
+
+async def _cut_off(http: web.Request, response: web.StreamResponse,
+                   error: tuple[Failure, str]) -> None:
+    """End a stream that the core failed while its write waited on a client that reads nothing
+    (--stall-timeout): the error event and [DONE] go into the socket's buffer, and the
+    connection closes once they are read, or is dropped with them after `_STALLED_CLOSE_S`
+    (a plain close would keep it open for as long as the client does not read)."""
+    transport = http.transport
+    if transport is None:
+        return
+    asyncio.get_running_loop().call_later(_STALLED_CLOSE_S, _reset, transport)
+    _, body = failure_body(*error)
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(_STALLED_CLOSE_S):
+            await response.write(b"data: " + body + b"\n\n" + DONE)
+            await response.write_eof()
+
+
+def _reset(transport: asyncio.BaseTransport) -> None:
+    """Drop a connection with what it still holds: SO_LINGER 0 makes the close a reset, so the
+    kernel does not keep the unsent megabytes for a client that never reads."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 async def _pieces(generation: Generation, encoder: Encoder, stops: StopStrings | None):
