@@ -76,7 +76,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "front busy (0: grpc.aio's own accept loop, one at a time)")
     p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens)
     p.add_argument("--metrics-port", type=int, default=d.metrics_port,
-                   help="serve Prometheus metrics on this port (0: any free port)")
+                   help="serve Prometheus metrics on this port (0: any free port), on --host, "
+                        "over plain HTTP with no TLS and no token: anyone who can reach it "
+                        "reads them (default: off)")
     p.add_argument("--fronts", type=int, default=d.fronts,
                    help="front processes sharing the port, each connected to every worker "
                         "(default 1)")
