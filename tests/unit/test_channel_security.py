@@ -6,7 +6,9 @@ import msgspec
 import zmq
 
 from cadence.config import EngineConfig, WorkerSpec
-from cadence.transport.channel import FrontChannel, WorkerChannel, local_addresses
+from cadence.transport.front_end import FrontChannel
+from cadence.transport.sockets import local_addresses
+from cadence.transport.worker_end import WorkerChannel
 from cadence.transport.messages import Heartbeat
 
 

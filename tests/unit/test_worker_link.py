@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from cadence.transport.channel import FrontChannel, WorkerChannel, encode_add, local_addresses
+from cadence.transport.front_end import FrontChannel, encode_add
+from cadence.transport.sockets import local_addresses
+from cadence.transport.worker_end import WorkerChannel
 from cadence.transport.messages import AddRequest, WorkerInputs
 
 

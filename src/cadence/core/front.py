@@ -31,7 +31,7 @@ from cadence.engines.tokenizer import ByteTokenizer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.worker_router import NoWorkerAvailable
-from cadence.transport.channel import WorkerLink, encode_add
+from cadence.transport.front_end import WorkerLink, encode_add
 from cadence.transport.messages import AddRequest, Failure, Finish
 
 

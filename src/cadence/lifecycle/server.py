@@ -35,7 +35,8 @@ from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
 from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
-from cadence.transport.channel import FrontChannel, front_addresses, local_addresses
+from cadence.transport.front_end import FrontChannel
+from cadence.transport.sockets import front_addresses, local_addresses
 from cadence.transport.messages import Failure, WorkerReady
 
 log = logging.getLogger("cadence.server")
