@@ -27,14 +27,13 @@ import asyncio
 import contextlib
 import socket
 import struct
-import hashlib
-import hmac
 import time
 from collections.abc import Callable
 
 from aiohttp import web
 
 from cadence.api.errors import HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
+from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.api.openai.chat import PlainChat, TemplateChat
 from cadence.api.openai.protocol import (
     CHAT,
@@ -63,6 +62,13 @@ _CORE_PARAMS = (("max_tokens", "max_tokens"), ("the prompt", "prompt"), ("prompt
                 ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"),
                 ("sampling.seed", "seed"), ("stop_token_ids", "stop_token_ids"))
 """The field a core's InvalidRequest is about, from how its message begins."""
+_TOKEN_REFUSALS = {
+    TokenRefusal.MISSING: "this server requires a bearer token: send the header "
+                          "'Authorization: Bearer <token>'",
+    TokenRefusal.MALFORMED: "the Authorization header must be 'Bearer <token>'",
+    TokenRefusal.WRONG: "the bearer token is not one this server accepts (see the server's "
+                        "--auth-token-file)",
+}
 _STALLED_CLOSE_S = 1.0
 """A stream cut off by --stall-timeout: how long its error event and [DONE] wait in the
 socket's buffer for the client to read them before the connection is dropped."""
@@ -120,7 +126,7 @@ class OpenAIService:
         self._max_body = max_body
         self._body_timeout_s = body_timeout_s
         self._created = int(time.time())
-        self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens or ()]
+        self._tokens = BearerTokens(tokens) if tokens else None
         self._sse_headers = {**_SSE_HEADERS, **dict(headers or ())}
 
     def app(self) -> web.Application:
@@ -153,11 +159,12 @@ class OpenAIService:
 
     @web.middleware
     async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
-        if self._digests and request.path not in _OPEN_PATHS:
-            refusal = self._check_token(request.headers.get("Authorization"))
+        if self._tokens is not None and request.path not in _OPEN_PATHS:
+            refusal = self._tokens.check(request.headers.get("Authorization"))
             if refusal is not None:
                 status, kind = HTTP_UNAUTHENTICATED
-                return _json(error_body(refusal, kind, "invalid_api_key"), status)
+                return _json(error_body(_TOKEN_REFUSALS[refusal], kind, "invalid_api_key"),
+                             status)
         try:
             return await handler(request)
         except web.HTTPNotFound:
@@ -171,23 +178,6 @@ class OpenAIService:
                 "method_not_allowed"), 405)
         except web.HTTPRequestEntityTooLarge:
             return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
-
-    def _check_token(self, header: str | None) -> str | None:
-        """Why the Authorization header is refused, or None when it carries an accepted token.
-        Compared as SHA-256 digests, against every token (as cadence.api.security does)."""
-        if header is None:
-            return ("this server requires a bearer token: send the header 'Authorization: "
-                    "Bearer <token>'")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return "the Authorization header must be 'Bearer <token>'"
-        digest = hashlib.sha256(token.encode()).digest()
-        accepted = False
-        for known in self._digests:
-            accepted |= hmac.compare_digest(known, digest)
-        return None if accepted else ("the bearer token is not one this server accepts (see "
-                                      "the server's --auth-token-file)")
 
     # --- generation ------------------------------------------------------------------------
 
