@@ -27,7 +27,7 @@ from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.metrics import FrontMetrics
 from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
 from cadence.core.stream import RequestStream
-from cadence.engines.tokenizer import ByteTokenizer
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.worker_router import NoWorkerAvailable

@@ -27,7 +27,7 @@ import asyncio
 
 from cadence.core.metrics import StreamTally
 from cadence.core.requests import Chunk, ChunkTiming
-from cadence.engines.tokenizer import StreamDecoder
+from cadence.byte_tokenizer import StreamDecoder
 from cadence.transport.front_end import WorkerLink
 from cadence.transport.messages import Failure, Finish
 

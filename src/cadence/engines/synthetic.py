@@ -15,7 +15,7 @@ import zlib
 
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
-from cadence.engines.tokenizer import ByteTokenizer
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.transport.messages import AddRequest
 
 _WORDS = (

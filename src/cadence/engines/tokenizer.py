@@ -1,35 +1,7 @@
-"""A byte-level tokenizer: token id = byte value, so any text round-trips and output is readable."""
+"""Moved to cadence.byte_tokenizer (the front imports no engine). Kept only for
+cadence.lab.bench_cli, which is being restructured elsewhere: remove once it imports
+cadence.byte_tokenizer."""
 
-from __future__ import annotations
+from cadence.byte_tokenizer import ByteTokenizer, StreamDecoder
 
-import codecs
-
-
-class ByteTokenizer:
-    """Token ids 0..255 are the bytes of the UTF-8 text."""
-
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        """Return the token ids of `text`."""
-        return list(text.encode("utf-8"))
-
-    def decode(self, token_ids: list[int]) -> str:
-        """Return the text of a whole sequence of token ids (invalid bytes become U+FFFD)."""
-        return bytes(token_ids).decode("utf-8", errors="replace")
-
-    def stream_decoder(self) -> StreamDecoder:
-        """Return a decoder for one output stream, which holds back a split UTF-8 character."""
-        return StreamDecoder()
-
-
-class StreamDecoder:
-    """Decodes a stream's chunks in order; bytes of a character split across chunks wait."""
-
-    __slots__ = ("_decode",)
-
-    def __init__(self) -> None:
-        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-
-    def __call__(self, token_ids: list[int], final: bool = False) -> str:
-        return self._decode(bytes(token_ids), final)
+__all__ = ["ByteTokenizer", "StreamDecoder"]

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import msgspec
 
 from cadence.engines.base import Engine, Sequence
-from cadence.engines.tokenizer import ByteTokenizer
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 
 _BYTES = ByteTokenizer()
