@@ -7,9 +7,9 @@ import zmq
 
 from cadence.config import EngineConfig, WorkerSpec
 from cadence.transport.front_end import FrontChannel
+from cadence.transport.messages import Heartbeat
 from cadence.transport.sockets import local_addresses
 from cadence.transport.worker_end import WorkerChannel
-from cadence.transport.messages import Heartbeat
 
 
 def _spec(channel: FrontChannel, **keys: str) -> WorkerSpec:

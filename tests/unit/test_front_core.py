@@ -11,9 +11,10 @@ from cadence.config import ServerConfig
 from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
 from cadence.core.metrics import FrontMetrics
+from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import Request
 from cadence.router import WorkerRouter
-from cadence.transport.messages import AddRequest, Failure, Finish
+from cadence.transport.messages import AddRequest
 
 
 class FakeLink:

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from cadence.transport.front_end import FrontChannel, encode_add
+from cadence.transport.messages import AddRequest, WorkerInputs
 from cadence.transport.sockets import local_addresses
 from cadence.transport.worker_end import WorkerChannel
-from cadence.transport.messages import AddRequest, WorkerInputs
 
 
 def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> None:

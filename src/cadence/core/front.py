@@ -22,17 +22,18 @@ from typing import Self
 
 import msgspec
 
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.metrics import FrontMetrics
+from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
 from cadence.core.stream import RequestStream
-from cadence.byte_tokenizer import ByteTokenizer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.worker_router import NoWorkerAvailable
 from cadence.transport.front_end import WorkerLink, encode_add
-from cadence.transport.messages import AddRequest, Failure, Finish
+from cadence.transport.messages import AddRequest
 
 
 def sequence_ids(front: int, fronts: int, generation: int = 0) -> Iterator[int]:

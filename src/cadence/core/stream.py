@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import asyncio
 
-from cadence.core.metrics import StreamTally
-from cadence.core.requests import Chunk, ChunkTiming
 from cadence.byte_tokenizer import StreamDecoder
+from cadence.core.metrics import StreamTally
+from cadence.core.outcomes import Failure, Finish
+from cadence.core.requests import Chunk, ChunkTiming
 from cadence.transport.front_end import WorkerLink
-from cadence.transport.messages import Failure, Finish
 
 
 class RequestStream:

@@ -24,6 +24,7 @@ from cadence.api.v1.service import SERVICE_NAME, InferenceService
 from cadence.config import ServerConfig, WorkerSpec
 from cadence.core.front import FrontCore, sequence_ids
 from cadence.core.metrics import FrontMetrics
+from cadence.core.outcomes import Failure
 from cadence.core.output_reader import OutputReader
 from cadence.heap import settle_heap
 from cadence.lifecycle import StartupError
@@ -36,8 +37,8 @@ from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.transport.front_end import FrontChannel
+from cadence.transport.messages import WorkerReady
 from cadence.transport.sockets import front_addresses, local_addresses
-from cadence.transport.messages import Failure, WorkerReady
 
 log = logging.getLogger("cadence.server")
 

@@ -36,9 +36,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from cadence import event_loop
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import WorkerSpec
 from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
-from cadence.byte_tokenizer import ByteTokenizer
 from cadence.heap import settle_heap
 from cadence.transport.front_routing import worker_channel
 from cadence.transport.sockets import OUTPUT_HWM

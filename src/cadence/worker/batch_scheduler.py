@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from cadence.engines.base import Engine, Sequence
 from cadence.byte_tokenizer import ByteTokenizer
+from cadence.engines.base import Engine, Sequence
 from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 
 _BYTES = ByteTokenizer()

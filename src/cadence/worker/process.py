@@ -15,8 +15,8 @@ from cadence.engines.base import Engine
 from cadence.heap import settle_heap
 from cadence.transport.front_routing import worker_channel
 from cadence.transport.heartbeat import WorkerHeartbeat
-from cadence.transport.sockets import remove_ipc_sockets
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
+from cadence.transport.sockets import remove_ipc_sockets
 from cadence.worker.batch_scheduler import BatchScheduler
 
 

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from aiohttp import web
 
 from cadence.api.errors import HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
-from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.api.openai.chat import PlainChat, TemplateChat
+from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.api.openai.protocol import (
     CHAT,
     COMPLETIONS,
@@ -51,7 +51,7 @@ from cadence.api.openai.protocol import (
 )
 from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
-from cadence.transport.messages import Failure
+from cadence.core.outcomes import Failure
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
