@@ -36,9 +36,9 @@ def _corpus(seed: int) -> bytes:
 
 
 _SPIN_S = 0.0005
-"""The last half millisecond of a step is spun, not slept: time.sleep overshoots by 0.1-0.4
-ms on a busy host, and a card's step does not, so sleeping alone made every modelled step
-longer than asked (20.37 ms for --step-ms 20, measured) and the lab's ITL with it."""
+"""The last half millisecond of a step is spun, not slept: time.sleep overshoots by a
+fraction of a millisecond on a busy host, and a card's step does not, so sleeping alone made
+every modelled step longer than asked, and the lab's ITL with it."""
 
 
 def _wait_until(deadline: float) -> None:
