@@ -246,7 +246,10 @@ class FrontCore:
                     stream.fail(
                         Failure.RESOURCE_EXHAUSTED,
                         f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)")
+                    # Once: the task may take a moment to end its call (HTTP writes the
+                    # error event first) and must not be cancelled again meanwhile.
                     stream.task.cancel()
+                    stream.task = None
 
 
 class Generation:

@@ -13,8 +13,8 @@ Failures become OpenAI-shaped errors with their HTTP status (cadence.api.errors)
 - A client that disconnects cancels its handler (aiohttp's handler cancellation): the
   `Generation` closes, which aborts the sequence in its worker at the next step.
 - A client that reads nothing for `--stall-timeout` is cut off: its error event and `[DONE]`
-  go into the socket's buffer, and the connection is closed once they are read or after
-  `_STALLED_CLOSE_S`, whichever is first (its queued output is not kept).
+  go into the socket's buffer, and `_STALLED_CLOSE_S` later the connection is reset (its
+  queued output is not kept).
 - A request's body must arrive within `--http-body-timeout` (else 408); one whose
   Content-Length is over `--max-message-bytes` is refused before any of it is read.
 - `stop` strings end the output at the first match (the text after it is never sent) and
@@ -34,7 +34,6 @@ from aiohttp import web
 
 from cadence.api.errors import HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
-from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.api.openai.protocol import (
     CHAT,
     COMPLETIONS,
@@ -49,6 +48,7 @@ from cadence.api.openai.protocol import (
     models_body,
     parse,
 )
+from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
 from cadence.core.outcomes import Failure
@@ -71,9 +71,7 @@ _TOKEN_REFUSALS = {
 }
 _STALLED_CLOSE_S = 1.0
 """A stream cut off by --stall-timeout: how long its error event and [DONE] wait in the
-socket's buffer for the client to read them before the connection is dropped."""
-
-
+socket's buffer for the client to read them before the connection is reset."""
 _TOO_LARGE = "the request body is larger than this server accepts (--max-message-bytes)"
 
 
@@ -276,28 +274,28 @@ class OpenAIService:
 async def _cut_off(http: web.Request, response: web.StreamResponse,
                    error: tuple[Failure, str]) -> None:
     """End a stream that the core failed while its write waited on a client that reads nothing
-    (--stall-timeout): the error event and [DONE] go into the socket's buffer, and the
-    connection closes once they are read, or is dropped with them after `_STALLED_CLOSE_S`
-    (a plain close would keep it open for as long as the client does not read)."""
+    (--stall-timeout): the error event and [DONE] go into the socket's buffer, and after
+    `_STALLED_CLOSE_S` the connection is reset with whatever the client has not taken. A plain
+    close would keep the socket, and the megabytes queued in it, for as long as the client
+    does not read."""
     transport = http.transport
     if transport is None:
         return
-    asyncio.get_running_loop().call_later(_STALLED_CLOSE_S, _reset, transport)
     _, body = failure_body(*error)
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        async with asyncio.timeout(_STALLED_CLOSE_S):
-            await response.write(b"data: " + body + b"\n\n" + DONE)
-            await response.write_eof()
-
-
-def _reset(transport: asyncio.BaseTransport) -> None:
-    """Drop a connection with what it still holds: SO_LINGER 0 makes the close a reset, so the
-    kernel does not keep the unsent megabytes for a client that never reads."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
+    # aiohttp's drain waiter was cancelled with the stalled write, so nothing here may wait for
+    # a drain: the event goes into the transport's buffer (aiohttp drains only past 64 KiB
+    # since its last drain), and the chunked body's end is left out, as the reset ends it.
+    with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+        await response.write(b"data: " + body + b"\n\n" + DONE)
+    await asyncio.sleep(_STALLED_CLOSE_S)  # the client's last chance to read it
+    if not transport.is_closing():
+        # SO_LINGER 0: the close is a reset, so the kernel does not keep the unsent bytes
+        # either (a plain close leaves them queued, the socket orphaned, for minutes).
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
 
 
 async def _pieces(generation: Generation, encoder: Encoder, stops: StopStrings | None):
