@@ -171,8 +171,10 @@ class FrontCore:
         prompt_text = ""
         if request.prompt_token_ids:
             prompt = request.prompt_token_ids
-            if min(prompt) < 0 or max(prompt) > TOKEN_ID_MAX:
-                raise InvalidRequest(f"prompt_token_ids must be from 0 to {TOKEN_ID_MAX}")
+            if min(prompt) < 0:
+                raise InvalidRequest("prompt_token_ids must not be negative")
+            if max(prompt) > TOKEN_ID_MAX:
+                raise InvalidRequest(f"prompt_token_ids must be at most {TOKEN_ID_MAX}")
         elif request.prompt and self._text_to_worker:
             # Tokenized, counted and checked against the model's context by the worker.
             prompt, prompt_text = [], request.prompt
