@@ -96,8 +96,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overflow", default=d.overflow, choices=["merge", "block", "abort"],
                    help="when a client lags past --queue-capacity: merge its tokens, pause its "
                         "sequence in the engine, or end its stream")
-    p.add_argument("--stall-timeout", type=float, default=d.stall_timeout_s,
-                   help="cut off a client that reads nothing for this many seconds")
+    p.add_argument("--stall-timeout", type=float, default=d.stall_timeout_s, metavar="S",
+                   help="cut off a client that reads nothing for this many seconds: its stream "
+                        "ends with an error (HTTP: an error event and [DONE], then the "
+                        "connection closes) (default: never)")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes,
                    help="largest request message accepted")
     p.add_argument("--max-tokens-limit", type=int, default=d.max_tokens_limit,
@@ -109,7 +111,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens,
                    help="longest prompt accepted, in tokens (INVALID_ARGUMENT above)")
     p.add_argument("--metrics-port", type=int, default=d.metrics_port,
-                   help="serve Prometheus metrics on this port (0: any free port)")
+                   help="serve Prometheus metrics on this port (0: any free port), on --host, "
+                        "over plain HTTP with no TLS and no token: anyone who can reach it "
+                        "reads them (default: off)")
     p.add_argument("--fronts", type=int, default=d.fronts,
                    help="front processes sharing the port, each connected to every worker "
                         "(default 1)")
@@ -161,6 +165,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="also serve the OpenAI-compatible HTTP API (/v1/completions, "
                         "/v1/chat/completions, /v1/models, /health) on this port; 0 picks a "
                         "free one (default: off; docs/openai.md)")
+    p.add_argument("--http-header-timeout", type=float, default=d.http_header_timeout_s,
+                   metavar="S",
+                   help="HTTP: seconds a client has to send a request's headers, and an idle "
+                        "keep-alive connection stays open (default %(default)g)")
+    p.add_argument("--http-body-timeout", type=float, default=d.http_body_timeout_s,
+                   metavar="S",
+                   help="HTTP: seconds a client has to send a request's body; then 408 "
+                        "(default %(default)g)")
     p.add_argument("--log-level", default="INFO",
                    help="DEBUG, INFO, WARNING or ERROR: the least severe message logged")
     p.set_defaults(func=_serve)
@@ -253,6 +265,8 @@ def _server_config(args: argparse.Namespace):
         kserve_model_name=args.kserve_model_name,
         served_model_name=args.served_model_name,
         http_port=args.http_port,
+        http_header_timeout_s=args.http_header_timeout,
+        http_body_timeout_s=args.http_body_timeout,
     )
 
 

@@ -165,6 +165,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     http_port: int | None = None
     """Serve the OpenAI-compatible HTTP API on this port (0: any free port); None: no HTTP.
     See docs/openai.md."""
+    http_header_timeout_s: float = 60.0
+    """HTTP: seconds a client has to send a request's headers; also how long an idle
+    keep-alive connection stays open. Past it the connection is closed (slowloris)."""
+    http_body_timeout_s: float = 60.0
+    """HTTP: seconds a client has to send a request's body once its headers are in; past it
+    the request gets 408 and the connection is closed."""
 
     @property
     def model_name(self) -> str:
@@ -181,6 +187,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append(f"overflow must be 'merge', 'block' or 'abort' (got {self.overflow!r})")
         if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
             problems.append("stall_timeout_s must be positive")
+        for name in ("http_header_timeout_s", "http_body_timeout_s"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be positive (got {getattr(self, name)})")
         if self.accept_ahead < 0:
             problems.append(f"accept_ahead must be 0 or more (got {self.accept_ahead})")
         if self.max_message_bytes < 1024:

@@ -19,8 +19,8 @@ import pytest
 from conftest import RunningServer, start_server
 
 from cadence.api.v1 import inference_pb2 as pb
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
-from cadence.engines.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,7 +23,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
@@ -224,19 +224,25 @@ def test_any_token_of_the_file_is_accepted(tls_token_server: str, pki: Pki) -> N
     _assert_whole(_stream(tls_token_server, pki.credentials(token="old-token-still-valid")))
 
 
-def test_health_needs_no_token_but_reflection_does(tls_token_server: str, pki: Pki) -> None:
+@pytest.mark.parametrize("package", ["grpc.reflection.v1alpha", "grpc.reflection.v1"])
+def test_health_needs_no_token_but_reflection_does(tls_token_server: str, pki: Pki,
+                                                   package: str) -> None:
     with Client(tls_token_server, credentials=pki.credentials()) as client:
         assert client.health() == "SERVING"
         assert client.health("cadence.v1.Inference") == "SERVING"
     request = reflection_pb2.ServerReflectionRequest(list_services="")
     for token, expected in ((None, grpc.StatusCode.UNAUTHENTICATED), (TOKEN, grpc.StatusCode.OK)):
         channel = pki.credentials(token=token).channel(tls_token_server)
-        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        # v1 and v1alpha differ only in their package: the same messages serve both.
+        info = channel.stream_stream(
+            f"/{package}.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
         try:
-            replies = list(stub.ServerReflectionInfo(iter([request]), timeout=_NO_WAIT))
+            replies = list(info(iter([request]), timeout=_NO_WAIT))
             code = grpc.StatusCode.OK
             names = {s.name for s in replies[0].list_services_response.service}
-            assert "cadence.v1.Inference" in names
+            assert {"cadence.v1.Inference", f"{package}.ServerReflection"} <= names
         except grpc.RpcError as exc:
             code = exc.code()
         finally:

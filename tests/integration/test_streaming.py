@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from cadence.api.v1 import inference_pb2 as pb
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
-from cadence.engines.tokenizer import ByteTokenizer
 
 
 async def _collect(client: AsyncClient, prompt: str, max_tokens: int, **options) -> list:

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig, ServerConfig
 from cadence.core.metrics import FrontMetrics, StreamTally
 from cadence.core.output_reader import OutputReader
 from cadence.core.stream import RequestStream
 from cadence.engines.app import app_reference, is_async_app, load_app, piece_tokens
-from cadence.engines.tokenizer import ByteTokenizer
 from cadence.lab.sweep import _server_args, parse_vary
 from cadence.transport.messages import StepOutput
 

@@ -6,8 +6,10 @@ import msgspec
 import zmq
 
 from cadence.config import EngineConfig, WorkerSpec
-from cadence.transport.channel import FrontChannel, WorkerChannel, local_addresses
+from cadence.transport.front_end import FrontChannel
 from cadence.transport.messages import Heartbeat
+from cadence.transport.sockets import local_addresses
+from cadence.transport.worker_end import WorkerChannel
 
 
 def _spec(channel: FrontChannel, **keys: str) -> WorkerSpec:

@@ -10,7 +10,7 @@ from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve.service import _error
 from cadence.api.openai.protocol import failure_body
 from cadence.core.errors import RequestError
-from cadence.transport.messages import Failure
+from cadence.core.outcomes import Failure
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 

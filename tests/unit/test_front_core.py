@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from cadence.config import ServerConfig
 from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
 from cadence.core.metrics import FrontMetrics
+from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import Request
 from cadence.router import WorkerRouter
-from cadence.transport.messages import Failure, Finish
+from cadence.transport.messages import AddRequest
 
 
 class FakeLink:
@@ -22,8 +24,8 @@ class FakeLink:
         self.added: list = []
         self.aborted: list[int] = []
 
-    def add(self, request) -> None:
-        self.added.append(request)
+    def add(self, request: msgspec.Raw) -> None:
+        self.added.append(msgspec.msgpack.decode(request, type=AddRequest))
 
     def abort(self, seq_id: int) -> None:
         self.aborted.append(seq_id)

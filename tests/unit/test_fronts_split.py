@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cadence.lab.sweep import _server_args, parse_vary
 from cadence.router.admission import SharedAdmissionGate
-from cadence.transport.channel import split_step
+from cadence.transport.front_routing import split_step
 from cadence.transport.messages import StepOutput
 
 

@@ -16,8 +16,8 @@ from cadence.api.openai.protocol import (
     StopStrings,
     parse,
 )
+from cadence.core.outcomes import Finish
 from cadence.core.requests import Chunk
-from cadence.transport.messages import Finish
 
 
 def _parse(body: dict, endpoint: str = COMPLETIONS):

@@ -9,10 +9,10 @@ import pytest
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1.service import to_chunk
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.core.metrics import FrontMetrics, StreamTally
+from cadence.core.outcomes import Failure, Finish
 from cadence.core.stream import RequestStream
-from cadence.engines.tokenizer import ByteTokenizer
-from cadence.transport.messages import Failure, Finish
 
 _TALLIES: dict[int, StreamTally] = {}
 

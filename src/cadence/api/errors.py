@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from cadence.transport.messages import Failure
+from cadence.core.outcomes import Failure
 
 GRPC_STATUS: dict[Failure, grpc.StatusCode] = {
     Failure.CANCELLED: grpc.StatusCode.CANCELLED,
@@ -47,6 +47,8 @@ HTTP_STATUS: dict[Failure, tuple[int, str]] = {
 (cadence.api.openai.protocol.error_body), with the failure's name in lower case as `code`."""
 HTTP_UNAUTHENTICATED = (401, "authentication_error")
 """No valid bearer token (`--auth-token-file`), decided before any handler."""
+HTTP_REQUEST_TIMEOUT = (408, "timeout_error")
+"""The client did not send its request's body within `--http-body-timeout`."""
 
 
 def http_status(failure: Failure) -> tuple[int, str]:

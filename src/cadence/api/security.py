@@ -20,6 +20,7 @@ the whole API, and a caller without a token learns nothing about which methods e
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import ipaddress
@@ -129,28 +130,68 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name: assume it is reachable from elsewhere
 
 
+class TokenRefusal(enum.Enum):
+    """Why a presented `Authorization` value is refused; each protocol words its own message."""
+
+    MISSING = "missing"
+    MALFORMED = "malformed"
+    WRONG = "wrong"
+
+
+class BearerTokens:
+    """The accepted tokens (`--auth-token-file`) and the one check of a presented
+    `Bearer <token>` value, for gRPC's metadata and HTTP's header alike.
+
+    Tokens are compared as SHA-256 digests with `hmac.compare_digest`, against every accepted
+    token, so the time taken says nothing about how much of a guess was right or which token
+    it resembled.
+    """
+
+    def __init__(self, tokens: Iterable[str]) -> None:
+        self._digests = [_digest(token) for token in tokens]
+        if not self._digests:
+            raise ValueError("BearerTokens needs at least one token")
+
+    def check(self, value: str | bytes | None) -> TokenRefusal | None:
+        """Why `value` (the authorization metadata or header; None: absent) is refused, or
+        None when it names an accepted token."""
+        if value is None:
+            return TokenRefusal.MISSING
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        scheme, _, token = value.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return TokenRefusal.MALFORMED
+        digest = _digest(token)
+        accepted = False
+        for known in self._digests:
+            accepted |= hmac.compare_digest(known, digest)  # no early exit, see the docstring
+        return None if accepted else TokenRefusal.WRONG
+
+
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Lets an RPC through only with `authorization: Bearer <token>` naming an accepted token.
+    """Lets an RPC through only with `authorization: Bearer <token>` naming an accepted token
+    (`BearerTokens.check`).
 
     Runs once per RPC, before the handler; an accepted call gets its real handler untouched,
-    so streaming costs nothing more per message. Tokens are compared as SHA-256 digests with
-    `hmac.compare_digest`, against every accepted token, so the time taken says nothing
-    about how much of a guess was right or which token it resembled.
+    so streaming costs nothing more per message.
     """
 
     def __init__(self, tokens: Iterable[str],
                  open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES) -> None:
-        self._digests = [_digest(token) for token in tokens]
-        if not self._digests:
-            raise ValueError("BearerTokenInterceptor needs at least one token")
+        self._tokens = BearerTokens(tokens)
         self._open_prefixes = open_prefixes
         # Built once: a refused call costs no allocation beyond gRPC's own.
-        self._missing = _refusal("this server requires a bearer token: send the metadata "
-                                 "'authorization: Bearer <token>' (cadence generate / bench: "
-                                 "--token-file)")
-        self._malformed = _refusal("the authorization metadata must be 'Bearer <token>'")
-        self._wrong = _refusal("the bearer token is not one this server accepts "
-                               "(see the server's --auth-token-file)")
+        self._refusals = {
+            TokenRefusal.MISSING: _refusal(
+                "this server requires a bearer token: send the metadata 'authorization: "
+                "Bearer <token>' (cadence generate / bench: --token-file)"),
+            TokenRefusal.MALFORMED: _refusal("the authorization metadata must be "
+                                             "'Bearer <token>'"),
+            TokenRefusal.WRONG: _refusal("the bearer token is not one this server accepts "
+                                         "(see the server's --auth-token-file)"),
+        }
 
     async def intercept_service(
         self,
@@ -164,19 +205,9 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             if key == "authorization":  # gRPC lower-cases metadata keys
                 value = item
                 break
-        if value is None:
-            return self._missing
-        scheme, _, token = (value.decode("latin-1") if isinstance(value, bytes) else value
-                            ).partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return self._malformed
-        digest = _digest(token)
-        accepted = False
-        for known in self._digests:
-            accepted |= hmac.compare_digest(known, digest)  # no early exit, see the docstring
-        if not accepted:
-            return self._wrong
+        refusal = self._tokens.check(value)
+        if refusal is not None:
+            return self._refusals[refusal]
         return await continuation(handler_call_details)
 
 

@@ -6,7 +6,7 @@ adapters turn them into their own form with cadence.api.errors, in one place.
 
 from __future__ import annotations
 
-from cadence.transport.messages import Failure
+from cadence.core.outcomes import Failure
 
 
 class RequestError(Exception):

@@ -22,17 +22,18 @@ from typing import Self
 
 import msgspec
 
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.metrics import FrontMetrics
-from cadence.core.requests import Chunk, Request
+from cadence.core.outcomes import Failure, Finish
+from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
 from cadence.core.stream import RequestStream
-from cadence.engines.tokenizer import ByteTokenizer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.worker_router import NoWorkerAvailable
-from cadence.transport.channel import WorkerLink
-from cadence.transport.messages import AddRequest, Failure, Finish
+from cadence.transport.front_end import WorkerLink, encode_add
+from cadence.transport.messages import AddRequest
 
 
 def sequence_ids(front: int, fronts: int, generation: int = 0) -> Iterator[int]:
@@ -112,6 +113,14 @@ class FrontCore:
                 raise InvalidRequest(
                     f"request_id {request_id!r} is already streaming; use a unique id "
                     "or leave it empty for the server to assign one")
+            remaining = time_remaining()
+            if remaining is not None:
+                # The worker learns the deadline too, so an app function can see it.
+                add = msgspec.structs.replace(add, timeout_ms=max(remaining * 1e3, 0.001))
+            try:
+                frame = encode_add(add)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
             if not self._gate.try_enter():
                 raise RequestError(
                     Failure.RESOURCE_EXHAUSTED,
@@ -140,16 +149,13 @@ class FrontCore:
         held_id = request_id if unique_id and request_id else None
         if held_id is not None:
             self._request_ids.add(held_id)
-        remaining = time_remaining()
         deadline = None
         if remaining is not None:
-            # The worker learns the deadline too, so an app function can see it.
-            add = msgspec.structs.replace(add, timeout_ms=max(remaining * 1e3, 0.001))
             deadline = asyncio.get_running_loop().call_later(
                 max(remaining, 0.0), stream.fail, Failure.DEADLINE_EXCEEDED,
                 "the request's deadline passed before generation finished")
         self._router.assign(worker, add.max_tokens)
-        link.add(add)
+        link.add(frame)
         return Generation(self, stream, request_id or uuid.uuid4().hex, add.max_tokens,
                           held_id, deadline, time_remaining if remaining is not None else None)
 
@@ -167,6 +173,8 @@ class FrontCore:
             prompt = request.prompt_token_ids
             if min(prompt) < 0:
                 raise InvalidRequest("prompt_token_ids must not be negative")
+            if max(prompt) > TOKEN_ID_MAX:
+                raise InvalidRequest(f"prompt_token_ids must be at most {TOKEN_ID_MAX}")
         elif request.prompt and self._text_to_worker:
             # Tokenized, counted and checked against the model's context by the worker.
             prompt, prompt_text = [], request.prompt
@@ -182,6 +190,14 @@ class FrontCore:
             raise InvalidRequest("sampling.temperature must be a finite number, 0 (greedy) or more")
         if not 0 <= request.top_p <= 1:
             raise InvalidRequest("sampling.top_p must be between 0 and 1")
+        # Every integer in range here, whatever the protocol: the worker's message holds 64 bits.
+        if not 0 <= request.top_k <= TOP_K_MAX:
+            raise InvalidRequest(f"sampling.top_k must be from 0 to {TOP_K_MAX}")
+        if not SEED_RANGE[0] <= request.seed <= SEED_RANGE[1]:
+            raise InvalidRequest(f"sampling.seed must be from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
+        stops = request.stop_token_ids
+        if stops and (min(stops) < 0 or max(stops) > TOKEN_ID_MAX):
+            raise InvalidRequest(f"stop_token_ids must be from 0 to {TOKEN_ID_MAX}")
         return AddRequest(seq_id, prompt, request.max_tokens, request.stop_token_ids,
                           request.temperature, request.top_p, request.top_k, request.seed,
                           prompt_text=prompt_text)
@@ -232,7 +248,10 @@ class FrontCore:
                     stream.fail(
                         Failure.RESOURCE_EXHAUSTED,
                         f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)")
+                    # Once: the task may take a moment to end its call (HTTP writes the
+                    # error event first) and must not be cancelled again meanwhile.
                     stream.task.cancel()
+                    stream.task = None
 
 
 class Generation:

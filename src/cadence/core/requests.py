@@ -9,6 +9,14 @@ from __future__ import annotations
 
 import msgspec
 
+SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
+"""A seed is any 64-bit integer, signed or not (OpenAI's clients send int64, cadence.v1 uint64);
+a wider one cannot cross to a worker."""
+TOKEN_ID_MAX = 2 ** 31 - 1
+"""Token ids are int32, as in cadence.v1's proto and the KServe model's tensors."""
+TOP_K_MAX = 2 ** 32 - 1
+"""cadence.v1's uint32."""
+
 
 class Request(msgspec.Struct, kw_only=True):
     """One generation request, as an adapter read it from its wire."""

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import asyncio
 
+from cadence.byte_tokenizer import StreamDecoder
 from cadence.core.metrics import StreamTally
+from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import Chunk, ChunkTiming
-from cadence.engines.tokenizer import StreamDecoder
-from cadence.transport.channel import WorkerLink
-from cadence.transport.messages import Failure, Finish
+from cadence.transport.front_end import WorkerLink
 
 
 class RequestStream:

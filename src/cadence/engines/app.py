@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from cadence.engines.tokenizer import ByteTokenizer
+from cadence.byte_tokenizer import ByteTokenizer
 
 Piece = str | list[int]
 """What a function yields: text, or token ids."""

@@ -13,9 +13,9 @@ import random
 import time
 import zlib
 
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
-from cadence.engines.tokenizer import ByteTokenizer
 from cadence.transport.messages import AddRequest
 
 _WORDS = (

@@ -26,7 +26,7 @@ def _length(text: str) -> tuple[int, int]:
 
 def read_prompts(path: str) -> list[tuple[list[int], int]]:
     """A JSONL file, one {"prompt": str, "max_tokens": int (optional)} per line."""
-    from cadence.engines.tokenizer import ByteTokenizer
+    from cadence.byte_tokenizer import ByteTokenizer
 
     tokenizer = ByteTokenizer()
     prompts = []

@@ -4,9 +4,8 @@ grpc.aio asks its core for one incoming call per method at a time, and asks for 
 once the event loop has handed the last one to its handler, two or three loop iterations
 later. While hundreds of streams keep the front's loop busy, an iteration lasts milliseconds,
 so new calls are taken in at a few dozen a second: a burst of new calls that arrives after
-other streams have started waits seconds for its first token (benchmarks/accept_burst.py,
-384 calls while 640 streams run: TTFT p90 0.9-1.7 s with grpc.aio's loop alone, 0.14-0.21 s
-with 64 calls asked ahead). gRPC's core expects a server to keep many requests outstanding
+other streams have started waits seconds for its first token (measured by
+benchmarks/accept_burst.py, figures in results/accept_burst.json). gRPC's core expects a server to keep many requests outstanding
 (its C++ and C# servers ask for hundreds at start); grpc.aio has no option for it.
 
 `CallAcceptor` asks for `depth` more calls per method, through the same private functions

@@ -7,8 +7,9 @@ import contextlib
 import logging
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from cadence.api import security
 from cadence.api.kserve.pool import ReflectionPool
@@ -23,6 +24,49 @@ _FINAL_CHUNK_WAIT_S = 1.0
 """At stop, how long the calls still open get to close."""
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+_REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def _serve_reflection(server: grpc.aio.Server, services: tuple[str, ...]) -> None:
+    """Server reflection as both `grpc.reflection.v1` (what current tools ask first) and
+    `v1alpha`. grpcio-reflection ships only v1alpha; v1 is the same protocol renamed, so the
+    one servicer answers both, and v1's file joins the pool so that it can be described."""
+    _add_v1_reflection_file()
+    servicer = reflection.aio.ReflectionServicer(
+        (*services, reflection.SERVICE_NAME, _REFLECTION_V1), pool=ReflectionPool())
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    server.add_registered_method_handlers(_REFLECTION_V1, {
+        "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+            servicer.ServerReflectionInfo,
+            request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+            response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString),
+    })
+
+
+def _add_v1_reflection_file() -> None:
+    """grpc/reflection/v1/reflection.proto in protobuf's default pool: v1alpha's file with the
+    package renamed (a pool that has it already, from a later grpcio-reflection, keeps its own)."""
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileContainingSymbol(_REFLECTION_V1)
+        return
+    except KeyError:
+        pass
+    file = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(file)
+    old, new = f".{file.package}.", ".grpc.reflection.v1."
+    file.name, file.package = "grpc/reflection/v1/reflection.proto", "grpc.reflection.v1"
+    file.ClearField("options")
+    for message in file.message_type:
+        for field in message.field:
+            if field.type_name:
+                field.type_name = field.type_name.replace(old, new)
+    for method in file.service[0].method:
+        method.input_type = method.input_type.replace(old, new)
+        method.output_type = method.output_type.replace(old, new)
+    pool.Add(file)
 
 
 class GrpcServer:
@@ -48,10 +92,7 @@ class GrpcServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         self._names = ("", *services)
-        reflection.enable_server_reflection(
-            (*services, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server,
-            pool=ReflectionPool(),
-        )
+        _serve_reflection(self._server, (*services, health.SERVICE_NAME))
 
     async def start(self) -> int:
         """Bind and start, health NOT_SERVING; return the bound port."""

@@ -4,18 +4,27 @@ binds the same port (SO_REUSEPORT), as for gRPC."""
 
 from __future__ import annotations
 
+import logging
 import ssl
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from cadence.api.openai.protocol import error_body
 from cadence.config import ServerConfig
 from cadence.lifecycle import StartupError
+
+log = logging.getLogger("cadence.http")
 
 _BACKLOG = 4096
 """Connections the kernel queues before the loop accepts them (capped by net.core.somaxconn).
 HTTP/1.1 takes one connection per stream, so a burst of new streams is a burst of connects:
 aiohttp's default of 128 would overflow, and each dropped SYN costs its client a 1 s
 retransmit."""
+_LINGER_S = 2.0
+"""After a response to a request whose body was not read (refused as too large, or too slow),
+how long the rest is read and dropped before the connection closes, so that the client gets
+the response rather than a reset; aiohttp's default of 10 s would let it hold the socket longer."""
 _SHUTDOWN_S = 1.0
 """At stop (after the drain), how long the handlers still open get to end."""
 
@@ -33,6 +42,44 @@ def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
     return context
 
 
+class _Connection(web.RequestHandler):
+    """aiohttp's per-connection protocol, answering what its parser refuses (a line over
+    8190 bytes, over 128 headers, a bad Content-Length, Content-Length with Transfer-Encoding)
+    in OpenAI's error shape with one log line, where aiohttp's own answer is plain text and a
+    traceback at ERROR: any client could flood the log with them."""
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        what = " ".join((exc.message or "").split())  # the parser's message spans lines
+        log.info("refused malformed HTTP from %s: %s", request.remote, what)
+        response = web.Response(
+            status=exc.code or 400, content_type="application/json",
+            body=error_body(f"malformed HTTP request: {what}", "invalid_request_error",
+                            "malformed_request"))
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> web.RequestHandler:
+        return _Connection(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    """aiohttp's AppRunner with `_Connection` for every connection: aiohttp (3.14) has no
+    option for its parser's error response, and the server it makes is the one place that
+    chooses the protocol class."""
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()
+        return _Server(made.request_handler, request_factory=made.request_factory,
+                       handler_cancellation=made.handler_cancellation, loop=made._loop,
+                       **made._kwargs)
+
+
 class HttpServer:
     """One aiohttp server for `app` on `config.host:config.http_port`."""
 
@@ -40,8 +87,12 @@ class HttpServer:
         self._config = config
         # Handler cancellation: a client that disconnects cancels its request's handler, so
         # its Generation closes and the worker drops the sequence at its next step.
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=_SHUTDOWN_S)
+        # keepalive_timeout is aiohttp's idle timer, which runs from the connection's start
+        # and between requests until a whole request's headers are in: the header timeout.
+        self._runner = _Runner(app, access_log=None, handler_cancellation=True,
+                               shutdown_timeout=_SHUTDOWN_S,
+                               keepalive_timeout=config.http_header_timeout_s,
+                               lingering_time=_LINGER_S)
 
     async def start(self) -> int:
         """Bind and start; return the bound port."""

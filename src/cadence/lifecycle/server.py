@@ -11,10 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import shutil
 import signal
-import tempfile
 
 import msgspec
 
@@ -23,21 +20,22 @@ from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
 from cadence.api.kserve.service import KServeService
 from cadence.api.v1.service import SERVICE_NAME, InferenceService
 from cadence.config import ServerConfig, WorkerSpec
-from cadence.core.front import FrontCore, sequence_ids
+from cadence.core.front import FrontCore
 from cadence.core.metrics import FrontMetrics
+from cadence.core.outcomes import Failure
 from cadence.core.output_reader import OutputReader
 from cadence.heap import settle_heap
 from cadence.lifecycle import StartupError
 from cadence.lifecycle.failed_sends import GRPC_LOGGER, count_failed_sends
+from cadence.lifecycle.front_layout import FrontLayout
 from cadence.lifecycle.fronts import FrontChildren
 from cadence.lifecycle.grpc_server import GrpcServer
 from cadence.lifecycle.in_front import InFrontLauncher
 from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
 from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
 from cadence.router import WorkerRouter
-from cadence.router.admission import AdmissionGate, SharedAdmissionGate
-from cadence.transport.channel import FrontChannel, front_addresses, local_addresses
-from cadence.transport.messages import Failure, WorkerReady
+from cadence.transport.front_end import FrontChannel
+from cadence.transport.messages import WorkerReady
 
 log = logging.getLogger("cadence.server")
 
@@ -57,12 +55,8 @@ class CadenceServer:
     def __init__(self, config: ServerConfig, launcher: Launcher | None = None, *,
                  front: int = 0, base_dir: str | None = None, generation: int = 0) -> None:
         self.config = config
-        self.front = front
-        """`--fronts N`: this front's index; 0 launches the workers and the other fronts."""
-        self._base = base_dir
-        """`--fronts N`: the private folder of the fronts' sockets, admission counts and ready
-        files (front 0 creates it)."""
-        self._generation = generation
+        self.layout = FrontLayout(config, front, base_dir, generation)
+        """`--fronts N`: which front this is, and all that follows from it."""
         self._launcher = launcher
         self._stack = contextlib.AsyncExitStack()
         """How to stop everything started so far, in reverse."""
@@ -92,19 +86,21 @@ class CadenceServer:
         stack.push_async_callback(asyncio.to_thread, launcher.close)  # once workers stopped
 
         # 2. Sockets: the front binds, workers connect.
-        channel, gate = self._bind(n, launcher)
+        layout = self.layout
+        channel, gate = layout.bind(
+            n, config.worker_host or launcher.worker_host or "127.0.0.1", stack)
         links = self._links = channel.links(loop)
         stack.callback(channel.close)
 
         # 3. The data path: the core, the output reader, the protocol adapters.
         core = self.core = FrontCore(
             config, links, self.router, self.metrics, gate=gate,
-            seq_ids=sequence_ids(self.front, config.fronts, self._generation))
+            seq_ids=layout.sequence_ids())
         watcher = self._watcher(n, launcher, channel)
         reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
         channel.start_reading(loop, reader.handle)
-        v1 = InferenceService(core, self._front_metadata())
+        v1 = InferenceService(core, layout.metadata())
         kserve = KServeService(core, config.model_name, self._serving)
         self._http = self._http_server(core) if config.http_port is not None else None
 
@@ -119,23 +115,23 @@ class CadenceServer:
         self._grpc = GrpcServer(
             config, {SERVICE_NAME: v1.handlers(), KSERVE_SERVICE_NAME: kserve.handlers()},
             self.metrics)
-        if self.front == 0:
+        if layout.launches_workers:
             await self._open_port()
 
         # 6. The workers (front 0 launches them; a child front watches front 0's), ready.
-        if self.front == 0:
+        if layout.launches_workers:
             self._task(self._beat(channel))
             watcher.launch()
             stack.push_async_callback(watcher.stop, links)
         await self._wait_for_workers(watcher, links)
-        if self.front > 0:
+        if not layout.launches_workers:
             await self._open_port()
 
         # 7. --fronts N, front 0: the other fronts, ready and watched.
-        if self.front == 0 and config.fronts > 1:
+        if layout.launches_fronts:
             shared = (msgspec.structs.replace(config, http_port=self.http_port)
                       if self.http_port is not None else config)  # every front: one HTTP port
-            fronts = FrontChildren(shared, self._base, self.port, on_gone=self._front_gone,
+            fronts = FrontChildren(shared, layout.base, self.port, on_gone=self._front_gone,
                                    on_back=self._front_back)
             self.metrics.watch_front_restarts(fronts.restarts)
             self._fronts = fronts
@@ -152,8 +148,8 @@ class CadenceServer:
         core.refusal = None
         settle_heap()
         await self._refresh_health_now()
-        if self.front > 0:
-            self._write_ready_file()
+        if not layout.launches_workers:
+            layout.write_ready_file(self.metrics_port)
         else:
             log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n,
                      config.devices)
@@ -188,7 +184,8 @@ class CadenceServer:
         service = OpenAIService(
             core, config.model_name, self._all_ready, chat_format(config),
             default_max_tokens=config.max_tokens_limit, max_body=config.max_message_bytes,
-            tokens=tokens, headers=self._front_metadata())
+            body_timeout_s=config.http_body_timeout_s, tokens=tokens,
+            headers=self.layout.metadata())
         return HttpServer(config, service.app())
 
     def _all_ready(self) -> bool:
@@ -203,39 +200,15 @@ class CadenceServer:
         except RuntimeError as exc:  # no room in the Ray cluster, unreachable: said, not traced
             raise StartupError(str(exc)) from exc
 
-    def _bind(self, n: int, launcher: Launcher
-              ) -> tuple[FrontChannel, AdmissionGate | SharedAdmissionGate]:
-        """This front's sockets, and its admission gate (shared by all fronts with N > 1)."""
-        config = self.config
-        if config.fronts == 1:
-            worker_host = config.worker_host or launcher.worker_host or "127.0.0.1"
-            channel = FrontChannel(*local_addresses(n, config.transport, worker_host),
-                                   secure=config.transport == "tcp")
-            return channel, AdmissionGate(config.max_concurrent)
-        if self.front == 0:
-            self._base = tempfile.mkdtemp(prefix="cadence-")
-            self._stack.callback(shutil.rmtree, self._base, ignore_errors=True)
-        channel = FrontChannel(*front_addresses(self._base, self.front, n))
-        gate = SharedAdmissionGate(f"{self._base}/admission", self.front, config.fronts,
-                                   config.max_concurrent)
-        self._gate = gate
-        return channel, gate
-
     def _watcher(self, n: int, launcher: Launcher,
                  channel: FrontChannel) -> WorkerSupervisor | WorkerWatcher:
         """Front 0's supervisor of the workers it launches, or a child front's watcher."""
         config = self.config
-        if self.front > 0:
+        if not self.layout.launches_workers:
             self.supervisor = WorkerWatcher(self.router, n, on_down=self.core.fail_worker,
                                             on_health=self._refresh_health)
             return self.supervisor
-        extra_inputs: list[list[str]] = [[] for _ in range(n)]
-        front_outputs = []
-        for k in range(1, config.fronts):
-            inputs, output = front_addresses(self._base, k, n)
-            front_outputs.append(output)
-            for i in range(n):
-                extra_inputs[i].append(inputs[i])
+        extra_inputs, front_outputs = self.layout.other_fronts_sockets(n)
         specs = [
             WorkerSpec(
                 index=index, device=device, engine=config.engine,
@@ -259,18 +232,12 @@ class CadenceServer:
         self.metrics.watch_restarts(self.supervisor.restarts)
         return self.supervisor
 
-    def _front_metadata(self) -> tuple[tuple[str, str], ...] | None:
-        """`--fronts N`: initial metadata naming the front that serves a stream."""
-        if self.config.fronts == 1:
-            return None
-        return (("cadence-front", str(self.front)), ("cadence-front-pid", str(os.getpid())))
-
     def _serve_metrics(self) -> None:
         config = self.config
         if config.metrics_port is None:
             return
-        if self.front == 0:
-            others = (lambda: self._fronts.metrics_texts()) if config.fronts > 1 else None
+        if self.layout.launches_workers:
+            others = (lambda: self._fronts.metrics_texts()) if self.layout.launches_fronts else None
             self.metrics_port = self.metrics.serve(config.metrics_port, config.host, others)
         else:  # scraped by front 0, which exposes all fronts' metrics together
             self.metrics_port = self.metrics.serve(0, "127.0.0.1")
@@ -312,7 +279,8 @@ class CadenceServer:
         # A child front binds after the workers connected: it waits until each worker's
         # input socket takes a message (a send before then would be dropped).
         while not (all(watcher.ready)
-                   and (self.front == 0 or all(link.connected() for link in links))):
+                   and (self.layout.launches_workers
+                        or all(link.connected() for link in links))):
             exited = watcher.exited()
             if exited is not None:
                 raise StartupError(f"worker {exited[0]} exited during start-up (status "
@@ -324,13 +292,6 @@ class CadenceServer:
                     "output above, or raise --startup-timeout for slow model loads")
             await asyncio.sleep(_STARTUP_POLL_S)
 
-    def _write_ready_file(self) -> None:
-        """A child front tells front 0 it serves (the file holds its metrics port, 0: none)."""
-        path = f"{self._base}/f{self.front}-ready"
-        with open(path + ".tmp", "w") as f:
-            f.write(str(self.metrics_port or 0))
-        os.replace(path + ".tmp", path)
-
     def _on_worker_ready(self, message: WorkerReady) -> None:
         """A worker (first start or restart) is ready: export its start-up, route to it."""
         if message.load_ms or message.warmup_ms:  # zero: an app worker, which measures none
@@ -339,7 +300,7 @@ class CadenceServer:
             self.metrics.worker_started(message.worker, message.load_ms / 1e3,
                                         message.warmup_ms / 1e3, message.first_step_ms / 1e3,
                                         message.warm_step_ms / 1e3)
-        if self.front == 0:
+        if self.layout.launches_workers:
             log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid,
                      message.engine)
             if message.load_ms or message.warmup_ms:
@@ -351,7 +312,7 @@ class CadenceServer:
 
     def _front_gone(self, k: int) -> None:
         """Front k died: its admission slots are free, the workers drop its sequences."""
-        self._gate.clear(k)
+        self.layout.gate.clear(k)
         for link in self._links:
             link.front_gone(k)
 
@@ -377,7 +338,7 @@ class CadenceServer:
         """The first step of stopping once serving: other fronts are told to drain too,
         health turns NOT_SERVING, new requests are refused, open streams get the drain's
         time to finish, and the rest end with UNAVAILABLE."""
-        if self.front == 0 and self.config.fronts > 1:
+        if self.layout.launches_fronts:
             self._fronts.terminate()
         await self._grpc.drain()
         core = self.core

@@ -6,43 +6,15 @@ Messages are frozen msgspec Structs encoded once with msgpack. (What a worker is
 a worker sends the front `WorkerReady` once, then one `StepOutput` per engine step
 (every sequence's new token of that step), and `RequestFailed` for a request it rejects.
 Sequences are named by a front-assigned integer `seq_id`, never by the client's string id,
-to keep the per-step message small. Timestamps are `time.monotonic_ns()`.
+to keep the per-step message small. Timestamps are `time.monotonic_ns()`. How a sequence
+ends (`Finish`, `Failure`) is the core's vocabulary (cadence.core.outcomes), carried here.
 """
 
 from __future__ import annotations
 
-import enum
-
 import msgspec
 
-
-class Finish(enum.IntEnum):
-    """Why a sequence ended; the values are those of the proto's FinishReason."""
-
-    NONE = 0
-    LENGTH = 1
-    STOP = 2
-    CANCELLED = 3
-
-
-class Failure(enum.IntEnum):
-    """Why a request ended without finishing: the one error vocabulary of cadence, from the
-    worker that detects a failure to the front that reports it. The names (and numbers) are
-    gRPC's status codes; cadence.api.errors maps each to every protocol's own form."""
-
-    CANCELLED = 1
-    """The client went away (or a drain ended the request)."""
-    INVALID_ARGUMENT = 3
-    """The request cannot be served as sent; the message says what to change."""
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    """The request names a model (or version) this server does not serve."""
-    RESOURCE_EXHAUSTED = 8
-    """A limit: --max-concurrent, --overflow abort, --stall-timeout, message size."""
-    INTERNAL = 13
-    """The app's function raised, or yielded something that is not output."""
-    UNAVAILABLE = 14
-    """Not now, retry: starting, draining, its worker stopped, no worker."""
+from cadence.core.outcomes import Failure, Finish  # noqa: F401 (workers import them from here)
 
 
 class AddRequest(msgspec.Struct, frozen=True, array_like=True):

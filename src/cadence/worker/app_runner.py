@@ -36,11 +36,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from cadence import event_loop
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import WorkerSpec
 from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
-from cadence.engines.tokenizer import ByteTokenizer
 from cadence.heap import settle_heap
-from cadence.transport.channel import OUTPUT_HWM, WorkerChannel
+from cadence.transport.front_routing import worker_channel
 from cadence.transport.messages import (
     AddRequest,
     Failure,
@@ -53,6 +53,7 @@ from cadence.transport.messages import (
     WorkerReady,
     boot_id,
 )
+from cadence.transport.sockets import OUTPUT_HWM
 
 log = logging.getLogger("cadence.app")
 
@@ -465,9 +466,7 @@ async def serve_app(app: App, spec: WorkerSpec, *, output_hwm: int = OUTPUT_HWM)
     Returns True when executor threads were still inside the function at the end.
     """
     loop = asyncio.get_running_loop()
-    channel = WorkerChannel(spec.input_address, spec.output_address, output_hwm=output_hwm,
-                            extra_inputs=spec.extra_input_addresses,
-                            front_outputs=spec.front_output_addresses, curve=spec)
+    channel = worker_channel(spec, output_hwm)
     runner = AppRunner(app, worker=spec.index, device=spec.device,
                        threads=spec.engine.engine_threads, send=channel.send)
     stopped = loop.create_future()

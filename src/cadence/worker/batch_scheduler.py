@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Engine, Sequence
-from cadence.engines.tokenizer import ByteTokenizer
 from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 
 _BYTES = ByteTokenizer()

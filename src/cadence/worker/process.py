@@ -13,8 +13,10 @@ import msgspec
 from cadence.config import EngineConfig, WorkerSpec
 from cadence.engines.base import Engine
 from cadence.heap import settle_heap
-from cadence.transport.channel import WorkerChannel, WorkerHeartbeat, remove_ipc_sockets
+from cadence.transport.front_routing import worker_channel
+from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
+from cadence.transport.sockets import remove_ipc_sockets
 from cadence.worker.batch_scheduler import BatchScheduler
 
 
@@ -66,9 +68,7 @@ def run_worker(spec: WorkerSpec) -> None:
     warmup_start = time.perf_counter()
     engine.start()
     ready = time.perf_counter()
-    channel = WorkerChannel(spec.input_address, spec.output_address,
-                            extra_inputs=spec.extra_input_addresses,
-                            front_outputs=spec.front_output_addresses, curve=spec)
+    channel = worker_channel(spec)
     heartbeat = start_heartbeat(spec)
     scheduler = BatchScheduler(engine, spec.index, spec.engine.max_batch)
     settle_heap()

@@ -40,7 +40,7 @@ from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore, Generation
-from cadence.transport.messages import Failure, Finish
+from cadence.core.outcomes import Failure, Finish
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 

@@ -22,8 +22,8 @@ import msgspec
 
 from cadence.api.errors import http_status
 from cadence.core.errors import InvalidRequest
-from cadence.core.requests import Chunk, ChunkTiming, Request
-from cadence.transport.messages import Failure, Finish
+from cadence.core.outcomes import Failure, Finish
+from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, Chunk, ChunkTiming, Request
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -66,6 +66,9 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
         data = _decode_body(body) if body else None
     except msgspec.DecodeError as exc:
         raise BadField(None, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's guard against a nesting bomb: refused, not a 500
+        raise BadField(None, "the request body nests arrays or objects too deeply; no field "
+                       "of a request nests more than a few levels") from None
     if not isinstance(data, dict):
         raise BadField(None, "the request body must be a JSON object")
     model = data.get("model")
@@ -78,7 +81,7 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
         max_tokens=_max_tokens(data, endpoint, default_max_tokens),
         temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(data, "top_p", 1.0, 0.0, 1.0),
-        seed=_integer(data, "seed", 0),
+        seed=_integer(data, "seed", 0, *SEED_RANGE),
         stop_token_ids=_token_ids(data, "stop_token_ids", required=False),
         include_timing=_boolean(data, "cadence_timing"),
     )
@@ -115,13 +118,17 @@ def _number(data: dict, name: str, default: float, low: float, high: float) -> f
     return float(value)
 
 
-def _integer(data: dict, name: str, default: int) -> int:
+def _integer(data: dict, name: str, default: int, low: int, high: int) -> int:
     value = data.get(name)
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadField(name, f"{name} must be an integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadField(name, f"{name} must be an integer from {low} to {high}")
     return value
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= TOKEN_ID_MAX
 
 
 def _boolean(data: dict, name: str, param: str | None = None) -> bool:
@@ -147,9 +154,9 @@ def _token_ids(data: dict, name: str, *, required: bool) -> list[int]:
     value = data.get(name)
     if value is None and not required:
         return []
-    if (not isinstance(value, list)
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)):
-        raise BadField(name, f"{name} must be a list of token ids (integers, 0 or more)")
+    if not isinstance(value, list) or not all(map(_is_token_id, value)):
+        raise BadField(name, f"{name} must be a list of token ids (integers from 0 to "
+                       f"{TOKEN_ID_MAX})")
     return value
 
 
@@ -174,8 +181,9 @@ def _prompt(data: dict, request: Request) -> None:
         request.prompt = prompt
     elif isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if min(prompt) < 0:
-            raise BadField("prompt", "prompt token ids must not be negative")
+        if not all(map(_is_token_id, prompt)):
+            raise BadField("prompt", f"prompt token ids must be integers from 0 to "
+                           f"{TOKEN_ID_MAX}")
         request.prompt_token_ids = prompt
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise BadField("prompt", "prompt must be one prompt: this server does not batch "

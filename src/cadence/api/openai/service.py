@@ -12,6 +12,11 @@ Failures become OpenAI-shaped errors with their HTTP status (cadence.api.errors)
   before `data: [DONE]`.
 - A client that disconnects cancels its handler (aiohttp's handler cancellation): the
   `Generation` closes, which aborts the sequence in its worker at the next step.
+- A client that reads nothing for `--stall-timeout` is cut off: its error event and `[DONE]`
+  go into the socket's buffer, and `_STALLED_CLOSE_S` later the connection is reset (its
+  queued output is not kept).
+- A request's body must arrive within `--http-body-timeout` (else 408); one whose
+  Content-Length is over `--max-message-bytes` is refused before any of it is read.
 - `stop` strings end the output at the first match (the text after it is never sent) and
   the sequence is aborted in the worker; the request counts as OK.
 """
@@ -19,14 +24,15 @@ Failures become OpenAI-shaped errors with their HTTP status (cadence.api.errors)
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import contextlib
+import socket
+import struct
 import time
 from collections.abc import Callable
 
 from aiohttp import web
 
-from cadence.api.errors import HTTP_UNAUTHENTICATED
+from cadence.api.errors import HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
 from cadence.api.openai.protocol import (
     CHAT,
@@ -42,9 +48,10 @@ from cadence.api.openai.protocol import (
     models_body,
     parse,
 )
+from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
-from cadence.transport.messages import Failure
+from cadence.core.outcomes import Failure
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -52,8 +59,26 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _OPEN_PATHS = ("/health",)
 """Routes that need no bearer token (probes; see cadence.api.security)."""
 _CORE_PARAMS = (("max_tokens", "max_tokens"), ("the prompt", "prompt"), ("prompt", "prompt"),
-                ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"))
+                ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"),
+                ("sampling.seed", "seed"), ("stop_token_ids", "stop_token_ids"))
 """The field a core's InvalidRequest is about, from how its message begins."""
+_TOKEN_REFUSALS = {
+    TokenRefusal.MISSING: "this server requires a bearer token: send the header "
+                          "'Authorization: Bearer <token>'",
+    TokenRefusal.MALFORMED: "the Authorization header must be 'Bearer <token>'",
+    TokenRefusal.WRONG: "the bearer token is not one this server accepts (see the server's "
+                        "--auth-token-file)",
+}
+_STALLED_CLOSE_S = 1.0
+"""A stream cut off by --stall-timeout: how long its error event and [DONE] wait in the
+socket's buffer for the client to read them before the connection is reset."""
+_TOO_LARGE = "the request body is larger than this server accepts (--max-message-bytes)"
+
+
+def _closing(response: web.Response) -> web.Response:
+    """`response`, then the connection closes: what the client still sends is not read."""
+    response.force_close()
+    return response
 
 
 def _json(body: bytes, status: int = 200) -> web.Response:
@@ -81,14 +106,15 @@ class OpenAIService:
 
     `ready()`: every worker is ready and the server is not draining (GET /health).
     `default_max_tokens`: a chat request's `max_tokens` when it gives none; `max_body`: the
-    largest request body (`--max-message-bytes`); `tokens`: the accepted bearer tokens
+    largest request body (`--max-message-bytes`); `body_timeout_s`: how long a body may take
+    to arrive (`--http-body-timeout`); `tokens`: the accepted bearer tokens
     (`--auth-token-file`), or None for no check; `headers`: sent with every streamed
     response (`--fronts N`: which front serves it, as cadence.v1's initial metadata).
     """
 
     def __init__(self, core: FrontCore, model_name: str, ready: Callable[[], bool],
                  chat: TemplateChat | PlainChat, *, default_max_tokens: int, max_body: int,
-                 tokens: list[str] | None = None,
+                 body_timeout_s: float = 60.0, tokens: list[str] | None = None,
                  headers: tuple[tuple[str, str], ...] | None = None) -> None:
         self.core = core
         self.model_name = model_name
@@ -96,8 +122,9 @@ class OpenAIService:
         self._chat = chat
         self._default_max_tokens = default_max_tokens
         self._max_body = max_body
+        self._body_timeout_s = body_timeout_s
         self._created = int(time.time())
-        self._digests = [hashlib.sha256(t.encode()).digest() for t in tokens or ()]
+        self._tokens = BearerTokens(tokens) if tokens else None
         self._sse_headers = {**_SSE_HEADERS, **dict(headers or ())}
 
     def app(self) -> web.Application:
@@ -130,11 +157,12 @@ class OpenAIService:
 
     @web.middleware
     async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
-        if self._digests and request.path not in _OPEN_PATHS:
-            refusal = self._check_token(request.headers.get("Authorization"))
+        if self._tokens is not None and request.path not in _OPEN_PATHS:
+            refusal = self._tokens.check(request.headers.get("Authorization"))
             if refusal is not None:
                 status, kind = HTTP_UNAUTHENTICATED
-                return _json(error_body(refusal, kind, "invalid_api_key"), status)
+                return _json(error_body(_TOKEN_REFUSALS[refusal], kind, "invalid_api_key"),
+                             status)
         try:
             return await handler(request)
         except web.HTTPNotFound:
@@ -147,33 +175,29 @@ class OpenAIService:
                 f"{', '.join(sorted(exc.allowed_methods))}", "invalid_request_error",
                 "method_not_allowed"), 405)
         except web.HTTPRequestEntityTooLarge:
-            return _failure(Failure.INVALID_ARGUMENT, "the request body is larger than this "
-                            "server accepts (--max-message-bytes)")
-
-    def _check_token(self, header: str | None) -> str | None:
-        """Why the Authorization header is refused, or None when it carries an accepted token.
-        Compared as SHA-256 digests, against every token (as cadence.api.security does)."""
-        if header is None:
-            return ("this server requires a bearer token: send the header 'Authorization: "
-                    "Bearer <token>'")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            return "the Authorization header must be 'Bearer <token>'"
-        digest = hashlib.sha256(token.encode()).digest()
-        accepted = False
-        for known in self._digests:
-            accepted |= hmac.compare_digest(known, digest)
-        return None if accepted else ("the bearer token is not one this server accepts (see "
-                                      "the server's --auth-token-file)")
+            return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
 
     # --- generation ------------------------------------------------------------------------
 
     async def _generate(self, http: web.Request, endpoint: str) -> web.StreamResponse:
         received_ns = time.monotonic_ns()
         core = self.core
+        if (http.content_length or 0) > self._max_body:
+            # Refused before reading: a client must not hold the connection with a body it
+            # will never finish sending.
+            core.refused(Failure.INVALID_ARGUMENT)
+            return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
         try:
-            wire = parse(await http.read(), endpoint, default_max_tokens=self._default_max_tokens)
+            async with asyncio.timeout(self._body_timeout_s):
+                body = await http.read()
+        except TimeoutError:
+            core.refused(Failure.DEADLINE_EXCEEDED)
+            status, kind = HTTP_REQUEST_TIMEOUT
+            return _closing(_json(error_body(
+                f"the request body did not arrive within {self._body_timeout_s:g} s "
+                "(the server's --http-body-timeout)", kind, "request_timeout"), status))
+        try:
+            wire = parse(body, endpoint, default_max_tokens=self._default_max_tokens)
             if wire.model != self.model_name:
                 core.refused(Failure.NOT_FOUND)
                 return _failure(Failure.NOT_FOUND, f"the model {wire.model!r} does not exist "
@@ -228,6 +252,10 @@ class OpenAIService:
             await response.write_eof()
         except ConnectionError:  # the client went away mid-write: the Generation closes
             pass
+        except asyncio.CancelledError:
+            if response is not None and generation.stream.error is not None:
+                await _cut_off(http, response, generation.stream.error)
+            raise
         return response
 
     async def _whole(self, wire: OpenAIRequest, generation: Generation) -> web.Response:
@@ -241,6 +269,33 @@ class OpenAIService:
         except RequestError as exc:
             return _failure(exc.failure, exc.message)
         return _json(encoder.whole("".join(texts), finish))
+
+
+async def _cut_off(http: web.Request, response: web.StreamResponse,
+                   error: tuple[Failure, str]) -> None:
+    """End a stream that the core failed while its write waited on a client that reads nothing
+    (--stall-timeout): the error event and [DONE] go into the socket's buffer, and after
+    `_STALLED_CLOSE_S` the connection is reset with whatever the client has not taken. A plain
+    close would keep the socket, and the megabytes queued in it, for as long as the client
+    does not read."""
+    transport = http.transport
+    if transport is None:
+        return
+    _, body = failure_body(*error)
+    # aiohttp's drain waiter was cancelled with the stalled write, so nothing here may wait for
+    # a drain: the event goes into the transport's buffer (aiohttp drains only past 64 KiB
+    # since its last drain), and the chunked body's end is left out, as the reset ends it.
+    with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+        await response.write(b"data: " + body + b"\n\n" + DONE)
+    await asyncio.sleep(_STALLED_CLOSE_S)  # the client's last chance to read it
+    if not transport.is_closing():
+        # SO_LINGER 0: the close is a reset, so the kernel does not keep the unsent bytes
+        # either (a plain close leaves them queued, the socket orphaned, for minutes).
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
 
 
 async def _pieces(generation: Generation, encoder: Encoder, stops: StopStrings | None):

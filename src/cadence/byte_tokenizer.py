@@ -1,4 +1,7 @@
-"""A byte-level tokenizer: token id = byte value, so any text round-trips and output is readable."""
+"""A byte-level tokenizer: token id = byte value, so any text round-trips and output is readable.
+
+Shared by the front (it tokenizes text prompts and decodes the synthetic engine's and apps'
+tokens) and the workers, so it belongs to neither: the front imports no engine."""
 
 from __future__ import annotations
 
