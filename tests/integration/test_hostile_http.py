@@ -232,9 +232,11 @@ def test_a_stalled_reader_is_cut_off_and_its_socket_closed(impatient) -> None:
     assert client.recv(4096).startswith(b"HTTP/1.1 200")
     ports = {client.getsockname()[1]}
     try:
-        # The client reads nothing more; within --stall-timeout (1 s), the sweep's period and
-        # the grace for the last event, the server lets go of the connection.
-        deadline = time.monotonic() + 10
+        # The client reads nothing more. Once the kernel's buffers are full (megabytes on
+        # loopback: seconds of output on a busy host) the server's write waits; within
+        # --stall-timeout (1 s), the sweep's period and the grace for the last event, the
+        # server lets go of the connection.
+        deadline = time.monotonic() + 60
         while _server_holds(impatient, ports):
             assert time.monotonic() < deadline, "the server still holds the stalled connection"
             time.sleep(0.1)

@@ -282,12 +282,13 @@ async def _cut_off(http: web.Request, response: web.StreamResponse,
     if transport is None:
         return
     _, body = failure_body(*error)
-    # aiohttp's drain waiter was cancelled with the stalled write, so nothing here may wait for
-    # a drain: the event goes into the transport's buffer (aiohttp drains only past 64 KiB
-    # since its last drain), and the chunked body's end is left out, as the reset ends it.
-    with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-        await response.write(b"data: " + body + b"\n\n" + DONE)
-    await asyncio.sleep(_STALLED_CLOSE_S)  # the client's last chance to read it
+    # The event goes into the transport's buffer, and the chunked body's end is left out, as
+    # the reset ends it. aiohttp drains past 64 KiB written since its last drain, and a drain
+    # waits on the client that reads nothing: the grace bounds the write as well as the wait.
+    with contextlib.suppress(ConnectionError, TimeoutError):
+        async with asyncio.timeout(_STALLED_CLOSE_S):
+            await response.write(b"data: " + body + b"\n\n" + DONE)
+            await asyncio.sleep(_STALLED_CLOSE_S)  # the client's last chance to read it
     if not transport.is_closing():
         # SO_LINGER 0: the close is a reset, so the kernel does not keep the unsent bytes
         # either (a plain close leaves them queued, the socket orphaned, for minutes).
