@@ -2,8 +2,8 @@
 group), its steps over the run, how many of the run's sequences each step carried, and the
 tokens it delivered.
 
-The source note ends its sizing advice with "watch whether each card's output curve is
-smooth". A chunk's timing names the worker that serves its stream and the engine step that
+Sizing a server by its cards means watching whether each card's output curve is smooth. A
+chunk's timing names the worker that serves its stream and the engine step that
 made its first token (start and end, on the server's monotonic clock), so the steps of each
 worker are the distinct (start, end) pairs among its chunks, and a step's sequences are the
 chunks it made. Only the bench's own streams are seen: a step that also served other clients'
