@@ -1,6 +1,6 @@
 """A plain grpc.aio token service with one planted fault, for the client-side diagnosis tests.
 
-    python tests/planted_server.py --fault none|pause|setup|skip|errors|die [--port 0] [--gap-ms 20]
+    python tests/planted_server.py --fault none|pause|setup|skip|errors|die [--port 0] [--gap-ms 20] [--max-streams N]
 
 It speaks the worked example's proto (examples/thread_pool/tokens.proto, reflection on):
 each stream gets `max_tokens` Tokens, the first after one gap, then one per gap on an
@@ -14,6 +14,8 @@ absolute schedule. Faults:
   answers only errors mid-run);
 - `die`: the call after `--after-calls` calls ends the process (a server that dies mid-run);
 - `none`: a clean server.
+`--max-streams N` (with any fault) sets the server's HTTP/2 concurrent-stream limit per
+connection (grpc.max_concurrent_streams).
 It prints `listening on HOST:PORT` once serving and stops on SIGTERM.
 """
 
@@ -64,7 +66,8 @@ async def main(args: argparse.Namespace) -> None:
                 if args.fault != "skip" or i != 5:
                     yield protos.Token(index=i, text=f"t{i} ")
 
-    server = grpc.aio.server()
+    options = [("grpc.max_concurrent_streams", args.max_streams)] if args.max_streams else []
+    server = grpc.aio.server(options=options)
     services.add_TokenServiceServicer_to_server(TokenService(), server)
     name = protos.DESCRIPTOR.services_by_name["TokenService"].full_name
     reflection.enable_server_reflection((name, reflection.SERVICE_NAME), server)
@@ -97,4 +100,6 @@ if __name__ == "__main__":
     parser.add_argument("--pause-every-ms", type=float, default=400.0)
     parser.add_argument("--setup-ms", type=float, default=15.0)
     parser.add_argument("--after-calls", type=int, default=20)
+    parser.add_argument("--max-streams", type=int, default=0,
+                        help="HTTP/2 concurrent streams per connection (0: no limit)")
     asyncio.run(main(parser.parse_args()))

@@ -352,3 +352,15 @@ def test_risky_exposure_is_warned_about(pki: Pki) -> None:
                           engine=EngineConfig(name="torch", model="tiny"))
     assert "torch.distributed" in exposure_warnings(ray_tp)[0]
     assert exposure_warnings(ServerConfig(host="::1", transport="tcp")) == []
+
+
+def test_the_lab_reads_http2_settings_over_tls_and_mutual_tls(tls_token_server: str,
+                                                              mtls_server: str, pki: Pki) -> None:
+    from cadence.lab.measure.http2 import read_settings
+
+    over_tls = read_settings(tls_token_server, pki.credentials())
+    assert over_tls.tls and over_tls.error is None and over_tls.initial_window_size
+    mutual = read_settings(mtls_server, pki.credentials(client=True))
+    assert mutual.tls and mutual.error is None and mutual.max_frame_size
+    plaintext = read_settings(tls_token_server)  # HTTP/2 without TLS at a TLS port
+    assert plaintext.error is not None

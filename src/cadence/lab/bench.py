@@ -27,6 +27,7 @@ from cadence.lab.measure.discovery import (
     server_processes,
     worker_devices,
 )
+from cadence.lab.measure.http2 import read_settings
 from cadence.lab.measure.run_context import run_context
 from cadence.lab.measure.sampler import SystemSampler
 
@@ -110,6 +111,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     foreign = name in ("grpc", "openai")
     """Any server: no cadence metrics endpoint or workers to look up."""
     started_at = datetime.now(UTC)
+    # Before the run: the connection it opens would be one more on the server meanwhile.
+    http2 = read_settings(target, credentials) if name != "openai" else msgspec.UNSET
     sampler = SystemSampler(metrics_url=metrics_url(target) if not foreign else None)
     server = _server_to_sample(target, name, server_pid)
     for process_name, pid in server.items():
@@ -157,6 +160,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         records=records,
         aborted=next((p.aborted for p in processes_out if p.aborted), None),
         run=run_context(started_at, next(iter(server.values()), None)),
+        http2=http2,
     )
     if openai is not None:
         result.workload.openai = results.OpenAIWorkload(base_url=openai.base_url,

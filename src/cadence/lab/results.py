@@ -318,6 +318,21 @@ class Finding(msgspec.Struct, kw_only=True):
     look_at: str
 
 
+class Http2Settings(msgspec.Struct, kw_only=True):
+    """What a gRPC server announced in its first HTTP/2 SETTINGS frame, read before the run; a
+    setting it left out is null (HTTP/2's default: no stream limit, a 65,535-byte window,
+    16,384-byte frames)."""
+
+    tls: bool = False
+    max_concurrent_streams: int | None = None
+    """Streams the server lets one connection have open at once."""
+    initial_window_size: int | None = None
+    max_frame_size: int | None = None
+    max_header_list_size: int | None = None
+    error: str | None = None
+    """Why the settings could not be read (then the run went on without them)."""
+
+
 class RunInfo(msgspec.Struct, kw_only=True):
     """When, where and with what a run was made."""
 
@@ -345,6 +360,8 @@ class BenchResult(RunStats, kw_only=True):
     """Every request's raw record; left out of a sweep's runs."""
     diagnosis: list[Finding] = []
     run: RunInfo | UnsetType = UNSET
+    http2: Http2Settings | UnsetType = UNSET
+    """A gRPC target's HTTP/2 settings (not read over HTTP/1, i.e. --protocol openai)."""
     aborted: str | None | UnsetType = UNSET
     """Why the bench stopped early (null when it ran to its end)."""
 

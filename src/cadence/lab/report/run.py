@@ -78,6 +78,23 @@ def _run(result: BenchResult, title: str = "Run") -> str:
     return section(title, table(("", "value"), rows))
 
 
+def _http2(result: BenchResult) -> str:
+    """The gRPC server's HTTP/2 settings read before the run; "" when not read (HTTP/1)."""
+    settings = field(result, "http2")
+    if settings is None:
+        return ""
+    if settings.error:
+        return section("Server's HTTP/2 settings", note(f"Not read: {settings.error}"))
+    rows = [("TLS", "yes" if settings.tls else "no"),
+            ("max concurrent streams per connection",
+             settings.max_concurrent_streams if settings.max_concurrent_streams is not None
+             else "no limit"),
+            ("initial window (bytes)", settings.initial_window_size or "65,535 (default)"),
+            ("max frame size (bytes)", settings.max_frame_size or "16,384 (default)"),
+            ("max header list size (bytes)", settings.max_header_list_size or "no limit")]
+    return section("Server's HTTP/2 settings", table(("", "value"), rows))
+
+
 def _aborted(result: BenchResult) -> str:
     reason = field(result, "aborted")
     if not reason:
@@ -414,6 +431,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _segments(result, _segment_figure(result, out_dir)),
         _integrity(result),
         _client(result),
+        _http2(result),
         _workers(result),
         _system(result),
         _baseline(result),

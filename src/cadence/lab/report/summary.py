@@ -17,6 +17,7 @@ from cadence.lab.results import (
     Client,
     Distribution,
     Finding,
+    Http2Settings,
     RunInfo,
     ScrapedFrontLoop,
     System,
@@ -78,6 +79,8 @@ def print_summary(result: BenchResult) -> None:
     schedule = schedule_line(client)
     if schedule:
         console.print(schedule, highlight=False)
+    if result.http2:
+        console.print(http2_line(result.http2), highlight=False, markup=False)
     for line in worker_lines(result.workers or []):
         console.print(line, highlight=False)
     _print_system(console, result.system)
@@ -126,6 +129,24 @@ def schedule_line(client: Client) -> str | None:
         line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
                  "than offered; add --procs)[/]")
     return line
+
+
+def http2_line(settings: Http2Settings) -> str:
+    """The gRPC server's HTTP/2 settings, as read before the run."""
+    if settings.error:
+        return f"HTTP/2 settings of the server: not read ({settings.error})"
+    limit = settings.max_concurrent_streams
+    return ("HTTP/2 settings of the server" + (" (TLS)" if settings.tls else "") + ": "
+            + (f"at most {limit} streams per connection" if limit is not None
+               else "no stream limit per connection")
+            + f", initial window {_bytes(settings.initial_window_size, 65_535)}, "
+            f"max frame {_bytes(settings.max_frame_size, 16_384)}")
+
+
+def _bytes(value: int | None, default: int) -> str:
+    """A setting in bytes; a setting the server left out is HTTP/2's default."""
+    return f"{value if value is not None else default:,} B" + (
+        " (default)" if value is None else "")
 
 
 def run_line(run: RunInfo) -> str:

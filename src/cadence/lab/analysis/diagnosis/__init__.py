@@ -29,6 +29,7 @@ from __future__ import annotations
 from cadence.lab.analysis.diagnosis import (
     capacity,
     client,
+    connection,
     health,
     host,
     itl,
@@ -66,6 +67,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ITL_UNSTABLE_NETWORK,
     RULE_REQUESTS_FAILING,
+    RULE_SERVER_STREAM_LIMIT,
     RULE_SLOW_READER,
     RULE_SLOW_WORKER,
     RULE_STREAMS_STALL_TOGETHER,
@@ -106,7 +108,7 @@ from cadence.lab.analysis.diagnosis.workers import (
 from cadence.lab.results import BenchResult, Finding
 
 RULES: tuple[Rule, ...] = (
-    *health.RULES, *ttft.RULES, *itl.RULES, *host.RULES, *client.RULES, *streams.RULES,
+    *health.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES, *client.RULES, *streams.RULES,
     *workers.RULES, *capacity.RULES,
 )
 """Every rule, in the order their findings are listed."""
@@ -129,7 +131,7 @@ __all__ = [
     "MERGED_CHUNK_TOKENS", "MERGE_BUFFER_STEPS", "MIN_CPU_SAMPLES", "NETWORK_UNSTABLE_P90_RATIO",
     "RULES", "RULE_CLIENT_BEHIND_SCHEDULE", "RULE_CLIENT_SATURATED", "RULE_CPU_BUSY_CARDS_IDLE",
     "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_ITL_UNSTABLE_ENGINE",
-    "RULE_ITL_UNSTABLE_NETWORK", "RULE_REQUESTS_FAILING", "RULE_SLOW_READER", "RULE_SLOW_WORKER",
+    "RULE_ITL_UNSTABLE_NETWORK", "RULE_REQUESTS_FAILING", "RULE_SERVER_STREAM_LIMIT", "RULE_SLOW_READER", "RULE_SLOW_WORKER",
     "RULE_STREAMS_STALL_TOGETHER", "RULE_TTFT_ENGINE_START", "RULE_TTFT_GROWS_WITH_STREAMS",
     "RULE_TTFT_QUEUEING", "RULE_UNDER_CAPACITY", "SHARED_LONG_GAP_SHARE", "SHARED_STALLS_MIN",
     "SHARED_TIME_SHARE", "SIDE_SHARE", "SLOW_READER_ITL_FACTOR", "SLOW_READER_PATH_SHARE",

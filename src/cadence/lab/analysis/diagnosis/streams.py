@@ -7,10 +7,11 @@ from __future__ import annotations
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
+    RULE_SERVER_STREAM_LIMIT,
     RULE_STREAMS_STALL_TOGETHER,
     RULE_TTFT_GROWS_WITH_STREAMS,
 )
-from cadence.lab.analysis.diagnosis.rule import Rule
+from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.timeline import MIN_BURST
 from cadence.lab.results import Finding, Stalls, Timeline
 
@@ -199,6 +200,9 @@ def front_loop_blocked(facts: RunFacts) -> list[Finding]:
 
 RULES = (
     Rule(RULE_STREAMS_STALL_TOGETHER, stall_together),
-    Rule(RULE_TTFT_GROWS_WITH_STREAMS, ttft_grows),
+    # A stream limit per connection makes the late streams wait for a free stream: the
+    # limit is the cause to name, not call set-up or a slot per stream.
+    Rule(RULE_TTFT_GROWS_WITH_STREAMS, ttft_grows,
+         gives_way_to=(GiveWay(RULE_SERVER_STREAM_LIMIT),)),
     Rule(RULE_FRONT_LOOP_BLOCKED, front_loop_blocked),
 )

@@ -1,0 +1,63 @@
+"""A server cadence did not write, explained: planted grpc-python servers, each with one limit
+or fault, and the rule that must name it (and no other rule that would mislead)."""
+
+from __future__ import annotations
+
+import grpc
+
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.grpc_schema import from_reflection
+from cadence.lab.load.grpc_service import GrpcTarget
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.measure.http2 import read_settings
+from cadence.lab.results import BenchResult
+from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
+
+
+def tokens_bench(target: str, streams: int, channels: int = 1) -> BenchResult:
+    with grpc.insecure_channel(target) as channel:
+        schema = from_reflection(channel, TOKENS_METHOD)
+    protocol = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index")
+    workload = Workload(requests=streams, concurrency=streams,
+                        shape=RequestShape(max_tokens=(20, 20)))
+    return run_bench(target, workload, channels=channels, protocol=protocol)
+
+
+def rules(result: BenchResult) -> set[str]:
+    return {f.rule for f in result.diagnosis}
+
+
+def test_a_stream_limit_below_the_streams_per_connection_is_named() -> None:
+    with python_server("tests/planted_server.py", "--max-streams", "4",
+                       "--gap-ms", "10") as target:
+        limited = tokens_bench(target, streams=16)
+        spread = tokens_bench(target, streams=16, channels=4)
+    assert limited.http2.max_concurrent_streams == 4 and limited.http2.error is None
+    assert "server_stream_limit" in rules(limited), limited.diagnosis
+    assert "ttft_grows_with_streams" not in rules(limited)  # the limit, not call set-up
+    [finding] = [f for f in limited.diagnosis if f.rule == "server_stream_limit"]
+    assert finding.evidence["streams_per_connection"] == 16
+    assert "--channels 4" in finding.look_at
+    # grpc-python's server refuses some calls over its limit (RST_STREAM, REFUSED_STREAM):
+    # counted, and said to be the limit's doing.
+    refused = finding.evidence["refused_calls"]
+    assert limited.requests_ok + refused == 16
+    assert ("REFUSED_STREAM" in finding.finding) == (refused > 0)
+    assert "server_stream_limit" not in rules(spread), spread.diagnosis  # 4 per connection
+
+
+def test_settings_of_a_server_without_limits() -> None:
+    with python_server("tests/planted_server.py") as target:
+        settings = read_settings(target)
+    assert settings.error is None and settings.max_concurrent_streams is None
+    assert settings.initial_window_size and settings.max_frame_size
+
+
+def test_a_port_that_is_not_http2_is_said_so() -> None:
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    settings = read_settings(f"127.0.0.1:{port}")
+    assert settings.error and "refused" in settings.error.lower()
