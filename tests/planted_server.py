@@ -1,6 +1,6 @@
 """A plain grpc.aio token service with one planted fault, for the client-side diagnosis tests.
 
-    python tests/planted_server.py --fault none|pause|setup|skip|errors|die [--port 0] [--gap-ms 20] [--max-streams N]
+    python tests/planted_server.py --fault none|pause|setup|skip|errors|die|cpu [--port 0] [--gap-ms 20] [--max-streams N]
 
 It speaks the worked example's proto (examples/thread_pool/tokens.proto, reflection on):
 each stream gets `max_tokens` Tokens, the first after one gap, then one per gap on an
@@ -13,6 +13,8 @@ absolute schedule. Faults:
 - `errors`: after `--after-calls` calls, every call is answered UNAVAILABLE (a server that
   answers only errors mid-run);
 - `die`: the call after `--after-calls` calls ends the process (a server that dies mid-run);
+- `cpu`: each token costs `--cpu-ms` of computation on the event loop's thread (a server
+  held to one core);
 - `none`: a clean server.
 `--max-streams N` (with any fault) sets the server's HTTP/2 concurrent-stream limit per
 connection (grpc.max_concurrent_streams).
@@ -63,6 +65,10 @@ async def main(args: argparse.Namespace) -> None:
                 delay = t0 + (i + 1) * gap - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                if args.fault == "cpu":
+                    spin_until = time.perf_counter() + args.cpu_ms / 1e3
+                    while time.perf_counter() < spin_until:
+                        pass  # the planted fault: per-token work on the event loop's thread
                 if args.fault != "skip" or i != 5:
                     yield protos.Token(index=i, text=f"t{i} ")
 
@@ -92,7 +98,7 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip", "errors", "die"], default="none")
+    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip", "errors", "die", "cpu"], default="none")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gap-ms", type=float, default=20.0)
@@ -100,6 +106,7 @@ if __name__ == "__main__":
     parser.add_argument("--pause-every-ms", type=float, default=400.0)
     parser.add_argument("--setup-ms", type=float, default=15.0)
     parser.add_argument("--after-calls", type=int, default=20)
+    parser.add_argument("--cpu-ms", type=float, default=2.0)
     parser.add_argument("--max-streams", type=int, default=0,
                         help="HTTP/2 concurrent streams per connection (0: no limit)")
     asyncio.run(main(parser.parse_args()))

@@ -61,3 +61,24 @@ def test_a_port_that_is_not_http2_is_said_so() -> None:
         port = closed.getsockname()[1]
     settings = read_settings(f"127.0.0.1:{port}")
     assert settings.error and "refused" in settings.error.lower()
+
+
+def test_a_server_held_to_one_core_by_its_event_loop_is_named() -> None:
+    with python_server("tests/planted_server.py", "--fault", "cpu", "--cpu-ms", "2",
+                       "--gap-ms", "10") as target:
+        result = tokens_bench(target, streams=16)
+    threads = result.server_threads
+    assert threads is not None and threads.threads >= 2
+    [process] = threads.processes
+    assert process.python and process.busiest_thread_cpu_pct > 80
+    assert "server_one_core_bound" in rules(result), result.diagnosis
+    [finding] = [f for f in result.diagnosis if f.rule == "server_one_core_bound"]
+    assert finding.evidence["pid"] == process.pid
+
+
+def test_a_clean_foreign_server_names_nothing_about_its_threads() -> None:
+    with python_server("tests/planted_server.py", "--gap-ms", "10") as target:
+        result = tokens_bench(target, streams=16)
+    assert result.server_threads is not None and result.server_threads.groups
+    assert not rules(result) & {"server_one_core_bound", "server_threads_wait_for_cpu",
+                                "server_stream_limit"}, result.diagnosis

@@ -30,6 +30,7 @@ from cadence.lab.measure.discovery import (
 from cadence.lab.measure.http2 import read_settings
 from cadence.lab.measure.run_context import run_context
 from cadence.lab.measure.sampler import SystemSampler
+from cadence.lab.measure.threads import ThreadReader
 
 
 @dataclass(frozen=True)
@@ -117,15 +118,18 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     server = _server_to_sample(target, name, server_pid)
     for process_name, pid in server.items():
         sampler.watch(process_name, pid)
+    threads = ThreadReader(_roots(server))
     sampler.start()
     try:
         processes_out = run_load(
             workload.plans(target, processes, channels, credentials, protocol),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
             counter=counter,
+            on_start=threads.start,
         )
     finally:
         system = sampler.stop()
+    server_threads = threads.stop()
     records = [r for p in processes_out for r in p.records]
     stats = summarize(records)
     client_cpu_s = sum(p.cpu_s for p in processes_out)
@@ -161,6 +165,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         aborted=next((p.aborted for p in processes_out if p.aborted), None),
         run=run_context(started_at, next(iter(server.values()), None)),
         http2=http2,
+        server_threads=server_threads,
     )
     if openai is not None:
         result.workload.openai = results.OpenAIWorkload(base_url=openai.base_url,
@@ -178,6 +183,13 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
+
+
+def _roots(server: dict[str, int]) -> list[int]:
+    """The server's processes whose threads (with their children's) the run reads: the front
+    or the one server process; a cadence front's children are its workers and other fronts."""
+    first = next(iter(server.values()), None)
+    return [first] if first is not None else []
 
 
 def _server_to_sample(target: str, protocol: str, server_pid: int | None) -> dict[str, int]:

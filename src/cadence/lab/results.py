@@ -318,6 +318,46 @@ class Finding(msgspec.Struct, kw_only=True):
     look_at: str
 
 
+class ThreadGroup(msgspec.Struct, kw_only=True):
+    """The server's threads of one name (numbers as N) over the run; percentages of one core."""
+
+    name: str
+    threads: int = 0
+    processes: int = 0
+    cpu_pct: float = 0.0
+    busiest_thread_cpu_pct: float = 0.0
+    wait_for_cpu_pct: float = 0.0
+    """Time the group's threads were ready to run but waited for a CPU (schedstat)."""
+    wait_share: float = 0.0
+    """Waiting for a CPU over (running + waiting)."""
+    voluntary_switches_per_s: float = 0.0
+    involuntary_switches_per_s: float = 0.0
+
+
+class ServerProcessThreads(msgspec.Struct, kw_only=True):
+    """One of the server's processes over the run: its CPU and its busiest thread."""
+
+    pid: int
+    command: str = ""
+    python: bool = False
+    threads: int = 0
+    cpu_pct: float = 0.0
+    busiest_thread: str = ""
+    busiest_thread_cpu_pct: float = 0.0
+
+
+class ServerThreads(msgspec.Struct, kw_only=True):
+    """Every thread of the server and its children (this host, /proc), over the run."""
+
+    wall_s: float = 0.0
+    pids: list[int] = []
+    cpus: int = 1
+    """The host's CPUs (what "the others idle" is measured against)."""
+    threads: int = 0
+    groups: list[ThreadGroup] = []
+    processes: list[ServerProcessThreads] = []
+
+
 class Http2Settings(msgspec.Struct, kw_only=True):
     """What a gRPC server announced in its first HTTP/2 SETTINGS frame, read before the run; a
     setting it left out is null (HTTP/2's default: no stream limit, a 65,535-byte window,
@@ -361,6 +401,8 @@ class BenchResult(RunStats, kw_only=True):
     diagnosis: list[Finding] = []
     run: RunInfo | UnsetType = UNSET
     http2: Http2Settings | UnsetType = UNSET
+    server_threads: ServerThreads | None | UnsetType = UNSET
+    """The server's threads over the run, when its processes are on this host."""
     """A gRPC target's HTTP/2 settings (not read over HTTP/1, i.e. --protocol openai)."""
     aborted: str | None | UnsetType = UNSET
     """Why the bench stopped early (null when it ran to its end)."""

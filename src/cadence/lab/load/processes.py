@@ -242,12 +242,14 @@ _START_MARGIN_NS = 20_000_000
 
 def run_load(plans: list[ProcessPlan],
              on_started: Callable[[int, int], None] | None = None,
-             counter: RequestCounter | None = None) -> list[ProcessResult]:
+             counter: RequestCounter | None = None,
+             on_start: Callable[[], None] | None = None) -> list[ProcessResult]:
     """Run each plan in its own process and gather every process's result.
 
     `on_started(process_number, pid)` is called for each process once it runs. Every process
-    connects and warms up first; then all start at one agreed monotonic time. `counter`
-    counts their finished requests as they go (a progress bar reads it).
+    connects and warms up first; then all start at one agreed monotonic time, just after
+    `on_start()` (measurements of the run proper begin there). `counter` counts their
+    finished requests as they go (a progress bar reads it).
     """
     context = mp.get_context("spawn")
     started = []
@@ -267,6 +269,8 @@ def run_load(plans: list[ProcessPlan],
         for proc, conn in started:
             if _expect(conn.recv_bytes, proc) != b"ready":
                 raise RuntimeError(f"load process {proc.pid} did not report ready")
+        if on_start is not None:
+            on_start()
         start_at_ns = time.monotonic_ns() + _START_MARGIN_NS
         if counter is not None:
             counter.started_ns = start_at_ns

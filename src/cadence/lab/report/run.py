@@ -95,6 +95,22 @@ def _http2(result: BenchResult) -> str:
     return section("Server's HTTP/2 settings", table(("", "value"), rows))
 
 
+def _server_threads(result: BenchResult) -> str:
+    """The server's threads by name over the run (this host's /proc); "" when not read."""
+    threads = field(result, "server_threads")
+    if not threads or not threads.groups:
+        return ""
+    rows = [(g.name, g.threads, g.processes, g.cpu_pct, g.busiest_thread_cpu_pct,
+             g.wait_for_cpu_pct, g.voluntary_switches_per_s, g.involuntary_switches_per_s)
+            for g in threads.groups]
+    return section("Server threads", table(
+        ("thread group", "threads", "processes", "CPU % of a core", "busiest thread %",
+         "waiting for a CPU %", "voluntary switches/s", "involuntary switches/s"), rows),
+        note(f"Every thread of the server's {len(threads.processes)} process(es) on this "
+             f"host ({threads.cpus} CPUs), over {threads.wall_s:.2f} s; numbers in names "
+             "read as N."))
+
+
 def _aborted(result: BenchResult) -> str:
     reason = field(result, "aborted")
     if not reason:
@@ -432,6 +448,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _integrity(result),
         _client(result),
         _http2(result),
+        _server_threads(result),
         _workers(result),
         _system(result),
         _baseline(result),

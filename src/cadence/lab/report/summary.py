@@ -20,6 +20,7 @@ from cadence.lab.results import (
     Http2Settings,
     RunInfo,
     ScrapedFrontLoop,
+    ServerThreads,
     System,
     WorkerCurve,
 )
@@ -81,6 +82,9 @@ def print_summary(result: BenchResult) -> None:
         console.print(schedule, highlight=False)
     if result.http2:
         console.print(http2_line(result.http2), highlight=False, markup=False)
+    if result.server_threads:
+        for line in thread_lines(result.server_threads):
+            console.print(line, highlight=False, markup=False)
     for line in worker_lines(result.workers or []):
         console.print(line, highlight=False)
     _print_system(console, result.system)
@@ -129,6 +133,30 @@ def schedule_line(client: Client) -> str | None:
         line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
                  "than offered; add --procs)[/]")
     return line
+
+
+_THREAD_GROUPS_SHOWN = 5
+
+
+def thread_lines(threads: ServerThreads) -> list[str]:
+    """The server's busiest thread groups over the run, and what py-spy would add."""
+    busy = [g for g in threads.groups if g.cpu_pct >= 1.0 or g.wait_for_cpu_pct >= 1.0]
+    lines = [f"server threads ({threads.threads} in {len(threads.processes)} process(es), "
+             f"% of one core): " + (", ".join(
+                 f"{g.name} x{g.threads} {g.cpu_pct:.0f}% (busiest {g.busiest_thread_cpu_pct:.0f}%"
+                 f", waiting for a CPU {g.wait_for_cpu_pct:.0f}%, "
+                 f"{g.involuntary_switches_per_s:,.0f} preempted/s)"
+                 for g in busy[:_THREAD_GROUPS_SHOWN]) or "all idle")]
+    if any(p.python for p in threads.processes) and not _has_py_spy():
+        lines.append("  (pip install py-spy: what each Python thread group is doing, sampled "
+                     "during the run, e.g. how many pool threads wait inside the handler)")
+    return lines
+
+
+def _has_py_spy() -> bool:
+    import shutil
+
+    return shutil.which("py-spy") is not None
 
 
 def http2_line(settings: Http2Settings) -> str:

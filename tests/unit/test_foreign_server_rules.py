@@ -1,5 +1,6 @@
-"""`server_stream_limit`: the server's HTTP/2 stream limit against the streams the client put
-on one connection, and refused streams read from the calls' errors."""
+"""The rules on a server cadence did not write: `server_stream_limit` (its HTTP/2 stream limit
+against the streams the client put on one connection, refused streams), and the rules on its
+threads, `server_one_core_bound` and `server_threads_wait_for_cpu`."""
 
 from __future__ import annotations
 
@@ -66,3 +67,47 @@ def test_the_settings_in_the_summary_and_the_report(tmp_path: Path) -> None:
     page = render_report(result(4), tmp_path).read_text()
     assert "Server&#x27;s HTTP/2 settings" in page or "Server's HTTP/2 settings" in page
     assert "<td>max concurrent streams per connection</td><td>4</td>" in page
+
+
+def threads_result(processes: list[dict], groups: list[dict], cpus: int = 4) -> BenchResult:
+    return msgspec.convert({"server_threads": {"wall_s": 2.0, "cpus": cpus, "threads": 8,
+                                               "processes": processes, "groups": groups}},
+                           BenchResult)
+
+
+def test_one_core_bound_by_one_thread_or_by_the_gil() -> None:
+    loop = {"pid": 7, "python": True, "threads": 6, "cpu_pct": 99.0,
+            "busiest_thread": "python", "busiest_thread_cpu_pct": 97.0}
+    found = findings(threads_result([loop], []))["server_one_core_bound"]
+    assert "one thread of the server (pid 7, 'python')" in found.finding
+    gil = dict(loop, busiest_thread="ThreadPoolExecu", busiest_thread_cpu_pct=30.0)
+    assert "take turns on the GIL" in findings(threads_result([gil], []))[
+        "server_one_core_bound"].finding
+    native = dict(gil, python=False)  # a native server's threads can run at once
+    assert "server_one_core_bound" not in findings(threads_result([native], []))
+    spread = dict(loop, cpu_pct=190.0)  # on two cores: not held to one
+    assert "server_one_core_bound" not in findings(threads_result([spread], []))
+    assert "server_one_core_bound" not in findings(threads_result([loop], [], cpus=1))
+
+
+def test_threads_that_wait_for_a_cpu_are_named() -> None:
+    waiting = [{"name": "OMP_N", "threads": 8, "cpu_pct": 150.0, "wait_for_cpu_pct": 220.0,
+                "involuntary_switches_per_s": 900.0}]
+    found = findings(threads_result([], waiting))["server_threads_wait_for_cpu"]
+    assert found.evidence["waited_cores"] == 2.2 and "OMP_N" in found.finding
+    brief = [dict(waiting[0], wait_for_cpu_pct=40.0)]
+    assert "server_threads_wait_for_cpu" not in findings(threads_result([], brief))
+
+
+def test_thread_groups_in_the_summary_say_what_py_spy_would_add() -> None:
+    import shutil
+
+    from cadence.lab.report import summary
+
+    result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}],
+                            [{"name": "python", "threads": 2, "cpu_pct": 50.0,
+                              "busiest_thread_cpu_pct": 45.0, "wait_for_cpu_pct": 3.0}])
+    lines = summary.thread_lines(result.server_threads)
+    assert lines[0].startswith("server threads (8 in 1 process(es), % of one core): python x2 "
+                               "50% (busiest 45%, waiting for a CPU 3%")
+    assert ("pip install py-spy" in lines[-1]) == (shutil.which("py-spy") is None)

@@ -1,0 +1,97 @@
+"""Rules on the server's own threads (read from /proc on this host, any language):
+`server_one_core_bound` (a server process held to about one core, by one busy thread or by a
+lock such as Python's GIL, while the host has cores to spare) and
+`server_threads_wait_for_cpu` (the server's threads were ready to run but waited for a CPU:
+more runnable threads than cores)."""
+
+from __future__ import annotations
+
+from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
+from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT
+from cadence.lab.analysis.diagnosis.names import (
+    RULE_FRONT_CPU_BOUND,
+    RULE_SERVER_ONE_CORE_BOUND,
+    RULE_SERVER_THREADS_WAIT_FOR_CPU,
+)
+from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
+from cadence.lab.results import Finding
+
+ONE_CORE_CEILING_PCT = 115.0
+"""A process above this much of one core runs on several at once: not held to one."""
+
+WAIT_CORES = 1.0
+"""The server's threads waited for a CPU this many cores' worth of the run (on average one
+thread always ready but not running): the host has too few cores for its runnable threads."""
+WAIT_SHARE = 0.5
+"""...and waiting made at least this share of their time on or ready for a CPU."""
+
+
+def server_one_core_bound(facts: RunFacts) -> list[Finding]:
+    threads = facts.result.server_threads or None
+    if threads is None or threads.cpus < 2:
+        return []  # a one-core host: every process is held to one core
+    findings = []
+    for process in threads.processes:
+        if not BUSY_CPU_PCT <= process.cpu_pct <= ONE_CORE_CEILING_PCT:
+            continue
+        one_thread = process.busiest_thread_cpu_pct >= BUSY_CPU_PCT
+        if not (one_thread or process.python):
+            continue  # a native process spread over threads at one core is not held to it
+        evidence = {"pid": process.pid, "process_cpu_pct": rounded(process.cpu_pct, 1),
+                    "busiest_thread": process.busiest_thread,
+                    "busiest_thread_cpu_pct": rounded(process.busiest_thread_cpu_pct, 1),
+                    "threads": process.threads, "host_cpus": threads.cpus}
+        if one_thread:
+            finding = (f"one thread of the server (pid {process.pid}, '{process.busiest_thread}')"
+                       f" ran at {process.busiest_thread_cpu_pct:.0f}% of a core while the "
+                       f"host has {threads.cpus}: that thread (an event loop, a single "
+                       "dispatcher) sets the pace of every stream it serves")
+            look_at = ("what runs on that thread: profile it (py-spy dump for Python); move "
+                       "per-token work off the event loop, or run more processes behind the "
+                       "port (SO_REUSEPORT) so each has its own loop")
+        else:
+            finding = (f"the server's Python process (pid {process.pid}) used "
+                       f"{process.cpu_pct:.0f}% of a core spread over {process.threads} "
+                       f"threads, none above {process.busiest_thread_cpu_pct:.0f}%, while the "
+                       f"host has {threads.cpus}: its threads take turns on the GIL")
+            look_at = ("Python threads run one at a time: more threads in the pool add "
+                       "switching, not speed; serve from more processes, or move the "
+                       "per-token work into code that releases the GIL")
+        findings.append(Finding(rule=RULE_SERVER_ONE_CORE_BOUND, finding=finding,
+                                evidence=evidence, look_at=look_at))
+    return findings
+
+
+def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
+    threads = facts.result.server_threads or None
+    if threads is None:
+        return []
+    waited = sum(g.wait_for_cpu_pct for g in threads.groups) / 100
+    ran = sum(g.cpu_pct for g in threads.groups) / 100
+    if waited < WAIT_CORES or waited / (waited + ran) < WAIT_SHARE:
+        return []
+    worst = sorted(threads.groups, key=lambda g: g.wait_for_cpu_pct, reverse=True)[:3]
+    evidence: dict = {"waited_cores": rounded(waited), "ran_cores": rounded(ran),
+                      "host_cpus": threads.cpus, "server_threads": threads.threads}
+    for g in worst:
+        evidence[f"{g.name}_wait_pct"] = rounded(g.wait_for_cpu_pct, 1)
+        evidence[f"{g.name}_involuntary_switches_per_s"] = rounded(
+            g.involuntary_switches_per_s, 0)
+    return [Finding(
+        rule=RULE_SERVER_THREADS_WAIT_FOR_CPU,
+        finding=(f"the server's threads waited for a CPU {waited:.1f} cores' worth of the run "
+                 f"while running {ran:.1f}: more threads were ready than the host's "
+                 f"{threads.cpus} cores could run, so each waits its turn (most: "
+                 f"{', '.join(g.name for g in worst)})"),
+        evidence=evidence,
+        look_at=("fewer runnable threads than cores: size thread pools (and OMP/MKL threads) "
+                 "to the cores left to the server, keep the load generator off the server's "
+                 "cores, or give the server more cores"),
+    )]
+
+
+RULES = (
+    Rule(RULE_SERVER_ONE_CORE_BOUND, server_one_core_bound,
+         gives_way_to=(GiveWay(RULE_FRONT_CPU_BOUND),)),
+    Rule(RULE_SERVER_THREADS_WAIT_FOR_CPU, server_threads_wait_for_cpu),
+)
