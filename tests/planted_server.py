@@ -1,6 +1,6 @@
 """A plain grpc.aio token service with one planted fault, for the client-side diagnosis tests.
 
-    python tests/planted_server.py --fault none|pause|setup|skip|errors|die|cpu [--port 0] [--gap-ms 20] [--max-streams N]
+    python tests/planted_server.py --fault none|pause|setup|skip|errors|die|cpu|batch|slow-subset|first [--port 0] [--gap-ms 20] [--max-streams N]
 
 It speaks the worked example's proto (examples/thread_pool/tokens.proto, reflection on):
 each stream gets `max_tokens` Tokens, the first after one gap, then one per gap on an
@@ -15,6 +15,10 @@ absolute schedule. Faults:
 - `die`: the call after `--after-calls` calls ends the process (a server that dies mid-run);
 - `cpu`: each token costs `--cpu-ms` of computation on the event loop's thread (a server
   held to one core);
+- `batch`: tokens are held back and sent `--batch` per message (`count`), on a steady timer;
+- `slow-subset`: every fourth stream gets its tokens `--slow-factor` times slower (a slower
+  card or replica behind part of the streams);
+- `first`: every stream waits `--first-ms` before its first token, however few are open;
 - `none`: a clean server.
 `--max-streams N` (with any fault) sets the server's HTTP/2 concurrent-stream limit per
 connection (grpc.max_concurrent_streams).
@@ -60,7 +64,21 @@ async def main(args: argparse.Namespace) -> None:
                 async with setup_lock:
                     await asyncio.sleep(args.setup_ms / 1e3)
             gap = args.gap_ms / 1e3
+            if args.fault == "slow-subset" and calls % 4 == 0:
+                gap *= args.slow_factor  # the planted fault: a quarter of the streams slower
+            if args.fault == "first":
+                await asyncio.sleep(args.first_ms / 1e3)  # the planted fault: a slow start
             t0 = time.monotonic()
+            if args.fault == "batch":
+                # The planted fault: tokens held back and sent `--batch` at a time, on a timer.
+                for first in range(0, request.max_tokens, args.batch):
+                    n = min(args.batch, request.max_tokens - first)
+                    delay = t0 + (first + n) * gap - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    yield protos.Token(index=first, count=n,
+                                       text="".join(f"t{i} " for i in range(first, first + n)))
+                return
             for i in range(request.max_tokens):
                 delay = t0 + (i + 1) * gap - time.monotonic()
                 if delay > 0:
@@ -70,7 +88,7 @@ async def main(args: argparse.Namespace) -> None:
                     while time.perf_counter() < spin_until:
                         pass  # the planted fault: per-token work on the event loop's thread
                 if args.fault != "skip" or i != 5:
-                    yield protos.Token(index=i, text=f"t{i} ")
+                    yield protos.Token(index=i, text=f"t{i} ", count=1)
 
     options = [("grpc.max_concurrent_streams", args.max_streams)] if args.max_streams else []
     server = grpc.aio.server(options=options)
@@ -98,7 +116,8 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip", "errors", "die", "cpu"], default="none")
+    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip", "errors", "die", "cpu", "batch",
+                                 "slow-subset", "first"], default="none")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gap-ms", type=float, default=20.0)
@@ -107,6 +126,9 @@ if __name__ == "__main__":
     parser.add_argument("--setup-ms", type=float, default=15.0)
     parser.add_argument("--after-calls", type=int, default=20)
     parser.add_argument("--cpu-ms", type=float, default=2.0)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--slow-factor", type=float, default=2.5)
+    parser.add_argument("--first-ms", type=float, default=150.0)
     parser.add_argument("--max-streams", type=int, default=0,
                         help="HTTP/2 concurrent streams per connection (0: no limit)")
     asyncio.run(main(parser.parse_args()))

@@ -14,11 +14,13 @@ from cadence.lab.results import BenchResult
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
 
 
-def tokens_bench(target: str, streams: int, channels: int = 1) -> BenchResult:
+def tokens_bench(target: str, streams: int, channels: int = 1, tokens_field: str = "",
+                 requests: int | None = None) -> BenchResult:
     with grpc.insecure_channel(target) as channel:
         schema = from_reflection(channel, TOKENS_METHOD)
-    protocol = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index")
-    workload = Workload(requests=streams, concurrency=streams,
+    protocol = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index",
+                          tokens_field=tokens_field)
+    workload = Workload(requests=requests or streams, concurrency=streams,
                         shape=RequestShape(max_tokens=(20, 20)))
     return run_bench(target, workload, channels=channels, protocol=protocol)
 
@@ -82,3 +84,39 @@ def test_a_clean_foreign_server_names_nothing_about_its_threads() -> None:
     assert result.server_threads is not None and result.server_threads.groups
     assert not rules(result) & {"server_one_core_bound", "server_threads_wait_for_cpu",
                                 "server_stream_limit"}, result.diagnosis
+
+
+SHAPE_RULES = {"output_held_back", "slow_stream_group", "slow_first_message"}
+
+
+def test_output_held_back_and_sent_in_batches_is_named() -> None:
+    with python_server("tests/planted_server.py", "--fault", "batch", "--batch", "4",
+                       "--gap-ms", "5") as target:
+        result = tokens_bench(target, streams=8, tokens_field="count")
+    assert result.integrity.lost_tokens == 0 and result.chunk_tokens.p50 == 4
+    assert rules(result) & SHAPE_RULES == {"output_held_back"}, result.diagnosis
+
+
+def test_a_slower_subset_of_streams_is_named() -> None:
+    with python_server("tests/planted_server.py", "--fault", "slow-subset",
+                       "--gap-ms", "8") as target:
+        result = tokens_bench(target, streams=16)
+    assert rules(result) & SHAPE_RULES == {"slow_stream_group"}, result.diagnosis
+    [finding] = [f for f in result.diagnosis if f.rule == "slow_stream_group"]
+    assert finding.evidence["slow_streams"] == 4 and finding.evidence["streams"] == 16
+
+
+def test_a_long_wait_before_every_first_message_is_named() -> None:
+    with python_server("tests/planted_server.py", "--fault", "first", "--first-ms", "150",
+                       "--gap-ms", "5") as target:
+        result = tokens_bench(target, streams=8)
+    assert rules(result) & SHAPE_RULES == {"slow_first_message"}, result.diagnosis
+    assert "ttft_grows_with_streams" not in rules(result)
+
+
+def test_a_clean_server_has_no_shape_finding() -> None:
+    with python_server("tests/planted_server.py", "--gap-ms", "8") as target:
+        plain = tokens_bench(target, streams=16)
+        counted = tokens_bench(target, streams=16, tokens_field="count")
+    assert not rules(plain) & SHAPE_RULES, plain.diagnosis
+    assert not rules(counted) & SHAPE_RULES, counted.diagnosis

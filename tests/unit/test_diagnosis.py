@@ -150,8 +150,10 @@ def test_findings_have_the_four_keys_with_numeric_evidence():
         assert all(isinstance(v, (int, float)) for v in finding.evidence.values())
 
 
-def test_no_timing_and_no_samples_fire_nothing_even_when_latency_looks_bad():
-    """Without segments or process samples no rule can point anywhere, so none fires."""
+def test_no_timing_and_no_samples_leave_only_the_client_timestamps_to_speak():
+    """Without segments or process samples no rule of the server's timing or CPU can point
+    anywhere; what the client's own timestamps show still speaks: messages of several tokens
+    at a steady interval, a long and even wait for every first message."""
     r = healthy()
     for key in ("token_delay_ms", "segments_ms", "ttft_segments_ms", "segment_shares"):
         del r[key]
@@ -159,7 +161,7 @@ def test_no_timing_and_no_samples_fire_nothing_even_when_latency_looks_bad():
     r["itl_ms"] = dist(10.0, 40.0, 90.0)
     r["chunk_tokens"] = dist(3.0, 4.0, 5.0, mean=3.0)
     r["system"] = {"interval_s": 0.1, "processes": {}, "gpus": [], "flags": []}
-    assert rules(r) == []
+    assert rules(r) == ["output_held_back", "slow_first_message"]
 
 
 def test_empty_distributions_are_missing_data():
