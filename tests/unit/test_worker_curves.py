@@ -66,3 +66,40 @@ def test_a_worker_with_a_larger_batch_may_step_slower():
     """Worker 1 carries six streams per step against worker 0's one: not a slow card."""
     records = [stream(0, 0, 10.0)] + [stream(k, 1, 30.0) for k in range(1, 7)]
     assert dx.RULE_SLOW_WORKER not in diagnosed(records)
+
+
+def shared_steps(worker: int, lengths: list[int], step_ms, first: int = 0) -> list[RequestRecord]:
+    """Streams of `lengths` tokens on one worker, all starting together and sharing its steps;
+    a step with n sequences takes `step_ms(n)` ms."""
+    t, starts, ends = 0, [], []
+    for i in range(max(lengths)):
+        n = sum(1 for length in lengths if length > i)
+        starts.append(t)
+        t += int(step_ms(n) * MS)
+        ends.append(t)
+    records = []
+    for k, length in enumerate(lengths):
+        s, e = starts[:length], ends[:length]
+        arrival = [x + MS // 2 for x in e]
+        records.append(RequestRecord(
+            request_id=f"bench-{first + k}", process=0, start_ns=0, end_ns=arrival[-1],
+            max_tokens=length, finish_reason=1, arrival_ns=arrival, tokens=[1] * length,
+            index=list(range(length)), worker=worker, t_received_ns=1, t_scheduled_ns=1,
+            t_step_start_ns=s, t_step_end_ns=e, t_front_recv_ns=e, t_send_ns=e))
+    return records
+
+
+def test_a_slow_card_holding_more_streams_is_named_by_the_step_model():
+    """The slow card's streams last longer, so it holds three times the sequences of the
+    others; their steps do not grow with their batch, so it is slow, not busier."""
+    fast = shared_steps(0, [10, 20, 30, 40], lambda n: 10.0)
+    slow = shared_steps(1, [40] * 12, lambda n: 30.0, first=4)
+    assert dx.RULE_SLOW_WORKER in diagnosed(fast + slow)
+    assert dx.RULE_ITL_UNSTABLE_ENGINE not in diagnosed(fast + slow)
+
+
+def test_a_card_whose_steps_cost_what_its_batch_predicts_is_not_slow():
+    """Steps of 2 ms plus 2 ms per sequence on both cards: twelve sequences take 26 ms."""
+    fast = shared_steps(0, [10, 20, 30, 40], lambda n: 2.0 + 2.0 * n)
+    busier = shared_steps(1, [40] * 12, lambda n: 2.0 + 2.0 * n, first=4)
+    assert dx.RULE_SLOW_WORKER not in diagnosed(fast + busier)

@@ -192,16 +192,11 @@ def _engine_in_front(finding: Finding, facts: RunFacts) -> bool:
     return not facts.workers
 
 
-def _each_worker_steady(finding: Finding, facts: RunFacts) -> bool:
-    """The steps vary between workers, not within one: the slow card is the finding."""
-    return all(not steps_vary(w.step_ms_p50, w.step_ms_p90)
-               for w in facts.result.workers or [] if finite(w.step_ms_p90))
-
-
 RULES = (
     Rule(RULE_ITL_UNSTABLE_ENGINE, unstable_engine,
+         # A slow card's streams have the slow gaps: that card is the finding.
          gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),
-                       GiveWay(RULE_SLOW_WORKER, _each_worker_steady))),
+                       GiveWay(RULE_SLOW_WORKER))),
     Rule(RULE_ITL_UNSTABLE_NETWORK, unstable_network_side),
     Rule(RULE_SLOW_READER, slow_reader),
 )
