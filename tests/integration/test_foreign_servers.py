@@ -120,3 +120,20 @@ def test_a_clean_server_has_no_shape_finding() -> None:
         counted = tokens_bench(target, streams=16, tokens_field="count")
     assert not rules(plain) & SHAPE_RULES, plain.diagnosis
     assert not rules(counted) & SHAPE_RULES, counted.diagnosis
+
+
+def test_a_grpc_js_server_is_explained_the_same_way(tmp_path) -> None:
+    """Another gRPC implementation (Node's grpc-js): a long first wait, then three words per
+    message on a 10 ms timer."""
+    from tests.integration.test_grpc_lab import bench_json, count_args
+    from tests.node_ticker import ticker_server
+
+    with ticker_server() as target:
+        result = bench_json(tmp_path, target, "--method", count_args()[1], "--request-json",
+                            '{"count": "{max_tokens}", "first_delay_ms": 300, "gap_ms": 10, '
+                            '"words_per_tick": 3, "label": "{request_id}"}',
+                            "--tokens-field", "words", "--index-field", "first_word",
+                            "--concurrency", "8", "--max-tokens", "20")
+    assert rules(result) & SHAPE_RULES == {"output_held_back", "slow_first_message"}, \
+        result.diagnosis
+    assert result.server_threads is not None and result.http2.error is None
