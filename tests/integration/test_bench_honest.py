@@ -98,3 +98,30 @@ def test_open_loop_reports_its_schedule() -> None:
     assert "serve" in run.server_cmdline
     assert "client_behind_schedule" in {f.rule for f in flooded.diagnosis}
     assert "client_behind_schedule" not in {f.rule for f in kept.diagnosis}
+
+
+def test_goodput_under_an_slo(tmp_path) -> None:
+    """A generous SLO passes, a strict one fails and says which term; goodput in the JSON and
+    the summary; a bad term is one line."""
+    with ServerProcess("--devices", "cpu:1", "--step-ms", "5") as server:
+        runs = {}
+        for name, slo in (("generous", ["ttft_p99_ms=5000", "itl_p99_ms=1000"]),
+                          ("strict", ["ttft_p99_ms=5000", "itl_p50_ms=1"])):
+            out = tmp_path / f"{name}.json"
+            done = bench("--target", server.target, "--requests", "16", "--concurrency", "8",
+                         "--max-tokens", "10", "--json", str(out),
+                         *(arg for term in slo for arg in ("--slo", term)))
+            assert done.returncode == 0, done.stderr
+            runs[name] = (json.loads(out.read_text())["goodput"], done.stdout)
+        bad = bench("--target", server.target, "--requests", "1", "--slo", "ttft_p95_ms=10")
+    generous, out = runs["generous"]
+    assert generous["passed"] and generous["good_share"] == 1.0
+    assert set(generous["terms"]) == {"ttft_p99_ms", "itl_p99_ms"}
+    assert generous["requests_per_s"] > 0 and generous["tokens_per_s"] > 0
+    assert "SLO passed" in out
+    strict, out = runs["strict"]
+    assert not strict["passed"] and not strict["terms"]["itl_p50_ms"]["met"]
+    assert strict["terms"]["ttft_p99_ms"]["met"] and strict["good_share"] == 0.0
+    assert "SLO FAILED" in out and "itl_p50_ms" in out and "NOT met" in out
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1
+    assert "METRIC_STAT_ms=BOUND" in bad.stderr

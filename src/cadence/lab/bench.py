@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -10,6 +11,7 @@ import msgspec
 from cadence.credentials import ClientCredentials
 from cadence.lab import results
 from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
+from cadence.lab.analysis.goodput import goodput
 from cadence.lab.analysis.schedule import schedule
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.worker_curves import worker_curves
@@ -89,7 +91,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
               baseline: bool = False, credentials: ClientCredentials | None = None,
               protocol: Target = CADENCE,
               counter: RequestCounter | None = None,
-              server_pid: int | None = None) -> results.BenchResult:
+              server_pid: int | None = None,
+              slo: Sequence[results.SloTerm] = ()) -> results.BenchResult:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
@@ -177,6 +180,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             tokens_field=grpc.tokens_field or None, index_field=grpc.index_field or None,
             headers=sorted({k for k, _ in grpc.headers}),
         )
+    if slo:
+        result.goodput = goodput(records, list(slo), stats)
     if baseline:
         result.baseline, result.overhead_ms = _baseline(target, workload, result)
     result.diagnosis = diagnose(result)

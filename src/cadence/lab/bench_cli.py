@@ -56,6 +56,11 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", action="store_true",
                    help="also run the workload through the engine alone (local server only) "
                         "and report serving overhead")
+    p.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT_ms=BOUND",
+                   help="a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
+                        "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, "
+                        "p90, p99 or max): goodput counts the requests that meet every term, "
+                        "and the run passes when its percentiles do (default: none)")
     p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none anyway when stderr is not a terminal)")
@@ -223,6 +228,7 @@ def workload_from_args(args: argparse.Namespace):
 
 def _bench(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
+    from cadence.lab.analysis.goodput import parse_term
     from cadence.lab.bench import run_bench
     from cadence.lab.load.cadence_v1 import CadenceTarget
     from cadence.lab.load.grpc_schema import SchemaError
@@ -235,6 +241,7 @@ def _bench(args: argparse.Namespace) -> None:
     workload = workload_from_args(args)
     try:
         credentials = from_arguments(args)
+        slo = [parse_term(text) for text in args.slo]
     except ValueError as exc:
         sys.exit(f"cadence bench: {exc}")
     kserve, resolve = protocol_from_args(args, "bench")
@@ -260,7 +267,7 @@ def _bench(args: argparse.Namespace) -> None:
             result = run_bench(args.target, workload, processes=args.procs,
                                channels=args.channels, baseline=args.baseline,
                                credentials=credentials, protocol=protocol, counter=counter,
-                               server_pid=args.server_pid)
+                               server_pid=args.server_pid, slo=slo)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     print_summary(result)

@@ -318,6 +318,37 @@ class Finding(msgspec.Struct, kw_only=True):
     look_at: str
 
 
+class SloTerm(msgspec.Struct, frozen=True, kw_only=True):
+    """One term of a latency SLO: METRIC_STAT_ms <= bound_ms (`--slo ttft_p99_ms=150`)."""
+
+    metric: str
+    stat: str
+    bound_ms: float
+
+
+class TermResult(msgspec.Struct, kw_only=True):
+    """One SLO term against the run's own percentile."""
+
+    bound_ms: float
+    measured_ms: float = math.nan
+    met: bool = False
+
+
+class Goodput(msgspec.Struct, kw_only=True):
+    """The run under its SLO (`cadence bench --slo`, `cadence.lab.analysis.goodput`)."""
+
+    terms: dict[str, TermResult] = {}
+    """Each term by its name (`ttft_p99_ms`): the run's percentile against the bound."""
+    passed: bool = False
+    """Every term met by the run's percentiles."""
+    requests_per_s: float = math.nan
+    """Good requests (every term met by the request's own values) per second of the run."""
+    tokens_per_s: float = math.nan
+    """Their tokens per second."""
+    good_share: float = math.nan
+    good_requests: int = 0
+
+
 class ThreadGroup(msgspec.Struct, kw_only=True):
     """The server's threads of one name (numbers as N) over the run; percentages of one core."""
 
@@ -401,6 +432,8 @@ class BenchResult(RunStats, kw_only=True):
     diagnosis: list[Finding] = []
     run: RunInfo | UnsetType = UNSET
     http2: Http2Settings | UnsetType = UNSET
+    goodput: Goodput | UnsetType = UNSET
+    """The run under the SLO of `--slo`; unset without one."""
     server_threads: ServerThreads | None | UnsetType = UNSET
     """The server's threads over the run, when its processes are on this host."""
     """A gRPC target's HTTP/2 settings (not read over HTTP/1, i.e. --protocol openai)."""

@@ -78,6 +78,23 @@ def _run(result: BenchResult, title: str = "Run") -> str:
     return section(title, table(("", "value"), rows))
 
 
+def _goodput(result: BenchResult) -> str:
+    """The run under its SLO (`--slo`); "" without one."""
+    goodput = field(result, "goodput")
+    if goodput is None:
+        return ""
+    rows = [(name, t.bound_ms, t.measured_ms, "yes" if t.met else "no")
+            for name, t in goodput.terms.items()]
+    return section(
+        "Goodput under the SLO",
+        note(f"The run {'passes' if goodput.passed else 'fails'} its SLO. Goodput: "
+             f"{fmt(goodput.requests_per_s)} requests/s, {fmt(goodput.tokens_per_s)} tokens/s "
+             f"({fmt(100 * goodput.good_share)}% of the requests met every term with their own "
+             "values)."),
+        table(("term", "bound (ms)", "the run's value (ms)", "met"), rows,
+              bad=lambda column, cell: column == 3 and cell == "no"))
+
+
 def _http2(result: BenchResult) -> str:
     """The gRPC server's HTTP/2 settings read before the run; "" when not read (HTTP/1)."""
     settings = field(result, "http2")
@@ -442,6 +459,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _run(result),
         _workload(result),
         _diagnosis(result),
+        _goodput(result),
         _throughput(result),
         _aggregates(result),
         _segments(result, _segment_figure(result, out_dir)),

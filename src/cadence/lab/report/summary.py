@@ -17,6 +17,7 @@ from cadence.lab.results import (
     Client,
     Distribution,
     Finding,
+    Goodput,
     Http2Settings,
     RunInfo,
     ScrapedFrontLoop,
@@ -110,6 +111,8 @@ def print_summary(result: BenchResult) -> None:
     else:
         console.print("integrity: " + ", ".join(
             f"{_CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
+    if result.goodput:
+        console.print(goodput_line(result.goodput), highlight=False, markup=False)
     _print_diagnosis(console, result.diagnosis)
     if result.aborted:
         from rich.markup import escape
@@ -157,6 +160,15 @@ def _has_py_spy() -> bool:
     import shutil
 
     return shutil.which("py-spy") is not None
+
+
+def goodput_line(goodput: Goodput) -> str:
+    """The run under its SLO: goodput, and each term against the run's percentile."""
+    terms = ", ".join(f"{name} {t.measured_ms:.1f} <= {t.bound_ms:g} "
+                      + ("met" if t.met else "NOT met") for name, t in goodput.terms.items())
+    return (f"SLO {'passed' if goodput.passed else 'FAILED'} ({terms}); goodput "
+            f"{goodput.requests_per_s:.1f} requests/s, {goodput.tokens_per_s:,.0f} tokens/s, "
+            f"{goodput.good_share:.0%} of requests good")
 
 
 def http2_line(settings: Http2Settings) -> str:
