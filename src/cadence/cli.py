@@ -335,11 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_demo(sub)
     from cadence.lab.bench_cli import add_bench
+    from cadence.lab.capacity_cli import add_capacity
     from cadence.lab.report_cli import add_report
     from cadence.lab.sweep_cli import add_sweep
 
     add_bench(sub)
     add_sweep(sub)
+    add_capacity(sub)
     add_report(sub)
     # The commands listed once, in the description, rather than again as a positional.
     commands = "\n".join(f"  {a.dest:<10}{a.help}" for a in sub._choices_actions)

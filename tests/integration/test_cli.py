@@ -11,7 +11,7 @@ import pytest
 
 from cadence.cli import build_parser
 
-COMMANDS = ("serve", "generate", "demo", "bench", "sweep", "report")
+COMMANDS = ("serve", "generate", "demo", "bench", "sweep", "capacity", "report")
 
 
 def _cadence(*args: str) -> subprocess.CompletedProcess:

@@ -230,13 +230,9 @@ def _bench(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.analysis.goodput import parse_term
     from cadence.lab.bench import run_bench
-    from cadence.lab.load.cadence_v1 import CadenceTarget
-    from cadence.lab.load.grpc_schema import SchemaError
-    from cadence.lab.load.probe import require_protocol
     from cadence.lab.load.processes import RequestCounter
     from cadence.lab.load.progress import BenchProgress, progress_wanted
     from cadence.lab.report.summary import print_summary
-    from cadence.lab.servers.readiness import require_reachable
 
     workload = workload_from_args(args)
     try:
@@ -244,20 +240,7 @@ def _bench(args: argparse.Namespace) -> None:
         slo = [parse_term(text) for text in args.slo]
     except ValueError as exc:
         sys.exit(f"cadence bench: {exc}")
-    kserve, resolve = protocol_from_args(args, "bench")
-    openai = openai_from_args(args, "bench")
-    try:
-        if openai is None:
-            require_reachable(args.target, credentials)
-        else:
-            from cadence.lab.load.openai_http import require_http
-
-            require_http(openai)
-        grpc = resolve(args.target, credentials) if resolve else None
-        protocol = openai or grpc or kserve or CadenceTarget()
-        require_protocol(protocol, args.target, credentials)
-    except (RuntimeError, SchemaError) as exc:
-        sys.exit(f"cadence bench: {exc}")
+    protocol = running_protocol(args, "bench", credentials)
     counter, shown = None, contextlib.nullcontext()
     if progress_wanted(args.no_progress):
         counter = RequestCounter()
@@ -279,6 +262,31 @@ def _bench(args: argparse.Namespace) -> None:
     failed = _failed(result)
     if failed:
         sys.exit(f"cadence bench: {failed}")
+
+
+def running_protocol(args: argparse.Namespace, command: str, credentials):
+    """The protocol to speak to the running server at `args.target`, checked to answer it
+    (one probe request); exits with one line when it does not."""
+    from cadence.lab.load.cadence_v1 import CadenceTarget
+    from cadence.lab.load.grpc_schema import SchemaError
+    from cadence.lab.load.probe import require_protocol
+    from cadence.lab.servers.readiness import require_reachable
+
+    kserve, resolve = protocol_from_args(args, command)
+    openai = openai_from_args(args, command)
+    try:
+        if openai is None:
+            require_reachable(args.target, credentials)
+        else:
+            from cadence.lab.load.openai_http import require_http
+
+            require_http(openai)
+        grpc = resolve(args.target, credentials) if resolve else None
+        protocol = openai or grpc or kserve or CadenceTarget()
+        require_protocol(protocol, args.target, credentials)
+    except (RuntimeError, SchemaError) as exc:
+        sys.exit(f"cadence {command}: {exc}")
+    return protocol
 
 
 def _failed(result: BenchResult) -> str | None:

@@ -495,6 +495,54 @@ class SweepResult(msgspec.Struct, kw_only=True):
     sweep: Sweep
 
 
+class CapacityPoint(msgspec.Struct, kw_only=True):
+    """One run of a capacity search: the load, its percentiles, whether it met the SLO."""
+
+    value: float
+    passed: bool
+    client_limited: bool = False
+    """The client, not the server, limited this run (client_saturated,
+    client_behind_schedule): not counted as the server's."""
+    ttft_p99_ms: float = math.nan
+    itl_p99_ms: float = math.nan
+    tokens_per_s: float = math.nan
+    goodput_tokens_per_s: float = math.nan
+    failed_terms: list[str] = []
+    errors: int = 0
+    diagnosis: list[str] = []
+    """The rules that fired."""
+    ttft_p99_parts_ms: dict[str, float] = {}
+    """With cadence's timing: each part of TTFT at p99 (client_to_front, queue, ...)."""
+
+
+class Capacity(msgspec.Struct, kw_only=True):
+    """`cadence capacity`: the largest load that meets the SLO, and what binds it."""
+
+    search: str
+    """concurrency or rate."""
+    slo: list[SloTerm] = []
+    max_passing: float | None = None
+    first_failing: float | None = None
+    binding: list[str] = []
+    """The SLO term(s) the first failing point missed."""
+    why: list[Finding] = []
+    """The diagnosis at the first failing point: why capacity stops there."""
+    knee: str | None = None
+    """With cadence's timing: the part of TTFT that grew the most from the largest passing
+    load to the first failing one, in one sentence."""
+    client_limited_at: float | None = None
+    """The search stopped here: the client limited the run (add --procs)."""
+    points: list[CapacityPoint] = []
+    runs: int = 0
+    elapsed_s: float = 0.0
+
+
+class CapacityResult(msgspec.Struct, kw_only=True):
+    """What `cadence capacity --json` writes."""
+
+    capacity: Capacity
+
+
 def to_builtins(result: BenchResult | SweepResult) -> dict:
     """`result` as plain data for `json.dump`, keys as the lab has always written them."""
     out = msgspec.to_builtins(result)

@@ -36,7 +36,9 @@ def under_capacity(facts: RunFacts) -> list[Finding]:
     tokens_per_s = facts.result.tokens_per_s
     if not (itl and ttft and typical and facts.workers and finite(tokens_per_s)):
         return []
-    if itl.p50 > SLOW_READER_ITL_FACTOR * typical or ttft_high(facts, ttft.p50):
+    # Latency is normal in its tail too: a p90 TTFT that waits for a place in the batch is a
+    # server at its limit, not one with room to spare.
+    if itl.p50 > SLOW_READER_ITL_FACTOR * typical or ttft_high(facts, ttft.p90):
         return []
     per_step = tokens_per_s * typical / 1e3 / len(facts.workers)
     if per_step >= UNDER_CAPACITY_BATCH:

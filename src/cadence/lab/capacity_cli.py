@@ -1,0 +1,111 @@
+"""The `cadence capacity` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cadence.lab.bench_cli import add_protocol_args, add_workload_args
+
+
+def add_capacity(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("capacity", help="the largest load a running server takes within a "
+                                        "latency SLO, and what binds it there")
+    p.add_argument("--target", required=True,
+                   help="HOST:PORT of the running server (--protocol openai: http://HOST:PORT)")
+    p.add_argument("--search", required=True, choices=["concurrency", "rate"],
+                   help="what to raise: streams at once (closed loop) or requests/s (open loop)")
+    p.add_argument("--slo", required=True, action="append", metavar="METRIC_STAT_ms=BOUND",
+                   help="a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
+                        "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, "
+                        "p90, p99 or max); a load passes when its run's percentiles meet every "
+                        "term and no request failed")
+    p.add_argument("--low", type=float, default=1.0, help="the smallest load tried")
+    p.add_argument("--high", type=float, default=256.0, help="the largest load tried")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs per load; a load passes only when every run does")
+    p.add_argument("--json", dest="json_path", default=None, help="write the search here")
+    add_protocol_args(p)
+    add_workload_args(p)
+    p.set_defaults(func=_capacity)
+
+
+def _capacity(args: argparse.Namespace) -> None:
+    from cadence.credentials import from_arguments
+    from cadence.lab.analysis.goodput import parse_term
+    from cadence.lab.bench import run_bench
+    from cadence.lab.bench_cli import running_protocol, workload_from_args
+    from cadence.lab.capacity import at_load, search
+    from cadence.lab.results import CapacityResult
+
+    if not 0 < args.low < args.high:
+        sys.exit("cadence capacity: --low must be above 0 and below --high")
+    if args.repeat < 1:
+        sys.exit("cadence capacity: --repeat must be at least 1")
+    if args.search == "concurrency" and (args.low != int(args.low) or args.high != int(args.high)):
+        sys.exit("cadence capacity: --search concurrency takes whole --low and --high")
+    workload = workload_from_args(args)
+    try:
+        credentials = from_arguments(args)
+        slo = [parse_term(text) for text in args.slo]
+    except ValueError as exc:
+        sys.exit(f"cadence capacity: {exc}")
+    protocol = running_protocol(args, "capacity", credentials)
+
+    def run(value: float):
+        return run_bench(args.target, at_load(workload, args.search, value),
+                         processes=args.procs, channels=args.channels,
+                         credentials=credentials, protocol=protocol, slo=slo)
+
+    try:
+        capacity = search(run, args.search, args.low, args.high, slo, args.repeat)
+    except RuntimeError as exc:
+        sys.exit(f"cadence capacity: {exc}")
+    print_capacity(capacity)
+    if args.json_path:
+        import msgspec
+
+        with open(args.json_path, "w") as f:
+            json.dump(msgspec.to_builtins(CapacityResult(capacity=capacity)), f)
+    if capacity.client_limited_at is not None:
+        sys.exit(f"cadence capacity: the client limited the run at {args.search} "
+                 f"{capacity.client_limited_at:g}, so the search cannot say what the server "
+                 "takes: add --procs (or run the client on another host)")
+
+
+def print_capacity(capacity) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from cadence.lab.capacity import slo_names
+    from cadence.lab.report.summary import PIPED_WIDTH
+
+    piped = not sys.stdout.isatty()
+    console = Console(soft_wrap=piped, width=PIPED_WIDTH if piped else None)
+    table = Table(title=f"cadence capacity: {capacity.search} within {slo_names(capacity.slo)}")
+    for column in (capacity.search, "TTFT p99 ms", "ITL p99 ms", "tokens/s", "goodput tokens/s",
+                   "SLO", "diagnosis"):
+        table.add_column(column)
+    for p in sorted(capacity.points, key=lambda p: p.value):
+        table.add_row(f"{p.value:g}", f"{p.ttft_p99_ms:.1f}", f"{p.itl_p99_ms:.1f}",
+                      f"{p.tokens_per_s:,.0f}", f"{p.goodput_tokens_per_s:,.0f}",
+                      "met" if p.passed else ("client-limited" if p.client_limited else
+                                              "missed: " + ", ".join(p.failed_terms)),
+                      " ".join(p.diagnosis))
+    console.print(table)
+    if capacity.max_passing is None:
+        console.print(f"no {capacity.search} tried meets the SLO", highlight=False)
+    else:
+        console.print(f"capacity: {capacity.search} {capacity.max_passing:g} meets the SLO",
+                      highlight=False)
+    if capacity.first_failing is not None and capacity.client_limited_at is None:
+        console.print(f"{capacity.search} {capacity.first_failing:g} misses it: "
+                      f"{', '.join(capacity.binding)}", highlight=False)
+        if capacity.knee:
+            console.print(f"  where the time went: {capacity.knee}", highlight=False,
+                          markup=False)
+        for f in capacity.why:
+            console.print(f"  why, {f.rule}: {f.finding}\n    look at: {f.look_at}",
+                          highlight=False, markup=False)
+    console.print(f"search: {capacity.runs} runs in {capacity.elapsed_s:.1f} s", highlight=False)

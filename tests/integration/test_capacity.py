@@ -1,0 +1,60 @@
+"""`cadence capacity` finds planted knees exactly, in a few runs, and names what binds them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.test_grpc_lab import EXAMPLE, TOKENS_METHOD, TOKENS_REQUEST, python_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def capacity(tmp_path: Path, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
+    out = tmp_path / "capacity.json"
+    done = subprocess.run([sys.executable, "-m", "cadence.cli", "capacity",
+                           "--json", str(out), *args], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT, check=False)
+    return (json.loads(out.read_text())["capacity"] if out.exists() else {}), done
+
+
+def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
+    """--max-batch 4 with 10-token streams: a fifth stream waits a whole stream for a place."""
+    with ServerProcess("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
+        found, done = capacity(tmp_path, "--target", server.target, "--search", "concurrency",
+                               "--slo", "ttft_p99_ms=60", "--low", "1", "--high", "32",
+                               "--duration", "1", "--max-tokens", "10")
+    assert done.returncode == 0, done.stderr
+    assert (found["max_passing"], found["first_failing"]) == (4, 5)
+    assert found["binding"] == ["ttft_p99_ms"] and found["runs"] <= 8
+    assert "queue grew the most" in found["knee"]
+    assert {p["value"] for p in found["points"]} >= {1, 4, 5, 32}
+    assert "capacity: concurrency 4 meets the SLO" in done.stdout
+    assert f"search: {found['runs']} runs in" in done.stdout
+
+
+def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
+    """The worked example's sync server with a pool of 4 threads: a fifth stream waits for a
+    thread, a whole stream long."""
+    with python_server(str(EXAMPLE), "--step-ms", "10", "--threads", "4",
+                       "--design", "shared") as target:
+        found, done = capacity(tmp_path, "--target", target, "--protocol", "grpc",
+                               "--method", TOKENS_METHOD, "--request-json", TOKENS_REQUEST,
+                               "--search", "concurrency", "--slo", "ttft_p99_ms=80",
+                               "--low", "1", "--high", "16", "--duration", "1",
+                               "--max-tokens", "10")
+    assert done.returncode == 0, done.stderr
+    assert (found["max_passing"], found["first_failing"]) == (4, 5)
+    assert found["runs"] <= 8
+
+
+def test_bad_arguments_are_one_line(tmp_path) -> None:
+    for args, said in ((["--slo", "ttft_p95_ms=1"], "METRIC_STAT_ms=BOUND"),
+                       (["--slo", "ttft_p99_ms=1", "--low", "8", "--high", "4"], "--low")):
+        _, done = capacity(tmp_path, "--target", "127.0.0.1:1", "--search", "concurrency",
+                           "--requests", "4", *args)
+        assert done.returncode != 0 and said in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
