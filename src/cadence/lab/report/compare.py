@@ -1,0 +1,100 @@
+"""`cadence report a.json b.json ...`: bench runs side by side, each metric's ratio to the
+first run, and gates (`--fail-if 'ttft_p99_ms>1.1x'`) that hold a server to an earlier run.
+
+A metric is a distribution's statistic named as the SLO terms are (`ttft_p99_ms`,
+`itl_p50_ms`, `e2e_max_ms`, `chunk_gap_p90_ms`, `token_delay_p99_ms`, `tpot_p50_ms`) or a
+run figure (`tokens_per_s`, `requests_per_s`, `chunks_per_s`, `errors`). A gate is
+`METRIC>FACTORx` or `METRIC<FACTORx` (against the first run) or `METRIC>VALUE` /
+`METRIC<VALUE` (absolute), judged on every later run.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from cadence.lab.results import BenchResult, Distribution
+
+DISTRIBUTIONS = ("ttft", "itl", "tpot", "e2e", "chunk_gap", "token_delay")
+STATS = ("p50", "p90", "p99", "max", "mean")
+FIGURES = ("tokens_per_s", "requests_per_s", "chunks_per_s", "errors")
+SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p99_ms",
+         "token_delay_p99_ms", "tokens_per_s", "requests_per_s", "errors")
+_METRIC = re.compile(r"^(?P<dist>[a-z0-9_]+?)_(?P<stat>p50|p90|p99|max|mean)_ms$")
+_GATE = re.compile(r"^(?P<metric>[a-z0-9_]+)\s*(?P<op>[<>])\s*(?P<value>[0-9.]+)(?P<x>x?)$")
+
+
+def metric(result: BenchResult, name: str) -> float:
+    """The run's value of `name`; NaN when the run lacks it; ValueError for an unknown name."""
+    if name == "errors":
+        return float(sum(result.errors_by_code.values()))
+    if name in FIGURES:
+        return float(getattr(result, name))
+    match = _METRIC.match(name)
+    if match is None or match["dist"] not in DISTRIBUTIONS:
+        raise ValueError(
+            f"unknown metric {name!r}: use DIST_STAT_ms with DIST one of "
+            f"{', '.join(DISTRIBUTIONS)} and STAT one of {', '.join(STATS)}, or one of "
+            f"{', '.join(FIGURES)}")
+    dist = getattr(result, f"{match['dist']}_ms", None)
+    if not isinstance(dist, Distribution) or not dist.count:
+        return math.nan
+    return float(getattr(dist, match["stat"]))
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str
+    above: bool
+    """Fails when the value is above the bound (`>`), else below it (`<`)."""
+    value: float
+    relative: bool
+    """The bound is `value` times the first run's (`1.1x`), else `value` itself."""
+
+    @property
+    def text(self) -> str:
+        return f"{self.metric}{'>' if self.above else '<'}{self.value:g}{'x' if self.relative else ''}"
+
+    def failure(self, base: BenchResult, run: BenchResult, label: str) -> str | None:
+        """Why `run` fails the gate, in one line; None when it passes."""
+        value = metric(run, self.metric)
+        bound = self.value * metric(base, self.metric) if self.relative else self.value
+        if math.isnan(value) or math.isnan(bound):
+            return f"{label}: {self.text}: {self.metric} is missing, so the gate cannot pass"
+        if (value > bound) if self.above else (value < bound):
+            return (f"{label}: {self.text} failed: {self.metric} {value:.4g} against a bound of "
+                    f"{bound:.4g}")
+        return None
+
+
+def parse_gate(text: str) -> Gate:
+    match = _GATE.match(text.strip())
+    if match is None:
+        raise ValueError(f"--fail-if {text!r}: expected METRIC>FACTORx, METRIC<FACTORx, "
+                         "METRIC>VALUE or METRIC<VALUE (e.g. 'ttft_p99_ms>1.1x')")
+    gate = Gate(metric=match["metric"], above=match["op"] == ">", value=float(match["value"]),
+                relative=bool(match["x"]))
+    metric(BenchResult(), gate.metric)  # an unknown name fails here, before any judging
+    return gate
+
+
+def rows(results: list[BenchResult], names: tuple[str, ...] = SHOWN) -> list[list[str]]:
+    """Per metric: each run's value and, after the first, its ratio to the first run's."""
+    out = []
+    for name in names:
+        values = [metric(r, name) for r in results]
+        base = values[0]
+        cells = [name, _number(base)]
+        for value in values[1:]:
+            ratio = value / base if base and not math.isnan(base) and not math.isnan(value) \
+                else math.nan
+            cells.append(_number(value) + ("" if math.isnan(ratio) else f" ({ratio:.2f}x)"))
+        out.append(cells)
+    return out
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "—"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.2f}"
