@@ -65,9 +65,10 @@ def test_the_command_exits_non_zero_on_a_failed_gate(tmp_path, capsys) -> None:
         main(["report", str(BASE), str(ok), str(bad), "--fail-if", "ttft_p99_ms>1.1x"])
     assert exited.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"cadence report: {bad.name}: ttft_p99_ms>1.1x failed: ttft_p99_ms "
-                   f"{load(bad).ttft_ms.p99:.4g} against a bound of "
-                   f"{1.1 * load(BASE).ttft_ms.p99:.4g}"]
+    expected = (f"cadence report: {bad.name}: ttft_p99_ms>1.1x failed: ttft_p99_ms "
+                f"{load(bad).ttft_ms.p99:.4g} against a bound of "
+                f"{1.1 * load(BASE).ttft_ms.p99:.4g}")
+    assert err == [expected]
 
 
 def test_one_line_for_what_cannot_be_compared(tmp_path) -> None:
