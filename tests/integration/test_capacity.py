@@ -34,6 +34,14 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
     assert {p["value"] for p in found["points"]} >= {1, 4, 5, 32}
     assert "capacity: concurrency 4 meets the SLO" in done.stdout
     assert f"search: {found['runs']} runs in" in done.stdout
+    # The load curve and every run, in the report.
+    report = subprocess.run([sys.executable, "-m", "cadence.cli", "report",
+                             str(tmp_path / "capacity.json"), "--out", str(tmp_path / "r")],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "Where capacity stops" in page and "queue grew the most" in page
+    assert (tmp_path / "r" / "capacity.png").stat().st_size > 10_000
 
 
 def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:

@@ -108,9 +108,19 @@ def _report(args: argparse.Namespace) -> None:
 
     source = Path(args.results[0])
     data = _read(args.results[0])
+    out_dir = Path(args.out) if args.out else source.with_name(f"{source.stem}-report")
+    if "capacity" in data:
+        from cadence.lab.report.capacity import render_capacity
+        from cadence.lab.results import CapacityResult
+
+        try:
+            capacity = msgspec.convert(data, CapacityResult).capacity
+        except msgspec.ValidationError as exc:
+            sys.exit(f"cadence report: {source} is not a capacity result: {exc}")
+        print(render_capacity(capacity, out_dir, source=source.name))
+        return
     try:
         result, records_note = decode_result(data)
     except msgspec.ValidationError as exc:
         sys.exit(f"cadence report: {source} is not a bench or sweep result: {exc}")
-    out_dir = Path(args.out) if args.out else source.with_name(f"{source.stem}-report")
     print(render_report(result, out_dir, source=source.name, records_note=records_note))

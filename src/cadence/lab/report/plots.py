@@ -18,7 +18,15 @@ import msgspec
 
 from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, percentile, ttft_ms
 from cadence.lab.load.records import RequestRecord
-from cadence.lab.results import BenchResult, Distribution, Sweep, SweepPoint, System, WorkerCurve
+from cadence.lab.results import (
+    BenchResult,
+    Capacity,
+    Distribution,
+    Sweep,
+    SweepPoint,
+    System,
+    WorkerCurve,
+)
 
 _DPI = 100
 SEGMENT_ORDER = ("client_to_front", "queue", "engine_step", "transfer", "buffer", "send")
@@ -419,3 +427,40 @@ def plot_sweep(sweep: Sweep, path: Path) -> Path | None:
     to the highest repeat; log axes where the values span a decade or more."""
     fig = sweep_figure(sweep)
     return None if fig is None else _save(fig, path)
+
+
+def plot_capacity(capacity: Capacity, path: Path) -> Path | None:
+    """The load curve of a capacity search: tokens/s and goodput against load, TTFT p99 and
+    ITL p99 against load with the SLO's bounds, the knee (largest passing load) marked."""
+    points = sorted(capacity.points, key=lambda p: p.value)
+    if not points:
+        return None
+    fig, (top, bottom) = _figure(8.0, 7.0, nrows=2)
+    xs = [p.value for p in points]
+    top.plot(xs, [p.tokens_per_s for p in points], marker="o", label="tokens/s")
+    top.plot(xs, [p.goodput_tokens_per_s for p in points], marker="s", label="goodput tokens/s")
+    top.set_ylabel("tokens/s")
+    for name, values in (("TTFT p99", [p.ttft_p99_ms for p in points]),
+                         ("ITL p99", [p.itl_p99_ms for p in points])):
+        bottom.plot(xs, values, marker="o", label=name)
+    for term in capacity.slo:
+        if term.metric in ("ttft", "itl") and term.stat in ("p99", "p90", "p50", "max"):
+            bottom.axhline(term.bound_ms, ls="--", lw=1, color="grey")
+            bottom.annotate(f"SLO {term.metric}_{term.stat} {term.bound_ms:g} ms",
+                            (xs[0], term.bound_ms), fontsize=8, va="bottom")
+    bottom.set_ylabel("ms")
+    bottom.set_xlabel(capacity.search)
+    if xs[-1] / xs[0] >= 10:
+        bottom.set_xscale("log")
+        values = [v for p in points for v in (p.ttft_p99_ms, p.itl_p99_ms)
+                  if math.isfinite(v) and v > 0]
+        if values and max(values) / min(values) >= 10:
+            bottom.set_yscale("log")
+    if capacity.max_passing is not None:
+        for ax in (top, bottom):
+            ax.axvline(capacity.max_passing, color="green", lw=1.5, alpha=0.7)
+        top.annotate(f"knee: {capacity.max_passing:g}", (capacity.max_passing, 0),
+                     xycoords=("data", "axes fraction"), fontsize=9, va="bottom")
+    top.legend(fontsize=8)
+    bottom.legend(fontsize=8)
+    return _save(fig, path)
