@@ -137,3 +137,29 @@ def test_a_grpc_js_server_is_explained_the_same_way(tmp_path) -> None:
     assert rules(result) & SHAPE_RULES == {"output_held_back", "slow_first_message"}, \
         result.diagnosis
     assert result.server_threads is not None and result.http2.error is None
+
+
+def test_py_spy_says_what_a_python_servers_threads_are_doing() -> None:
+    """The worked example's sync pool: every handler thread sits in the shared queue's wait,
+    called from the handler's own code."""
+    import subprocess
+
+    import pytest
+
+    from cadence.lab.measure.stacks import py_spy
+    from tests.integration.test_grpc_lab import EXAMPLE
+
+    command = py_spy()
+    if command is None:
+        pytest.skip("py-spy is not installed (pip install 'cadence[lab]')")
+    probe = subprocess.run([command, "dump", "--pid", str(__import__("os").getpid())],
+                           capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"py-spy cannot read processes here (ptrace): {probe.stderr.strip()[:200]}")
+    with python_server(str(EXAMPLE), "--step-ms", "10", "--threads", "4",
+                       "--design", "shared") as target:
+        result = tokens_bench(target, streams=16, requests=48)
+    stacks = {g.name: g for g in result.server_threads.stacks or []}
+    handlers = stacks["handler_N"]
+    assert handlers.threads == 4 and handlers.samples >= 4
+    assert any(s.code and "next_token" in s.code for s in handlers.spots), handlers

@@ -100,8 +100,7 @@ def test_threads_that_wait_for_a_cpu_are_named() -> None:
 
 
 def test_thread_groups_in_the_summary_say_what_py_spy_would_add() -> None:
-    import shutil
-
+    from cadence.lab.measure.stacks import py_spy
     from cadence.lab.report import summary
 
     result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}],
@@ -110,4 +109,4 @@ def test_thread_groups_in_the_summary_say_what_py_spy_would_add() -> None:
     lines = summary.thread_lines(result.server_threads)
     assert lines[0].startswith("server threads (8 in 1 process(es), % of one core): python x2 "
                                "50% (busiest 45%, waiting for a CPU 3%")
-    assert ("pip install py-spy" in lines[-1]) == (shutil.which("py-spy") is None)
+    assert ("pip install py-spy" in lines[-1]) == (py_spy() is None)

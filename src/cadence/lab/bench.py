@@ -32,6 +32,7 @@ from cadence.lab.measure.discovery import (
 from cadence.lab.measure.http2 import read_settings
 from cadence.lab.measure.run_context import run_context
 from cadence.lab.measure.sampler import SystemSampler
+from cadence.lab.measure.stacks import StackSampler
 from cadence.lab.measure.threads import ThreadReader
 
 
@@ -122,17 +123,26 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     for process_name, pid in server.items():
         sampler.watch(process_name, pid)
     threads = ThreadReader(_roots(server))
+    # cadence's own servers time every hop; a server the lab knows nothing of gets py-spy.
+    stacks = StackSampler(_roots(server) if name != "cadence" else [])
+
+    def run_starts() -> None:
+        threads.start()
+        stacks.start()
+
     sampler.start()
     try:
         processes_out = run_load(
             workload.plans(target, processes, channels, credentials, protocol),
             on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
             counter=counter,
-            on_start=threads.start,
+            on_start=run_starts,
         )
     finally:
         system = sampler.stop()
     server_threads = threads.stop()
+    if server_threads is not None:
+        server_threads.stacks = stacks.stop()
     records = [r for p in processes_out for r in p.records]
     stats = summarize(records)
     client_cpu_s = sum(p.cpu_s for p in processes_out)

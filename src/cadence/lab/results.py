@@ -377,6 +377,26 @@ class ServerProcessThreads(msgspec.Struct, kw_only=True):
     busiest_thread_cpu_pct: float = 0.0
 
 
+class StackSpot(msgspec.Struct, kw_only=True):
+    """Where a thread group's threads were when sampled, and how often."""
+
+    where: str
+    """The innermost Python frame; "(idle)" when py-spy saw the thread waiting."""
+    code: str | None = None
+    """The innermost frame of the server's own code (not the standard library or a package)."""
+    count: int = 0
+
+
+class StackGroup(msgspec.Struct, kw_only=True):
+    """A Python server's thread group as py-spy saw it during the run."""
+
+    name: str
+    threads: int = 0
+    samples: int = 0
+    spots: list[StackSpot] = []
+    """The most frequent places, most frequent first."""
+
+
 class ServerThreads(msgspec.Struct, kw_only=True):
     """Every thread of the server and its children (this host, /proc), over the run."""
 
@@ -387,6 +407,9 @@ class ServerThreads(msgspec.Struct, kw_only=True):
     threads: int = 0
     groups: list[ThreadGroup] = []
     processes: list[ServerProcessThreads] = []
+    stacks: list[StackGroup] | None = None
+    """What the Python server's thread groups were doing (py-spy); null without py-spy, or
+    for cadence's own servers (their timing says more)."""
 
 
 class Http2Settings(msgspec.Struct, kw_only=True):

@@ -120,9 +120,13 @@ def _server_threads(result: BenchResult) -> str:
     rows = [(g.name, g.threads, g.processes, g.cpu_pct, g.busiest_thread_cpu_pct,
              g.wait_for_cpu_pct, g.voluntary_switches_per_s, g.involuntary_switches_per_s)
             for g in threads.groups]
+    stacks = [(g.name, g.threads, g.samples, s.where, s.code, s.count)
+              for g in threads.stacks or [] for s in g.spots]
     return section("Server threads", table(
         ("thread group", "threads", "processes", "CPU % of a core", "busiest thread %",
          "waiting for a CPU %", "voluntary switches/s", "involuntary switches/s"), rows),
+        table(("thread group (py-spy)", "threads", "samples", "innermost frame",
+               "the server's own code", "samples there"), stacks),
         note(f"Every thread of the server's {len(threads.processes)} process(es) on this "
              f"host ({threads.cpus} CPUs), over {threads.wall_s:.2f} s; numbers in names "
              "read as N."))

@@ -150,16 +150,22 @@ def thread_lines(threads: ServerThreads) -> list[str]:
                  f", waiting for a CPU {g.wait_for_cpu_pct:.0f}%, "
                  f"{g.involuntary_switches_per_s:,.0f} preempted/s)"
                  for g in busy[:_THREAD_GROUPS_SHOWN]) or "all idle")]
-    if any(p.python for p in threads.processes) and not _has_py_spy():
+    for group in threads.stacks or []:
+        spots = "; ".join(f"{s.count} in {s.where}" + (f" from {s.code}" if s.code else "")
+                          for s in group.spots)
+        lines.append(f"  {group.name} x{group.threads} (py-spy, {group.samples} samples): "
+                     f"{spots}")
+    if (threads.stacks is None and any(p.python for p in threads.processes)
+            and not _has_py_spy()):
         lines.append("  (pip install py-spy: what each Python thread group is doing, sampled "
                      "during the run, e.g. how many pool threads wait inside the handler)")
     return lines
 
 
 def _has_py_spy() -> bool:
-    import shutil
+    from cadence.lab.measure.stacks import py_spy
 
-    return shutil.which("py-spy") is not None
+    return py_spy() is not None
 
 
 def goodput_line(goodput: Goodput) -> str:
