@@ -227,20 +227,12 @@ def workload_from_args(args: argparse.Namespace):
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from cadence.credentials import from_arguments
-    from cadence.lab.analysis.goodput import parse_term
     from cadence.lab.bench import run_bench
     from cadence.lab.load.processes import RequestCounter
     from cadence.lab.load.progress import BenchProgress, progress_wanted
     from cadence.lab.report.summary import print_summary
 
-    workload = workload_from_args(args)
-    try:
-        credentials = from_arguments(args)
-        slo = [parse_term(text) for text in args.slo]
-    except ValueError as exc:
-        sys.exit(f"cadence bench: {exc}")
-    protocol = running_protocol(args, "bench", credentials)
+    workload, credentials, slo, protocol = bench_inputs(args, "bench")
     counter, shown = None, contextlib.nullcontext()
     if progress_wanted(args.no_progress):
         counter = RequestCounter()
@@ -262,6 +254,21 @@ def _bench(args: argparse.Namespace) -> None:
     failed = _failed(result)
     if failed:
         sys.exit(f"cadence bench: {failed}")
+
+
+def bench_inputs(args: argparse.Namespace, command: str):
+    """(workload, credentials, SLO terms, protocol) for a run against `args.target`; exits
+    with one line when one of them cannot be had."""
+    from cadence.credentials import from_arguments
+    from cadence.lab.analysis.goodput import parse_term
+
+    workload = workload_from_args(args)
+    try:
+        credentials = from_arguments(args)
+        slo = [parse_term(text) for text in args.slo]
+    except ValueError as exc:
+        sys.exit(f"cadence {command}: {exc}")
+    return workload, credentials, slo, running_protocol(args, command, credentials)
 
 
 def running_protocol(args: argparse.Namespace, command: str, credentials):

@@ -32,10 +32,8 @@ def add_capacity(sub: argparse._SubParsersAction) -> None:
 
 
 def _capacity(args: argparse.Namespace) -> None:
-    from cadence.credentials import from_arguments
-    from cadence.lab.analysis.goodput import parse_term
     from cadence.lab.bench import run_bench
-    from cadence.lab.bench_cli import running_protocol, workload_from_args
+    from cadence.lab.bench_cli import bench_inputs
     from cadence.lab.capacity import at_load, search
     from cadence.lab.results import CapacityResult
 
@@ -45,13 +43,7 @@ def _capacity(args: argparse.Namespace) -> None:
         sys.exit("cadence capacity: --repeat must be at least 1")
     if args.search == "concurrency" and (args.low != int(args.low) or args.high != int(args.high)):
         sys.exit("cadence capacity: --search concurrency takes whole --low and --high")
-    workload = workload_from_args(args)
-    try:
-        credentials = from_arguments(args)
-        slo = [parse_term(text) for text in args.slo]
-    except ValueError as exc:
-        sys.exit(f"cadence capacity: {exc}")
-    protocol = running_protocol(args, "capacity", credentials)
+    workload, credentials, slo, protocol = bench_inputs(args, "capacity")
 
     def run(value: float):
         return run_bench(args.target, at_load(workload, args.search, value),
