@@ -375,6 +375,9 @@ class ServerProcessThreads(msgspec.Struct, kw_only=True):
     cpu_pct: float = 0.0
     busiest_thread: str = ""
     busiest_thread_cpu_pct: float = 0.0
+    busiest_thread_wait_pct: float = 0.0
+    """How long the busiest thread was ready but waited for a CPU: with its CPU, what it
+    asked for (a thread at a full core on a shared host gets less than one)."""
 
 
 class StackSpot(msgspec.Struct, kw_only=True):

@@ -144,14 +144,15 @@ class ThreadReader:
                    wall_s: float) -> list[ServerProcessThreads]:
         """Per process: its CPU over the run and its busiest thread (a process at one core
         spread over many threads is one that a lock such as Python's GIL holds to one)."""
-        per: dict[int, list[tuple[str, float]]] = {}
+        per: dict[int, list[tuple[str, float, float]]] = {}
         for key, now in after.items():
             then = self._before.get(key)
             per.setdefault(now.process, []).append(
-                (now.name, now.cpu_s - (then.cpu_s if then else 0.0)))
+                (now.name, now.cpu_s - (then.cpu_s if then else 0.0),
+                 (now.wait_ns - (then.wait_ns if then else 0)) / 1e9))
         rows = []
         for pid, threads in per.items():
-            name, busiest = max(threads, key=lambda t: t[1])
+            name, busiest, waited = max(threads, key=lambda t: t[1])
             try:
                 command = psutil.Process(pid).cmdline()
             except psutil.Error:
@@ -159,7 +160,8 @@ class ThreadReader:
             rows.append(ServerProcessThreads(
                 pid=pid, command=" ".join(command)[:200], threads=len(threads),
                 python=any("python" in os.path.basename(part) for part in command[:1]),
-                cpu_pct=100 * sum(cpu for _, cpu in threads) / wall_s,
-                busiest_thread=name, busiest_thread_cpu_pct=100 * busiest / wall_s))
+                cpu_pct=100 * sum(cpu for _, cpu, _ in threads) / wall_s,
+                busiest_thread=name, busiest_thread_cpu_pct=100 * busiest / wall_s,
+                busiest_thread_wait_pct=100 * waited / wall_s))
         rows.sort(key=lambda r: r.cpu_pct, reverse=True)
         return rows

@@ -37,10 +37,10 @@ GROUP_MIN_SHARE = 0.1
 MIN_STREAMS = 8
 MIN_STREAM_TOKENS = 5
 
-FIRST_GAPS = 5.0
+FIRST_GAPS = 8.0
 """The first message waits this many typical gaps or more..."""
-FIRST_MIN_MS = 50.0
-"""...and this long..."""
+FIRST_MIN_MS = 100.0
+"""...and this long (a busy host alone adds tens of ms before a stream's first message)..."""
 FIRST_EVEN_SHARE = 0.5
 """...for every stream alike: TTFT p90 minus its minimum within this share of its p50 (a
 wait that grew with the streams opened at once would spread)."""
