@@ -8,6 +8,7 @@ a malformed one gets INVALID_ARGUMENT with a reason instead of gRPC's bare INTER
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -87,19 +88,26 @@ class InferenceService:
         except RequestError as exc:  # counted by the core
             await context.abort(grpc_status(exc.failure), exc.message)
         lag = core.metrics.loop_lag_tally if request.include_timing else None
+        initial = self._metadata
         if lag is not None:
             # The front's loop lag so far, at the start and the end of a timed stream: the
             # lab's evidence of a blocked loop, with or without a metrics endpoint.
-            await context.send_initial_metadata(
-                (*(self._metadata or ()), (lag.KEY, lag.encoded())))
-        elif self._metadata is not None:
-            await context.send_initial_metadata(self._metadata)
+            initial = (*(initial or ()), (lag.KEY, lag.encoded()))
+        # Sent just before the first chunk, not now: a send of its own is one more gRPC
+        # operation while the call is taken in, and in a burst of new calls those slow the
+        # intake of every call behind (results/serving_overhead_burst_ab.json).
         request_id = generation.request_id
         with generation:
             try:
                 async for chunk in generation:
+                    if initial is not None:
+                        await context.send_initial_metadata(initial)
+                        initial = None
                     yield to_chunk(chunk, request_id)
             except RequestError as exc:
+                if initial is not None:  # failed before its first chunk: still say which front
+                    with contextlib.suppress(grpc.aio.BaseError):  # the call ended already
+                        await context.send_initial_metadata(initial)
                 # Status set and return rather than abort(): the call may have ended
                 # already (a deadline races gRPC's own), and abort() would raise then.
                 context.set_code(grpc_status(exc.failure))
