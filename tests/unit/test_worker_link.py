@@ -18,6 +18,15 @@ from cadence.transport.sockets import local_addresses
 from cadence.transport.worker_end import WorkerChannel
 
 
+def adds_received(worker: WorkerChannel) -> list[WorkerInputs]:
+    """The messages with requests or aborts that reach `worker` until none has come for a
+    moment (the empty probes of `connected` may arrive first)."""
+    messages: list[WorkerInputs] = []
+    while batch := worker.receive(50 if messages else 2000):
+        messages += [m for m in batch if m.adds or m.aborts]
+    return messages
+
+
 def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> None:
     front = FrontChannel(*local_addresses(1, "ipc"))
     worker = WorkerChannel(front.input_addresses[0], front.output_address)
@@ -34,7 +43,7 @@ def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> No
             await asyncio.sleep(0)  # the tick ends: one flush
 
         asyncio.run(send())
-        received = [m for m in worker.receive(2000) if m.adds or m.aborts]
+        received = adds_received(worker)
         assert received == [WorkerInputs([AddRequest(1, [1, 2], 3, seed=2 ** 64 - 1),
                                           AddRequest(3, [4], 5, seed=-(2 ** 63))], [9])]
     finally:
@@ -52,14 +61,12 @@ def test_a_burst_opened_in_one_tick_reaches_each_worker_as_one_message() -> None
             links = front.links(asyncio.get_running_loop())
             while not all(link.connected() for link in links):
                 await asyncio.sleep(0.01)
-            for worker in workers:  # the probes
-                worker.receive(0)
             core = FrontCore(ServerConfig(max_concurrent=64), links, WorkerRouter(2), FrontMetrics())
             core.refusal = None
             generations = [core.open(Request(prompt=f"call {i}", max_tokens=3), 1, lambda: None)
                            for i in range(64)]
             await asyncio.sleep(0)  # the tick ends
-            received = [[m for m in worker.receive(2000) if m.adds] for worker in workers]
+            received = [adds_received(worker) for worker in workers]
             for generation in generations:
                 generation.close()
             return received
