@@ -68,8 +68,8 @@ def test_timing_fields_follow_the_data_path(server) -> None:
 
 
 def test_a_timed_stream_carries_the_loop_lag_tally_of_its_start_and_its_end(server) -> None:
-    # The start's tally goes out with the first chunk (not in a send of its own); it is still
-    # the one taken when the stream opened, so it never counts more samples than the end's.
+    # The start's tally goes out at the intake's next lull (or with the first chunk); it is
+    # still the one taken when the stream opened, so it never counts more than the end's.
     with grpc.insecure_channel(server.target) as channel:
         call = pb_grpc.InferenceStub(channel).Generate(
             pb.GenerateRequest(prompt="lag", max_tokens=4, include_timing=True), timeout=10)

@@ -93,21 +93,18 @@ class InferenceService:
             # The front's loop lag so far, at the start and the end of a timed stream: the
             # lab's evidence of a blocked loop, with or without a metrics endpoint.
             initial = (*(initial or ()), (lag.KEY, lag.encoded()))
-        # Sent just before the first chunk, not now: a send of its own is one more gRPC
-        # operation while the call is taken in, and in a burst of new calls those slow the
-        # intake of every call behind (results/serving_overhead_burst_ab.json).
         request_id = generation.request_id
         with generation:
             try:
-                async for chunk in generation:
-                    if initial is not None:
+                if initial is not None:
+                    # At the intake's next lull, not now: a send of its own is one more gRPC
+                    # operation, which in a burst of new calls slows the calls behind.
+                    await core.intake_lull(generation)
+                    with contextlib.suppress(grpc.aio.BaseError):  # the call ended: its status says
                         await context.send_initial_metadata(initial)
-                        initial = None
+                async for chunk in generation:
                     yield to_chunk(chunk, request_id)
             except RequestError as exc:
-                if initial is not None:  # failed before its first chunk: still say which front
-                    with contextlib.suppress(grpc.aio.BaseError):  # the call ended already
-                        await context.send_initial_metadata(initial)
                 # Status set and return rather than abort(): the call may have ended
                 # already (a deadline races gRPC's own), and abort() would raise then.
                 context.set_code(grpc_status(exc.failure))
