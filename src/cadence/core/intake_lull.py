@@ -25,7 +25,7 @@ class IntakeLull:
 
     def __init__(self) -> None:
         self.opened = 0
-        """Requests taken in so far (the core counts each one it opens)."""
+        """Calls to open so far (the core counts each one, refused or not)."""
         self._seen = 0
         self._waiting: dict[RequestStream, None] = {}
         self._checking = False

@@ -100,7 +100,7 @@ class InferenceService:
                     # At the intake's next lull, not now: a send of its own is one more gRPC
                     # operation, which in a burst of new calls slows the calls behind.
                     await core.intake_lull(generation)
-                    with contextlib.suppress(grpc.aio.BaseError):  # the call ended: its status says
+                    with contextlib.suppress(grpc.aio.BaseError):  # the call ended meanwhile
                         await context.send_initial_metadata(initial)
                 async for chunk in generation:
                     yield to_chunk(chunk, request_id)
