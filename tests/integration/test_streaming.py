@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
 
@@ -64,6 +65,23 @@ def test_timing_fields_follow_the_data_path(server) -> None:
     for chunk in chunks:
         t = chunk.timing
         assert t.step_start_ns <= t.step_end_ns <= t.front_recv_ns <= t.send_ns
+
+
+def test_a_timed_stream_carries_the_loop_lag_tally_of_its_start_and_its_end(server) -> None:
+    # The start's tally goes out at the intake's next lull (or with the first chunk); it is
+    # still the one taken when the stream opened, so it never counts more than the end's.
+    with grpc.insecure_channel(server.target) as channel:
+        call = pb_grpc.InferenceStub(channel).Generate(
+            pb.GenerateRequest(prompt="lag", max_tokens=4, include_timing=True), timeout=10)
+        assert sum(len(chunk.token_ids) for chunk in call) == 4
+        start = dict(call.initial_metadata())["cadence-loop-lag"]
+        end = dict(call.trailing_metadata())["cadence-loop-lag"]
+    (front, samples, counts), (end_front, end_samples, end_counts) = (
+        tally.split(":") for tally in (start, end))
+    assert front == end_front == "0"
+    assert 0 <= int(samples) <= int(end_samples)
+    assert sum(map(int, counts.split(","))) == int(samples)
+    assert sum(map(int, end_counts.split(","))) == int(end_samples)
 
 
 def test_stop_token_ends_stream_with_stop(server) -> None:

@@ -1,5 +1,5 @@
-"""The front's link to a worker over real ipc sockets: one request's bad value cannot cost the
-others sent in the same tick (issue 25)."""
+"""The front's link to a worker over real ipc sockets: a tick's requests go out as one message
+per worker, and one request's bad value cannot cost the others sent in the same tick (issue 25)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,24 @@ import asyncio
 
 import pytest
 
+from cadence.config import ServerConfig
+from cadence.core.front import FrontCore
+from cadence.core.metrics import FrontMetrics
+from cadence.core.requests import Request
+from cadence.router import WorkerRouter
 from cadence.transport.front_end import FrontChannel, encode_add
 from cadence.transport.messages import AddRequest, WorkerInputs
 from cadence.transport.sockets import local_addresses
 from cadence.transport.worker_end import WorkerChannel
+
+
+def adds_received(worker: WorkerChannel) -> list[WorkerInputs]:
+    """The messages with requests or aborts that reach `worker` until none has come for a
+    moment (the empty probes of `connected` may arrive first)."""
+    messages: list[WorkerInputs] = []
+    while batch := worker.receive(50 if messages else 2000):
+        messages += [m for m in batch if m.adds or m.aborts]
+    return messages
 
 
 def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> None:
@@ -29,9 +43,39 @@ def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> No
             await asyncio.sleep(0)  # the tick ends: one flush
 
         asyncio.run(send())
-        received = [m for m in worker.receive(2000) if m.adds or m.aborts]
+        received = adds_received(worker)
         assert received == [WorkerInputs([AddRequest(1, [1, 2], 3, seed=2 ** 64 - 1),
                                           AddRequest(3, [4], 5, seed=-(2 ** 63))], [9])]
     finally:
         worker.close()
+        front.close()
+
+
+def test_a_burst_opened_in_one_tick_reaches_each_worker_as_one_message() -> None:
+    # Calls taken in during one event-loop tick are admitted and routed one by one, but sent
+    # as a batch: each worker gets one message with its share, not one message per call.
+    front = FrontChannel(*local_addresses(2, "ipc"))
+    workers = [WorkerChannel(address, front.output_address) for address in front.input_addresses]
+    try:
+        async def burst() -> list[list[WorkerInputs]]:
+            links = front.links(asyncio.get_running_loop())
+            while not all(link.connected() for link in links):
+                await asyncio.sleep(0.01)
+            core = FrontCore(ServerConfig(max_concurrent=64), links, WorkerRouter(2), FrontMetrics())
+            core.refusal = None
+            generations = [core.open(Request(prompt=f"call {i}", max_tokens=3), 1, lambda: None)
+                           for i in range(64)]
+            await asyncio.sleep(0)  # the tick ends
+            received = [adds_received(worker) for worker in workers]
+            for generation in generations:
+                generation.close()
+            return received
+
+        received = asyncio.run(burst())
+        assert [[len(m.adds) for m in messages] for messages in received] == [[32], [32]]
+        seq_ids = sorted(add.seq_id for messages in received for add in messages[0].adds)
+        assert seq_ids == list(range(1, 65))
+    finally:
+        for worker in workers:
+            worker.close()
         front.close()

@@ -25,6 +25,7 @@ import msgspec
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
+from cadence.core.intake_lull import IntakeLull
 from cadence.core.metrics import FrontMetrics
 from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
@@ -78,6 +79,7 @@ class FrontCore:
         )
         self.refusal: str | None = "the server is starting; retry shortly"
         """Why new requests are refused (start-up, drain), or None while serving."""
+        self._lull = IntakeLull()
 
     @property
     def active(self) -> int:
@@ -104,6 +106,7 @@ class FrontCore:
         `unique_id` a `request_id` that an open request holds is refused; `task` is
         cancelled if the client stops reading (default: the current one).
         """
+        self._lull.opened += 1
         try:
             if self.refusal is not None:
                 raise RequestError(Failure.UNAVAILABLE, self.refusal)
@@ -158,6 +161,12 @@ class FrontCore:
         link.add(frame)
         return Generation(self, stream, request_id or uuid.uuid4().hex, add.max_tokens,
                           held_id, deadline, time_remaining if remaining is not None else None)
+
+    async def intake_lull(self, generation: Generation) -> None:
+        """Return at the next lull in the intake of new requests (a moment in which none
+        opened), or sooner once `generation` has output or has ended: where an adapter's
+        per-call work that need not come first is cheapest (see intake_lull.py)."""
+        await self._lull.wait(generation.stream)
 
     def _validate(self, seq_id: int, request: Request) -> AddRequest:
         """Check a request and turn it into the worker's message, or raise InvalidRequest."""

@@ -124,7 +124,7 @@ class RequestStream:
         if text is not None:
             self._texts.append(text)
         self._steps += 1
-        self._wake()
+        self.wake()
 
     def _pause(self) -> None:
         self._paused = True
@@ -158,7 +158,7 @@ class RequestStream:
     def end(self, reason: int) -> None:
         """The worker finished the sequence (a Finish value); its last token was pushed already."""
         self.finish = reason
-        self._wake()
+        self.wake()
 
     def fail(self, failure: Failure, message: str) -> None:
         """End the stream with a failure; the first one wins."""
@@ -167,9 +167,10 @@ class RequestStream:
             if self._paused:
                 # Ended with an error, the sequence is aborted, not resumed.
                 self._unpaused()
-            self._wake()
+            self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """End a pending `wait` (output came, the stream ended, or the intake lulled)."""
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None

@@ -8,6 +8,7 @@ a malformed one gets INVALID_ARGUMENT with a reason instead of gRPC's bare INTER
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -87,16 +88,20 @@ class InferenceService:
         except RequestError as exc:  # counted by the core
             await context.abort(grpc_status(exc.failure), exc.message)
         lag = core.metrics.loop_lag_tally if request.include_timing else None
+        initial = self._metadata
         if lag is not None:
             # The front's loop lag so far, at the start and the end of a timed stream: the
             # lab's evidence of a blocked loop, with or without a metrics endpoint.
-            await context.send_initial_metadata(
-                (*(self._metadata or ()), (lag.KEY, lag.encoded())))
-        elif self._metadata is not None:
-            await context.send_initial_metadata(self._metadata)
+            initial = (*(initial or ()), (lag.KEY, lag.encoded()))
         request_id = generation.request_id
         with generation:
             try:
+                if initial is not None:
+                    # At the intake's next lull, not now: a send of its own is one more gRPC
+                    # operation, which in a burst of new calls slows the calls behind.
+                    await core.intake_lull(generation)
+                    with contextlib.suppress(grpc.aio.BaseError):  # the call ended meanwhile
+                        await context.send_initial_metadata(initial)
                 async for chunk in generation:
                     yield to_chunk(chunk, request_id)
             except RequestError as exc:
