@@ -93,10 +93,18 @@ def test_one_core_bound_by_one_thread_or_by_the_gil() -> None:
 def test_threads_that_wait_for_a_cpu_are_named() -> None:
     waiting = [{"name": "OMP_N", "threads": 8, "cpu_pct": 150.0, "wait_for_cpu_pct": 220.0,
                 "involuntary_switches_per_s": 900.0}]
-    found = findings(threads_result([], waiting))["server_threads_wait_for_cpu"]
+    found = findings(threads_result([], waiting, cpus=2))["server_threads_wait_for_cpu"]
     assert found.evidence["waited_cores"] == 2.2 and "OMP_N" in found.finding
     brief = [dict(waiting[0], wait_for_cpu_pct=40.0)]
-    assert "server_threads_wait_for_cpu" not in findings(threads_result([], brief))
+    assert "server_threads_wait_for_cpu" not in findings(threads_result([], brief, cpus=2))
+    # Running and waiting together within the host's cores: the waits are others' doing.
+    assert "server_threads_wait_for_cpu" not in findings(threads_result([], waiting, cpus=8))
+
+
+def test_a_server_that_fills_the_host_is_not_held_to_one_core() -> None:
+    spinning = [{"pid": 10 + k, "python": True, "threads": 1, "cpu_pct": 95.0,
+                 "busiest_thread": "python", "busiest_thread_cpu_pct": 95.0} for k in range(4)]
+    assert "server_one_core_bound" not in findings(threads_result(spinning, [], cpus=4))
 
 
 def test_thread_groups_in_the_summary_say_what_py_spy_would_add() -> None:
@@ -110,3 +118,12 @@ def test_thread_groups_in_the_summary_say_what_py_spy_would_add() -> None:
     assert lines[0].startswith("server threads (8 in 1 process(es), % of one core): python x2 "
                                "50% (busiest 45%, waiting for a CPU 3%")
     assert ("pip install py-spy" in lines[-1]) == (py_spy() is None)
+
+
+def test_requests_failing_gives_way_when_every_failure_was_a_refused_stream() -> None:
+    refused = "Stream removed (RST_STREAM (Received RST_STREAM with error code 7))"
+    only_refused = findings(result(4, errors={"UNAVAILABLE": (4, refused)}))
+    assert "server_stream_limit" in only_refused and "requests_failing" not in only_refused
+    mixed = findings(result(4, errors={"UNAVAILABLE": (4, refused),
+                                       "INTERNAL": (4, "handler raised")}))
+    assert {"server_stream_limit", "requests_failing"} <= set(mixed)

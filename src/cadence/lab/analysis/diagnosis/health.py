@@ -3,9 +3,10 @@ The latency rules read the requests that succeeded; this one says how many did n
 
 from __future__ import annotations
 
+from cadence.lab.analysis.diagnosis.connection import refused_calls
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
-from cadence.lab.analysis.diagnosis.names import RULE_REQUESTS_FAILING
-from cadence.lab.analysis.diagnosis.rule import Rule
+from cadence.lab.analysis.diagnosis.names import RULE_REQUESTS_FAILING, RULE_SERVER_STREAM_LIMIT
+from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.results import Finding
 
 FAILING_SHARE = 0.01
@@ -50,4 +51,10 @@ def requests_failing(facts: RunFacts) -> list[Finding]:
     )]
 
 
-RULES = (Rule(RULE_REQUESTS_FAILING, requests_failing),)
+def _all_refused(finding: Finding, facts: RunFacts) -> bool:
+    """Every failed call was refused by the server's stream limit: that limit is the finding."""
+    return refused_calls(facts) == sum(facts.result.errors_by_code.values())
+
+
+RULES = (Rule(RULE_REQUESTS_FAILING, requests_failing,
+              gives_way_to=(GiveWay(RULE_SERVER_STREAM_LIMIT, _all_refused),)),)

@@ -19,6 +19,10 @@ from cadence.lab.results import Finding
 ONE_CORE_CEILING_PCT = 115.0
 """A process above this much of one core runs on several at once: not held to one."""
 
+SPARE_CORES = 0.5
+"""The host has cores to spare when the server's processes together use less than its cores
+minus this."""
+
 WAIT_CORES = 1.0
 """The server's threads waited for a CPU this many cores' worth of the run (on average one
 thread always ready but not running): the host has too few cores for its runnable threads."""
@@ -30,6 +34,8 @@ def server_one_core_bound(facts: RunFacts) -> list[Finding]:
     threads = facts.result.server_threads or None
     if threads is None or threads.cpus < 2:
         return []  # a one-core host: every process is held to one core
+    if sum(p.cpu_pct for p in threads.processes) > 100 * (threads.cpus - SPARE_CORES):
+        return []  # the server fills the host: no core to spare, so none holds it to one
     findings = []
     for process in threads.processes:
         # What the busiest thread asked for: its CPU and its wait for one (on a shared host a
@@ -73,8 +79,9 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
         return []
     waited = sum(g.wait_for_cpu_pct for g in threads.groups) / 100
     ran = sum(g.cpu_pct for g in threads.groups) / 100
-    if waited < WAIT_CORES or waited / (waited + ran) < WAIT_SHARE:
-        return []
+    if (waited < WAIT_CORES or waited / (waited + ran) < WAIT_SHARE
+            or waited + ran < threads.cpus):
+        return []  # ...and the server itself wants more cores than the host has
     worst = sorted(threads.groups, key=lambda g: g.wait_for_cpu_pct, reverse=True)[:3]
     evidence: dict = {"waited_cores": rounded(waited), "ran_cores": rounded(ran),
                       "host_cpus": threads.cpus, "server_threads": threads.threads}
