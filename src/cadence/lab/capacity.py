@@ -23,13 +23,13 @@ from cadence.lab.analysis.diagnosis import (
     RULE_UNDER_CAPACITY,
 )
 from cadence.lab.analysis.goodput import name as term_name
+from cadence.lab.analysis.stats import TTFT_SEGMENTS
 from cadence.lab.bench import Workload
 from cadence.lab.results import BenchResult, Capacity, CapacityPoint, SloTerm
 
 RATE_TOLERANCE = 1.05
 """A rate search ends when the failing rate is within this factor of the passing one."""
 _CLIENT_LIMITED = {RULE_CLIENT_SATURATED, RULE_CLIENT_BEHIND_SCHEDULE}
-_TTFT_PARTS = ("client_to_front", "queue", "first_step", "transfer", "buffer", "send")
 _PART_MEANS = {
     "client_to_front": "reaching the server: its intake of new calls (accept, thread pool), "
                        "or the network",
@@ -64,7 +64,7 @@ def point(value: float, result: BenchResult) -> CapacityPoint:
         failed_terms=failed + ([f"errors ({errors})"] if errors else []),
         errors=errors, diagnosis=rules,
         ttft_p99_parts_ms={part: getattr(result.ttft_segments_ms, part).p99
-                           for part in _TTFT_PARTS} if result.ttft_segments_ms else {})
+                           for part in TTFT_SEGMENTS} if result.ttft_segments_ms else {})
 
 
 def search(run: Callable[[float], BenchResult], kind: str, low: float, high: float,
@@ -138,7 +138,7 @@ def search(run: Callable[[float], BenchResult], kind: str, low: float, high: flo
 def _knee(passing: CapacityPoint, failing: CapacityPoint) -> str | None:
     """The part of TTFT (p99) that grew the most between the two loads, in one sentence."""
     parts = [(failing.ttft_p99_parts_ms[p] - passing.ttft_p99_parts_ms[p], p)
-             for p in _TTFT_PARTS
+             for p in TTFT_SEGMENTS
              if p in passing.ttft_p99_parts_ms and p in failing.ttft_p99_parts_ms]
     if not parts:
         return None

@@ -11,6 +11,7 @@ from msgspec import UNSET
 
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
 from cadence.lab.measure.scrape import worker_startup
+from cadence.lab.measure.stacks import py_spy
 from cadence.lab.report.integrity import counted_checks
 from cadence.lab.results import (
     BenchResult,
@@ -156,16 +157,10 @@ def thread_lines(threads: ServerThreads) -> list[str]:
         lines.append(f"  {group.name} x{group.threads} (py-spy, {group.samples} samples): "
                      f"{spots}")
     if (threads.stacks is None and any(p.python for p in threads.processes)
-            and not _has_py_spy()):
+            and py_spy() is None):
         lines.append("  (pip install py-spy: what each Python thread group is doing, sampled "
                      "during the run, e.g. how many pool threads wait inside the handler)")
     return lines
-
-
-def _has_py_spy() -> bool:
-    from cadence.lab.measure.stacks import py_spy
-
-    return py_spy() is not None
 
 
 def goodput_line(goodput: Goodput) -> str:
