@@ -22,6 +22,9 @@ absolute schedule. Faults:
 - `none`: a clean server.
 `--max-streams N` (with any fault) sets the server's HTTP/2 concurrent-stream limit per
 connection (grpc.max_concurrent_streams).
+`--otlp-endpoint URL` traces the service as any grpc-python service would be: OpenTelemetry's
+SDK and `opentelemetry-instrumentation-grpc` (one server span per call, in the caller's trace),
+exported over OTLP/gRPC; the `first` fault's wait is then a child span named `queue`.
 It prints `listening on HOST:PORT` once serving and stops on SIGTERM.
 """
 
@@ -47,8 +50,26 @@ def _messages():
     return grpc.protos_and_services("tokens.proto")
 
 
+def _traced(endpoint: str):
+    """Instrument grpc.aio servers and return a tracer for the service's own spans."""
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "planted"}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint),
+                                                   schedule_delay_millis=200))
+    trace.set_tracer_provider(provider)
+    GrpcAioInstrumentorServer().instrument()
+    return provider, trace.get_tracer("planted")
+
+
 async def main(args: argparse.Namespace) -> None:
     protos, services = _messages()
+    provider, tracer = _traced(args.otlp_endpoint) if args.otlp_endpoint else (None, None)
     setup_lock = asyncio.Lock()
     calls = 0
 
@@ -67,7 +88,11 @@ async def main(args: argparse.Namespace) -> None:
             if args.fault == "slow-subset" and calls % 4 == 0:
                 gap *= args.slow_factor  # the planted fault: a quarter of the streams slower
             if args.fault == "first":
-                await asyncio.sleep(args.first_ms / 1e3)  # the planted fault: a slow start
+                if tracer is not None:
+                    with tracer.start_as_current_span("queue"):
+                        await asyncio.sleep(args.first_ms / 1e3)
+                else:
+                    await asyncio.sleep(args.first_ms / 1e3)  # the planted fault: a slow start
             t0 = time.monotonic()
             if args.fault == "batch":
                 # The planted fault: tokens held back and sent `--batch` at a time, on a timer.
@@ -112,6 +137,8 @@ async def main(args: argparse.Namespace) -> None:
     if args.fault == "pause":
         pauses.cancel()
     await server.stop(0.5)
+    if provider is not None:
+        provider.shutdown()
 
 
 if __name__ == "__main__":
@@ -131,4 +158,6 @@ if __name__ == "__main__":
     parser.add_argument("--first-ms", type=float, default=150.0)
     parser.add_argument("--max-streams", type=int, default=0,
                         help="HTTP/2 concurrent streams per connection (0: no limit)")
+    parser.add_argument("--otlp-endpoint", default="",
+                        help="export OpenTelemetry spans (grpc instrumentation) to this URL")
     asyncio.run(main(parser.parse_args()))

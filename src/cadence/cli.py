@@ -8,6 +8,7 @@ import logging
 import sys
 
 from cadence import event_loop
+from cadence.core.tracing import endpoint_from_env
 
 
 class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
@@ -114,6 +115,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="serve Prometheus metrics on this port (0: any free port), on --host, "
                         "over plain HTTP with no TLS and no token: anyone who can reach it "
                         "reads them (default: off)")
+    p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="export one OpenTelemetry span per request (every protocol) to this "
+                        "OTLP/gRPC endpoint, e.g. http://127.0.0.1:4317; needs cadence[otel] "
+                        "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+                        "$OTEL_EXPORTER_OTLP_ENDPOINT when set, else off)")
     p.add_argument("--fronts", type=int, default=d.fronts,
                    help="front processes sharing the port, each connected to every worker "
                         "(default 1)")
@@ -267,6 +273,7 @@ def _server_config(args: argparse.Namespace):
         http_port=args.http_port,
         http_header_timeout_s=args.http_header_timeout,
         http_body_timeout_s=args.http_body_timeout,
+        otlp_traces_endpoint=args.otlp_traces_endpoint or endpoint_from_env(),
     )
 
 

@@ -171,6 +171,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     http_body_timeout_s: float = 60.0
     """HTTP: seconds a client has to send a request's body once its headers are in; past it
     the request gets 408 and the connection is closed."""
+    otlp_traces_endpoint: str = ""
+    """Export one OpenTelemetry span per request to this OTLP endpoint (e.g.
+    `http://127.0.0.1:4317`); empty: no tracing. See cadence.core.tracing."""
 
     @property
     def model_name(self) -> str:

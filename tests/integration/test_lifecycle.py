@@ -249,6 +249,9 @@ main({args!r})
     (["ray"], ["--launcher", "ray"],
      ("--launcher ray needs the package 'ray', which is not installed; install it with: "
       "pip install 'cadence[ray]'")),
+    (["opentelemetry"], ["--otlp-traces-endpoint", "http://127.0.0.1:4317"],
+     ("--otlp-traces-endpoint needs the package 'opentelemetry.sdk', which is not installed; "
+      "install it with: pip install 'cadence[otel]'")),
 ])
 def test_a_missing_extra_is_refused_at_once_in_one_line(hidden, args, needle) -> None:
     import subprocess

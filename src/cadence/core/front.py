@@ -30,6 +30,7 @@ from cadence.core.metrics import FrontMetrics
 from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
 from cadence.core.stream import RequestStream
+from cadence.core.tracing import RequestTracer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.worker_router import NoWorkerAvailable
@@ -80,6 +81,8 @@ class FrontCore:
         self.refusal: str | None = "the server is starting; retry shortly"
         """Why new requests are refused (start-up, drain), or None while serving."""
         self._lull = IntakeLull()
+        self.tracer: RequestTracer | None = None
+        """Exports a span per finished request (`--otlp-traces-endpoint`), or None."""
 
     @property
     def active(self) -> int:
@@ -98,13 +101,15 @@ class FrontCore:
         *,
         unique_id: bool = True,
         task: asyncio.Task | None = None,
+        protocol: str = "cadence.v1",
     ) -> Generation:
         """Check, admit, route and start one request; raise RequestError if it cannot start.
 
         Close the result however the request ends (`with generation:`). `time_remaining`
         gives the seconds left before the call's deadline (None: no deadline); with
         `unique_id` a `request_id` that an open request holds is refused; `task` is
-        cancelled if the client stops reading (default: the current one).
+        cancelled if the client stops reading (default: the current one); `protocol` names
+        the adapter (`cadence.v1`, `kserve`, `completions`, `chat`) in traces.
         """
         self._lull.opened += 1
         try:
@@ -159,8 +164,9 @@ class FrontCore:
                 "the request's deadline passed before generation finished")
         self._router.assign(worker, add.max_tokens)
         link.add(frame)
-        return Generation(self, stream, request_id or uuid.uuid4().hex, add.max_tokens,
-                          held_id, deadline, time_remaining if remaining is not None else None)
+        return Generation(self, stream, request, protocol, request_id or uuid.uuid4().hex,
+                          add.max_tokens, held_id, deadline,
+                          time_remaining if remaining is not None else None)
 
     async def intake_lull(self, generation: Generation) -> None:
         """Return at the next lull in the intake of new requests (a moment in which none
@@ -230,6 +236,8 @@ class FrontCore:
         metrics = self.metrics
         metrics.requests.labels(failure.name if failure is not None else "OK").inc()
         metrics.e2e.observe((time.monotonic_ns() - stream.received_ns) / 1e9)
+        if self.tracer is not None:
+            self.tracer.record(generation)
 
     def fail_worker(self, worker: int, message: str) -> None:
         """Worker `worker` stopped: end its streams at once (the others go on)."""
@@ -276,14 +284,19 @@ class Generation:
     records the outcome.
     """
 
-    __slots__ = ("_core", "_ended", "_last_ns", "deadline", "failure", "held_id", "max_tokens",
-                 "request_id", "stream", "time_remaining")
+    __slots__ = ("_core", "_ended", "_last_ns", "deadline", "failure", "first_send_ns",
+                 "held_id", "max_tokens", "protocol", "request", "request_id", "stream",
+                 "time_remaining")
 
-    def __init__(self, core: FrontCore, stream: RequestStream, request_id: str, max_tokens: int,
-                 held_id: str | None, deadline: asyncio.TimerHandle | None,
+    def __init__(self, core: FrontCore, stream: RequestStream, request: Request, protocol: str,
+                 request_id: str, max_tokens: int, held_id: str | None,
+                 deadline: asyncio.TimerHandle | None,
                  time_remaining: Callable[[], float | None] | None) -> None:
         self._core = core
         self.stream = stream
+        self.request = request
+        """What the client asked for, as its adapter read it."""
+        self.protocol = protocol
         self.request_id = request_id
         """The client's id, or the one the server assigned."""
         self.max_tokens = max_tokens
@@ -295,6 +308,8 @@ class Generation:
         self.failure: Failure | None = Failure.CANCELLED
         """How the request ended: None once its last chunk was taken and sent (OK)."""
         self._last_ns = 0
+        self.first_send_ns = 0
+        """When the first chunk was handed to the adapter; 0 until then."""
         self._ended = False
         """The chunk with the finish was handed out."""
 
@@ -324,6 +339,7 @@ class Generation:
         chunk = stream.take_chunk()
         now = time.monotonic_ns()
         if chunk.index == 0:
+            self.first_send_ns = now
             metrics = self._core.metrics
             metrics.ttft.observe((now - stream.received_ns) / 1e9)
             metrics.queue_wait.observe((stream.scheduled_ns - stream.received_ns) / 1e9)

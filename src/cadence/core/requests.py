@@ -35,6 +35,9 @@ class Request(msgspec.Struct, kw_only=True):
     seed: int = 0
     include_timing: bool = False
     """Put the server's timestamps of each hop on every chunk (`Chunk.timing`)."""
+    traceparent: str = ""
+    """The caller's W3C trace context (read by the adapter only while tracing is on)."""
+    tracestate: str = ""
 
 
 class ChunkTiming(msgspec.Struct, kw_only=True, gc=False):

@@ -38,7 +38,7 @@ class RequestStream:
     __slots__ = (
         "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_link", "_paused",
         "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
-        "_tokens", "_waiter", "error", "finish", "include_timing", "received_ns",
+        "_tokens", "_waiter", "error", "finish", "first_token_ns", "include_timing", "received_ns",
         "scheduled_ns", "sending_since_ns", "sent_tokens", "seq_id", "task", "worker",
     )
 
@@ -87,12 +87,18 @@ class RequestStream:
         self._waiter: asyncio.Future[None] | None = None
         self._prompt_tokens = prompt_tokens
         self.scheduled_ns = 0
+        self.first_token_ns = 0
+        """When the step that made the first token ended."""
         self._start_ns = self._end_ns = self._recv_ns = 0
 
     @property
     def waiting_steps(self) -> int:
         """Steps of output waiting to be sent."""
         return self._steps
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._prompt_tokens
 
     @property
     def done(self) -> bool:
@@ -119,7 +125,7 @@ class RequestStream:
         if not self._tokens:
             self._start_ns, self._end_ns, self._recv_ns = start_ns, end_ns, recv_ns
             if not self.scheduled_ns:
-                self.scheduled_ns = start_ns
+                self.scheduled_ns, self.first_token_ns = start_ns, end_ns
         self._tokens += tokens
         if text is not None:
             self._texts.append(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from cadence.lab import results
 from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
 from cadence.lab.analysis.goodput import goodput
 from cadence.lab.analysis.schedule import schedule
+from cadence.lab.analysis.server_spans import join_spans
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.worker_curves import worker_curves
 from cadence.lab.load.cadence_v1 import CADENCE
@@ -34,6 +36,7 @@ from cadence.lab.measure.run_context import run_context
 from cadence.lab.measure.sampler import SystemSampler
 from cadence.lab.measure.stacks import StackSampler
 from cadence.lab.measure.threads import ThreadReader
+from cadence.lab.measure.trace_receiver import TraceReceiver
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,9 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
               protocol: Target = CADENCE,
               counter: RequestCounter | None = None,
               server_pid: int | None = None,
-              slo: Sequence[results.SloTerm] = ()) -> results.BenchResult:
+              slo: Sequence[results.SloTerm] = (),
+              traces: TraceReceiver | None = None,
+              traces_wait_s: float = 10.0) -> results.BenchResult:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
@@ -105,7 +110,9 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     `counter` counts finished requests while the load runs, for a progress display
     (lab/progress.py); it changes nothing in the result. `server_pid` names the server process
     whose CPU to sample (default: cadence's processes, or for `grpc`, the process listening on
-    the target's port when it is on this host).
+    the target's port when it is on this host). `traces`: a started OTLP receiver the server
+    sends its spans to; after the run the bench waits up to `traces_wait_s` for every
+    request's spans and joins them to the requests (`server_spans`).
     """
     name = protocol_name(protocol)
     kserve = protocol if isinstance(protocol, KServeTarget) else None
@@ -144,6 +151,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     if server_threads is not None:
         server_threads.stacks = stacks.stop()
     records = [r for p in processes_out for r in p.records]
+    if traces is not None:
+        traces.wait_for({r.trace_id for r in records if r.trace_id}, traces_wait_s)
     stats = summarize(records)
     client_cpu_s = sum(p.cpu_s for p in processes_out)
     result = results.BenchResult(
@@ -190,6 +199,9 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             tokens_field=grpc.tokens_field or None, index_field=grpc.index_field or None,
             headers=sorted({k for k, _ in grpc.headers}),
         )
+    if traces is not None:
+        result.server_spans = join_spans(records, traces.spans(), _epoch_offset_ns(),
+                                         traces.port, traces.dropped)
     if slo:
         result.goodput = goodput(records, list(slo), stats)
     if baseline:
@@ -198,6 +210,18 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
+
+
+def _epoch_offset_ns() -> int:
+    """This host's wall clock minus its monotonic clock, the smaller of a few readings (the
+    one least stretched by a preemption between the two reads)."""
+    readings = []
+    for _ in range(5):
+        before = time.monotonic_ns()
+        wall = time.time_ns()
+        after = time.monotonic_ns()
+        readings.append((after - before, wall - (before + after) // 2))
+    return min(readings)[1]
 
 
 def _roots(server: dict[str, int]) -> list[int]:

@@ -61,6 +61,15 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                         "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, "
                         "p90, p99 or max): goodput counts the requests that meet every term, "
                         "and the run passes when its percentiles do (default: none)")
+    p.add_argument("--otlp-receive", default=None, metavar="[HOST:]PORT",
+                   help="receive the server's OpenTelemetry spans (OTLP/gRPC) here during the "
+                        "run and join them to the requests by trace id: TTFT split before, "
+                        "inside and after the server's span (point the server at it, e.g. "
+                        "cadence serve or vllm serve --otlp-traces-endpoint "
+                        "http://127.0.0.1:PORT); HOST defaults to 127.0.0.1 (default: off)")
+    p.add_argument("--otlp-wait", type=float, default=10.0, metavar="S",
+                   help="after the run, wait up to S seconds for the last spans (a server's "
+                        "batch processor sends every few seconds)")
     p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none anyway when stderr is not a terminal)")
@@ -232,6 +241,7 @@ def _bench(args: argparse.Namespace) -> None:
     from cadence.lab.load.progress import BenchProgress, progress_wanted
     from cadence.lab.report.summary import print_summary
 
+    traces = _trace_receiver(args.otlp_receive) if args.otlp_receive else None
     workload, credentials, slo, protocol = bench_inputs(args, "bench")
     counter, shown = None, contextlib.nullcontext()
     if progress_wanted(args.no_progress):
@@ -242,9 +252,13 @@ def _bench(args: argparse.Namespace) -> None:
             result = run_bench(args.target, workload, processes=args.procs,
                                channels=args.channels, baseline=args.baseline,
                                credentials=credentials, protocol=protocol, counter=counter,
-                               server_pid=args.server_pid, slo=slo)
+                               server_pid=args.server_pid, slo=slo, traces=traces,
+                               traces_wait_s=args.otlp_wait)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
+    finally:
+        if traces is not None:
+            traces.stop()
     print_summary(result)
     if args.json_path:
         from cadence.lab.results import to_builtins
@@ -254,6 +268,25 @@ def _bench(args: argparse.Namespace) -> None:
     failed = _failed(result)
     if failed:
         sys.exit(f"cadence bench: {failed}")
+
+
+def _trace_receiver(where: str):
+    """A started OTLP trace receiver on `[HOST:]PORT`; exits with one line when it cannot."""
+    from cadence.lab.measure.trace_receiver import TraceReceiver, otlp_available
+
+    problem = otlp_available()
+    if problem is not None:
+        sys.exit(f"cadence bench: {problem}")
+    host, _, port = where.rpartition(":")
+    try:
+        receiver = TraceReceiver(int(port), host or "127.0.0.1")
+        receiver.start()
+    except ValueError:
+        sys.exit(f"cadence bench: --otlp-receive takes [HOST:]PORT, got {where!r}")
+    except (OSError, RuntimeError) as exc:
+        sys.exit(f"cadence bench: cannot receive traces on {where}: {exc}")
+    print(f"receiving OTLP traces on {host or '127.0.0.1'}:{receiver.port}", file=sys.stderr)
+    return receiver
 
 
 def bench_inputs(args: argparse.Namespace, command: str):

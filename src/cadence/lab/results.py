@@ -430,6 +430,62 @@ class Http2Settings(msgspec.Struct, kw_only=True):
     """Why the settings could not be read (then the run went on without them)."""
 
 
+class SpanTime(msgspec.Struct, kw_only=True):
+    """A span's start and end, in ms from the request's send (client clock)."""
+
+    name: str
+    start_ms: float
+    end_ms: float
+
+
+class RequestSpans(msgspec.Struct, kw_only=True):
+    """One request's server span (the outermost span the server sent for its trace), its
+    children, and its TTFT split at the span's edges (analysis/server_spans.py); times in ms
+    from the request's send. A part is null where the spans do not tell it."""
+
+    request_id: str
+    trace_id: str
+    service: str = ""
+    name: str = ""
+    start_ms: float = math.nan
+    end_ms: float = math.nan
+    error: str | None = None
+    children: list[SpanTime] = []
+    ttft_ms: float | None = None
+    before_ms: float | None = None
+    inside_ms: float | None = None
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
+    inside_other_ms: float | None = None
+    after_ms: float | None = None
+    inside_or_after_ms: float | None = None
+    """When the server does not say when it sent the first output: inside and after as one."""
+
+
+class ServerSpans(msgspec.Struct, kw_only=True):
+    """The server's own spans received during the run (`--otlp-receive`), joined to the
+    requests by trace id."""
+
+    port: int = 0
+    spans_received: int = 0
+    spans_dropped: int = 0
+    sent: int = 0
+    """Requests sent with a trace id."""
+    matched: int = 0
+    """Requests a span of the server came for."""
+    foreign_traces: int = 0
+    """Traces received that no request of the run started (the server's other work)."""
+    services: list[str] = []
+    clock_suspect: int = 0
+    """Requests whose server span began before the request was sent: the server's clock
+    disagrees with this host's, and before/after are off by the difference."""
+    ttft_split_ms: dict[str, Distribution] = {}
+    """TTFT's parts over the matched requests that got a first chunk: before, inside (queue,
+    prefill, inside_other), after; or inside_or_after where the server does not say when it
+    sent."""
+    requests: list[RequestSpans] = []
+
+
 class RunInfo(msgspec.Struct, kw_only=True):
     """When, where and with what a run was made."""
 
@@ -458,11 +514,13 @@ class BenchResult(RunStats, kw_only=True):
     diagnosis: list[Finding] = []
     run: RunInfo | UnsetType = UNSET
     http2: Http2Settings | UnsetType = UNSET
+    """A gRPC target's HTTP/2 settings (not read over HTTP/1, i.e. --protocol openai)."""
     goodput: Goodput | UnsetType = UNSET
     """The run under the SLO of `--slo`; unset without one."""
     server_threads: ServerThreads | None | UnsetType = UNSET
     """The server's threads over the run, when its processes are on this host."""
-    """A gRPC target's HTTP/2 settings (not read over HTTP/1, i.e. --protocol openai)."""
+    server_spans: ServerSpans | UnsetType = UNSET
+    """The server's spans, with `--otlp-receive`."""
     aborted: str | None | UnsetType = UNSET
     """Why the bench stopped early (null when it ran to its end)."""
 
@@ -578,4 +636,7 @@ def to_builtins(result: BenchResult | SweepResult) -> dict:
     for run, written in runs:
         if run.baseline and run.baseline.error:
             written["baseline"] = {"error": run.baseline.error}
+        for record in written.get("records") or ():
+            if record[-1] == "":  # no trace id: the record as the lab wrote it before them
+                record.pop()
     return out

@@ -165,6 +165,8 @@ class LocalLauncher:
 _EXTRAS = {
     "torch": ("--engine torch", ("torch", "safetensors", "tokenizers")),
     "ray": ("--launcher ray", ("ray",)),
+    "otel": ("--otlp-traces-endpoint",
+             ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc")),
 }
 """Each optional extra: the option that needs it and the packages it installs."""
 
@@ -178,6 +180,8 @@ def missing_extra(config: ServerConfig) -> str | None:
         extras.append("torch")
     if config.launcher == "ray":
         extras.append("ray")
+    if config.otlp_traces_endpoint:
+        extras.append("otel")
     for extra in extras:
         option, packages = _EXTRAS[extra]
         for package in packages:

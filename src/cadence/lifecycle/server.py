@@ -24,6 +24,7 @@ from cadence.core.front import FrontCore
 from cadence.core.metrics import FrontMetrics
 from cadence.core.outcomes import Failure
 from cadence.core.output_reader import OutputReader
+from cadence.core.tracing import RequestTracer
 from cadence.heap import settle_heap
 from cadence.lifecycle import StartupError
 from cadence.lifecycle.failed_sends import GRPC_LOGGER, count_failed_sends
@@ -96,6 +97,14 @@ class CadenceServer:
         core = self.core = FrontCore(
             config, links, self.router, self.metrics, gate=gate,
             seq_ids=layout.sequence_ids())
+        if config.otlp_traces_endpoint:
+            try:
+                core.tracer = RequestTracer(config.otlp_traces_endpoint, config.model_name,
+                                            layout.front)
+            except RuntimeError as exc:
+                raise StartupError(str(exc)) from None
+            # Last out: the drain's requests end (and are recorded) before the final export.
+            stack.push_async_callback(asyncio.to_thread, core.tracer.close)
         watcher = self._watcher(n, launcher, channel)
         reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns

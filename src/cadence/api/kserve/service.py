@@ -41,6 +41,7 @@ from cadence.api.kserve.responses import ResponseEncoder
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore, Generation
 from cadence.core.outcomes import Failure, Finish
+from cadence.core.tracing import trace_context
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
@@ -203,7 +204,7 @@ class KServeService:
 class _StreamCall:
     """One ModelStreamInfer call: its open requests' tasks and the lock on its writes."""
 
-    __slots__ = ("_context", "_handler", "_kserve", "_lock", "_tasks")
+    __slots__ = ("_context", "_handler", "_kserve", "_lock", "_tasks", "_trace")
 
     def __init__(self, kserve: KServeService, context: grpc.aio.ServicerContext) -> None:
         self._kserve = kserve
@@ -212,6 +213,9 @@ class _StreamCall:
         self._lock = asyncio.Lock()
         self._handler = asyncio.current_task()
         """Cancelled by the stall sweep: a client that reads nothing stalls the whole call."""
+        self._trace = (trace_context(context.invocation_metadata())
+                       if kserve.core.tracer is not None else None)
+        """The call's trace context, shared by every request it carries (tracing on)."""
 
     async def start(self, raw: bytes, received_ns: int) -> None:
         """Start one request's stream, or answer it with an in-band error."""
@@ -228,6 +232,8 @@ class _StreamCall:
             if problem is not None:
                 raise RequestError(Failure.NOT_FOUND, problem)
             translated = model.to_stream_request(request)
+            if self._trace is not None:
+                translated.request.traceparent, translated.request.tracestate = self._trace
         except RequestError as exc:
             kserve.core.refused(exc.failure)
             await self._fail(request_id, exc)
@@ -236,7 +242,7 @@ class _StreamCall:
             # Triton does not require unique ids: they are only echoed.
             generation = kserve.core.open(translated.request, received_ns,
                                           self._context.time_remaining, unique_id=False,
-                                          task=self._handler)
+                                          task=self._handler, protocol="kserve")
         except RequestError as exc:  # counted by the core
             await self._fail(request_id, exc)
             return

@@ -210,8 +210,13 @@ class OpenAIService:
         except BadField as exc:
             core.refused(exc.failure)
             return _failure(exc.failure, exc.message, exc.param)
+        if core.tracer is not None:
+            headers = http.headers
+            wire.request.traceparent = headers.get("traceparent", "")
+            wire.request.tracestate = headers.get("tracestate", "")
         try:
-            generation = core.open(wire.request, received_ns, _time_remaining(wire.timeout_s))
+            generation = core.open(wire.request, received_ns, _time_remaining(wire.timeout_s),
+                                   protocol=endpoint)
         except RequestError as exc:  # counted by the core
             return _failure(exc.failure, exc.message, _param(exc, endpoint))
         with generation:

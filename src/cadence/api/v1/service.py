@@ -20,6 +20,7 @@ from cadence.api.v1 import inference_pb2 as pb
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore
 from cadence.core.requests import Chunk, Request
+from cadence.core.tracing import trace_context
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 
@@ -83,6 +84,8 @@ class InferenceService:
         except InvalidRequest as exc:
             core.refused(exc.failure)
             await context.abort(grpc_status(exc.failure), exc.message)
+        if core.tracer is not None:
+            request.traceparent, request.tracestate = trace_context(context.invocation_metadata())
         try:
             generation = core.open(request, received_ns, context.time_remaining)
         except RequestError as exc:  # counted by the core

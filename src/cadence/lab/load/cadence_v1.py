@@ -12,7 +12,7 @@ from cadence.api.v1 import inference_pb2 as pb
 from cadence.core.metrics import LoopLagTally
 from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.plan import RequestPlan
-from cadence.lab.load.records import RequestRecord, recording, sent
+from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
 
 GENERATE = "/cadence.v1.Inference/Generate"
 
@@ -65,7 +65,7 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
     record = sent(plan, process)
     arrival, chunks = record.arrival_ns, []
     keep = chunks.append
-    call = generate(request, timeout=timeout)
+    call = generate(request, timeout=timeout, metadata=(("traceparent", traceparent(record)),))
     with recording(record):
         async for chunk in call:
             arrival.append(monotonic_ns())

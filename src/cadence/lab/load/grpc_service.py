@@ -31,7 +31,7 @@ from google.protobuf import descriptor, json_format
 
 from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.grpc_schema import MethodSchema, SchemaError, message_classes
-from cadence.lab.load.records import RequestRecord, recording, sent
+from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan
@@ -267,7 +267,8 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
     arrival, messages = record.arrival_ns, []
     keep = messages.append
     with recording(record):
-        async for message in method(request, timeout=timeout, metadata=codec.metadata):
+        metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)))
+        async for message in method(request, timeout=timeout, metadata=metadata):
             arrival.append(monotonic_ns())
             keep(message)
             if read_delay_s:

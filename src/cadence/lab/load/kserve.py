@@ -31,7 +31,7 @@ from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.api.kserve.tensors import int32_raw
 from cadence.lab.load.driver import ChannelDriver
-from cadence.lab.load.records import RequestRecord, recording, sent
+from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan
@@ -124,7 +124,8 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     arrival, tokens, index = record.arrival_ns, record.tokens, record.index
     received = 0
     # The request and then the half-close: the server ends the call after the last response.
-    call = stub.ModelStreamInfer(iter((request,)), timeout=timeout)
+    call = stub.ModelStreamInfer(iter((request,)), timeout=timeout,
+                                 metadata=(("traceparent", traceparent(record)),))
     with recording(record):
         async for response in call:
             now = monotonic_ns()

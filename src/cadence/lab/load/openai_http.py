@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from cadence.lab.load.driver import Driver, Session
-from cadence.lab.load.records import RequestRecord, recording, sent
+from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
 
 if TYPE_CHECKING:
     import aiohttp
@@ -137,7 +137,8 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     arrival, events = record.arrival_ns, []
     stamp, keep = arrival.append, events.append
     with recording(record):
-        async with client.post(url, data=body, headers={"Content-Type": "application/json"},
+        headers = {"Content-Type": "application/json", "traceparent": traceparent(record)}
+        async with client.post(url, data=body, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout)) as response:
             if response.status != 200:
                 record.code = f"HTTP_{response.status}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -48,6 +49,9 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     loop_lag: list[str] = []
     """With timing, from cadence: the front's loop-lag tally at the stream's start and end
     (`cadence.core.metrics.LoopLagTally.encoded`); empty from other servers."""
+    trace_id: str = ""
+    """The W3C trace id the request was sent with (`traceparent`, 32 hex digits): a traced
+    server's span for it carries the same id (`cadence bench --otlp-receive`)."""
 
     @property
     def output_tokens(self) -> int:
@@ -58,7 +62,13 @@ def sent(plan: RequestPlan, process: int) -> RequestRecord:
     """The record of `plan`, its start stamped now: make it just before the request goes."""
     return RequestRecord(request_id=plan.request_id, process=process,
                          start_ns=time.monotonic_ns(), max_tokens=plan.max_tokens,
-                         prompt_tokens=len(plan.prompt_token_ids))
+                         prompt_tokens=len(plan.prompt_token_ids), trace_id=os.urandom(16).hex())
+
+
+def traceparent(record: RequestRecord) -> str:
+    """The W3C `traceparent` that starts `record`'s trace: its trace id, a fresh parent span
+    id, sampled (so a server that follows its caller's sampling decision records it)."""
+    return f"00-{record.trace_id}-{os.urandom(8).hex()}-01"
 
 
 @contextlib.contextmanager

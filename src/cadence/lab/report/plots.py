@@ -187,6 +187,11 @@ class Stack(msgspec.Struct, frozen=True):
         return sum(v for _, v in self.parts)
 
 
+SPAN_STACK_ORDER = ("before", "queue", "prefill", "inside_other", "after", "inside_or_after")
+"""The parts of `server_spans.ttft_split_ms` that add up to TTFT (inside is queue + prefill +
+inside_other)."""
+
+
 def segment_stacks(result: BenchResult) -> list[Stack]:
     """The segment bars of a run, each of one unit: a request's time to first token (from
     `ttft_segments_ms`), and a chunk's path from its step's start to the client (the per-chunk
@@ -204,6 +209,14 @@ def segment_stacks(result: BenchResult) -> list[Stack]:
                  if (d := getattr(segments, n)).count and math.isfinite(d.mean)]
         if parts:
             stacks.append(Stack(title, parts))
+    spans = field(result, "server_spans")
+    split = spans.ttft_split_ms if spans is not None else {}
+    # Without a first send, queue and prefill lie inside inside_or_after: not stacked apart.
+    order = SPAN_STACK_ORDER if "inside" in split else ("before", "inside_or_after")
+    parts = [(name, float(split[name].mean)) for name in order
+             if name in split and math.isfinite(split[name].mean)]
+    if parts:
+        stacks.append(Stack("time to first token at the server's span edges (OTLP)", parts))
     return stacks
 
 

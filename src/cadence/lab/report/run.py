@@ -217,8 +217,44 @@ def _segments(result: BenchResult, figure_html: str) -> str:
                 note("From the start of the engine step that made the chunk's first token to "
                      "the client; its means add up to the mean of that path.") if token else "",
                 level=3),
-        figure_html if (ttft or token) else "",
+        figure_html if (ttft or token or field(result, "server_spans")) else "",
     )
+
+
+SLOWEST_SPANS = 10
+"""Requests shown with their spans: the slowest to first token."""
+
+
+def _server_spans(result: BenchResult) -> str:
+    """The server's spans joined to the requests (`--otlp-receive`); "" without."""
+    spans = field(result, "server_spans")
+    if spans is None:
+        return ""
+    head = note(
+        f"{spans.matched} of {spans.sent} requests matched a span the server sent to port "
+        f"{spans.port} ({spans.spans_received} spans"
+        + (f" from {', '.join(spans.services)}" if spans.services else "") + "; "
+        f"{spans.foreign_traces} trace(s) of the server's other work). TTFT splits at the "
+        "server span's edges: before it began (network, proxy, accept), inside it (queue and "
+        "prefill where the server names them), after the server sent the first output "
+        "(the way back); the means add up to the mean TTFT."
+        + (f" {spans.clock_suspect} request(s) show a span that began before the request was "
+           "sent: the server's clock disagrees with this host's." if spans.clock_suspect else ""))
+    parts = [(name, d.count, d.mean, d.p50, d.p90, d.p99, d.max)
+             for name in plots.SPAN_STACK_ORDER[:1] + ("inside",) + plots.SPAN_STACK_ORDER[1:]
+             if (d := spans.ttft_split_ms.get(name)) is not None]
+    slowest = sorted((r for r in spans.requests if r.ttft_ms is not None),
+                     key=lambda r: -r.ttft_ms)[:SLOWEST_SPANS]
+    rows = [(r.request_id, r.ttft_ms, r.before_ms, r.inside_ms, r.queue_ms, r.prefill_ms,
+             r.after_ms, r.inside_or_after_ms, r.end_ms,
+             ", ".join(f"{c.name} {c.end_ms - c.start_ms:.1f}" for c in r.children[:6]))
+            for r in slowest]
+    return section(
+        "Server spans", head,
+        table(("part of TTFT", "requests", "mean", "p50", "p90", "p99", "max"), parts),
+        section(f"The {len(rows)} slowest requests to first token (ms from the send)", table(
+            ("request", "TTFT", "before", "inside", "queue", "prefill", "after",
+             "inside or after", "span end", "child spans (ms)"), rows), level=3))
 
 
 def _share(d: dict | None, name: str) -> Raw:
@@ -467,6 +503,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _throughput(result),
         _aggregates(result),
         _segments(result, _segment_figure(result, out_dir)),
+        _server_spans(result),
         _integrity(result),
         _client(result),
         _http2(result),

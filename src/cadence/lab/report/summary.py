@@ -22,6 +22,7 @@ from cadence.lab.results import (
     Http2Settings,
     RunInfo,
     ScrapedFrontLoop,
+    ServerSpans,
     ServerThreads,
     System,
     WorkerCurve,
@@ -114,6 +115,8 @@ def print_summary(result: BenchResult) -> None:
             f"{_CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
     if result.goodput:
         console.print(goodput_line(result.goodput), highlight=False, markup=False)
+    if result.server_spans:
+        console.print(spans_line(result.server_spans), highlight=False, markup=False)
     _print_diagnosis(console, result.diagnosis)
     if result.aborted:
         from rich.markup import escape
@@ -170,6 +173,37 @@ def goodput_line(goodput: Goodput) -> str:
     return (f"SLO {'passed' if goodput.passed else 'FAILED'} ({terms}); goodput "
             f"{goodput.requests_per_s:.1f} requests/s, {goodput.tokens_per_s:,.0f} tokens/s, "
             f"{goodput.good_share:.0%} of requests good")
+
+
+def spans_line(spans: ServerSpans) -> str:
+    """The server's spans: how many requests they matched, and TTFT split at their edges
+    (means, which add up; p99 of each part after)."""
+    head = (f"server spans (OTLP on port {spans.port}): {spans.matched}/{spans.sent} requests "
+            f"matched ({spans.spans_received} spans"
+            + (f" from {', '.join(spans.services)}" if spans.services else "") + ")")
+    split = spans.ttft_split_ms
+    if not spans.matched:
+        return head + ("; none of the run's trace ids came back: is the server pointed at "
+                       "this port (--otlp-traces-endpoint) and does it propagate traceparent?")
+    if "before" not in split:
+        return head
+    mean = {name: d.mean for name, d in split.items()}
+    inner = [f"{word} {mean[name]:.1f}" for name, word in
+             (("queue", "queue"), ("prefill", "prefill"), ("inside_other", "rest"))
+             if name in mean]
+    if "inside" in mean:
+        middle = (f"inside it {mean['inside']:.1f}" + (f" ({', '.join(inner)})" if inner else "")
+                  + f" + after it {mean['after']:.1f}")
+        tails = ("before", "inside", "after")
+    else:
+        middle = ("inside it or after (the server does not say when it sent) "
+                  f"{mean['inside_or_after']:.1f}" + (f" (of which {', '.join(inner)})"
+                                                        if inner else ""))
+        tails = ("before", "inside_or_after")
+    total = sum(mean[name] for name in tails)
+    return (head + f"; TTFT mean {total:.1f} ms = before the server's span "
+            f"{mean['before']:.1f} + {middle}; p99 "
+            + ", ".join(f"{name.replace('_', ' ')} {split[name].p99:.1f}" for name in tails))
 
 
 def http2_line(settings: Http2Settings) -> str:

@@ -34,6 +34,7 @@ from cadence.lab.analysis.diagnosis import (
     host,
     itl,
     shape,
+    spans,
     streams,
     threads,
     ttft,
@@ -80,7 +81,10 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_STREAMS_STALL_TOGETHER,
     RULE_TTFT_ENGINE_START,
     RULE_TTFT_GROWS_WITH_STREAMS,
+    RULE_TTFT_AFTER_SERVER,
+    RULE_TTFT_BEFORE_SERVER,
     RULE_TTFT_QUEUEING,
+    RULE_TTFT_SERVER_QUEUE,
     RULE_UNDER_CAPACITY,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
@@ -116,7 +120,7 @@ from cadence.lab.results import BenchResult, Finding
 
 RULES: tuple[Rule, ...] = (
     *health.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES, *client.RULES, *streams.RULES,
-    *workers.RULES, *shape.RULES, *threads.RULES, *capacity.RULES,
+    *workers.RULES, *shape.RULES, *threads.RULES, *capacity.RULES, *spans.RULES,
 )
 """Every rule, in the order their findings are listed."""
 
@@ -142,7 +146,8 @@ __all__ = [
     "RULE_SERVER_THREADS_WAIT_FOR_CPU", "RULE_SLOW_FIRST_MESSAGE", "RULE_SLOW_READER", "RULE_SLOW_STREAM_GROUP",
     "RULE_SLOW_WORKER",
     "RULE_STREAMS_STALL_TOGETHER", "RULE_TTFT_ENGINE_START", "RULE_TTFT_GROWS_WITH_STREAMS",
-    "RULE_TTFT_QUEUEING", "RULE_UNDER_CAPACITY", "SHARED_LONG_GAP_SHARE", "SHARED_STALLS_MIN",
+    "RULE_TTFT_AFTER_SERVER", "RULE_TTFT_BEFORE_SERVER", "RULE_TTFT_QUEUEING",
+    "RULE_TTFT_SERVER_QUEUE", "RULE_UNDER_CAPACITY", "SHARED_LONG_GAP_SHARE", "SHARED_STALLS_MIN",
     "SHARED_TIME_SHARE", "SIDE_SHARE", "SLOW_READER_ITL_FACTOR", "SLOW_READER_PATH_SHARE",
     "SLOW_WORKER_BATCH_RATIO", "SLOW_WORKER_ITL_RATIO", "SLOW_WORKER_MIN_MS", "SLOW_WORKER_RATIO",
     "STARTUP_MIN_MS", "STARTUP_STEP_FACTOR", "STARTUP_TTFT_SHARE", "TTFT_GROWTH_GAPS",

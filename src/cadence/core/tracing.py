@@ -1,0 +1,163 @@
+"""OpenTelemetry traces out: one server span per request, whatever its protocol.
+
+The span is made when the request ends, from the timestamps the core keeps anyway (received,
+scheduled, first token, first send, end), so nothing is added while tokens flow: no span
+object lives during the stream, and the SDK's batch processor exports from its own thread.
+A request that arrived with a W3C `traceparent` (gRPC metadata, HTTP header) is a child of
+its caller's span.
+
+Attributes follow OpenTelemetry's GenAI conventions (`gen_ai.*`) where they exist, plus the
+latency attributes vLLM puts on its request spans (`gen_ai.latency.*`, in seconds), so a
+tool that reads vLLM's spans reads cadence's too; the hops cadence timestamps are events:
+`cadence.scheduled` (the engine step that took the request began), `cadence.first_token`
+(that step ended), `cadence.first_send` (the first chunk was handed to the protocol).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from cadence.core.outcomes import Failure, Finish
+
+FINISH_REASONS = {Finish.LENGTH: "length", Finish.STOP: "stop", Finish.CANCELLED: "cancelled"}
+"""A finish's name in `gen_ai.response.finish_reasons` (OpenAI's words)."""
+OPERATIONS = {"chat": "chat"}
+"""`gen_ai.operation.name` by protocol: chat completions; every other protocol completes text."""
+
+
+def endpoint_from_env(environ: os._Environ | dict = os.environ) -> str:
+    """The OTLP traces endpoint the standard variables name, or "" (tracing off)."""
+    if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return ""
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() in ("none", ""):
+        return ""
+    return (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "")
+
+
+def trace_context(metadata) -> tuple[str, str]:
+    """`traceparent` and `tracestate` from a gRPC call's metadata ("" where absent)."""
+    parent = state = ""
+    for key, value in metadata or ():
+        if key == "traceparent":
+            parent = value
+        elif key == "tracestate":
+            state = value
+    return parent, state
+
+
+class RequestTracer:
+    """Exports one span per finished request to an OTLP endpoint (gRPC, or HTTP/protobuf
+    when `OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL` says so and its exporter is installed)."""
+
+    def __init__(self, endpoint: str, model: str, front: int = 0) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        resource = Resource.create({
+            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "cadence",
+            "cadence.front": front,
+        })
+        # The SDK's sampler comes from OTEL_TRACES_SAMPLER (default: the caller's decision,
+        # else always), and the batch processor's sizes from OTEL_BSP_*.
+        self._provider = TracerProvider(resource=resource)
+        self._provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        self._tracer = self._provider.get_tracer("cadence")
+        self._model = model
+        self._server_kind = SpanKind.SERVER
+        self._error = (Status, StatusCode.ERROR)
+        # Monotonic to epoch: the core's timestamps are time.monotonic_ns() (workers' too,
+        # on this host); spans carry wall-clock nanoseconds.
+        self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def record(self, generation) -> None:
+        """One span for `generation` (a cadence.core.front.Generation), which has just ended."""
+        from opentelemetry import propagate
+
+        stream = generation.stream
+        request = generation.request
+        protocol = generation.protocol
+        offset = self._epoch_offset_ns
+        parent = None
+        if request.traceparent:
+            carrier = {"traceparent": request.traceparent}
+            if request.tracestate:
+                carrier["tracestate"] = request.tracestate
+            parent = propagate.extract(carrier)
+        operation = OPERATIONS.get(protocol, "text_completion")
+        received, scheduled = stream.received_ns, stream.scheduled_ns
+        first_token, first_send = stream.first_token_ns, generation.first_send_ns
+        end = time.monotonic_ns()
+        attributes = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": self._model,
+            "gen_ai.request.max_tokens": generation.max_tokens,
+            "gen_ai.request.temperature": request.temperature,
+            "gen_ai.request.top_p": request.top_p,
+            "gen_ai.response.id": generation.request_id,
+            "gen_ai.response.model": self._model,
+            "gen_ai.usage.input_tokens": stream.prompt_tokens,
+            "gen_ai.usage.output_tokens": stream.sent_tokens,
+            "gen_ai.latency.e2e": (end - received) / 1e9,
+            "cadence.protocol": protocol,
+            "cadence.worker": stream.worker,
+        }
+        if request.top_k:
+            attributes["gen_ai.request.top_k"] = request.top_k
+        if request.seed:
+            attributes["gen_ai.request.seed"] = request.seed
+        reason = FINISH_REASONS.get(stream.finish)
+        if reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = (reason,)
+        if scheduled:
+            attributes["gen_ai.latency.time_in_queue"] = (scheduled - received) / 1e9
+        if first_token and scheduled:
+            attributes["gen_ai.latency.time_in_model_prefill"] = (first_token - scheduled) / 1e9
+        if first_send:
+            attributes["gen_ai.latency.time_to_first_token"] = (first_send - received) / 1e9
+        failure = generation.failure
+        if failure is not None:
+            attributes["error.type"] = failure.name
+        span = self._tracer.start_span(
+            f"{operation} {self._model}", context=parent, kind=self._server_kind,
+            attributes=attributes, start_time=received + offset)
+        if scheduled:
+            span.add_event("cadence.scheduled", timestamp=scheduled + offset)
+        if first_token:
+            span.add_event("cadence.first_token", timestamp=first_token + offset)
+        if first_send:
+            span.add_event("cadence.first_send", timestamp=first_send + offset)
+        if failure is not None:
+            status, error = self._error
+            span.set_status(status(error, _failure_text(generation, failure)))
+        span.end(end_time=end + offset)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Export what is still batched (waiting at most `timeout_s`), then stop."""
+        self._provider.force_flush(int(timeout_s * 1e3))
+        self._provider.shutdown()
+
+
+def _failure_text(generation, failure: Failure) -> str:
+    error = generation.stream.error
+    return error[1] if error is not None else failure.name
+
+
+def _exporter(endpoint: str):
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    if protocol.startswith("http"):
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            raise RuntimeError(
+                f"OTLP protocol {protocol!r} needs the package "
+                "'opentelemetry-exporter-otlp-proto-http', which is not installed; install it "
+                "or use the default protocol (grpc)") from None
+        return OTLPSpanExporter(endpoint=endpoint or None)
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint or None)

@@ -1,0 +1,146 @@
+"""An OTLP/gRPC trace receiver for the length of a bench (`cadence bench --otlp-receive PORT`).
+
+Any server pointed at it (cadence `--otlp-traces-endpoint`, vLLM `--otlp-traces-endpoint`, a
+service instrumented with OpenTelemetry's SDK) sends its spans here; the bench keeps each one
+as a small `ReceivedSpan` and joins them to its requests by trace id after the run
+(analysis/server_spans.py). It speaks OpenTelemetry's own service definition
+(`opentelemetry-proto`), so it is what a collector would be to the server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import msgspec
+
+MAX_SPANS = 500_000
+"""Spans kept at most: a server that traces far more than the bench's requests (every
+internal call) must not grow the bench without bound."""
+
+
+class ReceivedSpan(msgspec.Struct, frozen=True, array_like=True):
+    """One span as a server exported it; times are the server's wall clock (Unix ns)."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str
+    """"" for a span without a parent (then it is not ours: the bench always sends one)."""
+    name: str
+    service: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, str | int | float | bool]
+    """Scalar attributes only (what the split reads)."""
+    events: list[tuple[str, int]]
+    error: str | None
+    """The span's status message (or "error") when its status is ERROR."""
+
+
+def otlp_available() -> str | None:
+    """Why the receiver cannot run here (one line), or None."""
+    try:
+        import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc  # noqa: F401
+    except ImportError:
+        return ("--otlp-receive needs the package 'opentelemetry-proto', which is not "
+                "installed; install it with: pip install 'cadence[otel]'")
+    return None
+
+
+class TraceReceiver:
+    """Listens on `host:port` (0: any free port; `port` after `start`) until `stop`."""
+
+    def __init__(self, port: int, host: str = "0.0.0.0") -> None:
+        self._address = f"{host}:{port}"
+        self.port = port
+        self._server = None
+        self._lock = threading.Lock()
+        self._spans: list[ReceivedSpan] = []
+        self.dropped = 0
+        """Spans past MAX_SPANS, not kept."""
+        self.exports = 0
+        self.last_export = 0.0
+
+    def start(self) -> int:
+        """Start listening; return the bound port. Raises OSError when the port is taken."""
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
+
+        receiver = self
+
+        class Service(pb_grpc.TraceServiceServicer):
+            def Export(self, request, context):
+                receiver._keep(request)
+                return pb.ExportTraceServiceResponse()
+
+        # No SO_REUSEPORT (grpc's default): a second receiver on the port would take half
+        # the server's spans instead of failing.
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="otlp"),
+                             options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_TraceServiceServicer_to_server(Service(), server)
+        port = server.add_insecure_port(self._address)
+        if not port:
+            raise OSError(f"cannot listen on {self._address} for OTLP traces")
+        server.start()
+        self._server, self.port = server, port
+        return port
+
+    def _keep(self, request) -> None:
+        spans = [span for resource in request.resource_spans for span in _spans_of(resource)]
+        with self._lock:
+            room = MAX_SPANS - len(self._spans)
+            self._spans += spans[:max(room, 0)]
+            self.dropped += max(len(spans) - max(room, 0), 0)
+            self.exports += 1
+            self.last_export = time.monotonic()
+
+    def spans(self) -> list[ReceivedSpan]:
+        with self._lock:
+            return list(self._spans)
+
+    def wait_for(self, trace_ids: set[str], timeout_s: float, quiet_s: float = 1.0) -> None:
+        """Return once a span of every trace in `trace_ids` came, or `timeout_s` passed; a
+        server's batch processor sends what it holds every few seconds."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                seen = {s.trace_id for s in self._spans}
+            if trace_ids <= seen:
+                # The server span of a request may follow its children in a later batch.
+                if time.monotonic() - self.last_export >= min(quiet_s, timeout_s):
+                    return
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None)
+            self._server = None
+
+
+def _spans_of(resource_spans) -> list[ReceivedSpan]:
+    service = next((a.value.string_value for a in resource_spans.resource.attributes
+                    if a.key == "service.name"), "")
+    out = []
+    for scope in resource_spans.scope_spans:
+        for span in scope.spans:
+            status = span.status
+            error = (status.message or "error") if status.code == 2 else None  # STATUS_CODE_ERROR
+            out.append(ReceivedSpan(
+                trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
+                parent_id=span.parent_span_id.hex(), name=span.name, service=service,
+                start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
+                attributes={a.key: v for a in span.attributes
+                            if (v := _scalar(a.value)) is not None},
+                events=[(e.name, e.time_unix_nano) for e in span.events],
+                error=error,
+            ))
+    return out
+
+
+def _scalar(value) -> str | int | float | bool | None:
+    kind = value.WhichOneof("value")
+    if kind in ("string_value", "int_value", "double_value", "bool_value"):
+        return getattr(value, kind)
+    return None
