@@ -40,6 +40,7 @@ from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore, Generation
+from cadence.core.metrics import KSERVE
 from cadence.core.outcomes import Failure, Finish
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -229,14 +230,14 @@ class _StreamCall:
                 raise RequestError(Failure.NOT_FOUND, problem)
             translated = model.to_stream_request(request)
         except RequestError as exc:
-            kserve.core.refused(exc.failure)
+            kserve.core.refused(exc.failure, KSERVE)
             await self._fail(request_id, exc)
             return
         try:
             # Triton does not require unique ids: they are only echoed.
             generation = kserve.core.open(translated.request, received_ns,
-                                          self._context.time_remaining, unique_id=False,
-                                          task=self._handler)
+                                          self._context.time_remaining, protocol=KSERVE,
+                                          unique_id=False, task=self._handler)
         except RequestError as exc:  # counted by the core
             await self._fail(request_id, exc)
             return
