@@ -441,9 +441,7 @@ class Soak:
             "slot_check": slots,
             "active_streams_at_end": active_after_slots,
             "deepest_buffer_steps_at_end": metrics.get("cadence_deepest_buffer_steps"),
-            "server_requests_by_code": {
-                k.split("code=")[1].rstrip("}"): int(v) for k, v in metrics.items()
-                if k.startswith("cadence_requests_total{")},
+            "server_requests_by_code": _by_code(metrics),
             "health_at_end": health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status),
             "workers_at_end": len(self._workers()),
         }
@@ -469,6 +467,17 @@ class Soak:
         for call in calls:
             call.cancel()
         return {"limit": MAX_CONCURRENT, "opened": opened, "one_more": extra_code}
+
+
+def _by_code(metrics: dict[str, float]) -> dict[str, int]:
+    """`cadence_requests_total` by code, summed over its other labels (protocol, front): the
+    soak's question is how requests ended, whichever API they came through."""
+    out: dict[str, int] = {}
+    for key, value in metrics.items():
+        if key.startswith("cadence_requests_total{"):
+            labels = dict(part.split("=", 1) for part in key[key.index("{") + 1:-1].split(","))
+            out[labels["code"]] = out.get(labels["code"], 0) + int(value)
+    return out
 
 
 def summarize(soak: Soak, after: dict, options: argparse.Namespace) -> dict:

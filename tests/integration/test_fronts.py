@@ -95,7 +95,8 @@ def test_connections_spread_over_both_fronts_and_every_stream_is_whole(server_fa
         text = r.read().decode()
     for front in (0, 1):
         expected = sum(1 for s in streams if s.front == front)
-        line = f'cadence_requests_total{{code="OK",front="{front}"}} {float(expected)}'
+        line = (f'cadence_requests_total{{code="OK",front="{front}",protocol="cadence.v1"}} '
+                f'{float(expected)}')
         assert line in text, (line, text[:2000])
 
 

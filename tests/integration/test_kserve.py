@@ -237,7 +237,7 @@ def test_closing_the_stream_shows_in_the_metrics() -> None:
         while _metric(url, "cadence_active_streams") != 0:
             assert time.monotonic() < deadline, "the cancelled requests stayed open"
             time.sleep(0.05)
-        assert _metric(url, 'cadence_requests_total{code="CANCELLED"}') == 3
+        assert _metric(url, 'cadence_requests_total{code="CANCELLED",protocol="kserve"}') == 3
         # Far fewer than 3 x 5000 tokens were made: the engine stopped on the abort.
         assert _metric(url, "cadence_output_tokens_total") < 3 * 1000
 
@@ -344,7 +344,8 @@ def test_a_client_that_stops_reading_is_cut_off() -> None:
             call = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests())
             next(call)
             deadline = time.monotonic() + 15
-            while _metric(url, 'cadence_requests_total{code="RESOURCE_EXHAUSTED"}') != 1:
+            cut_off = 'cadence_requests_total{code="RESOURCE_EXHAUSTED",protocol="kserve"}'
+            while _metric(url, cut_off) != 1:
                 assert time.monotonic() < deadline, "the stalled call was never cut off"
                 time.sleep(0.1)
             assert _metric(url, "cadence_active_streams") == 0

@@ -10,7 +10,7 @@ import pytest
 from cadence.config import ServerConfig
 from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
-from cadence.core.metrics import FrontMetrics
+from cadence.core.metrics import CADENCE_V1, KSERVE, OPENAI, FrontMetrics
 from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import Request
 from cadence.router import WorkerRouter
@@ -47,14 +47,15 @@ def no_deadline() -> None:
     return None
 
 
-def requests_total(core: FrontCore, code: str) -> float:
-    return core.metrics.registry.get_sample_value("cadence_requests_total", {"code": code}) or 0
+def requests_total(core: FrontCore, code: str, protocol: str = CADENCE_V1) -> float:
+    return core.metrics.registry.get_sample_value(
+        "cadence_requests_total", {"code": code, "protocol": protocol}) or 0
 
 
 def test_open_registers_and_leaving_gives_everything_back() -> None:
     async def run() -> None:
         core, streams, links, router = make_core()
-        generation = core.open(request("mine"), 1, no_deadline)
+        generation = core.open(request("mine"), 1, no_deadline, protocol=CADENCE_V1)
         with generation:
             stream = generation.stream
             seq_id = stream.seq_id
@@ -73,7 +74,7 @@ def test_open_registers_and_leaving_gives_everything_back() -> None:
 def test_a_finished_stream_is_not_aborted_and_counts_ok() -> None:
     async def run() -> None:
         core, _, links, _ = make_core()
-        generation = core.open(request(), 1, no_deadline)
+        generation = core.open(request(), 1, no_deadline, protocol=CADENCE_V1)
         with generation:
             stream = generation.stream
             stream.end(Finish.LENGTH)
@@ -88,17 +89,17 @@ def test_a_finished_stream_is_not_aborted_and_counts_ok() -> None:
 def test_refusals_take_nothing() -> None:
     async def run() -> None:
         core, streams, _, router = make_core(workers=1, max_concurrent=1)
-        with core.open(request("dup"), 1, no_deadline):
+        with core.open(request("dup"), 1, no_deadline, protocol=CADENCE_V1):
             with pytest.raises(RequestError) as dup:
-                core.open(request("dup"), 1, no_deadline)
+                core.open(request("dup"), 1, no_deadline, protocol=CADENCE_V1)
             assert dup.value.failure == Failure.INVALID_ARGUMENT
             # Another protocol's ids need not be unique, but the gate is full.
             with pytest.raises(RequestError) as full:
-                core.open(request("dup"), 1, no_deadline, unique_id=False)
+                core.open(request("dup"), 1, no_deadline, protocol=KSERVE, unique_id=False)
             assert full.value.failure == Failure.RESOURCE_EXHAUSTED
         router.mark_dead(0)
         with pytest.raises(RequestError) as dead:
-            core.open(request(), 1, no_deadline)
+            core.open(request(), 1, no_deadline, protocol=CADENCE_V1)
         assert dead.value.failure == Failure.UNAVAILABLE
         assert streams == {} and core.active == 0
 
@@ -108,11 +109,11 @@ def test_refusals_take_nothing() -> None:
 def test_a_non_unique_id_does_not_release_another_streams_id() -> None:
     async def run() -> None:
         core, _, _, _ = make_core()
-        with core.open(request("same"), 1, no_deadline):
-            with core.open(request("same"), 1, no_deadline, unique_id=False):
+        with core.open(request("same"), 1, no_deadline, protocol=CADENCE_V1):
+            with core.open(request("same"), 1, no_deadline, protocol=KSERVE, unique_id=False):
                 pass
             with pytest.raises(RequestError):  # still held by the first
-                core.open(request("same"), 1, no_deadline)
+                core.open(request("same"), 1, no_deadline, protocol=CADENCE_V1)
 
     asyncio.run(run())
 
@@ -120,7 +121,7 @@ def test_a_non_unique_id_does_not_release_another_streams_id() -> None:
 def test_the_deadline_fails_the_stream_and_reaches_the_worker() -> None:
     async def run() -> None:
         core, _, links, _ = make_core()
-        generation = core.open(request(), 1, lambda: 0.01)
+        generation = core.open(request(), 1, lambda: 0.01, protocol=CADENCE_V1)
         with generation:
             stream = generation.stream
             assert links[stream.worker].added[0].timeout_ms == pytest.approx(10.0)
@@ -137,7 +138,7 @@ def test_a_starting_server_refuses_and_counts_it() -> None:
         core, streams, _, _ = make_core()
         core.refusal = "the server is starting; retry shortly"
         with pytest.raises(RequestError) as starting:
-            core.open(request(), 1, no_deadline)
+            core.open(request(), 1, no_deadline, protocol=CADENCE_V1)
         assert starting.value.failure == Failure.UNAVAILABLE
         assert streams == {} and requests_total(core, "UNAVAILABLE") == 1
 
@@ -147,7 +148,7 @@ def test_a_starting_server_refuses_and_counts_it() -> None:
 def test_the_generation_records_ttft_and_itl_once_per_chunk() -> None:
     async def run() -> None:
         core, _, _, _ = make_core()
-        generation: Generation = core.open(request(), 1, no_deadline)
+        generation: Generation = core.open(request(), 1, no_deadline, protocol=CADENCE_V1)
         with generation:
             stream = generation.stream
             stream.push([104], None, 2, 3, 4)
@@ -159,8 +160,9 @@ def test_the_generation_records_ttft_and_itl_once_per_chunk() -> None:
             with pytest.raises(StopAsyncIteration):
                 await anext(generation)
         value = core.metrics.registry.get_sample_value
-        assert value("cadence_time_to_first_token_seconds_count") == 1
-        assert value("cadence_inter_token_latency_seconds_count") == 1
+        by_protocol = {"protocol": CADENCE_V1}
+        assert value("cadence_time_to_first_token_seconds_count", by_protocol) == 1
+        assert value("cadence_inter_token_latency_seconds_count", by_protocol) == 1
         assert requests_total(core, "OK") == 1
 
     asyncio.run(run())
@@ -170,7 +172,7 @@ def test_the_generation_stamps_send_ns_on_each_timed_chunk() -> None:
     async def run() -> None:
         core, _, _, _ = make_core()
         timed = Request(prompt="hi", max_tokens=5, include_timing=True)
-        with core.open(timed, 1, no_deadline) as generation:
+        with core.open(timed, 1, no_deadline, protocol=CADENCE_V1) as generation:
             stream = generation.stream
             stream.push([104], None, 2, 3, 4)
             first = await anext(generation)
@@ -180,3 +182,45 @@ def test_the_generation_stamps_send_ns_on_each_timed_chunk() -> None:
         assert second.timing.send_ns >= first.timing.send_ns
 
     asyncio.run(run())
+
+
+def test_each_protocol_has_its_own_series() -> None:
+    """What a dashboard splits by `protocol`: each request's metrics under its adapter's
+    label, refusals too, nothing under another's."""
+    async def run() -> None:
+        core, _, _, _ = make_core()
+        for protocol in (CADENCE_V1, KSERVE, KSERVE):
+            generation = core.open(request(), 1, no_deadline, protocol=protocol, unique_id=False)
+            with generation:
+                generation.stream.end(Finish.LENGTH)
+                assert [chunk.finish async for chunk in generation] == [Finish.LENGTH]
+        core.refused(Failure.NOT_FOUND, OPENAI)
+        value = core.metrics.registry.get_sample_value
+        for protocol, finished in ((CADENCE_V1, 1), (KSERVE, 2)):
+            assert requests_total(core, "OK", protocol) == finished
+            labels = {"protocol": protocol}
+            assert value("cadence_request_duration_seconds_count", labels) == finished
+            assert value("cadence_time_to_first_token_seconds_count", labels) == finished
+            assert value("cadence_queue_wait_seconds_count", labels) == finished
+        assert requests_total(core, "NOT_FOUND", OPENAI) == 1
+        assert requests_total(core, "OK", OPENAI) == 0
+        # A refusal never started: no latency of its own.
+        assert value("cadence_request_duration_seconds_count", {"protocol": OPENAI}) is None
+
+    asyncio.run(run())
+
+
+def test_request_duration_buckets_reach_long_streams() -> None:
+    """A 20-minute stream lands in a bucket of its own, not in +Inf with every long one; the
+    short bounds stay (queries over them keep their meaning)."""
+    metrics = FrontMetrics()
+    durations = metrics.for_protocol(OPENAI).e2e
+    durations.observe(0.04)
+    durations.observe(20 * 60)
+    value = metrics.registry.get_sample_value
+    bucket = "cadence_request_duration_seconds_bucket"
+    assert value(bucket, {"protocol": OPENAI, "le": "0.05"}) == 1
+    assert value(bucket, {"protocol": OPENAI, "le": "30.0"}) == 1
+    assert value(bucket, {"protocol": OPENAI, "le": "600.0"}) == 1
+    assert value(bucket, {"protocol": OPENAI, "le": "1200.0"}) == 2
+    assert value(bucket, {"protocol": OPENAI, "le": "1800.0"}) == 2

@@ -9,7 +9,7 @@ import pytest
 
 from cadence.config import ServerConfig
 from cadence.core.front import FrontCore
-from cadence.core.metrics import FrontMetrics
+from cadence.core.metrics import CADENCE_V1, FrontMetrics
 from cadence.core.requests import Request
 from cadence.router import WorkerRouter
 from cadence.transport.front_end import FrontChannel, encode_add
@@ -63,7 +63,8 @@ def test_a_burst_opened_in_one_tick_reaches_each_worker_as_one_message() -> None
                 await asyncio.sleep(0.01)
             core = FrontCore(ServerConfig(max_concurrent=64), links, WorkerRouter(2), FrontMetrics())
             core.refusal = None
-            generations = [core.open(Request(prompt=f"call {i}", max_tokens=3), 1, lambda: None)
+            generations = [core.open(Request(prompt=f"call {i}", max_tokens=3), 1, lambda: None,
+                                     protocol=CADENCE_V1)
                            for i in range(64)]
             await asyncio.sleep(0)  # the tick ends
             received = [adds_received(worker) for worker in workers]

@@ -26,7 +26,7 @@ from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.intake_lull import IntakeLull
-from cadence.core.metrics import FrontMetrics
+from cadence.core.metrics import FrontMetrics, ProtocolMetrics
 from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
 from cadence.core.stream import RequestStream
@@ -71,8 +71,6 @@ class FrontCore:
         self._request_ids: set[str] = set()
         """Client-chosen request ids of the open streams that must be unique."""
         self.metrics = metrics
-        self.observe_itl = metrics.itl.observe
-        """Per chunk: bound once."""
         metrics.watch(
             active=lambda: self._gate.active,
             deepest_buffer=lambda: max((s.waiting_steps for s in self.streams.values()),
@@ -89,9 +87,10 @@ class FrontCore:
         """Requests admitted and not yet closed."""
         return self._gate.active
 
-    def refused(self, failure: Failure) -> None:
-        """Count a request that ended before it started (an adapter's own refusals too)."""
-        self.metrics.requests.labels(failure.name).inc()
+    def refused(self, failure: Failure, protocol: str) -> None:
+        """Count a request that ended before it started (an adapter's own refusals too);
+        `protocol`: the adapter's (metrics.PROTOCOLS)."""
+        self.metrics.requests.labels(failure.name, protocol).inc()
 
     def open(
         self,
@@ -99,17 +98,19 @@ class FrontCore:
         received_ns: int,
         time_remaining: Callable[[], float | None],
         *,
+        protocol: str,
         unique_id: bool = True,
         task: asyncio.Task | None = None,
-        protocol: str = "cadence.v1",
+        operation: str = "text_completion",
     ) -> Generation:
         """Check, admit, route and start one request; raise RequestError if it cannot start.
 
         Close the result however the request ends (`with generation:`). `time_remaining`
-        gives the seconds left before the call's deadline (None: no deadline); with
+        gives the seconds left before the call's deadline (None: no deadline); `protocol`
+        labels the request's metrics (metrics.PROTOCOLS); with
         `unique_id` a `request_id` that an open request holds is refused; `task` is
-        cancelled if the client stops reading (default: the current one); `protocol` names
-        the adapter (`cadence.v1`, `kserve`, `completions`, `chat`) in traces.
+        cancelled if the client stops reading (default: the current one); `operation` is
+        the request's `gen_ai.operation.name` in traces (`text_completion` or `chat`).
         """
         self._lull.opened += 1
         try:
@@ -141,7 +142,7 @@ class FrontCore:
                 raise RequestError(Failure.UNAVAILABLE,
                                    "no worker is running on this server") from None
         except RequestError as exc:
-            self.refused(exc.failure)
+            self.refused(exc.failure, protocol)
             raise
 
         config = self._config
@@ -164,9 +165,10 @@ class FrontCore:
                 "the request's deadline passed before generation finished")
         self._router.assign(worker, add.max_tokens)
         link.add(frame)
-        return Generation(self, stream, request, protocol, request_id or uuid.uuid4().hex,
+        return Generation(self, stream, request, operation, request_id or uuid.uuid4().hex,
                           add.max_tokens, held_id, deadline,
-                          time_remaining if remaining is not None else None)
+                          time_remaining if remaining is not None else None,
+                          self.metrics.for_protocol(protocol))
 
     async def intake_lull(self, generation: Generation) -> None:
         """Return at the next lull in the intake of new requests (a moment in which none
@@ -233,9 +235,10 @@ class FrontCore:
             # next step.
             self._links[worker].abort(stream.seq_id)
         failure = generation.failure
-        metrics = self.metrics
-        metrics.requests.labels(failure.name if failure is not None else "OK").inc()
-        metrics.e2e.observe((time.monotonic_ns() - stream.received_ns) / 1e9)
+        by_protocol = generation.protocol_metrics
+        self.metrics.requests.labels(failure.name if failure is not None else "OK",
+                                     by_protocol.protocol).inc()
+        by_protocol.e2e.observe((time.monotonic_ns() - stream.received_ns) / 1e9)
         if self.tracer is not None:
             self.tracer.record(generation)
 
@@ -285,18 +288,22 @@ class Generation:
     """
 
     __slots__ = ("_core", "_ended", "_last_ns", "deadline", "failure", "first_send_ns",
-                 "held_id", "max_tokens", "protocol", "request", "request_id", "stream",
-                 "time_remaining")
+                 "held_id", "max_tokens", "operation", "protocol_metrics", "request",
+                 "request_id", "stream", "time_remaining")
 
-    def __init__(self, core: FrontCore, stream: RequestStream, request: Request, protocol: str,
+    def __init__(self, core: FrontCore, stream: RequestStream, request: Request, operation: str,
                  request_id: str, max_tokens: int, held_id: str | None,
                  deadline: asyncio.TimerHandle | None,
-                 time_remaining: Callable[[], float | None] | None) -> None:
+                 time_remaining: Callable[[], float | None] | None,
+                 protocol_metrics: ProtocolMetrics) -> None:
         self._core = core
+        self.protocol_metrics = protocol_metrics
+        """Where this request's TTFT, queue wait, ITL and duration go: its protocol's series."""
         self.stream = stream
         self.request = request
         """What the client asked for, as its adapter read it."""
-        self.protocol = protocol
+        self.operation = operation
+        """The request's `gen_ai.operation.name` in traces."""
         self.request_id = request_id
         """The client's id, or the one the server assigned."""
         self.max_tokens = max_tokens
@@ -340,11 +347,11 @@ class Generation:
         now = time.monotonic_ns()
         if chunk.index == 0:
             self.first_send_ns = now
-            metrics = self._core.metrics
+            metrics = self.protocol_metrics
             metrics.ttft.observe((now - stream.received_ns) / 1e9)
             metrics.queue_wait.observe((stream.scheduled_ns - stream.received_ns) / 1e9)
         elif chunk.token_ids:
-            self._core.observe_itl((now - self._last_ns) / 1e9 / len(chunk.token_ids))
+            self.protocol_metrics.observe_itl((now - self._last_ns) / 1e9 / len(chunk.token_ids))
         self._last_ns = now
         self._ended = chunk.finish != Finish.NONE
         if chunk.timing is not None:

@@ -1,5 +1,6 @@
 """The front's Prometheus metrics: one naming scheme (prefix `cadence_`, unit suffix,
-`_total` on counters), explicit buckets, a `worker` label where a value is per worker."""
+`_total` on counters), explicit buckets, a `worker` label where a value is per worker and a
+`protocol` label on the request-level ones (which front API the request came through)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,16 @@ _LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
     0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
 )
+_DURATION_BUCKETS_S = (*_LATENCY_BUCKETS_S, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
+"""A whole request: long streams (tens of thousands of tokens) run for minutes, and with the
+latency buckets alone every one of them would land in +Inf, hiding their quantiles. The
+latency bounds are kept, so queries over them (`le="0.5"`) mean what they meant."""
+
+CADENCE_V1 = "cadence.v1"
+KSERVE = "kserve"
+OPENAI = "openai"
+PROTOCOLS = (CADENCE_V1, KSERVE, OPENAI)
+"""The `protocol` label's values: cadence.v1.Inference, KServe v2 gRPC, OpenAI HTTP."""
 
 
 class StreamTally:
@@ -66,6 +77,21 @@ class LoopLagTally:
         return f"{self.front}:{self.samples}:{','.join(map(str, self.counts))}"
 
 
+class ProtocolMetrics:
+    """One protocol's children of the request-level histograms, looked up once per protocol
+    rather than per chunk (`labels()` takes a lock and a dict lookup), so a chunk's ITL costs
+    what it cost before the label."""
+
+    __slots__ = ("e2e", "observe_itl", "protocol", "queue_wait", "ttft")
+
+    def __init__(self, metrics: FrontMetrics, protocol: str) -> None:
+        self.protocol = protocol
+        self.ttft = metrics.ttft.labels(protocol)
+        self.queue_wait = metrics.queue_wait.labels(protocol)
+        self.e2e = metrics.e2e.labels(protocol)
+        self.observe_itl = metrics.itl.labels(protocol).observe
+
+
 class FrontMetrics:
     """Every metric the front exports. Observed per chunk or per request, never per token."""
 
@@ -75,22 +101,26 @@ class FrontMetrics:
         r = self.registry
         self.ttft = Histogram("cadence_time_to_first_token_seconds",
                               "From the front receiving a request to its first chunk handed to gRPC.",
-                              buckets=_LATENCY_BUCKETS_S, registry=r)
+                              ["protocol"], buckets=_LATENCY_BUCKETS_S, registry=r)
         self.itl = Histogram("cadence_inter_token_latency_seconds",
                              "Gap between a stream's consecutive chunks at the front, divided by "
-                             "the tokens in the later chunk.", buckets=_LATENCY_BUCKETS_S, registry=r)
+                             "the tokens in the later chunk.", ["protocol"],
+                             buckets=_LATENCY_BUCKETS_S, registry=r)
         self.e2e = Histogram("cadence_request_duration_seconds",
                              "From the front receiving a request to its stream ending.",
-                             buckets=_LATENCY_BUCKETS_S, registry=r)
+                             ["protocol"], buckets=_DURATION_BUCKETS_S, registry=r)
         self.queue_wait = Histogram("cadence_queue_wait_seconds",
                                     "From the front receiving a request to the engine step that "
-                                    "admitted it.", buckets=_LATENCY_BUCKETS_S, registry=r)
+                                    "admitted it.", ["protocol"], buckets=_LATENCY_BUCKETS_S,
+                                    registry=r)
         self.loop_lag = Histogram("cadence_event_loop_lag_seconds",
                                   "How late the front's event loop woke for a timer, sampled "
                                   "every --heartbeat-interval: time it spent in other callbacks.",
                                   buckets=_LAG_BUCKETS_S, registry=r)
-        self.requests = Counter("cadence_requests_total", "Finished requests by gRPC status code.",
-                                ["code"], registry=r)
+        self.requests = Counter("cadence_requests_total",
+                                "Finished requests by gRPC status code (refusals included) and "
+                                "protocol.", ["code", "protocol"], registry=r)
+        self._by_protocol: dict[str, ProtocolMetrics] = {}
         self.failed_sends = Counter("cadence_failed_sends_total",
                                     "Chunks whose send failed because the client had just "
                                     "cancelled (grpc.aio's ExecuteBatchError; not logged).",
@@ -138,6 +168,13 @@ class FrontMetrics:
         self.loop_lag_tally = LoopLagTally(front)
         """Handed to every request stream, which counts into it."""
         r.register(_TallyCollector(self.tally))
+
+    def for_protocol(self, protocol: str) -> ProtocolMetrics:
+        """The request-level histograms of `protocol` (one of PROTOCOLS)."""
+        found = self._by_protocol.get(protocol)
+        if found is None:
+            found = self._by_protocol[protocol] = ProtocolMetrics(self, protocol)
+        return found
 
     def watch(self, active: Callable[[], float], deepest_buffer: Callable[[], float]) -> None:
         """Gauges computed only when scraped, so they cost nothing per token."""

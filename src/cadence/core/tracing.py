@@ -22,8 +22,6 @@ from cadence.core.outcomes import Failure, Finish
 
 FINISH_REASONS = {Finish.LENGTH: "length", Finish.STOP: "stop", Finish.CANCELLED: "cancelled"}
 """A finish's name in `gen_ai.response.finish_reasons` (OpenAI's words)."""
-OPERATIONS = {"chat": "chat"}
-"""`gen_ai.operation.name` by protocol: chat completions; every other protocol completes text."""
 
 
 def endpoint_from_env(environ: os._Environ | dict = os.environ) -> str:
@@ -79,7 +77,7 @@ class RequestTracer:
 
         stream = generation.stream
         request = generation.request
-        protocol = generation.protocol
+        protocol = generation.protocol_metrics.protocol
         offset = self._epoch_offset_ns
         parent = None
         if request.traceparent:
@@ -87,7 +85,7 @@ class RequestTracer:
             if request.tracestate:
                 carrier["tracestate"] = request.tracestate
             parent = propagate.extract(carrier)
-        operation = OPERATIONS.get(protocol, "text_completion")
+        operation = generation.operation
         received, scheduled = stream.received_ns, stream.scheduled_ns
         first_token, first_send = stream.first_token_ns, generation.first_send_ns
         end = time.monotonic_ns()

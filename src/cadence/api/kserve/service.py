@@ -40,6 +40,7 @@ from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore, Generation
+from cadence.core.metrics import KSERVE
 from cadence.core.outcomes import Failure, Finish
 from cadence.core.tracing import trace_context
 
@@ -235,14 +236,14 @@ class _StreamCall:
             if self._trace is not None:
                 translated.request.traceparent, translated.request.tracestate = self._trace
         except RequestError as exc:
-            kserve.core.refused(exc.failure)
+            kserve.core.refused(exc.failure, KSERVE)
             await self._fail(request_id, exc)
             return
         try:
             # Triton does not require unique ids: they are only echoed.
             generation = kserve.core.open(translated.request, received_ns,
-                                          self._context.time_remaining, unique_id=False,
-                                          task=self._handler, protocol="kserve")
+                                          self._context.time_remaining, protocol=KSERVE,
+                                          unique_id=False, task=self._handler)
         except RequestError as exc:  # counted by the core
             await self._fail(request_id, exc)
             return

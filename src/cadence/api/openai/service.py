@@ -51,6 +51,7 @@ from cadence.api.openai.protocol import (
 from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
+from cadence.core.metrics import OPENAI
 from cadence.core.outcomes import Failure
 
 _JSON = "application/json"
@@ -100,6 +101,9 @@ def _param(exc: RequestError, endpoint: str) -> str | None:
             return "messages" if param == "prompt" and endpoint == CHAT else param
     return None
 
+
+_OPERATIONS = {CHAT: "chat", COMPLETIONS: "text_completion"}
+"""Each endpoint's `gen_ai.operation.name` in traces."""
 
 class OpenAIService:
     """Serves the OpenAI-compatible routes for one model, `model_name`, through `core`.
@@ -185,13 +189,13 @@ class OpenAIService:
         if (http.content_length or 0) > self._max_body:
             # Refused before reading: a client must not hold the connection with a body it
             # will never finish sending.
-            core.refused(Failure.INVALID_ARGUMENT)
+            core.refused(Failure.INVALID_ARGUMENT, OPENAI)
             return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await http.read()
         except TimeoutError:
-            core.refused(Failure.DEADLINE_EXCEEDED)
+            core.refused(Failure.DEADLINE_EXCEEDED, OPENAI)
             status, kind = HTTP_REQUEST_TIMEOUT
             return _closing(_json(error_body(
                 f"the request body did not arrive within {self._body_timeout_s:g} s "
@@ -199,7 +203,7 @@ class OpenAIService:
         try:
             wire = parse(body, endpoint, default_max_tokens=self._default_max_tokens)
             if wire.model != self.model_name:
-                core.refused(Failure.NOT_FOUND)
+                core.refused(Failure.NOT_FOUND, OPENAI)
                 return _failure(Failure.NOT_FOUND, f"the model {wire.model!r} does not exist "
                                 f"here; this server serves {self.model_name!r}", "model")
             if endpoint == CHAT:
@@ -208,7 +212,7 @@ class OpenAIService:
                 except Exception as exc:  # a template's own refusal or error
                     raise BadField("messages", str(exc)) from None
         except BadField as exc:
-            core.refused(exc.failure)
+            core.refused(exc.failure, OPENAI)
             return _failure(exc.failure, exc.message, exc.param)
         if core.tracer is not None:
             headers = http.headers
@@ -216,7 +220,7 @@ class OpenAIService:
             wire.request.tracestate = headers.get("tracestate", "")
         try:
             generation = core.open(wire.request, received_ns, _time_remaining(wire.timeout_s),
-                                   protocol=endpoint)
+                                   protocol=OPENAI, operation=_OPERATIONS[endpoint])
         except RequestError as exc:  # counted by the core
             return _failure(exc.failure, exc.message, _param(exc, endpoint))
         with generation:

@@ -19,6 +19,7 @@ from cadence.api.errors import grpc_status
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore
+from cadence.core.metrics import CADENCE_V1
 from cadence.core.requests import Chunk, Request
 from cadence.core.tracing import trace_context
 
@@ -82,12 +83,13 @@ class InferenceService:
         try:
             request = to_request(raw)
         except InvalidRequest as exc:
-            core.refused(exc.failure)
+            core.refused(exc.failure, CADENCE_V1)
             await context.abort(grpc_status(exc.failure), exc.message)
         if core.tracer is not None:
             request.traceparent, request.tracestate = trace_context(context.invocation_metadata())
         try:
-            generation = core.open(request, received_ns, context.time_remaining)
+            generation = core.open(request, received_ns, context.time_remaining,
+                                   protocol=CADENCE_V1)
         except RequestError as exc:  # counted by the core
             await context.abort(grpc_status(exc.failure), exc.message)
         lag = core.metrics.loop_lag_tally if request.include_timing else None
