@@ -98,8 +98,6 @@ def read_page(url: str, timeout: float = SCRAPE_TIMEOUT_S) -> list[tuple[str, st
     import urllib.error
     import urllib.request
 
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
         with urllib.request.urlopen(url, timeout=timeout) as reply:
             text = reply.read().decode("utf-8", errors="replace")
@@ -109,12 +107,21 @@ def read_page(url: str, timeout: float = SCRAPE_TIMEOUT_S) -> list[tuple[str, st
         raise ScrapeError(str(exc.reason)) from None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise ScrapeError(f"{type(exc).__name__}: {exc}") from None
+    return parse_page(text)
+
+
+def parse_page(text: str) -> list[tuple[str, str, dict, float]]:
+    """Every sample of a page's text (see `read_page`); raises ScrapeError when it is not in
+    the Prometheus text format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         return [(family.type, s.name, s.labels, float(s.value))
                 for family in text_string_to_metric_families(text) for s in family.samples]
     except (ValueError, TypeError, IndexError) as exc:
         first = text.strip().splitlines()[0][:60] if text.strip() else ""
-        raise ScrapeError(f"not a Prometheus metrics page ({exc}; it begins {first!r})") from None
+        raise ScrapeError(f"not a Prometheus metrics page ({str(exc)[:80]}; it begins "
+                          f"{first!r})") from None
 
 
 def check_scrape_url(url: str) -> None:
@@ -142,7 +149,10 @@ class _Sample:
 class _Endpoint:
     url: str
     scrapes: list[tuple[int, float, dict[Key, _Sample]]] = field(default_factory=list)
-    """(tick, seconds on the run's axis, every kept sample)."""
+    """(tick, seconds on the run's axis when the page was read, every kept sample)."""
+    ticks: dict[int, float] = field(default_factory=dict)
+    """Each tick's start on the axis: the roles' time, the same for every endpoint, so
+    that the roles of several endpoints (and of one) line up."""
     failed: int = 0
     first_error: str | None = None
 
@@ -192,6 +202,7 @@ class PageScraper:
         """One scrape of every endpoint, all under one tick (the roles add endpoints up by
         tick); a page that fails leaves a gap and counts as failed."""
         tick, self._tick = self._tick, self._tick + 1
+        started = (time.monotonic_ns() - self._t0_ns) / 1e9
         for endpoint in self._endpoints:
             try:
                 page = read_page(endpoint.url)
@@ -201,6 +212,7 @@ class PageScraper:
                 continue
             t = (time.monotonic_ns() - self._t0_ns) / 1e9
             endpoint.scrapes.append((tick, t, _samples(page)))
+            endpoint.ticks[tick] = started
 
     def stop(self) -> None:
         """Stop scraping, with one last scrape after the run."""
@@ -214,6 +226,21 @@ class PageScraper:
         (`run_window`), over which the roles' peaks and means are taken (every scrape's
         without one)."""
         return build(self._endpoints, self.interval_s, self._t0_ns, window)
+
+
+def from_pages(pages: dict[str, list[tuple[float, str]]],
+               window: tuple[float, float] | None = None,
+               interval_s: float = SCRAPE_INTERVAL_S) -> ScrapedMetrics:
+    """The series and roles of pages already read: for each URL, its texts and the time
+    (on the run's axis) each was read, the k-th text of every URL one tick."""
+    endpoints = []
+    for url, texts in pages.items():
+        endpoint = _Endpoint(url)
+        for tick, (t, text) in enumerate(texts):
+            endpoint.scrapes.append((tick, t, _samples(parse_page(text))))
+            endpoint.ticks[tick] = t
+        endpoints.append(endpoint)
+    return build(endpoints, interval_s, 0, window)
 
 
 def build(endpoints: Sequence[_Endpoint], interval_s: float, t0_ns: int,
@@ -255,7 +282,7 @@ def _matches(known: Known, key: Key) -> bool:
 
 def _roles_of(endpoint: _Endpoint) -> dict[str, tuple[Known, dict[int, tuple[float, float]]]]:
     """{role: (the entry read, {tick: (t, value)})} of one endpoint: the first KNOWN entry of
-    each role that the page has, its label sets combined."""
+    each role that the page has, its label sets combined; t when the page was read."""
     names = {k for _, _, samples in endpoint.scrapes for k in samples}
     roles: dict[str, tuple[Known, dict[int, tuple[float, float]]]] = {}
     for known in KNOWN:
@@ -354,7 +381,8 @@ def _role(role: str, parts: list[tuple[Known, _Endpoint, dict[int, tuple[float, 
     their sum (the fullest, for the KV cache); its peak and mean inside the run's window."""
     combine = max if role in _FULLEST else sum
     ticks = sorted(set.intersection(*(set(points) for _, _, points in parts)))
-    points = [(parts[0][2][tick][0], combine(p[tick][1] for _, _, p in parts)) for tick in ticks]
+    points = [(parts[0][1].ticks[tick], combine(p[tick][1] for _, _, p in parts))
+              for tick in ticks]
     inside = [v for t, v in points if window is None or window[0] <= t <= window[1]]
     return ScrapedRole(
         metric=", ".join(dict.fromkeys(_described(known) for known, _, _ in parts)),
