@@ -18,6 +18,7 @@ from cadence.lab.analysis.diagnosis import diagnose
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.measure.prometheus import (
     MAX_LABEL_SETS,
+    MAX_SERIES,
     ScrapeError,
     from_pages,
     parse_page,
@@ -161,6 +162,15 @@ def test_label_sets_over_the_cap_are_dropped_with_a_note() -> None:
     endpoint = result.endpoints[0]
     assert endpoint.dropped_series == 20 - MAX_LABEL_SETS and endpoint.dropped == ["per_adapter"]
     assert endpoint.server is None and result.roles == {}
+
+
+def test_series_over_the_cap_are_dropped_but_never_a_role_s() -> None:
+    many = "".join(f"# TYPE g{k} gauge\ng{k} {k}\n" for k in range(100))
+    result = scraped([many + vllm_page(8, 3)] * 2)
+    endpoint = result.endpoints[0]
+    roles = 4  # running, waiting, KV cache, preemptions: after the cap, kept all the same
+    assert endpoint.series == MAX_SERIES + roles and endpoint.dropped_series > 100 - MAX_SERIES
+    assert set(result.roles) == {"running", "waiting", "kv_cache_use", "preempted"}
 
 
 def test_a_page_that_is_not_prometheus_text_is_one_line() -> None:

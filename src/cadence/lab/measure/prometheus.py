@@ -36,7 +36,7 @@ SCRAPE_INTERVAL_S = 0.5
 parses in milliseconds, so the server hardly notices."""
 SCRAPE_TIMEOUT_S = 2.0
 MAX_SERIES = 64
-"""Series kept per endpoint (the role series always among them): a server with a histogram
+"""Series kept per endpoint (a role's series always, and counted): a server with a histogram
 per model, adapter and engine would otherwise make a result of megabytes."""
 MAX_LABEL_SETS = 8
 """Label sets kept per metric name (the rest dropped, with a note)."""
@@ -155,6 +155,35 @@ class _Endpoint:
     that the roles of several endpoints (and of one) line up."""
     failed: int = 0
     first_error: str | None = None
+    kept: dict[Key, None] = field(default_factory=dict)
+    """The series admitted so far, in the order they came (`take`)."""
+    per_name: dict[str, int] = field(default_factory=dict)
+    dropped: dict[Key, None] = field(default_factory=dict)
+
+    def take(self, tick: int, started: float, t: float, samples: dict[Key, _Sample]) -> None:
+        """Keep a scrape's samples of the series admitted: a role's always, any other while
+        its name has fewer than MAX_LABEL_SETS and the page fewer than MAX_SERIES. Decided as
+        the pages come, so a page of thousands of series costs a long run no more memory
+        than the series it keeps."""
+        counted = [k for k, sample in samples.items() if sample.kind != "sum"]
+        for key in counted:
+            if key in self.kept or key in self.dropped:
+                continue
+            name = key[0]
+            self.per_name[name] = self.per_name.get(name, 0) + 1
+            role = any(_matches(known, key) for known in KNOWN)
+            if role or (self.per_name[name] <= MAX_LABEL_SETS
+                        and len(self.kept) < MAX_SERIES):
+                self.kept[key] = None
+            else:
+                self.dropped[key] = None
+        # A histogram's sum is read with its count, not as a series of its own.
+        counts = {(samples[k].family, k[1]) for k in self.kept if k in samples
+                  and samples[k].kind == "count"}
+        self.scrapes.append((tick, t, {
+            k: sample for k, sample in samples.items()
+            if k in self.kept or (sample.kind == "sum" and (sample.family, k[1]) in counts)}))
+        self.ticks[tick] = started
 
 
 def _samples(page: list[tuple[str, str, dict, float]]) -> dict[Key, _Sample]:
@@ -211,8 +240,7 @@ class PageScraper:
                 endpoint.first_error = endpoint.first_error or str(exc)
                 continue
             t = (time.monotonic_ns() - self._t0_ns) / 1e9
-            endpoint.scrapes.append((tick, t, _samples(page)))
-            endpoint.ticks[tick] = started
+            endpoint.take(tick, started, t, _samples(page))
 
     def stop(self) -> None:
         """Stop scraping, with one last scrape after the run."""
@@ -237,8 +265,7 @@ def from_pages(pages: dict[str, list[tuple[float, str]]],
     for url, texts in pages.items():
         endpoint = _Endpoint(url)
         for tick, (t, text) in enumerate(texts):
-            endpoint.scrapes.append((tick, t, _samples(parse_page(text))))
-            endpoint.ticks[tick] = t
+            endpoint.take(tick, t, t, _samples(parse_page(text)))
         endpoints.append(endpoint)
     return build(endpoints, interval_s, 0, window)
 
@@ -252,15 +279,14 @@ def build(endpoints: Sequence[_Endpoint], interval_s: float, t0_ns: int,
         roles = _roles_of(endpoint)
         for role, (known, points) in roles.items():
             role_parts.setdefault(role, []).append((known, endpoint, points))
-        kept, dropped = _choose(endpoint, {k for known, _ in roles.values()
-                                           for k in _keys_of(endpoint, known)})
-        for key in kept:
-            series.extend(_series(endpoint, key))
+        kept, dropped = list(endpoint.kept), list(endpoint.dropped)
+        own = [one for key in kept for one in _series(endpoint, key)]
+        series.extend(own)
         servers = sorted({known.server for known, _ in roles.values()})
         found.append(ScrapedEndpoint(
             url=endpoint.url, server=",".join(servers) or None, scrapes=len(endpoint.scrapes),
             failed_scrapes=endpoint.failed, first_error=endpoint.first_error,
-            series=len(kept), dropped_series=len(dropped),
+            series=len(own), dropped_series=len(dropped),
             dropped=sorted({name for name, _ in dropped})[:20]))
     return ScrapedMetrics(
         interval_s=interval_s, started_ns=t0_ns,
@@ -268,11 +294,6 @@ def build(endpoints: Sequence[_Endpoint], interval_s: float, t0_ns: int,
         roles={role: _role(role, role_parts[role], window) for role in ROLES
                if role in role_parts},
         series=series)
-
-
-def _keys_of(endpoint: _Endpoint, known: Known) -> list[Key]:
-    keys = dict.fromkeys(k for _, _, samples in endpoint.scrapes for k in samples)
-    return [k for k in keys if _matches(known, k)]
 
 
 def _matches(known: Known, key: Key) -> bool:
@@ -313,25 +334,6 @@ def _rate(earlier: tuple[float, float], later: tuple[float, float]) -> float:
     (t0, v0), (t1, v1) = earlier, later
     growth = v1 - v0 if v1 >= v0 else v1
     return growth / (t1 - t0)
-
-
-def _choose(endpoint: _Endpoint, role_keys: set[Key]) -> tuple[list[Key], list[Key]]:
-    """The series kept (the roles' first, then in the page's order) and those dropped: over
-    MAX_LABEL_SETS for their name, or over MAX_SERIES."""
-    every = list(dict.fromkeys(k for _, _, samples in endpoint.scrapes for k in samples))
-    kinds = {k: s.kind for _, _, samples in endpoint.scrapes for k, s in samples.items()}
-    ordered = [k for k in every if k in role_keys] + [k for k in every if k not in role_keys]
-    kept, dropped, per_name = [], [], {}
-    for key in ordered:
-        if kinds[key] == "sum":
-            continue  # a histogram's sum is read with its count, not as a series of its own
-        name = key[0]
-        per_name[name] = per_name.get(name, 0) + 1
-        if key not in role_keys and (per_name[name] > MAX_LABEL_SETS or len(kept) >= MAX_SERIES):
-            dropped.append(key)
-        else:
-            kept.append(key)
-    return kept, dropped
 
 
 def _series(endpoint: _Endpoint, key: Key) -> list[ScrapedSeries]:

@@ -11,7 +11,8 @@ from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.results import Finding, ScrapedRole
 
 MIN_SCRAPES = 3
-"""Scrapes inside the run needed before a role says anything (one every 0.5 s)."""
+"""Scrapes inside the run needed before a role says anything (one every
+prometheus.SCRAPE_INTERVAL_S)."""
 
 WAITING_MIN = 1.0
 """A scrape "has a queue" from this many requests waiting."""
