@@ -90,3 +90,18 @@ def test_a_page_that_cannot_be_read_stops_the_bench_before_the_run() -> None:
             assert bench.returncode != 0
             (line,) = bench.stderr.strip().splitlines()
             assert line.startswith(f"cadence bench: --scrape {url}: ") and why in line
+
+
+def test_a_sweep_of_a_running_server_scrapes_every_run(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    with python_server("tests/vllm_metrics_page.py") as page, \
+            ServerProcess("--step-ms", "5") as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "cadence.cli", "sweep", "--target", server.target,
+             "--vary", "concurrency=1,2", "--requests", "4", "--max-tokens", "8",
+             "--scrape", f"http://{page}/metrics", "--json", str(out)],
+            capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    runs = [p["repeats"][0] for p in json.loads(out.read_text())["sweep"]["points"]]
+    assert [r["scraped"]["endpoints"][0]["server"] for r in runs] == ["vllm", "vllm"]
+    assert all(r["scraped"]["roles"]["waiting"]["points"] for r in runs)
