@@ -61,7 +61,9 @@ def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
 
 def test_bad_arguments_are_one_line(tmp_path) -> None:
     for args, said in ((["--slo", "ttft_p95_ms=1"], "METRIC_STAT_ms=BOUND"),
-                       (["--slo", "ttft_p99_ms=1", "--low", "8", "--high", "4"], "--low")):
+                       (["--slo", "ttft_p99_ms=1", "--low", "8", "--high", "4"], "--low"),
+                       (["--slo", "ttft_p99_ms=1", "--scrape", "http://127.0.0.1:1/metrics"],
+                        "--scrape http://127.0.0.1:1/metrics: ")):
         _, done = capacity(tmp_path, "--target", "127.0.0.1:1", "--search", "concurrency",
                            "--requests", "4", *args)
         assert done.returncode != 0 and said in done.stderr

@@ -97,6 +97,8 @@ def test_a_fresh_server_sweep_whose_servers_never_start_exits_non_zero() -> None
     (["--vary", "concurrency=1", "--vary", "rate=2"], "do not combine"),
     (["--vary", "concurrency=1", "--vary", "concurrency=2"], "given twice"),
     (["--vary", "concurrency=1", "--serve-args", "--step-ms 5"], "one or the other"),
+    (["--vary", "concurrency=1", "--scrape", "http://127.0.0.1:1/metrics"],
+     "--scrape http://127.0.0.1:1/metrics: "),
 ])
 def test_a_sweep_of_a_running_server_refuses_in_one_line(args, said) -> None:
     done = _sweep("--target", "127.0.0.1:9", *args)

@@ -32,6 +32,7 @@ from cadence.lab.measure.discovery import (
     worker_devices,
 )
 from cadence.lab.measure.http2 import read_settings
+from cadence.lab.measure.prometheus import PageScraper, run_window
 from cadence.lab.measure.run_context import run_context
 from cadence.lab.measure.sampler import SystemSampler
 from cadence.lab.measure.stacks import StackSampler
@@ -97,6 +98,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
               counter: RequestCounter | None = None,
               server_pid: int | None = None,
               slo: Sequence[results.SloTerm] = (),
+              scrape: Sequence[str] = (),
               traces: TraceReceiver | None = None,
               traces_wait_s: float = 10.0) -> results.BenchResult:
     """Run `workload` against `target`; return the summary plus the raw records.
@@ -110,9 +112,11 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     `counter` counts finished requests while the load runs, for a progress display
     (lab/progress.py); it changes nothing in the result. `server_pid` names the server process
     whose CPU to sample (default: cadence's processes, or for `grpc`, the process listening on
-    the target's port when it is on this host). `traces`: a started OTLP receiver the server
-    sends its spans to; after the run the bench waits up to `traces_wait_s` for every
-    request's spans and joins them to the requests (`server_spans`).
+    the target's port when it is on this host). `scrape`: Prometheus pages of any server to
+    read during the run (`cadence.lab.measure.prometheus`), into the result's `scraped`.
+    `traces`: a started OTLP receiver the server sends its spans to; after the run the
+    bench waits up to `traces_wait_s` for every request's spans and joins them to the
+    requests (`server_spans`).
     """
     name = protocol_name(protocol)
     kserve = protocol if isinstance(protocol, KServeTarget) else None
@@ -138,6 +142,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         stacks.start()
 
     sampler.start()
+    pages = PageScraper(scrape, sampler.started_ns).start() if scrape else None
     try:
         processes_out = run_load(
             workload.plans(target, processes, channels, credentials, protocol),
@@ -147,6 +152,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         )
     finally:
         system = sampler.stop()
+        if pages is not None:
+            pages.stop()
     server_threads = threads.stop()
     if server_threads is not None:
         server_threads.stacks = stacks.stop()
@@ -199,6 +206,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             tokens_field=grpc.tokens_field or None, index_field=grpc.index_field or None,
             headers=sorted({k for k, _ in grpc.headers}),
         )
+    if pages is not None:
+        result.scraped = pages.result(run_window(records, sampler.started_ns))
     if traces is not None:
         result.server_spans = join_spans(records, traces.spans(), _epoch_offset_ns(),
                                          traces.port, traces.dropped)

@@ -61,6 +61,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                         "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, "
                         "p90, p99 or max): goodput counts the requests that meet every term, "
                         "and the run passes when its percentiles do (default: none)")
+    add_scrape_args(p)
     p.add_argument("--otlp-receive", default=None, metavar="[HOST:]PORT",
                    help="receive the server's OpenTelemetry spans (OTLP/gRPC) here during the "
                         "run and join them to the requests by trace id: TTFT split before, "
@@ -74,6 +75,29 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none anyway when stderr is not a terminal)")
     p.set_defaults(func=_bench)
+
+
+def add_scrape_args(p: argparse.ArgumentParser) -> None:
+    """`--scrape`; shared by bench and capacity."""
+    p.add_argument("--scrape", action="append", default=[], metavar="URL",
+                   help="a Prometheus metrics page of any server (e.g. vLLM's "
+                        "http://HOST:8000/metrics), repeatable: read every 0.5 s during the "
+                        "run, its gauges and counters' rates kept on the run's time axis "
+                        "(JSON `scraped`), and the requests running, waiting and the KV cache "
+                        "in use of vLLM, SGLang, Triton and cadence given to the diagnosis; "
+                        "checked before the run (default: none)")
+
+
+def check_scrapes(urls: list[str], command: str) -> None:
+    """Read each `--scrape` page once; exits with one line when one cannot be read, before
+    any load goes out."""
+    from cadence.lab.measure.prometheus import ScrapeError, check_scrape_url
+
+    for url in urls:
+        try:
+            check_scrape_url(url)
+        except ScrapeError as exc:
+            sys.exit(f"cadence {command}: --scrape {url}: {exc}")
 
 
 def add_protocol_args(p: argparse.ArgumentParser) -> None:
@@ -252,8 +276,8 @@ def _bench(args: argparse.Namespace) -> None:
             result = run_bench(args.target, workload, processes=args.procs,
                                channels=args.channels, baseline=args.baseline,
                                credentials=credentials, protocol=protocol, counter=counter,
-                               server_pid=args.server_pid, slo=slo, traces=traces,
-                               traces_wait_s=args.otlp_wait)
+                               server_pid=args.server_pid, slo=slo, scrape=args.scrape,
+                               traces=traces, traces_wait_s=args.otlp_wait)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     finally:
@@ -301,6 +325,7 @@ def bench_inputs(args: argparse.Namespace, command: str):
         slo = [parse_term(text) for text in args.slo]
     except ValueError as exc:
         sys.exit(f"cadence {command}: {exc}")
+    check_scrapes(args.scrape, command)
     return workload, credentials, slo, running_protocol(args, command, credentials)
 
 

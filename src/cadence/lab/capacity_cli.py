@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from cadence.lab.bench_cli import add_protocol_args, add_workload_args
+from cadence.lab.bench_cli import add_protocol_args, add_scrape_args, add_workload_args
 
 
 def add_capacity(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +26,7 @@ def add_capacity(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per load; a load passes only when every run does")
     p.add_argument("--json", dest="json_path", default=None, help="write the search here")
+    add_scrape_args(p)
     add_protocol_args(p)
     add_workload_args(p)
     p.set_defaults(func=_capacity)
@@ -48,7 +49,8 @@ def _capacity(args: argparse.Namespace) -> None:
     def run(value: float):
         return run_bench(args.target, at_load(workload, args.search, value),
                          processes=args.procs, channels=args.channels,
-                         credentials=credentials, protocol=protocol, slo=slo)
+                         credentials=credentials, protocol=protocol, slo=slo,
+                         scrape=args.scrape)
 
     try:
         capacity = search(run, args.search, args.low, args.high, slo, args.repeat)

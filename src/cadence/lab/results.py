@@ -241,6 +241,64 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     """[seconds since the sampler started, every scraped value by name{labels}]."""
 
 
+class ScrapedSeries(msgspec.Struct, kw_only=True):
+    """One series of a page scraped with `--scrape` (`cadence.lab.measure.prometheus`)."""
+
+    url: str
+    name: str
+    """The sample's name as the page has it; a histogram's or summary's mean under its
+    family's name."""
+    labels: dict[str, str] = {}
+    kind: str = "gauge"
+    """gauge (its value), rate (a counter's growth per second, or a histogram's `_count`'s)
+    or mean (what a histogram observed in each interval: growth of `_sum` over `_count`)."""
+    points: list[tuple[float, float]] = []
+    """[seconds since the sampler started, value]; a rate or mean at the end of its interval."""
+
+
+class ScrapedRole(msgspec.Struct, kw_only=True):
+    """One role (running, waiting, kv_cache_use, preempted) read from the metrics that known
+    servers export for it, added up over label sets and endpoints (the KV cache: the fullest)."""
+
+    metric: str = ""
+    """The metric(s) it was read from."""
+    urls: list[str] = []
+    peak: float | None = None
+    """Over the run's window (`run_window_s`)."""
+    mean: float | None = None
+    points: list[tuple[float, float]] = []
+    """[seconds since the sampler started, value]."""
+
+
+class ScrapedEndpoint(msgspec.Struct, kw_only=True):
+    url: str
+    server: str | None = None
+    """The server its role metrics name (vllm, sglang, triton, tensorrt-llm, cadence); null
+    when it exports none of them."""
+    scrapes: int = 0
+    failed_scrapes: int = 0
+    first_error: str | None = None
+    series: int = 0
+    dropped_series: int = 0
+    """Series left out: over the label sets kept per name, or over the series kept."""
+    dropped: list[str] = []
+    """The names of the metrics some of whose series were left out (the first few)."""
+
+
+class ScrapedMetrics(msgspec.Struct, kw_only=True):
+    """`cadence bench --scrape URL`: any server's Prometheus page read during the run."""
+
+    interval_s: float = 0.5
+    started_ns: int = 0
+    """`time.monotonic_ns()` at the axis's zero: a record's `start_ns` minus it, in seconds,
+    is on the series' axis (the same as the CPU samples')."""
+    run_window_s: tuple[float, float] | None = None
+    """The first request's send and the last one's end on that axis."""
+    endpoints: list[ScrapedEndpoint] = []
+    roles: dict[str, ScrapedRole] = {}
+    series: list[ScrapedSeries] = []
+
+
 class System(msgspec.Struct, kw_only=True):
     """What `cadence.lab.measure.sampler.SystemSampler` saw during the run."""
 
@@ -523,6 +581,8 @@ class BenchResult(RunStats, kw_only=True):
     """The server's spans, with `--otlp-receive`."""
     aborted: str | None | UnsetType = UNSET
     """Why the bench stopped early (null when it ran to its end)."""
+    scraped: ScrapedMetrics | UnsetType = UNSET
+    """The pages of `--scrape` read during the run; unset without one."""
 
 
 class Spread(msgspec.Struct, kw_only=True):

@@ -22,7 +22,7 @@ import re
 import shlex
 import statistics
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import NamedTuple
 
@@ -196,7 +196,8 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
               ready_timeout: float = 60.0, credentials: ClientCredentials | None = None,
               kserve: KServeTarget | None = None,
               resolve_grpc: Callable | None = None,
-              openai: OpenAITarget | None = None) -> SweepResult:
+              openai: OpenAITarget | None = None,
+              scrape: Sequence[str] = ()) -> SweepResult:
     """Every point, `repeat` times; results without raw records.
 
     The server is the one running at `target` (its load's variables only; `openai` then
@@ -205,7 +206,7 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
     Protocol; with `resolve_grpc(target, credentials)`, which resolves any gRPC method once
     (against the first server that answers), the load drives that method. With `openai` and
     a fresh server each serves HTTP too (`--http-port 0`) and the load speaks the OpenAI API
-    to it.
+    to it. `scrape`: Prometheus pages every run reads (`run_bench`).
     """
     credentials = credentials or ClientCredentials()
     variables = list(points[0].values)
@@ -222,7 +223,8 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
                 with server as (address, http):
                     if resolve_grpc is not None and grpc is None:
                         grpc = resolve_grpc(address, credentials)
-                    result = _bench(address, point.load, credentials, kserve, grpc, http)
+                    result = _bench(address, point.load, credentials, kserve, grpc, http,
+                                    scrape)
             except SchemaError:
                 raise  # the same for every point: the sweep cannot run
             except RuntimeError as exc:
@@ -290,10 +292,11 @@ def _started(server: ServerProcess | CommandServer,
 
 def _bench(address: str, load: Load, credentials: ClientCredentials,
            kserve: KServeTarget | None, grpc: GrpcTarget | None,
-           openai: OpenAITarget | None) -> BenchResult:
+           openai: OpenAITarget | None, scrape: Sequence[str] = ()) -> BenchResult:
     """The sweep's one call into the bench."""
     return run_bench(address, load.workload, processes=load.processes, channels=load.channels,
-                     credentials=credentials, protocol=openai or grpc or kserve or CADENCE)
+                     credentials=credentials, protocol=openai or grpc or kserve or CADENCE,
+                     scrape=scrape)
 
 
 def _failed(result: BenchResult) -> str | None:

@@ -9,7 +9,9 @@ import sys
 
 from cadence.lab.bench_cli import (
     add_protocol_args,
+    add_scrape_args,
     add_workload_args,
+    check_scrapes,
     openai_from_args,
     protocol_from_args,
     workload_from_args,
@@ -44,6 +46,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
                         "(health SERVING, or any answer when it has no health service)")
     add_protocol_args(p)
     add_workload_args(p)
+    add_scrape_args(p)
     p.add_argument("--json", dest="json_path", default=None, help="write the sweep's results here")
     p.add_argument("--csv", dest="csv_path", default=None, metavar="PATH",
                    help="write one row per point here: its values, the table's metrics, the "
@@ -71,6 +74,10 @@ def _sweep(args: argparse.Namespace) -> None:
                  "--server-cmd start servers: give one or the other")
     if args.repeat < 1:
         sys.exit("cadence sweep: --repeat must be at least 1")
+    if args.scrape and args.target is None:
+        sys.exit("cadence sweep: --scrape needs --target: a server the sweep starts per run "
+                 "has no metrics address known before it starts")
+    check_scrapes(args.scrape, "sweep")
     base = Load(workload_from_args(args), args.procs, args.channels)
     try:
         axes = [parse_vary(text, args.server_cmd, running=args.target is not None)
@@ -93,7 +100,8 @@ def _sweep(args: argparse.Namespace) -> None:
         result = run_sweep(points, shlex.split(args.serve_args), repeat=args.repeat,
                            target=args.target, server_cmd=args.server_cmd,
                            ready_timeout=args.ready_timeout, credentials=credentials,
-                           kserve=kserve, resolve_grpc=resolve, openai=openai)
+                           kserve=kserve, resolve_grpc=resolve, openai=openai,
+                           scrape=args.scrape)
     except SchemaError as exc:
         sys.exit(f"cadence sweep: {exc}")
     print_table(result)

@@ -34,7 +34,8 @@ class SystemSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cadence-sampler", daemon=True)
-        self._t0 = time.monotonic()
+        self._t0_ns = time.monotonic_ns()
+        self._t0 = self._t0_ns / 1e9
         self._nvml = _open_nvml()
 
     def watch(self, name: str, pid: int) -> None:
@@ -48,9 +49,15 @@ class SystemSampler:
             self._samples.setdefault(name, [])
 
     def start(self) -> SystemSampler:
-        self._t0 = time.monotonic()
+        self._t0_ns = time.monotonic_ns()
+        self._t0 = self._t0_ns / 1e9
         self._thread.start()
         return self
+
+    @property
+    def started_ns(self) -> int:
+        """`time.monotonic_ns()` at the zero of the samples' axis (set by `start`)."""
+        return self._t0_ns
 
     def _run(self) -> None:
         ticks = 0

@@ -318,6 +318,102 @@ def plot_worker_curves(workers: list[WorkerCurve] | None, path: Path, bin_s: flo
     return _save(fig, path)
 
 
+_ROLE_PANELS = (
+    ("requests", (("running", "running"), ("waiting", "waiting"))),
+    ("KV cache in use (%)", (("kv_cache_use", "KV cache in use"),)),
+    ("preempted per s", (("preempted", "preempted"),)),
+)
+"""The panels of the scraped roles, each with its roles and their labels."""
+_OTHER_SERIES = 6
+"""Series shown when a page has no role (none of the known names)."""
+_LATENCY_POINTS = 5000
+"""ITL points drawn at most (evenly thinned): a dense cloud says no more with more."""
+
+
+def plot_scraped(result: BenchResult, path: Path) -> Path | None:
+    """The server's own metrics (`--scrape`) on the run's time axis, under the run's TTFT
+    (each request at its send) and ITL (each chunk at its arrival): the requests running and
+    waiting, the KV cache in use and preemptions; or, from a page with none of the known
+    names, its first gauges. The run's window is shaded."""
+    scraped = field(result, "scraped")
+    if scraped is None or not (scraped.roles or scraped.series):
+        return None
+    records = [r for r in field(result, "records") or [] if is_ok(r)]
+    panels = [(label, [(scraped.roles[role], name) for role, name in roles
+                       if role in scraped.roles and scraped.roles[role].points])
+              for label, roles in _ROLE_PANELS]
+    panels = [(label, lines) for label, lines in panels if lines]
+    others = [] if panels else _other_series(scraped)
+    count = bool(records) + len(panels) + bool(others)
+    if not count or not (panels or others):
+        return None
+    fig, axes = _figure(9.0, 2.6 + 2.2 * count, nrows=count)
+    k = 0
+    t0 = scraped.started_ns
+    if records:
+        ax = axes[k]
+        itl = [((a - t0) / 1e9, v) for r in records for a, v in itl_points(r)]
+        itl = itl[::max(1, len(itl) // _LATENCY_POINTS)]
+        ax.scatter([t for t, _ in itl], [v for _, v in itl], s=2, alpha=0.3, label="ITL",
+                   color="tab:grey")
+        ttft = [((r.start_ns - t0) / 1e9, ttft_ms(r)) for r in records]
+        ax.scatter([t for t, _ in ttft], [v for _, v in ttft], s=8, label="TTFT (at its send)",
+                   color="tab:red")
+        _log_if_skewed(ax, [v for _, v in itl] + [v for _, v in ttft], "y")
+        ax.set_ylabel("ms")
+        ax.set_title("The run's latency and the server's own metrics")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        k += 1
+    for label, lines in panels:
+        ax = axes[k]
+        percent = label.endswith("(%)")
+        for role, name in lines:
+            # A gauge holds until the next scrape; a rate is of the interval before its point.
+            ax.step([p[0] for p in role.points],
+                    [p[1] * (100 if percent else 1) for p in role.points],
+                    where="pre" if name == "preempted" else "post",
+                    lw=1.2, label=f"{name} ({role.metric})")
+        ax.set_ylabel(label)
+        if percent:
+            ax.set_ylim(0, 105)
+        else:
+            ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        k += 1
+    if others:
+        ax = axes[k]
+        for series in others:
+            ax.plot([p[0] for p in series.points], [p[1] for p in series.points], lw=1,
+                    label=series_label(series))
+        ax.set_ylabel("value (no known role)")
+        _log_if_skewed(ax, [p[1] for s in others for p in s.points], "y")
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if scraped.run_window_s is not None:
+        for ax in axes:
+            ax.axvspan(*scraped.run_window_s, color="tab:blue", alpha=0.06, lw=0)
+    axes[-1].set_xlabel("time since sampling started (s); shaded: the run")
+    return _save(fig, path)
+
+
+def series_label(series: Any) -> str:
+    """A scraped series as `name{labels}`, and its kind when it is not the value."""
+    labels = ",".join(f"{k}={v}" for k, v in series.labels.items())
+    text = f"{series.name}{{{labels}}}" if labels else series.name
+    return text + (f" ({series.kind})" if series.kind != "gauge" else "")
+
+
+def _other_series(scraped: Any) -> list:
+    """The gauges (then the rest) with the largest changes over the run, at most
+    _OTHER_SERIES: a flat series says nothing on a time axis."""
+    def change(series) -> float:
+        values = [p[1] for p in series.points]
+        return max(values) - min(values) if values else 0.0
+
+    ranked = sorted((s for s in scraped.series if len(s.points) > 1 and change(s) > 0),
+                    key=lambda s: (s.kind != "gauge", -change(s)))
+    return ranked[:_OTHER_SERIES]
+
+
 # -- sweeps ---------------------------------------------------------------------------------
 
 SWEEP_PANELS = (

@@ -21,7 +21,7 @@ from cadence.lab.report import plots, sweep
 from cadence.lab.report.html import Raw, esc, figure, finite, fmt, note, page, section, table
 from cadence.lab.report.integrity import CHECKS, counted_checks
 from cadence.lab.report.plots import STATS, aggregate_names, field
-from cadence.lab.report.summary import overhead
+from cadence.lab.report.summary import ROLE_WORDS, overhead, role_value
 from cadence.lab.results import (
     BenchResult,
     Distribution,
@@ -400,6 +400,35 @@ def _startup(scraped: ServerMetrics) -> str:
     ) if startup else "", level=3)
 
 
+def _scraped(result: BenchResult, out_dir: Path) -> str:
+    """`--scrape`: each page read, the roles over the run, and their plot beside the run's
+    latency; "" without `--scrape`."""
+    scraped = field(result, "scraped")
+    if scraped is None:
+        return ""
+    pages = table(("page", "server", "scrapes", "failed", "series", "left out"),
+                  [(e.url, e.server or "none known", e.scrapes,
+                    f"{e.failed_scrapes}" + (f" ({e.first_error})" if e.first_error else ""),
+                    e.series, f"{e.dropped_series}" + (f" ({', '.join(e.dropped)})"
+                                                       if e.dropped else ""))
+                   for e in scraped.endpoints],
+                  bad=lambda column, cell: column == 3 and cell != "0")
+    roles = table(("role", "read from", "peak over the run", "mean over the run"),
+                  [(ROLE_WORDS.get(name, (name, ""))[0], Raw(f"<code>{esc(r.metric)}</code>"),
+                    role_value(name, r.peak), role_value(name, r.mean))
+                   for name, r in scraped.roles.items()])
+    path = plots.plot_scraped(result, out_dir / "server_metrics.png")
+    return section(
+        "The server's own metrics (--scrape)", pages, roles,
+        note(f"Read every {scraped.interval_s:g} s; gauges as read, counters as rates per "
+             "second, histograms as the rate of their count and the mean of each interval "
+             f"(every series in the JSON's scraped.series, {len(scraped.series)} here). "
+             "Roles come from names vLLM, SGLang, Triton, TensorRT-LLM and cadence export."
+             + ("" if scraped.roles else " No page had any of them.")),
+        figure(path, "The run's TTFT (each request at its send) and ITL (each chunk at its "
+                     "arrival) above the server's own metrics, on one time axis."))
+
+
 def _diagnosis(result: BenchResult) -> str:
     if not result.requests:
         return ""
@@ -510,6 +539,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _server_threads(result),
         _workers(result),
         _system(result),
+        _scraped(result, out_dir),
         _baseline(result),
         _plots(result, out_dir, records_note),
     ]

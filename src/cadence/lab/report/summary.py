@@ -22,6 +22,7 @@ from cadence.lab.results import (
     Http2Settings,
     RunInfo,
     ScrapedFrontLoop,
+    ScrapedMetrics,
     ServerSpans,
     ServerThreads,
     System,
@@ -91,6 +92,8 @@ def print_summary(result: BenchResult) -> None:
     for line in worker_lines(result.workers or []):
         console.print(line, highlight=False)
     _print_system(console, result.system)
+    for line in scraped_lines(result.scraped or None):
+        console.print(line, highlight=False, markup=False)
     loop = result.front_loop
     if loop and loop.samples:
         console.print(
@@ -277,6 +280,43 @@ def _print_system(console, system: System) -> None:
             console.print(line, highlight=False)
     for flag in system.flags:
         console.print(f"[bold red]{flag}[/]")
+
+
+ROLE_WORDS = {"running": ("requests running", ""), "waiting": ("waiting", ""),
+              "kv_cache_use": ("KV cache in use", "%"), "preempted": ("preempted", "/s")}
+"""How each role of `--scrape` reads: its words and its unit."""
+
+
+def role_value(role: str, value: float | None) -> str:
+    """A role's value as read: the KV cache as a percentage, the others as numbers."""
+    if value is None:
+        return "?"
+    unit = ROLE_WORDS.get(role, ("", ""))[1]
+    if unit == "%":
+        return f"{100 * value:.0f}%"
+    return f"{value:.1f}{unit}" if unit or not float(value).is_integer() else f"{value:.0f}"
+
+
+def scraped_lines(scraped: ScrapedMetrics | None) -> list[str]:
+    """`--scrape`: a line per page (what it is, how many scrapes and series, what failed or
+    was left out), and one of the roles over the run."""
+    if scraped is None:
+        return []
+    lines = []
+    for e in scraped.endpoints:
+        line = (f"scraped {e.url} ({e.server or 'no names of a known server'}): {e.scrapes} "
+                f"scrapes, {e.series} series")
+        if e.failed_scrapes:
+            line += f"; {e.failed_scrapes} failed (first: {e.first_error})"
+        if e.dropped_series:
+            line += (f"; {e.dropped_series} series left out (label sets or series over the "
+                     f"cap: {', '.join(e.dropped)})")
+        lines.append(line)
+    roles = [f"{ROLE_WORDS.get(name, (name, ''))[0]} peak {role_value(name, r.peak)} (mean "
+             f"{role_value(name, r.mean)})" for name, r in scraped.roles.items()]
+    if roles:
+        lines.append("the server's own metrics over the run: " + ", ".join(roles))
+    return lines
 
 
 def _front_loop(loop: ScrapedFrontLoop | None) -> str:

@@ -14,6 +14,7 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `client`: client_saturated, client_behind_schedule
 - `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
 - `workers`: slow_worker
+- `scraped`: kv_cache_full, server_queue_grows (the server's own metrics, `--scrape`)
 - `capacity`: under_capacity (only when nothing else is wrong)
 
 A rule fires only on evidence in the data. Where the data a rule needs is absent (a run
@@ -33,6 +34,7 @@ from cadence.lab.analysis.diagnosis import (
     health,
     host,
     itl,
+    scraped,
     shape,
     spans,
     streams,
@@ -69,9 +71,11 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ITL_UNSTABLE_NETWORK,
+    RULE_KV_CACHE_FULL,
     RULE_OUTPUT_HELD_BACK,
     RULE_REQUESTS_FAILING,
     RULE_SERVER_ONE_CORE_BOUND,
+    RULE_SERVER_QUEUE_GROWS,
     RULE_SERVER_STREAM_LIMIT,
     RULE_SERVER_THREADS_WAIT_FOR_CPU,
     RULE_SLOW_FIRST_MESSAGE,
@@ -120,7 +124,8 @@ from cadence.lab.results import BenchResult, Finding
 
 RULES: tuple[Rule, ...] = (
     *health.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES, *client.RULES, *streams.RULES,
-    *workers.RULES, *shape.RULES, *threads.RULES, *capacity.RULES, *spans.RULES,
+    *workers.RULES, *shape.RULES, *threads.RULES, *scraped.RULES, *capacity.RULES,
+    *spans.RULES,
 )
 """Every rule, in the order their findings are listed."""
 
@@ -142,7 +147,8 @@ __all__ = [
     "MERGED_CHUNK_TOKENS", "MERGE_BUFFER_STEPS", "MIN_CPU_SAMPLES", "NETWORK_UNSTABLE_P90_RATIO",
     "RULES", "RULE_CLIENT_BEHIND_SCHEDULE", "RULE_CLIENT_SATURATED", "RULE_CPU_BUSY_CARDS_IDLE",
     "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_ITL_UNSTABLE_ENGINE",
-    "RULE_ITL_UNSTABLE_NETWORK", "RULE_OUTPUT_HELD_BACK", "RULE_REQUESTS_FAILING", "RULE_SERVER_ONE_CORE_BOUND", "RULE_SERVER_STREAM_LIMIT",
+    "RULE_ITL_UNSTABLE_NETWORK", "RULE_KV_CACHE_FULL", "RULE_OUTPUT_HELD_BACK", "RULE_REQUESTS_FAILING", "RULE_SERVER_ONE_CORE_BOUND",
+    "RULE_SERVER_QUEUE_GROWS", "RULE_SERVER_STREAM_LIMIT",
     "RULE_SERVER_THREADS_WAIT_FOR_CPU", "RULE_SLOW_FIRST_MESSAGE", "RULE_SLOW_READER", "RULE_SLOW_STREAM_GROUP",
     "RULE_SLOW_WORKER",
     "RULE_STREAMS_STALL_TOGETHER", "RULE_TTFT_ENGINE_START", "RULE_TTFT_GROWS_WITH_STREAMS",

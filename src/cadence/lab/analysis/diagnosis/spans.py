@@ -9,6 +9,8 @@ from __future__ import annotations
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
+    RULE_KV_CACHE_FULL,
+    RULE_SERVER_QUEUE_GROWS,
     RULE_TTFT_AFTER_SERVER,
     RULE_TTFT_BEFORE_SERVER,
     RULE_TTFT_QUEUEING,
@@ -113,5 +115,8 @@ RULES = (
     Rule(RULE_TTFT_BEFORE_SERVER, before_server,
          gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED), GiveWay(RULE_TTFT_QUEUEING))),
     Rule(RULE_TTFT_AFTER_SERVER, after_server),
-    Rule(RULE_TTFT_SERVER_QUEUE, server_queue, gives_way_to=(GiveWay(RULE_TTFT_QUEUEING),)),
+    # The server's own metrics (--scrape) say why its queue grows: a full batch or KV cache.
+    Rule(RULE_TTFT_SERVER_QUEUE, server_queue,
+         gives_way_to=(GiveWay(RULE_TTFT_QUEUEING), GiveWay(RULE_SERVER_QUEUE_GROWS),
+                       GiveWay(RULE_KV_CACHE_FULL))),
 )

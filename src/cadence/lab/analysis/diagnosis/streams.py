@@ -7,6 +7,8 @@ from __future__ import annotations
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
+    RULE_KV_CACHE_FULL,
+    RULE_SERVER_QUEUE_GROWS,
     RULE_SERVER_STREAM_LIMIT,
     RULE_STREAMS_STALL_TOGETHER,
     RULE_TTFT_GROWS_WITH_STREAMS,
@@ -200,9 +202,11 @@ def front_loop_blocked(facts: RunFacts) -> list[Finding]:
 
 RULES = (
     Rule(RULE_STREAMS_STALL_TOGETHER, stall_together),
-    # A stream limit per connection makes the late streams wait for a free stream: the
-    # limit is the cause to name, not call set-up or a slot per stream.
+    # A stream limit per connection makes the late streams wait for a free stream, and the
+    # server's own queue (its metrics, --scrape) shows them waiting for a place in its batch
+    # or cache: those are the causes to name, not call set-up or a slot per stream.
     Rule(RULE_TTFT_GROWS_WITH_STREAMS, ttft_grows,
-         gives_way_to=(GiveWay(RULE_SERVER_STREAM_LIMIT),)),
+         gives_way_to=(GiveWay(RULE_SERVER_STREAM_LIMIT), GiveWay(RULE_SERVER_QUEUE_GROWS),
+                       GiveWay(RULE_KV_CACHE_FULL))),
     Rule(RULE_FRONT_LOOP_BLOCKED, front_loop_blocked),
 )
