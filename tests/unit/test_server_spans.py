@@ -32,11 +32,11 @@ def span(n: int, name: str, start_ms: float, end_ms: float, *, span_id: str = "a
 
 def cadence_like(n: int, start: float, before: float, queue: float, prefill: float,
                  to_send: float) -> ReceivedSpan:
-    """A span as cadence sends it: first send as an event, queue and prefill attributes."""
+    """A span with its first send as an event, queue and prefill as attributes."""
     s = start + before
     return span(n, "text_completion m", s, s + 100, service="cadence", events=[
         ("cadence.scheduled", s + queue), ("cadence.first_token", s + queue + prefill),
-        ("cadence.first_send", s + queue + prefill + to_send)],
+        ("first_send", s + queue + prefill + to_send)],
         attributes={"gen_ai.latency.time_in_queue": queue / 1e3,
                     "gen_ai.latency.time_in_model_prefill": prefill / 1e3})
 

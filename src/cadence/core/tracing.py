@@ -6,11 +6,13 @@ object lives during the stream, and the SDK's batch processor exports from its o
 A request that arrived with a W3C `traceparent` (gRPC metadata, HTTP header) is a child of
 its caller's span.
 
-Attributes follow OpenTelemetry's GenAI conventions (`gen_ai.*`) where they exist, plus the
-latency attributes vLLM puts on its request spans (`gen_ai.latency.*`, in seconds), so a
-tool that reads vLLM's spans reads cadence's too; the hops cadence timestamps are events:
-`cadence.scheduled` (the engine step that took the request began), `cadence.first_token`
-(that step ended), `cadence.first_send` (the first chunk was handed to the protocol).
+Attributes follow OpenTelemetry's GenAI conventions (`gen_ai.*`) where they exist. The hops
+cadence timestamps are the latency attributes vLLM puts on its request spans (seconds from
+the span's start), so a tool that reads vLLM's spans reads cadence's too:
+`gen_ai.latency.time_in_queue` (to the engine step that took the request),
+`gen_ai.latency.time_in_model_prefill` (that step), `gen_ai.latency.time_to_first_token` (to
+the first chunk handed to the protocol). They are attributes, not span events: each event
+costs the front about as much to build and export as the span's attributes together.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class RequestTracer:
     when `OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL` says so and its exporter is installed)."""
 
     def __init__(self, endpoint: str, model: str, front: int = 0) -> None:
+        from opentelemetry import propagate
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -65,6 +68,8 @@ class RequestTracer:
         self._provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
         self._tracer = self._provider.get_tracer("cadence")
         self._model = model
+        self._extract = propagate.extract
+        """The caller's context from its traceparent (OTEL_PROPAGATORS: W3C by default)."""
         self._server_kind = SpanKind.SERVER
         self._error = (Status, StatusCode.ERROR)
         # Monotonic to epoch: the core's timestamps are time.monotonic_ns() (workers' too,
@@ -73,8 +78,6 @@ class RequestTracer:
 
     def record(self, generation) -> None:
         """One span for `generation` (a cadence.core.front.Generation), which has just ended."""
-        from opentelemetry import propagate
-
         stream = generation.stream
         request = generation.request
         protocol = generation.protocol_metrics.protocol
@@ -84,7 +87,7 @@ class RequestTracer:
             carrier = {"traceparent": request.traceparent}
             if request.tracestate:
                 carrier["tracestate"] = request.tracestate
-            parent = propagate.extract(carrier)
+            parent = self._extract(carrier)
         operation = generation.operation
         received, scheduled = stream.received_ns, stream.scheduled_ns
         first_token, first_send = stream.first_token_ns, generation.first_send_ns
@@ -93,16 +96,18 @@ class RequestTracer:
             "gen_ai.operation.name": operation,
             "gen_ai.request.model": self._model,
             "gen_ai.request.max_tokens": generation.max_tokens,
-            "gen_ai.request.temperature": request.temperature,
-            "gen_ai.request.top_p": request.top_p,
             "gen_ai.response.id": generation.request_id,
-            "gen_ai.response.model": self._model,
             "gen_ai.usage.input_tokens": stream.prompt_tokens,
             "gen_ai.usage.output_tokens": stream.sent_tokens,
             "gen_ai.latency.e2e": (end - received) / 1e9,
             "cadence.protocol": protocol,
             "cadence.worker": stream.worker,
         }
+        # Sampling parameters only when asked for: every attribute costs its encoding.
+        if request.temperature:
+            attributes["gen_ai.request.temperature"] = request.temperature
+        if request.top_p:
+            attributes["gen_ai.request.top_p"] = request.top_p
         if request.top_k:
             attributes["gen_ai.request.top_k"] = request.top_k
         if request.seed:
@@ -122,12 +127,6 @@ class RequestTracer:
         span = self._tracer.start_span(
             f"{operation} {self._model}", context=parent, kind=self._server_kind,
             attributes=attributes, start_time=received + offset)
-        if scheduled:
-            span.add_event("cadence.scheduled", timestamp=scheduled + offset)
-        if first_token:
-            span.add_event("cadence.first_token", timestamp=first_token + offset)
-        if first_send:
-            span.add_event("cadence.first_send", timestamp=first_send + offset)
         if failure is not None:
             status, error = self._error
             span.set_status(status(error, _failure_text(generation, failure)))

@@ -8,8 +8,8 @@ the trace is one of its children. Time to first token then splits into:
 - before: the client sent → the server span began (network, proxies, the server's accept
   and anything before its instrumentation);
 - inside: the server span began → the server sent the first output, when the server says
-  when (cadence's `cadence.first_send` event; `gen_ai.latency.time_to_first_token`, as vLLM
-  sets it), itself split into queue and prefill by child spans named so or by the attributes
+  when (`gen_ai.latency.time_to_first_token`, as vLLM and cadence set it, or an event named
+  `first_send`/`first_token_sent`), itself split into queue and prefill by child spans named so or by the attributes
   `gen_ai.latency.time_in_queue` and `gen_ai.latency.time_in_model_prefill`, and the rest;
 - after: the server sent the first output → the client read it (network, proxies, the
   server's own send path past its instrumentation).
@@ -31,7 +31,7 @@ from cadence.lab.load.records import RequestRecord
 from cadence.lab.measure.trace_receiver import ReceivedSpan
 from cadence.lab.results import RequestSpans, ServerSpans, SpanTime
 
-FIRST_SEND_EVENTS = ("cadence.first_send",)
+FIRST_SEND_EVENTS = ("first_send", "first_token_sent")
 TTFT_ATTRIBUTES = ("gen_ai.latency.time_to_first_token",)
 QUEUE_ATTRIBUTES = ("gen_ai.latency.time_in_queue",)
 PREFILL_ATTRIBUTES = ("gen_ai.latency.time_in_model_prefill",)

@@ -17,6 +17,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SLOW_FIRST_MESSAGE,
     RULE_SLOW_STREAM_GROUP,
     RULE_SLOW_WORKER,
+    RULE_TTFT_SERVER_QUEUE,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.stats import is_ok, itl_points
@@ -147,8 +148,10 @@ RULES = (
     Rule(RULE_OUTPUT_HELD_BACK, output_held_back),
     # With cadence's timing the slow worker itself is named.
     Rule(RULE_SLOW_STREAM_GROUP, slow_stream_group, gives_way_to=(GiveWay(RULE_SLOW_WORKER),)),
-    # An even wait for the first message is the server's queue when its metrics show one
-    # (every stream of a closed loop waits about as long), not a fixed cost per request.
+    # An even wait for the first message is the server's queue when its metrics or its own
+    # spans show one (every stream of a closed loop waits about as long), not a fixed cost
+    # per request.
     Rule(RULE_SLOW_FIRST_MESSAGE, slow_first_message,
-         gives_way_to=(GiveWay(RULE_SERVER_QUEUE_GROWS), GiveWay(RULE_KV_CACHE_FULL))),
+         gives_way_to=(GiveWay(RULE_SERVER_QUEUE_GROWS), GiveWay(RULE_KV_CACHE_FULL),
+                       GiveWay(RULE_TTFT_SERVER_QUEUE))),
 )
