@@ -17,10 +17,13 @@ costs the front about as much to build and export as the span's attributes toget
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from cadence.core.outcomes import Failure, Finish
+
+log = logging.getLogger("cadence.tracing")
 
 FINISH_REASONS = {Finish.LENGTH: "length", Finish.STOP: "stop", Finish.CANCELLED: "cancelled"}
 """A finish's name in `gen_ai.response.finish_reasons` (OpenAI's words)."""
@@ -75,9 +78,21 @@ class RequestTracer:
         # Monotonic to epoch: the core's timestamps are time.monotonic_ns() (workers' too,
         # on this host); spans carry wall-clock nanoseconds.
         self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
+        self._failed = False
 
     def record(self, generation) -> None:
-        """One span for `generation` (a cadence.core.front.Generation), which has just ended."""
+        """One span for `generation` (a cadence.core.front.Generation), which has just ended.
+        Never raises: a tracing fault must not reach the request's call (its slot is already
+        given back); the first one is logged."""
+        try:
+            self._record(generation)
+        except Exception:
+            if not self._failed:
+                self._failed = True
+                log.exception("tracing: a request's span could not be made; later failures "
+                              "are not logged")
+
+    def _record(self, generation) -> None:
         stream = generation.stream
         request = generation.request
         protocol = generation.protocol_metrics.protocol

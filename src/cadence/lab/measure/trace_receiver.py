@@ -107,10 +107,11 @@ class TraceReceiver:
         while time.monotonic() < deadline:
             with self._lock:
                 seen = {s.trace_id for s in self._spans}
-            if trace_ids <= seen:
-                # The server span of a request may follow its children in a later batch.
-                if time.monotonic() - self.last_export >= min(quiet_s, timeout_s):
-                    return
+            # Every trace seen, and a quiet moment: the server span of a request may follow
+            # its children in a later batch.
+            if trace_ids <= seen and time.monotonic() - self.last_export >= min(quiet_s,
+                                                                                timeout_s):
+                return
             time.sleep(0.1)
 
     def stop(self) -> None:
