@@ -62,6 +62,11 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def cpu_total(pid: int) -> float:
+    """CPU seconds (user + system) of the server's process tree, its exited threads included."""
+    return sum(sum(p.cpu_times()[:2]) for p in _tree(pid))
+
+
 def cpu_by_thread(pid: int) -> dict[str, float]:
     """CPU seconds (user + system) of every thread of the server's process tree, summed per
     thread name with its digits dropped (Envoy's `wrk:worker_0` and `_1` count together)."""
@@ -110,15 +115,15 @@ def run(name: str, kind: str, procs: int) -> dict:
         warm_up(kind, server.target, server.banner)
         time.sleep(0.5)
         load = os.getloadavg()[0]
-        before = cpu_by_thread(server.pid)
+        before, before_total = cpu_by_thread(server.pid), cpu_total(server.pid)
         workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
         result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs,
                                                  protocol=protocol))
-        after = cpu_by_thread(server.pid)
+        after, after_total = cpu_by_thread(server.pid), cpu_total(server.pid)
     threads = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()
                if v - before.get(k, 0.0) >= 0.005}
-    cpu = sum(after.values()) - sum(before.values())
+    cpu = after_total - before_total
     messages = result["chunks"]
     return {
         "server": kind,

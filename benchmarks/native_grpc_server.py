@@ -34,7 +34,6 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import quote
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sse_reference import Ticker  # one timer that wakes every stream per step
@@ -113,6 +112,14 @@ async def stream_chunks(request: pb.GenerateRequest,
         raise PlantedError(INVALID_ARGUMENT, PLANTED_MESSAGE)
 
 
+def percent_encode(message: str) -> bytes:
+    """grpc-message as the gRPC spec writes it: UTF-8, with '%' and every byte outside
+    printable ASCII as %XX, and nothing else (grpc-js decodes it with decodeURI, which leaves
+    an encoded ':' or ',' encoded)."""
+    return b"".join(b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
+                    for b in message.encode())
+
+
 def parse_timeout(value: str | None) -> float | None:
     """A `grpc-timeout` header (at most 8 digits and a unit) in seconds; None when absent."""
     if not value:
@@ -142,9 +149,9 @@ async def serve_grpc_aio(port: int) -> None:
             except PlantedError as e:
                 event("end", request.request_id, "status", e.code)
                 await context.abort(_GRPC_CODES[e.code], e.message)
-            except asyncio.CancelledError:
-                # grpc.aio cancels the handler both on the client's RST_STREAM and on the
-                # deadline; the event file says which by the time.
+            except (asyncio.CancelledError, GeneratorExit):
+                # grpc.aio cancels (or closes, when it was waiting on a write) the handler both
+                # on the client's RST_STREAM and on the deadline; the event's time says which.
                 event("end", request.request_id, "cancelled")
                 raise
             event("end", request.request_id, "status", OK)
@@ -235,7 +242,7 @@ async def thin_app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     trailers = [(b"grpc-status", b"%d" % status)]
     if message:
-        trailers.append((b"grpc-message", quote(message, safe=" ").encode()))
+        trailers.append((b"grpc-message", percent_encode(message)))
     await send({"type": "http.response.trailers", "headers": trailers, "more_trailers": False})
     return None
 
