@@ -19,6 +19,12 @@ p99 (the burst's delay); CPU per thread name, to see where it goes. Rounds run i
     flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py --only W1 [--rounds 1] \
         [--servers grpc-aio pyvoy-thin pyvoy-connect sse] [--out results/native_grpc.json]
 
+The prototype of cadence's own front on pyvoy (benchmarks/native_grpc_front.py) against
+`cadence serve` (grpc.aio), the front's CPU per chunk, its workers' apart:
+
+    flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py --only W1 \
+        --servers cadence-grpc-aio cadence-pyvoy --out results/native_grpc_front.json
+
 Needs `pip install pyvoy connect-python` (the `native-grpc-bench` extra), not cadence's base
 dependencies. A later run adds its workloads to the result file; earlier runs of the same
 workload move to that workload's `previous_runs`.
@@ -55,6 +61,10 @@ from cadence.lab.servers.server_process import ServerProcess
 
 _HERE = Path(__file__).parent
 SERVERS = ("grpc-aio", "pyvoy-thin", "pyvoy-connect", "sse")
+CADENCE_SERVERS = ("cadence-grpc-aio", "cadence-pyvoy")
+"""`--servers` beyond the bare ones: `cadence serve` itself (synthetic engine, 2 CPU workers)
+and the prototype of its front on pyvoy (native_grpc_front.py); CPU is then the front's, its
+workers' apart."""
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -62,9 +72,14 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
-def cpu_total(pid: int) -> float:
-    """CPU seconds (user + system) of the server's process tree, its exited threads included."""
-    return sum(sum(p.cpu_times()[:2]) for p in _tree(pid))
+def _is_worker(process: psutil.Process) -> bool:
+    return "cadence.worker" in process.cmdline()
+
+
+def cpu_total(pid: int, workers: bool = False) -> float:
+    """CPU seconds (user + system) of the server's process tree, its exited threads included:
+    of cadence's workers with `workers`, else of everything else (the front)."""
+    return sum(sum(p.cpu_times()[:2]) for p in _tree(pid) if _is_worker(p) == workers)
 
 
 def cpu_by_thread(pid: int) -> dict[str, float]:
@@ -72,6 +87,8 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
     thread name with its digits dropped (Envoy's `wrk:worker_0` and `_1` count together)."""
     out: dict[str, float] = defaultdict(float)
     for process in _tree(pid):
+        if _is_worker(process):
+            continue
         for thread in process.threads():
             try:
                 name = Path(f"/proc/{process.pid}/task/{thread.id}/comm").read_text().strip()
@@ -93,17 +110,31 @@ def warm_up(kind: str, target: str, banner: str) -> None:
         with urllib.request.urlopen(request, timeout=10) as r:
             r.read()
         return
+    request = pb.GenerateRequest(request_id="warm-up", max_tokens=2, prompt_token_ids=[1, 2])
     with grpc.insecure_channel(target) as channel:
         generate = channel.unary_stream(
             GENERATE, request_serializer=pb.GenerateRequest.SerializeToString)
-        for _ in generate(pb.GenerateRequest(request_id="warm-up", max_tokens=2), timeout=10):
-            pass
+        for attempt in range(60):
+            try:
+                for _ in generate(request, timeout=10):
+                    pass
+                return
+            except grpc.RpcError:
+                # The pyvoy front listens before its lifespan has started the workers.
+                if attempt == 59:
+                    raise
+                time.sleep(0.5)
 
 
 def run(name: str, kind: str, procs: int) -> dict:
     spec = WORKLOADS[name]
     args = ("--step-ms", str(spec["step_ms"]))
-    if kind == "sse":
+    if kind in CADENCE_SERVERS:
+        args = ("--devices", "cpu:2", *args, "--max-concurrent", str(max(1024, spec["streams"])),
+                "--max-batch", "1024")
+        command = (None if kind == "cadence-grpc-aio"
+                   else [sys.executable, str(_HERE / "native_grpc_front.py")])
+    elif kind == "sse":
         command = [sys.executable, str(_HERE / "sse_reference.py")]
     else:
         command = [sys.executable, str(_HERE / "native_grpc_server.py"), "--kind", kind]
@@ -116,11 +147,13 @@ def run(name: str, kind: str, procs: int) -> dict:
         time.sleep(0.5)
         load = os.getloadavg()[0]
         before, before_total = cpu_by_thread(server.pid), cpu_total(server.pid)
+        before_workers = cpu_total(server.pid, workers=True)
         workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
         result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs,
                                                  protocol=protocol))
         after, after_total = cpu_by_thread(server.pid), cpu_total(server.pid)
+        workers_cpu = cpu_total(server.pid, workers=True) - before_workers
     threads = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()
                if v - before.get(k, 0.0) >= 0.005}
     cpu = after_total - before_total
@@ -132,6 +165,7 @@ def run(name: str, kind: str, procs: int) -> dict:
         "messages": messages, "tokens_per_message": result["chunk_tokens"]["mean"],
         "server_cpu_s": round(cpu, 3),
         "cpu_us_per_message": round(cpu / messages * 1e6, 2) if messages else None,
+        "workers_cpu_s": round(workers_cpu, 3),
         "server_cpu_s_by_thread": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
         "ttft_ms": {k: round(result["ttft_ms"][k], 2) for k in ("p50", "p99", "max")},
         "itl_p99_ms": round(result["itl_ms"]["p99"], 2),
@@ -155,10 +189,10 @@ def summarize(runs: list[dict]) -> dict:
         ttft = [r["ttft_ms"]["p99"] for r in rs]
         out[kind] = {"cpu_us_per_message": cpu, "cpu_us_per_message_mean": round(sum(cpu) / len(cpu), 2),
                      "ttft_p99_ms": ttft, "ttft_p99_ms_mean": round(sum(ttft) / len(ttft), 2)}
-    base = out.get("grpc-aio")
-    if base:
+    for base_kind in ("grpc-aio", "cadence-grpc-aio"):
+        base = out.get(base_kind)
         for kind, row in out.items():
-            if kind != "grpc-aio":
+            if base and kind != base_kind and kind.startswith("cadence") == base_kind.startswith("cadence"):
                 row["grpc_aio_over_this_cpu"] = round(
                     base["cpu_us_per_message_mean"] / row["cpu_us_per_message_mean"], 2)
     return out
@@ -174,7 +208,8 @@ def _installed(name: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=("W1", "W2"))
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    parser.add_argument("--servers", nargs="+", choices=SERVERS + CADENCE_SERVERS,
+                        default=list(SERVERS))
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each: A..Z, Z..A)")
     parser.add_argument("--procs", type=int, default=2, help="load-generating processes")
     parser.add_argument("--out", default="results/native_grpc.json")
