@@ -165,6 +165,10 @@ def run(name: str, kind: str, procs: int) -> dict:
         "messages": messages, "tokens_per_message": result["chunk_tokens"]["mean"],
         "server_cpu_s": round(cpu, 3),
         "cpu_us_per_message": round(cpu / messages * 1e6, 2) if messages else None,
+        # cadence's front merges a stream's waiting tokens into one message when it falls
+        # behind, so with it a message is not a token; the bare servers never merge.
+        "cpu_us_per_token": (round(cpu / (messages * result["chunk_tokens"]["mean"]) * 1e6, 2)
+                             if messages else None),
         "workers_cpu_s": round(workers_cpu, 3),
         "server_cpu_s_by_thread": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
         "ttft_ms": {k: round(result["ttft_ms"][k], 2) for k in ("p50", "p99", "max")},
