@@ -43,13 +43,18 @@ class _Abort(Exception):
 class AsgiContext:
     """What `InferenceService.Generate` asks of grpc.aio's ServicerContext, over ASGI."""
 
-    def __init__(self, timeout_s: float | None) -> None:
+    def __init__(self, timeout_s: float | None, headers=()) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        self._metadata = tuple((k.decode(), v.decode()) for k, v in headers
+                               if not k.startswith(b":"))
         self._deadline = None if timeout_s is None else loop.time() + timeout_s
         self.initial: tuple = ()
         self.trailing: tuple = ()
         self.code, self.details = 0, ""
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(0.0, self._deadline - self._loop.time())
@@ -131,7 +136,7 @@ class FrontApp:
             body += got.get("body", b"")
             if not got.get("more_body"):
                 break
-        context = AsgiContext(timeout_s)
+        context = AsgiContext(timeout_s, scope["headers"])
         started = False
 
         async def start() -> None:
