@@ -48,6 +48,10 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     loop_lag: list[str] = []
     """With timing, from cadence: the front's loop-lag tally at the stream's start and end
     (`cadence.core.metrics.LoopLagTally.encoded`); empty from other servers."""
+    connect_ns: int = -1
+    """HTTP: how long this request waited for a new connection to be made (TCP connect and,
+    over https, the TLS handshake), a part of its TTFT; 0 when it went on a connection that
+    was already open. -1: not measured (gRPC opens its channels before the run)."""
 
     @property
     def output_tokens(self) -> int:
