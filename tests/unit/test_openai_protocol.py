@@ -90,10 +90,10 @@ def test_stop_strings_hold_back_a_possible_start_and_cut_at_a_match() -> None:
 
 
 def test_streamed_events_and_usage() -> None:
-    encoder = Encoder(CHAT, "m")
+    encoder = Encoder(CHAT, "m", usage_null=True)
     first = Chunk(0, [1, 2], "ab", Finish.NONE, prompt_tokens=5)
     encoder.count(first)
-    event = encoder.event("ab", None, first=True, usage_null=True)
+    event = encoder.event("ab", None)
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
     body = json.loads(event[6:])
     assert body["object"] == "chat.completion.chunk" and body["model"] == "m"
@@ -101,8 +101,10 @@ def test_streamed_events_and_usage() -> None:
                                 "logprobs": None, "finish_reason": None}]
     assert body["usage"] is None
     encoder.count(Chunk(2, [3], "c", Finish.LENGTH))
-    last = json.loads(encoder.event("", "length", first=False, usage_null=False)[6:])
+    assert json.loads(encoder.event("c", None)[6:])["choices"][0]["delta"] == {"content": "c"}
+    last = json.loads(encoder.event("", "length")[6:])
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"] is None
     usage = json.loads(encoder.usage_event()[6:])
     assert usage["choices"] == [] and usage["usage"] == {
         "prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}

@@ -575,7 +575,13 @@ def to_builtins(result: BenchResult | SweepResult) -> dict:
     runs = ([(result, out)] if isinstance(result, BenchResult) else
             [(r, o) for p, po in zip(result.sweep.points, out["sweep"]["points"], strict=True)
              for r, o in zip(p.repeats, po["repeats"], strict=True)])
+    fields = len(RequestRecord.__struct_fields__)
     for run, written in runs:
         if run.baseline and run.baseline.error:
             written["baseline"] = {"error": run.baseline.error}
+        for record in written.get("records") or ():
+            # A record's connect time, unmeasured (-1) everywhere but over HTTP, is its last
+            # element: left out then, a record is written as before the field existed.
+            if len(record) == fields and record[-1] == -1:
+                record.pop()
     return out
