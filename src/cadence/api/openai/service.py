@@ -267,16 +267,14 @@ class OpenAIService:
                 if response is None:
                     return _failure(exc.failure, exc.message)
                 _, body = failure_body(exc.failure, exc.message)
-                await response.write(b"data: " + body + b"\n\n" + DONE)
-                await response.write_eof()
+                await response.write_eof(b"data: " + body + b"\n\n" + DONE)
                 return response
             if response is None:  # cannot happen: the last chunk always comes
                 response = self._sse_response(http)
                 await response.prepare(http)
-            if wire.include_usage:
-                await response.write(events.encoder.usage_event())
-            await response.write(DONE)
-            await response.write_eof()
+            # The last event(s) and the body's end in one write.
+            await response.write_eof(events.encoder.usage_event() + DONE if wire.include_usage
+                                     else DONE)
         except ConnectionError:  # the client went away mid-write: the Generation closes
             pass
         except asyncio.CancelledError:
