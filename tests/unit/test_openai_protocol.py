@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from cadence.api.openai.chat import PlainChat, load_template
@@ -188,3 +189,18 @@ def test_the_lab_says_when_nothing_answers_http() -> None:
         port = bound.getsockname()[1]
         with pytest.raises(RuntimeError, match="no HTTP server answers"):
             require_http(OpenAITarget(f"http://127.0.0.1:{port}", "m"), timeout=2)
+
+
+def test_completion_events_with_timing_and_each_finish() -> None:
+    from cadence.core.requests import ChunkTiming
+
+    encoder = Encoder(COMPLETIONS, "m")
+    timing = ChunkTiming(worker=1, step_start_ns=5, step_end_ns=9, send_ns=11)
+    body = json.loads(encoder.event('say "hi"\n', None, Chunk(4, [1, 2], "x", Finish.NONE,
+                                                              timing=timing))[6:])
+    assert body["choices"] == [{"index": 0, "text": 'say "hi"\n', "logprobs": None,
+                                "finish_reason": None}]
+    assert "usage" not in body
+    assert body["cadence"] == {"index": 4, "tokens": 2, "timing": msgspec.to_builtins(timing)}
+    for finish in ("length", "stop"):
+        assert json.loads(encoder.event("", finish)[6:])["choices"][0]["finish_reason"] == finish

@@ -167,6 +167,11 @@ class RunStats(msgspec.Struct, kw_only=True):
     segments_ms: Segments | UnsetType = UNSET
     ttft_segments_ms: TtftSegments | UnsetType = UNSET
     segment_shares: SegmentShares | UnsetType = UNSET
+    connect_ms: Distribution | UnsetType = UNSET
+    """HTTP only (`--protocol openai`), as the one below: the connect (TCP, and TLS over https)
+    of each request that opened a new connection; a part of its TTFT."""
+    ttft_after_connect_ms: Distribution | UnsetType = UNSET
+    """Each request's TTFT less its connect time (0 on a connection already open)."""
 
 
 class WorkerCurve(msgspec.Struct, kw_only=True):

@@ -8,6 +8,7 @@ Each rule is a `Rule` in the module of its family, with its thresholds beside it
 rules it gives way to (a finding another rule's finding explains is dropped):
 
 - `health`: requests_failing
+- `connection`: server_stream_limit, slow_connect
 - `ttft`: ttft_engine_start, ttft_queueing
 - `itl`: itl_unstable_engine, itl_unstable_network_side, slow_reader
 - `host`: front_cpu_bound, cpu_busy_cards_idle
@@ -41,6 +42,7 @@ from cadence.lab.analysis.diagnosis import (
 )
 from cadence.lab.analysis.diagnosis.capacity import UNDER_CAPACITY_BATCH
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.connection import CONNECT_TTFT_SHARE, SLOW_CONNECT_MS
 from cadence.lab.analysis.diagnosis.facts import (
     ENGINE_UNSTABLE_MIN_MS,
     ENGINE_UNSTABLE_P90_RATIO,
@@ -73,6 +75,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SERVER_ONE_CORE_BOUND,
     RULE_SERVER_STREAM_LIMIT,
     RULE_SERVER_THREADS_WAIT_FOR_CPU,
+    RULE_SLOW_CONNECT,
     RULE_SLOW_FIRST_MESSAGE,
     RULE_SLOW_READER,
     RULE_SLOW_STREAM_GROUP,
@@ -132,6 +135,7 @@ def diagnose(result: BenchResult) -> list[Finding]:
 
 __all__ = [
     "BUSY_CPU_PCT", "CAP_RECEIVING_SHARE", "CAP_TIME_SHARE", "CLIENT_BUSY_SHARE",
+    "CONNECT_TTFT_SHARE",
     "ENGINE_SIDE_SHARE", "ENGINE_UNSTABLE_MIN_MS", "ENGINE_UNSTABLE_P90_RATIO", "FAILING_SHARE",
     "FIRST_STEP_SHARE", "GAPS_NORMAL_RATIO", "IDLE_CARD_PCT", "ITL_MIN_SPREAD_MS",
     "ITL_UNEVEN_P90_RATIO", "LOOP_GAP_TAIL_MS", "LOOP_LATE_MIN", "LOOP_LATE_SHARE",
@@ -139,11 +143,12 @@ __all__ = [
     "RULES", "RULE_CLIENT_BEHIND_SCHEDULE", "RULE_CLIENT_SATURATED", "RULE_CPU_BUSY_CARDS_IDLE",
     "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_ITL_UNSTABLE_ENGINE",
     "RULE_ITL_UNSTABLE_NETWORK", "RULE_OUTPUT_HELD_BACK", "RULE_REQUESTS_FAILING", "RULE_SERVER_ONE_CORE_BOUND", "RULE_SERVER_STREAM_LIMIT",
-    "RULE_SERVER_THREADS_WAIT_FOR_CPU", "RULE_SLOW_FIRST_MESSAGE", "RULE_SLOW_READER", "RULE_SLOW_STREAM_GROUP",
+    "RULE_SERVER_THREADS_WAIT_FOR_CPU", "RULE_SLOW_CONNECT", "RULE_SLOW_FIRST_MESSAGE", "RULE_SLOW_READER", "RULE_SLOW_STREAM_GROUP",
     "RULE_SLOW_WORKER",
     "RULE_STREAMS_STALL_TOGETHER", "RULE_TTFT_ENGINE_START", "RULE_TTFT_GROWS_WITH_STREAMS",
     "RULE_TTFT_QUEUEING", "RULE_UNDER_CAPACITY", "SHARED_LONG_GAP_SHARE", "SHARED_STALLS_MIN",
-    "SHARED_TIME_SHARE", "SIDE_SHARE", "SLOW_READER_ITL_FACTOR", "SLOW_READER_PATH_SHARE",
+    "SHARED_TIME_SHARE", "SIDE_SHARE", "SLOW_CONNECT_MS", "SLOW_READER_ITL_FACTOR",
+    "SLOW_READER_PATH_SHARE",
     "SLOW_WORKER_BATCH_RATIO", "SLOW_WORKER_ITL_RATIO", "SLOW_WORKER_MIN_MS", "SLOW_WORKER_RATIO",
     "STARTUP_MIN_MS", "STARTUP_STEP_FACTOR", "STARTUP_TTFT_SHARE", "TTFT_GROWTH_GAPS",
     "TTFT_GROWTH_MIN_MS", "TTFT_HIGH_MIN_MS", "TTFT_HIGH_STEPS", "UNDER_CAPACITY_BATCH",
