@@ -26,13 +26,24 @@ class ByteTokenizer:
         return StreamDecoder()
 
 
+_ASCII = tuple(map(chr, range(128)))
+
+
 class StreamDecoder:
     """Decodes a stream's chunks in order; bytes of a character split across chunks wait."""
 
-    __slots__ = ("_decode",)
+    __slots__ = ("_clean", "_decode")
 
     def __init__(self) -> None:
         self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        self._clean = True
+        """No bytes wait in the decoder: nothing yet, or the last byte was ASCII (which no
+        character continues), or the stream ended."""
 
     def __call__(self, token_ids: list[int], final: bool = False) -> str:
+        # The common chunk, one ASCII token with nothing waiting, needs no decoder.
+        if self._clean and len(token_ids) == 1 and token_ids[0] < 128:
+            return _ASCII[token_ids[0]]
+        if token_ids:
+            self._clean = final or token_ids[-1] < 128
         return self._decode(bytes(token_ids), final)

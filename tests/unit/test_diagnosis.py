@@ -644,3 +644,30 @@ def test_a_saved_run_of_errors_only_now_names_them():
                               BenchResult)
     assert written.diagnosis == [] and written.requests_ok == 0
     assert [f.rule for f in dx.diagnose(written)] == [dx.RULE_REQUESTS_FAILING]
+
+
+# -- slow_connect ---------------------------------------------------------------------------------
+
+
+def slow_connects(connect_p99: float, ttft_p99: float) -> dict:
+    """An HTTP run whose requests each opened a connection, some of them slowly."""
+    r = healthy()
+    r["ttft_ms"] = dist(40.0, 60.0, ttft_p99, count=16)
+    r["connect_ms"] = dist(2.0, 3.0, connect_p99, max=connect_p99, count=16)
+    r["ttft_after_connect_ms"] = dist(38.0, 57.0, max(ttft_p99 - connect_p99, 40.0), count=16)
+    return r
+
+
+def test_connects_that_make_most_of_ttft_fire_slow_connect_naming_syn_retries():
+    found = [f for f in diagnose(slow_connects(1030.0, 1090.0)) if f.rule == "slow_connect"]
+    [finding] = found
+    assert finding.evidence["connect_p99_ms"] == 1030.0
+    assert finding.evidence["ttft_p99_ms"] == 1090.0
+    assert "dropped SYN" in finding.finding
+    assert "somaxconn" in finding.look_at and "ListenOverflows" in finding.look_at
+
+
+def test_fast_or_small_connects_and_runs_without_them_do_not_fire_slow_connect():
+    assert "slow_connect" not in rules(slow_connects(5.0, 1090.0))  # fast: not slow
+    assert "slow_connect" not in rules(slow_connects(150.0, 1090.0))  # a small part of TTFT
+    assert "slow_connect" not in rules(healthy())  # gRPC: no connect times at all

@@ -92,3 +92,26 @@ def test_segments_add_up_to_ttft() -> None:
     assert sum(result.segment_shares.ttft.values()) == pytest.approx(1)
     assert result.token_delay_ms.max == pytest.approx(5)  # 50 - 45
     assert result.segments_ms.engine_step.min == pytest.approx(15)
+
+
+def test_connect_time_apart_from_ttft_for_http_records_only() -> None:
+    opened = _record([30.0, 40.0], [1, 1], connect_ns=20 * MS)
+    reused = _record([15.0, 25.0], [1, 1], connect_ns=0)
+    stats = summarize([opened, reused])
+    assert stats.connect_ms.count == 1 and stats.connect_ms.max == 20.0
+    after = stats.ttft_after_connect_ms
+    assert after.count == 2 and (after.min, after.max) == (10.0, 15.0)
+    grpc = summarize([_record([30.0, 40.0], [1, 1])])  # connect_ns -1: not measured
+    assert grpc.connect_ms is msgspec.UNSET and grpc.ttft_after_connect_ms is msgspec.UNSET
+
+
+def test_a_record_without_a_connect_time_is_written_as_before_the_field_existed() -> None:
+    from cadence.lab.results import BenchResult, to_builtins
+
+    result = BenchResult(records=[_record([1.0], [1]), _record([1.0], [1], connect_ns=5)])
+    unmeasured, measured = to_builtins(result)["records"]
+    fields = len(RequestRecord.__struct_fields__)
+    # Neither a trace id nor a connect time: both trailing fields left out.
+    assert len(unmeasured) == fields - 2 and len(measured) == fields and measured[-1] == 5
+    back = msgspec.convert(to_builtins(result), BenchResult).records
+    assert [r.connect_ns for r in back] == [-1, 5]

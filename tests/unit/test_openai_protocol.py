@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from cadence.api.openai.chat import PlainChat, load_template
@@ -90,10 +91,10 @@ def test_stop_strings_hold_back_a_possible_start_and_cut_at_a_match() -> None:
 
 
 def test_streamed_events_and_usage() -> None:
-    encoder = Encoder(CHAT, "m")
+    encoder = Encoder(CHAT, "m", usage_null=True)
     first = Chunk(0, [1, 2], "ab", Finish.NONE, prompt_tokens=5)
     encoder.count(first)
-    event = encoder.event("ab", None, first=True, usage_null=True)
+    event = encoder.event("ab", None)
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
     body = json.loads(event[6:])
     assert body["object"] == "chat.completion.chunk" and body["model"] == "m"
@@ -101,8 +102,10 @@ def test_streamed_events_and_usage() -> None:
                                 "logprobs": None, "finish_reason": None}]
     assert body["usage"] is None
     encoder.count(Chunk(2, [3], "c", Finish.LENGTH))
-    last = json.loads(encoder.event("", "length", first=False, usage_null=False)[6:])
+    assert json.loads(encoder.event("c", None)[6:])["choices"][0]["delta"] == {"content": "c"}
+    last = json.loads(encoder.event("", "length")[6:])
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"] is None
     usage = json.loads(encoder.usage_event()[6:])
     assert usage["choices"] == [] and usage["usage"] == {
         "prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
@@ -186,3 +189,18 @@ def test_the_lab_says_when_nothing_answers_http() -> None:
         port = bound.getsockname()[1]
         with pytest.raises(RuntimeError, match="no HTTP server answers"):
             require_http(OpenAITarget(f"http://127.0.0.1:{port}", "m"), timeout=2)
+
+
+def test_completion_events_with_timing_and_each_finish() -> None:
+    from cadence.core.requests import ChunkTiming
+
+    encoder = Encoder(COMPLETIONS, "m")
+    timing = ChunkTiming(worker=1, step_start_ns=5, step_end_ns=9, send_ns=11)
+    body = json.loads(encoder.event('say "hi"\n', None, Chunk(4, [1, 2], "x", Finish.NONE,
+                                                              timing=timing))[6:])
+    assert body["choices"] == [{"index": 0, "text": 'say "hi"\n', "logprobs": None,
+                                "finish_reason": None}]
+    assert "usage" not in body
+    assert body["cadence"] == {"index": 4, "tokens": 2, "timing": msgspec.to_builtins(timing)}
+    for finish in ("length", "stop"):
+        assert json.loads(encoder.event("", finish)[6:])["choices"][0]["finish_reason"] == finish

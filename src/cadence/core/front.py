@@ -333,13 +333,38 @@ class Generation:
         return self
 
     async def __anext__(self) -> Chunk:
+        waiter = self.ready()
+        if waiter is not None:
+            await waiter
+        chunk = self.take()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    def ready(self) -> asyncio.Future[None] | None:
+        """The adapter asks for the next chunk (so its last write completed): None when
+        `take` has one (or the end) now, else a future done once it has. With `take`, the
+        iterator without a coroutine per chunk, for an adapter whose writes seldom wait."""
         stream = self.stream
-        stream.sending_since_ns = 0  # the adapter asks for more: the last chunk is written
+        stream.sending_since_ns = 0
+        if self._ended or stream.waiting_steps or stream.done:
+            return None
+        return stream.waiter()
+
+    def deliver_directly(self, deliver: Callable[[], None] | None) -> None:
+        """Until called again with None: instead of waking the adapter's task, the output
+        reader calls `deliver` once per step that brought this request output or its end;
+        `deliver` calls `take` and writes the chunk without awaiting (and wakes the task,
+        `RequestStream.wake`, when it must wait). A failure still ends `ready`'s wait."""
+        self.stream.deliver = deliver
+
+    def take(self) -> Chunk | None:
+        """The next chunk, everything waiting merged, once `ready` said there is one; None at
+        the end (the request is then OK). Raises RequestError when the stream failed."""
         if self._ended:
             self.failure = None
-            raise StopAsyncIteration
-        if not stream.waiting_steps and not stream.done:  # else no await: one task switch less
-            await stream.wait()
+            return None
+        stream = self.stream
         if stream.error is not None:
             self.failure = stream.error[0]
             raise RequestError(*stream.error)

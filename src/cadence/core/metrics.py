@@ -4,10 +4,16 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 _LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _LATENCY_BUCKETS_S = (
@@ -79,8 +85,7 @@ class LoopLagTally:
 
 class ProtocolMetrics:
     """One protocol's children of the request-level histograms, looked up once per protocol
-    rather than per chunk (`labels()` takes a lock and a dict lookup), so a chunk's ITL costs
-    what it cost before the label."""
+    rather than per request or chunk, so a chunk's ITL costs one call whatever the labels."""
 
     __slots__ = ("e2e", "observe_itl", "protocol", "queue_wait", "ttft")
 
@@ -92,6 +97,64 @@ class ProtocolMetrics:
         self.observe_itl = metrics.itl.labels(protocol).observe
 
 
+class LoopHistogram:
+    """A histogram observed on the event loop's thread only (per chunk, per request), with one
+    label: per label value a count per bucket and a sum, plain numbers, made cumulative only
+    when scraped. prometheus_client's Histogram takes a lock per bucket and for the sum on
+    every observation, several times this one's cost, for threads the front does not have. As
+    with prometheus_client's, a scrape reads the buckets one by one while the loop may
+    observe: it can be one observation off."""
+
+    __slots__ = ("_bounds", "_children", "documentation", "label", "name")
+
+    def __init__(self, name: str, documentation: str, label: str, buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.label = label
+        self._bounds = tuple(buckets)
+        self._children: dict[str, LoopCounts] = {}
+        registry.register(self)
+
+    def labels(self, value: str) -> LoopCounts:
+        """The counts of one label value (made on first use; keep it, not the lookup)."""
+        child = self._children.get(value)
+        if child is None:
+            child = self._children[value] = LoopCounts(self._bounds)
+        return child
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, "", labels=[self.label])]
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        bounds = (*map(floatToGoString, self._bounds), "+Inf")
+        for value, child in list(self._children.items()):
+            total, buckets = 0, []
+            for bound, count in zip(bounds, list(child.counts), strict=True):
+                total += count
+                buckets.append((bound, total))
+            family.add_metric([value], buckets, child.sum)
+        yield family
+
+
+class LoopCounts:
+    """One label value's buckets of a `LoopHistogram`."""
+
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        """Observations per bucket, not cumulative: <= each bound (and above the previous),
+        then above every bound."""
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self._bounds, value)] += 1
+        self.sum += value
+
+
 class FrontMetrics:
     """Every metric the front exports. Observed per chunk or per request, never per token."""
 
@@ -99,20 +162,19 @@ class FrontMetrics:
         self.registry = registry or CollectorRegistry()
         self._http = None
         r = self.registry
-        self.ttft = Histogram("cadence_time_to_first_token_seconds",
-                              "From the front receiving a request to its first chunk handed to gRPC.",
-                              ["protocol"], buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.itl = Histogram("cadence_inter_token_latency_seconds",
-                             "Gap between a stream's consecutive chunks at the front, divided by "
-                             "the tokens in the later chunk.", ["protocol"],
-                             buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.e2e = Histogram("cadence_request_duration_seconds",
-                             "From the front receiving a request to its stream ending.",
-                             ["protocol"], buckets=_DURATION_BUCKETS_S, registry=r)
-        self.queue_wait = Histogram("cadence_queue_wait_seconds",
-                                    "From the front receiving a request to the engine step that "
-                                    "admitted it.", ["protocol"], buckets=_LATENCY_BUCKETS_S,
-                                    registry=r)
+        self.ttft = LoopHistogram("cadence_time_to_first_token_seconds",
+                                  "From the front receiving a request to its first chunk handed "
+                                  "to the protocol.", "protocol", _LATENCY_BUCKETS_S, r)
+        self.itl = LoopHistogram("cadence_inter_token_latency_seconds",
+                                 "Gap between a stream's consecutive chunks at the front, divided "
+                                 "by the tokens in the later chunk.", "protocol",
+                                 _LATENCY_BUCKETS_S, r)
+        self.e2e = LoopHistogram("cadence_request_duration_seconds",
+                                 "From the front receiving a request to its stream ending.",
+                                 "protocol", _DURATION_BUCKETS_S, r)
+        self.queue_wait = LoopHistogram("cadence_queue_wait_seconds",
+                                        "From the front receiving a request to the engine step "
+                                        "that admitted it.", "protocol", _LATENCY_BUCKETS_S, r)
         self.loop_lag = Histogram("cadence_event_loop_lag_seconds",
                                   "How late the front's event loop woke for a timer, sampled "
                                   "every --heartbeat-interval: time it spent in other callbacks.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from itertools import repeat
 
@@ -50,6 +51,10 @@ class OutputReader:
         """Added to a worker's timestamps to put them on the front's clock: 0 on this host;
         for a worker on another host, the least (arrival - sending) time over the last
         window of heartbeats, i.e. the clocks' offset plus the fastest one-way trip."""
+        self._direct: dict[RequestStream, None] = {}
+        """Streams whose adapter writes from the reader (`RequestStream.deliver`) that got
+        output or their end since the last `_flush`, in arrival order."""
+        self._flush_soon = False
         self._foreign = [False] * workers
         self._offset_best = [0] * workers
         self._offset_beats = [0] * workers
@@ -79,7 +84,8 @@ class OutputReader:
 
         The only loop over a step's outputs in the front. One token per sequence (no
         `token_counts`) is the fast path; a stream that is gone (cancelled after the step
-        started) drops its piece.
+        started) drops its piece. A stream whose adapter writes without awaiting is flushed
+        to it soon after (`_flush`).
         """
         get = self._streams.get
         worker = message.worker
@@ -92,6 +98,7 @@ class OutputReader:
                     stream.set_prompt_tokens(count)
         tokens = message.token_ids
         texts = message.texts or repeat(None)
+        direct = self._direct
         if not message.token_counts:
             piece = [0]  # one token; push copies it, so one list serves the whole step
             for seq_id, token, text in zip(message.seq_ids, tokens, texts):
@@ -99,21 +106,43 @@ class OutputReader:
                 if stream is not None:
                     piece[0] = token
                     stream.push(piece, text, start, end, recv_ns)
+                    if stream.deliver is not None:
+                        direct[stream] = None
         else:
             at = 0
             for seq_id, count, text in zip(message.seq_ids, message.token_counts, texts):
                 stream = get(seq_id)
                 if stream is not None:
                     stream.push(tokens[at:at + count], text, start, end, recv_ns)
+                    if stream.deliver is not None:
+                        direct[stream] = None
                 at += count
         for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
             stream = get(seq_id)
             if stream is not None:
                 stream.end(reason)
+                if stream.deliver is not None:
+                    direct[stream] = None
+        if direct and not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
         self.last_output_ns[worker] = recv_ns
         self._batch_size[worker].set(len(message.seq_ids))
         self._step_time[worker].set((end - start) / 1e9)
         self._steps[worker].inc()
+
+    def _flush(self) -> None:
+        """Hand each direct stream what came for it since the last flush, as one piece.
+
+        Called soon after the messages read at one wake-up of the reader are all pushed: a
+        stream's last tokens and its finish go out together, and a front that falls behind
+        merges the steps that waited (as a task that wakes late does) instead of writing
+        each one, and leaves room between wake-ups for its timers and tasks.
+        """
+        self._flush_soon = False
+        direct, self._direct = self._direct, {}
+        for stream in direct:
+            stream.flush()
 
     def _track_clock(self, worker: int, sample_ns: int) -> None:
         """One heartbeat's (arrival - sending) time of a worker on another host."""

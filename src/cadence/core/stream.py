@@ -24,6 +24,7 @@ before its writes stop completing; only then do tokens start to wait here.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from cadence.byte_tokenizer import StreamDecoder
 from cadence.core.metrics import StreamTally
@@ -38,7 +39,8 @@ class RequestStream:
     __slots__ = (
         "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_link", "_paused",
         "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
-        "_tokens", "_waiter", "error", "finish", "first_token_ns", "include_timing", "received_ns",
+        "_tokens", "_waiter", "deliver", "error", "finish", "first_token_ns", "include_timing",
+        "received_ns",
         "scheduled_ns", "sending_since_ns", "sent_tokens", "seq_id", "task", "worker",
     )
 
@@ -85,6 +87,10 @@ class RequestStream:
         self._texts: list[str] = []
         """Text pieces sent by a worker that detokenizes (torch engine), one per waiting step."""
         self._waiter: asyncio.Future[None] | None = None
+        self.deliver: Callable[[], None] | None = None
+        """Set while the adapter writes without awaiting (`Generation.deliver_directly`):
+        the output reader calls it once per step that brought output or the end, after the
+        whole step, in place of waking the adapter's task. A failure still wakes the task."""
         self._prompt_tokens = prompt_tokens
         self.scheduled_ns = 0
         self.first_token_ns = 0
@@ -130,7 +136,8 @@ class RequestStream:
         if text is not None:
             self._texts.append(text)
         self._steps += 1
-        self.wake()
+        if self.deliver is None:
+            self.wake()
 
     def _pause(self) -> None:
         self._paused = True
@@ -164,7 +171,8 @@ class RequestStream:
     def end(self, reason: int) -> None:
         """The worker finished the sequence (a Finish value); its last token was pushed already."""
         self.finish = reason
-        self.wake()
+        if self.deliver is None:
+            self.wake()
 
     def fail(self, failure: Failure, message: str) -> None:
         """End the stream with a failure; the first one wins."""
@@ -174,6 +182,19 @@ class RequestStream:
                 # Ended with an error, the sequence is aborted, not resumed.
                 self._unpaused()
             self.wake()
+
+    def flush(self) -> None:
+        """This step's output is all in: hand it to `deliver` (the output reader calls this,
+        once per step, for a stream that has `deliver`)."""
+        deliver = self.deliver
+        if deliver is None:
+            self.wake()
+            return
+        try:
+            deliver()
+        except Exception:  # noqa: BLE001 - the step's other streams must still get theirs
+            self.deliver = None
+            self.wake()  # the adapter's task takes over, and meets the error itself
 
     def wake(self) -> None:
         """End a pending `wait` (output came, the stream ended, or the intake lulled)."""
@@ -187,8 +208,12 @@ class RequestStream:
         """Return once there is something to send or the stream has ended."""
         if self._tokens or self.done:
             return
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
+        await self.waiter()
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future that `wake` completes: awaited directly, it costs no coroutine."""
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        return waiter
 
     def take_chunk(self) -> Chunk:
         """Everything waiting, as one chunk (the last one carries its finish)."""

@@ -167,6 +167,11 @@ class RunStats(msgspec.Struct, kw_only=True):
     segments_ms: Segments | UnsetType = UNSET
     ttft_segments_ms: TtftSegments | UnsetType = UNSET
     segment_shares: SegmentShares | UnsetType = UNSET
+    connect_ms: Distribution | UnsetType = UNSET
+    """HTTP only (`--protocol openai`), as the one below: the connect (TCP, and TLS over https)
+    of each request that opened a new connection; a part of its TTFT."""
+    ttft_after_connect_ms: Distribution | UnsetType = UNSET
+    """Each request's TTFT less its connect time (0 on a connection already open)."""
 
 
 class WorkerCurve(msgspec.Struct, kw_only=True):
@@ -693,10 +698,16 @@ def to_builtins(result: BenchResult | SweepResult) -> dict:
     runs = ([(result, out)] if isinstance(result, BenchResult) else
             [(r, o) for p, po in zip(result.sweep.points, out["sweep"]["points"], strict=True)
              for r, o in zip(p.repeats, po["repeats"], strict=True)])
+    fields = len(RequestRecord.__struct_fields__)
     for run, written in runs:
         if run.baseline and run.baseline.error:
             written["baseline"] = {"error": run.baseline.error}
         for record in written.get("records") or ():
-            if record[-1] == "":  # no trace id: the record as the lab wrote it before them
+            # The fields added last (trace_id, then connect_ns) are left out where they hold
+            # their defaults (no trace id; a connect time unmeasured everywhere but over
+            # HTTP): such a record is written as before the fields existed.
+            if len(record) == fields and record[-1] == -1:
                 record.pop()
+                if record[-1] == "":
+                    record.pop()
     return out

@@ -1,6 +1,7 @@
 """The front's HTTP server (aiohttp, on the front's own event loop): the OpenAI-compatible
 routes on `--http-port`, with the gRPC port's TLS settings; with `--fronts N` every front
-binds the same port (SO_REUSEPORT), as for gRPC."""
+binds the same port (SO_REUSEPORT), as for gRPC. Its connections are accepted by
+`http_listener.Listener`, which takes a whole burst at once, not one per loop iteration."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from cadence.api.openai.protocol import error_body
 from cadence.config import ServerConfig
 from cadence.lifecycle import StartupError
+from cadence.lifecycle.http_listener import Listener
 
 log = logging.getLogger("cadence.http")
 
@@ -20,7 +22,7 @@ _BACKLOG = 4096
 """Connections the kernel queues before the loop accepts them (capped by net.core.somaxconn).
 HTTP/1.1 takes one connection per stream, so a burst of new streams is a burst of connects:
 aiohttp's default of 128 would overflow, and each dropped SYN costs its client a 1 s
-retransmit."""
+retransmit. It is also the most connections accepted at one wake-up of the port."""
 _LINGER_S = 2.0
 """After a response to a request whose body was not read (refused as too large, or too slow),
 how long the rest is read and dropped before the connection closes, so that the client gets
@@ -93,22 +95,28 @@ class HttpServer:
                                shutdown_timeout=_SHUTDOWN_S,
                                keepalive_timeout=config.http_header_timeout_s,
                                lingering_time=_LINGER_S)
+        self._listener: Listener | None = None
 
     async def start(self) -> int:
         """Bind and start; return the bound port."""
         config = self._config
         await self._runner.setup()
-        site = web.TCPSite(self._runner, config.host, config.http_port,
-                           ssl_context=ssl_context(config), reuse_port=config.fronts > 1,
-                           backlog=_BACKLOG)
+        assert self._runner.server is not None
+        listener = Listener(self._runner.server, ssl_context=ssl_context(config),
+                            backlog=_BACKLOG)
         try:
-            await site.start()
+            port = await listener.open(config.host, config.http_port or 0,
+                                       reuse_port=config.fronts > 1)
         except OSError as exc:
             await self._runner.cleanup()
             raise StartupError(f"could not bind {config.host}:{config.http_port} for HTTP "
-                               f"({exc.strerror}); choose another --http-port (0 picks a "
-                               "free one)") from None
-        return site._server.sockets[0].getsockname()[1]
+                               f"({exc.strerror or exc}); choose another --http-port (0 picks "
+                               "a free one)") from None
+        self._listener = listener
+        return port
 
     async def stop(self) -> None:
+        """Stop accepting, then end the open connections (aiohttp's shutdown)."""
+        if self._listener is not None:
+            self._listener.close()
         await self._runner.cleanup()

@@ -8,8 +8,9 @@ or token ids) or `messages` (chat), `max_tokens` / `max_completion_tokens`, `tem
 extension fields of cadence's own: `cadence_timing` (server timestamps on every chunk, for the
 lab's segments) and `cadence_timeout_s` (a deadline: 504 once it passes).
 
-Streamed events are built from bytes that are fixed per request (id, object, created, model)
-and the chunk's own text, encoded with msgspec: the per-chunk work is one string encode.
+Streamed events are built from bytes that are fixed per request (id, object, created, model,
+the choice's frame) and the chunk's own text, encoded with msgspec: the per-chunk work is one
+string encode and one join.
 """
 
 from __future__ import annotations
@@ -262,12 +263,17 @@ def _extension(chunk: Chunk, timing: ChunkTiming) -> bytes:
 
 
 class Encoder:
-    """The bytes of one request's responses: SSE events while streaming, or one body."""
+    """The bytes of one request's responses: SSE events while streaming, or one body.
 
-    __slots__ = ("_chat", "_head", "_timing", "completion_tokens", "created", "id", "model",
-                 "prompt_tokens")
+    An event is the request's fixed bytes around the chunk's own: everything that is the same
+    for every event of the request (id, object, created, model, the choice's frame, `"usage":
+    null` with `include_usage`) is encoded once, here; per event there is the text's JSON
+    string, the finish reason and, with `cadence_timing`, the extension."""
 
-    def __init__(self, endpoint: str, model: str) -> None:
+    __slots__ = ("_chat", "_first", "_head", "_open", "_open_first", "_tail", "completion_tokens",
+                 "created", "id", "model", "prompt_tokens")
+
+    def __init__(self, endpoint: str, model: str, *, usage_null: bool = False) -> None:
         self._chat = endpoint == CHAT
         self.id = ("chatcmpl-" if self._chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())  # the wire's field: seconds since the epoch
@@ -275,32 +281,42 @@ class Encoder:
         obj = "chat.completion.chunk" if self._chat else "text_completion"
         self._head = (b'data: {"id":"' + self.id.encode() + b'","object":"' + obj.encode()
                       + b'","created":%d,"model":' % self.created + _encode(model))
+        if self._chat:
+            self._open = self._head + b',"choices":[{"index":0,"delta":{"content":'
+            self._open_first = (self._head
+                                + b',"choices":[{"index":0,"delta":{"role":"assistant",'
+                                b'"content":')
+            close = b'},"logprobs":null,"finish_reason":'
+        else:
+            self._open = self._open_first = self._head + b',"choices":[{"index":0,"text":'
+            close = b',"logprobs":null,"finish_reason":'
+        usage = b',"usage":null' if usage_null else b""
+        self._tail = {finish: close + _encode(finish) + b"}]" + usage
+                      for finish in (None, *FINISH_REASON.values())}
+        """What follows the text, by finish reason: the choice's end, then `usage`."""
+        self._first = True
         self.prompt_tokens = 0
         self.completion_tokens = 0
 
-    def _choice(self, text: str, finish: str | None, first: bool) -> bytes:
-        reason = b"null" if finish is None else b'"' + finish.encode() + b'"'
-        if not self._chat:
-            return (b'{"index":0,"text":' + _encode(text) + b',"logprobs":null,'
-                    b'"finish_reason":' + reason + b"}")
-        if finish is not None and not text:
-            delta = b"{}"
-        elif first:
-            delta = b'{"role":"assistant","content":' + _encode(text) + b"}"
+    def event(self, text: str, finish: str | None, chunk: Chunk | None = None) -> bytes:
+        """One SSE event of a streamed response (with `usage_null`, as `include_usage` asks,
+        every event but the usage one carries `"usage":null`; a `chunk` with timing adds
+        `cadence`). The first event of a chat opens its message with the role."""
+        tail = self._tail[finish]
+        if self._first:
+            self._first = False
+            start = self._open_first
         else:
-            delta = b'{"content":' + _encode(text) + b"}"
-        return b'{"index":0,"delta":' + delta + b',"logprobs":null,"finish_reason":' + reason + b"}"
-
-    def event(self, text: str, finish: str | None, *, first: bool, usage_null: bool,
-              chunk: Chunk | None = None) -> bytes:
-        """One SSE event of a streamed response (`usage_null`: `include_usage` is on, so every
-        chunk but the last carries `"usage":null`; a `chunk` with timing adds `cadence`)."""
-        out = self._head + b',"choices":[' + self._choice(text, finish, first) + b"]"
-        if usage_null:
-            out += b',"usage":null'
-        if chunk is not None and chunk.timing is not None:
-            out += _extension(chunk, chunk.timing)
-        return out + b"}\n\n"
+            start = self._open
+        if self._chat and finish is not None and not text:
+            # The closing event of a chat: an empty delta.
+            start, text_json = self._head + b',"choices":[{"index":0,"delta":{', b""
+        else:
+            text_json = _encode(text)
+        timing = chunk.timing if chunk is not None else None
+        if timing is not None:
+            return b"".join((start, text_json, tail, _extension(chunk, timing), b"}\n\n"))
+        return b"".join((start, text_json, tail, b"}\n\n"))
 
     def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,

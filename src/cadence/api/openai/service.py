@@ -30,7 +30,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from cadence.api.errors import HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
@@ -53,6 +53,7 @@ from cadence.core.errors import RequestError
 from cadence.core.front import FrontCore, Generation
 from cadence.core.metrics import OPENAI
 from cadence.core.outcomes import Failure
+from cadence.core.requests import Chunk
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -230,41 +231,71 @@ class OpenAIService:
 
     async def _stream(self, http: web.Request, wire: OpenAIRequest,
                       generation: Generation) -> web.StreamResponse:
-        encoder = Encoder(wire.endpoint, self.model_name)
-        stops = StopStrings(wire.stops) if wire.stops else None
-        usage_null = wire.include_usage
+        # `_pieces` unrolled, with `Generation.ready` and `take` in place of its iterator. The
+        # task writes the first event (the response starts with it) and any that waited; in
+        # between, the output reader writes each step's event (`_Events.deliver`) and the task
+        # sleeps until the stream ends, fails, stops or the client's socket is full.
+        stream = generation.stream
+        ready, take = generation.ready, generation.take
+        events = _Events(generation, Encoder(wire.endpoint, self.model_name,
+                                             usage_null=wire.include_usage),
+                         StopStrings(wire.stops) if wire.stops else None)
         response: web.StreamResponse | None = None
-        first = True
         try:
             try:
-                async for chunk, text, finish in _pieces(generation, encoder, stops):
+                while True:
+                    waiter = ready()
+                    if waiter is not None:
+                        await waiter
+                    chunk = take()
+                    if chunk is None:
+                        break
                     if response is None:
-                        response = web.StreamResponse(headers=self._sse_headers)
+                        response = self._sse_response(http)
                         await response.prepare(http)
-                    await response.write(encoder.event(text, finish, first=first,
-                                                       usage_null=usage_null,
-                                                       chunk=chunk))
-                    first = False
+                        events.attach(http, response)
+                    if events.emit(chunk):
+                        await events.drain()
+                    if events.stopped:
+                        break
+                    if chunk.finish or stream.waiting_steps or stream.done:
+                        continue
+                    stream.sending_since_ns = 0  # written: nothing pending until the next
+                    generation.deliver_directly(events.deliver)
+                    try:
+                        await stream.waiter()
+                    finally:
+                        generation.deliver_directly(None)
+                    if events.broken:
+                        raise ConnectionResetError("the client's connection is closed")
+                    if events.stopped:
+                        break
+                    if events.paused:
+                        await events.drain()
             except RequestError as exc:
                 if response is None:
                     return _failure(exc.failure, exc.message)
                 _, body = failure_body(exc.failure, exc.message)
-                await response.write(b"data: " + body + b"\n\n" + DONE)
-                await response.write_eof()
+                await response.write_eof(b"data: " + body + b"\n\n" + DONE)
                 return response
             if response is None:  # cannot happen: the last chunk always comes
-                response = web.StreamResponse(headers=self._sse_headers)
+                response = self._sse_response(http)
                 await response.prepare(http)
-            if wire.include_usage:
-                await response.write(encoder.usage_event())
-            await response.write(DONE)
-            await response.write_eof()
+            # The last event(s) and the body's end in one write.
+            await response.write_eof(events.encoder.usage_event() + DONE if wire.include_usage
+                                     else DONE)
         except ConnectionError:  # the client went away mid-write: the Generation closes
             pass
         except asyncio.CancelledError:
-            if response is not None and generation.stream.error is not None:
-                await _cut_off(http, response, generation.stream.error)
+            if response is not None and stream.error is not None:
+                await _cut_off(http, response, stream.error)
             raise
+        return response
+
+    def _sse_response(self, http: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers=self._sse_headers)
+        if http.version >= HttpVersion11:
+            response.enable_chunked_encoding()  # so that _Events knows to frame chunks
         return response
 
     async def _whole(self, wire: OpenAIRequest, generation: Generation) -> web.Response:
@@ -278,6 +309,90 @@ class OpenAIService:
         except RequestError as exc:
             return _failure(exc.failure, exc.message)
         return _json(encoder.whole("".join(texts), finish))
+
+
+class _Events:
+    """One streamed response's events, written straight to its connection and framed as
+    HTTP/1.1 chunks as aiohttp's writer frames them, with no coroutine per event (aiohttp's
+    `StreamResponse.write` costs two, and a drain every 64 KiB even when nothing waits).
+
+    Between the task's writes, `deliver` writes from the output reader, once per step, and
+    wakes the task (`RequestStream.wake`) only when it has to act: the stream ended, a stop
+    string matched, the write failed, or the socket's buffer is past its high-water mark (the
+    transport paused the protocol), so the task drains it before anything more is written."""
+
+    __slots__ = ("_chunked", "_generation", "_protocol", "_stops", "_transport", "_writer",
+                 "broken", "encoder", "paused", "stopped")
+
+    def __init__(self, generation: Generation, encoder: Encoder,
+                 stops: StopStrings | None) -> None:
+        self._generation = generation
+        self.encoder = encoder
+        self._stops = stops
+        self._transport: asyncio.Transport | None = None
+        self._chunked = False
+        self.stopped = False
+        """A stop string matched: the output ends there."""
+        self.paused = False
+        """The last write filled the socket's buffer: drain before the next."""
+        self.broken = False
+        """A write from `deliver` found the connection closed."""
+
+    def attach(self, http: web.Request, response: web.StreamResponse) -> None:
+        """The response is prepared (its headers are out): events go to its connection."""
+        self._transport = http.transport
+        self._protocol = http.protocol
+        self._writer = http.writer
+        self._chunked = response.chunked
+
+    def emit(self, chunk: Chunk) -> bool:
+        """Write `chunk`'s event; True when the socket's buffer is full (drain first)."""
+        encoder = self.encoder
+        encoder.count(chunk)
+        finish = FINISH_REASON.get(chunk.finish)
+        text = chunk.text
+        stops = self._stops
+        if stops is not None:
+            text = stops.feed(text, finish is not None)
+            if stops.matched:
+                self._generation.failure = None  # the request ends OK at a stop string
+                self.stopped = True
+                finish = "stop"
+        event = encoder.event(text, finish, chunk)
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client's connection is closed")
+        transport.write(b"%x\r\n%b\r\n" % (len(event), event) if self._chunked else event)
+        self.paused = self._protocol.writing_paused
+        return self.paused
+
+    async def drain(self) -> None:
+        self.paused = False
+        await self._writer.drain()
+
+    def deliver(self) -> None:
+        """The output reader's call, once per step with output or the end for this stream."""
+        if self.stopped or self.broken or self.paused:
+            return  # the task has been woken and takes it from here
+        generation = self._generation
+        stream = generation.stream
+        try:
+            chunk = generation.take()
+        except RequestError:  # failed: fail() woke the task, which writes the error
+            return
+        if chunk is None:
+            stream.wake()
+            return
+        try:
+            paused = self.emit(chunk)
+        except ConnectionError:
+            self.broken = True
+            stream.wake()
+            return
+        if paused or self.stopped or chunk.finish:
+            stream.wake()
+        else:
+            stream.sending_since_ns = 0  # the write is complete: not a stalled client
 
 
 async def _cut_off(http: web.Request, response: web.StreamResponse,

@@ -19,6 +19,10 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
   token's path from step start to client (engine_step, transfer, buffer, send).
 - timeline: the streams' arrival times read together (shared stalls, bursts of streams
   opened at once, open against receiving streams); defined in `cadence.lab.timeline`.
+- connect_ms (HTTP): per request that opened a new connection, the time to make it (TCP
+  connect, TLS handshake), from the client's connection trace; a part of its TTFT.
+- ttft_after_connect_ms (HTTP): per request, ttft_ms less its connect time (0 on a connection
+  already open): what the server and the path after the connection took.
 - front_loop (server timing from cadence): how late the front's event loop woke for its
   heartbeat timer during the run, from the lag tallies timed streams carry (the tally at the
   first stream's start against the one at the last stream's end, per front, added up):
@@ -113,9 +117,14 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     ttft, itl, gaps, tpot, e2e, chunk_tokens = [], [], [], [], [], []
     delay, engine, transfer, buffer, send, queue, to_front = [], [], [], [], [], [], []
     first: dict[str, list[float]] = {name: [] for name in TTFT_SEGMENTS}
+    connect, after_connect = [], []
     for r in ok:
         arrival, tokens = r.arrival_ns, r.tokens
         ttft.append(ttft_ms(r))
+        if r.connect_ns >= 0:
+            if r.connect_ns:
+                connect.append(r.connect_ns / _NS_PER_MS)
+            after_connect.append(ttft[-1] - r.connect_ns / _NS_PER_MS)
         e2e.append((arrival[-1] - r.start_ns) / _NS_PER_MS)
         chunk_tokens.extend(tokens)
         for i in range(1, len(arrival)):
@@ -169,6 +178,9 @@ def summarize(records: list[RequestRecord]) -> RunStats:
         timeline=timeline(records),
         front_loop=front_loop(records),
     )
+    if after_connect:
+        result.connect_ms = distribution(connect)
+        result.ttft_after_connect_ms = distribution(after_connect)
     if delay:
         result.token_delay_ms = distribution(delay)
         result.segments_ms = Segments(

@@ -11,6 +11,11 @@ are then spread evenly over the events. The request asks for usage
 (`stream_options.include_usage`). The prompt is text: the planned prompt's token ids as
 printable characters, one per token (servers count them with their own tokenizers).
 
+Connect time: a request that opens a new connection records how long the connection took to
+make (TCP connect and, over https, the TLS handshake; from aiohttp's connection-create trace)
+in `connect_ns`, 0 on a connection already open. It is inside TTFT, and under a burst of new
+connections it can be most of it (a dropped SYN costs its client a 1 s retransmit).
+
 Errors: an HTTP status other than 200 is recorded as `HTTP_<status>` with the error's
 message; an error event inside a stream as its `code` in upper case (cadence's failure names
 are gRPC's codes), else `STREAM_ERROR`.
@@ -79,11 +84,30 @@ class OpenAIDriver(Driver):
 
 
 def client_session(target: OpenAITarget) -> aiohttp.ClientSession:
-    """One client session (a pool of connections, no limit) for a load process."""
+    """One client session (a pool of connections, no limit) for a load process, timing each
+    new connection into the record passed as the request's `trace_request_ctx`."""
     import aiohttp
 
     headers = {"Authorization": f"Bearer {target.token}"} if target.token else None
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers)
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers,
+                                 trace_configs=[_connect_timer()])
+
+
+def _connect_timer() -> aiohttp.TraceConfig:
+    import aiohttp
+
+    async def start(_session, context, _params) -> None:
+        context.connect_start_ns = time.monotonic_ns()
+
+    async def end(_session, context, _params) -> None:
+        record = context.trace_request_ctx
+        if record is not None:
+            record.connect_ns = time.monotonic_ns() - context.connect_start_ns
+
+    timer = aiohttp.TraceConfig()
+    timer.on_connection_create_start.append(start)
+    timer.on_connection_create_end.append(end)
+    return timer
 
 
 def require_http(target: OpenAITarget, timeout: float = 5.0) -> None:
@@ -134,12 +158,14 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     body = build_body(target, plan, include_timing)
     monotonic_ns = time.monotonic_ns
     record = sent(plan, process)
+    record.connect_ns = 0  # unless the connection-create trace sets it
     arrival, events = record.arrival_ns, []
     stamp, keep = arrival.append, events.append
     with recording(record):
         headers = {"Content-Type": "application/json", "traceparent": traceparent(record)}
         async with client.post(url, data=body, headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+                               timeout=aiohttp.ClientTimeout(total=timeout),
+                               trace_request_ctx=record) as response:
             if response.status != 200:
                 record.code = f"HTTP_{response.status}"
                 record.error = _message(await response.read())

@@ -52,6 +52,10 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     trace_id: str = ""
     """The W3C trace id the request was sent with (`traceparent`, 32 hex digits): a traced
     server's span for it carries the same id (`cadence bench --otlp-receive`)."""
+    connect_ns: int = -1
+    """HTTP: how long this request waited for a new connection to be made (TCP connect and,
+    over https, the TLS handshake), a part of its TTFT; 0 when it went on a connection that
+    was already open. -1: not measured (gRPC opens its channels before the run)."""
 
     @property
     def output_tokens(self) -> int:

@@ -48,7 +48,8 @@ def itl_values(records: Sequence[RequestRecord]) -> list[float]:
 
 
 AGGREGATES = (
-    "ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms", "chunk_tokens",
+    "ttft_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms", "chunk_gap_ms", "tpot_ms",
+    "e2e_ms", "token_delay_ms", "chunk_tokens",
 )
 """Aggregates in the order they are shown; any other distribution-shaped key follows."""
 STATS = ("mean", "p50", "p90", "p99", "max")

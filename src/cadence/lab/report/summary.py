@@ -35,8 +35,9 @@ lines reads as two numbers)."""
 WITHIN_NOISE = "within noise"
 """How a negative overhead reads: served faster than the engine alone is run-to-run noise."""
 _COLUMNS = ("mean", "p50", "p90", "p99", "max")
-_ROWS = ("ttft_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "token_delay_ms",
-         "chunk_tokens")
+_ROWS = ("ttft_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms", "chunk_gap_ms", "tpot_ms",
+         "e2e_ms", "token_delay_ms", "chunk_tokens")
+"""connect_ms and ttft_after_connect_ms: HTTP runs only (TTFT apart from the connect)."""
 
 
 def print_summary(result: BenchResult) -> None:

@@ -1,13 +1,14 @@
 """Rules on the client's connections to the server: `server_stream_limit` (the server's
 HTTP/2 concurrent-stream limit is below the streams the client opens on one connection, so
-the rest wait for a free stream or are refused)."""
+the rest wait for a free stream or are refused) and `slow_connect` (over HTTP, making the
+connections took much of the time to first token)."""
 
 from __future__ import annotations
 
 import math
 
 from cadence.lab.analysis.diagnosis.facts import RunFacts
-from cadence.lab.analysis.diagnosis.names import RULE_SERVER_STREAM_LIMIT
+from cadence.lab.analysis.diagnosis.names import RULE_SERVER_STREAM_LIMIT, RULE_SLOW_CONNECT
 from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.results import Finding
 
@@ -71,4 +72,41 @@ def server_stream_limit(facts: RunFacts) -> list[Finding]:
     )]
 
 
-RULES = (Rule(RULE_SERVER_STREAM_LIMIT, server_stream_limit),)
+SLOW_CONNECT_MS = 100.0
+"""A connect p99 at least this long is slow: well past a loaded host's scheduling delays (a
+dropped SYN costs its client a whole second, the first retransmit's timeout)."""
+CONNECT_TTFT_SHARE = 0.3
+"""...and it is a large part of TTFT when its p99 is at least this share of TTFT's p99."""
+
+
+def slow_connect(facts: RunFacts) -> list[Finding]:
+    result = facts.result
+    connect, ttft = result.connect_ms or None, result.ttft_ms
+    if connect is None or not connect.usable or not ttft.usable:
+        return []
+    if connect.p99 < SLOW_CONNECT_MS or connect.p99 < CONNECT_TTFT_SHARE * ttft.p99:
+        return []
+    after = result.ttft_after_connect_ms or None
+    retried = connect.max >= 1000.0
+    return [Finding(
+        rule=RULE_SLOW_CONNECT,
+        finding=(f"making the connections took much of the time to first token: connect p99 "
+                 f"{connect.p99:.0f} ms against TTFT p99 {ttft.p99:.0f} ms ({connect.count} "
+                 "requests opened a connection)"
+                 + ("; the slowest took over a second, as a dropped SYN does (the client "
+                    "resends it after 1 s, then 3 s)" if retried else "")),
+        evidence={"connect_p50_ms": connect.p50, "connect_p99_ms": connect.p99,
+                  "connect_max_ms": connect.max, "connects": connect.count,
+                  "ttft_p99_ms": ttft.p99,
+                  "ttft_after_connect_p99_ms": after.p99 if after is not None else None},
+        look_at=("the server's listen backlog (its listen() argument, capped by "
+                 "net.core.somaxconn) and SYN backlog: ListenOverflows and ListenDrops in "
+                 "/proc/net/netstat, TcpExt.TCPSynRetrans, before and after a run; how fast the "
+                 "server accepts while it streams (an event loop that accepts one connection "
+                 "per iteration leaves a burst in the accept queue, which shows in "
+                 "ttft_after_connect_ms instead); on the client, keep connections open "
+                 "(keep-alive) or open them before the burst"),
+    )]
+
+
+RULES = (Rule(RULE_SERVER_STREAM_LIMIT, server_stream_limit), Rule(RULE_SLOW_CONNECT, slow_connect))
