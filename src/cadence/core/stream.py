@@ -98,11 +98,11 @@ class RequestStream:
     def done(self) -> bool:
         return self.finish != Finish.NONE or self.error is not None
 
-    def push(self, tokens: list[int], text: str | None, start_ns: int, end_ns: int,
+    def push(self, tokens: int | list[int], text: str | None, start_ns: int, end_ns: int,
              recv_ns: int) -> None:
-        """Add one step's piece of output: its tokens (copied: the caller may reuse the list),
-        and their text when the worker detokenizes (None: the front decodes them). Called by
-        the output reader only."""
+        """Add one step's piece of output: its token, or its tokens (copied: the caller may
+        reuse the list), and their text when the worker detokenizes (None: the front decodes
+        them). Called by the output reader only."""
         if self._steps >= self._capacity:
             self._tally.overflows += 1
             if self._block:
@@ -120,7 +120,10 @@ class RequestStream:
             self._start_ns, self._end_ns, self._recv_ns = start_ns, end_ns, recv_ns
             if not self.scheduled_ns:
                 self.scheduled_ns = start_ns
-        self._tokens += tokens
+        if type(tokens) is int:  # a piece of one token, as a batching engine sends
+            self._tokens.append(tokens)
+        else:
+            self._tokens += tokens
         if text is not None:
             self._texts.append(text)
         self._steps += 1
