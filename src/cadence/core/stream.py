@@ -180,12 +180,17 @@ class RequestStream:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def wait(self) -> None:
-        """Return once there is something to send or the stream has ended."""
+    def wait(self) -> asyncio.Future[None]:
+        """A future done once there is something to send or the stream has ended.
+
+        A future, not a coroutine: awaited once per chunk, and a coroutine would be one more
+        object and frame each time."""
+        waiter = asyncio.get_running_loop().create_future()
         if self._tokens or self.done:
-            return
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
+            waiter.set_result(None)
+        else:
+            self._waiter = waiter
+        return waiter
 
     def take_chunk(self) -> Chunk:
         """Everything waiting, as one chunk (the last one carries its finish)."""
