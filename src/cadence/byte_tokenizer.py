@@ -29,10 +29,16 @@ class ByteTokenizer:
 class StreamDecoder:
     """Decodes a stream's chunks in order; bytes of a character split across chunks wait."""
 
-    __slots__ = ("_decode",)
+    __slots__ = ("_decoder",)
 
     def __init__(self) -> None:
-        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, token_ids: list[int], final: bool = False) -> str:
-        return self._decode(bytes(token_ids), final)
+        data = bytes(token_ids)
+        decoder = self._decoder
+        if not decoder.buffer and data.isascii():
+            # Nothing held back and no multi-byte character: the codec's answer, without
+            # its Python-level buffering (called once per chunk).
+            return data.decode("ascii")
+        return decoder.decode(data, final)
