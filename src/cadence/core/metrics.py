@@ -42,8 +42,8 @@ class LoopHistogram:
     """A histogram observed on the event loop's thread only (per chunk, per request): a
     count per bucket and a sum, plain numbers, exported when scraped. prometheus_client's
     Histogram takes a lock per bucket and for the sum on every observation, several times
-    this one's cost, for threads the front does not have. As with its, a scrape reads the
-    buckets one by one while the loop may observe: it can be one observation off."""
+    this one's cost, for threads the front does not have. As with prometheus_client's, a scrape
+    reads the buckets one by one while the loop may observe: it can be one observation off."""
 
     __slots__ = ("_bounds", "_counts", "_sum", "documentation", "name")
 
@@ -76,9 +76,10 @@ class LoopHistogram:
 
 class LoopLagTally:
     """The front's event-loop lag samples so far, counted per bucket of
-    `cadence_event_loop_lag_seconds`, for the lab: a timed stream carries them in its initial
-    and trailing metadata (`encoded`), so a bench sees how late the loop woke during its run
-    whether or not the server exports metrics."""
+    `cadence_event_loop_lag_seconds`, for the lab: a timed stream carries them in its trailing
+    metadata, and in its initial metadata when they moved since a stream last carried them
+    (`encoded`), so a bench sees how late the loop woke during its run whether or not the
+    server exports metrics."""
 
     __slots__ = ("counts", "front", "samples")
 

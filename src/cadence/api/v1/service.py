@@ -75,6 +75,8 @@ class InferenceService:
     def __init__(self, core: FrontCore, metadata: tuple[tuple[str, str], ...] | None = None) -> None:
         self._core = core
         self._metadata = metadata
+        self._lag_sent = ""
+        """The loop-lag tally that a stream's initial metadata last carried."""
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The service's handlers by method name, taking the request as bytes."""
@@ -97,9 +99,14 @@ class InferenceService:
         lag = core.metrics.loop_lag_tally if request.include_timing else None
         initial = self._metadata
         if lag is not None:
-            # The front's loop lag so far, at the start and the end of a timed stream: the
-            # lab's evidence of a blocked loop, with or without a metrics endpoint.
-            initial = (*(initial or ()), (lag.KEY, lag.encoded()))
+            # The front's loop lag so far, at the end of a timed stream and at its start: the
+            # lab's evidence of a blocked loop, with or without a metrics endpoint. The start's
+            # only when it moved since a stream last carried it (the lab reads the earliest
+            # start's), so a burst of new calls pays one gRPC operation for it, not one each.
+            start = lag.encoded()
+            if start != self._lag_sent:
+                self._lag_sent = start
+                initial = (*(initial or ()), (lag.KEY, start))
         request_id = generation.request_id
         with generation:
             try:
