@@ -44,6 +44,10 @@ class StreamDecoder:
         # The common chunk, one ASCII token with nothing waiting, needs no decoder.
         if self._clean and len(token_ids) == 1 and token_ids[0] < 128:
             return _ASCII[token_ids[0]]
+        data = bytes(token_ids)
+        if self._clean and data.isascii():
+            # Several ASCII tokens: the codec's answer without its Python-level buffering.
+            return data.decode("ascii")
         if token_ids:
             self._clean = final or token_ids[-1] < 128
-        return self._decode(bytes(token_ids), final)
+        return self._decode(data, final)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -70,6 +71,8 @@ def test_timing_fields_follow_the_data_path(server) -> None:
 def test_a_timed_stream_carries_the_loop_lag_tally_of_its_start_and_its_end(server) -> None:
     # The start's tally goes out at the intake's next lull (or with the first chunk); it is
     # still the one taken when the stream opened, so it never counts more than the end's.
+    # It goes out when it moved since a stream last carried it: a heartbeat (0.1 s) moves it.
+    time.sleep(0.25)
     with grpc.insecure_channel(server.target) as channel:
         call = pb_grpc.InferenceStub(channel).Generate(
             pb.GenerateRequest(prompt="lag", max_tokens=4, include_timing=True), timeout=10)
@@ -82,6 +85,22 @@ def test_a_timed_stream_carries_the_loop_lag_tally_of_its_start_and_its_end(serv
     assert 0 <= int(samples) <= int(end_samples)
     assert sum(map(int, counts.split(","))) == int(samples)
     assert sum(map(int, end_counts.split(","))) == int(end_samples)
+
+
+def test_a_burst_of_timed_streams_carries_the_start_tally_once_each_end_tally_always(server) -> None:
+    # One gRPC operation for the start's tally per burst, not per call: it goes out only
+    # when it moved since a stream last carried it (every 0.1 s at most, by the heartbeat).
+    time.sleep(0.25)
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        calls = [stub.Generate(pb.GenerateRequest(prompt="lag", max_tokens=2, include_timing=True),
+                               timeout=10) for _ in range(16)]
+        for call in calls:
+            assert sum(len(chunk.token_ids) for chunk in call) == 2
+        starts = [dict(call.initial_metadata()).get("cadence-loop-lag") for call in calls]
+        ends = [dict(call.trailing_metadata()).get("cadence-loop-lag") for call in calls]
+    assert all(ends)
+    assert 1 <= sum(start is not None for start in starts) < len(calls) // 2
 
 
 def test_stop_token_ends_stream_with_stop(server) -> None:

@@ -17,6 +17,7 @@ from cadence.transport.messages import (
     RequestFailed,
     StepOutput,
     WorkerInputs,
+    step_pieces,
 )
 from cadence.worker.app_runner import AppRunner
 
@@ -46,12 +47,9 @@ class Harness:
     def tokens(self, seq_id: int) -> list[int]:
         out: list[int] = []
         for step in self.steps():
-            counts = step.token_counts or [1] * len(step.seq_ids)
-            at = 0
-            for sid, n in zip(step.seq_ids, counts):
+            for sid, piece, _text in step_pieces(step):
                 if sid == seq_id:
-                    out.extend(step.token_ids[at:at + n])
-                at += n
+                    out += [piece] if type(piece) is int else piece
         return out
 
     def finish(self, seq_id: int) -> int | None:

@@ -41,6 +41,18 @@ def test_the_run_is_the_first_start_against_the_last_end_per_front():
     assert front_loop([RequestRecord(request_id="r", process=0, start_ns=0)]) is None
 
 
+def test_a_stream_without_the_start_tally_counts_for_the_end_only():
+    # The front sends a start tally only when it moved since a stream last carried it.
+    run = [1.0] * 3 + [50.0]
+    records = [
+        record(10, 60, tally(0, []), tally(0, run[:2])),
+        record(11, 90, "", tally(0, run)),  # the latest end, opened in the same burst
+    ]
+    loop = front_loop(records)
+    assert loop.samples == 4 and loop.late_over_20ms == 1
+    assert front_loop([record(11, 90, "", tally(0, run))]) is None
+
+
 def dist(p50: float, p90: float, p99: float) -> dict:
     return {"count": 500, "mean": p50, "p50": p50, "p90": p90, "p99": p99, "max": p99,
             "min": p50}

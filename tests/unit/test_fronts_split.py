@@ -5,7 +5,7 @@ from __future__ import annotations
 from cadence.lab.sweep import _server_args, parse_vary
 from cadence.router.admission import SharedAdmissionGate
 from cadence.transport.front_routing import split_step
-from cadence.transport.messages import StepOutput
+from cadence.transport.messages import StepOutput, step_pieces
 
 
 def test_split_step_gives_each_front_its_sequences_only() -> None:
@@ -27,6 +27,17 @@ def test_split_step_keeps_pieces_and_texts_and_skips_idle_fronts() -> None:
     texts = StepOutput(0, 1, 0, 1, [1, 2], [65, 66], [], [], texts=["A", "B"])
     zero, one = split_step(texts, 2)
     assert (zero.texts, one.texts) == (["B"], ["A"])
+    both = StepOutput(0, 1, 0, 1, [1, 2], [65, 66, 67], [], [], token_counts=[1, 2], texts=["A", "BC"])
+    zero, one = split_step(both, 2)
+    assert (zero.token_ids, zero.token_counts, zero.texts) == ([66, 67], [2], ["BC"])
+    assert (one.token_ids, one.token_counts, one.texts) == ([65], [1], ["A"])
+
+
+def test_step_pieces_reads_every_layout() -> None:
+    one = StepOutput(0, 1, 0, 1, [4, 5], [65, 66], [], [])
+    assert list(step_pieces(one)) == [(4, 65, None), (5, 66, None)]  # a bare token each
+    several = StepOutput(0, 1, 0, 1, [4, 5], [1, 2, 3], [], [], token_counts=[2, 1], texts=["x", ""])
+    assert list(step_pieces(several)) == [(4, [1, 2], "x"), (5, [3], "")]
 
 
 def test_shared_gate_limits_all_fronts_together(tmp_path) -> None:

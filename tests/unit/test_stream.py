@@ -280,7 +280,7 @@ def test_wait_wakes_on_end_or_fail(how: str):
     s = make_stream()
 
     async def main() -> None:
-        task = asyncio.create_task(s.wait())
+        task = asyncio.ensure_future(s.wait())
         for _ in range(5):
             await asyncio.sleep(0)
         assert not task.done()

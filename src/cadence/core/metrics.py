@@ -8,12 +8,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
 
 _LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _LATENCY_BUCKETS_S = (
@@ -55,9 +51,10 @@ class StreamTally:
 
 class LoopLagTally:
     """The front's event-loop lag samples so far, counted per bucket of
-    `cadence_event_loop_lag_seconds`, for the lab: a timed stream carries them in its initial
-    and trailing metadata (`encoded`), so a bench sees how late the loop woke during its run
-    whether or not the server exports metrics."""
+    `cadence_event_loop_lag_seconds`, for the lab: a timed stream carries them in its trailing
+    metadata, and in its initial metadata when they moved since a stream last carried them
+    (`encoded`), so a bench sees how late the loop woke during its run whether or not the
+    server exports metrics."""
 
     __slots__ = ("counts", "front", "samples")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from itertools import repeat
 
 from cadence.core.metrics import FrontMetrics
 from cadence.core.stream import RequestStream
@@ -15,6 +14,7 @@ from cadence.transport.messages import (
     WorkerOutput,
     WorkerReady,
     boot_id,
+    step_pieces,
 )
 
 _OFFSET_WINDOW = 50
@@ -82,10 +82,10 @@ class OutputReader:
     def _push_step(self, message: StepOutput, recv_ns: int) -> None:
         """Push each sequence's piece of one step into its stream, then end the finished.
 
-        The only loop over a step's outputs in the front. One token per sequence (no
-        `token_counts`) is the fast path; a stream that is gone (cancelled after the step
-        started) drops its piece. A stream whose adapter writes without awaiting is flushed
-        to it soon after (`_flush`).
+        The only loop over a step's outputs in the front; the pieces are read by
+        `step_pieces`. A stream that is gone (cancelled after the step started) drops its
+        piece. A stream whose adapter writes without awaiting is flushed to it soon after
+        (`_flush`).
         """
         get = self._streams.get
         worker = message.worker
@@ -96,27 +96,13 @@ class OutputReader:
                 stream = get(seq_id)
                 if stream is not None:
                     stream.set_prompt_tokens(count)
-        tokens = message.token_ids
-        texts = message.texts or repeat(None)
         direct = self._direct
-        if not message.token_counts:
-            piece = [0]  # one token; push copies it, so one list serves the whole step
-            for seq_id, token, text in zip(message.seq_ids, tokens, texts):
-                stream = get(seq_id)
-                if stream is not None:
-                    piece[0] = token
-                    stream.push(piece, text, start, end, recv_ns)
-                    if stream.deliver is not None:
-                        direct[stream] = None
-        else:
-            at = 0
-            for seq_id, count, text in zip(message.seq_ids, message.token_counts, texts):
-                stream = get(seq_id)
-                if stream is not None:
-                    stream.push(tokens[at:at + count], text, start, end, recv_ns)
-                    if stream.deliver is not None:
-                        direct[stream] = None
-                at += count
+        for seq_id, tokens, text in step_pieces(message):
+            stream = get(seq_id)
+            if stream is not None:
+                stream.push(tokens, text, start, end, recv_ns)
+                if stream.deliver is not None:
+                    direct[stream] = None
         for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
             stream = get(seq_id)
             if stream is not None:

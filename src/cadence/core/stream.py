@@ -110,11 +110,11 @@ class RequestStream:
     def done(self) -> bool:
         return self.finish != Finish.NONE or self.error is not None
 
-    def push(self, tokens: list[int], text: str | None, start_ns: int, end_ns: int,
+    def push(self, tokens: int | list[int], text: str | None, start_ns: int, end_ns: int,
              recv_ns: int) -> None:
-        """Add one step's piece of output: its tokens (copied: the caller may reuse the list),
-        and their text when the worker detokenizes (None: the front decodes them). Called by
-        the output reader only."""
+        """Add one step's piece of output: its token, or its tokens (copied: the caller may
+        reuse the list), and their text when the worker detokenizes (None: the front decodes
+        them). Called by the output reader only."""
         if self._steps >= self._capacity:
             self._tally.overflows += 1
             if self._block:
@@ -132,7 +132,10 @@ class RequestStream:
             self._start_ns, self._end_ns, self._recv_ns = start_ns, end_ns, recv_ns
             if not self.scheduled_ns:
                 self.scheduled_ns, self.first_token_ns = start_ns, end_ns
-        self._tokens += tokens
+        if type(tokens) is int:  # a piece of one token, as a batching engine sends
+            self._tokens.append(tokens)
+        else:
+            self._tokens += tokens
         if text is not None:
             self._texts.append(text)
         self._steps += 1
@@ -204,11 +207,16 @@ class RequestStream:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def wait(self) -> None:
-        """Return once there is something to send or the stream has ended."""
+    def wait(self) -> asyncio.Future[None]:
+        """A future done once there is something to send or the stream has ended.
+
+        A future, not a coroutine: awaited once per chunk, and a coroutine would be one more
+        object and frame each time."""
         if self._tokens or self.done:
-            return
-        await self.waiter()
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return self.waiter()
 
     def waiter(self) -> asyncio.Future[None]:
         """A future that `wake` completes: awaited directly, it costs no coroutine."""

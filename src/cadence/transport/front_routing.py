@@ -14,6 +14,7 @@ from cadence.transport.messages import (
     WorkerInput,
     WorkerInputs,
     WorkerOutput,
+    step_pieces,
 )
 from cadence.transport.sockets import OUTPUT_HWM
 from cadence.transport.worker_end import WorkerChannel
@@ -129,21 +130,18 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
     finished = [[] for _ in range(fronts)]
     reasons = [[] for _ in range(fronts)]
     prompt_lens: list[dict[int, int]] = [{} for _ in range(fronts)]
-    if message.token_counts:
-        at = 0
-        for seq_id, count in zip(message.seq_ids, message.token_counts):
-            f = seq_id % fronts
-            seq_ids[f].append(seq_id)
-            counts[f].append(count)
-            tokens[f].extend(message.token_ids[at:at + count])
-            at += count
-    else:
-        for i, (seq_id, token) in enumerate(zip(message.seq_ids, message.token_ids)):
-            f = seq_id % fronts
-            seq_ids[f].append(seq_id)
-            tokens[f].append(token)
-            if message.texts:
-                texts[f].append(message.texts[i])
+    # A step's pieces are all bare tokens or all lists, and its texts all None or all str
+    # (step_pieces), so each part comes out in its step's layout.
+    for seq_id, piece, text in step_pieces(message):
+        f = seq_id % fronts
+        seq_ids[f].append(seq_id)
+        if type(piece) is int:
+            tokens[f].append(piece)
+        else:
+            tokens[f] += piece
+            counts[f].append(len(piece))
+        if text is not None:
+            texts[f].append(text)
     for seq_id, reason in zip(message.finished_ids, message.finish_reasons):
         finished[seq_id % fronts].append(seq_id)
         reasons[seq_id % fronts].append(reason)
@@ -151,7 +149,8 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
         prompt_lens[seq_id % fronts][seq_id] = count
     return [
         StepOutput(message.worker, message.step, message.start_ns, message.end_ns, seq_ids[f],
-                   tokens[f], finished[f], reasons[f], counts[f], texts[f], prompt_lens[f])
+                   tokens[f], finished[f], reasons[f], counts[f], texts[f],
+                   prompt_lens[f])
         if seq_ids[f] or finished[f] or prompt_lens[f] else None
         for f in range(fronts)
     ]

@@ -12,6 +12,9 @@ ends (`Finish`, `Failure`) is the core's vocabulary (cadence.core.outcomes), car
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from itertools import accumulate, repeat
+
 import msgspec
 
 from cadence.core.outcomes import Failure, Finish  # noqa: F401 (workers import them from here)
@@ -106,6 +109,24 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     while a character is incomplete). Empty: the front decodes bytes."""
     prompt_lens: dict[int, int] = {}
     """Prompt tokens of each sequence that the worker tokenized and prefilled in this step."""
+
+
+def step_pieces(step: StepOutput) -> Iterator[tuple[int, int | list[int], str | None]]:
+    """Each sequence's piece of `step`, in order: (seq_id, its tokens, its text or None).
+
+    The one reading of the packing (`token_counts`, `texts`) for every consumer. A piece is
+    a bare token (int) in the one-token layout and a list in the other, never a mix within
+    one step; texts are all None or all str. Made of C iterators
+    only: no Python frame per piece, and no object built per piece of one token, so a
+    consumer's loop costs what a zip over the columns costs.
+    """
+    texts = step.texts or repeat(None)
+    counts = step.token_counts
+    if not counts:
+        return zip(step.seq_ids, step.token_ids, texts)
+    tokens = step.token_ids
+    pieces = [tokens[at - count:at] for at, count in zip(accumulate(counts), counts)]
+    return zip(step.seq_ids, pieces, texts)
 
 
 class RequestFailed(msgspec.Struct, frozen=True, array_like=True, tag="failed"):

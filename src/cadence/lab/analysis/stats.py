@@ -227,11 +227,12 @@ def front_loop(records: list[RequestRecord]) -> FrontLoop | None:
     for r in records:
         if len(r.loop_lag) != 2:
             continue
-        front = int(r.loop_lag[0].partition(":")[0])
-        if front not in first or r.start_ns < first[front][0]:
-            first[front] = (r.start_ns, r.loop_lag[0])
+        start, end = r.loop_lag
+        front = int(end.partition(":")[0])
+        if start and (front not in first or r.start_ns < first[front][0]):
+            first[front] = (r.start_ns, start)
         if front not in last or r.end_ns >= last[front][0]:
-            last[front] = (r.end_ns, r.loop_lag[1])
+            last[front] = (r.end_ns, end)
     if not first:
         return None
     bounds = LoopLagTally.BOUNDS_S

@@ -79,10 +79,12 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
 
 
 def loop_lag(initial, trailing) -> list[str]:
-    """The front's loop-lag tally at a stream's start and end, when the server sent both."""
-    start = next((v for k, v in initial or () if k == LoopLagTally.KEY), None)
+    """The front's loop-lag tally at a stream's start ("" when the server sent none: it
+    sends it only when it moved since another stream carried it) and at its end; [] without
+    the end's."""
+    start = next((v for k, v in initial or () if k == LoopLagTally.KEY), "")
     end = next((v for k, v in trailing or () if k == LoopLagTally.KEY), None)
-    return [start, end] if start is not None and end is not None else []
+    return [start, end] if end is not None else []
 
 
 def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bool) -> None:
