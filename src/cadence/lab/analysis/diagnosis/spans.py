@@ -51,13 +51,22 @@ def _evidence(split: dict[str, Distribution], ttft: float) -> dict:
     return out
 
 
-def before_server(facts: RunFacts) -> list[Finding]:
+def _holding(facts: RunFacts, part: str) -> tuple[dict[str, Distribution], float, float] | None:
+    """(split, TTFT's mean, the part's mean) when `part` holds TTFT (OUTSIDE_*), else None."""
     split = _split(facts)
-    if split is None:
+    if split is None or part not in split:
+        return None
+    ttft, value = _ttft_mean(split), split[part].mean
+    if ttft > 0 and value >= OUTSIDE_SHARE * ttft and value >= OUTSIDE_MIN_MS:
+        return split, ttft, value
+    return None
+
+
+def before_server(facts: RunFacts) -> list[Finding]:
+    found = _holding(facts, "before")
+    if found is None:
         return []
-    ttft, before = _ttft_mean(split), split["before"].mean
-    if not (ttft > 0 and before >= OUTSIDE_SHARE * ttft and before >= OUTSIDE_MIN_MS):
-        return []
+    split, ttft, before = found
     return [Finding(
         rule=RULE_TTFT_BEFORE_SERVER,
         finding=(f"{before / ttft:.0%} of TTFT ({before:.1f} of {ttft:.1f} ms on average) "
@@ -72,12 +81,10 @@ def before_server(facts: RunFacts) -> list[Finding]:
 
 
 def after_server(facts: RunFacts) -> list[Finding]:
-    split = _split(facts)
-    if split is None or "after" not in split:
+    found = _holding(facts, "after")
+    if found is None:
         return []
-    ttft, after = _ttft_mean(split), split["after"].mean
-    if not (ttft > 0 and after >= OUTSIDE_SHARE * ttft and after >= OUTSIDE_MIN_MS):
-        return []
+    split, ttft, after = found
     return [Finding(
         rule=RULE_TTFT_AFTER_SERVER,
         finding=(f"{after / ttft:.0%} of TTFT ({after:.1f} of {ttft:.1f} ms on average) "
@@ -92,12 +99,10 @@ def after_server(facts: RunFacts) -> list[Finding]:
 
 
 def server_queue(facts: RunFacts) -> list[Finding]:
-    split = _split(facts)
-    if split is None or "queue" not in split:
+    found = _holding(facts, "queue")
+    if found is None:
         return []
-    ttft, queue = _ttft_mean(split), split["queue"].mean
-    if not (ttft > 0 and queue >= OUTSIDE_SHARE * ttft and queue >= OUTSIDE_MIN_MS):
-        return []
+    split, ttft, queue = found
     return [Finding(
         rule=RULE_TTFT_SERVER_QUEUE,
         finding=(f"{queue / ttft:.0%} of TTFT ({queue:.1f} of {ttft:.1f} ms on average) is "
