@@ -1,4 +1,4 @@
-"""Prototype for issue 29: cadence's own front (its core, its workers, the cadence.v1 adapter
+"""Prototype: cadence's own front (its core, its workers, the cadence.v1 adapter
 `InferenceService.Generate` unchanged) with cadence.v1 served by pyvoy (Envoy's HTTP/2) through
 the thin gRPC framing of benchmarks/native_grpc_server.py, to measure the front's CPU per
 chunk on that path beside `cadence serve`'s grpc.aio.

@@ -1,4 +1,4 @@
-"""One cadence.v1 `Generate` handler served three ways, for benchmarks/native_grpc.py (issue 29):
+"""One cadence.v1 `Generate` handler served three ways, for benchmarks/native_grpc.py:
 
 - `grpc-aio`: grpc.aio, as cadence's front serves gRPC today;
 - `pyvoy-thin`: pyvoy (Envoy's HTTP/2 with the Python app in a dynamic module, ASGI with the

@@ -1,4 +1,4 @@
-"""Wire checks for issue 29: does each server of benchmarks/native_grpc_server.py speak gRPC as
+"""Wire checks: does each server of benchmarks/native_grpc_server.py speak gRPC as
 real clients expect? Three clients, each against every server kind:
 
 - grpcio (the C-core client) and @grpc/grpc-js (Node, benchmarks/native_grpc_wire.js):
