@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import aiohttp
@@ -25,6 +27,7 @@ from cadence.lab.load.kserve import KServeTarget, one_kserve, stub
 from cadence.lab.load.openai_http import OpenAITarget, one_openai
 from cadence.lab.load.plan import RequestPlan, RequestShape
 from cadence.lab.measure.trace_receiver import TraceReceiver
+from cadence.lab.servers.server_process import ServerProcess
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
 from tests.integration.test_openai import start_http
 
@@ -182,3 +185,24 @@ def test_a_receiver_that_cannot_listen_is_one_line(receiver, where, said) -> Non
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(f"cadence bench: {said}"), out.stderr
+
+
+def test_an_unreachable_collector_neither_fails_requests_nor_holds_the_stop() -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    server = ServerProcess("--step-ms", "5", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}",
+                           log_level="WARNING")
+    server.start()
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            call = channel.unary_stream("/cadence.v1.Inference/Generate",
+                                        request_serializer=pb.GenerateRequest.SerializeToString,
+                                        response_deserializer=pb.GenerateChunk.FromString)
+            for _ in range(3):
+                assert len(list(call(pb.GenerateRequest(prompt="hi", max_tokens=3)))) == 3
+    finally:
+        started = time.monotonic()
+        code = server.stop(60)
+    # The SDK would wait out its retries (several seconds); the stop gives up after 2 s.
+    assert code == 0 and time.monotonic() - started < 15

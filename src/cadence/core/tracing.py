@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 from cadence.core.outcomes import Failure, Finish
@@ -67,8 +68,11 @@ class RequestTracer:
         })
         # The SDK's sampler comes from OTEL_TRACES_SAMPLER (default: the caller's decision,
         # else always), and the batch processor's sizes from OTEL_BSP_*.
-        self._provider = TracerProvider(resource=resource)
-        self._provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        # Shut down by `close` alone, bounded: the SDK's exit hook would wait for an
+        # unreachable collector's retries.
+        self._provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        self._exporter = _exporter(endpoint)
+        self._provider.add_span_processor(BatchSpanProcessor(self._exporter))
         self._tracer = self._provider.get_tracer("cadence")
         self._model = model
         self._extract = propagate.extract
@@ -147,10 +151,19 @@ class RequestTracer:
             span.set_status(status(error, _failure_text(generation, failure)))
         span.end(end_time=end + offset)
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Export what is still batched (waiting at most `timeout_s`), then stop."""
-        self._provider.force_flush(int(timeout_s * 1e3))
-        self._provider.shutdown()
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Export what is still batched, waiting at most `timeout_s`, then stop; spans a
+        collector did not take by then are dropped, with one line. (The SDK's own flush
+        waits out every retry of an unreachable collector, whatever its timeout.)"""
+        flushed = threading.Event()
+        threading.Thread(target=lambda: (self._provider.force_flush(), flushed.set()),
+                         name="otlp-flush", daemon=True).start()
+        if flushed.wait(timeout_s):
+            self._provider.shutdown()
+            return
+        log.warning("tracing: the last spans were not exported within %g s (is the OTLP "
+                    "endpoint reachable?); they are dropped", timeout_s)
+        self._exporter.shutdown()  # ends the export that is still retrying
 
 
 def _failure_text(generation, failure: Failure) -> str:
