@@ -231,8 +231,7 @@ class OpenAIService:
 
     async def _stream(self, http: web.Request, wire: OpenAIRequest,
                       generation: Generation) -> web.StreamResponse:
-        # `_pieces` unrolled, with `Generation.ready` and `take` in place of its iterator. The
-        # task writes the first event (the response starts with it) and any that waited; in
+        # The Generation's iterator unrolled into `ready` and `take`. The task writes the first event (the response starts with it) and any that waited; in
         # between, the output reader writes each step's event (`_Events.deliver`) and the task
         # sleeps until the stream ends, fails, stops or the client's socket is full.
         stream = generation.stream
@@ -304,8 +303,11 @@ class OpenAIService:
         texts = []
         finish = None
         try:
-            async for _, text, finish in _pieces(generation, encoder, stops):
+            async for chunk in generation:
+                text, finish, stopped = _text_of(chunk, generation, encoder, stops)
                 texts.append(text)
+                if stopped:
+                    break
         except RequestError as exc:
             return _failure(exc.failure, exc.message)
         return _json(encoder.whole("".join(texts), finish))
@@ -347,18 +349,9 @@ class _Events:
 
     def emit(self, chunk: Chunk) -> bool:
         """Write `chunk`'s event; True when the socket's buffer is full (drain first)."""
-        encoder = self.encoder
-        encoder.count(chunk)
-        finish = FINISH_REASON.get(chunk.finish)
-        text = chunk.text
-        stops = self._stops
-        if stops is not None:
-            text = stops.feed(text, finish is not None)
-            if stops.matched:
-                self._generation.failure = None  # the request ends OK at a stop string
-                self.stopped = True
-                finish = "stop"
-        event = encoder.event(text, finish, chunk)
+        text, finish, self.stopped = _text_of(chunk, self._generation, self.encoder,
+                                              self._stops)
+        event = self.encoder.event(text, finish, chunk)
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client's connection is closed")
@@ -423,21 +416,20 @@ async def _cut_off(http: web.Request, response: web.StreamResponse,
         transport.abort()
 
 
-async def _pieces(generation: Generation, encoder: Encoder, stops: StopStrings | None):
-    """Each chunk as (chunk, its text, its finish reason), counted by `encoder`, with the stop
-    strings applied: at a match the text is cut there, the finish is "stop", and the request
-    ends OK (the core aborts its sequence in the worker when the Generation closes)."""
-    async for chunk in generation:
-        encoder.count(chunk)
-        finish = FINISH_REASON.get(chunk.finish)
-        text = chunk.text
-        if stops is not None:
-            text = stops.feed(text, finish is not None)
-            if stops.matched:
-                generation.failure = None
-                yield chunk, text, "stop"
-                return
-        yield chunk, text, finish
+def _text_of(chunk: Chunk, generation: Generation, encoder: Encoder,
+             stops: StopStrings | None) -> tuple[str, str | None, bool]:
+    """A chunk's text and finish reason, counted by `encoder`, with the stop strings applied:
+    at a match the text is cut there, the finish is "stop", and the request ends OK (True;
+    the core aborts its sequence in the worker when the Generation closes)."""
+    encoder.count(chunk)
+    finish = FINISH_REASON.get(chunk.finish)
+    text = chunk.text
+    if stops is not None:
+        text = stops.feed(text, finish is not None)
+        if stops.matched:
+            generation.failure = None
+            return text, "stop", True
+    return text, finish, False
 
 
 def _time_remaining(timeout_s: float | None) -> Callable[[], float | None]:
