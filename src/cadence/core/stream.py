@@ -207,16 +207,11 @@ class RequestStream:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def wait(self) -> asyncio.Future[None]:
-        """A future done once there is something to send or the stream has ended.
-
-        A future, not a coroutine: awaited once per chunk, and a coroutine would be one more
-        object and frame each time."""
+    async def wait(self) -> None:
+        """Return once there is something to send or the stream has ended."""
         if self._tokens or self.done:
-            done = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
-        return self.waiter()
+            return
+        await self.waiter()
 
     def waiter(self) -> asyncio.Future[None]:
         """A future that `wake` completes: awaited directly, it costs no coroutine."""
