@@ -40,6 +40,18 @@ def endpoint_from_env(environ: os._Environ | dict = os.environ) -> str:
             or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "")
 
 
+def epoch_offset_ns() -> int:
+    """This host's wall clock minus its monotonic clock (Unix ns = monotonic ns + offset), the
+    smallest of a few readings' (the one least stretched by a preemption between the reads)."""
+    readings = []
+    for _ in range(5):
+        before = time.monotonic_ns()
+        wall = time.time_ns()
+        after = time.monotonic_ns()
+        readings.append((after - before, wall - (before + after) // 2))
+    return min(readings)[1]
+
+
 def trace_context(metadata) -> tuple[str, str]:
     """`traceparent` and `tracestate` from a gRPC call's metadata ("" where absent)."""
     parent = state = ""
@@ -81,7 +93,7 @@ class RequestTracer:
         self._error = (Status, StatusCode.ERROR)
         # Monotonic to epoch: the core's timestamps are time.monotonic_ns() (workers' too,
         # on this host); spans carry wall-clock nanoseconds.
-        self._epoch_offset_ns = time.time_ns() - time.monotonic_ns()
+        self._epoch_offset_ns = epoch_offset_ns()
         self._failed = False
 
     def record(self, generation) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import msgspec
 
+from cadence.core.tracing import epoch_offset_ns
 from cadence.credentials import ClientCredentials
 from cadence.lab import results
 from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
@@ -209,7 +209,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     if pages is not None:
         result.scraped = pages.result(run_window(records, sampler.started_ns))
     if traces is not None:
-        result.server_spans = join_spans(records, traces.spans(), _epoch_offset_ns(),
+        result.server_spans = join_spans(records, traces.spans(), epoch_offset_ns(),
                                          traces.port, traces.dropped)
     if slo:
         result.goodput = goodput(records, list(slo), stats)
@@ -219,18 +219,6 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
-
-
-def _epoch_offset_ns() -> int:
-    """This host's wall clock minus its monotonic clock, the smaller of a few readings (the
-    one least stretched by a preemption between the two reads)."""
-    readings = []
-    for _ in range(5):
-        before = time.monotonic_ns()
-        wall = time.time_ns()
-        after = time.monotonic_ns()
-        readings.append((after - before, wall - (before + after) // 2))
-    return min(readings)[1]
 
 
 def _roots(server: dict[str, int]) -> list[int]:
