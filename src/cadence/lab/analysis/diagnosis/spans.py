@@ -6,6 +6,8 @@ before the server's span begins: network, proxy, the server's accept), `ttft_aft
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
@@ -51,67 +53,48 @@ def _evidence(split: dict[str, Distribution], ttft: float) -> dict:
     return out
 
 
-def _holding(facts: RunFacts, part: str) -> tuple[dict[str, Distribution], float, float] | None:
-    """(split, TTFT's mean, the part's mean) when `part` holds TTFT (OUTSIDE_*), else None."""
-    split = _split(facts)
-    if split is None or part not in split:
-        return None
-    ttft, value = _ttft_mean(split), split[part].mean
-    if ttft > 0 and value >= OUTSIDE_SHARE * ttft and value >= OUTSIDE_MIN_MS:
-        return split, ttft, value
-    return None
+def _holding(rule: str, part: str, says: str, look_at: str) -> Callable[[RunFacts], list[Finding]]:
+    """The check of a rule that fires when `part` of the split holds TTFT (OUTSIDE_*): its
+    finding is the part's share, then `says`."""
+
+    def check(facts: RunFacts) -> list[Finding]:
+        split = _split(facts)
+        if split is None or part not in split:
+            return []
+        ttft, value = _ttft_mean(split), split[part].mean
+        if not (ttft > 0 and value >= OUTSIDE_SHARE * ttft and value >= OUTSIDE_MIN_MS):
+            return []
+        return [Finding(
+            rule=rule,
+            finding=f"{value / ttft:.0%} of TTFT ({value:.1f} of {ttft:.1f} ms on average) {says}",
+            evidence=_evidence(split, ttft),
+            look_at=look_at,
+        )]
+
+    return check
 
 
-def before_server(facts: RunFacts) -> list[Finding]:
-    found = _holding(facts, "before")
-    if found is None:
-        return []
-    split, ttft, before = found
-    return [Finding(
-        rule=RULE_TTFT_BEFORE_SERVER,
-        finding=(f"{before / ttft:.0%} of TTFT ({before:.1f} of {ttft:.1f} ms on average) "
-                 "passes before the server's span for the request begins: the time is spent "
-                 "reaching the server's handler (the network, a proxy or load balancer, new "
-                 "connections, the server's accept queue), not in the server's handling"),
-        evidence=_evidence(split, ttft),
-        look_at=("what lies between client and server: proxies, TLS handshakes, new "
-                 "connections per request (reuse them), the server's listen backlog and "
-                 "accept loop, a busy or blocked event loop taking calls in"),
-    )]
-
-
-def after_server(facts: RunFacts) -> list[Finding]:
-    found = _holding(facts, "after")
-    if found is None:
-        return []
-    split, ttft, after = found
-    return [Finding(
-        rule=RULE_TTFT_AFTER_SERVER,
-        finding=(f"{after / ttft:.0%} of TTFT ({after:.1f} of {ttft:.1f} ms on average) "
-                 "passes after the server says it sent the first output and before the "
-                 "client reads it: the output waits on its way (network, a buffering proxy, "
-                 "the server's send path past its instrumentation, or a busy client)"),
-        evidence=_evidence(split, ttft),
-        look_at=("proxies that buffer streamed responses (nginx proxy_buffering, "
-                 "X-Accel-Buffering), compression, HTTP/2 flow-control windows, the server's "
-                 "event loop between its handler and the socket, the client's CPU"),
-    )]
-
-
-def server_queue(facts: RunFacts) -> list[Finding]:
-    found = _holding(facts, "queue")
-    if found is None:
-        return []
-    split, ttft, queue = found
-    return [Finding(
-        rule=RULE_TTFT_SERVER_QUEUE,
-        finding=(f"{queue / ttft:.0%} of TTFT ({queue:.1f} of {ttft:.1f} ms on average) is "
-                 "time the server's own spans put in its queue, before a step took the "
-                 "request"),
-        evidence=_evidence(split, ttft),
-        look_at=("the server's batch limit and scheduling (max running requests, KV-cache "
-                 "room), or less load: `cadence capacity` finds how much meets the SLO"),
-    )]
+before_server = _holding(
+    RULE_TTFT_BEFORE_SERVER, "before",
+    "passes before the server's span for the request begins: the time is spent reaching the "
+    "server's handler (the network, a proxy or load balancer, new connections, the server's "
+    "accept queue), not in the server's handling",
+    "what lies between client and server: proxies, TLS handshakes, new connections per "
+    "request (reuse them), the server's listen backlog and accept loop, a busy or blocked "
+    "event loop taking calls in")
+after_server = _holding(
+    RULE_TTFT_AFTER_SERVER, "after",
+    "passes after the server says it sent the first output and before the client reads it: "
+    "the output waits on its way (network, a buffering proxy, the server's send path past its "
+    "instrumentation, or a busy client)",
+    "proxies that buffer streamed responses (nginx proxy_buffering, X-Accel-Buffering), "
+    "compression, HTTP/2 flow-control windows, the server's event loop between its handler "
+    "and the socket, the client's CPU")
+server_queue = _holding(
+    RULE_TTFT_SERVER_QUEUE, "queue",
+    "is time the server's own spans put in its queue, before a step took the request",
+    "the server's batch limit and scheduling (max running requests, KV-cache room), or less "
+    "load: `cadence capacity` finds how much meets the SLO")
 
 
 RULES = (
