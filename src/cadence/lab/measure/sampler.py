@@ -3,12 +3,12 @@ with the server's metrics page scraped every few samples."""
 
 from __future__ import annotations
 
-import http.client
 import threading
 import time
 
 import psutil
 
+from cadence.lab.measure.prometheus import ScrapeError
 from cadence.lab.measure.scrape import (
     LOOP_ON_TIME,
     LOOP_SAMPLES,
@@ -86,7 +86,7 @@ class SystemSampler:
             return
         try:
             values = scrape(self._metrics_url)
-        except (OSError, http.client.HTTPException, ValueError):
+        except ScrapeError:
             return  # a missed or unreadable scrape leaves a gap, nothing more
         if values:  # none: not a cadence server's page (another server of the protocol)
             self._scrapes.append((t, values))

@@ -3,6 +3,8 @@ say about each worker's start-up."""
 
 from __future__ import annotations
 
+from cadence.lab.measure.prometheus import read_page
+
 SCRAPED_GAUGES = ("cadence_deepest_buffer_steps", "cadence_active_streams",
                    "cadence_worker_batch_size", "cadence_paused_sequences")
 SCRAPED_COUNTERS = ("cadence_merged_steps_total", "cadence_buffer_overflows_total",
@@ -40,31 +42,24 @@ def scrape(url: str) -> dict[str, float]:
 
     Front 0 of `--fronts N` labels every front's samples with `front`: those are kept, and
     each is also combined over the fronts under its name without that label, so the same
-    keys as with one front hold the whole server's values.
+    keys as with one front hold the whole server's values. Raises ScrapeError when the page
+    cannot be read.
     """
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=2) as reply:
-        text = reply.read().decode()
     values: dict[str, float] = {}
     combined: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if (sample.name in SCRAPED_GAUGES or sample.name in SCRAPED_COUNTERS
-                    or sample.name in _STARTUP
-                    or (sample.name in _LOOP_LAG and sample.labels.get("le", _LATE_S) == _LATE_S)):
-                values[_key(sample.name, sample.labels)] = sample.value
-                if "front" in sample.labels:
-                    rest = {k: v for k, v in sample.labels.items() if k != "front"}
-                    key = _key(sample.name, rest)
-                    if key not in combined:
-                        combined[key] = sample.value
-                    elif sample.name in _MAX_OVER_FRONTS:
-                        combined[key] = max(combined[key], sample.value)
-                    else:
-                        combined[key] += sample.value
+    for _, name, labels, value in read_page(url):
+        if (name in SCRAPED_GAUGES or name in SCRAPED_COUNTERS or name in _STARTUP
+                or (name in _LOOP_LAG and labels.get("le", _LATE_S) == _LATE_S)):
+            values[_key(name, labels)] = value
+            if "front" in labels:
+                rest = {k: v for k, v in labels.items() if k != "front"}
+                key = _key(name, rest)
+                if key not in combined:
+                    combined[key] = value
+                elif name in _MAX_OVER_FRONTS:
+                    combined[key] = max(combined[key], value)
+                else:
+                    combined[key] += value
     return {**values, **combined}
 
 
