@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from cadence.lab.analysis.server_spans import SPLIT
 from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, percentile, ttft_ms
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.results import (
@@ -188,7 +189,7 @@ class Stack(msgspec.Struct, frozen=True):
         return sum(v for _, v in self.parts)
 
 
-SPAN_STACK_ORDER = ("before", "queue", "prefill", "inside_other", "after", "inside_or_after")
+SPAN_STACK_ORDER = tuple(name for name in SPLIT if name != "inside")
 """The parts of `server_spans.ttft_split_ms` that add up to TTFT (inside is queue + prefill +
 inside_other)."""
 

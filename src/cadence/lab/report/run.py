@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from cadence.lab.analysis.server_spans import SPLIT
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.report import plots, sweep
@@ -241,7 +242,7 @@ def _server_spans(result: BenchResult) -> str:
         + (f" {spans.clock_suspect} request(s) show a span that began before the request was "
            "sent: the server's clock disagrees with this host's." if spans.clock_suspect else ""))
     parts = [(name, d.count, d.mean, d.p50, d.p90, d.p99, d.max)
-             for name in plots.SPAN_STACK_ORDER[:1] + ("inside",) + plots.SPAN_STACK_ORDER[1:]
+             for name in SPLIT
              if (d := spans.ttft_split_ms.get(name)) is not None]
     slowest = sorted((r for r in spans.requests if r.ttft_ms is not None),
                      key=lambda r: -r.ttft_ms)[:SLOWEST_SPANS]
