@@ -27,7 +27,7 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from native_grpc_server import parse_timeout, percent_encode
+from native_grpc_server import parse_timeout, percent_encode, read_body
 
 ARGS_ENV, PYTHON_ENV = "NATIVE_FRONT_ARGS", "NATIVE_FRONT_PYTHON"
 PATH = "/cadence.v1.Inference/Generate"
@@ -128,14 +128,9 @@ class FrontApp:
         for name, value in scope["headers"]:
             if name == b"grpc-timeout":
                 timeout_s = parse_timeout(value.decode())
-        body = b""
-        while True:
-            got = await receive()
-            if got["type"] == "http.disconnect":
-                return None
-            body += got.get("body", b"")
-            if not got.get("more_body"):
-                break
+        body = await read_body(receive)
+        if body is None:
+            return None
         context = AsgiContext(timeout_s, scope["headers"])
         started = False
 

@@ -120,6 +120,18 @@ def percent_encode(message: str) -> bytes:
                     for b in message.encode())
 
 
+async def read_body(receive) -> bytes | None:
+    """An ASGI request's whole body, or None when the client went away first."""
+    body = b""
+    while True:
+        got = await receive()
+        if got["type"] == "http.disconnect":
+            return None
+        body += got.get("body", b"")
+        if not got.get("more_body"):
+            return body
+
+
 def parse_timeout(value: str | None) -> float | None:
     """A `grpc-timeout` header (at most 8 digits and a unit) in seconds; None when absent."""
     if not value:
@@ -219,14 +231,9 @@ async def thin_app(scope, receive, send) -> None:
                 timeout_s = parse_timeout(value.decode())
             elif name == b"grpc-encoding" and value != b"identity":
                 raise PlantedError(UNIMPLEMENTED, f"grpc-encoding {value.decode()}")
-        body = b""
-        while True:
-            got = await receive()
-            if got["type"] == "http.disconnect":
-                return None
-            body += got.get("body", b"")
-            if not got.get("more_body"):
-                break
+        body = await read_body(receive)
+        if body is None:
+            return None
         if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             raise PlantedError(INTERNAL, "expected one uncompressed request message")
         request = pb.GenerateRequest.FromString(body[5:])
