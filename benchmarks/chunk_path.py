@@ -39,7 +39,8 @@ async def _run(chunks: int, repeat: int, piece: object) -> list[float]:
     runs = []
     for k in range(repeat):
         generation = core.open(Request(request_id=f"r{k}", prompt="hi", max_tokens=chunks + 1,
-                                       include_timing=True), time.monotonic_ns(), lambda: None)
+                                       include_timing=True), time.monotonic_ns(), lambda: None,
+                                 protocol="cadence.v1")
         stream = generation.stream
         started = time.process_time()
         for _ in range(chunks):

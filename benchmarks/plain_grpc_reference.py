@@ -26,19 +26,33 @@ from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 
 
 class PlainInference(pb_grpc.InferenceServicer):
+    """One token per step, each stream on its own timer; with `include_timing` each chunk
+    carries the timing the contract promises, as cadence's do (the same bytes on the wire):
+    the step is the timer's tick, and the token reaches the "front" when the tick ends."""
+
     def __init__(self, step_s: float) -> None:
         self._step_s = step_s
 
     async def Generate(self, request, context):
+        received_ns = time.monotonic_ns()
         loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        next_at = loop.time()  # time.monotonic(), as the timing's clock
+        step_ns = int(self._step_s * 1e9)
         for i in range(request.max_tokens):
             next_at += self._step_s
             await asyncio.sleep(max(0.0, next_at - loop.time()))
-            yield pb.GenerateChunk(
+            chunk = pb.GenerateChunk(
                 request_id=request.request_id, index=i, token_ids=[65], text="A",
                 finish_reason=pb.FINISH_REASON_LENGTH if i == request.max_tokens - 1 else 0,
             )
+            if request.include_timing:
+                t = chunk.timing
+                t.step_end_ns = t.front_recv_ns = int(next_at * 1e9)
+                t.step_start_ns = t.step_end_ns - step_ns
+                if i == 0:
+                    t.received_ns = t.scheduled_ns = received_ns
+                t.send_ns = time.monotonic_ns()
+            yield chunk
 
 
 class Firehose:

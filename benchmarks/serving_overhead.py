@@ -5,12 +5,16 @@ it with `cadence bench`'s load generator in separate processes, then checks the 
 
     python benchmarks/serving_overhead.py [--out results/serving_overhead.json] [--only W1]
     python benchmarks/serving_overhead.py --fronts 1 2      # W2 and W3 with 1, then 2 fronts
+    python benchmarks/serving_overhead.py --burst 3 --out results/serving_overhead_w1_burst.json
 
 Targets (2 cores, client on the same machine):
   W1  --step-ms 20, 256 streams x 128 tokens together: chunk gap - 20 ms p99 <= 2 ms,
       token delay (step end -> client) p99 <= 5 ms, TTFT p99 <= 100 ms.
   W2  the same with 1024 streams: wall time <= 1.15 x ideal, token delay p99 <= 40 ms.
   W3  --step-ms 0, 512 streams: >= 150,000 tokens/s delivered.
+  --burst N: N pairs of W1 on cadence and on the plain grpc.aio reference, in ABBA order,
+      the synthetic engine given the reference's timing (a 20 ms step, no prefill cost):
+      cadence's TTFT p99 <= the reference's + one step, front CPU per chunk <= 1.05x.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import json
 import platform
 import re
+import statistics
 import sys
 import time
 import urllib.request
@@ -102,14 +107,19 @@ def run_fronts(name: str, fronts: int, procs: int) -> dict:
     return result
 
 
-def run_workload(name: str, procs: int, plain: bool = False) -> dict:
+_AS_REFERENCE = ("--prefill-ms-per-token", "0")
+"""The synthetic engine's timing made the reference's: a step of --step-ms, nothing for the
+prompt (the reference sleeps one step before its first token, whatever the prompt)."""
+
+
+def run_workload(name: str, procs: int, plain: bool = False, engine: tuple[str, ...] = ()) -> dict:
     """One workload on a fresh cadence server, or on the plain grpc.aio reference server."""
     spec = WORKLOADS[name]
     if plain:
         args, command = ("--step-ms", str(spec["step_ms"])), [sys.executable, str(_REFERENCE)]
     else:
         command = None
-        args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]),
+        args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]), *engine,
                 "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024")
     with ServerProcess(*args, command=command) as server:
         before = _cpu_s(server.pid)
@@ -120,17 +130,17 @@ def run_workload(name: str, procs: int, plain: bool = False) -> dict:
     result.pop("records")
     result["server_cpu_s"] = {k: after[k] - before.get(k, 0.0) for k in after}
     result["server_args"] = ["plain_grpc_reference.py", *args] if plain else list(args)
-    result["targets"] = check_targets(name, spec, result)
+    result["targets"] = check_targets(name, spec, result, plain)
     return result
 
 
-def check_targets(name: str, spec: dict, r: dict) -> dict:
+def check_targets(name: str, spec: dict, r: dict, plain: bool = False) -> dict:
     """Each target: the measured value, the bound, and whether it was met."""
     def target(value: float, bound: float, at_most: bool = True) -> dict:
         return {"measured": value, "bound": bound,
                 "met": value <= bound if at_most else value >= bound}
 
-    if "token_delay_ms" not in r:  # the reference server sends no timing
+    if plain:
         return {"chunk_gap_minus_step_p99_ms": target(r["chunk_gap_ms"]["p99"] - spec["step_ms"], 2.0),
                 "ttft_p99_ms": target(r["ttft_ms"]["p99"], 100.0)}
     if name == "W1":
@@ -148,6 +158,51 @@ def check_targets(name: str, spec: dict, r: dict) -> dict:
     return {"tokens_per_s": target(r["tokens_per_s"], 150_000, at_most=False)}
 
 
+def front_cpu_per_chunk_us(r: dict) -> float:
+    return r["server_cpu_s"]["front"] / r["chunks"] * 1e6
+
+
+def run_burst(pairs: int, procs: int) -> list[dict]:
+    """W1 on cadence (the engine timed as the reference) and on the reference, in ABBA order
+    so that a drift of the host's load falls on both; each pair with its burst targets."""
+    out = []
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        runs = {plain: run_workload("W1", procs, plain, engine=_AS_REFERENCE) for plain in order}
+        cadence, reference = runs[False], runs[True]
+        step_ms = WORKLOADS["W1"]["step_ms"]
+        ttft, ref_ttft = cadence["ttft_ms"]["p99"], reference["ttft_ms"]["p99"]
+        cpu, ref_cpu = front_cpu_per_chunk_us(cadence), front_cpu_per_chunk_us(reference)
+        pair = {
+            "order": ["reference" if plain else "cadence" for plain in order],
+            "cadence": cadence, "reference": reference,
+            "targets": {
+                "ttft_p99_over_reference_ms": {"measured": ttft - ref_ttft, "bound": step_ms,
+                                               "met": ttft - ref_ttft <= step_ms},
+                "front_cpu_per_chunk_ratio": {"measured": cpu / ref_cpu, "bound": 1.05,
+                                              "met": cpu / ref_cpu <= 1.05},
+            },
+        }
+        print(f"pair {i + 1} ({' then '.join(pair['order'])}): TTFT p99 {ttft:.1f} ms vs reference "
+              f"{ref_ttft:.1f} ms; front CPU per chunk {cpu:.1f} vs {ref_cpu:.1f} µs "
+              f"({cpu / ref_cpu:.2f}x); lost tokens {cadence['integrity']['lost_tokens']}")
+        for key, t in pair["targets"].items():
+            print(f"    {key}: {t['measured']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}")
+        out.append(pair)
+    return out
+
+
+def burst_summary(pairs: list[dict]) -> dict:
+    """Each burst target's median over the pairs: one pair's CPU ratio moves by a tenth
+    with the host's load, a median of several does not."""
+    summary = {}
+    for key, first in pairs[0]["targets"].items():
+        median = statistics.median(p["targets"][key]["measured"] for p in pairs)
+        summary[key] = {"median": median, "bound": first["bound"], "met": median <= first["bound"],
+                        "met_in_pairs": sum(p["targets"][key]["met"] for p in pairs)}
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/serving_overhead.json")
@@ -157,6 +212,8 @@ def main() -> None:
                         help="also run W1 against the plain grpc.aio reference server")
     parser.add_argument("--fronts", type=int, nargs="+", default=None, metavar="N",
                         help="run W2 and W3 (or --only) once per number of fronts, e.g. 1 2")
+    parser.add_argument("--burst", type=int, default=0, metavar="PAIRS",
+                        help="only the W1 burst beside the reference: PAIRS pairs in ABBA order")
     args = parser.parse_args()
     results = {
         "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
@@ -164,7 +221,16 @@ def main() -> None:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "workloads": {},
     }
-    runs = [(name, False, None) for name in args.only or sorted(WORKLOADS)]
+    if args.burst:
+        results["command"] = " ".join(["python", *sys.argv])
+        results["engine_as_reference"] = list(_AS_REFERENCE)
+        results["pairs"] = run_burst(args.burst, args.procs)
+        results["summary"] = burst_summary(results["pairs"])
+        for key, t in results["summary"].items():
+            print(f"median {key}: {t['median']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}, "
+                  f"met in {t['met_in_pairs']} of {len(results['pairs'])} pairs")
+        del results["workloads"]
+    runs = [] if args.burst else [(name, False, None) for name in args.only or sorted(WORKLOADS)]
     if args.fronts:
         runs = [(name, False, n) for name in args.only or ("W2", "W3") for n in args.fronts]
     if args.plain:

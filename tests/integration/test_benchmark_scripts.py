@@ -1,0 +1,32 @@
+"""The benchmark scripts that the README's figures come from still run (a benchmark that broke
+with a change of the core would otherwise be found only when someone next measures)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.servers.server_process import ServerProcess
+
+_BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
+
+def test_chunk_path_measures_the_fronts_python_per_chunk() -> None:
+    out = subprocess.run([sys.executable, str(_BENCHMARKS / "chunk_path.py"), "--chunks", "200", "--repeat", "1"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert json.loads(out)["ns_per_chunk_min"] > 0
+
+
+def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
+    """The burst comparison reads where the reference's TTFT goes from the same timing fields
+    as cadence's, so its chunks must carry them."""
+    with ServerProcess("--step-ms", "5", command=[sys.executable, str(_BENCHMARKS / "plain_grpc_reference.py")]) as server:
+        result = run_bench(server.target, Workload(requests=4, concurrency=4, warmup=0,
+                                                   shape=RequestShape(max_tokens=(6, 6))))
+    assert result.requests_ok == 4 and result.integrity.lost_tokens == 0
+    assert result.segments_ms.client_to_front.count == 4
+    assert 4.0 <= result.segments_ms.engine_step.p50 <= 6.0
