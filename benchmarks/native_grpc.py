@@ -5,6 +5,8 @@ Servers (benchmarks/native_grpc_server.py, one handler, no cadence serving code)
   grpc-aio       the same handler on grpc.aio (cadence's gRPC front today)
   pyvoy-thin     pyvoy (Envoy's HTTP/2, Python in a dynamic module) + a thin gRPC framing over
                  ASGI with HTTP/2 trailers
+  pyvoy-thin-watch  the same, asking pyvoy every 20 ms until its first message whether the
+                 client reset the stream (a reset is otherwise noticed at the next send)
   pyvoy-connect  pyvoy + connect-python's gRPC protocol
   sse            the bare aiohttp SSE reference (benchmarks/sse_reference.py)
 
@@ -60,7 +62,7 @@ from cadence.lab.measure import stacks
 from cadence.lab.servers.server_process import ServerProcess
 
 _HERE = Path(__file__).parent
-SERVERS = ("grpc-aio", "pyvoy-thin", "pyvoy-connect", "sse")
+SERVERS = ("grpc-aio", "pyvoy-thin", "pyvoy-thin-watch", "pyvoy-connect", "sse")
 CADENCE_SERVERS = ("cadence-grpc-aio", "cadence-pyvoy")
 """`--servers` beyond the bare ones: `cadence serve` itself (synthetic engine, 2 CPU workers)
 and the prototype of its front on pyvoy (native_grpc_front.py); CPU is then the front's, its

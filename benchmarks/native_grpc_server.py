@@ -3,6 +3,8 @@
 - `grpc-aio`: grpc.aio, as cadence's front serves gRPC today;
 - `pyvoy-thin`: pyvoy (Envoy's HTTP/2 with the Python app in a dynamic module, ASGI with the
   trailers extension) running `thin_app`, a gRPC framing of about a hundred lines here;
+- `pyvoy-thin-watch`: `thin_app` with a watcher that asks pyvoy every 20 ms, until the stream's
+  first message, whether the client went away (see `_watch`);
 - `pyvoy-connect`: pyvoy running `connect_app`, connect-python's ASGI application, which
   speaks the gRPC protocol (and Connect and gRPC-Web) from hand-made endpoints (no codegen).
 
@@ -13,7 +15,8 @@ generator reads it as it reads cadence.
 
 Planted behaviours for the wire checks (benchmarks/native_grpc_wire.py), chosen by the request
 id: `abort:...` ends the stream after its `max_tokens` chunks with INVALID_ARGUMENT and a
-message that needs percent-encoding. With NATIVE_GRPC_EVENTS=FILE every stream appends a line
+message that needs percent-encoding; `idle:...` waits IDLE_S before its first chunk, as a
+request in a queue or a long prefill does. With NATIVE_GRPC_EVENTS=FILE every stream appends a line
 to FILE when it starts (with the deadline the server read) and when it ends (how), so a check
 can see from the outside what the server saw.
 
@@ -40,7 +43,7 @@ from sse_reference import Ticker  # one timer that wakes every stream per step
 
 from cadence.api.v1 import inference_pb2 as pb
 
-KINDS = ("grpc-aio", "pyvoy-thin", "pyvoy-connect")
+KINDS = ("grpc-aio", "pyvoy-thin", "pyvoy-thin-watch", "pyvoy-connect")
 SERVICE, METHOD = "cadence.v1.Inference", "Generate"
 PATH = f"/{SERVICE}/{METHOD}"
 STEP_ENV, EVENTS_ENV = "NATIVE_GRPC_STEP_MS", "NATIVE_GRPC_EVENTS"
@@ -48,6 +51,9 @@ STEP_ENV, EVENTS_ENV = "NATIVE_GRPC_STEP_MS", "NATIVE_GRPC_EVENTS"
 OK, CANCELLED, INVALID_ARGUMENT, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL = 0, 1, 3, 4, 12, 13
 PLANTED_MESSAGE = "planted error: 50% done, naïve"
 """Has a '%' and a non-ASCII letter: grpc-message must be percent-encoded on the wire."""
+IDLE_S = 1.0
+WATCH_S = 0.02
+"""How often `pyvoy-thin-watch` asks whether a stream that has sent nothing yet was reset."""
 
 
 class PlantedError(Exception):
@@ -90,6 +96,8 @@ async def stream_chunks(request: pb.GenerateRequest,
     loop = asyncio.get_running_loop()
     received_ns, scheduled_ns = time.monotonic_ns(), 0
     last = request.max_tokens - 1
+    if request.request_id.startswith("idle:"):
+        await asyncio.sleep(IDLE_S)
     for i in range(request.max_tokens):
         if deadline is None:
             tick = await step.wait()
@@ -206,7 +214,7 @@ _HEADERS = [(b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"
 _MORE = {"type": "http.response.body", "body": b"", "more_body": True}
 
 
-async def thin_app(scope, receive, send) -> None:
+async def thin_app(scope, receive, send, watch: bool = False) -> None:
     """gRPC server streaming for `Generate` over ASGI with HTTP/2 trailers.
 
     What it takes from the protocol: a POST of one length-prefixed, uncompressed request
@@ -239,7 +247,24 @@ async def thin_app(scope, receive, send) -> None:
         request = pb.GenerateRequest.FromString(body[5:])
         event("start", request.request_id, "timeout_s",
               "none" if timeout_s is None else f"{timeout_s:.3f}")
-        status, message = await _run_stream(request, timeout_s, send)
+        if not watch:
+            status, message = await _run_stream(request, timeout_s, send)
+        else:
+            sent = asyncio.Event()
+
+            async def send_noting(message: dict) -> None:
+                sent.set()
+                await send(message)
+
+            run = asyncio.ensure_future(_run_stream(request, timeout_s, send_noting))
+            watcher = asyncio.ensure_future(_watch(receive, sent, run))
+            try:
+                status, message = await run
+            except asyncio.CancelledError:
+                event("end", request.request_id, "cancelled", "watcher")
+                return None
+            finally:
+                watcher.cancel()
     except PlantedError as e:
         status, message = e.code, e.message
     except Exception as e:  # noqa: BLE001 (a handler's failure is the call's status, as grpc.aio does)
@@ -254,12 +279,31 @@ async def thin_app(scope, receive, send) -> None:
     return None
 
 
+async def _watch(receive, sent: asyncio.Event, run: asyncio.Future) -> None:
+    """Cancel `run` when the client goes away before the stream's first message.
+
+    pyvoy (1.3) answers `receive()` after the request body at once with an empty
+    `http.request` until the client resets or closes, then with `http.disconnect`; awaiting it
+    back to back would spin, so it is asked every WATCH_S. Once a message has gone out, the
+    next send() fails on a reset, as every stream sends once per step.
+    """
+    while not sent.is_set():
+        if (await receive())["type"] == "http.disconnect":
+            run.cancel()
+            return
+        await asyncio.sleep(WATCH_S)
+
+
+async def thin_watch_app(scope, receive, send) -> None:
+    """`thin_app` with `_watch`."""
+    return await thin_app(scope, receive, send, watch=True)
+
+
 async def _run_stream(request, timeout_s, send) -> tuple[int | None, str]:
     """Send the stream's chunks; (status, message) at its end, status None when reset.
 
-    A reset stream shows as the next send() failing: pyvoy (1.3) answers every receive()
-    after the request body at once (an empty `http.request`, not a wait for `http.disconnect`),
-    so a task watching receive() would spin through the whole stream.
+    A reset stream shows as the next send() failing (`ClientDisconnectedError`); before its
+    first message only `_watch` notices one.
     """
     rid = request.request_id
     try:
@@ -346,7 +390,7 @@ class _LazyConnectApp:
 
         async def receive_until_body_end():
             # connect-python watches receive() for http.disconnect during a server stream;
-            # pyvoy answers every receive() after the body at once (see `_run_stream`), so that
+            # pyvoy answers every receive() after the body at once (see `_watch`), so that
             # watcher would spin. Past the body this waits instead, and a reset shows as a
             # failed send, as for thin_app.
             nonlocal body_done
@@ -400,6 +444,7 @@ def main() -> None:
         event_loop.run(serve_grpc_aio(args.port))
     else:
         app = {"pyvoy-thin": "native_grpc_server:thin_app",
+               "pyvoy-thin-watch": "native_grpc_server:thin_watch_app",
                "pyvoy-connect": "native_grpc_server:connect_app"}[args.kind]
         event_loop.run(serve_pyvoy(app, args.port))
 

@@ -8,7 +8,10 @@ real clients expect? Three clients, each against every server kind:
   cancels after 2 messages, which resets the HTTP/2 stream: the handler must end);
 - a raw HTTP/2 client (h2), which neither enforces a deadline nor cancels unless told:
   `server_deadline` (sends `grpc-timeout: 200m` and waits: the server itself must end the call
-  with DEADLINE_EXCEEDED) and `rst_stream` (sends RST_STREAM(CANCEL) after 2 messages).
+  with DEADLINE_EXCEEDED) and `rst_stream` (sends RST_STREAM(CANCEL) after 2 messages);
+- `cancel_idle` (grpcio) and `rst_idle` (h2): the stream waits a second before its first
+  message, as one in a queue or a long prefill does, and the client cancels (resets) it
+  0.2 s in, before any message: the handler must end as after any other reset.
 
 The server writes when each stream starts (with the deadline it read) and ends, and how, to an
 event file (NATIVE_GRPC_EVENTS); a check reads it to see the server's side. Times are
@@ -38,6 +41,7 @@ import h2.events
 sys.path.insert(0, str(Path(__file__).parent))
 from native_grpc_server import (
     EVENTS_ENV,
+    IDLE_S,
     KINDS,
     PATH,
     PLANTED_MESSAGE,
@@ -52,6 +56,8 @@ DEADLINE_S = 0.3
 SERVER_DEADLINE = "200m"
 HANDLER_END_WITHIN_S = 0.1
 """After a deadline or a reset, the handler must have ended within this (4 steps)."""
+CANCEL_IDLE_S = 0.2
+"""When `cancel_idle` and `rst_idle` reset a stream that has sent nothing yet (it waits IDLE_S)."""
 
 
 def request(name: str, max_tokens: int) -> pb.GenerateRequest:
@@ -120,6 +126,23 @@ def grpcio_case(target: str, name: str, rid: str, tokens: int, timeout: float | 
             "ended_at_s": time.monotonic(), "cancel_at_s": cancel_at}
 
 
+def grpcio_cancel_idle(target: str) -> dict:
+    """Cancel a call CANCEL_IDLE_S in, before its first message."""
+    rid = "idle:grpcio-cancel"
+    with grpc.insecure_channel(target) as channel:
+        generate = channel.unary_stream(
+            PATH, request_serializer=pb.GenerateRequest.SerializeToString)
+        started = time.monotonic()
+        call = generate(request(rid, 5))
+        time.sleep(CANCEL_IDLE_S)
+        cancel_at = time.monotonic()
+        call.cancel()
+        code = call.code()
+    return {"rid": rid, "code": code.value[0], "code_name": code.name, "details": call.details(),
+            "trailers": {}, "indexes": [], "started_at_s": started, "ended_at_s": time.monotonic(),
+            "cancel_at_s": cancel_at}
+
+
 # --- grpc-js --------------------------------------------------------------------------------
 
 
@@ -151,8 +174,9 @@ def grpcjs_cases(target: str) -> dict[str, dict]:
 
 
 def h2_call(target: str, rid: str, tokens: int, grpc_timeout: str | None,
-            rst_after: int, wait_s: float = 3.0) -> dict:
-    """One call on a bare HTTP/2 connection: what came back, frame by frame."""
+            rst_after: int, wait_s: float = 3.0, rst_after_s: float | None = None) -> dict:
+    """One call on a bare HTTP/2 connection: what came back, frame by frame; RST_STREAM after
+    `rst_after` messages, or `rst_after_s` seconds."""
     host, port = target.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=wait_s)
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
@@ -174,10 +198,21 @@ def h2_call(target: str, rid: str, tokens: int, grpc_timeout: str | None,
     deadline = started + wait_s
     try:
         while time.monotonic() < deadline:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            if rst_after_s is not None and out["rst_at_s"] is None:
+                if time.monotonic() - started >= rst_after_s:
+                    conn.reset_stream(1, error_code=8)  # CANCEL
+                    sock.sendall(conn.data_to_send())
+                    out["rst_at_s"] = time.monotonic()
+                    deadline = min(deadline, out["rst_at_s"] + 0.5)
+                    continue
+                sock.settimeout(max(0.001, started + rst_after_s - time.monotonic()))
+            else:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 data = sock.recv(65536)
             except TimeoutError:
+                if rst_after_s is not None and out["rst_at_s"] is None:
+                    continue  # time to reset
                 break
             if not data:
                 break
@@ -202,7 +237,7 @@ def h2_call(target: str, rid: str, tokens: int, grpc_timeout: str | None,
                     out["reset_at_s"] = time.monotonic()
             sock.sendall(conn.data_to_send())
             ended = out["trailers"] is not None or out["reset_by_server"] is not None
-            if ended and not rst_after:
+            if ended and not rst_after and rst_after_s is None:
                 break
     finally:
         sock.close()
@@ -235,7 +270,7 @@ def judge(name: str, client: dict, server: dict) -> tuple[bool, str]:
             why.append(f"handler end {server['handler_end']} at "
                        f"{None if ended is None else round(ended - client['started_at_s'], 3)} s")
         return not why, "; ".join(why)
-    if name == "cancel":
+    if name in ("cancel", "cancel_idle"):
         ended = server["handler_end_at_s"]
         why = []
         if client["code"] != 1:
@@ -260,11 +295,14 @@ def check_server(kind: str) -> dict:
             for name, (rid, tokens, timeout, cancel_after) in CASES.items():
                 results["grpcio"][name] = grpcio_case(target, name, rid, tokens, timeout,
                                                       cancel_after)
+            results["grpcio"]["cancel_idle"] = grpcio_cancel_idle(target)
             results["grpc-js"] = grpcjs_cases(target)
             results["h2"]["server_deadline"] = h2_call(target, "h2-server-deadline", 100,
                                                        SERVER_DEADLINE, 0)
             results["h2"]["rst_stream"] = h2_call(target, "h2-rst", 100, None, 2)
-            time.sleep(0.3)  # the handler's last event after a reset
+            results["h2"]["rst_idle"] = h2_call(target, "idle:h2-rst", 5, None, 0,
+                                                rst_after_s=CANCEL_IDLE_S)
+            time.sleep(IDLE_S)  # the handler's last event after a reset (at worst at its first message)
     finally:
         os.environ.pop(EVENTS_ENV, None)
     events = read_events(events_file)
@@ -274,7 +312,7 @@ def check_server(kind: str) -> dict:
         for name, r in results[client].items():
             r["server"] = server_side(events, r.get("rid", ""))
             ok, why = judge(name, r, r["server"])
-            if name == "cancel" and r["server"]["handler_end_at_s"] and r.get("cancel_at_s"):
+            if name.startswith("cancel") and r["server"]["handler_end_at_s"] and r.get("cancel_at_s"):
                 r["handler_end_after_cancel_ms"] = round(
                     (r["server"]["handler_end_at_s"] - r["cancel_at_s"]) * 1e3, 1)
             verdicts[f"{client} {name}"] = {"pass": ok, **({"why": why} if why else {})}
@@ -289,16 +327,18 @@ def check_server(kind: str) -> dict:
     ok = status == "4" and d["ended_after_s"] is not None and d["ended_after_s"] < 0.2 + 0.1
     verdicts["h2 server_deadline"] = {"pass": ok, **({} if ok else {
         "why": f"grpc-status {status}, reset {d['reset_by_server']}, after {d['ended_after_s']} s"})}
-    r = results["h2"]["rst_stream"]
-    r["server"] = server_side(events, r["rid"])
-    ended = r["server"]["handler_end_at_s"]
-    r["handler_end_after_rst_ms"] = (round((ended - r["rst_at_s"]) * 1e3, 1)
-                                     if ended and r["rst_at_s"] else None)
-    ok = (r["server"]["handler_end"] or "").startswith("cancelled") and \
-        r["handler_end_after_rst_ms"] is not None and r["handler_end_after_rst_ms"] < 100
-    verdicts["h2 rst_stream"] = {"pass": ok, "handler_end_after_ms": r["handler_end_after_rst_ms"],
-                                 **({} if ok else {
-        "why": f"handler end {r['server']['handler_end']} {r['handler_end_after_rst_ms']} ms"})}
+    for name in ("rst_stream", "rst_idle"):
+        r = results["h2"][name]
+        r["server"] = server_side(events, r["rid"])
+        ended = r["server"]["handler_end_at_s"]
+        r["handler_end_after_rst_ms"] = (round((ended - r["rst_at_s"]) * 1e3, 1)
+                                         if ended and r["rst_at_s"] else None)
+        ok = (r["server"]["handler_end"] or "").startswith("cancelled") and \
+            r["handler_end_after_rst_ms"] is not None and \
+            r["handler_end_after_rst_ms"] < HANDLER_END_WITHIN_S * 1e3
+        verdicts[f"h2 {name}"] = {"pass": ok, "handler_end_after_ms": r["handler_end_after_rst_ms"],
+                                  **({} if ok else {
+            "why": f"handler end {r['server']['handler_end']} {r['handler_end_after_rst_ms']} ms"})}
     for case in results["grpcio"].values():
         if isinstance(case.get("details"), str):
             case["details_unquoted"] = unquote(case["details"])
@@ -314,7 +354,8 @@ def main() -> None:
     out = {"command": " ".join(["python benchmarks/native_grpc_wire.py", *sys.argv[1:]]),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
            "step_ms": STEP_MS, "deadline_s": DEADLINE_S, "server_deadline": SERVER_DEADLINE,
-           "handler_end_within_s": HANDLER_END_WITHIN_S, "servers": {}}
+           "handler_end_within_s": HANDLER_END_WITHIN_S, "idle_s": IDLE_S,
+           "cancel_idle_s": CANCEL_IDLE_S, "servers": {}}
     for kind in args.servers:
         r = check_server(kind)
         out["servers"][kind] = r
