@@ -120,6 +120,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "OTLP/gRPC endpoint, e.g. http://127.0.0.1:4317; needs cadence[otel] "
                         "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
                         "$OTEL_EXPORTER_OTLP_ENDPOINT when set, else off)")
+    p.add_argument("--grpc-server", default=d.grpc_server, choices=["aio", "native"],
+                   help="aio: grpc.aio (default); native: gRPC on Envoy's HTTP/2 through pyvoy, "
+                        "about half the CPU per streamed message; one front, needs "
+                        "cadence[native] (see docs/native-grpc.md)")
     p.add_argument("--fronts", type=int, default=d.fronts,
                    help="front processes sharing the port, each connected to every worker "
                         "(default 1)")
@@ -202,7 +206,12 @@ def _serve(args: argparse.Namespace) -> None:
         print(f"cadence serving on {args.host}:{port}{http}{metrics}", flush=True)
 
     try:
-        event_loop.run(serve(config, on_started=announce))
+        if config.grpc_server == "native":
+            from cadence.lifecycle import envoy_front
+
+            event_loop.run(envoy_front.serve(config, on_started=announce, log_level=args.log_level))
+        else:
+            event_loop.run(serve(config, on_started=announce))
     except StartupError as exc:
         sys.exit(f"cadence serve: {exc}")
 
@@ -259,6 +268,7 @@ def _server_config(args: argparse.Namespace):
         heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_timeout_s=args.heartbeat_timeout,
         fronts=args.fronts,
+        grpc_server=args.grpc_server,
         grace_s=args.grace,
         startup_timeout_s=args.startup_timeout,
         worker_timeout_s=args.worker_timeout or None,

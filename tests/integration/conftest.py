@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +19,9 @@ import pytest
 from cadence.client import Client
 
 _BANNER = re.compile(r"cadence serving on (\S+):(\d+)")
+SERVE_ARGS = tuple(shlex.split(os.environ.get("CADENCE_TEST_SERVE_ARGS", "")))
+"""Added to every server the tests start: `--grpc-server native` runs the gRPC tests that
+use them against gRPC on Envoy (see .ci/run)."""
 
 
 @dataclass
@@ -25,6 +29,8 @@ class RunningServer:
     process: subprocess.Popen
     target: str
     workers: list[psutil.Process]
+    front: psutil.Process
+    """The process the front runs in: `process`, or its Envoy with --grpc-server native."""
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
         """Signal the front and wait for it; assert that no worker outlives it."""
@@ -43,7 +49,8 @@ class RunningServer:
 def start_server(*args: str, timeout: float = 60.0) -> RunningServer:
     """Run `cadence serve --port 0 ARGS` and return once health says SERVING."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--log-level", "WARNING", *args],
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--log-level", "WARNING", *args,
+         *SERVE_ARGS],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -58,8 +65,10 @@ def start_server(*args: str, timeout: float = 60.0) -> RunningServer:
         while client.health() != "SERVING":
             assert time.monotonic() < deadline, "server never became SERVING"
             time.sleep(0.05)
-    workers = psutil.Process(process.pid).children(recursive=True)
-    return RunningServer(process, target, workers)
+    children = psutil.Process(process.pid).children(recursive=True)
+    envoy = [p for p in children if p.name() == "envoy"]
+    workers = [p for p in children if p not in envoy]
+    return RunningServer(process, target, workers, envoy[0] if envoy else psutil.Process(process.pid))
 
 
 @pytest.fixture

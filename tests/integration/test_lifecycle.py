@@ -289,7 +289,7 @@ def test_worker_exits_when_the_front_falls_silent(server_factory) -> None:
     """A worker on another host gets no PDEATHSIG: it must leave on its own once the front's
     heartbeat stops (here the front is suspended; once resumed it restarts the workers)."""
     server = server_factory("--devices", "cpu:2", "--heartbeat-timeout", "0.5")
-    front = psutil.Process(server.process.pid)
+    front = server.front
     front.suspend()
     try:
         deadline = time.monotonic() + 10

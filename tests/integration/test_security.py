@@ -32,6 +32,7 @@ from cadence.credentials import ClientCredentials
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, run_load
 from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import SERVE_ARGS
 
 TOKEN = "correct-horse-battery-staple"
 _NO_WAIT = 5.0
@@ -132,7 +133,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def _serve(*args: str) -> Iterator[str]:
-    server = ServerProcess("--devices", "cpu:1", "--step-ms", "2", *args)
+    server = ServerProcess("--devices", "cpu:1", "--step-ms", "2", *args, *SERVE_ARGS)
     target = server.start()
     workers = psutil.Process(server.pid).children(recursive=True)
     try:

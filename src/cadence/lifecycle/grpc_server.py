@@ -1,5 +1,6 @@
 """The front's gRPC server: the protocol adapters' services, health and reflection on one
-port, with the call acceptor that takes new calls in ahead."""
+port, on grpc.aio with the call acceptor that takes new calls in ahead, or on a
+`GrpcAsgiApp` that Envoy serves (`--grpc-server native`, see envoy_front)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from cadence.api.kserve.pool import ReflectionPool
 from cadence.config import ServerConfig
 from cadence.core.metrics import FrontMetrics
 from cadence.lifecycle import StartupError
+from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
 from cadence.lifecycle.call_acceptor import CallAcceptor
 
 log = logging.getLogger("cadence.server")
@@ -29,7 +31,7 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
-def _serve_reflection(server: grpc.aio.Server, services: tuple[str, ...]) -> None:
+def _serve_reflection(server: grpc.aio.Server | GrpcAsgiApp, services: tuple[str, ...]) -> None:
     """Server reflection as both `grpc.reflection.v1` (what current tools ask first) and
     `v1alpha`. grpcio-reflection ships only v1alpha; v1 is the same protocol renamed, so the
     one servicer answers both, and v1's file joins the pool so that it can be described."""
@@ -70,34 +72,54 @@ def _add_v1_reflection_file() -> None:
 
 
 class GrpcServer:
-    """One grpc.aio server for `services` (full service name -> handlers by method name)."""
+    """One gRPC server for `services` (full service name -> handlers by method name): grpc.aio,
+    or `native`, an ASGI app that Envoy already serves on the configured port."""
 
     def __init__(self, config: ServerConfig, services: dict[str, dict[str, grpc.RpcMethodHandler]],
-                 metrics: FrontMetrics) -> None:
+                 metrics: FrontMetrics, native: GrpcAsgiApp | None = None) -> None:
         self._config = config
         self._metrics = metrics
+        self._native = native
         interceptors = security.server_interceptors(config)
-        self._server = grpc.aio.server(options=[
-            ("grpc.so_reuseport", 1 if config.fronts > 1 else 0),
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-        ], interceptors=interceptors)
+        if native is not None:
+            server = native
+            native.intercept(interceptors)
+            native.max_receive = config.max_message_bytes
+        else:
+            server = grpc.aio.server(options=[
+                ("grpc.so_reuseport", 1 if config.fronts > 1 else 0),
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+            ], interceptors=interceptors)
+        self._server = server
         # Registered, not generic: the core then matches calls to methods itself, and the
         # call acceptor can request calls of the streaming methods ahead.
         streaming = {}
         for name, handlers in services.items():
-            self._server.add_registered_method_handlers(name, handlers)
+            server.add_registered_method_handlers(name, handlers)
             streaming.update({f"/{name}/{method}": handler for method, handler in handlers.items()
                               if handler.response_streaming})
-        self._acceptor = CallAcceptor(self._server, streaming, interceptors, config.accept_ahead)
+        self._acceptor = (CallAcceptor(server, streaming, interceptors, config.accept_ahead)
+                          if native is None else None)
         self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self._names = ("", *services)
-        _serve_reflection(self._server, (*services, health.SERVICE_NAME))
+        _serve_reflection(server, (*services, health.SERVICE_NAME))
 
     async def start(self) -> int:
         """Bind and start, health NOT_SERVING; return the bound port."""
         config = self._config
         await self.set_health([False])
+        if self._native is not None:
+            self._native.open()  # Envoy bound the port before the front started
+            port = config.port
+        else:
+            port = await self._start_aio()
+        for warning in security.exposure_warnings(config):
+            log.warning("%s", warning)
+        return port
+
+    async def _start_aio(self) -> int:
+        config = self._config
         try:
             address, credentials = f"{config.host}:{config.port}", security.server_credentials(config)
             port = (self._server.add_secure_port(address, credentials) if credentials
@@ -110,8 +132,6 @@ class GrpcServer:
         await self._server.start()
         accepting = self._acceptor.start()
         self._metrics.accept_ahead.set(config.accept_ahead if accepting else 0)
-        for warning in security.exposure_warnings(config):
-            log.warning("%s", warning)
         return port
 
     async def set_health(self, workers_ready: list[bool]) -> None:
@@ -129,5 +149,8 @@ class GrpcServer:
             await self._health.enter_graceful_shutdown()
 
     async def stop(self) -> None:
+        if self._native is not None:
+            await self._native.close(_FINAL_CHUNK_WAIT_S)
+            return
         await self._server.stop(_FINAL_CHUNK_WAIT_S)
         self._acceptor.close()

@@ -165,6 +165,7 @@ class LocalLauncher:
 _EXTRAS = {
     "torch": ("--engine torch", ("torch", "safetensors", "tokenizers")),
     "ray": ("--launcher ray", ("ray",)),
+    "native": ("--grpc-server native", ("pyvoy",)),
     "otel": ("--otlp-traces-endpoint",
              ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc")),
 }
@@ -182,6 +183,8 @@ def missing_extra(config: ServerConfig) -> str | None:
         extras.append("ray")
     if config.otlp_traces_endpoint:
         extras.append("otel")
+    if config.grpc_server == "native":
+        extras.append("native")
     for extra in extras:
         option, packages = _EXTRAS[extra]
         for package in packages:

@@ -27,6 +27,7 @@ from cadence.core.output_reader import OutputReader
 from cadence.core.tracing import RequestTracer
 from cadence.heap import settle_heap
 from cadence.lifecycle import StartupError
+from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
 from cadence.lifecycle.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.lifecycle.front_layout import FrontLayout
 from cadence.lifecycle.fronts import FrontChildren
@@ -54,8 +55,11 @@ class CadenceServer:
     """
 
     def __init__(self, config: ServerConfig, launcher: Launcher | None = None, *,
-                 front: int = 0, base_dir: str | None = None, generation: int = 0) -> None:
+                 front: int = 0, base_dir: str | None = None, generation: int = 0,
+                 grpc_app: GrpcAsgiApp | None = None) -> None:
         self.config = config
+        self._grpc_app = grpc_app
+        """`--grpc-server native`: the ASGI app Envoy serves, in place of a grpc.aio server."""
         self.layout = FrontLayout(config, front, base_dir, generation)
         """`--fronts N`: which front this is, and all that follows from it."""
         self._launcher = launcher
@@ -123,7 +127,7 @@ class CadenceServer:
         #    the kernel gives it (a restarted front's too) never meets a front still starting.
         self._grpc = GrpcServer(
             config, {SERVICE_NAME: v1.handlers(), KSERVE_SERVICE_NAME: kserve.handlers()},
-            self.metrics)
+            self.metrics, native=self._grpc_app)
         if layout.launches_workers:
             await self._open_port()
 

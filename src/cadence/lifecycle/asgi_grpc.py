@@ -1,0 +1,457 @@
+"""gRPC over ASGI with HTTP/2 trailers: the method handlers and interceptors a grpc.aio server
+takes, served by an ASGI server that speaks HTTP/2 itself (Envoy, through pyvoy: see
+`envoy_front`), so that the HTTP/2 framing, flow control and socket writes are native code
+and only the handlers run in Python.
+
+`GrpcAsgiApp` has grpc.aio's registration methods (`add_generic_rpc_handlers`,
+`add_registered_method_handlers`), so the code that registers cadence.v1, KServe, health and
+reflection with grpc.aio registers them here unchanged, and `AsgiServicerContext` has the part
+of grpc.aio's ServicerContext that they use. What the app does of the protocol: one
+length-prefixed message per frame, uncompressed (`grpc-encoding` other than identity is
+UNIMPLEMENTED); `grpc-timeout` enforced; the status always in trailers after a 200; a reset
+stream cancels its handler, as grpc.aio does (see `_Call._watch` for how it is noticed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from functools import partial
+
+import grpc
+
+log = logging.getLogger("cadence.server")
+
+_RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
+                       b"grpc-accept-encoding", b"content-length"))
+"""Request headers that are the protocol's, not the call's metadata."""
+_HEADERS = [(b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"identity")]
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+WATCH_FIRST_S = 0.02
+"""How often a call that has sent nothing yet asks whether its client went away."""
+WATCH_IDLE_S = 1.0
+"""How often a call that sent before, but nothing since, asks: one that streams a message per
+engine step learns of a reset at its next send."""
+
+
+class AbortError(Exception):
+    """Raised by `AsgiServicerContext.abort`: the call ends with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class _ClientGone(Exception):
+    """The client reset the stream or closed the connection."""
+
+
+class _CallDetails(grpc.HandlerCallDetails):
+    def __init__(self, method: str, invocation_metadata: tuple) -> None:
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+
+
+def parse_timeout(value: str) -> float:
+    """A `grpc-timeout` header (at most 8 digits and a unit) in seconds."""
+    if len(value) < 2 or len(value) > 9 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
+        raise ValueError(f"malformed grpc-timeout {value!r}")
+    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+
+
+def percent_encode(message: str) -> bytes:
+    """`grpc-message` as the gRPC spec writes it: UTF-8 with '%' and every byte outside
+    printable ASCII as %XX, nothing else (grpc-js decodes with decodeURI, which would leave
+    an encoded ':' or ',' as it is)."""
+    return b"".join(b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
+                    for b in message.encode())
+
+
+def _metadata(headers: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
+    out = []
+    for name, value in headers:
+        if name.startswith(b":") or name in _RESERVED:
+            continue
+        key = name.decode("latin-1")
+        if key.endswith("-bin"):
+            out.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+        else:
+            out.append((key, value.decode("latin-1")))
+    return tuple(out)
+
+
+def _wire(metadata: Iterable[tuple[str, str | bytes]]) -> list[tuple[bytes, bytes]]:
+    out = []
+    for key, value in metadata:
+        if key.endswith("-bin"):
+            value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
+        out.append((key.encode("latin-1"), value if isinstance(value, bytes) else value.encode("latin-1")))
+    return out
+
+
+class AsgiServicerContext:
+    """What cadence's services, grpc_health and grpc_reflection ask of grpc.aio's
+    ServicerContext."""
+
+    def __init__(self, call: _Call, metadata: tuple, deadline: float | None, peer: str) -> None:
+        self._call = call
+        self._metadata = metadata
+        self._deadline = deadline
+        self._peer = peer
+        self._loop = asyncio.get_running_loop()
+        self._code: grpc.StatusCode | None = None
+        self._details = ""
+        self.trailing: tuple = ()
+
+    def invocation_metadata(self) -> tuple:
+        return self._metadata
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(0.0, self._deadline - self._loop.time())
+
+    def peer(self) -> str:
+        return self._peer
+
+    def cancelled(self) -> bool:
+        return self._call.gone
+
+    def done(self) -> bool:
+        return self._call.ended
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
+        if trailing_metadata:
+            self.trailing = tuple(trailing_metadata)
+        raise AbortError(code, details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode | None:
+        return self._code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def details(self) -> str:
+        return self._details
+
+    def set_trailing_metadata(self, metadata: tuple) -> None:
+        self.trailing = tuple(metadata)
+
+    async def send_initial_metadata(self, metadata: tuple) -> None:
+        await self._call.start(metadata)
+
+    async def write(self, message: object) -> None:
+        await self._call.write(message)
+
+
+class _Call:
+    """One gRPC call on one ASGI request: reading its messages, sending its response."""
+
+    __slots__ = (
+        "_buffer",
+        "_max_receive",
+        "_receive",
+        "_send",
+        "_serializer",
+        "_task",
+        "body_done",
+        "ended",
+        "gone",
+        "sent",
+        "started",
+    )
+
+    def __init__(self, receive, send, serializer, max_receive: int) -> None:
+        self._receive = receive
+        self._send = send
+        self._serializer = serializer
+        self._task = asyncio.current_task()
+        self._max_receive = max_receive
+        self.started = False
+        self.sent = 0
+        self.body_done = False
+        self.gone = False
+        self.ended = False
+        self._buffer = b""
+
+    async def _deliver(self, message: dict) -> None:
+        try:
+            await self._send(message)
+        except Exception as exc:  # the ASGI server's error for a stream the client reset
+            self.gone = True
+            raise _ClientGone() from exc
+
+    async def start(self, metadata: Iterable = ()) -> None:
+        if not self.started:
+            self.started = True
+            await self._deliver({"type": "http.response.start", "status": 200, "trailers": True,
+                                 "headers": [*_HEADERS, *_wire(metadata)]})
+
+    async def write(self, message: object) -> None:
+        if not self.started:
+            await self.start()
+        data = self._serializer(message) if self._serializer else message
+        self.sent += 1
+        await self._deliver({"type": "http.response.body", "more_body": True,
+                             "body": b"\0" + len(data).to_bytes(4, "big") + data})
+
+    async def finish(self, code: grpc.StatusCode, details: str, trailing: Iterable) -> None:
+        self.ended = True
+        if self.gone:
+            return
+        await self.start()
+        trailers = [(b"grpc-status", b"%d" % code.value[0]), *_wire(trailing)]
+        if details:
+            trailers.append((b"grpc-message", percent_encode(details)))
+        await self._deliver({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._deliver({"type": "http.response.trailers", "headers": trailers,
+                             "more_trailers": False})
+
+    async def messages(self) -> AsyncIterator[bytes]:
+        """The request's messages as they arrive."""
+        while True:
+            while len(self._buffer) >= 5:
+                if self._buffer[0] != 0:
+                    raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
+                                     "compressed messages are not supported; send them uncompressed")
+                size = int.from_bytes(self._buffer[1:5], "big")
+                if size > self._max_receive:
+                    raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     f"received message larger than max ({size} vs. {self._max_receive})")
+                if len(self._buffer) < 5 + size:
+                    break
+                data, self._buffer = self._buffer[5:5 + size], self._buffer[5 + size:]
+                yield data
+            if self.body_done:
+                if self._buffer:
+                    raise AbortError(grpc.StatusCode.INTERNAL, "the request ended inside a message")
+                return
+            got = await self._receive()
+            if got["type"] == "http.disconnect":
+                # The handler may read its requests in a task of its own: the call ends here,
+                # as grpc.aio cancels a call whose client went.
+                self.gone = True
+                self._task.cancel()
+                raise _ClientGone()
+            self._buffer += got.get("body", b"")
+            self.body_done = not got.get("more_body", False)
+
+    async def watch(self) -> None:
+        """Cancel the handler when the client goes away while the call sends nothing.
+
+        An ASGI server may answer `receive()` after the request body at once until the
+        client goes (pyvoy 1.3 answers an empty `http.request`, then `http.disconnect`),
+        so waiting on it back to back could spin: it is asked every WATCH_FIRST_S until the
+        call's first message, then every WATCH_IDLE_S when nothing went out since the last
+        look. A call that sends learns of a reset from its next send.
+        """
+        last = 0
+        while True:
+            await asyncio.sleep(WATCH_IDLE_S if self.sent else WATCH_FIRST_S)
+            if self.ended:
+                return
+            if not self.body_done:
+                continue  # the request's reader hears of a reset itself
+            if self.sent and self.sent != last:
+                last = self.sent  # it sent since the last look: its next send will know
+                continue
+            if (await self._receive())["type"] == "http.disconnect":
+                self.gone = True
+                self._task.cancel()
+                return
+
+
+async def _interceptable(find, details: grpc.HandlerCallDetails):
+    return find(details)
+
+
+class GrpcAsgiApp:
+    """An ASGI application serving gRPC from grpc.aio-style method handlers.
+
+    Until `open()` every call ends UNAVAILABLE; `close(grace)` refuses new calls and gives the
+    open ones `grace` seconds before cancelling them. `lifespan(startup, shutdown)` sets the
+    coroutines the ASGI lifespan runs.
+    """
+
+    def __init__(self) -> None:
+        self._registered: dict[str, grpc.RpcMethodHandler] = {}
+        self._generic: list[grpc.GenericRpcHandler] = []
+        self._lookup: Callable[[grpc.HandlerCallDetails], Awaitable] = partial(_interceptable, self._find)
+        self._calls: set[asyncio.Task] = set()
+        self._refusal: str | None = "the server is starting"
+        self._startup: Callable[[], Awaitable[None]] | None = None
+        self._shutdown: Callable[[], Awaitable[None]] | None = None
+        self.max_receive = 4 << 20
+
+    # --- grpc.aio.Server's registration methods --------------------------------------------
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        for method, handler in handlers.items():
+            self._registered[f"/{service}/{method}"] = handler
+
+    def intercept(self, interceptors: Iterable[grpc.aio.ServerInterceptor]) -> None:
+        lookup = partial(_interceptable, self._find)
+        for interceptor in reversed(list(interceptors)):
+            lookup = partial(interceptor.intercept_service, lookup)
+        self._lookup = lookup
+
+    def _find(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._registered.get(details.method)
+        if handler is None:
+            for generic in self._generic:
+                handler = generic.service(details)
+                if handler is not None:
+                    break
+        return handler
+
+    # --- life --------------------------------------------------------------------------------
+
+    def lifespan(self, startup: Callable[[], Awaitable[None]],
+                 shutdown: Callable[[], Awaitable[None]]) -> None:
+        self._startup, self._shutdown = startup, shutdown
+
+    def open(self) -> None:
+        self._refusal = None
+
+    async def close(self, grace_s: float) -> None:
+        self._refusal = "the server is stopping"
+        if self._calls:
+            await asyncio.wait(list(self._calls), timeout=grace_s)
+        for task in list(self._calls):
+            task.cancel()
+        if self._calls:
+            await asyncio.wait(list(self._calls), timeout=1.0)
+
+    @property
+    def open_calls(self) -> int:
+        return len(self._calls)
+
+    # --- ASGI ----------------------------------------------------------------------------------
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await self._run_lifespan(receive, send)
+        if scope["type"] != "http":
+            return None
+        task = asyncio.current_task()
+        self._calls.add(task)
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self._calls.discard(task)
+        return None
+
+    async def _run_lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            kind = message["type"]
+            if kind == "lifespan.startup":
+                if self._startup is not None:
+                    await self._startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif kind == "lifespan.shutdown":
+                if self._shutdown is not None:
+                    await self._shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _serve(self, scope, receive, send) -> None:
+        headers = scope["headers"]
+        content_type = next((v for k, v in headers if k == b"content-type"), b"")
+        if scope["method"] != "POST" or not content_type.startswith(b"application/grpc"):
+            await send({"type": "http.response.start", "status": 415,
+                        "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body",
+                        "body": b"this port speaks gRPC: POST with content-type application/grpc\n"})
+            return
+        method = scope["path"]
+        handler = None
+        call = _Call(receive, send, None, self.max_receive)
+        code, details, trailing = grpc.StatusCode.OK, "", ()
+        context = None
+        try:
+            if self._refusal is not None:
+                raise AbortError(grpc.StatusCode.UNAVAILABLE, self._refusal)
+            timeout = encoding = None
+            for name, value in headers:
+                if name == b"grpc-timeout":
+                    try:
+                        timeout = parse_timeout(value.decode("latin-1"))
+                    except ValueError as exc:
+                        raise AbortError(grpc.StatusCode.INTERNAL, str(exc)) from None
+                elif name == b"grpc-encoding":
+                    encoding = value
+            if encoding not in (None, b"identity"):
+                raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
+                                 f"grpc-encoding {encoding.decode('latin-1')} is not supported; "
+                                 "send messages uncompressed")
+            metadata = _metadata(headers)
+            handler = await self._lookup(_CallDetails(method, metadata))
+            if handler is None:
+                raise AbortError(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            client = scope.get("client")
+            peer = f"ipv4:{client[0]}:{client[1]}" if client else ""
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            call._serializer = handler.response_serializer
+            context = AsgiServicerContext(call, metadata, deadline, peer)
+            watcher = asyncio.ensure_future(call.watch())
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._run(handler, call, context)
+            finally:
+                watcher.cancel()
+            code = context.code() or grpc.StatusCode.OK
+            details = context.details()
+        except AbortError as exc:
+            code, details = exc.code, exc.details
+        except TimeoutError:
+            code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"
+        except _ClientGone:
+            call.gone = True
+        except asyncio.CancelledError:
+            if not call.gone:
+                raise  # the server's, not the client's
+        except Exception as exc:
+            log.exception("gRPC handler of %s failed", method)
+            code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
+        if context is not None:
+            trailing = context.trailing
+        try:
+            await call.finish(code, details, trailing)
+        except _ClientGone:
+            pass
+
+    async def _run(self, handler: grpc.RpcMethodHandler, call: _Call, context) -> None:
+        deserialize = handler.request_deserializer or (lambda data: data)
+        if handler.request_streaming:
+            async def requests():
+                async for data in call.messages():
+                    yield deserialize(data)
+
+            request = requests()
+            run = handler.stream_stream if handler.response_streaming else handler.stream_unary
+        else:
+            messages = [data async for data in call.messages()]
+            if len(messages) != 1:
+                raise AbortError(grpc.StatusCode.INTERNAL if messages else grpc.StatusCode.UNIMPLEMENTED,
+                                 f"expected one request message, got {len(messages)}")
+            request = deserialize(messages[0])
+            run = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        result = run(request, context)
+        if handler.response_streaming:
+            if hasattr(result, "__aiter__"):
+                async for response in result:
+                    await call.write(response)
+            else:
+                await result  # it writes with context.write
+        else:
+            response = await result
+            if response is not None:
+                await call.write(response)

@@ -1,0 +1,193 @@
+"""`cadence serve --grpc-server native`: the front runs inside Envoy's process (pyvoy runs
+Python in an Envoy dynamic module), and Envoy's HTTP/2 serves its gRPC port through
+`asgi_grpc.GrpcAsgiApp`.
+
+Two sides in two processes:
+
+- `serve` runs in the `cadence serve` process. It starts Envoy (`pyvoy.PyvoyServer`) with
+  the ASGI app `app` below, the server's config in its environment, and a Unix socket on which
+  the front says when it is ready (or why it could not start) and is told to stop. A signal
+  here becomes a stop there: the front drains, stops its workers, says so, then Envoy stops.
+- `app`, in Envoy's process: its ASGI lifespan starts a `CadenceServer` whose gRPC server is
+  the app itself (`GrpcServer(native=app)`), on pyvoy's event loop; its workers are Envoy's
+  children. Calls that arrive before the front is ready end UNAVAILABLE.
+
+The HTTP front (`--http-port`) and the metrics endpoint run in Envoy's process too, on the
+same loop, as they would in `cadence serve`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+
+from cadence.config import ServerConfig
+from cadence.lifecycle import StartupError
+from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
+
+log = logging.getLogger("cadence.server")
+
+CONFIG_ENV, CONTROL_ENV = "CADENCE_ENVOY_CONFIG", "CADENCE_ENVOY_CONTROL"
+PYTHON_ENV, LOG_LEVEL_ENV = "CADENCE_ENVOY_PYTHON", "CADENCE_ENVOY_LOG_LEVEL"
+_STOPPED_WAIT_S = 30.0
+"""Beyond the drain (`grace_s`): how long the front may take to stop its workers."""
+
+
+# --- in `cadence serve`'s process -----------------------------------------------------------
+
+
+def _free_port(host: str) -> int:
+    """A port the OS calls free now; Envoy binds it a moment later (port 0 given to Envoy
+    would leave the front without a way to learn it before Envoy's admin answers)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO") -> None:
+    """Run the front in Envoy until SIGINT or SIGTERM, then stop it cleanly."""
+    try:
+        from pyvoy import PyvoyServer
+        from pyvoy import StartupError as EnvoyStartupError
+    except ImportError:
+        raise StartupError("--grpc-server native needs the package 'pyvoy', which is not "
+                           "installed; install it with: pip install 'cadence[native]'") from None
+    port = config.port or _free_port(config.host)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    connected: asyncio.Future = loop.create_future()
+
+    def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not connected.done():
+            connected.set_result((reader, writer))
+
+    with tempfile.TemporaryDirectory(prefix="cadence-envoy-") as tmp:
+        path = os.path.join(tmp, "control")
+        control = await asyncio.start_unix_server(on_connect, path)
+        tls = {}
+        if config.tls_cert:
+            tls = {"tls_cert": Path(config.tls_cert), "tls_key": Path(config.tls_key),
+                   "tls_enable_http3": False}
+            if config.tls_client_ca:
+                tls.update(tls_ca_cert=Path(config.tls_client_ca), tls_require_client_certificate=True)
+        envoy = PyvoyServer(
+            f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
+            stderr=None, env={
+                CONFIG_ENV: msgspec.json.encode(msgspec.structs.replace(config, port=port)).decode(),
+                CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level},
+            **tls)
+        try:
+            try:
+                await envoy.start()
+            except EnvoyStartupError as exc:  # Envoy exited; its stderr says why
+                raise StartupError(f"Envoy did not start on {config.host}:{port} ({exc}); "
+                                   "is the port in use? Choose another with --port") from None
+            exited = asyncio.ensure_future(envoy.wait())
+            reader, writer = await _first(connected, exited, stop, what="the front to start")
+            ready = await _first(reader.readline(), exited, stop, what="the front to start")
+            message = json.loads(ready or b'{"error": "the front exited while starting"}')
+            if "error" in message:
+                raise StartupError(message["error"])
+            if on_started is not None:
+                on_started(SimpleNamespace(**message["ready"]), port)
+            eof = asyncio.ensure_future(reader.readline())
+            await asyncio.wait((exited, eof, asyncio.ensure_future(stop.wait())),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not exited.done() and not eof.done():
+                writer.write(b"stop\n")
+                await writer.drain()
+                wait_s = config.grace_s + _STOPPED_WAIT_S
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(eof, wait_s)
+            elif exited.done():
+                log.error("Envoy exited (status %s); the front with it", exited.result())
+        finally:
+            await envoy.stop()
+            control.close()
+
+
+async def _first(awaitable, exited: asyncio.Future, stop: asyncio.Event, what: str):
+    """`awaitable`'s result, unless Envoy exits or a signal comes first."""
+    task = asyncio.ensure_future(awaitable)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((task, exited, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    if exited.done():
+        raise StartupError(f"Envoy exited (status {exited.result()}) while waiting for {what}")
+    raise StartupError(f"stopped by a signal while waiting for {what}")
+
+
+# --- in Envoy's process ---------------------------------------------------------------------
+
+
+class _Front:
+    """The lifespan of the front in Envoy: start it beside the lifespan (a slow start would
+    hold Envoy's own start-up), report to `serve`, stop when told or when Envoy stops."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task | None = None
+
+    async def startup(self) -> None:
+        # Inside Envoy sys.executable is Envoy: workers start with the Python that started it,
+        # without the libpython pyvoy preloads into Envoy.
+        sys.executable = os.environ.get(PYTHON_ENV, sys.executable)
+        os.environ.pop("LD_PRELOAD", None)
+        logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
+                            format="%(asctime)s %(name)s %(message)s")
+        self._task = asyncio.ensure_future(self._run())
+
+    async def shutdown(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        from cadence.lifecycle.server import CadenceServer
+
+        config = msgspec.json.decode(os.environ[CONFIG_ENV], type=ServerConfig)
+        reader, writer = await asyncio.open_unix_connection(os.environ[CONTROL_ENV])
+        server = CadenceServer(config, grpc_app=app)
+        orphaned = False
+        try:
+            try:
+                await server.start()
+            except StartupError as exc:
+                writer.write(json.dumps({"error": str(exc)}).encode() + b"\n")
+                return
+            writer.write(json.dumps({"ready": {
+                "http_port": server.http_port, "metrics_port": server.metrics_port}}).encode() + b"\n")
+            await writer.drain()
+            orphaned = not await reader.readline()  # "stop", or nothing when `serve` is gone
+            log.info("stopping: %d stream(s) open, grace %.1f s", server.core.active, config.grace_s)
+        finally:
+            await server.stop()
+            with contextlib.suppress(OSError):
+                writer.write(b'{"stopped": true}\n')
+                await writer.drain()
+                writer.close()
+        if orphaned:  # nobody will stop Envoy: it stops itself, as a front's process would die
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+_front = _Front()
+app = GrpcAsgiApp()
+"""What Envoy runs."""
+app.lifespan(_front.startup, _front.shutdown)
