@@ -1,0 +1,90 @@
+"""`cadence serve --grpc-server native`: gRPC on Envoy's HTTP/2 through pyvoy, from outside.
+
+What the rest of the gRPC tests check runs against it too (`.ci/run` runs them again with
+CADENCE_TEST_SERVE_ARGS="--grpc-server native"); here, what only this path can get wrong:
+a reset that must reach a stream that has sent nothing yet, what the ASGI layer refuses, and
+the options it does not take.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.client import Client
+
+pytest.importorskip("pyvoy", reason="pyvoy is in the test extras (cadence[native])")
+
+NATIVE = ("--grpc-server", "native")
+
+
+def test_streams_whole_through_envoy(server_factory) -> None:
+    server = server_factory(*NATIVE, "--devices", "cpu:2", "--step-ms", "5")
+    assert server.front.name() == "envoy"
+    with Client(server.target) as client:
+        chunks = list(client.generate("hello", max_tokens=20, include_timing=True))
+    assert [c.index for c in chunks] == list(range(20))
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert all(c.timing.send_ns for c in chunks)
+
+
+def test_a_reset_before_the_first_token_frees_the_slot_at_once(server_factory) -> None:
+    """A stream in a long prefill (3 s here) sends nothing; when its client cancels, its
+    admission slot must come free at once, not when its first token would have gone out."""
+    server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5",
+                            "--prefill-ms-per-token", "30", "--max-concurrent", "1")
+    with grpc.insecure_channel(server.target) as channel:
+        generate = pb_grpc.InferenceStub(channel).Generate
+        slow = generate(pb.GenerateRequest(prompt="x" * 100, max_tokens=5))
+        time.sleep(0.3)
+        slow.cancel()
+        cancelled = time.monotonic()
+        while True:
+            try:
+                list(generate(pb.GenerateRequest(prompt="y", max_tokens=1), timeout=0.2))
+                break
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    break  # admitted: it waits for the prefill step in progress
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+            assert time.monotonic() - cancelled < 1.5, "the cancelled stream kept its slot"
+    assert time.monotonic() - cancelled < 1.5
+
+
+def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
+    server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5")
+    with grpc.insecure_channel(server.target) as channel:
+        unknown = channel.unary_unary("/cadence.v1.Inference/Nope")
+        with pytest.raises(grpc.RpcError) as info:
+            unknown(b"")
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        generate = pb_grpc.InferenceStub(channel).Generate
+        with pytest.raises(grpc.RpcError) as info:
+            list(generate(pb.GenerateRequest(prompt="hi", max_tokens=2), compression=grpc.Compression.Gzip))
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "uncompressed" in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            list(generate(pb.GenerateRequest(prompt="hi", max_tokens=10**9)))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "--max-tokens-limit" in info.value.details()
+    with pytest.raises(urllib.error.HTTPError) as http:
+        urllib.request.urlopen(f"http://{server.target}/", timeout=5)
+    assert http.value.code == 415
+    assert b"application/grpc" in http.value.read()
+
+
+@pytest.mark.parametrize("args", [("--fronts", "2"), ("--launcher", "ray")])
+def test_options_it_does_not_take_are_refused_in_one_line(args) -> None:
+    done = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *NATIVE, *args],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "--grpc-server native serves one front" in done.stderr
+    assert "Traceback" not in done.stderr
