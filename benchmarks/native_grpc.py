@@ -21,11 +21,11 @@ p99 (the burst's delay); CPU per thread name, to see where it goes. Rounds run i
     flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py --only W1 [--rounds 1] \
         [--servers grpc-aio pyvoy-thin pyvoy-connect sse] [--out results/native_grpc.json]
 
-The prototype of cadence's own front on pyvoy (benchmarks/native_grpc_front.py) against
-`cadence serve` (grpc.aio), the front's CPU per chunk, its workers' apart:
+`cadence serve --grpc-server native` (the front in Envoy's process) against `cadence serve`
+(grpc.aio), the front's CPU per chunk, its workers' apart:
 
     flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py --only W1 \
-        --servers cadence-grpc-aio cadence-pyvoy --out results/native_grpc_front.json
+        --servers cadence-grpc-aio cadence-native --out results/native_grpc_cadence.json
 
 Needs `pip install pyvoy connect-python` (the `native-grpc-bench` extra), not cadence's base
 dependencies. A later run adds its workloads to the result file; earlier runs of the same
@@ -63,9 +63,9 @@ from cadence.lab.servers.server_process import ServerProcess
 
 _HERE = Path(__file__).parent
 SERVERS = ("grpc-aio", "pyvoy-thin", "pyvoy-thin-watch", "pyvoy-connect", "sse")
-CADENCE_SERVERS = ("cadence-grpc-aio", "cadence-pyvoy")
+CADENCE_SERVERS = ("cadence-grpc-aio", "cadence-native")
 """`--servers` beyond the bare ones: `cadence serve` itself (synthetic engine, 2 CPU workers)
-and the prototype of its front on pyvoy (native_grpc_front.py); CPU is then the front's, its
+and `cadence serve --grpc-server native`; CPU is then the front's (Envoy's process), its
 workers' apart."""
 
 
@@ -134,8 +134,9 @@ def run(name: str, kind: str, procs: int) -> dict:
     if kind in CADENCE_SERVERS:
         args = ("--devices", "cpu:2", *args, "--max-concurrent", str(max(1024, spec["streams"])),
                 "--max-batch", "1024")
-        command = (None if kind == "cadence-grpc-aio"
-                   else [sys.executable, str(_HERE / "native_grpc_front.py")])
+        command = None
+        if kind == "cadence-native":
+            args = (*args, "--grpc-server", "native")
     elif kind == "sse":
         command = [sys.executable, str(_HERE / "sse_reference.py")]
     else:

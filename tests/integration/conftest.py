@@ -29,7 +29,7 @@ class RunningServer:
     process: subprocess.Popen
     target: str
     workers: list[psutil.Process]
-    front: psutil.Process
+    front: psutil.Process | None = None
     """The process the front runs in: `process`, or its Envoy with --grpc-server native."""
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:

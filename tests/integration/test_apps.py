@@ -167,7 +167,7 @@ def test_app_in_front_runs_in_the_front_process(importable_apps) -> None:
         assert server.workers == [], "no worker process"
         with Client(server.target) as client:
             texts = {client.complete("x", max_tokens=50) for _ in range(4)}
-        assert texts == {f"{server.process.pid} cpu cpu"}
+        assert texts == {f"{server.front.pid} cpu cpu"}
     finally:
         assert server.stop() == 0
 
