@@ -1,4 +1,4 @@
-"""Issue 29: can gRPC server streaming be served from Python on a native HTTP/2 server at a lower
+"""Can gRPC server streaming be served from Python on a native HTTP/2 server at a lower
 CPU cost per message than grpc.aio? W1 and W2 of serving_overhead.py against bare servers.
 
 Servers (benchmarks/native_grpc_server.py, one handler, no cadence serving code):

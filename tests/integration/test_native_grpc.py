@@ -8,11 +8,13 @@ the options it does not take.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -88,3 +90,24 @@ def test_options_it_does_not_take_are_refused_in_one_line(args) -> None:
     assert done.returncode != 0
     assert "--grpc-server native serves one front" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+GRPC_MODULES = ("test_streaming.py", "test_kserve.py", "test_security.py", "test_lifecycle.py",
+                "test_backpressure.py", "test_requests_failing.py", "test_apps.py",
+                "test_tracing.py", "test_bench_honest.py")
+"""The gRPC integration tests that run again with every server on Envoy."""
+
+
+def test_the_grpc_integration_tests_pass_on_envoy() -> None:
+    """grpc.aio stays the default; this runs the tests of the gRPC path (cadence.v1, KServe,
+    health, reflection, TLS, tokens, drain, cancellation, deadlines, backpressure) again with
+    `--grpc-server native` added to every server they start."""
+    here = Path(__file__).parent
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         *(str(here / name) for name in GRPC_MODULES)],
+        env={**os.environ, "CADENCE_TEST_SERVE_ARGS": " ".join(NATIVE)},
+        capture_output=True, text=True, timeout=1200, check=False, cwd=here.parents[1])
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    print(summary)
+    assert done.returncode == 0, done.stdout[-6000:]

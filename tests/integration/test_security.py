@@ -362,6 +362,6 @@ def test_the_lab_reads_http2_settings_over_tls_and_mutual_tls(tls_token_server: 
     over_tls = read_settings(tls_token_server, pki.credentials())
     assert over_tls.tls and over_tls.error is None and over_tls.initial_window_size
     mutual = read_settings(mtls_server, pki.credentials(client=True))
-    assert mutual.tls and mutual.error is None and mutual.max_frame_size
+    assert mutual.tls and mutual.error is None and mutual.initial_window_size
     plaintext = read_settings(tls_token_server)  # HTTP/2 without TLS at a TLS port
     assert plaintext.error is not None

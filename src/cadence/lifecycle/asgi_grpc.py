@@ -438,17 +438,26 @@ class GrpcAsgiApp:
             request = requests()
             run = handler.stream_stream if handler.response_streaming else handler.stream_unary
         else:
-            messages = [data async for data in call.messages()]
-            if len(messages) != 1:
-                raise AbortError(grpc.StatusCode.INTERNAL if messages else grpc.StatusCode.UNIMPLEMENTED,
-                                 f"expected one request message, got {len(messages)}")
+            messages = []
+            async for data in call.messages():
+                messages.append(data)
+                if len(messages) > 1:
+                    raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
+                                     "expected one request message, got more")
+            if not messages:
+                raise AbortError(grpc.StatusCode.INTERNAL, "expected one request message, got none")
             request = deserialize(messages[0])
             run = handler.unary_stream if handler.response_streaming else handler.unary_unary
         result = run(request, context)
         if handler.response_streaming:
             if hasattr(result, "__aiter__"):
-                async for response in result:
-                    await call.write(response)
+                try:
+                    async for response in result:
+                        await call.write(response)
+                finally:
+                    # A send that failed leaves the generator at a yield: close it now (its
+                    # request's slot with it), not when the loop collects it.
+                    await result.aclose()
             else:
                 await result  # it writes with context.write
         else:
