@@ -121,9 +121,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
                         "$OTEL_EXPORTER_OTLP_ENDPOINT when set, else off)")
     p.add_argument("--grpc-server", default=d.grpc_server, choices=["aio", "native"],
-                   help="aio: grpc.aio (default); native: gRPC on Envoy's HTTP/2 through pyvoy, "
-                        "about half the CPU per streamed message; one front, needs "
-                        "cadence[native] (see docs/native-grpc.md)")
+                   help="aio: grpc.aio (default); native: gRPC on Envoy's HTTP/2 through pyvoy "
+                        "(the front runs inside Envoy, one Envoy per front; local workers only; "
+                        "needs cadence[native]; see docs/native-grpc.md)")
     p.add_argument("--fronts", type=int, default=d.fronts,
                    help="front processes sharing the port, each connected to every worker "
                         "(default 1)")

@@ -155,7 +155,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     cadence.api.security."""
     grpc_server: str = "aio"
     """`aio` (grpc.aio) or `native`: gRPC served by Envoy's HTTP/2 through pyvoy, the front
-    running in Envoy's process (cadence.lifecycle.envoy_front; one front, no --fronts)."""
+    running in Envoy's process (cadence.lifecycle.envoy_front), one Envoy per front."""
     fronts: int = 1
     """Front processes serving the port (SO_REUSEPORT), each connected to every worker; the
     first also launches the workers and the other fronts. See docs/architecture.md#fronts."""
@@ -235,9 +235,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         problems.extend(_torch_problems(self))
         if self.grpc_server not in ("aio", "native"):
             problems.append(f"grpc_server must be aio or native (got {self.grpc_server!r})")
-        elif self.grpc_server == "native" and (self.fronts > 1 or self.launcher != "local"):
-            problems.append("--grpc-server native serves one front with local workers: drop "
-                            "--fronts and --launcher, or use --grpc-server aio")
+        elif self.grpc_server == "native" and self.launcher != "local":
+            problems.append("--grpc-server native runs local workers only: drop --launcher, "
+                            "or use --grpc-server aio")
         if self.fronts < 1:
             problems.append(f"fronts must be at least 1 (got {self.fronts})")
         elif self.fronts > 1 and self.transport != "ipc":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from functools import partial
@@ -268,12 +269,19 @@ async def _interceptable(find, details: grpc.HandlerCallDetails):
     return find(details)
 
 
+_STARTING = "the server is starting"
+STARTING_WAIT_S = 30.0
+"""How long a call that arrives before `open()` waits for it (within its deadline)."""
+
+
 class GrpcAsgiApp:
     """An ASGI application serving gRPC from grpc.aio-style method handlers.
 
-    Until `open()` every call ends UNAVAILABLE; `close(grace)` refuses new calls and gives the
-    open ones `grace` seconds before cancelling them. `lifespan(startup, shutdown)` sets the
-    coroutines the ASGI lifespan runs.
+    A call that arrives before `open()` waits for it (Envoy listens before the front inside it
+    is ready, and with `--fronts N` the kernel hands a restarted front new connections at once),
+    at most STARTING_WAIT_S, then ends UNAVAILABLE; `close(grace)` refuses new calls and gives
+    the open ones `grace` seconds before cancelling them. `lifespan(startup, shutdown)` sets
+    the coroutines the ASGI lifespan runs.
     """
 
     def __init__(self) -> None:
@@ -281,7 +289,9 @@ class GrpcAsgiApp:
         self._generic: list[grpc.GenericRpcHandler] = []
         self._lookup: Callable[[grpc.HandlerCallDetails], Awaitable] = partial(_interceptable, self._find)
         self._calls: set[asyncio.Task] = set()
-        self._refusal: str | None = "the server is starting"
+        self._refusal: str | None = _STARTING
+        self._opened: asyncio.Event | None = None
+        """Set by `open()`; made on the loop that serves."""
         self._startup: Callable[[], Awaitable[None]] | None = None
         self._shutdown: Callable[[], Awaitable[None]] | None = None
         self.max_receive = 4 << 20
@@ -316,8 +326,14 @@ class GrpcAsgiApp:
                  shutdown: Callable[[], Awaitable[None]]) -> None:
         self._startup, self._shutdown = startup, shutdown
 
+    def _opened_event(self) -> asyncio.Event:
+        if self._opened is None:
+            self._opened = asyncio.Event()
+        return self._opened
+
     def open(self) -> None:
         self._refusal = None
+        self._opened_event().set()
 
     async def close(self, grace_s: float) -> None:
         self._refusal = "the server is stopping"
@@ -376,8 +392,6 @@ class GrpcAsgiApp:
         code, details, trailing = grpc.StatusCode.OK, "", ()
         context = None
         try:
-            if self._refusal is not None:
-                raise AbortError(grpc.StatusCode.UNAVAILABLE, self._refusal)
             timeout = encoding = None
             for name, value in headers:
                 if name == b"grpc-timeout":
@@ -387,6 +401,12 @@ class GrpcAsgiApp:
                         raise AbortError(grpc.StatusCode.INTERNAL, str(exc)) from None
                 elif name == b"grpc-encoding":
                     encoding = value
+            if self._refusal is _STARTING:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._opened_event().wait(),
+                                           min(STARTING_WAIT_S, timeout or STARTING_WAIT_S))
+            if self._refusal is not None:
+                raise AbortError(grpc.StatusCode.UNAVAILABLE, self._refusal)
             if encoding not in (None, b"identity"):
                 raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
                                  f"grpc-encoding {encoding.decode('latin-1')} is not supported; "

@@ -39,6 +39,8 @@ from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
 log = logging.getLogger("cadence.server")
 
 CONFIG_ENV, CONTROL_ENV = "CADENCE_ENVOY_CONFIG", "CADENCE_ENVOY_CONTROL"
+FRONT_ENV = "CADENCE_ENVOY_FRONT"
+"""`--fronts N`, fronts 1..N-1: `K BASE_DIR GENERATION` of the front Envoy runs."""
 PYTHON_ENV, LOG_LEVEL_ENV = "CADENCE_ENVOY_PYTHON", "CADENCE_ENVOY_LOG_LEVEL"
 _STOPPED_WAIT_S = 30.0
 """Beyond the drain (`grace_s`): how long the front may take to stop its workers."""
@@ -56,8 +58,14 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO") -> None:
-    """Run the front in Envoy until SIGINT or SIGTERM, then stop it cleanly."""
+async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", *,
+                child: tuple[int, str, int] | None = None) -> None:
+    """Run the front in Envoy until SIGINT or SIGTERM, then stop it cleanly.
+
+    `child`: (K, BASE_DIR, GENERATION) of front K of `--fronts N` (started by front 0 through
+    front_child, stopped by SIGTERM only); its Envoy binds front 0's port beside front 0's
+    (Envoy's listeners set SO_REUSEPORT).
+    """
     try:
         from pyvoy import PyvoyServer
         from pyvoy import StartupError as EnvoyStartupError
@@ -67,7 +75,7 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO") 
     port = config.port or _free_port(config.host)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGTERM,) if child else (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     connected: asyncio.Future = loop.create_future()
 
@@ -88,7 +96,8 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO") 
             f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
             stderr=None, env={
                 CONFIG_ENV: msgspec.json.encode(msgspec.structs.replace(config, port=port)).decode(),
-                CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level},
+                CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level,
+                **({FRONT_ENV: " ".join(map(str, child))} if child else {})},
             **tls)
         try:
             try:
@@ -149,8 +158,10 @@ class _Front:
         # without the libpython pyvoy preloads into Envoy.
         sys.executable = os.environ.get(PYTHON_ENV, sys.executable)
         os.environ.pop("LD_PRELOAD", None)
-        logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
-                            format="%(asctime)s %(name)s %(message)s")
+        front = os.environ.get(FRONT_ENV, "0").split(" ")[0]
+        logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(), format=(
+            f"%(asctime)s front-{front} %(name)s %(message)s" if front != "0"
+            else "%(asctime)s %(name)s %(message)s"))
         self._task = asyncio.ensure_future(self._run())
 
     async def shutdown(self) -> None:
@@ -164,7 +175,11 @@ class _Front:
 
         config = msgspec.json.decode(os.environ[CONFIG_ENV], type=ServerConfig)
         reader, writer = await asyncio.open_unix_connection(os.environ[CONTROL_ENV])
-        server = CadenceServer(config, grpc_app=app)
+        front = {}
+        if FRONT_ENV in os.environ:
+            k, base, generation = os.environ[FRONT_ENV].split(" ")
+            front = {"front": int(k), "base_dir": base, "generation": int(generation)}
+        server = CadenceServer(config, grpc_app=app, **front)
         orphaned = False
         try:
             try:

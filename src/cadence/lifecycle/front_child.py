@@ -37,6 +37,15 @@ def main(argv: list[str] | None = None) -> None:
     level = int(argv[3]) if len(argv) > 3 else logging.WARNING
     generation = int(argv[4]) if len(argv) > 4 else 0
     logging.basicConfig(level=level, format=f"%(asctime)s front-{front} %(name)s %(message)s")
+    if config.grpc_server == "native":  # this process starts Envoy, which runs the front
+        from cadence.lifecycle import StartupError, envoy_front
+
+        try:
+            event_loop.run(envoy_front.serve(config, log_level=logging.getLevelName(level),
+                                             child=(front, base, generation)))
+        except StartupError as exc:
+            sys.exit(f"front {front}: {exc}")
+        return
     server = CadenceServer(config, front=front, base_dir=base, generation=generation)
     event_loop.run(run_until_signalled(server))
 

@@ -3,6 +3,8 @@ listens on the target's port, and the address of its metrics page."""
 
 from __future__ import annotations
 
+import contextlib
+
 import psutil
 
 _FRONT_CHILD = "cadence.lifecycle.front_child"
@@ -28,7 +30,7 @@ def server_processes(target: str) -> dict[str, int]:
         if k is None:
             workers.append(child)
         else:
-            fronts[k] = child.pid
+            fronts[k] = _hosted(child).pid
     if fronts:
         found = {"front0": front.pid, **{f"front{k}": fronts[k] for k in sorted(fronts)}}
     else:
@@ -95,18 +97,30 @@ def listener_pid(target: str) -> int | None:
 
 def _front_zero(target: str) -> psutil.Process | None:
     """Front 0 of a server listening on this host: a listener on the port that is not a child
-    front (a child front's parent is front 0)."""
+    front (a child front's parent is front 0; with `--grpc-server native` a child front's
+    Envoy listens, and its parent is the child front's process)."""
     for pid in _listeners(target):
         try:
             process = psutil.Process(pid)
-            if _front_index(process) is None:
-                return process
             parent = process.parent()
+            if _front_index(process) is None:
+                if parent is not None and _front_index(parent) is not None:
+                    return parent.parent()
+                return process
         except psutil.Error:
             continue
         if parent is not None:
             return parent
     return None
+
+
+def _hosted(front_child: psutil.Process) -> psutil.Process:
+    """The process a child front serves from: its own, or the Envoy it started
+    (`--grpc-server native`)."""
+    try:
+        return next((p for p in front_child.children() if p.name() == "envoy"), front_child)
+    except psutil.Error:
+        return front_child
 
 
 def _front_index(process: psutil.Process) -> int | None:
@@ -160,7 +174,13 @@ def metrics_url(target: str) -> str | None:
     enough.
     """
     front = _front_zero(target)
-    port = _metrics_port_arg(front) if front is not None else None
+    port = None
+    if front is not None:
+        port = _metrics_port_arg(front)
+        if port is None and front.name() == "envoy":  # --grpc-server native: the flags are
+            with contextlib.suppress(psutil.Error):   # those of `cadence serve`, Envoy's parent
+                parent = front.parent()
+                port = _metrics_port_arg(parent) if parent is not None else None
     if port is None:
         return None  # another server (its other ports speak other protocols), or no metrics
     listening = [conn.laddr for conn in front.net_connections(kind="tcp")
