@@ -8,7 +8,9 @@ the option it does not take.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -110,3 +112,34 @@ def test_the_grpc_integration_tests_pass_on_envoy() -> None:
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     print(summary)
     assert done.returncode == 0, done.stdout[-6000:]
+
+
+def test_a_grpc_js_client_reads_status_deadline_and_cancel(server_factory) -> None:
+    """Node's own gRPC implementation (not the C core grpcio shares with grpc.aio) against the
+    native path: messages in order, the status and its message from trailers, a deadline, a
+    cancel."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5")
+    cases = [
+        {"name": "ok", "request": pb.GenerateRequest(prompt="hi", max_tokens=5), "timeout_ms": 0,
+         "cancel_after": 0},
+        {"name": "bad", "request": pb.GenerateRequest(prompt="hi", max_tokens=10**9),
+         "timeout_ms": 0, "cancel_after": 0},
+        {"name": "deadline", "request": pb.GenerateRequest(prompt="hi", max_tokens=400),
+         "timeout_ms": 300, "cancel_after": 0},
+        {"name": "cancel", "request": pb.GenerateRequest(prompt="hi", max_tokens=400),
+         "timeout_ms": 0, "cancel_after": 2},
+    ]
+    for case in cases:
+        case["request_hex"] = case.pop("request").SerializeToString().hex()
+    script = Path(__file__).parents[2] / "benchmarks" / "native_grpc_wire.js"
+    done = subprocess.run(["node", str(script), server.target, json.dumps(cases)],
+                          capture_output=True, text=True, timeout=60, check=True)
+    got = {r["name"]: r for r in map(json.loads, done.stdout.splitlines())}
+    indexes = [pb.GenerateChunk.FromString(bytes.fromhex(m)).index for m in got["ok"]["messages_hex"]]
+    assert (got["ok"]["code"], indexes) == (0, [0, 1, 2, 3, 4])
+    assert got["bad"]["code"] == 3 and "--max-tokens-limit" in got["bad"]["details"]
+    assert got["deadline"]["code"] == 4
+    assert got["deadline"]["ended_at_s"] - got["deadline"]["started_at_s"] < 1.0
+    assert got["cancel"]["code"] == 1 and len(got["cancel"]["messages_hex"]) == 2
