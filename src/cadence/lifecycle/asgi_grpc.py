@@ -156,19 +156,20 @@ class _Call:
         "_max_receive",
         "_receive",
         "_send",
-        "_serializer",
         "_task",
         "body_done",
         "ended",
         "gone",
         "sent",
+        "serializer",
         "started",
     )
 
-    def __init__(self, receive, send, serializer, max_receive: int) -> None:
+    def __init__(self, receive, send, max_receive: int) -> None:
         self._receive = receive
         self._send = send
-        self._serializer = serializer
+        self.serializer: Callable[[object], bytes] | None = None
+        """The method's response serializer, once the method is known."""
         self._task = asyncio.current_task()
         self._max_receive = max_receive
         self.started = False
@@ -194,7 +195,7 @@ class _Call:
     async def write(self, message: object) -> None:
         if not self.started:
             await self.start()
-        data = self._serializer(message) if self._serializer else message
+        data = self.serializer(message) if self.serializer else message
         self.sent += 1
         await self._deliver({"type": "http.response.body", "more_body": True,
                              "body": b"\0" + len(data).to_bytes(4, "big") + data})
@@ -235,7 +236,8 @@ class _Call:
                 # The handler may read its requests in a task of its own: the call ends here,
                 # as grpc.aio cancels a call whose client went.
                 self.gone = True
-                self._task.cancel()
+                if asyncio.current_task() is not self._task:
+                    self._task.cancel()
                 raise _ClientGone()
             self._buffer += got.get("body", b"")
             self.body_done = not got.get("more_body", False)
@@ -388,7 +390,7 @@ class GrpcAsgiApp:
             return
         method = scope["path"]
         handler = None
-        call = _Call(receive, send, None, self.max_receive)
+        call = _Call(receive, send, self.max_receive)
         code, details, trailing = grpc.StatusCode.OK, "", ()
         context = None
         try:
@@ -419,7 +421,7 @@ class GrpcAsgiApp:
             peer = f"ipv4:{client[0]}:{client[1]}" if client else ""
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
-            call._serializer = handler.response_serializer
+            call.serializer = handler.response_serializer
             context = AsgiServicerContext(call, metadata, deadline, peer)
             watcher = asyncio.ensure_future(call.watch())
             try:

@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -83,7 +84,8 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
         if not connected.done():
             connected.set_result((reader, writer))
 
-    with tempfile.TemporaryDirectory(prefix="cadence-envoy-") as tmp:
+    # The front removes the folder itself when `serve` dies without stopping it.
+    with tempfile.TemporaryDirectory(prefix="cadence-envoy-", ignore_cleanup_errors=True) as tmp:
         path = os.path.join(tmp, "control")
         control = await asyncio.start_unix_server(on_connect, path)
         tls = {}
@@ -148,10 +150,12 @@ async def _first(awaitable, exited: asyncio.Future, stop: asyncio.Event, what: s
 
 class _Front:
     """The lifespan of the front in Envoy: start it beside the lifespan (a slow start would
-    hold Envoy's own start-up), report to `serve`, stop when told or when Envoy stops."""
+    hold Envoy's own start-up), report to `serve`, stop when told, when `serve` is gone, or
+    when Envoy stops (Envoy also stops when its parent dies)."""
 
     def __init__(self) -> None:
         self._task: asyncio.Task | None = None
+        self._envoy_stopping: asyncio.Event | None = None
 
     async def startup(self) -> None:
         # Inside Envoy sys.executable is Envoy: workers start with the Python that started it,
@@ -162,12 +166,14 @@ class _Front:
         logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(), format=(
             f"%(asctime)s front-{front} %(name)s %(message)s" if front != "0"
             else "%(asctime)s %(name)s %(message)s"))
+        self._envoy_stopping = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
     async def shutdown(self) -> None:
+        """Envoy is stopping: the front stops in order first (drain, workers, sockets)."""
         if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            self._envoy_stopping.set()
+            with contextlib.suppress(Exception):
                 await self._task
 
     async def _run(self) -> None:
@@ -190,7 +196,14 @@ class _Front:
             writer.write(json.dumps({"ready": {
                 "http_port": server.http_port, "metrics_port": server.metrics_port}}).encode() + b"\n")
             await writer.drain()
-            orphaned = not await reader.readline()  # "stop", or nothing when `serve` is gone
+            told = asyncio.ensure_future(reader.readline())  # "stop", or b"" once `serve` is gone
+            stopping = asyncio.ensure_future(self._envoy_stopping.wait())
+            await asyncio.wait((told, stopping), return_when=asyncio.FIRST_COMPLETED)
+            orphaned = told.done() and not told.result()
+            if not (told.done() and told.result()):  # `serve` did not stop us: it may be gone,
+                shutil.rmtree(os.path.dirname(os.environ[CONTROL_ENV]), ignore_errors=True)
+            told.cancel()
+            stopping.cancel()
             log.info("stopping: %d stream(s) open, grace %.1f s", server.core.active, config.grace_s)
         finally:
             await server.stop()
@@ -198,8 +211,8 @@ class _Front:
                 writer.write(b'{"stopped": true}\n')
                 await writer.drain()
                 writer.close()
-        if orphaned:  # nobody will stop Envoy: it stops itself, as a front's process would die
-            os.kill(os.getpid(), signal.SIGTERM)
+        if orphaned and not self._envoy_stopping.is_set():
+            os.kill(os.getpid(), signal.SIGTERM)  # nobody will stop Envoy: it stops itself
 
 
 _front = _Front()
