@@ -71,10 +71,13 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
             unknown(b"")
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         generate = pb_grpc.InferenceStub(channel).Generate
+        for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):  # as grpc.aio reads
+            assert len(list(generate(pb.GenerateRequest(prompt="hi", max_tokens=2),
+                                     compression=compression))) == 2
+        bomb = pb.GenerateRequest(prompt="x" * (5 << 20), max_tokens=2)  # over 4 MiB inflated
         with pytest.raises(grpc.RpcError) as info:
-            list(generate(pb.GenerateRequest(prompt="hi", max_tokens=2), compression=grpc.Compression.Gzip))
-        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "uncompressed" in info.value.details()
+            list(generate(bomb, compression=grpc.Compression.Gzip))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         with pytest.raises(grpc.RpcError) as info:
             list(generate(pb.GenerateRequest(prompt="hi", max_tokens=10**9)))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

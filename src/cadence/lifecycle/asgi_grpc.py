@@ -7,8 +7,8 @@ and only the handlers run in Python.
 `add_registered_method_handlers`), so the code that registers cadence.v1, KServe, health and
 reflection with grpc.aio registers them here unchanged, and `AsgiServicerContext` has the part
 of grpc.aio's ServicerContext that they use. What the app does of the protocol: one
-length-prefixed message per frame, uncompressed (`grpc-encoding` other than identity is
-UNIMPLEMENTED); `grpc-timeout` enforced; the status always in trailers after a 200; a reset
+length-prefixed message per frame, requests compressed with gzip or deflate as grpc.aio reads
+them (responses go uncompressed; another `grpc-encoding` is UNIMPLEMENTED); `grpc-timeout` enforced; the status always in trailers after a 200; a reset
 stream cancels its handler, as grpc.aio does (see `_Call._watch` for how it is noticed).
 """
 
@@ -18,6 +18,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from functools import partial
 
@@ -28,7 +29,10 @@ log = logging.getLogger("cadence.server")
 _RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
                        b"grpc-accept-encoding", b"content-length"))
 """Request headers that are the protocol's, not the call's metadata."""
-_HEADERS = [(b"content-type", b"application/grpc"), (b"grpc-accept-encoding", b"identity")]
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+"""zlib's window bits for each `grpc-encoding` a request may use."""
+_HEADERS = [(b"content-type", b"application/grpc"),
+            (b"grpc-accept-encoding", b"identity,deflate,gzip")]
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 WATCH_FIRST_S = 0.02
 """How often a call that has sent nothing yet asks whether its client went away."""
@@ -157,6 +161,7 @@ class _Call:
         "_receive",
         "_send",
         "_task",
+        "_wbits",
         "body_done",
         "ended",
         "gone",
@@ -167,6 +172,8 @@ class _Call:
 
     def __init__(self, receive, send, max_receive: int) -> None:
         self._receive = receive
+        self._wbits: int | None = None
+        """zlib's window bits of the request's `grpc-encoding`, for messages flagged compressed."""
         self._send = send
         self.serializer: Callable[[object], bytes] | None = None
         """The method's response serializer, once the method is known."""
@@ -216,9 +223,10 @@ class _Call:
         """The request's messages as they arrive."""
         while True:
             while len(self._buffer) >= 5:
-                if self._buffer[0] != 0:
-                    raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
-                                     "compressed messages are not supported; send them uncompressed")
+                compressed = self._buffer[0]
+                if compressed and self._wbits is None:
+                    raise AbortError(grpc.StatusCode.INTERNAL,
+                                     "a message flagged compressed without a grpc-encoding")
                 size = int.from_bytes(self._buffer[1:5], "big")
                 if size > self._max_receive:
                     raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -226,6 +234,8 @@ class _Call:
                 if len(self._buffer) < 5 + size:
                     break
                 data, self._buffer = self._buffer[5:5 + size], self._buffer[5 + size:]
+                if compressed:
+                    data = self._inflate(data)
                 yield data
             if self.body_done:
                 if self._buffer:
@@ -241,6 +251,29 @@ class _Call:
                 raise _ClientGone()
             self._buffer += got.get("body", b"")
             self.body_done = not got.get("more_body", False)
+
+    def encoding(self, name: bytes) -> None:
+        """The request's `grpc-encoding`."""
+        if name != b"identity":
+            if name not in _WBITS:
+                raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
+                                 f"grpc-encoding {name.decode('latin-1')} is not supported; use "
+                                 "gzip, deflate or none")
+            self._wbits = _WBITS[name]
+
+    def _inflate(self, data: bytes) -> bytes:
+        """A compressed message, inflated to at most the largest message accepted (what it
+        inflates to counts, not what it weighs: a small bomb must not fill the memory)."""
+        inflater = zlib.decompressobj(self._wbits)
+        try:
+            out = inflater.decompress(data, self._max_receive + 1)
+        except zlib.error as exc:
+            raise AbortError(grpc.StatusCode.INTERNAL, f"could not decompress a message: {exc}") from None
+        if len(out) > self._max_receive or inflater.unconsumed_tail:
+            raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"received message larger than max (over {self._max_receive} bytes "
+                             "once decompressed)")
+        return out
 
     async def watch(self) -> None:
         """Cancel the handler when the client goes away while the call sends nothing.
@@ -394,7 +427,7 @@ class GrpcAsgiApp:
         code, details, trailing = grpc.StatusCode.OK, "", ()
         context = None
         try:
-            timeout = encoding = None
+            timeout = None
             for name, value in headers:
                 if name == b"grpc-timeout":
                     try:
@@ -402,17 +435,13 @@ class GrpcAsgiApp:
                     except ValueError as exc:
                         raise AbortError(grpc.StatusCode.INTERNAL, str(exc)) from None
                 elif name == b"grpc-encoding":
-                    encoding = value
+                    call.encoding(value)
             if self._refusal is _STARTING:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._opened_event().wait(),
                                            min(STARTING_WAIT_S, timeout or STARTING_WAIT_S))
             if self._refusal is not None:
                 raise AbortError(grpc.StatusCode.UNAVAILABLE, self._refusal)
-            if encoding not in (None, b"identity"):
-                raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
-                                 f"grpc-encoding {encoding.decode('latin-1')} is not supported; "
-                                 "send messages uncompressed")
             metadata = _metadata(headers)
             handler = await self._lookup(_CallDetails(method, metadata))
             if handler is None:
