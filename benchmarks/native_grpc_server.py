@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sse_reference import Ticker  # one timer that wakes every stream per step
 
 from cadence.api.v1 import inference_pb2 as pb
+from cadence.lifecycle.asgi_grpc import parse_timeout, percent_encode
 
 KINDS = ("grpc-aio", "pyvoy-thin", "pyvoy-thin-watch", "pyvoy-connect")
 SERVICE, METHOD = "cadence.v1.Inference", "Generate"
@@ -120,14 +121,6 @@ async def stream_chunks(request: pb.GenerateRequest,
         raise PlantedError(INVALID_ARGUMENT, PLANTED_MESSAGE)
 
 
-def percent_encode(message: str) -> bytes:
-    """grpc-message as the gRPC spec writes it: UTF-8, with '%' and every byte outside
-    printable ASCII as %XX, and nothing else (grpc-js decodes it with decodeURI, which leaves
-    an encoded ':' or ',' encoded)."""
-    return b"".join(b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
-                    for b in message.encode())
-
-
 async def read_body(receive) -> bytes | None:
     """An ASGI request's whole body, or None when the client went away first."""
     body = b""
@@ -138,16 +131,6 @@ async def read_body(receive) -> bytes | None:
         body += got.get("body", b"")
         if not got.get("more_body"):
             return body
-
-
-def parse_timeout(value: str | None) -> float | None:
-    """A `grpc-timeout` header (at most 8 digits and a unit) in seconds; None when absent."""
-    if not value:
-        return None
-    units = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-    if value[-1] not in units or not value[:-1].isdigit() or len(value) > 9:
-        raise ValueError(f"bad grpc-timeout {value!r}")
-    return int(value[:-1]) * units[value[-1]]
 
 
 # --- grpc.aio ---------------------------------------------------------------------------------

@@ -116,8 +116,9 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
             if on_started is not None:
                 on_started(SimpleNamespace(**message["ready"]), port)
             eof = asyncio.ensure_future(reader.readline())
-            await asyncio.wait((exited, eof, asyncio.ensure_future(stop.wait())),
-                               return_when=asyncio.FIRST_COMPLETED)
+            signalled = asyncio.ensure_future(stop.wait())
+            await asyncio.wait((exited, eof, signalled), return_when=asyncio.FIRST_COMPLETED)
+            signalled.cancel()
             if not exited.done() and not eof.done():
                 writer.write(b"stop\n")
                 await writer.drain()
