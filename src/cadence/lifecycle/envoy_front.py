@@ -84,7 +84,7 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
         if not connected.done():
             connected.set_result((reader, writer))
 
-    # The front removes the folder itself when `serve` dies without stopping it.
+    # The control socket's file is needed only until the front connects: it goes then.
     with tempfile.TemporaryDirectory(prefix="cadence-envoy-", ignore_cleanup_errors=True) as tmp:
         path = os.path.join(tmp, "control")
         control = await asyncio.start_unix_server(on_connect, path)
@@ -109,6 +109,8 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
                                    "is the port in use? Choose another with --port") from None
             exited = asyncio.ensure_future(envoy.wait())
             reader, writer = await _first(connected, exited, stop, what="the front to start")
+            control.close()
+            shutil.rmtree(tmp, ignore_errors=True)
             ready = await _first(reader.readline(), exited, stop, what="the front to start")
             message = json.loads(ready or b'{"error": "the front exited while starting"}')
             if "error" in message:
@@ -201,8 +203,10 @@ class _Front:
             stopping = asyncio.ensure_future(self._envoy_stopping.wait())
             await asyncio.wait((told, stopping), return_when=asyncio.FIRST_COMPLETED)
             orphaned = told.done() and not told.result()
-            if not (told.done() and told.result()):  # `serve` did not stop us: it may be gone,
-                shutil.rmtree(os.path.dirname(os.environ[CONTROL_ENV]), ignore_errors=True)
+            if not (told.done() and told.result()):
+                # `serve` did not stop us: it is gone, and Envoy, which stops with it, may end
+                # before this stop does. What would be left behind goes first.
+                server.unlink_sockets()
             told.cancel()
             stopping.cancel()
             log.info("stopping: %d stream(s) open, grace %.1f s", server.core.active, config.grace_s)

@@ -71,6 +71,7 @@ class CadenceServer:
         self.http_port: int | None = None
         """The OpenAI-compatible HTTP port (`--http-port`), None without one."""
         self.metrics_port: int | None = None
+        self._channel: FrontChannel | None = None
         self._health_updates: set[asyncio.Task] = set()
 
     async def start(self) -> int:
@@ -95,6 +96,7 @@ class CadenceServer:
         channel, gate = layout.bind(
             n, config.worker_host or launcher.worker_host or "127.0.0.1", stack)
         links = self._links = channel.links(loop)
+        self._channel = channel
         stack.callback(channel.close)
 
         # 3. The data path: the core, the output reader, the protocol adapters.
@@ -175,6 +177,12 @@ class CadenceServer:
         """Drain (refuse new requests; open streams get `--drain-timeout` seconds, the rest
         end with UNAVAILABLE), then stop, in reverse, whatever `start()` started."""
         await self._stack.aclose()
+
+    def unlink_sockets(self) -> None:
+        """Remove the socket files now, before `stop()` (the workers stay connected): for a
+        front whose process may end before its stop does (in Envoy, once `serve` died)."""
+        if self._channel is not None:
+            self._channel.unlink()
 
     # --- the stages' parts ---------------------------------------------------------------
 

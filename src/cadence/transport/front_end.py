@@ -209,4 +209,8 @@ class FrontChannel:
         self._output.close(linger=0)
         self._heartbeat.close(linger=0)
         self._context.term()
+        self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the ipc socket files (and their folder once empty); open connections stay."""
         remove_ipc_sockets([*self.input_addresses, self.output_address, self.heartbeat_address])
