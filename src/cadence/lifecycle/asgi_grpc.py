@@ -287,8 +287,6 @@ class _Call:
         last = 0
         while True:
             await asyncio.sleep(WATCH_IDLE_S if self.sent else WATCH_FIRST_S)
-            if self.ended:
-                return
             if not self.body_done:
                 continue  # the request's reader hears of a reset itself
             if self.sent and self.sent != last:
@@ -322,7 +320,8 @@ class GrpcAsgiApp:
     def __init__(self) -> None:
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []
-        self._lookup: Callable[[grpc.HandlerCallDetails], Awaitable] = partial(_interceptable, self._find)
+        self._lookup: Callable[[grpc.HandlerCallDetails], Awaitable]
+        self.intercept(())
         self._calls: set[asyncio.Task] = set()
         self._refusal: str | None = _STARTING
         self._opened: asyncio.Event | None = None
@@ -341,6 +340,7 @@ class GrpcAsgiApp:
             self._registered[f"/{service}/{method}"] = handler
 
     def intercept(self, interceptors: Iterable[grpc.aio.ServerInterceptor]) -> None:
+        """Run `interceptors` (grpc.aio's) on every call's handler lookup, first one outermost."""
         lookup = partial(_interceptable, self._find)
         for interceptor in reversed(list(interceptors)):
             lookup = partial(interceptor.intercept_service, lookup)
@@ -378,10 +378,6 @@ class GrpcAsgiApp:
             task.cancel()
         if self._calls:
             await asyncio.wait(list(self._calls), timeout=1.0)
-
-    @property
-    def open_calls(self) -> int:
-        return len(self._calls)
 
     # --- ASGI ----------------------------------------------------------------------------------
 
@@ -422,7 +418,6 @@ class GrpcAsgiApp:
                         "body": b"this port speaks gRPC: POST with content-type application/grpc\n"})
             return
         method = scope["path"]
-        handler = None
         call = _Call(receive, send, self.max_receive)
         code, details, trailing = grpc.StatusCode.OK, "", ()
         context = None
