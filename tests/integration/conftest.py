@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -69,6 +70,17 @@ def start_server(*args: str, timeout: float = 60.0) -> RunningServer:
     envoy = [p for p in children if p.name() == "envoy"]
     workers = [p for p in children if p not in envoy]
     return RunningServer(process, target, workers, envoy[0] if envoy else psutil.Process(process.pid))
+
+
+def live_workers(server: RunningServer) -> dict[int, psutil.Process]:
+    """The server's worker processes now (replacements included, zombies not), by index."""
+    found = {}
+    for p in psutil.Process(server.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmdline = p.cmdline()
+            if "cadence.worker" in cmdline and p.status() != psutil.STATUS_ZOMBIE:
+                found[json.loads(cmdline[-1])["index"]] = p
+    return found
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+import time
 import urllib.request
 
 import grpc
@@ -13,6 +14,7 @@ import pytest
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from tests.integration.conftest import live_workers
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own: a new TCP connection, which the kernel gives to either front."""
@@ -213,6 +215,41 @@ def test_a_killed_front_is_restarted_and_counted(server_factory) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
     assert 'cadence_front_restarts_total{front="1"} 1.0' in text, text[:3000]
+
+
+def test_a_killed_worker_comes_back_for_every_front(server_factory) -> None:
+    """The replacement hears front 0's heartbeat (not a child front's silent socket), stays
+    up, and serves the streams of both fronts."""
+    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "5")
+    victim = live_workers(server)[0]
+    victim.kill()
+    deadline = time.monotonic() + 20
+    while (worker := live_workers(server).get(0)) is None or worker.pid == victim.pid:
+        assert time.monotonic() < deadline, "worker 0 was not restarted"
+        time.sleep(0.05)
+    time.sleep(3.0)  # three heartbeat timeouts
+    assert live_workers(server).get(0) == worker, "the replacement worker exited"
+
+    async def run():
+        streams = []
+        for _ in range(24):
+            stream = _Stream(server.target, 20)
+            stream.call = pb_grpc.InferenceStub(stream.channel).Generate(
+                pb.GenerateRequest(prompt="back", max_tokens=20, include_timing=True))
+            streams.append(await stream.opened())
+        results = await asyncio.gather(*(s.read_all() for s in streams))
+        for s in streams:
+            await s.close()
+        return streams, results
+
+    streams, results = asyncio.run(run())
+    served = set()
+    for stream, (status, chunks) in zip(streams, results):
+        assert status == "OK", status
+        _whole(chunks, 20)
+        served.add((stream.front, chunks[0].timing.worker))
+    assert {worker for _, worker in served} == {0, 1}
+    assert {front for front, _ in served} == {0, 1}
 
 
 def test_fronts_above_one_need_ipc() -> None:

@@ -6,7 +6,9 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import time
+import urllib.request
 
 import grpc
 import psutil
@@ -15,6 +17,7 @@ import pytest
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
+from tests.integration.conftest import live_workers
 
 _SLOT_WAIT_S = 2.0
 """Upper bound for a freed slot to become usable: cancellation crosses the network."""
@@ -169,6 +172,63 @@ def test_hung_engine_is_stopped_and_restarted(server_factory) -> None:
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "worker 0 made no step" in info.value.details()
     _wait_serving_workers(server.target, 1)
+
+
+def test_an_idle_spell_never_counts_against_the_next_prefill(server_factory) -> None:
+    """The hang clock starts when the worker gets work, not at its last output before an
+    idle spell: idle longer than --worker-timeout, then a prefill that takes most of it,
+    served whole, twice."""
+    server = server_factory("--devices", "cpu:1", "--step-ms", "10", "--worker-timeout", "2",
+                            "--prefill-ms-per-token", "100")
+    prompt = "p" * 15  # 15 byte tokens: a 1.5 s prefill in one step
+    with Client(server.target) as client:
+        for _ in range(2):
+            time.sleep(2.5)
+            chunks = list(client.generate(prompt, max_tokens=4, timeout=30))
+            assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+            assert sum(len(c.token_ids) for c in chunks) == 4
+    assert len(server.workers) == 1 and server.workers[0].is_running()
+
+
+def test_a_restart_loop_backs_off_and_says_so(server_factory) -> None:
+    """A worker that dies soon after each start is restarted after 1 s, then 2 s, then 4 s
+    (not every second for ever), and the back-off is exported while it lasts."""
+    port = _free_port()
+    server = server_factory("--devices", "cpu:1", "--step-ms", "10", "--metrics-port", str(port))
+    seen: set[int] = set()
+    gaps = []
+    for restart in range(4):
+        _wait_serving_workers(server.target, 1)
+        worker = _new_worker(server, seen)
+        if restart:
+            gaps.append(time.monotonic() - killed)
+        if restart == 3:
+            break
+        os.kill(worker.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        if restart == 2:  # waiting out the third back-off: the gauge shows it
+            time.sleep(1.0)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                assert 'cadence_worker_restart_backoff_seconds{worker="0"} 4.0' in r.read().decode()
+    assert 1.0 <= gaps[0] < 1.9 and 2.0 <= gaps[1] < 2.9 and 4.0 <= gaps[2] < 4.9, gaps
+    with Client(server.target) as client:
+        assert len(list(client.generate("back", max_tokens=3))) >= 1
+
+
+def _new_worker(server, seen: set[int], timeout: float = 30.0) -> psutil.Process:
+    """The server's one worker process not in `seen` (added to it)."""
+    deadline = time.monotonic() + timeout
+    while (worker := live_workers(server).get(0)) is None or worker.pid in seen:
+        assert time.monotonic() < deadline, "no new worker process"
+        time.sleep(0.02)
+    seen.add(worker.pid)
+    return worker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _wait_serving_workers(target: str, workers: int, timeout: float = 30.0) -> None:

@@ -33,9 +33,9 @@ def _scrape_of(m: FrontMetrics, others: list[tuple[int, str]] | None = None) -> 
 
 def test_start_up_gauges_and_restarts_are_scraped_per_worker() -> None:
     m = _started()
-    restarts = [0, 0]
-    m.watch_restarts(restarts)
-    restarts[1] = 2  # read at scrape time, as the supervisor changes it
+    restarts, delays = [0, 0], [0.0, 0.0]
+    m.watch_restarts(restarts, delays)
+    restarts[1], delays[1] = 2, 4.0  # read at scrape time, as the supervisor changes them
     m.worker_started(1, load_s=1.25, warmup_s=0.5, first_step_s=0.25, warm_step_s=0.01)
     values = _scrape_of(m)
     assert values["cadence_worker_load_seconds{worker=0}"] == 2.5
@@ -45,6 +45,9 @@ def test_start_up_gauges_and_restarts_are_scraped_per_worker() -> None:
     assert values["cadence_worker_warm_step_seconds{worker=0}"] == 0.02
     assert values["cadence_worker_restarts_total{worker=0}"] == 0
     assert values["cadence_worker_restarts_total{worker=1}"] == 2
+    backoff = m.registry.get_sample_value
+    assert backoff("cadence_worker_restart_backoff_seconds", {"worker": "0"}) == 0
+    assert backoff("cadence_worker_restart_backoff_seconds", {"worker": "1"}) == 4
 
 
 def test_no_restart_samples_before_the_supervisor_is_handed_over() -> None:

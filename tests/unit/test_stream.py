@@ -367,8 +367,10 @@ class PauseLink:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
+        self.paused = 0
 
     def pause(self, seq_id: int) -> None:
+        self.paused += 1
         self.calls.append(("pause", seq_id))
 
     def resume(self, seq_id: int) -> None:
@@ -400,10 +402,10 @@ def test_block_counts_each_pause_once_and_the_gauge_follows_resumes():
     s, link = blocking_stream()
     for step in range(5):  # capacity 2: the third step pauses; later pushes do not re-pause
         push_step(s, 65, step)
-    assert link.calls == [("pause", 7)]
+    assert link.calls == [("pause", 7)] and link.paused == 1
     assert pause_samples() == (issued + 1, paused + 1)
     s.take_chunk()  # the client read: resumed, off the gauge, still counted as issued
-    assert link.calls == [("pause", 7), ("resume", 7)]
+    assert link.calls == [("pause", 7), ("resume", 7)] and link.paused == 0
     assert pause_samples() == (issued + 1, paused)
     for step in range(5, 8):  # a second pause is a second one issued
         push_step(s, 65, step)

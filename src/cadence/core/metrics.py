@@ -221,8 +221,13 @@ class FrontMetrics:
         self._front_restarts = _RestartCollector(
             "cadence_front_restarts_total",
             "Times front 0 restarted front N (--fronts) after it exited.", "front")
+        self._restart_backoff = _RestartCollector(
+            "cadence_worker_restart_backoff_seconds",
+            ("The back-off before the worker's pending restart: 0 while it runs; 1 s, doubling "
+             "to 30 s, while it keeps failing soon after each start."), "worker", GaugeMetricFamily)
         r.register(self._restarts)
         r.register(self._front_restarts)
+        r.register(self._restart_backoff)
         self.tally = StreamTally()
         self.loop_lag_tally = LoopLagTally(front)
         """Handed to every request stream, which counts into it."""
@@ -249,10 +254,12 @@ class FrontMetrics:
         self.worker_first_step.labels(label).set(first_step_s)
         self.worker_warm_step.labels(label).set(warm_step_s)
 
-    def watch_restarts(self, restarts: Sequence[int]) -> None:
+    def watch_restarts(self, restarts: Sequence[int], delays: Sequence[float] = ()) -> None:
         """Export `cadence_worker_restarts_total` from the supervisor's per-worker counts
-        (read when scraped, so a restart that never comes back ready still counts)."""
+        (read when scraped, so a restart that never comes back ready still counts), and
+        `cadence_worker_restart_backoff_seconds` from its pending restarts' back-offs."""
         self._restarts.restarts = restarts
+        self._restart_backoff.restarts = delays
 
     def watch_front_restarts(self, restarts: Sequence[int]) -> None:
         """Export `cadence_front_restarts_total` from front 0's per-front counts."""
@@ -281,22 +288,23 @@ class FrontMetrics:
 
 
 class _RestartCollector:
-    """A restart counter by worker (or front), read from the supervisor's counts.
+    """A restart counter (or the back-off gauge) by worker or front, read from the
+    supervisor's counts.
 
     A collector, not a Counter, because the supervisor already keeps the count (and changes
     it where no metrics object is at hand); front 0 alone has a supervisor, so the other
     fronts export the family without samples.
     """
 
-    def __init__(self, name: str, text: str, label: str) -> None:
-        self._name, self._text, self._label = name, text, label
-        self.restarts: Sequence[int] = ()
+    def __init__(self, name: str, text: str, label: str, family=CounterMetricFamily) -> None:
+        self._name, self._text, self._label, self._family = name, text, label, family
+        self.restarts: Sequence[float] = ()
 
     def describe(self):
-        return [CounterMetricFamily(self._name, "", labels=[self._label])]
+        return [self._family(self._name, "", labels=[self._label])]
 
     def collect(self):
-        family = CounterMetricFamily(self._name, self._text, labels=[self._label])
+        family = self._family(self._name, self._text, labels=[self._label])
         for index, count in enumerate(self.restarts):
             family.add_metric([str(index)], count)
         yield family

@@ -158,6 +158,7 @@ class RequestStream:
         """The pause is over (resumed, or the stream ends): off the gauge, once."""
         self._paused = False
         self._tally.paused -= 1
+        self._link.paused -= 1
         task = self._paused_task
         if task is not None:
             self._paused_task = None

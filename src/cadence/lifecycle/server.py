@@ -247,10 +247,10 @@ class CadenceServer:
             for index, device in enumerate(config.devices)
         ]
         self.supervisor = WorkerSupervisor(
-            launcher, specs, self.router, on_down=self.core.fail_worker,
+            launcher, specs, self.router, self._links, on_down=self.core.fail_worker,
             on_health=self._refresh_health, hang_timeout_s=config.worker_timeout_s,
             restart=config.restart_workers, heartbeat_timeout_s=config.heartbeat_timeout_s)
-        self.metrics.watch_restarts(self.supervisor.restarts)
+        self.metrics.watch_restarts(self.supervisor.restarts, self.supervisor.restart_delay_s)
         return self.supervisor
 
     def _serve_metrics(self) -> None:

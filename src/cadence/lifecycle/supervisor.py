@@ -5,8 +5,14 @@ with `--fronts N` (it follows the workers front 0 launched).
 
 Its streams end at once with UNAVAILABLE and a message naming the worker, the router stops
 sending it requests until its replacement reports ready, and the other workers' streams are
-untouched. Restarts back off (1 s, 2 s, 4 s, ... up to 30 s) so a worker that cannot start
-does not spin.
+untouched. Restarts back off (1 s, 2 s, 4 s, ... up to 30 s) so a worker that cannot start,
+or dies soon after each start, does not spin; the back-off resets once a replacement has run
+for `_STABLE_S`.
+
+The hang check (`--worker-timeout`) times how long a worker with something to step has gone
+without output: its clock starts at its last output or when it last had nothing to step (no
+request, or every request paused by a client that does not read), whichever is later, so
+an idle spell never counts against the first step after it.
 """
 
 from __future__ import annotations
@@ -14,17 +20,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cadence.config import WorkerSpec
 from cadence.lifecycle.launcher import Launcher, WorkerHandle
 from cadence.router import WorkerRouter
+from cadence.transport.front_end import WorkerLink
 
 log = logging.getLogger("cadence.supervisor")
 
 _CHECK_INTERVAL_S = 0.2
 _FIRST_BACKOFF_S = 1.0
 _MAX_BACKOFF_S = 30.0
+_STABLE_S = 30.0
+"""A worker that ran this long before it failed restarts after the first back-off again."""
 
 
 class WorkerSupervisor:
@@ -35,6 +44,7 @@ class WorkerSupervisor:
         launcher: Launcher,
         specs: list[WorkerSpec],
         router: WorkerRouter,
+        links: Sequence[WorkerLink],
         *,
         on_down: Callable[[int, str], None],
         on_health: Callable[[], None],
@@ -45,6 +55,7 @@ class WorkerSupervisor:
         self._launcher = launcher
         self._specs = specs
         self._router = router
+        self._links = links
         self._on_down = on_down
         self._on_health = on_health
         self._hang_timeout_ns = int(hang_timeout_s * 1e9) if hang_timeout_s else None
@@ -57,8 +68,13 @@ class WorkerSupervisor:
         """Updated by the output reader on every step from a worker."""
         self.last_heard_ns = [0] * len(specs)
         """Updated by the output reader on every heartbeat (0: none since the last start)."""
+        self._idle_ns = [0] * len(specs)
+        """When each worker was last seen with nothing to step."""
+        self._ready_at = [0.0] * len(specs)
         self._restart_at: dict[int, float] = {}
         self._backoff = [_FIRST_BACKOFF_S] * len(specs)
+        self.restart_delay_s = [0.0] * len(specs)
+        """The back-off before each worker's pending restart (0: none pending)."""
         self.stopping = False
 
     def launch(self) -> None:
@@ -77,8 +93,8 @@ class WorkerSupervisor:
         """A worker (first start or replacement) reported ready: route to it again."""
         self.ready[index] = True
         self.last_output_ns[index] = time.monotonic_ns()
+        self._ready_at[index] = time.monotonic()
         self._router.alive[index] = True
-        self._backoff[index] = _FIRST_BACKOFF_S
         self._on_health()
 
     async def run(self) -> None:
@@ -92,19 +108,22 @@ class WorkerSupervisor:
                 if i in self._restart_at:
                     if time.monotonic() >= self._restart_at[i]:
                         del self._restart_at[i]
+                        self.restart_delay_s[i] = 0.0
                         log.warning("restarting worker %d (restart %d)", i, self.restarts[i] + 1)
                         self.restarts[i] += 1
                         self.last_heard_ns[i] = 0
                         self.workers[i] = self._launcher.launch(self._specs[i])
                     continue
+                if self._router.requests[i] <= self._links[i].paused:
+                    self._idle_ns[i] = now  # nothing to step: the hang clock does not run
                 code = worker.exit_code()
                 if code is not None:
                     self._down(i, f"worker {i} stopped (exit status {code}); retry the request")
                 elif (
                     self._hang_timeout_ns is not None
                     and self.ready[i]
-                    and self._router.requests[i] > 0
-                    and now - self.last_output_ns[i] > self._hang_timeout_ns
+                    and now - max(self.last_output_ns[i], self._idle_ns[i],
+                                  self._router.busy_since_ns[i]) > self._hang_timeout_ns
                 ):
                     worker.kill()
                     self._down(i, f"worker {i} made no step for "
@@ -128,8 +147,16 @@ class WorkerSupervisor:
         self._on_down(index, message)
         self._on_health()
         if self._restart and not self.stopping:
-            self._restart_at[index] = time.monotonic() + self._backoff[index]
-            self._backoff[index] = min(self._backoff[index] * 2, _MAX_BACKOFF_S)
+            now = time.monotonic()
+            if self._ready_at[index] and now - self._ready_at[index] >= _STABLE_S:
+                self._backoff[index] = _FIRST_BACKOFF_S
+            self._ready_at[index] = 0.0  # a replacement that dies before ready ran for no time
+            delay = self.restart_delay_s[index] = self._backoff[index]
+            if delay > _FIRST_BACKOFF_S:
+                log.error("worker %d keeps failing (%d restarts so far); restarting it in %.0f s",
+                          index, self.restarts[index], delay)
+            self._restart_at[index] = now + delay
+            self._backoff[index] = min(delay * 2, _MAX_BACKOFF_S)
 
     async def stop(self, links) -> None:
         """Ask every worker to shut down, then make sure it has: SIGTERM, then SIGKILL."""

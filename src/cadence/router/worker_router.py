@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 
 class NoWorkerAvailable(Exception):
     """Every worker has died."""
@@ -19,6 +21,9 @@ class WorkerRouter:
         self.load = [0] * workers
         self.requests = [0] * workers
         self.alive = [True] * workers
+        self.busy_since_ns = [0] * workers
+        """When each worker last went from no request to one: the hang check's clock starts
+        there, not at an output from before an idle spell."""
         self._next = 0
 
     def pick(self) -> int:
@@ -35,6 +40,8 @@ class WorkerRouter:
         return best
 
     def assign(self, worker: int, work: int) -> None:
+        if not self.requests[worker]:
+            self.busy_since_ns[worker] = time.monotonic_ns()
         self.load[worker] += work
         self.requests[worker] += 1
 

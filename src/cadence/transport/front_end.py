@@ -12,7 +12,7 @@ import msgspec
 import zmq
 
 from cadence.transport.messages import AddRequest, Heartbeat, Shutdown, WorkerInputs, WorkerOutput
-from cadence.transport.sockets import OUTPUT_HWM, remove_ipc_sockets, sibling
+from cadence.transport.sockets import OUTPUT_HWM, heartbeat_address, remove_ipc_sockets
 
 log = logging.getLogger("cadence.transport")
 
@@ -45,6 +45,9 @@ class WorkerLink:
         self._aborts: list[int] = []
         self._pauses: list[int] = []
         self._resumes: list[int] = []
+        self.paused = 0
+        """Sequences paused now (the stream lowers it when the pause ends): a worker whose
+        every request is paused has nothing to step, and is not hung."""
         self._flush_scheduled = False
         self._encode = msgspec.msgpack.Encoder().encode
 
@@ -58,6 +61,7 @@ class WorkerLink:
         self._schedule()
 
     def pause(self, seq_id: int) -> None:
+        self.paused += 1
         self._pauses.append(seq_id)
         self._schedule()
 
@@ -154,7 +158,7 @@ class FrontChannel:
         self.output_address = self._output.getsockopt_string(zmq.LAST_ENDPOINT)
         self._heartbeat = self._context.socket(zmq.PUB)
         self._heartbeat.setsockopt(zmq.LINGER, 0)
-        self._heartbeat.bind(sibling(output_address, "hb"))
+        self._heartbeat.bind(heartbeat_address(output_address))
         self.heartbeat_address = self._heartbeat.getsockopt_string(zmq.LAST_ENDPOINT)
         self._beat = msgspec.msgpack.encode(Heartbeat())
         self._decode = msgspec.msgpack.Decoder(WorkerOutput).decode

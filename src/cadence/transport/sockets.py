@@ -41,11 +41,14 @@ def front_addresses(base: str, front: int, workers: int) -> tuple[list[str], str
     return ([f"ipc://{base}/f{front}-in-{i}" for i in range(workers)], f"ipc://{base}/f{front}-out")
 
 
-def sibling(address: str, name: str) -> str:
-    """Another socket's address next to `address`: the same folder (ipc) or host (tcp)."""
-    if address.startswith("ipc://"):
-        return f"ipc://{os.path.dirname(address[len('ipc://'):])}/{name}"
-    return address.rsplit(":", 1)[0] + ":*"
+def heartbeat_address(output_address: str) -> str:
+    """Where a front binds its heartbeat: beside its output socket, named after it (ipc), so
+    that each front of `--fronts N` has its own (a second bind of one ipc path takes the file
+    over, and a worker started later would connect to a front that does not beat), or on
+    the same host (tcp)."""
+    if output_address.startswith("ipc://"):
+        return f"{output_address}-hb"
+    return output_address.rsplit(":", 1)[0] + ":*"
 
 
 def remove_ipc_sockets(addresses: list[str]) -> None:
