@@ -189,7 +189,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from cadence.lifecycle import StartupError
+    from cadence.lifecycle import ServingFailed, StartupError
     from cadence.lifecycle.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
@@ -212,7 +212,7 @@ def _serve(args: argparse.Namespace) -> None:
             event_loop.run(envoy_front.serve(config, on_started=announce, log_level=args.log_level))
         else:
             event_loop.run(serve(config, on_started=announce))
-    except StartupError as exc:
+    except (StartupError, ServingFailed) as exc:
         sys.exit(f"cadence serve: {exc}")
 
 

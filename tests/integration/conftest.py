@@ -47,13 +47,16 @@ class RunningServer:
         return code
 
 
-def start_server(*args: str, timeout: float = 60.0) -> RunningServer:
+def start_server(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None,
+                 stderr: int | None = None) -> RunningServer:
     """Run `cadence serve --port 0 ARGS` and return once health says SERVING."""
     process = subprocess.Popen(
         [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--log-level", "WARNING", *args,
          *SERVE_ARGS],
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
+        env=env,
     )
     deadline = time.monotonic() + timeout
     line = process.stdout.readline()  # the banner comes after every worker is ready

@@ -7,3 +7,9 @@ worker supervision (`supervisor.py`), how workers are launched (`launcher.py`,
 
 class StartupError(RuntimeError):
     """The server could not start; the message says why and what to do."""
+
+
+class ServingFailed(RuntimeError):
+    """A part the server cannot serve without (Envoy, with `--grpc-server native`) died while
+    it served; the message says what. `cadence serve` exits non-zero, so that whatever runs
+    it restarts it."""

@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import msgspec
 
 from cadence.config import ServerConfig
-from cadence.lifecycle import StartupError
+from cadence.lifecycle import ServingFailed, StartupError
 from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
 
 log = logging.getLogger("cadence.server")
@@ -84,6 +84,7 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
         if not connected.done():
             connected.set_result((reader, writer))
 
+    failed = False
     # The control socket's file is needed only until the front connects: it goes then.
     with tempfile.TemporaryDirectory(prefix="cadence-envoy-", ignore_cleanup_errors=True) as tmp:
         path = os.path.join(tmp, "control")
@@ -127,11 +128,16 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
                 wait_s = config.grace_s + _STOPPED_WAIT_S
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(eof, wait_s)
-            elif exited.done():
-                log.error("Envoy exited (status %s); the front with it", exited.result())
+            else:  # nobody here asked it to stop
+                failed = True
         finally:
             await envoy.stop()
             control.close()
+    if failed:
+        status = exited.result() if exited.done() else "unknown"
+        raise ServingFailed(f"Envoy stopped while serving on {config.host}:{port} (exit status "
+                            f"{status}: a crash, a kill or an admin /quitquitquit); its streams "
+                            "were cut and the server stopped")
 
 
 async def _first(awaitable, exited: asyncio.Future, stop: asyncio.Event, what: str):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 
@@ -29,8 +30,19 @@ from cadence.worker.process import die_with_parent
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
-    if os.getppid() == 1:  # front 0 died before prctl took effect
+    parent = os.getppid()
+    if parent == 1:  # front 0 died before prctl took effect
         return
+    try:
+        _serve(argv)
+    finally:
+        if os.getppid() != parent:
+            # Front 0 was killed: nothing else would remove the folder it shares with the
+            # fronts (their sockets, ready files, the admission count).
+            shutil.rmtree(argv[1], ignore_errors=True)
+
+
+def _serve(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     front, base = int(argv[0]), argv[1]
     config = msgspec.json.decode(argv[2].encode(), type=ServerConfig)
@@ -38,12 +50,12 @@ def main(argv: list[str] | None = None) -> None:
     generation = int(argv[4]) if len(argv) > 4 else 0
     logging.basicConfig(level=level, format=f"%(asctime)s front-{front} %(name)s %(message)s")
     if config.grpc_server == "native":  # this process starts Envoy, which runs the front
-        from cadence.lifecycle import StartupError, envoy_front
+        from cadence.lifecycle import ServingFailed, StartupError, envoy_front
 
         try:
             event_loop.run(envoy_front.serve(config, log_level=logging.getLevelName(level),
                                              child=(front, base, generation)))
-        except StartupError as exc:
+        except (StartupError, ServingFailed) as exc:
             sys.exit(f"front {front}: {exc}")
         return
     server = CadenceServer(config, front=front, base_dir=base, generation=generation)
