@@ -83,6 +83,25 @@ def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
         slow_channel.close()
 
 
+def test_a_worker_whose_only_stream_is_paused_is_not_hung() -> None:
+    """Under the block policy a worker whose every sequence is paused has nothing to step:
+    a client that stops reading for longer than --worker-timeout costs no worker."""
+    args = ("--devices", "cpu:1", "--step-ms", "2", "--overflow", "block", "--queue-capacity",
+            "8", "--worker-timeout", "1", "--metrics-port", "0")
+    with ServerProcess(*args) as server:
+        url = _metrics_url(server)
+        channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
+        slow = pb_grpc.InferenceStub(channel).Generate(build_request("slow", max_tokens=1000))
+        first = next(slow)
+        _wait_until(lambda: _metric(url, "cadence_paused_sequences") == 1)
+        time.sleep(2.5)  # paused for more than twice the worker timeout
+        rest = list(slow)
+        assert len(_tokens([first, *rest])) == 1000
+        assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert _metric(url, "cadence_worker_restarts_total") == 0
+        channel.close()
+
+
 def test_abort_policy_ends_a_slow_stream_with_resource_exhausted() -> None:
     with ServerProcess("--step-ms", "2", "--overflow", "abort", "--queue-capacity", "8") as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
