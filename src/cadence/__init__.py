@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "serve"]
+__all__ = [
+    "AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "Sequence", "serve",
+]
 __version__ = "0.1.0"
 
 
@@ -20,6 +22,10 @@ def __getattr__(name: str):
         from cadence.serving import serve
 
         return serve
+    if name == "Sequence":  # what a batched model's step is given (docs/models.md)
+        from cadence.engines.base import Sequence
+
+        return Sequence
     if name in ("AppContext", "AppRequest"):
         from cadence.engines import app
 

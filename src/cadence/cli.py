@@ -47,6 +47,17 @@ def _step_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected MS,MS,... (numbers), got {text!r}") from None
 
 
+_ENGINES = ("synthetic", "app", "torch")
+
+
+def _engine_choice(text: str) -> str:
+    if text in _ENGINES or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {', '.join(_ENGINES)}, or MODULE:CLASS for "
+        "your batched model class)")
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from cadence.config import EngineConfig, ServerConfig
 
@@ -57,9 +68,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     devices = f"cpu:{len(d.devices)}"
     p.add_argument("--devices", default=devices,
                    help=f"cpu:N, cuda:I,J,... or auto (default {devices})")
-    p.add_argument("--engine", default=e.name, choices=["synthetic", "app", "torch"],
+    p.add_argument("--engine", default=e.name, type=_engine_choice,
+                   metavar="{synthetic,app,torch,MODULE:CLASS}",
                    help="what generates the tokens: a synthetic model of an engine's timing, "
-                        "your generator function (--app), or a Llama model in torch (--model)")
+                        "your generator function (--app), a Llama model in torch (--model), or "
+                        "your batched model class (docs/models.md)")
     p.add_argument("--app", default="", metavar="MODULE:FUNCTION",
                    help="serve your generator function (sync or async; implies --engine app)")
     p.add_argument("--engine-threads", type=int, default=e.engine_threads,
@@ -70,7 +83,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="", metavar="PATH|tiny",
                    help="torch engine: a local Hugging Face Llama folder, or tiny (implies --engine torch)")
     p.add_argument("--tp", type=int, default=1,
-                   help="torch engine: tensor-parallel ranks per worker; --devices cpu:4 --tp 2 "
+                   help="torch engine or MODULE:CLASS: tensor-parallel ranks per worker; "
+                        "--devices cpu:4 --tp 2 "
                         "gives two workers of two ranks")
     p.add_argument("--dtype", default=e.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                    help="torch engine: compute dtype (auto: float32 on CPU, the checkpoint's on CUDA)")
@@ -227,6 +241,9 @@ def _server_config(args: argparse.Namespace):
 
     devices = group_devices(parse_devices(args.devices), args.tp)
     engine = "app" if args.app else args.engine
+    model_class = ""
+    if ":" in engine:  # --engine MODULE:CLASS
+        engine, model_class = "model", engine
     if args.model and engine == "synthetic":
         engine = "torch"
     return ServerConfig(
@@ -244,6 +261,7 @@ def _server_config(args: argparse.Namespace):
             seed=args.seed,
             max_batch=args.max_batch,
             app=args.app,
+            model_class=model_class,
             engine_threads=args.engine_threads,
             model=args.model,
             dtype=args.dtype,

@@ -12,7 +12,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
 
     name: str = "synthetic"
-    """Engine kind: `synthetic`, `app` (a user's generator function) or `torch` (a Llama model)."""
+    """Engine kind: `synthetic`, `app` (a user's generator function), `torch` (a Llama model)
+    or `model` (a user's batched model class, `model_class`)."""
     step_ms: float = 20.0
     """Synthetic: base duration of one decode step."""
     per_seq_ms: float = 0.0
@@ -32,6 +33,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Sequences stepped together at most; more wait in the worker's queue."""
     app: str = ""
     """App engine: the user's generator function as `module:function` or `path.py:function`."""
+    model_class: str = ""
+    """Model engine: the user's batched model class as `module:Class` or `path.py:Class`
+    (cadence.engines.user_model; docs/models.md)."""
     engine_threads: int = 1
     """App engine, sync functions: threads of the worker's executor that run the function
     (default one per device; each worker owns one device)."""
@@ -45,6 +49,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Torch on CUDA: decode steps of up to this many sequences replay CUDA graphs (0: off)."""
     threads: int = 0
     """Torch on CPU: intra-op threads per rank; 0 leaves torch's default."""
+
+    @property
+    def tokenizes_text(self) -> bool:
+        """Text prompts go to the worker, which tokenizes them with the model's tokenizer."""
+        return self.name in ("torch", "model")
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -228,6 +237,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
                             f"{len(self.devices)} workers, got {len(by_worker)} value(s)")
         if self.engine.name == "app" and not self.engine.app:
             problems.append("the app engine needs a function: --app MODULE:FUNCTION")
+        if self.engine.name == "model" and ":" not in self.engine.model_class:
+            problems.append("the model engine needs a class: --engine MODULE:CLASS (got "
+                            f"{self.engine.model_class!r})")
         if self.engine.engine_threads < 1:
             problems.append(f"engine_threads must be at least 1 (got {self.engine.engine_threads})")
         if self.app_in_front and self.engine.name != "app":
@@ -271,8 +283,9 @@ def _torch_problems(config: ServerConfig) -> list[str]:
             problems.append(f"cuda_graph_batch must be 0 (off) or more (got {engine.cuda_graph_batch})")
         if engine.kv_cache_tokens < 16:
             problems.append(f"kv_cache_tokens must be at least 16 (got {engine.kv_cache_tokens})")
-    elif any("," in d for d in config.devices):
-        problems.append("tensor parallelism (--tp) needs the torch engine")
+    elif any("," in d for d in config.devices) and engine.name != "model":
+        problems.append("tensor parallelism (--tp) needs the torch engine or a model class "
+                        "(--engine MODULE:CLASS)")
     return problems
 
 

@@ -64,8 +64,8 @@ class FrontCore:
         self._gate = gate or AdmissionGate(config.max_concurrent)
         self._seq_ids = seq_ids or sequence_ids(0, 1)
         self._tokenizer = ByteTokenizer()
-        self._text_to_worker = config.engine.name == "torch"
-        """The torch engine tokenizes text prompts with the model's own tokenizer."""
+        self._text_to_worker = config.engine.tokenizes_text
+        """The worker tokenizes text prompts with the model's own tokenizer."""
         self.streams: dict[int, RequestStream] = {}
         """The open requests' streams by sequence id (the output reader's index)."""
         self._request_ids: set[str] = set()

@@ -107,8 +107,8 @@ def is_async_app(app: Callable) -> bool:
     return inspect.isasyncgenfunction(call) or inspect.iscoroutinefunction(call)
 
 
-def app_reference(app: Callable | str) -> str:
-    """The name a worker process imports `app` by: `module:qualname`, or `file.py:qualname`
+def app_reference(app: Callable | type | str) -> str:
+    """The name a worker process imports `app` (a function or a model class) by: `module:qualname`, or `file.py:qualname`
     for a function defined in the script being run. Raises ValueError if it has none."""
     if isinstance(app, str):
         if ":" not in app:
@@ -116,10 +116,11 @@ def app_reference(app: Callable | str) -> str:
         return app
     module = getattr(app, "__module__", None)
     qualname = getattr(app, "__qualname__", None)
+    in_front = "" if inspect.isclass(app) else ", or serve it with app_in_front=True"
     if not module or not qualname or "<" in qualname:
         raise ValueError(
             f"{app!r} cannot be imported by a worker process: define it at the top level of "
-            "a module, or serve it with app_in_front=True"
+            f"a module{in_front}"
         )
     if module == "__main__":
         main = sys.modules["__main__"]
@@ -130,7 +131,7 @@ def app_reference(app: Callable | str) -> str:
         if not path:
             raise ValueError(
                 f"{qualname} is defined in an interactive session; a worker process cannot "
-                "import it: put it in a module, or serve it with app_in_front=True"
+                f"import it: put it in a module{in_front}"
             )
         module = os.path.abspath(path)
     return f"{module}:{qualname}"

@@ -1,4 +1,9 @@
-"""What the worker's batching loop needs from an engine."""
+"""What the worker's batching loop needs from an engine, and the sequence it steps.
+
+`Sequence` is public (`cadence.Sequence`): a user's batched model (`--engine MODULE:CLASS`,
+see cadence.engines.user_model and docs/models.md) is handed the same objects as the
+built-in engines.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,69 @@ from cadence.transport.messages import AddRequest
 
 
 class Sequence:
-    """A request inside a worker: its prompt, limits and how far it has got."""
+    """One request inside a worker: its prompt, limits, sampling parameters and how far it
+    has got. A model reads it and keeps its own per-sequence data in `state`."""
 
-    __slots__ = ("seq_id", "request", "stop_token_ids", "generated", "state", "detokenize")
+    __slots__ = ("seq_id", "request", "stop_token_ids", "generated", "state", "detokenize",
+                 "prompt")
 
     def __init__(self, request: AddRequest) -> None:
         self.seq_id = request.seq_id
+        """The server's number for this request (unique within a server run)."""
         self.request = request
+        """The worker's message that started the sequence (every field below comes from it)."""
         self.stop_token_ids = frozenset(request.stop_token_ids)
+        """Token ids that end the sequence (finish STOP) once the model outputs one."""
         self.generated = 0
+        """Outputs given so far: 0 while the sequence is in `prefill`."""
         self.state: object = None
-        """Engine-owned per-sequence state (a text offset, a KV-cache slot, ...)."""
+        """The engine's (the model's) own per-sequence data: a text offset, a KV-cache slot, ..."""
         self.detokenize: Callable[[int, bool], str] | None = None
         """For engines with their own tokenizer: turns each new token (and whether it is the
         sequence's last) into its text piece."""
+        self.prompt = request.prompt_text
+        """The prompt as text: the client's text; for a client that sent token ids, a user's
+        model sees their decoding (by its tokenizer, or as UTF-8 bytes)."""
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        """The prompt as token ids (the model's tokenizer's when it has one, else bytes)."""
+        return self.request.prompt_token_ids
+
+    @property
+    def max_tokens(self) -> int:
+        """Outputs at most; the sequence finishes with LENGTH at this many."""
+        return self.request.max_tokens
+
+    @property
+    def temperature(self) -> float:
+        """Sampling temperature; 0 asks for greedy decoding."""
+        return self.request.temperature
+
+    @property
+    def top_p(self) -> float:
+        return self.request.top_p
+
+    @property
+    def top_k(self) -> int:
+        return self.request.top_k
+
+    @property
+    def seed(self) -> int:
+        return self.request.seed
+
+    def __repr__(self) -> str:
+        return (f"Sequence(seq_id={self.seq_id}, prompt={self.prompt!r}, "
+                f"generated={self.generated}, max_tokens={self.max_tokens})")
+
+
+class StepFailed(Exception):
+    """An engine's step failed, and the engine can go on: the step's sequences end with
+    INTERNAL and this message; the worker keeps serving the others."""
+
+
+class EngineLoadError(Exception):
+    """The engine could not be built; the message says what to fix (one line)."""
 
 
 class Engine(Protocol):
@@ -34,6 +88,10 @@ class Engine(Protocol):
     - `tokenizer`: an object with `encode(text) -> list[int]` and `stream(prompt_ids) ->
       Callable[[int, bool], str]`; when not None the worker tokenizes text prompts and sends each
       token's text piece (a model with its own vocabulary). Absent or None: byte tokens.
+    - `text_piece_ids(text) -> list[int]`: an engine whose step may also return a `str` (a
+      piece of text) or None (the sequence is done) for a sequence, instead of a token id,
+      gives a piece's token ids with it; it needs a `tokenizer` too.
+    - `max_batch`: sequences per step at most, when below the server's --max-batch.
     - `close()`: called once when the worker stops (tensor-parallel groups stop their ranks).
     """
 
@@ -49,7 +107,8 @@ class Engine(Protocol):
     def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int]:
         """Run one step: prefill the new sequences, decode the others; one new token each.
 
-        Returns the tokens in the order `prefill + decode`.
+        Returns the tokens in the order `prefill + decode`. Raises StepFailed when only this
+        step's sequences are lost.
         """
 
     def release(self, seq: Sequence) -> None:

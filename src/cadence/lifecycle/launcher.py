@@ -179,6 +179,8 @@ def missing_extra(config: ServerConfig) -> str | None:
     extras = []
     if config.engine.name == "torch":
         extras.append("torch")
+    elif config.engine.name == "model" and any("," in d for d in config.devices):
+        extras.append("torch")  # the group's ranks meet through torch.distributed
     if config.launcher == "ray":
         extras.append("ray")
     if config.otlp_traces_endpoint:
@@ -187,6 +189,8 @@ def missing_extra(config: ServerConfig) -> str | None:
         extras.append("native")
     for extra in extras:
         option, packages = _EXTRAS[extra]
+        if extra == "torch" and config.engine.name == "model":
+            option, packages = "--tp with --engine MODULE:CLASS", ("torch",)
         for package in packages:
             if not _installed(package):
                 return (f"{option} needs the package {package!r}, which is not installed; "

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
-from cadence.engines.base import Engine, Sequence
+from cadence.engines.base import Engine, Sequence, StepFailed
 from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
 
 _BYTES = ByteTokenizer()
@@ -30,6 +30,9 @@ class BatchScheduler:
         # Optional engine capabilities (see cadence.engines.base.Engine).
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
         self._tokenizer = getattr(engine, "tokenizer", None)
+        self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
+            engine, "text_piece_ids", None)
+        """Set for an engine whose outputs may be text pieces or None (a user's model)."""
 
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
@@ -72,10 +75,12 @@ class BatchScheduler:
         """Something to step: waiting sequences, or running ones that are not all paused."""
         return bool(self._waiting) or len(self._running) > len(self._paused)
 
-    def step(self) -> StepOutput | None:
+    def step(self) -> StepOutput | list[RequestFailed] | None:
         """Admit waiting sequences, run one engine step, retire finished sequences.
 
-        This is the only place in the worker that loops over a step's tokens.
+        Returns the step's output, or the failures of its sequences when the engine lost the
+        step (StepFailed), or None when there was nothing to step. This and `_retire_pieces`
+        are the only places in the worker that loop over a step's tokens.
         """
         room = min(self._max_batch - len(self._running), len(self._waiting))
         reserve = self._reserve
@@ -92,7 +97,10 @@ class BatchScheduler:
         if not prefill and not decode:
             return None
         start = time.monotonic_ns()
-        tokens = self._engine.step(prefill, decode)
+        try:
+            tokens = self._engine.step(prefill, decode)
+        except StepFailed as exc:
+            return self._fail(prefill, decode, str(exc))
         end = time.monotonic_ns()
         self._steps += 1
         seq_ids: list[int] = []
@@ -109,6 +117,13 @@ class BatchScheduler:
                 prompt_lens[seq.seq_id] = len(request.prompt_token_ids)
             if tokenizer is not None:
                 seq.detokenize = tokenizer.stream(request.prompt_token_ids)
+        if self._text_piece_ids is not None:
+            seq_ids, tokens, counts = self._retire_pieces(prefill + decode, tokens, texts,
+                                                          finished, reasons)
+            return StepOutput(
+                self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
+                counts, texts, prompt_lens,
+            )
         for seq, token in zip(prefill + decode, tokens):
             seq.generated += 1
             seq_ids.append(seq.seq_id)
@@ -130,3 +145,59 @@ class BatchScheduler:
             self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
             texts=texts, prompt_lens=prompt_lens,
         )
+
+    def _retire_pieces(
+        self, stepped: list[Sequence], outputs: list[int | str | None], texts: list[str],
+        finished: list[int], reasons: list[int],
+    ) -> tuple[list[int], list[int], list[int]]:
+        """The step loop for an engine whose output for a sequence may also be a text piece
+        (`str`: its text as given, its ids from the engine) or None (the sequence is done,
+        STOP, with no output). Each output counts as one toward max_tokens; stop tokens are
+        looked for among the int outputs. Returns the pieces' seq_ids, token ids and token
+        counts (empty when every piece is one token: StepOutput's one-token layout)."""
+        piece_ids = self._text_piece_ids
+        running = self._running
+        seq_ids: list[int] = []
+        token_ids: list[int] = []
+        counts: list[int] = []
+        several = False
+        for seq, out in zip(stepped, outputs):
+            if out is None:
+                reason = Finish.STOP
+            else:
+                seq.generated += 1
+                if type(out) is str:
+                    ids = piece_ids(out)
+                    reason = (Finish.LENGTH if seq.generated >= seq.request.max_tokens
+                              else Finish.NONE)
+                    text = out
+                    token_ids += ids
+                    several = several or len(ids) != 1
+                    counts.append(len(ids))
+                else:
+                    if out in seq.stop_token_ids:
+                        reason = Finish.STOP
+                    elif seq.generated >= seq.request.max_tokens:
+                        reason = Finish.LENGTH
+                    else:
+                        reason = Finish.NONE
+                    text = seq.detokenize(out, reason != Finish.NONE)
+                    token_ids.append(out)
+                    counts.append(1)
+                seq_ids.append(seq.seq_id)
+                texts.append(text)
+            if reason:
+                finished.append(seq.seq_id)
+                reasons.append(reason)
+                del running[seq.seq_id]
+                self._engine.release(seq)
+        return seq_ids, token_ids, counts if several else []
+
+    def _fail(self, prefill: list[Sequence], decode: list[Sequence],
+              message: str) -> list[RequestFailed]:
+        """The engine lost a step: its sequences end with INTERNAL; the others go on."""
+        for seq in decode:
+            del self._running[seq.seq_id]
+        for seq in prefill + decode:
+            self._engine.release(seq)
+        return [RequestFailed(seq.seq_id, Failure.INTERNAL, message) for seq in prefill + decode]

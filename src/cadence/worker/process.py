@@ -11,7 +11,7 @@ import time
 import msgspec
 
 from cadence.config import EngineConfig, WorkerSpec
-from cadence.engines.base import Engine
+from cadence.engines.base import Engine, EngineLoadError
 from cadence.heap import settle_heap
 from cadence.transport.front_routing import worker_channel
 from cadence.transport.heartbeat import WorkerHeartbeat
@@ -34,7 +34,13 @@ def build_engine(
         from cadence.engines.llama.engine import LlamaEngine
 
         return LlamaEngine(config, device, rank=rank, group_size=group_size, dist_init=dist_init)
-    raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic', 'torch' or 'app'")
+    if config.name == "model":
+        from cadence.engines.user_model import ModelEngine
+
+        return ModelEngine(config, device, rank=rank, group_size=group_size, dist_init=dist_init,
+                           worker=worker)
+    raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic', 'torch', 'app' or "
+                     "MODULE:CLASS")
 
 
 _BLOCKED_POLL_MS = 5
@@ -54,10 +60,13 @@ def run_worker(spec: WorkerSpec) -> None:
                 heartbeat.stop()
         return
     load_start = time.perf_counter()
-    engine = build_engine(
-        spec.engine, spec.device, rank=spec.rank, group_size=spec.group_size,
-        dist_init=spec.dist_init, worker=spec.index,
-    )
+    try:
+        engine = build_engine(
+            spec.engine, spec.device, rank=spec.rank, group_size=spec.group_size,
+            dist_init=spec.dist_init, worker=spec.index,
+        )
+    except EngineLoadError as exc:  # one line that says what to fix, not a traceback
+        sys.exit(f"cadence worker {spec.index} (rank {spec.rank}): {exc}")
     if spec.rank > 0:
         # A tensor-parallel follower talks to no front: it runs the steps its rank 0
         # broadcasts, and only listens for the front's heartbeat (a follower on another host
@@ -70,7 +79,8 @@ def run_worker(spec: WorkerSpec) -> None:
     ready = time.perf_counter()
     channel = worker_channel(spec)
     heartbeat = start_heartbeat(spec)
-    scheduler = BatchScheduler(engine, spec.index, spec.engine.max_batch)
+    scheduler = BatchScheduler(engine, spec.index,
+                               getattr(engine, "max_batch", spec.engine.max_batch))
     settle_heap()
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
@@ -114,7 +124,10 @@ def run_worker(spec: WorkerSpec) -> None:
                 scheduler.abort([s for s in scheduler.seq_ids() if s % n in gone])
             output = scheduler.step()
             stepped = output is not None
-            if stepped:
+            if type(output) is list:  # the engine lost the step: its sequences failed
+                for failure in output:
+                    channel.send(failure)
+            elif stepped:
                 channel.send(output)
     finally:
         if heartbeat is not None:

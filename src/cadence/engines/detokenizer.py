@@ -1,0 +1,98 @@
+"""Streaming text out of any tokenizer: what the worker needs (`encode`, and a per-sequence
+`stream` that gives each new token's piece of text) made from an object that only has
+`encode(text)` and `decode(ids)`, or from bytes when a model brings no tokenizer.
+
+A token's piece is the text that decoding gained by it; while the newest tokens do not yet
+form a whole character (the decoded text ends in U+FFFD, as byte-fallback and byte-level BPE
+tokenizers give for a split character) the piece is empty and they wait, and the sequence's
+last token flushes whatever waits. Decoding a short window of tokens instead of single ones
+keeps merges right (a leading space, bytes that join into one character).
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+
+_CONTEXT_TOKENS = 6
+"""Prompt tokens each sequence's decoder starts with, so the first output token's leading
+space or merged bytes come out as they would in the whole text."""
+
+
+class TextStreams:
+    """A tokenizer with `encode` and `decode` only, given the worker's `stream`."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self._encode = tokenizer.encode
+        self._decode = tokenizer.decode
+        self.vocab_size: int | None = _vocab_size(tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._encode(text)
+        return list(getattr(ids, "ids", ids))  # `tokenizers` returns an Encoding
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._decode(token_ids)
+
+    def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
+        """A per-sequence decoder: call it with each new token (and whether it is the last)."""
+        return IncrementalDetokenizer(self._decode, prompt_ids[-_CONTEXT_TOKENS:])
+
+
+class IncrementalDetokenizer:
+    """One sequence's text, token by token (see the module docstring)."""
+
+    __slots__ = ("_decode", "_ids", "_prefix", "_read")
+
+    def __init__(self, decode: Callable[[list[int]], str], context: list[int]) -> None:
+        self._decode = decode
+        self._ids = list(context)
+        self._prefix = 0
+        """Start of the window decoded each time (a few tokens back, for context)."""
+        self._read = len(context)
+        """Tokens before this index have been given out as text."""
+
+    def __call__(self, token: int, final: bool = False) -> str:
+        ids = self._ids
+        ids.append(token)
+        done = self._decode(ids[self._prefix : self._read])
+        text = self._decode(ids[self._prefix :])
+        if len(text) > len(done) and (final or not text.endswith("\ufffd")):
+            self._prefix, self._read = self._read, len(ids)
+            return text[len(done) :]
+        return ""
+
+
+class ByteStreams:
+    """No tokenizer: token ids 0..255 are the UTF-8 bytes of the text."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return bytes(token_ids).decode("utf-8", errors="replace")
+
+    def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
+        """A per-sequence UTF-8 decoder: a split character waits for its other bytes."""
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        return lambda token, final=False: decode(bytes((token,)), final)
+
+
+def _vocab_size(tokenizer: object) -> int | None:
+    """The tokenizer's vocabulary size where it says (transformers', `tokenizers`'), or None."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if callable(size):
+        size = None
+    get = getattr(tokenizer, "get_vocab_size", None)
+    if size is None and callable(get):
+        size = get(with_added_tokens=True)
+    if isinstance(size, int):
+        # transformers' vocab_size leaves added tokens out; len() counts them.
+        try:
+            size = max(size, len(tokenizer))  # type: ignore[arg-type]
+        except TypeError:
+            pass
+        return size
+    return None

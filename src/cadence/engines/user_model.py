@@ -1,0 +1,216 @@
+"""A user's batched model as an engine of the worker's batching loop (`cadence serve
+--engine MODULE:CLASS`, `cadence.serve(MyModel)`; docs/models.md is the user's page).
+
+    class MyModel:
+        def __init__(self, device: str): ...            # + rank=, group_size=, ... if it wants them
+        def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int | str | None]: ...
+        def release(self, seq: Sequence) -> None: ...   # finished or aborted: free its state
+
+`ModelEngine` wraps such an object into the `Engine` protocol, so it runs on the same
+`BatchScheduler` as the built-in engines. What it adds is what a user's code cannot be
+trusted with: a step that raises or returns the wrong thing fails that step's sequences
+(`StepFailed`), not the worker; a `release` or `check` that raises is logged; a tokenizer
+with only encode/decode is given incremental detokenization; no tokenizer means bytes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+
+from cadence.config import EngineConfig
+from cadence.engines.app import load_app
+from cadence.engines.base import EngineLoadError, Sequence, StepFailed
+from cadence.engines.detokenizer import ByteStreams, TextStreams
+from cadence.transport.messages import AddRequest
+
+log = logging.getLogger("cadence.model")
+
+CONSTRUCTOR_KEYWORDS = ("rank", "group_size", "worker", "model")
+"""What a model's constructor may take besides the device, each given only when its
+signature names it (or takes **kwargs): its tensor-parallel rank and group size, the worker's
+number, and the server's --model value."""
+
+
+def load_model_class(reference: str) -> type:
+    """Import the class named `module:Class` (or `path/to/file.py:Class`); EngineLoadError
+    says what is wrong in one line."""
+    try:
+        target = load_app(reference)
+    except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way
+        raise EngineLoadError(
+            f"cannot load model {reference!r}: {type(exc).__name__}: {exc}") from None
+    if not inspect.isclass(target):
+        raise EngineLoadError(
+            f"{reference} is a {type(target).__name__}, not a class; serve a generator "
+            "function with --app instead, or name a class with step(prefill, decode)")
+    if not callable(getattr(target, "step", None)):
+        raise EngineLoadError(
+            f"{reference} has no step(prefill, decode) method; see docs/models.md")
+    return target
+
+
+def construct(cls: type, device: str, offered: dict[str, object]) -> object:
+    """`cls(device, **the offered keywords its constructor takes)`; EngineLoadError if it raises."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no signature to read (a C extension's class)
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in offered.items() if takes_any or k in params}
+    if offered.get("group_size", 1) != 1 and not {"rank", "group_size"} <= kwargs.keys():
+        raise EngineLoadError(
+            f"--tp {offered['group_size']}: {cls.__qualname__}.__init__ must take rank= and "
+            "group_size= to learn its place in the tensor-parallel group (see docs/models.md)")
+    try:
+        return cls(device, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the user's constructor: one line for any failure
+        log.debug("constructing %s failed", cls.__qualname__, exc_info=exc)
+        raise EngineLoadError(f"{cls.__qualname__}({device!r}) raised {type(exc).__name__}: "
+                              f"{exc}") from None
+
+
+class ModelEngine:
+    """A user's model object behind the `Engine` protocol (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, device: str, *, rank: int = 0, group_size: int = 1,
+                 dist_init: str = "", worker: int = 0) -> None:
+        cls = load_model_class(config.model_class)
+        self.name = config.model_class
+        self._label = cls.__qualname__
+        self.group = None
+        if group_size > 1:
+            # Before the model exists, so that its constructor can use torch.distributed.
+            from cadence.engines.model_group import StepGroup
+
+            self.group = StepGroup(rank, group_size, dist_init, device)
+        model = construct(cls, device, {"rank": rank, "group_size": group_size,
+                                        "worker": worker, "model": config.model})
+        self.model = model
+        self._step = model.step
+        self._release = getattr(model, "release", None)
+        self._check = getattr(model, "check", None)
+        reserve = getattr(model, "reserve", None)
+        if callable(reserve):
+            self.reserve = reserve
+        own_max = getattr(model, "max_batch", None)
+        self.max_batch = min(config.max_batch, int(own_max)) if own_max else config.max_batch
+        tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            self.tokenizer = ByteStreams()
+        elif callable(getattr(tokenizer, "stream", None)):
+            self.tokenizer = tokenizer
+        else:
+            self.tokenizer = TextStreams(tokenizer)
+        self._bytes_only = tokenizer is None
+        self.vocab_size = getattr(self.tokenizer, "vocab_size", None) or 0
+        """0: the tokenizer does not say, and prompt ids are not checked against it."""
+
+    def start(self) -> None:
+        """The constructor loaded the model."""
+
+    def check(self, request: AddRequest) -> str | None:
+        """Prompt ids within the vocabulary, then the model's own `check(seq)` if it has one."""
+        prompt = request.prompt_token_ids
+        vocab = self.vocab_size
+        if vocab and prompt and not (0 <= min(prompt) and max(prompt) < vocab):
+            bad = next(t for t in prompt if not 0 <= t < vocab)
+            return f"prompt_token_ids must be in [0, {vocab}); got {bad}"
+        if self._check is None:
+            return None
+        seq = Sequence(request)
+        self._prepare([seq])
+        try:
+            return self._check(seq)
+        except Exception as exc:  # noqa: BLE001 - the user's check fails its request only
+            log.error("%s.check raised on request %d", self._label, seq.seq_id, exc_info=exc)
+            return f"{self._label}.check raised {type(exc).__name__}: {exc}"
+
+    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int | str | None]:
+        """The model's step, its outputs checked; StepFailed fails this step's sequences."""
+        try:
+            if prefill:
+                self._prepare(prefill)
+            if self.group is not None:
+                self.group.send_step(prefill, decode)
+            outputs = self._step(prefill, decode)
+        except Exception as exc:  # noqa: BLE001 - the user's step: its sequences fail, not the worker
+            # Not on the token path: the traceback is what the model's author needs.
+            log.error("%s.step raised", self._label, exc_info=exc)
+            raise StepFailed(f"{self._label}.step raised {type(exc).__name__}: {exc}") from None
+        return self._checked(outputs, prefill, decode)
+
+    def text_piece_ids(self, text: str) -> list[int]:
+        """The token ids of a `str` output: its bytes, or the model's tokenizer's encoding."""
+        return self.tokenizer.encode(text)
+
+    def release(self, seq: Sequence) -> None:
+        if self.group is not None:
+            self.group.released(seq.seq_id)
+        self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        """The model's `release`, on any rank."""
+        if self._release is None:
+            return
+        try:
+            self._release(seq)
+        except Exception as exc:  # noqa: BLE001 - one failed clean-up must not stop the others
+            log.error("%s.release raised on request %d", self._label, seq.seq_id, exc_info=exc)
+
+    def follow(self) -> None:
+        """Tensor-parallel followers (rank > 0): step the model as rank 0 does, until it stops."""
+        assert self.group is not None
+        try:
+            self.group.follow(self._step, self._free, self._prepare)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.model, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if self.group is not None:
+                self.group.close()
+
+    def _prepare(self, seqs: list[Sequence]) -> None:
+        """Give sequences that came as token ids their prompt text too."""
+        for seq in seqs:
+            if not seq.prompt:
+                seq.prompt = self.tokenizer.decode(seq.request.prompt_token_ids)
+
+    def _checked(self, outputs: object, prefill: list[Sequence],
+                 decode: list[Sequence]) -> list[int | str | None]:
+        """`outputs` as a list of int, str or None, one per sequence, or StepFailed."""
+        if type(outputs) is not list:
+            try:
+                outputs = list(outputs)  # a tuple, a numpy array, ...
+            except TypeError:
+                raise StepFailed(f"{self._label}.step returned a {type(outputs).__name__}; "
+                                 "return a list with one output per sequence") from None
+        count = len(prefill) + len(decode)
+        if len(outputs) != count:
+            raise StepFailed(f"{self._label}.step returned {len(outputs)} outputs for {count} "
+                             "sequences; return one per sequence, in prefill + decode order")
+        limit = self.vocab_size or None
+        for i, out in enumerate(outputs):
+            kind = type(out)
+            if kind is str or out is None:
+                continue
+            if kind is not int:
+                try:
+                    out = outputs[i] = operator.index(out)  # numpy and torch integers
+                except TypeError:
+                    raise StepFailed(
+                        f"{self._label}.step returned a {kind.__name__} for a sequence; return "
+                        "an int (token id), a str (text) or None (done)") from None
+            if out < 0 or (limit is not None and out >= limit):
+                raise StepFailed(f"{self._label}.step returned token id {out}, " + (
+                    "but the model has no tokenizer, so ids are bytes (0..255): give the class "
+                    "a `tokenizer` or return str pieces" if self._bytes_only else
+                    f"outside its tokenizer's vocabulary [0, {limit})" if limit else
+                    "which is negative"))
+        return outputs

@@ -1,0 +1,135 @@
+"""Batched model classes that the model-engine tests serve (`cadence serve --engine
+tests.batched_models:NAME`).
+
+Worker processes import this module by name, so it must stay importable from the repository
+root (the tests put the root on PYTHONPATH). `EchoModel` reads its instructions from each
+sequence's prompt (first word):
+
+- `count N`: the digits 0123456789 0123... as byte tokens, N of them, then done (None);
+- `batch`: each output is the text "<sequences in this step> ";
+- `record PATH`: each output is the text "<step number> "; at release, appends
+  "released after G outputs at step S" to PATH;
+- `fail`: the step that gives this sequence its third output raises ValueError;
+- `hang`: the step that gives this sequence its third output never returns;
+- anything else: the prompt's bytes, over and over.
+
+Every step takes a fixed `STEP_S` whatever the batch, as a card's decode step nearly does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import cadence
+
+STEP_S = 0.01
+
+
+class EchoModel:
+    """A deterministic byte-token model: no tokenizer, so outputs are bytes or text."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.steps = 0
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list:
+        self.steps += 1
+        for seq in prefill:
+            words = seq.prompt.split()
+            seq.state = (words[0] if words else "", words[1:])
+        batch = prefill + decode
+        for seq in batch:
+            command = seq.state[0]
+            if command == "fail" and seq.generated == 2:
+                raise ValueError("failed on purpose")
+            if command == "hang" and seq.generated == 2:
+                time.sleep(3600)
+        time.sleep(STEP_S)
+        return [self._next(seq, len(batch)) for seq in batch]
+
+    def _next(self, seq: cadence.Sequence, batch_size: int) -> int | str | None:
+        command, args = seq.state
+        if command == "count":
+            return None if seq.generated >= int(args[0]) else ord("0") + seq.generated % 10
+        if command == "batch":
+            return f"{batch_size} "
+        if command == "record":
+            return f"{self.steps} "
+        prompt = seq.prompt_token_ids
+        return prompt[seq.generated % len(prompt)]
+
+    def release(self, seq: cadence.Sequence) -> None:
+        command, args = seq.state
+        if command == "record":
+            with open(args[0], "a") as f:
+                f.write(f"released after {seq.generated} outputs at step {self.steps}\n")
+
+
+class WordTokenizer:
+    """Whole words as ids 1000 and up, every other byte as itself (byte fallback): encode
+    and decode only, so cadence detokenizes incrementally."""
+
+    WORDS = ("hello", "wörld", "cadence", "streams", " ")
+    vocab_size = 1000 + len(WORDS)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        rest = text
+        while rest:
+            word = next((w for w in self.WORDS if rest.startswith(w)), None)
+            if word is not None:
+                ids.append(1000 + self.WORDS.index(word))
+                rest = rest[len(word):]
+            else:
+                ids += rest[0].encode()
+                rest = rest[1:]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        data = b"".join(self.WORDS[i - 1000].encode() if i >= 1000 else bytes((i,)) for i in ids)
+        return data.decode("utf-8", errors="replace")
+
+
+class VocabModel:
+    """A model with its own vocabulary: it repeats its prompt's token ids (words above 255,
+    bytes of the others), so split multi-byte characters come out as separate tokens."""
+
+    tokenizer = WordTokenizer()
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list[int]:
+        return [seq.prompt_token_ids[seq.generated % len(seq.prompt_token_ids)]
+                for seq in prefill + decode]
+
+
+class NoStepModel:
+    def __init__(self, device: str) -> None:
+        pass
+
+
+class BrokenInitModel(EchoModel):
+    def __init__(self, device: str) -> None:
+        raise RuntimeError("no weights at /nowhere")
+
+
+class GroupModel:
+    """A tensor-parallel model: each step all-reduces a tensor over its ranks; outputs say
+    what rank 0 learnt ("rank/size sum ")."""
+
+    def __init__(self, device: str, rank: int, group_size: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        assert dist.is_initialized() and dist.get_world_size() == group_size
+        self.rank, self.group_size = rank, group_size
+        self._torch, self._dist = torch, dist
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list[str]:
+        batch = prefill + decode
+        # Every rank steps the same sequences: the sum of their ids must agree.
+        total = self._torch.tensor([float(self.rank + 1), float(sum(s.seq_id for s in batch))])
+        self._dist.all_reduce(total)
+        assert int(total[1]) == self.group_size * sum(s.seq_id for s in batch)
+        return [f"{self.rank}/{self.group_size} {int(total[0])} " for _ in batch]

@@ -1,0 +1,243 @@
+"""End to end: users' batched model classes (tests/batched_models.py) served by real
+`cadence serve --engine MODULE:CLASS` processes (and `cadence.serve(MyModel)`), over real
+sockets: batching, finishes, cancel, deadline, a failing step, a hanging step, a model's own
+vocabulary, tensor parallelism, start-up errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from conftest import RunningServer, start_server
+
+from cadence.api.v1 import inference_pb2 as pb
+from cadence.client import AsyncClient, Client
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = "tests.batched_models"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def importable_models() -> Iterator[None]:
+    """Servers and their workers import `tests.batched_models` from the repository root."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        mp.chdir(ROOT)
+        yield
+
+
+@pytest.fixture(scope="module")
+def echo_server(importable_models) -> Iterator[RunningServer]:
+    running = start_server("--engine", f"{MODELS}:EchoModel", "--devices", "cpu:2")
+    yield running
+    assert running.stop() == 0
+
+
+async def _collect(target: str, prompt: str | list[int], max_tokens: int, **options) -> list:
+    async with AsyncClient(target) as client:
+        return [c async for c in client.generate(prompt, max_tokens=max_tokens, **options)]
+
+
+async def _many(target: str, prompts: list[tuple[str, int]]) -> list:
+    return await asyncio.gather(*(_collect(target, p, n) for p, n in prompts),
+                                return_exceptions=True)
+
+
+def _text(chunks: list) -> str:
+    """Indexes are contiguous and only the last chunk finishes; returns the whole text."""
+    index = 0
+    for chunk in chunks:
+        assert chunk.index == index
+        index += len(chunk.token_ids)
+    assert [c.finish_reason for c in chunks[:-1]] == [0] * (len(chunks) - 1)
+    return "".join(c.text for c in chunks)
+
+
+def test_many_concurrent_streams_are_whole_and_end_as_the_model_says(echo_server) -> None:
+    prompts = [("count 30", 100)] * 24 + [("count 30", 7)] * 8 + [("héllo", 11)] * 8
+    results = asyncio.run(_many(echo_server.target, prompts))
+    for chunks in results[:24]:
+        assert _text(chunks) == "012345678901234567890123456789"
+        assert chunks[-1].finish_reason == pb.FINISH_REASON_STOP  # the model said None
+    for chunks in results[24:32]:
+        assert _text(chunks) == "0123456"
+        assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    for chunks in results[32:]:
+        assert _text(chunks) == "héllohéll"  # 11 byte tokens, é being two of them
+        assert [t for c in chunks for t in c.token_ids] == list("héllohéll".encode())
+
+
+def test_steps_are_batched(echo_server) -> None:
+    """64 streams of 20 steps of 10 ms each: one by one that is 12.8 s; batched on two
+    workers about 20 steps' time. Every output says how many sequences its step ran."""
+    start = time.monotonic()
+    results = asyncio.run(_many(echo_server.target, [("batch", 20)] * 64))
+    elapsed = time.monotonic() - start
+    sizes = [int(s) for chunks in results for s in _text(chunks).split()]
+    assert len(sizes) == 64 * 20
+    assert max(sizes) >= 16, f"steps ran at most {max(sizes)} sequences"
+    assert elapsed < 6.0, f"64 streams took {elapsed:.1f} s"
+
+
+def _wait_for_line(path: Path, pattern: str, timeout: float = 10.0) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while True:
+        match = re.search(pattern, path.read_text() if path.exists() else "")
+        if match:
+            return match
+        assert time.monotonic() < deadline, f"{path}: {path.read_text() if path.exists() else None!r}"
+        time.sleep(0.02)
+
+
+def test_cancel_releases_the_sequence_within_a_step_or_so(echo_server, tmp_path) -> None:
+    record = tmp_path / "cancel.txt"
+    with Client(echo_server.target) as client:
+        seen = ""
+        for n, chunk in enumerate(client.generate(f"record {record}", max_tokens=10**4)):
+            seen += chunk.text
+            if n == 5:
+                break  # leaving the loop cancels the call
+    last_step = int(seen.split()[-1])
+    released = _wait_for_line(record, r"released after (\d+) outputs at step (\d+)")
+    # Outputs already on their way when the cancel left are the only ones it could not stop.
+    assert int(released.group(2)) - last_step <= 5, (seen, released.group(0))
+    assert int(released.group(1)) < 50
+
+
+def test_a_deadline_ends_the_stream_and_releases_the_sequence(echo_server, tmp_path) -> None:
+    record = tmp_path / "deadline.txt"
+    with Client(echo_server.target) as client, pytest.raises(grpc.RpcError) as info:
+        list(client.generate(f"record {record}", max_tokens=10**4, timeout=0.3))
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    released = _wait_for_line(record, r"released after (\d+) outputs")
+    assert 5 <= int(released.group(1)) < 100  # 0.3 s of 10 ms steps, and no more
+
+
+def test_a_raising_step_fails_its_sequences_only(echo_server) -> None:
+    async def run() -> tuple:
+        async with AsyncClient(echo_server.target) as client:
+            long = [asyncio.ensure_future(_collect(echo_server.target, "count 60", 100))
+                    for _ in range(4)]
+            await asyncio.sleep(0.1)  # the long ones run; the failing one joins their steps
+            failed = await asyncio.gather(_collect(echo_server.target, "fail", 50),
+                                          return_exceptions=True)
+            together = await asyncio.gather(*long, return_exceptions=True)
+            after = await _many(echo_server.target, [("count 20", 50)] * 8)
+            assert await client.health() == "SERVING"
+            return failed[0], together, after
+
+    failed, together, after = asyncio.run(run())
+    message = "EchoModel.step raised ValueError: failed on purpose"
+    assert isinstance(failed, grpc.aio.AioRpcError)
+    assert failed.code() == grpc.StatusCode.INTERNAL and failed.details() == message
+    for result in together:  # on the failing one's worker they shared its step; else whole
+        if isinstance(result, grpc.aio.AioRpcError):
+            assert (result.code(), result.details()) == (grpc.StatusCode.INTERNAL, message)
+        else:
+            assert _text(result) == "012345678901234567890123456789012345678901234567890123456789"
+    for chunks in after:  # the same workers serve the streams that came later
+        assert _text(chunks) == "01234567890123456789"
+
+
+def test_a_hanging_step_is_caught_by_the_worker_timeout(importable_models) -> None:
+    server = start_server("--engine", f"{MODELS}:EchoModel", "--worker-timeout", "1.5")
+    try:
+        with Client(server.target) as client:
+            with pytest.raises(grpc.RpcError) as info:
+                list(client.generate("hang", max_tokens=50, timeout=30))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            deadline = time.monotonic() + 30
+            while True:  # the replacement worker serves
+                try:
+                    assert client.complete("count 5", max_tokens=50) == "01234"
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                    assert time.monotonic() < deadline, "no replacement worker"
+                    time.sleep(0.2)
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_models_own_vocabulary_streams_ids_above_255_and_exact_text(importable_models) -> None:
+    from tests.batched_models import WordTokenizer
+
+    server = start_server("--engine", f"{MODELS}:VocabModel")
+    try:
+        prompt = "hello héllo wörld"
+        ids = WordTokenizer().encode(prompt)
+        with Client(server.target) as client:
+            chunks = list(client.generate(prompt, max_tokens=3 * len(ids)))
+            assert [t for c in chunks for t in c.token_ids] == ids * 3
+            assert _text(chunks) == prompt * 3
+            assert chunks[0].prompt_tokens == len(ids)  # counted by the model's tokenizer
+            # Token ids in: the model's own ids, words above 255.
+            chunks = list(client.generate([1000, 1004, 1002, 1004], max_tokens=8))
+            assert _text(chunks) == "hello cadence hello cadence "
+            with pytest.raises(grpc.RpcError) as info:
+                list(client.generate([1005], max_tokens=4))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        assert server.stop() == 0
+
+
+def test_tensor_parallel_ranks_step_together(importable_models) -> None:
+    pytest.importorskip("torch")
+    server = start_server("--engine", f"{MODELS}:GroupModel", "--devices", "cpu:2", "--tp", "2")
+    try:
+        assert len(server.workers) == 2  # one worker of two ranks
+        with Client(server.target) as client:
+            texts = asyncio.run(_many(server.target, [("x", 6)] * 4))
+            for chunks in texts:
+                assert _text(chunks) == "0/2 3 " * 6  # rank 0 of 2; ranks 1 + 2 summed
+            assert client.complete("y", max_tokens=2) == "0/2 3 0/2 3 "
+    finally:
+        assert server.stop() == 0
+
+
+_BANNER = re.compile(r"cadence serving on (\S+:\d+)")
+
+
+def test_serve_a_model_class_from_python(importable_models) -> None:
+    code = ("import cadence\nfrom tests.batched_models import EchoModel\n"
+            "if __name__ == '__main__':\n"
+            "    cadence.serve(EchoModel, devices='cpu:2', port=0, max_batch=16)\n")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        match = _BANNER.search(process.stdout.readline())
+        assert match, "no banner"
+        workers = psutil.Process(process.pid).children()
+        assert len(workers) == 2
+        results = asyncio.run(_many(match.group(1), [("batch", 5)] * 40))
+        assert max(int(s) for chunks in results for s in _text(chunks).split()) == 16
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    psutil.wait_procs(workers, timeout=10)
+    assert not [w for w in workers if w.is_running()]
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("NoSuchModel", "cannot load model 'tests.batched_models:NoSuchModel': AttributeError"),
+    ("NoStepModel", "tests.batched_models:NoStepModel has no step(prefill, decode) method"),
+    ("BrokenInitModel", "BrokenInitModel('cpu') raised RuntimeError: no weights at /nowhere"),
+])
+def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem, importable_models) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--startup-timeout", "20",
+         "--engine", f"{MODELS}:{name}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert out.returncode != 0
+    assert f"cadence worker 0 (rank 0): {problem}" in out.stderr
+    assert "Traceback" not in out.stderr

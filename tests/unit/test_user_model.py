@@ -1,0 +1,170 @@
+"""A user's batched model (tests/batched_models.py) behind ModelEngine, stepped by a real
+BatchScheduler in this process: outputs, finishes, failures, detokenization."""
+
+from __future__ import annotations
+
+import pytest
+
+import cadence
+from cadence.config import EngineConfig
+from cadence.engines.base import EngineLoadError
+from cadence.engines.detokenizer import TextStreams
+from cadence.engines.user_model import ModelEngine
+from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput, step_pieces
+from cadence.worker.batch_scheduler import BatchScheduler
+from tests import batched_models
+from tests.batched_models import WordTokenizer
+
+
+@pytest.fixture(autouse=True)
+def no_step_time(monkeypatch) -> None:
+    monkeypatch.setattr(batched_models, "STEP_S", 0.0)
+
+
+def engine(name: str = "EchoModel", **config) -> ModelEngine:
+    return ModelEngine(EngineConfig(name="model", model_class=f"tests.batched_models:{name}",
+                                    **config), "cpu")
+
+
+def text_request(seq_id: int, prompt: str, max_tokens: int = 50, **kw) -> AddRequest:
+    return AddRequest(seq_id, [], max_tokens, prompt_text=prompt, **kw)
+
+
+def run(scheduler: BatchScheduler, limit: int = 1000) -> list[StepOutput | list[RequestFailed]]:
+    outs = []
+    for _ in range(limit):
+        out = scheduler.step()
+        if out is None:
+            return outs
+        outs.append(out)
+    raise AssertionError("the scheduler did not run out of work")
+
+
+def streamed(outs: list, seq_id: int) -> tuple[list[int], str, int]:
+    """A sequence's token ids, text and finish reason over a run."""
+    tokens: list[int] = []
+    text = ""
+    finish = Finish.NONE
+    for out in outs:
+        if type(out) is not StepOutput:
+            continue
+        for sid, piece, piece_text in step_pieces(out):
+            if sid == seq_id:
+                tokens += [piece] if type(piece) is int else piece
+                text += piece_text
+        if seq_id in out.finished_ids:
+            finish = out.finish_reasons[out.finished_ids.index(seq_id)]
+    return tokens, text, finish
+
+
+def test_sequence_is_public_with_the_request_fields() -> None:
+    seq = cadence.Sequence(AddRequest(7, [104, 105], 9, [3], 0.5, 0.9, 40, 11, prompt_text="hi"))
+    assert (seq.seq_id, seq.prompt, seq.prompt_token_ids, seq.max_tokens) == (7, "hi", [104, 105], 9)
+    assert (seq.temperature, seq.top_p, seq.top_k, seq.seed) == (0.5, 0.9, 40, 11)
+    assert seq.stop_token_ids == {3} and seq.generated == 0 and seq.state is None
+
+
+def test_int_str_and_none_outputs_with_their_finishes() -> None:
+    s = BatchScheduler(engine(), worker=0, max_batch=8)
+    assert s.add(text_request(1, "count 12")) is None       # bytes, then None: STOP
+    assert s.add(text_request(2, "count 99", max_tokens=5)) is None  # LENGTH
+    assert s.add(text_request(3, "batch", max_tokens=3)) is None     # text pieces
+    assert s.add(text_request(4, "abc", max_tokens=9, stop_token_ids=[99])) is None  # stop token
+    outs = run(s)
+    assert streamed(outs, 1) == (list(b"012345678901"), "012345678901", Finish.STOP)
+    assert streamed(outs, 2) == (list(b"01234"), "01234", Finish.LENGTH)
+    assert streamed(outs, 3) == (list(b"4 4 4 "), "4 4 4 ", Finish.LENGTH)
+    assert streamed(outs, 4) == (list(b"abc"), "abc", Finish.STOP)
+
+
+def test_token_id_prompts_get_their_text() -> None:
+    s = BatchScheduler(engine(), worker=0, max_batch=8)
+    assert s.add(AddRequest(1, list(b"count 3"), 10)) is None
+    assert streamed(run(s), 1)[1] == "012"
+
+
+def test_a_raising_step_fails_its_sequences_and_the_engine_goes_on() -> None:
+    s = BatchScheduler(engine(), worker=0, max_batch=8)
+    for seq_id, prompt in ((1, "count 50"), (2, "fail")):
+        assert s.add(text_request(seq_id, prompt)) is None
+    outs = run(s)
+    failures = outs[-1]
+    assert type(failures) is list and {f.seq_id for f in failures} == {1, 2}
+    assert {(f.failure, f.message) for f in failures} == {
+        (Failure.INTERNAL, "EchoModel.step raised ValueError: failed on purpose")}
+    assert s.add(text_request(3, "count 4")) is None
+    assert streamed(run(s), 3)[1:] == ("0123", Finish.STOP)
+
+
+@pytest.mark.parametrize(("outputs", "problem"), [
+    ([1, 2], "returned 2 outputs for 1 sequences"),
+    ([3.5], "returned a float"),
+    ([300], "returned token id 300, but the model has no tokenizer"),
+])
+def test_wrong_outputs_fail_the_step(outputs, problem) -> None:
+    model_engine = engine()
+    model_engine._step = lambda prefill, decode: outputs
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    assert s.add(text_request(1, "x")) is None
+    (failure,) = s.step()
+    assert problem in failure.message
+
+
+def test_numpy_integers_are_token_ids() -> None:
+    np = pytest.importorskip("numpy")
+    model_engine = engine()
+    model_engine._step = lambda prefill, decode: np.array([65] * (len(prefill) + len(decode)))
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    assert s.add(text_request(1, "x", max_tokens=3)) is None
+    assert streamed(run(s), 1) == (list(b"AAA"), "AAA", Finish.LENGTH)
+
+
+def test_own_vocabulary_streams_ids_above_255_and_holds_back_split_characters() -> None:
+    s = BatchScheduler(engine("VocabModel"), worker=0, max_batch=8)
+    prompt = "hello héllo wörld"
+    ids = WordTokenizer().encode(prompt)
+    assert max(ids) >= 1000 and 0xC3 in ids
+    assert s.add(text_request(1, prompt, max_tokens=2 * len(ids))) is None
+    outs = run(s)
+    tokens, text, finish = streamed(outs, 1)
+    assert tokens == ids * 2 and text == prompt * 2 and finish == Finish.LENGTH
+    pieces = [t for out in outs for _, _, t in step_pieces(out)]
+    assert "\ufffd" not in "".join(pieces) and "" in pieces  # the é waited for its 2nd byte
+
+
+def test_prompt_ids_outside_the_vocabulary_are_refused() -> None:
+    s = BatchScheduler(engine(), worker=0, max_batch=8)
+    failure = s.add(AddRequest(1, [300], 5))
+    assert failure is not None and failure.failure == Failure.INVALID_ARGUMENT
+
+
+def test_text_streams_decode_any_tokenizer_incrementally() -> None:
+    streams = TextStreams(WordTokenizer())
+    ids = streams.encode("wörld héllo")
+    decode = streams.stream([])
+    pieces = [decode(t, i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(pieces) == "wörld héllo" and "" in pieces
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("NoSuchModel", "cannot load model 'tests.batched_models:NoSuchModel': AttributeError"),
+    ("NoStepModel", "has no step(prefill, decode) method"),
+    ("BrokenInitModel", "BrokenInitModel('cpu') raised RuntimeError: no weights at /nowhere"),
+    ("WordTokenizer", "has no step"),
+])
+def test_load_errors_say_what_to_fix(name, problem) -> None:
+    with pytest.raises(EngineLoadError) as info:
+        engine(name)
+    assert problem in str(info.value)
+
+
+def test_max_batch_is_the_smaller_of_the_models_and_the_servers() -> None:
+    class Small(batched_models.EchoModel):
+        max_batch = 4
+
+    batched_models.Small = Small
+    try:
+        assert engine("Small").max_batch == 4
+        assert engine("Small", max_batch=2).max_batch == 2
+    finally:
+        del batched_models.Small
