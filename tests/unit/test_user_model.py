@@ -168,3 +168,37 @@ def test_max_batch_is_the_smaller_of_the_models_and_the_servers() -> None:
         assert engine("Small", max_batch=2).max_batch == 2
     finally:
         del batched_models.Small
+
+
+def test_the_example_model_runs_under_the_scheduler() -> None:
+    pytest.importorskip("numpy")
+    s = BatchScheduler(ModelEngine(EngineConfig(name="model",
+                                                model_class="examples.batched_model:BigramModel"),
+                                   "cpu"), worker=0, max_batch=512)
+    for seq_id in range(1, 301):  # more than its 256 slots: the rest wait for released ones
+        assert s.add(text_request(seq_id, "The stream", max_tokens=20, temperature=0.7)) is None
+    outs = run(s)
+    for seq_id in (1, 300):
+        tokens, text, finish = streamed(outs, seq_id)
+        assert len(tokens) == 20 and finish == Finish.LENGTH and text
+    assert max(len(o.seq_ids) for o in outs) == 256
+    assert s.add(text_request(301, "The stream", max_tokens=12)) is None  # greedy
+    assert streamed(run(s), 301)[1] == "athe s s s s"  # the most likely byte after each
+
+
+def test_a_hugging_face_tokenizer_works_as_it_is() -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["héllo wörld, streams of tökens "] * 50, trainer)
+    streams = TextStreams(tokenizer)
+    text = "wörld héllo tökens 日本"
+    ids = streams.encode(text)
+    assert streams.vocab_size == tokenizer.get_vocab_size(with_added_tokens=True) > 256
+    assert max(ids) >= 256  # merges above the 256 byte-level symbols
+    decode = streams.stream([])
+    pieces = [decode(t, i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
