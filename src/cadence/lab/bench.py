@@ -40,6 +40,13 @@ from cadence.lab.measure.threads import ThreadReader
 from cadence.lab.measure.trace_receiver import TraceReceiver
 
 
+STALL_LIMIT_S = 60.0
+"""A request that gets no chunk for this long ends as STALLED, unless the run has a
+per-request deadline (`Workload.timeout_s`) or its own limit: a server that stops answering
+must not hold a bench for ever. A minute is far longer than any first token of a server
+that is working, even with its queue deep."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """What to send: how many requests, how they arrive, what they look like.
@@ -58,6 +65,16 @@ class Workload:
     timeout_s: float | None = None
     warmup: int = 0
     read_delay_ms: float = 0.0
+    stall_s: float | None = None
+    """The stall limit (see `stall_limit_s`); 0: none."""
+
+    @property
+    def stall_limit_s(self) -> float | None:
+        """How long a request may go without a chunk: `stall_s` when given (0: for ever),
+        else STALL_LIMIT_S unless `timeout_s` bounds every request already."""
+        if self.stall_s is not None:
+            return self.stall_s or None
+        return None if self.timeout_s is not None else STALL_LIMIT_S
 
     def __post_init__(self) -> None:
         if self.requests is None and self.duration_s is None:
@@ -82,6 +99,7 @@ class Workload:
                 rate=self.rate,
                 include_timing=self.include_timing,
                 timeout_s=self.timeout_s,
+                stall_s=self.stall_limit_s,
                 channels=channels,
                 warmup=self.warmup,
                 read_delay_ms=self.read_delay_ms,

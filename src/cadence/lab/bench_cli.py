@@ -24,6 +24,17 @@ def _length(text: str) -> tuple[int, int]:
     return bounds
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
+    return value
+
+
 def read_prompts(path: str) -> list[tuple[list[int], int]]:
     """A JSONL file, one {"prompt": str, "max_tokens": int (optional)} per line."""
     from cadence.byte_tokenizer import ByteTokenizer
@@ -224,6 +235,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the requests' lengths and prompts")
     p.add_argument("--warmup", type=int, default=0, help="requests per process sent first, not counted")
     p.add_argument("--timeout", type=float, default=None, help="per-request deadline (s)")
+    p.add_argument("--stall-limit", type=_seconds, default=None, metavar="S",
+                   help="end a request that gets no message for S seconds (its first counted "
+                        "from its start) as failed, code STALLED (default: 60 without "
+                        "--timeout, none with it; 0: none)")
     p.add_argument("--procs", type=int, default=1, help="load-generating processes")
     p.add_argument("--channels", type=int, default=1, help="gRPC connections per process")
     p.add_argument("--read-delay-ms", type=float, default=0.0,
@@ -254,6 +269,7 @@ def workload_from_args(args: argparse.Namespace):
         ),
         include_timing=not args.no_timing,
         timeout_s=args.timeout,
+        stall_s=args.stall_limit,
         warmup=args.warmup,
         read_delay_ms=args.read_delay_ms,
     )

@@ -283,6 +283,9 @@ class ScrapedEndpoint(msgspec.Struct, kw_only=True):
     scrapes: int = 0
     failed_scrapes: int = 0
     first_error: str | None = None
+    stopped: str | None = None
+    """Why the page was read no more during the run: it was larger than the most read of one
+    page, or not read within one scrape's time limit (one of the failed scrapes)."""
     series: int = 0
     dropped_series: int = 0
     """Series left out: over the label sets kept per name, or over the series kept."""

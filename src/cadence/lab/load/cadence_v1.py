@@ -36,7 +36,7 @@ class CadenceDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_cadence(self.stubs[lane % len(self.stubs)], request, process,
-                                 s.include_timing, s.timeout_s, s.read_delay_s)
+                                 s.include_timing, s.timeout_s, s.read_delay_s, s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         decode_chunks(record, chunks, self.session.include_timing)
@@ -54,7 +54,8 @@ def generate_method(channel) -> Callable:
 
 async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
                include_timing: bool, timeout: float | None,
-               read_delay_s: float = 0.0) -> tuple[RequestRecord, list[bytes]]:
+               read_delay_s: float = 0.0,
+               stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
     request = pb.GenerateRequest(
         request_id=plan.request_id,
         prompt_token_ids=plan.prompt_token_ids,
@@ -66,7 +67,7 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
     arrival, chunks = record.arrival_ns, []
     keep = chunks.append
     call = generate(request, timeout=timeout, metadata=(("traceparent", traceparent(record)),))
-    with recording(record):
+    with recording(record, stall_s):
         async for chunk in call:
             arrival.append(monotonic_ns())
             keep(chunk)

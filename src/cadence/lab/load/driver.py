@@ -37,6 +37,8 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float | None = None
     read_delay_s: float = 0.0
     """Sleep this long after each chunk: a slow-reading client."""
+    stall_s: float | None = None
+    """End a request that gets no chunk for this long, as STALLED (records.recording)."""
 
 
 class Driver(abc.ABC):

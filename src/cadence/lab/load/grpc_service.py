@@ -7,7 +7,10 @@ replaced per request (`RequestTemplate`). A server-streaming method gets the req
 to the end; a bidirectional one gets the request, a half-close, and is read to the end.
 
 Between two arrivals the generator only stamps the time and keeps the message's bytes, as on
-the cadence path; `GrpcCodec.decode` parses them after the run. What a message counts:
+the cadence path; `GrpcCodec.decode` parses them after the run. A service's messages can be
+far larger than cadence's, so a load process keeps at most UNPARSED_BYTES of them: past that,
+each message is parsed as it arrives and only what the analysis reads of it is kept (its
+token count and position; the time is stamped either way). What a message counts:
 `--tokens-field` names a field of the response (a repeated field counts its elements, a
 number is read as a count, a non-empty string or bytes counts one); without it every message
 is one token. `--index-field` names the field that numbers the output (the position of the
@@ -40,6 +43,12 @@ PLACEHOLDERS = ("{max_tokens}", "{prompt}", "{request_id}", "{i}")
 
 _STOPPED = 2
 """The finish reason recorded for a stream that ended OK (cadence.v1's STOP)."""
+
+UNPARSED_BYTES = 32 * 2**20
+"""Message bytes a load process keeps unparsed until the run ends. Parsing as messages
+arrive costs a load process about a fifth more CPU per message (cadence_v1), which a run of
+small messages need not pay; a run of large ones (a service sending a megabyte a message)
+would otherwise hold every byte it received until the end."""
 
 
 class GrpcTarget(msgspec.Struct, frozen=True, kw_only=True, tag="grpc"):
@@ -224,6 +233,9 @@ class GrpcCodec:
             self._index = None
         self.metadata = target.headers or None
         self._made: dict[str, bytes] = {}
+        self.unparsed = 0
+        """Bytes of the messages kept unparsed so far (`one_grpc`)."""
+        self.unparsed_limit = UNPARSED_BYTES
 
     def prepare(self, plans) -> None:
         """Serialize these requests now, ahead of a burst that sends them at once."""
@@ -242,11 +254,13 @@ class GrpcCodec:
             return lambda request, **kw: call(iter((request,)), **kw)
         return channel.unary_stream(path)
 
-    def decode(self, record: RequestRecord, messages: list[bytes]) -> None:
-        """Fill the record's per-message token counts and positions, in arrival order."""
+    def decode(self, record: RequestRecord, messages: Sequence[bytes]) -> None:
+        """Fill the record's per-message token counts and positions, in arrival order, after
+        those it already has."""
         parse, count, number = self.response_type.FromString, self._tokens, self._index
         tokens, index = record.tokens, record.index
-        position = 0
+        # Without --index-field the position is counted here: it goes on from the last.
+        position = index[-1] + tokens[-1] if tokens and number is None else 0
         for data in messages:
             message = parse(data)
             n = count(message) if count is not None else 1
@@ -257,8 +271,9 @@ class GrpcCodec:
 
 async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, process: int,
                    include_timing: bool, timeout: float | None, read_delay_s: float = 0.0,
-                   ) -> tuple[RequestRecord, list[bytes]]:
-    """Send one request, stamp and keep every response; never raises (errors are recorded).
+                   stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
+    """Send one request, stamp and keep every response (its bytes, or what is read of it,
+    see UNPARSED_BYTES); never raises (errors are recorded; `stall_s`: see `recording`).
 
     The load generator's signature: `include_timing` is accepted (no such thing here)."""
     request = codec.request(plan)
@@ -266,11 +281,23 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
     record = sent(plan, process)
     arrival, messages = record.arrival_ns, []
     keep = messages.append
-    with recording(record):
+    parsing = False
+    """Whether this request's messages are parsed as they come (the process's unparsed
+    bytes ran out): then every later one is, so that its counts stay in arrival order."""
+    with recording(record, stall_s):
         metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)))
         async for message in method(request, timeout=timeout, metadata=metadata):
             arrival.append(monotonic_ns())
-            keep(message)
+            if not parsing and codec.unparsed + len(message) <= codec.unparsed_limit:
+                codec.unparsed += len(message)
+                keep(message)
+            else:
+                if not parsing:
+                    parsing = True
+                    codec.decode(record, messages)
+                    codec.unparsed -= sum(map(len, messages))
+                    messages.clear()
+                codec.decode(record, (message,))
             if read_delay_s:
                 await asyncio.sleep(read_delay_s)
         record.finish_reason = _STOPPED
@@ -291,7 +318,7 @@ class GrpcDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_grpc(self.codec, self.stubs[lane % len(self.stubs)], request, process,
-                              s.include_timing, s.timeout_s, s.read_delay_s)
+                              s.include_timing, s.timeout_s, s.read_delay_s, s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         self.codec.decode(record, chunks)

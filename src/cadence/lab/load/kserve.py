@@ -69,7 +69,8 @@ class KServeDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_kserve(self.target, self.stubs[lane % len(self.stubs)], request,
-                                process, s.include_timing, s.timeout_s, s.read_delay_s)
+                                process, s.include_timing, s.timeout_s, s.read_delay_s,
+                                s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         """Nothing left: each response was read as it arrived."""
@@ -113,7 +114,7 @@ def build_request(target: KServeTarget, plan: RequestPlan) -> kpb.ModelInferRequ
 async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceStub,
                      plan: RequestPlan, process: int, include_timing: bool,
                      timeout: float | None, read_delay_s: float = 0.0,
-                     ) -> tuple[RequestRecord, list[bytes]]:
+                     stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
     """Send one request, record every response; never raises (errors are recorded).
 
     The load generator's signature: `include_timing` is accepted (the protocol has none), and
@@ -126,7 +127,7 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     # The request and then the half-close: the server ends the call after the last response.
     call = stub.ModelStreamInfer(iter((request,)), timeout=timeout,
                                  metadata=(("traceparent", traceparent(record)),))
-    with recording(record):
+    with recording(record, stall_s):
         async for response in call:
             now = monotonic_ns()
             if response.error_message:

@@ -73,7 +73,8 @@ class OpenAIDriver(Driver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_openai(self.target, self._clients[lane % len(self._clients)], request,
-                                process, s.include_timing, s.timeout_s, s.read_delay_s)
+                                process, s.include_timing, s.timeout_s, s.read_delay_s,
+                                s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         decode_events(record, chunks, self.session.include_timing)
@@ -150,7 +151,8 @@ def build_body(target: OpenAITarget, plan: RequestPlan, include_timing: bool) ->
 
 async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: RequestPlan,
                      process: int, include_timing: bool, timeout: float | None,
-                     read_delay_s: float = 0.0) -> tuple[RequestRecord, list[bytes]]:
+                     read_delay_s: float = 0.0,
+                     stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
     """Send one request, stamp and keep every event; never raises (errors are recorded)."""
     import aiohttp
 
@@ -161,7 +163,7 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     record.connect_ns = 0  # unless the connection-create trace sets it
     arrival, events = record.arrival_ns, []
     stamp, keep = arrival.append, events.append
-    with recording(record):
+    with recording(record, stall_s):
         headers = {"Content-Type": "application/json", "traceparent": traceparent(record)}
         async with client.post(url, data=body, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout),

@@ -47,6 +47,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Requests per second of the whole run (open loop)."""
     include_timing: bool = True
     timeout_s: float | None = None
+    stall_s: float | None = None
+    """End a request that gets no chunk for this long (None: never)."""
     channels: int = 1
     warmup: int = 0
     """Requests sent (and not recorded) before start_at_ns."""
@@ -133,7 +135,7 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     await driver.connect(Session(
         address=plan.target, channels=plan.channels, credentials=plan.credentials,
         include_timing=plan.include_timing, timeout_s=plan.timeout_s,
-        read_delay_s=plan.read_delay_ms / 1e3))
+        read_delay_s=plan.read_delay_ms / 1e3, stall_s=plan.stall_s))
     for i in range(plan.warmup):
         await driver.one(RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4), plan.process, i)
     # The closed loop's first wave starts at one instant: its requests are made now, so that

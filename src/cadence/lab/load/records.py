@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -75,12 +76,26 @@ def traceparent(record: RequestRecord) -> str:
     return f"00-{record.trace_id}-{os.urandom(8).hex()}-01"
 
 
+STALLED = "STALLED"
+"""The code of a request ended by the stall limit (`recording`)."""
+
+
 @contextlib.contextmanager
-def recording(record: RequestRecord) -> Iterator[RequestRecord]:
+def recording(record: RequestRecord, stall_s: float | None = None) -> Iterator[RequestRecord]:
     """Around one request's stream: an error is recorded, never raised (one request must not
-    stop the run), and the end time is stamped however the stream ends."""
+    stop the run), and the end time is stamped however the stream ends. With `stall_s`, a
+    request that gets no chunk for that long (the first counted from its start) is ended,
+    as STALLED: a server that stops answering must not hold the run for ever."""
+    stall = _StallWatch(record, stall_s) if stall_s else None
     try:
         yield record
+    except asyncio.CancelledError:
+        if stall is None or not stall.fired:
+            raise
+        stall.task.uncancel()
+        record.code = STALLED
+        record.error = (f"no message for {stall_s:g} s (after {len(record.arrival_ns)}): "
+                        "ended by the stall limit (cadence bench --stall-limit)")
     except grpc.aio.AioRpcError as exc:
         record.code = exc.code().name
         record.error = exc.details() or ""
@@ -88,4 +103,30 @@ def recording(record: RequestRecord) -> Iterator[RequestRecord]:
         record.code = "CLIENT_ERROR"
         record.error = repr(exc)
     finally:
+        if stall is not None:
+            stall.handle.cancel()
         record.end_ns = time.monotonic_ns()
+
+
+class _StallWatch:
+    """Cancels the task reading a request once it has had no chunk for `stall_s`. It looks
+    at the record's arrival stamps on a timer, re-armed at most once per `stall_s`, so the
+    reading loop pays nothing per chunk."""
+
+    def __init__(self, record: RequestRecord, stall_s: float) -> None:
+        self.task = asyncio.current_task()
+        self.fired = False
+        self._record = record
+        self._stall_ns = int(stall_s * 1e9)
+        self._loop = asyncio.get_running_loop()
+        self.handle = self._loop.call_later(stall_s, self._check)
+
+    def _check(self) -> None:
+        arrivals = self._record.arrival_ns
+        last = arrivals[-1] if arrivals else self._record.start_ns
+        left_ns = last + self._stall_ns - time.monotonic_ns()
+        if left_ns > 0:
+            self.handle = self._loop.call_later(left_ns / 1e9, self._check)
+            return
+        self.fired = True
+        self.task.cancel()

@@ -13,11 +13,14 @@ knows nothing of a server but what its page says.
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
 import math
+import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -34,7 +37,15 @@ in use (0 to 1), and requests preempted per second."""
 SCRAPE_INTERVAL_S = 0.5
 """Often enough to see a queue build up within a short run; a page of a few hundred series
 parses in milliseconds, so the server hardly notices."""
-SCRAPE_TIMEOUT_S = 2.0
+SCRAPE_DEADLINE_S = 5.0
+"""The whole of one scrape, connecting, reading and parsing: a page that trickles in or
+takes longer to parse fails at this point, not when its last byte comes (a socket timeout
+alone lets a page sending a byte a second hold the bench for ever). Pages of a few hundred
+series take milliseconds."""
+MAX_PAGE_BYTES = 16 * 2**20
+"""The most of one page read: vLLM's, SGLang's or Triton's with many models are well under a
+megabyte, and parsing one costs about half a second per megabyte and, for one metric of
+many label sets, up to 25 times its size in memory while it is parsed."""
 MAX_SERIES = 64
 """Series kept per endpoint (a role's series always, and counted): a server with a histogram
 per model, adapter and engine would otherwise make a result of megabytes."""
@@ -92,34 +103,176 @@ class ScrapeError(RuntimeError):
     """A page that could not be read or is not a Prometheus page."""
 
 
-def read_page(url: str, timeout: float = SCRAPE_TIMEOUT_S) -> list[tuple[str, str, dict, float]]:
-    """Every sample of the page at `url` as (family type, sample name, labels, value); raises
-    ScrapeError, worded for one line, when it cannot be had."""
+class ScrapeBound(ScrapeError):
+    """A page over MAX_PAGE_BYTES or not had within SCRAPE_DEADLINE_S: the run stops reading
+    it (each later scrape would cost the same again)."""
+
+
+def read_page(url: str, deadline_s: float | None = None,
+              max_bytes: int | None = None) -> list[tuple[str, str, dict, float]]:
+    """Every sample of the page at `url` as (family type, sample name, labels, value), within
+    `deadline_s` (SCRAPE_DEADLINE_S) and `max_bytes` (MAX_PAGE_BYTES); raises ScrapeError,
+    worded for one line, when it cannot be had (ScrapeBound when a bound was hit)."""
+    deadline_s = SCRAPE_DEADLINE_S if deadline_s is None else deadline_s
+    deadline = time.monotonic() + deadline_s
+    return list(_parsed(fetch_page(url, deadline_s, max_bytes), deadline, deadline_s))
+
+
+def fetch_page(url: str, deadline_s: float | None = None, max_bytes: int | None = None) -> str:
+    """The text of the page at `url`, read whole within `deadline_s` and `max_bytes` (the
+    module's defaults when None); raises ScrapeError as `read_page` does."""
     import urllib.error
     import urllib.request
 
+    deadline_s = SCRAPE_DEADLINE_S if deadline_s is None else deadline_s
+    max_bytes = MAX_PAGE_BYTES if max_bytes is None else max_bytes
+    watch = _Watch()
+    opener = urllib.request.build_opener(*(handler(watch) for handler in _handlers()))
+    timer = threading.Timer(deadline_s, watch.fire)
+    timer.daemon = True
+    timer.start()
+    body = bytearray()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            text = reply.read().decode("utf-8", errors="replace")
+        with opener.open(url, timeout=deadline_s) as reply:
+            declared = reply.length
+            if declared is not None and declared > max_bytes:
+                raise _over(max_bytes, f"it declares {_mib(declared)}")
+            while chunk := reply.read1(_CHUNK):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise _over(max_bytes, "")
+    except ScrapeError:
+        raise
     except urllib.error.HTTPError as exc:
         raise ScrapeError(f"HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
+        if watch.fired:
+            raise _late(deadline_s, len(body)) from None
         raise ScrapeError(str(exc.reason)) from None
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+    except Exception as exc:
+        # Cutting the socket mid-read surfaces as whatever the reader was doing then.
+        if watch.fired:
+            raise _late(deadline_s, len(body)) from None
+        if not isinstance(exc, (OSError, http.client.HTTPException, ValueError)):
+            raise
         raise ScrapeError(f"{type(exc).__name__}: {exc}") from None
-    return parse_page(text)
+    finally:
+        timer.cancel()
+    if watch.fired:  # a body read until the cut socket ended it is not the whole page
+        raise _late(deadline_s, len(body))
+    return body.decode("utf-8", errors="replace")
+
+
+_CHUNK = 1 << 16
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.3g} MiB"
+
+
+def _over(max_bytes: int, how: str) -> ScrapeBound:
+    return ScrapeBound(f"the page is larger than {_mib(max_bytes)}, the most read of one page"
+                       + (f" ({how})" if how else ""))
+
+
+def _late(deadline_s: float, got: int) -> ScrapeBound:
+    return ScrapeBound(f"the page was not read within {deadline_s:g} s, the limit of one "
+                       f"scrape ({got} bytes of it had come)")
+
+
+class _Watch:
+    """Cuts the sockets of one fetch when its deadline passes (`fire`, on a timer's thread):
+    a blocked read then ends at once, however slowly the server sends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        """Each connection's socket as connected: urllib drops the connection's own reference
+        to it while the response is still read through it."""
+        self.fired = False
+
+    def watched(self, connection: http.client.HTTPConnection) -> http.client.HTTPConnection:
+        connect = connection.connect
+
+        def connected() -> None:
+            connect()
+            with self._lock:
+                self._sockets.append(connection.sock)
+                if self.fired:  # the deadline passed while it connected
+                    _cut(connection.sock)
+
+        connection.connect = connected
+        return connection
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._sockets:
+                _cut(sock)
+
+
+def _cut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, ValueError):
+        pass  # already closed, or a TLS socket mid-handshake
+
+
+class _WatchedHandler:
+    """urllib's handler of one scheme, its connections handed to a `_Watch`."""
+
+    def __init__(self, watch: _Watch) -> None:
+        super().__init__()
+        self._watch = watch
+
+    def do_open(self, http_class, req, **kwargs):
+        watch = self._watch
+        return super().do_open(lambda host, **kw: watch.watched(http_class(host, **kw)), req,
+                               **kwargs)
+
+
+@functools.cache
+def _handlers() -> tuple[type, type]:
+    """urllib's HTTP and HTTPS handlers with their connections watched (made on first use:
+    urllib.request is imported only by a bench that scrapes)."""
+    import urllib.request
+
+    class HTTP(_WatchedHandler, urllib.request.HTTPHandler):
+        pass
+
+    class HTTPS(_WatchedHandler, urllib.request.HTTPSHandler):
+        pass
+
+    return HTTP, HTTPS
 
 
 def parse_page(text: str) -> list[tuple[str, str, dict, float]]:
     """Every sample of a page's text (see `read_page`); raises ScrapeError when it is not in
     the Prometheus text format."""
-    from prometheus_client.parser import text_string_to_metric_families
+    return list(_parsed(text))
+
+
+def _parsed(text: str, deadline: float | None = None,
+            deadline_s: float = 0.0) -> Iterator[tuple[str, str, dict, float]]:
+    """The samples of `text` as they are parsed (a family at a time, so a large page is
+    never held as samples all at once); past `deadline` (monotonic) raises ScrapeBound."""
+    from prometheus_client.parser import text_fd_to_metric_families
+
+    def lines() -> Iterator[str]:
+        for n, line in enumerate(io.StringIO(text)):
+            # Checked as lines are read: one family can fill the whole page.
+            if deadline is not None and n % 1024 == 0 and time.monotonic() > deadline:
+                raise ScrapeBound(f"the page was not read and parsed within {deadline_s:g} "
+                                  f"s, the limit of one scrape ({_mib(len(text))} of text)")
+            yield line
 
     try:
-        return [(family.type, s.name, s.labels, float(s.value))
-                for family in text_string_to_metric_families(text) for s in family.samples]
+        for family in text_fd_to_metric_families(lines()):
+            for s in family.samples:
+                yield family.type, s.name, s.labels, float(s.value)
     except (ValueError, TypeError, IndexError) as exc:
-        first = text.strip().splitlines()[0][:60] if text.strip() else ""
+        head = text.lstrip()[:200]
+        first = head.splitlines()[0][:60] if head else ""
         raise ScrapeError(f"not a Prometheus metrics page ({str(exc)[:80]}; it begins "
                           f"{first!r})") from None
 
@@ -158,38 +311,49 @@ class _Endpoint:
     kept: dict[Key, None] = field(default_factory=dict)
     """The series admitted so far, in the order they came (`take`)."""
     per_name: dict[str, int] = field(default_factory=dict)
-    dropped: dict[Key, None] = field(default_factory=dict)
+    dropped: set[int] = field(default_factory=set)
+    """The hashes of the series left out: a page of a hundred thousand series would
+    otherwise hold as many keys for as long as the run, only to count them."""
+    dropped_names: set[str] = field(default_factory=set)
+    stopped: str | None = None
+    """Why the page is no longer read (a ScrapeBound); None while it is."""
 
-    def take(self, tick: int, started: float, t: float, samples: dict[Key, _Sample]) -> None:
+    def take(self, tick: int, started: float, t: float,
+             samples: Iterable[tuple[Key, _Sample]]) -> None:
         """Keep a scrape's samples of the series admitted: a role's always, any other while
         its name has fewer than MAX_LABEL_SETS and the page fewer than MAX_SERIES. Decided as
-        the pages come, so a page of thousands of series costs a long run no more memory
-        than the series it keeps."""
-        counted = [k for k, sample in samples.items() if sample.kind != "sum"]
-        for key in counted:
-            if key in self.kept or key in self.dropped:
+        the samples come, so a page of thousands of series costs a long run, or the scrape
+        itself, no more memory than the series it keeps. A page that fails part way keeps
+        nothing of that scrape (the series it admitted stay admitted)."""
+        kept: dict[Key, _Sample] = {}
+        sums: dict[Key, _Sample] = {}
+        for key, sample in samples:
+            if sample.kind == "sum":
+                # A histogram's sum is read with its count, not as a series of its own; the
+                # page may give it before its count.
+                sums[key] = sample
                 continue
-            name = key[0]
-            self.per_name[name] = self.per_name.get(name, 0) + 1
-            role = any(_matches(known, key) for known in KNOWN)
-            if role or (self.per_name[name] <= MAX_LABEL_SETS
-                        and len(self.kept) < MAX_SERIES):
-                self.kept[key] = None
-            else:
-                self.dropped[key] = None
-        # A histogram's sum is read with its count, not as a series of its own.
-        counts = {(samples[k].family, k[1]) for k in self.kept if k in samples
-                  and samples[k].kind == "count"}
-        self.scrapes.append((tick, t, {
-            k: sample for k, sample in samples.items()
-            if k in self.kept or (sample.kind == "sum" and (sample.family, k[1]) in counts)}))
+            if key not in self.kept and hash(key) not in self.dropped:
+                name = key[0]
+                self.per_name[name] = self.per_name.get(name, 0) + 1
+                role = any(_matches(known, key) for known in KNOWN)
+                if role or (self.per_name[name] <= MAX_LABEL_SETS
+                            and len(self.kept) < MAX_SERIES):
+                    self.kept[key] = None
+                else:
+                    self.dropped.add(hash(key))
+                    self.dropped_names.add(name)
+            if key in self.kept:
+                kept[key] = sample
+        counts = {(sample.family, k[1]) for k, sample in kept.items() if sample.kind == "count"}
+        kept.update((k, sample) for k, sample in sums.items() if (sample.family, k[1]) in counts)
+        self.scrapes.append((tick, t, kept))
         self.ticks[tick] = started
 
 
-def _samples(page: list[tuple[str, str, dict, float]]) -> dict[Key, _Sample]:
+def _samples(page: Iterable[tuple[str, str, dict, float]]) -> Iterator[tuple[Key, _Sample]]:
     """The samples worth a series: gauges, counters, and the sums and counts of histograms
     and summaries (by family); buckets, quantiles, `_created` and info samples left out."""
-    kept: dict[Key, _Sample] = {}
     for family_type, name, labels, value in page:
         if math.isnan(value) or name.endswith(("_created", "_bucket", "_gsum", "_gcount")):
             continue
@@ -197,12 +361,11 @@ def _samples(page: list[tuple[str, str, dict, float]]) -> dict[Key, _Sample]:
         if family_type in ("histogram", "summary"):
             if "quantile" in labels or not name.endswith(("_sum", "_count")):
                 continue
-            kept[key] = _Sample(name.rpartition("_")[2], name.rpartition("_")[0], value)
+            yield key, _Sample(name.rpartition("_")[2], name.rpartition("_")[0], value)
         elif family_type == "counter" or (family_type == "unknown" and name.endswith("_total")):
-            kept[key] = _Sample("counter", name, value)
+            yield key, _Sample("counter", name, value)
         elif family_type in ("gauge", "unknown"):
-            kept[key] = _Sample("gauge", name, value)
-    return kept
+            yield key, _Sample("gauge", name, value)
 
 
 class PageScraper:
@@ -210,9 +373,12 @@ class PageScraper:
     the sampler's readings), on the axis of the sampler that started at `t0_ns`."""
 
     def __init__(self, urls: Sequence[str], t0_ns: int,
-                 interval_s: float = SCRAPE_INTERVAL_S) -> None:
+                 interval_s: float = SCRAPE_INTERVAL_S, deadline_s: float | None = None,
+                 max_bytes: int | None = None) -> None:
         self.interval_s = interval_s
         self._t0_ns = t0_ns
+        self._deadline_s = SCRAPE_DEADLINE_S if deadline_s is None else deadline_s
+        self._max_bytes = max_bytes
         self._endpoints = [_Endpoint(url) for url in dict.fromkeys(urls)]
         self._tick = 0
         self._stop = threading.Event()
@@ -229,18 +395,24 @@ class PageScraper:
 
     def scrape_once(self) -> None:
         """One scrape of every endpoint, all under one tick (the roles add endpoints up by
-        tick); a page that fails leaves a gap and counts as failed."""
+        tick); a page that fails leaves a gap and counts as failed, and one that hits a
+        bound (ScrapeBound) is read no more."""
         tick, self._tick = self._tick, self._tick + 1
         started = (time.monotonic_ns() - self._t0_ns) / 1e9
         for endpoint in self._endpoints:
+            if endpoint.stopped is not None:
+                continue
+            deadline = time.monotonic() + self._deadline_s
             try:
-                page = read_page(endpoint.url)
+                text = fetch_page(endpoint.url, self._deadline_s, self._max_bytes)
+                t = (time.monotonic_ns() - self._t0_ns) / 1e9
+                endpoint.take(tick, started, t, _samples(
+                    _parsed(text, deadline, self._deadline_s)))
             except ScrapeError as exc:
                 endpoint.failed += 1
                 endpoint.first_error = endpoint.first_error or str(exc)
-                continue
-            t = (time.monotonic_ns() - self._t0_ns) / 1e9
-            endpoint.take(tick, started, t, _samples(page))
+                if isinstance(exc, ScrapeBound):
+                    endpoint.stopped = str(exc)
 
     def stop(self) -> None:
         """Stop scraping, with one last scrape after the run."""
@@ -279,15 +451,16 @@ def build(endpoints: Sequence[_Endpoint], interval_s: float, t0_ns: int,
         roles = _roles_of(endpoint)
         for role, (known, points) in roles.items():
             role_parts.setdefault(role, []).append((known, endpoint, points))
-        kept, dropped = list(endpoint.kept), list(endpoint.dropped)
+        kept = list(endpoint.kept)
         own = [one for key in kept for one in _series(endpoint, key)]
         series.extend(own)
         servers = sorted({known.server for known, _ in roles.values()})
         found.append(ScrapedEndpoint(
             url=endpoint.url, server=",".join(servers) or None, scrapes=len(endpoint.scrapes),
             failed_scrapes=endpoint.failed, first_error=endpoint.first_error,
-            series=len(own), dropped_series=len(dropped),
-            dropped=sorted({name for name, _ in dropped})[:20]))
+            stopped=endpoint.stopped,
+            series=len(own), dropped_series=len(endpoint.dropped),
+            dropped=sorted(endpoint.dropped_names)[:20]))
     return ScrapedMetrics(
         interval_s=interval_s, started_ns=t0_ns,
         run_window_s=window, endpoints=found,

@@ -401,6 +401,17 @@ def _startup(scraped: ServerMetrics) -> str:
     ) if startup else "", level=3)
 
 
+def _read_no_more(endpoint) -> str:
+    """Why a page stopped being read during the run (a bound hit); "" when it was read to
+    the end."""
+    stopped = getattr(endpoint, "stopped", None)
+    if not stopped:
+        return ""
+    if stopped == endpoint.first_error:
+        return "; then read no more"
+    return f"; read no more: {stopped}"
+
+
 def _scraped(result: BenchResult, out_dir: Path) -> str:
     """`--scrape`: each page read, the roles over the run, and their plot beside the run's
     latency; "" without `--scrape`."""
@@ -409,7 +420,8 @@ def _scraped(result: BenchResult, out_dir: Path) -> str:
         return ""
     pages = table(("page", "server", "scrapes", "failed", "series", "left out"),
                   [(e.url, e.server or "none known", e.scrapes,
-                    f"{e.failed_scrapes}" + (f" ({e.first_error})" if e.first_error else ""),
+                    f"{e.failed_scrapes}" + (f" ({e.first_error})" if e.first_error else "")
+                    + _read_no_more(e),
                     e.series, f"{e.dropped_series}" + (f" ({', '.join(e.dropped)})"
                                                        if e.dropped else ""))
                    for e in scraped.endpoints],

@@ -12,6 +12,7 @@ from msgspec import UNSET
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.measure.stacks import py_spy
+from cadence.lab.measure.trace_receiver import MAX_KEPT_BYTES, MAX_SPANS
 from cadence.lab.report.integrity import counted_checks
 from cadence.lab.results import (
     BenchResult,
@@ -185,6 +186,9 @@ def spans_line(spans: ServerSpans) -> str:
     head = (f"server spans (OTLP on port {spans.port}): {spans.matched}/{spans.sent} requests "
             f"matched ({spans.spans_received} spans"
             + (f" from {', '.join(spans.services)}" if spans.services else "") + ")")
+    if spans.spans_dropped:
+        head += (f"; {spans.spans_dropped} more spans dropped, past what the receiver keeps "
+                 f"({MAX_SPANS:,} spans or {MAX_KEPT_BYTES >> 20} MiB)")
     split = spans.ttft_split_ms
     if not spans.matched:
         return head + ("; none of the run's trace ids came back: is the server pointed at "
@@ -309,6 +313,9 @@ def scraped_lines(scraped: ScrapedMetrics | None) -> list[str]:
                 f"scrapes, {e.series} series")
         if e.failed_scrapes:
             line += f"; {e.failed_scrapes} failed (first: {e.first_error})"
+        if e.stopped:
+            line += ("; then read no more" if e.stopped == e.first_error
+                     else f"; read no more after: {e.stopped}")
         if e.dropped_series:
             line += (f"; {e.dropped_series} series left out (label sets or series over the "
                      f"cap: {', '.join(e.dropped)})")
