@@ -34,9 +34,9 @@ def serve(
 
     `app` is the function (`def` or `async def`, yielding `str` or `list[int]` pieces) or
     its `module:function` name, or a batched model class (`step(prefill, decode)`, see
-    docs/models.md; `max_batch` and the other engine options apply to it). `devices` is `cpu:N`, `cuda:I,J,...`, `auto` or a list of
-    device names: one worker per device (with `tp` > 1, per group of `tp` devices: a model
-    class's tensor-parallel ranks). `engine_threads` sizes each worker's executor for a
+    docs/models.md; `max_batch` and the other engine options apply to it).
+    `devices` is `cpu:N`, `cuda:I,J,...`, `auto` or a list of device names: one worker per
+    device (with `tp` > 1, per group of `tp` devices: a model class's tensor-parallel ranks). `engine_threads` sizes each worker's executor for a
     sync function (default one per device). `options` are any other ServerConfig field
     (`port`, `host`, `max_concurrent`, ...). `on_started(port)` is called once serving;
     without it, the line `cadence serving on HOST:PORT` is printed.

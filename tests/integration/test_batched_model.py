@@ -31,7 +31,8 @@ MODELS = "tests.batched_models"
 def importable_models() -> Iterator[None]:
     """Servers and their workers import `tests.batched_models` from the repository root."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        path = [str(ROOT), os.environ.get("PYTHONPATH")]
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
         mp.chdir(ROOT)
         yield
 
@@ -95,7 +96,7 @@ def _wait_for_line(path: Path, pattern: str, timeout: float = 10.0) -> re.Match:
         match = re.search(pattern, path.read_text() if path.exists() else "")
         if match:
             return match
-        assert time.monotonic() < deadline, f"{path}: {path.read_text() if path.exists() else None!r}"
+        assert time.monotonic() < deadline, f"{path} holds {match!r}"
         time.sleep(0.02)
 
 
@@ -232,7 +233,8 @@ def test_serve_a_model_class_from_python(importable_models) -> None:
     ("NoStepModel", "tests.batched_models:NoStepModel has no step(prefill, decode) method"),
     ("BrokenInitModel", "BrokenInitModel('cpu') raised RuntimeError: no weights at /nowhere"),
 ])
-def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem, importable_models) -> None:
+def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem,
+                                                              importable_models) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--startup-timeout", "20",
          "--engine", f"{MODELS}:{name}"],

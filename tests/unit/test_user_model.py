@@ -10,7 +10,14 @@ from cadence.config import EngineConfig
 from cadence.engines.base import EngineLoadError
 from cadence.engines.detokenizer import TextStreams
 from cadence.engines.user_model import ModelEngine
-from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput, step_pieces
+from cadence.transport.messages import (
+    AddRequest,
+    Failure,
+    Finish,
+    RequestFailed,
+    StepOutput,
+    step_pieces,
+)
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests import batched_models
 from tests.batched_models import WordTokenizer
@@ -59,7 +66,8 @@ def streamed(outs: list, seq_id: int) -> tuple[list[int], str, int]:
 
 def test_sequence_is_public_with_the_request_fields() -> None:
     seq = cadence.Sequence(AddRequest(7, [104, 105], 9, [3], 0.5, 0.9, 40, 11, prompt_text="hi"))
-    assert (seq.seq_id, seq.prompt, seq.prompt_token_ids, seq.max_tokens) == (7, "hi", [104, 105], 9)
+    assert (seq.seq_id, seq.prompt, seq.prompt_token_ids) == (7, "hi", [104, 105])
+    assert seq.max_tokens == 9
     assert (seq.temperature, seq.top_p, seq.top_k, seq.seed) == (0.5, 0.9, 40, 11)
     assert seq.stop_token_ids == {3} and seq.generated == 0 and seq.state is None
 

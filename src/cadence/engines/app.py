@@ -108,8 +108,8 @@ def is_async_app(app: Callable) -> bool:
 
 
 def app_reference(app: Callable | type | str) -> str:
-    """The name a worker process imports `app` (a function or a model class) by: `module:qualname`, or `file.py:qualname`
-    for a function defined in the script being run. Raises ValueError if it has none."""
+    """The name a worker process imports `app` (a function or a model class) by:
+    `module:qualname`, or `file.py:qualname` for one defined in the script being run. Raises ValueError if it has none."""
     if isinstance(app, str):
         if ":" not in app:
             raise ValueError(f"app must be MODULE:FUNCTION, got {app!r}")

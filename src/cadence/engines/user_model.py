@@ -2,8 +2,8 @@
 --engine MODULE:CLASS`, `cadence.serve(MyModel)`; docs/models.md is the user's page).
 
     class MyModel:
-        def __init__(self, device: str): ...            # + rank=, group_size=, ... if it wants them
-        def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int | str | None]: ...
+        def __init__(self, device: str): ...      # + rank=, group_size=, ... if it takes them
+        def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int | str | None]
         def release(self, seq: Sequence) -> None: ...   # finished or aborted: free its state
 
 `ModelEngine` wraps such an object into the `Engine` protocol, so it runs on the same
@@ -135,7 +135,7 @@ class ModelEngine:
             if self.group is not None:
                 self.group.send_step(prefill, decode)
             outputs = self._step(prefill, decode)
-        except Exception as exc:  # noqa: BLE001 - the user's step: its sequences fail, not the worker
+        except Exception as exc:  # noqa: BLE001 - the user's step fails its sequences only
             # Not on the token path: the traceback is what the model's author needs.
             log.error("%s.step raised", self._label, exc_info=exc)
             raise StepFailed(f"{self._label}.step raised {type(exc).__name__}: {exc}") from None
