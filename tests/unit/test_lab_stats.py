@@ -68,10 +68,12 @@ def test_integrity_counts_lost_repeated_reordered_and_short_streams() -> None:
     lost = _record([1, 2], [1, 1], max_tokens=4)
     lost.index = [0, 3]  # tokens 1 and 2 never came
     repeated = _record([1, 2, 3], [2, 2, 1], max_tokens=4)
-    repeated.index = [0, 1, 3]  # token 1 came twice
+    repeated.index = [0, 1, 3]  # token 1 came twice, in order
+    swapped = _record([1, 2, 3], [1, 1, 1])
+    swapped.index = [1, 0, 2]  # one reorder, nothing lost or repeated
     unfinished = _record([1], [1], finish=0)
     truncated = _record([1], [1], max_tokens=5)
-    integrity = check_integrity([good, lost, repeated, unfinished, truncated])
+    integrity = check_integrity([good, lost, repeated, swapped, unfinished, truncated])
     assert integrity.lost_tokens == 2 + 4
     assert integrity.repeated_tokens == 1
     assert integrity.reordered_chunks == 1

@@ -36,13 +36,13 @@ from collections import Counter
 from collections.abc import Iterable
 
 from cadence.core.metrics import LoopLagTally
+from cadence.lab.analysis.integrity import check_integrity
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.timeline import timeline
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.results import (
     Distribution,
     FrontLoop,
-    Integrity,
     RunStats,
     Segments,
     SegmentShares,
@@ -68,27 +68,6 @@ def distribution(values: Iterable[float]) -> Distribution:
         max=ordered[-1],
         min=ordered[0],
     )
-
-
-def check_integrity(records: list[RequestRecord]) -> Integrity:
-    result = Integrity()
-    for r in records:
-        expected = 0
-        for index, count in zip(r.index, r.tokens):
-            if index > expected:
-                result.lost_tokens += index - expected
-            elif index < expected:
-                result.repeated_tokens += min(expected - index, count)
-                result.reordered_chunks += 1
-            expected = max(expected, index + count)
-        if r.code != "OK":
-            continue
-        if r.finish_reason == 0:
-            result.short_streams += 1
-        elif r.finish_reason == 1 and expected != r.max_tokens:
-            result.short_streams += 1
-            result.lost_tokens += max(0, r.max_tokens - expected)
-    return result
 
 
 def is_ok(r: RequestRecord) -> bool:

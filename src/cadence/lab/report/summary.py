@@ -13,7 +13,7 @@ from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.measure.stacks import py_spy
 from cadence.lab.measure.trace_receiver import MAX_KEPT_BYTES, MAX_SPANS
-from cadence.lab.report.integrity import counted_checks
+from cadence.lab.analysis.integrity import counted_checks
 from cadence.lab.results import (
     BenchResult,
     Client,
