@@ -8,6 +8,7 @@ Each rule is a `Rule` in the module of its family, with its thresholds beside it
 rules it gives way to (a finding another rule's finding explains is dropped):
 
 - `health`: requests_failing
+- `integrity`: integrity_faults (tokens lost, repeated, reordered; streams ended short)
 - `connection`: server_stream_limit, slow_connect
 - `ttft`: ttft_engine_start, ttft_queueing
 - `itl`: itl_unstable_engine, itl_unstable_network_side, slow_reader
@@ -34,6 +35,7 @@ from cadence.lab.analysis.diagnosis import (
     connection,
     health,
     host,
+    integrity,
     itl,
     scraped,
     shape,
@@ -71,6 +73,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_CPU_BUSY_CARDS_IDLE,
     RULE_FRONT_CPU_BOUND,
     RULE_FRONT_LOOP_BLOCKED,
+    RULE_INTEGRITY_FAULTS,
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ITL_UNSTABLE_NETWORK,
     RULE_KV_CACHE_FULL,
@@ -126,7 +129,8 @@ from cadence.lab.analysis.diagnosis.workers import (
 from cadence.lab.results import BenchResult, Finding
 
 RULES: tuple[Rule, ...] = (
-    *health.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES, *client.RULES, *streams.RULES,
+    *health.RULES, *integrity.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES,
+    *client.RULES, *streams.RULES,
     *workers.RULES, *shape.RULES, *threads.RULES, *scraped.RULES, *capacity.RULES,
     *spans.RULES,
 )
@@ -150,7 +154,8 @@ __all__ = [
     "ITL_UNEVEN_P90_RATIO", "LOOP_GAP_TAIL_MS", "LOOP_LATE_MIN", "LOOP_LATE_SHARE",
     "MERGED_CHUNK_TOKENS", "MERGE_BUFFER_STEPS", "MIN_CPU_SAMPLES", "NETWORK_UNSTABLE_P90_RATIO",
     "RULES", "RULE_CLIENT_BEHIND_SCHEDULE", "RULE_CLIENT_SATURATED", "RULE_CPU_BUSY_CARDS_IDLE",
-    "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_ITL_UNSTABLE_ENGINE",
+    "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_INTEGRITY_FAULTS",
+    "RULE_ITL_UNSTABLE_ENGINE",
     "RULE_ITL_UNSTABLE_NETWORK", "RULE_KV_CACHE_FULL", "RULE_OUTPUT_HELD_BACK",
     "RULE_REQUESTS_FAILING", "RULE_SERVER_ONE_CORE_BOUND", "RULE_SERVER_QUEUE_GROWS",
     "RULE_SERVER_STREAM_LIMIT", "RULE_SERVER_THREADS_WAIT_FOR_CPU", "RULE_SLOW_CONNECT",
