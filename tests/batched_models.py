@@ -133,3 +133,29 @@ class GroupModel:
         self._dist.all_reduce(total)
         assert int(total[1]) == self.group_size * sum(s.seq_id for s in batch)
         return [f"{self.rank}/{self.group_size} {int(total[0])} " for _ in batch]
+
+
+class StreamModel:
+    """The batch-generator shape: one `generate_stream` per batch, one yield per step.
+
+    Prompts as for EchoModel: `count N`, `batch` (the size of its batch when it started),
+    `fail` (the generator raises at its third yield); anything else: its bytes, repeated."""
+
+    def __init__(self, device: str) -> None:
+        self.released: list[int] = []
+
+    def generate_stream(self, batch: list[cadence.Sequence]):
+        for step in range(10**6):
+            time.sleep(STEP_S)
+            if step == 2 and any(seq.prompt == "fail" for seq in batch):
+                raise ValueError("generator failed on purpose")
+            yield [self._output(seq, step, len(batch)) for seq in batch]
+
+    @staticmethod
+    def _output(seq: cadence.Sequence, step: int, size: int) -> int | str | None:
+        words = seq.prompt.split()
+        if words and words[0] == "count":
+            return None if step >= int(words[1]) else ord("0") + step % 10
+        if words and words[0] == "batch":
+            return f"{size} "
+        return seq.prompt_token_ids[step % len(seq.prompt_token_ids)]

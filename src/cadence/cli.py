@@ -106,6 +106,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=e.seed,
                    help="seed of the synthetic engine's tokens and jitter")
     p.add_argument("--max-batch", type=int, default=e.max_batch, help="sequences per engine step at most")
+    p.add_argument("--batch-timeout-ms", type=float, default=e.batch_timeout_ms, metavar="MS",
+                   help="MODULE:CLASS with generate_stream(batch): how long the first waiting "
+                        "request waits for others to fill a batch before it starts (default "
+                        f"{e.batch_timeout_ms:g})")
     p.add_argument("--max-concurrent", type=int, default=d.max_concurrent, help="streams admitted at once")
     p.add_argument("--queue-capacity", type=int, default=d.queue_capacity, help="steps of output a request's buffer holds")
     p.add_argument("--overflow", default=d.overflow, choices=["merge", "block", "abort"],
@@ -260,6 +264,7 @@ def _server_config(args: argparse.Namespace):
             step_ms_by_worker=args.step_ms_by_worker,
             seed=args.seed,
             max_batch=args.max_batch,
+            batch_timeout_ms=args.batch_timeout_ms,
             app=args.app,
             model_class=model_class,
             engine_threads=args.engine_threads,

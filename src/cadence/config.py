@@ -36,6 +36,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model_class: str = ""
     """Model engine: the user's batched model class as `module:Class` or `path.py:Class`
     (cadence.engines.user_model; docs/models.md)."""
+    batch_timeout_ms: float = 10.0
+    """Model engine, a class with generate_stream(batch): how long the first waiting request
+    waits for others to join its batch (fewer than max_batch) before the batch starts."""
     engine_threads: int = 1
     """App engine, sync functions: threads of the worker's executor that run the function
     (default one per device; each worker owns one device)."""
@@ -240,6 +243,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.engine.name == "model" and ":" not in self.engine.model_class:
             problems.append("the model engine needs a class: --engine MODULE:CLASS (got "
                             f"{self.engine.model_class!r})")
+        if self.engine.batch_timeout_ms < 0:
+            problems.append(f"batch_timeout_ms must not be negative "
+                            f"(got {self.engine.batch_timeout_ms})")
         if self.engine.engine_threads < 1:
             problems.append(f"engine_threads must be at least 1 (got {self.engine.engine_threads})")
         if self.app_in_front and self.engine.name != "app":

@@ -243,3 +243,33 @@ def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem,
     assert out.returncode != 0
     assert f"cadence worker 0 (rank 0): {problem}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_batch_generator_shape_serves_whole_batches(importable_models) -> None:
+    """generate_stream(batch): concurrent requests share one generator; one that arrives
+    while it runs waits for the whole batch, then runs in the next."""
+    server = start_server("--engine", f"{MODELS}:StreamModel", "--batch-timeout-ms", "50")
+
+    async def run() -> tuple[list, list]:
+        batch = [asyncio.ensure_future(_collect(server.target, "batch", 30)) for _ in range(8)]
+        await asyncio.sleep(0.15)  # the batch runs (30 steps of 10 ms)
+        late = await _collect(server.target, "batch", 5)
+        return await asyncio.gather(*batch), late
+
+    try:
+        batch, late = asyncio.run(run())
+        for chunks in batch:
+            assert _text(chunks) == "8 " * 30  # gathered within 50 ms into one batch
+        assert _text(late) == "1 " * 5  # it did not join the running batch
+        failed, ok = asyncio.run(_many(server.target, [("fail", 20), ("count 5", 20)]))
+        if isinstance(ok, grpc.aio.AioRpcError):  # both were gathered into the failing batch
+            assert ok.details() == failed.details()
+        else:
+            assert _text(ok) == "01234"
+        assert failed.code() == grpc.StatusCode.INTERNAL
+        assert failed.details() == ("StreamModel.generate_stream raised ValueError: generator "
+                                    "failed on purpose")
+        with Client(server.target) as client:
+            assert client.complete("count 7", max_tokens=20) == "0123456"
+    finally:
+        assert server.stop() == 0

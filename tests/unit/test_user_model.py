@@ -210,3 +210,58 @@ def test_a_hugging_face_tokenizer_works_as_it_is() -> None:
     decode = streams.stream([])
     pieces = [decode(t, i == len(ids) - 1) for i, t in enumerate(ids)]
     assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+
+
+# -- the batch-generator shape (generate_stream) ---------------------------------------------
+
+
+def test_a_generator_batch_runs_to_its_end_before_the_next_starts() -> None:
+    s = BatchScheduler(engine("StreamModel", batch_timeout_ms=0), worker=0, max_batch=8)
+    for seq_id, prompt in ((1, "batch"), (2, "count 3"), (3, "abc")):
+        assert s.add(text_request(seq_id, prompt, max_tokens=6)) is None
+    first = s.step()
+    assert len(first.seq_ids) == 3
+    assert s.add(text_request(4, "batch", max_tokens=2)) is None  # arrives while it runs
+    outs = [first, *run(s)]
+    assert streamed(outs, 1) == (list(b"3 3 3 3 3 3 "), "3 3 3 3 3 3 ", Finish.LENGTH)
+    assert streamed(outs, 2) == (list(b"012"), "012", Finish.STOP)
+    assert streamed(outs, 3) == (list(b"abcabc"), "abcabc", Finish.LENGTH)
+    # The late one waited for the whole batch, then ran alone.
+    assert streamed(outs, 4)[1] == "1 1 "
+    last_of_batch = max(i for i, o in enumerate(outs) if 1 in o.seq_ids)
+    assert min(i for i, o in enumerate(outs) if 4 in o.seq_ids) > last_of_batch
+
+
+def test_a_generator_gathers_up_to_max_batch_within_the_timeout() -> None:
+    s = BatchScheduler(engine("StreamModel", batch_timeout_ms=10_000, max_batch=3), worker=0,
+                       max_batch=3)
+    assert s.add(text_request(1, "batch", max_tokens=2)) is None
+    assert s.step() is None  # gathering: the timeout has not passed and the batch is not full
+    for seq_id in (2, 3):
+        assert s.add(text_request(seq_id, "batch", max_tokens=2)) is None
+    assert streamed(run(s), 3)[1] == "3 3 "  # full: it started at once
+
+
+def test_a_paused_sequence_gets_its_generator_outputs_later_in_order() -> None:
+    s = BatchScheduler(engine("StreamModel", batch_timeout_ms=0), worker=0, max_batch=8)
+    assert s.add(text_request(1, "count 9", max_tokens=20)) is None
+    assert s.add(text_request(2, "abcdef", max_tokens=6)) is None
+    outs = [s.step()]
+    s.pause([1])
+    outs += [s.step(), s.step()]
+    s.resume([1])
+    outs += run(s)
+    assert streamed(outs, 1) == (list(b"012345678"), "012345678", Finish.STOP)
+    assert streamed(outs, 2)[1] == "abcdef"
+
+
+def test_a_raising_generator_fails_its_batch_and_the_next_batch_runs() -> None:
+    s = BatchScheduler(engine("StreamModel", batch_timeout_ms=0), worker=0, max_batch=8)
+    for seq_id, prompt in ((1, "count 50"), (2, "fail")):
+        assert s.add(text_request(seq_id, prompt)) is None
+    failures = run(s)[-1]
+    assert {(f.seq_id, f.message) for f in failures} == {
+        (1, "StreamModel.generate_stream raised ValueError: generator failed on purpose"),
+        (2, "StreamModel.generate_stream raised ValueError: generator failed on purpose")}
+    assert s.add(text_request(3, "count 4")) is None
+    assert streamed(run(s), 3)[1:] == ("0123", Finish.STOP)

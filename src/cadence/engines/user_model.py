@@ -7,7 +7,8 @@
         def release(self, seq: Sequence) -> None: ...   # finished or aborted: free its state
 
 `ModelEngine` wraps such an object into the `Engine` protocol, so it runs on the same
-`BatchScheduler` as the built-in engines. What it adds is what a user's code cannot be
+`BatchScheduler` as the built-in engines (a class with `generate_stream(batch)` instead of
+`step` goes through cadence.engines.batch_generator first). What it adds is what a user's code cannot be
 trusted with: a step that raises or returns the wrong thing fails that step's sequences
 (`StepFailed`), not the worker; a `release` or `check` that raises is logged; a tokenizer
 with only encode/decode is given incremental detokenization; no tokenizer means bytes.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
+from collections.abc import Callable
 
 from cadence.config import EngineConfig
 from cadence.engines.app import load_app
@@ -45,9 +47,10 @@ def load_model_class(reference: str) -> type:
         raise EngineLoadError(
             f"{reference} is a {type(target).__name__}, not a class; serve a generator "
             "function with --app instead, or name a class with step(prefill, decode)")
-    if not callable(getattr(target, "step", None)):
-        raise EngineLoadError(
-            f"{reference} has no step(prefill, decode) method; see docs/models.md")
+    if not (callable(getattr(target, "step", None))
+            or callable(getattr(target, "generate_stream", None))):
+        raise EngineLoadError(f"{reference} has no step(prefill, decode) method (nor "
+                              "generate_stream(batch)); see docs/models.md")
     return target
 
 
@@ -88,14 +91,26 @@ class ModelEngine:
         model = construct(cls, device, {"rank": rank, "group_size": group_size,
                                         "worker": worker, "model": config.model})
         self.model = model
-        self._step = model.step
         self._release = getattr(model, "release", None)
         self._check = getattr(model, "check", None)
-        reserve = getattr(model, "reserve", None)
-        if callable(reserve):
-            self.reserve = reserve
         own_max = getattr(model, "max_batch", None)
         self.max_batch = min(config.max_batch, int(own_max)) if own_max else config.max_batch
+        self._arrived: Callable[[], None] | None = None
+        """The batch-generator shape: told of each accepted request (it gathers batches)."""
+        if callable(getattr(model, "step", None)):
+            self._step = model.step
+            self._step_name = "step"
+            reserve = getattr(model, "reserve", None)
+            if callable(reserve):
+                self.reserve = reserve
+        else:
+            from cadence.engines.batch_generator import BatchGenerator
+
+            shape = BatchGenerator(model.generate_stream, self._label, self.max_batch,
+                                   config.batch_timeout_ms / 1e3, self._release)
+            self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
+            self._arrived = shape.arrived
+            self._step_name = "generate_stream"
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:
             self.tokenizer = ByteStreams()
@@ -117,8 +132,12 @@ class ModelEngine:
         if vocab and prompt and not (0 <= min(prompt) and max(prompt) < vocab):
             bad = next(t for t in prompt if not 0 <= t < vocab)
             return f"prompt_token_ids must be in [0, {vocab}); got {bad}"
-        if self._check is None:
-            return None
+        problem = None if self._check is None else self._checked_by_model(request)
+        if problem is None and self._arrived is not None:
+            self._arrived()
+        return problem
+
+    def _checked_by_model(self, request: AddRequest) -> str | None:
         seq = Sequence(request)
         self._prepare([seq])
         try:
@@ -137,8 +156,9 @@ class ModelEngine:
             outputs = self._step(prefill, decode)
         except Exception as exc:  # noqa: BLE001 - the user's step fails its sequences only
             # Not on the token path: the traceback is what the model's author needs.
-            log.error("%s.step raised", self._label, exc_info=exc)
-            raise StepFailed(f"{self._label}.step raised {type(exc).__name__}: {exc}") from None
+            name = f"{self._label}.{self._step_name}"
+            log.error("%s raised", name, exc_info=exc)
+            raise StepFailed(f"{name} raised {type(exc).__name__}: {exc}") from None
         return self._checked(outputs, prefill, decode)
 
     def text_piece_ids(self, text: str) -> list[int]:
@@ -185,16 +205,17 @@ class ModelEngine:
     def _checked(self, outputs: object, prefill: list[Sequence],
                  decode: list[Sequence]) -> list[int | str | None]:
         """`outputs` as a list of int, str or None, one per sequence, or StepFailed."""
+        name = f"{self._label}.{self._step_name}"
         if type(outputs) is not list:
             try:
                 outputs = list(outputs)  # a tuple, a numpy array, ...
             except TypeError:
-                raise StepFailed(f"{self._label}.step returned a {type(outputs).__name__}; "
-                                 "return a list with one output per sequence") from None
+                raise StepFailed(f"{name} returned a {type(outputs).__name__}; return a list "
+                                 "with one output per sequence") from None
         count = len(prefill) + len(decode)
         if len(outputs) != count:
-            raise StepFailed(f"{self._label}.step returned {len(outputs)} outputs for {count} "
-                             "sequences; return one per sequence, in prefill + decode order")
+            raise StepFailed(f"{name} returned {len(outputs)} outputs for {count} sequences; "
+                             "return one per sequence, in prefill + decode order")
         limit = self.vocab_size or None
         for i, out in enumerate(outputs):
             kind = type(out)
@@ -205,10 +226,10 @@ class ModelEngine:
                     out = outputs[i] = operator.index(out)  # numpy and torch integers
                 except TypeError:
                     raise StepFailed(
-                        f"{self._label}.step returned a {kind.__name__} for a sequence; return "
-                        "an int (token id), a str (text) or None (done)") from None
+                        f"{name} returned a {kind.__name__} for a sequence; return an int "
+                        "(token id), a str (text) or None (done)") from None
             if out < 0 or (limit is not None and out >= limit):
-                raise StepFailed(f"{self._label}.step returned token id {out}, " + (
+                raise StepFailed(f"{name} returned token id {out}, " + (
                     "but the model has no tokenizer, so ids are bytes (0..255): give the class "
                     "a `tokenizer` or return str pieces" if self._bytes_only else
                     f"outside its tokenizer's vocabulary [0, {limit})" if limit else
