@@ -232,11 +232,13 @@ def test_cli_report(tmp_path: Path, capsys):
     main(["report", str(small), "--out", str(tmp_path / "elsewhere")])
     assert capsys.readouterr().out.strip() == str(tmp_path / "elsewhere" / "report.html")
 
-    with pytest.raises(SystemExit, match="cannot read"):
+    with pytest.raises(SystemExit) as exited:
         main(["report", str(tmp_path / "missing.json")])
+    assert exited.value.code == 3 and "cannot read" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(SystemExit, match="not JSON"):
+    with pytest.raises(SystemExit) as exited:
         main(["report", str(tmp_path / "bad.json")])
+    assert exited.value.code == 3 and "not JSON" in capsys.readouterr().err
 
 
 def _assert_no_orphans(page: str) -> None:
@@ -430,8 +432,11 @@ def test_report_of_results_written_by_the_lab(name: str, tmp_path: Path, capsys)
         assert "<h1>cadence sweep over concurrency</h1>" in page
 
 
-def test_cli_report_of_something_else(tmp_path: Path):
+def test_cli_report_of_something_else(tmp_path: Path, capsys):
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"workload": "127.0.0.1:1"}))
-    with pytest.raises(SystemExit, match=r"wrong.json is not a bench or sweep result: .*workload"):
+    with pytest.raises(SystemExit) as exited:
         main(["report", str(wrong)])
+    assert exited.value.code == 3
+    assert re.search(r"wrong.json is not a bench or sweep result: .*workload",
+                     capsys.readouterr().err)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import msgspec
@@ -71,10 +72,68 @@ def test_the_command_exits_non_zero_on_a_failed_gate(tmp_path, capsys) -> None:
     assert err == [expected]
 
 
-def test_one_line_for_what_cannot_be_compared(tmp_path) -> None:
-    with pytest.raises(SystemExit, match="is not a bench result"):
-        main(["report", str(BASE), str(DATA / "sweep_result_v0.json")])
-    with pytest.raises(SystemExit, match="two or more results"):
-        main(["report", str(BASE), "--fail-if", "errors>0", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="expected METRIC>FACTORx"):
-        main(["report", str(BASE), str(BASE), "--fail-if", "ttft_p99_ms=1"])
+def exit_code(capsys, *args: str) -> tuple[int, str]:
+    """The command's exit status and what it wrote to stderr."""
+    with pytest.raises(SystemExit) as exited:
+        main(["report", *args])
+    return exited.value.code, capsys.readouterr().err
+
+
+def test_one_line_for_what_cannot_be_compared(tmp_path, capsys) -> None:
+    code, err = exit_code(capsys, str(BASE), str(DATA / "sweep_result_v0.json"))
+    assert code == 3 and "is not a bench result" in err
+    code, err = exit_code(capsys, str(BASE), "--fail-if", "ttft_p99_ms>1.1x", "--out",
+                          str(tmp_path))
+    assert code == 2 and "two or more results" in err
+    code, err = exit_code(capsys, str(BASE), str(BASE), "--fail-if", "ttft_p99_ms=1")
+    assert code == 2 and "expected METRIC>FACTORx" in err
+
+
+def test_a_misspelled_metric_is_a_usage_error_not_a_regression(capsys) -> None:
+    for gate in ("ttft_p99_msx>1.1x", "lost>0", "tokens_per_sec<0.9x"):
+        code, err = exit_code(capsys, str(BASE), str(BASE), "--fail-if", gate)
+        assert code == 2 and "unknown metric" in err, (gate, err)
+
+
+def with_integrity(tmp_path: Path, name: str, **counts: int) -> Path:
+    data = json.loads(BASE.read_text())
+    data["integrity"] = {**data["integrity"], **counts}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_gates_on_integrity(tmp_path, capsys) -> None:
+    swapped = with_integrity(tmp_path, "swapped", reordered_chunks=1)
+    assert metric(load(swapped), "reordered_chunks") == 1
+    assert metric(load(swapped), "integrity_faults") == 1
+    assert metric(load(swapped), "lost_tokens") == 0
+    main(["report", str(BASE), str(BASE), "--fail-if", "integrity_faults>0"])
+    code, err = exit_code(capsys, str(BASE), str(swapped), "--fail-if", "lost_tokens>0",
+                          "--fail-if", "reordered_chunks>0")
+    assert code == 1
+    assert err.strip().splitlines() == [
+        "cadence report: swapped.json: reordered_chunks>0 failed: reordered_chunks 1 against "
+        "a bound of 0"]
+
+
+def test_an_absolute_gate_judges_a_single_run(tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    swapped = with_integrity(tmp_path, "swapped", reordered_chunks=1)
+    main(["report", str(BASE), "--out", str(tmp_path / "base"), "--fail-if",
+          "integrity_faults>0"])
+    code, err = exit_code(capsys, str(swapped), "--out", str(tmp_path / "swapped"),
+                          "--fail-if", "integrity_faults>0")
+    assert code == 1 and "integrity_faults>0 failed" in err
+    assert (tmp_path / "swapped" / "report.html").exists()  # written before the judging
+
+
+def test_an_uncounted_check_is_missing_not_zero(tmp_path) -> None:
+    data = json.loads(BASE.read_text())
+    data["workload"]["protocol"] = "grpc"
+    data["workload"]["grpc"] = {"method": "a.B/C", "types_from": "reflection"}
+    path = tmp_path / "grpc.json"
+    path.write_text(json.dumps(data))
+    run = load(path)
+    assert math.isnan(metric(run, "lost_tokens"))
+    assert "missing" in parse_gate("lost_tokens>0").failure(run, run, "grpc")

@@ -55,8 +55,23 @@ def read_prompts(path: str) -> list[tuple[list[int], int]]:
     return prompts
 
 
+EXIT_RUN_FAILED = 1
+"""The run cannot stand for the server (it stopped early, or no request succeeded), or it
+could not start (a bad option, an unreachable target)."""
+EXIT_INTEGRITY = 3
+"""The run went through but the output was not whole: tokens lost, repeated or reordered, or
+streams that ended short (the `integrity_faults` finding), among the checks its protocol
+counts. The summary and the JSON are written first."""
+EXIT_CODES = (f"exit status: 0 the run went through (whatever its verdict); {EXIT_RUN_FAILED} "
+              "it cannot stand for the server (stopped early, every request failed) or could "
+              "not start; 2 a usage error; "
+              f"{EXIT_INTEGRITY} the output was not whole (lost, repeated or reordered tokens, "
+              "short streams)")
+
+
 def add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments")
+    p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments",
+                       epilog=EXIT_CODES)
     p.add_argument("--target", required=True,
                    help="HOST:PORT of the server (--protocol openai: http://HOST:PORT)")
     add_protocol_args(p)
@@ -308,6 +323,19 @@ def _bench(args: argparse.Namespace) -> None:
     failed = _failed(result)
     if failed:
         sys.exit(f"cadence bench: {failed}")
+    broken = integrity_faults(result)
+    if broken:
+        print(f"cadence bench: the output was not whole: {broken}", file=sys.stderr)
+        sys.exit(EXIT_INTEGRITY)
+
+
+def integrity_faults(result: BenchResult) -> str | None:
+    """The integrity faults of the run, in words (among the checks its protocol counts);
+    None when its output was whole."""
+    from cadence.lab.analysis.integrity import faults
+
+    found = faults(result.integrity, result.workload)
+    return ", ".join(f"{name} {count}" for name, count in found.items()) or None
 
 
 def _trace_receiver(where: str):

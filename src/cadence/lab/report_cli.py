@@ -8,18 +8,40 @@ import sys
 from pathlib import Path
 
 
+EXIT_GATE_FAILED = 1
+"""A run failed a --fail-if gate (a regression, or an integrity fault gated on)."""
+EXIT_USAGE = 2
+"""The command line is wrong: a gate that does not parse, a metric the report does not know
+(a misspelling must not read as a regression), a relative gate with one run."""
+EXIT_CANNOT_REPORT = 3
+"""The report cannot be made: a result file cannot be read, is not JSON or is not the kind of
+result the command takes, or plotting is not installed."""
+EXIT_CODES = (f"exit status: 0 the report was written and every gate passed; "
+              f"{EXIT_GATE_FAILED} a run failed a --fail-if gate; {EXIT_USAGE} a usage error "
+              "(a gate that does not parse, an unknown metric); "
+              f"{EXIT_CANNOT_REPORT} the report cannot be made (a result cannot be read, or "
+              "matplotlib is missing)")
+
+
+def _exit(message: str, code: int) -> None:
+    print(f"cadence report: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
 def add_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="render a bench or sweep JSON result as one HTML page, "
-                                      "or compare bench runs side by side")
+                                      "or compare bench runs side by side", epilog=EXIT_CODES)
     p.add_argument("results", nargs="+",
                    help="JSON written by `cadence bench --json` (or a sweep); two or more bench "
                         "results: one table of their metrics, with each run's ratio to the first")
     p.add_argument("--out", default=None,
                    help="folder for report.html and the PNGs (default: <stem>-report/ next to the JSON)")
     p.add_argument("--fail-if", action="append", default=[], metavar="GATE",
-                   help="with two or more runs: exit non-zero when a later run fails the gate, "
-                        "e.g. 'ttft_p99_ms>1.1x' (above 1.1 times the first run's), "
-                        "'tokens_per_s<0.9x', 'errors>0' (repeatable; default: none)")
+                   help=f"exit {EXIT_GATE_FAILED} when a later run fails the gate, e.g. "
+                        "'ttft_p99_ms>1.1x' (above 1.1 times the first run's), "
+                        "'tokens_per_s<0.9x', 'errors>0', 'lost_tokens>0', "
+                        "'reordered_chunks>0', 'integrity_faults>0'; with one run, absolute "
+                        "gates are judged on it (repeatable; default: none)")
     p.set_defaults(func=_report)
 
 
@@ -43,12 +65,42 @@ def _read(path: str) -> dict:
         with source.open() as f:
             data = json.load(f)
     except OSError as exc:
-        sys.exit(f"cadence report: cannot read {source}: {exc.strerror or exc}")
+        _exit(f"cannot read {source}: {exc.strerror or exc}", EXIT_CANNOT_REPORT)
     except json.JSONDecodeError as exc:
-        sys.exit(f"cadence report: {source} is not JSON: {exc}")
+        _exit(f"{source} is not JSON: {exc}", EXIT_CANNOT_REPORT)
     if not isinstance(data, dict):
-        sys.exit(f"cadence report: {source} holds a {type(data).__name__}, not a result object")
+        _exit(f"{source} holds a {type(data).__name__}, not a result object", EXIT_CANNOT_REPORT)
     return data
+
+
+def _gates(texts: list[str], runs: int) -> list:
+    """The parsed gates; exits EXIT_USAGE when one does not parse or names an unknown metric,
+    or is relative with one run to hold it to."""
+    from cadence.lab.report.compare import parse_gate
+
+    gates = []
+    for text in texts:
+        try:
+            gates.append(parse_gate(text))
+        except ValueError as exc:
+            _exit(str(exc), EXIT_USAGE)
+    relative = [g.text for g in gates if g.relative]
+    if runs < 2 and relative:
+        _exit(f"--fail-if {', '.join(relative)} judges a run against an earlier one: give two "
+              "or more results", EXIT_USAGE)
+    return gates
+
+
+def _judge(gates: list, runs: list, names: list[str]) -> None:
+    """Every gate on every run after the first (on the one run when there is one); exits
+    EXIT_GATE_FAILED with one line per failure."""
+    judged = list(zip(runs[1:], names[1:], strict=True)) or [(runs[0], names[0])]
+    failures = [line for gate in gates for run, name in judged
+                if (line := gate.failure(runs[0], run, name)) is not None]
+    for line in failures:
+        print(f"cadence report: {line}", file=sys.stderr)
+    if failures:
+        sys.exit(EXIT_GATE_FAILED)
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -57,25 +109,22 @@ def _compare(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from cadence.lab.report.compare import parse_gate, rows
+    from cadence.lab.report.compare import rows
     from cadence.lab.report.summary import PIPED_WIDTH
     from cadence.lab.results import BenchResult
 
-    try:
-        gates = [parse_gate(text) for text in args.fail_if]
-    except ValueError as exc:
-        sys.exit(f"cadence report: {exc}")
+    gates = _gates(args.fail_if, len(args.results))
     runs = []
     for path in args.results:
         data = _read(path)
         if "sweep" in data or "capacity" in data:
-            sys.exit(f"cadence report: {path} is not a bench result; comparisons take bench "
-                     "results (cadence bench --json)")
+            _exit(f"{path} is not a bench result; comparisons take bench results (cadence "
+                  "bench --json)", EXIT_CANNOT_REPORT)
         data.pop("records", None)  # not compared: no need to decode them
         try:
             runs.append(msgspec.convert(data, BenchResult))
         except msgspec.ValidationError as exc:
-            sys.exit(f"cadence report: {path} is not a bench result: {exc}")
+            _exit(f"{path} is not a bench result: {exc}", EXIT_CANNOT_REPORT)
     names = [Path(p).name for p in args.results]
     table = Table(title="cadence report: " + " vs ".join(names))
     for column in ("metric", *names):
@@ -84,24 +133,17 @@ def _compare(args: argparse.Namespace) -> None:
         table.add_row(*row)
     piped = not sys.stdout.isatty()
     Console(soft_wrap=piped, width=PIPED_WIDTH if piped else None).print(table)
-    failures = [line for gate in gates for run, name in zip(runs[1:], names[1:], strict=True)
-                if (line := gate.failure(runs[0], run, name)) is not None]
-    for line in failures:
-        print(f"cadence report: {line}", file=sys.stderr)
-    if failures:
-        sys.exit(1)
+    _judge(gates, runs, names)
 
 
 def _report(args: argparse.Namespace) -> None:
     if len(args.results) > 1:
         _compare(args)
         return
-    if args.fail_if:
-        sys.exit("cadence report: --fail-if judges a run against an earlier one: give two or "
-                 "more results")
+    gates = _gates(args.fail_if, 1)
     problem = missing_plotting()
     if problem is not None:
-        sys.exit(f"cadence report: {problem}")
+        _exit(problem, EXIT_CANNOT_REPORT)
     import msgspec
 
     from cadence.lab.report.run import decode_result, render_report
@@ -113,14 +155,19 @@ def _report(args: argparse.Namespace) -> None:
         from cadence.lab.report.capacity import render_capacity
         from cadence.lab.results import CapacityResult
 
+        if gates:
+            _exit("--fail-if judges bench results, not a capacity search", EXIT_USAGE)
         try:
             capacity = msgspec.convert(data, CapacityResult).capacity
         except msgspec.ValidationError as exc:
-            sys.exit(f"cadence report: {source} is not a capacity result: {exc}")
+            _exit(f"{source} is not a capacity result: {exc}", EXIT_CANNOT_REPORT)
         print(render_capacity(capacity, out_dir, source=source.name))
         return
+    if gates and "sweep" in data:
+        _exit("--fail-if judges bench results, not a sweep", EXIT_USAGE)
     try:
         result, records_note = decode_result(data)
     except msgspec.ValidationError as exc:
-        sys.exit(f"cadence report: {source} is not a bench or sweep result: {exc}")
+        _exit(f"{source} is not a bench or sweep result: {exc}", EXIT_CANNOT_REPORT)
     print(render_report(result, out_dir, source=source.name, records_note=records_note))
+    _judge(gates, [result], [source.name])

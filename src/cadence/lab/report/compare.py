@@ -3,9 +3,12 @@ first run, and gates (`--fail-if 'ttft_p99_ms>1.1x'`) that hold a server to an e
 
 A metric is a distribution's statistic named as the SLO terms are (`ttft_p99_ms`,
 `itl_p50_ms`, `e2e_max_ms`, `chunk_gap_p90_ms`, `token_delay_p99_ms`, `tpot_p50_ms`) or a
-run figure (`tokens_per_s`, `requests_per_s`, `chunks_per_s`, `errors`). A gate is
-`METRIC>FACTORx` or `METRIC<FACTORx` (against the first run) or `METRIC>VALUE` /
-`METRIC<VALUE` (absolute), judged on every later run.
+run figure (`tokens_per_s`, `requests_per_s`, `chunks_per_s`, `errors`) or an integrity count
+(`lost_tokens`, `repeated_tokens`, `reordered_chunks`, `short_streams`, and
+`integrity_faults`, their sum; missing where the run's protocol does not count it). A gate
+is `METRIC>FACTORx` or `METRIC<FACTORx` (against the first run) or `METRIC>VALUE` /
+`METRIC<VALUE` (absolute), judged on every later run; an absolute gate with one run is
+judged on that run.
 """
 
 from __future__ import annotations
@@ -14,15 +17,21 @@ import math
 import re
 from dataclasses import dataclass
 
+from cadence.lab.analysis.integrity import CHECKS, counted_checks
 from cadence.lab.results import BenchResult, Distribution
 
 DISTRIBUTIONS = ("ttft", "itl", "tpot", "e2e", "chunk_gap", "token_delay")
 STATS = ("p50", "p90", "p99", "max", "mean")
 FIGURES = ("tokens_per_s", "requests_per_s", "chunks_per_s", "errors")
+INTEGRITY = (*CHECKS, "integrity_faults")
 SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p99_ms",
-         "token_delay_p99_ms", "tokens_per_s", "requests_per_s", "errors")
+         "token_delay_p99_ms", "tokens_per_s", "requests_per_s", "errors", "integrity_faults")
 _METRIC = re.compile(r"^(?P<dist>[a-z0-9_]+?)_(?P<stat>p50|p90|p99|max|mean)_ms$")
 _GATE = re.compile(r"^(?P<metric>[a-z0-9_]+)\s*(?P<op>[<>])\s*(?P<value>[0-9.]+)(?P<x>x?)$")
+
+
+class UnknownMetric(ValueError):
+    """A gate or a metric named something the report does not know (a misspelling)."""
 
 
 def metric(result: BenchResult, name: str) -> float:
@@ -31,12 +40,18 @@ def metric(result: BenchResult, name: str) -> float:
         return float(sum(result.errors_by_code.values()))
     if name in FIGURES:
         return float(getattr(result, name))
+    if name in INTEGRITY:
+        counted = counted_checks(result.workload)
+        if name == "integrity_faults":
+            return float(sum(getattr(result.integrity, c) for c in counted)) if counted \
+                else math.nan
+        return float(getattr(result.integrity, name)) if name in counted else math.nan
     match = _METRIC.match(name)
     if match is None or match["dist"] not in DISTRIBUTIONS:
-        raise ValueError(
+        raise UnknownMetric(
             f"unknown metric {name!r}: use DIST_STAT_ms with DIST one of "
             f"{', '.join(DISTRIBUTIONS)} and STAT one of {', '.join(STATS)}, or one of "
-            f"{', '.join(FIGURES)}")
+            f"{', '.join((*FIGURES, *INTEGRITY))}")
     dist = getattr(result, f"{match['dist']}_ms", None)
     if not isinstance(dist, Distribution) or not dist.count:
         return math.nan
