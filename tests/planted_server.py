@@ -1,6 +1,6 @@
 """A plain grpc.aio token service with one planted fault, for the client-side diagnosis tests.
 
-    python tests/planted_server.py --fault none|pause|setup|skip|errors|die|cpu|batch|slow-subset|first [--port 0] [--gap-ms 20] [--max-streams N]
+    python tests/planted_server.py --fault none|pause|setup|skip|errors|die|cpu|batch|slow-subset|first|swap|rare-slow [--port 0] [--gap-ms 20] [--max-streams N]
 
 It speaks the worked example's proto (examples/thread_pool/tokens.proto, reflection on):
 each stream gets `max_tokens` Tokens, the first after one gap, then one per gap on an
@@ -19,6 +19,9 @@ absolute schedule. Faults:
 - `slow-subset`: every fourth stream gets its tokens `--slow-factor` times slower (a slower
   card or replica behind part of the streams);
 - `first`: every stream waits `--first-ms` before its first token, however few are open;
+- `swap`: the first call of more than 4 tokens has its tokens 3 and 4 go out in each other's place (one reorder in the run);
+- `rare-slow`: each gap is, at random one time in `--rare-every`, `--rare-ms` longer (a bad
+  tail of a shape no diagnosis rule knows);
 - `none`: a clean server.
 `--max-streams N` (with any fault) sets the server's HTTP/2 concurrent-stream limit per
 connection (grpc.max_concurrent_streams).
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import time
 
@@ -71,11 +75,12 @@ async def main(args: argparse.Namespace) -> None:
     protos, services = _messages()
     provider, tracer = _traced(args.otlp_endpoint) if args.otlp_endpoint else (None, None)
     setup_lock = asyncio.Lock()
-    calls = 0
+    rare = random.Random(args.seed)
+    calls = swaps = 0
 
     class TokenService(services.TokenServiceServicer):
         async def Generate(self, request, context):
-            nonlocal calls
+            nonlocal calls, swaps
             calls += 1
             if args.fault == "die" and calls > args.after_calls:
                 os._exit(3)  # the planted fault: the server dies, its streams with it
@@ -104,10 +109,16 @@ async def main(args: argparse.Namespace) -> None:
                     yield protos.Token(index=first, count=n,
                                        text="".join(f"t{i} " for i in range(first, first + n)))
                 return
+            swapped = args.fault == "swap" and not swaps and request.max_tokens > 4
+            swaps += swapped
             for i in range(request.max_tokens):
+                if args.fault == "rare-slow" and rare.random() < 1 / args.rare_every:
+                    t0 += args.rare_ms / 1e3  # the planted fault: this gap, and no other, late
                 delay = t0 + (i + 1) * gap - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
+                if swapped and i in (3, 4):
+                    i = 7 - i  # the planted fault: tokens 3 and 4 in each other's place
                 if args.fault == "cpu":
                     spin_until = time.perf_counter() + args.cpu_ms / 1e3
                     while time.perf_counter() < spin_until:
@@ -144,7 +155,8 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--fault", choices=["none", "pause", "setup", "skip", "errors", "die", "cpu", "batch",
-                                 "slow-subset", "first"], default="none")
+                                 "slow-subset", "first", "swap", "rare-slow"],
+                        default="none")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gap-ms", type=float, default=20.0)
@@ -156,6 +168,9 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--slow-factor", type=float, default=2.5)
     parser.add_argument("--first-ms", type=float, default=150.0)
+    parser.add_argument("--rare-every", type=float, default=30.0)
+    parser.add_argument("--rare-ms", type=float, default=150.0)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-streams", type=int, default=0,
                         help="HTTP/2 concurrent streams per connection (0: no limit)")
     parser.add_argument("--otlp-endpoint", default="",
