@@ -20,8 +20,8 @@ absolute schedule. Faults:
   card or replica behind part of the streams);
 - `first`: every stream waits `--first-ms` before its first token, however few are open;
 - `swap`: the first call of more than 4 tokens has its tokens 3 and 4 go out in each other's place (one reorder in the run);
-- `rare-slow`: each gap is, at random one time in `--rare-every`, `--rare-ms` longer (a bad
-  tail of a shape no diagnosis rule knows);
+- `rare-slow`: each gap is, at random one time in `--rare-every`, longer by 0.4-1.6 times
+  `--rare-ms` (a bad tail of a shape no diagnosis rule knows: no fixed value, no pattern);
 - `none`: a clean server.
 `--max-streams N` (with any fault) sets the server's HTTP/2 concurrent-stream limit per
 connection (grpc.max_concurrent_streams).
@@ -113,7 +113,8 @@ async def main(args: argparse.Namespace) -> None:
             swaps += swapped
             for i in range(request.max_tokens):
                 if args.fault == "rare-slow" and rare.random() < 1 / args.rare_every:
-                    t0 += args.rare_ms / 1e3  # the planted fault: this gap, and no other, late
+                    # The planted fault: this gap, and no other, late by 0.4-1.6 x --rare-ms.
+                    t0 += rare.uniform(0.4, 1.6) * args.rare_ms / 1e3
                 delay = t0 + (i + 1) * gap - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)

@@ -13,6 +13,7 @@ from cadence.credentials import ClientCredentials
 from cadence.lab import results
 from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
 from cadence.lab.analysis.goodput import goodput
+from cadence.lab.analysis.verdict import judge
 from cadence.lab.analysis.schedule import schedule
 from cadence.lab.analysis.server_spans import join_spans
 from cadence.lab.analysis.stats import summarize
@@ -234,6 +235,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     if baseline:
         result.baseline, result.overhead_ms = _baseline(target, workload, result)
     result.diagnosis = diagnose(result)
+    result.verdict, unexplained = judge(result)
+    result.diagnosis += unexplained
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result

@@ -384,6 +384,49 @@ class Finding(msgspec.Struct, kw_only=True):
     look_at: str
 
 
+class TailVerdict(msgspec.Struct, kw_only=True):
+    """One tail against the bound of a healthy run (`cadence.lab.analysis.verdict`)."""
+
+    metric: str
+    """itl_ms or ttft_ms."""
+    stat: str = "p99"
+    value_ms: float = math.nan
+    """The run's value of the stat."""
+    p50_ms: float = math.nan
+    bound_ms: float = math.nan
+    """The most a healthy run's stat may be; how it is made is in `bound`."""
+    bound: str = ""
+    """The bound in words (1.5 x p50 + 5 ms, ...)."""
+    values: int = 0
+    """How many values the stat was taken over."""
+    state: str = "not_judged"
+    """healthy, bad, or not_judged (too few values to say)."""
+    explained_by: dict[str, float | None] = {}
+    """Each finding that explains the bad tail: its share of the tail when the finding's
+    evidence gives one, else null (it explains some, how much is not measured)."""
+    unexplained_share: float | None = None
+    """The share no finding explains (1 when none does; null when a finding without a share
+    explains it, so the rest cannot be known)."""
+
+
+class Verdict(msgspec.Struct, kw_only=True):
+    """How the run ended: healthy only when its tails are near its medians, its output whole
+    and its failures few (`cadence.lab.analysis.verdict`)."""
+
+    state: str = "inconclusive"
+    """healthy, unhealthy, or inconclusive (nothing bad, but too few values to judge a
+    tail)."""
+    line: str = ""
+    """The verdict in one line, as the summary and the report lead with it."""
+    tails: list[TailVerdict] = []
+    problems: list[str] = []
+    """What else makes the run unhealthy, one phrase each (integrity, failures, an abort)."""
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "healthy"
+
+
 class SloTerm(msgspec.Struct, frozen=True, kw_only=True):
     """One term of a latency SLO: METRIC_STAT_ms <= bound_ms (`--slo ttft_p99_ms=150`)."""
 
@@ -591,6 +634,8 @@ class BenchResult(RunStats, kw_only=True):
     """Why the bench stopped early (null when it ran to its end)."""
     scraped: ScrapedMetrics | UnsetType = UNSET
     """The pages of `--scrape` read during the run; unset without one."""
+    verdict: Verdict | UnsetType = UNSET
+    """How the run ended; unset in a result written before verdicts."""
 
 
 class Spread(msgspec.Struct, kw_only=True):

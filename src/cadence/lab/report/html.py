@@ -31,6 +31,10 @@ td.bad { background: #fde2e1; color: #8a1f17; font-weight: 600; }
 .finding dl { margin: 0.3em 0 0; display: grid; grid-template-columns: max-content 1fr;
               gap: 0.15em 0.8em; } .finding dt { color: #5b6672; } .finding dd { margin: 0; }
 .ok { color: #2f6f3e; font-weight: 600; }
+.verdict { font-size: 1.1em; font-weight: 600; padding: 0.5em 0.8em; margin: 0.6em 0; }
+.verdict.healthy { background: #e6f4ea; color: #2f6f3e; }
+.verdict.unhealthy { background: #fde2e1; color: #8a1f17; }
+.verdict.inconclusive { background: #fff6d6; color: #7a5a00; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #e3e7ec; }
 figcaption { color: #5b6672; font-size: 0.92em; }
 details { margin: 0.5em 0; } summary { cursor: pointer; font-weight: 600; }

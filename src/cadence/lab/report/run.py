@@ -16,13 +16,14 @@ from typing import Any
 import msgspec
 
 from cadence.lab.analysis.server_spans import SPLIT
+from cadence.lab.analysis.verdict import HEALTHY
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.report import plots, sweep
 from cadence.lab.report.html import Raw, esc, figure, finite, fmt, note, page, section, table
 from cadence.lab.analysis.integrity import CHECKS, counted_checks
 from cadence.lab.report.plots import STATS, aggregate_names, field
-from cadence.lab.report.summary import ROLE_WORDS, overhead, role_value
+from cadence.lab.report.summary import ROLE_WORDS, overhead, role_value, run_verdict
 from cadence.lab.results import (
     BenchResult,
     Distribution,
@@ -442,6 +443,43 @@ def _scraped(result: BenchResult, out_dir: Path) -> str:
                      "arrival) above the server's own metrics, on one time axis."))
 
 
+_TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
+
+
+def _verdict(result: BenchResult) -> str:
+    """What leads the page: the verdict, each tail against its bound and what explains it,
+    and the key figures against the SLO when there is one."""
+    if not result.requests:
+        return ""
+    verdict = run_verdict(result)
+    tails = [(_TAIL_WORDS[t.metric], t.p50_ms, t.value_ms, t.bound_ms, t.bound,
+              t.state.replace("_", " "),
+              ", ".join(rule + (f" {share:.0%}" if share is not None else "")
+                        for rule, share in t.explained_by.items()) or "—",
+              Raw(f"{t.unexplained_share:.0%}") if t.unexplained_share is not None else "—")
+             for t in verdict.tails]
+    goodput = field(result, "goodput")
+    slo = goodput.terms if goodput else {}
+    ttft, itl = result.ttft_ms, result.itl_ms
+    figures = [(name, value, slo[name].bound_ms if name in slo else "—",
+                ("met" if slo[name].met else "NOT met") if name in slo else "—")
+               for name, value in (("ttft_p50_ms", ttft.p50), ("ttft_p99_ms", ttft.p99),
+                                   ("itl_p50_ms", itl.p50), ("itl_p99_ms", itl.p99))]
+    figures += [(name, t.measured_ms, t.bound_ms, "met" if t.met else "NOT met")
+                for name, t in slo.items() if name not in {row[0] for row in figures}]
+    figures += [("tokens/s", result.tokens_per_s, "—", "—"),
+                ("requests OK", f"{result.requests_ok} of {result.requests}", "—", "—")]
+    return section(
+        "Verdict",
+        f'<p class="verdict {esc(verdict.state)}">{esc(verdict.line)}</p>',
+        table(("tail", "p50 (ms)", "p99 (ms)", "healthy at most (ms)", "bound", "state",
+               "explained by (share of the tail)", "unexplained"), tails,
+              bad=lambda column, cell: column == 5 and cell == "bad"),
+        table(("key figure", "the run's value", "SLO bound", "SLO"), figures,
+              bad=lambda column, cell: column == 3 and cell == "NOT met"),
+        note(f"Healthy: {HEALTHY} (docs/lab.md, The verdict)."))
+
+
 def _diagnosis(result: BenchResult) -> str:
     if not result.requests:
         return ""
@@ -538,10 +576,11 @@ def _segment_figure(result: BenchResult, out_dir: Path) -> str:
 def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list[str]:
     return [
         _aborted(result),
-        _run(result),
-        _workload(result),
+        _verdict(result),
         _diagnosis(result),
         _goodput(result),
+        _run(result),
+        _workload(result),
         _throughput(result),
         _aggregates(result),
         _segments(result, _segment_figure(result, out_dir)),

@@ -1,5 +1,6 @@
-"""The terminal summary of a bench run (rich): aggregates, client, workers, system, integrity and
-the diagnosis, one line or table each."""
+"""The terminal summary of a bench run (rich). It leads with what a reader needs first: the
+verdict, the key figures against any SLO, and the findings; then the aggregates, client,
+workers, system and integrity, one line or table each."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import msgspec
 from msgspec import UNSET
 
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.integrity import counted_checks
+from cadence.lab.analysis.verdict import judge
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.measure.stacks import py_spy
 from cadence.lab.measure.trace_receiver import MAX_KEPT_BYTES, MAX_SPANS
-from cadence.lab.analysis.integrity import counted_checks
 from cadence.lab.results import (
     BenchResult,
     Client,
@@ -27,6 +29,7 @@ from cadence.lab.results import (
     ServerSpans,
     ServerThreads,
     System,
+    Verdict,
     WorkerCurve,
 )
 
@@ -44,6 +47,7 @@ _ROWS = ("ttft_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms", "chunk_gap_
 def print_summary(result: BenchResult) -> None:
     """A table of the aggregates (rich)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     piped = not sys.stdout.isatty()
@@ -56,7 +60,10 @@ def print_summary(result: BenchResult) -> None:
         title += f" (OpenAI {workload.openai.endpoint}, model {workload.model})"
     elif workload.grpc:
         title += f" ({workload.grpc.method}, types from {workload.grpc.types_from})"
-    table = Table(title=title, show_lines=False)
+    console.print(f"[bold]{escape(title)}[/]", highlight=False)
+    _print_verdict(console, result)
+    _print_diagnosis(console, result.diagnosis)
+    table = Table(title="the run's figures", show_lines=False)
     table.add_column("metric")
     for col in _COLUMNS:
         table.add_column(col, justify="right")
@@ -118,17 +125,44 @@ def print_summary(result: BenchResult) -> None:
     else:
         console.print("integrity: " + ", ".join(
             f"{_CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
-    if result.goodput:
-        console.print(goodput_line(result.goodput), highlight=False, markup=False)
     if result.server_spans:
         console.print(spans_line(result.server_spans), highlight=False, markup=False)
-    _print_diagnosis(console, result.diagnosis)
-    if result.aborted:
-        from rich.markup import escape
-
-        console.print(f"[bold red]run {escape(result.aborted)}[/]", highlight=False)
     if result.run:
         console.print(run_line(result.run), highlight=False, markup=False)
+
+
+_STATE_STYLE = {"healthy": "bold green", "unhealthy": "bold red", "inconclusive": "bold yellow"}
+
+
+def _print_verdict(console, result: BenchResult) -> None:
+    """What leads the summary: the verdict, the key figures against any SLO, whether the run
+    stopped early."""
+    from rich.markup import escape
+
+    verdict = run_verdict(result)
+    console.print(f"[{_STATE_STYLE[verdict.state]}]verdict {escape(verdict.line)}[/]",
+                  highlight=False)
+    console.print(key_figures(result), highlight=False, markup=False)
+    if result.goodput:
+        console.print(goodput_line(result.goodput), highlight=False, markup=False)
+    if result.aborted:
+        console.print(f"[bold red]run {escape(result.aborted)}[/]", highlight=False)
+
+
+def run_verdict(result: BenchResult) -> Verdict:
+    """The run's verdict: as it was written, or judged now for a result written before
+    verdicts (without the findings that judging would add)."""
+    return result.verdict or judge(result)[0]
+
+
+def key_figures(result: BenchResult) -> str:
+    """The figures a reader looks at first, in one line."""
+    ttft, itl = result.ttft_ms, result.itl_ms
+    failed = result.requests - result.requests_ok
+    return (f"TTFT p50 {ttft.p50:.1f} / p99 {ttft.p99:.1f} ms, ITL p50 {itl.p50:.1f} / p99 "
+            f"{itl.p99:.1f} ms, {result.tokens_per_s:,.0f} tokens/s, "
+            f"{result.requests_ok}/{result.requests} requests ok"
+            + (f" ({failed} failed)" if failed else ""))
 
 
 def schedule_line(client: Client) -> str | None:

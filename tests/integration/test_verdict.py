@@ -1,0 +1,84 @@
+"""Every run ends with a verdict, and a bad tail never reads as an all-clear (issue 36: a
+service whose ITL p99 was 4x its median got no finding at all).
+
+A planted grpc.aio service whose gaps are, one time in 30 at random, 150 ms late: a tail of a
+shape no rule knows. It must end unhealthy, with an `unexplained_tail` finding that says how
+much, when, in which streams and what coincided. A clean service and cadence's synthetic
+engine must end healthy, with no finding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from cadence.lab.analysis.verdict import RULE_UNEXPLAINED_TAIL
+from cadence.lab.bench import Workload, run_bench
+from cadence.lab.load.plan import RequestShape
+from cadence.lab.results import BenchResult
+from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.test_foreign_servers import tokens_bench
+from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, cadence, python_server
+
+
+def test_a_rare_slow_gap_of_no_known_shape_is_an_unexplained_tail() -> None:
+    with python_server("tests/planted_server.py", "--fault", "rare-slow", "--gap-ms", "10",
+                       "--rare-every", "30", "--rare-ms", "150") as target:
+        result = tokens_bench(target, streams=16, requests=32)
+    assert result.itl_ms.p99 > 2 * result.itl_ms.p50
+    assert result.verdict.state == "unhealthy", result.verdict.line
+    [itl] = [t for t in result.verdict.tails if t.metric == "itl_ms"]
+    assert itl.state == "bad" and itl.unexplained_share == 1.0
+    # (A first output can be late too: then TTFT's tail has a finding of its own.)
+    [finding] = [f for f in result.diagnosis
+                 if f.rule == RULE_UNEXPLAINED_TAIL and f.evidence["tail"] == "itl_ms"]
+    evidence = finding.evidence
+    assert evidence["itl_p99_over_p50"] > 2
+    assert 0 < evidence["slow_gaps"] < evidence["gaps"] / 10
+    assert evidence["streams_with_slow_gaps"] > 1 and evidence["streams"] == 32
+    assert evidence["slow_gaps_at_s"] and evidence["slow_gaps_in_tenths_of_run"] >= 3
+    assert evidence["slow_gaps_others_received_share"] > 0.5  # each stream's own delay
+    assert "--scrape" in finding.look_at and "--otlp-receive" in finding.look_at
+    assert "unexplained" in result.verdict.line
+
+
+def test_a_clean_service_ends_healthy_with_no_finding() -> None:
+    with python_server("tests/planted_server.py", "--gap-ms", "10") as target:
+        result = tokens_bench(target, streams=16, requests=32)
+    assert result.verdict.state == "healthy", (result.verdict.line, result.diagnosis)
+    assert result.diagnosis == []
+
+
+def test_cadence_synthetic_engine_ends_healthy() -> None:
+    with ServerProcess("--devices", "cpu:2", "--step-ms", "10") as server:
+        result = run_bench(server.target, Workload(
+            requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))))
+    assert result.verdict.state == "healthy", (result.verdict.line, result.diagnosis)
+    assert result.diagnosis == []
+    assert "first step" in next(t for t in result.verdict.tails if t.metric == "ttft_ms").bound
+
+
+def test_the_summary_json_and_report_lead_with_the_verdict(tmp_path) -> None:
+    out = tmp_path / "run.json"
+    with python_server("tests/planted_server.py", "--fault", "rare-slow", "--gap-ms", "10",
+                       "--rare-every", "30", "--rare-ms", "150") as target:
+        done = cadence("bench", "--target", target, "--protocol", "grpc", "--no-progress",
+                       "--method", TOKENS_METHOD, "--request-json", TOKENS_REQUEST,
+                       "--index-field", "index", "--concurrency", "16", "--requests", "32",
+                       "--max-tokens", "20", "--json", str(out))
+    assert done.returncode == 0, done.stderr  # a bad tail is a verdict, not a failed run
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("verdict unhealthy: ITL p99"), lines[:3]
+    assert lines[2].startswith("TTFT p50")
+    assert any(line.startswith(f"diagnosis {RULE_UNEXPLAINED_TAIL}:") for line in lines[:6])
+    data = json.loads(out.read_text())
+    assert data["verdict"]["state"] == "unhealthy"
+    result = msgspec.convert(data, BenchResult)
+    assert result.verdict.tails[0].metric == "itl_ms"
+    report = cadence("report", str(out), "--out", str(tmp_path / "report"))
+    assert report.returncode == 0, report.stderr
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert page.index("<h2>Verdict</h2>") < page.index("<h2>Diagnosis</h2>") \
+        < page.index("<h2>Workload</h2>")
+    assert RULE_UNEXPLAINED_TAIL in page
