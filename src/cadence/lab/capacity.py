@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from collections.abc import Callable
 
@@ -24,6 +25,12 @@ from cadence.lab.analysis.diagnosis import (
 )
 from cadence.lab.analysis.goodput import name as term_name
 from cadence.lab.analysis.stats import TTFT_SEGMENTS
+from cadence.lab.analysis.verdict import (
+    RULE_UNEXPLAINED_TAIL,
+    TAIL_RULES,
+    UNEXPLAINED_MIN_SHARE,
+    judge,
+)
 from cadence.lab.bench import Workload
 from cadence.lab.results import BenchResult, Capacity, CapacityPoint, SloTerm
 
@@ -73,7 +80,7 @@ def search(run: Callable[[float], BenchResult], kind: str, low: float, high: flo
     """The largest value in [low, high] whose runs meet the SLO; `run(value)` benches once."""
     started = time.monotonic()
     capacity = Capacity(search=kind, slo=slo)
-    findings: dict[float, list] = {}
+    failing_runs: dict[float, BenchResult] = {}
 
     def judge(value: float) -> bool | None:
         """Whether `value` passes (every repeat); None when the client limited a run."""
@@ -88,7 +95,7 @@ def search(run: Callable[[float], BenchResult], kind: str, low: float, high: flo
                 capacity.client_limited_at = value
                 return None
             if not p.passed:
-                findings[value] = result.diagnosis
+                failing_runs[value] = result
                 return False
         return True
 
@@ -99,7 +106,11 @@ def search(run: Callable[[float], BenchResult], kind: str, low: float, high: flo
         if failing is not None:
             first = next(p for p in capacity.points if p.value == failing and not p.passed)
             capacity.binding = first.failed_terms
-            capacity.why = [f for f in findings.get(failing, []) if f.rule != RULE_UNDER_CAPACITY]
+            failed_run = failing_runs.get(failing)
+            capacity.why = [f for f in (failed_run.diagnosis if failed_run else [])
+                            if f.rule != RULE_UNDER_CAPACITY]
+            if failed_run is not None:
+                capacity.reasons = binding_reasons(first, failed_run)
             passing = [p for p in capacity.points
                        if p.value == capacity.max_passing and p.passed]
             if passing:
@@ -133,6 +144,57 @@ def search(run: Callable[[float], BenchResult], kind: str, low: float, high: flo
             hi = mid
     capacity.max_passing, capacity.first_failing = lo, hi
     return finish()
+
+
+_TERM = re.compile(r"^(?P<metric>[a-z_]+)_(?P<stat>p50|p90|p99|max)_ms$")
+
+
+def binding_reasons(point: CapacityPoint, result: BenchResult) -> dict[str, str]:
+    """Why the run at `point` missed each of its failed terms, one sentence each."""
+    verdict = result.verdict or judge(result)[0]
+    tails = {t.metric: t for t in verdict.tails}
+    reasons = {}
+    for term in point.failed_terms:
+        match = _TERM.match(term)
+        if match is None:  # "errors (N)"
+            first = next(iter(result.first_error_by_code.items()), ("?", ""))
+            reasons[term] = (f"{point.errors} of {result.requests} requests failed; the first "
+                             f"{first[0]}: {first[1] or '(no message)'}")
+            continue
+        metric = f"{match['metric']}_ms"
+        measured = result.goodput.terms[term].measured_ms if result.goodput and \
+            term in result.goodput.terms else math.nan
+        head = f"{term} {measured:.1f}"
+        tail = tails.get(metric)
+        explaining = [f.rule for f in result.diagnosis
+                      if f.rule in TAIL_RULES.get(metric, ())
+                      or (f.rule == RULE_UNEXPLAINED_TAIL and f.evidence.get("tail") == metric)]
+        if tail is not None and tail.state == "bad" and match["stat"] != "p50":
+            words = [rule + (f" {share:.0%}" if share is not None else "")
+                     for rule, share in tail.explained_by.items()]
+            if (tail.unexplained_share or 0.0) >= UNEXPLAINED_MIN_SHARE:
+                words.append(f"{tail.unexplained_share:.0%} unexplained ({RULE_UNEXPLAINED_TAIL})")
+            reasons[term] = (f"{head}: the tail is bad (p99 {tail.value_ms:.1f} ms against a "
+                             f"p50 of {tail.p50_ms:.1f}): " + ", ".join(words))
+            continue
+        dist = getattr(result, metric, None)
+        median = (f"the median is {dist.p50:.1f} ms and the p99 {dist.p99:.1f}"
+                  if dist is not None and dist.count else "the run's values are all high")
+        reasons[term] = (f"{head}: not a tail of a few: {median}, so most "
+                         f"{_UNITS.get(metric, 'values')} are slow at this load"
+                         + (f" ({', '.join(explaining)})" if explaining else
+                            f": {_MEANS.get(metric, 'the server is slower at this load')}"))
+    return reasons
+
+
+_UNITS = {"itl_ms": "gaps between tokens", "ttft_ms": "first outputs",
+          "tpot_ms": "requests' tokens", "e2e_ms": "requests", "token_delay_ms": "tokens"}
+_MEANS = {
+    "itl_ms": "each step (or the server's work per token) takes longer with more streams: "
+              "a batch's cost, or a server that serves streams in turn",
+    "ttft_ms": "every request waits before its first output: a queue, a pool, a stream "
+               "limit, or prefill that grows with the load",
+}
 
 
 def _knee(passing: CapacityPoint, failing: CapacityPoint) -> str | None:

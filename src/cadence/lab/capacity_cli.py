@@ -96,6 +96,10 @@ def print_capacity(capacity) -> None:
     if capacity.first_failing is not None and capacity.client_limited_at is None:
         console.print(f"{capacity.search} {capacity.first_failing:g} misses it: "
                       f"{', '.join(capacity.binding)}", highlight=False)
+        for term in capacity.binding:
+            if term in capacity.reasons:
+                console.print(f"  because {capacity.reasons[term]}", highlight=False,
+                              markup=False)
         if capacity.knee:
             console.print(f"  where the time went: {capacity.knee}", highlight=False,
                           markup=False)

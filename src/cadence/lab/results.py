@@ -722,6 +722,9 @@ class Capacity(msgspec.Struct, kw_only=True):
     first_failing: float | None = None
     binding: list[str] = []
     """The SLO term(s) the first failing point missed."""
+    reasons: dict[str, str] = {}
+    """Why the first failing point missed each binding term, in one sentence (never empty):
+    the findings that explain its tail, what no rule explains, or a median already over."""
     why: list[Finding] = []
     """The diagnosis at the first failing point: why capacity stops there."""
     knee: str | None = None

@@ -55,9 +55,9 @@ UNEXPLAINED_MIN_SHARE = 0.25
 """Findings whose shares leave this much of a bad tail or more leave it unexplained (shares
 are estimates; a rest below this is their error)."""
 
-HEALTHY = (f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms and never above "
-           f"{ITL_TAIL_CAP_RATIO:g} x p50 (over {MIN_GAPS}+ gaps), TTFT p99 within the engine's own "
-           f"time to a first output + {TTFT_ITL_STEPS:g} ITL p50 + {TTFT_SLACK_MS:g} ms (over "
+HEALTHY = (f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms and never "
+           f"above {ITL_TAIL_CAP_RATIO:g} x p50 (over {MIN_GAPS}+ gaps), TTFT p99 within the "
+           f"engine's own time to a first output + {TTFT_ITL_STEPS:g} ITL p50 + {TTFT_SLACK_MS:g} ms (over "
            f"{MIN_FIRST_OUTPUTS}+ requests), the output whole, under {FAILING_SHARE:.0%} of "
            "requests failed")
 """What a healthy run is, in words (from the thresholds above)."""
@@ -254,7 +254,8 @@ def _tail_words(tail: TailVerdict) -> str:
         words += ": explained by " + ", ".join(explained)
     share = tail.unexplained_share
     if share is not None and share >= UNEXPLAINED_MIN_SHARE:
-        words += (", " if explained else ": ") + f"{share:.0%} unexplained ({RULE_UNEXPLAINED_TAIL})"
+        words += ((", " if explained else ": ")
+                  + f"{share:.0%} unexplained ({RULE_UNEXPLAINED_TAIL})")
     return words
 
 

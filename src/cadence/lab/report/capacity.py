@@ -27,7 +27,8 @@ def render_capacity(capacity: Capacity, out_dir: Path, source: str = "") -> Path
     parts = [
         note(f"{found}. {capacity.runs} runs in {capacity.elapsed_s:.1f} s."),
         section("Where capacity stops", *(note(text) for text in
-                                            ([capacity.knee] if capacity.knee else []) + why)),
+                                            [f"Because {r}" for r in capacity.reasons.values()]
+                                            + ([capacity.knee] if capacity.knee else []) + why)),
         figure(plot_capacity(capacity, out_dir / "capacity.png"),
                f"tokens/s and goodput, TTFT p99 and ITL p99 against {capacity.search}; dashed: "
                "the SLO's bounds; green: the largest load that meets it"),
