@@ -16,8 +16,16 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `client`: client_saturated, client_behind_schedule
 - `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
 - `workers`: slow_worker
+- `shape`: output_held_back, slow_stream_group, slow_first_message
+- `batching`: prefill_stalls_decode, one_stream_at_a_time
+- `timers`: gaps_at_fixed_values
 - `scraped`: kv_cache_full, server_queue_grows (the server's own metrics, `--scrape`)
 - `capacity`: under_capacity (only when nothing else is wrong)
+
+The client-side rules on the streams' shape share one reading of the raw records
+(`coincidence`): the tail time of the slow gaps and slow first outputs, attributed to the
+causes whose signatures coincide with each (`signatures`), so that each finding says its
+share of the tail and overlapping causes split it.
 
 A rule fires only on evidence in the data. Where the data a rule needs is absent (a run
 without server timing has no segments; a remote target has no process samples; a machine
@@ -30,6 +38,7 @@ jitter, a slow reader) does with room to spare.
 from __future__ import annotations
 
 from cadence.lab.analysis.diagnosis import (
+    batching,
     capacity,
     client,
     connection,
@@ -42,6 +51,7 @@ from cadence.lab.analysis.diagnosis import (
     spans,
     streams,
     threads,
+    timers,
     ttft,
     workers,
 )
@@ -77,7 +87,9 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ITL_UNSTABLE_NETWORK,
     RULE_KV_CACHE_FULL,
+    RULE_ONE_STREAM_AT_A_TIME,
     RULE_OUTPUT_HELD_BACK,
+    RULE_PREFILL_STALLS_DECODE,
     RULE_REQUESTS_FAILING,
     RULE_SERVER_ONE_CORE_BOUND,
     RULE_SERVER_QUEUE_GROWS,
@@ -130,9 +142,8 @@ from cadence.lab.results import BenchResult, Finding
 
 RULES: tuple[Rule, ...] = (
     *health.RULES, *integrity.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES,
-    *client.RULES, *streams.RULES,
-    *workers.RULES, *shape.RULES, *threads.RULES, *scraped.RULES, *capacity.RULES,
-    *spans.RULES,
+    *client.RULES, *streams.RULES, *workers.RULES, *shape.RULES, *batching.RULES,
+    *timers.RULES, *threads.RULES, *scraped.RULES, *capacity.RULES, *spans.RULES,
 )
 """Every rule, in the order their findings are listed."""
 
@@ -156,7 +167,8 @@ __all__ = [
     "RULES", "RULE_CLIENT_BEHIND_SCHEDULE", "RULE_CLIENT_SATURATED", "RULE_CPU_BUSY_CARDS_IDLE",
     "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_INTEGRITY_FAULTS",
     "RULE_ITL_UNSTABLE_ENGINE",
-    "RULE_ITL_UNSTABLE_NETWORK", "RULE_KV_CACHE_FULL", "RULE_OUTPUT_HELD_BACK",
+    "RULE_ITL_UNSTABLE_NETWORK", "RULE_KV_CACHE_FULL", "RULE_ONE_STREAM_AT_A_TIME",
+    "RULE_OUTPUT_HELD_BACK", "RULE_PREFILL_STALLS_DECODE",
     "RULE_REQUESTS_FAILING", "RULE_SERVER_ONE_CORE_BOUND", "RULE_SERVER_QUEUE_GROWS",
     "RULE_SERVER_STREAM_LIMIT", "RULE_SERVER_THREADS_WAIT_FOR_CPU", "RULE_SLOW_CONNECT",
     "RULE_SLOW_FIRST_MESSAGE", "RULE_SLOW_READER", "RULE_SLOW_STREAM_GROUP", "RULE_SLOW_WORKER",

@@ -6,9 +6,8 @@ consistently slower than the rest: one card or replica slower), and `slow_first_
 
 from __future__ import annotations
 
-import statistics
-
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
     RULE_KV_CACHE_FULL,
@@ -20,25 +19,23 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_TTFT_SERVER_QUEUE,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.analysis.stats import is_ok, itl_points
 from cadence.lab.results import Finding
 
 HELD_TOKENS = 2.0
-"""Messages carry this many tokens or more at the median: tokens are gathered before they go."""
+"""Without the raw records: messages carry this many tokens or more at the median..."""
 STEADY_GAP_RATIO = 1.5
-"""Gaps between messages at a steady interval: p90 within this factor of p50."""
+"""...at a steady interval: gaps between messages with p90 within this factor of p50..."""
 MIN_GAP_MS = 5.0
 """...and at least this long (a real interval, not bytes split by the transport)."""
 
-GROUP_RATIO = 1.5
-"""Two speed groups: the slow group's median per-token gap this many times the fast group's."""
-GROUP_SEPARATION = 1.25
-"""...with no stream between them: the slow group's fastest stream this many times the fast
-group's slowest."""
-GROUP_MIN_SHARE = 0.1
-"""Each group holds at least this share of the streams (and two streams)."""
-MIN_STREAMS = 8
-MIN_STREAM_TOKENS = 5
+HELD_LOOK_AT = ("write each output unit to the stream as soon as it exists (one message or SSE "
+                "event per token or per engine step, flushed): a buffered writer, a send loop "
+                "on a timer or a buffer that flushes every N tokens adds up to N-1 steps to "
+                "every token's latency")
+
+FIXED_MIN_SHARE = 0.3
+"""A fixed cost is also named when it explains at least this share of the first outputs'
+tail time, however unevenly the rest of the wait spreads (a pool on top of a slow start)."""
 
 FIRST_GAPS = 8.0
 """The first message waits this many typical gaps or more..."""
@@ -54,10 +51,50 @@ def _timed_by_server(facts: RunFacts) -> bool:
 
 
 def output_held_back(facts: RunFacts) -> list[Finding]:
+    if _timed_by_server(facts):
+        return []  # cadence's own timing explains its merges (slow_reader)
+    tail = attribution(facts)
+    if tail is None:
+        return _held_back_by_aggregates(facts)
+    signature = tail.signatures.get(RULE_OUTPUT_HELD_BACK)
+    if signature is None:
+        return []
+    ev = signature.evidence
+    tokens = facts.result.chunk_tokens
+    evidence = {**ev, **tail.shares(RULE_OUTPUT_HELD_BACK)}
+    in_messages = tokens.count and tokens.p50 >= 2
+    if tokens.count:
+        evidence["tokens_per_message_p50"] = rounded(tokens.p50, 1)
+        evidence["tokens_per_message_mean"] = rounded(tokens.mean, 2)
+    client_busy = facts.result.client.busiest_process_cpu_share
+    if client_busy is not None:
+        evidence["client_busiest_process_cpu_share"] = rounded(client_busy, 2)
+    where = ("in one message" if in_messages
+             else "in one read (several messages or events written at once)")
+    shares = [f"{tail.itl_share(RULE_OUTPUT_HELD_BACK):.0%} of the gaps' tail"
+              if tail.itl_ms.get(RULE_OUTPUT_HELD_BACK) else "",
+              f"{tail.ttft_share(RULE_OUTPUT_HELD_BACK):.0%} of the first outputs' tail"
+              if tail.ttft_ms.get(RULE_OUTPUT_HELD_BACK) else ""]
+    explains = " and ".join(x for x in shares if x)
+    return [Finding(
+        rule=RULE_OUTPUT_HELD_BACK,
+        finding=(f"outputs arrive several at once: {ev['reads_with_several_share']:.0%} of "
+                 f"the reads carry two tokens or more ({ev['tokens_per_read_p50']:g} at the "
+                 f"median) {where}, at the engine's pace (a token every "
+                 f"{tail.reads.typical_ms:.1f} ms), while the client keeps up: the server "
+                 "holds outputs back and sends them together, so each waits for its batch, "
+                 "the first included" + (f"; this is {explains}" if explains else "")),
+        evidence=evidence,
+        look_at=HELD_LOOK_AT,
+    )]
+
+
+def _held_back_by_aggregates(facts: RunFacts) -> list[Finding]:
+    """A result without its raw records: several tokens per message at a steady interval."""
     result, gaps = facts.result, facts.gaps
     tokens = result.chunk_tokens
-    if _timed_by_server(facts) or gaps is None or not tokens.count:
-        return []  # cadence's own timing explains its merges (slow_reader)
+    if gaps is None or not tokens.count:
+        return []
     client_busy = result.client.busiest_process_cpu_share or 0.0
     if (tokens.p50 < HELD_TOKENS or gaps.p50 < MIN_GAP_MS
             or gaps.p90 > STEADY_GAP_RATIO * gaps.p50 or client_busy >= CLIENT_BUSY_SHARE):
@@ -73,48 +110,27 @@ def output_held_back(facts: RunFacts) -> list[Finding]:
                   "message_gap_p50_ms": rounded(gaps.p50),
                   "message_gap_p90_ms": rounded(gaps.p90),
                   "client_busiest_process_cpu_share": rounded(client_busy, 2)},
-        look_at=("write each output unit to the stream as soon as it exists (one message per "
-                 "token or per engine step); a send loop on a timer or a buffer that flushes "
-                 "every N tokens adds up to one interval to every token's latency"),
+        look_at=HELD_LOOK_AT,
     )]
 
 
-def _per_stream_itl(facts: RunFacts) -> list[float]:
-    records = facts.result.records or []
-    out = []
-    for r in records:
-        if is_ok(r) and sum(r.tokens) >= MIN_STREAM_TOKENS:
-            values = [itl for _, itl in itl_points(r)]
-            if values:
-                out.append(statistics.median(values))
-    return out
-
-
 def slow_stream_group(facts: RunFacts) -> list[Finding]:
-    speeds = sorted(_per_stream_itl(facts))
-    if len(speeds) < MIN_STREAMS:
+    tail = attribution(facts)
+    signature = tail.signatures.get(RULE_SLOW_STREAM_GROUP) if tail else None
+    if signature is None:
         return []
-    least = max(2, int(GROUP_MIN_SHARE * len(speeds) + 0.999))
-    best = None
-    for split in range(least, len(speeds) - least + 1):
-        fast, slow = speeds[:split], speeds[split:]
-        if fast[-1] > 0 and slow[0] / fast[-1] >= GROUP_SEPARATION:
-            ratio = statistics.median(slow) / statistics.median(fast)
-            if ratio >= GROUP_RATIO and (best is None or ratio > best[0]):
-                best = (ratio, fast, slow)
-    if best is None:
-        return []
-    ratio, fast, slow = best
+    ev = signature.evidence
+    explains = (f"; they hold {tail.itl_share(RULE_SLOW_STREAM_GROUP):.0%} of the gaps' tail"
+                if tail.itl_ms.get(RULE_SLOW_STREAM_GROUP) else "")
     return [Finding(
         rule=RULE_SLOW_STREAM_GROUP,
-        finding=(f"the streams fall into two speed groups: {len(slow)} of {len(speeds)} got "
-                 f"their tokens {ratio:.1f} times slower (median per-token gap "
-                 f"{statistics.median(slow):.1f} ms against {statistics.median(fast):.1f} ms), "
-                 "with no stream in between: part of the streams is served by something slower"),
-        evidence={"streams": len(speeds), "slow_streams": len(slow),
-                  "slow_itl_p50_ms": rounded(statistics.median(slow)),
-                  "fast_itl_p50_ms": rounded(statistics.median(fast)),
-                  "fastest_slow_itl_ms": rounded(slow[0]), "slowest_fast_itl_ms": rounded(fast[-1])},
+        finding=(f"the streams fall into two speed groups: {ev['slow_streams']} of "
+                 f"{ev['streams']} got their tokens {ev['slow_over_fast']:.1f} times slower "
+                 f"(median time per token {ev['slow_itl_p50_ms']:.1f} ms against "
+                 f"{ev['fast_itl_p50_ms']:.1f} ms, tokens that came together counted as one "
+                 "read), with no stream in between: part of the streams is served by "
+                 f"something slower{explains}"),
+        evidence={**ev, **tail.shares(RULE_SLOW_STREAM_GROUP)},
         look_at=("what serves that share of the streams: one card, replica or worker slower than "
                  "the others (clocks, thermal limits, a shared PCIe switch, another job on it), "
                  "or a load balancer that sends them elsewhere; compare the replicas' step times"),
@@ -123,20 +139,36 @@ def slow_stream_group(facts: RunFacts) -> list[Finding]:
 
 def slow_first_message(facts: RunFacts) -> list[Finding]:
     ttft, gaps = facts.ttft, facts.gaps
-    if _timed_by_server(facts) or ttft is None or gaps is None or gaps.p50 <= 0:
+    if _timed_by_server(facts) or ttft is None or gaps is None:
         return []  # with cadence's timing, ttft_engine_start splits the first step apart
-    high = max(FIRST_GAPS * gaps.p50, FIRST_MIN_MS)
-    even = ttft.p90 - ttft.min <= FIRST_EVEN_SHARE * ttft.p50
-    if ttft.p50 < high or not even:
+    tail = attribution(facts)
+    typical = tail.reads.typical_ms if tail else gaps.p50
+    if typical <= 0:
         return []
+    high = max(FIRST_GAPS * typical, FIRST_MIN_MS)
+    even = ttft.p90 - ttft.min <= FIRST_EVEN_SHARE * ttft.p50
+    signature = tail.signatures.get(RULE_SLOW_FIRST_MESSAGE) if tail else None
+    share = tail.ttft_share(RULE_SLOW_FIRST_MESSAGE) if tail else 0.0
+    floor = signature.evidence["ttft_floor_ms"] if signature else ttft.min
+    alongside = signature is not None and floor >= high and share >= FIXED_MIN_SHARE
+    if not ((ttft.p50 >= high and even) or alongside):
+        return []
+    evidence = {"ttft_p50_ms": rounded(ttft.p50), "ttft_min_ms": rounded(ttft.min),
+                "ttft_p90_ms": rounded(ttft.p90), "gap_p50_ms": rounded(gaps.p50),
+                "ttft_floor_ms": rounded(floor)}
+    if tail:
+        evidence.update(tail.shares(RULE_SLOW_FIRST_MESSAGE))
+    spread = ("and the wait does not grow with the streams open" if even else
+              f"and every stream pays it (the rest of the wait, up to {ttft.p90:.0f} ms at "
+              "p90, has causes of its own)")
     return [Finding(
         rule=RULE_SLOW_FIRST_MESSAGE,
-        finding=(f"every stream waited about {ttft.p50:.0f} ms for its first message (TTFT "
-                 f"min {ttft.min:.0f}, p90 {ttft.p90:.0f} ms), {ttft.p50 / gaps.p50:.0f} times "
-                 f"the gap between later messages ({gaps.p50:.1f} ms), and the wait does not "
-                 "grow with the streams open: a fixed cost before each stream's first output"),
-        evidence={"ttft_p50_ms": rounded(ttft.p50), "ttft_min_ms": rounded(ttft.min),
-                  "ttft_p90_ms": rounded(ttft.p90), "gap_p50_ms": rounded(gaps.p50)},
+        finding=(f"every stream waited at least about {floor:.0f} ms for its first message "
+                 f"(TTFT min {ttft.min:.0f}, p50 {ttft.p50:.0f}, p90 {ttft.p90:.0f} ms), "
+                 f"{floor / typical:.0f} times the typical gap between later outputs "
+                 f"({typical:.1f} ms), {spread}: a fixed cost before each stream's first "
+                 "output" + (f"; it is {share:.0%} of the first outputs' tail" if share else "")),
+        evidence=evidence,
         look_at=("what runs once per request before its first output: prefill of a long prompt, "
                  "a model or adapter loaded per request, the first card's scheduling or a cold "
                  "engine, a per-call set-up (authentication, a lookup); not the thread pool, "

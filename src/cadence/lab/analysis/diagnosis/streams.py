@@ -4,6 +4,7 @@ without server timing still has: `streams_stall_together`, `ttft_grows_with_stre
 
 from __future__ import annotations
 
+from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
@@ -29,6 +30,15 @@ SHARED_LONG_GAP_SHARE = 0.5
 """...and when at least this share of the streams' long gaps fall inside them (the rest are
 single streams' own stalls)."""
 
+STALL_MIN_SHARE = 0.2
+"""...and, read from the raw records, when they explain at least this share of the gaps' tail
+time (`coincidence`; a writer that holds output back leaves every stream silent together too,
+but the held outputs explain those silences first)."""
+
+STALL_PERIOD_SPREAD = 0.25
+"""Stalls come regularly when the spread between their intervals' quartiles is at most this
+share of the median interval."""
+
 TTFT_GROWTH_GAPS = 5.0
 TTFT_GROWTH_MIN_MS = 50.0
 """TTFT "grows" when the requests opened at once are served over a spread (p90 - p10 within
@@ -42,6 +52,11 @@ CAP_TIME_SHARE = 0.5
 once, and the receiving count sat at its peak, with streams waiting, for at least this share
 of the run. A server that is merely slow to start streams (a long prefill) lets the
 receiving count wander below its peak instead of holding it."""
+
+SLOT_MIN_SHARE = 0.2
+"""Streams waited for a slot, read from the raw records whatever the gaps do, when first
+outputs that came right after another stream ended (`signatures.WaitsForSlot`) hold at
+least this share of the first outputs' tail time."""
 
 GAPS_NORMAL_RATIO = 2.5
 """...while the gaps stay normal: chunk-gap p90 within this many times its p50 (below it a
@@ -57,6 +72,14 @@ loop for 60 ms every 0.3 s makes about 13% of them late, 100 ms every second 8%.
 LOOP_GAP_TAIL_MS = 20.0
 """...and when the gaps have a tail it can explain: chunk-gap p99 this many ms above p50
 (a blocked loop delays the next chunk of every stream by the time it was blocked)."""
+
+
+STALL_LOOK_AT = ("what can pause the whole server: a blocking call on its event loop, a "
+                 "thread pool or one queue that every stream waits on, the GIL held by "
+                 "compute, garbage collection (a regular period points at a timer or a "
+                 "periodic job: gc, a metrics flush, a health check), an engine (or its "
+                 "producer) blocked on a full queue; run the server under a profiler (py-spy) "
+                 "during the stalls, or give the lab --server-pid to read its threads")
 
 
 def _client_side(facts: RunFacts) -> Timeline | None:
@@ -75,7 +98,60 @@ def stalled_together(stalls: Stalls | None) -> bool:
 
 def stall_together(facts: RunFacts) -> list[Finding]:
     timeline = _client_side(facts)
-    if timeline is None or not stalled_together(timeline.stalls):
+    if timeline is None:
+        return []
+    tail = attribution(facts)
+    if tail is None:  # no raw records: the timeline's tallies alone
+        return _stalled_by_timeline(facts, timeline)
+    signature = tail.signatures[RULE_STREAMS_STALL_TOGETHER]
+    stalls = signature.stalls()
+    span_ms = (max(s.end_ns for s in tail.reads.streams)
+               - min(s.start_ns for s in tail.reads.streams)) / 1e6
+    stalled_ms = sum(length for _, length in stalls)
+    share = tail.itl_share(RULE_STREAMS_STALL_TOGETHER)
+    if (len(stalls) < SHARED_STALLS_MIN or stalled_ms < SHARED_TIME_SHARE * span_ms
+            or share < STALL_MIN_SHARE):
+        return []
+    lengths = sorted(length for _, length in stalls)
+    evidence: dict = {
+        "shared_stalls": len(stalls),
+        "stall_p50_ms": rounded(lengths[len(lengths) // 2]),
+        "stall_max_ms": rounded(lengths[-1]),
+        "run_share_stalled": rounded(stalled_ms / span_ms, 3),
+        **tail.shares(RULE_STREAMS_STALL_TOGETHER),
+    }
+    if timeline.stalls.shared:
+        evidence["streams_hit_p50"] = rounded(timeline.stalls.streams_hit_p50, 1)
+    period = _period_ms(stalls)
+    if period is not None:
+        evidence["stall_every_ms"] = rounded(period, 0)
+    every = f", about every {period:.0f} ms" if period is not None else ""
+    ttft = (f" and {tail.ttft_share(RULE_STREAMS_STALL_TOGETHER):.0%} of the first outputs'"
+            if tail.ttft_ms.get(RULE_STREAMS_STALL_TOGETHER) else "")
+    return [Finding(
+        rule=RULE_STREAMS_STALL_TOGETHER,
+        finding=(f"every open stream stalled at the same instants: {len(stalls)} times"
+                 f"{every} (up to {lengths[-1]:.0f} ms, {stalled_ms / span_ms:.0%} of the run) "
+                 "no stream got anything while others were open; the pause is on the "
+                 f"server's side, not any one stream's. It explains {share:.0%} of the gaps' "
+                 f"tail{ttft}"),
+        evidence=evidence,
+        look_at=STALL_LOOK_AT,
+    )]
+
+
+def _period_ms(stalls: list[tuple[int, float]]) -> float | None:
+    """The stalls' period when they come regularly (STALL_PERIOD_SPREAD), else None."""
+    intervals = sorted((b - a) / 1e6 for (a, _), (b, _) in zip(stalls, stalls[1:]))
+    if len(intervals) < 2:
+        return None
+    mid = intervals[len(intervals) // 2]
+    q1, q3 = intervals[len(intervals) // 4], intervals[(3 * len(intervals)) // 4]
+    return mid if mid > 0 and (q3 - q1) <= STALL_PERIOD_SPREAD * mid else None
+
+
+def _stalled_by_timeline(facts: RunFacts, timeline: Timeline) -> list[Finding]:
+    if not stalled_together(timeline.stalls):
         return []
     stalls = timeline.stalls
     evidence: dict = {
@@ -98,27 +174,29 @@ def stall_together(facts: RunFacts) -> list[Finding]:
                  f"{stalls.streams_hit_p50:.0f} were open; the pause is on the server's "
                  "side, not any one stream's"),
         evidence=evidence,
-        look_at=("what can pause the whole server: a blocking call on its event loop, a "
-                 "thread pool or one queue that every stream waits on, the GIL held by "
-                 "compute, garbage collection, an engine (or its producer) blocked on a full "
-                 "queue; run the server under a profiler (py-spy) during the stalls"),
+        look_at=STALL_LOOK_AT,
     )]
 
 
 def ttft_grows(facts: RunFacts) -> list[Finding]:
     timeline, gaps = _client_side(facts), facts.gaps
-    if timeline is None or not gaps or gaps.p50 <= 0:
+    if timeline is None or not gaps:
         return []
-    if gaps.p90 > GAPS_NORMAL_RATIO * gaps.p50:
-        return []  # everything is slow or uneven: not a start-up limit alone
+    tail = attribution(facts)
+    slot = tail.signatures.get(RULE_TTFT_GROWS_WITH_STREAMS) if tail else None
+    waited = (slot is not None
+              and tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS) >= SLOT_MIN_SHARE)
+    # With uneven gaps a spread of TTFTs may be theirs; a stream that starts the moment
+    # another ends waited for it whatever the gaps do (`waited`).
+    normal = gaps.p50 > 0 and gaps.p90 <= GAPS_NORMAL_RATIO * gaps.p50
     high = max(TTFT_GROWTH_GAPS * timeline.gap_p50_ms, TTFT_GROWTH_MIN_MS)
     bursts, cap = timeline.bursts, timeline.concurrency
-    capped = (cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
+    capped = (normal and cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
               and cap.capped_share >= CAP_TIME_SHARE and facts.ttft is not None
               and facts.ttft.p90 >= high)
     spread = bursts.ttft_p90_ms - bursts.ttft_p10_ms
-    burst = bursts.largest >= MIN_BURST and finite(spread) and spread >= high
-    if not (capped or burst):
+    burst = normal and bursts.largest >= MIN_BURST and finite(spread) and spread >= high
+    if not (capped or burst or waited):
         return []
     evidence: dict = {
         "largest_burst": bursts.largest,
@@ -132,11 +210,32 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
     }
     if bursts.opened_alone:
         evidence["ttft_p50_opened_alone_ms"] = rounded(bursts.alone_ttft_p50_ms)
+    if tail is not None:
+        evidence.update(tail.shares(RULE_TTFT_GROWS_WITH_STREAMS))
+    if slot is not None:
+        evidence.update(slot.evidence)
+    explains = (f"; waiting for a slot is {tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS):.0%} "
+                "of the first outputs' tail" if waited else "")
+    if waited and not capped:
+        ev = slot.evidence
+        finding = (f"{ev['first_output_right_after_another_stream_ended']} of the "
+                   f"{ev['slow_first_outputs']} slow first outputs came within "
+                   f"{ev['slot_window_ms']:.0f} ms of another stream's last output, which "
+                   f"ended after they were sent: streams waited for others to end before "
+                   f"they started (at most {cap.peak_receiving} received at once of up to "
+                   f"{cap.peak_open} open){explains}")
+        look_at = ("a limit on the streams served at once: a thread pool (max_workers, a sync "
+                   "handler that holds its thread while it waits for output), the server's "
+                   "max concurrent streams, an engine batch limit (vLLM --max-num-seqs, "
+                   "SGLang --max-running-requests); raise it or forward output without holding "
+                   "a slot per stream; --scrape of the server's metrics shows its queue")
+        return [Finding(rule=RULE_TTFT_GROWS_WITH_STREAMS, finding=finding,
+                        evidence=evidence, look_at=look_at)]
     if capped:
         finding = (f"at most {cap.peak_receiving} streams received output at once while up "
                    f"to {cap.peak_open} were open: the others waited for their first output "
                    f"(TTFT p90 {facts.ttft.p90:.0f} ms) although gaps stay normal (p50 "
-                   f"{gaps.p50:.1f} ms); something holds one slot per stream")
+                   f"{gaps.p50:.1f} ms); something holds one slot per stream{explains}")
         look_at = ("a thread per stream (a ThreadPoolExecutor's max_workers, a sync handler "
                    "that holds its thread while it waits for output), the server's max "
                    "concurrent streams, an engine batch limit; forward output without holding a "
@@ -145,7 +244,7 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
         finding = (f"of {bursts.largest} streams opened at once, the first tenth got output "
                    f"within {bursts.ttft_p10_ms:.0f} ms and the last tenth after "
                    f"{bursts.ttft_p90_ms:.0f} ms, while gaps stay normal (p50 "
-                   f"{gaps.p50:.1f} ms): new streams are taken in one at a time")
+                   f"{gaps.p50:.1f} ms): new streams are taken in one at a time{explains}")
         look_at = ("call set-up: a server that accepts calls one at a time, a lock or a slow "
                    "step at the start of each call (authentication, a per-call model lookup), "
                    "an engine that admits one request per step, too few threads for new calls")

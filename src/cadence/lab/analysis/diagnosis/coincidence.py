@@ -1,0 +1,142 @@
+"""Where the tail's time goes, by what coincided with each slow gap and each slow first output.
+
+The tail is what the slow gaps and the slow first outputs took beyond one typical gap (their
+excess, `reads`). Each signature (`signatures`) recognised over the run claims, in turn, the
+part of each one's remaining excess it explains: most specific first (outputs held back in a
+read, then the streams that joined at that instant, then a silence of every stream, then a
+slower subset, then a timer among what is left). A cause's share is the tail time it claimed
+over the whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
+A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is a finding.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from cadence.lab.analysis.diagnosis.facts import RunFacts
+from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Reads
+from cadence.lab.analysis.diagnosis.signatures import (
+    FixedFirstCost,
+    FixedGaps,
+    HeldBack,
+    OneAtATime,
+    PrefillStalls,
+    SharedStalls,
+    Signature,
+    SlowGroup,
+    WaitsForSlot,
+)
+from cadence.lab.results import BenchResult
+
+GAP_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, SlowGroup)
+"""Claim each slow gap's excess in this order; `FixedGaps` then reads what they left."""
+
+FIRST_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, FixedFirstCost, WaitsForSlot)
+"""Claim each slow first output's excess in this order."""
+
+
+class Attribution:
+    """The tail time of a run, by cause."""
+
+    def __init__(self, reads: Reads, result: BenchResult) -> None:
+        self.reads = reads
+        self.itl_total_ms = reads.itl_excess_ms()
+        self.ttft_total_ms = reads.ttft_excess_ms()
+        self.itl_ms: dict[str, float] = {}
+        self.ttft_ms: dict[str, float] = {}
+        found: dict[type, Signature | None] = {}
+        for kind in dict.fromkeys((*GAP_SIGNATURES, *FIRST_SIGNATURES)):
+            found[kind] = kind.detect(reads, result)
+        self.signatures: dict[str, Signature] = {s.rule: s for s in found.values() if s}
+        left = self._claim_gaps([found[k] for k in GAP_SIGNATURES if found[k]])
+        timer = FixedGaps.among(reads, [g for g, _ in left])
+        if timer is not None:
+            self.signatures[timer.rule] = timer
+            left = [(g, r - self._take(self.itl_ms, timer, timer.claim_gap(g, r)))
+                    for g, r in left]
+        self.unexplained_gaps = [(g, r) for g, r in left if r > 0]
+        """Each slow gap with tail time no signature claimed, and that time (ms)."""
+        self._claim_firsts([found[k] for k in FIRST_SIGNATURES if found[k]])
+        serial = OneAtATime.detect(reads, result)
+        if serial is not None:
+            self.signatures[serial.rule] = serial
+
+    @staticmethod
+    def _take(into: dict[str, float], signature: Signature, ms: float) -> float:
+        if ms > 0:
+            into[signature.rule] = into.get(signature.rule, 0.0) + ms
+        return max(ms, 0.0)
+
+    def _claim_gaps(self, signatures: list[Signature]) -> list:
+        left = []
+        for gap in self.reads.slow:
+            remaining = gap.excess_ms
+            for signature in signatures:
+                if remaining <= 0:
+                    break
+                remaining -= self._take(self.itl_ms, signature,
+                                        signature.claim_gap(gap, remaining))
+            left.append((gap, remaining))
+        return left
+
+    def _claim_firsts(self, signatures: list[Signature]) -> None:
+        self.unexplained_firsts = []
+        """Each slow first output's stream with time no signature claimed, and that time."""
+        for stream in self.reads.slow_firsts:
+            remaining = stream.ttft_ms - self.reads.typical_ms
+            for signature in signatures:
+                if remaining <= 0:
+                    break
+                remaining -= self._take(self.ttft_ms, signature,
+                                        signature.claim_first(stream, remaining))
+            if remaining > 0:
+                self.unexplained_firsts.append((stream, remaining))
+
+    def itl_share(self, rule: str) -> float:
+        """The share of the gaps' tail time `rule`'s signature explains (0 without a tail)."""
+        return self.itl_ms.get(rule, 0.0) / self.itl_total_ms if self.itl_total_ms else 0.0
+
+    def ttft_share(self, rule: str) -> float:
+        """The share of the first outputs' tail time `rule`'s signature explains."""
+        return self.ttft_ms.get(rule, 0.0) / self.ttft_total_ms if self.ttft_total_ms else 0.0
+
+    @property
+    def unexplained_itl_ms(self) -> float:
+        return sum(r for _, r in self.unexplained_gaps)
+
+    @property
+    def unexplained_ttft_ms(self) -> float:
+        return sum(r for _, r in self.unexplained_firsts)
+
+    def shares(self, rule: str) -> dict:
+        """The evidence every coincidence finding carries: its part of each tail."""
+        out: dict = {"typical_gap_ms": round(self.reads.typical_ms, 2)}
+        if self.itl_ms.get(rule):
+            out["itl_tail_share"] = round(self.itl_share(rule), 3)
+            out["itl_tail_ms"] = round(self.itl_ms[rule], 1)
+            out["itl_tail_total_ms"] = round(self.itl_total_ms, 1)
+        if self.ttft_ms.get(rule):
+            out["ttft_tail_share"] = round(self.ttft_share(rule), 3)
+            out["ttft_tail_ms"] = round(self.ttft_ms[rule], 1)
+            out["ttft_tail_total_ms"] = round(self.ttft_total_ms, 1)
+        return out
+
+    def seconds_into_run(self, t_ns: int) -> float:
+        """`t_ns` as seconds from the run's first request."""
+        start = min(s.start_ns for s in self.reads.streams)
+        return (t_ns - start) / NS_PER_MS / 1e3
+
+
+_attributions: weakref.WeakKeyDictionary[RunFacts, Attribution | None] = (
+    weakref.WeakKeyDictionary())
+
+
+def attribution(facts: RunFacts) -> Attribution | None:
+    """The run's tail by cause, computed once per run; None without the raw records or too
+    few gaps to read coincidences from."""
+    if facts not in _attributions:
+        records = facts.result.records or []
+        reads = Reads(records) if records else None
+        usable = reads is not None and reads.usable
+        _attributions[facts] = Attribution(reads, facts.result) if usable else None
+    return _attributions[facts]

@@ -1,0 +1,498 @@
+"""The signatures a slow gap or a slow first output can carry, each read from what happened at
+the same instants across every stream (`reads.Reads`), whatever the protocol.
+
+A signature is first recognised over the whole run (`detect`: its pattern holds, or None),
+then asked how much of each slow gap's and each slow first output's remaining excess it
+explains (`claim_gap`, `claim_first`): `coincidence.attribute` goes through them in order, so
+where causes overlap each takes its part and none needs another to be absent. Each one's
+thresholds stand beside it; `evidence` holds the numbers that made it hold.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+
+from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.names import (
+    RULE_GAPS_AT_FIXED_VALUES,
+    RULE_ONE_STREAM_AT_A_TIME,
+    RULE_OUTPUT_HELD_BACK,
+    RULE_PREFILL_STALLS_DECODE,
+    RULE_SLOW_FIRST_MESSAGE,
+    RULE_SLOW_STREAM_GROUP,
+    RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_GROWS_WITH_STREAMS,
+)
+from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Gap, Reads, StreamReads
+from cadence.lab.analysis.percentile import percentile
+from cadence.lab.results import BenchResult
+
+COINCIDE_MS = 2.0
+COINCIDE_SHARE = 0.4
+"""Outputs of different streams arrived at one instant (one engine step's outputs) within
+this many ms or this share of the typical gap, whichever is more: a client process reads one
+step's outputs of 16-32 streams over 1-3 ms on a busy 2-core host."""
+
+
+def coincide_ns(reads: Reads) -> float:
+    return max(COINCIDE_MS, COINCIDE_SHARE * reads.typical_ms) * NS_PER_MS
+
+
+class Signature:
+    """A cause recognised over the run; the rule of that name reports it."""
+
+    rule = ""
+    evidence: dict
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        return 0.0
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return 0.0
+
+
+# -- output held back: several outputs in one read, at the engine's rate ---------------------
+
+HELD_READ_SHARE = 0.5
+"""Output is held back when at least this share of the reads after the first carry two tokens
+or more (a writer that flushes every N outputs, a sender that batches): a server that sends
+as it makes has one per read, the odd pair aside."""
+
+HELD_RATE_RATIO = 1.5
+"""...and those reads come at the engine's rate: their gap per token within this factor of
+the typical one (a read of five after five steps, not a late read after a stall)."""
+
+class HeldBack(Signature):
+    rule = RULE_OUTPUT_HELD_BACK
+
+    def __init__(self, reads: Reads, per_read: float, share: float, rate: float) -> None:
+        self.typical = reads.typical_ms
+        self.evidence = {"tokens_per_read_p50": per_read, "reads_with_several_share": share,
+                         "gap_per_token_over_typical": rate}
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> HeldBack | None:
+        if result.segments_ms or result.workload.read_delay_ms:
+            return None  # cadence's own timing names its merges (slow_reader); a slow client
+        if (result.client.busiest_process_cpu_share or 0.0) >= CLIENT_BUSY_SHARE:
+            return None  # a client this busy reads late: outputs pile up on its side
+        later = reads.gaps
+        several = [g for g in later if g.tokens >= 2]
+        if not later or len(several) < HELD_READ_SHARE * len(later):
+            return None
+        rate = statistics.median(g.ms / g.tokens for g in several) / reads.typical_ms
+        if rate > HELD_RATE_RATIO:
+            return None
+        per_read = statistics.median(g.tokens for g in later)
+        return cls(reads, per_read, round(len(several) / len(later), 3), round(rate, 2))
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        return min(remaining_ms, (gap.tokens - 1) * self.typical)
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, (stream.tokens[0] - 1) * self.typical)
+
+
+# -- prefill inside the decode step: slow gaps end with other streams' first outputs ---------
+
+PREFILL_SLOW_SHARE = 0.5
+"""Joining streams stall the others when at least this share of the gaps that end with a new
+stream's first output are slow (prefill in the step: nearly all; a pause that happens to
+catch a join: a share near the time it pauses)."""
+
+PREFILL_CONTRAST = 3.0
+"""...this many times the share of slow gaps among those that end with no first output..."""
+
+PREFILL_MIN_GAPS = 10
+"""...over at least this many gaps ending with a first output."""
+
+PREFILL_MIN_MS = 2.0
+"""...and each new stream adds at least this many ms to the step (the fit's slope)."""
+
+PREFILL_CLAIM_SLACK = 1.25
+"""A gap's claim is the fitted cost of the streams that joined, with this much room for the
+step's own variation."""
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least squares through the origin: y per unit of x."""
+    den = sum(x * x for x, _ in points)
+    return sum(x * y for x, y in points) / den if den else 0.0
+
+
+class PrefillStalls(Signature):
+    rule = RULE_PREFILL_STALLS_DECODE
+
+    def __init__(self, reads: Reads, per_stream: float, per_token: float | None,
+                 evidence: dict) -> None:
+        self.reads = reads
+        self.window = coincide_ns(reads)
+        self.per_stream = per_stream
+        self.per_token = per_token
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> PrefillStalls | None:
+        window = coincide_ns(reads)
+        prompts = sorted(s.prompt_tokens for s in reads.streams)
+        joined, alone = [], []
+        for g in reads.gaps:
+            n, tokens = reads.joined_at(g.t1, window, g.stream.number)
+            (joined if n else alone).append((g, n, tokens))
+        if len(joined) < PREFILL_MIN_GAPS or not alone:
+            return None
+        slow = reads.slow_gap_ms
+        share = sum(1 for g, _, _ in joined if g.ms > slow) / len(joined)
+        share_alone = sum(1 for g, _, _ in alone if g.ms > slow) / len(alone)
+        if share < PREFILL_SLOW_SHARE or share < PREFILL_CONTRAST * share_alone:
+            return None
+        per_stream = _slope([(n, g.excess_ms) for g, n, _ in joined])
+        if per_stream < PREFILL_MIN_MS:
+            return None
+        varied = prompts and prompts[-1] > prompts[0]
+        per_token = _slope([(t, g.excess_ms) for g, _, t in joined]) if varied else None
+        evidence = {
+            "ms_per_new_stream": round(per_stream, 2),
+            "gaps_ending_with_new_streams": len(joined),
+            "slow_share_of_those": round(share, 3),
+            "slow_share_of_other_gaps": round(share_alone, 3),
+            "new_streams_per_join_p50": statistics.median(n for _, n, _ in joined),
+        }
+        if per_token is not None:
+            evidence["ms_per_new_prompt_token"] = round(per_token, 3)
+        return cls(reads, per_stream, per_token, evidence)
+
+    def _cost(self, n: int, tokens: int) -> float:
+        cost = self.per_stream * n
+        if self.per_token is not None:
+            cost = max(cost, self.per_token * tokens)
+        return PREFILL_CLAIM_SLACK * cost
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        n, tokens = self.reads.joined_at(gap.t1, self.window, gap.stream.number)
+        return min(remaining_ms, self._cost(n, tokens)) if n else 0.0
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        # The streams admitted in the same step made this one wait for their prefill too.
+        n, tokens = self.reads.joined_at(stream.first_ns, self.window, stream.number)
+        return min(remaining_ms, self._cost(n, tokens)) if n else 0.0
+
+
+# -- every open stream paused at the same instants ------------------------------------------
+
+STALL_GAPS = 4.0
+STALL_MIN_MS = 20.0
+"""A silence of every other stream counts as a server-wide stall from this many typical gaps
+and this many ms above one (as `timeline.STALL_GAP_FACTOR`, `timeline.STALL_MIN_MS`: heavy
+jitter makes a step 3x its median, never 4x)."""
+
+STALL_MIN_OTHERS = 2
+"""...while at least this many other streams were receiving across it."""
+
+
+class SharedStalls(Signature):
+    rule = RULE_STREAMS_STALL_TOGETHER
+
+    def __init__(self, reads: Reads) -> None:
+        self.reads = reads
+        self.threshold = max(STALL_GAPS * reads.typical_ms, reads.typical_ms + STALL_MIN_MS)
+        self.instants: list[tuple[int, float]] = []
+        """(end, length ms) of each silence a claim was made for."""
+        self.evidence = {}
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> SharedStalls:
+        return cls(reads)  # the claims say whether it holds: see `finish`
+
+    def _silence(self, t0: int, t1: int, stream: int) -> float:
+        if self.reads.open_at(t0) - 1 < STALL_MIN_OTHERS:
+            return 0.0
+        silence = self.reads.silence_ms(t0, t1, stream)
+        return silence if silence >= self.threshold else 0.0
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        silence = self._silence(gap.t0, gap.t1, gap.stream.number)
+        if not silence:
+            return 0.0
+        self.instants.append((gap.t1, silence))
+        return min(remaining_ms, silence - self.reads.typical_ms)
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        silence = self._silence(stream.start_ns, stream.first_ns, stream.number)
+        return min(remaining_ms, silence - self.reads.typical_ms) if silence else 0.0
+
+    def stalls(self) -> list[tuple[int, float]]:
+        """The distinct stalls claimed for: the silences of many gaps that end together."""
+        out: list[tuple[int, float]] = []
+        for end, length in sorted(self.instants):
+            if out and end - out[-1][0] <= length * NS_PER_MS:
+                out[-1] = (out[-1][0], max(out[-1][1], length))
+            else:
+                out.append((end, length))
+        return out
+
+
+# -- a subset of the streams slower than the rest -------------------------------------------
+
+GROUP_RATIO = 1.5
+"""Two speed groups: the slow group's median time per token this many times the fast
+group's."""
+GROUP_SEPARATION = 1.25
+"""...with no stream between them: the slow group's fastest this many times the fast group's
+slowest."""
+GROUP_MIN_SHARE = 0.1
+"""Each group holds at least this share of the streams (and two streams)."""
+GROUP_MIN_STREAMS = 8
+GROUP_MIN_READS = 5
+
+
+def stream_speed(s: StreamReads) -> float | None:
+    """A stream's median time per token between reads: tokens that come in pairs do not make
+    it slower, a shared stall now and then does not move it."""
+    values = [(s.times[j] - s.times[j - 1]) / NS_PER_MS / s.tokens[j]
+              for j in range(1, len(s.times)) if s.tokens[j]]
+    return statistics.median(values) if len(values) >= GROUP_MIN_READS else None
+
+
+class SlowGroup(Signature):
+    rule = RULE_SLOW_STREAM_GROUP
+
+    def __init__(self, slow: dict[int, float], fast: list[float], ratio: float,
+                 streams: int) -> None:
+        self.slow = slow
+        """Stream number → its time per token, for the slow group."""
+        self.fast_ms = statistics.median(fast)
+        slow_speeds = sorted(slow.values())
+        self.evidence = {
+            "streams": streams, "slow_streams": len(slow),
+            "slow_itl_p50_ms": round(statistics.median(slow_speeds), 2),
+            "fast_itl_p50_ms": round(self.fast_ms, 2),
+            "fastest_slow_itl_ms": round(slow_speeds[0], 2),
+            "slowest_fast_itl_ms": round(max(fast), 2),
+            "slow_over_fast": round(ratio, 2),
+        }
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> SlowGroup | None:
+        speeds = sorted((v, s.number) for s in reads.streams
+                        if (v := stream_speed(s)) is not None)
+        if len(speeds) < GROUP_MIN_STREAMS:
+            return None
+        least = max(2, int(GROUP_MIN_SHARE * len(speeds) + 0.999))
+        best = None
+        values = [v for v, _ in speeds]
+        for split in range(least, len(speeds) - least + 1):
+            fast, slow = values[:split], values[split:]
+            if fast[-1] > 0 and slow[0] / fast[-1] >= GROUP_SEPARATION:
+                ratio = statistics.median(slow) / statistics.median(fast)
+                if ratio >= GROUP_RATIO and (best is None or ratio > best[0]):
+                    best = (ratio, split)
+        if best is None:
+            return None
+        ratio, split = best
+        return cls(dict((n, v) for v, n in speeds[split:]), values[:split], ratio, len(speeds))
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        speed = self.slow.get(gap.stream.number)
+        if speed is None:
+            return 0.0
+        return min(remaining_ms, gap.tokens * (speed - self.fast_ms))
+
+
+# -- gaps that cluster at one fixed value (a timer, a poll timeout) --------------------------
+
+TIMER_TOLERANCE_MS = 2.0
+TIMER_TOLERANCE_SHARE = 0.05
+"""A cluster is gaps within this many ms, or this share of its value, of one value."""
+
+TIMER_SHARE = 0.3
+"""The cluster holds at least this share of the slow gaps left unexplained..."""
+
+TIMER_MIN_GAPS = 5
+"""...and this many."""
+
+TIMER_MIN_INSTANTS = 5
+"""...at this many distinct instants at least (gaps that end within a typical gap of each other
+are one instant): one hiccup of a busy host stretches many streams' gaps by the same amount
+once; a timer fires again and again."""
+
+TIMER_SHARP = 3.0
+"""...and is sharp: this many times the gaps in the band of four tolerances either side
+(a pause or a slow step spreads; a timeout ends on time)."""
+
+
+class FixedGaps(Signature):
+    """Run last among the gap signatures: it reads what the others left."""
+
+    rule = RULE_GAPS_AT_FIXED_VALUES
+
+    def __init__(self, value: float, tolerance: float, evidence: dict) -> None:
+        self.value = value
+        self.tolerance = tolerance
+        self.evidence = evidence
+
+    @classmethod
+    def among(cls, reads: Reads, left: list[Gap]) -> FixedGaps | None:
+        """The sharpest cluster of the slow gaps in `left` (what the other signatures did not
+        explain), when there is one."""
+        values = sorted(g.ms for g in left)
+        if len(values) < TIMER_MIN_GAPS:
+            return None
+        best = None
+        for v in values:
+            tol = max(TIMER_TOLERANCE_MS, TIMER_TOLERANCE_SHARE * v)
+            inside = _count(values, v - tol, v + tol)
+            if best is None or inside > best[0]:
+                best = (inside, v, tol)
+        inside, v, tol = best
+        # Center on the cluster's median, then measure it and the band around it.
+        center = statistics.median(x for x in values if abs(x - v) <= tol)
+        inside = _count(values, center - tol, center + tol)
+        band = _count(values, center - 4 * tol, center + 4 * tol) - inside
+        ends = sorted(g.t1 for g in left if abs(g.ms - center) <= tol)
+        apart = reads.typical_ms * NS_PER_MS
+        instants = 1 + sum(1 for a, b in zip(ends, ends[1:]) if b - a > apart) if ends else 0
+        if (inside < TIMER_MIN_GAPS or instants < TIMER_MIN_INSTANTS
+                or inside < TIMER_SHARE * len(values)
+                or inside < TIMER_SHARP * band):
+            return None
+        return cls(center, tol, {
+            "gap_value_ms": round(center, 1), "tolerance_ms": round(tol, 1),
+            "gaps_at_value": inside, "instants": instants, "slow_gaps_left": len(values),
+            "gaps_near_but_outside": band, "typical_gap_ms": round(reads.typical_ms, 2)})
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        return remaining_ms if abs(gap.ms - self.value) <= self.tolerance else 0.0
+
+
+def _count(values: list[float], lo: float, hi: float) -> int:
+    return bisect.bisect_right(values, hi) - bisect.bisect_left(values, lo)
+
+
+# -- one stream at a time: no batching -------------------------------------------------------
+
+SERIAL_SILENCE_SHARE = 0.45
+"""Streams are served one at a time when, at the median, the longest silence of the other
+streams inside a stream's gap is at most this share of it: batched streams all get their
+output at the end of one step, so the rest of the gap is silent (0.6-1.0 measured); streams
+served in turn fill each other's gaps (1/N of it with N open)."""
+
+SERIAL_MIN_OPEN = 4
+"""...with at least this many streams receiving at the median (with two or three, turns and
+batches look alike)."""
+
+SERIAL_SAMPLE = 400
+"""Gaps read for the test (spread over the run)."""
+
+
+class OneAtATime(Signature):
+    rule = RULE_ONE_STREAM_AT_A_TIME
+
+    def __init__(self, evidence: dict) -> None:
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> OneAtATime | None:
+        step = max(1, len(reads.gaps) // SERIAL_SAMPLE)
+        sample = [g for g in reads.gaps[::step] if g.tokens == 1]
+        if not sample:
+            return None
+        opened = statistics.median(reads.open_at(g.t0) for g in sample)
+        if opened < SERIAL_MIN_OPEN:
+            return None
+        filled = statistics.median(
+            reads.silence_ms(g.t0, g.t1, g.stream.number) / g.ms for g in sample)
+        if filled > SERIAL_SILENCE_SHARE:
+            return None
+        points = [(reads.open_at(g.t0), g.ms) for g in sample]
+        per_stream = _slope(points)
+        evidence = {"silence_share_of_gap_p50": round(filled, 3),
+                    "streams_receiving_p50": opened,
+                    "ms_per_open_stream": round(per_stream, 2),
+                    "typical_gap_ms": round(reads.typical_ms, 2)}
+        low = [g.ms for g in reads.gaps if g.tokens == 1 and reads.open_at(g.t0) <= opened / 2]
+        evidence["gaps_with_half_the_streams_or_fewer"] = len(low)
+        if low:
+            evidence["gap_p50_with_half_the_streams_or_fewer_ms"] = round(
+                statistics.median(low), 2)
+        return cls(evidence)
+
+
+# -- the first output: a fixed cost, or waiting for a slot ---------------------------------
+
+FIXED_FLOOR_PERCENTILE = 10
+"""Every stream paid at least the run's TTFT at this percentile: a cost before any output."""
+
+SLOT_WINDOW_GAPS = 2.0
+SLOT_WINDOW_MS = 10.0
+"""A first output that came within this many typical gaps plus this many ms after another
+stream's last output was waiting for that stream's slot (a thread, a batch place)..."""
+
+SLOT_MARGIN_MS = 2.0
+"""...when that stream ended after this one had been sent (not the end that made a closed
+loop send it)."""
+
+SLOT_SHARE = 0.6
+"""Slow first outputs wait for slots when at least this share of them came so (a fixed cost
+or a prefill meets an end by chance in a tenth to a fifth)."""
+
+SLOT_MIN = 3
+
+
+def slot_waiters(reads: Reads) -> set[int]:
+    """The streams whose slow first output came right after another stream's last output,
+    which ended after they were sent (SLOT_*)."""
+    window = (SLOT_WINDOW_GAPS * reads.typical_ms + SLOT_WINDOW_MS) * NS_PER_MS
+    margin = SLOT_MARGIN_MS * NS_PER_MS
+    waited = set()
+    for s in reads.slow_firsts:
+        # A first read of k tokens was made k - 1 typical gaps before it arrived.
+        made = s.first_ns - (s.tokens[0] - 1) * reads.typical_ms * NS_PER_MS
+        if reads.ends_between(max(made - window, s.start_ns + margin), s.first_ns):
+            waited.add(s.number)
+    return waited
+
+
+class FixedFirstCost(Signature):
+    """Claims before `WaitsForSlot`: a stream that waited for a slot paid the fixed cost too."""
+
+    rule = RULE_SLOW_FIRST_MESSAGE
+
+    def __init__(self, reads: Reads, floor_ms: float) -> None:
+        self.cost = floor_ms - reads.typical_ms
+        self.evidence = {"ttft_floor_ms": round(floor_ms, 1)}
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> FixedFirstCost | None:
+        # The floor of the streams that did not wait for another to end: those that waited
+        # say how long the others held their slots, not what every stream pays.
+        waited = slot_waiters(reads)
+        ttfts = sorted(s.ttft_ms for s in reads.streams if s.number not in waited)
+        floor = percentile(ttfts, FIXED_FLOOR_PERCENTILE) if ttfts else 0.0
+        return cls(reads, floor) if floor > reads.typical_ms else None
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, self.cost)
+
+
+class WaitsForSlot(Signature):
+    rule = RULE_TTFT_GROWS_WITH_STREAMS
+
+    def __init__(self, waited: set[int], evidence: dict) -> None:
+        self.waited = waited
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> WaitsForSlot | None:
+        waited = slot_waiters(reads)
+        window = (SLOT_WINDOW_GAPS * reads.typical_ms + SLOT_WINDOW_MS) * NS_PER_MS
+        slow = len(reads.slow_firsts)
+        if len(waited) < SLOT_MIN or len(waited) < SLOT_SHARE * slow:
+            return None
+        return cls(waited, {"slow_first_outputs": slow,
+                            "first_output_right_after_another_stream_ended": len(waited),
+                            "slot_window_ms": round(window / NS_PER_MS, 1)})
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return remaining_ms if stream.number in self.waited else 0.0
