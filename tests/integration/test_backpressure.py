@@ -7,16 +7,19 @@ small window (`grpc.http2.lookahead_bytes`) so the server's per-request buffer i
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 import urllib.request
 
 import grpc
 import pytest
 
+from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
 from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.raw_h2 import framed, h2_call
 
 _SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
 
@@ -160,6 +163,38 @@ def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
     assert max(t for _, _, t in refused) < min(t for _, _, t in ok)
 
 
+def test_a_burst_of_2000_calls_on_one_connection_is_served_or_refused_never_dropped() -> None:
+    """2,000 calls at once on one HTTP/2 connection, more than --max-concurrent: each is served
+    or refused RESOURCE_EXHAUSTED by cadence's admission. gRPC's core drops calls it holds
+    unasked past its pending limit (1,000, at random up to 3,000) as CANCELLED, which no client
+    can tell from its own cancel (issue 35)."""
+    with ServerProcess("--devices", "cpu:1", "--step-ms", "5", "--max-concurrent", "512") as server:
+        async def burst() -> collections.Counter:
+            async with grpc.aio.insecure_channel(server.target) as channel:
+                stub = pb_grpc.InferenceStub(channel)
+
+                async def one(i: int) -> tuple[str, str]:
+                    try:
+                        async for _ in stub.Generate(build_request(f"b{i}", max_tokens=200),
+                                                     timeout=60):
+                            pass
+                        return "OK", ""
+                    except grpc.aio.AioRpcError as exc:
+                        return exc.code().name, exc.details()
+
+                return collections.Counter(await asyncio.gather(*(one(i) for i in range(2000))))
+
+        for _ in range(2):
+            ends = asyncio.run(burst())
+            codes = collections.Counter()
+            for (code, details), n in ends.items():
+                codes[code] += n
+                if code == "RESOURCE_EXHAUSTED":
+                    assert "--max-concurrent" in details
+            assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, ends
+            assert codes["OK"] >= 512
+
+
 def _raw_generate(target: str, payload: bytes) -> grpc.StatusCode:
     with grpc.insecure_channel(target) as channel:
         call = channel.unary_stream("/cadence.v1.Inference/Generate",
@@ -191,6 +226,30 @@ def test_malformed_duplicate_and_oversized_requests() -> None:
             assert "already streaming" in info.value.details()
             first.close()
             assert _tokens(list(client.generate("ok", max_tokens=5, request_id="other")))
+
+
+def test_a_request_body_empty_or_cut_short_is_answered() -> None:
+    """A call whose request stream ends with no whole message gets a status at once: grpcio's
+    path for a unary request ends it with none, and the client waits for its deadline. Beside
+    it, a `-bin` header that is not base64: INTERNAL, in grpcio's words, as on native."""
+    with ServerProcess("--step-ms", "5") as server:
+        request = framed(pb.GenerateRequest(prompt="hi", max_tokens=2))
+        for path, body in (("/cadence.v1.Inference/Generate", request),
+                           ("/inference.GRPCInferenceService/ModelInfer",
+                            framed(kpb.ModelInferRequest(model_name="cadence")))):
+            for cut in (b"", body[:-3], body[:2]):
+                started = time.monotonic()
+                got = h2_call(server.target, path, [], cut, timeout=5)
+                assert got.get(b"grpc-status") == b"13", (path, cut, got)
+                assert b"expected one request message" in got[b"grpc-message"]
+                assert time.monotonic() - started < 2
+        got = h2_call(server.target, "/cadence.v1.Inference/Generate",
+                      [(b"x-trace-bin", b"abcde")], request)
+        assert got.get(b"grpc-status") == b"13", got
+        assert got[b"grpc-message"] == (b"Error parsing 'x-trace-bin' metadata: "
+                                        b"illegal base64 encoding")
+        assert h2_call(server.target, "/cadence.v1.Inference/Generate", [], request).get(
+            b"grpc-status") == b"0"
 
 
 def test_output_counters_move_while_a_stream_runs() -> None:

@@ -212,7 +212,7 @@ def test_a_body_that_never_arrives_is_refused_and_its_connection_closed(impatien
 
     waited, huge = asyncio.run(refused(head % 10 ** 12 + b"{"))
     assert waited < 0.9  # refused before reading, not at the timeout
-    assert b" 400 " in huge.split(b"\r\n")[0] and b"--max-message-bytes" in huge
+    assert b" 413 " in huge.split(b"\r\n")[0] and b"--max-message-bytes" in huge
     waited, slow = asyncio.run(refused(head % 100 + b'{"model":'))
     assert waited >= 0.9 and b" 408 " in slow.split(b"\r\n")[0]
     assert b"--http-body-timeout" in slow
@@ -251,3 +251,112 @@ def test_a_stalled_reader_is_cut_off_and_its_socket_closed(impatient) -> None:
         assert status == 200
     finally:
         client.close()
+
+
+_TOKEN = "hostile-secret"
+_LIMIT = 65536
+_HEAD = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory) -> Iterator[tuple[HttpServer, Path]]:
+    """A server with bearer tokens and a 64 KiB body limit, its log in the second item."""
+    folder = tmp_path_factory.mktemp("guarded")
+    (folder / "tokens").write_text(_TOKEN + "\n")
+    log = folder / "server.log"
+    server = start_logged(log, "--devices", "cpu:1", "--step-ms", "0", "--auth-token-file",
+                          str(folder / "tokens"), "--max-message-bytes", str(_LIMIT),
+                          "--log-level", "INFO")
+    yield server, log
+    assert server.stop() == 0
+    assert "Traceback" not in log.read_text()
+
+
+async def _answered(base: str, head: bytes, body: bytes = b"",
+                    pace_s: float = 0.0) -> tuple[float, bytes, bytes, int]:
+    """Send `head`, then `body` in 64 KiB pieces (`pace_s` apart) while reading: seconds until
+    the status line, the response's head, its body, and the body bytes the client got to send
+    before the server answered and closed (within 10 s)."""
+    host, port = base[len("http://"):].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    sent = 0
+
+    async def send() -> None:
+        nonlocal sent
+        with contextlib.suppress(ConnectionError):
+            for at in range(0, len(body), 1 << 16):
+                writer.write(body[at:at + (1 << 16)])
+                await writer.drain()
+                sent += len(body[at:at + (1 << 16)])
+                await asyncio.sleep(pace_s)
+
+    try:
+        started = time.monotonic()
+        writer.write(head)
+        sender = asyncio.ensure_future(send())
+        first = await asyncio.wait_for(reader.readline(), 5)
+        waited = time.monotonic() - started
+        sent_before = sent
+        rest = b""
+        with contextlib.suppress(ConnectionError):
+            rest = await asyncio.wait_for(reader.read(), 10)  # until the server closes
+        sender.cancel()
+        response_head, _, response_body = (first + rest).partition(b"\r\n\r\n")
+        return waited, response_head, response_body, sent_before
+    finally:
+        writer.close()
+
+
+def _error_of(head: bytes, body: bytes, status: int) -> dict:
+    assert head.split(b"\r\n")[0].startswith(b"HTTP/1.1 %d " % status), head
+    assert b"connection: close" in head.lower(), head  # the unread body is not waited for
+    return json.loads(body)["error"]
+
+
+def test_without_a_token_a_50_mb_body_is_refused_401_before_it_is_read(guarded) -> None:
+    server, _ = guarded
+    size = 50 * 10 ** 6
+    head = _HEAD + b"Content-Length: %d\r\n" % size
+    # curl's way for a body over 1 MB: the server must answer 401, not invite the body.
+    waited, response, body, _ = asyncio.run(_answered(
+        server.base, head + b"Expect: 100-continue\r\n\r\n"))
+    assert waited < 1.0
+    assert _error_of(response, body, 401)["type"] == "authentication_error"
+    # A client that sends at once, 64 KiB every 10 ms (5 MB/s: ten seconds for the whole):
+    # the answer comes with its first bytes and the connection closes, the rest unread.
+    waited, response, body, sent = asyncio.run(_answered(
+        server.base, head + b"\r\n", b"x" * size, pace_s=0.01))
+    assert waited < 1.0 and sent < 5 * 10 ** 6, (waited, sent)
+    assert _error_of(response, body, 401)["code"] == "invalid_api_key"
+    # A wrong token too.
+    waited, response, body, _ = asyncio.run(_answered(
+        server.base, head + b"Authorization: Bearer wrong\r\nExpect: 100-continue\r\n\r\n"))
+    assert waited < 1.0 and _error_of(response, body, 401)["type"] == "authentication_error"
+
+
+def test_a_body_over_the_limit_is_a_413_in_openai_shape(guarded) -> None:
+    server, _ = guarded
+    auth = b"Authorization: Bearer %s\r\n" % _TOKEN.encode()
+    over = _HEAD + auth + b"Content-Length: %d\r\n" % (_LIMIT + 1)
+    for head, body in ((over + b"\r\n", b"x" * (_LIMIT + 1)),
+                       (over + b"Expect: 100-continue\r\n\r\n", b""),
+                       # No Content-Length: refused once the chunks pass the limit.
+                       (_HEAD + auth + b"Transfer-Encoding: chunked\r\n\r\n",
+                        b"".join(b"4000\r\n" + b"x" * 0x4000 + b"\r\n" for _ in range(8)))):
+        waited, response, response_body, _ = asyncio.run(_answered(server.base, head, body))
+        assert waited < 1.0
+        error = _error_of(response, response_body, 413)
+        assert error["type"] == "invalid_request_error" and error["code"] == "request_too_large"
+        assert "--max-message-bytes" in error["message"]
+    # At the limit, and with Expect, it is served.
+    prompt = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2}).encode()
+    body = prompt[:-1] + b" " * (_LIMIT - len(prompt)) + b"}"
+    for expect in (b"", b"Expect: 100-continue\r\n"):
+        _, response, response_body, _ = asyncio.run(_answered(
+            server.base, _HEAD + auth + b"Connection: close\r\n" + expect
+            + b"Content-Length: %d\r\n\r\n" % len(body), body))
+        if expect:
+            assert response.startswith(b"HTTP/1.1 100 Continue"), response
+            response, _, response_body = response_body.partition(b"\r\n\r\n")
+        assert response.startswith(b"HTTP/1.1 200 "), response
+        assert json.loads(response_body)["usage"]["completion_tokens"] == 2

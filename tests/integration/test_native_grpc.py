@@ -8,9 +8,12 @@ the option it does not take.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,11 +22,15 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client
+from tests.integration.conftest import _BANNER, RunningServer
+from tests.integration.raw_h2 import framed, h2_call
 
 pytest.importorskip("pyvoy", reason="pyvoy is in the test extras (cadence[native])")
 
@@ -147,3 +154,115 @@ def test_a_grpc_js_client_reads_status_deadline_and_cancel(server_factory) -> No
     assert got["deadline"]["code"] == 4
     assert got["deadline"]["ended_at_s"] - got["deadline"]["started_at_s"] < 1.0
     assert got["cancel"]["code"] == 1 and len(got["cancel"]["messages_hex"]) == 2
+
+
+# --- bad input and stops (issue 35) -----------------------------------------------------------
+
+
+def _start_logged(log: Path, *args: str) -> RunningServer:
+    """`cadence serve --port 0 ARGS` with its stderr (the front's log, Envoy's included) in
+    `log`, once health says SERVING."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--log-level", "INFO",
+         *args], stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+    match = _BANNER.search(process.stdout.readline())
+    if not match:
+        process.kill()
+        raise RuntimeError(f"server did not start (exit {process.wait()}): {log.read_text()}")
+    target = f"{match.group(1)}:{match.group(2)}"
+    deadline = time.monotonic() + 60
+    with Client(target) as client:
+        while client.health() != "SERVING":
+            assert time.monotonic() < deadline, "server never became SERVING"
+            time.sleep(0.05)
+    return RunningServer(process, target, psutil.Process(process.pid).children(recursive=True))
+
+
+def test_bad_client_bytes_end_the_call_in_one_status_and_log_nothing(tmp_path) -> None:
+    """What a client sends that does not parse ends its call with one status and no traceback
+    in the log (any client could flood it): a `-bin` header that is not base64 (INTERNAL in
+    grpc.aio's words), a request message that does not parse on services whose handlers
+    cadence does not write (INTERNAL, as grpc-go and grpc-java answer; grpc.aio answers UNKNOWN
+    and logs a traceback), an empty or truncated body."""
+    log = tmp_path / "server.log"
+    server = _start_logged(log, *NATIVE, "--devices", "cpu:1", "--step-ms", "0")
+    try:
+        request = framed(pb.GenerateRequest(prompt="hi", max_tokens=2))
+        generate = "/cadence.v1.Inference/Generate"
+        for value in (b"!!!notbase64", b"abcde", b"ab!c"):
+            for _ in range(3):
+                got = h2_call(server.target, generate, [(b"x-trace-bin", value)], request)
+                assert got.get(b"grpc-status") == b"13", got
+                assert got[b"grpc-message"] == (b"Error parsing 'x-trace-bin' metadata: "
+                                                b"illegal base64 encoding")
+        for value in (b"YWJj", b"YQ==", b"YQ", b""):  # padded, unpadded, empty: served
+            got = h2_call(server.target, generate, [(b"x-trace-bin", value)], request)
+            assert got.get(b"grpc-status") == b"0", (value, got)
+        for path in ("/grpc.health.v1.Health/Check",
+                     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"):
+            got = h2_call(server.target, path, [], b"\0\0\0\0\3\xff\xff\xff")
+            assert got.get(b"grpc-status") == b"13", got
+            assert got[b"grpc-message"].startswith(b"could not parse the request message")
+        for body in (b"", request[:-3]):
+            got = h2_call(server.target, generate, [], body)
+            assert got.get(b"grpc-status") == b"13", got
+    finally:
+        assert server.stop() == 0
+    assert "Traceback" not in log.read_text()
+
+
+def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_path) -> None:
+    """200 calls open at a stop, of the kinds the drain does not end: idle KServe streams (no
+    request in flight) and health watches, beside streams in flight. Each ends UNAVAILABLE, as
+    on grpc.aio, and the log says so once, with no traceback per call."""
+    log = tmp_path / "server.log"
+    server = _start_logged(log, *NATIVE, "--devices", "cpu:1", "--step-ms", "5",
+                           "--max-concurrent", "256", "--drain-timeout", "1")
+
+    async def run() -> collections.Counter:
+        kinds = [i % 3 for i in range(200)]
+        idle_left = kinds.count(1)
+        all_idle = asyncio.Event()
+
+        async def idle():
+            nonlocal idle_left
+            idle_left -= 1
+            if idle_left == 0:
+                all_idle.set()
+            await asyncio.sleep(3600)
+            yield b""
+
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            async def one(kind: int) -> str:
+                try:
+                    if kind == 0:
+                        async for _ in health_pb2_grpc.HealthStub(channel).Watch(
+                                health_pb2.HealthCheckRequest()):
+                            pass
+                    elif kind == 1:
+                        await channel.stream_stream(
+                            "/inference.GRPCInferenceService/ModelStreamInfer")(idle()).read()
+                    else:
+                        async for _ in pb_grpc.InferenceStub(channel).Generate(
+                                pb.GenerateRequest(prompt="hi", max_tokens=4000)):
+                            pass
+                    return "OK"
+                except grpc.RpcError as exc:
+                    return exc.code().name
+
+            calls = [asyncio.ensure_future(one(kind)) for kind in kinds]
+            await asyncio.wait_for(all_idle.wait(), 20)
+            await asyncio.sleep(1.0)  # the watches had their first answer, the streams tokens
+            server.process.send_signal(signal.SIGTERM)
+            return collections.Counter(await asyncio.wait_for(asyncio.gather(*calls), 60))
+
+    try:
+        ends = asyncio.run(run())
+        server.process.wait(30)  # signalled once: a second SIGTERM would not be a clean stop
+    finally:
+        assert server.stop() == 0
+    assert ends == {"UNAVAILABLE": 200}, ends
+    text = log.read_text()
+    assert "Traceback" not in text and "CancelledError" not in text
+    lines = [line for line in text.splitlines() if "still open after the grace" in line]
+    assert len(lines) == 1, lines

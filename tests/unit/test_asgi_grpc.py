@@ -66,3 +66,16 @@ def test_a_compressed_message_is_inflated_within_the_limit(name: bytes, compress
     with pytest.raises(AbortError) as info:
         call._inflate(b"not compressed")
     assert info.value.code == grpc.StatusCode.INTERNAL
+
+
+@pytest.mark.parametrize("value", [b"!!!notbase64", b"abcde", b"ab!c", b"YQ==="])
+def test_binary_metadata_that_is_not_base64_ends_the_call_in_grpcs_words(value: bytes) -> None:
+    with pytest.raises(AbortError) as info:
+        _metadata([(b"trace-bin", value)])
+    assert info.value.code == grpc.StatusCode.INTERNAL
+    assert info.value.details == "Error parsing 'trace-bin' metadata: illegal base64 encoding"
+
+
+def test_binary_metadata_with_or_without_padding_is_read() -> None:
+    assert _metadata([(b"a-bin", b"YQ"), (b"b-bin", b"YQ=="), (b"c-bin", b"")]) == (
+        ("a-bin", b"a"), ("b-bin", b"a"), ("c-bin", b""))

@@ -49,6 +49,9 @@ HTTP_UNAUTHENTICATED = (401, "authentication_error")
 """No valid bearer token (`--auth-token-file`), decided before any handler."""
 HTTP_REQUEST_TIMEOUT = (408, "timeout_error")
 """The client did not send its request's body within `--http-body-timeout`."""
+HTTP_PAYLOAD_TOO_LARGE = (413, "invalid_request_error")
+"""A request body over `--max-message-bytes` (nginx and Envoy answer 413 too); decided from
+its Content-Length before any of it is read, else when the body reaches the limit."""
 
 
 def http_status(failure: Failure) -> tuple[int, str]:

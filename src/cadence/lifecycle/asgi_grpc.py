@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import logging
 import zlib
@@ -39,6 +40,9 @@ WATCH_FIRST_S = 0.02
 WATCH_IDLE_S = 1.0
 """How often a call that sent before, but nothing since, asks: one that streams a message per
 engine step learns of a reset at its next send."""
+_STOP_FINISH_S = 0.5
+"""At `close()`, how long a cancelled call's UNAVAILABLE may take to go out (a client that
+reads nothing holds its stream's window shut)."""
 
 
 class AbortError(Exception):
@@ -81,7 +85,13 @@ def _metadata(headers: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str | 
             continue
         key = name.decode("latin-1")
         if key.endswith("-bin"):
-            out.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+            try:
+                out.append((key, base64.b64decode(value + b"=" * (-len(value) % 4),
+                                                  validate=True)))
+            except binascii.Error:
+                # A client's bytes, not the server's fault: grpc.aio's status and words.
+                raise AbortError(grpc.StatusCode.INTERNAL, f"Error parsing '{key}' metadata: "
+                                 "illegal base64 encoding") from None
         else:
             out.append((key, value.decode("latin-1")))
     return tuple(out)
@@ -186,6 +196,12 @@ class _Call:
         self.ended = False
         self._buffer = b""
 
+    async def _next(self) -> dict:
+        """The ASGI server's next event. Shielded: pyvoy resolves a receive() future when its
+        stream ends, and one that a cancelled call left cancelled raises InvalidStateError
+        in the loop's callback, a traceback per call at every stop."""
+        return await asyncio.shield(self._receive())
+
     async def _deliver(self, message: dict) -> None:
         try:
             await self._send(message)
@@ -241,7 +257,7 @@ class _Call:
                 if self._buffer:
                     raise AbortError(grpc.StatusCode.INTERNAL, "the request ended inside a message")
                 return
-            got = await self._receive()
+            got = await self._next()
             if got["type"] == "http.disconnect":
                 # The handler may read its requests in a task of its own: the call ends here,
                 # as grpc.aio cancels a call whose client went.
@@ -292,10 +308,27 @@ class _Call:
             if self.sent and self.sent != last:
                 last = self.sent  # it sent since the last look: its next send will know
                 continue
-            if (await self._receive())["type"] == "http.disconnect":
+            if (await self._next())["type"] == "http.disconnect":
                 self.gone = True
                 self._task.cancel()
                 return
+
+
+def _parser(deserialize: Callable[[bytes], object] | None) -> Callable[[bytes], object]:
+    """A method's request deserializer, whose failure on a client's bytes ends the call
+    INTERNAL, as grpc-go and grpc-java end it (grpc.aio: UNKNOWN and a traceback in the log
+    per call), not as a handler that failed."""
+    if deserialize is None:
+        return lambda data: data
+
+    def parse(data: bytes) -> object:
+        try:
+            return deserialize(data)
+        except Exception as exc:
+            raise AbortError(grpc.StatusCode.INTERNAL,
+                             f"could not parse the request message: {exc}") from None
+
+    return parse
 
 
 async def _interceptable(find, details: grpc.HandlerCallDetails):
@@ -313,8 +346,9 @@ class GrpcAsgiApp:
     A call that arrives before `open()` waits for it (Envoy listens before the front inside it
     is ready, and with `--fronts N` the kernel hands a restarted front new connections at once),
     at most STARTING_WAIT_S, then ends UNAVAILABLE; `close(grace)` refuses new calls and gives
-    the open ones `grace` seconds before cancelling them. `lifespan(startup, shutdown)` sets
-    the coroutines the ASGI lifespan runs.
+    the open ones `grace` seconds, then cancels them: each ends UNAVAILABLE, as grpc.aio ends
+    the calls its stop cancels, and the stop logs one line for them all.
+    `lifespan(startup, shutdown)` sets the coroutines the ASGI lifespan runs.
     """
 
     def __init__(self) -> None:
@@ -324,6 +358,8 @@ class GrpcAsgiApp:
         self.intercept(())
         self._calls: set[asyncio.Task] = set()
         self._refusal: str | None = _STARTING
+        self._stopping = False
+        """`close()` cancels the calls still open: their CancelledError is the stop's."""
         self._opened: asyncio.Event | None = None
         """Set by `open()`; made on the loop that serves."""
         self._startup: Callable[[], Awaitable[None]] | None = None
@@ -374,10 +410,16 @@ class GrpcAsgiApp:
         self._refusal = "the server is stopping"
         if self._calls:
             await asyncio.wait(list(self._calls), timeout=grace_s)
-        for task in list(self._calls):
+        left = list(self._calls)
+        if not left:
+            return
+        # Health watches, KServe streams with no request in flight, clients that read nothing.
+        self._stopping = True
+        for task in left:
             task.cancel()
-        if self._calls:
-            await asyncio.wait(list(self._calls), timeout=1.0)
+        await asyncio.wait(left, timeout=1.0)
+        log.info("stopping: %d gRPC call(s) still open after the grace ended UNAVAILABLE",
+                 len(left))
 
     # --- ASGI ----------------------------------------------------------------------------------
 
@@ -390,6 +432,9 @@ class GrpcAsgiApp:
         self._calls.add(task)
         try:
             await self._serve(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise  # pyvoy's own, which it reports
         finally:
             self._calls.discard(task)
         return None
@@ -463,19 +508,25 @@ class GrpcAsgiApp:
             call.gone = True
         except asyncio.CancelledError:
             if not call.gone:
-                raise  # the server's, not the client's
+                if not self._stopping:
+                    raise  # the server's, not the client's
+                code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
         except Exception as exc:
             log.exception("gRPC handler of %s failed", method)
             code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
         if context is not None:
             trailing = context.trailing
         try:
-            await call.finish(code, details, trailing)
-        except _ClientGone:
+            async with asyncio.timeout(_STOP_FINISH_S if self._stopping else None):
+                await call.finish(code, details, trailing)
+        except (_ClientGone, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
 
     async def _run(self, handler: grpc.RpcMethodHandler, call: _Call, context) -> None:
-        deserialize = handler.request_deserializer or (lambda data: data)
+        deserialize = _parser(handler.request_deserializer)
         if handler.request_streaming:
             async def requests():
                 async for data in call.messages():

@@ -15,8 +15,11 @@ Failures become OpenAI-shaped errors with their HTTP status (cadence.api.errors)
 - A client that reads nothing for `--stall-timeout` is cut off: its error event and `[DONE]`
   go into the socket's buffer, and `_STALLED_CLOSE_S` later the connection is reset (its
   queued output is not kept).
-- A request's body must arrive within `--http-body-timeout` (else 408); one whose
-  Content-Length is over `--max-message-bytes` is refused before any of it is read.
+- A request's body must arrive within `--http-body-timeout` (else 408). A request without
+  a valid bearer token (401), or whose Content-Length is over `--max-message-bytes` (413), is
+  refused on its headers: none of its body is read, no `100 Continue` invites it, and the
+  connection closes after the answer. A chunked body is refused with 413 once it passes the
+  limit.
 - `stop` strings end the output at the first match (the text after it is never sent) and
   the sequence is aborted in the worker; the request counts as OK.
 """
@@ -32,7 +35,7 @@ from collections.abc import Callable
 
 from aiohttp import HttpVersion11, web
 
-from cadence.api.errors import HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
+from cadence.api.errors import HTTP_PAYLOAD_TOO_LARGE, HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
 from cadence.api.openai.protocol import (
     CHAT,
@@ -92,6 +95,11 @@ def _failure(failure: Failure, message: str, param: str | None = None) -> web.Re
     return _json(body, status)
 
 
+def _too_large() -> web.Response:
+    status, kind = HTTP_PAYLOAD_TOO_LARGE
+    return _closing(_json(error_body(_TOO_LARGE, kind, "request_too_large"), status))
+
+
 def _param(exc: RequestError, endpoint: str) -> str | None:
     if isinstance(exc, BadField):
         return exc.param
@@ -135,8 +143,9 @@ class OpenAIService:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors_and_auth],
                               client_max_size=self._max_body)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions, expect_handler=self._expect)
+        app.router.add_post("/v1/chat/completions", self.chat_completions,
+                            expect_handler=self._expect)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         return app
@@ -160,14 +169,44 @@ class OpenAIService:
 
     # --- middleware ------------------------------------------------------------------------
 
-    @web.middleware
-    async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
+    def _refused_on_headers(self, request: web.Request) -> web.Response | None:
+        """The answer to a request refused before any of its body is read: no valid bearer
+        token (401), or a Content-Length over --max-message-bytes (413)."""
         if self._tokens is not None and request.path not in _OPEN_PATHS:
             refusal = self._tokens.check(request.headers.get("Authorization"))
             if refusal is not None:
                 status, kind = HTTP_UNAUTHENTICATED
-                return _json(error_body(_TOKEN_REFUSALS[refusal], kind, "invalid_api_key"),
-                             status)
+                response = _json(error_body(_TOKEN_REFUSALS[refusal], kind, "invalid_api_key"),
+                                 status)
+                # Kept alive, the connection would first have to take in the whole body of a
+                # client that may send megabytes it has no right to send.
+                return _closing(response) if request.body_exists else response
+        if request.method == "POST" and (request.content_length or 0) > self._max_body:
+            # A client must not hold the connection with a body it will never finish sending.
+            self.core.refused(Failure.INVALID_ARGUMENT, OPENAI)
+            return _too_large()
+        return None
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """`Expect: 100-continue` (curl's for a body over 1 MB): a request refused on its
+        headers gets its answer instead of the `100 Continue` that would invite its body."""
+        refused = self._refused_on_headers(request)
+        if refused is not None:
+            return refused
+        if request.version == HttpVersion11:
+            if request.headers.get("Expect", "").lower() != "100-continue":
+                return _closing(_json(error_body(
+                    f"Expect: {request.headers['Expect']} is not supported; only 100-continue",
+                    "invalid_request_error", "expectation_failed"), 417))
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the response's own bytes are yet to come
+        return None
+
+    @web.middleware
+    async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
+        refused = self._refused_on_headers(request)
+        if refused is not None:
+            return refused
         try:
             return await handler(request)
         except web.HTTPNotFound:
@@ -179,22 +218,18 @@ class OpenAIService:
                 f"{request.method} is not allowed on {request.path}; use "
                 f"{', '.join(sorted(exc.allowed_methods))}", "invalid_request_error",
                 "method_not_allowed"), 405)
-        except web.HTTPRequestEntityTooLarge:
-            return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
 
     # --- generation ------------------------------------------------------------------------
 
     async def _generate(self, http: web.Request, endpoint: str) -> web.StreamResponse:
         received_ns = time.monotonic_ns()
         core = self.core
-        if (http.content_length or 0) > self._max_body:
-            # Refused before reading: a client must not hold the connection with a body it
-            # will never finish sending.
-            core.refused(Failure.INVALID_ARGUMENT, OPENAI)
-            return _closing(_failure(Failure.INVALID_ARGUMENT, _TOO_LARGE))
         try:
             async with asyncio.timeout(self._body_timeout_s):
                 body = await http.read()
+        except web.HTTPRequestEntityTooLarge:  # a chunked body past the limit
+            core.refused(Failure.INVALID_ARGUMENT, OPENAI)
+            return _too_large()
         except TimeoutError:
             core.refused(Failure.DEADLINE_EXCEEDED, OPENAI)
             status, kind = HTTP_REQUEST_TIMEOUT
