@@ -47,7 +47,7 @@ def _step_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected MS,MS,... (numbers), got {text!r}") from None
 
 
-_ENGINES = ("synthetic", "app", "torch")
+_ENGINES = ("synthetic", "app", "torch", "transformers")
 
 
 def _engine_choice(text: str) -> str:
@@ -69,9 +69,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", default=devices,
                    help=f"cpu:N, cuda:I,J,... or auto (default {devices})")
     p.add_argument("--engine", default=e.name, type=_engine_choice,
-                   metavar="{synthetic,app,torch,MODULE:CLASS}",
+                   metavar="{synthetic,app,torch,transformers,MODULE:CLASS}",
                    help="what generates the tokens: a synthetic model of an engine's timing, "
-                        "your generator function (--app), a Llama model in torch (--model), or "
+                        "your generator function (--app), a Llama model in torch (--model), "
+                        "any causal LM that transformers loads (transformers --model PATH), or "
                         "your batched model class (docs/models.md)")
     p.add_argument("--app", default="", metavar="MODULE:FUNCTION",
                    help="serve your generator function (sync or async; implies --engine app)")
@@ -81,13 +82,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--app-in-front", action="store_true",
                    help="run the app in the front process instead of worker processes")
     p.add_argument("--model", default="", metavar="PATH|tiny",
-                   help="torch engine: a local Hugging Face Llama folder, or tiny (implies --engine torch)")
+                   help="torch engine: a local Hugging Face Llama folder, or tiny (implies --engine "
+                        "torch); --engine transformers: the folder transformers loads")
     p.add_argument("--tp", type=int, default=1,
                    help="torch engine or MODULE:CLASS: tensor-parallel ranks per worker; "
                         "--devices cpu:4 --tp 2 "
                         "gives two workers of two ranks")
     p.add_argument("--dtype", default=e.dtype, choices=["auto", "float32", "bfloat16", "float16"],
-                   help="torch engine: compute dtype (auto: float32 on CPU, the checkpoint's on CUDA)")
+                   help="torch and transformers engines: compute dtype (auto: float32 on CPU, "
+                        "the checkpoint's on CUDA)")
     p.add_argument("--kv-cache-tokens", type=int, default=e.kv_cache_tokens,
                    help=f"torch engine: KV cache capacity per worker, in tokens (default "
                         f"{e.kv_cache_tokens})")
@@ -272,7 +275,7 @@ def _server_config(args: argparse.Namespace):
             dtype=args.dtype,
             kv_cache_tokens=args.kv_cache_tokens,
             cuda_graph_batch=args.cuda_graph_batch,
-            threads=cpu_threads_per_rank(devices) if engine == "torch" else 0,
+            threads=cpu_threads_per_rank(devices) if engine in ("torch", "transformers") else 0,
         ),
         max_concurrent=args.max_concurrent,
         queue_capacity=args.queue_capacity,

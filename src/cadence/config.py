@@ -12,8 +12,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
 
     name: str = "synthetic"
-    """Engine kind: `synthetic`, `app` (a user's generator function), `torch` (a Llama model)
-    or `model` (a user's batched model class, `model_class`)."""
+    """Engine kind: `synthetic`, `app` (a user's generator function), `torch` (a Llama model),
+    `model` (a user's batched model class, `model_class`) or `transformers` (any causal LM
+    that transformers loads from `model`, served as a model class)."""
     step_ms: float = 20.0
     """Synthetic: base duration of one decode step."""
     per_seq_ms: float = 0.0
@@ -43,20 +44,22 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """App engine, sync functions: threads of the worker's executor that run the function
     (default one per device; each worker owns one device)."""
     model: str = ""
-    """Torch: a local Hugging Face folder (config.json + *.safetensors) or `tiny`."""
+    """Torch: a local Hugging Face folder (config.json + *.safetensors) or `tiny`. Transformers
+    and model classes: the folder the model loads (given to a class as `model=`)."""
     dtype: str = "auto"
-    """Torch: `float32`, `bfloat16`, `float16`, or `auto` (float32 on CPU, the checkpoint's on CUDA)."""
+    """Torch and transformers: `float32`, `bfloat16`, `float16`, or `auto` (float32 on CPU,
+    the checkpoint's on CUDA)."""
     kv_cache_tokens: int = 16384
     """Torch: KV cache capacity per worker, in tokens of all sequences together."""
     cuda_graph_batch: int = 32
     """Torch on CUDA: decode steps of up to this many sequences replay CUDA graphs (0: off)."""
     threads: int = 0
-    """Torch on CPU: intra-op threads per rank; 0 leaves torch's default."""
+    """Torch and transformers on CPU: intra-op threads per rank; 0 leaves torch's default."""
 
     @property
     def tokenizes_text(self) -> bool:
         """Text prompts go to the worker, which tokenizes them with the model's tokenizer."""
-        return self.name in ("torch", "model")
+        return self.name in ("torch", "model", "transformers")
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -279,12 +282,14 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
 def _torch_problems(config: ServerConfig) -> list[str]:
     engine = config.engine
     problems = []
-    if engine.name == "torch":
+    if engine.name in ("torch", "transformers"):
         if not engine.model:
-            problems.append("the torch engine needs a model: --model PATH (a local Hugging Face "
-                            "folder) or --model tiny")
+            problems.append(f"the {engine.name} engine needs a model: --model PATH (a local "
+                            "Hugging Face folder)" + (" or --model tiny" if engine.name == "torch"
+                                                      else ""))
         if engine.dtype not in ("auto", "float32", "bfloat16", "float16"):
             problems.append(f"dtype must be auto, float32, bfloat16 or float16 (got {engine.dtype!r})")
+    if engine.name == "torch":
         if engine.cuda_graph_batch < 0:
             problems.append(f"cuda_graph_batch must be 0 (off) or more (got {engine.cuda_graph_batch})")
         if engine.kv_cache_tokens < 16:

@@ -29,10 +29,10 @@ from cadence.transport.messages import AddRequest
 
 log = logging.getLogger("cadence.model")
 
-CONSTRUCTOR_KEYWORDS = ("rank", "group_size", "worker", "model")
+CONSTRUCTOR_KEYWORDS = ("rank", "group_size", "worker", "model", "dtype")
 """What a model's constructor may take besides the device, each given only when its
 signature names it (or takes **kwargs): its tensor-parallel rank and group size, the worker's
-number, and the server's --model value."""
+number, and the server's --model and --dtype values."""
 
 
 def load_model_class(reference: str) -> type:
@@ -89,7 +89,8 @@ class ModelEngine:
 
             self.group = StepGroup(rank, group_size, dist_init, device)
         model = construct(cls, device, {"rank": rank, "group_size": group_size,
-                                        "worker": worker, "model": config.model})
+                                        "worker": worker, "model": config.model,
+                                        "dtype": config.dtype})
         self.model = model
         self._release = getattr(model, "release", None)
         self._check = getattr(model, "check", None)

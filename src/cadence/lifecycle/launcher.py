@@ -164,6 +164,7 @@ class LocalLauncher:
 
 _EXTRAS = {
     "torch": ("--engine torch", ("torch", "safetensors", "tokenizers")),
+    "transformers": ("--engine transformers", ("torch", "transformers")),
     "ray": ("--launcher ray", ("ray",)),
     "native": ("--grpc-server native", ("pyvoy",)),
     "otel": ("--otlp-traces-endpoint",
@@ -177,8 +178,8 @@ def missing_extra(config: ServerConfig) -> str | None:
     package and the extra to install), or None. Checked before any worker starts, so the
     answer is one line, not a worker's traceback."""
     extras = []
-    if config.engine.name == "torch":
-        extras.append("torch")
+    if config.engine.name in ("torch", "transformers"):
+        extras.append(config.engine.name)
     elif config.engine.name == "model" and any("," in d for d in config.devices):
         extras.append("torch")  # the group's ranks meet through torch.distributed
     if config.launcher == "ray":

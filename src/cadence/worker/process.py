@@ -34,13 +34,26 @@ def build_engine(
         from cadence.engines.llama.engine import LlamaEngine
 
         return LlamaEngine(config, device, rank=rank, group_size=group_size, dist_init=dist_init)
+    if config.name == "transformers":
+        import msgspec
+
+        from cadence.engines.transformers_model import TRANSFORMERS_MODEL
+        from cadence.engines.user_model import ModelEngine
+
+        if config.threads > 0 and device.startswith("cpu"):
+            import torch
+
+            torch.set_num_threads(config.threads)
+        # Served as the user's model class it is (docs/models.md, "Any transformers model").
+        config = msgspec.structs.replace(config, model_class=TRANSFORMERS_MODEL)
+        return ModelEngine(config, device, worker=worker)
     if config.name == "model":
         from cadence.engines.user_model import ModelEngine
 
         return ModelEngine(config, device, rank=rank, group_size=group_size, dist_init=dist_init,
                            worker=worker)
-    raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic', 'torch', 'app' or "
-                     "MODULE:CLASS")
+    raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic', 'torch', "
+                     "'transformers', 'app' or MODULE:CLASS")
 
 
 _BLOCKED_POLL_MS = 5

@@ -1,9 +1,9 @@
 """Chat messages to one prompt: the checkpoint's own chat template, or a plain format.
 
-The torch engine with a Hugging Face folder renders `messages` with the folder's template
-(`chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`; of a list of named
-templates, `default`) the way transformers' `apply_chat_template` does: jinja2's sandboxed
-environment with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension,
+The torch and transformers engines with a Hugging Face folder render `messages` with the
+folder's template (`chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`; of a
+list of named templates, `default`) the way transformers' `apply_chat_template` does: jinja2's
+sandboxed environment with `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension,
 `raise_exception` and `strftime_now`, a `tojson` filter, the variables `messages`,
 `add_generation_prompt=True`, `bos_token` and `eos_token`. The worker's tokenizer adds the
 special tokens its tokenizer.json adds (a BOS for Llama), so a BOS the template writes first
@@ -115,7 +115,7 @@ def load_template(folder: str | Path) -> TemplateChat | None:
 def chat_format(config: ServerConfig) -> TemplateChat | PlainChat:
     """How this server turns messages into a prompt (see the module docstring)."""
     engine = config.engine
-    if engine.name == "torch" and engine.model and Path(engine.model).is_dir():
+    if engine.name in ("torch", "transformers") and engine.model and Path(engine.model).is_dir():
         template = load_template(engine.model)
         if template is not None:
             return template

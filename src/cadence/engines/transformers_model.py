@@ -1,0 +1,178 @@
+"""`cadence serve --engine transformers --model PATH`: any causal LM that transformers loads
+from a local folder, served as a model class of cadence's public API (docs/models.md, "Any
+transformers model"); `--engine transformers` is this class behind `--engine MODULE:CLASS`.
+
+Each step prefills the new sequences one by one, each into a `DynamicCache` of its own (what
+`model.generate` does for one prompt, so the first token is generate's), then decodes every
+running sequence in one batched forward over a left-padded batch of their caches
+(cadence.engines.transformers_rows). The batch is kept from step to step and rebuilt only
+when its sequences change (one joined, left, or was paused).
+
+Why not transformers' own continuous batching (`ContinuousBatchingManager`, paged
+attention): it runs its own generation thread and scheduler, which decides which requests
+run in a step, splits long prefills over several steps and may hold a request back while the
+paged cache is full; cadence's step contract is one output for every sequence it hands in,
+from a loop that cadence's scheduler owns. Two schedulers would fight over the same requests.
+
+Sampling is the torch engine's (cadence.engines.llama.sampling): greedy at temperature 0,
+else temperature / top-k / top-p with one generator per sequence seeded from the request.
+The model's generation_config is read for its end-of-sequence ids only.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from cadence.engines.base import Sequence
+from cadence.engines.llama.sampling import Sampler, sample
+from cadence.engines.transformers_rows import Rows, new_cache, unsupported_layers
+
+TRANSFORMERS_MODEL = "cadence.engines.transformers_model:TransformersModel"
+"""What `--engine transformers` serves (as `--engine MODULE:CLASS`)."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _SeqState:
+    """What the model keeps per sequence (`Sequence.state`)."""
+
+    __slots__ = ("sampler", "last", "length", "cache", "row")
+
+    def __init__(self, sampler: Sampler, cache) -> None:
+        self.sampler = sampler
+        self.last = 0
+        """The sequence's newest token: the next forward's input."""
+        self.length = 0
+        """Tokens in its cache (the prompt and every output but the newest)."""
+        self.cache = cache
+        """Its own cache while it is outside the decode batch (after prefill, when paused)."""
+        self.row = -1
+        """Its row in the decode batch, or -1."""
+
+
+class TransformersModel:
+    """A transformers causal LM stepped as a batch (see the module docstring)."""
+
+    def __init__(self, device: str, *, model: str = "", dtype: str = "auto") -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not model:
+            raise ValueError("--engine transformers needs --model PATH (a local folder that "
+                             "transformers' AutoModelForCausalLM loads)")
+        torch_dtype = _DTYPES.get(dtype) or ("auto" if device.startswith("cuda") else
+                                             torch.float32)
+        self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model, local_files_only=True, dtype=torch_dtype).to(device).eval()
+        self.config = self.model.config
+        problems = unsupported_layers(self.config)
+        if problems:
+            raise ValueError(f"{model}: its {', '.join(problems)} layers are not batched by "
+                             "--engine transformers (full and sliding-window attention are)")
+        self.device = torch.device(device)
+        text = self.config.get_text_config(decoder=True)
+        self.context = (getattr(text, "max_position_embeddings", None)
+                        or getattr(text, "n_positions", None) or 0)
+        """Positions the model has (0: no limit known); a sequence that reaches it stops."""
+        self._eos = frozenset(_eos_ids(self.model))
+        params = inspect.signature(self.model.forward).parameters
+        # transformers 5 renamed past_key_values to cache (the old name is deprecated).
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._rows: Rows | None = None
+        self._batch: list[Sequence] = []
+        """The sequences of `_rows`, in row order."""
+        self._live = 0
+        """Sequences of `_batch` not yet released."""
+
+    def check(self, seq: Sequence) -> str | None:
+        n = len(seq.prompt_token_ids)
+        if n == 0:
+            return "the prompt is empty; the model needs at least one token"
+        if self.context and n >= self.context:
+            return f"the prompt has {n} tokens; the model's context is {self.context}"
+        return None
+
+    @torch.inference_mode()
+    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int | None]:
+        logits = [self._prefill(seq) for seq in prefill]
+        running = decode
+        if self.context:  # out of positions: those end (None) rather than index past the model
+            running = [s for s in decode if s.state.length < self.context]
+        if running:
+            logits.append(self._decode(running))
+        stepped = prefill + running
+        tokens = sample(torch.cat(logits).float(), [s.state.sampler for s in stepped]) if (
+            logits) else []
+        for seq, token in zip(stepped, tokens):
+            seq.state.last = token
+        if len(running) == len(decode):
+            return tokens
+        out = dict(zip(map(id, stepped), tokens))
+        return [out.get(id(s)) for s in prefill + decode]
+
+    def release(self, seq: Sequence) -> None:
+        state = seq.state
+        if state is None:
+            return
+        seq.state = None
+        if state.row >= 0:
+            self._live -= 1
+            if self._live == 0:  # the batch's memory goes now, not at the next step
+                self._rows, self._batch = None, []
+
+    def _prefill(self, seq: Sequence) -> torch.Tensor:
+        if self._eos:
+            seq.stop_token_ids = seq.stop_token_ids | self._eos
+        prompt = seq.prompt_token_ids
+        cache = new_cache(self.config)
+        ids = torch.tensor([prompt], device=self.device)
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+                         logits_to_keep=1, **{self._cache_arg: cache})
+        state = seq.state = _SeqState(Sampler(seq.request, 0, self.device), cache)
+        state.length = len(prompt)
+        return out.logits[:, -1]
+
+    def _decode(self, decode: list[Sequence]) -> torch.Tensor:
+        if decode != self._batch:
+            self._regroup(decode)
+        rows = self._rows
+        ids = torch.tensor([[s.state.last] for s in decode], device=self.device)
+        out = self.model(input_ids=ids, attention_mask=rows.mask, position_ids=rows.positions,
+                         use_cache=True, **{self._cache_arg: rows.cache})
+        rows.advanced()
+        for seq in decode:
+            seq.state.length += 1
+        return out.logits[:, -1]
+
+    def _regroup(self, decode: list[Sequence]) -> None:
+        """Rebuild the decode batch from `decode`'s caches: a row of the old batch, or the
+        sequence's own cache. A sequence of the old batch not in `decode` and not released
+        (paused) gets its row copied out first."""
+        old = self._rows
+        keep = set(map(id, decode))
+        for seq in self._batch:
+            state = seq.state
+            if state is not None and id(seq) not in keep:
+                state.cache = old.row_cache(self.config, state.row, state.length)
+                state.row = -1
+        sources = []
+        for seq in decode:
+            state = seq.state
+            sources.append((state.cache, 0) if state.row < 0 else (old.cache, state.row))
+        self._rows = Rows(self.config, sources, [s.state.length for s in decode])
+        for row, seq in enumerate(decode):
+            seq.state.cache, seq.state.row = None, row
+        self._batch = list(decode)
+        self._live = len(decode)
+
+
+def _eos_ids(model) -> list[int]:
+    """The model's end-of-sequence ids: its generation_config's, else its config's."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, (list, tuple)) else [int(eos)]
