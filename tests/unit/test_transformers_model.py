@@ -197,3 +197,15 @@ def test_chat_uses_the_folders_template(checkpoints) -> None:
     chat = chat_format(ServerConfig(engine=EngineConfig(name="transformers", model=str(folder))))
     assert isinstance(chat, TemplateChat)
     assert chat.render([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
+
+
+def test_the_example_builds_a_folder_the_engine_serves(tmp_path) -> None:
+    from examples.transformers_model import build
+
+    folder = build(tmp_path / "tiny-qwen3")
+    model = engine(folder)
+    prompt = model.tokenizer.encode("the quick brown fox")
+    outs = run(BatchScheduler(model, 0, 16), {0: [AddRequest(0, prompt, 8)]})
+    assert outs[0][0] == generate_greedy(folder, prompt, 8)
+    chat = chat_format(ServerConfig(engine=EngineConfig(name="transformers", model=str(folder))))
+    assert chat.render([{"role": "user", "content": "hi"}]) == "<|user|>hi<|assistant|>"
