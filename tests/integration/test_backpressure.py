@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import subprocess
 import time
 import urllib.request
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
 from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 from tests.integration.raw_h2 import framed, h2_call
 
 _SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
@@ -250,6 +253,34 @@ def test_a_request_body_empty_or_cut_short_is_answered() -> None:
                                         b"illegal base64 encoding")
         assert h2_call(server.target, "/cadence.v1.Inference/Generate", [], request).get(
             b"grpc-status") == b"0"
+
+
+def test_health_and_reflection_answer_bytes_that_do_not_parse_and_log_nothing() -> None:
+    """Health needs no token: if bytes that do not parse cost a traceback in the log, any client
+    can flood it. Each such call ends INTERNAL (as grpc-go and grpc-java answer), an empty body
+    too, and nothing is logged."""
+    server = start_server("--step-ms", "5", stderr=subprocess.PIPE)
+    try:
+        for path in ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+                     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"):
+            for _ in range(3):
+                got = h2_call(server.target, path, [], b"\0\0\0\0\3\xff\xff\xff")
+                assert got.get(b"grpc-status") == b"13", (path, got)
+                assert got[b"grpc-message"].startswith(b"could not parse the request message")
+        got = h2_call(server.target, "/grpc.health.v1.Health/Check", [], b"")
+        assert got.get(b"grpc-status") == b"13", got
+        assert b"expected one request message" in got[b"grpc-message"]
+        with Client(server.target) as client:  # and well-formed calls are served as before
+            assert client.health() == "SERVING"
+        with grpc.insecure_channel(server.target) as channel:
+            watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+    finally:
+        server.stop()
+    log = server.process.stderr.read()
+    assert "Traceback" not in log and "DecodeError" not in log, log[-3000:]
 
 
 def test_output_counters_move_while_a_stream_runs() -> None:

@@ -38,7 +38,7 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
 
-def _serve_reflection(server: grpc.aio.Server | GrpcAsgiApp, services: tuple[str, ...]) -> None:
+def _serve_reflection(server: _Answering | GrpcAsgiApp, services: tuple[str, ...]) -> None:
     """Server reflection as both `grpc.reflection.v1` (what current tools ask first) and
     `v1alpha`. grpcio-reflection ships only v1alpha; v1 is the same protocol renamed, so the
     one servicer answers both, and v1's file joins the pool so that it can be described."""
@@ -79,11 +79,22 @@ def _add_v1_reflection_file() -> None:
 
 
 _NO_REQUEST = "expected one request message, got none (or one cut short)"
+_UNPARSED = "could not parse the request message: "
+
+
+async def _parsed(parse, raw: bytes, context: grpc.aio.ServicerContext) -> object:
+    """`raw` parsed; a message that does not parse ends the call INTERNAL (as on the native
+    front, and as grpc-go and grpc-java answer) instead of grpcio's UNKNOWN, which comes with
+    a traceback in the log per call, for any client: health needs no token."""
+    try:
+        return parse(raw)
+    except Exception as exc:  # noqa: BLE001 - whatever the parser raises, it is the client's bytes
+        await context.abort(grpc.StatusCode.INTERNAL, f"{_UNPARSED}{exc}")
 
 
 def _reading_its_request(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """`handler`, taking a unary request, served as a request-streaming method that reads its
-    one message itself (the wire is the same).
+    """`handler`, taking a unary request, served as a request-streaming method that reads and
+    parses its one message itself (the wire is the same).
 
     grpcio's path for a unary request ends a call whose request stream closes with no message
     (an empty body, or a message cut short) without any status, and the client waits for its
@@ -92,12 +103,13 @@ def _reading_its_request(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandle
     """
     if handler.request_streaming:
         return handler
+    parse = handler.request_deserializer
 
     async def request(context: grpc.aio.ServicerContext) -> object:
         message = await context.read()
         if message is grpc.aio.EOF:
             await context.abort(grpc.StatusCode.INTERNAL, _NO_REQUEST)
-        return message
+        return message if parse is None else await _parsed(parse, message, context)
 
     if handler.response_streaming:
         behavior = handler.unary_stream
@@ -116,16 +128,62 @@ def _reading_its_request(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandle
                 await responses.aclose()
 
         return grpc.stream_stream_rpc_method_handler(
-            stream, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+            stream, response_serializer=handler.response_serializer)
     unary = handler.unary_unary
 
     async def single(requests: object, context: grpc.aio.ServicerContext) -> object:
         return await unary(await request(context), context)
 
     return grpc.stream_unary_rpc_method_handler(
-        single, request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer)
+        single, response_serializer=handler.response_serializer)
+
+
+def _parsing_its_requests(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """`handler`, taking a stream of requests, given them as bytes that it parses itself
+    (see `_parsed`); a unary request is `_reading_its_request`'s."""
+    parse = handler.request_deserializer
+    if parse is None or not handler.request_streaming:
+        return handler
+
+    async def each(requests, context):
+        async for raw in requests:
+            yield await _parsed(parse, raw, context)
+
+    # grpc.aio tells an async handler from a sync one by its function: each is `async def`.
+    if handler.response_streaming:
+        async def stream_stream(requests, context):
+            async for response in handler.stream_stream(each(requests, context), context):
+                yield response
+
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, response_serializer=handler.response_serializer)
+
+    async def stream_unary(requests, context):
+        return await handler.stream_unary(each(requests, context), context)
+
+    return grpc.stream_unary_rpc_method_handler(
+        stream_unary, response_serializer=handler.response_serializer)
+
+
+def _answering(handlers: dict[str, grpc.RpcMethodHandler]) -> dict[str, grpc.RpcMethodHandler]:
+    """`handlers` as the grpc.aio server registers them: every call of every method gets an
+    answer, and no client bytes reach grpcio's tracebacks."""
+    return {method: _reading_its_request(_parsing_its_requests(handler))
+            for method, handler in handlers.items()}
+
+
+class _Answering:
+    """The grpc.aio server as generated `add_*_to_server` functions see it (health's,
+    reflection's): what they register goes through `_answering`."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        """Unused: registered methods are matched first, and every method here is registered."""
+
+    def add_registered_method_handlers(self, name: str, handlers: dict) -> None:
+        self._server.add_registered_method_handlers(name, _answering(handlers))
 
 
 class GrpcServer:
@@ -150,22 +208,22 @@ class GrpcServer:
                 ("grpc.server.max_pending_requests_hard_limit", 3 * _PENDING_CALLS),
             ], interceptors=interceptors)
         self._server = server
+        registry = server if native is not None else _Answering(server)
         # Registered, not generic: the core then matches calls to methods itself, and the
         # call acceptor can request calls of the streaming methods ahead.
         streaming = {}
         for name, handlers in services.items():
             if native is None:
-                handlers = {method: _reading_its_request(handler)
-                            for method, handler in handlers.items()}
+                handlers = _answering(handlers)
             server.add_registered_method_handlers(name, handlers)
             streaming.update({f"/{name}/{method}": handler for method, handler in handlers.items()
                               if handler.response_streaming})
         self._acceptor = (CallAcceptor(server, streaming, interceptors, config.accept_ahead)
                           if native is None else None)
         self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, registry)
         self._names = ("", *services)
-        _serve_reflection(server, (*services, health.SERVICE_NAME))
+        _serve_reflection(registry, (*services, health.SERVICE_NAME))
 
     async def start(self) -> int:
         """Bind and start, health NOT_SERVING; return the bound port."""
