@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable
 
-_CONTEXT_TOKENS = 6
+CONTEXT_TOKENS = 6
 """Prompt tokens each sequence's decoder starts with, so the first output token's leading
 space or merged bytes come out as they would in the whole text."""
 
@@ -36,7 +36,7 @@ class TextStreams:
 
     def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
         """A per-sequence decoder: call it with each new token (and whether it is the last)."""
-        return IncrementalDetokenizer(self._decode, prompt_ids[-_CONTEXT_TOKENS:])
+        return IncrementalDetokenizer(self._decode, prompt_ids[-CONTEXT_TOKENS:])
 
 
 class IncrementalDetokenizer:

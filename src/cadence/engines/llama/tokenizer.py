@@ -15,9 +15,7 @@ import codecs
 from collections.abc import Callable
 from pathlib import Path
 
-_CONTEXT_TOKENS = 6
-"""Prompt tokens given to each stream decoder as context, so the first output token's leading
-space or merged bytes come out as they would in the full text."""
+from cadence.engines.detokenizer import CONTEXT_TOKENS, IncrementalDetokenizer
 
 
 class TextTokenizer:
@@ -44,42 +42,7 @@ class TextTokenizer:
     def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
         """A per-sequence decoder: call it with each new token (and whether it is the last),
         get that token's piece of text."""
-        return _StreamDecoder(self._tokenizer, prompt_ids[-_CONTEXT_TOKENS:])
-
-
-class _StreamDecoder:
-    """Incremental detokenization of one sequence.
-
-    Each token's piece is the text that decoding gained by it, measured against the text
-    already given out; while the newest bytes do not yet form a character (the decode ends
-    in U+FFFD) the piece is empty and they wait. The last token flushes whatever waits, so
-    the pieces of a finished sequence add up to the decoded whole.
-    """
-
-    __slots__ = ("_decode", "_ids", "_prefix", "_read")
-
-    def __init__(self, tokenizer, context: list[int]) -> None:
-        decode = tokenizer.decode
-
-        def text(ids: list[int]) -> str:
-            return decode(ids, skip_special_tokens=True)
-
-        self._decode = text
-        self._ids = list(context)
-        self._prefix = 0
-        """Start of the window decoded each time (a few tokens back, for context)."""
-        self._read = len(context)
-        """Tokens before this index have been given out as text."""
-
-    def __call__(self, token: int, final: bool = False) -> str:
-        ids = self._ids
-        ids.append(token)
-        done = self._decode(ids[self._prefix : self._read])
-        text = self._decode(ids[self._prefix :])
-        if len(text) > len(done) and (final or not text.endswith("\ufffd")):
-            self._prefix, self._read = self._read, len(ids)
-            return text[len(done) :]
-        return ""
+        return IncrementalDetokenizer(self.decode, prompt_ids[-CONTEXT_TOKENS:])
 
 
 class ByteText:
