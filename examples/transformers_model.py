@@ -2,7 +2,7 @@
 checkpoint in a local folder (no download), serve it, stream from it.
 
     pip install 'cadence[transformers]'
-    python examples/transformers_model.py /tmp/tiny-qwen3      # writes the folder, prints the command
+    python examples/transformers_model.py /tmp/tiny-qwen3    # writes the folder, prints the command
     cadence serve --engine transformers --model /tmp/tiny-qwen3 --devices cpu:2 --http-port 8000
     cadence generate "the quick brown fox" --max-tokens 20
 
