@@ -247,6 +247,43 @@ def plot_segments(stacks: Sequence[Stack], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def plot_attribution(tails: Sequence[Any], path: Path) -> Path | None:
+    """One bar per bad tail (`TailVerdict`): the share of its tail time each finding explains,
+    then what no finding explains (red); a finding that gives no share is a hatched part of
+    what is left. None when no tail is bad."""
+    bad = [t for t in tails if t.state == "bad"]
+    if not bad:
+        return None
+    fig, axes = _figure(9.0, 1.0 + 1.3 * len(bad), nrows=len(bad), sharex=True)
+    rules = list(dict.fromkeys(r for t in bad for r in t.explained_by))
+    colors = dict(zip(rules, _palette(len(rules))))
+    for ax, tail in zip(axes, bad):
+        left = 0.0
+        for rule, share in tail.explained_by.items():
+            if share:
+                ax.barh([0], [share], left=left, color=colors[rule], label=rule, height=0.6)
+                ax.text(left + share / 2, 0, f"{share:.0%}", ha="center", va="center",
+                        fontsize="x-small")
+                left += share
+        unshared = [r for r, share in tail.explained_by.items() if share is None]
+        rest = max(0.0, 1.0 - left)
+        if unshared:
+            ax.barh([0], [rest], left=left, color="#d6dbe1", hatch="//", height=0.6,
+                    label="explained, share not measured: " + ", ".join(unshared))
+        elif rest > 0:
+            ax.barh([0], [rest], left=left, color="#d9534f", height=0.6, label="unexplained")
+            ax.text(left + rest / 2, 0, f"{rest:.0%}", ha="center", va="center",
+                    fontsize="x-small", color="white")
+        ax.set_xlim(0, 1)
+        ax.set_yticks([])
+        name = "ITL" if tail.metric == "itl_ms" else "TTFT"
+        ax.set_title(f"{name} tail: p99 {tail.value_ms:.1f} ms against a healthy "
+                     f"{tail.bound_ms:.1f} ms, by cause", fontsize="medium")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[-1].set_xlabel("share of the tail's time")
+    return _save(fig, path)
+
+
 def _palette(n: int) -> list:
     from matplotlib import colormaps
 

@@ -446,7 +446,7 @@ def _scraped(result: BenchResult, out_dir: Path) -> str:
 _TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
 
 
-def _verdict(result: BenchResult) -> str:
+def _verdict(result: BenchResult, out_dir: Path) -> str:
     """What leads the page: the verdict, each tail against its bound and what explains it,
     and the key figures against the SLO when there is one."""
     if not result.requests:
@@ -475,6 +475,9 @@ def _verdict(result: BenchResult) -> str:
         table(("tail", "p50 (ms)", "p99 (ms)", "healthy at most (ms)", "bound", "state",
                "explained by (share of the tail)", "unexplained"), tails,
               bad=lambda column, cell: column == 5 and cell == "bad"),
+        figure(plots.plot_attribution(verdict.tails, out_dir / "attribution.png"),
+               "Each bad tail's time by cause: the share each finding explains, and in red "
+               "what none explains (unexplained_tail)."),
         table(("key figure", "the run's value", "SLO bound", "SLO"), figures,
               bad=lambda column, cell: column == 3 and cell == "NOT met"),
         note(f"Healthy: {HEALTHY} (docs/lab.md, The verdict)."))
@@ -576,7 +579,7 @@ def _segment_figure(result: BenchResult, out_dir: Path) -> str:
 def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list[str]:
     return [
         _aborted(result),
-        _verdict(result),
+        _verdict(result, out_dir),
         _diagnosis(result),
         _goodput(result),
         _run(result),
