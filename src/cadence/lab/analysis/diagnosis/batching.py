@@ -13,6 +13,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_PREFILL_STALLS_DECODE,
 )
 from cadence.lab.analysis.diagnosis.rule import Rule
+from cadence.lab.analysis.diagnosis.signatures import OneAtATime, PrefillStalls
 from cadence.lab.results import Finding
 
 PREFILL_MIN_SHARE = 0.1
@@ -27,7 +28,7 @@ same), read where at least this many such gaps exist."""
 
 def prefill_stalls_decode(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
-    signature = tail.signatures.get(RULE_PREFILL_STALLS_DECODE) if tail else None
+    signature = tail.signature(PrefillStalls) if tail else None
     if signature is None or tail.itl_share(RULE_PREFILL_STALLS_DECODE) < PREFILL_MIN_SHARE:
         return []
     ev = signature.evidence
@@ -54,7 +55,7 @@ def prefill_stalls_decode(facts: RunFacts) -> list[Finding]:
 
 def one_stream_at_a_time(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
-    signature = tail.signatures.get(RULE_ONE_STREAM_AT_A_TIME) if tail else None
+    signature = tail.signature(OneAtATime) if tail else None
     if signature is None:
         return []
     ev = signature.evidence

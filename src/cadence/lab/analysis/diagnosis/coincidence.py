@@ -12,10 +12,12 @@ A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is
 from __future__ import annotations
 
 import weakref
+from typing import TypeVar
 
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Reads
 from cadence.lab.analysis.diagnosis.signatures import (
+    BurstSpread,
     FixedFirstCost,
     FixedGaps,
     HeldBack,
@@ -28,10 +30,13 @@ from cadence.lab.analysis.diagnosis.signatures import (
 )
 from cadence.lab.results import BenchResult
 
+S = TypeVar("S", bound=Signature)
+
 GAP_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, SlowGroup)
 """Claim each slow gap's excess in this order; `FixedGaps` then reads what they left."""
 
-FIRST_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, FixedFirstCost, WaitsForSlot)
+FIRST_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, FixedFirstCost, WaitsForSlot,
+                    BurstSpread)
 """Claim each slow first output's excess in this order."""
 
 
@@ -47,19 +52,21 @@ class Attribution:
         found: dict[type, Signature | None] = {}
         for kind in dict.fromkeys((*GAP_SIGNATURES, *FIRST_SIGNATURES)):
             found[kind] = kind.detect(reads, result)
-        self.signatures: dict[str, Signature] = {s.rule: s for s in found.values() if s}
+        self.signatures: dict[type, Signature] = {k: s for k, s in found.items() if s}
+        """Each signature recognised in the run, by its kind."""
         left = self._claim_gaps([found[k] for k in GAP_SIGNATURES if found[k]])
-        timer = FixedGaps.among(reads, [g for g, _ in left])
+        untouched = {id(g) for g, r in left if r >= g.excess_ms}
+        timer = FixedGaps.among(reads, [g for g, _ in left if id(g) in untouched])
         if timer is not None:
-            self.signatures[timer.rule] = timer
+            self.signatures[FixedGaps] = timer
             left = [(g, r - self._take(self.itl_ms, timer, timer.claim_gap(g, r)))
-                    for g, r in left]
+                    if id(g) in untouched else (g, r) for g, r in left]
         self.unexplained_gaps = [(g, r) for g, r in left if r > 0]
         """Each slow gap with tail time no signature claimed, and that time (ms)."""
         self._claim_firsts([found[k] for k in FIRST_SIGNATURES if found[k]])
         serial = OneAtATime.detect(reads, result)
         if serial is not None:
-            self.signatures[serial.rule] = serial
+            self.signatures[OneAtATime] = serial
 
     @staticmethod
     def _take(into: dict[str, float], signature: Signature, ms: float) -> float:
@@ -92,6 +99,10 @@ class Attribution:
             if remaining > 0:
                 self.unexplained_firsts.append((stream, remaining))
 
+    def signature(self, kind: type[S]) -> S | None:
+        """The signature of that kind when the run carries it."""
+        return self.signatures.get(kind)
+
     def itl_share(self, rule: str) -> float:
         """The share of the gaps' tail time `rule`'s signature explains (0 without a tail)."""
         return self.itl_ms.get(rule, 0.0) / self.itl_total_ms if self.itl_total_ms else 0.0
@@ -110,14 +121,16 @@ class Attribution:
 
     def shares(self, rule: str) -> dict:
         """The evidence every coincidence finding carries: its part of each tail."""
+        # A share of none is left unsaid: a finding that fired on other evidence (the
+        # timeline's tallies) does explain the tail, by an amount this reading cannot tell.
         out: dict = {"typical_gap_ms": round(self.reads.typical_ms, 2)}
         if self.itl_ms.get(rule):
             out["itl_tail_share"] = round(self.itl_share(rule), 3)
-            out["itl_tail_ms"] = round(self.itl_ms[rule], 1)
+            out["itl_tail_ms"] = round(self.itl_ms.get(rule, 0.0), 1)
             out["itl_tail_total_ms"] = round(self.itl_total_ms, 1)
         if self.ttft_ms.get(rule):
             out["ttft_tail_share"] = round(self.ttft_share(rule), 3)
-            out["ttft_tail_ms"] = round(self.ttft_ms[rule], 1)
+            out["ttft_tail_ms"] = round(self.ttft_ms.get(rule, 0.0), 1)
             out["ttft_tail_total_ms"] = round(self.ttft_total_ms, 1)
         return out
 

@@ -52,7 +52,8 @@ MIN_GAPS = 20
 class StreamReads:
     """One successful stream, read by read."""
 
-    __slots__ = ("number", "start_ns", "end_ns", "times", "tokens", "prompt_tokens")
+    __slots__ = ("number", "start_ns", "end_ns", "times", "tokens", "prompt_tokens",
+                 "per_token_ms")
 
     def __init__(self, number: int, record: RequestRecord, together_ns: float) -> None:
         self.number = number
@@ -71,6 +72,15 @@ class StreamReads:
                 self.times.append(at)
                 self.tokens.append(n)
             last = at
+        self.per_token_ms = [(self.times[j] - self.times[j - 1]) / NS_PER_MS / self.tokens[j]
+                             for j in range(1, len(self.times)) if self.tokens[j]]
+        """Each gap divided by the tokens of the read that ends it."""
+
+    @property
+    def speed_ms(self) -> float | None:
+        """The stream's median time per token: tokens that came in pairs do not make it
+        slower, a stall now and then does not move it."""
+        return statistics.median(self.per_token_ms) if self.per_token_ms else None
 
     @property
     def first_ns(self) -> int:
@@ -110,9 +120,9 @@ class Reads:
         together_ns = min(TOGETHER_MS, TOGETHER_SHARE * spaced) * NS_PER_MS
         self.together_ms = together_ns / NS_PER_MS
         self.streams = [StreamReads(k, r, together_ns) for k, r in enumerate(ok)]
-        per_token = [(s.times[j] - s.times[j - 1]) / NS_PER_MS / s.tokens[j]
-                     for s in self.streams for j in range(1, len(s.times)) if s.tokens[j]]
+        per_token = [v for s in self.streams for v in s.per_token_ms]
         self.typical_ms = statistics.median(per_token) if per_token else 0.0
+
         typical = self.typical_ms
         self.gaps = [Gap(s, j, typical) for s in self.streams for j in range(1, len(s.times))]
         self.slow_gap_ms = SLOW_GAP_RATIO * typical + SLOW_GAP_MS

@@ -11,6 +11,7 @@ from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
     RULE_KV_CACHE_FULL,
+    RULE_ONE_STREAM_AT_A_TIME,
     RULE_OUTPUT_HELD_BACK,
     RULE_SERVER_QUEUE_GROWS,
     RULE_SLOW_FIRST_MESSAGE,
@@ -19,6 +20,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_TTFT_SERVER_QUEUE,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
+from cadence.lab.analysis.diagnosis.signatures import FixedFirstCost, HeldBack, SlowGroup
 from cadence.lab.results import Finding
 
 HELD_TOKENS = 2.0
@@ -56,7 +58,7 @@ def output_held_back(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
     if tail is None:
         return _held_back_by_aggregates(facts)
-    signature = tail.signatures.get(RULE_OUTPUT_HELD_BACK)
+    signature = tail.signature(HeldBack)
     if signature is None:
         return []
     ev = signature.evidence
@@ -116,7 +118,7 @@ def _held_back_by_aggregates(facts: RunFacts) -> list[Finding]:
 
 def slow_stream_group(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
-    signature = tail.signatures.get(RULE_SLOW_STREAM_GROUP) if tail else None
+    signature = tail.signature(SlowGroup) if tail else None
     if signature is None:
         return []
     ev = signature.evidence
@@ -147,7 +149,7 @@ def slow_first_message(facts: RunFacts) -> list[Finding]:
         return []
     high = max(FIRST_GAPS * typical, FIRST_MIN_MS)
     even = ttft.p90 - ttft.min <= FIRST_EVEN_SHARE * ttft.p50
-    signature = tail.signatures.get(RULE_SLOW_FIRST_MESSAGE) if tail else None
+    signature = tail.signature(FixedFirstCost) if tail else None
     share = tail.ttft_share(RULE_SLOW_FIRST_MESSAGE) if tail else 0.0
     floor = signature.evidence["ttft_floor_ms"] if signature else ttft.min
     alongside = signature is not None and floor >= high and share >= FIXED_MIN_SHARE
@@ -179,7 +181,9 @@ def slow_first_message(facts: RunFacts) -> list[Finding]:
 RULES = (
     Rule(RULE_OUTPUT_HELD_BACK, output_held_back),
     # With cadence's timing the slow worker itself is named.
-    Rule(RULE_SLOW_STREAM_GROUP, slow_stream_group, gives_way_to=(GiveWay(RULE_SLOW_WORKER),)),
+    # Streams served in turn are slower while more are open: one_stream_at_a_time says why.
+    Rule(RULE_SLOW_STREAM_GROUP, slow_stream_group,
+         gives_way_to=(GiveWay(RULE_SLOW_WORKER), GiveWay(RULE_ONE_STREAM_AT_A_TIME))),
     # An even wait for the first message is the server's queue when its metrics or its own
     # spans show one (every stream of a closed loop waits about as long), not a fixed cost
     # per request.

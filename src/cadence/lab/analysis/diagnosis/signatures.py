@@ -24,8 +24,16 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_STREAMS_STALL_TOGETHER,
     RULE_TTFT_GROWS_WITH_STREAMS,
 )
-from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Gap, Reads, StreamReads
+from cadence.lab.analysis.diagnosis.reads import (
+    NS_PER_MS,
+    SLOW_GAP_MS,
+    SLOW_GAP_RATIO,
+    Gap,
+    Reads,
+    StreamReads,
+)
 from cadence.lab.analysis.percentile import percentile
+from cadence.lab.analysis.timeline import BURST_CHAIN_MS, MIN_BURST
 from cadence.lab.results import BenchResult
 
 COINCIDE_MS = 2.0
@@ -136,28 +144,32 @@ class PrefillStalls(Signature):
     def detect(cls, reads: Reads, result: BenchResult) -> PrefillStalls | None:
         window = coincide_ns(reads)
         prompts = sorted(s.prompt_tokens for s in reads.streams)
+        # Each gap against its own stream's pace, so that a slower card's every gap is not
+        # taken for a stall (nor its joins for a fast card's).
         joined, alone = [], []
         for g in reads.gaps:
+            expected = g.tokens * (g.stream.speed_ms or reads.typical_ms)
+            over = g.ms - expected
+            slow = g.ms > SLOW_GAP_RATIO * expected + SLOW_GAP_MS
             n, tokens = reads.joined_at(g.t1, window, g.stream.number)
-            (joined if n else alone).append((g, n, tokens))
+            (joined if n else alone).append((over, slow, n, tokens))
         if len(joined) < PREFILL_MIN_GAPS or not alone:
             return None
-        slow = reads.slow_gap_ms
-        share = sum(1 for g, _, _ in joined if g.ms > slow) / len(joined)
-        share_alone = sum(1 for g, _, _ in alone if g.ms > slow) / len(alone)
+        share = sum(1 for _, slow, _, _ in joined if slow) / len(joined)
+        share_alone = sum(1 for _, slow, _, _ in alone if slow) / len(alone)
         if share < PREFILL_SLOW_SHARE or share < PREFILL_CONTRAST * share_alone:
             return None
-        per_stream = _slope([(n, g.excess_ms) for g, n, _ in joined])
+        per_stream = _slope([(n, over) for over, _, n, _ in joined])
         if per_stream < PREFILL_MIN_MS:
             return None
         varied = prompts and prompts[-1] > prompts[0]
-        per_token = _slope([(t, g.excess_ms) for g, _, t in joined]) if varied else None
+        per_token = _slope([(t, over) for over, _, _, t in joined]) if varied else None
         evidence = {
             "ms_per_new_stream": round(per_stream, 2),
             "gaps_ending_with_new_streams": len(joined),
             "slow_share_of_those": round(share, 3),
             "slow_share_of_other_gaps": round(share_alone, 3),
-            "new_streams_per_join_p50": statistics.median(n for _, n, _ in joined),
+            "new_streams_per_join_p50": statistics.median(n for _, _, n, _ in joined),
         }
         if per_token is not None:
             evidence["ms_per_new_prompt_token"] = round(per_token, 3)
@@ -236,8 +248,8 @@ class SharedStalls(Signature):
 # -- a subset of the streams slower than the rest -------------------------------------------
 
 GROUP_RATIO = 1.5
-"""Two speed groups: the slow group's median time per token this many times the fast
-group's."""
+"""Two speed groups: the slow group's median time per token (`StreamReads.speed_ms`) this many
+times the fast group's."""
 GROUP_SEPARATION = 1.25
 """...with no stream between them: the slow group's fastest this many times the fast group's
 slowest."""
@@ -245,14 +257,6 @@ GROUP_MIN_SHARE = 0.1
 """Each group holds at least this share of the streams (and two streams)."""
 GROUP_MIN_STREAMS = 8
 GROUP_MIN_READS = 5
-
-
-def stream_speed(s: StreamReads) -> float | None:
-    """A stream's median time per token between reads: tokens that come in pairs do not make
-    it slower, a shared stall now and then does not move it."""
-    values = [(s.times[j] - s.times[j - 1]) / NS_PER_MS / s.tokens[j]
-              for j in range(1, len(s.times)) if s.tokens[j]]
-    return statistics.median(values) if len(values) >= GROUP_MIN_READS else None
 
 
 class SlowGroup(Signature):
@@ -275,8 +279,8 @@ class SlowGroup(Signature):
 
     @classmethod
     def detect(cls, reads: Reads, result: BenchResult) -> SlowGroup | None:
-        speeds = sorted((v, s.number) for s in reads.streams
-                        if (v := stream_speed(s)) is not None)
+        speeds = sorted((s.speed_ms, s.number) for s in reads.streams
+                        if len(s.per_token_ms) >= GROUP_MIN_READS)
         if len(speeds) < GROUP_MIN_STREAMS:
             return None
         least = max(2, int(GROUP_MIN_SHARE * len(speeds) + 0.999))
@@ -291,7 +295,7 @@ class SlowGroup(Signature):
         if best is None:
             return None
         ratio, split = best
-        return cls(dict((n, v) for v, n in speeds[split:]), values[:split], ratio, len(speeds))
+        return cls({n: v for v, n in speeds[split:]}, values[:split], ratio, len(speeds))
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
         speed = self.slow.get(gap.stream.number)
@@ -303,7 +307,7 @@ class SlowGroup(Signature):
 # -- gaps that cluster at one fixed value (a timer, a poll timeout) --------------------------
 
 TIMER_TOLERANCE_MS = 2.0
-TIMER_TOLERANCE_SHARE = 0.05
+TIMER_TOLERANCE_SHARE = 0.08
 """A cluster is gaps within this many ms, or this share of its value, of one value."""
 
 TIMER_SHARE = 0.3
@@ -317,7 +321,7 @@ TIMER_MIN_INSTANTS = 5
 are one instant): one hiccup of a busy host stretches many streams' gaps by the same amount
 once; a timer fires again and again."""
 
-TIMER_SHARP = 3.0
+TIMER_SHARP = 2.0
 """...and is sharp: this many times the gaps in the band of four tolerances either side
 (a pause or a slow step spreads; a timeout ends on time)."""
 
@@ -334,8 +338,9 @@ class FixedGaps(Signature):
 
     @classmethod
     def among(cls, reads: Reads, left: list[Gap]) -> FixedGaps | None:
-        """The sharpest cluster of the slow gaps in `left` (what the other signatures did not
-        explain), when there is one."""
+        """The sharpest cluster of the slow gaps in `left` (those no other signature claimed
+        any of: what is left of a gap another cause shortened has no value of its own), when
+        there is one."""
         values = sorted(g.ms for g in left)
         if len(values) < TIMER_MIN_GAPS:
             return None
@@ -496,3 +501,52 @@ class WaitsForSlot(Signature):
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return remaining_ms if stream.number in self.waited else 0.0
+
+
+# -- a burst of streams served one after another ---------------------------------------------
+
+TTFT_GROWTH_GAPS = 5.0
+TTFT_GROWTH_MIN_MS = 50.0
+"""TTFT "grows" when the requests opened at once are served over a spread (p90 - p10 within
+the largest burst) of this many typical gaps and this many ms at least: a healthy server
+starts a burst within one or two steps; one that takes calls in one at a time, or runs one
+thread per stream, serves the last of 32 streams hundreds of ms after the first."""
+
+
+class BurstSpread(Signature):
+    """Claims after `WaitsForSlot`: what is left of a burst's first outputs is their order."""
+
+    rule = RULE_TTFT_GROWS_WITH_STREAMS
+
+    def __init__(self, after: dict[int, float], evidence: dict) -> None:
+        self.after = after
+        """Stream number → how long after its burst's first output its own came (ms)."""
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> BurstSpread | None:
+        high = max(TTFT_GROWTH_GAPS * reads.typical_ms, TTFT_GROWTH_MIN_MS)
+        chain = BURST_CHAIN_MS * NS_PER_MS
+        after: dict[int, float] = {}
+        bursts = 0
+        by_start = sorted(reads.streams, key=lambda s: s.start_ns)
+        k = 0
+        while k < len(by_start):
+            burst = [by_start[k]]
+            while (k + len(burst) < len(by_start)
+                   and by_start[k + len(burst)].start_ns - burst[-1].start_ns <= chain):
+                burst.append(by_start[k + len(burst)])
+            k += len(burst)
+            ttfts = sorted(s.ttft_ms for s in burst)
+            if (len(burst) < MIN_BURST
+                    or percentile(ttfts, 90) - percentile(ttfts, 10) < high):
+                continue
+            bursts += 1
+            for s in burst:
+                after[s.number] = s.ttft_ms - ttfts[0]
+        if not bursts:
+            return None
+        return cls(after, {"bursts_spread": bursts, "streams_in_them": len(after)})
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, self.after.get(stream.number, 0.0))

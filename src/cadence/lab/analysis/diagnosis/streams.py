@@ -15,6 +15,13 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_TTFT_GROWS_WITH_STREAMS,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
+from cadence.lab.analysis.diagnosis.signatures import (
+    TTFT_GROWTH_GAPS,
+    TTFT_GROWTH_MIN_MS,
+    BurstSpread,
+    SharedStalls,
+    WaitsForSlot,
+)
 from cadence.lab.analysis.timeline import MIN_BURST
 from cadence.lab.results import Finding, Stalls, Timeline
 
@@ -38,13 +45,6 @@ but the held outputs explain those silences first)."""
 STALL_PERIOD_SPREAD = 0.25
 """Stalls come regularly when the spread between their intervals' quartiles is at most this
 share of the median interval."""
-
-TTFT_GROWTH_GAPS = 5.0
-TTFT_GROWTH_MIN_MS = 50.0
-"""TTFT "grows" when the requests opened at once are served over a spread (p90 - p10 within
-the largest burst) of this many typical gaps and this many ms at least: a healthy server
-starts a burst within one or two steps; one that takes calls in one at a time, or runs one
-thread per stream, serves the last of 32 streams hundreds of ms after the first."""
 
 CAP_RECEIVING_SHARE = 0.8
 CAP_TIME_SHARE = 0.5
@@ -103,7 +103,7 @@ def stall_together(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
     if tail is None:  # no raw records: the timeline's tallies alone
         return _stalled_by_timeline(facts, timeline)
-    signature = tail.signatures[RULE_STREAMS_STALL_TOGETHER]
+    signature = tail.signature(SharedStalls)
     stalls = signature.stalls()
     span_ms = (max(s.end_ns for s in tail.reads.streams)
                - min(s.start_ns for s in tail.reads.streams)) / 1e6
@@ -183,7 +183,7 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
     if timeline is None or not gaps:
         return []
     tail = attribution(facts)
-    slot = tail.signatures.get(RULE_TTFT_GROWS_WITH_STREAMS) if tail else None
+    slot = tail.signature(WaitsForSlot) if tail else None
     waited = (slot is not None
               and tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS) >= SLOT_MIN_SHARE)
     # With uneven gaps a spread of TTFTs may be theirs; a stream that starts the moment
@@ -212,8 +212,9 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
         evidence["ttft_p50_opened_alone_ms"] = rounded(bursts.alone_ttft_p50_ms)
     if tail is not None:
         evidence.update(tail.shares(RULE_TTFT_GROWS_WITH_STREAMS))
-    if slot is not None:
-        evidence.update(slot.evidence)
+    for signature in (slot, tail.signature(BurstSpread) if tail else None):
+        if signature is not None:
+            evidence.update(signature.evidence)
     explains = (f"; waiting for a slot is {tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS):.0%} "
                 "of the first outputs' tail" if waited else "")
     if waited and not capped:

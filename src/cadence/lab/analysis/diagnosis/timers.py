@@ -8,6 +8,7 @@ from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import RULE_GAPS_AT_FIXED_VALUES
 from cadence.lab.analysis.diagnosis.rule import Rule
+from cadence.lab.analysis.diagnosis.signatures import FixedGaps
 from cadence.lab.results import Finding
 
 TIMER_MIN_SHARE = 0.1
@@ -16,7 +17,7 @@ TIMER_MIN_SHARE = 0.1
 
 def gaps_at_fixed_values(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
-    signature = tail.signatures.get(RULE_GAPS_AT_FIXED_VALUES) if tail else None
+    signature = tail.signature(FixedGaps) if tail else None
     if signature is None or tail.itl_share(RULE_GAPS_AT_FIXED_VALUES) < TIMER_MIN_SHARE:
         return []
     ev = signature.evidence
