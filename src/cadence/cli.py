@@ -109,6 +109,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=e.seed,
                    help="seed of the synthetic engine's tokens and jitter")
     p.add_argument("--max-batch", type=int, default=e.max_batch, help="sequences per engine step at most")
+    p.add_argument("--max-step-tokens", type=int, default=e.max_step_tokens, metavar="N",
+                   help="a step's token budget (decoded sequences + prompt tokens prefilled): "
+                        "long prompts are prefilled in chunks beside the decodes, by engines "
+                        "that take chunks (torch, synthetic; model classes that opt in) "
+                        "(default: no budget, each prompt whole in one step)")
+    p.add_argument("--itl-target-ms", type=float, default=e.itl_target_ms, metavar="MS",
+                   help="a step's budget from the worker's own measured step-time model, so a "
+                        "step stays within MS while long prompts are prefilled in chunks "
+                        "(default: off; instead of --max-step-tokens)")
     p.add_argument("--batch-timeout-ms", type=float, default=e.batch_timeout_ms, metavar="MS",
                    help="MODULE:CLASS with generate_stream(batch): how long the first waiting "
                         "request waits for others to fill a batch before it starts (default "
@@ -267,6 +276,8 @@ def _server_config(args: argparse.Namespace):
             step_ms_by_worker=args.step_ms_by_worker,
             seed=args.seed,
             max_batch=args.max_batch,
+            max_step_tokens=args.max_step_tokens,
+            itl_target_ms=args.itl_target_ms,
             batch_timeout_ms=args.batch_timeout_ms,
             app=args.app,
             model_class=model_class,

@@ -55,6 +55,13 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Torch on CUDA: decode steps of up to this many sequences replay CUDA graphs (0: off)."""
     threads: int = 0
     """Torch and transformers on CPU: intra-op threads per rank; 0 leaves torch's default."""
+    max_step_tokens: int = 0
+    """A step's token budget: decoded sequences + prompt tokens prefilled; an engine that
+    takes prefill chunks prefills a long prompt over several steps within it (0: no budget,
+    every admitted prompt whole in one step). See cadence.worker.step_budget."""
+    itl_target_ms: float = 0.0
+    """A step's budget from the worker's measured step-time model, so a step takes about
+    this long while prefill progresses (0: none). Exclusive with max_step_tokens."""
 
     @property
     def tokenizes_text(self) -> bool:
@@ -246,6 +253,15 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.engine.name == "model" and ":" not in self.engine.model_class:
             problems.append("the model engine needs a class: --engine MODULE:CLASS (got "
                             f"{self.engine.model_class!r})")
+        if self.engine.max_step_tokens < 0 or self.engine.itl_target_ms < 0:
+            problems.append("max_step_tokens and itl_target_ms must not be negative")
+        elif self.engine.max_step_tokens and self.engine.itl_target_ms:
+            problems.append("--max-step-tokens and --itl-target-ms are two ways to set one "
+                            "step budget: give one")
+        elif self.engine.name == "app" and (self.engine.max_step_tokens
+                                            or self.engine.itl_target_ms):
+            problems.append("--max-step-tokens and --itl-target-ms need a step engine (an app "
+                            "function has no steps)")
         if self.engine.batch_timeout_ms < 0:
             problems.append(f"batch_timeout_ms must not be negative "
                             f"(got {self.engine.batch_timeout_ms})")

@@ -18,7 +18,7 @@ class Sequence:
     has got. A model reads it and keeps its own per-sequence data in `state`."""
 
     __slots__ = ("seq_id", "request", "stop_token_ids", "generated", "state", "detokenize",
-                 "prompt")
+                 "prompt", "prefilled", "prefill_to")
 
     def __init__(self, request: AddRequest) -> None:
         self.seq_id = request.seq_id
@@ -29,6 +29,13 @@ class Sequence:
         """Token ids that end the sequence (finish STOP) once the model outputs one."""
         self.generated = 0
         """Outputs given so far: 0 while the sequence is in `prefill`."""
+        self.prefilled = 0
+        """Prompt tokens the model processed in earlier steps (all of them once decoding)."""
+        self.prefill_to = len(request.prompt_token_ids)
+        """Prompt tokens processed once this step's prefill is done: a step's `prefill` asks
+        the model for `prompt_token_ids[prefilled:prefill_to]`. The whole prompt (0 to its
+        length) in one step unless the engine takes prefill chunks (`takes_prefill_chunks`)
+        and the server has a step budget (--max-step-tokens, --itl-target-ms)."""
         self.state: object = None
         """The engine's (the model's) own per-sequence data: a text offset, a KV-cache slot, ..."""
         self.detokenize: Callable[[int, bool], str] | None = None
@@ -92,6 +99,10 @@ class Engine(Protocol):
       piece of text) or None (the sequence is done) for a sequence, instead of a token id,
       gives a piece's token ids with it; it needs a `tokenizer` too.
     - `max_batch`: sequences per step at most, when below the server's --max-batch.
+    - `takes_prefill_chunks`: True when `step` can prefill part of a prompt: a sequence in
+      `prefill` then stands for its chunk `prompt_token_ids[seq.prefilled:seq.prefill_to]`,
+      to append to what the engine holds for it; its output is ignored (no token) until the
+      chunk that ends the prompt. Only with a step budget (cadence.worker.step_budget).
     - `close()`: called once when the worker stops (tensor-parallel groups stop their ranks).
     """
 

@@ -55,6 +55,8 @@ class SyntheticEngine:
 
     name = "synthetic"
     vocab_size = ByteTokenizer.vocab_size
+    takes_prefill_chunks = True
+    """A chunk of k prompt tokens costs k x prefill_ms_per_token in its step."""
 
     def __init__(self, config: EngineConfig, worker: int = 0) -> None:
         self._config = config
@@ -89,10 +91,11 @@ class SyntheticEngine:
         corpus = self._corpus
         size = len(corpus)
         for seq in prefill:
-            req = seq.request
-            duration += self._prefill_s * len(req.prompt_token_ids)
-            key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
-            seq.state = zlib.crc32(key, self._config.seed) % size
+            duration += self._prefill_s * (seq.prefill_to - seq.prefilled)
+            if seq.prefilled == 0:
+                req = seq.request
+                key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
+                seq.state = zlib.crc32(key, self._config.seed) % size
         tokens = [corpus[(s.state + s.generated) % size] for s in prefill]
         tokens += [corpus[(s.state + s.generated) % size] for s in decode]
         _wait_until(start + duration)

@@ -98,9 +98,15 @@ class ModelEngine:
         self.max_batch = min(config.max_batch, int(own_max)) if own_max else config.max_batch
         self._arrived: Callable[[], None] | None = None
         """The batch-generator shape: told of each accepted request (it gathers batches)."""
+        self.takes_prefill_chunks = False
+        """The class opted in (`takes_prefill_chunks = True`): under a step budget its step may
+        be given part of a prompt (`Sequence.prefilled` to `prefill_to`)."""
         if callable(getattr(model, "step", None)):
             self._step = model.step
             self._step_name = "step"
+            # Not across a tensor-parallel group: its followers rebuild whole-prompt steps.
+            self.takes_prefill_chunks = (getattr(model, "takes_prefill_chunks", False) is True
+                                         and self.group is None)
             reserve = getattr(model, "reserve", None)
             if callable(reserve):
                 self.reserve = reserve

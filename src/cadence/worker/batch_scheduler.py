@@ -1,4 +1,10 @@
-"""Continuous batching: new sequences join at step boundaries, each step emits one token per sequence."""
+"""Continuous batching: new sequences join at step boundaries, each step emits one token per sequence.
+
+With a step budget (cadence.worker.step_budget) a step prefills only the prompt tokens the
+budget leaves beside its decodes: a long prompt, on an engine that takes prefill chunks, is
+prefilled over several steps (the oldest prompt first) and gives its first token with its
+last chunk; until then it is in `_prefilling` and produces nothing.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ import msgspec
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Engine, Sequence, StepFailed
 from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
+from cadence.worker.step_budget import StepBudget
 
 _BYTES = ByteTokenizer()
 
@@ -18,12 +25,19 @@ _BYTES = ByteTokenizer()
 class BatchScheduler:
     """Owns a worker's waiting queue and running batch, and turns one engine step into one message."""
 
-    def __init__(self, engine: Engine, worker: int, max_batch: int) -> None:
+    def __init__(self, engine: Engine, worker: int, max_batch: int,
+                 budget: StepBudget | None = None) -> None:
         self._engine = engine
         self._worker = worker
         self._max_batch = max_batch
         self._waiting: deque[Sequence] = deque()
         self._running: dict[int, Sequence] = {}
+        self._prefilling: dict[int, Sequence] = {}
+        """Admitted sequences part of whose prompt is still to prefill, oldest first."""
+        self._budget = budget
+        self._chunks = bool(getattr(engine, "takes_prefill_chunks", False))
+        """The engine prefills part of a prompt per step; without, a budget only limits the
+        whole prompts a step admits."""
         self._paused: set[int] = set()
         """Running sequences the steps skip: their clients are not reading (block policy)."""
         self._steps = 0
@@ -52,7 +66,7 @@ class BatchScheduler:
         """Drop sequences now, so none of them is in the next step."""
         for seq_id in seq_ids:
             self._paused.discard(seq_id)
-            seq = self._running.pop(seq_id, None)
+            seq = self._running.pop(seq_id, None) or self._prefilling.pop(seq_id, None)
             if seq is not None:
                 self._engine.release(seq)
         if seq_ids and self._waiting:
@@ -61,7 +75,7 @@ class BatchScheduler:
 
     def seq_ids(self) -> list[int]:
         """Every sequence the scheduler holds, running or waiting."""
-        return [*self._running, *(s.seq_id for s in self._waiting)]
+        return [*self._running, *self._prefilling, *(s.seq_id for s in self._waiting)]
 
     def pause(self, seq_ids: list[int]) -> None:
         """Skip these sequences at each step (they keep their place and engine state)."""
@@ -73,7 +87,8 @@ class BatchScheduler:
     @property
     def has_work(self) -> bool:
         """Something to step: waiting sequences, or running ones that are not all paused."""
-        return bool(self._waiting) or len(self._running) > len(self._paused)
+        return (bool(self._waiting) or bool(self._prefilling)
+                or len(self._running) > len(self._paused))
 
     def step(self) -> StepOutput | list[RequestFailed] | None:
         """Admit waiting sequences, run one engine step, retire finished sequences.
@@ -82,18 +97,13 @@ class BatchScheduler:
         step (StepFailed), or None when there was nothing to step. This and `_retire_pieces`
         are the only places in the worker that loop over a step's tokens.
         """
-        room = min(self._max_batch - len(self._running), len(self._waiting))
-        reserve = self._reserve
-        if reserve is None:
-            prefill = [self._waiting.popleft() for _ in range(room)]
-        else:
-            # In arrival order; one that does not fit yet (KV cache full) holds the rest back.
-            prefill = []
-            while len(prefill) < room and reserve(self._waiting[0]):
-                prefill.append(self._waiting.popleft())
         paused = self._paused
         decode = [s for s in self._running.values() if s.seq_id not in paused] if paused else (
             list(self._running.values()))
+        if self._budget is None:
+            prefill = self._admit_whole()
+        else:
+            prefill = self._admit_within_budget(len(decode))
         if not prefill and not decode:
             return None
         start = time.monotonic_ns()
@@ -103,6 +113,9 @@ class BatchScheduler:
             return self._fail(prefill, decode, str(exc))
         end = time.monotonic_ns()
         self._steps += 1
+        stepped = prefill + decode
+        if self._budget is not None:
+            stepped, tokens = self._after_chunks(prefill, decode, tokens, end - start)
         seq_ids: list[int] = []
         finished: list[int] = []
         reasons: list[int] = []
@@ -111,20 +124,23 @@ class BatchScheduler:
         texts: list[str] = []
         prompt_lens: dict[int, int] = {}
         for seq in prefill:
-            running[seq.seq_id] = seq
             request = seq.request
+            seq.prefilled = seq.prefill_to
+            if seq.prefilled < len(request.prompt_token_ids):
+                continue  # a chunk: no output until the prompt's last one
+            running[seq.seq_id] = seq
             if request.prompt_text:
                 prompt_lens[seq.seq_id] = len(request.prompt_token_ids)
             if tokenizer is not None:
                 seq.detokenize = tokenizer.stream(request.prompt_token_ids)
         if self._text_piece_ids is not None:
-            seq_ids, tokens, counts = self._retire_pieces(prefill + decode, tokens, texts,
+            seq_ids, tokens, counts = self._retire_pieces(stepped, tokens, texts,
                                                           finished, reasons)
             return StepOutput(
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
                 counts, texts, prompt_lens,
             )
-        for seq, token in zip(prefill + decode, tokens):
+        for seq, token in zip(stepped, tokens):
             seq.generated += 1
             seq_ids.append(seq.seq_id)
             if token in seq.stop_token_ids:
@@ -145,6 +161,73 @@ class BatchScheduler:
             self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
             texts=texts, prompt_lens=prompt_lens,
         )
+
+    def _admit_whole(self) -> list[Sequence]:
+        """No budget: admit waiting sequences up to max_batch, each prompt whole in this step."""
+        room = min(self._max_batch - len(self._running), len(self._waiting))
+        reserve = self._reserve
+        if reserve is None:
+            return [self._waiting.popleft() for _ in range(room)]
+        # In arrival order; one that does not fit yet (KV cache full) holds the rest back.
+        prefill = []
+        while len(prefill) < room and reserve(self._waiting[0]):
+            prefill.append(self._waiting.popleft())
+        return prefill
+
+    def _admit_within_budget(self, decodes: int) -> list[Sequence]:
+        """The sequences this step prefills, each with its chunk set (`prefill_to`): first
+        the prompts already part-prefilled, oldest first, then waiting ones in arrival order,
+        until the budget's prefill tokens are spent. An engine that takes no chunks gets
+        whole prompts that fit what is left (the step's first one whatever its length)."""
+        left = self._budget.prefill_tokens(decodes)
+        prefill: list[Sequence] = []
+        for seq in self._prefilling.values():
+            if left <= 0:
+                return prefill
+            seq.prefill_to = min(len(seq.request.prompt_token_ids), seq.prefilled + left)
+            left -= seq.prefill_to - seq.prefilled
+            prefill.append(seq)
+        waiting = self._waiting
+        room = self._max_batch - len(self._running) - len(self._prefilling)
+        reserve = self._reserve
+        chunks = self._chunks
+        while room > 0 and left > 0 and waiting:
+            seq = waiting[0]
+            length = len(seq.request.prompt_token_ids)
+            if chunks:
+                seq.prefill_to = min(length, left)
+            elif length > left and prefill:
+                break
+            if reserve is not None and not reserve(seq):
+                break
+            waiting.popleft()
+            prefill.append(seq)
+            self._prefilling[seq.seq_id] = seq
+            left -= seq.prefill_to
+            room -= 1
+        return prefill
+
+    def _after_chunks(self, prefill: list[Sequence], decode: list[Sequence], outputs: list,
+                      duration_ns: int) -> tuple[list[Sequence], list]:
+        """Tell the budget what the step cost; drop the outputs of sequences whose prompt is
+        not all prefilled yet (they stay in `_prefilling`), and take the rest out of it."""
+        tokens = 0
+        chunked = 0
+        prefilling = self._prefilling
+        for seq in prefill:
+            tokens += seq.prefill_to - seq.prefilled
+            if seq.prefill_to < len(seq.request.prompt_token_ids):
+                chunked += 1
+            else:
+                del prefilling[seq.seq_id]
+        self._budget.observe(len(decode), tokens, duration_ns / 1e9)
+        if not chunked:
+            return prefill + decode, outputs
+        n = len(prefill)
+        done = [i for i, seq in enumerate(prefill)
+                if seq.prefill_to == len(seq.request.prompt_token_ids)]
+        return ([prefill[i] for i in done] + decode,
+                [outputs[i] for i in done] + outputs[n:])
 
     def _retire_pieces(
         self, stepped: list[Sequence], outputs: list[int | str | None], texts: list[str],
@@ -198,6 +281,8 @@ class BatchScheduler:
         """The engine lost a step: its sequences end with INTERNAL; the others go on."""
         for seq in decode:
             del self._running[seq.seq_id]
+        for seq in prefill:
+            self._prefilling.pop(seq.seq_id, None)
         for seq in prefill + decode:
             self._engine.release(seq)
         return [RequestFailed(seq.seq_id, Failure.INTERNAL, message) for seq in prefill + decode]

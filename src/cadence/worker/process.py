@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
 from cadence.transport.sockets import remove_ipc_sockets
 from cadence.worker.batch_scheduler import BatchScheduler
+from cadence.worker.step_budget import StepBudget, budget_for
 
 
 def build_engine(
@@ -92,8 +94,11 @@ def run_worker(spec: WorkerSpec) -> None:
     ready = time.perf_counter()
     channel = worker_channel(spec)
     heartbeat = start_heartbeat(spec)
+    budget = budget_for(spec.engine, spec.index)
+    if budget is not None:
+        announce_budget(budget, engine, spec.index)
     scheduler = BatchScheduler(engine, spec.index,
-                               getattr(engine, "max_batch", spec.engine.max_batch))
+                               getattr(engine, "max_batch", spec.engine.max_batch), budget)
     settle_heap()
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
@@ -149,6 +154,22 @@ def run_worker(spec: WorkerSpec) -> None:
         close = getattr(engine, "close", None)
         if close is not None:
             close()
+
+
+def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:
+    """Say once which budget the worker steps under; its later changes (--itl-target-ms)
+    are logged by cadence.worker.step_budget. Workers configure no logging of their own, so
+    the budget's logger gets its own handler on stderr."""
+    log = logging.getLogger("cadence.budget")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"%(asctime)s worker-{worker} %(name)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    chunks = "in chunks" if getattr(engine, "takes_prefill_chunks", False) else (
+        "whole (this engine takes no prefill chunks)")
+    log.info("worker %d: %s; prompts prefilled %s", worker, budget.describe(), chunks)
 
 
 def start_heartbeat(spec: WorkerSpec, *, send: bool = True) -> WorkerHeartbeat | None:
