@@ -174,7 +174,7 @@ class Engine:
     async def _pauses(self) -> None:
         while True:
             await asyncio.sleep(self.args.pause_every_ms / 1e3)
-            time.sleep(self.args.pause_ms / 1e3)  # the planted fault: the process stops
+            time.sleep(self.args.pause_ms / 1e3)  # noqa: ASYNC251 (the planted fault: the process stops)
 
     def submit(self, prompt_chars: int, max_tokens: int) -> Stream:
         stream = Stream(self, prompt_chars, max_tokens)

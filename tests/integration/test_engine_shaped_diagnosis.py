@@ -154,3 +154,23 @@ def test_an_engine_shaped_fault_is_named_with_its_share(name: str) -> None:
         [finding] = [f for f in result.diagnosis if f.rule == rule]
         for key, (low, high) in bounds.items():
             assert low <= finding.evidence[key] <= high, (key, explain(result))
+
+
+@pytest.mark.parametrize("server_args, named", [
+    (("--devices", "cpu:2", "--step-ms-by-worker", "10,30"), "slow_stream_group"),
+    (("--app", "tests.apps:loop_blocking_app", "--app-in-front"), "streams_stall_together"),
+])
+def test_kserve_responses_are_read_by_the_same_rules(server_args, named) -> None:
+    """The Open Inference Protocol carries no server timing: the streams' own timestamps name
+    a slower worker and a front loop that blocks, as they do for any gRPC method or SSE."""
+    from cadence.lab.load.kserve import KServeTarget
+    from cadence.lab.servers.server_process import ServerProcess
+
+    with ServerProcess(*server_args) as server:
+        result = run_bench(server.target, Workload(
+            requests=32, concurrency=16, shape=RequestShape(max_tokens=(60, 60))),
+            protocol=KServeTarget("cadence"))
+    assert result.requests_ok == 32, result.errors_by_code
+    assert not result.segments_ms
+    fired = {f.rule for f in result.diagnosis}
+    assert fired & LATENCY_RULES == {named}, explain(result)

@@ -77,8 +77,8 @@ def one_stream_at_a_time(facts: RunFacts) -> list[Finding]:
                  f"gap the others keep receiving (the longest silence is "
                  f"{ev['silence_share_of_gap_p50']:.0%} of the gap at the median, where a "
                  f"batch leaves most of it silent), and the gap is about "
-                 f"{ev['ms_per_open_stream']:.1f} ms per stream open ({ev['streams_receiving_p50']:g} "
-                 f"at the median){growth}: the engine serves one stream at a time{decide}"),
+                 f"{ev['ms_per_open_stream']:.1f} ms per stream open "
+                 f"({ev['streams_receiving_p50']:g} at the median){growth}: the engine serves one stream at a time{decide}"),
         evidence={**ev, **tail.shares(RULE_ONE_STREAM_AT_A_TIME)},
         look_at=("batch the streams: one engine loop stepping every open stream together "
                  "(continuous batching) instead of a generate() call per request; a lock "

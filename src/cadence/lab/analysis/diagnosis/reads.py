@@ -52,8 +52,15 @@ MIN_GAPS = 20
 class StreamReads:
     """One successful stream, read by read."""
 
-    __slots__ = ("number", "start_ns", "end_ns", "times", "tokens", "prompt_tokens",
-                 "per_token_ms")
+    __slots__ = (
+        "end_ns",
+        "number",
+        "per_token_ms",
+        "prompt_tokens",
+        "start_ns",
+        "times",
+        "tokens",
+    )
 
     def __init__(self, number: int, record: RequestRecord, together_ns: float) -> None:
         self.number = number
@@ -94,7 +101,7 @@ class StreamReads:
 class Gap:
     """The time between two reads of one stream."""
 
-    __slots__ = ("stream", "read", "t0", "t1", "tokens", "ms", "excess_ms")
+    __slots__ = ("excess_ms", "ms", "read", "stream", "t0", "t1", "tokens")
 
     def __init__(self, stream: StreamReads, read: int, typical_ms: float) -> None:
         self.stream = stream

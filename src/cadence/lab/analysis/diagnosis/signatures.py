@@ -11,6 +11,7 @@ thresholds stand beside it; `evidence` holds the numbers that made it hold.
 from __future__ import annotations
 
 import bisect
+import itertools
 import statistics
 
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
@@ -357,7 +358,7 @@ class FixedGaps(Signature):
         band = _count(values, center - 4 * tol, center + 4 * tol) - inside
         ends = sorted(g.t1 for g in left if abs(g.ms - center) <= tol)
         apart = reads.typical_ms * NS_PER_MS
-        instants = 1 + sum(1 for a, b in zip(ends, ends[1:]) if b - a > apart) if ends else 0
+        instants = 1 + sum(1 for a, b in itertools.pairwise(ends) if b - a > apart) if ends else 0
         if (inside < TIMER_MIN_GAPS or instants < TIMER_MIN_INSTANTS
                 or inside < TIMER_SHARE * len(values)
                 or inside < TIMER_SHARP * band):

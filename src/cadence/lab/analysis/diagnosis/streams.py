@@ -4,6 +4,8 @@ without server timing still has: `streams_stall_together`, `ttft_grows_with_stre
 
 from __future__ import annotations
 
+import itertools
+
 from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary
 from cadence.lab.analysis.diagnosis.names import (
@@ -142,7 +144,7 @@ def stall_together(facts: RunFacts) -> list[Finding]:
 
 def _period_ms(stalls: list[tuple[int, float]]) -> float | None:
     """The stalls' period when they come regularly (STALL_PERIOD_SPREAD), else None."""
-    intervals = sorted((b - a) / 1e6 for (a, _), (b, _) in zip(stalls, stalls[1:]))
+    intervals = sorted((b - a) / 1e6 for (a, _), (b, _) in itertools.pairwise(stalls))
     if len(intervals) < 2:
         return None
     mid = intervals[len(intervals) // 2]

@@ -21,11 +21,11 @@ def gaps_at_fixed_values(facts: RunFacts) -> list[Finding]:
     if signature is None or tail.itl_share(RULE_GAPS_AT_FIXED_VALUES) < TIMER_MIN_SHARE:
         return []
     ev = signature.evidence
+    gaps = ev["gap_value_ms"] / ev["typical_gap_ms"]
     return [Finding(
         rule=RULE_GAPS_AT_FIXED_VALUES,
         finding=(f"{ev['gaps_at_value']} slow gaps last {ev['gap_value_ms']:.0f} ms "
-                 f"(within {ev['tolerance_ms']:.1f} ms), {ev['gap_value_ms'] / ev['typical_gap_ms']:.0f} "
-                 f"typical gaps, while only {ev['gaps_near_but_outside']} fall near that value: "
+                 f"(within {ev['tolerance_ms']:.1f} ms), {gaps:.0f} typical gaps, while only {ev['gaps_near_but_outside']} fall near that value: "
                  f"these gaps end on a clock, not when output is ready. They explain "
                  f"{tail.itl_share(RULE_GAPS_AT_FIXED_VALUES):.0%} of the gaps' tail"),
         evidence={**ev, **tail.shares(RULE_GAPS_AT_FIXED_VALUES)},

@@ -1,0 +1,119 @@
+"""The coincidence reading of a run's raw records (`diagnosis.reads`, `signatures`,
+`coincidence`), on records built by hand as a load process would stamp them from an engine that
+steps every open stream together every 10 ms: outputs already buffered when the client reads are
+stamped microseconds apart, whatever the protocol (SSE events of one write, gRPC messages of one
+HTTP/2 read)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from cadence.lab.analysis.diagnosis import diagnose
+from cadence.lab.analysis.diagnosis.coincidence import attribution
+from cadence.lab.analysis.diagnosis.facts import RunFacts
+from cadence.lab.analysis.diagnosis.reads import Reads
+from cadence.lab.analysis.stats import summarize
+from cadence.lab.load.records import RequestRecord
+from cadence.lab.results import BenchResult
+
+MS = 1_000_000
+US = 1_000
+STEP = 10 * MS
+
+
+def record(k: int, start: int, arrivals: list[int]) -> RequestRecord:
+    n = len(arrivals)
+    return RequestRecord(request_id=f"bench-{k}", process=0, start_ns=start,
+                         end_ns=arrivals[-1], max_tokens=n, finish_reason=2,
+                         arrival_ns=arrivals, tokens=[1] * n, index=list(range(n)))
+
+
+def batched(streams: int = 16, tokens: int = 60, held: int = 1,
+            pauses: tuple[int, ...] = (), pause_ms: int = 0,
+            pairs: set[int] = frozenset()) -> list[RequestRecord]:
+    """Streams opened together, one token each per step, the client reading stream k 30 us
+    after stream k - 1. `held`: outputs written `held` at a time (each read carries them,
+    2 us apart); `pauses`: steps before which the engine stops `pause_ms`; `pairs`: streams
+    whose outputs come two at a time, every other step."""
+    records = []
+    for k in range(streams):
+        arrivals = []
+        for i in range(tokens):
+            made = (i + 1) * STEP + sum(pause_ms * MS for p in pauses if i >= p)
+            sent = made
+            if held > 1:
+                sent = ((i // held) + 1) * held * STEP + sum(
+                    pause_ms * MS for p in pauses if (i // held + 1) * held - 1 >= p)
+                sent += (i % held) * 2 * US
+            if k in pairs and i % 2 == 0:
+                sent = made + STEP  # waits for the next one, then both go
+            if k in pairs and i % 2 == 1:
+                sent = made + 50 * US
+            arrivals.append(sent + k * 30 * US)
+        records.append(record(k, k * 20 * US, sorted(arrivals)))
+    return records
+
+
+def as_bench(records: list[RequestRecord]) -> BenchResult:
+    result = BenchResult(**msgspec.structs.asdict(summarize(records)))
+    result.records = records
+    return result
+
+
+def fired(records: list[RequestRecord]) -> dict[str, dict]:
+    return {f.rule: f.evidence for f in diagnose(as_bench(records))}
+
+
+def test_outputs_stamped_microseconds_apart_are_one_read():
+    reads = Reads(batched(held=5))
+    assert {n for s in reads.streams for n in s.tokens} == {5}
+    assert abs(reads.typical_ms - 10) < 0.5  # a token a step, however they are sent
+
+
+def test_a_clean_batch_has_no_tail_and_no_finding():
+    records = batched()
+    assert fired(records) == {}
+    tail = attribution(RunFacts(as_bench(records)))
+    assert tail.itl_total_ms == tail.ttft_total_ms == 0
+    assert tail.itl_ms == tail.ttft_ms == {}
+
+
+def test_events_written_five_at_a_time_are_output_held_back_not_a_stall():
+    """Every stream is silent for four steps at the same instants, and its first output comes
+    five steps late: the held outputs explain both, before any stall or fixed cost would."""
+    found = fired(batched(held=5))
+    assert set(found) == {"output_held_back"}
+    assert found["output_held_back"]["tokens_per_read_p50"] == 5
+    assert found["output_held_back"]["itl_tail_share"] > 0.95
+
+
+def test_tokens_in_pairs_are_not_a_slow_stream():
+    """A quarter of the streams get their tokens two at a time, every other step: their
+    median gap between messages is 0 or 20 ms, but they are no slower."""
+    records = batched(pairs={0, 4, 8, 12})
+    reads = Reads(records)
+    speeds = {s.number: s.speed_ms for s in reads.streams}
+    assert max(speeds.values()) < 1.1 * min(speeds.values())
+    assert "slow_stream_group" not in fired(records)
+
+
+def test_a_pause_of_every_stream_is_a_stall_with_its_period():
+    found = fired(batched(tokens=80, pauses=(10, 30, 50, 70), pause_ms=80))
+    assert set(found) == {"streams_stall_together"}
+    stall = found["streams_stall_together"]
+    assert stall["shared_stalls"] == 4 and stall["itl_tail_share"] > 0.9
+    assert 270 <= stall["stall_every_ms"] <= 290  # 20 steps and one pause apart
+
+
+def test_two_causes_at_once_each_take_their_share():
+    """Held outputs and pauses together: both named, their shares adding up to at most the
+    whole tail, the held outputs first."""
+    records = batched(tokens=80, held=4, pauses=(12, 32, 52, 72), pause_ms=80)
+    found = fired(records)
+    assert {"output_held_back", "streams_stall_together"} <= set(found)
+    held = found["output_held_back"]["itl_tail_share"]
+    stall = found["streams_stall_together"]["itl_tail_share"]
+    assert held > 0.2 and stall > 0.2 and held + stall <= 1.0001
+    tail = attribution(RunFacts(as_bench(records)))
+    accounted = sum(tail.itl_ms.values()) + tail.unexplained_itl_ms
+    assert abs(accounted - tail.itl_total_ms) < 1e-6
