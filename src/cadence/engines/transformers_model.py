@@ -2,11 +2,11 @@
 from a local folder, served as a model class of cadence's public API (docs/models.md, "Any
 transformers model"); `--engine transformers` is this class behind `--engine MODULE:CLASS`.
 
-Each step prefills the new sequences one by one, each into a `DynamicCache` of its own (what
-`model.generate` does for one prompt, so the first token is generate's), then decodes every
-running sequence in one batched forward over a left-padded batch of their caches
-(cadence.engines.transformers_rows). The batch is kept from step to step and rebuilt only
-when its sequences change (one joined, left, or was paused).
+Each step prefills the new sequences in one forward (their prompts left-padded, with the
+attention mask and each row's own position ids) into a transformers `DynamicCache`, then
+decodes every running sequence in one batched forward over a left-padded batch of their
+caches (cadence.engines.transformers_rows). The decode batch is kept from step to step and
+rebuilt only when its sequences change (one joined, left, or was paused).
 
 Why not transformers' own continuous batching (`ContinuousBatchingManager`, paged
 attention): it runs its own generation thread and scheduler, which decides which requests
@@ -40,16 +40,17 @@ class _SeqState:
 
     __slots__ = ("sampler", "last", "length", "cache", "row")
 
-    def __init__(self, sampler: Sampler, cache) -> None:
+    def __init__(self, sampler: Sampler, cache, row: int, length: int) -> None:
         self.sampler = sampler
         self.last = 0
         """The sequence's newest token: the next forward's input."""
-        self.length = 0
+        self.length = length
         """Tokens in its cache (the prompt and every output but the newest)."""
         self.cache = cache
-        """Its own cache while it is outside the decode batch (after prefill, when paused)."""
-        self.row = -1
-        """Its row in the decode batch, or -1."""
+        """The cache that holds its keys and values: its step's prefill batch, the decode
+        batch, or one of its own (copied out of the decode batch while it is paused)."""
+        self.row = row
+        """Its row in `cache`; its tokens are that row's last `length` columns."""
 
 
 class TransformersModel:
@@ -96,7 +97,7 @@ class TransformersModel:
 
     @torch.inference_mode()
     def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int | None]:
-        logits = [self._prefill(seq) for seq in prefill]
+        logits = [self._prefill(prefill)] if prefill else []
         running = decode
         if self.context:  # out of positions: those end (None) rather than index past the model
             running = [s for s in decode if s.state.length < self.context]
@@ -117,21 +118,28 @@ class TransformersModel:
         if state is None:
             return
         seq.state = None
-        if state.row >= 0:
+        if self._rows is not None and state.cache is self._rows.cache:
             self._live -= 1
             if self._live == 0:  # the batch's memory goes now, not at the next step
                 self._rows, self._batch = None, []
 
-    def _prefill(self, seq: Sequence) -> torch.Tensor:
-        if self._eos:
-            seq.stop_token_ids = seq.stop_token_ids | self._eos
-        prompt = seq.prompt_token_ids
+    def _prefill(self, prefill: list[Sequence]) -> torch.Tensor:
+        lengths = [len(s.prompt_token_ids) for s in prefill]
+        width = max(lengths)
+        ids = torch.zeros((len(prefill), width), dtype=torch.long)  # 0: padding, masked out
+        mask = torch.zeros_like(ids)
+        for i, (seq, n) in enumerate(zip(prefill, lengths)):
+            ids[i, width - n:] = torch.tensor(seq.prompt_token_ids)
+            mask[i, width - n:] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = new_cache(self.config)
-        ids = torch.tensor([prompt], device=self.device)
-        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True,
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                         position_ids=positions.to(self.device), use_cache=True,
                          logits_to_keep=1, **{self._cache_arg: cache})
-        state = seq.state = _SeqState(Sampler(seq.request, 0, self.device), cache)
-        state.length = len(prompt)
+        for row, (seq, n) in enumerate(zip(prefill, lengths)):
+            if self._eos:
+                seq.stop_token_ids = seq.stop_token_ids | self._eos
+            seq.state = _SeqState(Sampler(seq.request, 0, self.device), cache, row, n)
         return out.logits[:, -1]
 
     def _decode(self, decode: list[Sequence]) -> torch.Tensor:
@@ -147,23 +155,20 @@ class TransformersModel:
         return out.logits[:, -1]
 
     def _regroup(self, decode: list[Sequence]) -> None:
-        """Rebuild the decode batch from `decode`'s caches: a row of the old batch, or the
-        sequence's own cache. A sequence of the old batch not in `decode` and not released
-        (paused) gets its row copied out first."""
+        """Rebuild the decode batch from the rows of `decode`'s caches. A sequence of the old
+        batch not in `decode` and not released (paused) gets its row copied out first."""
         old = self._rows
         keep = set(map(id, decode))
         for seq in self._batch:
             state = seq.state
             if state is not None and id(seq) not in keep:
                 state.cache = old.row_cache(self.config, state.row, state.length)
-                state.row = -1
-        sources = []
-        for seq in decode:
-            state = seq.state
-            sources.append((state.cache, 0) if state.row < 0 else (old.cache, state.row))
-        self._rows = Rows(self.config, sources, [s.state.length for s in decode])
-        for row, seq in enumerate(decode):
-            seq.state.cache, seq.state.row = None, row
+                state.row = 0
+        states = [s.state for s in decode]
+        self._rows = Rows(self.config, [(s.cache, s.row) for s in states],
+                          [s.length for s in states])
+        for row, state in enumerate(states):
+            state.cache, state.row = self._rows.cache, row
         self._batch = list(decode)
         self._live = len(decode)
 
