@@ -85,6 +85,9 @@ class LlamaEngine:
     """A Llama-family model (or one tensor-parallel rank of it) with continuous batching."""
 
     name = "torch"
+    takes_prefill_chunks = True
+    """Under a step budget a long prompt comes in chunks: each appends to the sequence's
+    paged KV and attends to everything before it (cadence.engines.llama.plan)."""
 
     def __init__(
         self,
@@ -206,11 +209,11 @@ class LlamaEngine:
         """Take the cache blocks `seq` can need; False (nothing taken) when the cache is full
         for now (it waits for others to finish) or this step's prefill budget is spent."""
         request = seq.request
-        length = len(request.prompt_token_ids)
-        width = max(self._admitted_width, length)
+        chunk = seq.prefill_to - seq.prefilled  # the whole prompt unless chunked
+        width = max(self._admitted_width, chunk)
         if self._admitted and (self._admitted + 1) * width > PREFILL_BUDGET:
             return False  # next step: this one's prefill is full
-        blocks = self.cache.allocate(length + request.max_tokens - 1)
+        blocks = self.cache.allocate(len(request.prompt_token_ids) + request.max_tokens - 1)
         if blocks is None:
             return False
         seq.state = _SeqState(blocks, Sampler(request, self._seed, self.device))
@@ -219,17 +222,25 @@ class LlamaEngine:
         return True
 
     def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int]:
-        """Prefill the admitted sequences and decode the running ones; one token each."""
+        """Prefill the admitted sequences (or their chunks) and decode the running ones; one
+        token each (none that means anything for a chunk that does not end its prompt)."""
         self._admitted = self._admitted_width = 0
         bs = BLOCK_SIZE
         prompts: list[list[int]] = []
         prefill_blocks: list[list[int]] = []
+        starts: list[int] = []
+        chunks = 0  # prefills that do not end their prompt: nothing to sample for them
         eos = self._eos
         for seq in prefill:
             prompt = seq.request.prompt_token_ids
+            begin, end = seq.prefilled, seq.prefill_to
+            if begin or end < len(prompt):
+                prompt = prompt[begin:end]
+                chunks += end < len(seq.request.prompt_token_ids)
             prompts.append(prompt)
-            prefill_blocks.append(seq.state.blocks[: -(-len(prompt) // bs)])
-            if eos:
+            starts.append(begin)
+            prefill_blocks.append(seq.state.blocks[: -(-end // bs)])
+            if eos and not begin:
                 seq.stop_token_ids = seq.stop_token_ids | eos
         states = [seq.state for seq in decode]
         plan = StepPlan(
@@ -238,6 +249,7 @@ class LlamaEngine:
             [s.last for s in states],
             [s.cached for s in states],
             [s.blocks[: s.cached // bs + 1] for s in states],
+            starts,
         )
         packed = plan.pack()
         if self.group is not None:
@@ -247,11 +259,23 @@ class LlamaEngine:
             logits = self.graphs.run(inputs)
         else:
             logits = self.model.forward(inputs, self.cache)
-        samplers = [seq.state.sampler for seq in prefill] + [s.sampler for s in states]
-        tokens = sample(logits, samplers)
-        for seq, prompt, token in zip(prefill, prompts, tokens):
+        if chunks:
+            # Sample only the sequences whose prompt ends here (a sampler's random state
+            # must advance once per output token, chunked or not).
+            ends = [i for i, seq in enumerate(prefill)
+                    if seq.prefill_to == len(seq.request.prompt_token_ids)]
+            rows = ends + list(range(len(prefill), len(prefill) + len(decode)))
+            sampled = sample(logits[rows], [prefill[i].state.sampler for i in ends]
+                             + [s.sampler for s in states])
+            tokens = [-1] * len(prefill) + sampled[len(ends):]
+            for i, token in zip(ends, sampled):
+                tokens[i] = token
+        else:
+            samplers = [seq.state.sampler for seq in prefill] + [s.sampler for s in states]
+            tokens = sample(logits, samplers)
+        for seq, token in zip(prefill, tokens):
             state = seq.state
-            state.cached = len(prompt)
+            state.cached = seq.prefill_to
             state.last = token
         for state, token in zip(states, tokens[len(prefill):]):
             state.cached += 1

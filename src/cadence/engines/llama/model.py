@@ -192,11 +192,25 @@ class LlamaModel:
         step: StepInputs,
         block_size: int,
     ) -> torch.Tensor:
-        """Attention for the flat layout: prompts attend to themselves (causal), decoded
-        tokens to their cached past. Returns [N, heads, head_dim]."""
+        """Attention for the flat layout: prompts attend to themselves (causal), chunks of
+        prompts and decoded tokens to their cached past. Returns [N, heads, head_dim]."""
         parts: list[torch.Tensor] = []
         np_ = step.prefill_tokens
-        if step.prefill_count == 1:
+        if step.prefill_blocks is not None:
+            # Chunks: each attends over its sequence's cache, its own keys already written.
+            bp, width = step.prefill_count, step.prefill_width
+            pad = step.prefill_pad_index
+            rows = q.new_zeros(bp * width, q.shape[1], q.shape[2]).index_copy_(0, pad, q[:np_])
+            blocks = step.prefill_blocks
+            shape = (bp, blocks.shape[1] * block_size, keys.shape[1], keys.shape[2])
+            past_k = keys.view(-1, block_size, *keys.shape[1:])[blocks].view(shape).transpose(1, 2)
+            past_v = values.view(-1, block_size, *values.shape[1:])[blocks].view(shape).transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                rows.view(bp, width, *q.shape[1:]).transpose(1, 2), past_k, past_v,
+                attn_mask=step.prefill_mask, enable_gqa=True,
+            )
+            parts.append(out.transpose(1, 2).reshape(bp * width, *q.shape[1:])[pad])
+        elif step.prefill_count == 1:
             # One prompt: no padding, so the causal kernel needs no mask.
             out = F.scaled_dot_product_attention(
                 q[:np_].transpose(0, 1)[None],

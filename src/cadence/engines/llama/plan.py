@@ -8,15 +8,21 @@ per-sequence state at all.
 The step's tokens are laid out flat: the prompts of the sequences being prefilled, one after
 the other, then one token for each sequence being decoded. Dense layers run on that flat
 layout with no padding; only attention treats the two groups differently.
+
+A prefilled "prompt" may be a chunk of one (chunked prefill under a step budget): the tokens
+from position `start` on, whose keys and values are appended to what the cache holds for the
+sequence. A step where any chunk starts past 0 runs prefill attention over the cache (the
+chunk attends to everything before it), not over the chunk alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 _HEADER = 5  # prefill count, decode count, prefill table width, decode table width, prefill tokens
+# then each prefill's length and start position, the prompts' tokens, the tables, ...
 
 
 @dataclass
@@ -32,6 +38,8 @@ class StepPlan:
     decode_positions: list[int]
     """The position of that token (the sequence's length so far, minus one)."""
     decode_blocks: list[list[int]]
+    prefill_starts: list[int] = field(default_factory=list)
+    """The position of each prefill's first token (0 for a whole prompt; empty: all 0)."""
 
     def pack(self) -> torch.Tensor:
         """The plan as one int64 tensor (the form that is broadcast)."""
@@ -40,6 +48,7 @@ class StepPlan:
         flat_prompt = [t for p in self.prefill_tokens for t in p]
         out: list[int] = [len(self.prefill_tokens), len(self.decode_tokens), wp, wd, len(flat_prompt)]
         out += [len(p) for p in self.prefill_tokens]
+        out += self.prefill_starts or [0] * len(self.prefill_tokens)
         out += flat_prompt
         for blocks in self.prefill_blocks:
             out += blocks
@@ -78,6 +87,9 @@ class StepInputs:
     """[Bd, 1, 1, W * block_size]: which gathered cache slots hold this sequence's past."""
     last_index: torch.Tensor
     """[Bp + Bd] row of each sequence's last token: the rows whose logits are needed."""
+    prefill_blocks: torch.Tensor | None = None
+    """[Bp, Wp] cache blocks of each prefilled sequence, set when a chunk starts past 0: the
+    prefill then attends over the cache (prefill_mask is [Bp, 1, Tp, Wp * block_size])."""
 
 
 def unpack(packed: torch.Tensor, block_size: int, device: torch.device) -> StepInputs:
@@ -85,6 +97,8 @@ def unpack(packed: torch.Tensor, block_size: int, device: torch.device) -> StepI
     bp, bd, wp, wd, np_ = packed[:_HEADER].tolist()
     at = _HEADER
     lens = packed[at : at + bp]
+    at += bp
+    starts = packed[at : at + bp]
     at += bp
     prompt = packed[at : at + np_]
     at += np_
@@ -96,18 +110,27 @@ def unpack(packed: torch.Tensor, block_size: int, device: torch.device) -> StepI
     at += bd
     dtable = packed[at : at + bd * wd].view(bd, wd)
 
+    chunked = bp > 0 and bool(starts.any())
     if bp:
         seq_of = torch.repeat_interleave(torch.arange(bp), lens)
-        starts = torch.cumsum(lens, 0) - lens
-        ppos = torch.arange(np_) - starts[seq_of]
+        rows = torch.cumsum(lens, 0) - lens
+        offset = torch.arange(np_) - rows[seq_of]
+        ppos = offset + starts[seq_of]
         pwrite = ptable[seq_of, ppos // block_size] * block_size + ppos % block_size
         width = int(lens.max())
-        last = starts + lens - 1
+        last = rows + lens - 1
     else:
         ppos = pwrite = last = torch.empty(0, dtype=torch.int64)
         width = 0
     pad_index = mask = None
-    if bp > 1:
+    if chunked:
+        # Query row j of sequence i sits at position starts[i] + j and sees every cache slot
+        # up to it (rows past a chunk's end are padding, dropped after attention).
+        pad_index = seq_of * width + offset
+        query = starts[:, None] + torch.arange(width)[None, :]
+        slots = torch.arange(wp * block_size)
+        mask = (slots[None, None, :] <= query[:, :, None])[:, None]
+    elif bp > 1:
         pad_index = seq_of * width + ppos
         keys = torch.arange(width)
         causal = keys[None, :] <= keys[:, None]
@@ -137,4 +160,5 @@ def unpack(packed: torch.Tensor, block_size: int, device: torch.device) -> StepI
         decode_blocks=put(dtable) if bd else None,
         decode_mask=put(dmask),
         last_index=put(last),
+        prefill_blocks=put(ptable) if chunked else None,
     )
