@@ -322,6 +322,15 @@ TIMER_MIN_INSTANTS = 5
 are one instant): one hiccup of a busy host stretches many streams' gaps by the same amount
 once; a timer fires again and again."""
 
+TIMER_MIN_TYPICAL = 3.0
+"""...at a value of this many typical gaps at least (a step stretched by jitter or a busy host
+lands near two)..."""
+
+TIMER_PER_INSTANT = 2.5
+"""...hitting at most this many streams per instant on average: a timer of each stream's own
+(a reader's poll timeout) fires for one stream at a time, where a long step of the engine
+stretches the gaps of every stream it serves at once."""
+
 TIMER_SHARP = 2.0
 """...and is sharp: this many times the gaps in the band of four tolerances either side
 (a pause or a slow step spreads; a timeout ends on time)."""
@@ -360,6 +369,8 @@ class FixedGaps(Signature):
         apart = reads.typical_ms * NS_PER_MS
         instants = 1 + sum(1 for a, b in itertools.pairwise(ends) if b - a > apart) if ends else 0
         if (inside < TIMER_MIN_GAPS or instants < TIMER_MIN_INSTANTS
+                or center < TIMER_MIN_TYPICAL * reads.typical_ms
+                or inside > TIMER_PER_INSTANT * instants
                 or inside < TIMER_SHARE * len(values)
                 or inside < TIMER_SHARP * band):
             return None
