@@ -1,8 +1,10 @@
-"""Rules on the shape of the streams, from client timestamps alone (any server, no server
-timing): `output_held_back` (several tokens per message at a steady interval while the
-client keeps up: output waits to be batched), `slow_stream_group` (a subset of the streams
-consistently slower than the rest: one card or replica slower), and `slow_first_message`
-(every stream waits long for its first message, the same whatever the load)."""
+"""Rules on the shape of the streams, from client timestamps alone (any server, any protocol,
+no server timing): `output_held_back` (several outputs in one read or message at the engine's
+pace while the client keeps up: output waits to be batched), `slow_stream_group` (a subset of
+the streams consistently slower than the rest: one card or replica slower), and
+`slow_first_message` (every stream pays a floor before its first output). Each reads its
+signature and its share of the tail from `coincidence`; without the raw records
+`output_held_back` falls back on the aggregates."""
 
 from __future__ import annotations
 
@@ -135,7 +137,8 @@ def slow_stream_group(facts: RunFacts) -> list[Finding]:
         evidence={**ev, **tail.shares(RULE_SLOW_STREAM_GROUP)},
         look_at=("what serves that share of the streams: one card, replica or worker slower than "
                  "the others (clocks, thermal limits, a shared PCIe switch, another job on it), "
-                 "or a load balancer that sends them elsewhere; compare the replicas' step times"),
+                 "or a load balancer that sends them elsewhere; compare the replicas' step "
+                 "times (each replica's --scrape, or cadence's own timing, names it)"),
     )]
 
 

@@ -1,6 +1,7 @@
-"""Rules on the streams read together (`cadence.lab.analysis.timeline`), the evidence a run
-without server timing still has: `streams_stall_together`, `ttft_grows_with_streams`, and
-`front_loop_blocked` (which also reads the front's own loop-lag tallies)."""
+"""Rules on the streams read together (`cadence.lab.analysis.timeline`, and read by read in
+`coincidence`), the evidence a run without server timing still has: `streams_stall_together`,
+`ttft_grows_with_streams`, and `front_loop_blocked` (which also reads the front's own
+loop-lag tallies)."""
 
 from __future__ import annotations
 
