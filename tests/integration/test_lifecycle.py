@@ -196,7 +196,7 @@ def test_a_restart_loop_backs_off_and_says_so(server_factory) -> None:
     port = _free_port()
     server = server_factory("--devices", "cpu:1", "--step-ms", "10", "--metrics-port", str(port))
     seen: set[int] = set()
-    gaps = []
+    gaps, killed = [], 0.0
     for restart in range(4):
         _wait_serving_workers(server.target, 1)
         worker = _new_worker(server, seen)

@@ -40,7 +40,7 @@ def load_model_class(reference: str) -> type:
     says what is wrong in one line."""
     try:
         target = load_app(reference)
-    except Exception as exc:  # noqa: BLE001 - any import failure is reported the same way
+    except Exception as exc:
         raise EngineLoadError(
             f"cannot load model {reference!r}: {type(exc).__name__}: {exc}") from None
     if not inspect.isclass(target):
@@ -68,7 +68,7 @@ def construct(cls: type, device: str, offered: dict[str, object]) -> object:
             "group_size= to learn its place in the tensor-parallel group (see docs/models.md)")
     try:
         return cls(device, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the user's constructor: one line for any failure
+    except Exception as exc:
         log.debug("constructing %s failed", cls.__qualname__, exc_info=exc)
         raise EngineLoadError(f"{cls.__qualname__}({device!r}) raised {type(exc).__name__}: "
                               f"{exc}") from None
@@ -149,7 +149,7 @@ class ModelEngine:
         self._prepare([seq])
         try:
             return self._check(seq)
-        except Exception as exc:  # noqa: BLE001 - the user's check fails its request only
+        except Exception as exc:
             log.error("%s.check raised on request %d", self._label, seq.seq_id, exc_info=exc)
             return f"{self._label}.check raised {type(exc).__name__}: {exc}"
 
@@ -161,7 +161,7 @@ class ModelEngine:
             if self.group is not None:
                 self.group.send_step(prefill, decode)
             outputs = self._step(prefill, decode)
-        except Exception as exc:  # noqa: BLE001 - the user's step fails its sequences only
+        except Exception as exc:
             # Not on the token path: the traceback is what the model's author needs.
             name = f"{self._label}.{self._step_name}"
             log.error("%s raised", name, exc_info=exc)
@@ -183,7 +183,7 @@ class ModelEngine:
             return
         try:
             self._release(seq)
-        except Exception as exc:  # noqa: BLE001 - one failed clean-up must not stop the others
+        except Exception as exc:
             log.error("%s.release raised on request %d", self._label, seq.seq_id, exc_info=exc)
 
     def follow(self) -> None:

@@ -13,10 +13,10 @@ from cadence.credentials import ClientCredentials
 from cadence.lab import results
 from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
 from cadence.lab.analysis.goodput import goodput
-from cadence.lab.analysis.verdict import judge
 from cadence.lab.analysis.schedule import schedule
 from cadence.lab.analysis.server_spans import join_spans
 from cadence.lab.analysis.stats import summarize
+from cadence.lab.analysis.verdict import judge
 from cadence.lab.analysis.worker_curves import worker_curves
 from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.grpc_service import GrpcTarget
@@ -39,7 +39,6 @@ from cadence.lab.measure.sampler import SystemSampler
 from cadence.lab.measure.stacks import StackSampler
 from cadence.lab.measure.threads import ThreadReader
 from cadence.lab.measure.trace_receiver import TraceReceiver
-
 
 STALL_LIMIT_S = 60.0
 """A request that gets no chunk for this long ends as STALLED, unless the run has a

@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-
 EXIT_GATE_FAILED = 1
 """A run failed a --fail-if gate (a regression, or an integrity fault gated on)."""
 EXIT_USAGE = 2
