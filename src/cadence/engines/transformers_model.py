@@ -27,7 +27,7 @@ import torch
 
 from cadence.engines.base import Sequence
 from cadence.engines.llama.sampling import Sampler, sample
-from cadence.engines.transformers_rows import Rows, new_cache, unsupported_layers
+from cadence.engines.transformers_rows import Rows, new_cache, unsupported_layers, zero_padding
 
 TRANSFORMERS_MODEL = "cadence.engines.transformers_model:TransformersModel"
 """What `--engine transformers` serves (as `--engine MODULE:CLASS`)."""
@@ -136,6 +136,8 @@ class TransformersModel:
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                          position_ids=positions.to(self.device), use_cache=True,
                          logits_to_keep=1, **{self._cache_arg: cache})
+        if min(lengths) < width:
+            zero_padding(cache, mask.to(self.device))
         for row, (seq, n) in enumerate(zip(prefill, lengths)):
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos

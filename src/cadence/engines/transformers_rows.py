@@ -27,13 +27,25 @@ def unsupported_layers(config) -> list[str]:
     return sorted({t for t in layer_types if t not in BATCHABLE_LAYERS})
 
 
+def zero_padding(cache: DynamicCache, mask: torch.Tensor) -> None:
+    """Zero the keys and values of a left-padded prefill's padding columns (`mask` 0): the
+    forward computed something there, possibly NaN, and a masked column is still multiplied
+    by its attention weight of 0 in later forwards."""
+    for layer in cache.layers:
+        columns = layer.keys.shape[2]
+        padding = (mask[:, -columns:] == 0)[:, None, :, None]
+        layer.keys.masked_fill_(padding, 0)
+        layer.values.masked_fill_(padding, 0)
+
+
 def new_cache(config) -> DynamicCache:
     """An empty cache for one sequence's prefill, laid out as transformers lays it out."""
     return DynamicCache(config=config)
 
 
 class Rows:
-    """The running sequences' caches as one left-padded batch (see the module docstring).
+    """The running sequences' caches as one left-padded batch (see the module docstring), its
+    padding zeros.
 
     `sources[i]` is where row `i` is copied from: a cache and its row there (a sequence's own
     prefill cache at row 0, or a row of the previous batch); `lengths[i]` its tokens."""
@@ -47,24 +59,24 @@ class Rows:
         first = sources[0][0]
         if not cache.layers:  # a config without layer kinds: transformers adds layers lazily
             cache.layers = [DynamicLayer() for _ in first.layers]
+        device = first.layers[0].keys.device
+        gather = _Gather(sources, device)
+        lengths_t = torch.tensor(lengths, device=device)
         for index, layer in enumerate(cache.layers):
             sliding = type(layer) is DynamicSlidingWindowLayer
             keep = min(width, layer.sliding_window - 1) if sliding else width
-            keys = _stack([(c.layers[index].keys, r) for c, r in sources], lengths, keep)
-            values = _stack([(c.layers[index].values, r) for c, r in sources], lengths, keep)
+            keys = gather(lambda c: c.layers[index].keys, keep)
+            values = gather(lambda c: c.layers[index].values, keep)
             layer.lazy_initialization(keys, values)
             layer.keys, layer.values = keys, values
             if sliding:
                 layer.cumulative_length = width
-        device = first.layers[0].keys.device
         self.cache = cache
         self.width = width
         """Columns of every row, padding included: the cache's length to transformers."""
-        self.mask = torch.zeros((len(lengths), width + 1), dtype=torch.long, device=device)
+        self.mask = (torch.arange(width + 1, device=device) >= (width - lengths_t)[:, None]).long()
         """The attention mask of the next forward: the rows' tokens and the new one."""
-        for i, n in enumerate(lengths):
-            self.mask[i, width - n:] = 1
-        self.positions = torch.tensor(lengths, device=device)[:, None]
+        self.positions = lengths_t[:, None]
         """Each row's next position id: its own length."""
 
     def advanced(self) -> None:
@@ -91,13 +103,32 @@ class Rows:
         return cache
 
 
-def _stack(tensors: list[tuple[torch.Tensor, int]], lengths: list[int],
-           keep: int) -> torch.Tensor:
-    """Each row's last min(length, keep) columns, right-aligned in zeros: [rows, heads, keep,
-    dim]."""
-    sample = tensors[0][0]
-    out = sample.new_zeros((len(tensors), sample.shape[1], keep, sample.shape[3]))
-    for i, ((tensor, row), n) in enumerate(zip(tensors, lengths)):
-        take = min(n, keep)
-        out[i, :, keep - take:] = tensor[row, :, tensor.shape[2] - take:]
-    return out
+class _Gather:
+    """Copies rows out of a few source caches into one batch, in the order asked for, with
+    one index_select per source and tensor rather than one copy per row."""
+
+    def __init__(self, sources: list[tuple[DynamicCache, int]], device) -> None:
+        groups: dict[int, tuple[DynamicCache, list[int], list[int]]] = {}
+        for i, (cache, row) in enumerate(sources):
+            _, rows, order = groups.setdefault(id(cache), (cache, [], []))
+            rows.append(row)
+            order.append(i)
+        self._groups = [(c, torch.tensor(rows, device=device)) for c, rows, _ in groups.values()]
+        order = [i for _, _, o in groups.values() for i in o]
+        self._back = None
+        if order != list(range(len(order))):
+            self._back = torch.empty(len(order), dtype=torch.long, device=device)
+            self._back[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
+
+    def __call__(self, tensor_of, keep: int) -> torch.Tensor:
+        """[rows, heads, keep, dim]: each row's last `keep` columns, left-padded with zeros
+        when its source has fewer. Sources hold zeros left of a row's tokens (`zero_padding`),
+        so a row's padding is zeros either way."""
+        parts = []
+        for cache, rows in self._groups:
+            t = tensor_of(cache).index_select(0, rows)
+            have = t.shape[2]
+            parts.append(t[:, :, have - keep:] if have >= keep else
+                         torch.nn.functional.pad(t, (0, 0, keep - have, 0)))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out if self._back is None else out.index_select(0, self._back)
