@@ -6,10 +6,13 @@ both driven by `cadence bench --protocol openai` (/v1/completions, SSE), one aft
 
 The model is examples/transformers_model.py's tiny random Qwen3 (2 layers, hidden 64), in
 float32 on the CPU. cadence runs one worker (`--devices cpu:1`, all cores as its torch
-threads); `transformers serve` runs the model in its one process, with its continuous
-batching (`--continuous-batching`, paged attention) and without. Closed loop: `streams`
-streams at once, each sending `requests-per-stream` requests one after another, prompts of 16
-tokens, `max-tokens` tokens each.
+threads) and one per core (`--devices cpu:2` here, one torch thread each). `transformers
+serve` runs the model in its one process with its continuous batching
+(`--continuous-batching`, paged attention), with torch's default threads (all cores) and
+with one (OMP_NUM_THREADS=1); with `--plain` also without continuous batching (one generate
+per request: slow, minutes at 64 streams). Closed loop: `streams` streams at once, each
+sending `requests-per-stream` requests one after another, prompts of 16 characters (about 10
+tokens), `max-tokens` tokens each, greedy (so both servers give the same tokens).
 
 `transformers serve` needs FastAPI, Uvicorn and accelerate, which the project's environment
 does not install (transformers' `serving` extra); point `--serving-deps` at a folder holding
@@ -86,11 +89,11 @@ def _bench(base: str, model: str, streams: int, requests: int, max_tokens: int,
             "errors_by_code": stats["errors_by_code"]}
 
 
-def _cadence(folder: Path) -> tuple[subprocess.Popen, str, str]:
+def _cadence(folder: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
     http = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "cadence.cli", "serve", "--engine", "transformers", "--model",
-         str(folder), "--devices", "cpu:1", "--port", "0", "--http-port", str(http),
+         str(folder), "--devices", f"cpu:{workers}", "--port", "0", "--http-port", str(http),
          "--served-model-name", "tiny", "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{http}"
@@ -98,10 +101,13 @@ def _cadence(folder: Path) -> tuple[subprocess.Popen, str, str]:
     return process, base, "tiny"
 
 
-def _hf(folder: Path, deps: str, continuous: bool) -> tuple[subprocess.Popen, str, str]:
+def _hf(folder: Path, deps: str, continuous: bool,
+        threads: int = 0) -> tuple[subprocess.Popen, str, str]:
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(filter(None, [deps, os.environ.get("PYTHONPATH")])))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     command = [str(Path(sys.executable).with_name("transformers")), "serve", str(folder),
                "--port", str(port), "--device", "cpu", "--dtype", "float32",
                "--continuous-batching" if continuous else "--no-continuous-batching"]
@@ -112,6 +118,12 @@ def _hf(folder: Path, deps: str, continuous: bool) -> tuple[subprocess.Popen, st
     return process, base, str(folder)
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[16, 64])
@@ -119,17 +131,25 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--serving-deps", default="",
                         help="a folder with fastapi, uvicorn and accelerate for transformers serve")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2],
+                        help="cadence runs: this many CPU workers, cores shared among them")
+    parser.add_argument("--plain", action="store_true",
+                        help="also transformers serve without --continuous-batching")
     parser.add_argument("--out", default="results/transformers_engine.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from examples.transformers_model import build
 
-    servers = [("cadence --engine transformers", lambda f: _cadence(f))]
+    servers = [(f"cadence --engine transformers --devices cpu:{n}",
+                lambda f, n=n: _cadence(f, n)) for n in args.workers]
     skipped = {}
     if args.serving_deps:
-        servers += [("transformers serve --continuous-batching",
-                     lambda f: _hf(f, args.serving_deps, True)),
-                    ("transformers serve", lambda f: _hf(f, args.serving_deps, False))]
+        servers.append(("transformers serve --continuous-batching",
+                        lambda f: _hf(f, args.serving_deps, True)))
+        servers.append(("transformers serve --continuous-batching, OMP_NUM_THREADS=1",
+                        lambda f: _hf(f, args.serving_deps, True, threads=1)))
+        if args.plain:
+            servers.append(("transformers serve", lambda f: _hf(f, args.serving_deps, False)))
     else:
         skipped["transformers serve"] = ("needs fastapi, uvicorn and accelerate "
                                          "(--serving-deps DIR)")
@@ -155,7 +175,9 @@ def main() -> None:
         "command": "python " + " ".join(sys.argv),
         "model": "examples/transformers_model.py (Qwen3, 2 layers, hidden 64, float32, CPU)",
         "max_tokens": args.max_tokens, "prompt_tokens": 16,
-        "requests_per_stream": args.requests_per_stream, "host": platform.node(),
+        "requests_per_stream": args.requests_per_stream, "date": time.strftime("%Y-%m-%d"),
+        "transformers": _version("transformers"), "torch": _version("torch"),
+        "host": platform.node(),
         "cpus": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows,
         "skipped": skipped,
     }, indent=1) + "\n")

@@ -30,3 +30,15 @@ def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
     assert result.requests_ok == 4 and result.integrity.lost_tokens == 0
     assert result.segments_ms.client_to_front.count == 4
     assert 4.0 <= result.segments_ms.engine_step.p50 <= 6.0
+
+
+def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
+    """Without `transformers serve`'s packages the peer is skipped, saying why."""
+    out = tmp_path / "transformers_engine.json"
+    subprocess.run([sys.executable, str(_BENCHMARKS / "transformers_engine.py"), "--workers", "1",
+                    "--streams", "2", "--requests-per-stream", "1", "--max-tokens", "4",
+                    "--out", str(out)], capture_output=True, timeout=120, check=True)
+    result = json.loads(out.read_text())
+    [row] = result["rows"]
+    assert row["requests_ok"] == 2 and row["output_tokens"] == 8
+    assert "fastapi" in result["skipped"]["transformers serve"]
