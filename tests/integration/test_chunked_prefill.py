@@ -68,3 +68,25 @@ def test_without_a_budget_the_long_prefill_stalls_every_decode(server_factory):
     print(f"worst gap {worst_gap:.3f} s, long TTFT {ttft:.3f} s")
     assert worst_gap > 0.9 * PREFILL_S, worst_gap
     assert PREFILL_S <= ttft < PREFILL_S + 1, ttft
+
+
+def test_the_chunked_prefill_benchmark_runs(tmp_path):
+    """benchmarks/chunked_prefill.py end to end, shortened: its JSON has both runs, whole."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "chunked.json"
+    script = Path(__file__).parents[2] / "benchmarks" / "chunked_prefill.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--duration", "3", "--targets", "60",
+         "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["flags"] for r in runs] == ["(none)", "--itl-target-ms 60"]
+    for run in runs:
+        assert run["decoding_streams"]["requests_ok"] == run["decoding_streams"]["requests"] > 0
+        assert not any(run["decoding_streams"]["integrity"].values())
+        assert run["long_prompts"]["requests_ok"] == run["long_prompts"]["requests"]
+        assert run["long_prompts"]["short_streams"] == 0
