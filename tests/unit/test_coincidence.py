@@ -13,6 +13,7 @@ from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.stats import summarize
+from cadence.lab.analysis.verdict import judge
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.results import BenchResult
 
@@ -117,3 +118,56 @@ def test_two_causes_at_once_each_take_their_share():
     tail = attribution(RunFacts(as_bench(records)))
     accounted = sum(tail.itl_ms.values()) + tail.unexplained_itl_ms
     assert abs(accounted - tail.itl_total_ms) < 1e-6
+
+
+SERVER_CLOCK = 7_000 * MS
+"""The server's monotonic clock is another host's: only differences on it mean anything."""
+
+
+def timed(streams: int = 16, tokens: int = 150, slow_steps: dict[int, int] | None = None,
+          worker_step_ms: dict[int, int] | None = None) -> list[RequestRecord]:
+    """Streams stepped together with cadence's timing (`t_step_end_ns`): `slow_steps` maps a
+    step to the ms it took beyond the others'; `worker_step_ms` gives stream k, on worker
+    k % len(...), that worker's steady step."""
+    slow_steps = slow_steps or {}
+    steps = worker_step_ms or {0: 10}
+    records = []
+    for k in range(streams):
+        worker = k % len(steps)
+        step, ends, made = steps[worker] * MS, [], 0
+        for i in range(tokens):
+            made += step + slow_steps.get(i, 0) * MS
+            ends.append(made)
+        arrivals = [e + 1 * MS + k * 30 * US for e in ends]
+        r = record(k, k * 20 * US, arrivals)
+        r.worker = worker
+        r.t_step_end_ns = [e + SERVER_CLOCK for e in ends]
+        records.append(r)
+    return records
+
+
+def test_slow_gaps_on_the_engines_own_slow_steps_are_the_engine():
+    """A few steps of the engine take 25 ms more (a busy host, the card's compute): every
+    stream's gap there is slow, too short a silence to be a stall. The server's timing puts
+    the tail on the engine, all of it, and leaves nothing unexplained."""
+    records = timed(slow_steps={20: 25, 55: 25, 90: 25, 120: 25, 140: 25})
+    found = fired(records)
+    engine = found["itl_unstable_engine"]
+    assert engine["itl_tail_share"] > 0.9
+    assert engine["slow_gaps_on_slow_steps"] == 5 * 16
+    result = as_bench(records)
+    result.diagnosis = diagnose(result)
+    verdict, unexplained = judge(result)
+    assert verdict.state == "unhealthy" and not unexplained
+    itl = next(t for t in verdict.tails if t.metric == "itl_ms")
+    assert itl.explained_by["itl_unstable_engine"] > 0.9
+    for r in records:  # without the server's timing the same gaps are not put on the engine
+        r.t_step_end_ns = []
+    assert "itl_unstable_engine" not in fired(records)
+
+
+def test_a_steadily_slower_worker_is_not_engine_jitter():
+    """Half the streams on a worker whose every step takes 20 ms: each of their gaps is slow
+    against the run's typical 10 ms, but not against their own worker's steps."""
+    found = fired(timed(worker_step_ms={0: 10, 1: 20}))
+    assert "itl_unstable_engine" not in found

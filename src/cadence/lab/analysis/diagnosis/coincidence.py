@@ -3,8 +3,9 @@
 The tail is what the slow gaps and the slow first outputs took beyond one typical gap (their
 excess, `reads`). Each signature (`signatures`) recognised over the run claims, in turn, the
 part of each one's remaining excess it explains: most specific first (outputs held back in a
-read, then the streams that joined at that instant, then a silence of every stream, then a
-slower subset, then a timer among what is left). A cause's share is the tail time it claimed
+read, then the streams that joined at that instant, then the engine's own slow step where
+the server's timing shows it, then a silence of every stream, then a slower subset, then a
+timer among what is left). A cause's share is the tail time it claimed
 over the whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
 A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is a finding.
 """
@@ -26,14 +27,17 @@ from cadence.lab.analysis.diagnosis.signatures import (
     SharedStalls,
     Signature,
     SlowGroup,
+    SlowSteps,
     WaitsForSlot,
 )
 from cadence.lab.results import BenchResult
 
 S = TypeVar("S", bound=Signature)
 
-GAP_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, SlowGroup)
-"""Claim each slow gap's excess in this order; `FixedGaps` then reads what they left."""
+GAP_SIGNATURES = (HeldBack, PrefillStalls, SlowSteps, SharedStalls, SlowGroup)
+"""Claim each slow gap's excess in this order; `FixedGaps` then reads what they left. A slow
+step of the engine's own (the server's timing) comes after prefill, which names why a step
+was slow, and before a silence of every stream, which a slow step also makes."""
 
 FIRST_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, FixedFirstCost, WaitsForSlot,
                     BurstSpread)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary, usable
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
@@ -13,6 +14,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SLOW_WORKER,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
+from cadence.lab.analysis.diagnosis.signatures import SlowSteps
 from cadence.lab.results import Finding
 
 ITL_UNEVEN_P90_RATIO = 1.3
@@ -97,22 +99,45 @@ def _spread(facts: RunFacts) -> _Spread | None:
     return spread if spread.total > 0 else None
 
 
+ENGINE_TAIL_SHARE = 0.25
+"""The engine's own slow steps are named, from the gaps they coincide with (`SlowSteps`), when
+they explain at least this share of the gaps' tail time: a p99 a few slow steps make, which
+the p90 test above does not see."""
+
+_ENGINE_LOOK_AT = ("the engine's step time: batch composition (prefill in decode steps), "
+                   "host-side work in the step, other jobs on the card, clock throttling, "
+                   "or a host CPU too busy to run the worker on time")
+
+
 def unstable_engine(facts: RunFacts) -> list[Finding]:
+    tail = attribution(facts)
+    share = tail.itl_share(RULE_ITL_UNSTABLE_ENGINE) if tail else 0.0
+    shares = tail.shares(RULE_ITL_UNSTABLE_ENGINE) if tail else {}
     spread = _spread(facts)
-    if spread is None:
-        return []
     itl, step = facts.itl, facts.step
-    if not (spread.engine >= ENGINE_SIDE_SHARE * spread.total and steps_vary(step.p50, step.p90)):
+    if spread and spread.engine >= ENGINE_SIDE_SHARE * spread.total and steps_vary(step.p50,
+                                                                                  step.p90):
+        return [Finding(
+            rule=RULE_ITL_UNSTABLE_ENGINE,
+            finding=(f"ITL is unstable (p90 {itl.p90:.1f} ms vs p50 {itl.p50:.1f} ms) "
+                     f"and the engine's steps vary as much (p90 {step.p90:.1f} ms vs p50 "
+                     f"{step.p50:.1f} ms): the engine jitters, not the serving layer"),
+            evidence={**spread.evidence, **shares},
+            look_at=_ENGINE_LOOK_AT,
+        )]
+    if share < ENGINE_TAIL_SHARE:
         return []
+    ev = tail.signature(SlowSteps).evidence
     return [Finding(
         rule=RULE_ITL_UNSTABLE_ENGINE,
-        finding=(f"ITL is unstable (p90 {itl.p90:.1f} ms vs p50 {itl.p50:.1f} ms) "
-                 f"and the engine's steps vary as much (p90 {step.p90:.1f} ms vs p50 "
-                 f"{step.p50:.1f} ms): the engine jitters, not the serving layer"),
-        evidence=spread.evidence,
-        look_at=("the engine's step time: batch composition (prefill in decode steps), "
-                 "host-side work in the step, other jobs on the card, clock throttling, "
-                 "or a host CPU too busy to run the worker on time"),
+        finding=(f"the slow gaps fall on slow steps of the engine's own: "
+                 f"{ev['slow_gaps_on_slow_steps']} of {ev['slow_gaps']} slow gaps came from "
+                 f"steps {ev['engine_gap_at_those_p50_ms']:.1f} ms apart at the median (max "
+                 f"{ev['engine_gap_at_those_max_ms']:.1f}) where the engine's gap is "
+                 f"{ev['engine_gap_p50_ms']:.1f} ms; the engine's steps explain {share:.0%} of "
+                 "the gaps' tail, not the serving layer"),
+        evidence={**ev, **shares},
+        look_at=_ENGINE_LOOK_AT,
     )]
 
 

@@ -58,8 +58,10 @@ class StreamReads:
         "per_token_ms",
         "prompt_tokens",
         "start_ns",
+        "step_ends",
         "times",
         "tokens",
+        "worker",
     )
 
     def __init__(self, number: int, record: RequestRecord, together_ns: float) -> None:
@@ -67,17 +69,26 @@ class StreamReads:
         self.start_ns = record.start_ns
         self.end_ns = record.arrival_ns[-1]
         self.prompt_tokens = record.prompt_tokens
+        self.worker = record.worker
         self.times: list[int] = []
         """Each read's arrival (its first output's stamp)."""
         self.tokens: list[int] = []
         """Tokens in each read."""
+        ends = record.t_step_end_ns if len(record.t_step_end_ns) == len(record.arrival_ns) else ()
+        self.step_ends: list[int] = []
+        """With the server's timing (cadence): when the engine's step that made each read's
+        last output ended, on the server's clock; empty without it."""
         last = None
-        for at, n in zip(record.arrival_ns, record.tokens, strict=False):
+        for k, (at, n) in enumerate(zip(record.arrival_ns, record.tokens, strict=False)):
             if last is not None and at - last < together_ns:
                 self.tokens[-1] += n
+                if ends:
+                    self.step_ends[-1] = ends[k]
             else:
                 self.times.append(at)
                 self.tokens.append(n)
+                if ends:
+                    self.step_ends.append(ends[k])
             last = at
         self.per_token_ms = [(self.times[j] - self.times[j - 1]) / NS_PER_MS / self.tokens[j]
                              for j in range(1, len(self.times)) if self.tokens[j]]

@@ -17,6 +17,7 @@ import statistics
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.names import (
     RULE_GAPS_AT_FIXED_VALUES,
+    RULE_ITL_UNSTABLE_ENGINE,
     RULE_ONE_STREAM_AT_A_TIME,
     RULE_OUTPUT_HELD_BACK,
     RULE_PREFILL_STALLS_DECODE,
@@ -190,6 +191,65 @@ class PrefillStalls(Signature):
         # The streams admitted in the same step made this one wait for their prefill too.
         n, tokens = self.reads.joined_at(stream.first_ns, self.window, stream.number)
         return min(remaining_ms, self._cost(n, tokens)) if n else 0.0
+
+
+# -- the engine's own steps slow at the slow gaps (the server's timing) ---------------------
+
+STEP_MIN_SLOW_GAPS = 3
+"""The engine's steps explain slow gaps when at least this many slow gaps fall on a slow step
+of their own."""
+
+
+class SlowSteps(Signature):
+    """With the server's timing (cadence's `t_step_end_ns`), each slow gap is set against the
+    engine's own time between the steps that made its two reads: when the card's compute
+    fluctuated, the engine's gap holds the client's. Measured against the typical gap of the
+    stream's own worker, so a card that is steadily slower is a slower group, not jitter."""
+
+    rule = RULE_ITL_UNSTABLE_ENGINE
+
+    def __init__(self, typical_by_worker: dict[int, float], evidence: dict) -> None:
+        self.typical = typical_by_worker
+        self.evidence = evidence
+
+    @staticmethod
+    def _engine_ms(gap: Gap) -> float | None:
+        ends = gap.stream.step_ends
+        if not ends:
+            return None
+        return (ends[gap.read] - ends[gap.read - 1]) / NS_PER_MS
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> SlowSteps | None:
+        per_worker: dict[int, list[float]] = {}
+        for g in reads.gaps:
+            engine = cls._engine_ms(g)
+            if engine is not None:
+                per_worker.setdefault(g.stream.worker, []).append(engine / max(g.tokens, 1))
+        if not per_worker:
+            return None
+        typical = {w: statistics.median(v) for w, v in per_worker.items()}
+        signature = cls(typical, {})
+        on_slow_steps = [g for g in reads.slow if signature.claim_gap(g, g.excess_ms) > 0]
+        if len(on_slow_steps) < STEP_MIN_SLOW_GAPS:
+            return None
+        steps = sorted(cls._engine_ms(g) for g in on_slow_steps)
+        signature.evidence = {
+            "engine_gap_p50_ms": round(statistics.median(typical.values()), 2),
+            "slow_gaps_on_slow_steps": len(on_slow_steps),
+            "slow_gaps": len(reads.slow),
+            "engine_gap_at_those_p50_ms": round(percentile(steps, 50), 2),
+            "engine_gap_at_those_max_ms": round(steps[-1], 2),
+        }
+        return signature
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        engine = self._engine_ms(gap)
+        typical = self.typical.get(gap.stream.worker)
+        if engine is None or typical is None:
+            return 0.0
+        over = engine - typical * max(gap.tokens, 1)
+        return min(remaining_ms, over) if over > SLOW_GAP_MS else 0.0
 
 
 # -- every open stream paused at the same instants ------------------------------------------
