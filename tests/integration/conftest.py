@@ -24,6 +24,12 @@ SERVE_ARGS = tuple(shlex.split(os.environ.get("CADENCE_TEST_SERVE_ARGS", "")))
 """Added to every server the tests start: `--grpc-server native` runs the gRPC tests that
 use them against gRPC on Envoy (see .ci/run)."""
 
+runs_once = pytest.mark.skipif(
+    bool(SERVE_ARGS), reason="its server is started without CADENCE_TEST_SERVE_ARGS: the run "
+    "on Envoy would repeat it as it is")
+"""For a test in a module that runs again on Envoy whose server ignores SERVE_ARGS (the lab's
+`ServerProcess`)."""
+
 
 @dataclass
 class RunningServer:

@@ -21,7 +21,7 @@ from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
 from cadence.lab.servers.server_process import ServerProcess
-from tests.integration.conftest import start_server
+from tests.integration.conftest import runs_once, start_server
 from tests.integration.raw_h2 import framed, h2_call
 
 _SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
@@ -52,6 +52,7 @@ def _tokens(chunks) -> list[int]:
     return out
 
 
+@runs_once
 @pytest.mark.parametrize("policy", ["block", "merge"])
 def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
     args = ("--step-ms", "2", "--overflow", policy, "--queue-capacity", "8", "--metrics-port", "0")
@@ -89,6 +90,7 @@ def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
         slow_channel.close()
 
 
+@runs_once
 def test_a_worker_whose_only_stream_is_paused_is_not_hung() -> None:
     """Under the block policy a worker whose every sequence is paused has nothing to step:
     a client that stops reading for longer than --worker-timeout costs no worker."""
@@ -108,6 +110,7 @@ def test_a_worker_whose_only_stream_is_paused_is_not_hung() -> None:
         channel.close()
 
 
+@runs_once
 def test_abort_policy_ends_a_slow_stream_with_resource_exhausted() -> None:
     with ServerProcess("--step-ms", "2", "--overflow", "abort", "--queue-capacity", "8") as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
@@ -121,6 +124,7 @@ def test_abort_policy_ends_a_slow_stream_with_resource_exhausted() -> None:
         channel.close()
 
 
+@runs_once
 def test_a_stalled_client_is_cut_off_and_its_slot_freed() -> None:
     args = ("--step-ms", "2", "--stall-timeout", "1", "--max-concurrent", "1")
     with ServerProcess(*args) as server:
@@ -141,6 +145,7 @@ def test_a_stalled_client_is_cut_off_and_its_slot_freed() -> None:
         channel.close()
 
 
+@runs_once
 def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
     with ServerProcess("--devices", "cpu:2", "--step-ms", "10", "--max-concurrent", "8") as server:
         async def run() -> list:
@@ -166,6 +171,7 @@ def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
     assert max(t for _, _, t in refused) < min(t for _, _, t in ok)
 
 
+@runs_once
 def test_a_burst_of_2000_calls_on_one_connection_is_served_or_refused_never_dropped() -> None:
     """2,000 calls at once on one HTTP/2 connection, more than --max-concurrent: each is served
     or refused RESOURCE_EXHAUSTED by cadence's admission. gRPC's core drops calls it holds
@@ -210,6 +216,7 @@ def _raw_generate(target: str, payload: bytes) -> grpc.StatusCode:
         return grpc.StatusCode.OK, ""
 
 
+@runs_once
 def test_malformed_duplicate_and_oversized_requests() -> None:
     with ServerProcess("--step-ms", "5", "--max-message-bytes", "65536") as server:
         valid = pb.GenerateRequest(prompt="ab", max_tokens=2).SerializeToString()
@@ -231,6 +238,7 @@ def test_malformed_duplicate_and_oversized_requests() -> None:
             assert _tokens(list(client.generate("ok", max_tokens=5, request_id="other")))
 
 
+@runs_once
 def test_a_request_body_empty_or_cut_short_is_answered() -> None:
     """A call whose request stream ends with no whole message gets a status at once: grpcio's
     path for a unary request ends it with none, and the client waits for its deadline. Beside
@@ -283,6 +291,7 @@ def test_health_and_reflection_answer_bytes_that_do_not_parse_and_log_nothing() 
     assert "Traceback" not in log and "DecodeError" not in log, log[-3000:]
 
 
+@runs_once
 def test_output_counters_move_while_a_stream_runs() -> None:
     """Tokens and chunks are counted as they are sent, not when the stream ends, so a
     scrape during a long stream sees its progress."""

@@ -80,7 +80,7 @@ def test_the_chunked_prefill_benchmark_runs(tmp_path):
     out = tmp_path / "chunked.json"
     script = Path(__file__).parents[2] / "benchmarks" / "chunked_prefill.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--duration", "3", "--targets", "60",
+        [sys.executable, str(script), "--duration", "1.5", "--targets", "60",
          "--out", str(out)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     runs = json.loads(out.read_text())["runs"]

@@ -16,6 +16,7 @@ from cadence.client import Client
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.plan import RequestShape
+from tests.integration.conftest import runs_once
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is in the test extras")
 np = pytest.importorskip("numpy")
@@ -219,6 +220,7 @@ def test_closing_the_stream_aborts_its_requests(server_factory) -> None:
                 time.sleep(0.05)
 
 
+@runs_once
 def test_closing_the_stream_shows_in_the_metrics() -> None:
     from cadence.lab.servers.server_process import ServerProcess
 
@@ -324,6 +326,7 @@ def test_the_calls_deadline_ends_its_requests(server) -> None:
     client.close()
 
 
+@runs_once
 def test_a_client_that_stops_reading_is_cut_off() -> None:
     from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
     from cadence.lab.load.kserve import build_request

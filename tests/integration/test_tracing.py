@@ -28,6 +28,7 @@ from cadence.lab.load.openai_http import OpenAITarget, one_openai
 from cadence.lab.load.plan import RequestPlan, RequestShape
 from cadence.lab.measure.trace_receiver import TraceReceiver
 from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import runs_once
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
 from tests.integration.test_openai import start_http
 
@@ -187,6 +188,7 @@ def test_a_receiver_that_cannot_listen_is_one_line(receiver, where, said) -> Non
     assert out.stderr.strip().splitlines()[-1].startswith(f"cadence bench: {said}"), out.stderr
 
 
+@runs_once
 def test_an_unreachable_collector_neither_fails_requests_nor_holds_the_stop() -> None:
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
