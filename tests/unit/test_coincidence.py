@@ -171,3 +171,18 @@ def test_a_steadily_slower_worker_is_not_engine_jitter():
     against the run's typical 10 ms, but not against their own worker's steps."""
     found = fired(timed(worker_step_ms={0: 10, 1: 20}))
     assert "itl_unstable_engine" not in found
+
+
+def test_outputs_written_five_at_a_time_hold_the_first_one_at_the_engines_pace():
+    """A writer that flushes every five outputs: ITL p50 is ~0 (four gaps of five are), so a
+    TTFT bound of 5 ITL p50 would call every first output (five steps) a bad tail that no rule
+    explains. Measured against the typical gap per token it is within its bound; the gaps'
+    tail is the held-back output's."""
+    result = as_bench(batched(held=5))
+    result.diagnosis = diagnose(result)
+    verdict, unexplained = judge(result)
+    assert not unexplained
+    ttft = next(t for t in verdict.tails if t.metric == "ttft_ms")
+    assert ttft.state == "healthy" and "typical gap per token" in ttft.bound
+    itl = next(t for t in verdict.tails if t.metric == "itl_ms")
+    assert itl.state == "bad" and itl.explained_by["output_held_back"] > 0.9

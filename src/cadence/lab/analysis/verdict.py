@@ -7,7 +7,8 @@ A run is healthy only when all of these hold:
 - its first outputs come at the engine's pace: TTFT p99 <= the time the engine needs for a
   first output on its own (the first step's p99 with cadence's timing, the engine-only
   baseline's TTFT p99 with --baseline, the server's prefill span with --otlp-receive; 0 when
-  none is known) + TTFT_ITL_STEPS x ITL p50 + TTFT_SLACK_MS;
+  none is known) + TTFT_ITL_STEPS x the time per output (ITL p50, or the typical gap per
+  token between reads where outputs come grouped) + TTFT_SLACK_MS;
 - its output is whole (no integrity fault among the checks its protocol counts);
 - fewer than FAILING_SHARE of its requests failed, and it ran to its end.
 
@@ -29,6 +30,7 @@ import math
 from cadence.lab.analysis import tail_evidence
 from cadence.lab.analysis.diagnosis import FAILING_SHARE
 from cadence.lab.analysis.diagnosis import names as rules
+from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.integrity import faults
 from cadence.lab.results import BenchResult, Distribution, Finding, TailVerdict, Verdict
 
@@ -57,7 +59,8 @@ are estimates; a rest below this is their error)."""
 
 HEALTHY = (f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms and never "
            f"above {ITL_TAIL_CAP_RATIO:g} x p50 (over {MIN_GAPS}+ gaps), TTFT p99 within the "
-           f"engine's own time to a first output + {TTFT_ITL_STEPS:g} ITL p50 + {TTFT_SLACK_MS:g} ms (over "
+           f"engine's own time to a first output + {TTFT_ITL_STEPS:g} outputs' time (ITL p50, or "
+           f"the typical gap per token where outputs come grouped) + {TTFT_SLACK_MS:g} ms (over "
            f"{MIN_FIRST_OUTPUTS}+ requests), the output whole, under {FAILING_SHARE:.0%} of "
            "requests failed")
 """What a healthy run is, in words (from the thresholds above)."""
@@ -123,6 +126,18 @@ def ttft_floor(result: BenchResult) -> tuple[float, str]:
     return max(known) if known else (0.0, "")
 
 
+def _time_per_output(result: BenchResult) -> tuple[float, str]:
+    """What one output takes, for the TTFT bound: ITL p50, or, where outputs come grouped
+    (a writer that flushes every few outputs: most gaps are ~0 and ITL p50 with them), the
+    run's typical gap per token between reads (`diagnosis.reads`), whichever is larger."""
+    p50 = result.itl_ms.p50
+    if result.records:
+        reads = Reads(result.records)
+        if reads.usable and reads.typical_ms > p50:
+            return reads.typical_ms, f"the typical gap per token {reads.typical_ms:.1f}"
+    return p50, f"ITL p50 {p50:.1f}"
+
+
 def _usable(d: Distribution | None) -> bool:
     return d is not None and d.usable
 
@@ -142,8 +157,9 @@ def _tails(result: BenchResult) -> list[TailVerdict]:
                            values=ttft.count)
         if itl.usable and itl.count:
             floor, source = ttft_floor(result)
-            tail.bound_ms = floor + TTFT_ITL_STEPS * itl.p50 + TTFT_SLACK_MS
-            tail.bound = (f"{TTFT_ITL_STEPS:g} x ITL p50 {itl.p50:.1f} + {TTFT_SLACK_MS:g} ms"
+            step, step_words = _time_per_output(result)
+            tail.bound_ms = floor + TTFT_ITL_STEPS * step + TTFT_SLACK_MS
+            tail.bound = (f"{TTFT_ITL_STEPS:g} x {step_words} + {TTFT_SLACK_MS:g} ms"
                           + (f" + {source} {floor:.1f}" if source else ""))
             tail.state = ("not_judged" if ttft.count < MIN_FIRST_OUTPUTS or not ttft.usable
                           else "bad" if ttft.p99 > tail.bound_ms else "healthy")
