@@ -171,7 +171,7 @@ class WorkerSupervisor:
                     await asyncio.to_thread(worker.wait, 2.0)
 
 
-def _gone(pid: int) -> bool:
+def process_gone(pid: int) -> bool:
     """The process has exited (a zombie not yet reaped by front 0 counts as exited)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -209,7 +209,7 @@ class WorkerWatcher:
         while not self.stopping:
             await asyncio.sleep(_CHECK_INTERVAL_S)
             for i, pid in enumerate(self.pids):
-                if self.ready[i] and pid and _gone(pid):
+                if self.ready[i] and pid and process_gone(pid):
                     self.ready[i] = False
                     self._router.mark_dead(i)
                     message = f"worker {i} stopped; retry the request"
