@@ -63,21 +63,28 @@ class IncrementalDetokenizer:
         return ""
 
 
-class ByteStreams:
-    """No tokenizer: token ids 0..255 are the UTF-8 bytes of the text."""
+class ByteText:
+    """No tokenizer: token ids 0..255 are the UTF-8 bytes of the text; ids beyond (a model
+    whose vocabulary is larger, with no tokenizer at hand) have no text."""
 
     vocab_size = 256
 
     def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of `text`."""
         return list(text.encode("utf-8"))
 
     def decode(self, token_ids: list[int]) -> str:
-        return bytes(token_ids).decode("utf-8", errors="replace")
+        """The text of the byte ids, invalid bytes as U+FFFD."""
+        return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
     def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
-        """A per-sequence UTF-8 decoder: a split character waits for its other bytes."""
+        """A per-sequence incremental UTF-8 decoder (a split character waits for its bytes)."""
         decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-        return lambda token, final=False: decode(bytes((token,)), final)
+
+        def piece(token: int, final: bool = False) -> str:
+            return decode(bytes((token,)) if 0 <= token < 256 else b"", final)
+
+        return piece
 
 
 def _vocab_size(tokenizer: object) -> int | None:

@@ -15,8 +15,12 @@ model loads (`unsupported_layers`).
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
-from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.cache_utils import (
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    get_layer_types_and_kwargs,
+)
 
 BATCHABLE_LAYERS = ("full_attention", "sliding_attention")
 
@@ -38,9 +42,28 @@ def zero_padding(cache: DynamicCache, mask: torch.Tensor) -> None:
         layer.values.masked_fill_(padding, 0)
 
 
-def new_cache(config) -> DynamicCache:
-    """An empty cache for one sequence's prefill, laid out as transformers lays it out."""
-    return DynamicCache(config=config)
+def new_cache(config, layers: int = 0) -> DynamicCache:
+    """An empty cache laid out as transformers lays it out; for a config without layer kinds
+    (transformers then adds layers lazily), `layers` plain ones to fill by hand."""
+    cache = DynamicCache(config=config)
+    if not cache.layers and layers:
+        cache.layers = [DynamicLayer() for _ in range(layers)]
+    return cache
+
+
+def _fill(layer, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+    """Make `layer` hold `keys` and `values` for a row (or rows) of `length` tokens."""
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys, values
+    if type(layer) is DynamicSlidingWindowLayer:
+        layer.cumulative_length = length
+
+
+def _kept(layer, length: int) -> int:
+    """Columns `layer` keeps of `length` tokens: a sliding window keeps its last window - 1."""
+    if type(layer) is DynamicSlidingWindowLayer:
+        return min(length, layer.sliding_window - 1)
+    return length
 
 
 class Rows:
@@ -55,22 +78,15 @@ class Rows:
     def __init__(self, config, sources: list[tuple[DynamicCache, int]],
                  lengths: list[int]) -> None:
         width = max(lengths)
-        cache = new_cache(config)
         first = sources[0][0]
-        if not cache.layers:  # a config without layer kinds: transformers adds layers lazily
-            cache.layers = [DynamicLayer() for _ in first.layers]
+        cache = new_cache(config, len(first.layers))
         device = first.layers[0].keys.device
         gather = _Gather(sources, device)
         lengths_t = torch.tensor(lengths, device=device)
         for index, layer in enumerate(cache.layers):
-            sliding = type(layer) is DynamicSlidingWindowLayer
-            keep = min(width, layer.sliding_window - 1) if sliding else width
-            keys = gather(lambda c: c.layers[index].keys, keep)
-            values = gather(lambda c: c.layers[index].values, keep)
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys, values
-            if sliding:
-                layer.cumulative_length = width
+            keep = _kept(layer, width)
+            _fill(layer, gather(lambda c: c.layers[index].keys, keep),
+                  gather(lambda c: c.layers[index].values, keep), width)
         self.cache = cache
         self.width = width
         """Columns of every row, padding included: the cache's length to transformers."""
@@ -88,18 +104,11 @@ class Rows:
     def row_cache(self, config, row: int, length: int) -> DynamicCache:
         """Row `row` (of `length` tokens) copied out as a cache of its own, without padding
         (a sequence leaving the batch but not released: paused)."""
-        cache = new_cache(config)
-        if not cache.layers:
-            cache.layers = [DynamicLayer() for _ in self.cache.layers]
+        cache = new_cache(config, len(self.cache.layers))
         for layer, source in zip(cache.layers, self.cache.layers):
-            sliding = type(layer) is DynamicSlidingWindowLayer
-            keep = min(length, layer.sliding_window - 1) if sliding else length
-            keys = source.keys[row:row + 1, :, source.keys.shape[2] - keep:].clone()
-            values = source.values[row:row + 1, :, source.values.shape[2] - keep:].clone()
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys, values
-            if sliding:
-                layer.cumulative_length = length
+            keep = _kept(layer, length)
+            _fill(layer, source.keys[row:row + 1, :, source.keys.shape[2] - keep:].clone(),
+                  source.values[row:row + 1, :, source.values.shape[2] - keep:].clone(), length)
         return cache
 
 

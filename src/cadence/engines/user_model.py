@@ -24,7 +24,7 @@ from collections.abc import Callable
 from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, StepFailed
-from cadence.engines.detokenizer import ByteStreams, TextStreams
+from cadence.engines.detokenizer import ByteText, TextStreams
 from cadence.transport.messages import AddRequest
 
 log = logging.getLogger("cadence.model")
@@ -120,7 +120,7 @@ class ModelEngine:
             self._step_name = "generate_stream"
         tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None:
-            self.tokenizer = ByteStreams()
+            self.tokenizer = ByteText()
         elif callable(getattr(tokenizer, "stream", None)):
             self.tokenizer = tokenizer
         else:

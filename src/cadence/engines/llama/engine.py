@@ -17,6 +17,7 @@ import torch
 
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
+from cadence.engines.detokenizer import ByteText
 from cadence.engines.llama.decode_graphs import DecodeGraphs
 from cadence.engines.llama.kv_cache import KVCache
 from cadence.engines.llama.loader import TINY, load_weights, read_config
@@ -24,7 +25,7 @@ from cadence.engines.llama.model import LlamaModel, Shard, check_shardable
 from cadence.engines.llama.parallel import TensorParallelGroup
 from cadence.engines.llama.plan import StepPlan, unpack
 from cadence.engines.llama.sampling import Sampler, sample
-from cadence.engines.llama.tokenizer import ByteText, TextTokenizer, load_tokenizer
+from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
 from cadence.transport.messages import AddRequest
 
 log = logging.getLogger("cadence.engine.torch")

@@ -11,11 +11,10 @@ comes with its piece of text (empty while a multi-byte character is incomplete).
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Callable
 from pathlib import Path
 
-from cadence.engines.detokenizer import CONTEXT_TOKENS, IncrementalDetokenizer
+from cadence.engines.detokenizer import CONTEXT_TOKENS, ByteText, IncrementalDetokenizer
 
 
 class TextTokenizer:
@@ -43,28 +42,6 @@ class TextTokenizer:
         """A per-sequence decoder: call it with each new token (and whether it is the last),
         get that token's piece of text."""
         return IncrementalDetokenizer(self.decode, prompt_ids[-CONTEXT_TOKENS:])
-
-
-class ByteText:
-    """Text for a model without tokenizer.json (and `tiny`): token ids 0-255 are UTF-8 bytes;
-    ids beyond (a larger vocabulary with no tokenizer at hand) have no text."""
-
-    def encode(self, text: str) -> list[int]:
-        """The UTF-8 bytes of `text`."""
-        return list(text.encode("utf-8"))
-
-    def decode(self, token_ids: list[int]) -> str:
-        """The text of the byte ids, invalid bytes as U+FFFD."""
-        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
-
-    def stream(self, prompt_ids: list[int]) -> Callable[[int, bool], str]:
-        """A per-sequence incremental UTF-8 decoder (a split character waits for its bytes)."""
-        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
-
-        def piece(token: int, final: bool = False) -> str:
-            return decode(bytes((token,)) if 0 <= token < 256 else b"", final)
-
-        return piece
 
 
 def load_tokenizer(folder: str | Path) -> TextTokenizer | ByteText:
