@@ -6,7 +6,7 @@ batching). The signatures are in `signatures`; these say what they mean."""
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.coincidence import attribution
+from cadence.lab.analysis.diagnosis.coincidence import recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
     RULE_ONE_STREAM_AT_A_TIME,
@@ -27,10 +27,10 @@ same), read where at least this many such gaps exist."""
 
 
 def prefill_stalls_decode(facts: RunFacts) -> list[Finding]:
-    tail = attribution(facts)
-    signature = tail.signature(PrefillStalls) if tail else None
-    if signature is None or tail.itl_share(RULE_PREFILL_STALLS_DECODE) < PREFILL_MIN_SHARE:
+    found = recognised(facts, PrefillStalls, PREFILL_MIN_SHARE)
+    if found is None:
         return []
+    tail, signature = found
     ev = signature.evidence
     per_token = (f" ({ev['ms_per_new_prompt_token']:.2f} ms per prompt token)"
                  if "ms_per_new_prompt_token" in ev else "")
@@ -54,10 +54,10 @@ def prefill_stalls_decode(facts: RunFacts) -> list[Finding]:
 
 
 def one_stream_at_a_time(facts: RunFacts) -> list[Finding]:
-    tail = attribution(facts)
-    signature = tail.signature(OneAtATime) if tail else None
-    if signature is None:
+    found = recognised(facts, OneAtATime)
+    if found is None:
         return []
+    tail, signature = found
     ev = signature.evidence
     low = ev.get("gap_p50_with_half_the_streams_or_fewer_ms")
     low_gaps = ev.get("gaps_with_half_the_streams_or_fewer", 0)

@@ -157,3 +157,14 @@ def attribution(facts: RunFacts) -> Attribution | None:
         usable = reads is not None and reads.usable
         _attributions[facts] = Attribution(reads, facts.result) if usable else None
     return _attributions[facts]
+
+
+def recognised(facts: RunFacts, kind: type[S],
+               min_itl_share: float = 0.0) -> tuple[Attribution, S] | None:
+    """The run's attribution and its signature of `kind`, when the run carries that signature
+    and it explains at least `min_itl_share` of the gaps' tail; else None."""
+    tail = attribution(facts)
+    signature = tail.signature(kind) if tail else None
+    if signature is None or (min_itl_share and tail.itl_share(signature.rule) < min_itl_share):
+        return None
+    return tail, signature

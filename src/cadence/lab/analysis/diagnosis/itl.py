@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.coincidence import attribution
+from cadence.lab.analysis.diagnosis.coincidence import attribution, recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary, usable
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
@@ -111,7 +111,6 @@ _ENGINE_LOOK_AT = ("the engine's step time: batch composition (prefill in decode
 
 def unstable_engine(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
-    share = tail.itl_share(RULE_ITL_UNSTABLE_ENGINE) if tail else 0.0
     shares = tail.shares(RULE_ITL_UNSTABLE_ENGINE) if tail else {}
     spread = _spread(facts)
     itl, step = facts.itl, facts.step
@@ -125,9 +124,10 @@ def unstable_engine(facts: RunFacts) -> list[Finding]:
             evidence={**spread.evidence, **shares},
             look_at=_ENGINE_LOOK_AT,
         )]
-    if share < ENGINE_TAIL_SHARE:
+    if recognised(facts, SlowSteps, ENGINE_TAIL_SHARE) is None:
         return []
     ev = tail.signature(SlowSteps).evidence
+    share = tail.itl_share(RULE_ITL_UNSTABLE_ENGINE)
     return [Finding(
         rule=RULE_ITL_UNSTABLE_ENGINE,
         finding=(f"the slow gaps fall on slow steps of the engine's own: "

@@ -9,7 +9,7 @@ signature and its share of the tail from `coincidence`; without the raw records
 from __future__ import annotations
 
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
-from cadence.lab.analysis.diagnosis.coincidence import attribution
+from cadence.lab.analysis.diagnosis.coincidence import attribution, recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
     RULE_KV_CACHE_FULL,
@@ -119,10 +119,10 @@ def _held_back_by_aggregates(facts: RunFacts) -> list[Finding]:
 
 
 def slow_stream_group(facts: RunFacts) -> list[Finding]:
-    tail = attribution(facts)
-    signature = tail.signature(SlowGroup) if tail else None
-    if signature is None:
+    found = recognised(facts, SlowGroup)
+    if found is None:
         return []
+    tail, signature = found
     ev = signature.evidence
     explains = (f"; they hold {tail.itl_share(RULE_SLOW_STREAM_GROUP):.0%} of the gaps' tail"
                 if tail.itl_ms.get(RULE_SLOW_STREAM_GROUP) else "")

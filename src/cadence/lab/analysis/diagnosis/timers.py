@@ -4,7 +4,7 @@ value, whatever the step: a poll timeout, a flush or heartbeat timer)."""
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.coincidence import attribution
+from cadence.lab.analysis.diagnosis.coincidence import recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import RULE_GAPS_AT_FIXED_VALUES
 from cadence.lab.analysis.diagnosis.rule import Rule
@@ -16,10 +16,10 @@ TIMER_MIN_SHARE = 0.1
 
 
 def gaps_at_fixed_values(facts: RunFacts) -> list[Finding]:
-    tail = attribution(facts)
-    signature = tail.signature(FixedGaps) if tail else None
-    if signature is None or tail.itl_share(RULE_GAPS_AT_FIXED_VALUES) < TIMER_MIN_SHARE:
+    found = recognised(facts, FixedGaps, TIMER_MIN_SHARE)
+    if found is None:
         return []
+    tail, signature = found
     ev = signature.evidence
     gaps = ev["gap_value_ms"] / ev["typical_gap_ms"]
     return [Finding(
