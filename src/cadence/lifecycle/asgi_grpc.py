@@ -40,6 +40,9 @@ WATCH_FIRST_S = 0.02
 WATCH_IDLE_S = 1.0
 """How often a call that sent before, but nothing since, asks: one that streams a message per
 engine step learns of a reset at its next send."""
+UNPARSED = "could not parse the request message: "
+"""The start of the INTERNAL details of a request message that does not parse, on both gRPC
+servers (grpc-go's and grpc-java's answer)."""
 _STOP_FINISH_S = 0.5
 """At `close()`, how long a cancelled call's UNAVAILABLE may take to go out (a client that
 reads nothing holds its stream's window shut)."""
@@ -325,8 +328,7 @@ def _parser(deserialize: Callable[[bytes], object] | None) -> Callable[[bytes], 
         try:
             return deserialize(data)
         except Exception as exc:
-            raise AbortError(grpc.StatusCode.INTERNAL,
-                             f"could not parse the request message: {exc}") from None
+            raise AbortError(grpc.StatusCode.INTERNAL, f"{UNPARSED}{exc}") from None
 
     return parse
 

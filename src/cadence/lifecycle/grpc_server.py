@@ -17,7 +17,7 @@ from cadence.api.kserve.pool import ReflectionPool
 from cadence.config import ServerConfig
 from cadence.core.metrics import FrontMetrics
 from cadence.lifecycle import StartupError
-from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
+from cadence.lifecycle.asgi_grpc import UNPARSED, GrpcAsgiApp
 from cadence.lifecycle.call_acceptor import CallAcceptor
 
 log = logging.getLogger("cadence.server")
@@ -79,7 +79,6 @@ def _add_v1_reflection_file() -> None:
 
 
 _NO_REQUEST = "expected one request message, got none (or one cut short)"
-_UNPARSED = "could not parse the request message: "
 
 
 async def _parsed(parse, raw: bytes, context: grpc.aio.ServicerContext) -> object:
@@ -89,7 +88,7 @@ async def _parsed(parse, raw: bytes, context: grpc.aio.ServicerContext) -> objec
     try:
         return parse(raw)
     except Exception as exc:  # noqa: BLE001 - whatever the parser raises, it is the client's bytes
-        await context.abort(grpc.StatusCode.INTERNAL, f"{_UNPARSED}{exc}")
+        await context.abort(grpc.StatusCode.INTERNAL, f"{UNPARSED}{exc}")
 
 
 def _reading_its_request(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
