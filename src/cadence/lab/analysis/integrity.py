@@ -30,6 +30,9 @@ from cadence.lab.results import Integrity, Workload
 
 CHECKS = ("lost_tokens", "repeated_tokens", "reordered_chunks", "short_streams")
 """The integrity counts of a result, in the order they are shown."""
+CHECK_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",
+               "reordered_chunks": "reordered", "short_streams": "short streams"}
+"""Each check as the summary and the findings say it."""
 _POSITIONS = CHECKS[:3]
 """The checks read from each chunk's position in its stream."""
 

@@ -93,7 +93,8 @@ NOT_TAIL_RULES = {rules.RULE_REQUESTS_FAILING, rules.RULE_INTEGRITY_FAULTS,
                   rules.RULE_UNDER_CAPACITY, RULE_UNEXPLAINED_TAIL}
 """Rules that explain no tail (they make a run unhealthy on their own, or say it is fine)."""
 
-_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
+TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
+"""Each judged tail by its short name."""
 
 
 def itl_bound(p50: float) -> tuple[float, str]:
@@ -252,7 +253,7 @@ def _line(verdict: Verdict) -> str:
 
 
 def _tail_words(tail: TailVerdict) -> str:
-    name = _WORDS[tail.metric]
+    name = TAIL_WORDS[tail.metric]
     if tail.state == "not_judged":
         if not math.isfinite(tail.bound_ms):
             return f"{name} not judged ({tail.bound})"
@@ -278,7 +279,7 @@ def _tail_words(tail: TailVerdict) -> str:
 def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
     """The `unexplained_tail` finding of a bad tail: how much, when, which streams, what
     coincided, and what evidence would decide it."""
-    name = _WORDS[tail.metric]
+    name = TAIL_WORDS[tail.metric]
     share = tail.unexplained_share if tail.unexplained_share is not None else 1.0
     evidence: dict = {
         "tail": tail.metric,
@@ -306,7 +307,7 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
 
 
 def _unexplained_sentence(tail: TailVerdict, share: float, where: dict) -> str:
-    name = _WORDS[tail.metric]
+    name = TAIL_WORDS[tail.metric]
     head = (f"{name} p99 {tail.value_ms:.1f} ms is {tail.value_ms / tail.p50_ms:.1f}x its p50 "
             f"{tail.p50_ms:.1f} ms (healthy: at most {tail.bound_ms:.1f}) and no rule explains "
             f"{share:.0%} of it" if tail.p50_ms > 0 else

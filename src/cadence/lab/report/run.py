@@ -17,7 +17,7 @@ import msgspec
 
 from cadence.lab.analysis.integrity import CHECKS, counted_checks
 from cadence.lab.analysis.server_spans import SPLIT
-from cadence.lab.analysis.verdict import HEALTHY
+from cadence.lab.analysis.verdict import HEALTHY, TAIL_WORDS
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.report import plots, sweep
@@ -443,16 +443,13 @@ def _scraped(result: BenchResult, out_dir: Path) -> str:
                      "arrival) above the server's own metrics, on one time axis."))
 
 
-_TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
-
-
 def _verdict(result: BenchResult, out_dir: Path) -> str:
     """What leads the page: the verdict, each tail against its bound and what explains it,
     and the key figures against the SLO when there is one."""
     if not result.requests:
         return ""
     verdict = run_verdict(result)
-    tails = [(_TAIL_WORDS[t.metric], t.p50_ms, t.value_ms, t.bound_ms, t.bound,
+    tails = [(TAIL_WORDS[t.metric], t.p50_ms, t.value_ms, t.bound_ms, t.bound,
               t.state.replace("_", " "),
               ", ".join(rule + (f" {share:.0%}" if share is not None else "")
                         for rule, share in t.explained_by.items()) or "—",

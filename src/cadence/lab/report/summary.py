@@ -11,7 +11,7 @@ import msgspec
 from msgspec import UNSET
 
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
-from cadence.lab.analysis.integrity import counted_checks
+from cadence.lab.analysis.integrity import CHECK_WORDS, counted_checks
 from cadence.lab.analysis.verdict import judge
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.measure.stacks import py_spy
@@ -124,7 +124,7 @@ def print_summary(result: BenchResult) -> None:
                       "--index-field)")
     else:
         console.print("integrity: " + ", ".join(
-            f"{_CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
+            f"{CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
     if result.server_spans:
         console.print(spans_line(result.server_spans), highlight=False, markup=False)
     if result.run:
@@ -274,10 +274,6 @@ def run_line(run: RunInfo) -> str:
     return (f"run: {run.started_at} on {run.host} ({run.cpu_count} CPUs), cadence "
             f"{run.cadence_version}, grpcio {run.grpcio_version}, Python "
             f"{run.python_version}; server: {server}")
-
-
-_CHECK_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",
-                "reordered_chunks": "reordered", "short_streams": "short streams"}
 
 
 def overhead(value: float | None) -> str:

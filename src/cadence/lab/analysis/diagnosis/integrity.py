@@ -7,11 +7,8 @@ from __future__ import annotations
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import RULE_INTEGRITY_FAULTS
 from cadence.lab.analysis.diagnosis.rule import Rule
-from cadence.lab.analysis.integrity import count_stream, faults
+from cadence.lab.analysis.integrity import CHECK_WORDS, count_stream, faults
 from cadence.lab.results import Finding
-
-_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",
-          "reordered_chunks": "reordered", "short_streams": "short streams"}
 
 _LOOK_AT = {
     "lost_tokens": "outputs dropped between the engine and the stream (a queue that drops, "
@@ -48,7 +45,7 @@ def integrity_faults(facts: RunFacts) -> list[Finding]:
         evidence["streams"] = len(result.records)
         if streams:
             evidence["first_such_request"] = streams[0].request_id
-    counted = ", ".join(f"{_WORDS[name]} {count}" for name, count in found.items())
+    counted = ", ".join(f"{CHECK_WORDS[name]} {count}" for name, count in found.items())
     return [Finding(
         rule=RULE_INTEGRITY_FAULTS,
         finding=(f"the output is not whole: {counted} (positions from {positions}); the "
