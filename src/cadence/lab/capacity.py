@@ -28,7 +28,7 @@ from cadence.lab.analysis.stats import TTFT_SEGMENTS
 from cadence.lab.analysis.verdict import (
     RULE_UNEXPLAINED_TAIL,
     TAIL_RULES,
-    UNEXPLAINED_MIN_SHARE,
+    attribution_words,
     judge,
 )
 from cadence.lab.bench import Workload
@@ -170,12 +170,8 @@ def binding_reasons(point: CapacityPoint, result: BenchResult) -> dict[str, str]
                       if f.rule in TAIL_RULES.get(metric, ())
                       or (f.rule == RULE_UNEXPLAINED_TAIL and f.evidence.get("tail") == metric)]
         if tail is not None and tail.state == "bad" and match["stat"] != "p50":
-            words = [rule + (f" {share:.0%}" if share is not None else "")
-                     for rule, share in tail.explained_by.items()]
-            if (tail.unexplained_share or 0.0) >= UNEXPLAINED_MIN_SHARE:
-                words.append(f"{tail.unexplained_share:.0%} unexplained ({RULE_UNEXPLAINED_TAIL})")
             reasons[term] = (f"{head}: the tail is bad (p99 {tail.value_ms:.1f} ms against a "
-                             f"p50 of {tail.p50_ms:.1f}): " + ", ".join(words))
+                             f"p50 of {tail.p50_ms:.1f}): " + attribution_words(tail))
             continue
         dist = getattr(result, metric, None)
         median = (f"the median is {dist.p50:.1f} ms and the p99 {dist.p99:.1f}"

@@ -265,15 +265,31 @@ def _tail_words(tail: TailVerdict) -> str:
                 f"({tail.bound})")
     words = (f"{name} p99 {tail.value_ms:.1f} ms over {tail.bound_ms:.1f} ({tail.bound}), "
              f"p50 {tail.p50_ms:.1f}")
-    explained = [rule + (f" {share:.0%}" if share is not None else "")
-                 for rule, share in tail.explained_by.items()]
+    explained, unexplained = cause_words(tail), _unexplained_words(tail)
     if explained:
         words += ": explained by " + ", ".join(explained)
+    if unexplained:
+        words += (", " if explained else ": ") + unexplained
+    return words
+
+
+def cause_words(tail: TailVerdict) -> list[str]:
+    """A bad tail's causes with their shares where known ("slow_worker 60%")."""
+    return [rule + (f" {share:.0%}" if share is not None else "")
+            for rule, share in tail.explained_by.items()]
+
+
+def _unexplained_words(tail: TailVerdict) -> str:
+    """What of a bad tail is left unexplained ("" under UNEXPLAINED_MIN_SHARE)."""
     share = tail.unexplained_share
     if share is not None and share >= UNEXPLAINED_MIN_SHARE:
-        words += ((", " if explained else ": ")
-                  + f"{share:.0%} unexplained ({RULE_UNEXPLAINED_TAIL})")
-    return words
+        return f"{share:.0%} unexplained ({RULE_UNEXPLAINED_TAIL})"
+    return ""
+
+
+def attribution_words(tail: TailVerdict) -> str:
+    """A bad tail's attribution in one phrase: its causes and shares, then what is left."""
+    return ", ".join(w for w in (*cause_words(tail), _unexplained_words(tail)) if w)
 
 
 def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:

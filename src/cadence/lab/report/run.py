@@ -17,7 +17,7 @@ import msgspec
 
 from cadence.lab.analysis.integrity import CHECKS, counted_checks
 from cadence.lab.analysis.server_spans import SPLIT
-from cadence.lab.analysis.verdict import HEALTHY, TAIL_WORDS
+from cadence.lab.analysis.verdict import HEALTHY, TAIL_WORDS, cause_words
 from cadence.lab.load.records import RequestRecord
 from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.report import plots, sweep
@@ -451,8 +451,7 @@ def _verdict(result: BenchResult, out_dir: Path) -> str:
     verdict = run_verdict(result)
     tails = [(TAIL_WORDS[t.metric], t.p50_ms, t.value_ms, t.bound_ms, t.bound,
               t.state.replace("_", " "),
-              ", ".join(rule + (f" {share:.0%}" if share is not None else "")
-                        for rule, share in t.explained_by.items()) or "—",
+              ", ".join(cause_words(t)) or "—",
               Raw(f"{t.unexplained_share:.0%}") if t.unexplained_share is not None else "—")
              for t in verdict.tails]
     goodput = field(result, "goodput")
