@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 
 from aiohttp import HttpVersion11, web
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from cadence.api.errors import HTTP_PAYLOAD_TOO_LARGE, HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
@@ -193,14 +194,7 @@ class OpenAIService:
         refused = self._refused_on_headers(request)
         if refused is not None:
             return refused
-        if request.version == HttpVersion11:
-            if request.headers.get("Expect", "").lower() != "100-continue":
-                return _closing(_json(error_body(
-                    f"Expect: {request.headers['Expect']} is not supported; only 100-continue",
-                    "invalid_request_error", "expectation_failed"), 417))
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0  # the response's own bytes are yet to come
-        return None
+        return await _default_expect_handler(request)  # aiohttp's own: 100 Continue, or 417
 
     @web.middleware
     async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
