@@ -67,6 +67,18 @@ class Workload:
     read_delay_ms: float = 0.0
     stall_s: float | None = None
     """The stall limit (see `stall_limit_s`); 0: none."""
+    trace: results.TraceWorkload | None = None
+    """What `shape.trace` was read from (`--trace`): the run is then open, on its times."""
+
+    @property
+    def offered_rate(self) -> float | None:
+        """Requests/s the open loop's schedule asks for (a trace's: its rows over its span);
+        None in a closed loop."""
+        rows = self.shape.trace
+        if rows:
+            span = rows[-1].offset_s
+            return len(rows) / span if span > 0 else None
+        return self.rate
 
     @property
     def stall_limit_s(self) -> float | None:
@@ -189,14 +201,15 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             cpu_per_chunk_us=client_cpu_s / stats.chunks * 1e6 if stats.chunks else None,
             busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
             schedule_slips=sum(p.schedule_slips for p in processes_out),
-            **schedule(workload.rate, processes_out),
+            **schedule(workload.offered_rate, processes_out,
+                       open_loop=bool(workload.rate or workload.shape.trace)),
         ),
         system=system,
         workload=results.Workload(
             target=target,
             requests=workload.requests,
             duration_s=workload.duration_s,
-            concurrency=None if workload.rate else workload.concurrency,
+            concurrency=None if workload.rate or workload.shape.trace else workload.concurrency,
             rate=workload.rate,
             max_tokens=list(workload.shape.max_tokens),
             prompt_tokens=list(workload.shape.prompt_tokens),
@@ -204,6 +217,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             seed=workload.shape.seed,
             read_delay_ms=workload.read_delay_ms,
             client_processes=processes,
+            trace=workload.trace or msgspec.UNSET,
+            conversation=_conversation(workload.shape),
             channels_per_process=channels,
             protocol=name,
             model=kserve.model if kserve is not None else openai.model if openai else None,
@@ -239,6 +254,15 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
+
+
+def _conversation(shape: RequestShape) -> results.ConversationWorkload | msgspec.UnsetType:
+    c = shape.conversation
+    if c is None:
+        return msgspec.UNSET
+    return results.ConversationWorkload(sessions=c.sessions, turns=c.turns,
+                                        think_ms=c.think_ms,
+                                        session_header=shape.session_header or None)
 
 
 def _roots(server: dict[str, int]) -> list[int]:

@@ -35,6 +35,37 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {text!r}")
+    return value
+
+
+def _speed(text: str) -> float:
+    value = _seconds(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a speed above 0, got {text!r}")
+    return value
+
+
+def _window(text: str) -> tuple[float, float | None]:
+    """`START:END` seconds into a trace; either may be left out."""
+    start, sep, end = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected START:END (seconds), got {text!r}")
+    try:
+        bounds = (float(start or 0), float(end) if end else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END (seconds), got {text!r}") from None
+    if bounds[0] < 0 or (bounds[1] is not None and bounds[1] <= bounds[0]):
+        raise argparse.ArgumentTypeError(f"expected 0 <= START < END, got {text!r}")
+    return bounds
+
+
 def read_prompts(path: str) -> list[tuple[list[int], int]]:
     """A JSONL file, one {"prompt": str, "max_tokens": int (optional)} per line."""
     from cadence.byte_tokenizer import ByteTokenizer
@@ -241,12 +272,36 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, default=64, help="streams open at once (closed loop)")
     load.add_argument("--rate", type=float, default=None, help="requests/s, Poisson arrivals (open loop)")
+    load.add_argument("--trace", default=None, metavar="FILE",
+                      help="replay a trace (open loop, each request at its time): JSONL or CSV "
+                           "rows of timestamp (ms), input_length, output_length and optionally "
+                           "hash_ids (Mooncake: prompts that share blocks share prefixes) and "
+                           "session_id")
+    load.add_argument("--sessions", type=_positive, default=None, metavar="N",
+                      help="N conversations at once, each --turns turns: every turn sends the "
+                           "history and a new user message (--prompt-tokens long; the "
+                           "answers in the history are stand-ins --max-tokens long)")
     p.add_argument("--requests", type=int, default=None,
                    help="requests in all (default: --concurrency, unless --duration is given)")
     p.add_argument("--duration", type=float, default=None, help="stop sending new requests after S seconds")
     p.add_argument("--max-tokens", type=_length, default="128", help="N or LO:HI (uniform)")
     p.add_argument("--prompt-tokens", type=_length, default="16", help="N or LO:HI (uniform)")
     p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
+    p.add_argument("--trace-speed", type=_speed, default=1.0, metavar="X",
+                   help="--trace: play it X times as fast (0.5: half as fast)")
+    p.add_argument("--trace-window", type=_window, default=None, metavar="START:END",
+                   help="--trace: only the rows from START to END seconds after its first "
+                        "(either may be left out), the replay starting at START")
+    p.add_argument("--trace-block-tokens", type=_positive, default=512, metavar="N",
+                   help="--trace: tokens per hash_ids block (Mooncake's: 512)")
+    p.add_argument("--turns", type=_positive, default=None, metavar="K",
+                   help="--sessions: turns per conversation (default 3)")
+    p.add_argument("--think-ms", type=_seconds, default=0.0, metavar="D",
+                   help="--sessions: pause between a turn's end and the next turn")
+    p.add_argument("--session-header", default="", metavar="NAME",
+                   help="send each request's session id in this header (gRPC metadata, HTTP "
+                        "header), for a server or proxy that routes a session to one replica "
+                        "(--sessions, or a --trace with session_id)")
     p.add_argument("--seed", type=int, default=0, help="seed of the requests' lengths and prompts")
     p.add_argument("--warmup", type=int, default=0, help="requests per process sent first, not counted")
     p.add_argument("--timeout", type=float, default=None, help="per-request deadline (s)")
@@ -264,16 +319,26 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 def workload_from_args(args: argparse.Namespace):
     """The Workload that `add_workload_args` options describe."""
     from cadence.lab.bench import Workload
-    from cadence.lab.load.plan import RequestShape
+    from cadence.lab.load.plan import Conversation, RequestShape
 
-    requests = args.requests
+    requests, concurrency = args.requests, args.concurrency
+    trace, described, conversation = _trace_of(args)
+    if args.sessions is not None:
+        turns = args.turns or 3
+        conversation = Conversation(args.sessions, turns, args.think_ms)
+        requests, concurrency = min(requests or args.sessions * turns,
+                                    args.sessions * turns), args.sessions
+    elif args.turns is not None or args.think_ms:
+        sys.exit("cadence bench: --turns and --think-ms need --sessions")
+    if trace:
+        requests = min(requests or len(trace), len(trace))
     if requests is None and args.duration is None:
         if args.rate is not None:
             sys.exit("cadence bench: with --rate, give --requests or --duration")
-        requests = args.concurrency
+        requests = concurrency
     return Workload(
         requests=requests,
-        concurrency=args.concurrency,
+        concurrency=concurrency,
         rate=args.rate,
         duration_s=args.duration,
         shape=RequestShape(
@@ -281,13 +346,41 @@ def workload_from_args(args: argparse.Namespace):
             max_tokens=args.max_tokens,
             prompts=read_prompts(args.prompts) if args.prompts else [],
             seed=args.seed,
+            trace=trace,
+            block_tokens=args.trace_block_tokens,
+            conversation=conversation,
+            session_header=args.session_header.strip().lower(),
         ),
+        trace=described,
         include_timing=not args.no_timing,
         timeout_s=args.timeout,
         stall_s=args.stall_limit,
         warmup=args.warmup,
         read_delay_ms=args.read_delay_ms,
     )
+
+
+def _trace_of(args: argparse.Namespace):
+    """(trace rows, their description, None) of `--trace`; ([], None, None) without it;
+    exits with one line when the file cannot be read or the options do not fit."""
+    if args.trace is None:
+        if args.trace_speed != 1.0 or args.trace_window is not None:
+            sys.exit("cadence bench: --trace-speed and --trace-window need --trace")
+        return [], None, None
+    if args.prompts:
+        sys.exit("cadence bench: --trace and --prompts both say what to send: give one")
+    from cadence.lab.load.trace import TraceError, read_trace
+    from cadence.lab.results import TraceWorkload
+
+    try:
+        rows = read_trace(args.trace, args.trace_speed, args.trace_window or (0.0, None))
+    except TraceError as exc:
+        sys.exit(f"cadence bench: {exc}")
+    return rows, TraceWorkload(
+        file=args.trace, requests=len(rows), span_s=rows[-1].offset_s, speed=args.trace_speed,
+        window_s=list(args.trace_window or (0.0, None)), block_tokens=args.trace_block_tokens,
+        with_hash_ids=sum(1 for r in rows if r.hash_ids),
+        sessions=len({r.session for r in rows if r.session})), None
 
 
 def _bench(args: argparse.Namespace) -> None:

@@ -15,6 +15,8 @@ from cadence.lab.load.plan import RequestPlan
 from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
 
 GENERATE = "/cadence.v1.Inference/Generate"
+_CACHED_TOKENS = "cached_tokens" in pb.GenerateChunk.DESCRIPTOR.fields_by_name
+"""Whether this build's protocol carries the last chunk's cached prompt tokens."""
 
 
 class CadenceTarget(msgspec.Struct, frozen=True, tag="cadence"):
@@ -66,7 +68,8 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
     record = sent(plan, process)
     arrival, chunks = record.arrival_ns, []
     keep = chunks.append
-    call = generate(request, timeout=timeout, metadata=(("traceparent", traceparent(record)),))
+    call = generate(request, timeout=timeout,
+                    metadata=(("traceparent", traceparent(record)), *plan.headers))
     with recording(record, stall_s):
         async for chunk in call:
             arrival.append(monotonic_ns())
@@ -111,3 +114,5 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
                 record.t_scheduled_ns = t.scheduled_ns
         if chunk.finish_reason:
             record.finish_reason = chunk.finish_reason
+            if _CACHED_TOKENS:
+                record.cached_tokens = chunk.cached_tokens

@@ -285,7 +285,8 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
     """Whether this request's messages are parsed as they come (the process's unparsed
     bytes ran out): then every later one is, so that its counts stay in arrival order."""
     with recording(record, stall_s):
-        metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)))
+        metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)),
+                    *plan.headers)
         async for message in method(request, timeout=timeout, metadata=metadata):
             arrival.append(monotonic_ns())
             if not parsing and codec.unparsed + len(message) <= codec.unparsed_limit:

@@ -126,7 +126,8 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     received = 0
     # The request and then the half-close: the server ends the call after the last response.
     call = stub.ModelStreamInfer(iter((request,)), timeout=timeout,
-                                 metadata=(("traceparent", traceparent(record)),))
+                                 metadata=(("traceparent", traceparent(record)),
+                                           *plan.headers))
     with recording(record, stall_s):
         async for response in call:
             now = monotonic_ns()
@@ -145,6 +146,9 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
             if final is not None and final.bool_param:
                 reason = infer.parameters.get("finish_reason")
                 record.finish_reason = _FINISH_REASONS.get(reason.string_param, 1) if reason else 1
+                cached = infer.parameters.get("cached_tokens")
+                if cached is not None:
+                    record.cached_tokens = cached.int64_param
             elif read_delay_s:
                 await asyncio.sleep(read_delay_s)
     return record, []

@@ -136,12 +136,24 @@ def prompt_text(token_ids: list[int]) -> str:
     return "".join(chr(97 + t % 26) for t in token_ids)
 
 
+def messages(text: str, parts: list[int]) -> list[dict]:
+    """The chat messages of a prompt: one user message, or a conversation's turns (`parts`:
+    the messages' lengths, the user's first, then the assistant's and the user's by turns)."""
+    if not parts:
+        return [{"role": "user", "content": text}]
+    out, at = [], 0
+    for k, length in enumerate(parts):
+        out.append({"role": "assistant" if k % 2 else "user", "content": text[at:at + length]})
+        at += length
+    return out
+
+
 def build_body(target: OpenAITarget, plan: RequestPlan, include_timing: bool) -> bytes:
     body: dict = {"model": target.model, "max_tokens": plan.max_tokens, "stream": True,
                   "stream_options": {"include_usage": True}, "temperature": 0}
     text = prompt_text(plan.prompt_token_ids)
     if target.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
+        body["messages"] = messages(text, plan.parts)
     else:
         body["prompt"] = text
     if include_timing:
@@ -164,7 +176,8 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     arrival, events = record.arrival_ns, []
     stamp, keep = arrival.append, events.append
     with recording(record, stall_s):
-        headers = {"Content-Type": "application/json", "traceparent": traceparent(record)}
+        headers = {"Content-Type": "application/json", "traceparent": traceparent(record),
+                   **dict(plan.headers)}
         async with client.post(url, data=body, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout),
                                trace_request_ctx=record) as response:
@@ -207,6 +220,9 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
         usage = event.get("usage")
         if usage:
             usage_tokens = usage.get("completion_tokens")
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if cached is not None:
+                record.cached_tokens = int(cached)
         choices = event.get("choices") or []
         if not choices:
             continue  # the usage chunk

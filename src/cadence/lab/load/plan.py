@@ -1,11 +1,14 @@
 """What the load sends: each request's plan (ids, prompt, length), how requests are made
-from a seed, and when they arrive in an open loop."""
+from a seed, a trace or a set of conversations, and when they arrive in an open loop."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import msgspec
+
+from cadence.lab.load.trace import BLOCK_TOKENS, Prompts, TraceRow, printable
 
 
 class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
@@ -16,10 +19,28 @@ class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
     max_tokens: int
     number: int = 0
     """The request's number in the run (i); warm-up requests count apart."""
+    turn: int = 0
+    """Its turn in its conversation (1 first); 0 outside one."""
+    parts: list[int] = []
+    """A conversation's turn: the lengths of the messages the prompt is made of, a user's
+    first and then by turns the assistant's and the user's (the chat endpoint sends them as
+    messages); empty: the prompt is one message."""
+    headers: list[tuple[str, str]] = []
+    """Metadata (HTTP headers) of this request alone: the session's, with a session header."""
+
+
+class Conversation(msgspec.Struct, frozen=True):
+    """`--sessions N --turns K --think-ms D`: N conversations at once, each K turns one after
+    the other, D ms between a turn's end and the next one's send."""
+
+    sessions: int
+    turns: int
+    think_ms: float = 0.0
 
 
 class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
-    """How requests are made: lengths fixed or uniform in [lo, hi], or prompts from a file.
+    """How requests are made: lengths fixed or uniform in [lo, hi], prompts from a file,
+    requests from a trace, or the turns of conversations.
 
     Request i is the same whichever process sends it and however often the run is repeated
     with the same seed.
@@ -30,8 +51,23 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
     prompts: list[tuple[list[int], int]] = []
     """(prompt token ids, max_tokens or 0 for the shape's) pairs, cycled; from a JSONL file."""
     seed: int = 0
+    trace: list[TraceRow] = []
+    """Request i is row i of a trace (`cadence.lab.load.trace`), sent at its time."""
+    block_tokens: int = BLOCK_TOKENS
+    """Tokens per hash block of the trace."""
+    conversation: Conversation | None = None
+    """Request i is turn i % turns of session i // turns: its history and a new message."""
+    session_header: str = ""
+    """The header that carries a request's session id (trace sessions, conversations)."""
 
     def request(self, i: int) -> RequestPlan:
+        if self.trace:
+            row = self.trace[i]
+            return RequestPlan(f"bench-{i}", _prompts(self.seed, self.block_tokens).prompt(row, i),
+                               row.output_length, i, row.turn,
+                               headers=self._session(row.session))
+        if self.conversation is not None:
+            return self._turn(i)
         rng = random.Random(self.seed * 1_000_003 + i)
         max_tokens = rng.randint(*self.max_tokens)
         if self.prompts:
@@ -39,6 +75,33 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
             return RequestPlan(f"bench-{i}", prompt, fixed or max_tokens, i)
         prompt = [rng.randrange(32, 127) for _ in range(rng.randint(*self.prompt_tokens))]
         return RequestPlan(f"bench-{i}", prompt, max_tokens, i)
+
+    def _session(self, session: str) -> list[tuple[str, str]]:
+        return [(self.session_header, session)] if self.session_header and session else []
+
+    def _turn(self, i: int) -> RequestPlan:
+        """Turn t of session s: every earlier turn's user message and a stand-in of its
+        answer (as long as its max_tokens, the same in every run), then the new message."""
+        session, turn = divmod(i, self.conversation.turns)
+        prompt, parts = bytearray(), []
+        for k in range(turn + 1):
+            rng = random.Random((self.seed * 1_000_003 + session) * 1_000_003 + k)
+            user = printable(rng, rng.randint(*self.prompt_tokens))
+            max_tokens = rng.randint(*self.max_tokens)
+            prompt += user
+            parts.append(len(user))
+            if k < turn:
+                answer = printable(rng, max_tokens)
+                prompt += answer
+                parts.append(len(answer))
+        return RequestPlan(f"bench-{i}", list(prompt), max_tokens, i, turn + 1, parts,
+                           self._session(f"session-{session}"))
+
+
+@functools.lru_cache(maxsize=4)
+def _prompts(seed: int, block_tokens: int) -> Prompts:
+    """The process's prompt builder of a trace (it keeps the blocks it made)."""
+    return Prompts(seed, block_tokens)
 
 
 def poisson_offsets(rate: float, seed: int):

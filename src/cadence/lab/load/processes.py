@@ -62,9 +62,14 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 def _my_requests(plan: ProcessPlan):
     """(i, arrival offset in s or None) for this process's share of the run."""
-    offsets = poisson_offsets(plan.rate, plan.shape.seed) if plan.rate else None
+    trace = plan.shape.trace
+    offsets = (iter([row.offset_s for row in trace]) if trace else
+               poisson_offsets(plan.rate, plan.shape.seed) if plan.rate else None)
+    requests = plan.requests
+    if trace:
+        requests = len(trace) if requests is None else min(requests, len(trace))
     i = 0
-    while plan.requests is None or i < plan.requests:
+    while requests is None or i < requests:
         offset = next(offsets) if offsets is not None else None
         if plan.duration_s is not None and offset is not None and offset > plan.duration_s:
             return
@@ -140,8 +145,10 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
         await driver.one(RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4), plan.process, i)
     # The closed loop's first wave starts at one instant: its requests are made now, so that
     # making one does not hold up the sending of the others.
-    todo = _my_requests(plan)
-    head = [] if plan.rate else list(itertools.islice(todo, plan.concurrency))
+    open_loop = bool(plan.rate or plan.shape.trace)
+    conversation = plan.shape.conversation
+    todo = _my_requests(plan) if conversation is None else iter(())
+    head = [] if open_loop else list(itertools.islice(todo, plan.concurrency))
     todo = itertools.chain(head, todo)
     made = {i: plan.shape.request(i) for i, _ in head}
     driver.prepare(made.values())
@@ -160,31 +167,50 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     async def send(i: int, lane: int, intended_ns: int | None = None) -> None:
         request = made.pop(i, None) or plan.shape.request(i)
         record, chunks = await driver.one(request, plan.process, lane)
+        record.turn = request.turn
         kept.append((record, chunks))
         streak.add(record)
         if intended_ns is not None:
+            record.scheduled_ns = intended_ns
             lags.append((record.start_ns - intended_ns) / 1e6)
         if completed is not None:
             # Per request, never per chunk: all the progress display costs this process.
             completed.value += 1
 
-    if plan.rate:
-        # Open loop: sleep to each arrival time on the monotonic clock. When behind, the
-        # rest of the schedule shifts later instead of bursting to catch up; the lag is
-        # still measured against the unshifted schedule.
+    if open_loop:
+        # Open loop: sleep to each arrival time on the monotonic clock, the request made
+        # (and serialized) before the sleep so that making it does not delay its send. A
+        # Poisson run that falls behind shifts the rest of its schedule later instead of
+        # bursting to catch up; a trace keeps its times (a late request goes at once). The
+        # lag is measured against the unshifted schedule either way.
+        shift = not plan.shape.trace
         base = started_ns / 1e9
         tasks = []
         for n, (i, offset) in enumerate(todo):
+            made[i] = plan.shape.request(i)
+            driver.prepare((made[i],))
             delay = base + offset - time.monotonic()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await _sleep_until(base + offset, delay)
             elif delay < -0.001:
-                base -= delay
                 slips += 1
+                if shift:
+                    base -= delay
             if streak.reason is not None:
                 break
             tasks.append(asyncio.ensure_future(send(i, n, started_ns + int(offset * 1e9))))
         await asyncio.gather(*tasks)
+    elif conversation is not None:
+        async def session(s: int) -> None:
+            for turn in range(conversation.turns):
+                await send(s * conversation.turns + turn, s)
+                if time.monotonic() >= stop_at or streak.reason is not None:
+                    return
+                if conversation.think_ms and turn + 1 < conversation.turns:
+                    await asyncio.sleep(conversation.think_ms / 1e3)
+
+        mine = range(plan.process, conversation.sessions, plan.processes)
+        await asyncio.gather(*(session(s) for s in mine))
     else:
         async def lane(k: int) -> None:
             for i, _ in todo:
@@ -199,6 +225,21 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     await driver.close()
     return ProcessResult(plan.process, [record for record, _ in kept], cpu_s, wall_s, slips,
                          started_ns, lags, streak.reason)
+
+
+_SPIN_S = 0.0015
+"""The last stretch before an open-loop send is waited out by yielding to the loop, not by a
+timer: the loop's timers wake up to a millisecond late."""
+
+
+async def _sleep_until(at: float, delay: float) -> None:
+    """Sleep until monotonic time `at` (`delay` seconds from now), to well under a
+    millisecond: a timer for all but the last stretch, then turns of the loop (other streams
+    are read in between)."""
+    if delay > _SPIN_S:
+        await asyncio.sleep(delay - _SPIN_S)
+    while time.monotonic() < at:
+        await asyncio.sleep(0)
 
 
 def _process_main(plan_bytes: bytes, conn, completed=None) -> None:
