@@ -38,10 +38,13 @@ PIPED_WIDTH = 10_000
 lines reads as two numbers)."""
 WITHIN_NOISE = "within noise"
 """How a negative overhead reads: served faster than the engine alone is run-to-run noise."""
-_COLUMNS = ("mean", "p50", "p90", "p99", "max")
-_ROWS = ("ttft_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms", "chunk_gap_ms", "tpot_ms",
-         "e2e_ms", "token_delay_ms", "chunk_tokens")
-"""connect_ms and ttft_after_connect_ms: HTTP runs only (TTFT apart from the connect)."""
+_COLUMNS = ("mean", "p50", "p90", "p99", "p999", "max")
+_HEADINGS = {"p999": "p99.9"}
+_ROWS = ("ttft_ms", "ttft_from_schedule_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms",
+         "chunk_gap_ms", "tpot_ms", "e2e_ms", "e2e_from_schedule_ms", "token_delay_ms",
+         "chunk_tokens")
+"""connect_ms and ttft_after_connect_ms: HTTP runs only (TTFT apart from the connect); the
+*_from_schedule_ms: open loops only (counted from the scheduled send)."""
 
 
 def print_summary(result: BenchResult) -> None:
@@ -66,7 +69,7 @@ def print_summary(result: BenchResult) -> None:
     table = Table(title="the run's figures", show_lines=False)
     table.add_column("metric")
     for col in _COLUMNS:
-        table.add_column(col, justify="right")
+        table.add_column(_HEADINGS.get(col, col), justify="right")
     for name in _ROWS:
         d: Distribution | None = getattr(result, name) or None
         if d is not None and d.count:  # no row of nan when no request gave a value
@@ -75,6 +78,9 @@ def print_summary(result: BenchResult) -> None:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
             table.add_row(f"  segment {name}", *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
     console.print(table)
+    for line in (turns_line(result), cached_line(result)):
+        if line:
+            console.print(line, highlight=False, markup=False)
     if result.overhead_ms:
         o = result.overhead_ms
         console.print("serving overhead (served − engine-only, ms): " + ", ".join(
@@ -174,11 +180,31 @@ def schedule_line(client: Client) -> str | None:
     line = (f"open loop: offered {client.offered_rate_per_s:g} requests/s, achieved "
             + (f"{achieved:.1f}" if isinstance(achieved, float | int) else "?"))
     if lag:
-        line += f"; send lag behind the schedule p50 {lag.p50:.1f} ms, p99 {lag.p99:.1f} ms"
+        line += (f"; schedule error (actual − scheduled send) p50 {lag.p50:.2f} ms, p99 "
+                 f"{lag.p99:.2f} ms, p99.9 {lag.p999:.2f} ms")
     if client.behind_schedule:
         line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
                  "than offered; add --procs)[/]")
     return line
+
+
+def turns_line(result: BenchResult) -> str | None:
+    """TTFT by conversation turn, in one line; None without turns."""
+    if not result.ttft_by_turn_ms:
+        return None
+    return "TTFT by turn (p50 / p99 ms): " + ", ".join(
+        f"turn {turn} {d.p50:.1f} / {d.p99:.1f} (n={d.count})"
+        for turn, d in result.ttft_by_turn_ms.items())
+
+
+def cached_line(result: BenchResult) -> str | None:
+    """The prompt tokens the server said it had cached; None when it said nothing."""
+    cached = result.cached_tokens
+    if not cached:
+        return None
+    return (f"cached prompt tokens (the server's count, {cached.requests} requests): p50 "
+            f"{cached.per_request.p50:.0f}, max {cached.per_request.max:.0f} per request, "
+            f"{cached.share_of_prompt:.0%} of the prompt tokens sent")
 
 
 _THREAD_GROUPS_SHOWN = 5
