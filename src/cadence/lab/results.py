@@ -36,9 +36,9 @@ class Distribution(msgspec.Struct, kw_only=True):
     p99: float = math.nan
     max: Number = math.nan
     min: Number = math.nan
-    p999: float = math.nan
+    p999: float | UnsetType = UNSET
     """The 99.9th percentile (interpolated: with fewer than 1,000 values, between the
-    largest ones)."""
+    largest ones); unset in a result written before it was kept."""
 
     @property
     def usable(self) -> bool:

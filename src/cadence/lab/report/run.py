@@ -186,7 +186,8 @@ def _throughput(result: BenchResult) -> str:
 
 
 def _aggregates(result: BenchResult) -> str:
-    rows = [(n, (d := getattr(result, n)).count, *(getattr(d, s) for s in (*STATS, "p999")))
+    rows = [(n, (d := getattr(result, n)).count,
+             *(None if (v := getattr(d, s)) is msgspec.UNSET else v for s in (*STATS, "p999")))
             for n in aggregate_names(result)]
     return section("Latency and chunk aggregates",
                    table(("metric", "count", *STATS, "p99.9"), rows),
@@ -313,7 +314,7 @@ def _client(result: BenchResult) -> str:
 
 def _distribution_cell(d: Distribution) -> Raw:
     """A distribution in one cell: its p50, p99, p99.9 (when known) and max."""
-    deep = f", p99.9 {fmt(d.p999)}" if finite(d.p999) else ""
+    deep = f", p99.9 {fmt(d.p999)}" if d.p999 and finite(d.p999) else ""
     return Raw(f"p50 {fmt(d.p50)}, p99 {fmt(d.p99)}{deep}, max {fmt(d.max)}")
 
 

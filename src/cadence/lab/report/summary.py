@@ -73,10 +73,10 @@ def print_summary(result: BenchResult) -> None:
     for name in _ROWS:
         d: Distribution | None = getattr(result, name) or None
         if d is not None and d.count:  # no row of nan when no request gave a value
-            table.add_row(name, *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
+            table.add_row(name, *_cells(d))
     if result.segments_ms:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
-            table.add_row(f"  segment {name}", *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
+            table.add_row(f"  segment {name}", *_cells(d))
     console.print(table)
     for line in (turns_line(result), cached_line(result)):
         if line:
@@ -140,6 +140,11 @@ def print_summary(result: BenchResult) -> None:
 _STATE_STYLE = {"healthy": "bold green", "unhealthy": "bold red", "inconclusive": "bold yellow"}
 
 
+def _cells(d: Distribution) -> list[str]:
+    """A table row's figures; "-" for one the result does not hold (p99.9 of an older run)."""
+    return [f"{v:.2f}" if (v := getattr(d, c)) is not UNSET else "-" for c in _COLUMNS]
+
+
 def _print_verdict(console, result: BenchResult) -> None:
     """What leads the summary: the verdict, the key figures against any SLO, whether the run
     stopped early."""
@@ -181,7 +186,7 @@ def schedule_line(client: Client) -> str | None:
             + (f"{achieved:.1f}" if isinstance(achieved, float | int) else "?"))
     if lag:
         line += (f"; schedule error (actual − scheduled send) p50 {lag.p50:.2f} ms, p99 "
-                 f"{lag.p99:.2f} ms, p99.9 {lag.p999:.2f} ms")
+                 f"{lag.p99:.2f} ms" + (f", p99.9 {lag.p999:.2f} ms" if lag.p999 else ""))
     if client.behind_schedule:
         line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
                  "than offered; add --procs)[/]")
