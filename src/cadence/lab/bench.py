@@ -217,7 +217,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             seed=workload.shape.seed,
             read_delay_ms=workload.read_delay_ms,
             client_processes=processes,
-            trace=workload.trace or msgspec.UNSET,
+            trace=(workload.trace or described_trace(workload.shape)
+                   if workload.shape.trace else msgspec.UNSET),
             conversation=_conversation(workload.shape),
             channels_per_process=channels,
             protocol=name,
@@ -254,6 +255,17 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
+
+
+def described_trace(shape: RequestShape, file: str = "", speed: float = 1.0,
+                    window: tuple[float, float | None] = (0.0, None)) -> results.TraceWorkload:
+    """What the result says of the trace `shape` replays (read from `file`, ...)."""
+    rows = shape.trace
+    return results.TraceWorkload(
+        file=file, requests=len(rows), span_s=rows[-1].offset_s, speed=speed,
+        window_s=list(window), block_tokens=shape.block_tokens,
+        with_hash_ids=sum(1 for r in rows if r.hash_ids),
+        sessions=len({r.session for r in rows if r.session}))
 
 
 def _conversation(shape: RequestShape) -> results.ConversationWorkload | msgspec.UnsetType:

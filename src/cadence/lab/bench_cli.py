@@ -369,18 +369,17 @@ def _trace_of(args: argparse.Namespace):
         return [], None, None
     if args.prompts:
         sys.exit("cadence bench: --trace and --prompts both say what to send: give one")
+    from cadence.lab.bench import described_trace
+    from cadence.lab.load.plan import RequestShape
     from cadence.lab.load.trace import TraceError, read_trace
-    from cadence.lab.results import TraceWorkload
 
+    window = args.trace_window or (0.0, None)
     try:
-        rows = read_trace(args.trace, args.trace_speed, args.trace_window or (0.0, None))
+        rows = read_trace(args.trace, args.trace_speed, window)
     except TraceError as exc:
         sys.exit(f"cadence bench: {exc}")
-    return rows, TraceWorkload(
-        file=args.trace, requests=len(rows), span_s=rows[-1].offset_s, speed=args.trace_speed,
-        window_s=list(args.trace_window or (0.0, None)), block_tokens=args.trace_block_tokens,
-        with_hash_ids=sum(1 for r in rows if r.hash_ids),
-        sessions=len({r.session for r in rows if r.session})), None
+    shape = RequestShape(trace=rows, block_tokens=args.trace_block_tokens)
+    return rows, described_trace(shape, args.trace, args.trace_speed, window), None
 
 
 def _bench(args: argparse.Namespace) -> None:

@@ -207,7 +207,9 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
                 if time.monotonic() >= stop_at or streak.reason is not None:
                     return
                 if conversation.think_ms and turn + 1 < conversation.turns:
-                    await asyncio.sleep(conversation.think_ms / 1e3)
+                    # Not a bare timer: the loop's timers may wake a fraction of a ms early.
+                    think_s = conversation.think_ms / 1e3
+                    await _sleep_until(time.monotonic() + think_s, think_s)
 
         mine = range(plan.process, conversation.sessions, plan.processes)
         await asyncio.gather(*(session(s) for s in mine))
