@@ -181,3 +181,49 @@ def test_new_record_fields_are_left_out_while_they_hold_their_defaults() -> None
     assert written[1][-2:] == [5, 2]
     back = msgspec.convert(json.loads(json.dumps(written)), list[RequestRecord])
     assert back == [plain, scheduled]
+
+
+def test_a_session_header_and_the_history_reach_an_http_server() -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from cadence.lab.load.openai_http import OpenAITarget, client_session, one_openai
+
+    shape = RequestShape(conversation=Conversation(1, 2), prompt_tokens=(3, 3),
+                         max_tokens=(2, 2), session_header="x-session")
+    seen = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append((request.headers.get("x-session"), await request.json()))
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b'data: {"choices": [{"delta": {"content": "x"}, '
+                             b'"finish_reason": "length"}]}\n\n')
+        await response.write(b'data: {"choices": [], "usage": {"completion_tokens": 1, '
+                             b'"prompt_tokens_details": {"cached_tokens": 5}}}\n\ndata: [DONE]\n\n')
+        return response
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        target = OpenAITarget(f"http://127.0.0.1:{port}", "m", "chat")
+        client = client_session(target)
+        try:
+            record, events = await one_openai(target, client, shape.request(1), 0, False, 5.0)
+        finally:
+            await client.close()
+            await runner.cleanup()
+        decode_events(record, events, False)
+        return record
+
+    record = asyncio.run(main())
+    assert record.code == "OK" and record.cached_tokens == 5 and record.tokens == [1]
+    [(session, body)] = seen
+    assert session == "session-0"
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]

@@ -229,9 +229,10 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
                          started_ns, lags, streak.reason)
 
 
-_SPIN_S = 0.0015
+_SPIN_S = 0.0005
 """The last stretch before an open-loop send is waited out by yielding to the loop, not by a
-timer: the loop's timers wake up to a millisecond late."""
+timer: the loop's timers keep milliseconds and wake up to one late. Longer, the process
+spins more and, on a busy host, is preempted more (docs/lab.md, "Replaying a trace")."""
 
 
 async def _sleep_until(at: float, delay: float) -> None:
