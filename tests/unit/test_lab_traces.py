@@ -227,3 +227,63 @@ def test_a_session_header_and_the_history_reach_an_http_server() -> None:
     [(session, body)] = seen
     assert session == "session-0"
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+
+
+def test_repeats_give_each_figure_its_mean_and_interval() -> None:
+    from cadence.lab.analysis.noise import repeats, spread
+
+    f = spread([1.0, 2.0, 3.0])
+    assert (f.mean, f.stdev) == (2.0, 1.0)
+    assert (f.ci95_low, f.ci95_high) == pytest.approx((2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
+    assert math.isnan(spread([5.0]).ci95_low)
+    runs = [summarize([_record(0, 0, ttft)]) for ttft in (10, 11, 12)]
+    got = repeats([BenchResult(**msgspec.structs.asdict(r)) for r in runs])
+    assert got.runs == 3 and got.figures["ttft_p99_ms"].values == [10, 11, 12]
+
+
+def _repeated(ttft_p99: list[float]) -> BenchResult:
+    from cadence.lab.analysis.noise import spread
+    from cadence.lab.results import Distribution, Repeats
+
+    result = BenchResult(ttft_ms=Distribution(count=1, p99=ttft_p99[0]))
+    result.repeats = Repeats(runs=len(ttft_p99), figures={"ttft_p99_ms": spread(ttft_p99)})
+    return result
+
+
+def test_a_regression_is_judged_only_outside_the_noise(capsys) -> None:
+    from cadence.lab.report.compare import parse_gate
+    from cadence.lab.report_cli import _judge
+
+    gate = parse_gate("ttft_p99_ms>1.05x")
+    base = _repeated([10.0, 11.0, 12.0])
+    noisy = _repeated([11.0, 12.0, 13.0])  # mean 12 > 11.55, the intervals overlap
+    assert gate.judge(base, noisy, "b.json").endswith("within noise")
+    assert gate.failure(base, noisy, "b.json") is None
+    _judge([gate], [base, noisy], ["a.json", "b.json"])  # passes: no exit
+    assert "b.json: ttft_p99_ms>1.05x: ttft_p99_ms mean 12" in capsys.readouterr().out
+    worse = _repeated([20.0, 21.0, 22.0])
+    assert "failed: ttft_p99_ms mean 21" in gate.failure(base, worse, "c.json")
+    with pytest.raises(SystemExit):
+        _judge([gate], [base, worse], ["a.json", "c.json"])
+    # One run each: judged on the values, as before.
+    single = BenchResult(ttft_ms=msgspec.structs.replace(base.ttft_ms, p99=12.0))
+    assert "failed" in gate.failure(BenchResult(ttft_ms=base.ttft_ms), single, "d.json")
+
+
+def test_requests_export_as_jsonl_and_csv(tmp_path) -> None:
+    import csv
+
+    from cadence.lab.report.export import COLUMNS, write
+
+    records = [_record(0, 10, 15, scheduled_ms=8, turn=1, cached=4),
+               RequestRecord(request_id="x", process=0, start_ns=int(20e6), code="UNAVAILABLE",
+                             error="gone")]
+    assert write(str(tmp_path / "r.jsonl"), records) == 2
+    first, failed = (json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines())
+    assert list(first) == list(COLUMNS)
+    assert (first["dispatch_delay_ms"], first["ttft_ms"], first["ttft_from_schedule_ms"],
+            first["cached_tokens"], first["turn"]) == (2.0, 5.0, 7.0, 4, 1)
+    assert (failed["ttft_ms"], failed["code"], failed["sent_s"]) == (None, "UNAVAILABLE", 0.01)
+    write(str(tmp_path / "r.csv"), records)
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert rows[0]["ttft_ms"] == "5.0" and rows[1]["ttft_ms"] == "" and rows[1]["error"] == "gone"

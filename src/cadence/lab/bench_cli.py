@@ -129,6 +129,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="after the run, wait up to S seconds for the last spans (a server's "
                         "batch processor sends every few seconds)")
     p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
+    p.add_argument("--repeat", type=_positive, default=1, metavar="N",
+                   help="run the workload N times back to back: the JSON's `repeats` holds each "
+                        "key figure's value per run, mean and 95%% confidence interval (the "
+                        "rest is the first run's), and `cadence report a.json b.json "
+                        "--fail-if` then judges a regression only outside that noise")
+    p.add_argument("--export", default=None, metavar="FILE",
+                   help="also write one row per request (ids, tokens, TTFT, ITL, dispatch "
+                        "delay, ...): CSV when FILE ends in .csv, else JSONL")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none anyway when stderr is not a terminal)")
     p.set_defaults(func=_bench)
@@ -394,19 +402,36 @@ def _bench(args: argparse.Namespace) -> None:
     if progress_wanted(args.no_progress):
         counter = RequestCounter()
         shown = BenchProgress(counter, workload.requests, workload.duration_s)
+    runs = []
     try:
-        with shown:
-            result = run_bench(args.target, workload, processes=args.procs,
-                               channels=args.channels, baseline=args.baseline,
-                               credentials=credentials, protocol=protocol, counter=counter,
-                               server_pid=args.server_pid, slo=slo, scrape=args.scrape,
-                               traces=traces, traces_wait_s=args.otlp_wait)
+        for _ in range(args.repeat):
+            with shown:
+                runs.append(run_bench(args.target, workload, processes=args.procs,
+                                      channels=args.channels, baseline=args.baseline,
+                                      credentials=credentials, protocol=protocol,
+                                      counter=counter, server_pid=args.server_pid, slo=slo,
+                                      scrape=args.scrape, traces=traces,
+                                      traces_wait_s=args.otlp_wait))
+            if _failed(runs[-1]):
+                break
+            if counter is not None:  # each run its own bar
+                counter = RequestCounter()
+                shown = BenchProgress(counter, workload.requests, workload.duration_s)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     finally:
         if traces is not None:
             traces.stop()
+    result = runs[0] if not _failed(runs[-1]) else runs[-1]
+    if len(runs) > 1 and not _failed(runs[-1]):
+        from cadence.lab.analysis.noise import repeats
+
+        result.repeats = repeats(runs)
     print_summary(result)
+    if args.export:
+        from cadence.lab.report.export import write
+
+        write(args.export, result.records or [])
     if args.json_path:
         from cadence.lab.results import to_builtins
 

@@ -685,6 +685,28 @@ class BenchResult(RunStats, kw_only=True):
     """The pages of `--scrape` read during the run; unset without one."""
     verdict: Verdict | UnsetType = UNSET
     """How the run ended; unset in a result written before verdicts."""
+    repeats: Repeats | UnsetType = UNSET
+    """`--repeat N`: every run's value of the key figures, their mean and confidence interval
+    (the rest of the result is the first run's)."""
+
+
+class RepeatedFigure(msgspec.Struct, kw_only=True):
+    """One figure over a bench's repeated runs (`cadence.lab.analysis.noise`)."""
+
+    values: list[float] = []
+    """Each run's value, in run order."""
+    mean: float = math.nan
+    stdev: float = math.nan
+    ci95_low: float = math.nan
+    """The 95% confidence interval of the mean (Student's t over the runs)."""
+    ci95_high: float = math.nan
+
+
+class Repeats(msgspec.Struct, kw_only=True):
+    """`cadence bench --repeat N`: the runs' noise, figure by figure."""
+
+    runs: int = 1
+    figures: dict[str, RepeatedFigure] = {}
 
 
 class Spread(msgspec.Struct, kw_only=True):

@@ -78,7 +78,7 @@ def print_summary(result: BenchResult) -> None:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
             table.add_row(f"  segment {name}", *_cells(d))
     console.print(table)
-    for line in (turns_line(result), cached_line(result)):
+    for line in (turns_line(result), cached_line(result), *repeats_lines(result)):
         if line:
             console.print(line, highlight=False, markup=False)
     if result.overhead_ms:
@@ -200,6 +200,19 @@ def turns_line(result: BenchResult) -> str | None:
     return "TTFT by turn (p50 / p99 ms): " + ", ".join(
         f"turn {turn} {d.p50:.1f} / {d.p99:.1f} (n={d.count})"
         for turn, d in result.ttft_by_turn_ms.items())
+
+
+def repeats_lines(result: BenchResult) -> list[str]:
+    """Each repeated figure's mean and 95% confidence interval (`--repeat`); [] for one run."""
+    if not result.repeats:
+        return []
+    lines = [f"over {result.repeats.runs} runs (mean, 95% confidence interval of the mean; "
+             "the table above is the first run's):"]
+    for name, f in result.repeats.figures.items():
+        if not math.isnan(f.mean):
+            lines.append(f"  {name} {f.mean:,.2f} ({f.ci95_low:,.2f} to {f.ci95_high:,.2f}); "
+                         "runs " + ", ".join(f"{v:,.2f}" for v in f.values))
+    return lines
 
 
 def cached_line(result: BenchResult) -> str | None:
