@@ -287,3 +287,23 @@ def test_requests_export_as_jsonl_and_csv(tmp_path) -> None:
     write(str(tmp_path / "r.csv"), records)
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert rows[0]["ttft_ms"] == "5.0" and rows[1]["ttft_ms"] == "" and rows[1]["error"] == "gone"
+
+
+def test_a_tokenizer_counts_another_servers_output_in_its_tokens(tmp_path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from cadence.lab.load.openai_http import token_counter
+
+    tokenizer = Tokenizer(models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2},
+                                           unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    count = token_counter(str(tmp_path))
+    record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
+    events = [b'data: {"choices": [{"text": "hello wor"}]}',
+              b'data: {"choices": [{"text": "ld hello hello world"}]}',
+              b'data: {"choices": [], "usage": {"completion_tokens": 2}}']
+    decode_events(record, events, False, count)
+    assert record.tokens == [3, 2] and record.index == [0, 3]  # 5 words, not 2 events
+    with pytest.raises(ValueError, match="cannot read"):
+        token_counter(str(tmp_path / "nowhere"))

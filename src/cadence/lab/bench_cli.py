@@ -178,6 +178,10 @@ def add_protocol_args(p: argparse.ArgumentParser) -> None:
                         "own)")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="--protocol openai: /v1/completions (default) or /v1/chat/completions")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="--protocol openai: a Hugging Face tokenizer folder (its "
+                        "tokenizer.json, on this host): another server's output is counted "
+                        "in its tokens rather than by events or the server's usage")
     p.add_argument("--kserve-inputs", default="PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens",
                    metavar="NAME=SOURCE,...",
                    help="--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the "
@@ -244,6 +248,8 @@ def openai_from_args(args: argparse.Namespace, command: str):
     """The OpenAI target of `--protocol openai` (None for another protocol); exits with one
     line when `--target` is not an http(s) URL."""
     if args.protocol != "openai":
+        if getattr(args, "tokenizer", None):
+            sys.exit(f"cadence {command}: --tokenizer needs --protocol openai")
         return None
     from cadence.lab.load.openai_http import OpenAITarget
 
@@ -255,7 +261,15 @@ def openai_from_args(args: argparse.Namespace, command: str):
         from cadence.api.security import read_tokens
 
         token = read_tokens(args.token_file)[0]
-    return OpenAITarget(target.rstrip("/"), args.model, args.endpoint, token)
+    tokenizer = getattr(args, "tokenizer", None) or ""
+    if tokenizer:
+        from cadence.lab.load.openai_http import token_counter
+
+        try:
+            token_counter(tokenizer)
+        except ValueError as exc:
+            sys.exit(f"cadence {command}: {exc}")
+    return OpenAITarget(target.rstrip("/"), args.model, args.endpoint, token, tokenizer)
 
 
 def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):

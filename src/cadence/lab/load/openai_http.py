@@ -7,7 +7,9 @@ the events are parsed after the run (`decode_events`). Per event: `index` and `t
 cadence's own extension (`cadence_timing: true` puts the chunk's position, token count and
 server timestamps on every event, so the segments work); from another server, each event
 with text counts one token, unless the last chunk's `usage.completion_tokens` says more, which
-are then spread evenly over the events. The request asks for usage
+are then spread evenly over the events; with a tokenizer (`OpenAITarget.tokenizer`,
+`--tokenizer`), the output's text is counted in its tokens instead, spread the same way. The
+request asks for usage
 (`stream_options.include_usage`). The prompt is text: the planned prompt's token ids as
 printable characters, one per token (servers count them with their own tokenizers).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -53,6 +56,9 @@ class OpenAITarget(msgspec.Struct, frozen=True, tag="openai"):
     """`completions` or `chat`."""
     token: str = ""
     """A bearer token, sent as `Authorization: Bearer <token>`; empty: none."""
+    tokenizer: str = ""
+    """A Hugging Face tokenizer folder (its tokenizer.json): another server's output is
+    counted in its tokens, not by events or the server's usage; empty: none."""
 
     def driver(self) -> OpenAIDriver:
         return OpenAIDriver(self)
@@ -77,7 +83,9 @@ class OpenAIDriver(Driver):
                                 s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
-        decode_events(record, chunks, self.session.include_timing)
+        if self.target.tokenizer and not hasattr(self, "_count"):
+            self._count = token_counter(self.target.tokenizer)
+        decode_events(record, chunks, self.session.include_timing, getattr(self, "_count", None))
 
     async def close(self) -> None:
         for client in self._clients:
@@ -203,12 +211,34 @@ def _message(body: bytes) -> str:
         return body[:200].decode("utf-8", "replace")
 
 
-def decode_events(record: RequestRecord, events: list[bytes], include_timing: bool) -> None:
-    """Fill the record's per-chunk fields from the events `one_openai` kept."""
+def token_counter(folder: str) -> Callable[[str], int]:
+    """Counts a text's tokens with the Hugging Face tokenizer in `folder` (its tokenizer.json,
+    read with the `tokenizers` library, nothing downloaded); ValueError saying what is
+    missing."""
+    import os
+
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ValueError("--tokenizer needs the tokenizers package (pip install "
+                         "tokenizers)") from None
+    path = os.path.join(folder, "tokenizer.json") if os.path.isdir(folder) else folder
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as exc:  # the library raises its own exception for a missing or bad file
+        raise ValueError(f"--tokenizer {folder}: cannot read {path}: {exc}") from None
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def decode_events(record: RequestRecord, events: list[bytes], include_timing: bool,
+                  count: Callable[[str], int] | None = None) -> None:
+    """Fill the record's per-chunk fields from the events `one_openai` kept; `count` (from
+    `token_counter`) counts the output's tokens where the server's extension does not."""
     arrivals, kept_arrivals = record.arrival_ns, []
     tokens, index = record.tokens, record.index
     usage_tokens = None
     ours = False
+    texts = []
     for at, line in zip(list(arrivals), events, strict=True):
         event = _decode(line[6:])
         if "error" in event:
@@ -244,6 +274,9 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
             kept_arrivals.append(at)
             tokens.append(1)
             index.append(len(index))
+            texts.append(text)
+    if not ours and count is not None and texts:
+        usage_tokens = count("".join(texts))
     if not ours and usage_tokens and tokens and usage_tokens != len(tokens):
         whole, extra = divmod(usage_tokens, len(tokens))
         tokens[:] = [whole + (1 if i < extra else 0) for i in range(len(tokens))]
