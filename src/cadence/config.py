@@ -69,7 +69,10 @@ def _step_list(text: str) -> tuple[float, ...]:
 
 def _seconds_or_never(text: str) -> float | None:
     """Seconds; 0 turns the timer off (None)."""
-    return float(text) or None
+    try:
+        return float(text) or None
+    except ValueError:
+        raise ValueError(f"invalid float value: {text!r}") from None
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
