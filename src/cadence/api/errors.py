@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from cadence.core.outcomes import Failure
+from cadence.vocabulary import Failure
 
 GRPC_STATUS: dict[Failure, grpc.StatusCode] = {
     Failure.CANCELLED: grpc.StatusCode.CANCELLED,

@@ -6,7 +6,7 @@ adapters turn them into their own form with cadence.api.errors, in one place.
 
 from __future__ import annotations
 
-from cadence.core.outcomes import Failure
+from cadence.vocabulary import Failure
 
 
 class RequestError(Exception):

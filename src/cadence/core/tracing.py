@@ -22,7 +22,7 @@ import os
 import threading
 import time
 
-from cadence.core.outcomes import Failure, Finish
+from cadence.vocabulary import Failure, Finish
 
 log = logging.getLogger("cadence.tracing")
 

@@ -22,7 +22,6 @@ from cadence.api.v1.service import SERVICE_NAME, InferenceService
 from cadence.config import ServerConfig, WorkerSpec
 from cadence.core.front import FrontCore
 from cadence.core.metrics import FrontMetrics
-from cadence.core.outcomes import Failure
 from cadence.core.output_reader import OutputReader
 from cadence.core.tracing import RequestTracer
 from cadence.heap import settle_heap
@@ -38,6 +37,7 @@ from cadence.net.grpc_server import GrpcServer
 from cadence.router import WorkerRouter
 from cadence.transport.front_end import FrontChannel
 from cadence.transport.messages import WorkerReady
+from cadence.vocabulary import Failure
 
 log = logging.getLogger("cadence.server")
 

@@ -42,9 +42,6 @@ from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_
 from cadence.heap import settle_heap
 from cadence.transport.front_routing import worker_channel
 from cadence.transport.messages import (
-    AddRequest,
-    Failure,
-    Finish,
     RequestFailed,
     Shutdown,
     StepOutput,
@@ -54,6 +51,7 @@ from cadence.transport.messages import (
     boot_id,
 )
 from cadence.transport.sockets import OUTPUT_HWM
+from cadence.vocabulary import AddRequest, Failure, Finish
 
 log = logging.getLogger("cadence.app")
 

@@ -35,14 +35,14 @@ from google.protobuf.message import DecodeError
 
 import cadence
 from cadence.api.errors import kserve_error_message
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore, Generation
 from cadence.core.metrics import KSERVE
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.tracing import trace_context
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.vocabulary import Failure, Finish
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 

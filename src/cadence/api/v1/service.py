@@ -16,12 +16,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cadence.api.errors import grpc_status
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.front import FrontCore
 from cadence.core.metrics import CADENCE_V1
 from cadence.core.requests import Chunk, Request
 from cadence.core.tracing import trace_context
+from cadence.proto.v1 import inference_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 
