@@ -161,7 +161,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     (None: never)."""
     restart_workers: bool = True
     """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
-    grace_s: float = 5.0
+    drain_timeout_s: float = 5.0
     """On shutdown, open streams get this long to finish before they are cancelled."""
     app_in_front: bool = False
     """App engine: run the function in the front process instead of one worker process per

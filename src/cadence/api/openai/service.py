@@ -54,7 +54,7 @@ from cadence.api.openai.protocol import (
 )
 from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.core.errors import RequestError
-from cadence.core.front import FrontCore, Generation
+from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import OPENAI
 from cadence.core.requests import Chunk
 from cadence.vocabulary import Failure

@@ -33,7 +33,7 @@ from cadence.core.tracing import RequestTracer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.worker_router import NoWorkerAvailable
-from cadence.transport.front_end import WorkerLink, encode_add
+from cadence.transport.front_channel import WorkerLink, encode_add
 from cadence.vocabulary import AddRequest, Failure, Finish
 
 
