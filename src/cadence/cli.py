@@ -106,7 +106,7 @@ def _typed(parse):
 
 def _serve(args: argparse.Namespace) -> None:
     from cadence.lifecycle import ServingFailed, StartupError
-    from cadence.lifecycle.server import serve
+    from cadence.lifecycle.server import run_server
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -126,9 +126,10 @@ def _serve(args: argparse.Namespace) -> None:
         if config.grpc_server == "native":
             from cadence.lifecycle import envoy_front
 
-            event_loop.run(envoy_front.serve(config, on_started=announce, log_level=args.log_level))
+            event_loop.run(envoy_front.run_in_envoy(config, on_started=announce,
+                                                   log_level=args.log_level))
         else:
-            event_loop.run(serve(config, on_started=announce))
+            event_loop.run(run_server(config, on_started=announce))
     except (StartupError, ServingFailed) as exc:
         sys.exit(f"cadence serve: {exc}")
 

@@ -221,7 +221,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         "new calls of each streaming method requested from gRPC ahead of their arrival, so a "
         "burst of calls is taken in while other streams keep the front busy (0: grpc.aio's "
         "own accept loop, one at a time)", STREAMS, metavar="N")] = 64
-    """See cadence.lifecycle.call_acceptor."""
+    """See cadence.net.call_acceptor."""
     max_tokens_limit: Annotated[int, Option(
         "largest max_tokens a request may ask for (INVALID_ARGUMENT above)", STREAMS)] = 16384
     max_prompt_tokens: Annotated[int, Option(
@@ -260,9 +260,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         "do not restart workers that die (their streams fail with UNAVAILABLE)", WORKERS,
         flag="--no-restart")] = True
     """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
-    grace_s: Annotated[float, Option(
+    drain_timeout_s: Annotated[float, Option(
         "on SIGINT/SIGTERM, seconds open streams get to finish before they end with "
-        "UNAVAILABLE", flag="--drain-timeout", aliases=("--grace",), metavar="S")] = 5.0
+        "UNAVAILABLE", aliases=("--grace",), metavar="S")] = 5.0
     app_in_front: Annotated[bool, Option(
         "run the app in the front process instead of worker processes (shared in-process "
         "state; shares the front's GIL; docs/apps.md)", ENGINE)] = False

@@ -30,12 +30,12 @@ def serve(app: App | type | str, *, on_started: Callable[[int], None] | None = N
     `cuda:I,J,...`, `auto` or a list of device names, one worker per device (with `tp` > 1,
     per group of `tp` devices: a model class's tensor-parallel ranks); `engine_threads` sizes
     each worker's executor for a sync function (default one per device); `port`, `host`,
-    `max_concurrent`, `stall_timeout_s`, `grace_s`, ... An option that is not one is a
+    `max_concurrent`, `stall_timeout_s`, `drain_timeout_s`, ... An option that is not one is a
     TypeError naming it and the options it may have meant. `on_started(port)` is called once
     serving; without it, the line `cadence serving on HOST:PORT` is printed.
     """
     from cadence.lifecycle import StartupError
-    from cadence.lifecycle.server import serve as serve_config
+    from cadence.lifecycle.server import run_server
 
     if importing_app():
         raise RuntimeError(
@@ -50,7 +50,7 @@ def serve(app: App | type | str, *, on_started: Callable[[int], None] | None = N
         else:
             print(f"cadence serving on {config.host}:{port}", flush=True)
 
-    coro = serve_config(config, on_started=started, launcher=launcher)
+    coro = run_server(config, on_started=started, launcher=launcher)
     try:
         event_loop.run(coro)
     except StartupError as exc:
@@ -73,7 +73,7 @@ def configure(app: App | type | str, options: dict[str, object]):
         raise TypeError("a model class runs in worker processes, one per device; "
                         "app_in_front=True is for generator functions")
     if app_in_front and not isinstance(app, str):
-        from cadence.lifecycle.in_front import InFrontLauncher
+        from cadence.lifecycle.in_front_launcher import InFrontLauncher
 
         launcher = InFrontLauncher(app)
         reference = f"{getattr(app, '__module__', '?')}:{getattr(app, '__qualname__', repr(app))}"

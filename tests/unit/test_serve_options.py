@@ -49,7 +49,7 @@ def test_each_flag_is_its_fields_type_default_and_choices() -> None:
         assert flag.help and "default" in flag.help, option.name
         if option.choices is not None:
             assert tuple(flag.choices) == option.choices
-    assert flags["grace_s"].option_strings == ["--drain-timeout", "--grace"]
+    assert flags["drain_timeout_s"].option_strings == ["--drain-timeout", "--grace"]
 
 
 def test_no_flags_build_the_default_config_and_flags_set_their_fields() -> None:
@@ -61,7 +61,7 @@ def test_no_flags_build_the_default_config_and_flags_set_their_fields() -> None:
         "--step-ms-by-worker", "10,20", "--engine", "mod:Model"]))
     assert config.devices == ["cpu,cpu", "cpu,cpu"] and config.stall_timeout_s == 3.0
     assert not config.restart_workers and config.worker_timeout_s is None
-    assert config.grace_s == 1.5 and config.overflow == "block"
+    assert config.drain_timeout_s == 1.5 and config.overflow == "block"
     assert config.transport == "tcp"  # implied by --launcher ray
     assert config.engine == EngineConfig(name="model", model_class="mod:Model",
                                          step_ms_by_worker=(10.0, 20.0))
