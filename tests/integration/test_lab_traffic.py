@@ -18,6 +18,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.grpc_schema import from_reflection
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
+from cadence.lab.load.lengths import parse_lengths
 from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import Conversation, RequestShape
 from cadence.lab.load.trace import read_trace
@@ -145,7 +146,11 @@ def test_conversations_on_a_foreign_grpc_service() -> None:
             schema = from_reflection(channel, TOKENS_METHOD)
         protocol = GrpcTarget(schema=schema, request_json=PROMPT_REQUEST, index_field="index")
         shape = RequestShape(conversation=Conversation(4, 2), prompt_tokens=(6, 6),
-                             max_tokens=(3, 3), session_header="x-session")
+                             output_lengths=parse_lengths("lognormal:4,2,1,8"),
+                             session_header="x-session")
         result = run_bench(target, Workload(requests=8, concurrency=4, shape=shape),
                            protocol=protocol)
     _assert_conversations(result, 4, 2)
+    assert result.workload.output_length_distribution == "lognormal:4,2,1,8"
+    assert {r.max_tokens for r in result.records} <= set(range(1, 9))
+    assert [r.output_tokens for r in result.records] == [r.max_tokens for r in result.records]

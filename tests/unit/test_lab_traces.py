@@ -14,7 +14,7 @@ from cadence.lab.analysis.stats import summarize
 from cadence.lab.load.openai_http import build_body, decode_events
 from cadence.lab.load.plan import Conversation, RequestShape
 from cadence.lab.load.processes import ProcessPlan, _my_requests
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.load.trace import TraceError, read_trace
 from cadence.lab.results import BenchResult, to_builtins
 
@@ -307,3 +307,32 @@ def test_a_tokenizer_counts_another_servers_output_in_its_tokens(tmp_path) -> No
     assert record.tokens == [3, 2] and record.index == [0, 3]  # 5 words, not 2 events
     with pytest.raises(ValueError, match="cannot read"):
         token_counter(str(tmp_path / "nowhere"))
+
+
+def test_length_distributions_draw_what_they_say(tmp_path) -> None:
+    import statistics
+
+    from cadence.lab.load.lengths import parse_lengths
+
+    def drawn(text: str, field: str = "max_tokens") -> list[int]:
+        lengths = parse_lengths(text)
+        shape = RequestShape(output_lengths=lengths, prompt_lengths=lengths, seed=2)
+        plans = [shape.request(i) for i in range(4000)]
+        return [p.max_tokens if field == "max_tokens" else len(p.prompt_token_ids)
+                for p in plans]
+
+    lognormal = drawn("lognormal:200,80")
+    assert statistics.fmean(lognormal) == pytest.approx(200, rel=0.05)
+    assert statistics.pstdev(lognormal) == pytest.approx(80, rel=0.1)
+    assert statistics.median(lognormal) < statistics.fmean(lognormal)  # the right tail
+    normal = drawn("normal:50,30,10,60", field="prompt")
+    assert min(normal) == 10 and max(normal) == 60
+    assert statistics.fmean(drawn("normal:50,5")) == pytest.approx(50, rel=0.02)
+    (tmp_path / "lengths.txt").write_text("3\n3\n90\n")
+    empirical = drawn(f"empirical:{tmp_path / 'lengths.txt'}")
+    assert set(empirical) == {3, 90} and empirical.count(3) > empirical.count(90)
+    assert parse_lengths(f"empirical:{tmp_path / 'lengths.txt'}").bounds == (3, 90)
+    for bad, said in (("normal:5", "expected N, LO:HI"), ("lognormal:0,1", "MEAN > 0"),
+                      ("empirical:/nowhere", "cannot read /nowhere")):
+        with pytest.raises(ValueError, match=said):
+            parse_lengths(bad)

@@ -214,6 +214,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             max_tokens=list(workload.shape.max_tokens),
             prompt_tokens=list(workload.shape.prompt_tokens),
             prompts_from_file=len(workload.shape.prompts),
+            prompt_length_distribution=_said(workload.shape.prompt_lengths),
+            output_length_distribution=_said(workload.shape.output_lengths),
             seed=workload.shape.seed,
             read_delay_ms=workload.read_delay_ms,
             client_processes=processes,
@@ -266,6 +268,10 @@ def described_trace(shape: RequestShape, file: str = "", speed: float = 1.0,
         window_s=list(window), block_tokens=shape.block_tokens,
         with_hash_ids=sum(1 for r in rows if r.hash_ids),
         sessions=len({r.session for r in rows if r.session}))
+
+
+def _said(lengths) -> str | msgspec.UnsetType:
+    return lengths.text or lengths.kind if lengths is not None else msgspec.UNSET
 
 
 def _conversation(shape: RequestShape) -> results.ConversationWorkload | msgspec.UnsetType:

@@ -12,8 +12,16 @@ if TYPE_CHECKING:
     from cadence.lab.results import BenchResult
 
 
-def _length(text: str) -> tuple[int, int]:
-    """`N` (fixed) or `LO:HI` (uniform, inclusive)."""
+def _length(text: str):
+    """`N` (fixed) or `LO:HI` (uniform, inclusive): (LO, HI); or a distribution
+    (`cadence.lab.load.lengths`): its Lengths."""
+    from cadence.lab.load.lengths import KINDS, parse_lengths
+
+    if text.partition(":")[0] in KINDS:
+        try:
+            return parse_lengths(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     lo, _, hi = text.partition(":")
     try:
         bounds = (int(lo), int(hi or lo))
@@ -306,8 +314,11 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=None,
                    help="requests in all (default: --concurrency, unless --duration is given)")
     p.add_argument("--duration", type=float, default=None, help="stop sending new requests after S seconds")
-    p.add_argument("--max-tokens", type=_length, default="128", help="N or LO:HI (uniform)")
-    p.add_argument("--prompt-tokens", type=_length, default="16", help="N or LO:HI (uniform)")
+    p.add_argument("--max-tokens", type=_length, default="128",
+                   help="N, LO:HI (uniform), normal:MEAN,SD, lognormal:MEAN,SD (either with "
+                        ",MIN,MAX) or empirical:FILE (one length a line)")
+    p.add_argument("--prompt-tokens", type=_length, default="16",
+                   help="as --max-tokens, for the prompt")
     p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
     p.add_argument("--trace-speed", type=_speed, default=1.0, metavar="X",
                    help="--trace: play it X times as fast (0.5: half as fast)")
@@ -364,8 +375,10 @@ def workload_from_args(args: argparse.Namespace):
         rate=args.rate,
         duration_s=args.duration,
         shape=RequestShape(
-            prompt_tokens=args.prompt_tokens,
-            max_tokens=args.max_tokens,
+            prompt_tokens=_bounds(args.prompt_tokens),
+            max_tokens=_bounds(args.max_tokens),
+            prompt_lengths=_distribution(args.prompt_tokens),
+            output_lengths=_distribution(args.max_tokens),
             prompts=read_prompts(args.prompts) if args.prompts else [],
             seed=args.seed,
             trace=trace,
@@ -380,6 +393,16 @@ def workload_from_args(args: argparse.Namespace):
         warmup=args.warmup,
         read_delay_ms=args.read_delay_ms,
     )
+
+
+def _bounds(length) -> tuple[int, int]:
+    """The (LO, HI) of a length option: its range, or the bounds of its distribution."""
+    return length if isinstance(length, tuple) else length.bounds
+
+
+def _distribution(length):
+    """The distribution of a length option (None for N or LO:HI)."""
+    return None if isinstance(length, tuple) else length
 
 
 def _trace_of(args: argparse.Namespace):

@@ -379,6 +379,10 @@ class Workload(msgspec.Struct, kw_only=True):
     grpc: GrpcWorkload | UnsetType = UNSET
     trace: TraceWorkload | UnsetType = UNSET
     conversation: ConversationWorkload | UnsetType = UNSET
+    prompt_length_distribution: str | UnsetType = UNSET
+    """`--prompt-tokens` as a distribution (`lognormal:200,80`); `prompt_tokens` holds its
+    bounds."""
+    output_length_distribution: str | UnsetType = UNSET
 
 
 class TraceWorkload(msgspec.Struct, kw_only=True):

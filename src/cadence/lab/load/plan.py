@@ -8,6 +8,7 @@ import random
 
 import msgspec
 
+from cadence.lab.load.lengths import Lengths
 from cadence.lab.load.trace import BLOCK_TOKENS, Prompts, TraceRow, printable
 
 
@@ -39,7 +40,8 @@ class Conversation(msgspec.Struct, frozen=True):
 
 
 class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
-    """How requests are made: lengths fixed or uniform in [lo, hi], prompts from a file,
+    """How requests are made: lengths fixed, uniform in [lo, hi] or from a distribution
+    (`cadence.lab.load.lengths`), prompts from a file,
     requests from a trace, or the turns of conversations.
 
     Request i is the same whichever process sends it and however often the run is repeated
@@ -59,6 +61,18 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
     """Request i is turn i % turns of session i // turns: its history and a new message."""
     session_header: str = ""
     """The header that carries a request's session id (trace sessions, conversations)."""
+    prompt_lengths: Lengths | None = None
+    """A distribution of prompt lengths, in place of `prompt_tokens`' uniform range."""
+    output_lengths: Lengths | None = None
+    """A distribution of max_tokens, in place of `max_tokens`' uniform range."""
+
+    def prompt_length(self, rng: random.Random) -> int:
+        lengths = self.prompt_lengths
+        return lengths.draw(rng) if lengths is not None else rng.randint(*self.prompt_tokens)
+
+    def output_length(self, rng: random.Random) -> int:
+        lengths = self.output_lengths
+        return lengths.draw(rng) if lengths is not None else rng.randint(*self.max_tokens)
 
     def request(self, i: int) -> RequestPlan:
         if self.trace:
@@ -69,11 +83,11 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
         if self.conversation is not None:
             return self._turn(i)
         rng = random.Random(self.seed * 1_000_003 + i)
-        max_tokens = rng.randint(*self.max_tokens)
+        max_tokens = self.output_length(rng)
         if self.prompts:
             prompt, fixed = self.prompts[i % len(self.prompts)]
             return RequestPlan(f"bench-{i}", prompt, fixed or max_tokens, i)
-        prompt = [rng.randrange(32, 127) for _ in range(rng.randint(*self.prompt_tokens))]
+        prompt = [rng.randrange(32, 127) for _ in range(self.prompt_length(rng))]
         return RequestPlan(f"bench-{i}", prompt, max_tokens, i)
 
     def _session(self, session: str) -> list[tuple[str, str]]:
@@ -86,8 +100,8 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
         prompt, parts = bytearray(), []
         for k in range(turn + 1):
             rng = random.Random((self.seed * 1_000_003 + session) * 1_000_003 + k)
-            user = printable(rng, rng.randint(*self.prompt_tokens))
-            max_tokens = rng.randint(*self.max_tokens)
+            user = printable(rng, self.prompt_length(rng))
+            max_tokens = self.output_length(rng)
             prompt += user
             parts.append(len(user))
             if k < turn:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 
 from cadence.lab.analysis.stats import itl_points
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 COLUMNS = ("request_id", "process", "code", "turn", "prompt_tokens", "output_tokens",
            "max_tokens", "chunks", "cached_tokens", "sent_s", "dispatch_delay_ms", "connect_ms",
