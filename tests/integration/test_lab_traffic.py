@@ -154,3 +154,22 @@ def test_conversations_on_a_foreign_grpc_service() -> None:
     assert result.workload.output_length_distribution == "lognormal:4,2,1,8"
     assert {r.max_tokens for r in result.records} <= set(range(1, 9))
     assert [r.output_tokens for r in result.records] == [r.max_tokens for r in result.records]
+
+
+def test_mixed_clients_are_reported_by_population(served, tmp_path) -> None:
+    target, _ = served
+    out = tmp_path / "run.json"
+    done = bench("--target", target, "--concurrency", "12", "--requests", "48",
+                 "--max-tokens", "20", "--read-delay-ms", "10@30%", "--cancel-ms", "25@30%",
+                 "--deadline-ms", "5000@20%", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "by client population:" in done.stdout
+    result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+    groups = result.by_population
+    assert set(groups) == {"cancelling", "deadline", "plain", "slow_reader"}
+    assert sum(p.requests for p in groups.values()) == 48
+    assert groups["cancelling"].codes == {"CLIENT_CANCELLED": groups["cancelling"].requests}
+    assert result.cancelled_by_client == groups["cancelling"].requests
+    assert "CLIENT_CANCELLED" not in result.errors_by_code
+    assert groups["slow_reader"].itl_ms.p50 >= 10 > groups["plain"].itl_ms.p50
+    assert groups["deadline"].requests_ok == groups["deadline"].requests

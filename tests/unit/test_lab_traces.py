@@ -336,3 +336,21 @@ def test_length_distributions_draw_what_they_say(tmp_path) -> None:
                       ("empirical:/nowhere", "cannot read /nowhere")):
         with pytest.raises(ValueError, match=said):
             parse_lengths(bad)
+
+
+def test_client_populations_take_their_shares_and_keep_them() -> None:
+    from collections import Counter
+
+    from cadence.lab.load.plan import ClientMix
+
+    mix = ClientMix(read_delay=(30.0, 0.25), cancel=(200.0, 0.1), deadline=(500.0, 0.2))
+    shape = RequestShape(clients=mix, seed=4)
+    plans = [shape.request(i) for i in range(4000)]
+    shares = {k: v / 4000 for k, v in Counter(p.population for p in plans).items()}
+    assert shares == pytest.approx({"slow_reader": 0.25, "cancelling": 0.1, "deadline": 0.2,
+                                    "plain": 0.45}, abs=0.03)
+    slow = next(p for p in plans if p.population == "slow_reader")
+    assert (slow.read_delay_s, slow.cancel_s, slow.deadline_s) == (0.03, 0.0, 0.0)
+    assert next(p for p in plans if p.population == "cancelling").cancel_s == 0.2
+    assert next(p for p in plans if p.population == "deadline").deadline_s == 0.5
+    assert plans == [shape.request(i) for i in range(4000)]

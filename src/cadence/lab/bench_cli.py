@@ -344,8 +344,15 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                         "--timeout, none with it; 0: none)")
     p.add_argument("--procs", type=int, default=1, help="load-generating processes")
     p.add_argument("--channels", type=int, default=1, help="gRPC connections per process")
-    p.add_argument("--read-delay-ms", type=float, default=0.0,
-                   help="pause after each chunk, to play a slow-reading client")
+    p.add_argument("--read-delay-ms", type=_share_of, default=(0.0, 1.0), metavar="MS[@SHARE%]",
+                   help="pause after each chunk, to play a slow-reading client; with @SHARE%% "
+                        "only that share of the requests (the slow_reader population)")
+    p.add_argument("--cancel-ms", type=_share_of, default=None, metavar="MS@SHARE%",
+                   help="cancel that share of the requests MS after their send, mid-stream "
+                        "(the cancelling population; counted apart from errors)")
+    p.add_argument("--deadline-ms", type=_share_of, default=None, metavar="MS@SHARE%",
+                   help="give that share of the requests a deadline of MS (the deadline "
+                        "population)")
     p.add_argument("--no-timing", action="store_true", help="do not ask for server timestamps")
 
 
@@ -385,14 +392,43 @@ def workload_from_args(args: argparse.Namespace):
             block_tokens=args.trace_block_tokens,
             conversation=conversation,
             session_header=args.session_header.strip().lower(),
+            clients=_client_mix(args),
         ),
         trace=described,
         include_timing=not args.no_timing,
         timeout_s=args.timeout,
         stall_s=args.stall_limit,
         warmup=args.warmup,
-        read_delay_ms=args.read_delay_ms,
+        read_delay_ms=args.read_delay_ms[0] if args.read_delay_ms[1] == 1.0 else 0.0,
     )
+
+
+def _share_of(text: str) -> tuple[float, float]:
+    """`MS` (every request) or `MS@SHARE%`: (ms, share in 0..1)."""
+    value, sep, share = text.partition("@")
+    try:
+        ms = float(value)
+        part = float(share.removesuffix("%")) / 100 if sep else 1.0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MS or MS@SHARE%, got {text!r}") from None
+    if ms < 0 or not 0 < part <= 1:
+        raise argparse.ArgumentTypeError(f"expected MS >= 0 and 0 < SHARE <= 100%, got {text!r}")
+    return ms, part
+
+
+def _client_mix(args: argparse.Namespace):
+    """The populations of `--read-delay-ms MS@SHARE%`, `--cancel-ms`, `--deadline-ms`; None
+    when every request behaves alike. Exits when the shares add up to more than all."""
+    from cadence.lab.load.plan import ClientMix
+
+    read_delay = args.read_delay_ms if args.read_delay_ms[1] < 1.0 else (0.0, 0.0)
+    cancel, deadline = args.cancel_ms or (0.0, 0.0), args.deadline_ms or (0.0, 0.0)
+    if not (read_delay[1] or cancel[1] or deadline[1]):
+        return None
+    if read_delay[1] + cancel[1] + deadline[1] > 1.0 + 1e-9:
+        sys.exit("cadence bench: the shares of --read-delay-ms, --cancel-ms and --deadline-ms "
+                 "add up to more than 100%")
+    return ClientMix(read_delay=read_delay, cancel=cancel, deadline=deadline)
 
 
 def _bounds(length) -> tuple[int, int]:

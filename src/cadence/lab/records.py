@@ -56,6 +56,9 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     cached_tokens: int = -1
     """Prompt tokens the server says it had cached (OpenAI `usage.prompt_tokens_details.
     cached_tokens`, cadence.v1's and KServe's `cached_tokens`); -1: the server did not say."""
+    population: str = ""
+    """Its client population (slow_reader, cancelling, deadline, plain); "" in a run of one
+    behaviour."""
 
     @property
     def output_tokens(self) -> int:

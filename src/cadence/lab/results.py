@@ -184,6 +184,25 @@ class RunStats(msgspec.Struct, kw_only=True):
     first)."""
     cached_tokens: CachedTokens | UnsetType = UNSET
     """Where the server reports the prompt tokens it had cached."""
+    cancelled_by_client: int | UnsetType = UNSET
+    """Requests the client cancelled on purpose (`--cancel-ms`): not among `errors_by_code`."""
+    by_population: dict[str, Population] | UnsetType = UNSET
+    """Mixed clients (`--read-delay-ms MS@SHARE%`, `--cancel-ms`, `--deadline-ms`): each
+    population's requests and figures."""
+
+
+class Population(msgspec.Struct, kw_only=True):
+    """One client population's requests (`cadence.lab.analysis.stats`)."""
+
+    requests: int = 0
+    requests_ok: int = 0
+    codes: dict[str, int] = {}
+    """Every request's end by status code, OK and CLIENT_CANCELLED included."""
+    ttft_ms: Distribution = msgspec.field(default_factory=Distribution)
+    """Over the requests that got a first chunk, cancelled ones included."""
+    itl_ms: Distribution = msgspec.field(default_factory=Distribution)
+    e2e_ms: Distribution = msgspec.field(default_factory=Distribution)
+    """Over the requests that ended OK."""
 
 
 class CachedTokens(msgspec.Struct, kw_only=True):

@@ -39,7 +39,7 @@ class CadenceDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_cadence(self.stubs[lane % len(self.stubs)], request, process,
-                                 s.include_timing, s.timeout_s, s.read_delay_s, s.stall_s)
+                                 s.include_timing, *s.for_request(request), s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         decode_chunks(record, chunks, self.session.include_timing)
@@ -71,7 +71,7 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
     keep = chunks.append
     call = generate(request, timeout=timeout,
                     metadata=(("traceparent", traceparent(record)), *plan.headers))
-    with recording(record, stall_s):
+    with recording(record, stall_s, plan.cancel_s):
         async for chunk in call:
             arrival.append(monotonic_ns())
             keep(chunk)

@@ -70,7 +70,7 @@ class KServeDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_kserve(self.target, self.stubs[lane % len(self.stubs)], request,
-                                process, s.include_timing, s.timeout_s, s.read_delay_s,
+                                process, s.include_timing, *s.for_request(request),
                                 s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
@@ -129,7 +129,7 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     call = stub.ModelStreamInfer(iter((request,)), timeout=timeout,
                                  metadata=(("traceparent", traceparent(record)),
                                            *plan.headers))
-    with recording(record, stall_s):
+    with recording(record, stall_s, plan.cancel_s):
         async for response in call:
             now = monotonic_ns()
             if response.error_message:

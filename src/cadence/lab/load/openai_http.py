@@ -80,7 +80,7 @@ class OpenAIDriver(Driver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_openai(self.target, self._clients[lane % len(self._clients)], request,
-                                process, s.include_timing, s.timeout_s, s.read_delay_s,
+                                process, s.include_timing, *s.for_request(request),
                                 s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
@@ -184,7 +184,7 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     record.connect_ns = 0  # unless the connection-create trace sets it
     arrival, events = record.arrival_ns, []
     stamp, keep = arrival.append, events.append
-    with recording(record, stall_s):
+    with recording(record, stall_s, plan.cancel_s):
         headers = {"Content-Type": "application/json", "traceparent": traceparent(record),
                    **dict(plan.headers)}
         async with client.post(url, data=body, headers=headers,

@@ -28,6 +28,37 @@ class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
     messages); empty: the prompt is one message."""
     headers: list[tuple[str, str]] = []
     """Metadata (HTTP headers) of this request alone: the session's, with a session header."""
+    population: str = ""
+    """The client population it belongs to (`ClientMix`); "" in a run of one behaviour."""
+    read_delay_s: float = -1.0
+    """Its population's pause after each chunk; -1: the run's (`--read-delay-ms N`)."""
+    deadline_s: float = 0.0
+    """Its population's deadline; 0: the run's (`--timeout`)."""
+    cancel_s: float = 0.0
+    """Cancel it this long after its send (the cancelling population); 0: never."""
+
+
+class ClientMix(msgspec.Struct, frozen=True, kw_only=True):
+    """Shares of the requests that behave apart, each a population of its own: slow readers
+    (`--read-delay-ms MS@SHARE%`), requests cancelled mid-stream (`--cancel-ms MS@SHARE%`)
+    and requests with a deadline (`--deadline-ms MS@SHARE%`); the rest are `plain`. A
+    request's population is drawn from the seed: the same in every run."""
+
+    read_delay: tuple[float, float] = (0.0, 0.0)
+    """(ms, share)."""
+    cancel: tuple[float, float] = (0.0, 0.0)
+    deadline: tuple[float, float] = (0.0, 0.0)
+
+    def place(self, plan: RequestPlan, seed: int) -> RequestPlan:
+        """`plan` in its population."""
+        u = random.Random(seed * 1_000_003 + plan.number + 0x5EED).random()
+        for name, (ms, share), field in (("slow_reader", self.read_delay, "read_delay_s"),
+                                         ("cancelling", self.cancel, "cancel_s"),
+                                         ("deadline", self.deadline, "deadline_s")):
+            if u < share:
+                return msgspec.structs.replace(plan, population=name, **{field: ms / 1e3})
+            u -= share
+        return msgspec.structs.replace(plan, population="plain")
 
 
 class Conversation(msgspec.Struct, frozen=True):
@@ -65,6 +96,8 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
     """A distribution of prompt lengths, in place of `prompt_tokens`' uniform range."""
     output_lengths: Lengths | None = None
     """A distribution of max_tokens, in place of `max_tokens`' uniform range."""
+    clients: ClientMix | None = None
+    """Populations of clients that behave apart (slow readers, cancels, deadlines)."""
 
     def prompt_length(self, rng: random.Random) -> int:
         lengths = self.prompt_lengths
@@ -75,6 +108,10 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
         return lengths.draw(rng) if lengths is not None else rng.randint(*self.max_tokens)
 
     def request(self, i: int) -> RequestPlan:
+        plan = self._request(i)
+        return plan if self.clients is None else self.clients.place(plan, self.seed)
+
+    def _request(self, i: int) -> RequestPlan:
         if self.trace:
             row = self.trace[i]
             return RequestPlan(f"bench-{i}", _prompts(self.seed, self.block_tokens).prompt(row, i),

@@ -21,6 +21,7 @@ from cadence.heap import settle_heap
 from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.driver import Session
 from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
+from cadence.lab.load.recording import CLIENT_CANCELLED
 from cadence.lab.load.target import Target
 from cadence.lab.records import ProcessResult, RequestRecord
 
@@ -103,6 +104,8 @@ class FailureStreak:
         if record.code == "OK":
             self._failures, self._last_ok = 0, now
             return
+        if record.code == CLIENT_CANCELLED:  # the client's doing: neither failure nor success
+            return
         self._failures += 1
         quiet = now - self._last_ok
         if self.reason is None and self._failures >= self.FAILURES and quiet >= self.QUIET_S:
@@ -148,6 +151,7 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
         request = made.pop(i, None) or plan.shape.request(i)
         record, chunks = await driver.one(request, plan.process, lane)
         record.turn = request.turn
+        record.population = request.population
         kept.append((record, chunks))
         streak.add(record)
         if intended_ns is not None:

@@ -338,6 +338,19 @@ def _turns(result: BenchResult) -> str:
     return section("Conversations and prefixes", *parts) if parts else ""
 
 
+def _populations(result: BenchResult) -> str:
+    if not result.by_population:
+        return ""
+    return section("By client population", table(
+        ("population", "requests", "ended", "TTFT p50 (ms)", "TTFT p99 (ms)", "ITL p50 (ms)",
+         "ITL p99 (ms)", "e2e p99 (ms)"),
+        [(name, p.requests, ", ".join(f"{c} {n}" for c, n in sorted(p.codes.items())),
+          p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p50, p.itl_ms.p99, p.e2e_ms.p99)
+         for name, p in result.by_population.items()]), note(
+        "TTFT over the requests that got a first chunk (cancelled ones too); ITL and e2e over "
+        "those that ended OK. Requests the client cancelled on purpose are not errors."))
+
+
 def _workers(result: BenchResult) -> str:
     rows = [(w.worker, w.device or "", w.steps, w.step_ms_p50, w.step_ms_p90,
              w.sequences_per_step_p50, w.tokens_per_s, w.token_share, w.itl_ms_p50)
@@ -606,6 +619,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _throughput(result),
         _aggregates(result),
         _turns(result),
+        _populations(result),
         _segments(result, _segment_figure(result, out_dir)),
         _server_spans(result),
         _integrity(result),

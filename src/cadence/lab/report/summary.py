@@ -78,7 +78,8 @@ def print_summary(result: BenchResult) -> None:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
             table.add_row(f"  segment {name}", *_cells(d))
     console.print(table)
-    for line in (turns_line(result), cached_line(result), *repeats_lines(result)):
+    for line in (turns_line(result), cached_line(result), *population_lines(result),
+                 *repeats_lines(result)):
         if line:
             console.print(line, highlight=False, markup=False)
     if result.overhead_ms:
@@ -121,6 +122,8 @@ def print_summary(result: BenchResult) -> None:
         f"{result.errors_by_code or 'none'}; {result.output_tokens} tokens in {result.chunks} "
         f"chunks over {result.wall_s:.2f} s: {result.tokens_per_s:.0f} tokens/s, "
         f"{result.chunks_per_s:.0f} chunks/s, {result.requests_per_s:.1f} requests/s"
+        + (f"; {result.cancelled_by_client} cancelled by the client on purpose (not errors)"
+           if result.cancelled_by_client else "")
     )
     for code, message in result.first_error_by_code.items():
         console.print(f"  {code}: {message}", highlight=False)
@@ -169,7 +172,7 @@ def run_verdict(result: BenchResult) -> Verdict:
 def key_figures(result: BenchResult) -> str:
     """The figures a reader looks at first, in one line."""
     ttft, itl = result.ttft_ms, result.itl_ms
-    failed = result.requests - result.requests_ok
+    failed = result.requests - result.requests_ok - (result.cancelled_by_client or 0)
     return (f"TTFT p50 {ttft.p50:.1f} / p99 {ttft.p99:.1f} ms, ITL p50 {itl.p50:.1f} / p99 "
             f"{itl.p99:.1f} ms, {result.tokens_per_s:,.0f} tokens/s, "
             f"{result.requests_ok}/{result.requests} requests ok"
@@ -200,6 +203,19 @@ def turns_line(result: BenchResult) -> str | None:
     return "TTFT by turn (p50 / p99 ms): " + ", ".join(
         f"turn {turn} {d.p50:.1f} / {d.p99:.1f} (n={d.count})"
         for turn, d in result.ttft_by_turn_ms.items())
+
+
+def population_lines(result: BenchResult) -> list[str]:
+    """Each client population's requests and figures, one line each; [] without them."""
+    if not result.by_population:
+        return []
+    lines = ["by client population:"]
+    for name, p in result.by_population.items():
+        codes = ", ".join(f"{code} {n}" for code, n in sorted(p.codes.items()))
+        lines.append(f"  {name}: {p.requests} requests ({codes}); TTFT p50 {p.ttft_ms.p50:.1f}"
+                     f" / p99 {p.ttft_ms.p99:.1f} ms, ITL p50 {p.itl_ms.p50:.1f} / p99 "
+                     f"{p.itl_ms.p99:.1f} ms, e2e p99 {p.e2e_ms.p99:.1f} ms")
+    return lines
 
 
 def repeats_lines(result: BenchResult) -> list[str]:
