@@ -173,3 +173,18 @@ def test_mixed_clients_are_reported_by_population(served, tmp_path) -> None:
     assert "CLIENT_CANCELLED" not in result.errors_by_code
     assert groups["slow_reader"].itl_ms.p50 >= 10 > groups["plain"].itl_ms.p50
     assert groups["deadline"].requests_ok == groups["deadline"].requests
+
+
+def test_rate_steps_with_a_warm_up_by_time(served, tmp_path) -> None:
+    target, _ = served
+    out = tmp_path / "run.json"
+    done = bench("--target", target, "--stages", "20:0.5,60:0.5", "--warmup-duration", "0.5",
+                 "--max-tokens", "4", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+    assert result.workload.rate_stages == [[20.0, 20.0, 0.5], [60.0, 60.0, 0.5]]
+    assert result.client.offered_rate_per_s == 40.0
+    # The first step was the warm-up: only the second's ~30 requests were counted.
+    assert 10 <= result.requests <= 55 and result.client.schedule_lag_ms.count == result.requests
+    first = min(r.scheduled_ns for r in result.records)
+    assert all(r.start_ns >= first for r in result.records)

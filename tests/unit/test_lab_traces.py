@@ -354,3 +354,22 @@ def test_client_populations_take_their_shares_and_keep_them() -> None:
     assert next(p for p in plans if p.population == "cancelling").cancel_s == 0.2
     assert next(p for p in plans if p.population == "deadline").deadline_s == 0.5
     assert plans == [shape.request(i) for i in range(4000)]
+
+
+def test_rate_stages_and_ramps_shape_the_arrivals() -> None:
+    import itertools
+
+    from cadence.lab.load.plan import poisson_offsets
+
+    steps = list(poisson_offsets(1.0, 3, [(40.0, 40.0, 5.0), (200.0, 200.0, 5.0)]))
+    assert sum(1 for t in steps if t < 5) == pytest.approx(200, rel=0.2)
+    assert sum(1 for t in steps if t >= 5) == pytest.approx(1000, rel=0.1)
+    assert steps[-1] < 10  # the run ends with its last stage
+    ramp = list(itertools.takewhile(
+        lambda t: t < 20, poisson_offsets(1.0, 3, [(10.0, 190.0, 10.0), (190.0, 190.0, math.inf)])))
+    per_second = [sum(1 for t in ramp if k <= t < k + 1) for k in range(20)]
+    assert sum(per_second[:5]) == pytest.approx(sum(10 + 18 * (k + 0.5) for k in range(5)), rel=0.2)
+    assert sum(per_second[10:]) == pytest.approx(1900, rel=0.1)
+    plan = ProcessPlan(process=0, target="x", shape=RequestShape(seed=3), requests=None, rate=200.0,
+                       stages=[(40.0, 40.0, 5.0), (200.0, 200.0, 5.0)])
+    assert [offset for _, offset in _my_requests(plan)] == steps

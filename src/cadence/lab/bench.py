@@ -67,6 +67,11 @@ class Workload:
     read_delay_ms: float = 0.0
     stall_s: float | None = None
     """The stall limit (see `stall_limit_s`); 0: none."""
+    stages: list[tuple[float, float, float]] = field(default_factory=list)
+    """Open loop: the rate's ramps and steps, (rate at start, rate at end, seconds) each;
+    `rate` is then the highest (`--rate LO:HI --ramp S`, `--stages`)."""
+    warmup_s: float = 0.0
+    """Requests sent in the run's first seconds are not counted (`--warmup-duration`)."""
     trace: results.TraceWorkload | None = None
     """What `shape.trace` was read from (`--trace`): the run is then open, on its times."""
 
@@ -78,6 +83,9 @@ class Workload:
         if rows:
             span = rows[-1].offset_s
             return len(rows) / span if span > 0 else None
+        finite = [(r0, r1, s) for r0, r1, s in self.stages if s != float("inf")]
+        if finite and len(finite) == len(self.stages):  # steps that end: their mean rate
+            return sum((r0 + r1) / 2 * s for r0, r1, s in finite) / sum(s for *_, s in finite)
         return self.rate
 
     @property
@@ -89,7 +97,8 @@ class Workload:
         return None if self.timeout_s is not None else STALL_LIMIT_S
 
     def __post_init__(self) -> None:
-        if self.requests is None and self.duration_s is None:
+        ends = bool(self.stages) and self.stages[-1][2] != float("inf")
+        if self.requests is None and self.duration_s is None and not ends:
             raise ValueError("bound the run: give a number of requests, a duration, or both")
         if self.rate is not None and self.rate <= 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
@@ -109,6 +118,8 @@ class Workload:
                 duration_s=self.duration_s,
                 concurrency=max(1, len(range(p, self.concurrency, processes))),
                 rate=self.rate,
+                stages=self.stages,
+                warmup_s=self.warmup_s,
                 include_timing=self.include_timing,
                 timeout_s=self.timeout_s,
                 stall_s=self.stall_limit_s,
@@ -211,6 +222,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             duration_s=workload.duration_s,
             concurrency=None if workload.rate or workload.shape.trace else workload.concurrency,
             rate=workload.rate,
+            rate_stages=[list(s) for s in workload.stages] or msgspec.UNSET,
+            warmup_s=workload.warmup_s or msgspec.UNSET,
             max_tokens=list(workload.shape.max_tokens),
             prompt_tokens=list(workload.shape.prompt_tokens),
             prompts_from_file=len(workload.shape.prompts),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -301,7 +302,12 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The options that say what load to send; shared by bench and sweep."""
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, default=64, help="streams open at once (closed loop)")
-    load.add_argument("--rate", type=float, default=None, help="requests/s, Poisson arrivals (open loop)")
+    load.add_argument("--rate", type=_rate, default=None, metavar="R|LO:HI",
+                      help="requests/s, Poisson arrivals (open loop); LO:HI with --ramp: "
+                           "rising from LO to HI")
+    load.add_argument("--stages", type=_stages, default=None, metavar="R:S,R:S,...",
+                      help="open loop in steps: R requests/s for S seconds, then the next; "
+                           "the run ends with the last")
     load.add_argument("--trace", default=None, metavar="FILE",
                       help="replay a trace (open loop, each request at its time): JSONL or CSV "
                            "rows of timestamp (ms), input_length, output_length and optionally "
@@ -320,6 +326,12 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=_length, default="16",
                    help="as --max-tokens, for the prompt")
     p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
+    p.add_argument("--ramp", type=_duration, default=None, metavar="S",
+                   help="with --rate LO:HI: the rate rises linearly from LO to HI over S "
+                        "seconds (e.g. 120s), then holds")
+    p.add_argument("--warmup-duration", type=_duration, default=0.0, metavar="S",
+                   help="the requests sent in the run's first S seconds are sent but not "
+                        "counted")
     p.add_argument("--trace-speed", type=_speed, default=1.0, metavar="X",
                    help="--trace: play it X times as fast (0.5: half as fast)")
     p.add_argument("--trace-window", type=_window, default=None, metavar="START:END",
@@ -372,14 +384,18 @@ def workload_from_args(args: argparse.Namespace):
         sys.exit("cadence bench: --turns and --think-ms need --sessions")
     if trace:
         requests = min(requests or len(trace), len(trace))
+    rate, stages = _rate_shape(args)
     if requests is None and args.duration is None:
-        if args.rate is not None:
+        if rate is not None and not (stages and stages[-1][2] != math.inf):
             sys.exit("cadence bench: with --rate, give --requests or --duration")
-        requests = concurrency
+        if not stages:
+            requests = concurrency
     return Workload(
         requests=requests,
         concurrency=concurrency,
-        rate=args.rate,
+        rate=rate,
+        stages=stages,
+        warmup_s=args.warmup_duration,
         duration_s=args.duration,
         shape=RequestShape(
             prompt_tokens=_bounds(args.prompt_tokens),
@@ -429,6 +445,55 @@ def _client_mix(args: argparse.Namespace):
         sys.exit("cadence bench: the shares of --read-delay-ms, --cancel-ms and --deadline-ms "
                  "add up to more than 100%")
     return ClientMix(read_delay=read_delay, cancel=cancel, deadline=deadline)
+
+
+def _rate(text: str) -> float | tuple[float, float]:
+    """`R` or `LO:HI` requests/s."""
+    lo, sep, hi = text.partition(":")
+    try:
+        rates = (float(lo), float(hi)) if sep else (float(lo),)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected R or LO:HI requests/s, got {text!r}") from None
+    if not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"expected rates above 0, got {text!r}")
+    return rates if sep else rates[0]
+
+
+def _duration(text: str) -> float:
+    """Seconds, with or without an `s`."""
+    return _seconds(text.removesuffix("s"))
+
+
+def _stages(text: str) -> list[tuple[float, float, float]]:
+    """`R:S,R:S,...`: steps of R requests/s for S seconds."""
+    stages = []
+    for part in text.split(","):
+        rate, sep, length = part.strip().partition(":")
+        try:
+            r, s = float(rate), _duration(length)
+        except (ValueError, argparse.ArgumentTypeError):
+            r = s = 0.0
+        if not sep or r <= 0 or s <= 0:
+            raise argparse.ArgumentTypeError(
+                f"expected RATE:SECONDS,... (e.g. 10:30,50:30), got {part!r}")
+        stages.append((r, r, s))
+    return stages
+
+
+def _rate_shape(args: argparse.Namespace) -> tuple[float | None, list]:
+    """(rate, stages) of `--rate`, `--ramp` and `--stages`; exits when they do not fit."""
+    if args.stages:
+        if args.ramp is not None:
+            sys.exit("cadence bench: --ramp goes with --rate LO:HI, not --stages")
+        return max(r for r, _, _ in args.stages), args.stages
+    if isinstance(args.rate, tuple):
+        if args.ramp is None:
+            sys.exit("cadence bench: --rate LO:HI needs --ramp S (how long the rise takes)")
+        lo, hi = args.rate
+        return hi, [(lo, hi, args.ramp), (hi, hi, math.inf)]
+    if args.ramp is not None:
+        sys.exit("cadence bench: --ramp needs --rate LO:HI")
+    return args.rate, []
 
 
 def _bounds(length) -> tuple[int, int]:

@@ -398,6 +398,10 @@ class Workload(msgspec.Struct, kw_only=True):
     grpc: GrpcWorkload | UnsetType = UNSET
     trace: TraceWorkload | UnsetType = UNSET
     conversation: ConversationWorkload | UnsetType = UNSET
+    rate_stages: list[list[float]] | UnsetType = UNSET
+    """`--ramp`, `--stages`: [rate at start, rate at end, seconds] each (Infinity: it holds)."""
+    warmup_s: float | UnsetType = UNSET
+    """`--warmup-duration`: the first seconds' requests were sent, not counted."""
     prompt_length_distribution: str | UnsetType = UNSET
     """`--prompt-tokens` as a distribution (`lognormal:200,80`); `prompt_tokens` holds its
     bounds."""

@@ -4,7 +4,9 @@ from a seed, a trace or a set of conversations, and when they arrive in an open 
 from __future__ import annotations
 
 import functools
+import math
 import random
+from collections.abc import Sequence
 
 import msgspec
 
@@ -155,10 +157,45 @@ def _prompts(seed: int, block_tokens: int) -> Prompts:
     return Prompts(seed, block_tokens)
 
 
-def poisson_offsets(rate: float, seed: int):
-    """Arrival times (seconds from the start) of a Poisson process: exponential gaps."""
+def poisson_offsets(rate: float, seed: int,
+                    stages: Sequence[tuple[float, float, float]] = ()):
+    """Arrival times (seconds from the start) of a Poisson process: exponential gaps. With
+    `stages`, (rate at its start, rate at its end, seconds) each, the rate follows them (a
+    ramp when the two differ, a step when they do not) and the arrivals end with the last
+    stage (`math.inf` seconds: it holds); the same unit-rate draws are stretched onto the
+    rate's curve (time rescaling), so a seed gives the same run whatever its stages."""
     rng = random.Random(seed)
-    t = 0.0
+    if not stages:
+        t = 0.0
+        while True:
+            t += rng.expovariate(rate)
+            yield t
+    start, mass = 0.0, 0.0
+    """The current stage's start time and the unit-rate time spent before it."""
+    stages = iter(stages)
+    r0, r1, length = next(stages)
+    need = rng.expovariate(1.0)
     while True:
-        t += rng.expovariate(rate)
-        yield t
+        within = _stage_time(r0, r1, length, need - mass)
+        if within is not None:
+            yield start + within
+            need += rng.expovariate(1.0)
+            continue
+        mass += (r0 + r1) / 2 * length
+        start += length
+        try:
+            r0, r1, length = next(stages)
+        except StopIteration:
+            return
+
+
+def _stage_time(r0: float, r1: float, length: float, m: float) -> float | None:
+    """The time into a stage (rate r0 to r1 linearly over `length` s) by which the rate's
+    integral reaches `m`; None when the stage ends first."""
+    if r1 == r0:
+        t = m / r0 if r0 > 0 else math.inf
+    else:
+        a = (r1 - r0) / (2 * length)
+        t = (-r0 + math.sqrt(r0 * r0 + 4 * a * m)) / (2 * a) if r0 * r0 + 4 * a * m >= 0 \
+            else math.inf
+    return t if t <= length else None

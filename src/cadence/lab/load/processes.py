@@ -46,6 +46,11 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Streams this process keeps open at once (closed loop)."""
     rate: float | None = None
     """Requests per second of the whole run (open loop)."""
+    stages: list[tuple[float, float, float]] = []
+    """Open loop: the rate's ramps and steps, (rate at start, rate at end, seconds) each
+    (`poisson_offsets`); empty: `rate` throughout."""
+    warmup_s: float = 0.0
+    """The requests sent in the run's first seconds are not recorded (a warm-up by time)."""
     include_timing: bool = True
     timeout_s: float | None = None
     stall_s: float | None = None
@@ -65,13 +70,15 @@ def _my_requests(plan: ProcessPlan):
     """(i, arrival offset in s or None) for this process's share of the run."""
     trace = plan.shape.trace
     offsets = (iter([row.offset_s for row in trace]) if trace else
-               poisson_offsets(plan.rate, plan.shape.seed) if plan.rate else None)
+               poisson_offsets(plan.rate, plan.shape.seed, plan.stages) if plan.rate else None)
     requests = plan.requests
     if trace:
         requests = len(trace) if requests is None else min(requests, len(trace))
     i = 0
     while requests is None or i < requests:
-        offset = next(offsets) if offsets is not None else None
+        offset = next(offsets, None) if offsets is not None else None
+        if offsets is not None and offset is None:  # the trace or the last stage ended
+            return
         if plan.duration_s is not None and offset is not None and offset > plan.duration_s:
             return
         if i % plan.processes == plan.process:
@@ -206,6 +213,10 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
 
         await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+    if plan.warmup_s:
+        counted_from = started_ns + int(plan.warmup_s * 1e9)
+        counted = [k for k, (record, _) in enumerate(kept) if record.start_ns >= counted_from]
+        kept, lags = [kept[k] for k in counted], [lags[k] for k in counted] if lags else []
     for record, chunks in kept:
         driver.decode(record, chunks)
     await driver.close()
