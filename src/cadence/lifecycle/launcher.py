@@ -24,6 +24,7 @@ from typing import Protocol
 import msgspec
 
 from cadence.config import ServerConfig, WorkerSpec
+from cadence.worker import child_environment
 
 
 class WorkerHandle(Protocol):
@@ -158,7 +159,7 @@ class LocalLauncher:
     def _start(spec: WorkerSpec) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "cadence.worker", msgspec.json.encode(spec).decode()],
-            start_new_session=True,
+            start_new_session=True, env=child_environment(),
         )
 
 
