@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -155,8 +156,14 @@ def test_the_image_builds_serves_streams_and_drains(tmp_path: pathlib.Path) -> N
                 pass
             assert time.monotonic() < deadline, _podman("logs", name).stderr
             time.sleep(0.2)
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=5) as r:
-            assert r.status == 200
+        # gRPC health is SERVING with one worker ready; HTTP /health waits for every worker.
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=5):
+                    break
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 503 and time.monotonic() < deadline
+                time.sleep(0.2)
         thread, outcome = _stream_in_background(target)
         _until_streaming(outcome)
         _podman("stop", "-t", "20", name)  # SIGTERM, then SIGKILL at 20 s (exit 137)
