@@ -114,6 +114,8 @@ class CadenceServer:
         watcher = self._watcher(n, launcher, channel)
         reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
+        self.metrics.watch_gateway(config.model_name, core.requests_waiting,
+                                   core.requests_running, reader.kv_cache_usage)
         channel.start_reading(loop, reader.handle)
         v1 = InferenceService(core, layout.metadata())
         kserve = KServeService(core, config.model_name, self._serving)
