@@ -33,7 +33,7 @@ from cadence.lifecycle.front_layout import FrontLayout
 from cadence.lifecycle.fronts import FrontChildren
 from cadence.lifecycle.grpc_server import GrpcServer
 from cadence.lifecycle.in_front import InFrontLauncher
-from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
+from cadence.lifecycle.launcher import Launcher, absent_cards, make_launcher, missing_extra
 from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
 from cadence.router import WorkerRouter
 from cadence.transport.front_end import FrontChannel
@@ -82,7 +82,7 @@ class CadenceServer:
 
         # 1. What the config needs is installed; the launcher (joining a Ray cluster blocks,
         #    harmlessly: nothing serves yet).
-        problem = missing_extra(config)
+        problem = missing_extra(config) or absent_cards(config)
         if problem is not None:
             raise StartupError(problem)
         found = security.problems(config)
