@@ -377,8 +377,8 @@ class _GatewayGauges:
         ("vllm:num_requests_running",
          "Requests in the workers' engine steps (admitted into a batch, not finished)."),
         ("vllm:kv_cache_usage_perc",
-         "KV-cache usage, the workers' mean; 1 means 100 percent usage (0: the engine has "
-         "no KV cache)."),
+         ("KV-cache usage, the workers' mean; 1 means 100 percent usage (0: the engine has "
+          "no KV cache).")),
     )
 
     def __init__(self) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-
 STARTER_PID_ENV = "CADENCE_STARTER_PID"
 """The process id of the front that started a worker (or front 0, a front): a child whose
 parent is another process was orphaned before it could ask to die with its starter. Not
