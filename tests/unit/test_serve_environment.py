@@ -5,31 +5,32 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.cli import build_parser
+from cadence.cli import _server_config, build_parser
 
 
 def _serve(monkeypatch, env: dict[str, str], argv: list[str] = ()):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    return build_parser().parse_args(["serve", *argv])
+    return _server_config(build_parser().parse_args(["serve", *argv]))
 
 
 def test_every_kind_of_flag_comes_from_the_environment(monkeypatch) -> None:
-    args = _serve(monkeypatch, {"CADENCE_PORT": "5", "CADENCE_NO_RESTART": "true",
-                                "CADENCE_DRAIN_TIMEOUT": "7.5", "CADENCE_OVERFLOW": "abort",
-                                "CADENCE_STEP_MS_BY_WORKER": "1,2"})
-    assert (args.port, args.no_restart, args.grace, args.overflow,
-            args.step_ms_by_worker) == (5, True, 7.5, "abort", (1.0, 2.0))
+    config = _serve(monkeypatch, {"CADENCE_PORT": "5", "CADENCE_NO_RESTART": "true",
+                                  "CADENCE_DRAIN_TIMEOUT": "7.5", "CADENCE_OVERFLOW": "abort",
+                                  "CADENCE_STEP_MS_BY_WORKER": "1,2", "CADENCE_DEVICES": "cpu:2"})
+    assert (config.port, config.restart_workers, config.drain_timeout_s, config.overflow,
+            config.engine.step_ms_by_worker) == (5, False, 7.5, "abort", (1.0, 2.0))
 
 
-def test_the_command_line_wins(monkeypatch) -> None:
-    args = _serve(monkeypatch, {"CADENCE_PORT": "5", "CADENCE_DRAIN_TIMEOUT": "7"},
-                  ["--port", "9", "--grace", "3"])
-    assert (args.port, args.grace) == (9, 3.0)
+def test_the_command_line_wins_and_a_false_switch_is_not_given(monkeypatch) -> None:
+    config = _serve(monkeypatch, {"CADENCE_PORT": "5", "CADENCE_DRAIN_TIMEOUT": "7",
+                                  "CADENCE_NO_RESTART": "false"},
+                    ["--port", "9", "--grace", "3"])
+    assert (config.port, config.drain_timeout_s, config.restart_workers) == (9, 3.0, True)
 
 
-def test_unset_variables_leave_the_defaults() -> None:
-    assert build_parser().parse_args(["serve"]).port == 50051
+def test_unset_variables_leave_the_defaults(monkeypatch) -> None:
+    assert _serve(monkeypatch, {}).port == 50051
 
 
 @pytest.mark.parametrize(("name", "value", "said"), [
