@@ -283,6 +283,9 @@ class LlamaEngine:
             state.last = token
         return tokens
 
+    def kv_cache_usage(self) -> float:
+        return self.cache.usage
+
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache blocks back at once."""
         state = seq.state
