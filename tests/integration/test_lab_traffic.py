@@ -5,6 +5,7 @@ engine, over cadence.v1, KServe and OpenAI) and on a planted foreign gRPC servic
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -135,7 +136,7 @@ def test_conversations_over_openai_chat_report_ttft_by_turn(served, tmp_path) ->
     assert result.workload.conversation.session_header == "x-session-id"
     # Think time: a session's next turn goes no sooner than 10 ms after its last one ended.
     ordered = sorted(result.records, key=lambda r: int(r.request_id.removeprefix("bench-")))
-    for earlier, later in zip(ordered, ordered[1:]):
+    for earlier, later in itertools.pairwise(ordered):
         if later.turn > 1:
             assert later.start_ns - earlier.end_ns >= 10e6
 

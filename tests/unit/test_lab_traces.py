@@ -4,6 +4,7 @@ them (latencies from the schedule, TTFT by turn, cached tokens, p99.9)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -14,8 +15,8 @@ from cadence.lab.analysis.stats import summarize
 from cadence.lab.load.openai_http import build_body, decode_events
 from cadence.lab.load.plan import Conversation, RequestShape
 from cadence.lab.load.processes import ProcessPlan, _my_requests
-from cadence.lab.records import RequestRecord
 from cadence.lab.load.trace import TraceError, read_trace
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import BenchResult, to_builtins
 
 MOONCAKE = [
@@ -101,7 +102,7 @@ def test_each_turn_sends_the_history_and_a_new_message() -> None:
                          max_tokens=(4, 6), session_header="x-session", seed=3)
     turns = [shape.request(i) for i in range(3)]
     assert [t.turn for t in turns] == [1, 2, 3]
-    for earlier, later in zip(turns, turns[1:]):
+    for earlier, later in itertools.pairwise(turns):
         assert later.prompt_token_ids[:len(earlier.prompt_token_ids)] == earlier.prompt_token_ids
         assert len(later.parts) == len(earlier.parts) + 2
         assert sum(later.parts) == len(later.prompt_token_ids)
@@ -129,8 +130,8 @@ def test_openai_usage_gives_the_cached_tokens() -> None:
     record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
     events = [b'data: {"choices": [{"text": "a"}]}',
               b'data: {"choices": [{"text": "b", "finish_reason": "length"}]}',
-              b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 2, '
-              b'"prompt_tokens_details": {"cached_tokens": 32}}}']
+              (b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 2, '
+              b'"prompt_tokens_details": {"cached_tokens": 32}}}')]
     decode_events(record, events, False)
     assert record.cached_tokens == 32 and record.tokens == [1, 1]
     plain = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1])

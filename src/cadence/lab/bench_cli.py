@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import json
+import math
 import sys
 from typing import TYPE_CHECKING
 

@@ -50,13 +50,13 @@ from collections.abc import Iterable
 from cadence.lab.analysis.integrity import check_integrity
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.timeline import timeline
-from cadence.lab.records import RequestRecord
 from cadence.lab.load.recording import CLIENT_CANCELLED
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     CachedTokens,
     Distribution,
-    Population,
     FrontLoop,
+    Population,
     RunStats,
     Segments,
     SegmentShares,

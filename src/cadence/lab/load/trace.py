@@ -100,8 +100,7 @@ def _jsonl_items(f):
 
 
 def _csv_items(f):
-    for n, item in enumerate(csv.DictReader(f), 2):
-        yield n, item
+    yield from enumerate(csv.DictReader(f), 2)
 
 
 def _row(item: dict) -> tuple[float, int, int, list[int], str]:

@@ -224,8 +224,8 @@ def repeats_lines(result: BenchResult) -> list[str]:
     """Each repeated figure's mean and 95% confidence interval (`--repeat`); [] for one run."""
     if not result.repeats:
         return []
-    lines = [f"over {result.repeats.runs} runs (mean, 95% confidence interval of the mean; "
-             "the table above is the first run's):"]
+    lines = [(f"over {result.repeats.runs} runs (mean, 95% confidence interval of the mean; "
+             "the table above is the first run's):")]
     for name, f in result.repeats.figures.items():
         if not math.isnan(f.mean):
             lines.append(f"  {name} {f.mean:,.2f} ({f.ci95_low:,.2f} to {f.ci95_high:,.2f}); "
