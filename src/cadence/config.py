@@ -68,6 +68,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         """Text prompts go to the worker, which tokenizes them with the model's tokenizer."""
         return self.name in ("torch", "model", "transformers")
 
+    @property
+    def text_beside_bytes(self) -> bool:
+        """A text prompt goes as its UTF-8 bytes (the front counts and checks them) and as
+        text too, for an app function with its own tokenizer to encode (the app engine)."""
+        return self.name == "app"
+
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a worker process needs to start, wherever it runs."""

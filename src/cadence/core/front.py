@@ -66,6 +66,8 @@ class FrontCore:
         self._tokenizer = ByteTokenizer()
         self._text_to_worker = config.engine.tokenizes_text
         """The worker tokenizes text prompts with the model's own tokenizer."""
+        self._text_beside_bytes = config.engine.text_beside_bytes
+        """The worker gets a text prompt's bytes and its text (an app's own tokenizer)."""
         self.streams: dict[int, RequestStream] = {}
         """The open requests' streams by sequence id (the output reader's index)."""
         self._request_ids: set[str] = set()
@@ -197,6 +199,8 @@ class FrontCore:
             prompt, prompt_text = [], request.prompt
         elif request.prompt:
             prompt = self._tokenizer.encode(request.prompt)
+            if self._text_beside_bytes:
+                prompt_text = request.prompt
         else:
             raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids")
         if len(prompt) > config.max_prompt_tokens:
