@@ -14,7 +14,7 @@ import pytest
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import Client
-from tests.bpe_served import BPE, BOS
+from tests.bpe_served import BOS, BPE
 from tests.integration.test_openai import HttpServer, start_http
 
 openai = pytest.importorskip("openai")
