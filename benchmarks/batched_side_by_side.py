@@ -209,6 +209,71 @@ def cells(name: str, target: dict, protocol: str, streams: list[int], args, tmp:
     return rows
 
 
+def table(result: dict) -> str:
+    """The result as markdown: one line per cell, then the issue's targets as ratios."""
+    lines = [("| server | loop | tokens/s | TTFT p50 (ms) | TTFT p99 (ms) | ITL p99 (ms) | "
+              "chunk gap p99 (ms) | front CPU µs/token | server CPU µs/token | requests OK |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        loop = (f"closed {r['streams']}" if r["loop"] == "closed"
+                else f"open {r['rate_per_s']:.0f} req/s")
+        lines.append(
+            f"| {r['server']} | {loop} | {r['tokens_per_s']:,.0f} | {_f(r['ttft_p50_ms'])} | "
+            f"{_f(r['ttft_p99_ms'])} | {_f(r['itl_p99_ms'])} | {_f(r.get('chunk_gap_p99_ms'))} | "
+            f"{_f(r['front_cpu_us_per_token'])} | {_f(r['server_cpu_us_per_token'])} | "
+            f"{r['requests_ok']}/{r['requests']} |")
+    return "\n".join(lines)
+
+
+def targets(result: dict) -> list[str]:
+    """Each of the issue's targets with the measured figures and their ratio."""
+    def cell(server: str, streams: int | None = None) -> dict | None:
+        loop = "closed" if streams else "open"
+        return next((r for r in result["rows"] if r["server"] == server and r["loop"] == loop
+                     and (streams is None or r["streams"] == streams)), None)
+
+    limits = {r["batch"]: r for r in result["limit"]["start"]}
+    ends = {r["batch"]: r for r in result["limit"]["end"]}
+    out = []
+    for n in (64, 256):
+        step = cell("cadence step", n)
+        if step and n in limits:
+            loop = (limits[n]["tokens_per_s"], ends[n]["tokens_per_s"])
+            out.append(f"step API at {n} streams: {step['tokens_per_s']:,.0f} tokens/s, the "
+                       f"function's own loop {loop[0]:,.0f}-{loop[1]:,.0f}: "
+                       f"{step['tokens_per_s'] / max(loop):.2f}-"
+                       f"{step['tokens_per_s'] / min(loop):.2f}x (target >= 0.9)")
+    open_ = cell("cadence step")
+    if open_ and 256 in limits:
+        prefill = limits[1]["step_ms"]
+        for n in (64, 256):
+            bound = prefill + 2 * limits[n]["step_ms"]
+            out.append(f"step API open loop at 70%: TTFT p99 {open_['ttft_p99_ms']:.1f} ms against "
+                       f"prefill + 2 steps at batch {n} = {bound:.1f} ms: "
+                       f"{open_['ttft_p99_ms'] / bound:.2f}x (target <= 1)")
+            bound = limits[n]["step_ms"] + 5
+            out.append(f"step API open loop at 70%: ITL p99 {open_['itl_p99_ms']:.1f} ms against "
+                       f"a step at batch {n} + 5 ms = {bound:.1f} ms: "
+                       f"{open_['itl_p99_ms'] / bound:.2f}x (target <= 1)")
+    step = cell("cadence step", 64)
+    if step:
+        for other in ("cadence --app", "cadence generate_stream", "LitServe", "Ray Serve",
+                      "PyTriton"):
+            peer = cell(other, 64)
+            if peer is None:
+                continue
+            out.append(f"64 streams, step API / {other}: tokens/s "
+                       f"{step['tokens_per_s'] / peer['tokens_per_s']:.2f}x"
+                       + (" (target >= 3)" if other == "cadence --app" else " (target > 1)")
+                       + f", TTFT p99 {step['ttft_p99_ms']:.1f} / {peer['ttft_p99_ms']:.1f} ms = "
+                       f"{step['ttft_p99_ms'] / peer['ttft_p99_ms']:.2f}x (target < 1)")
+    return out
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[16, 64, 256])
@@ -219,7 +284,13 @@ def main() -> None:
     parser.add_argument("--venvs", default="/work/venvs")
     parser.add_argument("--only", nargs="*", default=None, help="run only these rows")
     parser.add_argument("--out", default="results/batched_side_by_side.json")
+    parser.add_argument("--table", metavar="JSON", help="print a result as markdown; run nothing")
     args = parser.parse_args()
+    if args.table:
+        result = json.loads(Path(args.table).read_text())
+        print(table(result))
+        print("\n".join(f"- {line}" for line in targets(result)))
+        return
     venvs = Path(args.venvs)
     batches = sorted(set(args.streams) | {1})
     step = ("--engine", "benchmarks.batched_step:StepModel")
