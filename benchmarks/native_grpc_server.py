@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sse_reference import Ticker  # one timer that wakes every stream per step
 
 from cadence.api.v1 import inference_pb2 as pb
-from cadence.lifecycle.asgi_grpc import parse_timeout, percent_encode
+from cadence.net.asgi_grpc import parse_timeout, percent_encode
 
 KINDS = ("grpc-aio", "pyvoy-thin", "pyvoy-thin-watch", "pyvoy-connect")
 SERVICE, METHOD = "cadence.v1.Inference", "Generate"

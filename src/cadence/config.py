@@ -138,7 +138,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Largest request message the server accepts."""
     accept_ahead: int = 64
     """Incoming calls of each streaming method requested from gRPC's core before they arrive
-    (0: grpc.aio's own one at a time). See cadence.lifecycle.call_acceptor."""
+    (0: grpc.aio's own one at a time). See cadence.net.call_acceptor."""
     max_tokens_limit: int = 16384
     """Largest max_tokens a request may ask for."""
     max_prompt_tokens: int = 65536

@@ -35,7 +35,7 @@ import msgspec
 
 from cadence.config import ServerConfig
 from cadence.lifecycle import ServingFailed, StartupError
-from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
+from cadence.net.asgi_grpc import GrpcAsgiApp
 
 log = logging.getLogger("cadence.server")
 

@@ -27,14 +27,14 @@ from cadence.core.output_reader import OutputReader
 from cadence.core.tracing import RequestTracer
 from cadence.heap import settle_heap
 from cadence.lifecycle import StartupError
-from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
-from cadence.lifecycle.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.lifecycle.front_layout import FrontLayout
 from cadence.lifecycle.fronts import FrontChildren
-from cadence.lifecycle.grpc_server import GrpcServer
 from cadence.lifecycle.in_front import InFrontLauncher
 from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
 from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
+from cadence.net.asgi_grpc import GrpcAsgiApp
+from cadence.net.failed_sends import GRPC_LOGGER, count_failed_sends
+from cadence.net.grpc_server import GrpcServer
 from cadence.router import WorkerRouter
 from cadence.transport.front_end import FrontChannel
 from cadence.transport.messages import WorkerReady
@@ -198,7 +198,7 @@ class CadenceServer:
         from cadence.api.openai.chat import chat_format
         from cadence.api.openai.service import OpenAIService
         from cadence.api.security import read_tokens
-        from cadence.lifecycle.http_server import HttpServer
+        from cadence.net.http_server import HttpServer
 
         config = self.config
         tokens = read_tokens(config.auth_token_file) if config.auth_token_file else None

@@ -17,8 +17,8 @@ from cadence.api.kserve.pool import ReflectionPool
 from cadence.config import ServerConfig
 from cadence.core.metrics import FrontMetrics
 from cadence.lifecycle import StartupError
-from cadence.lifecycle.asgi_grpc import UNPARSED, GrpcAsgiApp
-from cadence.lifecycle.call_acceptor import CallAcceptor
+from cadence.net.asgi_grpc import UNPARSED, GrpcAsgiApp
+from cadence.net.call_acceptor import CallAcceptor
 
 log = logging.getLogger("cadence.server")
 
