@@ -471,10 +471,7 @@ class AppRunner:
                 self._token_ids, self._finished, self._reasons,
                 self._counts if self._several else [], self._texts, self._prompt_lens,
             )
-            if self._prompt_lens:
-                self._prompt_lens = {}
-            if self._texts:
-                self._texts = []
+            self._texts, self._prompt_lens = [], {}
             self._seq_ids, self._token_ids, self._counts = [], [], []
             self._finished, self._reasons = [], []
             self._several = False
