@@ -9,7 +9,8 @@ streaming, one per process, each run by the python of the peer's own venv:
   `OpenAISpec` (/v1/chat/completions, SSE): `predict` gets the gathered batch and yields one
   piece per request per step until the batch is done.
 - Ray Serve: one replica, `@serve.batch` on an async generator (yields one list of pieces per
-  step, `StopIteration` for a finished request), behind a FastAPI ingress that answers
+  step, `StopIteration` for a finished request; the step runs in the default executor so
+  that the replica's event loop stays free to stream), behind a FastAPI ingress that answers
   /v1/completions with OpenAI's SSE; Serve's HTTP proxy on 127.0.0.1.
 - PyTriton: `@batch` on a generator, decoupled, Triton's dynamic batcher; input N
   (max_tokens, batch dimension first: `cadence bench --kserve-inputs N=max_tokens:batched`),
@@ -23,6 +24,7 @@ batch. Each prints READY once it serves.
 """
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -94,8 +96,11 @@ def rayserve(port: int, max_batch: int) -> None:
         async def steps(self, requests: list[tuple[int, int]]):
             last = [letter for letter, _ in requests]
             counts = [n for _, n in requests]
+            loop = asyncio.get_running_loop()
             for step in range(max(counts)):
-                tokens = self.fn.step(last)
+                # Off the replica's event loop, which must stay free to send the pieces
+                # (computing on it held every stream's pieces back to the end).
+                tokens = await loop.run_in_executor(None, self.fn.step, last)
                 last = [t - FIRST for t in tokens]
                 yield [chr(t) if step < n else StopIteration for t, n in zip(tokens, counts)]
 
