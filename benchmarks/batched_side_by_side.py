@@ -198,7 +198,7 @@ def cells(name: str, target: dict, protocol: str, streams: list[int], args, tmp:
         rows.append(bench(target[protocol], protocol, model, tmp / "bench.json", streams=s,
                           requests=s * rounds, max_tokens=tokens, server_pid=pid, extra=extra))
     best = max((r["tokens_per_s"] for r in rows if r["requests_ok"]), default=0)
-    if best:
+    if best and args.open_s > 0:
         rate = OPEN_LOAD * best / tokens
         print(f"{name}: open loop at {rate:.1f} requests/s ...", file=sys.stderr, flush=True)
         rows.append(bench(target[protocol], protocol, model, tmp / "bench.json", rate=rate,
@@ -286,7 +286,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="requests per stream")
     parser.add_argument("--open-s", type=float, default=6.0,
-                        help="open loop: seconds' worth of requests")
+                        help="open loop: seconds' worth of requests (0: no open loop)")
+    parser.add_argument("--limit-steps", type=int, default=100,
+                        help="steps of the function alone, at each batch size")
     parser.add_argument("--venvs", default="/work/venvs")
     parser.add_argument("--only", nargs="*", default=None, help="run only these rows")
     parser.add_argument("--out", default="results/batched_side_by_side.json")
@@ -314,7 +316,7 @@ def main() -> None:
     ]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_before = os.getloadavg()
-    limits = {"start": limit(batches)}
+    limits = {"start": limit(batches, args.limit_steps)}
     rows, skipped, servers = [], {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, start, protocols in runs:
@@ -337,7 +339,7 @@ def main() -> None:
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 skipped[name] = str(exc)
                 print(f"{name} skipped: {exc}", file=sys.stderr, flush=True)
-    limits["end"] = limit(batches)
+    limits["end"] = limit(batches, args.limit_steps)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({
         "command": "flock /work/bench.lock python " + " ".join(sys.argv),
