@@ -27,8 +27,8 @@ from cadence.lab.servers.server_process import ServerProcess
 async def _waves(target: str, first: int, second: int, delay_s: float) -> list[float]:
     import grpc
 
-    from cadence.api.v1 import inference_pb2_grpc as pb_grpc
     from cadence.client import build_request
+    from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
     channel = grpc.aio.insecure_channel(target)
     stub = pb_grpc.InferenceStub(channel)

@@ -16,7 +16,8 @@ import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Engine, Sequence, StepFailed
-from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
+from cadence.transport.messages import RequestFailed, StepOutput
+from cadence.vocabulary import AddRequest, Failure, Finish
 from cadence.worker.step_budget import StepBudget
 
 _BYTES = ByteTokenizer()
@@ -44,6 +45,8 @@ class BatchScheduler:
         # Optional engine capabilities (see cadence.engines.base.Engine).
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
         self._tokenizer = getattr(engine, "tokenizer", None)
+        self._kv_cache_usage: Callable[[], float] = getattr(engine, "kv_cache_usage",
+                                                            lambda: 0.0)
         self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
             engine, "text_piece_ids", None)
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
@@ -138,7 +141,7 @@ class BatchScheduler:
                                                           finished, reasons)
             return StepOutput(
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-                counts, texts, prompt_lens,
+                counts, texts, prompt_lens, self._kv_cache_usage(),
             )
         for seq, token in zip(stepped, tokens):
             seq.generated += 1
@@ -159,7 +162,7 @@ class BatchScheduler:
             self._engine.release(seq)
         return StepOutput(
             self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-            texts=texts, prompt_lens=prompt_lens,
+            texts=texts, prompt_lens=prompt_lens, kv_cache_usage=self._kv_cache_usage(),
         )
 
     def _admit_whole(self) -> list[Sequence]:

@@ -26,7 +26,7 @@ from cadence.engines.llama.parallel import TensorParallelGroup
 from cadence.engines.llama.plan import StepPlan, unpack
 from cadence.engines.llama.sampling import Sampler, sample
 from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.engine.torch")
 
@@ -282,6 +282,9 @@ class LlamaEngine:
             state.cached += 1
             state.last = token
         return tokens
+
+    def kv_cache_usage(self) -> float:
+        return self.cache.usage
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache blocks back at once."""

@@ -24,6 +24,7 @@ import msgspec
 
 from cadence.config import ServerConfig
 from cadence.lifecycle import StartupError
+from cadence.worker import child_environment
 
 log = logging.getLogger("cadence.server")
 
@@ -62,7 +63,7 @@ class FrontChildren:
             [sys.executable, "-m", "cadence.lifecycle.front_child", str(k), self._base,
              msgspec.json.encode(self._config).decode(),
              str(logging.getLogger().getEffectiveLevel()), str(self.restarts[k])],
-            start_new_session=True,
+            start_new_session=True, env=child_environment(),
         )
 
     def launch(self) -> None:
@@ -125,7 +126,7 @@ class FrontChildren:
         self._children.clear()
         for child in children:
             try:
-                await asyncio.to_thread(child.wait, self._config.grace_s + 5.0)
+                await asyncio.to_thread(child.wait, self._config.drain_timeout_s + 5.0)
             except subprocess.TimeoutExpired:
                 child.kill()
                 await asyncio.to_thread(child.wait)
