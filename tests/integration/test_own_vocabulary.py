@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2 as pb
 from cadence.client import Client
 from tests.bpe_served import BOS, BPE
 from tests.integration.test_openai import HttpServer, start_http
