@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cadence.proto.v1 import inference_pb2 as pb
 from cadence.client import Client
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.bpe_served import BOS, BPE
 from tests.integration.test_openai import HttpServer, start_http
 
