@@ -118,6 +118,23 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="a step's budget from the worker's own measured step-time model, so a "
                         "step stays within MS while long prompts are prefilled in chunks "
                         "(default: off; instead of --max-step-tokens)")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=e.prefix_caching,
+                   help="keep finished prompts' KV blocks for later requests that start the "
+                        "same way (torch; the synthetic engine models it), and route a request "
+                        "to the worker holding its longest prefix (default: off)")
+    p.add_argument("--preempt", action="store_true", default=e.preempt,
+                   help="a waiting request that finds the batch or KV cache full preempts the "
+                        "running sequence of the lowest priority below its own (recomputed "
+                        "later; its stream waits) (default: off)")
+    p.add_argument("--routing", default=d.routing, choices=["prefix", "load"],
+                   help="prefix: with --prefix-caching, prefer the worker that holds the "
+                        "longest prefix of the prompt; load: least outstanding work only "
+                        "(default %(default)s)")
+    p.add_argument("--prefix-routing-slack", type=int, default=d.prefix_routing_slack,
+                   metavar="K",
+                   help="a worker with more than K open requests beyond the least loaded loses "
+                        "the preference its cached prefix gives it (default %(default)s)")
     p.add_argument("--batch-timeout-ms", type=float, default=e.batch_timeout_ms, metavar="MS",
                    help="MODULE:CLASS with generate_stream(batch): how long the first waiting "
                         "request waits for others to fill a batch before it starts (default "
@@ -278,6 +295,8 @@ def _server_config(args: argparse.Namespace):
             max_batch=args.max_batch,
             max_step_tokens=args.max_step_tokens,
             itl_target_ms=args.itl_target_ms,
+            prefix_caching=args.prefix_caching,
+            preempt=args.preempt,
             batch_timeout_ms=args.batch_timeout_ms,
             app=args.app,
             model_class=model_class,
@@ -296,6 +315,8 @@ def _server_config(args: argparse.Namespace):
         accept_ahead=args.accept_ahead,
         max_tokens_limit=args.max_tokens_limit,
         max_prompt_tokens=args.max_prompt_tokens,
+        routing=args.routing,
+        prefix_routing_slack=args.prefix_routing_slack,
         metrics_port=args.metrics_port,
         transport=args.transport or ("tcp" if args.launcher == "ray" else "ipc"),
         worker_host=args.worker_host,

@@ -62,6 +62,14 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     itl_target_ms: float = 0.0
     """A step's budget from the worker's measured step-time model, so a step takes about
     this long while prefill progresses (0: none). Exclusive with max_step_tokens."""
+    prefix_caching: bool = False
+    """Torch: keep the KV blocks of finished prompts, keyed by the hash of their tokens and
+    of the prefix before them, for later requests that start the same way (evicted LRU);
+    synthetic: a cached prefix costs no prefill time. See cadence.engines.llama.kv_cache."""
+    preempt: bool = False
+    """A waiting request that finds the batch or the KV cache full preempts the running
+    sequence of the lowest priority (a higher `priority` value) below its own; that one is
+    recomputed later, its stream waits. Engines with `preempt` (torch, synthetic)."""
 
     @property
     def tokenizes_text(self) -> bool:
@@ -181,6 +189,14 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     fronts: int = 1
     """Front processes serving the port (SO_REUSEPORT), each connected to every worker; the
     first also launches the workers and the other fronts. See docs/architecture.md#fronts."""
+    routing: str = "prefix"
+    """`prefix`: with prefix caching on, a request goes to the worker that holds the longest
+    prefix of its prompt, unless that worker has more than `prefix_routing_slack` requests
+    more than the least loaded (cadence.router.worker_router); `load`: least outstanding
+    work only (always so without prefix caching)."""
+    prefix_routing_slack: int = 4
+    """Open requests a worker may have beyond the least loaded one and keep the preference
+    its cached prefix gives it."""
     kserve_model_name: str = "cadence"
     """The model's name in the Open Inference Protocol (`inference.GRPCInferenceService`,
     served on the same port); see docs/kserve.md."""
@@ -281,6 +297,14 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append("--fronts above 1 needs --transport ipc")
         elif self.fronts > 1 and self.app_in_front:
             problems.append("--fronts above 1 cannot run the app in the front (--app-in-front)")
+        if self.routing not in ("prefix", "load"):
+            problems.append(f"routing must be prefix or load (got {self.routing!r})")
+        if self.prefix_routing_slack < 0:
+            problems.append(f"prefix_routing_slack must not be negative "
+                            f"(got {self.prefix_routing_slack})")
+        if self.engine.name == "app" and (self.engine.prefix_caching or self.engine.preempt):
+            problems.append("--prefix-caching and --preempt need a step engine (an app "
+                            "function has no steps)")
         if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
             problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
         if not self.kserve_model_name.strip():

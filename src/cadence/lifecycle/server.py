@@ -35,7 +35,7 @@ from cadence.lifecycle.grpc_server import GrpcServer
 from cadence.lifecycle.in_front import InFrontLauncher
 from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
 from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
-from cadence.router import WorkerRouter
+from cadence.router.worker_router import router_for
 from cadence.transport.front_end import FrontChannel
 from cadence.transport.messages import WorkerReady
 
@@ -66,7 +66,7 @@ class CadenceServer:
         self._stack = contextlib.AsyncExitStack()
         """How to stop everything started so far, in reverse."""
         self.metrics = FrontMetrics(front=front)
-        self.router = WorkerRouter(len(config.devices))
+        self.router = router_for(config)
         self.port = 0
         self.http_port: int | None = None
         """The OpenAI-compatible HTTP port (`--http-port`), None without one."""

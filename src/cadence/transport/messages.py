@@ -35,6 +35,8 @@ class AddRequest(msgspec.Struct, frozen=True, array_like=True):
     prompt_text: str = ""
     """A text prompt for the worker to tokenize with the model's tokenizer (torch engine);
     then `prompt_token_ids` is empty."""
+    priority: int = 0
+    """Lower is admitted and stepped first (vLLM's sense); FCFS within one priority."""
 
 
 class WorkerInputs(msgspec.Struct, frozen=True, array_like=True, tag="in"):
@@ -109,6 +111,9 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     while a character is incomplete). Empty: the front decodes bytes."""
     prompt_lens: dict[int, int] = {}
     """Prompt tokens of each sequence that the worker tokenized and prefilled in this step."""
+    cached_tokens: dict[int, int] = {}
+    """Prompt tokens of the prefix cache's, of each sequence whose first token is in this
+    step and that had a cache hit (absent: none)."""
 
 
 def step_pieces(step: StepOutput) -> Iterator[tuple[int, int | list[int], str | None]]:
