@@ -57,7 +57,7 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival():
 
 def test_without_preempt_a_high_priority_request_waits_for_a_slot():
     s = BatchScheduler(synthetic(), 0, max_batch=1)
-    tokens, firsts = drive(s, {0: [AddRequest(1, PROMPT, 20, priority=3)],
+    _tokens, firsts = drive(s, {0: [AddRequest(1, PROMPT, 20, priority=3)],
                                5: [AddRequest(2, PROMPT, 4, priority=0)]})
     assert firsts == [1, 2] and s.preemptions == 0
 
@@ -106,7 +106,7 @@ def test_the_torch_engine_recomputes_a_sequence_preempted_for_kv_room(model_dir,
     alone, _ = drive(BatchScheduler(roomy, 0, 8), {0: [low], 1: [high]})
     engine = torch_engine(model_dir, 160, prefix_caching)
     s = BatchScheduler(engine, 0, 8, preempt=True)
-    tokens, firsts = drive(s, {0: [low], 10: [high]})
+    tokens, _firsts = drive(s, {0: [low], 10: [high]})
     assert s.preemptions == 1
     assert tokens[1] == alone[1] and tokens[2] == alone[2]
     assert engine.cache.free_tokens == engine.cache.capacity_tokens

@@ -37,9 +37,9 @@ class RequestStream:
     """The per-request buffer between the output reader and one request's `Generation`."""
 
     __slots__ = (
-        "_abort_on_overflow", "_block", "_capacity", "cached_tokens", "_decode", "_end_ns", "_link", "_paused",
+        "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_link", "_paused",
         "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
-        "_tokens", "_waiter", "deliver", "error", "finish", "first_token_ns", "include_timing",
+        "_tokens", "_waiter", "cached_tokens", "deliver", "error", "finish", "first_token_ns", "include_timing",
         "received_ns",
         "scheduled_ns", "sending_since_ns", "sent_tokens", "seq_id", "task", "worker",
     )

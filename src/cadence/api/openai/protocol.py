@@ -278,8 +278,9 @@ class Encoder:
     null` with `include_usage`) is encoded once, here; per event there is the text's JSON
     string, the finish reason and, with `cadence_timing`, the extension."""
 
-    __slots__ = ("_chat", "_first", "_head", "_open", "_open_first", "_tail", "completion_tokens",
-                 "cached_tokens", "created", "id", "model", "prompt_tokens")
+    __slots__ = ("_chat", "_first", "_head", "_open", "_open_first", "_tail", "cached_tokens",
+                 "completion_tokens",
+                 "created", "id", "model", "prompt_tokens")
 
     def __init__(self, endpoint: str, model: str, *, usage_null: bool = False) -> None:
         self._chat = endpoint == CHAT
