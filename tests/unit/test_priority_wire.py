@@ -8,16 +8,16 @@ import json
 
 import pytest
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
-from cadence.api.kserve.tensors import int32_raw
 from cadence.api.openai.protocol import COMPLETIONS, BadField, Encoder, parse
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1.service import to_chunk, to_request
 from cadence.core.errors import InvalidRequest
-from cadence.core.outcomes import Finish
 from cadence.core.requests import Chunk
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve.tensors import int32_raw
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.vocabulary import Finish
 
 
 def test_cadence_v1_carries_priority_in_and_cached_tokens_on_the_last_chunk():

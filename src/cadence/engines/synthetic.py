@@ -24,7 +24,7 @@ from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.prefix_hash import block_hashes
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 _WORDS = (
     "the a stream token card batch step model latency queue buffer client server worker "

@@ -23,7 +23,6 @@ import msgspec
 
 from cadence.api.errors import http_status
 from cadence.core.errors import InvalidRequest
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import (
     PRIORITY_RANGE,
     SEED_RANGE,
@@ -32,6 +31,7 @@ from cadence.core.requests import (
     ChunkTiming,
     Request,
 )
+from cadence.vocabulary import Failure, Finish
 
 COMPLETIONS = "completions"
 CHAT = "chat"

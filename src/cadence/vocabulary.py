@@ -1,0 +1,60 @@
+"""The words every stage of a token's path shares, below all of them and of no protocol: what
+a worker is asked to generate (`AddRequest`, as the front sends it and an engine reads it),
+and how a request ends (`Finish` when it completed, `Failure` when it did not). The front's
+core speaks them, every protocol adapter maps them to its wire (cadence.api.errors), the
+transport carries them between processes (cadence.transport.messages), workers and engines
+read and report them."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class AddRequest(msgspec.Struct, frozen=True, array_like=True):
+    seq_id: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    stop_token_ids: list[int] = []
+    temperature: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+    timeout_ms: float = 0.0
+    """Time left until the request's deadline when the front sent it; 0: no deadline.
+    Relative, so it stays right when a worker's clock is not the front's."""
+    prompt_text: str = ""
+    """A text prompt for the worker to tokenize with the model's tokenizer (torch engine);
+    then `prompt_token_ids` is empty."""
+    priority: int = 0
+    """Lower is admitted and stepped first (vLLM's sense); FCFS within one priority."""
+
+
+class Finish(enum.IntEnum):
+    """Why a sequence ended; the values are those of the proto's FinishReason."""
+
+    NONE = 0
+    LENGTH = 1
+    STOP = 2
+    CANCELLED = 3
+
+
+class Failure(enum.IntEnum):
+    """Why a request ended without finishing: the one error vocabulary of cadence, from the
+    worker that detects a failure to the front that reports it. The names (and numbers) are
+    gRPC's status codes; cadence.api.errors maps each to every protocol's own form."""
+
+    CANCELLED = 1
+    """The client went away (or a drain ended the request)."""
+    INVALID_ARGUMENT = 3
+    """The request cannot be served as sent; the message says what to change."""
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    """The request names a model (or version) this server does not serve."""
+    RESOURCE_EXHAUSTED = 8
+    """A limit: --max-concurrent, --overflow abort, --stall-timeout, message size."""
+    INTERNAL = 13
+    """The app's function raised, or yielded something that is not output."""
+    UNAVAILABLE = 14
+    """Not now, retry: starting, draining, its worker stopped, no worker."""
