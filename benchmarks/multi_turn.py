@@ -40,9 +40,12 @@ from cadence.lab.analysis.stats import distribution
 from cadence.lab.servers.server_process import ServerProcess
 
 SERVER = ("--devices", "cpu:2", "--step-ms", "10", "--per-seq-ms", "0.25",
-          "--prefill-ms-per-token", "0.1", "--heartbeat-timeout", "10")
-"""Without prefix caching a step may prefill a dozen whole histories, seconds of modelled
-time in which the worker's loop sends no heartbeat: the timeout is raised past it."""
+          "--prefill-ms-per-token", "0.1", "--kv-cache-tokens", "32768",
+          "--heartbeat-timeout", "10")
+"""A cache of 32k tokens a worker holds its half of the conversations at turn 6 (32 x about
+2,000 tokens in the long-turn shape), not all of them. Without prefix caching a step may
+prefill a dozen whole histories, seconds of modelled time in which the worker's loop sends no
+heartbeat: the timeout is raised past it."""
 CONFIGS = {
     "both off": (),
     "caching, load-only routing": ("--prefix-caching", "--routing", "load"),

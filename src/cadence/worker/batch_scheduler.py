@@ -196,25 +196,15 @@ class BatchScheduler:
     def _admit_whole(self) -> list[Sequence]:
         """No budget: admit waiting sequences up to max_batch, each prompt whole in this step."""
         waiting = self._waiting
-        reserve = self._reserve
         prefill: list[Sequence] = []
-        # By priority, then arrival; one that does not fit yet (batch or KV cache full) holds
-        # the rest back, unless it can preempt a running sequence of a higher value.
         while waiting:
             seq = waiting[0][2]
-            if len(self._running) + len(prefill) >= self._max_batch:
-                if self._make_room(seq, prefill):
-                    continue
+            fits = self._room_for(seq, prefill, len(self._running) + len(prefill))
+            if fits is None:
+                continue
+            if not fits:
                 break
-            if reserve is not None and not reserve(seq):
-                # A refusal with sequences admitted already may be the step's prefill limit,
-                # which no preemption lifts; the first one's is the KV cache's.
-                if not prefill and self._make_room(seq, prefill):
-                    continue
-                break
-            heapq.heappop(waiting)
-            seq.cached_tokens = seq.cached_tokens or seq.prefilled
-            prefill.append(seq)
+            prefill.append(self._take())
         return prefill
 
     def _admit_within_budget(self, decodes: int) -> list[Sequence]:
@@ -237,31 +227,45 @@ class BatchScheduler:
             left -= seq.prefill_to - seq.prefilled
             prefill.append(seq)
         waiting = self._waiting
-        reserve = self._reserve
         chunks = self._chunks
         while left > 0 and waiting:
             seq = waiting[0][2]
-            if len(self._running) + len(prefilling) >= self._max_batch:
-                if self._make_room(seq, prefill):
-                    continue
-                break
             length = len(seq.prefill_ids)
             if chunks:
                 seq.prefill_to = min(length, left)  # at most: the cache may hold some
             elif length > left and prefill:
                 break
-            if reserve is not None and not reserve(seq):
-                if not prefill and self._make_room(seq, prefill):
-                    continue
+            fits = self._room_for(seq, prefill, len(self._running) + len(prefilling))
+            if fits is None:
+                continue
+            if not fits:
                 break
-            heapq.heappop(waiting)
-            seq.cached_tokens = seq.cached_tokens or seq.prefilled
+            self._take()
             if chunks:
                 seq.prefill_to = min(length, seq.prefilled + left)
             prefill.append(seq)
             prefilling[seq.seq_id] = seq
             left -= seq.prefill_to - seq.prefilled
         return prefill
+
+    def _room_for(self, seq: Sequence, admitted: list[Sequence], occupied: int) -> bool | None:
+        """Whether the next waiting sequence, `seq`, is admitted now (the engine's `reserve`
+        done): True; False: it waits, and those behind it with it; None: a preemption made
+        room, ask again. `occupied`: the batch's sequences, this step's `admitted` included."""
+        if occupied >= self._max_batch:
+            return None if self._make_room(seq, admitted) else False
+        reserve = self._reserve
+        if reserve is not None and not reserve(seq):
+            # A refusal with sequences admitted already may be the step's prefill limit,
+            # which no preemption lifts; the first one's is the KV cache's.
+            return None if not admitted and self._make_room(seq, admitted) else False
+        return True
+
+    def _take(self) -> Sequence:
+        """The next waiting sequence, admitted."""
+        seq = heapq.heappop(self._waiting)[2]
+        seq.cached_tokens = seq.cached_tokens or seq.prefilled
+        return seq
 
     def _make_room(self, seq: Sequence, admitted: list[Sequence]) -> bool:
         """--preempt: preempt the running or part-prefilled sequence of the highest priority
