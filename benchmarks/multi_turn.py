@@ -12,7 +12,8 @@ most of it is the conversation's own. Two synthetic workers with a torch-like
 step (`--step-ms 10 --per-seq-ms 0.25 --prefill-ms-per-token 0.1`: the prefill cost per token
 twice the torch engine's `tiny` on this CPU host, results/torch_engine.json; the step longer,
 to leave the 2-core host room for the client), so a turn-6 history of 1,500-2,000 tokens costs
-150-200 ms of prefill when computed whole.
+150-200 ms of prefill when computed whole. Each worker's cache (`--kv-cache-tokens 32768`)
+holds its half of the conversations at their longest.
 
 Integrity: every stream's chunks must be contiguous (index = tokens before) and give exactly
 its max_tokens; and since the engine's output depends only on the prompt, every configuration
