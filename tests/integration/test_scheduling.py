@@ -129,3 +129,15 @@ def test_the_lab_names_long_prompts_stalling_decodes_only_without_a_budget(budge
     fired = {f.rule: f.evidence for f in result.diagnosis}
     print(fired)
     assert ("prefill_stalls_decode" in fired) == named, fired
+
+
+def test_the_torch_engine_serves_a_cached_prefix_with_the_tokens_it_computed(server_factory):
+    """`--model tiny` (built from a seed): the same greedy request twice, the second from the
+    prefix cache (its prompt's whole blocks but the last token's), gives the same tokens."""
+    server = server_factory("--model", "tiny", "--prefix-caching", "--kv-cache-tokens", "2048")
+    prompt = [(7 * i) % 250 + 3 for i in range(100)]
+    with Client(server.target) as client:
+        cold = list(client.generate(prompt, max_tokens=12))
+        warm = list(client.generate(prompt, max_tokens=12))
+    assert cold[-1].cached_tokens == 0 and warm[-1].cached_tokens == 96
+    assert [t for c in warm for t in c.token_ids] == [t for c in cold for t in c.token_ids]
