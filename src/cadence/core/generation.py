@@ -89,6 +89,14 @@ class FrontCore:
         self.tracer: RequestTracer | None = None
         """Exports a span per finished request (`--otlp-traces-endpoint`), or None."""
 
+    def requests_waiting(self) -> int:
+        """Open requests no worker has taken into a step yet (read when scraped)."""
+        return sum(1 for s in self.streams.values() if not s.scheduled_ns)
+
+    def requests_running(self) -> int:
+        """Open requests in the workers' steps (read when scraped)."""
+        return sum(1 for s in self.streams.values() if s.scheduled_ns)
+
     @property
     def active(self) -> int:
         """Requests admitted and not yet closed."""

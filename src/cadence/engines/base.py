@@ -114,6 +114,8 @@ class Engine(Protocol):
       `prefill` then stands for its chunk `prompt_token_ids[seq.prefilled:seq.prefill_to]`,
       to append to what the engine holds for it; its output is ignored (no token) until the
       chunk that ends the prompt. Only with a step budget (cadence.worker.step_budget).
+    - `kv_cache_usage() -> float`: the share of its KV cache that sequences hold after a
+      step, 0 to 1 (exported as `vllm:kv_cache_usage_perc`); absent: 0, no cache to fill.
     - `close()`: called once when the worker stops (tensor-parallel groups stop their ranks).
     """
 

@@ -3,8 +3,8 @@
 It isolates the serving layer: a step takes what a card would take (a base decode time, a
 cost per sequence in the batch, a prefill cost per prompt token, optional jitter and a slow
 first step), and every sequence gets one token per step. Tokens are bytes of a pseudo-text
-built from the seed, read from an offset that depends on the prompt and seeds, so output is
-readable and the same prompt with the same seeds gives the same tokens.
+built from the seed, read from the start of a word that depends on the prompt and seeds, so
+output is readable and the same prompt with the same seeds gives the same tokens.
 
 With prefix caching it models the torch engine's: the chained hashes of every sequence's
 full blocks of 16 tokens (prompt and outputs) are remembered when it ends, up to
@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from bisect import bisect_left
 from collections import OrderedDict
 
 from cadence.byte_tokenizer import ByteTokenizer
@@ -73,6 +74,9 @@ class SyntheticEngine:
         self._config = config
         self._rng = random.Random(config.seed)
         self._corpus = _corpus(config.seed)
+        self._word_starts = [0, *(i + 1 for i, byte in enumerate(self._corpus[:-1])
+                                  if byte == 0x20)]
+        """Where words begin: a sequence's text starts at one, not mid-word."""
         self._first_step = True
         by_worker = config.step_ms_by_worker
         self._step_s = (by_worker[worker % len(by_worker)] if by_worker else config.step_ms) / 1e3
@@ -110,7 +114,9 @@ class SyntheticEngine:
             if seq.state is None:
                 req = seq.request
                 key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
-                seq.state = zlib.crc32(key, self._config.seed) % size
+                starts = self._word_starts
+                k = bisect_left(starts, zlib.crc32(key, self._config.seed) % size)
+                seq.state = starts[k % len(starts)]
         tokens = [corpus[(s.state + s.generated) % size] for s in prefill]
         tokens += [corpus[(s.state + s.generated) % size] for s in decode]
         _wait_until(start + duration)

@@ -59,6 +59,8 @@ class BatchScheduler:
         # Optional engine capabilities (see cadence.engines.base.Engine).
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
         self._tokenizer = getattr(engine, "tokenizer", None)
+        self._kv_cache_usage: Callable[[], float] = getattr(engine, "kv_cache_usage",
+                                                            lambda: 0.0)
         self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
             engine, "text_piece_ids", None)
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
@@ -168,7 +170,7 @@ class BatchScheduler:
                                                           finished, reasons)
             return StepOutput(
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-                counts, texts, prompt_lens, cached,
+                counts, texts, prompt_lens, self._kv_cache_usage(), cached,
             )
         for seq, token in zip(stepped, tokens):
             seq.generated += 1
@@ -190,7 +192,8 @@ class BatchScheduler:
             self._engine.release(seq)
         return StepOutput(
             self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-            texts=texts, prompt_lens=prompt_lens, cached_tokens=cached,
+            texts=texts, prompt_lens=prompt_lens, kv_cache_usage=self._kv_cache_usage(),
+            cached_tokens=cached,
         )
 
     def _admit_whole(self) -> list[Sequence]:

@@ -338,6 +338,9 @@ class LlamaEngine:
             register(blocks[i], hashes[i])
         state.registered = full
 
+    def kv_cache_usage(self) -> float:
+        return self.cache.usage
+
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache blocks back at once."""
         state = seq.state

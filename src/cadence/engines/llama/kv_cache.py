@@ -67,6 +67,11 @@ class KVCache:
         return self._free.pop()
 
     @property
+    def usage(self) -> float:
+        """The share of the cache's capacity that sequences hold, 0 to 1."""
+        return 1.0 - self.free_tokens / self.capacity_tokens
+
+    @property
     def free_tokens(self) -> int:
         """Token slots not held by any sequence (cached prefixes none holds included)."""
         return (len(self._free) + len(self._evictable)) * self.block_size
