@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -266,3 +268,39 @@ def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_pa
     assert "Traceback" not in text and "CancelledError" not in text
     lines = [line for line in text.splitlines() if "still open after the grace" in line]
     assert len(lines) == 1, lines
+
+
+def _admin_answers(port: int, method: str, path: str) -> bytes:
+    """What the TCP port answers to an HTTP/1.1 request for `path` (b"" when it closes or
+    says nothing)."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        out = b""
+        with contextlib.suppress(TimeoutError):
+            while data := sock.recv(65536):
+                out += data
+        return out
+    return b""
+
+
+def test_envoys_admin_interface_is_on_no_tcp_port(server_factory) -> None:
+    """Envoy's admin interface answers anyone who reaches it (stop, drain, log every header):
+    none of the TCP ports Envoy's process holds (gRPC, HTTP front, metrics) may reach it."""
+    server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5",
+                            "--metrics-port", "0", "--http-port", "0")
+    envoy = server.front
+    ports = {c.laddr.port for c in envoy.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert len(ports) >= 3, ports  # gRPC, HTTP and metrics, at least
+    for port in sorted(ports):
+        for method, path in (("GET", "/stats"), ("GET", "/config_dump"), ("POST", "/quitquitquit")):
+            answer = _admin_answers(port, method, path)
+            assert b"server.live" not in answer and b"envoy.admin" not in answer, (port, path)
+            assert b"bootstrap" not in answer and b"OK\n" != answer.split(b"\r\n\r\n")[-1], (port, path)
+    assert envoy.is_running()
+    with Client(server.target) as client:
+        assert client.health() == "SERVING"
+    for sock in envoy.net_connections("unix"):  # one that can still be reached: private
+        if sock.laddr and os.path.exists(sock.laddr):
+            modes = os.stat(sock.laddr).st_mode, os.stat(os.path.dirname(sock.laddr)).st_mode
+            assert any(mode & 0o077 == 0 for mode in modes), sock.laddr

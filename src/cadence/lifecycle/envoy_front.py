@@ -36,6 +36,7 @@ import msgspec
 from cadence.config import ServerConfig
 from cadence.lifecycle import ServingFailed, StartupError
 from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
+from cadence.lifecycle.envoy_process import EnvoyProcess, EnvoyStartupError
 
 log = logging.getLogger("cadence.server")
 
@@ -68,8 +69,7 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
     (Envoy's listeners set SO_REUSEPORT).
     """
     try:
-        from pyvoy import PyvoyServer
-        from pyvoy import StartupError as EnvoyStartupError
+        import pyvoy  # noqa: F401
     except ImportError:
         raise StartupError("--grpc-server native needs the package 'pyvoy', which is not "
                            "installed; install it with: pip install 'cadence[native]'") from None
@@ -95,8 +95,8 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
                    "tls_enable_http3": False}
             if config.tls_client_ca:
                 tls.update(tls_ca_cert=Path(config.tls_client_ca), tls_require_client_certificate=True)
-        envoy = PyvoyServer(
-            f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
+        envoy = EnvoyProcess(
+            app=f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
             stderr=None, env={
                 CONFIG_ENV: msgspec.json.encode(msgspec.structs.replace(config, port=port)).decode(),
                 CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level,
@@ -136,7 +136,7 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
     if failed:
         status = exited.result() if exited.done() else "unknown"
         raise ServingFailed(f"Envoy stopped while serving on {config.host}:{port} (exit status "
-                            f"{status}: a crash, a kill or an admin /quitquitquit); its streams "
+                            f"{status}: a crash or a kill); its streams "
                             "were cut and the server stopped")
 
 
