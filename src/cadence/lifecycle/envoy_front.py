@@ -4,8 +4,8 @@ Python in an Envoy dynamic module), and Envoy's HTTP/2 serves its gRPC port thro
 
 Two sides in two processes:
 
-- `serve` runs in the `cadence serve` process. It starts Envoy (`pyvoy.PyvoyServer`) with
-  the ASGI app `app` below, the server's config in its environment, and a Unix socket on which
+- `serve` runs in the `cadence serve` process. It starts Envoy (`envoy_process`: pyvoy's
+  config, the admin interface out of reach) with the ASGI app `app` below, the server's config in its environment, and a Unix socket on which
   the front says when it is ready (or why it could not start) and is told to stop. A signal
   here becomes a stop there: the front drains, stops its workers, says so, then Envoy stops.
 - `app`, in Envoy's process: its ASGI lifespan starts a `CadenceServer` whose gRPC server is
@@ -52,8 +52,8 @@ _STOPPED_WAIT_S = 30.0
 
 
 def _free_port(host: str) -> int:
-    """A port the OS calls free now; Envoy binds it a moment later (port 0 given to Envoy
-    would leave the front without a way to learn it before Envoy's admin answers)."""
+    """A port the OS calls free now; Envoy binds it a moment later (with port 0 the front
+    would have to ask Envoy's admin interface which port it got)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.bind((host, 0))
