@@ -304,3 +304,31 @@ def test_envoys_admin_interface_is_on_no_tcp_port(server_factory) -> None:
         if sock.laddr and os.path.exists(sock.laddr):
             modes = os.stat(sock.laddr).st_mode, os.stat(os.path.dirname(sock.laddr)).st_mode
             assert any(mode & 0o077 == 0 for mode in modes), sock.laddr
+
+
+def test_a_client_that_reads_nothing_is_cut_off_and_envoy_holds_little_for_it(server_factory) -> None:
+    """--stall-timeout on Envoy: its buffer per stream is small (64 KiB, its least), so the
+    front's write waits once the client's window and that buffer are full, and the stall
+    sweep cuts the stream off and frees its slot, as on grpc.aio (with Envoy's default window
+    of 16 MiB a stream of small messages would hold its slot for many minutes)."""
+    server = server_factory(*NATIVE, "--step-ms", "2", "--stall-timeout", "2",
+                            "--max-concurrent", "1", "--max-tokens-limit", "1000000")
+    small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(server.target, options=small_window) as channel:
+        stalled = pb_grpc.InferenceStub(channel).Generate(
+            pb.GenerateRequest(prompt="stall", max_tokens=1_000_000), timeout=120)
+        next(stalled)
+        with Client(server.target) as client:
+            deadline = time.monotonic() + 60
+            while True:  # admitted once the stalled stream has been cut off
+                try:
+                    assert len(list(client.generate("next", max_tokens=3))) == 3
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                    assert time.monotonic() < deadline, "the stalled stream kept its slot"
+                    time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as info:  # what it was sent, then its end
+            for _ in stalled:
+                pass
+        assert info.value.code() == grpc.StatusCode.CANCELLED

@@ -48,6 +48,12 @@ _STOP_FINISH_S = 0.5
 reads nothing holds its stream's window shut)."""
 
 
+def _read_error(future: asyncio.Future) -> None:
+    """A send future's error, read so that the loop does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
 class AbortError(Exception):
     """Raised by `AsgiServicerContext.abort`: the call ends with this status."""
 
@@ -207,7 +213,16 @@ class _Call:
 
     async def _deliver(self, message: dict) -> None:
         try:
-            await self._send(message)
+            sent = self._send(message)
+            if asyncio.isfuture(sent) and not sent.done():
+                # Waiting on Envoy's buffer for the stream (a client that reads slowly, or not
+                # at all). Shielded: a call cancelled meanwhile (its client gone, a stop,
+                # --stall-timeout) must not leave pyvoy a cancelled future to resolve, which
+                # raises InvalidStateError in the loop's callback (nor its error unread).
+                sent.add_done_callback(_read_error)
+                await asyncio.shield(sent)
+            else:
+                await sent
         except Exception as exc:  # the ASGI server's error for a stream the client reset
             self.gone = True
             raise _ClientGone() from exc
@@ -468,6 +483,7 @@ class GrpcAsgiApp:
         call = _Call(receive, send, self.max_receive)
         code, details, trailing = grpc.StatusCode.OK, "", ()
         context = None
+        cut_off = False
         try:
             timeout = None
             for name, value in headers:
@@ -510,16 +526,21 @@ class GrpcAsgiApp:
             call.gone = True
         except asyncio.CancelledError:
             if not call.gone:
-                if not self._stopping:
-                    raise  # the server's, not the client's
-                code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
+                if self._stopping:
+                    code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
+                else:
+                    # The front's own cancel: --stall-timeout cut off a client that reads
+                    # nothing. Its status may never get through: the finish below is bounded.
+                    asyncio.current_task().uncancel()
+                    cut_off = True
+                    code, details = grpc.StatusCode.CANCELLED, "the server cancelled the call"
         except Exception as exc:
             log.exception("gRPC handler of %s failed", method)
             code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
         if context is not None:
             trailing = context.trailing
         try:
-            async with asyncio.timeout(_STOP_FINISH_S if self._stopping else None):
+            async with asyncio.timeout(_STOP_FINISH_S if self._stopping or cut_off else None):
                 await call.finish(code, details, trailing)
         except (_ClientGone, TimeoutError):
             pass

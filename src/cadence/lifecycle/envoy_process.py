@@ -1,5 +1,5 @@
 """The Envoy process of `--grpc-server native`: pyvoy's Envoy config, with Envoy's admin
-interface where no other local user can reach it.
+interface where no other local user can reach it and a small buffer per HTTP/2 stream.
 
 pyvoy (1.3) puts the admin interface on a TCP port of 127.0.0.1, which it reads to learn that
 Envoy is up; anyone on the host could then stop Envoy (`/quitquitquit`), close its port
@@ -22,6 +22,12 @@ import tempfile
 _READY_WAIT_S = 60.0
 """How long Envoy may take to load pyvoy, start Python and bind its port."""
 _READY_POLL_S = 0.05
+STREAM_WINDOW = 65535
+"""Envoy's HTTP/2 `initial_stream_window_size`, its smallest: Envoy also takes it as the most
+it buffers for one stream before it tells the app to wait (pyvoy's send then waits), so a
+client that reads nothing holds at most this much of Envoy's memory per stream, and the front
+sees its writes wait (`--stall-timeout`) once this much is queued. Envoy's default, 16 MiB,
+held a stalled stream's output for minutes."""
 
 
 class EnvoyStartupError(RuntimeError):
@@ -61,6 +67,12 @@ class EnvoyProcess:
         self._log_level = pyvoy_args.get("log_level", "error")
         self._stderr = pyvoy_args.pop("stderr", None)
         self._config = PyvoyServer(**pyvoy_args).get_envoy_config()
+        for listener in self._config["static_resources"]["listeners"]:
+            for chain in listener.get("filter_chains", ()):
+                for network_filter in chain["filters"]:
+                    if network_filter["name"] == "envoy.filters.network.http_connection_manager":
+                        network_filter["typed_config"]["http2_protocol_options"] = {
+                            "initial_stream_window_size": STREAM_WINDOW}
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:

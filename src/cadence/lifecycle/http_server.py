@@ -103,7 +103,7 @@ class HttpServer:
         await self._runner.setup()
         assert self._runner.server is not None
         listener = Listener(self._runner.server, ssl_context=ssl_context(config),
-                            backlog=_BACKLOG)
+                            backlog=_BACKLOG, stall_timeout_s=config.stall_timeout_s)
         try:
             port = await listener.open(config.host, config.http_port or 0,
                                        reuse_port=config.fronts > 1)
