@@ -128,6 +128,8 @@ class AsgiServicerContext:
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self.trailing: tuple = ()
+        # Not grpc.aio's: writing without awaiting, from the output reader (cadence.v1).
+        self.write_now, self.in_flight, self.flushed = call.write_now, call.in_flight, call.flushed
 
     def invocation_metadata(self) -> tuple:
         return self._metadata
@@ -176,6 +178,7 @@ class _Call:
 
     __slots__ = (
         "_buffer",
+        "_in_flight",
         "_max_receive",
         "_receive",
         "_send",
@@ -204,6 +207,8 @@ class _Call:
         self.gone = False
         self.ended = False
         self._buffer = b""
+        self._in_flight: asyncio.Future | None = None
+        """What `write_now` handed over last, until taken."""
 
     async def _next(self) -> dict:
         """The ASGI server's next event. Shielded: pyvoy resolves a receive() future when its
@@ -215,8 +220,8 @@ class _Call:
         try:
             sent = self._send(message)
             if asyncio.isfuture(sent) and not sent.done():
-                # Waiting on Envoy's buffer for the stream (a client that reads slowly, or not
-                # at all). Shielded: a call cancelled meanwhile (its client gone, a stop,
+                # Until Envoy's thread took it (longer while Envoy's buffer for the stream is
+                # full). Shielded: a call cancelled meanwhile (its client gone, a stop,
                 # --stall-timeout) must not leave pyvoy a cancelled future to resolve, which
                 # raises InvalidStateError in the loop's callback (nor its error unread).
                 sent.add_done_callback(_read_error)
@@ -241,8 +246,51 @@ class _Call:
         await self._deliver({"type": "http.response.body", "more_body": True,
                              "body": b"\0" + len(data).to_bytes(4, "big") + data})
 
+    def write_now(self, message: object) -> None:
+        """Hand `message` to the ASGI server without waiting for it to be taken (after
+        `flushed()`, and while `in_flight()` is False): the output reader's path, which
+        writes a stream's chunk without waking its task."""
+        data = self.serializer(message) if self.serializer else message
+        self.sent += 1
+        sent = self._send({"type": "http.response.body", "more_body": True,
+                           "body": b"\0" + len(data).to_bytes(4, "big") + data})
+        if asyncio.isfuture(sent) and not sent.done():
+            self._in_flight = sent
+
+    def in_flight(self) -> bool:
+        """Whether the last message `write_now` handed over is not taken yet (Envoy's thread
+        has not got to it, or its buffer for the stream is full). Raises _ClientGone when the
+        ASGI server refused it."""
+        sent = self._in_flight
+        if sent is None:
+            return False
+        if not sent.done():
+            return True
+        self._in_flight = None
+        if sent.exception() is not None:
+            self.gone = True
+            raise _ClientGone()
+        return False
+
+    async def flushed(self) -> None:
+        """Once the response has started and the last message `write_now` handed over is
+        taken; raises _ClientGone when the client went."""
+        if not self.started:
+            await self.start()
+        sent, self._in_flight = self._in_flight, None
+        if sent is not None:
+            sent.add_done_callback(_read_error)
+            try:
+                await asyncio.shield(sent)  # see _deliver
+            except Exception as exc:
+                self.gone = True
+                raise _ClientGone() from exc
+
     async def finish(self, code: grpc.StatusCode, details: str, trailing: Iterable) -> None:
         self.ended = True
+        if self._in_flight is not None and not self.gone:
+            with contextlib.suppress(_ClientGone):
+                await self.flushed()
         if self.gone:
             return
         await self.start()

@@ -68,6 +68,51 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
     return out
 
 
+async def _write_from_the_reader(generation, context, request_id: str) -> None:
+    """A stream on a server whose context writes without awaiting (`write_now`: the native
+    server, asgi_grpc): its chunks are written by the output reader, once per wake-up of the
+    reader, with no task woken per chunk; the task waits only while a message is not taken
+    yet (Envoy's thread is behind, or its buffer for the stream is full), and then sends all
+    that waited meanwhile as one message, as grpc.aio's path merges a stream whose write
+    waits."""
+    stream = generation.stream
+    take, write_now, in_flight = generation.take, context.write_now, context.in_flight
+
+    def deliver() -> None:
+        if in_flight():  # the last one not taken yet: the task waits for it, then sends
+            stream.wake()
+            return
+        chunk = take()
+        if chunk is None:
+            stream.wake()
+            return
+        write_now(to_chunk(chunk, request_id))
+        if chunk.finish:
+            stream.wake()
+        else:
+            stream.sending_since_ns = 0  # handed over; --stall-timeout counts a wait in flushed
+
+    while True:
+        if in_flight():
+            stream.sending_since_ns = stream.sending_since_ns or time.monotonic_ns()
+        await context.flushed()
+        waiter = generation.ready()
+        if waiter is not None:
+            await waiter
+        chunk = take()
+        if chunk is None:
+            return
+        write_now(to_chunk(chunk, request_id))
+        if chunk.finish or stream.waiting_steps or stream.done:
+            continue
+        stream.sending_since_ns = 0
+        generation.deliver_directly(deliver)
+        try:
+            await stream.waiter()
+        finally:
+            generation.deliver_directly(None)
+
+
 class InferenceService:
     """Serves `cadence.v1.Inference` through `core`; each stream waits on its own buffer.
 
@@ -121,8 +166,11 @@ class InferenceService:
                     await core.intake_lull(generation)
                     with contextlib.suppress(grpc.aio.BaseError):  # the call ended meanwhile
                         await context.send_initial_metadata(initial)
-                async for chunk in generation:
-                    yield to_chunk(chunk, request_id)
+                if hasattr(context, "write_now"):
+                    await _write_from_the_reader(generation, context, request_id)
+                else:
+                    async for chunk in generation:
+                        yield to_chunk(chunk, request_id)
             except RequestError as exc:
                 # Status set and return rather than abort(): the call may have ended
                 # already (a deadline races gRPC's own), and abort() would raise then.
