@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+from datetime import datetime, timezone
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client
+from cadence.lab.measure.run_context import run_context
+from cadence.lab.report.summary import run_line
 from tests.integration.conftest import _BANNER, RunningServer
 from tests.integration.raw_h2 import framed, h2_call
 
@@ -47,6 +50,13 @@ def test_streams_whole_through_envoy(server_factory) -> None:
     assert [c.index for c in chunks] == list(range(20))
     assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert all(c.timing.send_ns for c in chunks)
+    # What `cadence bench` and `report` say of the server: `cadence serve`'s command line and
+    # Envoy by name and role, not Envoy's command line (its whole generated config).
+    run = run_context(datetime.now(timezone.utc), server.front.pid)
+    assert "serve" in run.server_cmdline and "--grpc-server" in run.server_cmdline
+    assert not any("--config-yaml" in arg for arg in run.server_cmdline)
+    assert run.server_process.startswith(f"envoy (pid {server.front.pid})")
+    assert "port served by envoy" in run_line(run)
 
 
 def test_a_reset_before_the_first_token_frees_the_slot_at_once(server_factory) -> None:
