@@ -186,7 +186,7 @@ class _Front:
                 await self._task
 
     async def _run(self) -> None:
-        from cadence.lifecycle.server import CadenceServer
+        from cadence.lifecycle.server import CadenceServer, log_totals
 
         config = msgspec.json.decode(os.environ[CONFIG_ENV], type=ServerConfig)
         reader, writer = await asyncio.open_unix_connection(os.environ[CONTROL_ENV])
@@ -195,13 +195,14 @@ class _Front:
             k, base, generation = os.environ[FRONT_ENV].split(" ")
             front = {"front": int(k), "base_dir": base, "generation": int(generation)}
         server = CadenceServer(config, grpc_app=app, **front)
-        orphaned = False
+        orphaned = served = False
         try:
             try:
                 await server.start()
             except StartupError as exc:
                 writer.write(json.dumps({"error": str(exc)}).encode() + b"\n")
                 return
+            served = True
             writer.write(json.dumps({"ready": {
                 "http_port": server.http_port, "metrics_port": server.metrics_port}}).encode() + b"\n")
             await writer.drain()
@@ -218,6 +219,8 @@ class _Front:
             log.info("stopping: %d stream(s) open, grace %.1f s", server.core.active, config.grace_s)
         finally:
             await server.stop()
+            if served:
+                log_totals(server)
             with contextlib.suppress(OSError):
                 writer.write(b'{"stopped": true}\n')
                 await writer.drain()
