@@ -102,6 +102,11 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
             list(generate(pb.GenerateRequest(prompt="hi", max_tokens=10**9)))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "--max-tokens-limit" in info.value.details()
+    # A deadline ends with grpc.aio's status and words, not this layer's generic ones.
+    got = h2_call(server.target, "/cadence.v1.Inference/Generate", [(b"grpc-timeout", b"300m")],
+                  framed(pb.GenerateRequest(prompt="hi", max_tokens=10_000)))
+    assert got.get(b"grpc-status") == b"4", got
+    assert got[b"grpc-message"] == b"the request's deadline passed before generation finished"
     with pytest.raises(urllib.error.HTTPError) as http:
         urllib.request.urlopen(f"http://{server.target}/", timeout=5)
     assert http.value.code == 415

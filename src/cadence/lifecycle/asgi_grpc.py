@@ -43,6 +43,10 @@ engine step learns of a reset at its next send."""
 UNPARSED = "could not parse the request message: "
 """The start of the INTERNAL details of a request message that does not parse, on both gRPC
 servers (grpc-go's and grpc-java's answer)."""
+_DEADLINE_GRACE_S = 0.1
+"""How long past a call's deadline its handler may take to end it itself: cadence's own
+handlers end it at the deadline with a status that says what did not finish, as on grpc.aio;
+this layer's own DEADLINE_EXCEEDED is for a handler that does not watch its deadline."""
 _STOP_FINISH_S = 0.5
 """At `close()`, how long a cancelled call's UNAVAILABLE may take to go out (a client that
 reads nothing holds its stream's window shut)."""
@@ -560,7 +564,8 @@ class GrpcAsgiApp:
             context = AsgiServicerContext(call, metadata, deadline, peer)
             watcher = asyncio.ensure_future(call.watch())
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(None if deadline is None
+                                              else deadline + _DEADLINE_GRACE_S):
                     await self._run(handler, call, context)
             finally:
                 watcher.cancel()
