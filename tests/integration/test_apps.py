@@ -18,9 +18,9 @@ import psutil
 import pytest
 from conftest import RunningServer, start_server
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,8 +20,8 @@ import psutil
 import pytest
 from conftest import RunningServer, start_server
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = "tests.batched_models"

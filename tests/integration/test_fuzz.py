@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import Client
 from cadence.lab.servers.server_process import ServerProcess
+from cadence.proto.v1 import inference_pb2 as pb
 
 _ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
 _SETTINGS = settings(max_examples=60, deadline=None,

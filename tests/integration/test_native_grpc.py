@@ -30,11 +30,11 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client
 from cadence.lab.measure.run_context import run_context
 from cadence.lab.report.summary import run_line
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import _BANNER, RunningServer
 from tests.integration.raw_h2 import framed, h2_call
 

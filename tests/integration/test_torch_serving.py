@@ -11,8 +11,8 @@ import grpc
 import pytest
 from conftest import start_server
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 
 N = 12

@@ -18,7 +18,6 @@ import aiohttp
 import grpc
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.cadence_v1 import generate_method, one_cadence
 from cadence.lab.load.grpc_schema import from_reflection
@@ -28,6 +27,7 @@ from cadence.lab.load.openai_http import OpenAITarget, one_openai
 from cadence.lab.load.plan import RequestPlan, RequestShape
 from cadence.lab.measure.trace_receiver import TraceReceiver
 from cadence.lab.servers.server_process import ServerProcess
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import runs_once
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
 from tests.integration.test_openai import start_http

@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.test_openai import HttpServer, start_http
 from tests.llama_models import PROMPTS
 from tests.transformers_models import generate_greedy, save_checkpoint

@@ -2,7 +2,7 @@
 
 `Generate` maps a `GenerateRequest` to the core's `Request`, each `Chunk` to a
 `GenerateChunk`, and a failure to the call's status (cadence.api.errors); the core does the
-rest (cadence.core.front). It receives the request still serialized (see `handlers`), so that
+rest (cadence.core.generation). It receives the request still serialized (see `handlers`), so that
 a malformed one gets INVALID_ARGUMENT with a reason instead of gRPC's bare INTERNAL.
 """
 
@@ -16,12 +16,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cadence.api.errors import grpc_status
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.core.errors import InvalidRequest, RequestError
-from cadence.core.front import FrontCore
+from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import CADENCE_V1
 from cadence.core.requests import Chunk, Request
 from cadence.core.tracing import trace_context
+from cadence.proto.v1 import inference_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 
@@ -68,32 +68,23 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
     return out
 
 
-async def _write_from_the_reader(generation, context, request_id: str) -> None:
+async def _write_from_the_reader(generation: Generation, context, request_id: str) -> None:
     """A stream on a server whose context writes without awaiting (`write_now`: the native
-    server, asgi_grpc): its chunks are written by the output reader, once per wake-up of the
-    reader, with no task woken per chunk; the task waits only while a message is not taken
-    yet (Envoy's thread is behind, or its buffer for the stream is full), and then sends all
-    that waited meanwhile as one message, as grpc.aio's path merges a stream whose write
-    waits."""
+    server, net.asgi_grpc): its chunks are written by the output reader
+    (`Generation.write_from_reader`), with no task woken per chunk. While a message is not
+    taken yet (Envoy's thread is behind, or its buffer for the stream is full) one more is
+    handed over, then the task waits for them and sends all that waited meanwhile as one
+    message, as grpc.aio's path merges a stream whose write waits."""
     stream = generation.stream
     take, write_now, in_flight = generation.take, context.write_now, context.in_flight
 
-    def deliver() -> None:
-        if in_flight():  # the last one not taken yet: the task waits for it, then sends
-            stream.wake()
-            return
-        chunk = take()
-        if chunk is None:
-            stream.wake()
-            return
+    def write(chunk: Chunk) -> bool:
+        behind = in_flight()
         write_now(to_chunk(chunk, request_id))
-        if chunk.finish:
-            stream.wake()
-        else:
-            stream.sending_since_ns = 0  # handed over; --stall-timeout counts a wait in flushed
+        return behind
 
     while True:
-        if in_flight():
+        if in_flight():  # the stall sweep counts this wait (--stall-timeout)
             stream.sending_since_ns = stream.sending_since_ns or time.monotonic_ns()
         await context.flushed()
         waiter = generation.ready()
@@ -103,14 +94,7 @@ async def _write_from_the_reader(generation, context, request_id: str) -> None:
         if chunk is None:
             return
         write_now(to_chunk(chunk, request_id))
-        if chunk.finish or stream.waiting_steps or stream.done:
-            continue
-        stream.sending_since_ns = 0
-        generation.deliver_directly(deliver)
-        try:
-            await stream.waiter()
-        finally:
-            generation.deliver_directly(None)
+        await generation.write_from_reader(write)
 
 
 class InferenceService:

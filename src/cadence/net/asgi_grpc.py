@@ -259,6 +259,8 @@ class _Call:
         sent = self._send({"type": "http.response.body", "more_body": True,
                            "body": b"\0" + len(data).to_bytes(4, "big") + data})
         if asyncio.isfuture(sent) and not sent.done():
+            if self._in_flight is not None:  # handed over behind another: taken in order
+                self._in_flight.add_done_callback(_read_error)
             self._in_flight = sent
 
     def in_flight(self) -> bool:

@@ -18,7 +18,7 @@ import socket
 import ssl
 from collections.abc import Callable
 
-from cadence.lifecycle.stalled_peers import StalledPeers
+from cadence.net.stalled_peers import StalledPeers
 
 log = logging.getLogger("cadence.http")
 
