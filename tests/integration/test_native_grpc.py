@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import contextlib
 import json
 import os
@@ -351,3 +352,23 @@ def test_a_client_that_reads_nothing_is_cut_off_and_envoy_holds_little_for_it(se
             for _ in stalled:
                 pass
         assert info.value.code() == grpc.StatusCode.CANCELLED
+
+
+def test_a_stream_that_falls_behind_gets_every_token_in_order_merged(server_factory) -> None:
+    """The output reader writes each chunk to Envoy without waking the stream's task; once
+    Envoy's buffer for the stream is full the task waits, and then sends what waited as one
+    message: nothing lost, nothing out of order."""
+    server = server_factory(*NATIVE, "--step-ms", "1", "--max-tokens-limit", "100000")
+    small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(server.target, options=small_window) as channel:
+        stream = pb_grpc.InferenceStub(channel).Generate(
+            pb.GenerateRequest(prompt="behind", max_tokens=3000, include_timing=True), timeout=60)
+        chunks = [next(stream)]
+        time.sleep(4.0)  # Envoy's 64 KiB for the stream fill, then its writes wait
+        chunks += list(stream)
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert len(tokens) == 3000
+    assert [c.index for c in chunks] == list(itertools.accumulate(
+        [0] + [len(c.token_ids) for c in chunks[:-1]]))
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert max(len(c.token_ids) for c in chunks) > 1  # the steps that waited went out together
