@@ -129,6 +129,7 @@ GRPC_MODULES = ("test_streaming.py", "test_kserve.py", "test_security.py", "test
 server would not be on Envoy are marked `runs_once`)."""
 
 
+@pytest.mark.timeout(1200)  # the run below has its own limit: pyproject's 180 s cut it short
 def test_the_grpc_integration_tests_pass_on_envoy() -> None:
     """grpc.aio stays the default; this runs the tests of the gRPC path (cadence.v1, KServe,
     health, reflection, TLS, tokens, drain, cancellation, deadlines, backpressure, --fronts N)
