@@ -251,9 +251,10 @@ class _Call:
                              "body": b"\0" + len(data).to_bytes(4, "big") + data})
 
     def write_now(self, message: object) -> None:
-        """Hand `message` to the ASGI server without waiting for it to be taken (after
-        `flushed()`, and while `in_flight()` is False): the output reader's path, which
-        writes a stream's chunk without waking its task."""
+        """Hand `message` to the ASGI server without waiting for it to be taken, once the
+        response has started (`flushed()`): the output reader's path, which writes a stream's
+        chunk without waking its task. The caller bounds what is handed over untaken (one
+        message behind another, then it awaits `flushed()`)."""
         data = self.serializer(message) if self.serializer else message
         self.sent += 1
         sent = self._send({"type": "http.response.body", "more_body": True,
