@@ -192,6 +192,15 @@ class FrontMetrics:
         self.step_time = Gauge("cadence_worker_step_seconds",
                                "Duration of the worker's last engine step.", ["worker"], registry=r)
         self.steps = Counter("cadence_worker_steps_total", "Engine steps.", ["worker"], registry=r)
+        # vLLM's pair (prefix_cache_queries / _hits, in tokens): hit rate = hits / queries.
+        self.prefix_cache_queries = Counter(
+            "cadence_prefix_cache_queries_total",
+            "Prompt tokens of the requests the worker started with --prefix-caching on.",
+            ["worker"], registry=r)
+        self.prefix_cache_hits = Counter(
+            "cadence_prefix_cache_hits_total",
+            "Of those, prompt tokens whose keys and values the worker's prefix cache held "
+            "(not computed again).", ["worker"], registry=r)
         self.deepest_buffer = Gauge("cadence_deepest_buffer_steps",
                                     "Steps of output waiting in the fullest per-request buffer "
                                     "(read at scrape time).", registry=r)

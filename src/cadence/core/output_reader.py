@@ -46,6 +46,8 @@ class OutputReader:
         metrics.watch_batches(self.batch_size, workers)
         self._step_time = [metrics.step_time.labels(w) for w in labels]
         self._steps = [metrics.steps.labels(w) for w in labels]
+        self._cache_queries = [metrics.prefix_cache_queries.labels(w) for w in labels]
+        self._cache_hits = [metrics.prefix_cache_hits.labels(w) for w in labels]
         self.last_output_ns = [0] * workers
         """When each worker last sent a step (the supervisor's hang check reads it)."""
         self.last_heard_ns = [0] * workers
@@ -100,6 +102,8 @@ class OutputReader:
                 stream = get(seq_id)
                 if stream is not None:
                     stream.set_prompt_tokens(count)
+        if message.cached_tokens:  # --prefix-caching: each new sequence's cache hit
+            self._count_cached(message.cached_tokens, worker)
         direct = self._direct
         for seq_id, tokens, text in step_pieces(message):
             stream = get(seq_id)
@@ -135,6 +139,19 @@ class OutputReader:
         one, whose cancelled sequences' blocks were freed without a step to say so)."""
         usage = self._kv_cache_usage
         return sum(usage[w] for w in range(len(usage)) if self._busy(w)) / len(usage)
+
+    def _count_cached(self, cached: dict[int, int], worker: int) -> None:
+        """Prompt tokens looked up in a worker's prefix cache, and those it held."""
+        get = self._streams.get
+        queries = hits = 0
+        for seq_id, count in cached.items():
+            stream = get(seq_id)
+            if stream is not None:
+                stream.cached_tokens = count
+                queries += stream.prompt_tokens
+                hits += count
+        self._cache_queries[worker].inc(queries)
+        self._cache_hits[worker].inc(hits)
 
     def _flush(self) -> None:
         """Hand each direct stream what came for it since the last flush, as one piece.

@@ -34,7 +34,7 @@ from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
 from cadence.net.asgi_grpc import GrpcAsgiApp
 from cadence.net.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.net.grpc_server import GrpcServer
-from cadence.router import WorkerRouter
+from cadence.router.worker_router import router_for
 from cadence.transport.front_channel import FrontChannel
 from cadence.transport.messages import WorkerReady
 from cadence.vocabulary import Failure
@@ -66,7 +66,7 @@ class CadenceServer:
         self._stack = contextlib.AsyncExitStack()
         """How to stop everything started so far, in reverse."""
         self.metrics = FrontMetrics(front=front)
-        self.router = WorkerRouter(len(config.devices))
+        self.router = router_for(config)
         self.port = 0
         self.http_port: int | None = None
         """The OpenAI-compatible HTTP port (`--http-port`), None without one."""
@@ -402,6 +402,11 @@ async def run_server(config: ServerConfig, on_started=None,
     `envoy_front.run_in_envoy` instead.)"""
     server = CadenceServer(config, launcher)
     await run_until_signalled(server, on_started)
+    log_totals(server)
+
+
+def log_totals(server: CadenceServer) -> None:
+    """The stop's last line: what the server sent over its life."""
     value = server.metrics.registry.get_sample_value
     log.info(
         "stopped: %d chunks, %d tokens, %d steps merged, %d buffer overflows",

@@ -99,7 +99,9 @@ def run_worker(spec: WorkerSpec) -> None:
     if budget is not None:
         announce_budget(budget, engine, spec.index)
     scheduler = BatchScheduler(engine, spec.index,
-                               getattr(engine, "max_batch", spec.engine.max_batch), budget)
+                               getattr(engine, "max_batch", spec.engine.max_batch), budget,
+                               preempt=spec.engine.preempt,
+                               report_cached=spec.engine.prefix_caching)
     settle_heap()
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
