@@ -47,7 +47,8 @@ PROMPT_REQUEST = ('{"request_id": "{request_id}", "prompt": "{prompt}", '
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, str]]:
     """(gRPC target, http://HOST:PORT) of one synthetic cadence server."""
-    with ServerProcess("--http-port", "0", "--devices", "cpu:1", "--step-ms", "2") as server:
+    with ServerProcess("--http-port", "0", "--devices", "cpu:1", "--step-ms", "2",
+                       "--prefix-caching") as server:
         [http] = re.findall(r"http on (\S+?)\)", server.banner)
         yield server.target, f"http://{http}"
 
@@ -85,6 +86,8 @@ def test_a_mooncake_trace_replays_on_cadence(served, trace_file, protocol) -> No
     result = run_bench(target, workload, **({"protocol": speaking} if speaking else {}))
     _assert_replayed(result)
     assert {r.turn for r in result.records} == {0, 1, 2}  # session "a" has two turns
+    # The shared blocks reach the server as shared prefixes: it says it had them cached.
+    assert result.cached_tokens and result.cached_tokens.per_request.max >= BLOCK // 2
 
 
 def test_a_trace_replays_on_a_foreign_grpc_service(trace_file, tmp_path) -> None:
