@@ -586,13 +586,20 @@ def unknown_options(names: Iterable[str]) -> str | None:
     options = serve_options()
     known = [o.name for o in options if o.option.python]
     given_by_app = {o.name for o in options if not o.option.python}
+    # A keyword spelt as one of the option's flags (`grace` for --grace) points to its name.
+    spellings = {name: name for name in known}
+    for o in options:
+        if o.option.python:
+            for flag in o.flags:
+                spellings.setdefault(flag.removeprefix("--").replace("-", "_"), o.name)
     problems = []
     for name in names:
         if name in given_by_app:
             problems.append(f"{name!r} is given by the app argument (a function, a class or "
                             "its MODULE:NAME)")
         elif name not in known:
-            close = difflib.get_close_matches(name, known, n=3)
+            close = list(dict.fromkeys(spellings[s] for s in difflib.get_close_matches(
+                name, list(spellings), n=3)))
             problems.append(f"unknown option {name!r}" + (
                 f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
     return "; ".join(problems) or None
