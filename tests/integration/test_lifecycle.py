@@ -17,7 +17,7 @@ import pytest
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
-from tests.integration.conftest import live_workers
+from tests.integration.conftest import live_workers, wait_until
 
 _SLOT_WAIT_S = 2.0
 """Upper bound for a freed slot to become usable: cancellation crosses the network."""
@@ -207,9 +207,12 @@ def test_a_restart_loop_backs_off_and_says_so(server_factory) -> None:
         os.kill(worker.pid, signal.SIGKILL)
         killed = time.monotonic()
         if restart == 2:  # waiting out the third back-off: the gauge shows it
-            time.sleep(1.0)
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                assert 'cadence_worker_restart_backoff_seconds{worker="0"} 4.0' in r.read().decode()
+            def backoff_shown() -> bool:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return 'cadence_worker_restart_backoff_seconds{worker="0"} 4.0' in \
+                        r.read().decode()
+
+            wait_until(backoff_shown, 3.5, "the third back-off was not exported")
     assert 1.0 <= gaps[0] < 1.9 and 2.0 <= gaps[1] < 2.9 and 4.0 <= gaps[2] < 4.9, gaps
     with Client(server.target) as client:
         assert len(list(client.generate("back", max_tokens=3))) >= 1

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import start_server
+
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
+from tests.integration.conftest import start_server
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 
 N = 12

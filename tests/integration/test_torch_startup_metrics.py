@@ -8,6 +8,11 @@ import os
 import signal
 import time
 
+import pytest
+
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.client import Client
 from cadence.lab.measure.discovery import metrics_url
 from cadence.lab.measure.scrape import scrape

@@ -6,6 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from tests.llama_models import hf_greedy, run_rank, save_model
 
 N = 10

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.api.openai.chat import TemplateChat, chat_format
 from cadence.config import EngineConfig, ServerConfig
 from cadence.engines.transformers_model import TRANSFORMERS_MODEL
