@@ -161,6 +161,7 @@ def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
     assert max(t for _, _, t in refused) < min(t for _, _, t in ok)
 
 
+@pytest.mark.slow
 @runs_once
 def test_a_burst_of_2000_calls_on_one_connection_is_served_or_refused_never_dropped() -> None:
     """2,000 calls at once on one HTTP/2 connection, more than --max-concurrent: each is served

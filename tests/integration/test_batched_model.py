@@ -191,8 +191,10 @@ def test_a_models_own_vocabulary_streams_ids_above_255_and_exact_text(importable
         assert server.stop() == 0
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_tensor_parallel_ranks_step_together(importable_models) -> None:
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
     server = start_server("--engine", f"{MODELS}:GroupModel", "--devices", "cpu:2", "--tp", "2")
     try:
         assert len(server.workers) == 2  # one worker of two ranks

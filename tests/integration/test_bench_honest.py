@@ -100,6 +100,7 @@ def test_open_loop_reports_its_schedule() -> None:
     assert "client_behind_schedule" not in {f.rule for f in kept.diagnosis}
 
 
+@pytest.mark.slow
 def test_goodput_under_an_slo(tmp_path) -> None:
     """A generous SLO passes, a strict one fails and says which term; goodput in the JSON and
     the summary; a bad term is one line."""

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from tests.integration.conftest import start_server
@@ -32,6 +34,7 @@ def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
     assert 4.0 <= result.segments_ms.engine_step.p50 <= 6.0
 
 
+@pytest.mark.slow
 def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
     """Without `transformers serve`'s packages the peer is skipped, saying why."""
     out = tmp_path / "transformers_engine.json"

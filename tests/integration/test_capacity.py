@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import start_server
 from tests.integration.test_grpc_lab import EXAMPLE, TOKENS_METHOD, TOKENS_REQUEST, python_server
 
@@ -21,6 +23,7 @@ def capacity(tmp_path: Path, *args: str) -> tuple[dict, subprocess.CompletedProc
     return (json.loads(out.read_text())["capacity"] if out.exists() else {}), done
 
 
+@pytest.mark.slow
 def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
     """--max-batch 4 with 40-token streams: a fifth stream waits a whole stream (400 ms) for
     a place. The SLO (200 ms) sits far from both sides of the knee: a loaded host's delays at
@@ -46,6 +49,7 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
     assert (tmp_path / "r" / "capacity.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
     """The worked example's sync server with a pool of 4 threads: a fifth stream waits for a
     thread, a whole stream long (400 ms, against an SLO of 200 ms)."""

@@ -321,6 +321,7 @@ def prometheus_binary() -> str:
     return binary
 
 
+@pytest.mark.slow
 def test_every_dashboard_query_returns_a_series_from_a_real_prometheus(
         prometheus_binary: str, tmp_path: Path) -> None:
     """A real Prometheus scrapes a real server (--fronts 2: every panel has something to show,

@@ -197,6 +197,7 @@ def test_a_body_that_never_arrives_is_refused_and_its_connection_closed(impatien
     assert b"--http-body-timeout" in slow
 
 
+@pytest.mark.slow
 def test_a_stalled_reader_is_cut_off_and_its_socket_closed(impatient) -> None:
     import socket
 

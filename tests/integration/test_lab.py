@@ -62,6 +62,7 @@ def test_the_progress_counter_reaches_the_requests_the_result_reports() -> None:
     assert set(to_builtins(result)) == set(to_builtins(plain)) and result.workload == plain.workload
 
 
+@pytest.mark.slow
 def test_bench_and_report_commands(tmp_path) -> None:
     out = tmp_path / "run.json"
     with start_server("--step-ms", "5") as server:

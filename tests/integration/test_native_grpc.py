@@ -31,6 +31,7 @@ from cadence.client import Client
 from tests.integration.conftest import start_server
 from tests.integration.raw_h2 import framed, h2_call
 
+pytestmark = pytest.mark.native
 pytest.importorskip("pyvoy", reason="pyvoy is in the test extras (cadence[native])")
 
 NATIVE = ("--grpc-server", "native")
@@ -109,16 +110,18 @@ GRPC_MODULES = ("test_streaming.py", "test_kserve.py", "test_security.py", "test
 server would not be on Envoy are marked `runs_once`)."""
 
 
-def test_the_grpc_integration_tests_pass_on_envoy() -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("module", GRPC_MODULES)
+def test_the_grpc_integration_tests_pass_on_envoy(module: str) -> None:
     """grpc.aio stays the default; this runs the tests of the gRPC path (cadence.v1, KServe,
     health, reflection, TLS, tokens, drain, cancellation, deadlines, backpressure, --fronts N)
-    again with `--grpc-server native` added to every server they start."""
+    again with `--grpc-server native` added to every server they start, one module a test (so
+    that `pytest -n` spreads them)."""
     here = Path(__file__).parent
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         *(str(here / name) for name in GRPC_MODULES)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / module)],
         env={**os.environ, "CADENCE_TEST_SERVE_ARGS": " ".join(NATIVE)},
-        capture_output=True, text=True, timeout=1200, check=False, cwd=here.parents[1])
+        capture_output=True, text=True, timeout=600, check=False, cwd=here.parents[1])
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     print(summary)
     assert done.returncode == 0, done.stdout[-6000:]

@@ -296,10 +296,13 @@ def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:
         assert server.stop() == 0
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_torch_chat_uses_the_checkpoint_template(tmp_path) -> None:
     """The prompt the torch engine gets for `messages` is transformers' own
     `apply_chat_template(add_generation_prompt=True)`, and its greedy reply is transformers'."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+    pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     from transformers import AutoTokenizer
 
     from tests.llama_models import hf_greedy, save_model

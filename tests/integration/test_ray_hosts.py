@@ -24,7 +24,9 @@ import grpc
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.torch, pytest.mark.ray]
+# One group under `pytest -n`: the emulated hosts' namespaces and addresses are fixed.
+pytestmark = [pytest.mark.torch, pytest.mark.ray, pytest.mark.slow,
+              pytest.mark.xdist_group("netns_hosts")]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 pytest.importorskip("ray", reason="--launcher ray needs the ray extra (pip install '.[ray]')")
 

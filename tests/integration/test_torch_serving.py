@@ -78,6 +78,7 @@ def test_token_id_prompts_and_engine_refusals(torch_server, model_dir):
         assert "context of 256" in err.value.details()
 
 
+@pytest.mark.slow
 def test_tensor_parallel_replicas_serve_the_same_tokens(model_dir, hf_tokenizer):
     # Two replicas of two gloo ranks each: four worker processes, all gone after stop.
     running = start_server("--engine", "torch", "--model", str(model_dir), "--devices", "cpu:4",

@@ -65,6 +65,7 @@ def _tokens(chunks: list) -> list[int]:
     return tokens
 
 
+@pytest.mark.slow
 def test_concurrent_streams_are_whole_and_equal_generate_on_two_workers(server, folder,
                                                                        tokenizer) -> None:
     async def run() -> list[list]:

@@ -22,6 +22,7 @@ REQUESTS = [
 ]
 
 
+@pytest.mark.slow
 def test_two_ranks_give_the_tokens_of_one(tmp_path):
     folder = str(save_model(tmp_path / "m", tokenizer=False, num_attention_heads=4,
                             num_key_value_heads=2, intermediate_size=128))
