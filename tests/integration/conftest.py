@@ -31,11 +31,11 @@ SERVE_ARGS = tuple(shlex.split(os.environ.get("CADENCE_TEST_SERVE_ARGS", "")))
 use them against gRPC on Envoy (see .ci/run)."""
 
 runs_once = pytest.mark.skipif(
-    bool(SERVE_ARGS), reason="its server is started without CADENCE_TEST_SERVE_ARGS: the run "
-    "on Envoy would repeat it as it is")
-"""For a test in a module that runs again on Envoy that is not run there: it checks what
-grpc.aio's path does (its metrics, its stall cut-off, its limits), which the native path is
-not measured against here."""
+    bool(SERVE_ARGS), reason="not run again on Envoy: what it checks is grpc.aio's own path, "
+    "or no part of the gRPC server's (the workers, the command line)")
+"""For a test in a module that runs again on Envoy (test_native_grpc's GRPC_MODULES) that is
+not run there: it checks grpc.aio's own path (its metrics, its stall cut-off, its limits), or
+what does not pass through the gRPC server at all, which the rerun would only repeat."""
 
 
 @dataclass

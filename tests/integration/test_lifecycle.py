@@ -17,7 +17,7 @@ import pytest
 from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
-from tests.integration.conftest import live_workers, wait_until
+from tests.integration.conftest import live_workers, runs_once, wait_until
 
 _SLOT_WAIT_S = 2.0
 """Upper bound for a freed slot to become usable: cancellation crosses the network."""
@@ -174,6 +174,7 @@ def test_hung_engine_is_stopped_and_restarted(server_factory) -> None:
     _wait_serving_workers(server.target, 1)
 
 
+@runs_once
 def test_an_idle_spell_never_counts_against_the_next_prefill(server_factory) -> None:
     """The hang clock starts when the worker gets work, not at its last output before an
     idle spell: idle longer than --worker-timeout, then a prefill that takes most of it,
@@ -190,6 +191,7 @@ def test_an_idle_spell_never_counts_against_the_next_prefill(server_factory) -> 
     assert len(server.workers) == 1 and server.workers[0].is_running()
 
 
+@runs_once
 def test_a_restart_loop_backs_off_and_says_so(server_factory) -> None:
     """A worker that dies soon after each start is restarted after 1 s, then 2 s, then 4 s
     (not every second for ever), and the back-off is exported while it lasts."""
@@ -305,6 +307,7 @@ main({args!r})
 """
 
 
+@runs_once
 @pytest.mark.parametrize(("hidden", "args", "needle"), [
     (["safetensors"], ["--engine", "torch", "--model", "tiny"],
      ("--engine torch needs the package 'safetensors', which is not installed; install it "
