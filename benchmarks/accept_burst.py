@@ -4,7 +4,7 @@ One server (`--devices cpu:2 --step-ms 20`); two load processes each open half o
 of streams (128 tokens), wait until those stream, then open half of a second wave. The second
 wave's time to first token measures how fast the front accepts calls while the first wave's
 tokens flow. Run once per `--accept-ahead` value (0: grpc.aio's own accept loop, which asks its
-core for one call at a time; see cadence.lifecycle.call_acceptor).
+core for one call at a time; see cadence.net.call_acceptor).
 
     python benchmarks/accept_burst.py [--first 640] [--second 384] [--ahead 0 64] [--runs 2]
 """
@@ -27,8 +27,8 @@ from cadence.lab.servers.server_process import ServerProcess
 async def _waves(target: str, first: int, second: int, delay_s: float) -> list[float]:
     import grpc
 
-    from cadence.api.v1 import inference_pb2_grpc as pb_grpc
     from cadence.client import build_request
+    from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
     channel = grpc.aio.insecure_channel(target)
     stub = pb_grpc.InferenceStub(channel)

@@ -32,7 +32,7 @@ from peers import pytriton_server  # benchmarks/ is on sys.path when run as a sc
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.servers.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]

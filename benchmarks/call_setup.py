@@ -31,7 +31,7 @@ METHOD = "/cadence.v1.Inference/Generate"
 
 
 async def _serve(port: mp.Value, ready: mp.Event, accept_ahead: int) -> None:
-    from cadence.lifecycle.call_acceptor import CallAcceptor
+    from cadence.net.call_acceptor import CallAcceptor
 
     async def entered(request: bytes, context) -> object:
         yield str(time.monotonic_ns()).encode()

@@ -17,7 +17,7 @@ import time
 
 from cadence.api.v1.service import to_chunk
 from cadence.config import ServerConfig
-from cadence.core.front import FrontCore
+from cadence.core.generation import FrontCore
 from cadence.core.metrics import FrontMetrics
 from cadence.core.requests import Request
 from cadence.router import WorkerRouter

@@ -186,7 +186,7 @@ def check_prompts(vocab: int, count: int) -> list[list[int]]:
 
 def run_requests(engine, requests: list[tuple[list[int], int, int]], max_batch: int = 64):
     """Step (prompt, max_tokens, join_step) requests through a BatchScheduler; tokens of each."""
-    from cadence.transport.messages import AddRequest
+    from cadence.vocabulary import AddRequest
     from cadence.worker.batch_scheduler import BatchScheduler
 
     scheduler = BatchScheduler(engine, 0, max_batch)
@@ -445,7 +445,7 @@ def measure(engine, batch: int, prompt: int, tokens: int, vocab: int) -> dict:
     from torch_engine import prompts as bench_prompts
 
     batch_prompts = bench_prompts(batch, prompt, vocab, vary=True)
-    from cadence.transport.messages import AddRequest
+    from cadence.vocabulary import AddRequest
     from cadence.worker.batch_scheduler import BatchScheduler
 
     # Warm-up at this batch size (kernel selection, allocator), then the timed run.

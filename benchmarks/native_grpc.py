@@ -53,13 +53,13 @@ import psutil
 sys.path.insert(0, str(Path(__file__).parent))
 from serving_overhead import WORKLOADS
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.cadence_v1 import CADENCE, GENERATE
 from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.measure import stacks
 from cadence.lab.servers.server_process import ServerProcess
+from cadence.proto.v1 import inference_pb2 as pb
 
 _HERE = Path(__file__).parent
 SERVERS = ("grpc-aio", "pyvoy-thin", "pyvoy-thin-watch", "pyvoy-connect", "sse")

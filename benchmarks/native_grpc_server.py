@@ -41,8 +41,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from sse_reference import Ticker  # one timer that wakes every stream per step
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.lifecycle.asgi_grpc import parse_timeout, percent_encode
+from cadence.net.asgi_grpc import parse_timeout, percent_encode
+from cadence.proto.v1 import inference_pb2 as pb
 
 KINDS = ("grpc-aio", "pyvoy-thin", "pyvoy-thin-watch", "pyvoy-connect")
 SERVICE, METHOD = "cadence.v1.Inference", "Generate"
@@ -139,7 +139,7 @@ async def read_body(receive) -> bytes | None:
 async def serve_grpc_aio(port: int) -> None:
     import grpc
 
-    from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+    from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
     class Inference(pb_grpc.InferenceServicer):
         async def Generate(self, request, context):

@@ -47,8 +47,8 @@ from native_grpc_server import (
     PLANTED_MESSAGE,
 )
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.lab.servers.server_process import ServerProcess
+from cadence.proto.v1 import inference_pb2 as pb
 
 _HERE = Path(__file__).parent
 STEP_MS = 25

@@ -37,8 +37,8 @@ def _bursts(target: str, delay: float, seconds: float, results) -> None:
 
     import grpc
 
-    from cadence.api.v1 import inference_pb2_grpc as pb_grpc
     from cadence.client import build_request
+    from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
     async def one(stub, i: int) -> tuple[str, float]:
         start = time.monotonic()

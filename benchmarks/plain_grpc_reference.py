@@ -21,8 +21,8 @@ import time
 import grpc
 
 from cadence import event_loop
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
 
 class PlainInference(pb_grpc.InferenceServicer):

@@ -26,7 +26,7 @@ import msgspec
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.netns_hosts import Front, TwoHosts, netns_unavailable  # noqa: E402

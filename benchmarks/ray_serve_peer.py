@@ -39,7 +39,7 @@ from cadence.lab.servers.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DELAY_S = 0.010
-SERVICER = "cadence.api.v1.inference_pb2_grpc.add_InferenceServicer_to_server"
+SERVICER = "cadence.proto.v1.inference_pb2_grpc.add_InferenceServicer_to_server"
 
 
 def _free_port() -> int:
@@ -71,7 +71,7 @@ def start_ray_serve(port: int):
     import ray
     from ray import serve
 
-    from cadence.api.v1 import inference_pb2 as pb
+    from cadence.proto.v1 import inference_pb2 as pb
 
     @serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
     class Tokens:

@@ -38,8 +38,8 @@ def _slow_streams(target: str, seconds: float, opened: multiprocessing.Event,
 
     import grpc
 
-    from cadence.api.v1 import inference_pb2_grpc as pb_grpc
     from cadence.client import build_request
+    from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
     async def main() -> None:
         # A small receive window (1 KiB per stream, no BDP growth) makes these clients slow

@@ -52,9 +52,9 @@ import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.lab.servers.server_process import ServerProcess
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
 _METRICS = re.compile(r"\(metrics on (\S+):(\d+)\)")
 _PROMPTS = [f"soak {i:02d}: tell me how the stream goes" for i in range(16)]

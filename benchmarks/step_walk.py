@@ -20,8 +20,8 @@ from cadence.byte_tokenizer import ByteTokenizer
 from cadence.core.metrics import FrontMetrics, StreamTally
 from cadence.core.output_reader import OutputReader
 from cadence.core.stream import RequestStream
-from cadence.transport.front_routing import split_step
 from cadence.transport.messages import StepOutput
+from cadence.transport.worker_to_fronts import split_step
 
 
 def _streams(batch: int) -> dict[int, RequestStream]:

@@ -74,7 +74,7 @@ def engine_runs(folder: str, batches: list[int], prompt: int, tokens: int, *, ra
     """Rank 0: one measurement per batch size. Other ranks follow and return None."""
     from cadence.config import EngineConfig
     from cadence.engines.llama.engine import LlamaEngine
-    from cadence.transport.messages import AddRequest
+    from cadence.vocabulary import AddRequest
     from cadence.worker.batch_scheduler import BatchScheduler
 
     config = EngineConfig(name="torch", model=folder, kv_cache_tokens=65536,

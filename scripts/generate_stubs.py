@@ -1,7 +1,7 @@
 """Generate the Python gRPC stubs for cadence's protos.
 
-- proto/cadence/v1/inference.proto → src/cadence/api/v1 (cadence's own API)
-- proto/inference/{model_config,grpc_service}.proto → src/cadence/api/kserve (the Open
+- proto/cadence/v1/inference.proto → src/cadence/proto/v1 (cadence's own API)
+- proto/inference/{model_config,grpc_service}.proto → src/cadence/proto/kserve (the Open
   Inference Protocol, KServe v2 / Triton)
 
 The stubs are committed so a fresh clone works without grpcio-tools;
@@ -43,24 +43,24 @@ STUB_SETS = (
     StubSet(
         protos=("cadence/v1/inference.proto",),
         proto_package="cadence.v1",
-        python_package="cadence.api.v1",
+        python_package="cadence.proto.v1",
         stubs=("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py"),
     ),
     StubSet(
         protos=("inference/model_config.proto", "inference/grpc_service.proto"),
         proto_package="inference",
-        python_package="cadence.api.kserve",
+        python_package="cadence.proto.kserve",
         stubs=("model_config_pb2.py", "model_config_pb2.pyi", "grpc_service_pb2.py",
                "grpc_service_pb2.pyi", "grpc_service_pb2_grpc.py"),
         # tritonclient registers the same `inference.*` names in the default pool; two
         # definitions of one name cannot share a pool, and both must work in one process.
-        private_pool="cadence.api.kserve.pool",
+        private_pool="cadence.proto.kserve.pool",
     ),
 )
 
 
 def generate(src_dir: Path) -> None:
-    """Write every stub set's stubs under `src_dir` (as `src_dir/cadence/api/v1/...`)."""
+    """Write every stub set's stubs under `src_dir` (as `src_dir/cadence/proto/v1/...`)."""
     for stub_set in STUB_SETS:
         generate_set(stub_set, src_dir / stub_set.out_subdir)
 

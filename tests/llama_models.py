@@ -119,7 +119,7 @@ def run_rank(folder: str, rank: int, size: int, init: str, requests: list[dict])
     a BatchScheduler; rank 0 returns each request's tokens, the others follow and return None."""
     from cadence.config import EngineConfig
     from cadence.engines.llama.engine import LlamaEngine
-    from cadence.transport.messages import AddRequest
+    from cadence.vocabulary import AddRequest
     from cadence.worker.batch_scheduler import BatchScheduler
 
     config = EngineConfig(name="torch", model=folder, kv_cache_tokens=1024, threads=1)

@@ -183,7 +183,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds without a step (while requests are open) before a worker counts "
                         "as hung and is restarted; 0 disables")
     p.add_argument("--no-restart", action="store_true", help="do not restart workers that die")
-    p.add_argument("--drain-timeout", "--grace", dest="grace", type=float, default=d.grace_s,
+    p.add_argument("--drain-timeout", "--grace", dest="grace", type=float,
+                   default=d.drain_timeout_s,
                    help="on SIGINT/SIGTERM, seconds open streams get to finish before they end "
                         "with UNAVAILABLE")
     security = p.add_argument_group("security (see docs/architecture.md#security)")
@@ -220,7 +221,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> None:
     from cadence.lifecycle import ServingFailed, StartupError
-    from cadence.lifecycle.server import serve
+    from cadence.lifecycle.server import run_server
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -239,9 +240,10 @@ def _serve(args: argparse.Namespace) -> None:
         if config.grpc_server == "native":
             from cadence.lifecycle import envoy_front
 
-            event_loop.run(envoy_front.serve(config, on_started=announce, log_level=args.log_level))
+            event_loop.run(envoy_front.run_in_envoy(config, on_started=announce,
+                                                   log_level=args.log_level))
         else:
-            event_loop.run(serve(config, on_started=announce))
+            event_loop.run(run_server(config, on_started=announce))
     except (StartupError, ServingFailed) as exc:
         sys.exit(f"cadence serve: {exc}")
 
@@ -306,7 +308,7 @@ def _server_config(args: argparse.Namespace):
         heartbeat_timeout_s=args.heartbeat_timeout,
         fronts=args.fronts,
         grpc_server=args.grpc_server,
-        grace_s=args.grace,
+        drain_timeout_s=args.grace,
         startup_timeout_s=args.startup_timeout,
         worker_timeout_s=args.worker_timeout or None,
         restart_workers=not args.no_restart,

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.credentials import ClientCredentials
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
 GenerateChunk = pb.GenerateChunk
 FinishReason = pb.FinishReason

@@ -132,7 +132,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Largest request message the server accepts."""
     accept_ahead: int = 64
     """Incoming calls of each streaming method requested from gRPC's core before they arrive
-    (0: grpc.aio's own one at a time). See cadence.lifecycle.call_acceptor."""
+    (0: grpc.aio's own one at a time). See cadence.net.call_acceptor."""
     max_tokens_limit: int = 16384
     """Largest max_tokens a request may ask for."""
     max_prompt_tokens: int = 65536
@@ -161,7 +161,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     (None: never)."""
     restart_workers: bool = True
     """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
-    grace_s: float = 5.0
+    drain_timeout_s: float = 5.0
     """On shutdown, open streams get this long to finish before they are cancelled."""
     app_in_front: bool = False
     """App engine: run the function in the front process instead of one worker process per

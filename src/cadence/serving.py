@@ -43,7 +43,7 @@ def serve(
     """
     from cadence.config import EngineConfig, ServerConfig, group_devices, parse_devices
     from cadence.lifecycle import StartupError
-    from cadence.lifecycle.server import serve as serve_config
+    from cadence.lifecycle.server import run_server
 
     if importing_app():
         raise RuntimeError(
@@ -56,7 +56,7 @@ def serve(
         raise TypeError("a model class runs in worker processes, one per device; "
                         "app_in_front=True is for generator functions")
     if app_in_front and not isinstance(app, str):
-        from cadence.lifecycle.in_front import InFrontLauncher
+        from cadence.lifecycle.in_front_launcher import InFrontLauncher
 
         launcher = InFrontLauncher(app)
         reference = f"{getattr(app, '__module__', '?')}:{getattr(app, '__qualname__', repr(app))}"
@@ -85,7 +85,7 @@ def serve(
         else:
             print(f"cadence serving on {config.host}:{port}", flush=True)
 
-    coro = serve_config(config, on_started=started, launcher=launcher)
+    coro = run_server(config, on_started=started, launcher=launcher)
     try:
         event_loop.run(coro)
     except StartupError as exc:

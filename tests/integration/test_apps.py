@@ -14,9 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import RunningServer, runs_once, start_server
 
 ROOT = Path(__file__).resolve().parents[2]

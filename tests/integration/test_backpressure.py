@@ -16,10 +16,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import runs_once, start_server, wait_until
 from tests.integration.raw_h2 import framed, h2_call
 

@@ -18,8 +18,8 @@ import grpc
 import psutil
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import urllib.request
 import grpc
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import live_workers, wait_until_async
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]

@@ -8,10 +8,10 @@ import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own: a new TCP connection, which the kernel gives to either front."""

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import Client
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import start_server
 
 _ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}

@@ -22,10 +22,10 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.client import Client
 from cadence.lab.load.kserve import KServeTarget, build_request
 from cadence.lab.load.plan import RequestPlan
+from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
 from tests.integration.conftest import start_server
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "examples" / "grafana" / "cadence.json"

@@ -16,7 +16,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.report.run import render_report
-from cadence.lifecycle.http_listener import Listener
+from cadence.net.http_listener import Listener
 from tests.integration.conftest import start_server
 
 

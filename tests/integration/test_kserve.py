@@ -327,9 +327,9 @@ def test_the_calls_deadline_ends_its_requests(server) -> None:
 
 @runs_once
 def test_a_client_that_stops_reading_is_cut_off() -> None:
-    from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
     from cadence.lab.load.kserve import build_request
     from cadence.lab.load.plan import RequestPlan
+    from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
 
     args = ("--step-ms", "1", "--stall-timeout", "0.5", "--metrics-port", "0")
     with start_server(*args) as running:

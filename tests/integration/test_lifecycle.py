@@ -14,9 +14,9 @@ import grpc
 import psutil
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client, build_request
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import live_workers, runs_once, wait_until
 
 _SLOT_WAIT_S = 2.0

@@ -25,9 +25,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.client import Client
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import start_server
 from tests.integration.raw_h2 import framed, h2_call
 

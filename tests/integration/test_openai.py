@@ -339,8 +339,8 @@ def test_torch_chat_uses_the_checkpoint_template(tmp_path) -> None:
 def test_the_served_model_name_is_kserve_s_too(http_server) -> None:
     import grpc
 
-    from cadence.api.kserve import grpc_service_pb2 as kpb
-    from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
+    from cadence.proto.kserve import grpc_service_pb2 as kpb
+    from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
 
     with grpc.insecure_channel(http_server.target) as channel:
         stub = kpb_grpc.GRPCInferenceServiceStub(channel)

@@ -24,12 +24,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_reflection.v1alpha import reflection_pb2
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
 from cadence.config import EngineConfig, ServerConfig
 from cadence.credentials import ClientCredentials
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, run_load
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import start_server
 
 TOKEN = "correct-horse-battery-staple"

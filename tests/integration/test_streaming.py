@@ -9,10 +9,10 @@ import sys
 import grpc
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.api.v1 import inference_pb2_grpc as pb_grpc
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import wait_until
 
 

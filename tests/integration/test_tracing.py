@@ -18,7 +18,6 @@ import aiohttp
 import grpc
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.cadence_v1 import generate_method, one_cadence
 from cadence.lab.load.grpc_schema import from_reflection
@@ -27,6 +26,7 @@ from cadence.lab.load.kserve import KServeTarget, one_kserve, stub
 from cadence.lab.load.openai_http import OpenAITarget, one_openai
 from cadence.lab.load.plan import RequestPlan, RequestShape
 from cadence.lab.measure.trace_receiver import TraceReceiver
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import runs_once, start_server
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
 

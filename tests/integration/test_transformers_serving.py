@@ -14,8 +14,8 @@ import pytest
 pytestmark = [pytest.mark.torch]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.client import AsyncClient, Client
+from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import start_server
 from tests.integration.test_openai import HttpServer
 from tests.llama_models import PROMPTS

@@ -10,15 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from cadence.engines.app import AppContext, AppRequest
-from cadence.transport.messages import (
-    AddRequest,
-    Failure,
-    Finish,
-    RequestFailed,
-    StepOutput,
-    WorkerInputs,
-    step_pieces,
-)
+from cadence.transport.messages import RequestFailed, StepOutput, WorkerInputs, step_pieces
+from cadence.vocabulary import AddRequest, Failure, Finish
 from cadence.worker.app_runner import AppRunner
 
 

@@ -10,7 +10,7 @@ import zlib
 import grpc
 import pytest
 
-from cadence.lifecycle.asgi_grpc import (
+from cadence.net.asgi_grpc import (
     AbortError,
     _Call,
     _metadata,

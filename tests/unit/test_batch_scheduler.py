@@ -7,7 +7,8 @@ import pytest
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.engines.synthetic import SyntheticEngine
-from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
+from cadence.transport.messages import RequestFailed, StepOutput
+from cadence.vocabulary import AddRequest, Failure, Finish
 from cadence.worker.batch_scheduler import BatchScheduler
 
 PROMPT = list(b"Hello, cadence")

@@ -8,7 +8,7 @@ import asyncio
 import grpc
 import pytest
 
-from cadence.lifecycle.call_acceptor import CallAcceptor, supported
+from cadence.net.call_acceptor import CallAcceptor, supported
 
 _METHOD = "/test.Echo/Stream"
 

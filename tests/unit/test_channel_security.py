@@ -6,10 +6,10 @@ import msgspec
 import zmq
 
 from cadence.config import EngineConfig, WorkerSpec
-from cadence.transport.front_end import FrontChannel
+from cadence.transport.front_channel import FrontChannel
 from cadence.transport.messages import Heartbeat
 from cadence.transport.sockets import local_addresses
-from cadence.transport.worker_end import WorkerChannel
+from cadence.transport.worker_channel import WorkerChannel
 
 
 def _spec(channel: FrontChannel, **keys: str) -> WorkerSpec:

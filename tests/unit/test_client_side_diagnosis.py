@@ -16,7 +16,7 @@ from cadence.lab.analysis.diagnosis import (
     diagnose,
 )
 from cadence.lab.analysis.stats import summarize
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import BenchResult, Segments
 
 MS = 1_000_000

@@ -14,7 +14,7 @@ from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.verdict import judge
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import BenchResult
 
 MS = 1_000_000

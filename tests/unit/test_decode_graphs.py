@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.torch]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
 from cadence.engines.llama.decode_graphs import DecodeGraphs
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 from tests.unit.test_llama_engine import N, make_engine, run
 

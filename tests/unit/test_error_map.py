@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 from cadence.api.errors import GRPC_STATUS, HTTP_STATUS, kserve_error_message
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve.service import _error
 from cadence.api.openai.protocol import failure_body
 from cadence.core.errors import RequestError
-from cadence.core.outcomes import Failure
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.vocabulary import Failure
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 

@@ -6,7 +6,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Counter
 
-from cadence.lifecycle.failed_sends import GRPC_LOGGER, count_failed_sends
+from cadence.net.failed_sends import GRPC_LOGGER, count_failed_sends
 
 
 def test_failed_send_tracebacks_are_dropped_and_counted(caplog):

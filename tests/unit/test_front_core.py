@@ -9,12 +9,11 @@ import pytest
 
 from cadence.config import ServerConfig
 from cadence.core.errors import RequestError
-from cadence.core.front import FrontCore, Generation
+from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import CADENCE_V1, KSERVE, OPENAI, FrontMetrics
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import Request
 from cadence.router import WorkerRouter
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest, Failure, Finish
 
 
 class FakeLink:

@@ -9,7 +9,7 @@ import msgspec
 from cadence.core.metrics import LoopLagTally
 from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.analysis.stats import front_loop
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import BenchResult
 
 

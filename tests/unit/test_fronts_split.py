@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cadence.lab.sweep import _server_args, parse_vary
 from cadence.router.admission import SharedAdmissionGate
-from cadence.transport.front_routing import split_step
 from cadence.transport.messages import StepOutput, step_pieces
+from cadence.transport.worker_to_fronts import split_step
 
 
 def test_split_step_gives_each_front_its_sequences_only() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from cadence.lab.analysis.goodput import goodput, parse_term
 from cadence.lab.analysis.stats import summarize
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import SloTerm
 
 MS = 1_000_000

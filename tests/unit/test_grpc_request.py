@@ -11,7 +11,7 @@ import pytest
 from cadence.lab.load.grpc_schema import SchemaError, from_protos, message_classes, split_method
 from cadence.lab.load.grpc_service import GrpcCodec, GrpcTarget, RequestTemplate, parse_header
 from cadence.lab.load.plan import RequestShape
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 PROTO = str(Path(__file__).resolve().parents[2] / "proto")
 SCHEMA = from_protos(["cadence/v1/inference.proto"], [PROTO], "cadence.v1.Inference/Generate")

@@ -10,8 +10,8 @@ import pytest
 
 from cadence.config import ServerConfig
 from cadence.core.metrics import FrontMetrics
-from cadence.lifecycle import call_acceptor
-from cadence.lifecycle.grpc_server import GrpcServer
+from cadence.net import call_acceptor
+from cadence.net.grpc_server import GrpcServer
 
 
 async def _stream(request: bytes, context) -> None:

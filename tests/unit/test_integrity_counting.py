@@ -8,7 +8,7 @@ import random
 import pytest
 
 from cadence.lab.analysis.integrity import check_integrity, count_stream
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 
 def counts(index: list[int], tokens: list[int] | None = None, until: int = 0) -> tuple:

@@ -6,12 +6,12 @@ import struct
 
 import pytest
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model
-from cadence.api.kserve.tensors import TensorError, bytes_raw, decode_input, int32_raw
 from cadence.core.errors import InvalidRequest
 from cadence.lab.load.kserve import KServeTarget, _tokens_in, build_request, parse_inputs
 from cadence.lab.load.plan import RequestPlan
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve.tensors import TensorError, bytes_raw, decode_input, int32_raw
 
 
 def _request(*inputs: tuple[str, str, list[int], bytes], **fields) -> kpb.ModelInferRequest:

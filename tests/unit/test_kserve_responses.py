@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve.responses import ResponseEncoder
-from cadence.api.kserve.tensors import bytes_raw, int32_raw
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve.tensors import bytes_raw, int32_raw
 
 
 def _expected(tokens, text, finish, *, want_tokens=True, want_text=True, request_id="r-1"):

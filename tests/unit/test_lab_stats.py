@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from cadence.lab.analysis.stats import check_integrity, distribution, percentile, summarize
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 MS = 1_000_000
 

@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch
 
 from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import FixedBudget
 from tests.llama_models import hf_greedy, save_model

@@ -18,7 +18,7 @@ from cadence.engines.llama.engine import LlamaEngine
 from cadence.engines.llama.kv_cache import KVCache
 from cadence.engines.llama.loader import ModelFolderError, read_config
 from cadence.engines.llama.tokenizer import TextTokenizer
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests.llama_models import PROMPTS, hf_greedy, save_model, save_tokenizer
 

@@ -12,7 +12,8 @@ pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch
 
 from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
-from cadence.transport.messages import AddRequest, Failure, Finish, StepOutput
+from cadence.transport.messages import StepOutput
+from cadence.vocabulary import AddRequest, Failure, Finish
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 

@@ -12,8 +12,8 @@ import pytest
 from cadence.lab.analysis.schedule import schedule
 from cadence.lab.bench import Workload
 from cadence.lab.load.plan import RequestShape, poisson_offsets
-from cadence.lab.load.processes import FailureStreak, ProcessPlan, ProcessResult, _my_requests
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.load.processes import FailureStreak, ProcessPlan, _my_requests
+from cadence.lab.records import ProcessResult, RequestRecord
 from cadence.lab.results import Client
 
 

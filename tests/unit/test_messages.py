@@ -7,9 +7,6 @@ import pytest
 
 from cadence.config import EngineConfig, WorkerSpec
 from cadence.transport.messages import (
-    AddRequest,
-    Failure,
-    Finish,
     RequestFailed,
     Shutdown,
     StepOutput,
@@ -18,6 +15,7 @@ from cadence.transport.messages import (
     WorkerOutput,
     WorkerReady,
 )
+from cadence.vocabulary import AddRequest, Failure, Finish
 
 encode = msgspec.msgpack.Encoder().encode
 decode_input = msgspec.msgpack.Decoder(WorkerInput).decode

@@ -17,8 +17,8 @@ from cadence.api.openai.protocol import (
     StopStrings,
     parse,
 )
-from cadence.core.outcomes import Finish
 from cadence.core.requests import Chunk
+from cadence.vocabulary import Finish
 
 
 def _parse(body: dict, endpoint: str = COMPLETIONS):
@@ -164,7 +164,7 @@ def test_the_template_file_wins_and_no_template_means_none(tmp_path) -> None:
 
 def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
     from cadence.lab.load.openai_http import decode_events
-    from cadence.lab.load.records import RequestRecord
+    from cadence.lab.records import RequestRecord
 
     def event(body: dict) -> bytes:
         return b"data: " + json.dumps(body).encode() + b"\n"

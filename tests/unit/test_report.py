@@ -12,7 +12,7 @@ import pytest
 
 from cadence.cli import main
 from cadence.lab.analysis.stats import distribution, itl_points, summarize
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.report import plots
 from cadence.lab.report.run import decode_result, render_report
 from cadence.lab.report.summary import print_summary

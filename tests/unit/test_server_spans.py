@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cadence.lab.analysis.diagnosis import diagnose
 from cadence.lab.analysis.server_spans import join_spans
-from cadence.lab.load.records import RequestRecord
 from cadence.lab.measure.trace_receiver import ReceivedSpan
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import BenchResult
 
 MS = 1_000_000

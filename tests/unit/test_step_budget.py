@@ -10,7 +10,8 @@ import pytest
 from cadence.config import EngineConfig, ServerConfig
 from cadence.engines.base import Sequence
 from cadence.engines.synthetic import SyntheticEngine
-from cadence.transport.messages import AddRequest, Finish, StepOutput
+from cadence.transport.messages import StepOutput
+from cadence.vocabulary import AddRequest, Finish
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import (
     MIN_PREFILL_CHUNK,

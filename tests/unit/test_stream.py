@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.api.v1.service import to_chunk
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.core.metrics import FrontMetrics, StreamTally
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.stream import RequestStream
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.vocabulary import Failure, Finish
 
 _TALLIES: dict[int, StreamTally] = {}
 

@@ -42,18 +42,18 @@ def test_committed_stub_matches_proto(generated: Path, path: Path):
 
 
 def test_stubs_import_from_package_path(generated: Path):
-    grpc_stub = (generated / "cadence/api/v1/inference_pb2_grpc.py").read_text()
-    assert "from cadence.api.v1 import inference_pb2" in grpc_stub
+    grpc_stub = (generated / "cadence/proto/v1/inference_pb2_grpc.py").read_text()
+    assert "from cadence.proto.v1 import inference_pb2" in grpc_stub
     assert "from cadence.v1 import" not in grpc_stub
-    kserve = generated / "cadence/api/kserve"
-    assert "from cadence.api.kserve import model_config_pb2" in (kserve / "grpc_service_pb2.py").read_text()
+    kserve = generated / "cadence/proto/kserve"
+    assert "from cadence.proto.kserve import model_config_pb2" in (kserve / "grpc_service_pb2.py").read_text()
     assert "from inference import" not in (kserve / "grpc_service_pb2_grpc.py").read_text()
 
 
 def test_kserve_stubs_use_a_private_pool(generated: Path):
     """tritonclient puts the same `inference.*` names in protobuf's default pool."""
     for name in ("grpc_service_pb2.py", "model_config_pb2.py"):
-        text = (generated / "cadence/api/kserve" / name).read_text()
+        text = (generated / "cadence/proto/kserve" / name).read_text()
         assert "_private_pool.POOL.AddSerializedFile(" in text
         assert "_descriptor_pool.Default()" not in text
 
@@ -64,7 +64,7 @@ def test_kserve_protocol_matches_tritonclient():
     because cadence's copy lives in a private descriptor pool.)"""
     triton_service = pytest.importorskip("tritonclient.grpc.service_pb2",
                                          reason="tritonclient is in the test extras")
-    from cadence.api.kserve import grpc_service_pb2, model_config_pb2
+    from cadence.proto.kserve import grpc_service_pb2, model_config_pb2
 
     checked = 0
     for ours in (grpc_service_pb2, model_config_pb2):
@@ -98,8 +98,8 @@ def test_messages_pickle_by_their_real_module() -> None:
     # multiprocessing and Ray pickle messages by class; the class's module must import.
     import pickle
 
-    from cadence.api.kserve import grpc_service_pb2 as kpb
-    from cadence.api.v1 import inference_pb2 as pb
+    from cadence.proto.kserve import grpc_service_pb2 as kpb
+    from cadence.proto.v1 import inference_pb2 as pb
 
     chunk = pb.GenerateChunk(request_id="r", index=3, token_ids=[1, 2], finish_reason=1)
     assert pickle.loads(pickle.dumps(chunk)) == chunk

@@ -15,7 +15,8 @@ from cadence.api.openai.chat import TemplateChat, chat_format
 from cadence.config import EngineConfig, ServerConfig
 from cadence.engines.transformers_model import TRANSFORMERS_MODEL
 from cadence.engines.user_model import ModelEngine
-from cadence.transport.messages import AddRequest, Finish, StepOutput, step_pieces
+from cadence.transport.messages import StepOutput, step_pieces
+from cadence.vocabulary import AddRequest, Finish
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.process import build_engine
 from tests.llama_models import PROMPTS

@@ -10,14 +10,8 @@ from cadence.config import EngineConfig
 from cadence.engines.base import EngineLoadError
 from cadence.engines.detokenizer import TextStreams
 from cadence.engines.user_model import ModelEngine
-from cadence.transport.messages import (
-    AddRequest,
-    Failure,
-    Finish,
-    RequestFailed,
-    StepOutput,
-    step_pieces,
-)
+from cadence.transport.messages import RequestFailed, StepOutput, step_pieces
+from cadence.vocabulary import AddRequest, Failure, Finish
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests import batched_models
 from tests.batched_models import WordTokenizer

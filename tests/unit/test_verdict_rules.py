@@ -14,7 +14,7 @@ from cadence.lab.analysis.verdict import (
     itl_bound,
     judge,
 )
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     BenchResult,
     Distribution,

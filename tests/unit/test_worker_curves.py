@@ -7,7 +7,7 @@ import msgspec
 from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.worker_curves import worker_curves
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import BenchResult
 
 MS = 1_000_000

@@ -8,14 +8,15 @@ import asyncio
 import pytest
 
 from cadence.config import ServerConfig
-from cadence.core.front import FrontCore
+from cadence.core.generation import FrontCore
 from cadence.core.metrics import CADENCE_V1, FrontMetrics
 from cadence.core.requests import Request
 from cadence.router import WorkerRouter
-from cadence.transport.front_end import FrontChannel, encode_add
-from cadence.transport.messages import AddRequest, WorkerInputs
+from cadence.transport.front_channel import FrontChannel, encode_add
+from cadence.transport.messages import WorkerInputs
 from cadence.transport.sockets import local_addresses
-from cadence.transport.worker_end import WorkerChannel
+from cadence.transport.worker_channel import WorkerChannel
+from cadence.vocabulary import AddRequest
 
 
 def adds_received(worker: WorkerChannel) -> list[WorkerInputs]:

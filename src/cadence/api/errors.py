@@ -1,5 +1,5 @@
 """The one error map: every `Failure` to its gRPC status (cadence.v1, and any call status),
-to the Open Inference Protocol's in-band error, and to the OpenAI-compatible HTTP front's
+to the Open Inference Protocol's in-band error, and to the OpenAI-compatible HTTP API's
 status and error body. docs/architecture.md's table of failures
 is this map; tests/unit/test_error_map.py holds the two together.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from cadence.core.outcomes import Failure
+from cadence.vocabulary import Failure
 
 GRPC_STATUS: dict[Failure, grpc.StatusCode] = {
     Failure.CANCELLED: grpc.StatusCode.CANCELLED,
@@ -42,7 +42,7 @@ HTTP_STATUS: dict[Failure, tuple[int, str]] = {
     Failure.INTERNAL: (500, "server_error"),
     Failure.UNAVAILABLE: (503, "service_unavailable_error"),
 }
-"""The OpenAI-compatible HTTP front's status and error `type` of each failure (499, nginx's
+"""The OpenAI-compatible HTTP API's status and error `type` of each failure (499, nginx's
 "client closed request", only counts: the client is gone). The adapter builds the body
 (cadence.api.openai.protocol.error_body), with the failure's name in lower case as `code`."""
 HTTP_UNAUTHENTICATED = (401, "authentication_error")

@@ -1,12 +1,12 @@
 """The core's failures as exceptions: a request that cannot start, or a stream that ended
-without finishing. Each carries a `Failure` (cadence.transport.messages: the one error
+without finishing. Each carries a `Failure` (cadence.vocabulary: the one error
 vocabulary, also what a worker reports) and a message that says what to do; the protocol
 adapters turn them into their own form with cadence.api.errors, in one place.
 """
 
 from __future__ import annotations
 
-from cadence.core.outcomes import Failure
+from cadence.vocabulary import Failure
 
 
 class RequestError(Exception):

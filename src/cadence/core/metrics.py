@@ -11,7 +11,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-_LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+from cadence.proto import loop_lag
+
+_LAG_BUCKETS_S = loop_lag.BOUNDS_S
 _LATENCY_BUCKETS_S = (
     0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
     0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
@@ -53,13 +55,12 @@ class LoopLagTally:
     """The front's event-loop lag samples so far, counted per bucket of
     `cadence_event_loop_lag_seconds`, for the lab: a timed stream carries them in its trailing
     metadata, and in its initial metadata when they moved since a stream last carried them
-    (`encoded`), so a bench sees how late the loop woke during its run whether or not the
-    server exports metrics."""
+    (`encoded`, in the form `cadence.proto.loop_lag` states), so a bench sees how late the loop
+    woke during its run whether or not the server exports metrics."""
 
     __slots__ = ("counts", "front", "samples")
 
-    KEY = "cadence-loop-lag"
-    BOUNDS_S = _LAG_BUCKETS_S
+    KEY = loop_lag.KEY
 
     def __init__(self, front: int = 0) -> None:
         self.front = front
@@ -76,8 +77,7 @@ class LoopLagTally:
         self.counts[-1] += 1
 
     def encoded(self) -> str:
-        """`FRONT:SAMPLES:C0,C1,...` (per-bucket counts in the order of BOUNDS_S, then +Inf)."""
-        return f"{self.front}:{self.samples}:{','.join(map(str, self.counts))}"
+        return loop_lag.encode(self.front, self.samples, self.counts)
 
 
 class ProtocolMetrics:

@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 from cadence.byte_tokenizer import StreamDecoder
 from cadence.core.metrics import StreamTally
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import Chunk, ChunkTiming
-from cadence.transport.front_end import WorkerLink
+from cadence.transport.front_channel import WorkerLink
+from cadence.vocabulary import Failure, Finish
 
 
 class RequestStream:

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 
-from cadence.core.outcomes import Failure, Finish
+from cadence.vocabulary import Failure, Finish
 
 log = logging.getLogger("cadence.tracing")
 
@@ -97,7 +97,7 @@ class RequestTracer:
         self._failed = False
 
     def record(self, generation) -> None:
-        """One span for `generation` (a cadence.core.front.Generation), which has just ended.
+        """One span for `generation` (a cadence.core.generation.Generation), which has just ended.
         Never raises: a tracing fault must not reach the request's call (its slot is already
         given back); the first one is logged."""
         try:

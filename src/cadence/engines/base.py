@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 
 class Sequence:

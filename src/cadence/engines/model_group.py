@@ -17,7 +17,7 @@ from collections.abc import Callable
 import msgspec
 
 from cadence.engines.base import Sequence
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.model")
 

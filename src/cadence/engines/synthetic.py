@@ -16,7 +16,7 @@ import zlib
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 _WORDS = (
     "the a stream token card batch step model latency queue buffer client server worker "

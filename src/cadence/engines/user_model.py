@@ -25,7 +25,7 @@ from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, StepFailed
 from cadence.engines.detokenizer import ByteText, TextStreams
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.model")
 

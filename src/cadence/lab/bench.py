@@ -25,7 +25,6 @@ from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, RequestCounter, run_load
 from cadence.lab.load.target import Target, protocol_name
-from cadence.lab.measure.baseline import engine_config_of, run_baseline
 from cadence.lab.measure.discovery import (
     listener_pid,
     metrics_url,
@@ -39,6 +38,7 @@ from cadence.lab.measure.sampler import SystemSampler
 from cadence.lab.measure.stacks import StackSampler
 from cadence.lab.measure.threads import ThreadReader
 from cadence.lab.measure.trace_receiver import TraceReceiver
+from cadence.lab.servers.baseline import engine_config_of, run_baseline
 
 STALL_LIMIT_S = 60.0
 """A request that gets no chunk for this long ends as STALLED, unless the run has a

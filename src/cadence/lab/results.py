@@ -19,7 +19,7 @@ import math
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 Number = int | float
 """A figure that is an integer or not depending on the values it came from (a max of token

@@ -1,8 +1,9 @@
 """Composition, start and stop: the server's parts built in order and stopped in reverse
-(`server.py`), its gRPC server (`grpc_server.py`, `call_acceptor.py`, `failed_sends.py`),
-worker supervision (`supervisor.py`), how workers are launched (`launcher.py`,
-`ray_launcher.py`, `in_front.py`) and, with `--fronts N`, the other front processes
-(`fronts.py`, `front_child.py`). Nothing here is on a token's path."""
+(`server.py`), worker supervision (`supervisor.py`), how workers are launched (`launcher.py`,
+`ray_launcher.py`, `in_front_launcher.py`), with `--fronts N` the other front processes
+(`front_children.py`, `front_child.py`, `front_layout.py`), and with `--grpc-server native` the
+Envoy process that hosts the front (`envoy_front.py`). The network servers these start are
+`cadence.net`; nothing here is on a token's path."""
 
 
 class StartupError(RuntimeError):

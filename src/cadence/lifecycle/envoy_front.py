@@ -4,7 +4,7 @@ Python in an Envoy dynamic module), and Envoy's HTTP/2 serves its gRPC port thro
 
 Two sides in two processes:
 
-- `serve` runs in the `cadence serve` process. It starts Envoy (`pyvoy.PyvoyServer`) with
+- `run_in_envoy` runs in the `cadence serve` process. It starts Envoy (`pyvoy.PyvoyServer`) with
   the ASGI app `app` below, the server's config in its environment, and a Unix socket on which
   the front says when it is ready (or why it could not start) and is told to stop. A signal
   here becomes a stop there: the front drains, stops its workers, says so, then Envoy stops.
@@ -12,7 +12,7 @@ Two sides in two processes:
   the app itself (`GrpcServer(native=app)`), on pyvoy's event loop; its workers are Envoy's
   children. Calls that arrive before the front is ready end UNAVAILABLE.
 
-The HTTP front (`--http-port`) and the metrics endpoint run in Envoy's process too, on the
+The HTTP server (`--http-port`) and the metrics endpoint run in Envoy's process too, on the
 same loop, as they would in `cadence serve`'s.
 """
 
@@ -35,7 +35,7 @@ import msgspec
 
 from cadence.config import ServerConfig
 from cadence.lifecycle import ServingFailed, StartupError
-from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
+from cadence.net.asgi_grpc import GrpcAsgiApp
 
 log = logging.getLogger("cadence.server")
 
@@ -44,7 +44,7 @@ FRONT_ENV = "CADENCE_ENVOY_FRONT"
 """`--fronts N`, fronts 1..N-1: `K BASE_DIR GENERATION` of the front Envoy runs."""
 PYTHON_ENV, LOG_LEVEL_ENV = "CADENCE_ENVOY_PYTHON", "CADENCE_ENVOY_LOG_LEVEL"
 _STOPPED_WAIT_S = 30.0
-"""Beyond the drain (`grace_s`): how long the front may take to stop its workers."""
+"""Beyond the drain (`--drain-timeout`): how long the front may take to stop its workers."""
 
 
 # --- in `cadence serve`'s process -----------------------------------------------------------
@@ -59,7 +59,7 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", *,
+async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "INFO", *,
                 child: tuple[int, str, int] | None = None) -> None:
     """Run the front in Envoy until SIGINT or SIGTERM, then stop it cleanly.
 
@@ -125,7 +125,7 @@ async def serve(config: ServerConfig, on_started=None, log_level: str = "INFO", 
             if not exited.done() and not eof.done():
                 writer.write(b"stop\n")
                 await writer.drain()
-                wait_s = config.grace_s + _STOPPED_WAIT_S
+                wait_s = config.drain_timeout_s + _STOPPED_WAIT_S
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(eof, wait_s)
             else:  # nobody here asked it to stop
@@ -159,8 +159,8 @@ async def _first(awaitable, exited: asyncio.Future, stop: asyncio.Event, what: s
 
 class _Front:
     """The lifespan of the front in Envoy: start it beside the lifespan (a slow start would
-    hold Envoy's own start-up), report to `serve`, stop when told, when `serve` is gone, or
-    when Envoy stops (Envoy also stops when its parent dies)."""
+    hold Envoy's own start-up), report to `run_in_envoy`, stop when told, when `run_in_envoy`
+    is gone, or when Envoy stops (Envoy also stops when its parent dies)."""
 
     def __init__(self) -> None:
         self._task: asyncio.Task | None = None
@@ -205,17 +205,19 @@ class _Front:
             writer.write(json.dumps({"ready": {
                 "http_port": server.http_port, "metrics_port": server.metrics_port}}).encode() + b"\n")
             await writer.drain()
-            told = asyncio.ensure_future(reader.readline())  # "stop", or b"" once `serve` is gone
+            # "stop", or b"" once `run_in_envoy` is gone
+            told = asyncio.ensure_future(reader.readline())
             stopping = asyncio.ensure_future(self._envoy_stopping.wait())
             await asyncio.wait((told, stopping), return_when=asyncio.FIRST_COMPLETED)
             orphaned = told.done() and not told.result()
             if not (told.done() and told.result()):
-                # `serve` did not stop us: it is gone, and Envoy, which stops with it, may end
-                # before this stop does. What would be left behind goes first.
+                # `run_in_envoy` did not stop us: it is gone, and Envoy, which stops with it, may
+                # end before this stop does. What would be left behind goes first.
                 server.unlink_sockets()
             told.cancel()
             stopping.cancel()
-            log.info("stopping: %d stream(s) open, grace %.1f s", server.core.active, config.grace_s)
+            log.info("stopping: %d stream(s) open, drain timeout %.1f s", server.core.active,
+                     config.drain_timeout_s)
         finally:
             await server.stop()
             with contextlib.suppress(OSError):

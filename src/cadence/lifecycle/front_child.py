@@ -1,7 +1,7 @@
 """`--fronts N`: fronts 1..N-1, each a child process of front 0 (`cadence serve` itself).
 
 Started as `python -m cadence.lifecycle.front_child K BASE_DIR CONFIG_JSON LOG_LEVEL
-GENERATION` (see `fronts.FrontChildren`). A child front serves the same port (SO_REUSEPORT)
+GENERATION` (see `front_children.FrontChildren`). A child front serves the same port (SO_REUSEPORT)
 with the same code as front 0 (`CadenceServer` with `front=K`), binds its own sockets in front
 0's private folder, and is connected to by every worker. It launches no workers:
 `supervisor.WorkerWatcher` follows the ones front 0 launched (they report ready to every front)
@@ -68,8 +68,8 @@ def _serve(argv: list[str]) -> None:
         from cadence.lifecycle import ServingFailed, StartupError, envoy_front
 
         try:
-            event_loop.run(envoy_front.serve(config, log_level=logging.getLevelName(level),
-                                             child=(front, base, generation)))
+            event_loop.run(envoy_front.run_in_envoy(config, log_level=logging.getLevelName(level),
+                                                    child=(front, base, generation)))
         except (StartupError, ServingFailed) as exc:
             sys.exit(f"front {front}: {exc}")
         return

@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Iterator
 
 from cadence.config import ServerConfig
-from cadence.core.front import sequence_ids
+from cadence.core.generation import sequence_ids
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
-from cadence.transport.front_end import FrontChannel
+from cadence.transport.front_channel import FrontChannel
 from cadence.transport.sockets import front_addresses, local_addresses
 
 

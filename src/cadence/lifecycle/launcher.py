@@ -1,5 +1,5 @@
 """How worker processes are started: a small seam (local processes; Ray actors in
-ray_launcher.py; tasks of the front's own loop in in_front.py).
+ray_launcher.py; tasks of the front's own loop in in_front_launcher.py).
 
 A launcher turns a `WorkerSpec` into a running worker and gives back a handle to watch and
 stop it. Workers only need the spec (addresses and engine config), so a launcher that

@@ -20,30 +20,30 @@ from cadence.api.kserve.service import SERVICE_NAME as KSERVE_SERVICE_NAME
 from cadence.api.kserve.service import KServeService
 from cadence.api.v1.service import SERVICE_NAME, InferenceService
 from cadence.config import ServerConfig, WorkerSpec
-from cadence.core.front import FrontCore
+from cadence.core.generation import FrontCore
 from cadence.core.metrics import FrontMetrics
-from cadence.core.outcomes import Failure
 from cadence.core.output_reader import OutputReader
 from cadence.core.tracing import RequestTracer
 from cadence.heap import settle_heap
 from cadence.lifecycle import StartupError
-from cadence.lifecycle.asgi_grpc import GrpcAsgiApp
-from cadence.lifecycle.failed_sends import GRPC_LOGGER, count_failed_sends
+from cadence.lifecycle.front_children import FrontChildren
 from cadence.lifecycle.front_layout import FrontLayout
-from cadence.lifecycle.fronts import FrontChildren
-from cadence.lifecycle.grpc_server import GrpcServer
-from cadence.lifecycle.in_front import InFrontLauncher
+from cadence.lifecycle.in_front_launcher import InFrontLauncher
 from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
 from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
+from cadence.net.asgi_grpc import GrpcAsgiApp
+from cadence.net.failed_sends import GRPC_LOGGER, count_failed_sends
+from cadence.net.grpc_server import GrpcServer
 from cadence.router import WorkerRouter
-from cadence.transport.front_end import FrontChannel
+from cadence.transport.front_channel import FrontChannel
 from cadence.transport.messages import WorkerReady
+from cadence.vocabulary import Failure
 
 log = logging.getLogger("cadence.server")
 
 _STARTUP_POLL_S = 0.05
 _FINAL_CHUNK_WAIT_S = 1.0
-"""After a drain's grace, how long the streams that were ended get to close."""
+"""After the drain timeout, how long the streams that were ended get to close."""
 
 
 class CadenceServer:
@@ -180,7 +180,7 @@ class CadenceServer:
 
     def unlink_sockets(self) -> None:
         """Remove the socket files now, before `stop()` (the workers stay connected): for a
-        front whose process may end before its stop does (in Envoy, once `serve` died)."""
+        front whose process may end before its stop does (in Envoy, once `run_in_envoy` died)."""
         if self._channel is not None:
             self._channel.unlink()
 
@@ -194,11 +194,11 @@ class CadenceServer:
             self._stack.push_async_callback(self._http.stop)
 
     def _http_server(self, core: FrontCore):
-        """The OpenAI-compatible HTTP front (`--http-port`): its adapter and its server."""
+        """The OpenAI-compatible HTTP API (`--http-port`): its adapter and its server."""
         from cadence.api.openai.chat import chat_format
         from cadence.api.openai.service import OpenAIService
         from cadence.api.security import read_tokens
-        from cadence.lifecycle.http_server import HttpServer
+        from cadence.net.http_server import HttpServer
 
         config = self.config
         tokens = read_tokens(config.auth_token_file) if config.auth_token_file else None
@@ -365,7 +365,7 @@ class CadenceServer:
         core = self.core
         core.refusal = "the server is shutting down; retry on another server"
         loop = asyncio.get_running_loop()
-        await self._until_no_streams(loop.time() + self.config.grace_s)
+        await self._until_no_streams(loop.time() + self.config.drain_timeout_s)
         core.fail_all(Failure.UNAVAILABLE,
                       "the server shut down before this stream finished; retry elsewhere")
         await self._until_no_streams(loop.time() + _FINAL_CHUNK_WAIT_S)
@@ -387,14 +387,17 @@ async def run_until_signalled(server: CadenceServer, on_started=None) -> None:
         if on_started is not None:
             on_started(server, port)
         await stop.wait()
-        log.info("stopping: %d stream(s) open, grace %.1f s", server.core.active,
-                 server.config.grace_s)
+        log.info("stopping: %d stream(s) open, drain timeout %.1f s", server.core.active,
+                 server.config.drain_timeout_s)
     finally:
         await server.stop()
 
 
-async def serve(config: ServerConfig, on_started=None, launcher: Launcher | None = None) -> None:
-    """Run a server until SIGINT or SIGTERM, then stop it cleanly."""
+async def run_server(config: ServerConfig, on_started=None,
+                     launcher: Launcher | None = None) -> None:
+    """`cadence serve`'s body (and `cadence.serve`'s): build a server from `config`, run it until
+    SIGINT or SIGTERM, then stop it cleanly. (With `--grpc-server native`,
+    `envoy_front.run_in_envoy` instead.)"""
     server = CadenceServer(config, launcher)
     await run_until_signalled(server, on_started)
     value = server.metrics.registry.get_sample_value

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from cadence.config import WorkerSpec
 from cadence.lifecycle.launcher import Launcher, WorkerHandle
 from cadence.router import WorkerRouter
-from cadence.transport.front_end import WorkerLink
+from cadence.transport.front_channel import WorkerLink
 
 log = logging.getLogger("cadence.supervisor")
 

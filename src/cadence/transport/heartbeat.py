@@ -12,7 +12,7 @@ import zmq
 
 from cadence.config import WorkerSpec
 from cadence.transport.messages import Heartbeat
-from cadence.transport.worker_end import worker_context
+from cadence.transport.worker_channel import worker_context
 
 
 class WorkerHeartbeat(threading.Thread):

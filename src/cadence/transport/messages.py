@@ -1,4 +1,5 @@
-"""Every message that crosses a process boundary, in one module.
+"""Every message that crosses a process boundary, in one module (the request a `WorkerInputs`
+carries, `AddRequest`, is cadence.vocabulary's: the engines read it too).
 
 Messages are frozen msgspec Structs encoded once with msgpack. (What a worker is started with,
 `WorkerSpec` and its `EngineConfig`, is launch configuration: cadence.config.) The front sends a worker
@@ -7,7 +8,7 @@ a worker sends the front `WorkerReady` once, then one `StepOutput` per engine st
 (every sequence's new token of that step), and `RequestFailed` for a request it rejects.
 Sequences are named by a front-assigned integer `seq_id`, never by the client's string id,
 to keep the per-step message small. Timestamps are `time.monotonic_ns()`. How a sequence
-ends (`Finish`, `Failure`) is the core's vocabulary (cadence.core.outcomes), carried here.
+ends (`Finish`, `Failure`) is cadence's vocabulary (cadence.vocabulary), carried here.
 """
 
 from __future__ import annotations
@@ -17,24 +18,7 @@ from itertools import accumulate, repeat
 
 import msgspec
 
-from cadence.core.outcomes import Failure, Finish  # noqa: F401 (workers import them from here)
-
-
-class AddRequest(msgspec.Struct, frozen=True, array_like=True):
-    seq_id: int
-    prompt_token_ids: list[int]
-    max_tokens: int
-    stop_token_ids: list[int] = []
-    temperature: float = 0.0
-    top_p: float = 0.0
-    top_k: int = 0
-    seed: int = 0
-    timeout_ms: float = 0.0
-    """Time left until the request's deadline when the front sent it; 0: no deadline.
-    Relative, so it stays right when a worker's clock is not the front's."""
-    prompt_text: str = ""
-    """A text prompt for the worker to tokenize with the model's tokenizer (torch engine);
-    then `prompt_token_ids` is empty."""
+from cadence.vocabulary import AddRequest, Failure
 
 
 class WorkerInputs(msgspec.Struct, frozen=True, array_like=True, tag="in"):

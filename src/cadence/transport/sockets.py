@@ -4,7 +4,7 @@ The front binds everything and workers connect, so a worker can run wherever it 
 the front's addresses (ipc:// on one host, tcp:// across hosts). Each worker has its own
 input socket (PUSH at the front, PULL at the worker); all workers share one output socket
 (PUSH at each worker, one PULL at the front), so the front reads every step from one place;
-a PUB socket beside it carries the front's heartbeat. `--fronts N` (front_routing.py) gives
+a PUB socket beside it carries the front's heartbeat. `--fronts N` (worker_to_fronts.py) gives
 each front its own set.
 """
 

@@ -40,11 +40,7 @@ from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import WorkerSpec
 from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
 from cadence.heap import settle_heap
-from cadence.transport.front_routing import worker_channel
 from cadence.transport.messages import (
-    AddRequest,
-    Failure,
-    Finish,
     RequestFailed,
     Shutdown,
     StepOutput,
@@ -54,6 +50,8 @@ from cadence.transport.messages import (
     boot_id,
 )
 from cadence.transport.sockets import OUTPUT_HWM
+from cadence.transport.worker_to_fronts import worker_channel
+from cadence.vocabulary import AddRequest, Failure, Finish
 
 log = logging.getLogger("cadence.app")
 

@@ -16,7 +16,8 @@ import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Engine, Sequence, StepFailed
-from cadence.transport.messages import AddRequest, Failure, Finish, RequestFailed, StepOutput
+from cadence.transport.messages import RequestFailed, StepOutput
+from cadence.vocabulary import AddRequest, Failure, Finish
 from cadence.worker.step_budget import StepBudget
 
 _BYTES = ByteTokenizer()

@@ -14,10 +14,10 @@ import msgspec
 from cadence.config import EngineConfig, WorkerSpec
 from cadence.engines.base import Engine, EngineLoadError
 from cadence.heap import settle_heap
-from cadence.transport.front_routing import worker_channel
 from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
 from cadence.transport.sockets import remove_ipc_sockets
+from cadence.transport.worker_to_fronts import worker_channel
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import StepBudget, budget_for
 

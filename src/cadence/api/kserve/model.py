@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
-from cadence.api.kserve import model_config_pb2 as mpb
-from cadence.api.kserve.tensors import FLOAT_TYPES, INTEGER_TYPES, TensorError, decode_input
 from cadence.core.errors import InvalidRequest
 from cadence.core.requests import Request
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve import model_config_pb2 as mpb
+from cadence.proto.kserve.tensors import FLOAT_TYPES, INTEGER_TYPES, TensorError, decode_input
 
 MODEL_VERSION = "1"
 """cadence serves one version of its model; requests may name it or leave the version empty."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cadence.api.kserve.tensors import bytes_raw, int32_raw
+from cadence.proto.kserve.tensors import bytes_raw, int32_raw
 
 
 def _varint(value: int) -> bytes:

@@ -2,7 +2,7 @@
 Triton's streaming extension) in front of cadence's data path.
 
 Served on the same port as `cadence.v1.Inference`: an adapter between this protocol's wire and
-the core (cadence.core.front), like `Generate`'s. Every request of `ModelStreamInfer` is
+the core (cadence.core.generation), like `Generate`'s. Every request of `ModelStreamInfer` is
 mapped to the core's `Request` (model.py) and opened with `FrontCore.open`: the same
 validation, admission, router, workers, per-request buffers, deadlines, metrics and cleanup.
 What differs is the wire:
@@ -35,14 +35,14 @@ from google.protobuf.message import DecodeError
 
 import cadence
 from cadence.api.errors import kserve_error_message
-from cadence.api.kserve import grpc_service_pb2 as kpb
 from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
 from cadence.core.errors import InvalidRequest, RequestError
-from cadence.core.front import FrontCore, Generation
+from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import KSERVE
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.tracing import trace_context
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.vocabulary import Failure, Finish
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 

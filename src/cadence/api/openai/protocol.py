@@ -23,8 +23,8 @@ import msgspec
 
 from cadence.api.errors import http_status
 from cadence.core.errors import InvalidRequest
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, Chunk, ChunkTiming, Request
+from cadence.vocabulary import Failure, Finish
 
 COMPLETIONS = "completions"
 CHAT = "chat"

@@ -54,10 +54,10 @@ from cadence.api.openai.protocol import (
 )
 from cadence.api.security import BearerTokens, TokenRefusal
 from cadence.core.errors import RequestError
-from cadence.core.front import FrontCore, Generation
+from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import OPENAI
-from cadence.core.outcomes import Failure
 from cadence.core.requests import Chunk
+from cadence.vocabulary import Failure
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",

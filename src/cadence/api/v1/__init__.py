@@ -1,0 +1,1 @@
+"""cadence.v1.Inference: `service.py` maps its messages (`cadence.proto.v1`) to the core."""

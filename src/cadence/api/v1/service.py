@@ -2,7 +2,7 @@
 
 `Generate` maps a `GenerateRequest` to the core's `Request`, each `Chunk` to a
 `GenerateChunk`, and a failure to the call's status (cadence.api.errors); the core does the
-rest (cadence.core.front). It receives the request still serialized (see `handlers`), so that
+rest (cadence.core.generation). It receives the request still serialized (see `handlers`), so that
 a malformed one gets INVALID_ARGUMENT with a reason instead of gRPC's bare INTERNAL.
 """
 
@@ -16,12 +16,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from cadence.api.errors import grpc_status
-from cadence.api.v1 import inference_pb2 as pb
 from cadence.core.errors import InvalidRequest, RequestError
-from cadence.core.front import FrontCore
+from cadence.core.generation import FrontCore
 from cadence.core.metrics import CADENCE_V1
 from cadence.core.requests import Chunk, Request
 from cadence.core.tracing import trace_context
+from cadence.proto.v1 import inference_pb2 as pb
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 

@@ -26,7 +26,7 @@ from cadence.engines.llama.parallel import TensorParallelGroup
 from cadence.engines.llama.plan import StepPlan, unpack
 from cadence.engines.llama.sampling import Sampler, sample
 from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.engine.torch")
 

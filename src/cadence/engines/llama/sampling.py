@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from cadence.transport.messages import AddRequest
+from cadence.vocabulary import AddRequest
 
 
 class Sampler:

@@ -14,7 +14,7 @@ import re
 
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.stats import is_ok, itl_points, ttft_ms
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import Distribution, Goodput, RunStats, SloTerm, TermResult
 
 METRICS = ("ttft", "itl", "tpot", "e2e", "token_delay")

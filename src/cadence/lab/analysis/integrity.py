@@ -25,7 +25,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import Integrity, Workload
 
 CHECKS = ("lost_tokens", "repeated_tokens", "reordered_chunks", "short_streams")

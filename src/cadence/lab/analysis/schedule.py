@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from cadence.lab.analysis.stats import distribution
 
 if TYPE_CHECKING:
-    from cadence.lab.load.processes import ProcessResult
+    from cadence.lab.records import ProcessResult
 
 _LAG_FLOOR_MS = 10.0
 

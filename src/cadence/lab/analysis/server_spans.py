@@ -1,6 +1,6 @@
 """The server's spans joined to the client's requests: where each first token's time went.
 
-Every request goes out with a fresh W3C trace id (load/records.py); a traced server's span for
+Every request goes out with a fresh W3C trace id (load/recording.py); a traced server's span for
 it carries that id. For each request the *server span* is the outermost span the server sent
 for its trace (its parent is the client's span, which no server sent); every other span of
 the trace is one of its children. Time to first token then splits into:
@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from cadence.lab.analysis.stats import distribution
-from cadence.lab.load.records import RequestRecord
 from cadence.lab.measure.trace_receiver import ReceivedSpan
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import RequestSpans, ServerSpans, SpanTime
 
 FIRST_SEND_EVENTS = ("first_send", "first_token_sent")

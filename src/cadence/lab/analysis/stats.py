@@ -35,11 +35,10 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 
-from cadence.core.metrics import LoopLagTally
 from cadence.lab.analysis.integrity import check_integrity
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.timeline import timeline
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     Distribution,
     FrontLoop,
@@ -48,6 +47,7 @@ from cadence.lab.results import (
     SegmentShares,
     TtftSegments,
 )
+from cadence.proto import loop_lag
 
 _NS_PER_MS = 1e6
 
@@ -207,17 +207,17 @@ def front_loop(records: list[RequestRecord]) -> FrontLoop | None:
         if len(r.loop_lag) != 2:
             continue
         start, end = r.loop_lag
-        front = int(end.partition(":")[0])
+        front = loop_lag.front(end)
         if start and (front not in first or r.start_ns < first[front][0]):
             first[front] = (r.start_ns, start)
         if front not in last or r.end_ns >= last[front][0]:
             last[front] = (r.end_ns, end)
     if not first:
         return None
-    bounds = LoopLagTally.BOUNDS_S
+    bounds = loop_lag.BOUNDS_S
     delta = [0] * (len(bounds) + 1)
     for k, (_, start) in first.items():
-        for i, (a, b) in enumerate(zip(_counts(start), _counts(last[k][1]), strict=True)):
+        for i, (a, b) in enumerate(zip(loop_lag.counts(start), loop_lag.counts(last[k][1]), strict=True)):
             delta[i] += b - a
     samples = sum(delta)
     edges = [*bounds, math.inf]
@@ -240,7 +240,3 @@ def front_loop(records: list[RequestRecord]) -> FrontLoop | None:
         max_ms_at_most=upper(1.0),
     )
 
-
-def _counts(tally: str) -> list[int]:
-    """The per-bucket counts of an encoded `LoopLagTally` (`FRONT:SAMPLES:C0,C1,...`)."""
-    return [int(c) for c in tally.rsplit(":", 1)[1].split(",")]

@@ -15,7 +15,7 @@ import bisect
 from collections.abc import Iterable
 
 from cadence.lab.analysis.percentile import percentile
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 _NS_PER_MS = 1e6
 _NS_PER_S = 1e9

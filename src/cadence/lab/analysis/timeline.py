@@ -26,7 +26,7 @@ import bisect
 import math
 
 from cadence.lab.analysis.percentile import percentile
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import Bursts, Stalls, StreamConcurrency, Timeline
 
 _NS_PER_MS = 1e6

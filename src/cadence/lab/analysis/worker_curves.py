@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 
 from cadence.lab.analysis.percentile import percentile
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import WorkerCurve
 
 _NS_PER_MS = 1e6

@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from cadence.api.v1 import inference_pb2 as pb
-from cadence.core.metrics import LoopLagTally
 from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.plan import RequestPlan
-from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
+from cadence.lab.load.recording import recording, sent, traceparent
+from cadence.lab.records import RequestRecord
+from cadence.proto import loop_lag as loop_lag_metadata
+from cadence.proto.v1 import inference_pb2 as pb
 
 GENERATE = "/cadence.v1.Inference/Generate"
 
@@ -83,8 +84,8 @@ def loop_lag(initial, trailing) -> list[str]:
     """The front's loop-lag tally at a stream's start ("" when the server sent none: it
     sends it only when it moved since another stream carried it) and at its end; [] without
     the end's."""
-    start = next((v for k, v in initial or () if k == LoopLagTally.KEY), "")
-    end = next((v for k, v in trailing or () if k == LoopLagTally.KEY), None)
+    start = next((v for k, v in initial or () if k == loop_lag_metadata.KEY), "")
+    end = next((v for k, v in trailing or () if k == loop_lag_metadata.KEY), None)
     return [start, end] if end is not None else []
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import grpc
 
     from cadence.lab.load.plan import RequestPlan
-    from cadence.lab.load.records import RequestRecord
+    from cadence.lab.records import RequestRecord
 
 
 class Session(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,7 +38,7 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     read_delay_s: float = 0.0
     """Sleep this long after each chunk: a slow-reading client."""
     stall_s: float | None = None
-    """End a request that gets no chunk for this long, as STALLED (records.recording)."""
+    """End a request that gets no chunk for this long, as STALLED (recording.recording)."""
 
 
 class Driver(abc.ABC):

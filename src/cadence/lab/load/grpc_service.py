@@ -34,7 +34,8 @@ from google.protobuf import descriptor, json_format
 
 from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.grpc_schema import MethodSchema, SchemaError, message_classes
-from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
+from cadence.lab.load.recording import recording, sent, traceparent
+from cadence.lab.records import RequestRecord
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan

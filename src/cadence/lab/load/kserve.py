@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING
 import grpc
 import msgspec
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
-from cadence.api.kserve import grpc_service_pb2_grpc as kpb_grpc
-from cadence.api.kserve.tensors import int32_raw
 from cadence.lab.load.driver import ChannelDriver
-from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
+from cadence.lab.load.recording import recording, sent, traceparent
+from cadence.lab.records import RequestRecord
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
+from cadence.proto.kserve.tensors import int32_raw
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan

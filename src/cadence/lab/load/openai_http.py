@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from cadence.lab.load.driver import Driver, Session
-from cadence.lab.load.records import RequestRecord, recording, sent, traceparent
+from cadence.lab.load.recording import recording, sent, traceparent
+from cadence.lab.records import RequestRecord
 
 if TYPE_CHECKING:
     import aiohttp

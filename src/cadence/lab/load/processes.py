@@ -21,8 +21,8 @@ from cadence.heap import settle_heap
 from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.driver import Session
 from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
-from cadence.lab.load.records import RequestRecord
 from cadence.lab.load.target import Target
+from cadence.lab.records import ProcessResult, RequestRecord
 
 
 class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,26 +71,6 @@ def _my_requests(plan: ProcessPlan):
         if i % plan.processes == plan.process:
             yield i, offset
         i += 1
-
-
-class ProcessResult(msgspec.Struct, array_like=True):
-    """What one load process sends back: its records and the CPU it spent on them."""
-
-    process: int
-    records: list[RequestRecord]
-    cpu_s: float
-    """User + system CPU of the process from the agreed start to its last record (the
-    chunks' parsing after that is not in it: it competes with no arrival)."""
-    wall_s: float
-    schedule_slips: int
-    """Open loop: arrivals the process was late for (the schedule shifted instead)."""
-    started_ns: int = 0
-    """When the process's run began (time.monotonic_ns): the open loop's time zero."""
-    schedule_lag_ms: list[float] = []
-    """Open loop: per request, its actual send time minus its intended one (the unshifted
-    schedule); empty in a closed loop."""
-    aborted: str | None = None
-    """Why the process stopped sending early (`FailureStreak`); None: it ran to its end."""
 
 
 class FailureStreak:

@@ -153,7 +153,7 @@ def _metrics_port_arg(process: psutil.Process) -> int | None:
 
 
 def _serves_cadence_metrics(url: str) -> bool:
-    """Whether `url` answers with cadence's Prometheus page (not, say, the HTTP front's 404)."""
+    """Whether `url` answers with cadence's Prometheus page (not, say, the HTTP port's 404)."""
     import http.client
     import urllib.request
 

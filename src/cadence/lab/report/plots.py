@@ -18,7 +18,7 @@ import msgspec
 
 from cadence.lab.analysis.server_spans import SPLIT
 from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, percentile, ttft_ms
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     BenchResult,
     Capacity,

@@ -19,8 +19,14 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `shape`: output_held_back, slow_stream_group, slow_first_message
 - `batching`: prefill_stalls_decode, one_stream_at_a_time
 - `timers`: gaps_at_fixed_values
+- `threads`: server_one_core_bound, server_threads_wait_for_cpu (the server's threads, read
+  from /proc on this host)
 - `scraped`: kv_cache_full, server_queue_grows (the server's own metrics, `--scrape`)
 - `capacity`: under_capacity (only when nothing else is wrong)
+- `spans`: ttft_before_server, ttft_after_server, ttft_server_queue (the server's spans,
+  `--otlp-receive`)
+
+tests/unit/test_diagnosis_docstring.py checks that this list names every rule of `RULES`.
 
 The client-side rules on the streams' shape share one reading of the raw records
 (`coincidence`): the tail time of the slow gaps and slow first outputs, attributed to the

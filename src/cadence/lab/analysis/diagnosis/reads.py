@@ -24,7 +24,7 @@ import bisect
 import statistics
 
 from cadence.lab.analysis.percentile import percentile
-from cadence.lab.load.records import RequestRecord
+from cadence.lab.records import RequestRecord
 
 NS_PER_MS = 1e6
 

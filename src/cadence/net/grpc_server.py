@@ -13,12 +13,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from cadence.api import security
-from cadence.api.kserve.pool import ReflectionPool
 from cadence.config import ServerConfig
 from cadence.core.metrics import FrontMetrics
 from cadence.lifecycle import StartupError
-from cadence.lifecycle.asgi_grpc import UNPARSED, GrpcAsgiApp
-from cadence.lifecycle.call_acceptor import CallAcceptor
+from cadence.net.asgi_grpc import UNPARSED, GrpcAsgiApp
+from cadence.net.call_acceptor import CallAcceptor
+from cadence.proto.kserve.pool import ReflectionPool
 
 log = logging.getLogger("cadence.server")
 

@@ -6,7 +6,7 @@
 """Generated protocol buffer code."""
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
-from cadence.api.kserve import pool as _private_pool
+from cadence.proto.kserve import pool as _private_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
@@ -29,7 +29,7 @@ DESCRIPTOR = _private_pool.POOL.AddSerializedFile(b'\n\x1cinference/model_config
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cadence.api.kserve.model_config_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cadence.proto.kserve.model_config_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DATATYPE']._serialized_start=508

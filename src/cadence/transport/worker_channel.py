@@ -1,5 +1,5 @@
 """A worker's end of the transport: `WorkerChannel` reads its inputs and sends its outputs to
-its one front (`--fronts N`: front_routing.py's subclass, to every front)."""
+its one front (`--fronts N`: worker_to_fronts.py's subclass, to every front)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class WorkerChannel:
     """A worker's end: read inputs (blocking only when idle), send outputs."""
 
     fronts = 1
-    """Fronts this worker serves (`--fronts N`: front_routing.MultiFrontChannel)."""
+    """Fronts this worker serves (`--fronts N`: worker_to_fronts.MultiFrontChannel)."""
 
     def __init__(self, input_address: str, output_address: str,
                  output_hwm: int = OUTPUT_HWM, *, curve: WorkerSpec | None = None) -> None:

@@ -27,15 +27,14 @@ from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.intake_lull import IntakeLull
 from cadence.core.metrics import FrontMetrics, ProtocolMetrics
-from cadence.core.outcomes import Failure, Finish
 from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
 from cadence.core.stream import RequestStream
 from cadence.core.tracing import RequestTracer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.worker_router import NoWorkerAvailable
-from cadence.transport.front_end import WorkerLink, encode_add
-from cadence.transport.messages import AddRequest
+from cadence.transport.front_channel import WorkerLink, encode_add
+from cadence.vocabulary import AddRequest, Failure, Finish
 
 
 def sequence_ids(front: int, fronts: int, generation: int = 0) -> Iterator[int]:

@@ -15,7 +15,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 
-from cadence.api.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve import grpc_service_pb2 as kpb
 
 
 class TensorError(ValueError):

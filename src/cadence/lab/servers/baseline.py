@@ -18,8 +18,8 @@ import psutil
 from cadence.config import EngineConfig
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, _my_requests
-from cadence.lab.load.records import RequestRecord
-from cadence.transport.messages import AddRequest
+from cadence.lab.records import RequestRecord
+from cadence.vocabulary import AddRequest
 
 
 def engine_config_of(target: str) -> tuple[EngineConfig, int] | None:

@@ -1,7 +1,7 @@
-"""`--fronts N`: several front processes share the workers. A sequence belongs to front
-`seq_id % N` (core.front.sequence_ids); each front has its own sockets (sockets.front_addresses),
-and a worker reads every front's inputs on one socket and sends each step's output split by
-owner (`split_step`), never to a front that died."""
+"""A worker's side of `--fronts N`: several front processes share the workers. A sequence
+belongs to front `seq_id % N` (core.generation.sequence_ids); each front has its own sockets
+(sockets.front_addresses), and a worker reads every front's inputs on one socket and sends each
+step's output split by owner (`split_step`), never to a front that died."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from cadence.transport.messages import (
     step_pieces,
 )
 from cadence.transport.sockets import OUTPUT_HWM
-from cadence.transport.worker_end import WorkerChannel
+from cadence.transport.worker_channel import WorkerChannel
 
 
 def worker_channel(spec: WorkerSpec, output_hwm: int = OUTPUT_HWM) -> WorkerChannel:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
-from cadence.transport.messages import AddRequest, Heartbeat, Shutdown, WorkerInputs, WorkerOutput
+from cadence.transport.messages import Heartbeat, Shutdown, WorkerInputs, WorkerOutput
 from cadence.transport.sockets import OUTPUT_HWM, heartbeat_address, remove_ipc_sockets
+from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.transport")
 

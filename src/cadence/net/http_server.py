@@ -14,7 +14,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from cadence.api.openai.protocol import error_body
 from cadence.config import ServerConfig
 from cadence.lifecycle import StartupError
-from cadence.lifecycle.http_listener import Listener
+from cadence.net.http_listener import Listener
 
 log = logging.getLogger("cadence.http")
 

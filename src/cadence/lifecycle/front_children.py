@@ -125,7 +125,7 @@ class FrontChildren:
         self._children.clear()
         for child in children:
             try:
-                await asyncio.to_thread(child.wait, self._config.grace_s + 5.0)
+                await asyncio.to_thread(child.wait, self._config.drain_timeout_s + 5.0)
             except subprocess.TimeoutExpired:
                 child.kill()
                 await asyncio.to_thread(child.wait)

@@ -1,4 +1,5 @@
-"""What the load generator records for each request: raw, per chunk, never aggregated."""
+"""Recording a request as it runs: its record made as it is sent, its trace context, errors and
+the stall limit turned into the record's code and end time."""
 
 from __future__ import annotations
 
@@ -10,57 +11,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import grpc
-import msgspec
+
+from cadence.lab.records import RequestRecord
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan
-
-
-class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
-    """One request as the client saw it. Times are `time.monotonic_ns()` on the client host.
-
-    Per-chunk lists are parallel: chunk i arrived at `arrival_ns[i]` with `tokens[i]`
-    tokens at output position `index[i]`. The `t_*` lists hold the server's Timing of
-    each chunk when the request asked for it (else they are empty).
-    """
-
-    request_id: str
-    process: int
-    start_ns: int
-    """Just before the request was sent."""
-    end_ns: int = 0
-    """When the stream ended (last chunk or error)."""
-    code: str = "OK"
-    """gRPC status code name."""
-    error: str = ""
-    prompt_tokens: int = 0
-    max_tokens: int = 0
-    finish_reason: int = 0
-    arrival_ns: list[int] = []
-    tokens: list[int] = []
-    index: list[int] = []
-    worker: int = -1
-    """The worker that served it (with timing; -1 without)."""
-    t_received_ns: int = 0
-    t_scheduled_ns: int = 0
-    t_step_start_ns: list[int] = []
-    t_step_end_ns: list[int] = []
-    t_front_recv_ns: list[int] = []
-    t_send_ns: list[int] = []
-    loop_lag: list[str] = []
-    """With timing, from cadence: the front's loop-lag tally at the stream's start and end
-    (`cadence.core.metrics.LoopLagTally.encoded`); empty from other servers."""
-    trace_id: str = ""
-    """The W3C trace id the request was sent with (`traceparent`, 32 hex digits): a traced
-    server's span for it carries the same id (`cadence bench --otlp-receive`)."""
-    connect_ns: int = -1
-    """HTTP: how long this request waited for a new connection to be made (TCP connect and,
-    over https, the TLS handshake), a part of its TTFT; 0 when it went on a connection that
-    was already open. -1: not measured (gRPC opens its channels before the run)."""
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.tokens)
 
 
 def sent(plan: RequestPlan, process: int) -> RequestRecord:

@@ -1,10 +1,32 @@
-"""How a request ends: `Finish` when it completed, `Failure` when it did not. The core's own
-vocabulary, shared by every protocol adapter (cadence.api.errors maps it to theirs) and by the
-workers, whose messages carry it (cadence.transport.messages)."""
+"""The words every stage of a token's path shares, below all of them and of no protocol: what
+a worker is asked to generate (`AddRequest`, as the front sends it and an engine reads it),
+and how a request ends (`Finish` when it completed, `Failure` when it did not). The front's
+core speaks them, every protocol adapter maps them to its wire (cadence.api.errors), the
+transport carries them between processes (cadence.transport.messages), workers and engines
+read and report them."""
 
 from __future__ import annotations
 
 import enum
+
+import msgspec
+
+
+class AddRequest(msgspec.Struct, frozen=True, array_like=True):
+    seq_id: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    stop_token_ids: list[int] = []
+    temperature: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+    timeout_ms: float = 0.0
+    """Time left until the request's deadline when the front sent it; 0: no deadline.
+    Relative, so it stays right when a worker's clock is not the front's."""
+    prompt_text: str = ""
+    """A text prompt for the worker to tokenize with the model's tokenizer (torch engine);
+    then `prompt_token_ids` is empty."""
 
 
 class Finish(enum.IntEnum):

@@ -1,0 +1,74 @@
+"""What the load generator records, raw, per chunk, never aggregated: each request
+(`RequestRecord`) and each load process's share of a run (`ProcessResult`). The load generator
+(`cadence.lab.load`) writes them; the analysis, the results and the reports read them."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
+    """One request as the client saw it. Times are `time.monotonic_ns()` on the client host.
+
+    Per-chunk lists are parallel: chunk i arrived at `arrival_ns[i]` with `tokens[i]`
+    tokens at output position `index[i]`. The `t_*` lists hold the server's Timing of
+    each chunk when the request asked for it (else they are empty).
+    """
+
+    request_id: str
+    process: int
+    start_ns: int
+    """Just before the request was sent."""
+    end_ns: int = 0
+    """When the stream ended (last chunk or error)."""
+    code: str = "OK"
+    """gRPC status code name."""
+    error: str = ""
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    finish_reason: int = 0
+    arrival_ns: list[int] = []
+    tokens: list[int] = []
+    index: list[int] = []
+    worker: int = -1
+    """The worker that served it (with timing; -1 without)."""
+    t_received_ns: int = 0
+    t_scheduled_ns: int = 0
+    t_step_start_ns: list[int] = []
+    t_step_end_ns: list[int] = []
+    t_front_recv_ns: list[int] = []
+    t_send_ns: list[int] = []
+    loop_lag: list[str] = []
+    """With timing, from cadence: the front's loop-lag tally at the stream's start and end
+    (as `cadence.proto.loop_lag` encodes them); empty from other servers."""
+    trace_id: str = ""
+    """The W3C trace id the request was sent with (`traceparent`, 32 hex digits): a traced
+    server's span for it carries the same id (`cadence bench --otlp-receive`)."""
+    connect_ns: int = -1
+    """HTTP: how long this request waited for a new connection to be made (TCP connect and,
+    over https, the TLS handshake), a part of its TTFT; 0 when it went on a connection that
+    was already open. -1: not measured (gRPC opens its channels before the run)."""
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.tokens)
+
+
+class ProcessResult(msgspec.Struct, array_like=True):
+    """What one load process sends back: its records and the CPU it spent on them."""
+
+    process: int
+    records: list[RequestRecord]
+    cpu_s: float
+    """User + system CPU of the process from the agreed start to its last record (the
+    chunks' parsing after that is not in it: it competes with no arrival)."""
+    wall_s: float
+    schedule_slips: int
+    """Open loop: arrivals the process was late for (the schedule shifted instead)."""
+    started_ns: int = 0
+    """When the process's run began (time.monotonic_ns): the open loop's time zero."""
+    schedule_lag_ms: list[float] = []
+    """Open loop: per request, its actual send time minus its intended one (the unshifted
+    schedule); empty in a closed loop."""
+    aborted: str | None = None
+    """Why the process stopped sending early (`FailureStreak`); None: it ran to its end."""

@@ -1,0 +1,1 @@
+"""cadence.v1.Inference's stubs, generated from proto/cadence/v1/inference.proto."""
