@@ -1,67 +1,148 @@
 """Configuration: the server's (`ServerConfig`), built once from the command line or by a
 program, and what each worker is launched with (`WorkerSpec`, `EngineConfig`).
 
-The defaults live here only; the CLI reads its defaults from these classes."""
+Each option of `cadence serve` is stated here once, on its field: its type, default, choices
+(a `Literal`) and, as an `Option`, its help. The command line's flags are generated from these
+declarations (cadence.cli), `cadence.serve(**options)` is checked against them
+(cadence.serving), and both build their ServerConfig with `server_config`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, Literal
+
 import msgspec
+
+GENERAL = ""
+"""The section of the help that lists the options with no section of their own."""
+ENGINE = "the engine (what generates the tokens)"
+SYNTHETIC = "the synthetic engine (a model of an engine's timing)"
+STREAMS = "requests and streams"
+WORKERS = "workers"
+PLACEMENT = "placement on other hosts (see docs/ray.md)"
+SECURITY = "security (see docs/architecture.md#security)"
+HTTP = "the OpenAI-compatible HTTP API (see docs/openai.md)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A config field as an option of `cadence serve` (a flag) and of `cadence.serve()` (a
+    keyword: the field's name), declared on the field (`Annotated[type, Option(...)]`), so the
+    field's type, default and choices are the flag's."""
+
+    help: str
+    """The flag's help. `{default}` in it stands for the default; a help that does not speak
+    of its default gets "(default: ...)" added."""
+    section: str = GENERAL
+    flag: str = ""
+    """The flag, when it is not the field's name (less a trailing `_s`) with dashes."""
+    aliases: tuple[str, ...] = ()
+    """More flags for the same option."""
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = None
+    """The flag's text to the field's value (raises ValueError); default: the field's type."""
+    show: Callable[[Any], str] | None = None
+    """How the default reads in the help, when not as the field's value does."""
+    python: bool = True
+    """Also a keyword of `cadence.serve()` (False: its `app` argument decides it)."""
+
+
+def _engine_name(text: str) -> str:
+    kinds = ("synthetic", "app", "torch", "transformers")
+    if text in kinds or ":" in text:
+        return text
+    raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(kinds)}, or "
+                     "MODULE:CLASS for your batched model class)")
+
+
+def _step_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected MS,MS,... (numbers), got {text!r}") from None
+
+
+def _seconds_or_never(text: str) -> float | None:
+    """Seconds; 0 turns the timer off (None)."""
+    try:
+        return float(text) or None
+    except ValueError:
+        raise ValueError(f"invalid float value: {text!r}") from None
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
 
-    name: str = "synthetic"
+    name: Annotated[str, Option(
+        "what generates the tokens: a synthetic model of an engine's timing, your generator "
+        "function (--app), a Llama model in torch (--model), any causal LM that transformers "
+        "loads (transformers --model PATH), or your batched model class (docs/models.md)",
+        ENGINE, flag="--engine", metavar="{synthetic,app,torch,transformers,MODULE:CLASS}",
+        parse=_engine_name, python=False)] = "synthetic"
     """Engine kind: `synthetic`, `app` (a user's generator function), `torch` (a Llama model),
     `model` (a user's batched model class, `model_class`) or `transformers` (any causal LM
     that transformers loads from `model`, served as a model class)."""
-    step_ms: float = 20.0
-    """Synthetic: base duration of one decode step."""
-    per_seq_ms: float = 0.0
-    """Synthetic: added to a step for each sequence in the batch."""
-    prefill_ms_per_token: float = 0.01
-    """Synthetic: added to a step for each prompt token of the sequences it admits."""
-    jitter_ms: float = 0.0
-    """Synthetic: standard deviation of Gaussian noise on each step (clipped at 0)."""
-    first_step_ms: float = 0.0
-    """Synthetic: extra time on the worker's first step (cold start)."""
-    step_ms_by_worker: tuple[float, ...] = ()
-    """Synthetic: each worker's decode step instead of step_ms, one value per worker in
-    device order (cards of different speeds); empty: step_ms for all."""
-    seed: int = 0
-    """Makes token ids and jitter reproducible."""
-    max_batch: int = 512
-    """Sequences stepped together at most; more wait in the worker's queue."""
-    app: str = ""
+    step_ms: Annotated[float, Option("synthetic decode step (ms)", SYNTHETIC)] = 20.0
+    per_seq_ms: Annotated[float, Option(
+        "synthetic cost per sequence in a step (ms)", SYNTHETIC)] = 0.0
+    prefill_ms_per_token: Annotated[float, Option(
+        "synthetic prefill cost (ms/token)", SYNTHETIC)] = 0.01
+    jitter_ms: Annotated[float, Option(
+        "synthetic step jitter: standard deviation of Gaussian noise on each step, clipped at "
+        "0 (ms)", SYNTHETIC)] = 0.0
+    first_step_ms: Annotated[float, Option(
+        "extra time on each worker's first step, a cold start (ms)", SYNTHETIC)] = 0.0
+    step_ms_by_worker: Annotated[tuple[float, ...], Option(
+        "synthetic: each worker's decode step, one per worker in --devices order, to model "
+        "cards of different speeds (overrides --step-ms)", SYNTHETIC, metavar="MS,MS,...",
+        parse=_step_list)] = ()
+    seed: Annotated[int, Option(
+        "seed of the synthetic engine's tokens and jitter", SYNTHETIC)] = 0
+    max_batch: Annotated[int, Option(
+        "sequences per engine step at most; more wait in the worker's queue", ENGINE)] = 512
+    app: Annotated[str, Option(
+        "serve your generator function (sync or async; implies --engine app)", ENGINE,
+        metavar="MODULE:FUNCTION", python=False)] = ""
     """App engine: the user's generator function as `module:function` or `path.py:function`."""
     model_class: str = ""
     """Model engine: the user's batched model class as `module:Class` or `path.py:Class`
     (cadence.engines.user_model; docs/models.md)."""
-    batch_timeout_ms: float = 10.0
-    """Model engine, a class with generate_stream(batch): how long the first waiting request
-    waits for others to join its batch (fewer than max_batch) before the batch starts."""
-    engine_threads: int = 1
-    """App engine, sync functions: threads of the worker's executor that run the function
-    (default one per device; each worker owns one device)."""
-    model: str = ""
-    """Torch: a local Hugging Face folder (config.json + *.safetensors) or `tiny`. Transformers
-    and model classes: the folder the model loads (given to a class as `model=`)."""
-    dtype: str = "auto"
-    """Torch and transformers: `float32`, `bfloat16`, `float16`, or `auto` (float32 on CPU,
-    the checkpoint's on CUDA)."""
-    kv_cache_tokens: int = 16384
-    """Torch: KV cache capacity per worker, in tokens of all sequences together."""
-    cuda_graph_batch: int = 32
-    """Torch on CUDA: decode steps of up to this many sequences replay CUDA graphs (0: off)."""
+    batch_timeout_ms: Annotated[float, Option(
+        "MODULE:CLASS with generate_stream(batch): how long the first waiting request waits "
+        "for others to fill a batch before it starts", ENGINE, metavar="MS")] = 10.0
+    engine_threads: Annotated[int, Option(
+        "app engine, sync function: executor threads per worker (default {default}, one per "
+        "device)", ENGINE)] = 1
+    model: Annotated[str, Option(
+        "torch engine: a local Hugging Face Llama folder, or tiny (implies --engine torch); "
+        "--engine transformers and MODULE:CLASS: the folder the model loads", ENGINE,
+        metavar="PATH|tiny")] = ""
+    dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Option(
+        "torch and transformers engines: compute dtype (auto: float32 on CPU, the "
+        "checkpoint's on CUDA)", ENGINE)] = "auto"
+    kv_cache_tokens: Annotated[int, Option(
+        "torch engine: KV cache capacity per worker, in tokens of all sequences together",
+        ENGINE)] = 16384
+    cuda_graph_batch: Annotated[int, Option(
+        "torch engine on CUDA, --tp 1: decode steps of up to N sequences replay captured CUDA "
+        "graphs (default {default}; 0 turns them off)", ENGINE)] = 32
     threads: int = 0
     """Torch and transformers on CPU: intra-op threads per rank; 0 leaves torch's default."""
-    max_step_tokens: int = 0
-    """A step's token budget: decoded sequences + prompt tokens prefilled; an engine that
-    takes prefill chunks prefills a long prompt over several steps within it (0: no budget,
-    every admitted prompt whole in one step). See cadence.worker.step_budget."""
-    itl_target_ms: float = 0.0
-    """A step's budget from the worker's measured step-time model, so a step takes about
-    this long while prefill progresses (0: none). Exclusive with max_step_tokens."""
+    max_step_tokens: Annotated[int, Option(
+        "a step's token budget (decoded sequences + prompt tokens prefilled): long prompts are "
+        "prefilled in chunks beside the decodes, by engines that take chunks (torch, "
+        "synthetic; model classes that opt in) (default: no budget, each prompt whole in one "
+        "step)", ENGINE, metavar="N")] = 0
+    """See cadence.worker.step_budget."""
+    itl_target_ms: Annotated[float, Option(
+        "a step's budget from the worker's own measured step-time model, so a step stays "
+        "within MS while long prompts are prefilled in chunks (default: off; instead of "
+        "--max-step-tokens)", ENGINE, metavar="MS")] = 0.0
 
     @property
     def tokenizes_text(self) -> bool:
@@ -113,92 +194,123 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
-    host: str = "127.0.0.1"
-    port: int = 50051
-    """0 asks the OS for a free port."""
-    devices: list[str] = msgspec.field(default_factory=lambda: ["cpu"])
+    host: Annotated[str, Option("address to bind")] = "127.0.0.1"
+    port: Annotated[int, Option("port to bind; 0 picks a free one")] = 50051
+    devices: Annotated[list[str], Option(
+        "one worker per device: cpu:N, cuda:I,J,... or auto (every visible card, else one CPU "
+        "worker)", parse=str, show=lambda devices: f"cpu:{len(devices)}")] = msgspec.field(
+            default_factory=lambda: ["cpu"])
     """One worker per entry: `cpu` or `cuda:N`; a tensor-parallel worker lists one device per
     rank, comma separated (see `group_devices`)."""
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
-    max_concurrent: int = 1024
-    """Streams admitted at once; more are refused with RESOURCE_EXHAUSTED."""
-    queue_capacity: int = 64
-    """Steps of output that may wait in a request's buffer before the overflow policy applies."""
-    overflow: str = "merge"
-    """`merge`, `block` or `abort`; see cadence.api.request_stream."""
-    stall_timeout_s: float | None = None
-    """Cut off a stream whose client reads nothing for this long (None: never)."""
-    max_message_bytes: int = 4 * 1024 * 1024
-    """Largest request message the server accepts."""
-    accept_ahead: int = 64
-    """Incoming calls of each streaming method requested from gRPC's core before they arrive
-    (0: grpc.aio's own one at a time). See cadence.net.call_acceptor."""
-    max_tokens_limit: int = 16384
-    """Largest max_tokens a request may ask for."""
-    max_prompt_tokens: int = 65536
-    metrics_port: int | None = None
-    """Serve Prometheus metrics on this port (0: any free port); None: no metrics endpoint."""
-    transport: str = "ipc"
-    """`ipc` (one host) or `tcp` (CURVE-encrypted; what `launcher="ray"` needs)."""
-    worker_host: str = ""
-    """tcp: the address the front binds for its workers' sockets. Empty: the Ray node's IP
-    with the Ray launcher, else 127.0.0.1."""
-    launcher: str = "local"
-    """`local` (child processes) or `ray` (actors in a Ray cluster; see docs/ray.md)."""
-    ray_address: str = ""
-    """Ray cluster to join (`HOST:PORT` or `auto`); empty: start a Ray instance on this host."""
-    dist_ifname: str = ""
-    """torch.distributed's network interface between hosts (GLOO_SOCKET_IFNAME and
-    NCCL_SOCKET_IFNAME); empty: the interface that carries the Ray node's IP."""
-    heartbeat_interval_s: float = 0.1
-    """Front and workers tell each other they are alive this often."""
-    heartbeat_timeout_s: float = 1.0
-    """A worker silent this long is stopped and restarted; a worker that hears nothing from
-    the front this long exits."""
-    startup_timeout_s: float = 60.0
-    worker_timeout_s: float | None = 60.0
-    """A worker with open requests that sends no step for this long is killed and restarted
-    (None: never)."""
-    restart_workers: bool = True
+    max_concurrent: Annotated[int, Option(
+        "streams admitted at once; more are refused with RESOURCE_EXHAUSTED", STREAMS)] = 1024
+    queue_capacity: Annotated[int, Option(
+        "steps of output a request's buffer holds before --overflow applies", STREAMS)] = 64
+    overflow: Annotated[Literal["merge", "block", "abort"], Option(
+        "when a client lags past --queue-capacity: merge its tokens, pause its sequence in the "
+        "engine, or end its stream", STREAMS)] = "merge"
+    """See cadence.core.stream."""
+    stall_timeout_s: Annotated[float | None, Option(
+        "cut off a client that reads nothing for this many seconds: its stream ends with an "
+        "error (HTTP: an error event and [DONE], then the connection closes) (default: never)",
+        STREAMS, metavar="S")] = None
+    max_message_bytes: Annotated[int, Option(
+        "largest request message accepted", STREAMS)] = 4 * 1024 * 1024
+    accept_ahead: Annotated[int, Option(
+        "new calls of each streaming method requested from gRPC ahead of their arrival, so a "
+        "burst of calls is taken in while other streams keep the front busy (0: grpc.aio's "
+        "own accept loop, one at a time)", STREAMS, metavar="N")] = 64
+    """See cadence.net.call_acceptor."""
+    max_tokens_limit: Annotated[int, Option(
+        "largest max_tokens a request may ask for (INVALID_ARGUMENT above)", STREAMS)] = 16384
+    max_prompt_tokens: Annotated[int, Option(
+        "longest prompt accepted, in tokens (INVALID_ARGUMENT above)", STREAMS)] = 65536
+    metrics_port: Annotated[int | None, Option(
+        "serve Prometheus metrics on this port (0: any free port), on --host, over plain HTTP "
+        "with no TLS and no token: anyone who can reach it reads them (default: off)",
+        metavar="PORT")] = None
+    transport: Annotated[Literal["ipc", "tcp"], Option(
+        "front <-> worker sockets: ipc (one host) or tcp (CURVE-encrypted) (default ipc; tcp "
+        "with --launcher ray)", WORKERS)] = "ipc"
+    worker_host: Annotated[str, Option(
+        "tcp: the address the front binds for its workers (default 127.0.0.1; the Ray node's "
+        "IP with --launcher ray)", WORKERS, metavar="ADDR")] = ""
+    launcher: Annotated[Literal["local", "ray"], Option(
+        "start workers as child processes (local) or as Ray actors", PLACEMENT)] = "local"
+    ray_address: Annotated[str, Option(
+        "Ray cluster to join (HOST:PORT or auto); default: a Ray instance on this host",
+        PLACEMENT, metavar="ADDR")] = ""
+    dist_ifname: Annotated[str, Option(
+        "network interface torch.distributed uses between hosts, GLOO_SOCKET_IFNAME and "
+        "NCCL_SOCKET_IFNAME (default: the one carrying each Ray node's IP)", PLACEMENT,
+        metavar="IFNAME")] = ""
+    heartbeat_interval_s: Annotated[float, Option(
+        "front <-> worker heartbeat period in seconds", WORKERS, metavar="S")] = 0.1
+    heartbeat_timeout_s: Annotated[float, Option(
+        "a worker silent this long is restarted; a worker that hears no front this long exits",
+        WORKERS, metavar="S")] = 1.0
+    startup_timeout_s: Annotated[float, Option(
+        "seconds every worker gets to load its engine and report ready", WORKERS,
+        metavar="S")] = 60.0
+    worker_timeout_s: Annotated[float | None, Option(
+        "seconds without a step (while requests are open) before a worker counts as hung and "
+        "is restarted; 0 disables", WORKERS, metavar="S", parse=_seconds_or_never)] = 60.0
+    restart_workers: Annotated[bool, Option(
+        "do not restart workers that die (their streams fail with UNAVAILABLE)", WORKERS,
+        flag="--no-restart")] = True
     """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
-    drain_timeout_s: float = 5.0
-    """On shutdown, open streams get this long to finish before they are cancelled."""
-    app_in_front: bool = False
-    """App engine: run the function in the front process instead of one worker process per
-    device (shared in-process state; shares the front's GIL). See docs/apps.md."""
-    tls_cert: str | None = None
-    """PEM certificate chain the gRPC port presents; with `tls_key`, the port speaks TLS only."""
-    tls_key: str | None = None
-    """PEM private key of `tls_cert`."""
-    tls_client_ca: str | None = None
-    """PEM CA certificates; clients must present a certificate one of them signed (mutual TLS)."""
-    auth_token_file: str | None = None
-    """Accepted bearer tokens, one per line; every RPC but health must send one. See
-    cadence.api.security."""
-    grpc_server: str = "aio"
-    """`aio` (grpc.aio) or `native`: gRPC served by Envoy's HTTP/2 through pyvoy, the front
-    running in Envoy's process (cadence.lifecycle.envoy_front), one Envoy per front."""
-    fronts: int = 1
-    """Front processes serving the port (SO_REUSEPORT), each connected to every worker; the
-    first also launches the workers and the other fronts. See docs/architecture.md#fronts."""
-    kserve_model_name: str = "cadence"
-    """The model's name in the Open Inference Protocol (`inference.GRPCInferenceService`,
-    served on the same port); see docs/kserve.md."""
-    served_model_name: str = ""
-    """The model's name for every protocol (OpenAI's `model`, KServe's); empty:
-    `kserve_model_name`. See `model_name`."""
-    http_port: int | None = None
-    """Serve the OpenAI-compatible HTTP API on this port (0: any free port); None: no HTTP.
-    See docs/openai.md."""
-    http_header_timeout_s: float = 60.0
-    """HTTP: seconds a client has to send a request's headers; also how long an idle
-    keep-alive connection stays open. Past it the connection is closed (slowloris)."""
-    http_body_timeout_s: float = 60.0
-    """HTTP: seconds a client has to send a request's body once its headers are in; past it
-    the request gets 408 and the connection is closed."""
-    otlp_traces_endpoint: str = ""
-    """Export one OpenTelemetry span per request to this OTLP endpoint (e.g.
-    `http://127.0.0.1:4317`); empty: no tracing. See cadence.core.tracing."""
+    drain_timeout_s: Annotated[float, Option(
+        "on SIGINT/SIGTERM, seconds open streams get to finish before they end with "
+        "UNAVAILABLE", aliases=("--grace",), metavar="S")] = 5.0
+    app_in_front: Annotated[bool, Option(
+        "run the app in the front process instead of worker processes (shared in-process "
+        "state; shares the front's GIL; docs/apps.md)", ENGINE)] = False
+    tls_cert: Annotated[str | None, Option(
+        "serve TLS only, with this certificate chain (needs --tls-key)", SECURITY,
+        metavar="PEM")] = None
+    tls_key: Annotated[str | None, Option("the key of --tls-cert", SECURITY,
+                                          metavar="PEM")] = None
+    tls_client_ca: Annotated[str | None, Option(
+        "mutual TLS: require client certificates signed by this CA", SECURITY,
+        metavar="PEM")] = None
+    auth_token_file: Annotated[str | None, Option(
+        "require 'authorization: Bearer <token>' with a token from FILE (one per line) on "
+        "every RPC but health", SECURITY, metavar="FILE")] = None
+    """See cadence.api.security."""
+    grpc_server: Annotated[Literal["aio", "native"], Option(
+        "aio: grpc.aio (default); native: gRPC on Envoy's HTTP/2 through pyvoy (the front runs "
+        "inside Envoy, one Envoy per front; local workers only; needs cadence[native]; see "
+        "docs/native-grpc.md)")] = "aio"
+    """See cadence.lifecycle.envoy_front."""
+    fronts: Annotated[int, Option(
+        "front processes sharing the port (SO_REUSEPORT), each connected to every worker; the "
+        "first also launches the workers and the other fronts")] = 1
+    """See docs/architecture.md#fronts."""
+    kserve_model_name: Annotated[str, Option(
+        "the model's name in the Open Inference Protocol (KServe v2 / Triton gRPC, same port; "
+        "docs/kserve.md)", metavar="NAME")] = "cadence"
+    served_model_name: Annotated[str, Option(
+        "the model's name for every protocol: OpenAI's model (GET /v1/models) and KServe's "
+        "(default: --kserve-model-name's)", metavar="NAME")] = ""
+    """See `model_name`."""
+    http_port: Annotated[int | None, Option(
+        "also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+        "/v1/models, /health) on this port; 0 picks a free one (default: off)", HTTP,
+        metavar="PORT")] = None
+    http_header_timeout_s: Annotated[float, Option(
+        "HTTP: seconds a client has to send a request's headers, and an idle keep-alive "
+        "connection stays open; then the connection is closed (slowloris)", HTTP,
+        metavar="S")] = 60.0
+    http_body_timeout_s: Annotated[float, Option(
+        "HTTP: seconds a client has to send a request's body once its headers are in; then "
+        "408 and the connection is closed", HTTP, metavar="S")] = 60.0
+    otlp_traces_endpoint: Annotated[str, Option(
+        "export one OpenTelemetry span per request (every protocol) to this OTLP/gRPC "
+        "endpoint, e.g. http://127.0.0.1:4317; needs cadence[otel] (default: "
+        "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT when set, else "
+        "off)", metavar="URL")] = ""
+    """See cadence.core.tracing."""
 
     @property
     def model_name(self) -> str:
@@ -206,13 +318,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.served_model_name or self.kserve_model_name
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [*_choice_problems(self), *_choice_problems(self.engine)]
         if self.max_concurrent < 1:
             problems.append(f"max_concurrent must be at least 1 (got {self.max_concurrent})")
         if self.queue_capacity < 1:
             problems.append(f"queue_capacity must be at least 1 (got {self.queue_capacity})")
-        if self.overflow not in ("merge", "block", "abort"):
-            problems.append(f"overflow must be 'merge', 'block' or 'abort' (got {self.overflow!r})")
         if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
             problems.append("stall_timeout_s must be positive")
         for name in ("http_header_timeout_s", "http_body_timeout_s"):
@@ -222,11 +332,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append(f"accept_ahead must be 0 or more (got {self.accept_ahead})")
         if self.max_message_bytes < 1024:
             problems.append("max_message_bytes must be at least 1024")
-        if self.transport not in ("ipc", "tcp"):
-            problems.append(f"transport must be 'ipc' or 'tcp' (got {self.transport!r})")
-        if self.launcher not in ("local", "ray"):
-            problems.append(f"launcher must be 'local' or 'ray' (got {self.launcher!r})")
-        elif self.launcher == "ray" and self.transport != "tcp":
+        if self.launcher == "ray" and self.transport != "tcp":
             problems.append("--launcher ray needs --transport tcp (workers on other hosts "
                             "cannot reach ipc sockets)")
         elif self.launcher == "ray" and (self.fronts > 1 or self.app_in_front):
@@ -270,9 +376,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.app_in_front and self.engine.name != "app":
             problems.append("app_in_front needs the app engine (--app MODULE:FUNCTION)")
         problems.extend(_torch_problems(self))
-        if self.grpc_server not in ("aio", "native"):
-            problems.append(f"grpc_server must be aio or native (got {self.grpc_server!r})")
-        elif self.grpc_server == "native" and self.launcher != "local":
+        if self.grpc_server == "native" and self.launcher != "local":
             problems.append("--grpc-server native runs local workers only: drop --launcher, "
                             "or use --grpc-server aio")
         if self.fronts < 1:
@@ -303,8 +407,6 @@ def _torch_problems(config: ServerConfig) -> list[str]:
             problems.append(f"the {engine.name} engine needs a model: --model PATH (a local "
                             "Hugging Face folder)" + (" or --model tiny" if engine.name == "torch"
                                                       else ""))
-        if engine.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            problems.append(f"dtype must be auto, float32, bfloat16 or float16 (got {engine.dtype!r})")
     if engine.name == "torch":
         if engine.cuda_graph_batch < 0:
             problems.append(f"cuda_graph_batch must be 0 (off) or more (got {engine.cuda_graph_batch})")
@@ -374,3 +476,126 @@ def _cuda_device_count() -> int:
         return torch.cuda.device_count()
     except ImportError:
         return 0
+
+
+def _choice_problems(struct: msgspec.Struct) -> list[str]:
+    """A field declared as a `Literal` holding none of its choices (a program's constructor
+    checks no types; the command line and `cadence.serve()` convert, which does)."""
+    problems = []
+    for name, choices in _choices(type(struct)).items():
+        value = getattr(struct, name)
+        if value not in choices:
+            *first, last = (repr(c) for c in choices)
+            problems.append(f"{name} must be {', '.join(first)} or {last} (got {value!r})")
+    return problems
+
+
+@functools.cache
+def _choices(cls: type) -> dict[str, tuple]:
+    return {name: typing.get_args(hint) for name, hint in typing.get_type_hints(cls).items()
+            if typing.get_origin(hint) is Literal}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeOption:
+    """One option of `cadence serve` and `cadence.serve()`, as its field declares it."""
+
+    name: str
+    """The field's name: `cadence.serve()`'s keyword, and where the flag's value goes."""
+    kind: Any
+    """The field's type."""
+    default: Any
+    option: Option
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        first = self.option.flag or "--" + self.name.removesuffix("_s").replace("_", "-")
+        return (first, *self.option.aliases)
+
+    @property
+    def choices(self) -> tuple | None:
+        return typing.get_args(self.kind) if typing.get_origin(self.kind) is Literal else None
+
+
+TENSOR_PARALLEL = ServeOption("tp", int, 1, Option(
+    "torch engine or MODULE:CLASS: tensor-parallel ranks per worker; --devices cpu:4 --tp 2 "
+    "gives two workers of two ranks"))
+"""The one option that is no field: it groups `devices` (see `group_devices`)."""
+
+
+@functools.cache
+def serve_options() -> tuple[ServeOption, ...]:
+    """Every option of `cadence serve`, in the order of the fields that declare them."""
+    return tuple(_declared(ServerConfig))
+
+
+def _declared(cls: type) -> list[ServeOption]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    declared = []
+    for field in msgspec.structs.fields(cls):
+        if field.type is EngineConfig:
+            declared += _declared(EngineConfig)
+            continue
+        option = next((m for m in getattr(hints[field.name], "__metadata__", ())
+                       if isinstance(m, Option)), None)
+        if option is None:
+            continue
+        default = (field.default_factory() if field.default is msgspec.NODEFAULT
+                   else field.default)
+        declared.append(ServeOption(field.name, typing.get_args(hints[field.name])[0], default,
+                                    option))
+        if field.name == "devices":
+            declared.append(TENSOR_PARALLEL)
+    return declared
+
+
+def unknown_options(names: Iterable[str]) -> str | None:
+    """What is wrong with `names` as keywords of `cadence.serve()`: each that is not an option,
+    with the options it may have meant; None when all are options."""
+    options = serve_options()
+    known = [o.name for o in options if o.option.python]
+    given_by_app = {o.name for o in options if not o.option.python}
+    problems = []
+    for name in names:
+        if name in given_by_app:
+            problems.append(f"{name!r} is given by the app argument (a function, a class or "
+                            "its MODULE:NAME)")
+        elif name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            problems.append(f"unknown option {name!r}" + (
+                f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+    return "; ".join(problems) or None
+
+
+def server_config(options: Mapping[str, Any]) -> ServerConfig:
+    """The ServerConfig of `cadence serve`'s options by name (`serve_options`; one not given
+    takes its default), as the command line and `cadence.serve()` give them: `devices` as
+    text is read (`parse_devices`) and grouped by `tp`; `app`, a MODULE:CLASS engine or a
+    `model` name the engine; with `launcher="ray"` the transport is tcp unless given; the
+    OTLP endpoint defaults to the environment's ($OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    $OTEL_EXPORTER_OTLP_ENDPOINT). Raises ValueError saying what is wrong."""
+    from cadence.core.tracing import endpoint_from_env
+
+    defaults = {o.name: o.default for o in serve_options()}
+    server = dict(options)
+    engine = {name: server.pop(name) for name in list(server)
+              if name in EngineConfig.__struct_fields__}
+    devices = server.pop("devices", defaults["devices"])
+    devices = group_devices(parse_devices(devices) if isinstance(devices, str) else
+                            list(devices), server.pop("tp", defaults["tp"]))
+    name = engine.get("name", defaults["name"])
+    if engine.get("app"):
+        name = "app"
+    elif ":" in name:  # --engine MODULE:CLASS
+        name, engine["model_class"] = "model", name
+    elif engine.get("model") and name == "synthetic":
+        name = "torch"
+    engine["name"] = name
+    if name in ("torch", "transformers"):
+        engine.setdefault("threads", cpu_threads_per_rank(devices))
+    if "transport" not in server and server.get("launcher") == "ray":
+        server["transport"] = "tcp"
+    if not server.get("otlp_traces_endpoint"):
+        server["otlp_traces_endpoint"] = endpoint_from_env()
+    # convert, not the constructor: it checks every option's type.
+    return msgspec.convert({**server, "devices": devices, "engine": engine}, ServerConfig)

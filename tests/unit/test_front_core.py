@@ -223,3 +223,48 @@ def test_request_duration_buckets_reach_long_streams() -> None:
     assert value(bucket, {"protocol": OPENAI, "le": "600.0"}) == 1
     assert value(bucket, {"protocol": OPENAI, "le": "1200.0"}) == 2
     assert value(bucket, {"protocol": OPENAI, "le": "1800.0"}) == 2
+
+
+def test_the_output_reader_writes_for_the_adapter_until_it_must_act() -> None:
+    """Generation.write_from_reader: each step's chunk goes to the adapter's writer without
+    waking its task, until the writer asks the task to act or fails (met in the task)."""
+    async def run() -> None:
+        core, _, _, _ = make_core()
+        generation = core.open(request(max_tokens=8), 1, no_deadline, protocol=OPENAI)
+        with generation:
+            stream = generation.stream
+            written = []
+
+            def write(chunk) -> bool:
+                written.append(chunk.token_ids)
+                return len(written) == 2  # the second write asks the task to act
+
+            def step(token: int) -> None:  # as the output reader does for one step
+                stream.push(token, None, 1, 2, 3)
+                stream.flush()
+
+            handing = asyncio.ensure_future(generation.write_from_reader(write))
+            await asyncio.sleep(0)
+            step(5)
+            assert written == [[5]] and not handing.done()
+            assert stream.sending_since_ns == 0  # written: not a stalled client
+            step(6)
+            await asyncio.wait_for(handing, 5)
+            assert written == [[5], [6]]
+            step(7)  # the task's own now: waiting for its `take`
+            assert written == [[5], [6]]
+            await generation.write_from_reader(write)  # output waits: returns at once
+            assert generation.take().token_ids == [7]
+
+            def broken(chunk) -> bool:
+                raise ConnectionResetError("the client went away")
+
+            handing = asyncio.ensure_future(generation.write_from_reader(broken))
+            await asyncio.sleep(0)
+            step(8)
+            with pytest.raises(ConnectionResetError):
+                await asyncio.wait_for(handing, 5)
+            stream.fail(Failure.UNAVAILABLE, "the worker stopped")
+            assert generation.error == (Failure.UNAVAILABLE, "the worker stopped")
+
+    asyncio.run(run())

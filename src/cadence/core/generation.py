@@ -286,9 +286,9 @@ class Generation:
     records the outcome.
     """
 
-    __slots__ = ("_core", "_ended", "_last_ns", "deadline", "failure", "first_send_ns",
-                 "held_id", "max_tokens", "operation", "protocol_metrics", "request",
-                 "request_id", "stream", "time_remaining")
+    __slots__ = ("_core", "_ended", "_last_ns", "_write", "_write_error", "deadline", "failure",
+                 "first_send_ns", "held_id", "max_tokens", "operation", "protocol_metrics",
+                 "request", "request_id", "stream", "time_remaining")
 
     def __init__(self, core: FrontCore, stream: RequestStream, request: Request, operation: str,
                  request_id: str, max_tokens: int, held_id: str | None,
@@ -318,6 +318,10 @@ class Generation:
         """When the first chunk was handed to the adapter; 0 until then."""
         self._ended = False
         """The chunk with the finish was handed out."""
+        self._write: Callable[[Chunk], bool] | None = None
+        """The adapter's writer while the output reader writes for it (`write_from_reader`)."""
+        self._write_error: Exception | None = None
+        """What `_write` raised in the output reader, for the adapter's task to meet."""
 
     @property
     def received_ns(self) -> int:
@@ -350,12 +354,59 @@ class Generation:
             return None
         return stream.waiter()
 
-    def deliver_directly(self, deliver: Callable[[], None] | None) -> None:
-        """Until called again with None: instead of waking the adapter's task, the output
-        reader calls `deliver` once per step that brought this request output or its end;
-        `deliver` calls `take` and writes the chunk without awaiting (and wakes the task,
-        `RequestStream.wake`, when it must wait). A failure still ends `ready`'s wait."""
-        self.stream.deliver = deliver
+    @property
+    def error(self) -> tuple[Failure, str] | None:
+        """The failure the stream ended with and its message, or None (not failed)."""
+        return self.stream.error
+
+    async def write_from_reader(self, write: Callable[[Chunk], bool]) -> None:
+        """The chunk last taken is written: until the adapter has to act, the output reader
+        takes each step's chunk and gives it to `write`, which writes it without awaiting, in
+        place of waking the adapter's task (a coroutine and a task switch per chunk saved).
+
+        `write(chunk)` returns True when the adapter's task must act before anything more is
+        written (its socket's buffer is full, a stop string matched); the chunk counts as
+        still being sent until the task next calls `ready`. Returns at once when output or the
+        end is already waiting; else once the stream ended or failed, `write` returned True,
+        or the chunk with the finish was written: the task goes on with `ready` and `take`.
+        Raises what `write` raised (e.g. ConnectionError: the client went away)."""
+        stream = self.stream
+        if self._ended or stream.waiting_steps or stream.done:
+            return
+        stream.sending_since_ns = 0  # written: nothing pending until the next
+        self._write = write
+        stream.deliver = self._deliver
+        try:
+            await stream.waiter()
+        finally:
+            stream.deliver = None
+            self._write = None
+        error = self._write_error
+        if error is not None:
+            self._write_error = None
+            raise error
+
+    def _deliver(self) -> None:
+        """`RequestStream.deliver` during `write_from_reader`: the output reader's call, once
+        per step that brought output or the end."""
+        stream = self.stream
+        try:
+            chunk = self.take()
+        except RequestError:  # failed: fail() woke the task, whose `take` raises it
+            return
+        if chunk is None:
+            act = True
+        else:
+            try:
+                act = self._write(chunk) or self._ended
+            except Exception as exc:  # noqa: BLE001 - the adapter's task meets it
+                self._write_error = exc
+                act = True
+        if act:
+            stream.deliver = None  # the task takes over: later steps wake it
+            stream.wake()
+        else:
+            stream.sending_since_ns = 0  # the write is complete: not a stalled client
 
     def take(self) -> Chunk | None:
         """The next chunk, everything waiting merged, once `ready` said there is one; None at

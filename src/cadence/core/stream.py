@@ -88,7 +88,7 @@ class RequestStream:
         """Text pieces sent by a worker that detokenizes (torch engine), one per waiting step."""
         self._waiter: asyncio.Future[None] | None = None
         self.deliver: Callable[[], None] | None = None
-        """Set while the adapter writes without awaiting (`Generation.deliver_directly`):
+        """Set while the output reader writes for the adapter (`Generation.write_from_reader`):
         the output reader calls it once per step that brought output or the end, after the
         whole step, in place of waking the adapter's task. A failure still wakes the task."""
         self._prompt_tokens = prompt_tokens

@@ -11,6 +11,7 @@ import ssl
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from cadence.aiohttp_internals import connection_factory
 from cadence.api.openai.protocol import error_body
 from cadence.config import ServerConfig
 from cadence.lifecycle import StartupError
@@ -48,7 +49,8 @@ class _Connection(web.RequestHandler):
     """aiohttp's per-connection protocol, answering what its parser refuses (a line over
     8190 bytes, over 128 headers, a bad Content-Length, Content-Length with Transfer-Encoding)
     in OpenAI's error shape with one log line, where aiohttp's own answer is plain text and a
-    traceback at ERROR: any client could flood the log with them."""
+    traceback at ERROR: any client could flood the log with them. aiohttp has no option for
+    its parser's error response, nor for the protocol class (`connection_factory`)."""
 
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
@@ -65,23 +67,6 @@ class _Connection(web.RequestHandler):
         return response
 
 
-class _Server(web.Server):
-    def __call__(self) -> web.RequestHandler:
-        return _Connection(self, loop=self._loop, **self._kwargs)
-
-
-class _Runner(web.AppRunner):
-    """aiohttp's AppRunner with `_Connection` for every connection: aiohttp (3.14) has no
-    option for its parser's error response, and the server it makes is the one place that
-    chooses the protocol class."""
-
-    async def _make_server(self) -> web.Server:
-        made = await super()._make_server()
-        return _Server(made.request_handler, request_factory=made.request_factory,
-                       handler_cancellation=made.handler_cancellation, loop=made._loop,
-                       **made._kwargs)
-
-
 class HttpServer:
     """One aiohttp server for `app` on `config.host:config.http_port`."""
 
@@ -91,7 +76,7 @@ class HttpServer:
         # its Generation closes and the worker drops the sequence at its next step.
         # keepalive_timeout is aiohttp's idle timer, which runs from the connection's start
         # and between requests until a whole request's headers are in: the header timeout.
-        self._runner = _Runner(app, access_log=None, handler_cancellation=True,
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                shutdown_timeout=_SHUTDOWN_S,
                                keepalive_timeout=config.http_header_timeout_s,
                                lingering_time=_LINGER_S)
@@ -102,7 +87,8 @@ class HttpServer:
         config = self._config
         await self._runner.setup()
         assert self._runner.server is not None
-        listener = Listener(self._runner.server, ssl_context=ssl_context(config),
+        listener = Listener(connection_factory(self._runner.server, _Connection),
+                            ssl_context=ssl_context(config),
                             backlog=_BACKLOG)
         try:
             port = await listener.open(config.host, config.http_port or 0,

@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable
 
 from aiohttp import HttpVersion11, web
-from aiohttp.web_urldispatcher import _default_expect_handler
 
+from cadence.aiohttp_internals import CHUNK_FRAME, connection, default_expect_handler
 from cadence.api.errors import HTTP_PAYLOAD_TOO_LARGE, HTTP_REQUEST_TIMEOUT, HTTP_UNAUTHENTICATED
 from cadence.api.openai.chat import PlainChat, TemplateChat
 from cadence.api.openai.protocol import (
@@ -194,7 +194,7 @@ class OpenAIService:
         refused = self._refused_on_headers(request)
         if refused is not None:
             return refused
-        return await _default_expect_handler(request)  # aiohttp's own: 100 Continue, or 417
+        return await default_expect_handler(request)  # aiohttp's own: 100 Continue, or 417
 
     @web.middleware
     async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
@@ -260,10 +260,10 @@ class OpenAIService:
 
     async def _stream(self, http: web.Request, wire: OpenAIRequest,
                       generation: Generation) -> web.StreamResponse:
-        # The Generation's iterator unrolled into `ready` and `take`. The task writes the first event (the response starts with it) and any that waited; in
-        # between, the output reader writes each step's event (`_Events.deliver`) and the task
-        # sleeps until the stream ends, fails, stops or the client's socket is full.
-        stream = generation.stream
+        # The Generation's iterator unrolled into `ready` and `take`. The task writes the first
+        # event (the response starts with it) and any that waited; in between, the output
+        # reader writes each step's event (`write_from_reader`) and the task sleeps until the
+        # stream ends, fails, stops or the client's socket is full.
         ready, take = generation.ready, generation.take
         events = _Events(generation, Encoder(wire.endpoint, self.model_name,
                                              usage_null=wire.include_usage),
@@ -282,20 +282,12 @@ class OpenAIService:
                         response = self._sse_response(http)
                         await response.prepare(http)
                         events.attach(http, response)
-                    if events.emit(chunk):
+                    events.emit(chunk)
+                    if events.paused:
                         await events.drain()
                     if events.stopped:
                         break
-                    if chunk.finish or stream.waiting_steps or stream.done:
-                        continue
-                    stream.sending_since_ns = 0  # written: nothing pending until the next
-                    generation.deliver_directly(events.deliver)
-                    try:
-                        await stream.waiter()
-                    finally:
-                        generation.deliver_directly(None)
-                    if events.broken:
-                        raise ConnectionResetError("the client's connection is closed")
+                    await generation.write_from_reader(events.emit)
                     if events.stopped:
                         break
                     if events.paused:
@@ -315,8 +307,8 @@ class OpenAIService:
         except ConnectionError:  # the client went away mid-write: the Generation closes
             pass
         except asyncio.CancelledError:
-            if response is not None and stream.error is not None:
-                await _cut_off(http, response, stream.error)
+            if response is not None and generation.error is not None:
+                await _cut_off(http, response, generation.error)
             raise
         return response
 
@@ -347,13 +339,13 @@ class _Events:
     HTTP/1.1 chunks as aiohttp's writer frames them, with no coroutine per event (aiohttp's
     `StreamResponse.write` costs two, and a drain every 64 KiB even when nothing waits).
 
-    Between the task's writes, `deliver` writes from the output reader, once per step, and
-    wakes the task (`RequestStream.wake`) only when it has to act: the stream ended, a stop
-    string matched, the write failed, or the socket's buffer is past its high-water mark (the
-    transport paused the protocol), so the task drains it before anything more is written."""
+    `emit` writes one chunk's event, from the task or, between the task's writes, from the
+    output reader (`Generation.write_from_reader`); it asks the task to act when a stop string
+    matched or the socket's buffer is past its high-water mark (the transport paused the
+    protocol), so that the task drains it before anything more is written."""
 
     __slots__ = ("_chunked", "_generation", "_protocol", "_stops", "_transport", "_writer",
-                 "broken", "encoder", "paused", "stopped")
+                 "encoder", "paused", "stopped")
 
     def __init__(self, generation: Generation, encoder: Encoder,
                  stops: StopStrings | None) -> None:
@@ -366,55 +358,29 @@ class _Events:
         """A stop string matched: the output ends there."""
         self.paused = False
         """The last write filled the socket's buffer: drain before the next."""
-        self.broken = False
-        """A write from `deliver` found the connection closed."""
 
     def attach(self, http: web.Request, response: web.StreamResponse) -> None:
         """The response is prepared (its headers are out): events go to its connection."""
-        self._transport = http.transport
-        self._protocol = http.protocol
-        self._writer = http.writer
+        self._transport, self._protocol, self._writer = connection(http)
         self._chunked = response.chunked
 
     def emit(self, chunk: Chunk) -> bool:
-        """Write `chunk`'s event; True when the socket's buffer is full (drain first)."""
+        """Write `chunk`'s event; True when the task must act first: a stop string matched,
+        or the socket's buffer is full (drain). Raises ConnectionResetError when the client's
+        connection is closed."""
         text, finish, self.stopped = _text_of(chunk, self._generation, self.encoder,
                                               self._stops)
         event = self.encoder.event(text, finish, chunk)
         transport = self._transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client's connection is closed")
-        transport.write(b"%x\r\n%b\r\n" % (len(event), event) if self._chunked else event)
+        transport.write(CHUNK_FRAME % (len(event), event) if self._chunked else event)
         self.paused = self._protocol.writing_paused
-        return self.paused
+        return self.paused or self.stopped
 
     async def drain(self) -> None:
         self.paused = False
         await self._writer.drain()
-
-    def deliver(self) -> None:
-        """The output reader's call, once per step with output or the end for this stream."""
-        if self.stopped or self.broken or self.paused:
-            return  # the task has been woken and takes it from here
-        generation = self._generation
-        stream = generation.stream
-        try:
-            chunk = generation.take()
-        except RequestError:  # failed: fail() woke the task, which writes the error
-            return
-        if chunk is None:
-            stream.wake()
-            return
-        try:
-            paused = self.emit(chunk)
-        except ConnectionError:
-            self.broken = True
-            stream.wake()
-            return
-        if paused or self.stopped or chunk.finish:
-            stream.wake()
-        else:
-            stream.sending_since_ns = 0  # the write is complete: not a stalled client
 
 
 async def _cut_off(http: web.Request, response: web.StreamResponse,

@@ -1,0 +1,95 @@
+"""Each `cadence serve` option is declared once, on its config field: the command line's flags
+and `cadence.serve()`'s keywords are both read from those declarations."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cadence.cli import _server_config, build_parser
+from cadence.config import EngineConfig, ServerConfig, serve_options
+from cadence.serving import configure
+
+_APP = "json:dumps"
+"""A function that a worker could import; configure() never calls it."""
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["serve"]
+
+
+def _flags() -> dict[str, argparse.Action]:
+    return {a.dest: a for a in _serve_parser()._actions if a.option_strings and a.dest != "help"}
+
+
+def test_the_command_line_and_the_python_api_take_the_same_options() -> None:
+    declared = {o.name for o in serve_options()}
+    assert set(_flags()) - {"log_level"} == declared
+    # The app argument of cadence.serve() gives what --engine and --app give.
+    by_app = {o.name for o in serve_options() if not o.option.python}
+    assert by_app == {"name", "app"}
+    for option in serve_options():
+        if option.name in by_app:
+            with pytest.raises(TypeError, match="given by the app argument"):
+                configure(_APP, {option.name: option.default})
+        else:
+            configure(_APP, {option.name: option.default})  # accepted, its default valid
+    with pytest.raises(TypeError, match="log_level"):
+        configure(_APP, {"log_level": "INFO"})
+
+
+def test_each_flag_is_its_fields_type_default_and_choices() -> None:
+    flags = _flags()
+    for option in serve_options():
+        flag = flags[option.name]
+        assert flag.option_strings == list(option.flags)
+        assert flag.default is argparse.SUPPRESS  # the config's default applies
+        assert flag.help and "default" in flag.help, option.name
+        if option.choices is not None:
+            assert tuple(flag.choices) == option.choices
+    assert flags["drain_timeout_s"].option_strings == ["--drain-timeout", "--grace"]
+
+
+def test_no_flags_build_the_default_config_and_flags_set_their_fields() -> None:
+    parser = build_parser()
+    assert _server_config(parser.parse_args(["serve"])) == ServerConfig()
+    config = _server_config(parser.parse_args([
+        "serve", "--devices", "cpu:4", "--tp", "2", "--stall-timeout", "3", "--no-restart",
+        "--worker-timeout", "0", "--grace", "1.5", "--overflow", "block", "--launcher", "ray",
+        "--step-ms-by-worker", "10,20", "--engine", "mod:Model"]))
+    assert config.devices == ["cpu,cpu", "cpu,cpu"] and config.stall_timeout_s == 3.0
+    assert not config.restart_workers and config.worker_timeout_s is None
+    assert config.drain_timeout_s == 1.5 and config.overflow == "block"
+    assert config.transport == "tcp"  # implied by --launcher ray
+    assert config.engine == EngineConfig(name="model", model_class="mod:Model",
+                                         step_ms_by_worker=(10.0, 20.0))
+
+
+def test_the_python_api_names_an_unknown_option_and_what_it_may_have_meant() -> None:
+    with pytest.raises(TypeError, match=r"unknown option 'max_concurent' \(did you mean "
+                                        r"'max_concurrent'\?\)"):
+        configure(_APP, {"max_concurent": 8})
+    with pytest.raises(TypeError, match=r"'stall_timeout' \(did you mean 'stall_timeout_s'"):
+        configure(_APP, {"stall_timeout": 3})
+    with pytest.raises(ValueError, match="overflow"):
+        configure(_APP, {"overflow": "drop"})
+    config, _ = configure(_APP, {"devices": "cpu:2", "port": 0, "max_concurrent": 8})
+    assert config.devices == ["cpu", "cpu"] and config.engine.app == _APP
+
+
+def test_a_constructor_checks_a_declared_choice() -> None:
+    with pytest.raises(ValueError, match="overflow must be 'merge', 'block' or 'abort'"):
+        ServerConfig(overflow="drop")
+    with pytest.raises(ValueError, match="dtype must be 'auto', 'float32', 'bfloat16' or "
+                                         "'float16'"):
+        ServerConfig(engine=EngineConfig(dtype="float64"))
+
+
+def test_the_sweeps_server_variables_set_serve_options_by_their_flags() -> None:
+    from cadence.lab.sweep import SERVER_VARIABLES
+
+    flags = {o.name: o.flags[0] for o in serve_options()}
+    for name, flag in SERVER_VARIABLES.items():
+        assert flag == flags["devices" if name == "workers" else name], name
