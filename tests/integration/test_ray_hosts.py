@@ -212,7 +212,8 @@ def test_sigterm_to_the_whole_process_group_stops_everything_within_the_drain() 
     # systemd's KillMode=control-group and `kill -TERM -- -PGID` signal the front and the Ray
     # instance it started together; the front must neither hang on Ray nor leave a process.
     drain_s = 2.0
-    process = subprocess.Popen(
+    # Its own start (a session of its own, the output merged): not start_server's.
+    process = subprocess.Popen(  # own start
         [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--launcher", "ray",
          "--devices", "cpu:1", "--step-ms", "1", "--drain-timeout", str(drain_s)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
