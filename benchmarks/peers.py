@@ -32,17 +32,18 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from cadence.lab.servers.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_cell import free_port, wait_http
+
 PEERS_SCRIPTS = ROOT.parent / "shared" / "peers"
 DELAY_MS = 10
 WARMUP = 2
@@ -91,16 +92,10 @@ def run_cadence(streams: int, tokens: int, rounds: int) -> dict:
     return row
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def pytriton_server(peers: Path):
     """Start the shared peers' PyTriton token server (decoupled, async); yield its gRPC target."""
-    grpc_port, http_port, metrics_port = _free_port(), _free_port(), _free_port()
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     server = subprocess.Popen(
         ["bash", str(PEERS_SCRIPTS / "start_pytriton.sh"), "--mode", "async",
          "--grpc-port", str(grpc_port), "--http-port", str(http_port),
@@ -109,7 +104,7 @@ def pytriton_server(peers: Path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        _wait_ready(server, f"http://127.0.0.1:{http_port}/v2/models/tokens/ready")
+        wait_http(f"http://127.0.0.1:{http_port}/v2/models/tokens/ready", server, 90.0)
         yield f"127.0.0.1:{grpc_port}"
     finally:
         # The script's process group is ours alone: SIGINT stops PyTriton and its Triton.
@@ -127,20 +122,6 @@ def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
                     kserve_inputs=f"N=max_tokens,DELAY_MS={DELAY_MS}")
     row["server"] = "start_pytriton.sh --mode async (PyTriton 0.7, Triton 2.51)"
     return row
-
-
-def _wait_ready(server: subprocess.Popen, url: str, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("PyTriton did not become ready")
-        time.sleep(0.2)
 
 
 def table(rows: list[dict]) -> str:

@@ -2,7 +2,7 @@
 both driven by `cadence bench --protocol openai` (/v1/completions, SSE), one after the other.
 
     python benchmarks/transformers_engine.py [--streams 16 64] [--requests-per-stream 4]
-        [--max-tokens 64] [--serving-deps DIR] [--out results/transformers_engine.json]
+        [--max-tokens 64] [--open-s S] [--serving-deps DIR] [--out results/transformers_engine.json]
 
 The model is examples/transformers_model.py's tiny random Qwen3 (2 layers, hidden 64), in
 float32 on the CPU. cadence runs one worker (`--devices cpu:1`, all cores as its torch
@@ -12,7 +12,9 @@ serve` runs the model in its one process with its continuous batching
 with one (OMP_NUM_THREADS=1); with `--plain` also without continuous batching (one generate
 per request: slow, minutes at 64 streams). Closed loop: `streams` streams at once, each
 sending `requests-per-stream` requests one after another, prompts of 16 characters (about 10
-tokens), `max-tokens` tokens each, greedy (so both servers give the same tokens).
+tokens), `max-tokens` tokens each, greedy (so both servers give the same tokens); with
+`--open-s`, then an open loop (Poisson arrivals) at 70% of the best tokens/s the server
+reached. Figures: benchmarks/bench_cell.py.
 
 `transformers serve` needs FastAPI, Uvicorn and accelerate, which the project's environment
 does not install (transformers' `serving` extra); point `--serving-deps` at a folder holding
@@ -26,39 +28,19 @@ import argparse
 import json
 import os
 import platform
-import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_cell import bench, free_port, wait_http
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited ({process.returncode}) before answering {url}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
-        time.sleep(0.2)
+OPEN_LOAD = 0.7
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -71,39 +53,21 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-def _bench(base: str, model: str, streams: int, requests: int, max_tokens: int,
-           pid: int, out: Path) -> dict:
-    command = [sys.executable, "-m", "cadence.cli", "bench", "--protocol", "openai",
-               "--target", base, "--model", model, "--concurrency", str(streams),
-               "--requests", str(streams * requests), "--max-tokens", str(max_tokens),
-               "--prompt-tokens", "16", "--warmup", "2", "--server-pid", str(pid),
-               "--no-timing", "--no-progress", "--json", str(out)]
-    subprocess.run(command, check=False, stdout=subprocess.DEVNULL)
-    stats = json.loads(out.read_text())  # a BenchResult: the run's stats at the top
-    return {"streams": streams, "requests": stats["requests"],
-            "requests_ok": stats["requests_ok"], "output_tokens": stats["output_tokens"],
-            "tokens_per_s": round(stats["tokens_per_s"], 1),
-            "ttft_p50_ms": round(stats["ttft_ms"]["p50"], 1),
-            "ttft_p99_ms": round(stats["ttft_ms"]["p99"], 1),
-            "itl_p99_ms": round(stats["itl_ms"]["p99"], 1),
-            "errors_by_code": stats["errors_by_code"]}
-
-
 def _cadence(folder: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
-    http = _free_port()
+    http = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "cadence.cli", "serve", "--engine", "transformers", "--model",
          str(folder), "--devices", f"cpu:{workers}", "--port", "0", "--http-port", str(http),
          "--served-model-name", "tiny", "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{http}"
-    _wait_http(base + "/health", process)
+    wait_http(base + "/health", process)
     return process, base, "tiny"
 
 
 def _hf(folder: Path, deps: str, continuous: bool,
         threads: int = 0) -> tuple[subprocess.Popen, str, str]:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(filter(None, [deps, os.environ.get("PYTHONPATH")])))
     if threads:
@@ -114,7 +78,7 @@ def _hf(folder: Path, deps: str, continuous: bool,
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    _wait_http(base + "/health", process)
+    wait_http(base + "/health", process)
     return process, base, str(folder)
 
 
@@ -135,6 +99,9 @@ def main() -> None:
                         help="cadence runs: this many CPU workers, cores shared among them")
     parser.add_argument("--plain", action="store_true",
                         help="also transformers serve without --continuous-batching")
+    parser.add_argument("--open-s", type=float, default=0.0,
+                        help="then an open loop at 70%% of the best tokens/s, this many "
+                             "seconds' worth of requests (0: none)")
     parser.add_argument("--out", default="results/transformers_engine.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -163,18 +130,28 @@ def main() -> None:
                 skipped[name] = str(exc)
                 continue
             try:
+                out = Path(tmp) / "bench.json"
+                found = []
                 for streams in args.streams:
-                    row = {"server": name, **_bench(base, model, streams,
-                                                    args.requests_per_stream, args.max_tokens,
-                                                    process.pid, Path(tmp) / "bench.json")}
+                    found.append(bench(base, "openai", model, out, streams=streams,
+                                       requests=streams * args.requests_per_stream,
+                                       max_tokens=args.max_tokens, prompt_tokens=16))
+                best = max((r["tokens_per_s"] for r in found if r["requests_ok"]), default=0)
+                if args.open_s and best:  # Poisson arrivals at 70% of its best tokens/s
+                    rate = OPEN_LOAD * best / args.max_tokens
+                    found.append(bench(base, "openai", model, out, rate=rate,
+                                       requests=max(10, int(rate * args.open_s)),
+                                       max_tokens=args.max_tokens, prompt_tokens=16))
+                for row in found:
+                    row["server"] = name
                     print(json.dumps(row), flush=True)
-                    rows.append(row)
+                rows.extend(found)
             finally:
                 _stop(process)
     Path(args.out).write_text(json.dumps({
         "command": "python " + " ".join(sys.argv),
         "model": "examples/transformers_model.py (Qwen3, 2 layers, hidden 64, float32, CPU)",
-        "max_tokens": args.max_tokens, "prompt_tokens": 16,
+        "max_tokens": args.max_tokens, "prompt_tokens": 16, "open_s": args.open_s,
         "requests_per_stream": args.requests_per_stream, "date": time.strftime("%Y-%m-%d"),
         "transformers": _version("transformers"), "torch": _version("torch"),
         "host": platform.node(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import typing
 
@@ -29,11 +30,46 @@ class _CommandParser(argparse.ArgumentParser):
     """A command's parser: its flags' defaults in its help, and a mistyped flag reported
     with this command's usage (argparse leaves it to the top level, which shows its own)."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, *, env_prefix: str = "", **kwargs) -> None:
         kwargs.setdefault("formatter_class", _DefaultsShown)
         super().__init__(**kwargs)
+        self.env_prefix = env_prefix
+        """Set: each `--flag-name` also read from $PREFIX_FLAG_NAME when the command line
+        does not give it (a container's settings from its environment)."""
+
+    def env_name(self, action: argparse.Action) -> str:
+        """The environment variable of a flag: its first long name, upper case, `_` for `-`."""
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        return self.env_prefix + flag[2:].upper().replace("-", "_")
+
+    def _from_environment(self, namespace: argparse.Namespace) -> argparse.Namespace:
+        """The flags set in the environment, checked as the command line's are (type,
+        choices), into `namespace`, where the command line's own values replace them."""
+        for action in self._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            name = self.env_name(action)
+            text = os.environ.get(name)
+            if text is None:
+                continue
+            if action.nargs == 0:  # a switch: given (true) or not (false)
+                if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+                    self.error(f"${name}: expected true or false, got {text!r}")
+                if text.lower() not in ("1", "true", "yes", "on"):
+                    continue
+                value = action.const
+            else:
+                try:
+                    value = self._get_value(action, text)
+                    self._check_value(action, value)
+                except argparse.ArgumentError as exc:
+                    self.error(f"${name}: {exc.message}")
+            setattr(namespace, action.dest, value)
+        return namespace
 
     def parse_known_args(self, args=None, namespace=None):
+        if self.env_prefix:
+            namespace = self._from_environment(namespace or argparse.Namespace())
         parsed, unknown = super().parse_known_args(args, namespace)
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -43,7 +79,11 @@ class _CommandParser(argparse.ArgumentParser):
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from cadence.config import serve_options
 
-    p = sub.add_parser("serve", help="run a server: the gRPC front and one worker per device")
+    p = sub.add_parser("serve", help="run a server: the gRPC front and one worker per device",
+                       env_prefix="CADENCE_",
+                       description="Every flag can also be set in the environment: --flag-name "
+                                   "as CADENCE_FLAG_NAME (switches: true or false); the "
+                                   "command line wins.")
     sections: dict[str, argparse._ArgumentGroup] = {}
     for option in serve_options():  # each flag as its config field declares it
         section = option.option.section

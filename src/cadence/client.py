@@ -25,13 +25,16 @@ def build_request(
     top_k: int = 0,
     seed: int = 0,
     include_timing: bool = False,
+    priority: int = 0,
 ) -> pb.GenerateRequest:
-    """A GenerateRequest; `prompt` is text or a list of token ids."""
+    """A GenerateRequest; `prompt` is text or a list of token ids; `priority`: lower is
+    served first."""
     request = pb.GenerateRequest(
         request_id=request_id,
         max_tokens=max_tokens,
         stop_token_ids=list(stop_token_ids),
         include_timing=include_timing,
+        priority=priority,
         sampling=pb.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed),
     )
     if isinstance(prompt, str):

@@ -143,11 +143,29 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         "a step's budget from the worker's own measured step-time model, so a step stays "
         "within MS while long prompts are prefilled in chunks (default: off; instead of "
         "--max-step-tokens)", ENGINE, metavar="MS")] = 0.0
+    prefix_caching: Annotated[bool, Option(
+        "keep finished sequences' KV blocks for later requests that start the same way "
+        "(torch; the synthetic engine models it), and route a request to the worker that "
+        "holds its longest prefix (--routing)", ENGINE)] = False
+    """Torch: full KV blocks keyed by the chained hash of their tokens, shared read-only,
+    evicted LRU (cadence.engines.llama.kv_cache); synthetic: a remembered prefix costs no
+    prefill time."""
+    preempt: Annotated[bool, Option(
+        "a waiting request that finds the batch or the KV cache full preempts the running "
+        "sequence of the lowest priority below its own (recomputed later; its stream only "
+        "waits)", ENGINE)] = False
+    """Lower priority: a higher `priority` value. Engines with `preempt` (torch, synthetic)."""
 
     @property
     def tokenizes_text(self) -> bool:
         """Text prompts go to the worker, which tokenizes them with the model's tokenizer."""
         return self.name in ("torch", "model", "transformers")
+
+    @property
+    def text_beside_bytes(self) -> bool:
+        """A text prompt goes as its UTF-8 bytes (the front counts and checks them) and as
+        text too, for an app function with its own tokenizer to encode (the app engine)."""
+        return self.name == "app"
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -287,6 +305,13 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         "front processes sharing the port (SO_REUSEPORT), each connected to every worker; the "
         "first also launches the workers and the other fronts")] = 1
     """See docs/architecture.md#fronts."""
+    routing: Annotated[Literal["prefix", "load"], Option(
+        "prefix: with --prefix-caching, prefer the worker that holds the longest prefix of the "
+        "prompt; load: least outstanding work only", WORKERS)] = "prefix"
+    """See cadence.router.worker_router (without prefix caching: load)."""
+    prefix_routing_slack: Annotated[int, Option(
+        "a worker with more than K open requests beyond the least loaded loses the preference "
+        "its cached prefix gives it", WORKERS, metavar="K")] = 4
     kserve_model_name: Annotated[str, Option(
         "the model's name in the Open Inference Protocol (KServe v2 / Triton gRPC, same port; "
         "docs/kserve.md)", metavar="NAME")] = "cadence"
@@ -387,6 +412,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append("--fronts above 1 cannot run the app in the front (--app-in-front)")
         if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
             problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
+        if self.prefix_routing_slack < 0:
+            problems.append(f"prefix_routing_slack must not be negative "
+                            f"(got {self.prefix_routing_slack})")
+        if self.engine.name == "app" and (self.engine.prefix_caching or self.engine.preempt):
+            problems.append("--prefix-caching and --preempt need a step engine (an app "
+                            "function has no steps)")
         if not self.kserve_model_name.strip():
             problems.append("kserve_model_name must not be empty")
         if self.http_port is not None and not 0 <= self.http_port < 65536:

@@ -26,7 +26,10 @@ class AddRequest(msgspec.Struct, frozen=True, array_like=True):
     Relative, so it stays right when a worker's clock is not the front's."""
     prompt_text: str = ""
     """A text prompt for the worker to tokenize with the model's tokenizer (torch engine);
-    then `prompt_token_ids` is empty."""
+    then `prompt_token_ids` is empty. The app engine gets it beside the prompt's UTF-8 bytes,
+    for a function with its own tokenizer."""
+    priority: int = 0
+    """Lower is admitted and stepped first (vLLM's sense); FCFS within one priority."""
 
 
 class Finish(enum.IntEnum):

@@ -45,3 +45,19 @@ def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
     [row] = result["rows"]
     assert row["requests_ok"] == 2 and row["output_tokens"] == 8
     assert "fastapi" in result["skipped"]["transformers serve"]
+
+
+def test_the_batched_side_by_side_benchmark_runs(tmp_path) -> None:
+    """One small cadence row, and a peer without its venv skipped, saying why."""
+    out = tmp_path / "side_by_side.json"
+    subprocess.run([sys.executable, str(_BENCHMARKS / "batched_side_by_side.py"), "--only",
+                    "cadence step", "LitServe", "--streams", "2", "--max-tokens", "4",
+                    "--rounds", "1", "--open-s", "0", "--limit-steps", "2", "--venvs", str(tmp_path),
+                    "--out", str(out)], capture_output=True, timeout=120, check=True)
+    result = json.loads(out.read_text())
+    closed = [r for r in result["rows"] if r["loop"] == "closed"]
+    assert {r["server"] for r in closed} == {"cadence step", "cadence step (OpenAI)"}
+    assert all(r["requests_ok"] == 2 and r["output_tokens"] == 8 for r in closed)
+    assert all(r["front_cpu_us_per_token"] is not None for r in closed)
+    assert "litserve/bin/python is missing" in result["skipped"]["LitServe"]
+    assert result["limit"]["start"][0]["batch"] == 1

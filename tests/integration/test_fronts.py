@@ -100,6 +100,11 @@ def test_connections_spread_over_both_fronts_and_every_stream_is_whole(server_fa
         line = (f'cadence_requests_total{{code="OK",front="{front}",protocol="cadence.v1"}} '
                 f'{float(expected)}')
         assert line in text, (line, text[:2000])
+    # The gateway's gauges describe the server: one series each, the fronts' counts summed.
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                 "vllm:kv_cache_usage_perc"):
+        assert [line for line in text.splitlines() if line.startswith(name + "{")] == [
+            f'{name}{{model_name="cadence"}} 0.0']
 
 
 def test_max_concurrent_is_global_and_cancel_frees_the_slot(server_factory) -> None:

@@ -163,10 +163,14 @@ def test_every_dashboard_metric_is_exported_by_a_real_server(scraped) -> None:
 
 
 def test_with_fronts_every_sample_names_its_front(scraped) -> None:
-    """The dashboard's `front` variable and `by (front)` sums rely on the label."""
-    samples = [s for f in scraped["2 fronts"] for s in f.samples]
+    """The dashboard's `front` variable and `by (front)` sums rely on the label. The gateway's
+    gauges under vLLM's names describe the whole server: one series each, no front."""
+    every = [s for f in scraped["2 fronts"] for s in f.samples]
+    samples = [s for s in every if s.name.startswith("cadence_")]
     assert samples and all("front" in s.labels for s in samples)
     assert {s.labels["front"] for s in samples} == {"0", "1"}
+    gateway = [s for s in every if s.name.startswith("vllm:")]
+    assert len(gateway) == 3 and not any("front" in s.labels for s in gateway)
 
 
 # --- the dashboard against a real Prometheus --------------------------------------------------

@@ -115,7 +115,10 @@ def test_the_lab_builds_requests_for_any_model() -> None:
     peer = build_request(KServeTarget("tokens", parse_inputs("N=max_tokens, DELAY_MS=10")), plan)
     assert [t.name for t in peer.inputs] == ["N", "DELAY_MS"]
     assert list(peer.raw_input_contents) == [int32_raw([9]), int32_raw([10])]
-    for bad in ("N", "N=soon", ""):
+    batched = build_request(KServeTarget("t", parse_inputs("N=max_tokens:batched,P=prompt")), plan)
+    assert [list(t.shape) for t in batched.inputs] == [[1, 1], [2]]  # a batching model's N
+    assert list(batched.raw_input_contents) == [int32_raw([9]), int32_raw([5, 6])]
+    for bad in ("N", "N=soon", "", "N=soon:batched", "N=max_tokens:later"):
         with pytest.raises(ValueError):
             parse_inputs(bad)
 

@@ -27,11 +27,19 @@ from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.intake_lull import IntakeLull
 from cadence.core.metrics import FrontMetrics, ProtocolMetrics
-from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, TOP_K_MAX, Chunk, Request
+from cadence.core.requests import (
+    PRIORITY_RANGE,
+    SEED_RANGE,
+    TOKEN_ID_MAX,
+    TOP_K_MAX,
+    Chunk,
+    Request,
+)
 from cadence.core.stream import RequestStream
 from cadence.core.tracing import RequestTracer
 from cadence.router import WorkerRouter
 from cadence.router.admission import AdmissionGate, SharedAdmissionGate
+from cadence.router.prefix_index import prompt_hashes
 from cadence.router.worker_router import NoWorkerAvailable
 from cadence.transport.front_channel import WorkerLink, encode_add
 from cadence.vocabulary import AddRequest, Failure, Finish
@@ -65,6 +73,8 @@ class FrontCore:
         self._tokenizer = ByteTokenizer()
         self._text_to_worker = config.engine.tokenizes_text
         """The worker tokenizes text prompts with the model's own tokenizer."""
+        self._text_beside_bytes = config.engine.text_beside_bytes
+        """The worker gets a text prompt's bytes and its text (an app's own tokenizer)."""
         self.streams: dict[int, RequestStream] = {}
         """The open requests' streams by sequence id (the output reader's index)."""
         self._request_ids: set[str] = set()
@@ -80,6 +90,14 @@ class FrontCore:
         self._lull = IntakeLull()
         self.tracer: RequestTracer | None = None
         """Exports a span per finished request (`--otlp-traces-endpoint`), or None."""
+
+    def requests_waiting(self) -> int:
+        """Open requests no worker has taken into a step yet (read when scraped)."""
+        return sum(1 for s in self.streams.values() if not s.scheduled_ns)
+
+    def requests_running(self) -> int:
+        """Open requests in the workers' steps (read when scraped)."""
+        return sum(1 for s in self.streams.values() if s.scheduled_ns)
 
     @property
     def active(self) -> int:
@@ -135,7 +153,10 @@ class FrontCore:
                     f"the server is serving its limit of {self._gate.limit} streams "
                     "(--max-concurrent); retry later")
             try:
-                worker = self._router.pick()
+                router = self._router
+                prefixes = router.prefixes
+                worker = router.pick(None if prefixes is None else prompt_hashes(
+                    add.prompt_token_ids, add.prompt_text, prefixes.capacity))
             except NoWorkerAvailable:
                 self._gate.leave()
                 raise RequestError(Failure.UNAVAILABLE,
@@ -196,6 +217,8 @@ class FrontCore:
             prompt, prompt_text = [], request.prompt
         elif request.prompt:
             prompt = self._tokenizer.encode(request.prompt)
+            if self._text_beside_bytes:
+                prompt_text = request.prompt
         else:
             raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids")
         if len(prompt) > config.max_prompt_tokens:
@@ -214,9 +237,12 @@ class FrontCore:
         stops = request.stop_token_ids
         if stops and (min(stops) < 0 or max(stops) > TOKEN_ID_MAX):
             raise InvalidRequest(f"stop_token_ids must be from 0 to {TOKEN_ID_MAX}")
+        if not PRIORITY_RANGE[0] <= request.priority <= PRIORITY_RANGE[1]:
+            raise InvalidRequest(f"priority must be from {PRIORITY_RANGE[0]} to "
+                                 f"{PRIORITY_RANGE[1]} (lower is served first)")
         return AddRequest(seq_id, prompt, request.max_tokens, request.stop_token_ids,
                           request.temperature, request.top_p, request.top_k, request.seed,
-                          prompt_text=prompt_text)
+                          prompt_text=prompt_text, priority=request.priority)
 
     def release(self, generation: Generation) -> None:
         """Give back what a request held (see `Generation.close`) and record how it ended."""

@@ -187,10 +187,20 @@ class FrontMetrics:
         self.active = Gauge("cadence_active_streams", "Streams admitted and not yet finished.",
                             registry=r)
         self.batch_size = Gauge("cadence_worker_batch_size",
-                                "Sequences in the worker's last engine step.", ["worker"], registry=r)
+                                "Sequences in the worker's last engine step; 0 while it has no "
+                                "open request.", ["worker"], registry=r)
         self.step_time = Gauge("cadence_worker_step_seconds",
                                "Duration of the worker's last engine step.", ["worker"], registry=r)
         self.steps = Counter("cadence_worker_steps_total", "Engine steps.", ["worker"], registry=r)
+        # vLLM's pair (prefix_cache_queries / _hits, in tokens): hit rate = hits / queries.
+        self.prefix_cache_queries = Counter(
+            "cadence_prefix_cache_queries_total",
+            "Prompt tokens of the requests the worker started with --prefix-caching on.",
+            ["worker"], registry=r)
+        self.prefix_cache_hits = Counter(
+            "cadence_prefix_cache_hits_total",
+            "Of those, prompt tokens whose keys and values the worker's prefix cache held "
+            "(not computed again).", ["worker"], registry=r)
         self.deepest_buffer = Gauge("cadence_deepest_buffer_steps",
                                     "Steps of output waiting in the fullest per-request buffer "
                                     "(read at scrape time).", registry=r)
@@ -232,6 +242,8 @@ class FrontMetrics:
         self.loop_lag_tally = LoopLagTally(front)
         """Handed to every request stream, which counts into it."""
         r.register(_TallyCollector(self.tally))
+        self._gateway = _GatewayGauges()
+        r.register(self._gateway)
 
     def for_protocol(self, protocol: str) -> ProtocolMetrics:
         """The request-level histograms of `protocol` (one of PROTOCOLS)."""
@@ -244,6 +256,19 @@ class FrontMetrics:
         """Gauges computed only when scraped, so they cost nothing per token."""
         self.active.set_function(active)
         self.deepest_buffer.set_function(deepest_buffer)
+
+    def watch_batches(self, batch_size: Callable[[int], float], workers: int) -> None:
+        """`cadence_worker_batch_size` of each worker, `batch_size(worker)` when scraped."""
+        for worker in range(workers):
+            self.batch_size.labels(str(worker)).set_function(lambda w=worker: batch_size(w))
+
+    def watch_gateway(self, model_name: str, waiting: Callable[[], float],
+                      running: Callable[[], float], kv_cache_usage: Callable[[], float]) -> None:
+        """The gauges an inference gateway's endpoint picker reads, under vLLM's names (see
+        `_GatewayGauges`), read when scraped."""
+        gauges = self._gateway
+        gauges.model_name = model_name
+        gauges.values = (waiting, running, kv_cache_usage)
 
     def worker_started(self, worker: int, load_s: float, warmup_s: float, first_step_s: float,
                        warm_step_s: float) -> None:
@@ -348,6 +373,43 @@ class _TallyCollector:
             yield family(name, text, value=getattr(tally, field))
 
 
+class _GatewayGauges:
+    """`vllm:num_requests_waiting`, `vllm:num_requests_running` and `vllm:kv_cache_usage_perc`
+    with vLLM's `model_name` label, beside cadence's own metrics: the names the Gateway API
+    Inference Extension's endpoint picker and autoscalers read from any model server. One
+    series per server (vLLM adds an `engine` label per engine core; cadence's queue is the
+    front's, shared by its workers). What each means here: docs/deploy.md."""
+
+    FAMILIES = (
+        ("vllm:num_requests_waiting",
+         "Requests admitted and waiting for a place in an engine step (no token yet)."),
+        ("vllm:num_requests_running",
+         "Requests in the workers' engine steps (admitted into a batch, not finished)."),
+        ("vllm:kv_cache_usage_perc",
+         ("KV-cache usage, the workers' mean; 1 means 100 percent usage (0: the engine has "
+          "no KV cache).")),
+    )
+
+    def __init__(self) -> None:
+        self.model_name = ""
+        self.values: tuple[Callable[[], float], ...] = (lambda: 0,) * 3
+
+    def describe(self):
+        return [GaugeMetricFamily(name, "", labels=["model_name"]) for name, _ in self.FAMILIES]
+
+    def collect(self):
+        for (name, text), value in zip(self.FAMILIES, self.values, strict=True):
+            family = GaugeMetricFamily(name, text, labels=["model_name"])
+            family.add_metric([self.model_name], value())
+            yield family
+
+
+_ACROSS_FRONTS = {"vllm:num_requests_waiting": sum, "vllm:num_requests_running": sum,
+                  "vllm:kv_cache_usage_perc": max}
+"""The gateway's gauges describe the server, not a front: with --fronts N, one series of
+each, the fronts' counts summed (each front holds its own requests) and the largest KV use."""
+
+
 class _AllFronts:
     """A collector: front 0's own metrics and the other fronts' (scraped at collect time),
     merged family by family with a `front` label on every sample."""
@@ -361,6 +423,7 @@ class _AllFronts:
         from prometheus_client.parser import text_string_to_metric_families
 
         merged: dict[str, Metric] = {}
+        across: dict[tuple[str, tuple], list] = {}
         sources = [(0, list(self._own.collect()))]
         for front, text in self._others():
             sources.append((front, list(text_string_to_metric_families(text))))
@@ -370,8 +433,15 @@ class _AllFronts:
                 if out is None:
                     out = merged[family.name] = Metric(family.name, family.documentation,
                                                        family.type, family.unit)
+                if family.name in _ACROSS_FRONTS:
+                    for sample in family.samples:
+                        key = (sample.name, tuple(sorted(sample.labels.items())))
+                        across.setdefault(key, []).append(sample.value)
+                    continue
                 for sample in family.samples:
                     # A sample about a front (front restarts) keeps its own label.
                     out.add_sample(sample.name, {"front": str(front), **sample.labels},
                                    sample.value, sample.timestamp, sample.exemplar)
+        for (name, labels), values in across.items():
+            merged[name].add_sample(name, dict(labels), _ACROSS_FRONTS[name](values))
         yield from merged.values()

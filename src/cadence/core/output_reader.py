@@ -39,9 +39,15 @@ class OutputReader:
         self._streams = streams
         self._on_ready = on_ready
         labels = [str(i) for i in range(workers)]
-        self._batch_size = [metrics.batch_size.labels(w) for w in labels]
+        self._last_batch = [0] * workers
+        """Sequences in each worker's last step."""
+        self._kv_cache_usage = [0.0] * workers
+        """Each worker's share of KV cache held after its last step."""
+        metrics.watch_batches(self.batch_size, workers)
         self._step_time = [metrics.step_time.labels(w) for w in labels]
         self._steps = [metrics.steps.labels(w) for w in labels]
+        self._cache_queries = [metrics.prefix_cache_queries.labels(w) for w in labels]
+        self._cache_hits = [metrics.prefix_cache_hits.labels(w) for w in labels]
         self.last_output_ns = [0] * workers
         """When each worker last sent a step (the supervisor's hang check reads it)."""
         self.last_heard_ns = [0] * workers
@@ -96,6 +102,8 @@ class OutputReader:
                 stream = get(seq_id)
                 if stream is not None:
                     stream.set_prompt_tokens(count)
+        if message.cached_tokens:  # --prefix-caching: each new sequence's cache hit
+            self._count_cached(message.cached_tokens, worker)
         direct = self._direct
         for seq_id, tokens, text in step_pieces(message):
             stream = get(seq_id)
@@ -113,9 +121,37 @@ class OutputReader:
             self._flush_soon = True
             asyncio.get_running_loop().call_soon(self._flush)
         self.last_output_ns[worker] = recv_ns
-        self._batch_size[worker].set(len(message.seq_ids))
+        self._last_batch[worker] = len(message.seq_ids)
+        self._kv_cache_usage[worker] = message.kv_cache_usage
         self._step_time[worker].set((end - start) / 1e9)
         self._steps[worker].inc()
+
+    def _busy(self, worker: int) -> bool:
+        return any(s.worker == worker for s in self._streams.values())
+
+    def batch_size(self, worker: int) -> int:
+        """Sequences in the worker's last step, or 0 once it has no open request: an idle
+        worker sends no steps, and its last one's size would stay."""
+        return self._last_batch[worker] if self._busy(worker) else 0
+
+    def kv_cache_usage(self) -> float:
+        """The workers' mean share of KV cache held after their last steps (0 for an idle
+        one, whose cancelled sequences' blocks were freed without a step to say so)."""
+        usage = self._kv_cache_usage
+        return sum(usage[w] for w in range(len(usage)) if self._busy(w)) / len(usage)
+
+    def _count_cached(self, cached: dict[int, int], worker: int) -> None:
+        """Prompt tokens looked up in a worker's prefix cache, and those it held."""
+        get = self._streams.get
+        queries = hits = 0
+        for seq_id, count in cached.items():
+            stream = get(seq_id)
+            if stream is not None:
+                stream.cached_tokens = count
+                queries += stream.prompt_tokens
+                hits += count
+        self._cache_queries[worker].inc(queries)
+        self._cache_hits[worker].inc(hits)
 
     def _flush(self) -> None:
         """Hand each direct stream what came for it since the last flush, as one piece.

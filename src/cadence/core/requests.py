@@ -16,6 +16,8 @@ TOKEN_ID_MAX = 2 ** 31 - 1
 """Token ids are int32, as in cadence.v1's proto and the KServe model's tensors."""
 TOP_K_MAX = 2 ** 32 - 1
 """cadence.v1's uint32."""
+PRIORITY_RANGE = (-(2 ** 31), 2 ** 31 - 1)
+"""cadence.v1's int32."""
 
 
 class Request(msgspec.Struct, kw_only=True):
@@ -33,6 +35,8 @@ class Request(msgspec.Struct, kw_only=True):
     top_p: float = 0.0
     top_k: int = 0
     seed: int = 0
+    priority: int = 0
+    """Scheduling priority, as vLLM's: lower is served first; FCFS within one."""
     include_timing: bool = False
     """Put the server's timestamps of each hop on every chunk (`Chunk.timing`)."""
     traceparent: str = ""
@@ -72,3 +76,6 @@ class Chunk(msgspec.Struct, array_like=True, gc=False):
     """Tokens of the prompt, on the first chunk (index 0)."""
     timing: ChunkTiming | None = None
     """With `Request.include_timing`."""
+    cached_tokens: int = 0
+    """Prompt tokens the worker's prefix cache served (known from the first chunk on; the
+    protocols put it on the last)."""

@@ -39,7 +39,7 @@ class RequestStream:
     __slots__ = (
         "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_link", "_paused",
         "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
-        "_tokens", "_waiter", "deliver", "error", "finish", "first_token_ns", "include_timing",
+        "_tokens", "_waiter", "cached_tokens", "deliver", "error", "finish", "first_token_ns", "include_timing",
         "received_ns",
         "scheduled_ns", "sending_since_ns", "sent_tokens", "seq_id", "task", "worker",
     )
@@ -92,6 +92,8 @@ class RequestStream:
         the output reader calls it once per step that brought output or the end, after the
         whole step, in place of waking the adapter's task. A failure still wakes the task."""
         self._prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        """Prompt tokens the worker's prefix cache served (set with the first token)."""
         self.scheduled_ns = 0
         self.first_token_ns = 0
         """When the step that made the first token ended."""
@@ -249,7 +251,8 @@ class RequestStream:
             if index == 0:
                 timing.received_ns = self.received_ns
                 timing.scheduled_ns = self.scheduled_ns
-        chunk = Chunk(index, tokens, text, finish, self._prompt_tokens if index == 0 else 0, timing)
+        chunk = Chunk(index, tokens, text, finish, self._prompt_tokens if index == 0 else 0, timing,
+                      self.cached_tokens)
         self.sent_tokens = index + len(tokens)
         tally.chunks += 1
         tally.tokens += len(tokens)

@@ -6,8 +6,11 @@ A user writes one function and cadence serves it:
     async def generate(request: AppRequest, context: AppContext) -> AsyncIterator[str | list[int]]
 
 Each yielded piece becomes output tokens: a `str` is encoded with the byte tokenizer (so
-text round-trips exactly), a `list[int]` is token ids (bytes, 0..255, like every engine of
-this server). This module holds what the function sees (`AppRequest`, `AppContext`), how a
+text round-trips exactly), a `list[int]` is token ids (bytes, 0..255). A function with its
+own vocabulary brings its tokenizer as an attribute (`generate.tokenizer = tokenizer`, or
+`tokenizer` on a callable object): prompts are then its token ids, `str` pieces its encoding,
+and `list[int]` pieces any ids of its vocabulary, streamed as text by
+cadence.engines.detokenizer. This module holds what the function sees (`AppRequest`, `AppContext`), how a
 piece becomes tokens, and how a function is named so that a worker process can import it.
 """
 
@@ -40,8 +43,11 @@ class AppRequest:
     seq_id: int
     """The server's number for this request (unique within a server run)."""
     prompt: str
-    """The prompt as text (the client's text, or its token ids decoded as UTF-8 bytes)."""
+    """The prompt as text (the client's text, or its token ids decoded: by the function's
+    tokenizer, else as UTF-8 bytes)."""
     prompt_token_ids: list[int]
+    """The prompt's token ids: the tokenizer's (its encoding of a text prompt, or the
+    client's ids), else UTF-8 bytes."""
     max_tokens: int
     """cadence stops the function once this many tokens were yielded (finish LENGTH)."""
     stop_token_ids: list[int]
@@ -80,19 +86,24 @@ class AppContext:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
 
-def piece_tokens(piece: object) -> list[int]:
-    """The token ids of one yielded piece; TypeError/ValueError says what is wrong with it."""
+def piece_tokens(piece: object, vocab_size: int | None = VOCAB_SIZE,
+                 encode: Callable[[str], list[int]] | None = None) -> list[int]:
+    """The token ids of one yielded piece; TypeError/ValueError says what is wrong with it.
+
+    Without a tokenizer (`encode` None) text is its UTF-8 bytes and ids are bytes; with one,
+    text is `encode(piece)` and ids lie in its vocabulary (`vocab_size`, None: unchecked)."""
     if type(piece) is str:
-        return list(piece.encode("utf-8"))
+        return encode(piece) if encode is not None else list(piece.encode("utf-8"))
     if isinstance(piece, (list, tuple)):
         tokens = list(piece)
-        if tokens and not (
-            all(type(t) is int for t in tokens) and 0 <= min(tokens) and max(tokens) < VOCAB_SIZE
-        ):
+        if tokens and not (all(type(t) is int for t in tokens) and 0 <= min(tokens)
+                           and (vocab_size is None or max(tokens) < vocab_size)):
             raise ValueError(
-                f"the app yielded token ids {tokens[:8]!r}; ids must be ints in "
-                f"[0, {VOCAB_SIZE}) (byte tokens); yield str pieces for text"
-            )
+                f"the app yielded token ids {tokens[:8]!r}; ids must be ints in " + (
+                    f"[0, {vocab_size}) (byte tokens); yield str pieces for text, or give the "
+                    "function a `tokenizer`" if encode is None else
+                    f"[0, {vocab_size}) (its tokenizer's vocabulary)" if vocab_size is not None
+                    else "[0, ...) (not negative)"))
         return tokens
     raise TypeError(
         f"the app yielded a {type(piece).__name__}; yield str (text) or list[int] (token ids)"

@@ -18,7 +18,7 @@ class Sequence:
     has got. A model reads it and keeps its own per-sequence data in `state`."""
 
     __slots__ = ("seq_id", "request", "stop_token_ids", "generated", "state", "detokenize",
-                 "prompt", "prefilled", "prefill_to")
+                 "prompt", "prefilled", "prefill_to", "prefill_ids", "cached_tokens")
 
     def __init__(self, request: AddRequest) -> None:
         self.seq_id = request.seq_id
@@ -29,13 +29,19 @@ class Sequence:
         """Token ids that end the sequence (finish STOP) once the model outputs one."""
         self.generated = 0
         """Outputs given so far: 0 while the sequence is in `prefill`."""
+        self.prefill_ids = request.prompt_token_ids
+        """The tokens to prefill: the prompt; after the sequence was preempted (its KV
+        dropped, `Engine.preempt`), the prompt and every output given so far."""
         self.prefilled = 0
-        """Prompt tokens the model processed in earlier steps (all of them once decoding)."""
+        """Prompt tokens the model processed in earlier steps (all of them once decoding),
+        or that its prefix cache held when the sequence was admitted (`reserve`)."""
         self.prefill_to = len(request.prompt_token_ids)
         """Prompt tokens processed once this step's prefill is done: a step's `prefill` asks
-        the model for `prompt_token_ids[prefilled:prefill_to]`. The whole prompt (0 to its
+        the model for `prefill_ids[prefilled:prefill_to]`. The whole prompt (0 to its
         length) in one step unless the engine takes prefill chunks (`takes_prefill_chunks`)
         and the server has a step budget (--max-step-tokens, --itl-target-ms)."""
+        self.cached_tokens = 0
+        """Prompt tokens the engine's prefix cache held when the sequence was first admitted."""
         self.state: object = None
         """The engine's (the model's) own per-sequence data: a text offset, a KV-cache slot, ..."""
         self.detokenize: Callable[[int, bool], str] | None = None
@@ -91,7 +97,12 @@ class Engine(Protocol):
 
     Optional, looked up by the batching loop when present:
     - `reserve(seq) -> bool`: claim what the sequence needs (KV cache) just before it is
-      admitted; False keeps it waiting until running sequences release theirs.
+      admitted; False keeps it waiting until running sequences release theirs. An engine
+      with a prefix cache sets `seq.prefilled` to the leading tokens of `seq.prefill_ids`
+      it holds already (a whole block's worth each, never the last token).
+    - `preempt(seq) -> list[int]`: drop what a running (or part-prefilled) sequence holds
+      so that another can run; return the tokens to prefill when it is admitted again (its
+      prompt and its outputs so far), from which it goes on as if never stopped.
     - `tokenizer`: an object with `encode(text) -> list[int]` and `stream(prompt_ids) ->
       Callable[[int, bool], str]`; when not None the worker tokenizes text prompts and sends each
       token's text piece (a model with its own vocabulary). Absent or None: byte tokens.
@@ -103,6 +114,8 @@ class Engine(Protocol):
       `prefill` then stands for its chunk `prompt_token_ids[seq.prefilled:seq.prefill_to]`,
       to append to what the engine holds for it; its output is ignored (no token) until the
       chunk that ends the prompt. Only with a step budget (cadence.worker.step_budget).
+    - `kv_cache_usage() -> float`: the share of its KV cache that sequences hold after a
+      step, 0 to 1 (exported as `vllm:kv_cache_usage_perc`); absent: 0, no cache to fill.
     - `close()`: called once when the worker stops (tensor-parallel groups stop their ranks).
     """
 

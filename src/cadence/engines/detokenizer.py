@@ -12,6 +12,7 @@ keeps merges right (a leading space, bytes that join into one character).
 from __future__ import annotations
 
 import codecs
+import inspect
 from collections.abc import Callable
 
 CONTEXT_TOKENS = 6
@@ -26,10 +27,19 @@ class TextStreams:
         self._encode = tokenizer.encode
         self._decode = tokenizer.decode
         self.vocab_size: int | None = _vocab_size(tokenizer)
+        self._plain = _takes_keyword(tokenizer.encode, "add_special_tokens")
+        """encode takes add_special_tokens (transformers', `tokenizers`'): a piece of output
+        text is encoded without the BOS or EOS that a prompt gets."""
 
     def encode(self, text: str) -> list[int]:
+        """A prompt's ids, special tokens added as the tokenizer adds them."""
         ids = self._encode(text)
         return list(getattr(ids, "ids", ids))  # `tokenizers` returns an Encoding
+
+    def encode_piece(self, text: str) -> list[int]:
+        """A piece of output text's ids: no special tokens where the tokenizer can leave them out."""
+        ids = self._encode(text, add_special_tokens=False) if self._plain else self._encode(text)
+        return list(getattr(ids, "ids", ids))
 
     def decode(self, token_ids: list[int]) -> str:
         return self._decode(token_ids)
@@ -73,6 +83,8 @@ class ByteText:
         """The UTF-8 bytes of `text`."""
         return list(text.encode("utf-8"))
 
+    encode_piece = encode
+
     def decode(self, token_ids: list[int]) -> str:
         """The text of the byte ids, invalid bytes as U+FFFD."""
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
@@ -85,6 +97,33 @@ class ByteText:
             return decode(bytes((token,)) if 0 <= token < 256 else b"", final)
 
         return piece
+
+
+def text_streams(tokenizer: object | None) -> TextStreams | ByteText | object:
+    """What the worker uses for a model's or app's `tokenizer`: bytes without one, the object
+    itself when it streams on its own (has `stream`), else TextStreams over its encode/decode."""
+    if tokenizer is None:
+        return ByteText()
+    if callable(getattr(tokenizer, "stream", None)):
+        return tokenizer
+    for name in ("encode", "decode"):
+        if not callable(getattr(tokenizer, name, None)):
+            raise TypeError(f"the tokenizer, a {type(tokenizer).__name__}, has no {name}() method; "
+                            "give an object with encode(text) and decode(ids)")
+    return TextStreams(tokenizer)
+
+
+def piece_encoder(text: object) -> Callable[[str], list[int]]:
+    """The encoder of output text pieces of what text_streams gave: `encode_piece` where it has one."""
+    return getattr(text, "encode_piece", None) or text.encode
+
+
+def _takes_keyword(function: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature to read
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _vocab_size(tokenizer: object) -> int | None:

@@ -3,8 +3,14 @@
 It isolates the serving layer: a step takes what a card would take (a base decode time, a
 cost per sequence in the batch, a prefill cost per prompt token, optional jitter and a slow
 first step), and every sequence gets one token per step. Tokens are bytes of a pseudo-text
-built from the seed, read from an offset that depends on the prompt and seeds, so output is
-readable and the same prompt with the same seeds gives the same tokens.
+built from the seed, read from the start of a word that depends on the prompt and seeds, so
+output is readable and the same prompt with the same seeds gives the same tokens.
+
+With prefix caching it models the torch engine's: the chained hashes of every sequence's
+full blocks of 16 tokens (prompt and outputs) are remembered when it ends, up to
+--kv-cache-tokens of them in LRU order, and a later prompt that starts with remembered blocks
+prefills only the rest (the cached tokens cost no time). It holds no memory per token, so
+its batch is never refused for cache room; `preempt` only restarts a sequence's prefill.
 """
 
 from __future__ import annotations
@@ -12,10 +18,13 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from bisect import bisect_left
+from collections import OrderedDict
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
+from cadence.prefix_hash import block_hashes
 from cadence.vocabulary import AddRequest
 
 _WORDS = (
@@ -34,6 +43,9 @@ def _corpus(seed: int) -> bytes:
         out += sentence.capitalize().encode() + b". "
     return bytes(out[:_CORPUS_BYTES])
 
+
+PREFIX_BLOCK = 16
+"""Tokens per modelled KV block (the torch engine's)."""
 
 _SPIN_S = 0.0005
 """The last half millisecond of a step is spun, not slept: time.sleep overshoots by 0.1-0.4
@@ -62,12 +74,19 @@ class SyntheticEngine:
         self._config = config
         self._rng = random.Random(config.seed)
         self._corpus = _corpus(config.seed)
+        self._word_starts = [0, *(i + 1 for i, byte in enumerate(self._corpus[:-1])
+                                  if byte == 0x20)]
+        """Where words begin: a sequence's text starts at one, not mid-word."""
         self._first_step = True
         by_worker = config.step_ms_by_worker
         self._step_s = (by_worker[worker % len(by_worker)] if by_worker else config.step_ms) / 1e3
         self._per_seq_s = config.per_seq_ms / 1e3
         self._prefill_s = config.prefill_ms_per_token / 1e3
         self._jitter_s = config.jitter_ms / 1e3
+        self._prefixes: OrderedDict[bytes, None] | None = (
+            OrderedDict() if config.prefix_caching else None)
+        """Prefix caching: the block hashes held, least recently used first."""
+        self._capacity_blocks = max(1, config.kv_cache_tokens // PREFIX_BLOCK)
 
     def start(self) -> None:
         """Nothing to load."""
@@ -92,14 +111,49 @@ class SyntheticEngine:
         size = len(corpus)
         for seq in prefill:
             duration += self._prefill_s * (seq.prefill_to - seq.prefilled)
-            if seq.prefilled == 0:
+            if seq.state is None:
                 req = seq.request
                 key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
-                seq.state = zlib.crc32(key, self._config.seed) % size
+                starts = self._word_starts
+                k = bisect_left(starts, zlib.crc32(key, self._config.seed) % size)
+                seq.state = starts[k % len(starts)]
         tokens = [corpus[(s.state + s.generated) % size] for s in prefill]
         tokens += [corpus[(s.state + s.generated) % size] for s in decode]
         _wait_until(start + duration)
         return tokens
 
+    def reserve(self, seq: Sequence) -> bool:
+        """Always room; with prefix caching, `seq.prefilled` is set to the leading tokens of
+        its remembered blocks (never the last token)."""
+        held = self._prefixes
+        if held is not None:
+            ids = seq.prefill_ids
+            n = 0
+            for h in block_hashes(ids, PREFIX_BLOCK, (len(ids) - 1) // PREFIX_BLOCK):
+                if h not in held:
+                    break
+                held.move_to_end(h)
+                n += 1
+            seq.prefilled = n * PREFIX_BLOCK
+        return True
+
+    def preempt(self, seq: Sequence) -> list[int]:
+        """The sequence's tokens so far, to prefill again (its outputs are re-derived from
+        its place in the corpus, which it keeps)."""
+        return seq.request.prompt_token_ids + self._outputs(seq)
+
     def release(self, seq: Sequence) -> None:
-        """Nothing is held per sequence."""
+        """Remember the sequence's blocks (prefix caching)."""
+        held = self._prefixes
+        if held is None or seq.state is None:
+            return
+        tokens = seq.request.prompt_token_ids + self._outputs(seq)
+        for h in reversed(block_hashes(tokens, PREFIX_BLOCK, len(tokens) // PREFIX_BLOCK)):
+            held[h] = None
+            held.move_to_end(h)
+        while len(held) > self._capacity_blocks:
+            held.popitem(last=False)
+
+    def _outputs(self, seq: Sequence) -> list[int]:
+        corpus, size, at = self._corpus, len(self._corpus), seq.state
+        return [corpus[(at + i) % size] for i in range(seq.generated)]

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, StepFailed
-from cadence.engines.detokenizer import ByteText, TextStreams
+from cadence.engines.detokenizer import piece_encoder, text_streams
 from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.model")
@@ -119,12 +119,13 @@ class ModelEngine:
             self._arrived = shape.arrived
             self._step_name = "generate_stream"
         tokenizer = getattr(model, "tokenizer", None)
-        if tokenizer is None:
-            self.tokenizer = ByteText()
-        elif callable(getattr(tokenizer, "stream", None)):
-            self.tokenizer = tokenizer
-        else:
-            self.tokenizer = TextStreams(tokenizer)
+        try:
+            self.tokenizer = text_streams(tokenizer)
+        except TypeError as exc:
+            raise EngineLoadError(f"{self._label}.tokenizer: {exc}") from None
+        self.text_piece_ids = piece_encoder(self.tokenizer)
+        """The token ids of a `str` output: its bytes, or the tokenizer's encoding of it
+        without special tokens."""
         self._bytes_only = tokenizer is None
         self.vocab_size = getattr(self.tokenizer, "vocab_size", None) or 0
         """0: the tokenizer does not say, and prompt ids are not checked against it."""
@@ -167,10 +168,6 @@ class ModelEngine:
             log.error("%s raised", name, exc_info=exc)
             raise StepFailed(f"{name} raised {type(exc).__name__}: {exc}") from None
         return self._checked(outputs, prefill, decode)
-
-    def text_piece_ids(self, text: str) -> list[int]:
-        """The token ids of a `str` output: its bytes, or the model's tokenizer's encoding."""
-        return self.tokenizer.encode(text)
 
     def release(self, seq: Sequence) -> None:
         if self.group is not None:

@@ -143,7 +143,9 @@ def add_protocol_args(p: argparse.ArgumentParser) -> None:
                    metavar="NAME=SOURCE,...",
                    help="--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the "
                         "prompt's token ids), max_tokens, or an integer (e.g. "
-                        "'N=max_tokens,DELAY_MS=10' for the PyTriton peer)")
+                        "'N=max_tokens,DELAY_MS=10' for the PyTriton peer), each optionally "
+                        "followed by :batched (a leading batch dimension of one, for a "
+                        "Triton model with batching)")
     g = p.add_argument_group("--protocol grpc (any server-streaming or bidirectional method)")
     g.add_argument("--method", default=None, metavar="PACKAGE.SERVICE/METHOD",
                    help="the method to drive")

@@ -26,6 +26,7 @@ from cadence import event_loop
 from cadence.config import ServerConfig
 from cadence.lifecycle.server import CadenceServer, run_until_signalled
 from cadence.lifecycle.supervisor import process_gone
+from cadence.worker import orphaned
 from cadence.worker.process import die_with_parent
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     die_with_parent()
     parent = os.getppid()
-    if parent == 1:  # front 0 died before prctl took effect
+    if orphaned(parent):  # front 0 died before prctl took effect
         return
     try:
         _serve(argv)

@@ -24,6 +24,7 @@ import msgspec
 
 from cadence.config import ServerConfig
 from cadence.lifecycle import StartupError
+from cadence.worker import child_environment
 
 log = logging.getLogger("cadence.server")
 
@@ -62,7 +63,7 @@ class FrontChildren:
             [sys.executable, "-m", "cadence.lifecycle.front_child", str(k), self._base,
              msgspec.json.encode(self._config).decode(),
              str(logging.getLogger().getEffectiveLevel()), str(self.restarts[k])],
-            start_new_session=True,
+            start_new_session=True, env=child_environment(),
         )
 
     def launch(self) -> None:

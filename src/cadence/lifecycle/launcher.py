@@ -24,6 +24,7 @@ from typing import Protocol
 import msgspec
 
 from cadence.config import ServerConfig, WorkerSpec
+from cadence.worker import child_environment
 
 
 class WorkerHandle(Protocol):
@@ -158,7 +159,7 @@ class LocalLauncher:
     def _start(spec: WorkerSpec) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "cadence.worker", msgspec.json.encode(spec).decode()],
-            start_new_session=True,
+            start_new_session=True, env=child_environment(),
         )
 
 
@@ -197,6 +198,27 @@ def missing_extra(config: ServerConfig) -> str | None:
                 return (f"{option} needs the package {package!r}, which is not installed; "
                         f"install it with: pip install 'cadence[{extra}]'")
     return None
+
+
+def absent_cards(config: ServerConfig) -> str | None:
+    """Why the CUDA cards `config` names cannot be opened on this host (one line), or None.
+    Checked with the packages, before any worker starts; Ray's workers run on other hosts."""
+    wanted = sorted({int(d.partition(":")[2]) for group in config.devices
+                     for d in group.split(",") if d.startswith("cuda:")})
+    if not wanted or config.launcher == "ray":
+        return None
+    try:
+        import torch
+    except ImportError:
+        return (f"--devices cuda:{','.join(map(str, wanted))} needs torch to open the cards, "
+                "which is not installed; install it with: pip install 'cadence[torch]'")
+    visible = torch.cuda.device_count()
+    missing = [i for i in wanted if i >= visible]
+    if not missing:
+        return None
+    has = f"only cuda:0 to cuda:{visible - 1}" if visible else "none"
+    return (f"--devices names CUDA card(s) {', '.join(f'cuda:{i}' for i in missing)}, but this "
+            f"host has {has} visible; use cpu:N, or auto for every visible card")
 
 
 def _installed(package: str) -> bool:

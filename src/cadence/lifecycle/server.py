@@ -29,12 +29,12 @@ from cadence.lifecycle import StartupError
 from cadence.lifecycle.front_children import FrontChildren
 from cadence.lifecycle.front_layout import FrontLayout
 from cadence.lifecycle.in_front_launcher import InFrontLauncher
-from cadence.lifecycle.launcher import Launcher, make_launcher, missing_extra
+from cadence.lifecycle.launcher import Launcher, absent_cards, make_launcher, missing_extra
 from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
 from cadence.net.asgi_grpc import GrpcAsgiApp
 from cadence.net.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.net.grpc_server import GrpcServer
-from cadence.router import WorkerRouter
+from cadence.router.worker_router import router_for
 from cadence.transport.front_channel import FrontChannel
 from cadence.transport.messages import WorkerReady
 from cadence.vocabulary import Failure
@@ -66,7 +66,7 @@ class CadenceServer:
         self._stack = contextlib.AsyncExitStack()
         """How to stop everything started so far, in reverse."""
         self.metrics = FrontMetrics(front=front)
-        self.router = WorkerRouter(len(config.devices))
+        self.router = router_for(config)
         self.port = 0
         self.http_port: int | None = None
         """The OpenAI-compatible HTTP port (`--http-port`), None without one."""
@@ -82,7 +82,7 @@ class CadenceServer:
 
         # 1. What the config needs is installed; the launcher (joining a Ray cluster blocks,
         #    harmlessly: nothing serves yet).
-        problem = missing_extra(config)
+        problem = missing_extra(config) or absent_cards(config)
         if problem is not None:
             raise StartupError(problem)
         found = security.problems(config)
@@ -114,6 +114,8 @@ class CadenceServer:
         watcher = self._watcher(n, launcher, channel)
         reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
+        self.metrics.watch_gateway(config.model_name, core.requests_waiting,
+                                   core.requests_running, reader.kv_cache_usage)
         channel.start_reading(loop, reader.handle)
         v1 = InferenceService(core, layout.metadata())
         kserve = KServeService(core, config.model_name, self._serving)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import tempfile
+from collections.abc import Iterator
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -171,6 +174,28 @@ def _answering(handlers: dict[str, grpc.RpcMethodHandler]) -> dict[str, grpc.Rpc
             for method, handler in handlers.items()}
 
 
+class _Held:
+    drop = False
+
+
+@contextlib.contextmanager
+def _core_log_held() -> Iterator[_Held]:
+    """What this process writes to stderr (fd 2, where gRPC core logs) meanwhile, held and
+    written out after, unless the caller set `drop`."""
+    held = _Held()
+    with tempfile.TemporaryFile() as store:
+        saved = os.dup(2)
+        os.dup2(store.fileno(), 2)
+        try:
+            yield held
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not held.drop:
+                store.seek(0)
+                os.write(2, store.read())
+
+
 class _Answering:
     """The grpc.aio server as generated `add_*_to_server` functions see it (health's,
     reflection's): what they register goes through `_answering`."""
@@ -239,12 +264,14 @@ class GrpcServer:
 
     async def _start_aio(self) -> int:
         config = self._config
-        try:
-            address, credentials = f"{config.host}:{config.port}", security.server_credentials(config)
-            port = (self._server.add_secure_port(address, credentials) if credentials
-                    else self._server.add_insecure_port(address))
-        except RuntimeError:
-            port = 0
+        address, credentials = f"{config.host}:{config.port}", security.server_credentials(config)
+        with _core_log_held() as held:
+            try:
+                port = (self._server.add_secure_port(address, credentials) if credentials
+                        else self._server.add_insecure_port(address))
+            except RuntimeError:
+                port = 0
+            held.drop = port == 0  # gRPC core's own line of it; cadence's one line follows
         if port == 0:
             raise StartupError(f"could not bind {config.host}:{config.port}; is the port in use? "
                                "Choose another with --port (0 picks a free one)")

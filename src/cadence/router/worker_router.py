@@ -1,8 +1,13 @@
-"""Chooses the worker for each request: the least outstanding work among live workers."""
+"""Chooses the worker for each request: the least outstanding work among live workers, or,
+with prefix-aware routing, the worker that holds the longest prefix of the prompt while it is
+not much busier than the least loaded."""
 
 from __future__ import annotations
 
 import time
+
+from cadence.config import ServerConfig
+from cadence.router.prefix_index import TOKEN_BLOCK, PrefixIndex
 
 
 class NoWorkerAvailable(Exception):
@@ -15,9 +20,16 @@ class WorkerRouter:
     Work is counted when a request is assigned (its max_tokens) and released when it ends,
     however it ends. Ties go to the worker after the last one chosen, so equal requests
     spread evenly.
+
+    With a `PrefixIndex` (`--prefix-caching`, `--routing prefix`) the policy is: among the
+    live workers with at most `slack` open requests more than the least loaded one, the one
+    whose cached blocks cover the longest prefix of the prompt; with no such prefix anywhere
+    (or only on workers past the slack), the least outstanding work as without. So turn N+1
+    of a conversation goes where turn N went, unless that worker is `slack` requests behind.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, prefixes: PrefixIndex | None = None,
+                 slack: int = 4) -> None:
         self.load = [0] * workers
         self.requests = [0] * workers
         self.alive = [True] * workers
@@ -25,9 +37,13 @@ class WorkerRouter:
         """When each worker last went from no request to one: the hang check's clock starts
         there, not at an output from before an idle spell."""
         self._next = 0
+        self.prefixes = prefixes
+        """Prompts sent to each worker, for prefix-aware routing; None: load only."""
+        self.slack = slack
 
-    def pick(self) -> int:
-        """The live worker with the least outstanding work."""
+    def pick(self, hashes: list[bytes] | None = None) -> int:
+        """The worker for a request whose prompt's block hashes are `hashes` (None or empty:
+        by load only); records the prompt as held there."""
         n = len(self.load)
         best = -1
         for k in range(n):
@@ -36,8 +52,24 @@ class WorkerRouter:
                 best = i
         if best < 0:
             raise NoWorkerAvailable("no worker is running")
+        prefixes = self.prefixes
+        if hashes and prefixes is not None:
+            best = self._by_prefix(hashes, best, prefixes)
+            prefixes.record(best, hashes)
         self._next = (best + 1) % n
         return best
+
+    def _by_prefix(self, hashes: list[bytes], least: int, prefixes: PrefixIndex) -> int:
+        requests = self.requests
+        ceiling = min(r for r, up in zip(requests, self.alive) if up) + self.slack
+        chosen, longest = least, 0
+        for i, up in enumerate(self.alive):
+            if up and requests[i] <= ceiling:
+                held = prefixes.match(i, hashes)
+                if held > longest or (held == longest and held and
+                                      self.load[i] < self.load[chosen]):
+                    chosen, longest = i, held
+        return chosen
 
     def assign(self, worker: int, work: int) -> None:
         if not self.requests[worker]:
@@ -51,3 +83,15 @@ class WorkerRouter:
 
     def mark_dead(self, worker: int) -> None:
         self.alive[worker] = False
+        if self.prefixes is not None:
+            self.prefixes.forget(worker)
+
+
+def router_for(config: ServerConfig) -> WorkerRouter:
+    """The router the server's flags ask for: prefix-aware with `--prefix-caching` and
+    `--routing prefix` on more than one worker, by load otherwise."""
+    workers = len(config.devices)
+    prefixes = None
+    if config.engine.prefix_caching and config.routing == "prefix" and workers > 1:
+        prefixes = PrefixIndex(workers, config.engine.kv_cache_tokens // TOKEN_BLOCK)
+    return WorkerRouter(workers, prefixes, config.prefix_routing_slack)

@@ -93,6 +93,11 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     while a character is incomplete). Empty: the front decodes bytes."""
     prompt_lens: dict[int, int] = {}
     """Prompt tokens of each sequence that the worker tokenized and prefilled in this step."""
+    kv_cache_usage: float = 0.0
+    """The share of the engine's KV cache held after this step, 0 to 1 (0: it has none)."""
+    cached_tokens: dict[int, int] = {}
+    """Prompt tokens of the prefix cache's, of each sequence whose first token is in this
+    step and that had a cache hit (absent: none)."""
 
 
 def step_pieces(step: StepOutput) -> Iterator[tuple[int, int | list[int], str | None]]:

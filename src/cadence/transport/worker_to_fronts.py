@@ -130,6 +130,7 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
     finished = [[] for _ in range(fronts)]
     reasons = [[] for _ in range(fronts)]
     prompt_lens: list[dict[int, int]] = [{} for _ in range(fronts)]
+    cached: list[dict[int, int]] = [{} for _ in range(fronts)]
     # A step's pieces are all bare tokens or all lists, and its texts all None or all str
     # (step_pieces), so each part comes out in its step's layout.
     for seq_id, piece, text in step_pieces(message):
@@ -147,10 +148,12 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
         reasons[seq_id % fronts].append(reason)
     for seq_id, count in message.prompt_lens.items():
         prompt_lens[seq_id % fronts][seq_id] = count
+    for seq_id, count in message.cached_tokens.items():
+        cached[seq_id % fronts][seq_id] = count
     return [
         StepOutput(message.worker, message.step, message.start_ns, message.end_ns, seq_ids[f],
                    tokens[f], finished[f], reasons[f], counts[f], texts[f],
-                   prompt_lens[f])
-        if seq_ids[f] or finished[f] or prompt_lens[f] else None
+                   prompt_lens[f], message.kv_cache_usage, cached[f])
+        if seq_ids[f] or finished[f] or prompt_lens[f] or cached[f] else None
         for f in range(fronts)
     ]

@@ -36,9 +36,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from cadence import event_loop
-from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import WorkerSpec
 from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
+from cadence.engines.detokenizer import piece_encoder, text_streams
 from cadence.heap import settle_heap
 from cadence.transport.messages import (
     RequestFailed,
@@ -74,8 +74,9 @@ class _Raised:
 class _Seq:
     """One request inside the app worker."""
 
-    __slots__ = ("busy", "context", "done", "generated", "iterator", "mark", "max_tokens",
-                 "parked", "paused", "request", "resumed", "seq_id", "stop", "task", "timer")
+    __slots__ = ("busy", "context", "detokenize", "done", "generated", "iterator", "mark",
+                 "max_tokens", "parked", "paused", "prompt_len", "request", "resumed", "seq_id",
+                 "stop", "task", "timer")
 
     def __init__(self, request: AppRequest, context: AppContext) -> None:
         self.seq_id = request.seq_id
@@ -99,6 +100,11 @@ class _Seq:
         """Sync: paused with no job queued; resume submits the next one."""
         self.resumed: asyncio.Future | None = None
         """Async: what a paused request's task waits on."""
+        self.detokenize: Callable[[int, bool], str] | None = None
+        """The function has a tokenizer: each output token's text (see detokenizer.py)."""
+        self.prompt_len = -1
+        """Prompt tokens of a text prompt the function's tokenizer encoded here, told to the
+        front with the first piece (usage counts); -1: the front counted them."""
 
 
 class AppRunner:
@@ -137,7 +143,15 @@ class AppRunner:
         # Pieces that executor threads produced, waiting for the loop.
         self._completed: deque[tuple[_Seq, object, int, int]] = deque()
         self._wake_pending = False
-        self._decode_prompt = ByteTokenizer().decode
+        self._prompt_lens: dict[int, int] = {}
+        tokenizer = getattr(app, "tokenizer", None)
+        self._text = text_streams(tokenizer)
+        """The function's own tokenizer (its `tokenizer` attribute), else bytes."""
+        self._own_tokenizer = tokenizer is not None
+        self._vocab_size: int | None = getattr(self._text, "vocab_size", None) or None
+        self._encode_piece = piece_encoder(self._text) if tokenizer is not None else None
+        self._texts: list[str] = []
+        """This tick's pieces' texts, with a tokenizer (the front decodes bytes itself)."""
 
     @property
     def active(self) -> int:
@@ -161,23 +175,33 @@ class AppRunner:
     def add(self, add: AddRequest) -> None:
         """Start the function for one request."""
         prompt = add.prompt_token_ids
-        if add.prompt_text and not prompt:  # text the front left to the worker to tokenize
-            prompt = list(add.prompt_text.encode("utf-8"))
-        if prompt and not (0 <= min(prompt) and max(prompt) < ByteTokenizer.vocab_size):
-            bad = next(t for t in prompt if not 0 <= t < ByteTokenizer.vocab_size)
+        text = add.prompt_text
+        prompt_len = -1
+        if text and (self._own_tokenizer or not prompt):
+            # A text prompt (beside its bytes, which the front counted): the function's
+            # tokenizer encodes it.
+            prompt = self._text.encode(text)
+            prompt_len = len(prompt) if self._own_tokenizer else -1
+        vocab = self._vocab_size
+        if prompt and not (0 <= min(prompt) and (vocab is None or max(prompt) < vocab)):
+            bad = next(t for t in prompt if not 0 <= t < (vocab or t + 1))
             self._failures.append(RequestFailed(
                 add.seq_id, Failure.INVALID_ARGUMENT,
-                f"prompt_token_ids must be in [0, {ByteTokenizer.vocab_size}); got {bad}"))
+                f"prompt_token_ids must be in [0, {vocab}); got {bad}"))
             self._schedule_flush()
             return
         request = AppRequest(
-            seq_id=add.seq_id, prompt=self._decode_prompt(prompt), prompt_token_ids=list(prompt),
+            seq_id=add.seq_id, prompt=text or self._text.decode(prompt),
+            prompt_token_ids=list(prompt),
             max_tokens=add.max_tokens, stop_token_ids=list(add.stop_token_ids),
             temperature=add.temperature, top_p=add.top_p, top_k=add.top_k, seed=add.seed,
             device=self._device,
         )
         context = AppContext(self._device, self._worker)
         seq = _Seq(request, context)
+        if self._own_tokenizer:
+            seq.detokenize = self._text.stream(request.prompt_token_ids)
+            seq.prompt_len = prompt_len
         self._seqs[seq.seq_id] = seq
         if add.timeout_ms > 0:
             context.deadline = time.monotonic() + add.timeout_ms / 1e3
@@ -350,18 +374,22 @@ class AppRunner:
     def _emit(self, seq: _Seq, piece: object, start_ns: int, end_ns: int) -> bool:
         """Queue one piece for this tick's message; False once the request has ended.
 
-        This is the only function that loops over an app worker's output tokens.
+        This (with `_text_of`) is the only code that loops over an app worker's output tokens.
         """
         if seq.done:
             return False
         try:
-            tokens = piece_tokens(piece)
+            tokens = piece_tokens(piece, self._vocab_size, self._encode_piece)
         except (TypeError, ValueError) as exc:
             self._fail(seq, exc)
             return False
         if not tokens:
             return True
+        if seq.prompt_len >= 0:
+            self._prompt_lens[seq.seq_id] = seq.prompt_len
+            seq.prompt_len = -1
         reason = Finish.NONE
+        whole = len(tokens)
         room = seq.max_tokens - seq.generated
         if len(tokens) >= room:
             tokens = tokens[:room]
@@ -373,6 +401,9 @@ class AppRunner:
                     reason = Finish.STOP
                     break
         seq.generated += len(tokens)
+        if seq.detokenize is not None:
+            self._texts.append(self._text_of(seq, piece, tokens, reason != Finish.NONE,
+                                             len(tokens) < whole))
         self._seq_ids.append(seq.seq_id)
         if len(tokens) == 1:
             self._token_ids.append(tokens[0])
@@ -389,8 +420,20 @@ class AppRunner:
         self._schedule_flush()
         return not reason
 
+    @staticmethod
+    def _text_of(seq: _Seq, piece: object, tokens: list[int], last: bool, cut: bool) -> str:
+        """A piece's text, with the function's tokenizer: a `str` piece as yielded (unless
+        cut short), else what its tokens add to the sequence's text. Every token goes through
+        the sequence's detokenizer, so the text of later pieces merges right."""
+        detokenize = seq.detokenize
+        final = len(tokens) - 1 if last else -1
+        text = "".join([detokenize(t, i == final) for i, t in enumerate(tokens)])
+        return piece if type(piece) is str and not cut else text
+
     def _finish(self, seq: _Seq, reason: Finish) -> None:
         if not seq.done:
+            if seq.prompt_len >= 0:  # the function ended without a piece
+                self._prompt_lens[seq.seq_id] = seq.prompt_len
             self._finished.append(seq.seq_id)
             self._reasons.append(reason)
             self._end(seq)
@@ -424,8 +467,9 @@ class AppRunner:
             message = StepOutput(
                 self._worker, self._steps, self._start_ns or end, end, self._seq_ids,
                 self._token_ids, self._finished, self._reasons,
-                self._counts if self._several else [],
+                self._counts if self._several else [], self._texts, self._prompt_lens,
             )
+            self._texts, self._prompt_lens = [], {}
             self._seq_ids, self._token_ids, self._counts = [], [], []
             self._finished, self._reasons = [], []
             self._several = False

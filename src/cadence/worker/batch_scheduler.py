@@ -4,12 +4,21 @@ With a step budget (cadence.worker.step_budget) a step prefills only the prompt 
 budget leaves beside its decodes: a long prompt, on an engine that takes prefill chunks, is
 prefilled over several steps (the oldest prompt first) and gives its first token with its
 last chunk; until then it is in `_prefilling` and produces nothing.
+
+Waiting sequences are admitted by priority (`AddRequest.priority`, lower first, as vLLM's),
+first come first served within one. With `preempt` (--preempt), a waiting sequence that finds
+the batch full (--max-batch) or the KV cache full preempts the running one of the highest
+priority value above its own (the latest arrived among equals): the engine drops its state
+(`Engine.preempt`), it goes back to the waiting queue at its old place, and when admitted again
+it prefills its prompt and the outputs it gave, then goes on with its next token: its stream
+only waits.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
-from collections import deque
 from collections.abc import Callable
 
 import msgspec
@@ -27,11 +36,16 @@ class BatchScheduler:
     """Owns a worker's waiting queue and running batch, and turns one engine step into one message."""
 
     def __init__(self, engine: Engine, worker: int, max_batch: int,
-                 budget: StepBudget | None = None) -> None:
+                 budget: StepBudget | None = None, *, preempt: bool = False,
+                 report_cached: bool = False) -> None:
         self._engine = engine
         self._worker = worker
         self._max_batch = max_batch
-        self._waiting: deque[Sequence] = deque()
+        self._waiting: list[tuple[int, int, Sequence]] = []
+        """A heap of (priority, arrival, sequence): the next to admit first."""
+        self._arrival: dict[int, int] = {}
+        """Each held sequence's place in arrival order (kept across a preemption)."""
+        self._arrivals = itertools.count()
         self._running: dict[int, Sequence] = {}
         self._prefilling: dict[int, Sequence] = {}
         """Admitted sequences part of whose prompt is still to prefill, oldest first."""
@@ -45,9 +59,16 @@ class BatchScheduler:
         # Optional engine capabilities (see cadence.engines.base.Engine).
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
         self._tokenizer = getattr(engine, "tokenizer", None)
+        self._kv_cache_usage: Callable[[], float] = getattr(engine, "kv_cache_usage",
+                                                            lambda: 0.0)
         self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
             engine, "text_piece_ids", None)
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
+        self._preempt: Callable[[Sequence], list[int]] | None = (
+            getattr(engine, "preempt", None) if preempt else None)
+        self._report_cached = report_cached
+        """Send each sequence's `cached_tokens` with its first token (--prefix-caching)."""
+        self.preemptions = 0
 
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
@@ -60,23 +81,27 @@ class BatchScheduler:
         problem = self._engine.check(request)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
-        self._waiting.append(Sequence(request))
+        order = next(self._arrivals)
+        self._arrival[request.seq_id] = order
+        heapq.heappush(self._waiting, (request.priority, order, Sequence(request)))
         return None
 
     def abort(self, seq_ids: list[int]) -> None:
         """Drop sequences now, so none of them is in the next step."""
         for seq_id in seq_ids:
             self._paused.discard(seq_id)
+            self._arrival.pop(seq_id, None)
             seq = self._running.pop(seq_id, None) or self._prefilling.pop(seq_id, None)
             if seq is not None:
                 self._engine.release(seq)
         if seq_ids and self._waiting:
             gone = set(seq_ids)
-            self._waiting = deque(s for s in self._waiting if s.seq_id not in gone)
+            self._waiting = [e for e in self._waiting if e[2].seq_id not in gone]
+            heapq.heapify(self._waiting)
 
     def seq_ids(self) -> list[int]:
         """Every sequence the scheduler holds, running or waiting."""
-        return [*self._running, *self._prefilling, *(s.seq_id for s in self._waiting)]
+        return [*self._running, *self._prefilling, *(e[2].seq_id for e in self._waiting)]
 
     def pause(self, seq_ids: list[int]) -> None:
         """Skip these sequences at each step (they keep their place and engine state)."""
@@ -99,12 +124,13 @@ class BatchScheduler:
         are the only places in the worker that loop over a step's tokens.
         """
         paused = self._paused
-        decode = [s for s in self._running.values() if s.seq_id not in paused] if paused else (
-            list(self._running.values()))
         if self._budget is None:
             prefill = self._admit_whole()
         else:
-            prefill = self._admit_within_budget(len(decode))
+            prefill = self._admit_within_budget(len(self._running) - len(paused))
+        # After admission: a preemption may have taken a sequence out of the running ones.
+        decode = [s for s in self._running.values() if s.seq_id not in paused] if paused else (
+            list(self._running.values()))
         if not prefill and not decode:
             return None
         start = time.monotonic_ns()
@@ -124,14 +150,19 @@ class BatchScheduler:
         tokenizer = self._tokenizer
         texts: list[str] = []
         prompt_lens: dict[int, int] = {}
+        cached: dict[int, int] = {}
         for seq in prefill:
             request = seq.request
             seq.prefilled = seq.prefill_to
-            if seq.prefilled < len(request.prompt_token_ids):
+            if seq.prefilled < len(seq.prefill_ids):
                 continue  # a chunk: no output until the prompt's last one
             running[seq.seq_id] = seq
+            if seq.generated:
+                continue  # back after a preemption: its stream knows its prompt already
             if request.prompt_text:
                 prompt_lens[seq.seq_id] = len(request.prompt_token_ids)
+            if self._report_cached:
+                cached[seq.seq_id] = seq.cached_tokens
             if tokenizer is not None:
                 seq.detokenize = tokenizer.stream(request.prompt_token_ids)
         if self._text_piece_ids is not None:
@@ -139,7 +170,7 @@ class BatchScheduler:
                                                           finished, reasons)
             return StepOutput(
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-                counts, texts, prompt_lens,
+                counts, texts, prompt_lens, self._kv_cache_usage(), cached,
             )
         for seq, token in zip(stepped, tokens):
             seq.generated += 1
@@ -157,56 +188,116 @@ class BatchScheduler:
             finished.append(seq.seq_id)
             reasons.append(reason)
             del running[seq.seq_id]
+            del self._arrival[seq.seq_id]
             self._engine.release(seq)
         return StepOutput(
             self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-            texts=texts, prompt_lens=prompt_lens,
+            texts=texts, prompt_lens=prompt_lens, kv_cache_usage=self._kv_cache_usage(),
+            cached_tokens=cached,
         )
 
     def _admit_whole(self) -> list[Sequence]:
         """No budget: admit waiting sequences up to max_batch, each prompt whole in this step."""
-        room = min(self._max_batch - len(self._running), len(self._waiting))
-        reserve = self._reserve
-        if reserve is None:
-            return [self._waiting.popleft() for _ in range(room)]
-        # In arrival order; one that does not fit yet (KV cache full) holds the rest back.
-        prefill = []
-        while len(prefill) < room and reserve(self._waiting[0]):
-            prefill.append(self._waiting.popleft())
+        waiting = self._waiting
+        prefill: list[Sequence] = []
+        while waiting:
+            seq = waiting[0][2]
+            fits = self._room_for(seq, prefill, len(self._running) + len(prefill))
+            if fits is None:
+                continue
+            if not fits:
+                break
+            prefill.append(self._take())
         return prefill
 
     def _admit_within_budget(self, decodes: int) -> list[Sequence]:
         """The sequences this step prefills, each with its chunk set (`prefill_to`): first
-        the prompts already part-prefilled, oldest first, then waiting ones in arrival order,
-        until the budget's prefill tokens are spent. An engine that takes no chunks gets
-        whole prompts that fit what is left (the step's first one whatever its length)."""
+        the prompts already part-prefilled, by priority then age, then waiting ones by
+        priority then arrival, until the budget's prefill tokens are spent. An engine that
+        takes no chunks gets whole prompts that fit what is left (the step's first one
+        whatever its length). Tokens the prefix cache holds cost nothing."""
         left = self._budget.prefill_tokens(decodes)
         prefill: list[Sequence] = []
-        for seq in self._prefilling.values():
+        prefilling = self._prefilling
+        part = prefilling.values()
+        if len(prefilling) > 1:
+            arrival = self._arrival
+            part = sorted(part, key=lambda s: (s.request.priority, arrival[s.seq_id]))
+        for seq in part:
             if left <= 0:
                 return prefill
-            seq.prefill_to = min(len(seq.request.prompt_token_ids), seq.prefilled + left)
+            seq.prefill_to = min(len(seq.prefill_ids), seq.prefilled + left)
             left -= seq.prefill_to - seq.prefilled
             prefill.append(seq)
         waiting = self._waiting
-        room = self._max_batch - len(self._running) - len(self._prefilling)
-        reserve = self._reserve
         chunks = self._chunks
-        while room > 0 and left > 0 and waiting:
-            seq = waiting[0]
-            length = len(seq.request.prompt_token_ids)
+        while left > 0 and waiting:
+            seq = waiting[0][2]
+            length = len(seq.prefill_ids)
             if chunks:
-                seq.prefill_to = min(length, left)
+                seq.prefill_to = min(length, left)  # at most: the cache may hold some
             elif length > left and prefill:
                 break
-            if reserve is not None and not reserve(seq):
+            fits = self._room_for(seq, prefill, len(self._running) + len(prefilling))
+            if fits is None:
+                continue
+            if not fits:
                 break
-            waiting.popleft()
+            self._take()
+            if chunks:
+                seq.prefill_to = min(length, seq.prefilled + left)
             prefill.append(seq)
-            self._prefilling[seq.seq_id] = seq
-            left -= seq.prefill_to
-            room -= 1
+            prefilling[seq.seq_id] = seq
+            left -= seq.prefill_to - seq.prefilled
         return prefill
+
+    def _room_for(self, seq: Sequence, admitted: list[Sequence], occupied: int) -> bool | None:
+        """Whether the next waiting sequence, `seq`, is admitted now (the engine's `reserve`
+        done): True; False: it waits, and those behind it with it; None: a preemption made
+        room, ask again. `occupied`: the batch's sequences, this step's `admitted` included."""
+        if occupied >= self._max_batch:
+            return None if self._make_room(seq, admitted) else False
+        reserve = self._reserve
+        if reserve is not None and not reserve(seq):
+            # A refusal with sequences admitted already may be the step's prefill limit,
+            # which no preemption lifts; the first one's is the KV cache's.
+            return None if not admitted and self._make_room(seq, admitted) else False
+        return True
+
+    def _take(self) -> Sequence:
+        """The next waiting sequence, admitted."""
+        seq = heapq.heappop(self._waiting)[2]
+        seq.cached_tokens = seq.cached_tokens or seq.prefilled
+        return seq
+
+    def _make_room(self, seq: Sequence, admitted: list[Sequence]) -> bool:
+        """--preempt: preempt the running or part-prefilled sequence of the highest priority
+        value above `seq`'s (the latest arrived among equals), not one of this step's
+        `admitted`; False when there is none (or preemption is off)."""
+        preempt = self._preempt
+        if preempt is None:
+            return False
+        arrival = self._arrival
+        priority = seq.request.priority
+        taken = {s.seq_id for s in admitted}
+        victim: Sequence | None = None
+        worst = (priority, -1)
+        for candidate in (*self._running.values(), *self._prefilling.values()):
+            key = (candidate.request.priority, arrival[candidate.seq_id])
+            if key > worst and key[0] > priority and candidate.seq_id not in taken:
+                victim, worst = candidate, key
+        if victim is None:
+            return False
+        seq_id = victim.seq_id
+        self._running.pop(seq_id, None)
+        self._prefilling.pop(seq_id, None)
+        self._paused.discard(seq_id)
+        victim.prefill_ids = preempt(victim)
+        victim.prefilled = 0
+        victim.prefill_to = len(victim.prefill_ids)
+        heapq.heappush(self._waiting, (victim.request.priority, arrival[seq_id], victim))
+        self.preemptions += 1
+        return True
 
     def _after_chunks(self, prefill: list[Sequence], decode: list[Sequence], outputs: list,
                       duration_ns: int) -> tuple[list[Sequence], list]:
@@ -217,7 +308,7 @@ class BatchScheduler:
         prefilling = self._prefilling
         for seq in prefill:
             tokens += seq.prefill_to - seq.prefilled
-            if seq.prefill_to < len(seq.request.prompt_token_ids):
+            if seq.prefill_to < len(seq.prefill_ids):
                 chunked += 1
             else:
                 del prefilling[seq.seq_id]
@@ -225,8 +316,7 @@ class BatchScheduler:
         if not chunked:
             return prefill + decode, outputs
         n = len(prefill)
-        done = [i for i, seq in enumerate(prefill)
-                if seq.prefill_to == len(seq.request.prompt_token_ids)]
+        done = [i for i, seq in enumerate(prefill) if seq.prefill_to == len(seq.prefill_ids)]
         return ([prefill[i] for i in done] + decode,
                 [outputs[i] for i in done] + outputs[n:])
 
@@ -274,6 +364,7 @@ class BatchScheduler:
                 finished.append(seq.seq_id)
                 reasons.append(reason)
                 del running[seq.seq_id]
+                del self._arrival[seq.seq_id]
                 self._engine.release(seq)
         return seq_ids, token_ids, counts if several else []
 
@@ -285,5 +376,6 @@ class BatchScheduler:
         for seq in prefill:
             self._prefilling.pop(seq.seq_id, None)
         for seq in prefill + decode:
+            self._arrival.pop(seq.seq_id, None)
             self._engine.release(seq)
         return [RequestFailed(seq.seq_id, Failure.INTERNAL, message) for seq in prefill + decode]

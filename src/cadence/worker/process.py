@@ -18,6 +18,7 @@ from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
 from cadence.transport.sockets import remove_ipc_sockets
 from cadence.transport.worker_to_fronts import worker_channel
+from cadence.worker import orphaned
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import StepBudget, budget_for
 
@@ -98,7 +99,9 @@ def run_worker(spec: WorkerSpec) -> None:
     if budget is not None:
         announce_budget(budget, engine, spec.index)
     scheduler = BatchScheduler(engine, spec.index,
-                               getattr(engine, "max_batch", spec.engine.max_batch), budget)
+                               getattr(engine, "max_batch", spec.engine.max_batch), budget,
+                               preempt=spec.engine.preempt,
+                               report_cached=spec.engine.prefix_caching)
     settle_heap()
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parent = os.getppid()
     # Ctrl-C belongs to the front, which shuts workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if parent == 1:  # the front died before prctl took effect
+    if orphaned(parent):  # the front died before prctl took effect
         return
     spec = msgspec.json.decode(argv[0].encode(), type=WorkerSpec)
 

@@ -28,6 +28,11 @@ PLATFORM = "cadence"
 
 EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
 """Request parameter: also send a response without outputs when the final flag comes alone."""
+PRIORITY_PARAMETER = "priority"
+"""Request parameter: the scheduling priority, an integer (int64 or uint64), lower served
+first as Triton's and vLLM's (default 0)."""
+CACHED_TOKENS_PARAMETER = "cached_tokens"
+"""The final response's parameter (int64): prompt tokens the prefix cache served."""
 
 
 class TensorSpec(NamedTuple):
@@ -139,12 +144,23 @@ def to_stream_request(request: kpb.ModelInferRequest) -> StreamRequest:
         raise InvalidRequest(f"unknown output {min(unknown)!r}; the model has "
                              f"{', '.join(spec.name for spec in OUTPUTS)}")
     empty_final = request.parameters.get(EMPTY_FINAL_PARAMETER)
+    generate.priority = _priority(request.parameters.get(PRIORITY_PARAMETER))
     return StreamRequest(
         generate,
         want_tokens=not wanted or "TOKEN_IDS" in wanted,
         want_text=not wanted or "TEXT" in wanted,
         empty_final=empty_final is not None and empty_final.bool_param,
     )
+
+
+def _priority(parameter: kpb.InferParameter | None) -> int:
+    if parameter is None:
+        return 0
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param"):
+        raise InvalidRequest(f"parameter {PRIORITY_PARAMETER!r} must be an integer "
+                             "(int64_param or uint64_param); lower is served first")
+    return getattr(parameter, kind)
 
 
 def _check_datatype(spec: TensorSpec, datatype: str) -> None:

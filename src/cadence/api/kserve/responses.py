@@ -46,6 +46,10 @@ def _bool(value: bool) -> bytes:
     return bytes((1 << 3 | 0, int(value)))  # InferParameter.bool_param, a varint
 
 
+def _int64(value: int) -> bytes:
+    return bytes((2 << 3 | 0,)) + _varint(value)  # InferParameter.int64_param (>= 0 here)
+
+
 def _output(name: str, datatype: str, shape: Sequence[int]) -> bytes:
     """One `outputs` entry (field 5): name, datatype, shape packed."""
     packed = b"".join(_varint(d) for d in shape)
@@ -78,12 +82,15 @@ class ResponseEncoder:
         self._want_tokens = want_tokens
         self._want_text = want_text
 
-    def chunk(self, tokens: Sequence[int], text: str, finish: str | None) -> bytes:
+    def chunk(self, tokens: Sequence[int], text: str, finish: str | None,
+              cached_tokens: int = 0) -> bytes:
         """A response with the chunk's TOKEN_IDS and TEXT; `finish` (one of FINISH_NAMES)
-        marks the request's last response."""
+        marks the request's last response, which carries `cached_tokens` when not 0."""
         parts = [self._head, _FINAL[finish is not None]]
         if finish is not None:
             parts.append(_FINISH[finish])
+            if cached_tokens:
+                parts.append(_parameter("cached_tokens", _int64(cached_tokens)))
         raw = []
         if self._want_tokens:
             parts.append(_ONE_TOKEN_OUTPUT if len(tokens) == 1
@@ -97,9 +104,10 @@ class ResponseEncoder:
         parts += raw  # each output's raw data in the order of the outputs
         return self._wrap(b"".join(parts))
 
-    def final_only(self, finish: str) -> bytes:
+    def final_only(self, finish: str, cached_tokens: int = 0) -> bytes:
         """The final flag without outputs (the finish came after the last tokens)."""
-        return self._wrap(self._empty_head + _FINAL[True] + _FINISH[finish])
+        cached = _parameter("cached_tokens", _int64(cached_tokens)) if cached_tokens else b""
+        return self._wrap(self._empty_head + _FINAL[True] + _FINISH[finish] + cached)
 
     @staticmethod
     def _wrap(infer_response: bytes) -> bytes:

@@ -265,9 +265,10 @@ class _StreamCall:
                         final = chunk.finish != Finish.NONE
                         finish = _FINISH_NAMES[chunk.finish] if final else None
                         if chunk.token_ids:
-                            response = encoder.chunk(chunk.token_ids, chunk.text, finish)
+                            response = encoder.chunk(chunk.token_ids, chunk.text, finish,
+                                                     chunk.cached_tokens)
                         elif empty_final:  # the finish came after the last tokens
-                            response = encoder.final_only(finish)
+                            response = encoder.final_only(finish, chunk.cached_tokens)
                         else:
                             continue  # as Triton: the final flag alone only when asked
                         async with self._lock:

@@ -4,7 +4,7 @@ bytes of one Server-Sent Event (or to a whole response), stop strings.
 Fields read (docs/openai.md): `model`, `prompt` (completions: a string, one string in a list,
 or token ids) or `messages` (chat), `max_tokens` / `max_completion_tokens`, `temperature`,
 `top_p`, `seed`, `stop` (a string or up to 4), `stop_token_ids`, `n` (1 only), `stream`,
-`stream_options.include_usage`; `user` and fields cadence does not use are ignored. Two
+`stream_options.include_usage`, `priority` (vLLM's: an integer, lower served first, default 0); `user` and fields cadence does not use are ignored. Two
 extension fields of cadence's own: `cadence_timing` (server timestamps on every chunk, for the
 lab's segments) and `cadence_timeout_s` (a deadline: 504 once it passes).
 
@@ -23,7 +23,14 @@ import msgspec
 
 from cadence.api.errors import http_status
 from cadence.core.errors import InvalidRequest
-from cadence.core.requests import SEED_RANGE, TOKEN_ID_MAX, Chunk, ChunkTiming, Request
+from cadence.core.requests import (
+    PRIORITY_RANGE,
+    SEED_RANGE,
+    TOKEN_ID_MAX,
+    Chunk,
+    ChunkTiming,
+    Request,
+)
 from cadence.vocabulary import Failure, Finish
 
 COMPLETIONS = "completions"
@@ -85,6 +92,7 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
         seed=_integer(data, "seed", 0, *SEED_RANGE),
         stop_token_ids=_token_ids(data, "stop_token_ids", required=False),
         include_timing=_boolean(data, "cadence_timing"),
+        priority=_integer(data, "priority", 0, *PRIORITY_RANGE),
     )
     out = OpenAIRequest(endpoint=endpoint, model=model, request=request,
                         stream=_boolean(data, "stream"), stops=_stops(data))
@@ -270,7 +278,8 @@ class Encoder:
     null` with `include_usage`) is encoded once, here; per event there is the text's JSON
     string, the finish reason and, with `cadence_timing`, the extension."""
 
-    __slots__ = ("_chat", "_first", "_head", "_open", "_open_first", "_tail", "completion_tokens",
+    __slots__ = ("_chat", "_first", "_head", "_open", "_open_first", "_tail", "cached_tokens",
+                 "completion_tokens",
                  "created", "id", "model", "prompt_tokens")
 
     def __init__(self, endpoint: str, model: str, *, usage_null: bool = False) -> None:
@@ -297,6 +306,7 @@ class Encoder:
         self._first = True
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0
 
     def event(self, text: str, finish: str | None, chunk: Chunk | None = None) -> bytes:
         """One SSE event of a streamed response (with `usage_null`, as `include_usage` asks,
@@ -318,9 +328,15 @@ class Encoder:
             return b"".join((start, text_json, tail, _extension(chunk, timing), b"}\n\n"))
         return b"".join((start, text_json, tail, b"}\n\n"))
 
-    def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+    def usage(self) -> dict[str, object]:
+        """OpenAI's usage; `prompt_tokens_details.cached_tokens` as OpenAI and vLLM give it
+        (the prompt tokens the prefix cache served), when the server caches prefixes."""
+        usage: dict[str, object] = {
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens}
+        if self.cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     def usage_event(self) -> bytes:
         """The last chunk with `stream_options.include_usage`: no choices, the usage."""
@@ -329,6 +345,8 @@ class Encoder:
     def count(self, chunk: Chunk) -> None:
         if chunk.index == 0:
             self.prompt_tokens = chunk.prompt_tokens
+        if chunk.cached_tokens:
+            self.cached_tokens = chunk.cached_tokens
         self.completion_tokens += len(chunk.token_ids)
 
     def whole(self, text: str, finish: str | None) -> bytes:

@@ -38,7 +38,7 @@ def to_request(raw: bytes) -> Request:
         prompt_token_ids=list(message.prompt_token_ids), max_tokens=message.max_tokens,
         stop_token_ids=list(message.stop_token_ids), temperature=sampling.temperature,
         top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
-        include_timing=message.include_timing,
+        include_timing=message.include_timing, priority=message.priority,
     )
 
 
@@ -52,6 +52,8 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
         out.finish_reason = chunk.finish
     if chunk.prompt_tokens:  # the first chunk's
         out.prompt_tokens = chunk.prompt_tokens
+    if chunk.cached_tokens and chunk.finish:  # on the last chunk
+        out.cached_tokens = chunk.cached_tokens
     timing = chunk.timing
     if timing is not None:
         wire = out.timing

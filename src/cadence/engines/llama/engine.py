@@ -3,7 +3,10 @@
 Each step prefills the sequences admitted at that step boundary (prompts of any lengths)
 and decodes one token for every running sequence, in one pass through the model. A sequence
 gets its cache blocks when it is admitted (`reserve`) and gives them back when it finishes or
-is cancelled (`release`). With tensor parallelism, this object on rank 0 plans each step and
+is cancelled (`release`), or is preempted (`preempt`: recomputed when admitted again). With
+prefix caching, `reserve` first takes the cached blocks of the prompt's longest known prefix
+(cadence.engines.llama.kv_cache), and every block a step fills is registered for later
+requests. With tensor parallelism, this object on rank 0 plans each step and
 broadcasts the plan; on the other ranks `follow` runs the same steps until rank 0 stops.
 """
 
@@ -26,6 +29,7 @@ from cadence.engines.llama.parallel import TensorParallelGroup
 from cadence.engines.llama.plan import StepPlan, unpack
 from cadence.engines.llama.sampling import Sampler, sample
 from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
+from cadence.prefix_hash import block_hashes
 from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.engine.torch")
@@ -69,17 +73,25 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
 
 
 class _SeqState:
-    """What the engine holds for one running sequence."""
+    """What the engine holds for one sequence, from its first try at admission (`reserve`)."""
 
-    __slots__ = ("blocks", "cached", "last", "sampler")
+    __slots__ = ("blocks", "cached", "hashes", "last", "registered", "sampler", "tokens")
 
-    def __init__(self, blocks: list[int], sampler: Sampler) -> None:
-        self.blocks = blocks
+    def __init__(self, sampler: Sampler, tokens: list[int]) -> None:
+        self.blocks: list[int] = []
+        """Its cache blocks; empty until admitted (and after a preemption)."""
         self.cached = 0
         """Tokens whose keys and values are in the cache."""
         self.last = -1
         """The newest token: the input of the next decode step."""
         self.sampler = sampler
+        """Kept across a preemption, so seeded sampling goes on where it was."""
+        self.tokens = tokens
+        """Every token of the sequence so far: what it prefills, then each output."""
+        self.hashes: list[bytes] | None = None
+        """Prefix caching: the chained hashes of its full blocks known so far."""
+        self.registered = 0
+        """Prefix caching: its leading blocks registered in (or taken from) the cache."""
 
 
 class LlamaEngine:
@@ -151,6 +163,7 @@ class LlamaEngine:
         self.vocab_size = self.model_config.vocab_size
         self.context = self.model_config.max_position
         self._eos = frozenset(self.model_config.eos_token_ids)
+        self._prefix_caching = config.prefix_caching
         self.first_step_ms = 0.0
         self.warm_step_ms = 0.0
         self._admitted = 0
@@ -181,6 +194,7 @@ class LlamaEngine:
             self.warm_step_ms = (time.perf_counter() - start) * 1e3
         for seq in fake:
             self.release(seq)
+        self.cache.forget_prefixes()
         if self.graphs is not None:
             self.graphs.warm_up()
 
@@ -207,17 +221,39 @@ class LlamaEngine:
         return None
 
     def reserve(self, seq: Sequence) -> bool:
-        """Take the cache blocks `seq` can need; False (nothing taken) when the cache is full
-        for now (it waits for others to finish) or this step's prefill budget is spent."""
+        """Take the cache blocks `seq` can need (with prefix caching, the cached ones of its
+        longest known prefix first: `seq.prefilled` says how many tokens they hold); False
+        (nothing taken) when the cache is full for now (it waits for others to finish) or
+        this step's prefill budget is spent."""
         request = seq.request
         chunk = seq.prefill_to - seq.prefilled  # the whole prompt unless chunked
         width = max(self._admitted_width, chunk)
         if self._admitted and (self._admitted + 1) * width > PREFILL_BUDGET:
             return False  # next step: this one's prefill is full
-        blocks = self.cache.allocate(len(request.prompt_token_ids) + request.max_tokens - 1)
-        if blocks is None:
+        state = seq.state
+        if state is None:
+            state = seq.state = _SeqState(Sampler(request, self._seed, self.device),
+                                          list(seq.prefill_ids))
+            if self._eos:
+                seq.stop_token_ids = seq.stop_token_ids | self._eos
+        cache = self.cache
+        need = cache.blocks_for(len(request.prompt_token_ids) + request.max_tokens - 1)
+        held: list[int] = []
+        if self._prefix_caching:
+            ids = state.tokens
+            if state.hashes is None:
+                # Whole blocks short of the last token: its logits come from a prefill.
+                state.hashes = block_hashes(ids, BLOCK_SIZE, (len(ids) - 1) // BLOCK_SIZE)
+            held = cache.match(state.hashes)
+        fresh = cache.allocate_blocks(need - len(held))
+        if fresh is None:
+            if held:
+                cache.free(held)
             return False
-        seq.state = _SeqState(blocks, Sampler(request, self._seed, self.device))
+        state.blocks = held + fresh
+        state.cached = state.registered = len(held)
+        state.cached *= BLOCK_SIZE
+        seq.prefilled = state.cached
         self._admitted += 1
         self._admitted_width = width
         return True
@@ -231,18 +267,15 @@ class LlamaEngine:
         prefill_blocks: list[list[int]] = []
         starts: list[int] = []
         chunks = 0  # prefills that do not end their prompt: nothing to sample for them
-        eos = self._eos
         for seq in prefill:
-            prompt = seq.request.prompt_token_ids
+            prompt = seq.prefill_ids
             begin, end = seq.prefilled, seq.prefill_to
             if begin or end < len(prompt):
+                chunks += end < len(prompt)
                 prompt = prompt[begin:end]
-                chunks += end < len(seq.request.prompt_token_ids)
             prompts.append(prompt)
             starts.append(begin)
             prefill_blocks.append(seq.state.blocks[: -(-end // bs)])
-            if eos and not begin:
-                seq.stop_token_ids = seq.stop_token_ids | eos
         states = [seq.state for seq in decode]
         plan = StepPlan(
             prompts,
@@ -264,7 +297,7 @@ class LlamaEngine:
             # Sample only the sequences whose prompt ends here (a sampler's random state
             # must advance once per output token, chunked or not).
             ends = [i for i, seq in enumerate(prefill)
-                    if seq.prefill_to == len(seq.request.prompt_token_ids)]
+                    if seq.prefill_to == len(seq.prefill_ids)]
             rows = ends + list(range(len(prefill), len(prefill) + len(decode)))
             sampled = sample(logits[rows], [prefill[i].state.sampler for i in ends]
                              + [s.sampler for s in states])
@@ -274,14 +307,39 @@ class LlamaEngine:
         else:
             samplers = [seq.state.sampler for seq in prefill] + [s.sampler for s in states]
             tokens = sample(logits, samplers)
+        caching = self._prefix_caching
         for seq, token in zip(prefill, tokens):
             state = seq.state
             state.cached = seq.prefill_to
-            state.last = token
+            if state.cached == len(seq.prefill_ids):
+                state.last = token
+                state.tokens.append(token)
+            if caching and state.cached >= (state.registered + 1) * bs:
+                self._register(state)
         for state, token in zip(states, tokens[len(prefill):]):
             state.cached += 1
             state.last = token
+            state.tokens.append(token)
+            if caching and state.cached >= (state.registered + 1) * bs:
+                self._register(state)
         return tokens
+
+    def _register(self, state: _SeqState) -> None:
+        """Offer the sequence's newly filled blocks to the prefix cache."""
+        bs = BLOCK_SIZE
+        full = state.cached // bs
+        hashes = state.hashes
+        if len(hashes) < full:
+            known = len(hashes)
+            hashes += block_hashes(state.tokens[known * bs:full * bs], bs, full - known,
+                                   hashes[-1] if hashes else b"")
+        blocks, register = state.blocks, self.cache.register
+        for i in range(state.registered, full):
+            register(blocks[i], hashes[i])
+        state.registered = full
+
+    def kv_cache_usage(self) -> float:
+        return self.cache.usage
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache blocks back at once."""
@@ -289,6 +347,17 @@ class LlamaEngine:
         if isinstance(state, _SeqState):
             self.cache.free(state.blocks)
             seq.state = None
+
+    def preempt(self, seq: Sequence) -> list[int]:
+        """Give the sequence's blocks back but keep its sampler; it is prefilled again, its
+        prompt and outputs so far, when admitted again (from the prefix cache, if on and its
+        blocks were not evicted meanwhile)."""
+        state = seq.state
+        self.cache.free(state.blocks)
+        state.blocks = []
+        state.cached = state.registered = 0
+        state.hashes = None
+        return list(state.tokens)
 
     # -- tensor parallelism -------------------------------------------------------------------
 

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 PROMPT, MAX_TOKENS = "prompt", "max_tokens"
 """Sources of an input's value: the request's prompt token ids, or its max_tokens."""
+BATCHED = ":batched"
+"""A source's suffix: the input gets a leading batch dimension of one (shape [1, n]), as a
+Triton model with batching (max_batch_size > 0, PyTriton's @batch) wants."""
 
 DEFAULT_INPUTS = (("PROMPT_TOKEN_IDS", PROMPT), ("MAX_TOKENS", MAX_TOKENS))
 """cadence's own model's inputs (docs/kserve.md)."""
@@ -53,7 +56,7 @@ class KServeTarget(msgspec.Struct, frozen=True, tag="kserve"):
     model: str
     inputs: tuple[tuple[str, str], ...] = DEFAULT_INPUTS
     """(input name, source): `prompt` (the prompt token ids, shape [n]), `max_tokens`
-    (shape [1]), or an integer constant (shape [1])."""
+    (shape [1]), or an integer constant (shape [1]); with BATCHED after it, shape [1, n]."""
 
     def driver(self) -> KServeDriver:
         return KServeDriver(self)
@@ -78,18 +81,20 @@ class KServeDriver(ChannelDriver):
 
 
 def parse_inputs(text: str) -> tuple[tuple[str, str], ...]:
-    """`NAME=SOURCE,...` (SOURCE: prompt, max_tokens or an integer); raise ValueError."""
+    """`NAME=SOURCE,...` (SOURCE: prompt, max_tokens or an integer, each optionally followed by
+    `:batched`); raise ValueError."""
     inputs = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, source = item.partition("=")
         if not sep or not name:
             raise ValueError(f"expected NAME=SOURCE, got {item!r}")
-        if source not in (PROMPT, MAX_TOKENS):
+        value = source.removesuffix(BATCHED)
+        if value not in (PROMPT, MAX_TOKENS):
             try:
-                int(source)
+                int(value)
             except ValueError:
                 raise ValueError(f"the source of {name} must be prompt, max_tokens or an "
-                                 f"integer, got {source!r}") from None
+                                 f"integer (then optionally {BATCHED}), got {source!r}") from None
         inputs.append((name, source))
     if not inputs:
         raise ValueError("give at least one input")
@@ -105,9 +110,11 @@ def build_request(target: KServeTarget, plan: RequestPlan) -> kpb.ModelInferRequ
     request = kpb.ModelInferRequest(model_name=target.model, id=plan.request_id)
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     for name, source in target.inputs:
-        values = (plan.prompt_token_ids if source == PROMPT
-                  else [plan.max_tokens] if source == MAX_TOKENS else [int(source)])
-        request.inputs.add(name=name, datatype="INT32", shape=(len(values),))
+        value = source.removesuffix(BATCHED)
+        values = (plan.prompt_token_ids if value == PROMPT
+                  else [plan.max_tokens] if value == MAX_TOKENS else [int(value)])
+        shape = (len(values),) if value == source else (1, len(values))
+        request.inputs.add(name=name, datatype="INT32", shape=shape)
         request.raw_input_contents.append(int32_raw(values))
     return request
 

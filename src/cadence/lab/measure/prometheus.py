@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 from cadence.lab.results import ScrapedEndpoint, ScrapedMetrics, ScrapedRole, ScrapedSeries
@@ -67,6 +67,7 @@ class Known:
 
 
 KNOWN = (
+    Known("cadence_worker_batch_size", ROLE_RUNNING, "cadence"),
     Known("vllm:num_requests_running", ROLE_RUNNING, "vllm"),
     Known("vllm:num_requests_waiting", ROLE_WAITING, "vllm"),
     Known("vllm:kv_cache_usage_perc", ROLE_KV_CACHE_USE, "vllm"),
@@ -84,15 +85,15 @@ KNOWN = (
     Known("trtllm_num_requests_running", ROLE_RUNNING, "tensorrt-llm"),
     Known("trtllm_num_requests_waiting", ROLE_WAITING, "tensorrt-llm"),
     Known("trtllm_kv_cache_utilization", ROLE_KV_CACHE_USE, "tensorrt-llm"),
-    Known("cadence_worker_batch_size", ROLE_RUNNING, "cadence"),
 )
 """For each role, the first of its entries that a page has is the one read (a Triton server
 with the TensorRT-LLM backend has both its own queue and Triton's, which would count the same
 requests twice); its label sets are added up (models, data-parallel engines, workers), the KV
 cache's taken at their fullest. The vLLM, SGLang and TensorRT-LLM KV gauges are fractions
 (vLLM's `_perc` too). Plain Triton exports no gauge of running requests (its
-`nv_inference_exec_count` counts executions), so only its queue has a role. cadence has no
-queue of its own to export: its requests wait in the front (its timing shows where)."""
+`nv_inference_exec_count` counts executions), so only its queue has a role. cadence exports
+its queue and KV use under vLLM's names too (for inference gateways): on a page with cadence's
+own metrics those are read as cadence's."""
 
 _FULLEST = (ROLE_KV_CACHE_USE,)
 """Roles whose label sets (and endpoints) are combined by their largest value, not a sum: the
@@ -478,10 +479,13 @@ def _roles_of(endpoint: _Endpoint) -> dict[str, tuple[Known, dict[int, tuple[flo
     """{role: (the entry read, {tick: (t, value)})} of one endpoint: the first KNOWN entry of
     each role that the page has, its label sets combined; t when the page was read."""
     names = {k for _, _, samples in endpoint.scrapes for k in samples}
+    cadence = any(name.startswith("cadence_") for name, _ in names)
     roles: dict[str, tuple[Known, dict[int, tuple[float, float]]]] = {}
     for known in KNOWN:
         if known.role in roles or not any(_matches(known, k) for k in names):
             continue
+        if cadence and known.server == "vllm":
+            known = replace(known, server="cadence")
         combine = max if known.role in _FULLEST else sum
         values: dict[int, tuple[float, float]] = {}
         for tick, t, samples in endpoint.scrapes:

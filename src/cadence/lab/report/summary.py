@@ -96,7 +96,9 @@ def print_summary(result: BenchResult) -> None:
     if result.http2:
         console.print(http2_line(result.http2), highlight=False, markup=False)
     if result.server_threads:
-        for line in thread_lines(result.server_threads):
+        # py-spy samples any server but cadence's own, whose timing says more (bench.py).
+        sampled = result.workload.protocol != "cadence"
+        for line in thread_lines(result.server_threads, stacks_sampled=sampled):
             console.print(line, highlight=False, markup=False)
     for line in worker_lines(result.workers or []):
         console.print(line, highlight=False)
@@ -184,8 +186,9 @@ def schedule_line(client: Client) -> str | None:
 _THREAD_GROUPS_SHOWN = 5
 
 
-def thread_lines(threads: ServerThreads) -> list[str]:
-    """The server's busiest thread groups over the run, and what py-spy would add."""
+def thread_lines(threads: ServerThreads, stacks_sampled: bool = True) -> list[str]:
+    """The server's busiest thread groups over the run, and what py-spy would add where the
+    bench samples the server's stacks (`stacks_sampled`)."""
     busy = [g for g in threads.groups if g.cpu_pct >= 1.0 or g.wait_for_cpu_pct >= 1.0]
     lines = [f"server threads ({threads.threads} in {len(threads.processes)} process(es), "
              f"% of one core): " + (", ".join(
@@ -198,8 +201,8 @@ def thread_lines(threads: ServerThreads) -> list[str]:
                           for s in group.spots)
         lines.append(f"  {group.name} x{group.threads} (py-spy, {group.samples} samples): "
                      f"{spots}")
-    if (threads.stacks is None and any(p.python for p in threads.processes)
-            and py_spy() is None):
+    if (stacks_sampled and threads.stacks is None
+            and any(p.python for p in threads.processes) and py_spy() is None):
         lines.append("  (pip install py-spy: what each Python thread group is doing, sampled "
                      "during the run, e.g. how many pool threads wait inside the handler)")
     return lines

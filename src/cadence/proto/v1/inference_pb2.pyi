@@ -31,7 +31,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "max_tokens", "prompt_token_ids", "sampling", "stop_token_ids", "include_timing")
+    __slots__ = ("request_id", "prompt", "max_tokens", "prompt_token_ids", "sampling", "stop_token_ids", "include_timing", "priority")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TIMING_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     max_tokens: int
@@ -46,7 +47,8 @@ class GenerateRequest(_message.Message):
     sampling: SamplingParams
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     include_timing: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_timing: _Optional[bool] = ...) -> None: ...
+    priority: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_timing: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("received_ns", "scheduled_ns", "step_start_ns", "step_end_ns", "front_recv_ns", "send_ns", "worker")
@@ -67,7 +69,7 @@ class Timing(_message.Message):
     def __init__(self, received_ns: _Optional[int] = ..., scheduled_ns: _Optional[int] = ..., step_start_ns: _Optional[int] = ..., step_end_ns: _Optional[int] = ..., front_recv_ns: _Optional[int] = ..., send_ns: _Optional[int] = ..., worker: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("request_id", "index", "token_ids", "text", "finish_reason", "timing", "prompt_tokens")
+    __slots__ = ("request_id", "index", "token_ids", "text", "finish_reason", "timing", "prompt_tokens", "cached_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +77,7 @@ class GenerateChunk(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -82,4 +85,5 @@ class GenerateChunk(_message.Message):
     finish_reason: FinishReason
     timing: Timing
     prompt_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,31 @@
+"""Chained hashes of a token sequence's blocks: the key of a cached prefix.
+
+Block i's hash covers its own tokens and, through the hash of block i - 1, every token
+before it, so two sequences share block i's hash only when they agree on their first
+(i + 1) * block tokens. The torch engine's prefix cache keys KV blocks by it, the synthetic
+engine models that cache with it, and the front's prefix-aware routing remembers the
+prompts each worker was sent by it. BLAKE2b, 128 bits: a collision would serve one prompt
+another's keys and values, so not Python's 64-bit `hash`.
+"""
+
+from __future__ import annotations
+
+from array import array
+from hashlib import blake2b
+
+ROOT = b""
+"""The parent hash of a sequence's first block."""
+
+
+def block_hashes(tokens: list[int] | bytes, block: int, blocks: int,
+                 parent: bytes = ROOT) -> list[bytes]:
+    """The chained hashes of the first `blocks` full blocks of `tokens` (fewer if it is
+    shorter), `parent` being the hash of the block before the first."""
+    blocks = min(blocks, len(tokens) // block)
+    out = []
+    for i in range(blocks):
+        piece = tokens[i * block:(i + 1) * block]
+        data = piece if isinstance(piece, bytes) else array("q", piece).tobytes()
+        parent = blake2b(parent + data, digest_size=16).digest()
+        out.append(parent)
+    return out

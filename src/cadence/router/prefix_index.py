@@ -1,0 +1,59 @@
+"""What the front remembers of each worker's prefix cache: the block hashes of the prompts
+it sent there, most recent last, as many as the worker's cache holds (`--kv-cache-tokens`).
+
+An approximation kept without asking the workers: a worker may have evicted a prefix that the
+index still names (the next request there computes it again and it is cached anew), and with
+`--fronts N` each front knows only the prompts it routed itself.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from cadence.prefix_hash import block_hashes
+
+TOKEN_BLOCK = 16
+"""Prompt tokens per hashed block (the torch engine's KV block)."""
+TEXT_BLOCK = 64
+"""Bytes of a text prompt per hashed block, for a worker that tokenizes text itself."""
+
+
+def prompt_hashes(token_ids: list[int], text: str, limit_blocks: int) -> list[bytes]:
+    """The prompt's block hashes: of its token ids, or of its UTF-8 text when the worker
+    tokenizes (the front has no ids then)."""
+    if token_ids:
+        return block_hashes(token_ids, TOKEN_BLOCK, limit_blocks)
+    return block_hashes(text.encode(), TEXT_BLOCK, limit_blocks)
+
+
+class PrefixIndex:
+    """Per worker, an LRU set of block hashes."""
+
+    def __init__(self, workers: int, capacity_blocks: int) -> None:
+        self.capacity = max(1, capacity_blocks)
+        self._held: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(workers)]
+
+    def match(self, worker: int, hashes: list[bytes]) -> int:
+        """Leading blocks of `hashes` that `worker` was sent before."""
+        held = self._held[worker]
+        n = 0
+        for h in hashes:
+            if h not in held:
+                break
+            n += 1
+        return n
+
+    def record(self, worker: int, hashes: list[bytes]) -> None:
+        """`worker` now holds these blocks (the oldest held are forgotten past capacity).
+        The first block is made the most recent: a prefix's tail is forgotten before its
+        head, which every later block needs."""
+        held = self._held[worker]
+        for h in reversed(hashes):
+            held[h] = None
+            held.move_to_end(h)
+        while len(held) > self.capacity:
+            held.popitem(last=False)
+
+    def forget(self, worker: int) -> None:
+        """The worker stopped: its cache is gone."""
+        self._held[worker].clear()

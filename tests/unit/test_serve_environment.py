@@ -1,0 +1,50 @@
+"""`cadence serve` reads each flag from CADENCE_<FLAG> (a container's settings), the command
+line winning, and words a bad value as the command line's error would, naming the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence.cli import _server_config, build_parser
+
+
+def _serve(monkeypatch, env: dict[str, str], argv: list[str] = ()):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return _server_config(build_parser().parse_args(["serve", *argv]))
+
+
+def test_every_kind_of_flag_comes_from_the_environment(monkeypatch) -> None:
+    config = _serve(monkeypatch, {"CADENCE_PORT": "5", "CADENCE_NO_RESTART": "true",
+                                  "CADENCE_DRAIN_TIMEOUT": "7.5", "CADENCE_OVERFLOW": "abort",
+                                  "CADENCE_STEP_MS_BY_WORKER": "1,2", "CADENCE_DEVICES": "cpu:2"})
+    assert (config.port, config.restart_workers, config.drain_timeout_s, config.overflow,
+            config.engine.step_ms_by_worker) == (5, False, 7.5, "abort", (1.0, 2.0))
+
+
+def test_the_command_line_wins_and_a_false_switch_is_not_given(monkeypatch) -> None:
+    config = _serve(monkeypatch, {"CADENCE_PORT": "5", "CADENCE_DRAIN_TIMEOUT": "7",
+                                  "CADENCE_NO_RESTART": "false"},
+                    ["--port", "9", "--grace", "3"])
+    assert (config.port, config.drain_timeout_s, config.restart_workers) == (9, 3.0, True)
+
+
+def test_unset_variables_leave_the_defaults(monkeypatch) -> None:
+    assert _serve(monkeypatch, {}).port == 50051
+
+
+@pytest.mark.parametrize(("name", "value", "said"), [
+    ("CADENCE_PORT", "abc", "$CADENCE_PORT: invalid int value: 'abc'"),
+    ("CADENCE_OVERFLOW", "x", "$CADENCE_OVERFLOW: invalid choice: 'x'"),
+    ("CADENCE_NO_RESTART", "maybe", "$CADENCE_NO_RESTART: expected true or false"),
+])
+def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, capsys, name, value,
+                                                      said) -> None:
+    with pytest.raises(SystemExit):
+        _serve(monkeypatch, {name: value})
+    assert said in capsys.readouterr().err
+
+
+def test_other_commands_do_not_read_it(monkeypatch) -> None:
+    monkeypatch.setenv("CADENCE_TARGET", "elsewhere:1")
+    assert build_parser().parse_args(["generate", "hi"]).target == "127.0.0.1:50051"
