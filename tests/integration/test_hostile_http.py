@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,8 +200,6 @@ def test_a_body_that_never_arrives_is_refused_and_its_connection_closed(impatien
 
 @pytest.mark.slow
 def test_a_stalled_reader_is_cut_off_and_its_socket_closed(impatient) -> None:
-    import socket
-
     body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1_000_000,
                        "stream": True}).encode()
     host, port = impatient.base[len("http://"):].rsplit(":", 1)
@@ -231,6 +230,38 @@ def test_a_stalled_reader_is_cut_off_and_its_socket_closed(impatient) -> None:
         assert status == 200
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("step_ms", ["2", "20"])
+def test_a_client_that_stops_reading_is_cut_off_before_the_kernels_buffers_fill(
+        tmp_path, step_ms) -> None:
+    """--stall-timeout whatever the kernel holds: a stream whose client stops reading is cut
+    off once the client has acknowledged nothing for the timeout, not once the server's send
+    buffer (megabytes on loopback: minutes of output at these step rates) is full."""
+    server = start_server("--served-model-name", MODEL, "--devices", "cpu:1", "--step-ms",
+                          step_ms, "--max-concurrent", "1", "--max-tokens-limit", "1000000",
+                          "--stall-timeout", "2", http=True, log=tmp_path / "server.log")
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1_000_000,
+                       "stream": True}).encode()
+    host, port = server.base[len("http://"):].rsplit(":", 1)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # its own buffer fills fast
+    try:
+        client.connect((host, int(port)))
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        assert client.recv(4096).startswith(b"HTTP/1.1 200")
+        ports = {client.getsockname()[1]}
+        deadline = time.monotonic() + 20  # the kernel's buffers: about a minute at 2 ms steps
+        while _server_holds(server, ports):
+            assert time.monotonic() < deadline, "the server still holds the stalled connection"
+            time.sleep(0.1)
+        status, _ = asyncio.run(_burst(server.base, [{"model": MODEL, "prompt": "Hi",
+                                                      "max_tokens": 2}]))[0]
+        assert status == 200  # its one slot is free again
+    finally:
+        client.close()
+        assert server.stop() == 0
 
 
 _TOKEN = "hostile-secret"

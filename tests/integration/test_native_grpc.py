@@ -10,22 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import itertools
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.client import Client
+from cadence.lab.measure.run_context import run_context
+from cadence.lab.report.summary import run_line
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import start_server
@@ -45,6 +53,13 @@ def test_streams_whole_through_envoy(server_factory) -> None:
     assert [c.index for c in chunks] == list(range(20))
     assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert all(c.timing.send_ns for c in chunks)
+    # What `cadence bench` and `report` say of the server: `cadence serve`'s command line and
+    # Envoy by name and role, not Envoy's command line (its whole generated config).
+    run = run_context(datetime.now(timezone.utc), server.front.pid)
+    assert "serve" in run.server_cmdline and "--grpc-server" in run.server_cmdline
+    assert not any("--config-yaml" in arg for arg in run.server_cmdline)
+    assert run.server_process.startswith(f"envoy (pid {server.front.pid})")
+    assert "port served by envoy" in run_line(run)
 
 
 def test_a_reset_before_the_first_token_frees_the_slot_at_once(server_factory) -> None:
@@ -90,6 +105,11 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
             list(generate(pb.GenerateRequest(prompt="hi", max_tokens=10**9)))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "--max-tokens-limit" in info.value.details()
+    # A deadline ends with grpc.aio's status and words, not this layer's generic ones.
+    got = h2_call(server.target, "/cadence.v1.Inference/Generate", [(b"grpc-timeout", b"300m")],
+                  framed(pb.GenerateRequest(prompt="hi", max_tokens=10_000)))
+    assert got.get(b"grpc-status") == b"4", got
+    assert got[b"grpc-message"] == b"the request's deadline passed before generation finished"
     with pytest.raises(urllib.error.HTTPError) as http:
         urllib.request.urlopen(f"http://{server.target}/", timeout=5)
     assert http.value.code == 415
@@ -112,6 +132,7 @@ server would not be on Envoy are marked `runs_once`)."""
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(660)  # the run below has its own limit (600 s), past pyproject's 180 s
 @pytest.mark.parametrize("module", GRPC_MODULES)
 def test_the_grpc_integration_tests_pass_on_envoy(module: str) -> None:
     """grpc.aio stays the default; this runs the tests of the gRPC path (cadence.v1, KServe,
@@ -151,15 +172,12 @@ def test_a_grpc_js_client_reads_status_deadline_and_cancel(server_factory) -> No
     done = subprocess.run(["node", str(script), server.target, json.dumps(cases)],
                           capture_output=True, text=True, timeout=60, check=True)
     got = {r["name"]: r for r in map(json.loads, done.stdout.splitlines())}
-    # In order, each message's first index just past the last one's tokens, and all five: a
-    # stream that fell behind gets its waiting tokens merged into one message.
-    chunks = [pb.GenerateChunk.FromString(bytes.fromhex(m)) for m in got["ok"]["messages_hex"]]
-    tokens = []
-    for chunk in chunks:
-        assert chunk.index == len(tokens), [(c.index, len(c.token_ids)) for c in chunks]
-        tokens.extend(chunk.token_ids)
-    assert (got["ok"]["code"], len(tokens)) == (0, 5)
-    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    # Steps that reach the front together go out as one message: every token, in order.
+    ok = [pb.GenerateChunk.FromString(bytes.fromhex(m)) for m in got["ok"]["messages_hex"]]
+    assert got["ok"]["code"] == 0
+    assert [c.index for c in ok] == list(itertools.accumulate(
+        [0] + [len(c.token_ids) for c in ok[:-1]]))
+    assert sum(len(c.token_ids) for c in ok) == 5
     assert got["bad"]["code"] == 3 and "--max-tokens-limit" in got["bad"]["details"]
     assert got["deadline"]["code"] == 4
     assert got["deadline"]["ended_at_s"] - got["deadline"]["started_at_s"] < 1.0
@@ -200,7 +218,10 @@ def test_bad_client_bytes_end_the_call_in_one_status_and_log_nothing(tmp_path) -
             assert got.get(b"grpc-status") == b"13", got
     finally:
         assert server.stop() == 0
-    assert "Traceback" not in log.read_text()
+    text = log.read_text()
+    assert "Traceback" not in text
+    # The stop's last line, as on grpc.aio: what was sent (a chunk per call served OK above).
+    assert re.search(r"stopped: [1-9]\d* chunks, \d+ tokens", text), text[-2000:]
 
 
 def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_path) -> None:
@@ -208,8 +229,8 @@ def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_pa
     request in flight) and health watches, beside streams in flight. Each ends UNAVAILABLE, as
     on grpc.aio, and the log says so once, with no traceback per call."""
     log = tmp_path / "server.log"
-    server = start_server(*NATIVE, "--devices", "cpu:1", "--step-ms", "5", "--max-concurrent", "256",
-                          "--drain-timeout", "1", "--log-level", "INFO", log=log)
+    server = start_server(*NATIVE, "--devices", "cpu:1", "--step-ms", "5", "--max-concurrent",
+                          "256", "--drain-timeout", "1", "--log-level", "INFO", log=log)
 
     async def run() -> collections.Counter:
         kinds = [i % 3 for i in range(200)]
@@ -258,3 +279,87 @@ def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_pa
     assert "Traceback" not in text and "CancelledError" not in text
     lines = [line for line in text.splitlines() if "still open after the grace" in line]
     assert len(lines) == 1, lines
+
+
+def _admin_answers(port: int, method: str, path: str) -> bytes:
+    """What the TCP port answers to an HTTP/1.1 request for `path` (b"" when it closes or
+    says nothing)."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode())
+        out = b""
+        with contextlib.suppress(TimeoutError):
+            while data := sock.recv(65536):
+                out += data
+        return out
+    return b""
+
+
+def test_envoys_admin_interface_is_on_no_tcp_port(server_factory) -> None:
+    """Envoy's admin interface answers anyone who reaches it (stop, drain, log every header):
+    none of the TCP ports Envoy's process holds (gRPC, HTTP front, metrics) may reach it."""
+    server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5",
+                            "--metrics-port", "0", "--http-port", "0")
+    envoy = server.front
+    ports = {c.laddr.port for c in envoy.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert len(ports) >= 3, ports  # gRPC, HTTP and metrics, at least
+    for port in sorted(ports):
+        for method, path in (("GET", "/stats"), ("GET", "/config_dump"), ("POST", "/quitquitquit")):
+            answer = _admin_answers(port, method, path)
+            assert b"server.live" not in answer and b"envoy.admin" not in answer, (port, path)
+            assert b"bootstrap" not in answer and b"OK\n" != answer.split(b"\r\n\r\n")[-1], (port, path)
+    assert envoy.is_running()
+    with Client(server.target) as client:
+        assert client.health() == "SERVING"
+    for sock in envoy.net_connections("unix"):  # one that can still be reached: private
+        if sock.laddr and os.path.exists(sock.laddr):
+            modes = os.stat(sock.laddr).st_mode, os.stat(os.path.dirname(sock.laddr)).st_mode
+            assert any(mode & 0o077 == 0 for mode in modes), sock.laddr
+
+
+def test_a_client_that_reads_nothing_is_cut_off_and_envoy_holds_little_for_it(server_factory) -> None:
+    """--stall-timeout on Envoy: its buffer per stream is small (64 KiB, its least), so the
+    front's write waits once the client's window and that buffer are full, and the stall
+    sweep cuts the stream off and frees its slot, as on grpc.aio (with Envoy's default window
+    of 16 MiB a stream of small messages would hold its slot for many minutes)."""
+    server = server_factory(*NATIVE, "--step-ms", "2", "--stall-timeout", "2",
+                            "--max-concurrent", "1", "--max-tokens-limit", "1000000")
+    small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(server.target, options=small_window) as channel:
+        stalled = pb_grpc.InferenceStub(channel).Generate(
+            pb.GenerateRequest(prompt="stall", max_tokens=1_000_000), timeout=120)
+        next(stalled)
+        with Client(server.target) as client:
+            deadline = time.monotonic() + 60
+            while True:  # admitted once the stalled stream has been cut off
+                try:
+                    assert len(list(client.generate("next", max_tokens=3))) == 3
+                    break
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                    assert time.monotonic() < deadline, "the stalled stream kept its slot"
+                    time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as info:  # what it was sent, then its end
+            for _ in stalled:
+                pass
+        assert info.value.code() == grpc.StatusCode.CANCELLED
+
+
+def test_a_stream_that_falls_behind_gets_every_token_in_order_merged(server_factory) -> None:
+    """The output reader writes each chunk to Envoy without waking the stream's task; once
+    Envoy's buffer for the stream is full the task waits, and then sends what waited as one
+    message: nothing lost, nothing out of order."""
+    server = server_factory(*NATIVE, "--step-ms", "1", "--max-tokens-limit", "100000")
+    small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(server.target, options=small_window) as channel:
+        stream = pb_grpc.InferenceStub(channel).Generate(
+            pb.GenerateRequest(prompt="behind", max_tokens=3000, include_timing=True), timeout=60)
+        chunks = [next(stream)]
+        time.sleep(4.0)  # Envoy's 64 KiB for the stream fill, then its writes wait
+        chunks += list(stream)
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert len(tokens) == 3000
+    assert [c.index for c in chunks] == list(itertools.accumulate(
+        [0] + [len(c.token_ids) for c in chunks[:-1]]))
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert max(len(c.token_ids) for c in chunks) > 1  # the steps that waited went out together

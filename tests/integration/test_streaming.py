@@ -107,8 +107,8 @@ def test_a_burst_of_timed_streams_carries_the_start_tally_once_each_end_tally_al
                      for _ in range(16)]
             for call in calls:
                 assert sum(len(chunk.token_ids) for chunk in call) == 2
-            bursts.append(([dict(call.initial_metadata()).get("cadence-loop-lag") for call in calls],
-                           [dict(call.trailing_metadata()).get("cadence-loop-lag") for call in calls]))
+            bursts.append(([dict(c.initial_metadata()).get("cadence-loop-lag") for c in calls],
+                           [dict(c.trailing_metadata()).get("cadence-loop-lag") for c in calls]))
         return any(start is not None for start in bursts[-1][0])
 
     wait_until(burst_carried_it, 10, "no stream of a burst carried the start's tally")

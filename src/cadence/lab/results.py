@@ -606,6 +606,9 @@ class RunInfo(msgspec.Struct, kw_only=True):
     host: str = ""
     cpu_count: int | None = None
     server_cmdline: list[str] | None = None
+    server_process: str | None = None
+    """The process serving the port when it is not `server_cmdline`'s own (Envoy's, with
+    --grpc-server native): its name, pid and role."""
 
 
 class BenchResult(RunStats, kw_only=True):

@@ -4,8 +4,9 @@ Python in an Envoy dynamic module), and Envoy's HTTP/2 serves its gRPC port thro
 
 Two sides in two processes:
 
-- `run_in_envoy` runs in the `cadence serve` process. It starts Envoy (`pyvoy.PyvoyServer`) with
-  the ASGI app `app` below, the server's config in its environment, and a Unix socket on which
+- `run_in_envoy` runs in the `cadence serve` process. It starts Envoy (`envoy_process`: pyvoy's
+  config, the admin interface out of reach) with the ASGI app `app` below, the server's config
+  in its environment, and a Unix socket on which
   the front says when it is ready (or why it could not start) and is told to stop. A signal
   here becomes a stop there: the front drains, stops its workers, says so, then Envoy stops.
 - `app`, in Envoy's process: its ASGI lifespan starts a `CadenceServer` whose gRPC server is
@@ -35,6 +36,7 @@ import msgspec
 
 from cadence.config import ServerConfig
 from cadence.lifecycle import ServingFailed, StartupError
+from cadence.lifecycle.envoy_process import EnvoyProcess, EnvoyStartupError
 from cadence.net.asgi_grpc import GrpcAsgiApp
 
 log = logging.getLogger("cadence.server")
@@ -51,8 +53,8 @@ _STOPPED_WAIT_S = 30.0
 
 
 def _free_port(host: str) -> int:
-    """A port the OS calls free now; Envoy binds it a moment later (port 0 given to Envoy
-    would leave the front without a way to learn it before Envoy's admin answers)."""
+    """A port the OS calls free now; Envoy binds it a moment later (with port 0 the front
+    would have to ask Envoy's admin interface which port it got)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as s:
         s.bind((host, 0))
@@ -68,8 +70,7 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
     (Envoy's listeners set SO_REUSEPORT).
     """
     try:
-        from pyvoy import PyvoyServer
-        from pyvoy import StartupError as EnvoyStartupError
+        import pyvoy  # noqa: F401
     except ImportError:
         raise StartupError("--grpc-server native needs the package 'pyvoy', which is not "
                            "installed; install it with: pip install 'cadence[native]'") from None
@@ -95,8 +96,8 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
                    "tls_enable_http3": False}
             if config.tls_client_ca:
                 tls.update(tls_ca_cert=Path(config.tls_client_ca), tls_require_client_certificate=True)
-        envoy = PyvoyServer(
-            f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
+        envoy = EnvoyProcess(
+            app=f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
             stderr=None, env={
                 CONFIG_ENV: msgspec.json.encode(msgspec.structs.replace(config, port=port)).decode(),
                 CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level,
@@ -136,7 +137,7 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
     if failed:
         status = exited.result() if exited.done() else "unknown"
         raise ServingFailed(f"Envoy stopped while serving on {config.host}:{port} (exit status "
-                            f"{status}: a crash, a kill or an admin /quitquitquit); its streams "
+                            f"{status}: a crash or a kill); its streams "
                             "were cut and the server stopped")
 
 
@@ -186,7 +187,7 @@ class _Front:
                 await self._task
 
     async def _run(self) -> None:
-        from cadence.lifecycle.server import CadenceServer
+        from cadence.lifecycle.server import CadenceServer, log_totals
 
         config = msgspec.json.decode(os.environ[CONFIG_ENV], type=ServerConfig)
         reader, writer = await asyncio.open_unix_connection(os.environ[CONTROL_ENV])
@@ -195,13 +196,14 @@ class _Front:
             k, base, generation = os.environ[FRONT_ENV].split(" ")
             front = {"front": int(k), "base_dir": base, "generation": int(generation)}
         server = CadenceServer(config, grpc_app=app, **front)
-        orphaned = False
+        orphaned = served = False
         try:
             try:
                 await server.start()
             except StartupError as exc:
                 writer.write(json.dumps({"error": str(exc)}).encode() + b"\n")
                 return
+            served = True
             writer.write(json.dumps({"ready": {
                 "http_port": server.http_port, "metrics_port": server.metrics_port}}).encode() + b"\n")
             await writer.drain()
@@ -220,6 +222,8 @@ class _Front:
                      config.drain_timeout_s)
         finally:
             await server.stop()
+            if served:
+                log_totals(server)
             with contextlib.suppress(OSError):
                 writer.write(b'{"stopped": true}\n')
                 await writer.drain()

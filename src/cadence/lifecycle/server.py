@@ -402,6 +402,11 @@ async def run_server(config: ServerConfig, on_started=None,
     `envoy_front.run_in_envoy` instead.)"""
     server = CadenceServer(config, launcher)
     await run_until_signalled(server, on_started)
+    log_totals(server)
+
+
+def log_totals(server: CadenceServer) -> None:
+    """The stop's last line: what the server sent over its life."""
     value = server.metrics.registry.get_sample_value
     log.info(
         "stopped: %d chunks, %d tokens, %d steps merged, %d buffer overflows",

@@ -43,9 +43,19 @@ engine step learns of a reset at its next send."""
 UNPARSED = "could not parse the request message: "
 """The start of the INTERNAL details of a request message that does not parse, on both gRPC
 servers (grpc-go's and grpc-java's answer)."""
+_DEADLINE_GRACE_S = 0.1
+"""How long past a call's deadline its handler may take to end it itself: cadence's own
+handlers end it at the deadline with a status that says what did not finish, as on grpc.aio;
+this layer's own DEADLINE_EXCEEDED is for a handler that does not watch its deadline."""
 _STOP_FINISH_S = 0.5
 """At `close()`, how long a cancelled call's UNAVAILABLE may take to go out (a client that
 reads nothing holds its stream's window shut)."""
+
+
+def _read_error(future: asyncio.Future) -> None:
+    """A send future's error, read so that the loop does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 class AbortError(Exception):
@@ -122,6 +132,8 @@ class AsgiServicerContext:
         self._code: grpc.StatusCode | None = None
         self._details = ""
         self.trailing: tuple = ()
+        # Not grpc.aio's: writing without awaiting, from the output reader (cadence.v1).
+        self.write_now, self.in_flight, self.flushed = call.write_now, call.in_flight, call.flushed
 
     def invocation_metadata(self) -> tuple:
         return self._metadata
@@ -170,6 +182,7 @@ class _Call:
 
     __slots__ = (
         "_buffer",
+        "_in_flight",
         "_max_receive",
         "_receive",
         "_send",
@@ -198,6 +211,8 @@ class _Call:
         self.gone = False
         self.ended = False
         self._buffer = b""
+        self._in_flight: asyncio.Future | None = None
+        """What `write_now` handed over last, until taken."""
 
     async def _next(self) -> dict:
         """The ASGI server's next event. Shielded: pyvoy resolves a receive() future when its
@@ -207,7 +222,16 @@ class _Call:
 
     async def _deliver(self, message: dict) -> None:
         try:
-            await self._send(message)
+            sent = self._send(message)
+            if asyncio.isfuture(sent) and not sent.done():
+                # Until Envoy's thread took it (longer while Envoy's buffer for the stream is
+                # full). Shielded: a call cancelled meanwhile (its client gone, a stop,
+                # --stall-timeout) must not leave pyvoy a cancelled future to resolve, which
+                # raises InvalidStateError in the loop's callback (nor its error unread).
+                sent.add_done_callback(_read_error)
+                await asyncio.shield(sent)
+            else:
+                await sent
         except Exception as exc:  # the ASGI server's error for a stream the client reset
             self.gone = True
             raise _ClientGone() from exc
@@ -226,8 +250,54 @@ class _Call:
         await self._deliver({"type": "http.response.body", "more_body": True,
                              "body": b"\0" + len(data).to_bytes(4, "big") + data})
 
+    def write_now(self, message: object) -> None:
+        """Hand `message` to the ASGI server without waiting for it to be taken, once the
+        response has started (`flushed()`): the output reader's path, which writes a stream's
+        chunk without waking its task. The caller bounds what is handed over untaken (one
+        message behind another, then it awaits `flushed()`)."""
+        data = self.serializer(message) if self.serializer else message
+        self.sent += 1
+        sent = self._send({"type": "http.response.body", "more_body": True,
+                           "body": b"\0" + len(data).to_bytes(4, "big") + data})
+        if asyncio.isfuture(sent) and not sent.done():
+            if self._in_flight is not None:  # handed over behind another: taken in order
+                self._in_flight.add_done_callback(_read_error)
+            self._in_flight = sent
+
+    def in_flight(self) -> bool:
+        """Whether the last message `write_now` handed over is not taken yet (Envoy's thread
+        has not got to it, or its buffer for the stream is full). Raises _ClientGone when the
+        ASGI server refused it."""
+        sent = self._in_flight
+        if sent is None:
+            return False
+        if not sent.done():
+            return True
+        self._in_flight = None
+        if sent.exception() is not None:
+            self.gone = True
+            raise _ClientGone()
+        return False
+
+    async def flushed(self) -> None:
+        """Once the response has started and the last message `write_now` handed over is
+        taken; raises _ClientGone when the client went."""
+        if not self.started:
+            await self.start()
+        sent, self._in_flight = self._in_flight, None
+        if sent is not None:
+            sent.add_done_callback(_read_error)
+            try:
+                await asyncio.shield(sent)  # see _deliver
+            except Exception as exc:
+                self.gone = True
+                raise _ClientGone() from exc
+
     async def finish(self, code: grpc.StatusCode, details: str, trailing: Iterable) -> None:
         self.ended = True
+        if self._in_flight is not None and not self.gone:
+            with contextlib.suppress(_ClientGone):
+                await self.flushed()
         if self.gone:
             return
         await self.start()
@@ -468,6 +538,7 @@ class GrpcAsgiApp:
         call = _Call(receive, send, self.max_receive)
         code, details, trailing = grpc.StatusCode.OK, "", ()
         context = None
+        cut_off = False
         try:
             timeout = None
             for name, value in headers:
@@ -496,7 +567,8 @@ class GrpcAsgiApp:
             context = AsgiServicerContext(call, metadata, deadline, peer)
             watcher = asyncio.ensure_future(call.watch())
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(None if deadline is None
+                                              else deadline + _DEADLINE_GRACE_S):
                     await self._run(handler, call, context)
             finally:
                 watcher.cancel()
@@ -510,16 +582,21 @@ class GrpcAsgiApp:
             call.gone = True
         except asyncio.CancelledError:
             if not call.gone:
-                if not self._stopping:
-                    raise  # the server's, not the client's
-                code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
+                if self._stopping:
+                    code, details = grpc.StatusCode.UNAVAILABLE, "the server is stopping"
+                else:
+                    # The front's own cancel: --stall-timeout cut off a client that reads
+                    # nothing. Its status may never get through: the finish below is bounded.
+                    asyncio.current_task().uncancel()
+                    cut_off = True
+                    code, details = grpc.StatusCode.CANCELLED, "the server cancelled the call"
         except Exception as exc:
             log.exception("gRPC handler of %s failed", method)
             code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}"
         if context is not None:
             trailing = context.trailing
         try:
-            async with asyncio.timeout(_STOP_FINISH_S if self._stopping else None):
+            async with asyncio.timeout(_STOP_FINISH_S if self._stopping or cut_off else None):
                 await call.finish(code, details, trailing)
         except (_ClientGone, TimeoutError):
             pass

@@ -5,7 +5,9 @@ the next to the next iteration. While the front streams to many clients an itera
 tens of milliseconds, so a burst of new streams (HTTP/1.1 opens one connection per stream)
 waits in the kernel's accept queue for seconds with its requests unread, however large the
 backlog. Here every wake-up of a listening socket accepts all the connections queued on it,
-as asyncio's own selector loop does, and hands each to the loop as an accepted socket.
+as asyncio's own selector loop does, and hands each to the loop as an accepted socket. With
+`stall_timeout_s` its connections are watched for a client that takes nothing (see
+stalled_peers).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
+
+from cadence.net.stalled_peers import StalledPeers
 
 log = logging.getLogger("cadence.http")
 
@@ -27,8 +31,10 @@ class Listener:
     """Listening sockets for `protocol_factory`'s connections, on the running loop."""
 
     def __init__(self, protocol_factory: Callable[[], asyncio.Protocol], *,
-                 ssl_context: ssl.SSLContext | None, backlog: int) -> None:
+                 ssl_context: ssl.SSLContext | None, backlog: int,
+                 stall_timeout_s: float | None = None) -> None:
         self._factory = protocol_factory
+        self._stalled = StalledPeers(stall_timeout_s) if stall_timeout_s else None
         self._ssl = ssl_context
         self._backlog = backlog
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -71,6 +77,8 @@ class Listener:
         open; those still in their TLS handshake are dropped)."""
         for task in self._starting:
             task.cancel()
+        if self._stalled is not None:
+            self._stalled.close()
         for sock in self._sockets:
             if self._loop is not None and sock.fileno() != -1:
                 self._loop.remove_reader(sock.fileno())
@@ -106,7 +114,9 @@ class Listener:
         loop = self._loop
         assert loop is not None
         try:
-            await loop.connect_accepted_socket(self._factory, conn, ssl=self._ssl)
+            transport, _ = await loop.connect_accepted_socket(self._factory, conn, ssl=self._ssl)
+            if self._stalled is not None:
+                self._stalled.watch(transport)
         except (TimeoutError, OSError, ssl.SSLError) as exc:
             # A client that hung up or failed its TLS handshake; the loop closed the socket.
             log.debug("HTTP connection not started: %r", exc)

@@ -89,7 +89,7 @@ class HttpServer:
         assert self._runner.server is not None
         listener = Listener(connection_factory(self._runner.server, _Connection),
                             ssl_context=ssl_context(config),
-                            backlog=_BACKLOG)
+                            backlog=_BACKLOG, stall_timeout_s=config.stall_timeout_s)
         try:
             port = await listener.open(config.host, config.http_port or 0,
                                        reuse_port=config.fronts > 1)

@@ -17,7 +17,7 @@ from google.protobuf.message import DecodeError
 
 from cadence.api.errors import grpc_status
 from cadence.core.errors import InvalidRequest, RequestError
-from cadence.core.generation import FrontCore
+from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import CADENCE_V1
 from cadence.core.requests import Chunk, Request
 from cadence.core.tracing import trace_context
@@ -68,6 +68,35 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
             wire.step_end_ns = timing.step_end_ns
             wire.front_recv_ns = timing.front_recv_ns
     return out
+
+
+async def _write_from_the_reader(generation: Generation, context, request_id: str) -> None:
+    """A stream on a server whose context writes without awaiting (`write_now`: the native
+    server, net.asgi_grpc): its chunks are written by the output reader
+    (`Generation.write_from_reader`), with no task woken per chunk. While a message is not
+    taken yet (Envoy's thread is behind, or its buffer for the stream is full) one more is
+    handed over, then the task waits for them and sends all that waited meanwhile as one
+    message, as grpc.aio's path merges a stream whose write waits."""
+    stream = generation.stream
+    take, write_now, in_flight = generation.take, context.write_now, context.in_flight
+
+    def write(chunk: Chunk) -> bool:
+        behind = in_flight()
+        write_now(to_chunk(chunk, request_id))
+        return behind
+
+    while True:
+        if in_flight():  # the stall sweep counts this wait (--stall-timeout)
+            stream.sending_since_ns = stream.sending_since_ns or time.monotonic_ns()
+        await context.flushed()
+        waiter = generation.ready()
+        if waiter is not None:
+            await waiter
+        chunk = take()
+        if chunk is None:
+            return
+        write_now(to_chunk(chunk, request_id))
+        await generation.write_from_reader(write)
 
 
 class InferenceService:
@@ -123,8 +152,11 @@ class InferenceService:
                     await core.intake_lull(generation)
                     with contextlib.suppress(grpc.aio.BaseError):  # the call ended meanwhile
                         await context.send_initial_metadata(initial)
-                async for chunk in generation:
-                    yield to_chunk(chunk, request_id)
+                if hasattr(context, "write_now"):
+                    await _write_from_the_reader(generation, context, request_id)
+                else:
+                    async for chunk in generation:
+                        yield to_chunk(chunk, request_id)
             except RequestError as exc:
                 # Status set and return rather than abort(): the call may have ended
                 # already (a deadline races gRPC's own), and abort() would raise then.

@@ -24,7 +24,7 @@ def run_context(started_at: datetime, server_pid: int | None) -> RunInfo:
         python_version=platform.python_version(),
         host=socket.gethostname(),
         cpu_count=os.cpu_count(),
-        server_cmdline=_cmdline(server_pid),
+        **_server(server_pid),
     )
 
 
@@ -35,10 +35,21 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _cmdline(pid: int | None) -> list[str] | None:
+def _server(pid: int | None) -> dict:
+    """The server's command line; for Envoy (`--grpc-server native`), whose command line is
+    its whole generated config, the command line of the `cadence serve` that started it and
+    Envoy named with its role instead."""
     if pid is None:
-        return None
+        return {}
     try:
-        return psutil.Process(pid).cmdline() or None
+        process = psutil.Process(pid)
+        cmdline = process.cmdline()
+        if process.name() != "envoy":
+            return {"server_cmdline": cmdline or None}
+        parent = process.parent()
+        serve = parent.cmdline() if parent is not None else []
     except psutil.Error:
-        return None
+        return {}
+    return {"server_cmdline": serve if "serve" in serve else None,
+            "server_process": f"envoy (pid {pid}), serving the gRPC port with the front inside "
+                              "(--grpc-server native)"}

@@ -42,7 +42,7 @@ REPORT_NAME = "report.html"
 RUN_FIELDS = (
     ("started_at", "started (UTC)"), ("host", "host"), ("cpu_count", "CPUs"),
     ("cadence_version", "cadence"), ("grpcio_version", "grpcio"), ("python_version", "Python"),
-    ("server_cmdline", "server command line"),
+    ("server_cmdline", "server command line"), ("server_process", "port served by"),
 )
 """The rows of a result's `run` metadata, in order."""
 

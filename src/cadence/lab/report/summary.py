@@ -274,6 +274,8 @@ def run_line(run: RunInfo) -> str:
     import shlex
 
     server = shlex.join(run.server_cmdline) if run.server_cmdline else "not found here"
+    if run.server_process:
+        server += f"; port served by {run.server_process}"
     return (f"run: {run.started_at} on {run.host} ({run.cpu_count} CPUs), cadence "
             f"{run.cadence_version}, grpcio {run.grpcio_version}, Python "
             f"{run.python_version}; server: {server}")
