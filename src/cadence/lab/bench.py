@@ -67,6 +67,26 @@ class Workload:
     read_delay_ms: float = 0.0
     stall_s: float | None = None
     """The stall limit (see `stall_limit_s`); 0: none."""
+    stages: list[tuple[float, float, float]] = field(default_factory=list)
+    """Open loop: the rate's ramps and steps, (rate at start, rate at end, seconds) each;
+    `rate` is then the highest (`--rate LO:HI --ramp S`, `--stages`)."""
+    warmup_s: float = 0.0
+    """Requests sent in the run's first seconds are not counted (`--warmup-duration`)."""
+    trace: results.TraceWorkload | None = None
+    """What `shape.trace` was read from (`--trace`): the run is then open, on its times."""
+
+    @property
+    def offered_rate(self) -> float | None:
+        """Requests/s the open loop's schedule asks for (a trace's: its rows over its span);
+        None in a closed loop."""
+        rows = self.shape.trace
+        if rows:
+            span = rows[-1].offset_s
+            return len(rows) / span if span > 0 else None
+        finite = [(r0, r1, s) for r0, r1, s in self.stages if s != float("inf")]
+        if finite and len(finite) == len(self.stages):  # steps that end: their mean rate
+            return sum((r0 + r1) / 2 * s for r0, r1, s in finite) / sum(s for *_, s in finite)
+        return self.rate
 
     @property
     def stall_limit_s(self) -> float | None:
@@ -77,7 +97,8 @@ class Workload:
         return None if self.timeout_s is not None else STALL_LIMIT_S
 
     def __post_init__(self) -> None:
-        if self.requests is None and self.duration_s is None:
+        ends = bool(self.stages) and self.stages[-1][2] != float("inf")
+        if self.requests is None and self.duration_s is None and not ends:
             raise ValueError("bound the run: give a number of requests, a duration, or both")
         if self.rate is not None and self.rate <= 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
@@ -97,6 +118,8 @@ class Workload:
                 duration_s=self.duration_s,
                 concurrency=max(1, len(range(p, self.concurrency, processes))),
                 rate=self.rate,
+                stages=self.stages,
+                warmup_s=self.warmup_s,
                 include_timing=self.include_timing,
                 timeout_s=self.timeout_s,
                 stall_s=self.stall_limit_s,
@@ -189,21 +212,29 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             cpu_per_chunk_us=client_cpu_s / stats.chunks * 1e6 if stats.chunks else None,
             busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
             schedule_slips=sum(p.schedule_slips for p in processes_out),
-            **schedule(workload.rate, processes_out),
+            **schedule(workload.offered_rate, processes_out,
+                       open_loop=bool(workload.rate or workload.shape.trace)),
         ),
         system=system,
         workload=results.Workload(
             target=target,
             requests=workload.requests,
             duration_s=workload.duration_s,
-            concurrency=None if workload.rate else workload.concurrency,
+            concurrency=None if workload.rate or workload.shape.trace else workload.concurrency,
             rate=workload.rate,
+            rate_stages=[list(s) for s in workload.stages] or msgspec.UNSET,
+            warmup_s=workload.warmup_s or msgspec.UNSET,
             max_tokens=list(workload.shape.max_tokens),
             prompt_tokens=list(workload.shape.prompt_tokens),
             prompts_from_file=len(workload.shape.prompts),
+            prompt_length_distribution=_said(workload.shape.prompt_lengths),
+            output_length_distribution=_said(workload.shape.output_lengths),
             seed=workload.shape.seed,
             read_delay_ms=workload.read_delay_ms,
             client_processes=processes,
+            trace=(workload.trace or described_trace(workload.shape)
+                   if workload.shape.trace else msgspec.UNSET),
+            conversation=_conversation(workload.shape),
             channels_per_process=channels,
             protocol=name,
             model=kserve.model if kserve is not None else openai.model if openai else None,
@@ -239,6 +270,30 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
+
+
+def described_trace(shape: RequestShape, file: str = "", speed: float = 1.0,
+                    window: tuple[float, float | None] = (0.0, None)) -> results.TraceWorkload:
+    """What the result says of the trace `shape` replays (read from `file`, ...)."""
+    rows = shape.trace
+    return results.TraceWorkload(
+        file=file, requests=len(rows), span_s=rows[-1].offset_s, speed=speed,
+        window_s=list(window), block_tokens=shape.block_tokens,
+        with_hash_ids=sum(1 for r in rows if r.hash_ids),
+        sessions=len({r.session for r in rows if r.session}))
+
+
+def _said(lengths) -> str | msgspec.UnsetType:
+    return lengths.text or lengths.kind if lengths is not None else msgspec.UNSET
+
+
+def _conversation(shape: RequestShape) -> results.ConversationWorkload | msgspec.UnsetType:
+    c = shape.conversation
+    if c is None:
+        return msgspec.UNSET
+    return results.ConversationWorkload(sessions=c.sessions, turns=c.turns,
+                                        think_ms=c.think_ms,
+                                        session_header=shape.session_header or None)
 
 
 def _roots(server: dict[str, int]) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -12,8 +13,16 @@ if TYPE_CHECKING:
     from cadence.lab.results import BenchResult
 
 
-def _length(text: str) -> tuple[int, int]:
-    """`N` (fixed) or `LO:HI` (uniform, inclusive)."""
+def _length(text: str):
+    """`N` (fixed) or `LO:HI` (uniform, inclusive): (LO, HI); or a distribution
+    (`cadence.lab.load.lengths`): its Lengths."""
+    from cadence.lab.load.lengths import KINDS, parse_lengths
+
+    if text.partition(":")[0] in KINDS:
+        try:
+            return parse_lengths(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     lo, _, hi = text.partition(":")
     try:
         bounds = (int(lo), int(hi or lo))
@@ -33,6 +42,37 @@ def _seconds(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
     return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {text!r}")
+    return value
+
+
+def _speed(text: str) -> float:
+    value = _seconds(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a speed above 0, got {text!r}")
+    return value
+
+
+def _window(text: str) -> tuple[float, float | None]:
+    """`START:END` seconds into a trace; either may be left out."""
+    start, sep, end = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected START:END (seconds), got {text!r}")
+    try:
+        bounds = (float(start or 0), float(end) if end else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END (seconds), got {text!r}") from None
+    if bounds[0] < 0 or (bounds[1] is not None and bounds[1] <= bounds[0]):
+        raise argparse.ArgumentTypeError(f"expected 0 <= START < END, got {text!r}")
+    return bounds
 
 
 def read_prompts(path: str) -> list[tuple[list[int], int]]:
@@ -98,6 +138,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                    help="after the run, wait up to S seconds for the last spans (a server's "
                         "batch processor sends every few seconds)")
     p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
+    p.add_argument("--repeat", type=_positive, default=1, metavar="N",
+                   help="run the workload N times back to back: the JSON's `repeats` holds each "
+                        "key figure's value per run, mean and 95%% confidence interval (the "
+                        "rest is the first run's), and `cadence report a.json b.json "
+                        "--fail-if` then judges a regression only outside that noise")
+    p.add_argument("--export", default=None, metavar="FILE",
+                   help="also write one row per request (ids, tokens, TTFT, ITL, dispatch "
+                        "delay, ...): CSV when FILE ends in .csv, else JSONL")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none anyway when stderr is not a terminal)")
     p.set_defaults(func=_bench)
@@ -139,6 +187,10 @@ def add_protocol_args(p: argparse.ArgumentParser) -> None:
                         "own)")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
                    help="--protocol openai: /v1/completions (default) or /v1/chat/completions")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="--protocol openai: a Hugging Face tokenizer folder (its "
+                        "tokenizer.json, on this host): another server's output is counted "
+                        "in its tokens rather than by events or the server's usage")
     p.add_argument("--kserve-inputs", default="PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens",
                    metavar="NAME=SOURCE,...",
                    help="--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the "
@@ -207,6 +259,8 @@ def openai_from_args(args: argparse.Namespace, command: str):
     """The OpenAI target of `--protocol openai` (None for another protocol); exits with one
     line when `--target` is not an http(s) URL."""
     if args.protocol != "openai":
+        if getattr(args, "tokenizer", None):
+            sys.exit(f"cadence {command}: --tokenizer needs --protocol openai")
         return None
     from cadence.lab.load.openai_http import OpenAITarget
 
@@ -218,7 +272,15 @@ def openai_from_args(args: argparse.Namespace, command: str):
         from cadence.api.security import read_tokens
 
         token = read_tokens(args.token_file)[0]
-    return OpenAITarget(target.rstrip("/"), args.model, args.endpoint, token)
+    tokenizer = getattr(args, "tokenizer", None) or ""
+    if tokenizer:
+        from cadence.lab.load.openai_http import token_counter
+
+        try:
+            token_counter(tokenizer)
+        except ValueError as exc:
+            sys.exit(f"cadence {command}: {exc}")
+    return OpenAITarget(target.rstrip("/"), args.model, args.endpoint, token, tokenizer)
 
 
 def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):
@@ -242,13 +304,51 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     """The options that say what load to send; shared by bench and sweep."""
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, default=64, help="streams open at once (closed loop)")
-    load.add_argument("--rate", type=float, default=None, help="requests/s, Poisson arrivals (open loop)")
+    load.add_argument("--rate", type=_rate, default=None, metavar="R|LO:HI",
+                      help="requests/s, Poisson arrivals (open loop); LO:HI with --ramp: "
+                           "rising from LO to HI")
+    load.add_argument("--stages", type=_stages, default=None, metavar="R:S,R:S,...",
+                      help="open loop in steps: R requests/s for S seconds, then the next; "
+                           "the run ends with the last")
+    load.add_argument("--trace", default=None, metavar="FILE",
+                      help="replay a trace (open loop, each request at its time): JSONL or CSV "
+                           "rows of timestamp (ms), input_length, output_length and optionally "
+                           "hash_ids (Mooncake: prompts that share blocks share prefixes) and "
+                           "session_id")
+    load.add_argument("--sessions", type=_positive, default=None, metavar="N",
+                      help="N conversations at once, each --turns turns: every turn sends the "
+                           "history and a new user message (--prompt-tokens long; the "
+                           "answers in the history are stand-ins --max-tokens long)")
     p.add_argument("--requests", type=int, default=None,
                    help="requests in all (default: --concurrency, unless --duration is given)")
     p.add_argument("--duration", type=float, default=None, help="stop sending new requests after S seconds")
-    p.add_argument("--max-tokens", type=_length, default="128", help="N or LO:HI (uniform)")
-    p.add_argument("--prompt-tokens", type=_length, default="16", help="N or LO:HI (uniform)")
+    p.add_argument("--max-tokens", type=_length, default="128",
+                   help="N, LO:HI (uniform), normal:MEAN,SD, lognormal:MEAN,SD (either with "
+                        ",MIN,MAX) or empirical:FILE (one length a line)")
+    p.add_argument("--prompt-tokens", type=_length, default="16",
+                   help="as --max-tokens, for the prompt")
     p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
+    p.add_argument("--ramp", type=_duration, default=None, metavar="S",
+                   help="with --rate LO:HI: the rate rises linearly from LO to HI over S "
+                        "seconds (e.g. 120s), then holds")
+    p.add_argument("--warmup-duration", type=_duration, default=0.0, metavar="S",
+                   help="the requests sent in the run's first S seconds are sent but not "
+                        "counted")
+    p.add_argument("--trace-speed", type=_speed, default=1.0, metavar="X",
+                   help="--trace: play it X times as fast (0.5: half as fast)")
+    p.add_argument("--trace-window", type=_window, default=None, metavar="START:END",
+                   help="--trace: only the rows from START to END seconds after its first "
+                        "(either may be left out), the replay starting at START")
+    p.add_argument("--trace-block-tokens", type=_positive, default=512, metavar="N",
+                   help="--trace: tokens per hash_ids block (Mooncake's: 512)")
+    p.add_argument("--turns", type=_positive, default=None, metavar="K",
+                   help="--sessions: turns per conversation (default 3)")
+    p.add_argument("--think-ms", type=_seconds, default=0.0, metavar="D",
+                   help="--sessions: pause between a turn's end and the next turn")
+    p.add_argument("--session-header", default="", metavar="NAME",
+                   help="send each request's session id in this header (gRPC metadata, HTTP "
+                        "header), for a server or proxy that routes a session to one replica "
+                        "(--sessions, or a --trace with session_id)")
     p.add_argument("--seed", type=int, default=0, help="seed of the requests' lengths and prompts")
     p.add_argument("--warmup", type=int, default=0, help="requests per process sent first, not counted")
     p.add_argument("--timeout", type=float, default=None, help="per-request deadline (s)")
@@ -258,38 +358,176 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                         "--timeout, none with it; 0: none)")
     p.add_argument("--procs", type=int, default=1, help="load-generating processes")
     p.add_argument("--channels", type=int, default=1, help="gRPC connections per process")
-    p.add_argument("--read-delay-ms", type=float, default=0.0,
-                   help="pause after each chunk, to play a slow-reading client")
+    p.add_argument("--read-delay-ms", type=_share_of, default=(0.0, 1.0), metavar="MS[@SHARE%]",
+                   help="pause after each chunk, to play a slow-reading client; with @SHARE%% "
+                        "only that share of the requests (the slow_reader population)")
+    p.add_argument("--cancel-ms", type=_share_of, default=None, metavar="MS@SHARE%",
+                   help="cancel that share of the requests MS after their send, mid-stream "
+                        "(the cancelling population; counted apart from errors)")
+    p.add_argument("--deadline-ms", type=_share_of, default=None, metavar="MS@SHARE%",
+                   help="give that share of the requests a deadline of MS (the deadline "
+                        "population)")
     p.add_argument("--no-timing", action="store_true", help="do not ask for server timestamps")
 
 
 def workload_from_args(args: argparse.Namespace):
     """The Workload that `add_workload_args` options describe."""
     from cadence.lab.bench import Workload
-    from cadence.lab.load.plan import RequestShape
+    from cadence.lab.load.plan import Conversation, RequestShape
 
-    requests = args.requests
+    requests, concurrency = args.requests, args.concurrency
+    trace, described, conversation = _trace_of(args)
+    if args.sessions is not None:
+        turns = args.turns or 3
+        conversation = Conversation(args.sessions, turns, args.think_ms)
+        requests, concurrency = min(requests or args.sessions * turns,
+                                    args.sessions * turns), args.sessions
+    elif args.turns is not None or args.think_ms:
+        sys.exit("cadence bench: --turns and --think-ms need --sessions")
+    if trace:
+        requests = min(requests or len(trace), len(trace))
+    rate, stages = _rate_shape(args)
     if requests is None and args.duration is None:
-        if args.rate is not None:
+        if rate is not None and not (stages and stages[-1][2] != math.inf):
             sys.exit("cadence bench: with --rate, give --requests or --duration")
-        requests = args.concurrency
+        if not stages:
+            requests = concurrency
     return Workload(
         requests=requests,
-        concurrency=args.concurrency,
-        rate=args.rate,
+        concurrency=concurrency,
+        rate=rate,
+        stages=stages,
+        warmup_s=args.warmup_duration,
         duration_s=args.duration,
         shape=RequestShape(
-            prompt_tokens=args.prompt_tokens,
-            max_tokens=args.max_tokens,
+            prompt_tokens=_bounds(args.prompt_tokens),
+            max_tokens=_bounds(args.max_tokens),
+            prompt_lengths=_distribution(args.prompt_tokens),
+            output_lengths=_distribution(args.max_tokens),
             prompts=read_prompts(args.prompts) if args.prompts else [],
             seed=args.seed,
+            trace=trace,
+            block_tokens=args.trace_block_tokens,
+            conversation=conversation,
+            session_header=args.session_header.strip().lower(),
+            clients=_client_mix(args),
         ),
+        trace=described,
         include_timing=not args.no_timing,
         timeout_s=args.timeout,
         stall_s=args.stall_limit,
         warmup=args.warmup,
-        read_delay_ms=args.read_delay_ms,
+        read_delay_ms=args.read_delay_ms[0] if args.read_delay_ms[1] == 1.0 else 0.0,
     )
+
+
+def _share_of(text: str) -> tuple[float, float]:
+    """`MS` (every request) or `MS@SHARE%`: (ms, share in 0..1)."""
+    value, sep, share = text.partition("@")
+    try:
+        ms = float(value)
+        part = float(share.removesuffix("%")) / 100 if sep else 1.0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MS or MS@SHARE%, got {text!r}") from None
+    if ms < 0 or not 0 < part <= 1:
+        raise argparse.ArgumentTypeError(f"expected MS >= 0 and 0 < SHARE <= 100%, got {text!r}")
+    return ms, part
+
+
+def _client_mix(args: argparse.Namespace):
+    """The populations of `--read-delay-ms MS@SHARE%`, `--cancel-ms`, `--deadline-ms`; None
+    when every request behaves alike. Exits when the shares add up to more than all."""
+    from cadence.lab.load.plan import ClientMix
+
+    read_delay = args.read_delay_ms if args.read_delay_ms[1] < 1.0 else (0.0, 0.0)
+    cancel, deadline = args.cancel_ms or (0.0, 0.0), args.deadline_ms or (0.0, 0.0)
+    if not (read_delay[1] or cancel[1] or deadline[1]):
+        return None
+    if read_delay[1] + cancel[1] + deadline[1] > 1.0 + 1e-9:
+        sys.exit("cadence bench: the shares of --read-delay-ms, --cancel-ms and --deadline-ms "
+                 "add up to more than 100%")
+    return ClientMix(read_delay=read_delay, cancel=cancel, deadline=deadline)
+
+
+def _rate(text: str) -> float | tuple[float, float]:
+    """`R` or `LO:HI` requests/s."""
+    lo, sep, hi = text.partition(":")
+    try:
+        rates = (float(lo), float(hi)) if sep else (float(lo),)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected R or LO:HI requests/s, got {text!r}") from None
+    if not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"expected rates above 0, got {text!r}")
+    return rates if sep else rates[0]
+
+
+def _duration(text: str) -> float:
+    """Seconds, with or without an `s`."""
+    return _seconds(text.removesuffix("s"))
+
+
+def _stages(text: str) -> list[tuple[float, float, float]]:
+    """`R:S,R:S,...`: steps of R requests/s for S seconds."""
+    stages = []
+    for part in text.split(","):
+        rate, sep, length = part.strip().partition(":")
+        try:
+            r, s = float(rate), _duration(length)
+        except (ValueError, argparse.ArgumentTypeError):
+            r = s = 0.0
+        if not sep or r <= 0 or s <= 0:
+            raise argparse.ArgumentTypeError(
+                f"expected RATE:SECONDS,... (e.g. 10:30,50:30), got {part!r}")
+        stages.append((r, r, s))
+    return stages
+
+
+def _rate_shape(args: argparse.Namespace) -> tuple[float | None, list]:
+    """(rate, stages) of `--rate`, `--ramp` and `--stages`; exits when they do not fit."""
+    if args.stages:
+        if args.ramp is not None:
+            sys.exit("cadence bench: --ramp goes with --rate LO:HI, not --stages")
+        return max(r for r, _, _ in args.stages), args.stages
+    if isinstance(args.rate, tuple):
+        if args.ramp is None:
+            sys.exit("cadence bench: --rate LO:HI needs --ramp S (how long the rise takes)")
+        lo, hi = args.rate
+        return hi, [(lo, hi, args.ramp), (hi, hi, math.inf)]
+    if args.ramp is not None:
+        sys.exit("cadence bench: --ramp needs --rate LO:HI")
+    return args.rate, []
+
+
+def _bounds(length) -> tuple[int, int]:
+    """The (LO, HI) of a length option: its range, or the bounds of its distribution."""
+    return length if isinstance(length, tuple) else length.bounds
+
+
+def _distribution(length):
+    """The distribution of a length option (None for N or LO:HI)."""
+    return None if isinstance(length, tuple) else length
+
+
+def _trace_of(args: argparse.Namespace):
+    """(trace rows, their description, None) of `--trace`; ([], None, None) without it;
+    exits with one line when the file cannot be read or the options do not fit."""
+    if args.trace is None:
+        if args.trace_speed != 1.0 or args.trace_window is not None:
+            sys.exit("cadence bench: --trace-speed and --trace-window need --trace")
+        return [], None, None
+    if args.prompts:
+        sys.exit("cadence bench: --trace and --prompts both say what to send: give one")
+    from cadence.lab.bench import described_trace
+    from cadence.lab.load.plan import RequestShape
+    from cadence.lab.load.trace import TraceError, read_trace
+
+    window = args.trace_window or (0.0, None)
+    try:
+        rows = read_trace(args.trace, args.trace_speed, window)
+    except TraceError as exc:
+        sys.exit(f"cadence bench: {exc}")
+    shape = RequestShape(trace=rows, block_tokens=args.trace_block_tokens)
+    return rows, described_trace(shape, args.trace, args.trace_speed, window), None
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -304,19 +542,36 @@ def _bench(args: argparse.Namespace) -> None:
     if progress_wanted(args.no_progress):
         counter = RequestCounter()
         shown = BenchProgress(counter, workload.requests, workload.duration_s)
+    runs = []
     try:
-        with shown:
-            result = run_bench(args.target, workload, processes=args.procs,
-                               channels=args.channels, baseline=args.baseline,
-                               credentials=credentials, protocol=protocol, counter=counter,
-                               server_pid=args.server_pid, slo=slo, scrape=args.scrape,
-                               traces=traces, traces_wait_s=args.otlp_wait)
+        for _ in range(args.repeat):
+            with shown:
+                runs.append(run_bench(args.target, workload, processes=args.procs,
+                                      channels=args.channels, baseline=args.baseline,
+                                      credentials=credentials, protocol=protocol,
+                                      counter=counter, server_pid=args.server_pid, slo=slo,
+                                      scrape=args.scrape, traces=traces,
+                                      traces_wait_s=args.otlp_wait))
+            if _failed(runs[-1]):
+                break
+            if counter is not None:  # each run its own bar
+                counter = RequestCounter()
+                shown = BenchProgress(counter, workload.requests, workload.duration_s)
     except RuntimeError as exc:
         sys.exit(f"cadence bench: {exc}")
     finally:
         if traces is not None:
             traces.stop()
+    result = runs[0] if not _failed(runs[-1]) else runs[-1]
+    if len(runs) > 1 and not _failed(runs[-1]):
+        from cadence.lab.analysis.noise import repeats
+
+        result.repeats = repeats(runs)
     print_summary(result)
+    if args.export:
+        from cadence.lab.report.export import write
+
+        write(args.export, result.records or [])
     if args.json_path:
         from cadence.lab.results import to_builtins
 

@@ -48,6 +48,17 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     """HTTP: how long this request waited for a new connection to be made (TCP connect and,
     over https, the TLS handshake), a part of its TTFT; 0 when it went on a connection that
     was already open. -1: not measured (gRPC opens its channels before the run)."""
+    scheduled_ns: int = 0
+    """Open loop (a rate, a trace): when the schedule meant the request to go; `start_ns`
+    minus it is its dispatch delay. 0 in a closed loop."""
+    turn: int = 0
+    """Its turn in its conversation (1 first); 0 outside one."""
+    cached_tokens: int = -1
+    """Prompt tokens the server says it had cached (OpenAI `usage.prompt_tokens_details.
+    cached_tokens`, cadence.v1's and KServe's `cached_tokens`); -1: the server did not say."""
+    population: str = ""
+    """Its client population (slow_reader, cancelling, deadline, plain); "" in a run of one
+    behaviour."""
 
     @property
     def output_tokens(self) -> int:

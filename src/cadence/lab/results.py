@@ -36,6 +36,9 @@ class Distribution(msgspec.Struct, kw_only=True):
     p99: float = math.nan
     max: Number = math.nan
     min: Number = math.nan
+    p999: float | UnsetType = UNSET
+    """The 99.9th percentile (interpolated: with fewer than 1,000 values, between the
+    largest ones); unset in a result written before it was kept."""
 
     @property
     def usable(self) -> bool:
@@ -172,6 +175,44 @@ class RunStats(msgspec.Struct, kw_only=True):
     of each request that opened a new connection; a part of its TTFT."""
     ttft_after_connect_ms: Distribution | UnsetType = UNSET
     """Each request's TTFT less its connect time (0 on a connection already open)."""
+    ttft_from_schedule_ms: Distribution | UnsetType = UNSET
+    """Open loop only, as the one below: TTFT counted from when the schedule meant the
+    request to go, not from when it went (a client late to send hides no server delay)."""
+    e2e_from_schedule_ms: Distribution | UnsetType = UNSET
+    ttft_by_turn_ms: dict[str, Distribution] | UnsetType = UNSET
+    """Conversations (and traces with sessions): TTFT of each turn, by its number ("1" the
+    first)."""
+    cached_tokens: CachedTokens | UnsetType = UNSET
+    """Where the server reports the prompt tokens it had cached."""
+    cancelled_by_client: int | UnsetType = UNSET
+    """Requests the client cancelled on purpose (`--cancel-ms`): not among `errors_by_code`."""
+    by_population: dict[str, Population] | UnsetType = UNSET
+    """Mixed clients (`--read-delay-ms MS@SHARE%`, `--cancel-ms`, `--deadline-ms`): each
+    population's requests and figures."""
+
+
+class Population(msgspec.Struct, kw_only=True):
+    """One client population's requests (`cadence.lab.analysis.stats`)."""
+
+    requests: int = 0
+    requests_ok: int = 0
+    codes: dict[str, int] = {}
+    """Every request's end by status code, OK and CLIENT_CANCELLED included."""
+    ttft_ms: Distribution = msgspec.field(default_factory=Distribution)
+    """Over the requests that got a first chunk, cancelled ones included."""
+    itl_ms: Distribution = msgspec.field(default_factory=Distribution)
+    e2e_ms: Distribution = msgspec.field(default_factory=Distribution)
+    """Over the requests that ended OK."""
+
+
+class CachedTokens(msgspec.Struct, kw_only=True):
+    """The prompt tokens the server said it had cached, over the requests it said it for."""
+
+    requests: int = 0
+    """Requests whose cached count the server reported."""
+    per_request: Distribution = msgspec.field(default_factory=Distribution)
+    share_of_prompt: float = math.nan
+    """Cached tokens over the prompt tokens sent, summed over those requests."""
 
 
 class WorkerCurve(msgspec.Struct, kw_only=True):
@@ -355,6 +396,41 @@ class Workload(msgspec.Struct, kw_only=True):
     model: str | None = None
     openai: OpenAIWorkload | UnsetType = UNSET
     grpc: GrpcWorkload | UnsetType = UNSET
+    trace: TraceWorkload | UnsetType = UNSET
+    conversation: ConversationWorkload | UnsetType = UNSET
+    rate_stages: list[list[float]] | UnsetType = UNSET
+    """`--ramp`, `--stages`: [rate at start, rate at end, seconds] each (Infinity: it holds)."""
+    warmup_s: float | UnsetType = UNSET
+    """`--warmup-duration`: the first seconds' requests were sent, not counted."""
+    prompt_length_distribution: str | UnsetType = UNSET
+    """`--prompt-tokens` as a distribution (`lognormal:200,80`); `prompt_tokens` holds its
+    bounds."""
+    output_length_distribution: str | UnsetType = UNSET
+
+
+class TraceWorkload(msgspec.Struct, kw_only=True):
+    """`--trace`: the file replayed, the part of it and how fast."""
+
+    file: str
+    requests: int
+    """Rows in the window."""
+    span_s: float
+    """The last row's send time, after the speed."""
+    speed: float = 1.0
+    window_s: list[float | None] = msgspec.field(default_factory=lambda: [0.0, None])
+    block_tokens: int = 512
+    with_hash_ids: int = 0
+    """Rows whose prompts are built from hash blocks (shared prefixes)."""
+    sessions: int = 0
+
+
+class ConversationWorkload(msgspec.Struct, kw_only=True):
+    """`--sessions N --turns K --think-ms D`."""
+
+    sessions: int
+    turns: int
+    think_ms: float = 0.0
+    session_header: str | None = None
 
 
 class EngineOnly(RunStats, kw_only=True):
@@ -639,6 +715,28 @@ class BenchResult(RunStats, kw_only=True):
     """The pages of `--scrape` read during the run; unset without one."""
     verdict: Verdict | UnsetType = UNSET
     """How the run ended; unset in a result written before verdicts."""
+    repeats: Repeats | UnsetType = UNSET
+    """`--repeat N`: every run's value of the key figures, their mean and confidence interval
+    (the rest of the result is the first run's)."""
+
+
+class RepeatedFigure(msgspec.Struct, kw_only=True):
+    """One figure over a bench's repeated runs (`cadence.lab.analysis.noise`)."""
+
+    values: list[float] = []
+    """Each run's value, in run order."""
+    mean: float = math.nan
+    stdev: float = math.nan
+    ci95_low: float = math.nan
+    """The 95% confidence interval of the mean (Student's t over the runs)."""
+    ci95_high: float = math.nan
+
+
+class Repeats(msgspec.Struct, kw_only=True):
+    """`cadence bench --repeat N`: the runs' noise, figure by figure."""
+
+    runs: int = 1
+    figures: dict[str, RepeatedFigure] = {}
 
 
 class Spread(msgspec.Struct, kw_only=True):
@@ -752,16 +850,16 @@ def to_builtins(result: BenchResult | SweepResult) -> dict:
     runs = ([(result, out)] if isinstance(result, BenchResult) else
             [(r, o) for p, po in zip(result.sweep.points, out["sweep"]["points"], strict=True)
              for r, o in zip(p.repeats, po["repeats"], strict=True)])
-    fields = len(RequestRecord.__struct_fields__)
+    defaults = [f.default for f in msgspec.structs.fields(RequestRecord)]
+    kept = RequestRecord.__struct_fields__.index("trace_id")
     for run, written in runs:
         if run.baseline and run.baseline.error:
             written["baseline"] = {"error": run.baseline.error}
         for record in written.get("records") or ():
-            # The fields added last (trace_id, then connect_ns) are left out where they hold
-            # their defaults (no trace id; a connect time unmeasured everywhere but over
-            # HTTP): such a record is written as before the fields existed.
-            if len(record) == fields and record[-1] == -1:
+            # The fields added last (from trace_id on) are left out from the end while they
+            # hold their defaults (no trace id, a connect time unmeasured everywhere but over
+            # HTTP, a closed loop, no conversation, no cached count): such a record is
+            # written as before the fields existed.
+            while len(record) > kept and record[-1] == defaults[len(record) - 1]:
                 record.pop()
-                if record[-1] == "":
-                    record.pop()
     return out

@@ -23,6 +23,18 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
   connect, TLS handshake), from the client's connection trace; a part of its TTFT.
 - ttft_after_connect_ms (HTTP): per request, ttft_ms less its connect time (0 on a connection
   already open): what the server and the path after the connection took.
+- ttft_from_schedule_ms, e2e_from_schedule_ms (open loop: a rate or a trace): the same, counted
+  from the time the schedule meant the request to go rather than when it went; apart from
+  ttft_ms by the dispatch delay (`client.schedule_lag_ms`). A client that sends late hides
+  the server's delay from ttft_ms (coordinated omission); not from these.
+- ttft_by_turn_ms (conversations, traces with sessions): ttft_ms of each turn by its number.
+- cached_tokens: the prompt tokens the server said it had cached, over the requests it said
+  it for, and their share of the prompt tokens sent.
+- cancelled_by_client: requests the client cancelled on purpose (`--cancel-ms`), left out of
+  errors_by_code (not the server's failures); by_population: each client population's
+  requests, status codes, TTFT (cancelled requests with a first chunk included), ITL and
+  e2e (requests that ended OK).
+- every distribution's p999: the 99.9th percentile, interpolated between ranks.
 - front_loop (server timing from cadence): how late the front's event loop woke for its
   heartbeat timer during the run, from the lag tallies timed streams carry (the tally at the
   first stream's start against the one at the last stream's end, per front, added up):
@@ -38,10 +50,13 @@ from collections.abc import Iterable
 from cadence.lab.analysis.integrity import check_integrity
 from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.timeline import timeline
+from cadence.lab.load.recording import CLIENT_CANCELLED
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
+    CachedTokens,
     Distribution,
     FrontLoop,
+    Population,
     RunStats,
     Segments,
     SegmentShares,
@@ -67,6 +82,7 @@ def distribution(values: Iterable[float]) -> Distribution:
         p99=percentile(ordered, 99),
         max=ordered[-1],
         min=ordered[0],
+        p999=percentile(ordered, 99.9),
     )
 
 
@@ -139,7 +155,8 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     result = RunStats(
         requests=len(records),
         requests_ok=len(ok),
-        errors_by_code=dict(Counter(r.code for r in records if r.code != "OK")),
+        errors_by_code=dict(Counter(r.code for r in records
+                                    if r.code not in ("OK", CLIENT_CANCELLED))),
         first_error_by_code=_first_errors(records),
         wall_s=wall_s,
         output_tokens=out_tokens,
@@ -160,6 +177,30 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     if after_connect:
         result.connect_ms = distribution(connect)
         result.ttft_after_connect_ms = distribution(after_connect)
+    scheduled = [r for r in ok if r.scheduled_ns]
+    if scheduled:
+        result.ttft_from_schedule_ms = distribution(
+            (r.arrival_ns[0] - r.scheduled_ns) / _NS_PER_MS for r in scheduled)
+        result.e2e_from_schedule_ms = distribution(
+            (r.arrival_ns[-1] - r.scheduled_ns) / _NS_PER_MS for r in scheduled)
+    by_turn: dict[int, list[float]] = {}
+    for r in ok:
+        if r.turn:
+            by_turn.setdefault(r.turn, []).append(ttft_ms(r))
+    if by_turn:
+        result.ttft_by_turn_ms = {str(t): distribution(v) for t, v in sorted(by_turn.items())}
+    cancelled = sum(1 for r in records if r.code == CLIENT_CANCELLED)
+    if cancelled:
+        result.cancelled_by_client = cancelled
+    if any(r.population for r in records):
+        result.by_population = populations(records)
+    reported = [r for r in records if r.cached_tokens >= 0]
+    if reported:
+        sent = sum(r.prompt_tokens for r in reported)
+        result.cached_tokens = CachedTokens(
+            requests=len(reported),
+            per_request=distribution(r.cached_tokens for r in reported),
+            share_of_prompt=sum(r.cached_tokens for r in reported) / sent if sent else math.nan)
     if delay:
         result.token_delay_ms = distribution(delay)
         result.segments_ms = Segments(
@@ -175,6 +216,23 @@ def summarize(records: list[RequestRecord]) -> RunStats:
             **{name: distribution(v) for name, v in first.items()})
         result.segment_shares = SegmentShares(ttft=_shares(first), token=_shares(token))
     return result
+
+
+def populations(records: list[RequestRecord]) -> dict[str, Population]:
+    """Each client population's requests and figures, by its name."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        groups.setdefault(r.population or "plain", []).append(r)
+    out = {}
+    for name, group in sorted(groups.items()):
+        ok = [r for r in group if is_ok(r)]
+        out[name] = Population(
+            requests=len(group), requests_ok=len(ok),
+            codes=dict(Counter(r.code for r in group)),
+            ttft_ms=distribution(ttft_ms(r) for r in group if r.arrival_ns),
+            itl_ms=distribution(v for r in ok for _, v in itl_points(r)),
+            e2e_ms=distribution((r.arrival_ns[-1] - r.start_ns) / _NS_PER_MS for r in ok))
+    return out
 
 
 def _shares(segments: dict[str, list[float]]) -> dict[str, float]:

@@ -16,6 +16,8 @@ from cadence.proto import loop_lag as loop_lag_metadata
 from cadence.proto.v1 import inference_pb2 as pb
 
 GENERATE = "/cadence.v1.Inference/Generate"
+_CACHED_TOKENS = "cached_tokens" in pb.GenerateChunk.DESCRIPTOR.fields_by_name
+"""Whether this build's protocol carries the last chunk's cached prompt tokens."""
 
 
 class CadenceTarget(msgspec.Struct, frozen=True, tag="cadence"):
@@ -37,7 +39,7 @@ class CadenceDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_cadence(self.stubs[lane % len(self.stubs)], request, process,
-                                 s.include_timing, s.timeout_s, s.read_delay_s, s.stall_s)
+                                 s.include_timing, *s.for_request(request), s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         decode_chunks(record, chunks, self.session.include_timing)
@@ -67,8 +69,9 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
     record = sent(plan, process)
     arrival, chunks = record.arrival_ns, []
     keep = chunks.append
-    call = generate(request, timeout=timeout, metadata=(("traceparent", traceparent(record)),))
-    with recording(record, stall_s):
+    call = generate(request, timeout=timeout,
+                    metadata=(("traceparent", traceparent(record)), *plan.headers))
+    with recording(record, stall_s, plan.cancel_s):
         async for chunk in call:
             arrival.append(monotonic_ns())
             keep(chunk)
@@ -112,3 +115,5 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
                 record.t_scheduled_ns = t.scheduled_ns
         if chunk.finish_reason:
             record.finish_reason = chunk.finish_reason
+            if _CACHED_TOKENS:
+                record.cached_tokens = chunk.cached_tokens

@@ -40,6 +40,11 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     stall_s: float | None = None
     """End a request that gets no chunk for this long, as STALLED (recording.recording)."""
 
+    def for_request(self, request: RequestPlan) -> tuple[float | None, float]:
+        """(deadline, read delay) of `request`: its population's, else the session's."""
+        return (request.deadline_s or self.timeout_s,
+                request.read_delay_s if request.read_delay_s >= 0 else self.read_delay_s)
+
 
 class Driver(abc.ABC):
     """One protocol's client in one load process."""

@@ -285,8 +285,9 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
     parsing = False
     """Whether this request's messages are parsed as they come (the process's unparsed
     bytes ran out): then every later one is, so that its counts stay in arrival order."""
-    with recording(record, stall_s):
-        metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)))
+    with recording(record, stall_s, plan.cancel_s):
+        metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)),
+                    *plan.headers)
         async for message in method(request, timeout=timeout, metadata=metadata):
             arrival.append(monotonic_ns())
             if not parsing and codec.unparsed + len(message) <= codec.unparsed_limit:
@@ -319,7 +320,7 @@ class GrpcDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_grpc(self.codec, self.stubs[lane % len(self.stubs)], request, process,
-                              s.include_timing, s.timeout_s, s.read_delay_s, s.stall_s)
+                              s.include_timing, *s.for_request(request), s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         self.codec.decode(record, chunks)

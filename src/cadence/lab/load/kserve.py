@@ -73,7 +73,7 @@ class KServeDriver(ChannelDriver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_kserve(self.target, self.stubs[lane % len(self.stubs)], request,
-                                process, s.include_timing, s.timeout_s, s.read_delay_s,
+                                process, s.include_timing, *s.for_request(request),
                                 s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
@@ -134,8 +134,9 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     received = 0
     # The request and then the half-close: the server ends the call after the last response.
     call = stub.ModelStreamInfer(iter((request,)), timeout=timeout,
-                                 metadata=(("traceparent", traceparent(record)),))
-    with recording(record, stall_s):
+                                 metadata=(("traceparent", traceparent(record)),
+                                           *plan.headers))
+    with recording(record, stall_s, plan.cancel_s):
         async for response in call:
             now = monotonic_ns()
             if response.error_message:
@@ -153,6 +154,9 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
             if final is not None and final.bool_param:
                 reason = infer.parameters.get("finish_reason")
                 record.finish_reason = _FINISH_REASONS.get(reason.string_param, 1) if reason else 1
+                cached = infer.parameters.get("cached_tokens")
+                if cached is not None:
+                    record.cached_tokens = cached.int64_param
             elif read_delay_s:
                 await asyncio.sleep(read_delay_s)
     return record, []

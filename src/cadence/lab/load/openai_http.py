@@ -7,7 +7,9 @@ the events are parsed after the run (`decode_events`). Per event: `index` and `t
 cadence's own extension (`cadence_timing: true` puts the chunk's position, token count and
 server timestamps on every event, so the segments work); from another server, each event
 with text counts one token, unless the last chunk's `usage.completion_tokens` says more, which
-are then spread evenly over the events. The request asks for usage
+are then spread evenly over the events; with a tokenizer (`OpenAITarget.tokenizer`,
+`--tokenizer`), the output's text is counted in its tokens instead, spread the same way. The
+request asks for usage
 (`stream_options.include_usage`). The prompt is text: the planned prompt's token ids as
 printable characters, one per token (servers count them with their own tokenizers).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -54,6 +57,9 @@ class OpenAITarget(msgspec.Struct, frozen=True, tag="openai"):
     """`completions` or `chat`."""
     token: str = ""
     """A bearer token, sent as `Authorization: Bearer <token>`; empty: none."""
+    tokenizer: str = ""
+    """A Hugging Face tokenizer folder (its tokenizer.json): another server's output is
+    counted in its tokens, not by events or the server's usage; empty: none."""
 
     def driver(self) -> OpenAIDriver:
         return OpenAIDriver(self)
@@ -74,11 +80,13 @@ class OpenAIDriver(Driver):
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         return await one_openai(self.target, self._clients[lane % len(self._clients)], request,
-                                process, s.include_timing, s.timeout_s, s.read_delay_s,
+                                process, s.include_timing, *s.for_request(request),
                                 s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
-        decode_events(record, chunks, self.session.include_timing)
+        if self.target.tokenizer and not hasattr(self, "_count"):
+            self._count = token_counter(self.target.tokenizer)
+        decode_events(record, chunks, self.session.include_timing, getattr(self, "_count", None))
 
     async def close(self) -> None:
         for client in self._clients:
@@ -137,12 +145,24 @@ def prompt_text(token_ids: list[int]) -> str:
     return "".join(chr(97 + t % 26) for t in token_ids)
 
 
+def messages(text: str, parts: list[int]) -> list[dict]:
+    """The chat messages of a prompt: one user message, or a conversation's turns (`parts`:
+    the messages' lengths, the user's first, then the assistant's and the user's by turns)."""
+    if not parts:
+        return [{"role": "user", "content": text}]
+    out, at = [], 0
+    for k, length in enumerate(parts):
+        out.append({"role": "assistant" if k % 2 else "user", "content": text[at:at + length]})
+        at += length
+    return out
+
+
 def build_body(target: OpenAITarget, plan: RequestPlan, include_timing: bool) -> bytes:
     body: dict = {"model": target.model, "max_tokens": plan.max_tokens, "stream": True,
                   "stream_options": {"include_usage": True}, "temperature": 0}
     text = prompt_text(plan.prompt_token_ids)
     if target.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": text}]
+        body["messages"] = messages(text, plan.parts)
     else:
         body["prompt"] = text
     if include_timing:
@@ -164,8 +184,9 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     record.connect_ns = 0  # unless the connection-create trace sets it
     arrival, events = record.arrival_ns, []
     stamp, keep = arrival.append, events.append
-    with recording(record, stall_s):
-        headers = {"Content-Type": "application/json", "traceparent": traceparent(record)}
+    with recording(record, stall_s, plan.cancel_s):
+        headers = {"Content-Type": "application/json", "traceparent": traceparent(record),
+                   **dict(plan.headers)}
         async with client.post(url, data=body, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout),
                                trace_request_ctx=record) as response:
@@ -191,12 +212,34 @@ def _message(body: bytes) -> str:
         return body[:200].decode("utf-8", "replace")
 
 
-def decode_events(record: RequestRecord, events: list[bytes], include_timing: bool) -> None:
-    """Fill the record's per-chunk fields from the events `one_openai` kept."""
+def token_counter(folder: str) -> Callable[[str], int]:
+    """Counts a text's tokens with the Hugging Face tokenizer in `folder` (its tokenizer.json,
+    read with the `tokenizers` library, nothing downloaded); ValueError saying what is
+    missing."""
+    import os
+
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ValueError("--tokenizer needs the tokenizers package (pip install "
+                         "tokenizers)") from None
+    path = os.path.join(folder, "tokenizer.json") if os.path.isdir(folder) else folder
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception for a bad file
+        raise ValueError(f"--tokenizer {folder}: cannot read {path}: {exc}") from None
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def decode_events(record: RequestRecord, events: list[bytes], include_timing: bool,
+                  count: Callable[[str], int] | None = None) -> None:
+    """Fill the record's per-chunk fields from the events `one_openai` kept; `count` (from
+    `token_counter`) counts the output's tokens where the server's extension does not."""
     arrivals, kept_arrivals = record.arrival_ns, []
     tokens, index = record.tokens, record.index
     usage_tokens = None
     ours = False
+    texts = []
     for at, line in zip(list(arrivals), events, strict=True):
         event = _decode(line[6:])
         if "error" in event:
@@ -208,6 +251,9 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
         usage = event.get("usage")
         if usage:
             usage_tokens = usage.get("completion_tokens")
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            if cached is not None:
+                record.cached_tokens = int(cached)
         choices = event.get("choices") or []
         if not choices:
             continue  # the usage chunk
@@ -229,6 +275,9 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
             kept_arrivals.append(at)
             tokens.append(1)
             index.append(len(index))
+            texts.append(text)
+    if not ours and count is not None and texts:
+        usage_tokens = count("".join(texts))
     if not ours and usage_tokens and tokens and usage_tokens != len(tokens):
         whole, extra = divmod(usage_tokens, len(tokens))
         tokens[:] = [whole + (1 if i < extra else 0) for i in range(len(tokens))]

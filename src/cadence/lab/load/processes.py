@@ -21,6 +21,7 @@ from cadence.heap import settle_heap
 from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.driver import Session
 from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
+from cadence.lab.load.recording import CLIENT_CANCELLED
 from cadence.lab.load.target import Target
 from cadence.lab.records import ProcessResult, RequestRecord
 
@@ -45,6 +46,11 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Streams this process keeps open at once (closed loop)."""
     rate: float | None = None
     """Requests per second of the whole run (open loop)."""
+    stages: list[tuple[float, float, float]] = []
+    """Open loop: the rate's ramps and steps, (rate at start, rate at end, seconds) each
+    (`poisson_offsets`); empty: `rate` throughout."""
+    warmup_s: float = 0.0
+    """The requests sent in the run's first seconds are not recorded (a warm-up by time)."""
     include_timing: bool = True
     timeout_s: float | None = None
     stall_s: float | None = None
@@ -62,10 +68,17 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 def _my_requests(plan: ProcessPlan):
     """(i, arrival offset in s or None) for this process's share of the run."""
-    offsets = poisson_offsets(plan.rate, plan.shape.seed) if plan.rate else None
+    trace = plan.shape.trace
+    offsets = (iter([row.offset_s for row in trace]) if trace else
+               poisson_offsets(plan.rate, plan.shape.seed, plan.stages) if plan.rate else None)
+    requests = plan.requests
+    if trace:
+        requests = len(trace) if requests is None else min(requests, len(trace))
     i = 0
-    while plan.requests is None or i < plan.requests:
-        offset = next(offsets) if offsets is not None else None
+    while requests is None or i < requests:
+        offset = next(offsets, None) if offsets is not None else None
+        if offsets is not None and offset is None:  # the trace or the last stage ended
+            return
         if plan.duration_s is not None and offset is not None and offset > plan.duration_s:
             return
         if i % plan.processes == plan.process:
@@ -98,6 +111,8 @@ class FailureStreak:
         if record.code == "OK":
             self._failures, self._last_ok = 0, now
             return
+        if record.code == CLIENT_CANCELLED:  # the client's doing: neither failure nor success
+            return
         self._failures += 1
         quiet = now - self._last_ok
         if self.reason is None and self._failures >= self.FAILURES and quiet >= self.QUIET_S:
@@ -120,8 +135,10 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
         await driver.one(RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4), plan.process, i)
     # The closed loop's first wave starts at one instant: its requests are made now, so that
     # making one does not hold up the sending of the others.
-    todo = _my_requests(plan)
-    head = [] if plan.rate else list(itertools.islice(todo, plan.concurrency))
+    open_loop = bool(plan.rate or plan.shape.trace)
+    conversation = plan.shape.conversation
+    todo = _my_requests(plan) if conversation is None else iter(())
+    head = [] if open_loop else list(itertools.islice(todo, plan.concurrency))
     todo = itertools.chain(head, todo)
     made = {i: plan.shape.request(i) for i, _ in head}
     driver.prepare(made.values())
@@ -140,31 +157,53 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     async def send(i: int, lane: int, intended_ns: int | None = None) -> None:
         request = made.pop(i, None) or plan.shape.request(i)
         record, chunks = await driver.one(request, plan.process, lane)
+        record.turn = request.turn
+        record.population = request.population
         kept.append((record, chunks))
         streak.add(record)
         if intended_ns is not None:
+            record.scheduled_ns = intended_ns
             lags.append((record.start_ns - intended_ns) / 1e6)
         if completed is not None:
             # Per request, never per chunk: all the progress display costs this process.
             completed.value += 1
 
-    if plan.rate:
-        # Open loop: sleep to each arrival time on the monotonic clock. When behind, the
-        # rest of the schedule shifts later instead of bursting to catch up; the lag is
-        # still measured against the unshifted schedule.
+    if open_loop:
+        # Open loop: sleep to each arrival time on the monotonic clock, the request made
+        # (and serialized) before the sleep so that making it does not delay its send. A
+        # Poisson run that falls behind shifts the rest of its schedule later instead of
+        # bursting to catch up; a trace keeps its times (a late request goes at once). The
+        # lag is measured against the unshifted schedule either way.
+        shift = not plan.shape.trace
         base = started_ns / 1e9
         tasks = []
         for n, (i, offset) in enumerate(todo):
+            made[i] = plan.shape.request(i)
+            driver.prepare((made[i],))
             delay = base + offset - time.monotonic()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await _sleep_until(base + offset, delay)
             elif delay < -0.001:
-                base -= delay
                 slips += 1
+                if shift:
+                    base -= delay
             if streak.reason is not None:
                 break
             tasks.append(asyncio.ensure_future(send(i, n, started_ns + int(offset * 1e9))))
         await asyncio.gather(*tasks)
+    elif conversation is not None:
+        async def session(s: int) -> None:
+            for turn in range(conversation.turns):
+                await send(s * conversation.turns + turn, s)
+                if time.monotonic() >= stop_at or streak.reason is not None:
+                    return
+                if conversation.think_ms and turn + 1 < conversation.turns:
+                    # Not a bare timer: the loop's timers may wake a fraction of a ms early.
+                    think_s = conversation.think_ms / 1e3
+                    await _sleep_until(time.monotonic() + think_s, think_s)
+
+        mine = range(plan.process, conversation.sessions, plan.processes)
+        await asyncio.gather(*(session(s) for s in mine))
     else:
         async def lane(k: int) -> None:
             for i, _ in todo:
@@ -174,11 +213,31 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
 
         await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+    if plan.warmup_s:
+        counted_from = started_ns + int(plan.warmup_s * 1e9)
+        counted = [k for k, (record, _) in enumerate(kept) if record.start_ns >= counted_from]
+        kept, lags = [kept[k] for k in counted], [lags[k] for k in counted] if lags else []
     for record, chunks in kept:
         driver.decode(record, chunks)
     await driver.close()
     return ProcessResult(plan.process, [record for record, _ in kept], cpu_s, wall_s, slips,
                          started_ns, lags, streak.reason)
+
+
+_SPIN_S = 0.0005
+"""The last stretch before an open-loop send is waited out by yielding to the loop, not by a
+timer: the loop's timers keep milliseconds and wake up to one late. Longer, the process
+spins more and, on a busy host, is preempted more (docs/lab.md, "Replaying a trace")."""
+
+
+async def _sleep_until(at: float, delay: float) -> None:
+    """Sleep until monotonic time `at` (`delay` seconds from now), to well under a
+    millisecond: a timer for all but the last stretch, then turns of the loop (other streams
+    are read in between)."""
+    if delay > _SPIN_S:
+        await asyncio.sleep(delay - _SPIN_S)
+    while time.monotonic() < at:
+        await asyncio.sleep(0)
 
 
 def _process_main(plan_bytes: bytes, conn, completed=None) -> None:

@@ -36,15 +36,25 @@ STALLED = "STALLED"
 
 
 @contextlib.contextmanager
-def recording(record: RequestRecord, stall_s: float | None = None) -> Iterator[RequestRecord]:
+def recording(record: RequestRecord, stall_s: float | None = None,
+              cancel_s: float = 0.0) -> Iterator[RequestRecord]:
     """Around one request's stream: an error is recorded, never raised (one request must not
     stop the run), and the end time is stamped however the stream ends. With `stall_s`, a
     request that gets no chunk for that long (the first counted from its start) is ended,
-    as STALLED: a server that stops answering must not hold the run for ever."""
+    as STALLED: a server that stops answering must not hold the run for ever. With
+    `cancel_s`, the client cancels the request that long after its send, as a user who
+    gives up would (CLIENT_CANCELLED), unless it ended before."""
     stall = _StallWatch(record, stall_s) if stall_s else None
+    cancel = _Cancel(cancel_s) if cancel_s else None
     try:
         yield record
     except asyncio.CancelledError:
+        if cancel is not None and cancel.fired:
+            cancel.task.uncancel()
+            record.code = CLIENT_CANCELLED
+            record.error = (f"cancelled by the client {cancel_s * 1e3:g} ms after its send, "
+                            f"after {len(record.arrival_ns)} messages (--cancel-ms)")
+            return
         if stall is None or not stall.fired:
             raise
         stall.task.uncancel()
@@ -60,7 +70,27 @@ def recording(record: RequestRecord, stall_s: float | None = None) -> Iterator[R
     finally:
         if stall is not None:
             stall.handle.cancel()
+        if cancel is not None:
+            cancel.handle.cancel()
         record.end_ns = time.monotonic_ns()
+
+
+CLIENT_CANCELLED = "CLIENT_CANCELLED"
+"""The code of a request the client cancelled on purpose (`--cancel-ms`): not a failure of
+the server's, so not among the run's errors."""
+
+
+class _Cancel:
+    """Cancels the task reading a request `cancel_s` after it was sent."""
+
+    def __init__(self, cancel_s: float) -> None:
+        self.task = asyncio.current_task()
+        self.fired = False
+        self.handle = asyncio.get_running_loop().call_later(cancel_s, self._fire)
+
+    def _fire(self) -> None:
+        self.fired = True
+        self.task.cancel()
 
 
 class _StallWatch:

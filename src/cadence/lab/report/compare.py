@@ -18,15 +18,17 @@ import re
 from dataclasses import dataclass
 
 from cadence.lab.analysis.integrity import CHECKS, counted_checks
-from cadence.lab.results import BenchResult, Distribution
+from cadence.lab.analysis.noise import beyond_noise, figure
+from cadence.lab.report.summary import WITHIN_NOISE
+from cadence.lab.results import BenchResult
 
 DISTRIBUTIONS = ("ttft", "itl", "tpot", "e2e", "chunk_gap", "token_delay")
-STATS = ("p50", "p90", "p99", "max", "mean")
+STATS = ("p50", "p90", "p99", "p999", "max", "mean")
 FIGURES = ("tokens_per_s", "requests_per_s", "chunks_per_s", "errors")
 INTEGRITY = (*CHECKS, "integrity_faults")
 SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p99_ms",
          "token_delay_p99_ms", "tokens_per_s", "requests_per_s", "errors", "integrity_faults")
-_METRIC = re.compile(r"^(?P<dist>[a-z0-9_]+?)_(?P<stat>p50|p90|p99|max|mean)_ms$")
+_METRIC = re.compile(r"^(?P<dist>[a-z0-9_]+?)_(?P<stat>p50|p90|p999|p99|max|mean)_ms$")
 _GATE = re.compile(r"^(?P<metric>[a-z0-9_]+)\s*(?P<op>[<>])\s*(?P<value>[0-9.]+)(?P<x>x?)$")
 
 
@@ -52,10 +54,7 @@ def metric(result: BenchResult, name: str) -> float:
             f"unknown metric {name!r}: use DIST_STAT_ms with DIST one of "
             f"{', '.join(DISTRIBUTIONS)} and STAT one of {', '.join(STATS)}, or one of "
             f"{', '.join((*FIGURES, *INTEGRITY))}")
-    dist = getattr(result, f"{match['dist']}_ms", None)
-    if not isinstance(dist, Distribution) or not dist.count:
-        return math.nan
-    return float(getattr(dist, match["stat"]))
+    return figure(result, name)
 
 
 @dataclass(frozen=True)
@@ -73,14 +72,43 @@ class Gate:
 
     def failure(self, base: BenchResult, run: BenchResult, label: str) -> str | None:
         """Why `run` fails the gate, in one line; None when it passes."""
-        value = metric(run, self.metric)
-        bound = self.value * metric(base, self.metric) if self.relative else self.value
+        found = self.judge(base, run, label)
+        return found if found and not found.endswith(WITHIN_NOISE) else None
+
+    def judge(self, base: BenchResult, run: BenchResult, label: str) -> str | None:
+        """Why `run` fails the gate, or (ending in "within noise") why a mean past the bound
+        is not judged a regression, in one line; None when it passes plainly. With repeats
+        on both sides (`--repeat`), a relative gate compares the means and fails only
+        outside the runs' noise (`cadence.lab.analysis.noise`)."""
+        noisy = self._repeated(base, run)
+        value = noisy[1].mean if noisy else metric(run, self.metric)
+        bound = self.value * (noisy[0].mean if noisy else metric(base, self.metric)) \
+            if self.relative else self.value
         if math.isnan(value) or math.isnan(bound):
             return f"{label}: {self.text}: {self.metric} is missing, so the gate cannot pass"
-        if (value > bound) if self.above else (value < bound):
+        if not ((value > bound) if self.above else (value < bound)):
+            return None
+        if noisy is None:
             return (f"{label}: {self.text} failed: {self.metric} {value:.4g} against a bound of "
                     f"{bound:.4g}")
-        return None
+        first, later = noisy
+        said = (f"{label}: {self.text}: {self.metric} mean {value:.4g} (95% CI {later.ci95_low:.4g}"
+                f"-{later.ci95_high:.4g}, {len(later.values)} runs) against a bound of "
+                f"{bound:.4g} (first: {first.ci95_low:.4g}-{first.ci95_high:.4g}, "
+                f"{len(first.values)} runs)")
+        if beyond_noise(first, later, self.value, self.above):
+            return said.replace(f": {self.metric} mean", f" failed: {self.metric} mean", 1)
+        return f"{said}: {WITHIN_NOISE}"
+
+    def _repeated(self, base: BenchResult, run: BenchResult):
+        """(the base's, the run's) repeats of the gate's metric for a relative gate when both
+        runs were repeated with a usable interval; else None."""
+        if not self.relative or not base.repeats or not run.repeats:
+            return None
+        pair = (base.repeats.figures.get(self.metric), run.repeats.figures.get(self.metric))
+        if None in pair or any(math.isnan(f.ci95_low) for f in pair):
+            return None
+        return pair
 
 
 def parse_gate(text: str) -> Gate:
@@ -99,14 +127,28 @@ def rows(results: list[BenchResult], names: tuple[str, ...] = SHOWN) -> list[lis
     out = []
     for name in names:
         values = [metric(r, name) for r in results]
+        noise = [_noise(r, name) for r in results]
+        values = [n.mean if n else v for v, n in zip(values, noise, strict=True)]
         base = values[0]
-        cells = [name, _number(base)]
-        for value in values[1:]:
+        cells = [name, _number(base) + _ci(noise[0])]
+        for value, spread in zip(values[1:], noise[1:], strict=True):
             ratio = value / base if base and not math.isnan(base) and not math.isnan(value) \
                 else math.nan
-            cells.append(_number(value) + ("" if math.isnan(ratio) else f" ({ratio:.2f}x)"))
+            cells.append(_number(value) + _ci(spread)
+                         + ("" if math.isnan(ratio) else f" ({ratio:.2f}x)"))
         out.append(cells)
     return out
+
+
+def _noise(result: BenchResult, name: str):
+    """The figure's repeats when the run was repeated (`--repeat`) with an interval; else None."""
+    found = result.repeats.figures.get(name) if result.repeats else None
+    return found if found is not None and not math.isnan(found.ci95_low) else None
+
+
+def _ci(spread) -> str:
+    """` ±H` (half the 95% interval of the mean) of a repeated figure; "" for one run."""
+    return "" if spread is None else f" ±{_number((spread.ci95_high - spread.ci95_low) / 2)}"
 
 
 def _number(value: float) -> str:

@@ -186,9 +186,11 @@ def _throughput(result: BenchResult) -> str:
 
 
 def _aggregates(result: BenchResult) -> str:
-    rows = [(n, (d := getattr(result, n)).count, *(getattr(d, s) for s in STATS))
+    rows = [(n, (d := getattr(result, n)).count,
+             *(None if (v := getattr(d, s)) is msgspec.UNSET else v for s in (*STATS, "p999")))
             for n in aggregate_names(result)]
-    return section("Latency and chunk aggregates", table(("metric", "count", *STATS), rows),
+    return section("Latency and chunk aggregates",
+                   table(("metric", "count", *STATS, "p99.9"), rows),
                    note("ms unless the name says otherwise; chunk_tokens is tokens per chunk. "
                         "Definitions: cadence.lab.analysis.stats.") if rows else "")
 
@@ -301,7 +303,7 @@ def _client(result: BenchResult) -> str:
             ("schedule slips", c.schedule_slips)]
     for name, label in (("offered_rate_per_s", "offered rate (requests/s)"),
                         ("achieved_rate_per_s", "achieved rate (requests/s)"),
-                        ("schedule_lag_ms", "schedule lag (ms)"),
+                        ("schedule_lag_ms", "schedule error: actual − scheduled send (ms)"),
                         ("behind_schedule", "behind its schedule")):
         value = getattr(c, name)
         if value is not msgspec.UNSET:  # a result from before the client's schedule was kept
@@ -311,8 +313,42 @@ def _client(result: BenchResult) -> str:
 
 
 def _distribution_cell(d: Distribution) -> Raw:
-    """A distribution in one cell: its p50, p99 and max."""
-    return Raw(f"p50 {fmt(d.p50)}, p99 {fmt(d.p99)}, max {fmt(d.max)}")
+    """A distribution in one cell: its p50, p99, p99.9 (when known) and max."""
+    deep = f", p99.9 {fmt(d.p999)}" if d.p999 and finite(d.p999) else ""
+    return Raw(f"p50 {fmt(d.p50)}, p99 {fmt(d.p99)}{deep}, max {fmt(d.max)}")
+
+
+def _turns(result: BenchResult) -> str:
+    parts = []
+    if result.ttft_by_turn_ms:
+        parts.append(section("TTFT by conversation turn", table(
+            ("turn", "requests", "mean (ms)", "p50 (ms)", "p99 (ms)", "max (ms)"),
+            [(turn, d.count, d.mean, d.p50, d.p99, d.max)
+             for turn, d in result.ttft_by_turn_ms.items()]), note(
+            "Each turn sends the conversation so far: its prompt grows by a turn each time, "
+            "and repeats the previous turn's prompt as its prefix."), level=3))
+    cached = result.cached_tokens
+    if cached:
+        parts.append(section("Cached prompt tokens (the server's count)", table(
+            ("", "value"), [("requests reported", cached.requests),
+                            ("per request", _distribution_cell(cached.per_request)),
+                            ("share of the prompt tokens sent",
+                             Raw(f"{cached.share_of_prompt:.1%}")
+                             if finite(cached.share_of_prompt) else None)]), level=3))
+    return section("Conversations and prefixes", *parts) if parts else ""
+
+
+def _populations(result: BenchResult) -> str:
+    if not result.by_population:
+        return ""
+    return section("By client population", table(
+        ("population", "requests", "ended", "TTFT p50 (ms)", "TTFT p99 (ms)", "ITL p50 (ms)",
+         "ITL p99 (ms)", "e2e p99 (ms)"),
+        [(name, p.requests, ", ".join(f"{c} {n}" for c, n in sorted(p.codes.items())),
+          p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p50, p.itl_ms.p99, p.e2e_ms.p99)
+         for name, p in result.by_population.items()]), note(
+        "TTFT over the requests that got a first chunk (cancelled ones too); ITL and e2e over "
+        "those that ended OK. Requests the client cancelled on purpose are not errors."))
 
 
 def _workers(result: BenchResult) -> str:
@@ -582,6 +618,8 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _workload(result),
         _throughput(result),
         _aggregates(result),
+        _turns(result),
+        _populations(result),
         _segments(result, _segment_figure(result, out_dir)),
         _server_spans(result),
         _integrity(result),

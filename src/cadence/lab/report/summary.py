@@ -38,10 +38,13 @@ PIPED_WIDTH = 10_000
 lines reads as two numbers)."""
 WITHIN_NOISE = "within noise"
 """How a negative overhead reads: served faster than the engine alone is run-to-run noise."""
-_COLUMNS = ("mean", "p50", "p90", "p99", "max")
-_ROWS = ("ttft_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms", "chunk_gap_ms", "tpot_ms",
-         "e2e_ms", "token_delay_ms", "chunk_tokens")
-"""connect_ms and ttft_after_connect_ms: HTTP runs only (TTFT apart from the connect)."""
+_COLUMNS = ("mean", "p50", "p90", "p99", "p999", "max")
+_HEADINGS = {"p999": "p99.9"}
+_ROWS = ("ttft_ms", "ttft_from_schedule_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms",
+         "chunk_gap_ms", "tpot_ms", "e2e_ms", "e2e_from_schedule_ms", "token_delay_ms",
+         "chunk_tokens")
+"""connect_ms and ttft_after_connect_ms: HTTP runs only (TTFT apart from the connect); the
+*_from_schedule_ms: open loops only (counted from the scheduled send)."""
 
 
 def print_summary(result: BenchResult) -> None:
@@ -66,15 +69,19 @@ def print_summary(result: BenchResult) -> None:
     table = Table(title="the run's figures", show_lines=False)
     table.add_column("metric")
     for col in _COLUMNS:
-        table.add_column(col, justify="right")
+        table.add_column(_HEADINGS.get(col, col), justify="right")
     for name in _ROWS:
         d: Distribution | None = getattr(result, name) or None
         if d is not None and d.count:  # no row of nan when no request gave a value
-            table.add_row(name, *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
+            table.add_row(name, *_cells(d))
     if result.segments_ms:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
-            table.add_row(f"  segment {name}", *(f"{getattr(d, c):.2f}" for c in _COLUMNS))
+            table.add_row(f"  segment {name}", *_cells(d))
     console.print(table)
+    for line in (turns_line(result), cached_line(result), *population_lines(result),
+                 *repeats_lines(result)):
+        if line:
+            console.print(line, highlight=False, markup=False)
     if result.overhead_ms:
         o = result.overhead_ms
         console.print("serving overhead (served − engine-only, ms): " + ", ".join(
@@ -117,6 +124,8 @@ def print_summary(result: BenchResult) -> None:
         f"{result.errors_by_code or 'none'}; {result.output_tokens} tokens in {result.chunks} "
         f"chunks over {result.wall_s:.2f} s: {result.tokens_per_s:.0f} tokens/s, "
         f"{result.chunks_per_s:.0f} chunks/s, {result.requests_per_s:.1f} requests/s"
+        + (f"; {result.cancelled_by_client} cancelled by the client on purpose (not errors)"
+           if result.cancelled_by_client else "")
     )
     for code, message in result.first_error_by_code.items():
         console.print(f"  {code}: {message}", highlight=False)
@@ -134,6 +143,11 @@ def print_summary(result: BenchResult) -> None:
 
 
 _STATE_STYLE = {"healthy": "bold green", "unhealthy": "bold red", "inconclusive": "bold yellow"}
+
+
+def _cells(d: Distribution) -> list[str]:
+    """A table row's figures; "-" for one the result does not hold (p99.9 of an older run)."""
+    return [f"{v:.2f}" if (v := getattr(d, c)) is not UNSET else "-" for c in _COLUMNS]
 
 
 def _print_verdict(console, result: BenchResult) -> None:
@@ -160,7 +174,7 @@ def run_verdict(result: BenchResult) -> Verdict:
 def key_figures(result: BenchResult) -> str:
     """The figures a reader looks at first, in one line."""
     ttft, itl = result.ttft_ms, result.itl_ms
-    failed = result.requests - result.requests_ok
+    failed = result.requests - result.requests_ok - (result.cancelled_by_client or 0)
     return (f"TTFT p50 {ttft.p50:.1f} / p99 {ttft.p99:.1f} ms, ITL p50 {itl.p50:.1f} / p99 "
             f"{itl.p99:.1f} ms, {result.tokens_per_s:,.0f} tokens/s, "
             f"{result.requests_ok}/{result.requests} requests ok"
@@ -176,11 +190,57 @@ def schedule_line(client: Client) -> str | None:
     line = (f"open loop: offered {client.offered_rate_per_s:g} requests/s, achieved "
             + (f"{achieved:.1f}" if isinstance(achieved, float | int) else "?"))
     if lag:
-        line += f"; send lag behind the schedule p50 {lag.p50:.1f} ms, p99 {lag.p99:.1f} ms"
+        line += (f"; schedule error (actual − scheduled send) p50 {lag.p50:.2f} ms, p99 "
+                 f"{lag.p99:.2f} ms" + (f", p99.9 {lag.p999:.2f} ms" if lag.p999 else ""))
     if client.behind_schedule:
         line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
                  "than offered; add --procs)[/]")
     return line
+
+
+def turns_line(result: BenchResult) -> str | None:
+    """TTFT by conversation turn, in one line; None without turns."""
+    if not result.ttft_by_turn_ms:
+        return None
+    return "TTFT by turn (p50 / p99 ms): " + ", ".join(
+        f"turn {turn} {d.p50:.1f} / {d.p99:.1f} (n={d.count})"
+        for turn, d in result.ttft_by_turn_ms.items())
+
+
+def population_lines(result: BenchResult) -> list[str]:
+    """Each client population's requests and figures, one line each; [] without them."""
+    if not result.by_population:
+        return []
+    lines = ["by client population:"]
+    for name, p in result.by_population.items():
+        codes = ", ".join(f"{code} {n}" for code, n in sorted(p.codes.items()))
+        lines.append(f"  {name}: {p.requests} requests ({codes}); TTFT p50 {p.ttft_ms.p50:.1f}"
+                     f" / p99 {p.ttft_ms.p99:.1f} ms, ITL p50 {p.itl_ms.p50:.1f} / p99 "
+                     f"{p.itl_ms.p99:.1f} ms, e2e p99 {p.e2e_ms.p99:.1f} ms")
+    return lines
+
+
+def repeats_lines(result: BenchResult) -> list[str]:
+    """Each repeated figure's mean and 95% confidence interval (`--repeat`); [] for one run."""
+    if not result.repeats:
+        return []
+    lines = [(f"over {result.repeats.runs} runs (mean, 95% confidence interval of the mean; "
+             "the table above is the first run's):")]
+    for name, f in result.repeats.figures.items():
+        if not math.isnan(f.mean):
+            lines.append(f"  {name} {f.mean:,.2f} ({f.ci95_low:,.2f} to {f.ci95_high:,.2f}); "
+                         "runs " + ", ".join(f"{v:,.2f}" for v in f.values))
+    return lines
+
+
+def cached_line(result: BenchResult) -> str | None:
+    """The prompt tokens the server said it had cached; None when it said nothing."""
+    cached = result.cached_tokens
+    if not cached:
+        return None
+    return (f"cached prompt tokens (the server's count, {cached.requests} requests): p50 "
+            f"{cached.per_request.p50:.0f}, max {cached.per_request.max:.0f} per request, "
+            f"{cached.share_of_prompt:.0%} of the prompt tokens sent")
 
 
 _THREAD_GROUPS_SHOWN = 5

@@ -1,0 +1,179 @@
+"""Traces of production traffic, replayed: `cadence bench --trace FILE`.
+
+A trace is a file of requests with their arrival times, one per JSONL line or CSV row:
+
+- the Mooncake format: `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (the ids
+  of the prompt's blocks of `block_tokens` tokens, 512 in Mooncake's traces). Two requests
+  whose `hash_ids` begin alike have prompts that begin alike, block by block: the replay
+  makes each block's tokens from its id (`block`), so a server's prefix cache sees the
+  reuse the trace recorded. The last block holds what is left of `input_length`.
+- the plain format: `timestamp` (ms) and the two lengths, no `hash_ids`: each prompt is its
+  own (no prefix shared).
+
+`input_tokens`/`prompt_tokens` and `output_tokens`/`max_tokens` are read as the lengths where
+`input_length`/`output_length` are absent. An optional `session_id` names the conversation a
+request belongs to (sent as `--session-header`, and its turn counted by order of arrival).
+In CSV, `hash_ids` is a JSON list (`"[1, 2, 3]"`) or ids separated by spaces.
+
+`window` keeps the requests whose time from the trace's first request lies in [start, end)
+seconds, and starts the replay at `start`; `speed` divides every time (2: twice as fast).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+
+import msgspec
+
+BLOCK_TOKENS = 512
+"""Tokens per hash block in Mooncake's traces."""
+
+_INPUT = ("input_length", "input_tokens", "prompt_tokens")
+_OUTPUT = ("output_length", "output_tokens", "max_tokens")
+
+
+class TraceRow(msgspec.Struct, frozen=True, array_like=True):
+    """One request of a trace, its time already windowed and scaled."""
+
+    offset_s: float
+    """When to send it, seconds from the replay's start."""
+    input_length: int
+    output_length: int
+    hash_ids: list[int] = []
+    session: str = ""
+    turn: int = 0
+    """Its place in its session (1 first), 0 outside one."""
+
+
+class TraceError(ValueError):
+    """The trace cannot be read; the message names the file, the line and what to fix."""
+
+
+def read_trace(path: str, speed: float = 1.0,
+               window: tuple[float, float | None] = (0.0, None)) -> list[TraceRow]:
+    """The requests of the trace at `path` (JSONL, or CSV by its `.csv` name), in time order,
+    windowed and scaled (see the module's docstring); TraceError when it cannot be read."""
+    if not speed > 0:
+        raise TraceError(f"--trace-speed must be positive, got {speed:g}")
+    try:
+        with open(path, newline="") as f:
+            items = list(_csv_items(f) if path.lower().endswith(".csv") else _jsonl_items(f))
+    except OSError as exc:
+        raise TraceError(f"--trace {path}: {exc.strerror or exc}") from None
+    rows = []
+    for n, item in items:
+        try:
+            rows.append(_row(item))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TraceError(f"--trace {path}:{n}: {_why(exc)}") from None
+    if not rows:
+        raise TraceError(f"--trace {path} holds no requests")
+    rows.sort(key=lambda r: r[0])
+    first = rows[0][0]
+    start, end = window
+    kept, turns = [], {}
+    for at_ms, input_length, output_length, hash_ids, session in rows:
+        since_s = (at_ms - first) / 1e3
+        if since_s < start or (end is not None and since_s >= end):
+            continue
+        turn = 0
+        if session:
+            turn = turns[session] = turns.get(session, 0) + 1
+        kept.append(TraceRow((since_s - start) / speed, input_length, output_length, hash_ids,
+                             session, turn))
+    if not kept:
+        raise TraceError(f"--trace {path}: no request in the window {start:g}:"
+                         f"{'' if end is None else f'{end:g}'} s (the trace spans "
+                         f"{(rows[-1][0] - first) / 1e3:g} s)")
+    return kept
+
+
+def _jsonl_items(f):
+    for n, line in enumerate(f, 1):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except ValueError as exc:
+                raise TraceError(f"--trace {f.name}:{n}: not JSON ({exc})") from None
+
+
+def _csv_items(f):
+    yield from enumerate(csv.DictReader(f), 2)
+
+
+def _row(item: dict) -> tuple[float, int, int, list[int], str]:
+    at_ms = float(item["timestamp"])
+    input_length = int(_first(item, _INPUT))
+    output_length = int(_first(item, _OUTPUT))
+    hash_ids = item.get("hash_ids") or []
+    if isinstance(hash_ids, str):
+        text = hash_ids.strip()
+        hash_ids = json.loads(text) if text.startswith("[") else text.split()
+    hash_ids = [int(h) for h in hash_ids]
+    if input_length < 1 or output_length < 1:
+        raise ValueError("the lengths must be 1 or more")
+    session = item.get("session_id")
+    return at_ms, input_length, output_length, hash_ids, "" if session is None else str(session)
+
+
+def _first(item: dict, names: tuple[str, ...]):
+    for name in names:
+        if item.get(name) not in (None, ""):
+            return item[name]
+    raise KeyError(names[0])
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return (f"no {exc.args[0]!r} (a trace row needs timestamp, input_length, "
+                "output_length; hash_ids optional)")
+    return str(exc)
+
+
+def block(seed: int, hash_id: int, tokens: int) -> bytes:
+    """The tokens of hash block `hash_id`: the same for the same id (and seed) in every
+    request and process, printable ASCII ids (as the lab's other prompts)."""
+    return printable(random.Random(seed * 1_000_003 + hash_id), tokens)
+
+
+_PRINTABLE = bytes(32 + b % 95 for b in range(256))
+
+
+def printable(rng: random.Random, tokens: int) -> bytes:
+    """`tokens` random token ids in printable ASCII (32-126), one byte each: a prompt that
+    reads the same as text (OpenAI), bytes (a gRPC `{prompt}`) and token ids."""
+    return rng.randbytes(tokens).translate(_PRINTABLE)
+
+_KEPT_BLOCKS = 8192
+"""Blocks a load process keeps made (4 MiB of 512-token blocks): a block is made again,
+in microseconds, when it was dropped."""
+
+
+class Prompts:
+    """Builds a trace row's prompt from its blocks, keeping the blocks made most recently."""
+
+    def __init__(self, seed: int, block_tokens: int = BLOCK_TOKENS) -> None:
+        self.seed = seed
+        self.block_tokens = block_tokens
+        self._blocks: dict[int, bytes] = {}
+
+    def prompt(self, row: TraceRow, i: int) -> list[int]:
+        """Row `i`'s prompt: its blocks in order, cut to its input length; a row without
+        hash ids (or with fewer blocks than its length) gets tokens of its own."""
+        out = bytearray()
+        blocks = self._blocks
+        for hash_id in row.hash_ids:
+            if len(out) >= row.input_length:
+                break
+            made = blocks.pop(hash_id, None)
+            if made is None:
+                made = block(self.seed, hash_id, self.block_tokens)
+                if len(blocks) >= _KEPT_BLOCKS:
+                    del blocks[next(iter(blocks))]
+            blocks[hash_id] = made  # last in: the most recently used
+            out += made
+        if len(out) < row.input_length:
+            out += block(self.seed, -(i + 1), row.input_length - len(out))
+        return list(out[:row.input_length])

@@ -1,0 +1,65 @@
+"""`cadence bench --export FILE`: one row per request, as JSONL or CSV (by the file's name), for
+a notebook or a spreadsheet; the JSON's raw records hold every chunk, this holds what a
+request's own figures are.
+
+Columns: the request's id, load process, status code, turn (0 outside a conversation),
+prompt and output tokens, the tokens it asked for, its chunks, the cached prompt tokens the
+server reported (empty when it did not), its send time in seconds from the run's first send,
+and in ms: its dispatch delay (actual − scheduled send, open loop only), connect time (HTTP
+only), TTFT, TTFT from the scheduled send, mean ITL, end to end; then its error message.
+A figure the request does not have (no chunk, a closed loop) is empty (null in JSONL).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable
+
+from cadence.lab.analysis.stats import itl_points
+from cadence.lab.records import RequestRecord
+
+COLUMNS = ("request_id", "process", "code", "turn", "prompt_tokens", "output_tokens",
+           "max_tokens", "chunks", "cached_tokens", "sent_s", "dispatch_delay_ms", "connect_ms",
+           "ttft_ms", "ttft_from_schedule_ms", "itl_mean_ms", "e2e_ms", "error")
+
+_MS = 1e6
+
+
+def rows(records: Iterable[RequestRecord]) -> list[dict]:
+    """One dict per request, in send order, with the COLUMNS."""
+    ordered = sorted(records, key=lambda r: r.start_ns)
+    zero = ordered[0].start_ns if ordered else 0
+    out = []
+    for r in ordered:
+        first = r.arrival_ns[0] if r.arrival_ns else None
+        itl = [v for _, v in itl_points(r)]
+        out.append({
+            "request_id": r.request_id, "process": r.process, "code": r.code, "turn": r.turn,
+            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+            "max_tokens": r.max_tokens, "chunks": len(r.arrival_ns),
+            "cached_tokens": r.cached_tokens if r.cached_tokens >= 0 else None,
+            "sent_s": (r.start_ns - zero) / 1e9,
+            "dispatch_delay_ms": (r.start_ns - r.scheduled_ns) / _MS if r.scheduled_ns else None,
+            "connect_ms": r.connect_ns / _MS if r.connect_ns >= 0 else None,
+            "ttft_ms": (first - r.start_ns) / _MS if first else None,
+            "ttft_from_schedule_ms": (first - r.scheduled_ns) / _MS
+            if first and r.scheduled_ns else None,
+            "itl_mean_ms": sum(itl) / len(itl) if itl else None,
+            "e2e_ms": (r.arrival_ns[-1] - r.start_ns) / _MS if first else None,
+            "error": r.error,
+        })
+    return out
+
+
+def write(path: str, records: Iterable[RequestRecord]) -> int:
+    """Write the rows to `path`: CSV when it ends in .csv, else JSONL; return how many."""
+    table = rows(records)
+    with open(path, "w", newline="") as f:
+        if path.lower().endswith(".csv"):
+            writer = csv.DictWriter(f, COLUMNS)
+            writer.writeheader()
+            writer.writerows(table)
+        else:
+            f.writelines(json.dumps(row) + "\n" for row in table)
+    return len(table)
