@@ -201,9 +201,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
+TIMING_MODULES = frozenset({
+    "test_diagnosis_planted", "test_engine_shaped_diagnosis", "test_grpc_lab", "test_verdict",
+    "test_bench_honest", "test_scrape", "test_capacity", "test_http_burst", "test_tracing"})
+"""Modules whose tests judge latencies (the lab's findings on planted and clean servers,
+capacity, the schedule, stop times): they run alone (`timing`), not beside another test."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test in this folder is an integration test (`-m "not integration"` runs the rest)."""
+    """Every test in this folder is an integration test (`-m "not integration"` runs the rest);
+    those of TIMING_MODULES are `timing` too."""
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.integration)
+            if item.path.stem in TIMING_MODULES:
+                item.add_marker(pytest.mark.timing)
