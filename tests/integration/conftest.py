@@ -201,19 +201,21 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
-TIMING_MODULES = frozenset({
+ALONE_MODULES = frozenset({
     "test_diagnosis_planted", "test_engine_shaped_diagnosis", "test_grpc_lab", "test_verdict",
-    "test_bench_honest", "test_scrape", "test_capacity", "test_http_burst", "test_tracing"})
-"""Modules whose tests judge latencies (the lab's findings on planted and clean servers,
-capacity, the schedule, stop times): they run alone (`timing`), not beside another test."""
+    "test_bench_honest", "test_scrape", "test_capacity", "test_http_burst", "test_tracing",
+    "test_ray_hosts"})
+"""Modules whose tests run alone (`alone`), not beside another test: they judge latencies (the
+lab's findings on planted and clean servers, capacity, the schedule, stop times), or start
+Ray clusters on emulated hosts, which want the whole machine."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test in this folder is an integration test (`-m "not integration"` runs the rest);
-    those of TIMING_MODULES are `timing` too."""
+    those of ALONE_MODULES are `alone` too."""
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.integration)
-            if item.path.stem in TIMING_MODULES:
-                item.add_marker(pytest.mark.timing)
+            if item.path.stem in ALONE_MODULES:
+                item.add_marker(pytest.mark.alone)
