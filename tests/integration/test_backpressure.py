@@ -122,7 +122,8 @@ def test_a_stalled_client_is_cut_off_and_its_slot_freed(step_ms) -> None:
     args = ("--step-ms", step_ms, "--stall-timeout", "1", "--max-concurrent", "1")
     with start_server(*args) as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
-        stalled = pb_grpc.InferenceStub(channel).Generate(build_request("stall", max_tokens=10000))
+        stalled = pb_grpc.InferenceStub(channel).Generate(build_request("stall", max_tokens=10000),
+                                                            timeout=60)
         next(stalled)
         with Client(server.target) as client:
             deadline = time.monotonic() + 15
@@ -135,6 +136,13 @@ def test_a_stalled_client_is_cut_off_and_its_slot_freed(step_ms) -> None:
                     assert time.monotonic() < deadline, "the stalled stream kept its slot"
                     time.sleep(0.2)
         assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        # Reading again, the stalled client gets what was sent, then its status, not a wait
+        # for its deadline (grpc.aio ends a cancelled handler's call with no status).
+        with pytest.raises(grpc.RpcError) as cut:
+            for _ in stalled:
+                pass
+        assert cut.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--stall-timeout" in cut.value.details()
         channel.close()
 
 

@@ -342,7 +342,8 @@ def test_a_client_that_stops_reading_is_cut_off() -> None:
                 yield build_request(KServeTarget(MODEL), RequestPlan("slow", [1, 2], 16000))
                 stalled.wait(30)  # keep the call open, read nothing
 
-            call = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests())
+            call = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests(),
+                                                                               timeout=60)
             next(call)
             deadline = time.monotonic() + 15
             cut_off = 'cadence_requests_total{code="RESOURCE_EXHAUSTED",protocol="kserve"}'
@@ -351,4 +352,10 @@ def test_a_client_that_stops_reading_is_cut_off() -> None:
                 time.sleep(0.1)
             assert _metric(url, "cadence_active_streams") == 0
             stalled.set()
-            call.cancel()
+            # Reading again, the client gets what was sent, then the call's status, not a
+            # wait for its deadline.
+            with pytest.raises(grpc.RpcError) as cut:
+                for _ in call:
+                    pass
+            assert cut.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--stall-timeout" in cut.value.details()

@@ -6,6 +6,8 @@ is this map; tests/unit/test_error_map.py holds the two together.
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 
 from cadence.vocabulary import Failure
@@ -25,6 +27,15 @@ failure ends the whole call."""
 
 def grpc_status(failure: Failure) -> grpc.StatusCode:
     return GRPC_STATUS[failure]
+
+
+async def end_cancelled_call(context: grpc.aio.ServicerContext, failure: Failure,
+                             message: str) -> None:
+    """End with `failure`'s status a grpc.aio call whose handler was cancelled (a stalled
+    client cut off: `RequestStream.end_call`). grpc.aio ends such a call with no status, so a
+    client that reads again would wait for its deadline; now it gets what was sent, then this."""
+    with contextlib.suppress(grpc.aio.AbortError, grpc.aio.UsageError):
+        await context.abort(grpc_status(failure), message)
 
 
 def kserve_error_message(failure: Failure, message: str) -> str:

@@ -76,6 +76,8 @@ class FrontCore:
         self._text_beside_bytes = config.engine.text_beside_bytes
         """The worker gets a text prompt's bytes and its text (an app's own tokenizer)."""
         self.streams: dict[int, RequestStream] = {}
+        self._ending: set[asyncio.Future] = set()
+        """Calls of cut-off streams being ended with their status (`RequestStream.end_call`)."""
         """The open requests' streams by sequence id (the output reader's index)."""
         self._request_ids: set[str] = set()
         """Client-chosen request ids of the open streams that must be unique."""
@@ -297,6 +299,12 @@ class FrontCore:
                     # error event first) and must not be cancelled again meanwhile.
                     stream.task.cancel()
                     stream.task = None
+                    if stream.end_call is not None:
+                        end, stream.end_call = stream.end_call, None
+                        self._ending.add(task := asyncio.ensure_future(end(
+                            Failure.RESOURCE_EXHAUSTED, f"the client read nothing for "
+                            f"{stall_timeout_s:g} s (--stall-timeout); cut off")))
+                        task.add_done_callback(self._ending.discard)
 
 
 class Generation:

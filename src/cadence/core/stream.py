@@ -24,7 +24,7 @@ before its writes stop completing; only then do tokens start to wait here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from cadence.byte_tokenizer import StreamDecoder
 from cadence.core.metrics import StreamTally
@@ -39,9 +39,9 @@ class RequestStream:
     __slots__ = (
         "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_link", "_paused",
         "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
-        "_tokens", "_waiter", "cached_tokens", "deliver", "error", "finish", "first_token_ns", "include_timing",
-        "received_ns",
-        "scheduled_ns", "sending_since_ns", "sent_tokens", "seq_id", "task", "worker",
+        "_tokens", "_waiter", "cached_tokens", "deliver", "end_call", "error", "finish",
+        "first_token_ns", "include_timing", "received_ns", "scheduled_ns", "sending_since_ns",
+        "sent_tokens", "seq_id", "task", "worker",
     )
 
     def __init__(
@@ -77,6 +77,10 @@ class RequestStream:
         """The front's running totals (its metrics), counted into as things happen."""
         self.task: asyncio.Task | None = None
         """The task serving this stream's call (cancelled when its client stalls)."""
+        self.end_call: Callable[[Failure, str], Awaitable[None]] | None = None
+        """Set by an adapter whose call, once its task is cancelled, must still be ended with
+        a status (grpc.aio ends a cancelled handler's call with none, so a client that reads
+        again would wait for its deadline): the stall sweep awaits it after the cancel."""
         self.sending_since_ns = 0
         """When the chunk being written was handed to the adapter; 0 when no write is pending."""
         self._tokens: list[int] = []

@@ -29,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import grpc
 from google.protobuf.message import DecodeError
 
 import cadence
-from cadence.api.errors import kserve_error_message
+from cadence.api.errors import end_cancelled_call, kserve_error_message
 from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
 from cadence.core.errors import InvalidRequest, RequestError
@@ -247,6 +248,8 @@ class _StreamCall:
         except RequestError as exc:  # counted by the core
             await self._fail(request_id, exc)
             return
+        if not hasattr(self._context, "write_now"):  # grpc.aio: see RequestStream.end_call
+            generation.stream.end_call = partial(end_cancelled_call, self._context)
         task = asyncio.get_running_loop().create_task(self._serve(generation, translated))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from cadence.api.errors import grpc_status
+from cadence.api.errors import end_cancelled_call, grpc_status
 from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import CADENCE_V1
@@ -144,6 +145,8 @@ class InferenceService:
                 self._lag_sent = start
                 initial = (*(initial or ()), (lag.KEY, start))
         request_id = generation.request_id
+        if not hasattr(context, "write_now"):  # grpc.aio: see RequestStream.end_call
+            generation.stream.end_call = partial(end_cancelled_call, context)
         with generation:
             try:
                 if initial is not None:
