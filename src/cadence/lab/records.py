@@ -59,6 +59,8 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     population: str = ""
     """Its client population (slow_reader, cancelling, deadline, plain); "" in a run of one
     behaviour."""
+    request_class: str = ""
+    """Its request class (`--mix`); "" in a run of one class."""
 
     @property
     def output_tokens(self) -> int:

@@ -189,6 +189,9 @@ class RunStats(msgspec.Struct, kw_only=True):
     by_population: dict[str, Population] | UnsetType = UNSET
     """Mixed clients (`--read-delay-ms MS@SHARE%`, `--cancel-ms`, `--deadline-ms`): each
     population's requests and figures."""
+    by_class: dict[str, Population] | UnsetType = UNSET
+    """Request classes (`--mix`): each class's requests and figures, and its goodput under
+    its own SLO terms."""
 
 
 class Population(msgspec.Struct, kw_only=True):
@@ -203,6 +206,11 @@ class Population(msgspec.Struct, kw_only=True):
     itl_ms: Distribution = msgspec.field(default_factory=Distribution)
     e2e_ms: Distribution = msgspec.field(default_factory=Distribution)
     """Over the requests that ended OK."""
+    prompt_tokens: Distribution | UnsetType = UNSET
+    """Request classes: the prompt lengths sent, as the one below."""
+    max_tokens: Distribution | UnsetType = UNSET
+    goodput: Goodput | UnsetType = UNSET
+    """A request class with SLO terms of its own: the class judged on them alone."""
 
 
 class CachedTokens(msgspec.Struct, kw_only=True):
@@ -398,6 +406,8 @@ class Workload(msgspec.Struct, kw_only=True):
     grpc: GrpcWorkload | UnsetType = UNSET
     trace: TraceWorkload | UnsetType = UNSET
     conversation: ConversationWorkload | UnsetType = UNSET
+    mix: list[ClassWorkload] | UnsetType = UNSET
+    """`--mix`: the request classes, each with its share, lengths and SLO terms."""
     rate_stages: list[list[float]] | UnsetType = UNSET
     """`--ramp`, `--stages`: [rate at start, rate at end, seconds] each (Infinity: it holds)."""
     warmup_s: float | UnsetType = UNSET
@@ -422,6 +432,19 @@ class TraceWorkload(msgspec.Struct, kw_only=True):
     with_hash_ids: int = 0
     """Rows whose prompts are built from hash blocks (shared prefixes)."""
     sessions: int = 0
+
+
+class ClassWorkload(msgspec.Struct, kw_only=True):
+    """One request class of `--mix` (`--class`)."""
+
+    name: str
+    share: float
+    prompt_tokens: list[int] = []
+    """[LO, HI] (a distribution's bounds)."""
+    max_tokens: list[int] = []
+    prompt_length_distribution: str | None = None
+    output_length_distribution: str | None = None
+    slo: list[str] = []
 
 
 class ConversationWorkload(msgspec.Struct, kw_only=True):

@@ -33,7 +33,8 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
 - cancelled_by_client: requests the client cancelled on purpose (`--cancel-ms`), left out of
   errors_by_code (not the server's failures); by_population: each client population's
   requests, status codes, TTFT (cancelled requests with a first chunk included), ITL and
-  e2e (requests that ended OK).
+  e2e (requests that ended OK); by_class: the same of each request class (`--mix`), with
+  its prompt and max_tokens lengths.
 - every distribution's p999: the 99.9th percentile, interpolated between ranks.
 - front_loop (server timing from cadence): how late the front's event loop woke for its
   heartbeat timer during the run, from the lag tallies timed streams carry (the tally at the
@@ -194,6 +195,12 @@ def summarize(records: list[RequestRecord]) -> RunStats:
         result.cancelled_by_client = cancelled
     if any(r.population for r in records):
         result.by_population = populations(records)
+    if any(r.request_class for r in records):
+        result.by_class = populations(records, "request_class")
+        for name, group in result.by_class.items():
+            lengths = [r for r in records if r.request_class == name]
+            group.prompt_tokens = distribution(r.prompt_tokens for r in lengths)
+            group.max_tokens = distribution(r.max_tokens for r in lengths)
     reported = [r for r in records if r.cached_tokens >= 0]
     if reported:
         sent = sum(r.prompt_tokens for r in reported)
@@ -218,11 +225,13 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     return result
 
 
-def populations(records: list[RequestRecord]) -> dict[str, Population]:
-    """Each client population's requests and figures, by its name."""
+def populations(records: list[RequestRecord], key: str = "population"
+                ) -> dict[str, Population]:
+    """Each client population's (or, by `key`, request class's) requests and figures, by
+    its name."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
-        groups.setdefault(r.population or "plain", []).append(r)
+        groups.setdefault(getattr(r, key) or "plain", []).append(r)
     out = {}
     for name, group in sorted(groups.items()):
         ok = [r for r in group if is_ok(r)]

@@ -159,6 +159,7 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
         record, chunks = await driver.one(request, plan.process, lane)
         record.turn = request.turn
         record.population = request.population
+        record.request_class = request.request_class
         kept.append((record, chunks))
         streak.add(record)
         if intended_ns is not None:

@@ -338,6 +338,25 @@ def _turns(result: BenchResult) -> str:
     return section("Conversations and prefixes", *parts) if parts else ""
 
 
+def _classes(result: BenchResult) -> str:
+    if not result.by_class:
+        return ""
+    return section("By request class", table(
+        ("class", "requests", "ended", "prompt p50 (tokens)", "max_tokens p50", "TTFT p50 (ms)",
+         "TTFT p99 (ms)", "ITL p99 (ms)", "e2e p99 (ms)", "its SLO", "good share"),
+        [(name, p.requests, ", ".join(f"{c} {n}" for c, n in sorted(p.codes.items())),
+          p.prompt_tokens.p50 if p.prompt_tokens else None,
+          p.max_tokens.p50 if p.max_tokens else None,
+          p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p99, p.e2e_ms.p99,
+          ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
+                    + ("met" if t.met else "missed")
+                    for term, t in p.goodput.terms.items()) if p.goodput else "",
+          Raw(f"{p.goodput.good_share:.0%}") if p.goodput else None)
+         for name, p in result.by_class.items()]), note(
+        "Each class (--mix, --class) with its own lengths; its SLO terms judged on its "
+        "requests alone."))
+
+
 def _populations(result: BenchResult) -> str:
     if not result.by_population:
         return ""
@@ -620,6 +639,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _aggregates(result),
         _turns(result),
         _populations(result),
+        _classes(result),
         _segments(result, _segment_figure(result, out_dir)),
         _server_spans(result),
         _integrity(result),

@@ -208,15 +208,25 @@ def turns_line(result: BenchResult) -> str | None:
 
 
 def population_lines(result: BenchResult) -> list[str]:
-    """Each client population's requests and figures, one line each; [] without them."""
-    if not result.by_population:
-        return []
-    lines = ["by client population:"]
-    for name, p in result.by_population.items():
-        codes = ", ".join(f"{code} {n}" for code, n in sorted(p.codes.items()))
-        lines.append(f"  {name}: {p.requests} requests ({codes}); TTFT p50 {p.ttft_ms.p50:.1f}"
-                     f" / p99 {p.ttft_ms.p99:.1f} ms, ITL p50 {p.itl_ms.p50:.1f} / p99 "
-                     f"{p.itl_ms.p99:.1f} ms, e2e p99 {p.e2e_ms.p99:.1f} ms")
+    """Each client population's and request class's requests and figures, one line each;
+    [] without them."""
+    lines = []
+    for title, groups in (("by client population:", result.by_population),
+                          ("by request class:", result.by_class)):
+        if not groups:
+            continue
+        lines.append(title)
+        for name, p in groups.items():
+            codes = ", ".join(f"{code} {n}" for code, n in sorted(p.codes.items()))
+            line = (f"  {name}: {p.requests} requests ({codes}); TTFT p50 {p.ttft_ms.p50:.1f}"
+                    f" / p99 {p.ttft_ms.p99:.1f} ms, ITL p50 {p.itl_ms.p50:.1f} / p99 "
+                    f"{p.itl_ms.p99:.1f} ms, e2e p99 {p.e2e_ms.p99:.1f} ms")
+            if p.goodput:
+                terms = ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
+                                  + ("met" if t.met else "MISSED")
+                                  for term, t in p.goodput.terms.items())
+                line += f"; SLO {terms}; good {p.goodput.good_share:.0%}"
+            lines.append(line)
     return lines
 
 
