@@ -74,6 +74,9 @@ class Workload:
     """Requests sent in the run's first seconds are not counted (`--warmup-duration`)."""
     trace: results.TraceWorkload | None = None
     """What `shape.trace` was read from (`--trace`): the run is then open, on its times."""
+    saturation_window_s: float = 0.0
+    """With stages: end the run at the knee, judged over windows this long
+    (`--saturation-stop`, `cadence.lab.load.saturation`); 0: never."""
 
     @property
     def offered_rate(self) -> float | None:
@@ -128,6 +131,7 @@ class Workload:
                 read_delay_ms=self.read_delay_ms,
                 credentials=credentials,
                 protocol=protocol,
+                saturation_window_s=self.saturation_window_s,
             )
             for p in range(processes)
         ]
@@ -256,6 +260,9 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             tokens_field=grpc.tokens_field or None, index_field=grpc.index_field or None,
             headers=sorted({k for k, _ in grpc.headers}),
         )
+    watched = [p.saturation for p in processes_out if p.saturation is not None]
+    if watched:
+        result.saturation = next((w for w in watched if w.stopped), watched[0])
     if pages is not None:
         result.scraped = pages.result(run_window(records, sampler.started_ns))
     if traces is not None:

@@ -340,6 +340,13 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ramp", type=_duration, default=None, metavar="S",
                    help="with --rate LO:HI: the rate rises linearly from LO to HI over S "
                         "seconds (e.g. 120s), then holds")
+    p.add_argument("--saturation-stop", type=_duration, nargs="?", const=2.0, default=None,
+                   metavar="WINDOW_S",
+                   help="with --rate LO:HI --ramp S or --stages: end the run once the server "
+                        "no longer keeps up (in windows of WINDOW_S seconds, default 2: the "
+                        "achieved rate more than 10%% under the offered one while TTFT p50 "
+                        "grows past twice its floor, two windows in a row) and report the "
+                        "knee's rate (JSON `saturation`)")
     p.add_argument("--warmup-duration", type=_duration, default=0.0, metavar="S",
                    help="the requests sent in the run's first S seconds are sent but not "
                         "counted")
@@ -428,6 +435,7 @@ def workload_from_args(args: argparse.Namespace):
         stall_s=args.stall_limit,
         warmup=args.warmup,
         read_delay_ms=args.read_delay_ms[0] if args.read_delay_ms[1] == 1.0 else 0.0,
+        saturation_window_s=_saturation_window(args, stages),
     )
 
 
@@ -505,6 +513,19 @@ def _class_mix(args: argparse.Namespace):
             max_tokens=_bounds(lengths["max"]), prompt_lengths=_distribution(lengths["prompt"]),
             output_lengths=_distribution(lengths["max"]), slo=slo))
     return ClassMix(classes=classes, shares=[share for _, share in args.mix])
+
+
+def _saturation_window(args: argparse.Namespace, stages) -> float:
+    """`--saturation-stop`'s window (0 without it); exits when the load does not rise."""
+    window = getattr(args, "saturation_stop", None)
+    if window is None:
+        return 0.0
+    if not stages:
+        sys.exit("cadence bench: --saturation-stop needs a rising load: --rate LO:HI --ramp S "
+                 "or --stages")
+    if not window > 0:
+        sys.exit("cadence bench: --saturation-stop takes a window above 0 seconds")
+    return window
 
 
 def _share_of(text: str) -> tuple[float, float]:

@@ -67,6 +67,23 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
         return sum(self.tokens)
 
 
+class Saturation(msgspec.Struct, kw_only=True):
+    """The over-saturation stop's view of a rising load (`cadence.lab.load.saturation`)."""
+
+    window_s: float = 0.0
+    stopped: bool = False
+    """The run ended early: the server no longer kept up."""
+    knee_rate_per_s: float | None = None
+    """The offered rate at which it stopped keeping up (when it stopped)."""
+    knee_at_s: float | None = None
+    stopped_at_s: float | None = None
+    peak_achieved_rate_per_s: float | None = None
+    """The most requests/s that ended in one window."""
+    windows: list[list[float]] = []
+    """[start s, offered requests/s, achieved requests/s, TTFT p50 ms] of each window judged
+    (rates of the whole run; TTFT NaN when too few ended, Infinity when none did)."""
+
+
 class ProcessResult(msgspec.Struct, array_like=True):
     """What one load process sends back: its records and the CPU it spent on them."""
 
@@ -85,3 +102,5 @@ class ProcessResult(msgspec.Struct, array_like=True):
     schedule); empty in a closed loop."""
     aborted: str | None = None
     """Why the process stopped sending early (`FailureStreak`); None: it ran to its end."""
+    saturation: Saturation | None = None
+    """With the over-saturation stop: what it saw of the load."""

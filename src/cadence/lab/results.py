@@ -19,7 +19,7 @@ import math
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from cadence.lab.records import RequestRecord
+from cadence.lab.records import RequestRecord, Saturation
 
 Number = int | float
 """A figure that is an integer or not depending on the values it came from (a max of token
@@ -722,6 +722,9 @@ class BenchResult(RunStats, kw_only=True):
     overhead_ms: dict[str, Overhead] | UnsetType = UNSET
     records: list[RequestRecord] | UnsetType = UNSET
     """Every request's raw record; left out of a sweep's runs."""
+    saturation: Saturation | UnsetType = UNSET
+    """`--saturation-stop`: the windows judged, whether the run ended at the knee and at what
+    rate (`cadence.lab.load.saturation`)."""
     diagnosis: list[Finding] = []
     run: RunInfo | UnsetType = UNSET
     http2: Http2Settings | UnsetType = UNSET

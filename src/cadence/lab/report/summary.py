@@ -100,6 +100,9 @@ def print_summary(result: BenchResult) -> None:
     schedule = schedule_line(client)
     if schedule:
         console.print(schedule, highlight=False)
+    saturation = saturation_line(result)
+    if saturation:
+        console.print(saturation, highlight=False, markup=False)
     if result.http2:
         console.print(http2_line(result.http2), highlight=False, markup=False)
     if result.server_threads:
@@ -196,6 +199,21 @@ def schedule_line(client: Client) -> str | None:
         line += (" [bold red]: the client fell behind its schedule (the server saw a lower load "
                  "than offered; add --procs)[/]")
     return line
+
+
+def saturation_line(result: BenchResult) -> str | None:
+    """What the over-saturation stop saw; None without it."""
+    seen = result.saturation
+    if not seen:
+        return None
+    peak = seen.peak_achieved_rate_per_s or 0.0
+    if seen.stopped:
+        return (f"over-saturation stop: the server stopped keeping up at {seen.knee_rate_per_s:.1f}"
+                f" requests/s offered ({seen.knee_at_s:.1f} s in); the run ended at "
+                f"{seen.stopped_at_s:.1f} s; at most {peak:.1f} requests/s ended in a "
+                f"{seen.window_s:g} s window")
+    return (f"over-saturation stop: no knee within the load offered (at most {peak:.1f} "
+            f"requests/s ended in a {seen.window_s:g} s window)")
 
 
 def turns_line(result: BenchResult) -> str | None:
