@@ -229,3 +229,23 @@ def test_request_classes_in_a_mix_are_reported_by_class(served, tmp_path) -> Non
                        (["--class", "chat size=4"], "expected 'NAME prompt=LEN")):
         bad = bench("--target", target, *args)
         assert bad.returncode != 0 and says in bad.stderr, bad.stderr
+
+
+def test_prefix_cache_hit_rate_by_worker_is_scraped(tmp_path) -> None:
+    """Conversations over two workers with prefix caching: the hit rate of each worker, from
+    its counters, beside the cached tokens the server reported per request."""
+    with ServerProcess("--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "2",
+                       "--prefix-caching") as server:
+        [metrics] = re.findall(r"\(metrics on (\S+?)\)", server.banner)
+        out = tmp_path / "run.json"
+        done = bench("--target", server.target, "--sessions", "4", "--turns", "3",
+                     "--prompt-tokens", "100", "--max-tokens", "4",
+                     "--scrape", f"http://{metrics}/metrics", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+    hits = result.scraped.prefix_cache
+    assert [h.labels for h in hits] == [{"worker": "0"}, {"worker": "1"}]
+    assert sum(h.hit_tokens for h in hits) > 0 and all(0 <= h.hit_rate <= 1 for h in hits)
+    # The counters and the per-request counts tell the same: within the scrapes' edges.
+    assert sum(h.hit_tokens for h in hits) <= result.cached_tokens.per_request.mean * 12 + 1
+    assert "prefix cache hit rate (--scrape" in done.stdout and "worker 1" in done.stdout

@@ -354,6 +354,24 @@ class ScrapedMetrics(msgspec.Struct, kw_only=True):
     endpoints: list[ScrapedEndpoint] = []
     roles: dict[str, ScrapedRole] = {}
     series: list[ScrapedSeries] = []
+    prefix_cache: list[PrefixCacheHits] | UnsetType = UNSET
+    """The prefix cache's hit rate of each worker (each label set) over the run, from the
+    counters cadence and vLLM export (`cadence.lab.measure.prometheus.prefix_cache_hits`)."""
+
+
+class PrefixCacheHits(msgspec.Struct, kw_only=True):
+    """One label set's prefix-cache counters over the scrapes: prompt tokens looked up in the
+    cache and found in it (vLLM's and cadence's queries and hits, counted in tokens)."""
+
+    url: str
+    labels: dict[str, str] = {}
+    """e.g. {"worker": "0"} (cadence), {"engine": "0", "model_name": ...} (vLLM)."""
+    metric: str = ""
+    """The hits counter read."""
+    query_tokens: float = 0.0
+    hit_tokens: float = 0.0
+    hit_rate: float | None = None
+    """hit_tokens / query_tokens; null when nothing was looked up."""
 
 
 class System(msgspec.Struct, kw_only=True):

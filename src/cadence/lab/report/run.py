@@ -23,7 +23,14 @@ from cadence.lab.records import RequestRecord
 from cadence.lab.report import plots, sweep
 from cadence.lab.report.html import Raw, esc, figure, finite, fmt, note, page, section, table
 from cadence.lab.report.plots import STATS, aggregate_names, field
-from cadence.lab.report.summary import ROLE_WORDS, overhead, role_value, run_verdict
+from cadence.lab.report.summary import (
+    ROLE_WORDS,
+    label_words,
+    overhead,
+    role_value,
+    run_verdict,
+    saturation_line,
+)
 from cadence.lab.results import (
     BenchResult,
     Distribution,
@@ -335,7 +342,29 @@ def _turns(result: BenchResult) -> str:
                             ("share of the prompt tokens sent",
                              Raw(f"{cached.share_of_prompt:.1%}")
                              if finite(cached.share_of_prompt) else None)]), level=3))
+    scraped = field(result, "scraped")
+    if scraped is not None and scraped.prefix_cache:
+        parts.append(section("Prefix cache hit rate by worker (--scrape)", table(
+            ("page", "labels", "prompt tokens looked up", "found in the cache", "hit rate"),
+            [(h.url, label_words(h.labels), h.query_tokens, h.hit_tokens,
+              Raw(f"{h.hit_rate:.1%}") if h.hit_rate is not None else None)
+             for h in scraped.prefix_cache]), note(
+            "From the server's counters over the run (cadence's cadence_prefix_cache_hits_total "
+            "/ _queries_total by worker, vLLM's vllm:prefix_cache_hits_total / "
+            "_queries_total), in tokens."), level=3))
     return section("Conversations and prefixes", *parts) if parts else ""
+
+
+def _saturation(result: BenchResult) -> str:
+    seen = field(result, "saturation")
+    if seen is None:
+        return ""
+    return section("Over-saturation stop", note(saturation_line(result) or ""), table(
+        ("window from (s)", "offered (requests/s)", "achieved (requests/s)", "TTFT p50 (ms)"),
+        [tuple(w) for w in seen.windows]), note(
+        "Each window judged by the requests that ended in it: saturated when the achieved "
+        "rate is more than 10% under the offered one while TTFT p50 is over twice the lowest "
+        "window's and still growing; two in a row end the run."))
 
 
 def _classes(result: BenchResult) -> str:
@@ -640,6 +669,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _turns(result),
         _populations(result),
         _classes(result),
+        _saturation(result),
         _segments(result, _segment_figure(result, out_dir)),
         _server_spans(result),
         _integrity(result),

@@ -78,7 +78,7 @@ def print_summary(result: BenchResult) -> None:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
             table.add_row(f"  segment {name}", *_cells(d))
     console.print(table)
-    for line in (turns_line(result), cached_line(result), *population_lines(result),
+    for line in (turns_line(result), cached_line(result), prefix_cache_line(result), *population_lines(result),
                  *repeats_lines(result)):
         if line:
             console.print(line, highlight=False, markup=False)
@@ -269,6 +269,23 @@ def cached_line(result: BenchResult) -> str | None:
     return (f"cached prompt tokens (the server's count, {cached.requests} requests): p50 "
             f"{cached.per_request.p50:.0f}, max {cached.per_request.max:.0f} per request, "
             f"{cached.share_of_prompt:.0%} of the prompt tokens sent")
+
+
+def prefix_cache_line(result: BenchResult) -> str | None:
+    """The prefix cache's hit rate by worker, from the scraped counters; None without them."""
+    scraped = result.scraped
+    hits = scraped.prefix_cache if scraped else None
+    if not hits:
+        return None
+    return "prefix cache hit rate (--scrape, of the prompt tokens looked up): " + "; ".join(
+        f"{label_words(h.labels)} " + (f"{h.hit_rate:.0%} of {h.query_tokens:,.0f}"
+                                       if h.hit_rate is not None else "none looked up")
+        for h in hits)
+
+
+def label_words(labels: dict[str, str]) -> str:
+    """`worker 0`, `engine 0 model_name m`: a label set in words."""
+    return " ".join(f"{k} {v}" for k, v in sorted(labels.items())) or "all"
 
 
 _THREAD_GROUPS_SHOWN = 5
