@@ -61,6 +61,12 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     behaviour."""
     request_class: str = ""
     """Its request class (`--mix`); "" in a run of one class."""
+    first_reasoning_ns: int = 0
+    """OpenAI, a server that streams reasoning apart from the answer (`delta.reasoning_content`
+    or `delta.reasoning`): when its first reasoning output arrived; 0: none came."""
+    first_answer_ns: int = 0
+    """Such a server: when its first answer output (`delta.content`) arrived; 0: none came,
+    or no reasoning did."""
 
     @property
     def output_tokens(self) -> int:

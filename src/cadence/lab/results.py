@@ -184,6 +184,11 @@ class RunStats(msgspec.Struct, kw_only=True):
     first)."""
     cached_tokens: CachedTokens | UnsetType = UNSET
     """Where the server reports the prompt tokens it had cached."""
+    ttft_reasoning_ms: Distribution | UnsetType = UNSET
+    """OpenAI, a server that streams reasoning apart from the answer: the time to its first
+    reasoning output, as the one below to its first answer output, over the requests that
+    had reasoning (`ttft_ms` is the first output of either)."""
+    ttft_answer_ms: Distribution | UnsetType = UNSET
     cancelled_by_client: int | UnsetType = UNSET
     """Requests the client cancelled on purpose (`--cancel-ms`): not among `errors_by_code`."""
     by_population: dict[str, Population] | UnsetType = UNSET

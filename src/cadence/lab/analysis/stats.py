@@ -27,6 +27,9 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
   from the time the schedule meant the request to go rather than when it went; apart from
   ttft_ms by the dispatch delay (`client.schedule_lag_ms`). A client that sends late hides
   the server's delay from ttft_ms (coordinated omission); not from these.
+- ttft_reasoning_ms, ttft_answer_ms (OpenAI, a server that streams reasoning apart from the
+  answer): the first reasoning output's and the first answer output's arrival − send time,
+  over the requests with reasoning; ttft_ms is the first output of either.
 - ttft_by_turn_ms (conversations, traces with sessions): ttft_ms of each turn by its number.
 - cached_tokens: the prompt tokens the server said it had cached, over the requests it said
   it for, and their share of the prompt tokens sent.
@@ -201,6 +204,12 @@ def summarize(records: list[RequestRecord]) -> RunStats:
             lengths = [r for r in records if r.request_class == name]
             group.prompt_tokens = distribution(r.prompt_tokens for r in lengths)
             group.max_tokens = distribution(r.max_tokens for r in lengths)
+    reasoned = [r for r in ok if r.first_reasoning_ns]
+    if reasoned:
+        result.ttft_reasoning_ms = distribution(
+            (r.first_reasoning_ns - r.start_ns) / _NS_PER_MS for r in reasoned)
+        result.ttft_answer_ms = distribution(
+            (r.first_answer_ns - r.start_ns) / _NS_PER_MS for r in reasoned if r.first_answer_ns)
     reported = [r for r in records if r.cached_tokens >= 0]
     if reported:
         sent = sum(r.prompt_tokens for r in reported)

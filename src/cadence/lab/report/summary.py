@@ -78,7 +78,8 @@ def print_summary(result: BenchResult) -> None:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
             table.add_row(f"  segment {name}", *_cells(d))
     console.print(table)
-    for line in (turns_line(result), cached_line(result), prefix_cache_line(result), *population_lines(result),
+    for line in (reasoning_line(result), turns_line(result), cached_line(result),
+                 prefix_cache_line(result), *population_lines(result),
                  *repeats_lines(result)):
         if line:
             console.print(line, highlight=False, markup=False)
@@ -281,6 +282,18 @@ def prefix_cache_line(result: BenchResult) -> str | None:
         f"{label_words(h.labels)} " + (f"{h.hit_rate:.0%} of {h.query_tokens:,.0f}"
                                        if h.hit_rate is not None else "none looked up")
         for h in hits)
+
+
+def reasoning_line(result: BenchResult) -> str | None:
+    """TTFT of the first reasoning output and of the first answer; None without reasoning."""
+    thought, answer = result.ttft_reasoning_ms, result.ttft_answer_ms
+    if not thought:
+        return None
+    line = (f"reasoning streamed apart ({thought.count} requests): first reasoning output p50 "
+            f"{thought.p50:.1f} / p99 {thought.p99:.1f} ms")
+    if answer and answer.count:
+        line += f", first answer output p50 {answer.p50:.1f} / p99 {answer.p99:.1f} ms"
+    return line
 
 
 def label_words(labels: dict[str, str]) -> str:
