@@ -367,13 +367,18 @@ def _saturation(result: BenchResult) -> str:
         "window's and still growing; two in a row end the run."))
 
 
+def _ended(group: Any) -> str:
+    """How a population's or class's requests ended, by status code."""
+    return ", ".join(f"{code} {n}" for code, n in sorted(group.codes.items()))
+
+
 def _classes(result: BenchResult) -> str:
     if not result.by_class:
         return ""
     return section("By request class", table(
         ("class", "requests", "ended", "prompt p50 (tokens)", "max_tokens p50", "TTFT p50 (ms)",
          "TTFT p99 (ms)", "ITL p99 (ms)", "e2e p99 (ms)", "its SLO", "good share"),
-        [(name, p.requests, ", ".join(f"{c} {n}" for c, n in sorted(p.codes.items())),
+        [(name, p.requests, _ended(p),
           p.prompt_tokens.p50 if p.prompt_tokens else None,
           p.max_tokens.p50 if p.max_tokens else None,
           p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p99, p.e2e_ms.p99,
@@ -392,7 +397,7 @@ def _populations(result: BenchResult) -> str:
     return section("By client population", table(
         ("population", "requests", "ended", "TTFT p50 (ms)", "TTFT p99 (ms)", "ITL p50 (ms)",
          "ITL p99 (ms)", "e2e p99 (ms)"),
-        [(name, p.requests, ", ".join(f"{c} {n}" for c, n in sorted(p.codes.items())),
+        [(name, p.requests, _ended(p),
           p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p50, p.itl_ms.p99, p.e2e_ms.p99)
          for name, p in result.by_population.items()]), note(
         "TTFT over the requests that got a first chunk (cancelled ones too); ITL and e2e over "
