@@ -197,7 +197,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The front's heartbeat (PUB) socket. Empty: no heartbeat (a worker inside the front)."""
     heartbeat_interval_s: float = 0.1
     """How often the worker tells the front it is alive."""
-    heartbeat_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 5.0
     """The worker exits when it has heard nothing from the front for this long."""
     curve_server_key: str = ""
     """tcp transport: the front's CURVE public key (Z85). Only the server's own processes are
@@ -267,7 +267,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         "front <-> worker heartbeat period in seconds", WORKERS, metavar="S")] = 0.1
     heartbeat_timeout_s: Annotated[float, Option(
         "a worker silent this long is restarted; a worker that hears no front this long exits",
-        WORKERS, metavar="S")] = 1.0
+        WORKERS, metavar="S")] = 5.0
     startup_timeout_s: Annotated[float, Option(
         "seconds every worker gets to load its engine and report ready", WORKERS,
         metavar="S")] = 60.0
@@ -586,13 +586,20 @@ def unknown_options(names: Iterable[str]) -> str | None:
     options = serve_options()
     known = [o.name for o in options if o.option.python]
     given_by_app = {o.name for o in options if not o.option.python}
+    # A keyword spelt as one of the option's flags (`grace` for --grace) points to its name.
+    spellings = {name: name for name in known}
+    for o in options:
+        if o.option.python:
+            for flag in o.flags:
+                spellings.setdefault(flag.removeprefix("--").replace("-", "_"), o.name)
     problems = []
     for name in names:
         if name in given_by_app:
             problems.append(f"{name!r} is given by the app argument (a function, a class or "
                             "its MODULE:NAME)")
         elif name not in known:
-            close = difflib.get_close_matches(name, known, n=3)
+            close = list(dict.fromkeys(spellings[s] for s in difflib.get_close_matches(
+                name, list(spellings), n=3)))
             problems.append(f"unknown option {name!r}" + (
                 f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
     return "; ".join(problems) or None

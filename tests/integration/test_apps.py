@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -14,13 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import psutil
 import pytest
-from conftest import RunningServer, start_server
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
+from tests.integration.conftest import RunningServer, runs_once, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,25 +169,17 @@ def test_app_in_front_runs_in_the_front_process(importable_apps) -> None:
         assert server.stop() == 0
 
 
-_BANNER = re.compile(r"cadence serving on (\S+:\d+)")
-
-
+@runs_once
 def test_serve_from_python_starts_workers_and_stops_on_sigterm(importable_apps) -> None:
     code = ("import cadence\nfrom tests.apps import pid_app\n"
             "cadence.serve(pid_app, devices='cpu:2', port=0, max_concurrent=8)\n")
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server = start_server(command=[sys.executable, "-c", code])
     try:
-        match = _BANNER.search(process.stdout.readline())
-        assert match, "no banner"
-        workers = psutil.Process(process.pid).children()
-        with Client(match.group(1)) as client:
+        with Client(server.target) as client:
             pids = {int(client.complete("x", max_tokens=50).split()[0]) for _ in range(4)}
-        assert pids <= {w.pid for w in workers} and process.pid not in pids
+        assert pids <= {w.pid for w in server.workers} and server.pid not in pids
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
-    psutil.wait_procs(workers, timeout=10)
-    assert not [w for w in workers if w.is_running()]
+        assert server.stop() == 0
 
 
 def test_an_app_that_cannot_be_imported_fails_the_start(importable_apps) -> None:

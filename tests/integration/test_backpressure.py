@@ -17,11 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.client import Client, build_request
-from cadence.lab.servers.server_process import ServerProcess
 from cadence.proto.kserve import grpc_service_pb2 as kpb
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import runs_once, start_server
+from tests.integration.conftest import runs_once, start_server, wait_until
 from tests.integration.raw_h2 import framed, h2_call
 
 _SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
@@ -30,18 +29,6 @@ _SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 
 def _metric(url: str, name: str) -> float:
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
-
-
-def _metrics_url(server: ServerProcess) -> str:
-    line = server.banner
-    return "http://" + line.rsplit("metrics on ", 1)[1].rstrip(")") + "/metrics"
-
-
-def _wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def _tokens(chunks) -> list[int]:
@@ -56,13 +43,13 @@ def _tokens(chunks) -> list[int]:
 @pytest.mark.parametrize("policy", ["block", "merge"])
 def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
     args = ("--step-ms", "2", "--overflow", policy, "--queue-capacity", "8", "--metrics-port", "0")
-    with ServerProcess(*args) as server:
-        url = _metrics_url(server)
+    with start_server(*args) as server:
+        url = server.metrics_url
         slow_channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
         slow = pb_grpc.InferenceStub(slow_channel).Generate(build_request("slow", max_tokens=600))
         first = next(slow)
         # The slow client reads nothing; its buffer reaches the queue capacity...
-        _wait_until(lambda: _metric(url, "cadence_deepest_buffer_steps") >= 8)
+        wait_until(lambda: _metric(url, "cadence_deepest_buffer_steps") >= 8)
         # ...while a fast client on the same worker streams at the engine's pace.
         with Client(server.target) as client:
             fast = list(client.generate("fast", max_tokens=200))
@@ -96,12 +83,12 @@ def test_a_worker_whose_only_stream_is_paused_is_not_hung() -> None:
     a client that stops reading for longer than --worker-timeout costs no worker."""
     args = ("--devices", "cpu:1", "--step-ms", "2", "--overflow", "block", "--queue-capacity",
             "8", "--worker-timeout", "1", "--metrics-port", "0")
-    with ServerProcess(*args) as server:
-        url = _metrics_url(server)
+    with start_server(*args) as server:
+        url = server.metrics_url
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
         slow = pb_grpc.InferenceStub(channel).Generate(build_request("slow", max_tokens=1000))
         first = next(slow)
-        _wait_until(lambda: _metric(url, "cadence_paused_sequences") == 1)
+        wait_until(lambda: _metric(url, "cadence_paused_sequences") == 1)
         time.sleep(2.5)  # paused for more than twice the worker timeout
         rest = list(slow)
         assert len(_tokens([first, *rest])) == 1000
@@ -112,11 +99,14 @@ def test_a_worker_whose_only_stream_is_paused_is_not_hung() -> None:
 
 @runs_once
 def test_abort_policy_ends_a_slow_stream_with_resource_exhausted() -> None:
-    with ServerProcess("--step-ms", "2", "--overflow", "abort", "--queue-capacity", "8") as server:
+    with start_server("--step-ms", "2", "--overflow", "abort", "--queue-capacity", "8",
+                      "--metrics-port", "0") as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
         call = pb_grpc.InferenceStub(channel).Generate(build_request("slow", max_tokens=5000))
         next(call)
-        time.sleep(2.0)  # lets the window and then the buffer fill; any order of events is fine
+        # The window and then the buffer fill (in any order of events): the buffer overflowed.
+        wait_until(lambda: _metric(server.metrics_url, "cadence_buffer_overflows_total") > 0,
+                   15, "the stream's buffer never overflowed")
         with pytest.raises(grpc.RpcError) as info:
             list(call)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -130,7 +120,7 @@ def test_a_stalled_client_is_cut_off_and_its_slot_freed(step_ms) -> None:
     """grpc.aio: once the client's window is full the write waits, and --stall-timeout cuts
     the stream off (Envoy's path: test_native_grpc)."""
     args = ("--step-ms", step_ms, "--stall-timeout", "1", "--max-concurrent", "1")
-    with ServerProcess(*args) as server:
+    with start_server(*args) as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
         stalled = pb_grpc.InferenceStub(channel).Generate(build_request("stall", max_tokens=10000))
         next(stalled)
@@ -150,7 +140,7 @@ def test_a_stalled_client_is_cut_off_and_its_slot_freed(step_ms) -> None:
 
 @runs_once
 def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
-    with ServerProcess("--devices", "cpu:2", "--step-ms", "10", "--max-concurrent", "8") as server:
+    with start_server("--devices", "cpu:2", "--step-ms", "10", "--max-concurrent", "8") as server:
         async def run() -> list:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub = pb_grpc.InferenceStub(channel)
@@ -174,13 +164,14 @@ def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
     assert max(t for _, _, t in refused) < min(t for _, _, t in ok)
 
 
+@pytest.mark.slow
 @runs_once
 def test_a_burst_of_2000_calls_on_one_connection_is_served_or_refused_never_dropped() -> None:
     """2,000 calls at once on one HTTP/2 connection, more than --max-concurrent: each is served
     or refused RESOURCE_EXHAUSTED by cadence's admission. gRPC's core drops calls it holds
     unasked past its pending limit (1,000, at random up to 3,000) as CANCELLED, which no client
     can tell from its own cancel (issue 35)."""
-    with ServerProcess("--devices", "cpu:1", "--step-ms", "5", "--max-concurrent", "512") as server:
+    with start_server("--devices", "cpu:1", "--step-ms", "5", "--max-concurrent", "512") as server:
         async def burst() -> collections.Counter:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub = pb_grpc.InferenceStub(channel)
@@ -221,7 +212,7 @@ def _raw_generate(target: str, payload: bytes) -> grpc.StatusCode:
 
 @runs_once
 def test_malformed_duplicate_and_oversized_requests() -> None:
-    with ServerProcess("--step-ms", "5", "--max-message-bytes", "65536") as server:
+    with start_server("--step-ms", "5", "--max-message-bytes", "65536") as server:
         valid = pb.GenerateRequest(prompt="ab", max_tokens=2).SerializeToString()
         code, details = _raw_generate(server.target, valid.replace(b"ab", b"\xff\xfe"))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in details
@@ -246,7 +237,7 @@ def test_a_request_body_empty_or_cut_short_is_answered() -> None:
     """A call whose request stream ends with no whole message gets a status at once: grpcio's
     path for a unary request ends it with none, and the client waits for its deadline. Beside
     it, a `-bin` header that is not base64: INTERNAL, in grpcio's words, as on native."""
-    with ServerProcess("--step-ms", "5") as server:
+    with start_server("--step-ms", "5") as server:
         request = framed(pb.GenerateRequest(prompt="hi", max_tokens=2))
         for path, body in (("/cadence.v1.Inference/Generate", request),
                            ("/inference.GRPCInferenceService/ModelInfer",
@@ -298,8 +289,8 @@ def test_health_and_reflection_answer_bytes_that_do_not_parse_and_log_nothing() 
 def test_output_counters_move_while_a_stream_runs() -> None:
     """Tokens and chunks are counted as they are sent, not when the stream ends, so a
     scrape during a long stream sees its progress."""
-    with ServerProcess("--step-ms", "5", "--metrics-port", "0") as server:
-        url = _metrics_url(server)
+    with start_server("--step-ms", "5", "--metrics-port", "0") as server:
+        url = server.metrics_url
         channel = grpc.insecure_channel(server.target)
         call = pb_grpc.InferenceStub(channel).Generate(build_request("long", max_tokens=10_000))
         received = 0

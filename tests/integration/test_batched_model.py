@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -18,10 +17,10 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
-from conftest import RunningServer, start_server
 
 from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
+from tests.integration.conftest import RunningServer, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = "tests.batched_models"
@@ -192,8 +191,10 @@ def test_a_models_own_vocabulary_streams_ids_above_255_and_exact_text(importable
         assert server.stop() == 0
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_tensor_parallel_ranks_step_together(importable_models) -> None:
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
     server = start_server("--engine", f"{MODELS}:GroupModel", "--devices", "cpu:2", "--tp", "2")
     try:
         assert len(server.workers) == 2  # one worker of two ranks
@@ -206,26 +207,17 @@ def test_tensor_parallel_ranks_step_together(importable_models) -> None:
         assert server.stop() == 0
 
 
-_BANNER = re.compile(r"cadence serving on (\S+:\d+)")
-
-
 def test_serve_a_model_class_from_python(importable_models) -> None:
     code = ("import cadence\nfrom tests.batched_models import EchoModel\n"
             "if __name__ == '__main__':\n"
             "    cadence.serve(EchoModel, devices='cpu:2', port=0, max_batch=16)\n")
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server = start_server(command=[sys.executable, "-c", code])
     try:
-        match = _BANNER.search(process.stdout.readline())
-        assert match, "no banner"
-        workers = psutil.Process(process.pid).children()
-        assert len(workers) == 2
-        results = asyncio.run(_many(match.group(1), [("batch", 5)] * 40))
+        assert len(psutil.Process(server.pid).children()) == 2
+        results = asyncio.run(_many(server.target, [("batch", 5)] * 40))
         assert max(int(s) for chunks in results for s in _text(chunks).split()) == 16
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
-    psutil.wait_procs(workers, timeout=10)
-    assert not [w for w in workers if w.is_running()]
+        assert server.stop() == 0
 
 
 @pytest.mark.parametrize(("name", "problem"), [

@@ -17,7 +17,7 @@ import pytest
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.measure.discovery import metrics_url
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +31,8 @@ def bench(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
 
 def test_metrics_are_scraped_beside_an_http_port(tmp_path) -> None:
     """Three listening ports (gRPC, HTTP, metrics): the metrics page is the one scraped."""
-    with ServerProcess("--http-port", "0", "--metrics-port", "0", "--devices", "cpu:1",
-                       "--step-ms", "2") as server:
+    with start_server("--http-port", "0", "--metrics-port", "0", "--devices", "cpu:1",
+                      "--step-ms", "2") as server:
         [metrics_port] = re.findall(r"\(metrics on \S+:(\d+)\)", server.banner)
         assert metrics_url(server.target).endswith(f":{metrics_port}/metrics")
         out = tmp_path / "run.json"
@@ -78,7 +78,7 @@ def test_open_loop_reports_its_schedule() -> None:
     """A rate the client keeps, and one no client could (a million requests a second): the
     second is named as behind its schedule, with the lag it measured."""
     shape = RequestShape(max_tokens=(2, 2), prompt_tokens=(4, 4))
-    with ServerProcess("--devices", "cpu:1", "--step-ms", "1") as server:
+    with start_server("--devices", "cpu:1", "--step-ms", "1") as server:
         kept = run_bench(server.target, Workload(requests=20, rate=40.0, shape=shape))
         flooded = run_bench(server.target, Workload(requests=400, rate=1e6, shape=shape))
     client = kept.client
@@ -100,10 +100,11 @@ def test_open_loop_reports_its_schedule() -> None:
     assert "client_behind_schedule" not in {f.rule for f in kept.diagnosis}
 
 
+@pytest.mark.slow
 def test_goodput_under_an_slo(tmp_path) -> None:
     """A generous SLO passes, a strict one fails and says which term; goodput in the JSON and
     the summary; a bad term is one line."""
-    with ServerProcess("--devices", "cpu:1", "--step-ms", "5") as server:
+    with start_server("--devices", "cpu:1", "--step-ms", "5") as server:
         runs = {}
         for name, slo in (("generous", ["ttft_p99_ms=5000", "itl_p99_ms=1000"]),
                           ("strict", ["ttft_p99_ms=5000", "itl_p50_ms=1"])):

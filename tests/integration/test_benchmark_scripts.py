@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 
 _BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
@@ -24,7 +26,7 @@ def test_chunk_path_measures_the_fronts_python_per_chunk() -> None:
 def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
     """The burst comparison reads where the reference's TTFT goes from the same timing fields
     as cadence's, so its chunks must carry them."""
-    with ServerProcess("--step-ms", "5", command=[sys.executable, str(_BENCHMARKS / "plain_grpc_reference.py")]) as server:
+    with start_server("--port", "0", "--step-ms", "5", command=[sys.executable, str(_BENCHMARKS / "plain_grpc_reference.py")]) as server:
         result = run_bench(server.target, Workload(requests=4, concurrency=4, warmup=0,
                                                    shape=RequestShape(max_tokens=(6, 6))))
     assert result.requests_ok == 4 and result.integrity.lost_tokens == 0
@@ -32,6 +34,7 @@ def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
     assert 4.0 <= result.segments_ms.engine_step.p50 <= 6.0
 
 
+@pytest.mark.slow
 def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
     """Without `transformers serve`'s packages the peer is skipped, saying why."""
     out = tmp_path / "transformers_engine.json"

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cadence.lab.servers.server_process import ServerProcess
+import pytest
+
+from tests.integration.conftest import start_server
 from tests.integration.test_grpc_lab import EXAMPLE, TOKENS_METHOD, TOKENS_REQUEST, python_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,12 +23,15 @@ def capacity(tmp_path: Path, *args: str) -> tuple[dict, subprocess.CompletedProc
     return (json.loads(out.read_text())["capacity"] if out.exists() else {}), done
 
 
+@pytest.mark.slow
 def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
-    """--max-batch 4 with 10-token streams: a fifth stream waits a whole stream for a place."""
-    with ServerProcess("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
+    """--max-batch 4 with 40-token streams: a fifth stream waits a whole stream (400 ms) for
+    a place. The SLO (200 ms) sits far from both sides of the knee: a loaded host's delays at
+    four streams stay under it, and the fifth's wait is over it however fast the host."""
+    with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
         found, done = capacity(tmp_path, "--target", server.target, "--search", "concurrency",
-                               "--slo", "ttft_p99_ms=60", "--low", "1", "--high", "32",
-                               "--duration", "1", "--max-tokens", "10")
+                               "--slo", "ttft_p99_ms=200", "--low", "1", "--high", "32",
+                               "--duration", "1", "--max-tokens", "40")
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
     assert found["binding"] == ["ttft_p99_ms"] and found["runs"] <= 8
@@ -44,16 +49,17 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
     assert (tmp_path / "r" / "capacity.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
     """The worked example's sync server with a pool of 4 threads: a fifth stream waits for a
-    thread, a whole stream long."""
+    thread, a whole stream long (400 ms, against an SLO of 200 ms)."""
     with python_server(str(EXAMPLE), "--step-ms", "10", "--threads", "4",
                        "--design", "shared") as target:
         found, done = capacity(tmp_path, "--target", target, "--protocol", "grpc",
                                "--method", TOKENS_METHOD, "--request-json", TOKENS_REQUEST,
-                               "--search", "concurrency", "--slo", "ttft_p99_ms=80",
+                               "--search", "concurrency", "--slo", "ttft_p99_ms=200",
                                "--low", "1", "--high", "16", "--duration", "1",
-                               "--max-tokens", "10")
+                               "--max-tokens", "40")
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
     assert found["runs"] <= 8

@@ -70,6 +70,7 @@ def test_without_a_budget_the_long_prefill_stalls_every_decode(server_factory):
     assert PREFILL_S <= ttft < PREFILL_S + 1, ttft
 
 
+@pytest.mark.slow
 def test_the_chunked_prefill_benchmark_runs(tmp_path):
     """benchmarks/chunked_prefill.py end to end, shortened: its JSON has both runs, whole."""
     import json

@@ -15,13 +15,13 @@ from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult, to_builtins
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 
 ITL_RULES = {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_ITL_UNSTABLE_NETWORK}
 
 
 def _bench(server_args: list[str], workload: Workload) -> tuple[BenchResult, set[str]]:
-    with ServerProcess(*server_args) as server:
+    with start_server(*server_args) as server:
         result = run_bench(server.target, workload)
     assert result.requests_ok == workload.requests, result.errors_by_code
     return result, {f.rule for f in result.diagnosis}

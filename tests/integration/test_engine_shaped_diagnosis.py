@@ -21,6 +21,7 @@ from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult, to_builtins
 from tests.engine_shaped_servers import METHOD, MODEL, REQUEST_JSON
+from tests.integration.conftest import start_server
 from tests.integration.test_grpc_lab import python_server
 
 LATENCY_RULES = {
@@ -164,9 +165,8 @@ def test_kserve_responses_are_read_by_the_same_rules(server_args, named) -> None
     """The Open Inference Protocol carries no server timing: the streams' own timestamps name
     a slower worker and a front loop that blocks, as they do for any gRPC method or SSE."""
     from cadence.lab.load.kserve import KServeTarget
-    from cadence.lab.servers.server_process import ServerProcess
 
-    with ServerProcess(*server_args) as server:
+    with start_server(*server_args) as server:
         result = run_bench(server.target, Workload(
             requests=32, concurrency=16, shape=RequestShape(max_tokens=(60, 60))),
             protocol=KServeTarget("cadence"))

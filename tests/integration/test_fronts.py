@@ -14,7 +14,7 @@ import pytest
 
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import live_workers
+from tests.integration.conftest import live_workers, wait_until_async
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own: a new TCP connection, which the kernel gives to either front."""
@@ -121,7 +121,14 @@ def test_max_concurrent_is_global_and_cancel_frees_the_slot(server_factory) -> N
         # Cancel one held stream: its slot is free again, whichever front it was on.
         held[0].call.cancel()
         await held[0].close()
-        await asyncio.sleep(0.3)
+
+        async def admitted() -> bool:
+            extra = _Stream(server.target, 3)
+            status, _ = await extra.read_all()
+            await extra.close()
+            return status == "OK"
+
+        await wait_until_async(admitted, 10, "the cancelled stream kept its slot")
         statuses = []
         for _ in range(4):
             extra = _Stream(server.target, 3)
@@ -159,11 +166,21 @@ def test_killing_one_front_ends_only_its_streams(server_factory) -> None:
             await s.close()
         # The other front keeps serving, and the dead front's slots were given back: as many
         # streams as --max-concurrent allows fit again.
-        await asyncio.sleep(0.5)
-        again = await asyncio.gather(*(_open(server.target, 20) for _ in range(12)))
-        after = await asyncio.gather(*(s.read_all() for s in again))
-        for s in again:
-            await s.close()
+        tries: list[tuple[list, list]] = []
+
+        async def all_fit() -> bool:
+            again = [_Stream(server.target, 20) for _ in range(12)]
+            after = await asyncio.gather(*(s.read_all() for s in again))
+            refused = any(status == "RESOURCE_EXHAUSTED" for status, _ in after)
+            if not refused:
+                await asyncio.gather(*(s.opened() for s in again))
+            for s in again:
+                await s.close()
+            tries.append((again, after))
+            return not refused  # else the dead front's slots are not back yet
+
+        await wait_until_async(all_fit, 10, "the dead front's slots were not given back")
+        again, after = tries[-1]
         return streams, results, again, after, victim
 
     streams, results, again, after, victim = asyncio.run(run())

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cadence.client import Client
-from cadence.lab.servers.server_process import ServerProcess
 from cadence.proto.v1 import inference_pb2 as pb
+from tests.integration.conftest import start_server
 
 _ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
 _SETTINGS = settings(max_examples=60, deadline=None,
@@ -22,8 +22,8 @@ _SETTINGS = settings(max_examples=60, deadline=None,
 @pytest.fixture(scope="module")
 def fuzz_server():
     # A small max_tokens limit keeps every accepted request short.
-    with ServerProcess("--step-ms", "1", "--max-tokens-limit", "32",
-                       "--max-prompt-tokens", "512") as server:
+    with start_server("--step-ms", "1", "--max-tokens-limit", "32",
+                      "--max-prompt-tokens", "512") as server:
         with Client(server.target) as client:
             done, streams, broken = threading.Event(), [], []
 

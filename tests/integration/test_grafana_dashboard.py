@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cadence.client import Client
 from cadence.lab.load.kserve import KServeTarget, build_request
 from cadence.lab.load.plan import RequestPlan
-from cadence.lab.servers.server_process import ServerProcess
 from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
+from tests.integration.conftest import start_server
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "examples" / "grafana" / "cadence.json"
 
@@ -134,9 +134,9 @@ def test_a_panel_naming_an_unknown_metric_is_caught() -> None:
 
 def _scrape(*args: str) -> list:
     """The metric families of a real server with `args`, after a few requests."""
-    with ServerProcess("--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "5",
-                       *args) as server:
-        url = "http://" + server.banner.rsplit("metrics on ", 1)[1].rstrip(")") + "/metrics"
+    with start_server("--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "5",
+                      *args) as server:
+        url = server.metrics_url
         with Client(server.target) as client:
             for i in range(6):
                 assert list(client.generate(f"dashboard {i}", max_tokens=8))
@@ -325,6 +325,7 @@ def prometheus_binary() -> str:
     return binary
 
 
+@pytest.mark.slow
 def test_every_dashboard_query_returns_a_series_from_a_real_prometheus(
         prometheus_binary: str, tmp_path: Path) -> None:
     """A real Prometheus scrapes a real server (--fronts 2: every panel has something to show,
@@ -332,8 +333,8 @@ def test_every_dashboard_query_returns_a_series_from_a_real_prometheus(
     dashboard's variables resolved through Prometheus as Grafana resolves them, returns a
     series with a number in it."""
     dashboard = _load()
-    with ServerProcess("--metrics-port", "0", "--http-port", "0", "--fronts", "2",
-                       "--devices", "cpu:2", "--step-ms", "5") as server:
+    with start_server("--metrics-port", "0", "--http-port", "0", "--fronts", "2",
+                      "--devices", "cpu:2", "--step-ms", "5") as server:
         metrics = _banner_address(server.banner, "metrics")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -108,6 +108,7 @@ def test_reflection_that_serves_one_file_per_proto_is_followed_through_its_impor
     assert result.output_tokens == 4 * 6 * 2
 
 
+@pytest.mark.slow
 def test_without_reflection_the_protos_give_the_types(tmp_path):
     with ticker_server(reflection=False) as target:
         refused = cadence("bench", "--target", target, "--protocol", "grpc", *count_args())
@@ -122,6 +123,7 @@ def test_without_reflection_the_protos_give_the_types(tmp_path):
     assert result.workload.grpc.types_from == "protos"
 
 
+@pytest.mark.slow
 def test_headers_reach_the_service_and_errors_are_counted_by_code(tmp_path):
     with ticker_server(token="s3cret") as target:
         denied = bench_json(tmp_path, target, *count_args(), "--requests", "3",
@@ -209,6 +211,7 @@ def test_a_lost_token_is_seen_with_index_field():
     assert result.integrity.lost_tokens == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, rule", [
     ("pause", dx.RULE_STREAMS_STALL_TOGETHER),
     ("setup", dx.RULE_TTFT_GROWS_WITH_STREAMS),
@@ -223,6 +226,7 @@ def test_planted_faults_without_server_timing(fault, rule):
     assert fired(result) == ({rule} if rule else set()), result.diagnosis
 
 
+@pytest.mark.slow
 def test_worked_example_designs():
     """The note's "before" (16 streams on 4 threads) makes streams wait for a thread, which
     the lab names; the "after" design serves all 16 at once and trips nothing."""
@@ -239,6 +243,7 @@ def test_worked_example_designs():
     assert per_request.ttft_ms.max < shared.ttft_ms.max / 3
 
 
+@pytest.mark.slow
 def test_sweep_of_a_server_command(tmp_path):
     out = tmp_path / "sweep.json"
     started = time.monotonic()

@@ -8,8 +8,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,37 +16,17 @@ import aiohttp
 import psutil
 import pytest
 
-from tests.integration.test_openai import _BANNER, HttpServer, _get
+from tests.integration.conftest import start_server
+from tests.integration.test_openai import HttpServer
 
 MODEL = "tiny-m"
-
-
-def start_logged(log: Path, *args: str) -> HttpServer:
-    """`cadence serve` with an HTTP port and its stderr (the log) in `log`, once healthy."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--http-port", "0",
-         "--served-model-name", MODEL, *args],
-        stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
-    line = process.stdout.readline()
-    match = _BANNER.search(line)
-    if not match:
-        process.kill()
-        raise RuntimeError(f"server did not start (exit {process.wait()}): {log.read_text()}")
-    server = HttpServer(process, f"{match.group(1)}:{match.group(2)}",
-                        psutil.Process(process.pid).children(recursive=True))
-    server.base = f"http://{match.group(3)}:{match.group(4)}"
-    deadline = time.monotonic() + 60
-    while _get(server.base + "/health")[0] != 200:
-        assert time.monotonic() < deadline and process.poll() is None, log.read_text()
-        time.sleep(0.05)
-    return server
 
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory) -> Iterator[tuple[HttpServer, Path]]:
     log = tmp_path_factory.mktemp("hostile") / "server.log"
-    server = start_logged(log, "--devices", "cpu:1", "--step-ms", "5", "--max-concurrent",
-                          "64", "--log-level", "INFO")
+    server = start_server("--served-model-name", MODEL, "--devices", "cpu:1", "--step-ms", "5",
+                          "--max-concurrent", "64", "--log-level", "INFO", http=True, log=log)
     yield server, log
     assert server.stop() == 0
 
@@ -162,10 +140,11 @@ def test_malformed_http_is_a_400_in_openai_shape_and_one_log_line(logged, case) 
 def impatient(tmp_path_factory) -> Iterator[HttpServer]:
     """A server with short HTTP timeouts and --stall-timeout, one stream at a time."""
     log = tmp_path_factory.mktemp("impatient") / "server.log"
-    server = start_logged(log, "--devices", "cpu:1", "--step-ms", "0", "--max-concurrent", "1",
-                          "--max-tokens-limit", "1000000", "--stall-timeout", "1",
-                          "--http-header-timeout", "1", "--http-body-timeout", "1",
-                          "--log-level", "WARNING")
+    server = start_server("--served-model-name", MODEL, "--devices", "cpu:1", "--step-ms", "0",
+                          "--max-concurrent", "1", "--max-tokens-limit", "1000000",
+                          "--stall-timeout", "1", "--http-header-timeout", "1",
+                          "--http-body-timeout", "1", "--log-level", "WARNING", http=True,
+                          log=log)
     yield server
     assert server.stop() == 0
 
@@ -219,6 +198,7 @@ def test_a_body_that_never_arrives_is_refused_and_its_connection_closed(impatien
     assert b"--http-body-timeout" in slow
 
 
+@pytest.mark.slow
 def test_a_stalled_reader_is_cut_off_and_its_socket_closed(impatient) -> None:
     body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1_000_000,
                        "stream": True}).encode()
@@ -258,9 +238,9 @@ def test_a_client_that_stops_reading_is_cut_off_before_the_kernels_buffers_fill(
     """--stall-timeout whatever the kernel holds: a stream whose client stops reading is cut
     off once the client has acknowledged nothing for the timeout, not once the server's send
     buffer (megabytes on loopback: minutes of output at these step rates) is full."""
-    server = start_logged(tmp_path / "server.log", "--devices", "cpu:1", "--step-ms", step_ms,
-                          "--max-concurrent", "1", "--max-tokens-limit", "1000000",
-                          "--stall-timeout", "2", "--log-level", "WARNING")
+    server = start_server("--served-model-name", MODEL, "--devices", "cpu:1", "--step-ms",
+                          step_ms, "--max-concurrent", "1", "--max-tokens-limit", "1000000",
+                          "--stall-timeout", "2", http=True, log=tmp_path / "server.log")
     body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 1_000_000,
                        "stream": True}).encode()
     host, port = server.base[len("http://"):].rsplit(":", 1)
@@ -295,9 +275,9 @@ def guarded(tmp_path_factory) -> Iterator[tuple[HttpServer, Path]]:
     folder = tmp_path_factory.mktemp("guarded")
     (folder / "tokens").write_text(_TOKEN + "\n")
     log = folder / "server.log"
-    server = start_logged(log, "--devices", "cpu:1", "--step-ms", "0", "--auth-token-file",
-                          str(folder / "tokens"), "--max-message-bytes", str(_LIMIT),
-                          "--log-level", "INFO")
+    server = start_server("--served-model-name", MODEL, "--devices", "cpu:1", "--step-ms", "0",
+                          "--auth-token-file", str(folder / "tokens"), "--max-message-bytes",
+                          str(_LIMIT), "--log-level", "INFO", http=True, log=log)
     yield server, log
     assert server.stop() == 0
     assert "Traceback" not in log.read_text()

@@ -16,7 +16,7 @@ from cadence.client import Client
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.plan import RequestShape
-from tests.integration.conftest import runs_once
+from tests.integration.conftest import runs_once, start_server
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is in the test extras")
 np = pytest.importorskip("numpy")
@@ -222,10 +222,9 @@ def test_closing_the_stream_aborts_its_requests(server_factory) -> None:
 
 @runs_once
 def test_closing_the_stream_shows_in_the_metrics() -> None:
-    from cadence.lab.servers.server_process import ServerProcess
 
-    with ServerProcess("--step-ms", "5", "--metrics-port", "0") as running:
-        url = "http://" + running.banner.rsplit("metrics on ", 1)[1].rstrip(")") + "/metrics"
+    with start_server("--step-ms", "5", "--metrics-port", "0") as running:
+        url = running.metrics_url
         responses = _Responses()
         client = grpcclient.InferenceServerClient(running.target)
         client.start_stream(callback=responses)
@@ -330,12 +329,11 @@ def test_the_calls_deadline_ends_its_requests(server) -> None:
 def test_a_client_that_stops_reading_is_cut_off() -> None:
     from cadence.lab.load.kserve import build_request
     from cadence.lab.load.plan import RequestPlan
-    from cadence.lab.servers.server_process import ServerProcess
     from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
 
     args = ("--step-ms", "1", "--stall-timeout", "0.5", "--metrics-port", "0")
-    with ServerProcess(*args) as running:
-        url = "http://" + running.banner.rsplit("metrics on ", 1)[1].rstrip(")") + "/metrics"
+    with start_server(*args) as running:
+        url = running.metrics_url
         small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
         with grpc.insecure_channel(running.target, options=small_window) as channel:
             stalled = threading.Event()

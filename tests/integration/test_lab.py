@@ -13,12 +13,12 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import RequestCounter
 from cadence.lab.results import BenchResult, to_builtins
-from cadence.lab.servers.server_process import ServerProcess
 from cadence.lab.sweep import Load, grid, run_sweep
+from tests.integration.conftest import start_server, wait_until
 
 
 def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
-    with ServerProcess("--devices", "cpu:2", "--step-ms", "20", "--metrics-port", "0") as server:
+    with start_server("--devices", "cpu:2", "--step-ms", "20", "--metrics-port", "0") as server:
         workload = Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(30, 30)))
         result = run_bench(server.target, workload, baseline=True)
     # Behaviour, not speed: the median gap is the engine's step, loosely.
@@ -41,7 +41,7 @@ def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
 
 
 def test_open_loop_sends_the_scheduled_requests() -> None:
-    with ServerProcess("--step-ms", "5") as server:
+    with start_server("--step-ms", "5") as server:
         workload = Workload(rate=40.0, duration_s=1.0, shape=RequestShape(max_tokens=(5, 5)))
         result = run_bench(server.target, workload, processes=2)
     assert result.requests == result.requests_ok > 10
@@ -49,7 +49,7 @@ def test_open_loop_sends_the_scheduled_requests() -> None:
 
 
 def test_the_progress_counter_reaches_the_requests_the_result_reports() -> None:
-    with ServerProcess("--step-ms", "5") as server:
+    with start_server("--step-ms", "5") as server:
         workload = Workload(requests=12, concurrency=4, warmup=2,
                             shape=RequestShape(max_tokens=(5, 5)))
         counter = RequestCounter()
@@ -62,9 +62,10 @@ def test_the_progress_counter_reaches_the_requests_the_result_reports() -> None:
     assert set(to_builtins(result)) == set(to_builtins(plain)) and result.workload == plain.workload
 
 
+@pytest.mark.slow
 def test_bench_and_report_commands(tmp_path) -> None:
     out = tmp_path / "run.json"
-    with ServerProcess("--step-ms", "5") as server:
+    with start_server("--step-ms", "5") as server:
         bench = subprocess.run(
             [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
              "--concurrency", "4", "--requests", "8", "--max-tokens", "10", "--json", str(out)],
@@ -95,15 +96,13 @@ def test_sweep_starts_a_fresh_server_per_value() -> None:
 
 
 def test_the_front_exports_its_event_loop_lag() -> None:
-    import re
-    import time
     import urllib.request
 
-    with ServerProcess("--step-ms", "5", "--metrics-port", "0",
-                       "--heartbeat-interval", "0.05") as server:
-        host, port = re.search(r"metrics on (\S+):(\d+)", server.banner).groups()
-        time.sleep(0.5)
-        text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
-    count = next(float(line.split()[-1]) for line in text.splitlines()
-                 if line.startswith("cadence_event_loop_lag_seconds_count"))
-    assert count >= 5  # one sample per heartbeat, every 50 ms
+    with start_server("--step-ms", "5", "--metrics-port", "0",
+                      "--heartbeat-interval", "0.05") as server:
+        def samples() -> float:
+            text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
+            return next(float(line.split()[-1]) for line in text.splitlines()
+                        if line.startswith("cadence_event_loop_lag_seconds_count"))
+
+        wait_until(lambda: samples() >= 5, 10, "fewer than 5 samples")  # one per heartbeat

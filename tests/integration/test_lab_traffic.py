@@ -24,7 +24,7 @@ from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import Conversation, RequestShape
 from cadence.lab.load.trace import read_trace
 from cadence.lab.results import BenchResult
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 from tests.integration.test_bench_honest import bench
 from tests.integration.test_grpc_lab import TOKENS_METHOD, python_server
 
@@ -47,10 +47,9 @@ PROMPT_REQUEST = ('{"request_id": "{request_id}", "prompt": "{prompt}", '
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, str]]:
     """(gRPC target, http://HOST:PORT) of one synthetic cadence server."""
-    with ServerProcess("--http-port", "0", "--devices", "cpu:1", "--step-ms", "2",
-                       "--prefix-caching") as server:
-        [http] = re.findall(r"http on (\S+?)\)", server.banner)
-        yield server.target, f"http://{http}"
+    with start_server("--devices", "cpu:1", "--step-ms", "2", "--prefix-caching",
+                      http=True) as server:
+        yield server.target, server.base
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 import urllib.error
-from datetime import datetime, timezone
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import grpc
@@ -36,9 +36,10 @@ from cadence.lab.measure.run_context import run_context
 from cadence.lab.report.summary import run_line
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import _BANNER, RunningServer
+from tests.integration.conftest import start_server
 from tests.integration.raw_h2 import framed, h2_call
 
+pytestmark = pytest.mark.native
 pytest.importorskip("pyvoy", reason="pyvoy is in the test extras (cadence[native])")
 
 NATIVE = ("--grpc-server", "native")
@@ -93,8 +94,9 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         generate = pb_grpc.InferenceStub(channel).Generate
         for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):  # as grpc.aio reads
-            assert len(list(generate(pb.GenerateRequest(prompt="hi", max_tokens=2),
-                                     compression=compression))) == 2
+            chunks = generate(pb.GenerateRequest(prompt="hi", max_tokens=2),
+                              compression=compression)
+            assert sum(len(c.token_ids) for c in chunks) == 2  # one message or two, merged
         bomb = pb.GenerateRequest(prompt="x" * (5 << 20), max_tokens=2)  # over 4 MiB inflated
         with pytest.raises(grpc.RpcError) as info:
             list(generate(bomb, compression=grpc.Compression.Gzip))
@@ -129,17 +131,19 @@ GRPC_MODULES = ("test_streaming.py", "test_kserve.py", "test_security.py", "test
 server would not be on Envoy are marked `runs_once`)."""
 
 
-@pytest.mark.timeout(1200)  # the run below has its own limit: pyproject's 180 s cut it short
-def test_the_grpc_integration_tests_pass_on_envoy() -> None:
+@pytest.mark.slow
+@pytest.mark.timeout(660)  # the run below has its own limit (600 s), past pyproject's 180 s
+@pytest.mark.parametrize("module", GRPC_MODULES)
+def test_the_grpc_integration_tests_pass_on_envoy(module: str) -> None:
     """grpc.aio stays the default; this runs the tests of the gRPC path (cadence.v1, KServe,
     health, reflection, TLS, tokens, drain, cancellation, deadlines, backpressure, --fronts N)
-    again with `--grpc-server native` added to every server they start."""
+    again with `--grpc-server native` added to every server they start, one module a test (so
+    that `pytest -n` spreads them)."""
     here = Path(__file__).parent
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         *(str(here / name) for name in GRPC_MODULES)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / module)],
         env={**os.environ, "CADENCE_TEST_SERVE_ARGS": " ".join(NATIVE)},
-        capture_output=True, text=True, timeout=1200, check=False, cwd=here.parents[1])
+        capture_output=True, text=True, timeout=600, check=False, cwd=here.parents[1])
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     print(summary)
     assert done.returncode == 0, done.stdout[-6000:]
@@ -183,25 +187,6 @@ def test_a_grpc_js_client_reads_status_deadline_and_cancel(server_factory) -> No
 # --- bad input and stops (issue 35) -----------------------------------------------------------
 
 
-def _start_logged(log: Path, *args: str) -> RunningServer:
-    """`cadence serve --port 0 ARGS` with its stderr (the front's log, Envoy's included) in
-    `log`, once health says SERVING."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--log-level", "INFO",
-         *args], stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
-    match = _BANNER.search(process.stdout.readline())
-    if not match:
-        process.kill()
-        raise RuntimeError(f"server did not start (exit {process.wait()}): {log.read_text()}")
-    target = f"{match.group(1)}:{match.group(2)}"
-    deadline = time.monotonic() + 60
-    with Client(target) as client:
-        while client.health() != "SERVING":
-            assert time.monotonic() < deadline, "server never became SERVING"
-            time.sleep(0.05)
-    return RunningServer(process, target, psutil.Process(process.pid).children(recursive=True))
-
-
 def test_bad_client_bytes_end_the_call_in_one_status_and_log_nothing(tmp_path) -> None:
     """What a client sends that does not parse ends its call with one status and no traceback
     in the log (any client could flood it): a `-bin` header that is not base64 (INTERNAL in
@@ -209,7 +194,8 @@ def test_bad_client_bytes_end_the_call_in_one_status_and_log_nothing(tmp_path) -
     cadence does not write (INTERNAL, as grpc-go and grpc-java answer; grpc.aio answers UNKNOWN
     and logs a traceback), an empty or truncated body."""
     log = tmp_path / "server.log"
-    server = _start_logged(log, *NATIVE, "--devices", "cpu:1", "--step-ms", "0")
+    server = start_server(*NATIVE, "--devices", "cpu:1", "--step-ms", "0", "--log-level", "INFO",
+                          log=log)
     try:
         request = framed(pb.GenerateRequest(prompt="hi", max_tokens=2))
         generate = "/cadence.v1.Inference/Generate"
@@ -243,8 +229,8 @@ def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_pa
     request in flight) and health watches, beside streams in flight. Each ends UNAVAILABLE, as
     on grpc.aio, and the log says so once, with no traceback per call."""
     log = tmp_path / "server.log"
-    server = _start_logged(log, *NATIVE, "--devices", "cpu:1", "--step-ms", "5",
-                           "--max-concurrent", "256", "--drain-timeout", "1")
+    server = start_server(*NATIVE, "--devices", "cpu:1", "--step-ms", "5", "--max-concurrent",
+                          "256", "--drain-timeout", "1", "--log-level", "INFO", log=log)
 
     async def run() -> collections.Counter:
         kinds = [i % 3 for i in range(200)]

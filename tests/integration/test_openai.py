@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import ssl
 import subprocess
@@ -20,40 +19,20 @@ import psutil
 import pytest
 
 from cadence.lab.results import SweepResult
-from tests.integration.conftest import RunningServer
+from tests.integration.conftest import RunningServer, start_server
 from tests.integration.test_security import Pki, pki  # noqa: F401 (a fixture)
 
 openai = pytest.importorskip("openai")
 
-_BANNER = re.compile(r"cadence serving on (\S+):(\d+) \(http on (\S+):(\d+)\)")
-
-
-class HttpServer(RunningServer):
-    base: str = ""
+HttpServer = RunningServer
+"""A server started with `http=True`: `base` is its HTTP front's URL."""
 
 
 def start_http(*args: str, timeout: float = 60.0,
-               context: ssl.SSLContext | None = None) -> HttpServer:
+               context: ssl.SSLContext | None = None) -> RunningServer:
     """`cadence serve --port 0 --http-port 0 ARGS`, returned once /health answers 200
     (`context`: the client's TLS settings for a server with --tls-cert)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--http-port", "0",
-         "--log-level", "WARNING", *args], stdout=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    match = _BANNER.search(line)
-    if not match:
-        process.kill()
-        raise RuntimeError(f"server did not start (exit {process.wait()}): {line!r}")
-    server = HttpServer(process, f"{match.group(1)}:{match.group(2)}",
-                        psutil.Process(process.pid).children(recursive=True))
-    scheme = "https" if context is not None else "http"
-    server.base = f"{scheme}://{match.group(3)}:{match.group(4)}"
-    deadline = time.monotonic() + timeout
-    while _get(server.base + "/health", context=context)[0] != 200:
-        assert time.monotonic() < deadline, "never healthy"
-        assert process.poll() is None, "the server exited"
-        time.sleep(0.05)
-    return server
+    return start_server(*args, http=True, timeout=timeout, tls_context=context)
 
 
 def _get(url: str, headers: dict | None = None,
@@ -80,7 +59,8 @@ def _call(request: urllib.request.Request,
 
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[HttpServer]:
-    server = start_http("--devices", "cpu:2", "--step-ms", "5", "--served-model-name", "tiny-m")
+    server = start_server("--devices", "cpu:2", "--step-ms", "5", "--served-model-name", "tiny-m",
+                          http=True)
     yield server
     assert server.stop() == 0
 
@@ -153,8 +133,8 @@ def test_errors_in_openai_shape(http_server) -> None:
 def test_bearer_token_429_and_503_while_draining(tmp_path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("secret\n")
-    server = start_http("--devices", "cpu:1", "--step-ms", "10", "--max-concurrent", "1",
-                        "--auth-token-file", str(tokens), "--drain-timeout", "3")
+    server = start_server("--devices", "cpu:1", "--step-ms", "10", "--max-concurrent", "1",
+                          "--auth-token-file", str(tokens), "--drain-timeout", "3", http=True)
     base, auth = server.base, {"Authorization": "Bearer secret"}
     try:
         status, body = _get(base + "/v1/models")
@@ -182,7 +162,8 @@ def test_bearer_token_429_and_503_while_draining(tmp_path) -> None:
 
 
 def test_a_disconnect_frees_the_slot_at_once() -> None:
-    server = start_http("--devices", "cpu:1", "--step-ms", "50", "--max-concurrent", "1")
+    server = start_server("--devices", "cpu:1", "--step-ms", "50", "--max-concurrent", "1",
+                          http=True)
     try:
         host, port = server.base[7:].split(":")
 
@@ -211,7 +192,7 @@ def test_a_disconnect_frees_the_slot_at_once() -> None:
 
 
 def test_every_front_serves_http_on_the_shared_port() -> None:
-    server = start_http("--devices", "cpu:2", "--step-ms", "5", "--fronts", "2")
+    server = start_server("--devices", "cpu:2", "--step-ms", "5", "--fronts", "2", http=True)
     try:
         port = int(server.base.rsplit(":", 1)[1])
         front = psutil.Process(server.process.pid)
@@ -297,9 +278,9 @@ def test_bench_openai_at_a_grpc_port_says_so_in_one_line(http_server) -> None:
 def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:
     context = ssl.create_default_context(cafile=str(pki.ca))
     context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
-    server = start_http("--devices", "cpu:1", "--step-ms", "5", "--tls-cert",
-                        str(pki.server_cert), "--tls-key", str(pki.server_key),
-                        "--tls-client-ca", str(pki.ca), context=context)
+    server = start_server("--devices", "cpu:1", "--step-ms", "5", "--tls-cert",
+                          str(pki.server_cert), "--tls-key", str(pki.server_key),
+                          "--tls-client-ca", str(pki.ca), tls_context=context, http=True)
     try:
         http_client = openai.DefaultHttpxClient(verify=context)
         client = openai.OpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0,
@@ -315,10 +296,13 @@ def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:
         assert server.stop() == 0
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_torch_chat_uses_the_checkpoint_template(tmp_path) -> None:
     """The prompt the torch engine gets for `messages` is transformers' own
     `apply_chat_template(add_generation_prompt=True)`, and its greedy reply is transformers'."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+    pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     from transformers import AutoTokenizer
 
     from tests.llama_models import hf_greedy, save_model
@@ -335,7 +319,8 @@ def test_torch_chat_uses_the_checkpoint_template(tmp_path) -> None:
     expected_ids = AutoTokenizer.from_pretrained(folder).apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True)
     expected_ids = list(getattr(expected_ids, "input_ids", expected_ids))
-    server = start_http("--engine", "torch", "--model", str(folder), "--kv-cache-tokens", "1024")
+    server = start_server("--engine", "torch", "--model", str(folder), "--kv-cache-tokens", "1024",
+                          http=True)
     try:
         status, body = _post(server.base + "/v1/chat/completions",
                              {"model": "cadence", "messages": messages, "max_tokens": 6,

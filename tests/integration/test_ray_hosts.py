@@ -24,11 +24,16 @@ import grpc
 import psutil
 import pytest
 
+# One group under `pytest -n`: the emulated hosts' namespaces and addresses are fixed.
+pytestmark = [pytest.mark.torch, pytest.mark.ray, pytest.mark.slow,
+              pytest.mark.xdist_group("netns_hosts")]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+pytest.importorskip("ray", reason="--launcher ray needs the ray extra (pip install '.[ray]')")
+
 from cadence.client import Client
+from tests.integration.conftest import start_server
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 from tests.netns_hosts import Front, TwoHosts, ip, netns_unavailable
-
-pytest.importorskip("ray", reason="--launcher ray needs the ray extra (pip install '.[ray]')")
 
 N = 12
 
@@ -191,10 +196,9 @@ def test_an_own_ray_instance_ignores_a_stale_current_cluster_file(monkeypatch) -
     (temp / "ray").mkdir()
     (temp / "ray" / "ray_current_cluster").write_text("10.213.9.9:6379")
     monkeypatch.setenv("RAY_TMPDIR", str(temp))
-    from cadence.lab.servers.server_process import ServerProcess
 
     try:
-        with (ServerProcess("--launcher", "ray", "--devices", "cpu:1", "--step-ms", "1") as server,
+        with (start_server("--launcher", "ray", "--devices", "cpu:1", "--step-ms", "1") as server,
               Client(server.target) as client):
             chunks = list(client.generate("hello", max_tokens=4, timeout=30))
         assert sum(len(c.token_ids) for c in chunks) == 4
@@ -208,7 +212,8 @@ def test_sigterm_to_the_whole_process_group_stops_everything_within_the_drain() 
     # systemd's KillMode=control-group and `kill -TERM -- -PGID` signal the front and the Ray
     # instance it started together; the front must neither hang on Ray nor leave a process.
     drain_s = 2.0
-    process = subprocess.Popen(
+    # Its own start (a session of its own, the output merged): not start_server's.
+    process = subprocess.Popen(  # own start
         [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--launcher", "ray",
          "--devices", "cpu:1", "--step-ms", "1", "--drain-timeout", str(drain_s)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

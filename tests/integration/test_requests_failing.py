@@ -11,10 +11,10 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import RequestCounter
 from cadence.lab.report.summary import print_summary
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import RunningServer, start_server
 
 
-def _kill_after(server: ServerProcess, counter: RequestCounter, finished: int) -> threading.Thread:
+def _kill_after(server: RunningServer, counter: RequestCounter, finished: int) -> threading.Thread:
     """Kill the server once `finished` requests have ended (polls the shared counter)."""
 
     def watch() -> None:
@@ -32,7 +32,7 @@ def test_a_server_killed_mid_run_is_named_by_requests_failing(capsys, monkeypatc
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal's width
     workload = Workload(requests=300, concurrency=4, shape=RequestShape(max_tokens=(4, 4)))
     counter = RequestCounter()
-    with ServerProcess("--step-ms", "5") as server:
+    with start_server("--step-ms", "5") as server:
         killer = _kill_after(server, counter, finished=12)
         result = run_bench(server.target, workload, counter=counter)
         killer.join()

@@ -15,7 +15,7 @@ import pytest
 from cadence.client import AsyncClient, Client
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 
 SYSTEM = "You are a terse assistant for the cadence streaming server. " * 3
 
@@ -38,8 +38,8 @@ def test_turn_two_goes_to_turn_ones_worker_and_its_cached_tokens_are_reported():
     in OpenAI's usage and KServe's final response, and in the per-worker counters."""
     grpcclient = pytest.importorskip("tritonclient.grpc")
     np = pytest.importorskip("numpy")
-    with ServerProcess("--devices", "cpu:2", "--step-ms", "2", "--prefix-caching",
-                       "--http-port", "0", "--metrics-port", "0") as server:
+    with start_server("--devices", "cpu:2", "--step-ms", "2", "--prefix-caching",
+                      "--http-port", "0", "--metrics-port", "0") as server:
         found = ports(server.banner)
         cached = []
         with Client(server.target) as client:
@@ -120,8 +120,8 @@ def test_a_preempted_stream_resumes_whole(server_factory):
 @pytest.mark.parametrize("budget, named", [((), True), (("--itl-target-ms", "25"), False)],
                          ids=["whole-prefill", "itl-target"])
 def test_the_lab_names_long_prompts_stalling_decodes_only_without_a_budget(budget, named):
-    with ServerProcess("--devices", "cpu:1", "--step-ms", "8", "--prefill-ms-per-token", "0.4",
-                       *budget) as server:
+    with start_server("--devices", "cpu:1", "--step-ms", "8", "--prefill-ms-per-token", "0.4",
+                      *budget) as server:
         result = run_bench(server.target, Workload(
             requests=36, concurrency=12,
             shape=RequestShape(max_tokens=(20, 40), prompt_tokens=(16, 400))))

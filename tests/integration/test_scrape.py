@@ -16,14 +16,14 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.report.run import render_report
 from cadence.lab.results import BenchResult
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 from tests.integration.test_grpc_lab import python_server
 
 
 def test_bench_scrapes_a_foreign_page_into_series_roles_and_the_diagnosis(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     with python_server("tests/vllm_metrics_page.py", "--batch", "4") as page, \
-            ServerProcess("--step-ms", "10") as server:
+            start_server("--step-ms", "10") as server:
         url = f"http://{page}/metrics"
         bench = subprocess.run(
             [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
@@ -60,7 +60,7 @@ def test_bench_scrapes_a_foreign_page_into_series_roles_and_the_diagnosis(tmp_pa
 
 
 def test_bench_scrapes_cadence_own_metrics_port() -> None:
-    with ServerProcess("--devices", "cpu:2", "--step-ms", "10", "--metrics-port", "0") as server:
+    with start_server("--devices", "cpu:2", "--step-ms", "10", "--metrics-port", "0") as server:
         host, port = re.search(r"metrics on (\S+):(\d+)", server.banner).groups()
         url = f"http://{host}:{port}/metrics"
         workload = Workload(requests=16, concurrency=8, shape=RequestShape(max_tokens=(40, 40)))
@@ -95,7 +95,7 @@ def test_a_page_that_cannot_be_read_stops_the_bench_before_the_run() -> None:
 def test_a_sweep_of_a_running_server_scrapes_every_run(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
     with python_server("tests/vllm_metrics_page.py") as page, \
-            ServerProcess("--step-ms", "5") as server:
+            start_server("--step-ms", "5") as server:
         done = subprocess.run(
             [sys.executable, "-m", "cadence.cli", "sweep", "--target", server.target,
              "--vary", "concurrency=1,2", "--requests", "4", "--max-tokens", "8",

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import psutil
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -30,9 +29,8 @@ from cadence.config import EngineConfig, ServerConfig
 from cadence.credentials import ClientCredentials
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, run_load
-from cadence.lab.servers.server_process import ServerProcess
 from cadence.proto.v1 import inference_pb2 as pb
-from tests.integration.conftest import SERVE_ARGS
+from tests.integration.conftest import start_server
 
 TOKEN = "correct-horse-battery-staple"
 _NO_WAIT = 5.0
@@ -133,15 +131,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def _serve(*args: str) -> Iterator[str]:
-    server = ServerProcess("--devices", "cpu:1", "--step-ms", "2", *args, *SERVE_ARGS)
-    target = server.start()
-    workers = psutil.Process(server.pid).children(recursive=True)
+    server = start_server("--devices", "cpu:1", "--step-ms", "2", *args)
     try:
-        yield target
+        yield server.target
     finally:
         assert server.stop() == 0
-        _, alive = psutil.wait_procs(workers, timeout=10)
-        assert not alive, "workers outlived the server"
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 _SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
@@ -19,6 +21,7 @@ def _load_soak():
     return module
 
 
+@pytest.mark.slow
 def test_short_soak_loses_and_leaks_nothing(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     code = _load_soak().main(["--duration", "6", "--rate", "30", "--json", str(out)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
@@ -14,6 +13,7 @@ from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
+from tests.integration.conftest import wait_until
 
 
 async def _collect(client: AsyncClient, prompt: str, max_tokens: int, **options) -> list:
@@ -71,14 +71,21 @@ def test_timing_fields_follow_the_data_path(server) -> None:
 def test_a_timed_stream_carries_the_loop_lag_tally_of_its_start_and_its_end(server) -> None:
     # The start's tally goes out at the intake's next lull (or with the first chunk); it is
     # still the one taken when the stream opened, so it never counts more than the end's.
-    # It goes out when it moved since a stream last carried it: a heartbeat (0.1 s) moves it.
-    time.sleep(0.25)
-    with grpc.insecure_channel(server.target) as channel:
-        call = pb_grpc.InferenceStub(channel).Generate(
-            pb.GenerateRequest(prompt="lag", max_tokens=4, include_timing=True), timeout=10)
-        assert sum(len(chunk.token_ids) for chunk in call) == 4
-        start = dict(call.initial_metadata())["cadence-loop-lag"]
-        end = dict(call.trailing_metadata())["cadence-loop-lag"]
+    # It goes out when it moved since a stream last carried it: a heartbeat (0.1 s) moves it,
+    # so a stream opened after the next heartbeat carries it.
+    tallies: list[tuple[str | None, str]] = []
+
+    def carried_at_start() -> bool:
+        with grpc.insecure_channel(server.target) as channel:
+            call = pb_grpc.InferenceStub(channel).Generate(
+                pb.GenerateRequest(prompt="lag", max_tokens=4, include_timing=True), timeout=10)
+            assert sum(len(chunk.token_ids) for chunk in call) == 4
+            tallies.append((dict(call.initial_metadata()).get("cadence-loop-lag"),
+                            dict(call.trailing_metadata())["cadence-loop-lag"]))
+        return tallies[-1][0] is not None
+
+    wait_until(carried_at_start, 10, "no stream carried the start's tally")
+    start, end = tallies[-1]
     (front, samples, counts), (end_front, end_samples, end_counts) = (
         tally.split(":") for tally in (start, end))
     assert front == end_front == "0"
@@ -90,17 +97,24 @@ def test_a_timed_stream_carries_the_loop_lag_tally_of_its_start_and_its_end(serv
 def test_a_burst_of_timed_streams_carries_the_start_tally_once_each_end_tally_always(server) -> None:
     # One gRPC operation for the start's tally per burst, not per call: it goes out only
     # when it moved since a stream last carried it (every 0.1 s at most, by the heartbeat).
-    time.sleep(0.25)
-    with grpc.insecure_channel(server.target) as channel:
-        stub = pb_grpc.InferenceStub(channel)
-        calls = [stub.Generate(pb.GenerateRequest(prompt="lag", max_tokens=2, include_timing=True),
-                               timeout=10) for _ in range(16)]
-        for call in calls:
-            assert sum(len(chunk.token_ids) for chunk in call) == 2
-        starts = [dict(call.initial_metadata()).get("cadence-loop-lag") for call in calls]
-        ends = [dict(call.trailing_metadata()).get("cadence-loop-lag") for call in calls]
+    bursts: list[tuple[list, list]] = []
+
+    def burst_carried_it() -> bool:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            calls = [stub.Generate(pb.GenerateRequest(prompt="lag", max_tokens=2,
+                                                      include_timing=True), timeout=10)
+                     for _ in range(16)]
+            for call in calls:
+                assert sum(len(chunk.token_ids) for chunk in call) == 2
+            bursts.append(([dict(c.initial_metadata()).get("cadence-loop-lag") for c in calls],
+                           [dict(c.trailing_metadata()).get("cadence-loop-lag") for c in calls]))
+        return any(start is not None for start in bursts[-1][0])
+
+    wait_until(burst_carried_it, 10, "no stream of a burst carried the start's tally")
+    starts, ends = bursts[-1]
     assert all(ends)
-    assert 1 <= sum(start is not None for start in starts) < len(calls) // 2
+    assert 1 <= sum(start is not None for start in starts) < len(starts) // 2
 
 
 def test_stop_token_ends_stream_with_stop(server) -> None:

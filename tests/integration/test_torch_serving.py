@@ -9,10 +9,13 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import start_server
+
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
 from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
+from tests.integration.conftest import start_server
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 
 N = 12
@@ -75,6 +78,7 @@ def test_token_id_prompts_and_engine_refusals(torch_server, model_dir):
         assert "context of 256" in err.value.details()
 
 
+@pytest.mark.slow
 def test_tensor_parallel_replicas_serve_the_same_tokens(model_dir, hf_tokenizer):
     # Two replicas of two gloo ranks each: four worker processes, all gone after stop.
     running = start_server("--engine", "torch", "--model", str(model_dir), "--devices", "cpu:4",

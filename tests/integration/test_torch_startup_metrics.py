@@ -8,6 +8,11 @@ import os
 import signal
 import time
 
+import pytest
+
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.client import Client
 from cadence.lab.measure.discovery import metrics_url
 from cadence.lab.measure.scrape import scrape
@@ -16,6 +21,7 @@ _STARTUP = ("cadence_worker_load_seconds", "cadence_worker_warmup_seconds",
             "cadence_worker_first_step_seconds", "cadence_worker_warm_step_seconds")
 
 
+@pytest.mark.slow
 def test_tiny_model_start_up_is_exported_and_a_restart_overwrites_it(server_factory) -> None:
     server = server_factory("--model", "tiny", "--metrics-port", "0")
     url = metrics_url(server.target)  # as the lab finds it

@@ -26,11 +26,9 @@ from cadence.lab.load.kserve import KServeTarget, one_kserve, stub
 from cadence.lab.load.openai_http import OpenAITarget, one_openai
 from cadence.lab.load.plan import RequestPlan, RequestShape
 from cadence.lab.measure.trace_receiver import TraceReceiver
-from cadence.lab.servers.server_process import ServerProcess
 from cadence.proto.v1 import inference_pb2 as pb
-from tests.integration.conftest import runs_once
+from tests.integration.conftest import runs_once, start_server
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
-from tests.integration.test_openai import start_http
 
 pytest.importorskip("opentelemetry.sdk")
 pytest.importorskip("opentelemetry.instrumentation.grpc")
@@ -74,8 +72,8 @@ async def _each_protocol(server) -> dict[str, object]:
 
 
 def test_one_span_per_request_on_every_protocol_in_the_callers_trace(receiver) -> None:
-    server = start_http("--step-ms", "5",
-                        "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}")
+    server = start_server("--step-ms", "5",
+                          "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}", http=True)
     try:
         records = asyncio.run(_each_protocol(server))
         # A caller's own trace context: its span is the server span's parent.
@@ -119,8 +117,8 @@ def test_one_span_per_request_on_every_protocol_in_the_callers_trace(receiver) -
 
 
 def test_bench_joins_cadences_spans_to_its_requests(receiver) -> None:
-    server = start_http("--step-ms", "10",
-                        "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}")
+    server = start_server("--step-ms", "10",
+                          "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}", http=True)
     try:
         workload = Workload(requests=24, concurrency=8, shape=RequestShape(max_tokens=(8, 8)))
         result = run_bench(server.target, workload, traces=receiver, traces_wait_s=20)
@@ -193,18 +191,17 @@ def test_an_unreachable_collector_neither_fails_requests_nor_holds_the_stop() ->
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    server = ServerProcess("--step-ms", "5", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}",
-                           log_level="WARNING")
-    server.start()
+    server = start_server("--step-ms", "5", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}")
     try:
         with grpc.insecure_channel(server.target) as channel:
             call = channel.unary_stream("/cadence.v1.Inference/Generate",
                                         request_serializer=pb.GenerateRequest.SerializeToString,
                                         response_deserializer=pb.GenerateChunk.FromString)
             for _ in range(3):
-                assert len(list(call(pb.GenerateRequest(prompt="hi", max_tokens=3)))) == 3
+                chunks = list(call(pb.GenerateRequest(prompt="hi", max_tokens=3)))
+                assert sum(len(c.token_ids) for c in chunks) == 3  # in 1 to 3 messages
     finally:
         started = time.monotonic()
-        code = server.stop(60)
+        code = server.stop(timeout=60)
     # The SDK would wait out its retries (several seconds); the stop gives up after 2 s.
     assert code == 0 and time.monotonic() - started < 15

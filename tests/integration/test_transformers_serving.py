@@ -11,9 +11,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
-from tests.integration.test_openai import HttpServer, start_http
+from tests.integration.conftest import start_server
+from tests.integration.test_openai import HttpServer
 from tests.llama_models import PROMPTS
 from tests.transformers_models import generate_greedy, save_checkpoint
 
@@ -40,8 +44,8 @@ def tokenizer(folder):
 
 @pytest.fixture(scope="module")
 def server(folder) -> Iterator[HttpServer]:
-    running = start_http("--engine", "transformers", "--model", str(folder), "--devices",
-                         "cpu:2", "--served-model-name", "tiny")
+    running = start_server("--engine", "transformers", "--model", str(folder), "--devices",
+                           "cpu:2", "--served-model-name", "tiny", http=True)
     yield running
     assert running.stop() == 0
 
@@ -61,6 +65,7 @@ def _tokens(chunks: list) -> list[int]:
     return tokens
 
 
+@pytest.mark.slow
 def test_concurrent_streams_are_whole_and_equal_generate_on_two_workers(server, folder,
                                                                        tokenizer) -> None:
     async def run() -> list[list]:

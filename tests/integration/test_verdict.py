@@ -17,7 +17,7 @@ from cadence.lab.analysis.verdict import RULE_UNEXPLAINED_TAIL
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult
-from cadence.lab.servers.server_process import ServerProcess
+from tests.integration.conftest import start_server
 from tests.integration.test_foreign_servers import tokens_bench
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, cadence, python_server
 
@@ -51,7 +51,7 @@ def test_a_clean_service_ends_healthy_with_no_finding() -> None:
 
 
 def test_cadence_synthetic_engine_ends_healthy() -> None:
-    with ServerProcess("--devices", "cpu:2", "--step-ms", "10") as server:
+    with start_server("--devices", "cpu:2", "--step-ms", "10") as server:
         result = run_bench(server.target, Workload(
             requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))))
     assert result.verdict.state == "healthy", (result.verdict.line, result.diagnosis)

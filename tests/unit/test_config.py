@@ -83,7 +83,7 @@ def test_placement_options_are_checked(fields: dict, hint: str):
 
 def test_ray_launcher_config_is_accepted():
     config = ServerConfig(launcher="ray", transport="tcp", ray_address="auto", dist_ifname="eth1")
-    assert config.launcher == "ray" and config.heartbeat_timeout_s == 1.0
+    assert config.launcher == "ray" and config.heartbeat_timeout_s == 5.0
 
 
 def test_cli_defaults_are_the_configs_own() -> None:

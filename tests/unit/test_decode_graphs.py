@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.engines.llama.decode_graphs import DecodeGraphs
 from cadence.vocabulary import AddRequest
 from tests.llama_models import PROMPTS, hf_greedy, save_model

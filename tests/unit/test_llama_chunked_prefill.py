@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
 from cadence.vocabulary import AddRequest

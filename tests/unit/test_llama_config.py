@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 import torch
 
 from cadence.config import EngineConfig

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
 from cadence.transport.messages import StepOutput
@@ -103,6 +106,7 @@ def test_greedy_tokens_equal_transformers_in_a_mixed_length_batch(engine, prompt
     assert [staggered[i] for i in range(len(PROMPTS))] == [e[: N - 2 * i] for i, e in enumerate(expected)]
 
 
+@pytest.mark.slow
 def test_a_sequences_tokens_do_not_depend_on_its_batch(engine, prompt_ids):
     greedy = AddRequest(100, prompt_ids[2], 16)
     sampled = AddRequest(101, prompt_ids[0], 16, temperature=0.9, top_p=0.95, top_k=50, seed=7)

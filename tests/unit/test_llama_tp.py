@@ -6,6 +6,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from tests.llama_models import hf_greedy, run_rank, save_model
 
 N = 10
@@ -17,6 +22,7 @@ REQUESTS = [
 ]
 
 
+@pytest.mark.slow
 def test_two_ranks_give_the_tokens_of_one(tmp_path):
     folder = str(save_model(tmp_path / "m", tokenizer=False, num_attention_heads=4,
                             num_key_value_heads=2, intermediate_size=128))

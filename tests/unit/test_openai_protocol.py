@@ -125,9 +125,12 @@ _TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['con
              "{% endif %}")
 
 
+@pytest.mark.torch
 def test_a_checkpoint_template_gives_transformers_token_ids(tmp_path) -> None:
     """The rendered prompt, tokenized as the torch worker tokenizes it, is exactly
     transformers' `apply_chat_template(..., add_generation_prompt=True)` (one BOS)."""
+    pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+    pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -149,6 +152,7 @@ def test_a_checkpoint_template_gives_transformers_token_ids(tmp_path) -> None:
 
 
 def test_the_template_file_wins_and_no_template_means_none(tmp_path) -> None:
+    pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     assert load_template(tmp_path) is None
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
         {"name": "default", "template": "{{ messages[0]['content'] }}?"}]}))

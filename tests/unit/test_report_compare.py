@@ -117,6 +117,7 @@ def test_gates_on_integrity(tmp_path, capsys) -> None:
         "a bound of 0"]
 
 
+@pytest.mark.slow
 def test_an_absolute_gate_judges_a_single_run(tmp_path, capsys) -> None:
     pytest.importorskip("matplotlib")
     swapped = with_integrity(tmp_path, "swapped", reordered_chunks=1)

@@ -258,6 +258,7 @@ def test_client_side_rules_give_way_to_the_server_s_queue() -> None:
 # -- the summary, the report, the JSON -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_summary_lines_report_and_json(tmp_path: Path) -> None:
     pages = [vllm_page(8, 24, kv=0.5, tokens=100 * k) for k in range(10)]
     result = with_roles(pages)

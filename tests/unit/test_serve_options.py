@@ -73,6 +73,9 @@ def test_the_python_api_names_an_unknown_option_and_what_it_may_have_meant() -> 
         configure(_APP, {"max_concurent": 8})
     with pytest.raises(TypeError, match=r"'stall_timeout' \(did you mean 'stall_timeout_s'"):
         configure(_APP, {"stall_timeout": 3})
+    # A keyword spelt after one of the option's flags (--grace) names the option.
+    with pytest.raises(TypeError, match=r"'grace_s' \(did you mean 'drain_timeout_s'\?\)"):
+        configure(_APP, {"grace_s": 3})
     with pytest.raises(ValueError, match="overflow"):
         configure(_APP, {"overflow": "drop"})
     config, _ = configure(_APP, {"devices": "cpu:2", "port": 0, "max_concurrent": 8})

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.torch]
+pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
+
 from cadence.api.openai.chat import TemplateChat, chat_format
 from cadence.config import EngineConfig, ServerConfig
 from cadence.engines.transformers_model import TRANSFORMERS_MODEL
@@ -192,6 +195,7 @@ def test_serve_resolves_transformers_to_the_model_class(checkpoints) -> None:
 
 
 def test_chat_uses_the_folders_template(checkpoints) -> None:
+    pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     folder = checkpoints["mistral"]
     (folder / "chat_template.jinja").write_text(
         "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
@@ -201,6 +205,7 @@ def test_chat_uses_the_folders_template(checkpoints) -> None:
 
 
 def test_the_example_builds_a_folder_the_engine_serves(tmp_path) -> None:
+    pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     from examples.transformers_model import build
 
     folder = build(tmp_path / "tiny-qwen3")
