@@ -82,7 +82,7 @@ def test_a_rising_rate_stops_at_the_knee_capacity_finds(tmp_path) -> None:
     `cadence capacity` finds under a TTFT SLO (its queue takes off at the same load)."""
     from tests.integration.test_bench_honest import bench
 
-    with ServerProcess("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
+    with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
         out = tmp_path / "ramp.json"
         ramp = bench("--target", server.target, "--rate", "20:80", "--ramp", "4",
                      "--duration", "6", "--max-tokens", "10", "--saturation-stop", "0.5",

@@ -233,13 +233,12 @@ def test_request_classes_in_a_mix_are_reported_by_class(served, tmp_path) -> Non
 def test_prefix_cache_hit_rate_by_worker_is_scraped(tmp_path) -> None:
     """Conversations over two workers with prefix caching: the hit rate of each worker, from
     its counters, beside the cached tokens the server reported per request."""
-    with ServerProcess("--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "2",
-                       "--prefix-caching") as server:
-        [metrics] = re.findall(r"\(metrics on (\S+?)\)", server.banner)
+    with start_server("--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "2",
+                      "--prefix-caching") as server:
         out = tmp_path / "run.json"
         done = bench("--target", server.target, "--sessions", "4", "--turns", "3",
                      "--prompt-tokens", "100", "--max-tokens", "4",
-                     "--scrape", f"http://{metrics}/metrics", "--json", str(out))
+                     "--scrape", server.metrics_url, "--json", str(out))
     assert done.returncode == 0, done.stderr
     result = msgspec.convert(json.loads(out.read_text()), BenchResult)
     hits = result.scraped.prefix_cache
