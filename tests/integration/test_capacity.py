@@ -74,3 +74,26 @@ def test_bad_arguments_are_one_line(tmp_path) -> None:
                            "--requests", "4", *args)
         assert done.returncode != 0 and said in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_rising_rate_stops_at_the_knee_capacity_finds(tmp_path) -> None:
+    """--max-batch 4, 10 steps of 10 ms a request: the server ends at most ~40 requests/s.
+    A ramp with the over-saturation stop ends past the knee, within 25% of the rate that
+    `cadence capacity` finds under a TTFT SLO (its queue takes off at the same load)."""
+    from tests.integration.test_bench_honest import bench
+
+    with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
+        out = tmp_path / "ramp.json"
+        ramp = bench("--target", server.target, "--rate", "20:80", "--ramp", "4",
+                     "--duration", "6", "--max-tokens", "10", "--saturation-stop", "0.5",
+                     "--json", str(out))
+        found, done = capacity(tmp_path, "--target", server.target, "--search", "rate",
+                               "--slo", "ttft_p99_ms=100", "--low", "30", "--high", "60",
+                               "--duration", "1", "--max-tokens", "10")
+    assert ramp.returncode == 0 and done.returncode == 0, ramp.stderr + done.stderr
+    seen = json.loads(out.read_text())["saturation"]
+    assert seen["stopped"] and seen["stopped_at_s"] < 5, seen
+    assert "over-saturation stop: the server stopped keeping up at" in ramp.stdout
+    assert 0.75 * found["max_passing"] <= seen["knee_rate_per_s"] <= 1.25 * found["max_passing"]
+    # The run stopped sending at the knee: no request went out after it.
+    assert seen["stopped_at_s"] < 6 and seen["peak_achieved_rate_per_s"] <= 50

@@ -191,3 +191,59 @@ def test_rate_steps_with_a_warm_up_by_time(served, tmp_path) -> None:
     assert 10 <= result.requests <= 55 and result.client.schedule_lag_ms.count == result.requests
     first = min(r.scheduled_ns for r in result.records)
     assert all(r.start_ns >= first for r in result.records)
+
+
+def test_request_classes_in_a_mix_are_reported_by_class(served, tmp_path) -> None:
+    target, _ = served
+    out = tmp_path / "run.json"
+    done = bench("--target", target, "--concurrency", "8", "--requests", "40",
+                 "--class", "chat prompt=20 max=4 slo=ttft_p99_ms=10000",
+                 "--class", "summarize prompt=200:300 max=16 slo=ttft_p99_ms=0.001",
+                 "--mix", "chat:70%,summarize:30%", "--json", str(out),
+                 "--export", str(tmp_path / "rows.csv"))
+    assert done.returncode == 0, done.stderr
+    assert "by request class:" in done.stdout
+    result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+    groups = result.by_class
+    assert set(groups) == {"chat", "summarize"}
+    assert sum(g.requests for g in groups.values()) == 40 and groups["chat"].requests > 18
+    assert {r.request_class for r in result.records} == {"chat", "summarize"}
+    for r in result.records:  # each request made to its class's lengths
+        if r.request_class == "chat":
+            assert (r.prompt_tokens, r.max_tokens, r.output_tokens) == (20, 4, 4)
+        else:
+            assert 200 <= r.prompt_tokens <= 300 and r.max_tokens == 16
+    # Each class judged on its own SLO: one easy, one impossible.
+    assert groups["chat"].goodput.passed and groups["chat"].goodput.good_share == 1.0
+    assert not groups["summarize"].goodput.passed
+    assert [c.name for c in result.workload.mix] == ["chat", "summarize"]
+    assert result.workload.mix[1].prompt_tokens == [200, 300]
+    rows = (tmp_path / "rows.csv").read_text().splitlines()
+    assert rows[0].endswith(",request_class") and sum(r.endswith(",chat") for r in rows) > 18
+    # Bad definitions are one line each, before any load.
+    for args, says in ((["--mix", "chat:70%,x:20%"], "add up to 90%"),
+                       (["--mix", "chat:100%"], "no --class defines it"),
+                       (["--class", "chat max=4", "--mix", "chat:100%", "--sessions", "2"],
+                        "--mix makes the requests itself"),
+                       (["--class", "chat size=4"], "expected 'NAME prompt=LEN")):
+        bad = bench("--target", target, *args)
+        assert bad.returncode != 0 and says in bad.stderr, bad.stderr
+
+
+def test_prefix_cache_hit_rate_by_worker_is_scraped(tmp_path) -> None:
+    """Conversations over two workers with prefix caching: the hit rate of each worker, from
+    its counters, beside the cached tokens the server reported per request."""
+    with start_server("--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "2",
+                      "--prefix-caching") as server:
+        out = tmp_path / "run.json"
+        done = bench("--target", server.target, "--sessions", "4", "--turns", "3",
+                     "--prompt-tokens", "100", "--max-tokens", "4",
+                     "--scrape", server.metrics_url, "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+    hits = result.scraped.prefix_cache
+    assert [h.labels for h in hits] == [{"worker": "0"}, {"worker": "1"}]
+    assert sum(h.hit_tokens for h in hits) > 0 and all(0 <= h.hit_rate <= 1 for h in hits)
+    # The counters and the per-request counts tell the same: within the scrapes' edges.
+    assert sum(h.hit_tokens for h in hits) <= result.cached_tokens.per_request.mean * 12 + 1
+    assert "prefix cache hit rate (--scrape" in done.stdout and "worker 1" in done.stdout

@@ -374,3 +374,30 @@ def test_rate_stages_and_ramps_shape_the_arrivals() -> None:
     plan = ProcessPlan(process=0, target="x", shape=RequestShape(seed=3), requests=None, rate=200.0,
                        stages=[(40.0, 40.0, 5.0), (200.0, 200.0, 5.0)])
     assert [offset for _, offset in _my_requests(plan)] == steps
+
+
+def test_the_saturation_watch_stops_where_ttft_leaves_its_floor() -> None:
+    """A ramp from 10 to 50 requests/s over 4 s on a server that ends at most 20/s: the
+    windows before the knee pass, two past it end the run, the knee is at the offered 20."""
+    import math
+
+    from cadence.lab.load.saturation import SaturationWatch, offered_between
+
+    stages = [(10.0, 50.0, 4.0), (50.0, 50.0, math.inf)]
+    assert offered_between(stages, 0, 4) == pytest.approx(120)
+    assert offered_between(stages, 4, 5) == pytest.approx(50)
+    watch = SaturationWatch(0.5, stages)
+    backlog = 0.0
+    for k in range(16):
+        a = k * 0.5
+        offered = offered_between(stages, a, a + 0.5)
+        served = min(offered + backlog, 10.0)  # 20/s
+        backlog += offered - served
+        for n in range(round(served)):  # TTFT: 20 ms, plus the queue's wait
+            watch.ended(a + (n + 0.5) * 0.5 / round(served), 20 + backlog / 20 * 1e3)
+        if watch.stop(a + 0.5):
+            break
+    seen = watch.result
+    assert seen.stopped and seen.stopped_at_s <= 3.0
+    assert 17 <= seen.knee_rate_per_s <= 26
+    assert [w[0] for w in seen.windows] == [k * 0.5 for k in range(len(seen.windows))]

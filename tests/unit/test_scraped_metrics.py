@@ -289,3 +289,28 @@ def test_a_page_without_known_names_is_plotted_by_its_changing_series(tmp_path: 
     assert (tmp_path / "server_metrics.png").exists()
     assert scraped_lines(result.scraped) == [
         "scraped http://vllm:8000/metrics (no names of a known server): 5 scrapes, 2 series"]
+
+
+def _cache_page(prefix: str, label: str, counts: dict[str, tuple[int, int]]) -> str:
+    """A page of prefix-cache counters: {label value: (hits, queries)}."""
+    lines = []
+    for kind, at in (("hits", 0), ("queries", 1)):
+        lines.append(f"# TYPE {prefix}prefix_cache_{kind} counter")
+        lines += [f'{prefix}prefix_cache_{kind}_total{{{label}="{v}"}} {c[at]}'
+                  for v, c in counts.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("prefix, label", [("cadence_", "worker"), ("vllm:", "engine")])
+def test_prefix_cache_hit_rate_by_worker(prefix, label) -> None:
+    """cadence's counters by worker and vLLM's by engine: each label set's hit rate over the
+    scrapes, from the counters' growth (the tokens before the first scrape not counted)."""
+    pages = [(0.0, {"0": (5, 10), "1": (0, 0)}), (0.5, {"0": (15, 110), "1": (0, 40)}),
+             (1.0, {"0": (65, 210), "1": (30, 80)})]
+    scraped = from_pages({"http://x/metrics": [(t, _cache_page(prefix, label, c))
+                                               for t, c in pages]})
+    [w0, w1] = scraped.prefix_cache
+    assert (w0.labels, w0.hit_tokens, w0.query_tokens) == ({label: "0"}, 60, 200)
+    assert w0.hit_rate == pytest.approx(0.3) and w1.hit_rate == pytest.approx(30 / 80)
+    assert w0.metric == f"{prefix}prefix_cache_hits_total"
+    assert not from_pages({"http://x/metrics": [(0.0, "a 1\n"), (0.5, "a 2\n")]}).prefix_cache

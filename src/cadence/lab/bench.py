@@ -74,6 +74,9 @@ class Workload:
     """Requests sent in the run's first seconds are not counted (`--warmup-duration`)."""
     trace: results.TraceWorkload | None = None
     """What `shape.trace` was read from (`--trace`): the run is then open, on its times."""
+    saturation_window_s: float = 0.0
+    """With stages: end the run at the knee, judged over windows this long
+    (`--saturation-stop`, `cadence.lab.load.saturation`); 0: never."""
 
     @property
     def offered_rate(self) -> float | None:
@@ -128,6 +131,7 @@ class Workload:
                 read_delay_ms=self.read_delay_ms,
                 credentials=credentials,
                 protocol=protocol,
+                saturation_window_s=self.saturation_window_s,
             )
             for p in range(processes)
         ]
@@ -235,6 +239,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             trace=(workload.trace or described_trace(workload.shape)
                    if workload.shape.trace else msgspec.UNSET),
             conversation=_conversation(workload.shape),
+            mix=_mix(workload.shape),
             channels_per_process=channels,
             protocol=name,
             model=kserve.model if kserve is not None else openai.model if openai else None,
@@ -255,6 +260,9 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
             tokens_field=grpc.tokens_field or None, index_field=grpc.index_field or None,
             headers=sorted({k for k, _ in grpc.headers}),
         )
+    watched = [p.saturation for p in processes_out if p.saturation is not None]
+    if watched:
+        result.saturation = next((w for w in watched if w.stopped), watched[0])
     if pages is not None:
         result.scraped = pages.result(run_window(records, sampler.started_ns))
     if traces is not None:
@@ -262,6 +270,8 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
                                          traces.port, traces.dropped)
     if slo:
         result.goodput = goodput(records, list(slo), stats)
+    if workload.shape.mix is not None and result.by_class:
+        _class_goodput(result, workload.shape.mix, records, stats.wall_s)
     if baseline:
         result.baseline, result.overhead_ms = _baseline(target, workload, result)
     result.diagnosis = diagnose(result)
@@ -270,6 +280,19 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
+
+
+def _class_goodput(result: results.BenchResult, mix, records, wall_s: float) -> None:
+    """Each request class with SLO terms of its own: its goodput on them, over the run's
+    wall time."""
+    from cadence.lab.analysis.goodput import parse_term
+
+    for cls in mix.classes:
+        group = [r for r in records if r.request_class == cls.name]
+        if cls.slo and cls.name in result.by_class:
+            stats = msgspec.structs.replace(summarize(group), wall_s=wall_s)
+            result.by_class[cls.name].goodput = goodput(
+                group, [parse_term(t) for t in cls.slo], stats)
 
 
 def described_trace(shape: RequestShape, file: str = "", speed: float = 1.0,
@@ -294,6 +317,18 @@ def _conversation(shape: RequestShape) -> results.ConversationWorkload | msgspec
     return results.ConversationWorkload(sessions=c.sessions, turns=c.turns,
                                         think_ms=c.think_ms,
                                         session_header=shape.session_header or None)
+
+
+def _mix(shape: RequestShape) -> list[results.ClassWorkload] | msgspec.UnsetType:
+    mix = shape.mix
+    if mix is None:
+        return msgspec.UNSET
+    return [results.ClassWorkload(
+        name=c.name, share=share, prompt_tokens=list(c.prompt_tokens),
+        max_tokens=list(c.max_tokens),
+        prompt_length_distribution=_said(c.prompt_lengths) or None,
+        output_length_distribution=_said(c.output_lengths) or None, slo=c.slo)
+        for c, share in zip(mix.classes, mix.shares, strict=True)]
 
 
 def _roots(server: dict[str, int]) -> list[int]:

@@ -328,9 +328,25 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=_length, default="16",
                    help="as --max-tokens, for the prompt")
     p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
+    p.add_argument("--class", dest="classes", action="append", default=[], type=_request_class,
+                   metavar="'NAME prompt=LEN max=LEN slo=TERM,...'",
+                   help="a request class for --mix (repeatable): its name, then its prompt and "
+                        "output lengths (as --prompt-tokens and --max-tokens; default theirs) "
+                        "and optionally its own SLO terms (as --slo), separated by spaces, "
+                        "e.g. --class 'chat prompt=128 max=64 slo=ttft_p99_ms=200'")
+    p.add_argument("--mix", type=_mix_shares, default=None, metavar="NAME:SHARE%,...",
+                   help="send the --class classes in these shares (e.g. "
+                        "'chat:70%%,summarize:30%%'; they add up to 100%%): results by class")
     p.add_argument("--ramp", type=_duration, default=None, metavar="S",
                    help="with --rate LO:HI: the rate rises linearly from LO to HI over S "
                         "seconds (e.g. 120s), then holds")
+    p.add_argument("--saturation-stop", type=_duration, nargs="?", const=2.0, default=None,
+                   metavar="WINDOW_S",
+                   help="with --rate LO:HI --ramp S or --stages: end the run once the server "
+                        "no longer keeps up (in windows of WINDOW_S seconds, default 2: the "
+                        "achieved rate more than 10%% under the offered one while TTFT p50 "
+                        "grows past twice its floor, two windows in a row) and report the "
+                        "knee's rate (JSON `saturation`)")
     p.add_argument("--warmup-duration", type=_duration, default=0.0, metavar="S",
                    help="the requests sent in the run's first S seconds are sent but not "
                         "counted")
@@ -411,6 +427,7 @@ def workload_from_args(args: argparse.Namespace):
             conversation=conversation,
             session_header=args.session_header.strip().lower(),
             clients=_client_mix(args),
+            mix=_class_mix(args),
         ),
         trace=described,
         include_timing=not args.no_timing,
@@ -418,7 +435,97 @@ def workload_from_args(args: argparse.Namespace):
         stall_s=args.stall_limit,
         warmup=args.warmup,
         read_delay_ms=args.read_delay_ms[0] if args.read_delay_ms[1] == 1.0 else 0.0,
+        saturation_window_s=_saturation_window(args, stages),
     )
+
+
+_CLASS_KEYS = ("prompt", "max", "slo")
+
+
+def _request_class(text: str):
+    """`NAME prompt=LEN max=LEN slo=TERM,...`: a RequestClass (lengths unset: the run's)."""
+    from cadence.lab.analysis.goodput import parse_term
+
+    name, *fields = text.split()
+    given: dict[str, str] = {}
+    for item in fields:
+        key, sep, value = item.partition("=")
+        if not sep or key not in _CLASS_KEYS or not value:
+            raise argparse.ArgumentTypeError(
+                f"expected 'NAME prompt=LEN max=LEN slo=TERM,...', got {item!r} in {text!r}")
+        given[key] = value
+    if not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"a class name is one word, got {name!r}")
+    slo = given.get("slo", "").split(",") if "slo" in given else []
+    try:
+        for term in slo:
+            parse_term(term)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--class {name}: {exc}") from None
+    return name, given.get("prompt"), given.get("max"), slo
+
+
+def _mix_shares(text: str) -> list[tuple[str, float]]:
+    """`NAME:SHARE%,...`: (name, share in 0..1) pairs that add up to 1."""
+    shares = []
+    for part in text.split(","):
+        name, sep, share = part.strip().partition(":")
+        try:
+            value = float(share.removesuffix("%")) / 100 if sep else math.nan
+        except ValueError:
+            value = math.nan
+        if not name or not value > 0:
+            raise argparse.ArgumentTypeError(f"expected NAME:SHARE%,... (e.g. chat:70%,"
+                                             f"summarize:30%), got {part!r}")
+        shares.append((name, value))
+    if abs(sum(v for _, v in shares) - 1.0) > 1e-6:
+        raise argparse.ArgumentTypeError(f"the shares of --mix add up to "
+                                         f"{sum(v for _, v in shares):.0%}, not 100%")
+    return shares
+
+
+def _class_mix(args: argparse.Namespace):
+    """The ClassMix of `--mix` and `--class`; None without them. Exits when they do not fit."""
+    if args.mix is None:
+        if args.classes:
+            sys.exit("cadence bench: --class needs --mix (the classes' shares)")
+        return None
+    if args.prompts or args.trace or args.sessions:
+        sys.exit("cadence bench: --mix makes the requests itself: not with --prompts, --trace "
+                 "or --sessions")
+    from cadence.lab.load.plan import ClassMix, RequestClass
+
+    defined = {name: (prompt, out, slo) for name, prompt, out, slo in args.classes}
+    classes = []
+    for name, _ in args.mix:
+        if name not in defined:
+            sys.exit(f"cadence bench: --mix names {name!r}, but no --class defines it")
+        prompt, out, slo = defined[name]
+        lengths = {}
+        for key, text, default in (("prompt", prompt, args.prompt_tokens),
+                                   ("max", out, args.max_tokens)):
+            try:
+                lengths[key] = _length(text) if text else default
+            except argparse.ArgumentTypeError as exc:
+                sys.exit(f"cadence bench: --class {name}: {key}={text}: {exc}")
+        classes.append(RequestClass(
+            name=name, prompt_tokens=_bounds(lengths["prompt"]),
+            max_tokens=_bounds(lengths["max"]), prompt_lengths=_distribution(lengths["prompt"]),
+            output_lengths=_distribution(lengths["max"]), slo=slo))
+    return ClassMix(classes=classes, shares=[share for _, share in args.mix])
+
+
+def _saturation_window(args: argparse.Namespace, stages) -> float:
+    """`--saturation-stop`'s window (0 without it); exits when the load does not rise."""
+    window = getattr(args, "saturation_stop", None)
+    if window is None:
+        return 0.0
+    if not stages:
+        sys.exit("cadence bench: --saturation-stop needs a rising load: --rate LO:HI --ramp S "
+                 "or --stages")
+    if not window > 0:
+        sys.exit("cadence bench: --saturation-stop takes a window above 0 seconds")
+    return window
 
 
 def _share_of(text: str) -> tuple[float, float]:

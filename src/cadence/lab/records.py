@@ -59,10 +59,35 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     population: str = ""
     """Its client population (slow_reader, cancelling, deadline, plain); "" in a run of one
     behaviour."""
+    request_class: str = ""
+    """Its request class (`--mix`); "" in a run of one class."""
+    first_reasoning_ns: int = 0
+    """OpenAI, a server that streams reasoning apart from the answer (`delta.reasoning_content`
+    or `delta.reasoning`): when its first reasoning output arrived; 0: none came."""
+    first_answer_ns: int = 0
+    """Such a server: when its first answer output (`delta.content`) arrived; 0: none came,
+    or no reasoning did."""
 
     @property
     def output_tokens(self) -> int:
         return sum(self.tokens)
+
+
+class Saturation(msgspec.Struct, kw_only=True):
+    """The over-saturation stop's view of a rising load (`cadence.lab.load.saturation`)."""
+
+    window_s: float = 0.0
+    stopped: bool = False
+    """The run ended early: the server no longer kept up."""
+    knee_rate_per_s: float | None = None
+    """The offered rate at which it stopped keeping up (when it stopped)."""
+    knee_at_s: float | None = None
+    stopped_at_s: float | None = None
+    peak_achieved_rate_per_s: float | None = None
+    """The most requests/s that ended in one window."""
+    windows: list[list[float]] = []
+    """[start s, offered requests/s, achieved requests/s, TTFT p50 ms] of each window judged
+    (rates of the whole run; TTFT NaN when too few ended, Infinity when none did)."""
 
 
 class ProcessResult(msgspec.Struct, array_like=True):
@@ -83,3 +108,5 @@ class ProcessResult(msgspec.Struct, array_like=True):
     schedule); empty in a closed loop."""
     aborted: str | None = None
     """Why the process stopped sending early (`FailureStreak`); None: it ran to its end."""
+    saturation: Saturation | None = None
+    """With the over-saturation stop: what it saw of the load."""

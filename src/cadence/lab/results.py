@@ -19,7 +19,7 @@ import math
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from cadence.lab.records import RequestRecord
+from cadence.lab.records import RequestRecord, Saturation
 
 Number = int | float
 """A figure that is an integer or not depending on the values it came from (a max of token
@@ -184,11 +184,19 @@ class RunStats(msgspec.Struct, kw_only=True):
     first)."""
     cached_tokens: CachedTokens | UnsetType = UNSET
     """Where the server reports the prompt tokens it had cached."""
+    ttft_reasoning_ms: Distribution | UnsetType = UNSET
+    """OpenAI, a server that streams reasoning apart from the answer: the time to its first
+    reasoning output, as the one below to its first answer output, over the requests that
+    had reasoning (`ttft_ms` is the first output of either)."""
+    ttft_answer_ms: Distribution | UnsetType = UNSET
     cancelled_by_client: int | UnsetType = UNSET
     """Requests the client cancelled on purpose (`--cancel-ms`): not among `errors_by_code`."""
     by_population: dict[str, Population] | UnsetType = UNSET
     """Mixed clients (`--read-delay-ms MS@SHARE%`, `--cancel-ms`, `--deadline-ms`): each
     population's requests and figures."""
+    by_class: dict[str, Population] | UnsetType = UNSET
+    """Request classes (`--mix`): each class's requests and figures, and its goodput under
+    its own SLO terms."""
 
 
 class Population(msgspec.Struct, kw_only=True):
@@ -203,6 +211,11 @@ class Population(msgspec.Struct, kw_only=True):
     itl_ms: Distribution = msgspec.field(default_factory=Distribution)
     e2e_ms: Distribution = msgspec.field(default_factory=Distribution)
     """Over the requests that ended OK."""
+    prompt_tokens: Distribution | UnsetType = UNSET
+    """Request classes: the prompt lengths sent, as the one below."""
+    max_tokens: Distribution | UnsetType = UNSET
+    goodput: Goodput | UnsetType = UNSET
+    """A request class with SLO terms of its own: the class judged on them alone."""
 
 
 class CachedTokens(msgspec.Struct, kw_only=True):
@@ -346,6 +359,24 @@ class ScrapedMetrics(msgspec.Struct, kw_only=True):
     endpoints: list[ScrapedEndpoint] = []
     roles: dict[str, ScrapedRole] = {}
     series: list[ScrapedSeries] = []
+    prefix_cache: list[PrefixCacheHits] | UnsetType = UNSET
+    """The prefix cache's hit rate of each worker (each label set) over the run, from the
+    counters cadence and vLLM export (`cadence.lab.measure.prometheus.prefix_cache_hits`)."""
+
+
+class PrefixCacheHits(msgspec.Struct, kw_only=True):
+    """One label set's prefix-cache counters over the scrapes: prompt tokens looked up in the
+    cache and found in it (vLLM's and cadence's queries and hits, counted in tokens)."""
+
+    url: str
+    labels: dict[str, str] = {}
+    """e.g. {"worker": "0"} (cadence), {"engine": "0", "model_name": ...} (vLLM)."""
+    metric: str = ""
+    """The hits counter read."""
+    query_tokens: float = 0.0
+    hit_tokens: float = 0.0
+    hit_rate: float | None = None
+    """hit_tokens / query_tokens; null when nothing was looked up."""
 
 
 class System(msgspec.Struct, kw_only=True):
@@ -398,6 +429,8 @@ class Workload(msgspec.Struct, kw_only=True):
     grpc: GrpcWorkload | UnsetType = UNSET
     trace: TraceWorkload | UnsetType = UNSET
     conversation: ConversationWorkload | UnsetType = UNSET
+    mix: list[ClassWorkload] | UnsetType = UNSET
+    """`--mix`: the request classes, each with its share, lengths and SLO terms."""
     rate_stages: list[list[float]] | UnsetType = UNSET
     """`--ramp`, `--stages`: [rate at start, rate at end, seconds] each (Infinity: it holds)."""
     warmup_s: float | UnsetType = UNSET
@@ -422,6 +455,19 @@ class TraceWorkload(msgspec.Struct, kw_only=True):
     with_hash_ids: int = 0
     """Rows whose prompts are built from hash blocks (shared prefixes)."""
     sessions: int = 0
+
+
+class ClassWorkload(msgspec.Struct, kw_only=True):
+    """One request class of `--mix` (`--class`)."""
+
+    name: str
+    share: float
+    prompt_tokens: list[int] = []
+    """[LO, HI] (a distribution's bounds)."""
+    max_tokens: list[int] = []
+    prompt_length_distribution: str | None = None
+    output_length_distribution: str | None = None
+    slo: list[str] = []
 
 
 class ConversationWorkload(msgspec.Struct, kw_only=True):
@@ -699,6 +745,9 @@ class BenchResult(RunStats, kw_only=True):
     overhead_ms: dict[str, Overhead] | UnsetType = UNSET
     records: list[RequestRecord] | UnsetType = UNSET
     """Every request's raw record; left out of a sweep's runs."""
+    saturation: Saturation | UnsetType = UNSET
+    """`--saturation-stop`: the windows judged, whether the run ended at the knee and at what
+    rate (`cadence.lab.load.saturation`)."""
     diagnosis: list[Finding] = []
     run: RunInfo | UnsetType = UNSET
     http2: Http2Settings | UnsetType = UNSET

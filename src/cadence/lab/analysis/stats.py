@@ -27,13 +27,17 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
   from the time the schedule meant the request to go rather than when it went; apart from
   ttft_ms by the dispatch delay (`client.schedule_lag_ms`). A client that sends late hides
   the server's delay from ttft_ms (coordinated omission); not from these.
+- ttft_reasoning_ms, ttft_answer_ms (OpenAI, a server that streams reasoning apart from the
+  answer): the first reasoning output's and the first answer output's arrival − send time,
+  over the requests with reasoning; ttft_ms is the first output of either.
 - ttft_by_turn_ms (conversations, traces with sessions): ttft_ms of each turn by its number.
 - cached_tokens: the prompt tokens the server said it had cached, over the requests it said
   it for, and their share of the prompt tokens sent.
 - cancelled_by_client: requests the client cancelled on purpose (`--cancel-ms`), left out of
   errors_by_code (not the server's failures); by_population: each client population's
   requests, status codes, TTFT (cancelled requests with a first chunk included), ITL and
-  e2e (requests that ended OK).
+  e2e (requests that ended OK); by_class: the same of each request class (`--mix`), with
+  its prompt and max_tokens lengths.
 - every distribution's p999: the 99.9th percentile, interpolated between ranks.
 - front_loop (server timing from cadence): how late the front's event loop woke for its
   heartbeat timer during the run, from the lag tallies timed streams carry (the tally at the
@@ -194,6 +198,18 @@ def summarize(records: list[RequestRecord]) -> RunStats:
         result.cancelled_by_client = cancelled
     if any(r.population for r in records):
         result.by_population = populations(records)
+    if any(r.request_class for r in records):
+        result.by_class = populations(records, "request_class")
+        for name, group in result.by_class.items():
+            lengths = [r for r in records if r.request_class == name]
+            group.prompt_tokens = distribution(r.prompt_tokens for r in lengths)
+            group.max_tokens = distribution(r.max_tokens for r in lengths)
+    reasoned = [r for r in ok if r.first_reasoning_ns]
+    if reasoned:
+        result.ttft_reasoning_ms = distribution(
+            (r.first_reasoning_ns - r.start_ns) / _NS_PER_MS for r in reasoned)
+        result.ttft_answer_ms = distribution(
+            (r.first_answer_ns - r.start_ns) / _NS_PER_MS for r in reasoned if r.first_answer_ns)
     reported = [r for r in records if r.cached_tokens >= 0]
     if reported:
         sent = sum(r.prompt_tokens for r in reported)
@@ -218,11 +234,13 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     return result
 
 
-def populations(records: list[RequestRecord]) -> dict[str, Population]:
-    """Each client population's requests and figures, by its name."""
+def populations(records: list[RequestRecord], key: str = "population"
+                ) -> dict[str, Population]:
+    """Each client population's (or, by `key`, request class's) requests and figures, by
+    its name."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
-        groups.setdefault(r.population or "plain", []).append(r)
+        groups.setdefault(getattr(r, key) or "plain", []).append(r)
     out = {}
     for name, group in sorted(groups.items()):
         ok = [r for r in group if is_ok(r)]

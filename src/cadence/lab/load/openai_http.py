@@ -8,8 +8,11 @@ cadence's own extension (`cadence_timing: true` puts the chunk's position, token
 server timestamps on every event, so the segments work); from another server, each event
 with text counts one token, unless the last chunk's `usage.completion_tokens` says more, which
 are then spread evenly over the events; with a tokenizer (`OpenAITarget.tokenizer`,
-`--tokenizer`), the output's text is counted in its tokens instead, spread the same way. The
-request asks for usage
+`--tokenizer`), the output's text is counted in its tokens instead, spread the same way, and
+the prompt's text (a chat's messages' contents, without the chat template) in its tokens. A
+server that streams reasoning apart from the answer (`delta.reasoning_content`, as vLLM and
+SGLang send, or `delta.reasoning`) has both counted as output; the first of each is kept
+(`first_reasoning_ns`, `first_answer_ns`). The request asks for usage
 (`stream_options.include_usage`). The prompt is text: the planned prompt's token ids as
 printable characters, one per token (servers count them with their own tokenizers).
 
@@ -71,6 +74,7 @@ class OpenAIDriver(Driver):
 
     def __init__(self, target: OpenAITarget) -> None:
         self.target = target
+        self._prompts: dict[str, list[int]] = {}
 
     async def connect(self, session: Session) -> None:
         self.session = session
@@ -79,6 +83,8 @@ class OpenAIDriver(Driver):
     async def one(self, request: RequestPlan, process: int,
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
+        if self.target.tokenizer:  # its prompt counted after the run, in the tokenizer's tokens
+            self._prompts[request.request_id] = request.prompt_token_ids
         return await one_openai(self.target, self._clients[lane % len(self._clients)], request,
                                 process, s.include_timing, *s.for_request(request),
                                 s.stall_s)
@@ -86,7 +92,11 @@ class OpenAIDriver(Driver):
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         if self.target.tokenizer and not hasattr(self, "_count"):
             self._count = token_counter(self.target.tokenizer)
-        decode_events(record, chunks, self.session.include_timing, getattr(self, "_count", None))
+        count = getattr(self, "_count", None)
+        decode_events(record, chunks, self.session.include_timing, count)
+        prompt = self._prompts.pop(record.request_id, None)
+        if count is not None and prompt is not None:
+            record.prompt_tokens = count(prompt_text(prompt))
 
     async def close(self) -> None:
         for client in self._clients:
@@ -271,11 +281,21 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
             continue
         delta = choice.get("delta", choice)
         text = delta.get("content") if "delta" in choice else choice.get("text")
+        thought = (delta.get("reasoning_content") or delta.get("reasoning")) \
+            if "delta" in choice else None
+        if thought and not record.first_reasoning_ns:
+            record.first_reasoning_ns = at
+        if text and not record.first_answer_ns:
+            record.first_answer_ns = at
+        if thought:
+            text = thought + (text or "")
         if text:
             kept_arrivals.append(at)
             tokens.append(1)
             index.append(len(index))
             texts.append(text)
+    if not record.first_reasoning_ns:
+        record.first_answer_ns = 0  # only beside reasoning
     if not ours and count is not None and texts:
         usage_tokens = count("".join(texts))
     if not ours and usage_tokens and tokens and usage_tokens != len(tokens):

@@ -38,6 +38,8 @@ class RequestPlan(msgspec.Struct, frozen=True, array_like=True):
     """Its population's deadline; 0: the run's (`--timeout`)."""
     cancel_s: float = 0.0
     """Cancel it this long after its send (the cancelling population); 0: never."""
+    request_class: str = ""
+    """Its request class (`ClassMix`, `--mix`); "" in a run of one class."""
 
 
 class ClientMix(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,6 +63,42 @@ class ClientMix(msgspec.Struct, frozen=True, kw_only=True):
                 return msgspec.structs.replace(plan, population=name, **{field: ms / 1e3})
             u -= share
         return msgspec.structs.replace(plan, population="plain")
+
+
+class RequestClass(msgspec.Struct, frozen=True, kw_only=True):
+    """One class of requests of a `--mix` (`--class 'NAME prompt=SPEC max=SPEC slo=...'`):
+    its lengths, each a range (LO, HI) or a distribution, and its own SLO terms."""
+
+    name: str
+    prompt_tokens: tuple[int, int] = (16, 16)
+    max_tokens: tuple[int, int] = (128, 128)
+    prompt_lengths: Lengths | None = None
+    output_lengths: Lengths | None = None
+    slo: list[str] = []
+    """Its SLO terms as given (`ttft_p99_ms=200`): its goodput is judged on them alone."""
+
+    def lengths(self, rng: random.Random) -> tuple[int, int]:
+        """(prompt length, max_tokens) of one request of the class."""
+        p, o = self.prompt_lengths, self.output_lengths
+        prompt = p.draw(rng) if p is not None else rng.randint(*self.prompt_tokens)
+        return prompt, o.draw(rng) if o is not None else rng.randint(*self.max_tokens)
+
+
+class ClassMix(msgspec.Struct, frozen=True, kw_only=True):
+    """`--mix 'chat:70%,summarize:30%'`: each request is of one class, drawn by its share
+    from the seed (the same in every run), and made to that class's lengths."""
+
+    classes: list[RequestClass]
+    shares: list[float]
+    """Each class's share, in `classes`' order; they add up to 1."""
+
+    def pick(self, seed: int, number: int) -> RequestClass:
+        u = random.Random(seed * 1_000_003 + number + 0xC1A55).random()
+        for cls, share in zip(self.classes, self.shares, strict=True):
+            if u < share:
+                return cls
+            u -= share
+        return self.classes[-1]
 
 
 class Conversation(msgspec.Struct, frozen=True):
@@ -100,6 +138,8 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
     """A distribution of max_tokens, in place of `max_tokens`' uniform range."""
     clients: ClientMix | None = None
     """Populations of clients that behave apart (slow readers, cancels, deadlines)."""
+    mix: ClassMix | None = None
+    """Request classes with lengths of their own (`--mix`), in place of the shape's."""
 
     def prompt_length(self, rng: random.Random) -> int:
         lengths = self.prompt_lengths
@@ -122,6 +162,11 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
         if self.conversation is not None:
             return self._turn(i)
         rng = random.Random(self.seed * 1_000_003 + i)
+        if self.mix is not None:
+            cls = self.mix.pick(self.seed, i)
+            length, max_tokens = cls.lengths(rng)
+            prompt = [rng.randrange(32, 127) for _ in range(length)]
+            return RequestPlan(f"bench-{i}", prompt, max_tokens, i, request_class=cls.name)
         max_tokens = self.output_length(rng)
         if self.prompts:
             prompt, fixed = self.prompts[i % len(self.prompts)]

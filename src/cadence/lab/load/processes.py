@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import multiprocessing as mp
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.driver import Session
 from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
 from cadence.lab.load.recording import CLIENT_CANCELLED
+from cadence.lab.load.saturation import SaturationWatch
 from cadence.lab.load.target import Target
 from cadence.lab.records import ProcessResult, RequestRecord
 
@@ -64,6 +66,9 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """TLS roots, client certificate, bearer token; None: a plaintext channel."""
     protocol: Target = CADENCE
     """What the requests speak (lab/load/target.py)."""
+    saturation_window_s: float = 0.0
+    """Open loop with stages: end the run once the server no longer keeps up, judged over
+    windows this long (`cadence.lab.load.saturation`); 0: never."""
 
 
 def _my_requests(plan: ProcessPlan):
@@ -153,12 +158,19 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
     streak = FailureStreak(wall0)
     slips, lags = 0, []
+    watch = (SaturationWatch(plan.saturation_window_s, plan.stages, plan.processes)
+             if plan.saturation_window_s and open_loop else None)
 
     async def send(i: int, lane: int, intended_ns: int | None = None) -> None:
         request = made.pop(i, None) or plan.shape.request(i)
         record, chunks = await driver.one(request, plan.process, lane)
+        if watch is not None:
+            watch.ended((record.end_ns - started_ns) / 1e9,
+                        (record.arrival_ns[0] - record.start_ns) / 1e6 if record.arrival_ns
+                        else math.nan)
         record.turn = request.turn
         record.population = request.population
+        record.request_class = request.request_class
         kept.append((record, chunks))
         streak.add(record)
         if intended_ns is not None:
@@ -189,6 +201,10 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
                     base -= delay
             if streak.reason is not None:
                 break
+            if watch is not None:
+                if watch.stop(time.monotonic() - wall0):
+                    break
+                watch.sent(offset)
             tasks.append(asyncio.ensure_future(send(i, n, started_ns + int(offset * 1e9))))
         await asyncio.gather(*tasks)
     elif conversation is not None:
@@ -221,7 +237,8 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
         driver.decode(record, chunks)
     await driver.close()
     return ProcessResult(plan.process, [record for record, _ in kept], cpu_s, wall_s, slips,
-                         started_ns, lags, streak.reason)
+                         started_ns, lags, streak.reason,
+                         watch.result if watch is not None else None)
 
 
 _SPIN_S = 0.0005

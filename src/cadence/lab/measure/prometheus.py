@@ -24,7 +24,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
-from cadence.lab.results import ScrapedEndpoint, ScrapedMetrics, ScrapedRole, ScrapedSeries
+from cadence.lab.results import (
+    PrefixCacheHits,
+    ScrapedEndpoint,
+    ScrapedMetrics,
+    ScrapedRole,
+    ScrapedSeries,
+)
 
 ROLE_RUNNING = "running"
 ROLE_WAITING = "waiting"
@@ -462,12 +468,53 @@ def build(endpoints: Sequence[_Endpoint], interval_s: float, t0_ns: int,
             stopped=endpoint.stopped,
             series=len(own), dropped_series=len(endpoint.dropped),
             dropped=sorted(endpoint.dropped_names)[:20]))
-    return ScrapedMetrics(
+    scraped = ScrapedMetrics(
         interval_s=interval_s, started_ns=t0_ns,
         run_window_s=window, endpoints=found,
         roles={role: _role(role, role_parts[role], window) for role in ROLES
                if role in role_parts},
         series=series)
+    hits = prefix_cache_hits(endpoints)
+    if hits:
+        scraped.prefix_cache = hits
+    return scraped
+
+
+PREFIX_CACHE_COUNTERS = (
+    ("cadence_prefix_cache_hits_total", "cadence_prefix_cache_queries_total"),
+    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+)
+"""(hits, queries) counter pairs of prompt tokens found in a prefix cache and looked up in
+it: cadence's (labelled by worker) and vLLM's (by engine and model)."""
+_CACHE_SUFFIXES = tuple({name for pair in PREFIX_CACHE_COUNTERS for name in pair})
+
+
+def prefix_cache_hits(endpoints: Sequence[_Endpoint]) -> list[PrefixCacheHits]:
+    """Each label set's prefix-cache hit rate over the scrapes: the growth of the counters
+    (`PREFIX_CACHE_COUNTERS`) from the first scrape to the last, interval by interval (a
+    counter that went down restarted from zero)."""
+    found = []
+    for endpoint in endpoints:
+        growth: dict[Key, float] = {}
+        last: dict[Key, float] = {}
+        for _, _, samples in endpoint.scrapes:
+            for key, sample in samples.items():
+                if not key[0].endswith(_CACHE_SUFFIXES):
+                    continue
+                if key in last:
+                    before = last[key]
+                    growth[key] = growth.get(key, 0.0) + (
+                        sample.value - before if sample.value >= before else sample.value)
+                last[key] = sample.value
+        for (name, labels), got in growth.items():
+            for hits, queries in PREFIX_CACHE_COUNTERS:
+                if name == hits:
+                    asked = growth.get((queries, labels), 0.0)
+                    found.append(PrefixCacheHits(
+                        url=endpoint.url, labels=dict(labels), metric=name,
+                        query_tokens=asked, hit_tokens=got,
+                        hit_rate=got / asked if asked else None))
+    return sorted(found, key=lambda h: (h.url, sorted(h.labels.items())))
 
 
 def _matches(known: Known, key: Key) -> bool:

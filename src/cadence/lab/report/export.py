@@ -6,7 +6,8 @@ Columns: the request's id, load process, status code, turn (0 outside a conversa
 prompt and output tokens, the tokens it asked for, its chunks, the cached prompt tokens the
 server reported (empty when it did not), its send time in seconds from the run's first send,
 and in ms: its dispatch delay (actual − scheduled send, open loop only), connect time (HTTP
-only), TTFT, TTFT from the scheduled send, mean ITL, end to end; then its error message.
+only), TTFT, TTFT from the scheduled send, mean ITL, end to end; then its error message, its
+client population and its request class (empty outside a mix).
 A figure the request does not have (no chunk, a closed loop) is empty (null in JSONL).
 """
 
@@ -21,7 +22,8 @@ from cadence.lab.records import RequestRecord
 
 COLUMNS = ("request_id", "process", "code", "turn", "prompt_tokens", "output_tokens",
            "max_tokens", "chunks", "cached_tokens", "sent_s", "dispatch_delay_ms", "connect_ms",
-           "ttft_ms", "ttft_from_schedule_ms", "itl_mean_ms", "e2e_ms", "error")
+           "ttft_ms", "ttft_from_schedule_ms", "itl_mean_ms", "e2e_ms", "error",
+           "population", "request_class")
 
 _MS = 1e6
 
@@ -48,6 +50,8 @@ def rows(records: Iterable[RequestRecord]) -> list[dict]:
             "itl_mean_ms": sum(itl) / len(itl) if itl else None,
             "e2e_ms": (r.arrival_ns[-1] - r.start_ns) / _MS if first else None,
             "error": r.error,
+            "population": r.population,
+            "request_class": r.request_class,
         })
     return out
 

@@ -23,7 +23,14 @@ from cadence.lab.records import RequestRecord
 from cadence.lab.report import plots, sweep
 from cadence.lab.report.html import Raw, esc, figure, finite, fmt, note, page, section, table
 from cadence.lab.report.plots import STATS, aggregate_names, field
-from cadence.lab.report.summary import ROLE_WORDS, overhead, role_value, run_verdict
+from cadence.lab.report.summary import (
+    ROLE_WORDS,
+    label_words,
+    overhead,
+    role_value,
+    run_verdict,
+    saturation_line,
+)
 from cadence.lab.results import (
     BenchResult,
     Distribution,
@@ -335,7 +342,53 @@ def _turns(result: BenchResult) -> str:
                             ("share of the prompt tokens sent",
                              Raw(f"{cached.share_of_prompt:.1%}")
                              if finite(cached.share_of_prompt) else None)]), level=3))
+    scraped = field(result, "scraped")
+    if scraped is not None and scraped.prefix_cache:
+        parts.append(section("Prefix cache hit rate by worker (--scrape)", table(
+            ("page", "labels", "prompt tokens looked up", "found in the cache", "hit rate"),
+            [(h.url, label_words(h.labels), h.query_tokens, h.hit_tokens,
+              Raw(f"{h.hit_rate:.1%}") if h.hit_rate is not None else None)
+             for h in scraped.prefix_cache]), note(
+            "From the server's counters over the run (cadence's cadence_prefix_cache_hits_total "
+            "/ _queries_total by worker, vLLM's vllm:prefix_cache_hits_total / "
+            "_queries_total), in tokens."), level=3))
     return section("Conversations and prefixes", *parts) if parts else ""
+
+
+def _saturation(result: BenchResult) -> str:
+    seen = field(result, "saturation")
+    if seen is None:
+        return ""
+    return section("Over-saturation stop", note(saturation_line(result) or ""), table(
+        ("window from (s)", "offered (requests/s)", "achieved (requests/s)", "TTFT p50 (ms)"),
+        [tuple(w) for w in seen.windows]), note(
+        "Each window judged by the requests that ended in it: saturated when the achieved "
+        "rate is more than 10% under the offered one while TTFT p50 is over twice the lowest "
+        "window's and still growing; two in a row end the run."))
+
+
+def _ended(group: Any) -> str:
+    """How a population's or class's requests ended, by status code."""
+    return ", ".join(f"{code} {n}" for code, n in sorted(group.codes.items()))
+
+
+def _classes(result: BenchResult) -> str:
+    if not result.by_class:
+        return ""
+    return section("By request class", table(
+        ("class", "requests", "ended", "prompt p50 (tokens)", "max_tokens p50", "TTFT p50 (ms)",
+         "TTFT p99 (ms)", "ITL p99 (ms)", "e2e p99 (ms)", "its SLO", "good share"),
+        [(name, p.requests, _ended(p),
+          p.prompt_tokens.p50 if p.prompt_tokens else None,
+          p.max_tokens.p50 if p.max_tokens else None,
+          p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p99, p.e2e_ms.p99,
+          ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
+                    + ("met" if t.met else "missed")
+                    for term, t in p.goodput.terms.items()) if p.goodput else "",
+          Raw(f"{p.goodput.good_share:.0%}") if p.goodput else None)
+         for name, p in result.by_class.items()]), note(
+        "Each class (--mix, --class) with its own lengths; its SLO terms judged on its "
+        "requests alone."))
 
 
 def _populations(result: BenchResult) -> str:
@@ -344,7 +397,7 @@ def _populations(result: BenchResult) -> str:
     return section("By client population", table(
         ("population", "requests", "ended", "TTFT p50 (ms)", "TTFT p99 (ms)", "ITL p50 (ms)",
          "ITL p99 (ms)", "e2e p99 (ms)"),
-        [(name, p.requests, ", ".join(f"{c} {n}" for c, n in sorted(p.codes.items())),
+        [(name, p.requests, _ended(p),
           p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p50, p.itl_ms.p99, p.e2e_ms.p99)
          for name, p in result.by_population.items()]), note(
         "TTFT over the requests that got a first chunk (cancelled ones too); ITL and e2e over "
@@ -620,6 +673,8 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _aggregates(result),
         _turns(result),
         _populations(result),
+        _classes(result),
+        _saturation(result),
         _segments(result, _segment_figure(result, out_dir)),
         _server_spans(result),
         _integrity(result),

@@ -78,7 +78,8 @@ def print_summary(result: BenchResult) -> None:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
             table.add_row(f"  segment {name}", *_cells(d))
     console.print(table)
-    for line in (turns_line(result), cached_line(result), *population_lines(result),
+    for line in (reasoning_line(result), turns_line(result), cached_line(result),
+                 prefix_cache_line(result), *population_lines(result),
                  *repeats_lines(result)):
         if line:
             console.print(line, highlight=False, markup=False)
@@ -100,6 +101,9 @@ def print_summary(result: BenchResult) -> None:
     schedule = schedule_line(client)
     if schedule:
         console.print(schedule, highlight=False)
+    saturation = saturation_line(result)
+    if saturation:
+        console.print(saturation, highlight=False, markup=False)
     if result.http2:
         console.print(http2_line(result.http2), highlight=False, markup=False)
     if result.server_threads:
@@ -198,6 +202,21 @@ def schedule_line(client: Client) -> str | None:
     return line
 
 
+def saturation_line(result: BenchResult) -> str | None:
+    """What the over-saturation stop saw; None without it."""
+    seen = result.saturation
+    if not seen:
+        return None
+    peak = seen.peak_achieved_rate_per_s or 0.0
+    if seen.stopped:
+        return (f"over-saturation stop: the server stopped keeping up at {seen.knee_rate_per_s:.1f}"
+                f" requests/s offered ({seen.knee_at_s:.1f} s in); the run ended at "
+                f"{seen.stopped_at_s:.1f} s; at most {peak:.1f} requests/s ended in a "
+                f"{seen.window_s:g} s window")
+    return (f"over-saturation stop: no knee within the load offered (at most {peak:.1f} "
+            f"requests/s ended in a {seen.window_s:g} s window)")
+
+
 def turns_line(result: BenchResult) -> str | None:
     """TTFT by conversation turn, in one line; None without turns."""
     if not result.ttft_by_turn_ms:
@@ -208,15 +227,25 @@ def turns_line(result: BenchResult) -> str | None:
 
 
 def population_lines(result: BenchResult) -> list[str]:
-    """Each client population's requests and figures, one line each; [] without them."""
-    if not result.by_population:
-        return []
-    lines = ["by client population:"]
-    for name, p in result.by_population.items():
-        codes = ", ".join(f"{code} {n}" for code, n in sorted(p.codes.items()))
-        lines.append(f"  {name}: {p.requests} requests ({codes}); TTFT p50 {p.ttft_ms.p50:.1f}"
-                     f" / p99 {p.ttft_ms.p99:.1f} ms, ITL p50 {p.itl_ms.p50:.1f} / p99 "
-                     f"{p.itl_ms.p99:.1f} ms, e2e p99 {p.e2e_ms.p99:.1f} ms")
+    """Each client population's and request class's requests and figures, one line each;
+    [] without them."""
+    lines = []
+    for title, groups in (("by client population:", result.by_population),
+                          ("by request class:", result.by_class)):
+        if not groups:
+            continue
+        lines.append(title)
+        for name, p in groups.items():
+            codes = ", ".join(f"{code} {n}" for code, n in sorted(p.codes.items()))
+            line = (f"  {name}: {p.requests} requests ({codes}); TTFT p50 {p.ttft_ms.p50:.1f}"
+                    f" / p99 {p.ttft_ms.p99:.1f} ms, ITL p50 {p.itl_ms.p50:.1f} / p99 "
+                    f"{p.itl_ms.p99:.1f} ms, e2e p99 {p.e2e_ms.p99:.1f} ms")
+            if p.goodput:
+                terms = ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
+                                  + ("met" if t.met else "MISSED")
+                                  for term, t in p.goodput.terms.items())
+                line += f"; SLO {terms}; good {p.goodput.good_share:.0%}"
+            lines.append(line)
     return lines
 
 
@@ -241,6 +270,35 @@ def cached_line(result: BenchResult) -> str | None:
     return (f"cached prompt tokens (the server's count, {cached.requests} requests): p50 "
             f"{cached.per_request.p50:.0f}, max {cached.per_request.max:.0f} per request, "
             f"{cached.share_of_prompt:.0%} of the prompt tokens sent")
+
+
+def prefix_cache_line(result: BenchResult) -> str | None:
+    """The prefix cache's hit rate by worker, from the scraped counters; None without them."""
+    scraped = result.scraped
+    hits = scraped.prefix_cache if scraped else None
+    if not hits:
+        return None
+    return "prefix cache hit rate (--scrape, of the prompt tokens looked up): " + "; ".join(
+        f"{label_words(h.labels)} " + (f"{h.hit_rate:.0%} of {h.query_tokens:,.0f}"
+                                       if h.hit_rate is not None else "none looked up")
+        for h in hits)
+
+
+def reasoning_line(result: BenchResult) -> str | None:
+    """TTFT of the first reasoning output and of the first answer; None without reasoning."""
+    thought, answer = result.ttft_reasoning_ms, result.ttft_answer_ms
+    if not thought:
+        return None
+    line = (f"reasoning streamed apart ({thought.count} requests): first reasoning output p50 "
+            f"{thought.p50:.1f} / p99 {thought.p99:.1f} ms")
+    if answer and answer.count:
+        line += f", first answer output p50 {answer.p50:.1f} / p99 {answer.p99:.1f} ms"
+    return line
+
+
+def label_words(labels: dict[str, str]) -> str:
+    """`worker 0`, `engine 0 model_name m`: a label set in words."""
+    return " ".join(f"{k} {v}" for k, v in sorted(labels.items())) or "all"
 
 
 _THREAD_GROUPS_SHOWN = 5
