@@ -288,6 +288,24 @@ def test_requests_export_as_jsonl_and_csv(tmp_path) -> None:
     write(str(tmp_path / "r.csv"), records)
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert rows[0]["ttft_ms"] == "5.0" and rows[1]["ttft_ms"] == "" and rows[1]["error"] == "gone"
+    # Parquet: the same rows, each column typed even where every row is empty.
+    pq = pytest.importorskip("pyarrow.parquet")
+    assert write(str(tmp_path / "r.parquet"), records) == 2
+    table = pq.read_table(tmp_path / "r.parquet")
+    assert table.column_names == list(COLUMNS)
+    assert table.to_pylist() == [first, failed]
+    assert str(table.schema.field("connect_ms").type) == "double"
+
+
+def test_an_export_that_cannot_be_written_is_refused_before_the_run(monkeypatch) -> None:
+    import sys
+
+    from cadence.lab.report.export import ExportError, check
+
+    check("r.csv")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as where pyarrow is not installed
+    with pytest.raises(ExportError, match=r"pip install 'cadence\[parquet\]'"):
+        check("r.parquet")
 
 
 def test_a_tokenizer_counts_another_servers_output_in_its_tokens(tmp_path) -> None:

@@ -145,7 +145,8 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
                         "--fail-if` then judges a regression only outside that noise")
     p.add_argument("--export", default=None, metavar="FILE",
                    help="also write one row per request (ids, tokens, TTFT, ITL, dispatch "
-                        "delay, ...): CSV when FILE ends in .csv, else JSONL")
+                        "delay, ...): CSV when FILE ends in .csv, Parquet in .parquet (the "
+                        "parquet extra), else JSONL")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (there is none anyway when stderr is not a terminal)")
     p.set_defaults(func=_bench)
@@ -643,6 +644,13 @@ def _bench(args: argparse.Namespace) -> None:
     from cadence.lab.load.progress import BenchProgress, progress_wanted
     from cadence.lab.report.summary import print_summary
 
+    if args.export:
+        from cadence.lab.report.export import ExportError, check
+
+        try:
+            check(args.export)
+        except ExportError as exc:
+            sys.exit(f"cadence bench: --export {exc}")
     traces = _trace_receiver(args.otlp_receive) if args.otlp_receive else None
     workload, credentials, slo, protocol = bench_inputs(args, "bench")
     counter, shown = None, contextlib.nullcontext()

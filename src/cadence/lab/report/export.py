@@ -1,5 +1,5 @@
-"""`cadence bench --export FILE`: one row per request, as JSONL or CSV (by the file's name), for
-a notebook or a spreadsheet; the JSON's raw records hold every chunk, this holds what a
+"""`cadence bench --export FILE`: one row per request, as JSONL, CSV or Parquet (by the file's
+name; Parquet needs the `parquet` extra, pyarrow), for a notebook or a spreadsheet; the JSON's raw records hold every chunk, this holds what a
 request's own figures are.
 
 Columns: the request's id, load process, status code, turn (0 outside a conversation),
@@ -56,9 +56,31 @@ def rows(records: Iterable[RequestRecord]) -> list[dict]:
     return out
 
 
+class ExportError(Exception):
+    """The export cannot be written as asked (says what to do instead)."""
+
+
+def check(path: str) -> None:
+    """Raise ExportError, before any load is sent, when `path` asks for a format that cannot be
+    written here."""
+    if path.lower().endswith(".parquet"):
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ExportError(f"{path}: Parquet needs pyarrow (pip install 'cadence[parquet]'), "
+                              "or name the file .csv or .jsonl") from None
+
+
 def write(path: str, records: Iterable[RequestRecord]) -> int:
-    """Write the rows to `path`: CSV when it ends in .csv, else JSONL; return how many."""
+    """Write the rows to `path`: CSV when it ends in .csv, Parquet in .parquet, else JSONL;
+    return how many."""
     table = rows(records)
+    if path.lower().endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(table, schema=_parquet_schema(pa)), path)
+        return len(table)
     with open(path, "w", newline="") as f:
         if path.lower().endswith(".csv"):
             writer = csv.DictWriter(f, COLUMNS)
@@ -67,3 +89,12 @@ def write(path: str, records: Iterable[RequestRecord]) -> int:
         else:
             f.writelines(json.dumps(row) + "\n" for row in table)
     return len(table)
+
+
+def _parquet_schema(pa):
+    """The COLUMNS' types, stated so that a column empty in every row keeps its type."""
+    text, integer, number = pa.string(), pa.int64(), pa.float64()
+    types = {"request_id": text, "code": text, "error": text, "population": text,
+             "request_class": text, "sent_s": number, "itl_mean_ms": number}
+    types.update({c: number for c in COLUMNS if c.endswith("_ms")})
+    return pa.schema([(c, types.get(c, integer)) for c in COLUMNS])
