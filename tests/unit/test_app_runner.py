@@ -193,10 +193,12 @@ def test_a_bad_piece_fails_the_stream_with_a_message():
 
 def test_abort_sets_cancelled_and_closes_a_sync_function_blocked_in_a_piece():
     seen: list[str] = []
+    blocked = threading.Event()
 
     def app(request, context):
         try:
             yield "a"
+            blocked.set()
             context.cancel_event.wait(30)  # blocked inside a piece until cancelled
             seen.append(f"cancelled={context.cancelled}")
             yield "b"
@@ -207,6 +209,9 @@ def test_abort_sets_cancelled_and_closes_a_sync_function_blocked_in_a_piece():
         h = Harness(app)
         h.runner.add(AddRequest(1, [1], 10))
         await _until(lambda: h.tokens(1) == [ord("a")])
+        # The abort must find the function inside its next piece (an abort that comes before
+        # the piece starts closes the function at once, never running it: seen == ["closed"]).
+        await _until(blocked.is_set)
         h.runner.apply(WorkerInputs([], [1]))
         await _until(lambda: seen == ["cancelled=True", "closed"])
         assert h.tokens(1) == [ord("a")], "nothing is sent after the abort"
