@@ -76,9 +76,9 @@ class FrontCore:
         self._text_beside_bytes = config.engine.text_beside_bytes
         """The worker gets a text prompt's bytes and its text (an app's own tokenizer)."""
         self.streams: dict[int, RequestStream] = {}
+        """The open requests' streams by sequence id (the output reader's index)."""
         self._ending: set[asyncio.Future] = set()
         """Calls of cut-off streams being ended with their status (`RequestStream.end_call`)."""
-        """The open requests' streams by sequence id (the output reader's index)."""
         self._request_ids: set[str] = set()
         """Client-chosen request ids of the open streams that must be unique."""
         self.metrics = metrics
@@ -99,7 +99,7 @@ class FrontCore:
 
     def requests_running(self) -> int:
         """Open requests in the workers' steps (read when scraped)."""
-        return sum(1 for s in self.streams.values() if s.scheduled_ns)
+        return len(self.streams) - self.requests_waiting()
 
     @property
     def active(self) -> int:
@@ -286,24 +286,22 @@ class FrontCore:
         window is full and it is not reading; its task is cancelled and its slot freed.
         """
         limit_ns = int(stall_timeout_s * 1e9)
+        cut = (Failure.RESOURCE_EXHAUSTED,
+               f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)")
         while True:
             await asyncio.sleep(min(1.0, stall_timeout_s / 4))
             now = time.monotonic_ns()
             for stream in list(self.streams.values()):
                 since = stream.sending_since_ns
                 if since and now - since > limit_ns and stream.task is not None:
-                    stream.fail(
-                        Failure.RESOURCE_EXHAUSTED,
-                        f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)")
+                    stream.fail(*cut)
                     # Once: the task may take a moment to end its call (HTTP writes the
                     # error event first) and must not be cancelled again meanwhile.
                     stream.task.cancel()
                     stream.task = None
                     if stream.end_call is not None:
                         end, stream.end_call = stream.end_call, None
-                        self._ending.add(task := asyncio.ensure_future(end(
-                            Failure.RESOURCE_EXHAUSTED, f"the client read nothing for "
-                            f"{stall_timeout_s:g} s (--stall-timeout); cut off")))
+                        self._ending.add(task := asyncio.ensure_future(end(*cut)))
                         task.add_done_callback(self._ending.discard)
 
 

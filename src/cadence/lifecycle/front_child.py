@@ -14,48 +14,30 @@ repeat its predecessor's.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import sys
-import time
 
 import msgspec
 
 from cadence import event_loop
 from cadence.config import ServerConfig
 from cadence.lifecycle.server import CadenceServer, run_until_signalled
-from cadence.lifecycle.supervisor import process_gone
-from cadence.worker import orphaned
-from cadence.worker.process import die_with_parent
+from cadence.worker import bind_to_starter, starter_gone
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    die_with_parent()
-    parent = os.getppid()
-    if orphaned(parent):  # front 0 died before prctl took effect
+    parent = bind_to_starter()
+    if parent is None:  # front 0 died before it could take this front with it
         return
     try:
         _serve(argv)
     finally:
-        if _front_zero_gone(parent):
+        if starter_gone(parent):
             # Front 0 was killed: nothing else would remove the folder it shares with the
             # fronts (their sockets, ready files, the admission count).
             shutil.rmtree(argv[1], ignore_errors=True)
-
-
-def _front_zero_gone(parent: int, wait_s: float = 0.5) -> bool:
-    """Front 0 died. Its death reaches this front (PDEATHSIG) when the thread that started it
-    exits, which can be before the kernel reparents this front: one with nothing to drain
-    gets here that soon, so it looks again for a moment before it takes front 0 for alive."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        if os.getppid() != parent or process_gone(parent):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
 
 
 def _serve(argv: list[str]) -> None:

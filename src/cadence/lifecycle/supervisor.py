@@ -26,6 +26,7 @@ from cadence.config import WorkerSpec
 from cadence.lifecycle.launcher import Launcher, WorkerHandle
 from cadence.router import WorkerRouter
 from cadence.transport.front_channel import WorkerLink
+from cadence.worker import process_gone
 
 log = logging.getLogger("cadence.supervisor")
 
@@ -169,15 +170,6 @@ class WorkerSupervisor:
                 if await asyncio.to_thread(worker.wait, 2.0) is None:
                     worker.kill()
                     await asyncio.to_thread(worker.wait, 2.0)
-
-
-def process_gone(pid: int) -> bool:
-    """The process has exited (a zombie not yet reaped by front 0 counts as exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 class WorkerWatcher:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -18,7 +17,7 @@ from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
 from cadence.transport.sockets import remove_ipc_sockets
 from cadence.transport.worker_to_fronts import worker_channel
-from cadence.worker import orphaned
+from cadence.worker import bind_to_starter, starter_gone
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import StepBudget, budget_for
 
@@ -190,36 +189,18 @@ def start_heartbeat(spec: WorkerSpec, *, send: bool = True) -> WorkerHeartbeat |
     return heartbeat
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the front dies, so no worker is orphaned."""
-    if sys.platform != "linux":
-        return
-    pr_set_pdeathsig = 1
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except OSError:
-        return
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `python -m cadence.worker SPEC_JSON`."""
     argv = sys.argv[1:] if argv is None else argv
-    die_with_parent()
-    parent = os.getppid()
+    parent = bind_to_starter()
     # Ctrl-C belongs to the front, which shuts workers down in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if orphaned(parent):  # the front died before prctl took effect
+    if parent is None:  # the front died before it could take this worker with it
         return
     spec = msgspec.json.decode(argv[0].encode(), type=WorkerSpec)
 
     def on_sigterm(*_) -> None:
-        # PDEATHSIG comes when the thread that started this worker exits, which can be while
-        # the rest of a killed front is still going down: give the reparenting a moment.
-        deadline = time.monotonic() + 0.5
-        while os.getppid() == parent and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if os.getppid() != parent:
+        if starter_gone(parent):
             # The front is gone (killed) and could not remove its socket files.
             remove_ipc_sockets([spec.input_address, spec.output_address, spec.heartbeat_address,
                                 *spec.extra_input_addresses, *spec.front_output_addresses])
