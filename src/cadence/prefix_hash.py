@@ -15,6 +15,9 @@ from hashlib import blake2b
 
 ROOT = b""
 """The parent hash of a sequence's first block."""
+BLOCK = 16
+"""Tokens per block: the torch engine's KV-cache page, and so the unit of a cached prefix for
+the synthetic engine's model of that cache and for prefix-aware routing."""
 
 
 def block_hashes(tokens: list[int] | bytes, block: int, blocks: int,

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
-from cadence.prefix_hash import block_hashes
+from cadence.prefix_hash import BLOCK, block_hashes
 from cadence.vocabulary import AddRequest
 
 _WORDS = (
@@ -43,9 +43,6 @@ def _corpus(seed: int) -> bytes:
         out += sentence.capitalize().encode() + b". "
     return bytes(out[:_CORPUS_BYTES])
 
-
-PREFIX_BLOCK = 16
-"""Tokens per modelled KV block (the torch engine's)."""
 
 _SPIN_S = 0.0005
 """The last half millisecond of a step is spun, not slept: time.sleep overshoots by 0.1-0.4
@@ -86,7 +83,7 @@ class SyntheticEngine:
         self._prefixes: OrderedDict[bytes, None] | None = (
             OrderedDict() if config.prefix_caching else None)
         """Prefix caching: the block hashes held, least recently used first."""
-        self._capacity_blocks = max(1, config.kv_cache_tokens // PREFIX_BLOCK)
+        self._capacity_blocks = max(1, config.kv_cache_tokens // BLOCK)
 
     def start(self) -> None:
         """Nothing to load."""
@@ -129,12 +126,12 @@ class SyntheticEngine:
         if held is not None:
             ids = seq.prefill_ids
             n = 0
-            for h in block_hashes(ids, PREFIX_BLOCK, (len(ids) - 1) // PREFIX_BLOCK):
+            for h in block_hashes(ids, BLOCK, (len(ids) - 1) // BLOCK):
                 if h not in held:
                     break
                 held.move_to_end(h)
                 n += 1
-            seq.prefilled = n * PREFIX_BLOCK
+            seq.prefilled = n * BLOCK
         return True
 
     def preempt(self, seq: Sequence) -> list[int]:
@@ -148,7 +145,7 @@ class SyntheticEngine:
         if held is None or seq.state is None:
             return
         tokens = seq.request.prompt_token_ids + self._outputs(seq)
-        for h in reversed(block_hashes(tokens, PREFIX_BLOCK, len(tokens) // PREFIX_BLOCK)):
+        for h in reversed(block_hashes(tokens, BLOCK, len(tokens) // BLOCK)):
             held[h] = None
             held.move_to_end(h)
         while len(held) > self._capacity_blocks:

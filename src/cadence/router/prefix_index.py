@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from cadence.prefix_hash import block_hashes
+from cadence.prefix_hash import BLOCK, block_hashes
 
-TOKEN_BLOCK = 16
-"""Prompt tokens per hashed block (the torch engine's KV block)."""
 TEXT_BLOCK = 64
 """Bytes of a text prompt per hashed block, for a worker that tokenizes text itself."""
 
@@ -22,7 +20,7 @@ def prompt_hashes(token_ids: list[int], text: str, limit_blocks: int) -> list[by
     """The prompt's block hashes: of its token ids, or of its UTF-8 text when the worker
     tokenizes (the front has no ids then)."""
     if token_ids:
-        return block_hashes(token_ids, TOKEN_BLOCK, limit_blocks)
+        return block_hashes(token_ids, BLOCK, limit_blocks)
     return block_hashes(text.encode(), TEXT_BLOCK, limit_blocks)
 
 

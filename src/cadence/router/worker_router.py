@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from cadence.config import ServerConfig
-from cadence.router.prefix_index import TOKEN_BLOCK, PrefixIndex
+from cadence.prefix_hash import BLOCK
+from cadence.router.prefix_index import PrefixIndex
 
 
 class NoWorkerAvailable(Exception):
@@ -93,5 +94,5 @@ def router_for(config: ServerConfig) -> WorkerRouter:
     workers = len(config.devices)
     prefixes = None
     if config.engine.prefix_caching and config.routing == "prefix" and workers > 1:
-        prefixes = PrefixIndex(workers, config.engine.kv_cache_tokens // TOKEN_BLOCK)
+        prefixes = PrefixIndex(workers, config.engine.kv_cache_tokens // BLOCK)
     return WorkerRouter(workers, prefixes, config.prefix_routing_slack)

@@ -29,12 +29,12 @@ from cadence.engines.llama.parallel import TensorParallelGroup
 from cadence.engines.llama.plan import StepPlan, unpack
 from cadence.engines.llama.sampling import Sampler, sample
 from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
-from cadence.prefix_hash import block_hashes
+from cadence.prefix_hash import BLOCK, ROOT, block_hashes
 from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.engine.torch")
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = BLOCK
 """Tokens per KV-cache block."""
 
 PREFILL_BUDGET = 4096
@@ -72,6 +72,16 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
     return _DTYPES[name]
 
 
+def _extend_hashes(hashes: list[bytes], tokens: list[int], blocks: int) -> list[bytes]:
+    """`hashes`, the chained hashes of the first blocks of `tokens`, extended in place to
+    `blocks` blocks (hashing only the blocks it lacks)."""
+    known = len(hashes)
+    if known < blocks:
+        hashes += block_hashes(tokens[known * BLOCK_SIZE:blocks * BLOCK_SIZE], BLOCK_SIZE,
+                               blocks - known, hashes[-1] if hashes else ROOT)
+    return hashes
+
+
 class _SeqState:
     """What the engine holds for one sequence, from its first try at admission (`reserve`)."""
 
@@ -88,7 +98,7 @@ class _SeqState:
         """Kept across a preemption, so seeded sampling goes on where it was."""
         self.tokens = tokens
         """Every token of the sequence so far: what it prefills, then each output."""
-        self.hashes: list[bytes] | None = None
+        self.hashes: list[bytes] = []
         """Prefix caching: the chained hashes of its full blocks known so far."""
         self.registered = 0
         """Prefix caching: its leading blocks registered in (or taken from) the cache."""
@@ -241,9 +251,9 @@ class LlamaEngine:
         held: list[int] = []
         if self._prefix_caching:
             ids = state.tokens
-            if state.hashes is None:
-                # Whole blocks short of the last token: its logits come from a prefill.
-                state.hashes = block_hashes(ids, BLOCK_SIZE, (len(ids) - 1) // BLOCK_SIZE)
+            # Whole blocks short of the last token: its logits come from a prefill. A
+            # preempted sequence keeps the hashes of the blocks it had filled.
+            _extend_hashes(state.hashes, ids, (len(ids) - 1) // BLOCK_SIZE)
             held = cache.match(state.hashes)
         fresh = cache.allocate_blocks(need - len(held))
         if fresh is None:
@@ -326,13 +336,8 @@ class LlamaEngine:
 
     def _register(self, state: _SeqState) -> None:
         """Offer the sequence's newly filled blocks to the prefix cache."""
-        bs = BLOCK_SIZE
-        full = state.cached // bs
-        hashes = state.hashes
-        if len(hashes) < full:
-            known = len(hashes)
-            hashes += block_hashes(state.tokens[known * bs:full * bs], bs, full - known,
-                                   hashes[-1] if hashes else b"")
+        full = state.cached // BLOCK_SIZE
+        hashes = _extend_hashes(state.hashes, state.tokens, full)
         blocks, register = state.blocks, self.cache.register
         for i in range(state.registered, full):
             register(blocks[i], hashes[i])
@@ -356,7 +361,6 @@ class LlamaEngine:
         self.cache.free(state.blocks)
         state.blocks = []
         state.cached = state.registered = 0
-        state.hashes = None
         return list(state.tokens)
 
     # -- tensor parallelism -------------------------------------------------------------------
