@@ -476,7 +476,7 @@ def parse_devices(text: str) -> list[str]:
     visible CUDA card, or one CPU worker when there is none."""
     text = text.strip()
     if text == "auto":
-        count = _cuda_device_count()
+        count = cuda_device_count()
         return [f"cuda:{i}" for i in range(count)] if count else ["cpu"]
     kind, _, rest = text.partition(":")
     if kind == "cpu":
@@ -498,7 +498,7 @@ def parse_devices(text: str) -> list[str]:
     raise ValueError(f"--devices must be cpu:N, cuda:I,J,... or auto; got {text!r}")
 
 
-def _cuda_device_count() -> int:
+def cuda_device_count() -> int:
     # torch's count, not NVML's: NVML lists every physical card whatever
     # CUDA_VISIBLE_DEVICES says, and `auto` must give only the cards workers can open.
     try:

@@ -53,12 +53,12 @@ def test_invalid_devices_raise_helpful_value_error(text: str, hint: str):
 
 
 def test_auto_uses_every_visible_card(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(config, "_cuda_device_count", lambda: 2)
+    monkeypatch.setattr(config, "cuda_device_count", lambda: 2)
     assert parse_devices("auto") == ["cuda:0", "cuda:1"]
 
 
 def test_auto_falls_back_to_one_cpu_worker(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(config, "_cuda_device_count", lambda: 0)
+    monkeypatch.setattr(config, "cuda_device_count", lambda: 0)
     assert parse_devices("auto") == ["cpu"]
 
 

@@ -102,10 +102,6 @@ class EnvoyProcess:
         finally:
             shutil.rmtree(folder, ignore_errors=True)  # the admin interface: unreachable now
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
-
     async def wait(self) -> int | None:
         """Envoy's exit status, once it exits."""
         return None if self._process is None else await self._process.wait()

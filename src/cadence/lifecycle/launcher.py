@@ -23,7 +23,7 @@ from typing import Protocol
 
 import msgspec
 
-from cadence.config import ServerConfig, WorkerSpec
+from cadence.config import ServerConfig, WorkerSpec, cuda_device_count
 from cadence.worker import child_environment
 
 
@@ -207,12 +207,10 @@ def absent_cards(config: ServerConfig) -> str | None:
                      for d in group.split(",") if d.startswith("cuda:")})
     if not wanted or config.launcher == "ray":
         return None
-    try:
-        import torch
-    except ImportError:
+    if not _installed("torch"):
         return (f"--devices cuda:{','.join(map(str, wanted))} needs torch to open the cards, "
                 "which is not installed; install it with: pip install 'cadence[torch]'")
-    visible = torch.cuda.device_count()
+    visible = cuda_device_count()
     missing = [i for i in wanted if i >= visible]
     if not missing:
         return None

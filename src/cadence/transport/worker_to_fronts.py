@@ -154,6 +154,6 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
         StepOutput(message.worker, message.step, message.start_ns, message.end_ns, seq_ids[f],
                    tokens[f], finished[f], reasons[f], counts[f], texts[f],
                    prompt_lens[f], message.kv_cache_usage, cached[f])
-        if seq_ids[f] or finished[f] or prompt_lens[f] or cached[f] else None
+        if seq_ids[f] or finished[f] or prompt_lens[f] else None
         for f in range(fronts)
     ]
