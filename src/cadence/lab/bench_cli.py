@@ -393,7 +393,8 @@ def workload_from_args(args: argparse.Namespace):
     from cadence.lab.load.plan import Conversation, RequestShape
 
     requests, concurrency = args.requests, args.concurrency
-    trace, described, conversation = _trace_of(args)
+    trace, described = _trace_of(args)
+    conversation = None
     if args.sessions is not None:
         turns = args.turns or 3
         conversation = Conversation(args.sessions, turns, args.think_ms)
@@ -617,12 +618,12 @@ def _distribution(length):
 
 
 def _trace_of(args: argparse.Namespace):
-    """(trace rows, their description, None) of `--trace`; ([], None, None) without it;
+    """(trace rows, their description) of `--trace`; ([], None) without it;
     exits with one line when the file cannot be read or the options do not fit."""
     if args.trace is None:
         if args.trace_speed != 1.0 or args.trace_window is not None:
             sys.exit("cadence bench: --trace-speed and --trace-window need --trace")
-        return [], None, None
+        return [], None
     if args.prompts:
         sys.exit("cadence bench: --trace and --prompts both say what to send: give one")
     from cadence.lab.bench import described_trace
@@ -635,7 +636,7 @@ def _trace_of(args: argparse.Namespace):
     except TraceError as exc:
         sys.exit(f"cadence bench: {exc}")
     shape = RequestShape(trace=rows, block_tokens=args.trace_block_tokens)
-    return rows, described_trace(shape, args.trace, args.trace_speed, window), None
+    return rows, described_trace(shape, args.trace, args.trace_speed, window)
 
 
 def _bench(args: argparse.Namespace) -> None:

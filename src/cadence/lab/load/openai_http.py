@@ -79,20 +79,20 @@ class OpenAIDriver(Driver):
     async def connect(self, session: Session) -> None:
         self.session = session
         self._clients = [client_session(self.target) for _ in range(session.channels)]
+        self._count = token_counter(self.target.tokenizer) if self.target.tokenizer else None
+        """Counts text in the --tokenizer's tokens; None: the server's usage counts."""
 
     async def one(self, request: RequestPlan, process: int,
                   lane: int) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
-        if self.target.tokenizer:  # its prompt counted after the run, in the tokenizer's tokens
+        if self._count is not None:  # its prompt counted after the run, in the tokenizer's tokens
             self._prompts[request.request_id] = request.prompt_token_ids
         return await one_openai(self.target, self._clients[lane % len(self._clients)], request,
                                 process, s.include_timing, *s.for_request(request),
                                 s.stall_s)
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
-        if self.target.tokenizer and not hasattr(self, "_count"):
-            self._count = token_counter(self.target.tokenizer)
-        count = getattr(self, "_count", None)
+        count = self._count
         decode_events(record, chunks, self.session.include_timing, count)
         prompt = self._prompts.pop(record.request_id, None)
         if count is not None and prompt is not None:

@@ -168,9 +168,6 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
             watch.ended((record.end_ns - started_ns) / 1e9,
                         (record.arrival_ns[0] - record.start_ns) / 1e6 if record.arrival_ns
                         else math.nan)
-        record.turn = request.turn
-        record.population = request.population
-        record.request_class = request.request_class
         kept.append((record, chunks))
         streak.add(record)
         if intended_ns is not None:

@@ -22,7 +22,9 @@ def sent(plan: RequestPlan, process: int) -> RequestRecord:
     """The record of `plan`, its start stamped now: make it just before the request goes."""
     return RequestRecord(request_id=plan.request_id, process=process,
                          start_ns=time.monotonic_ns(), max_tokens=plan.max_tokens,
-                         prompt_tokens=len(plan.prompt_token_ids), trace_id=os.urandom(16).hex())
+                         prompt_tokens=len(plan.prompt_token_ids), trace_id=os.urandom(16).hex(),
+                         turn=plan.turn, population=plan.population,
+                         request_class=plan.request_class)
 
 
 def traceparent(record: RequestRecord) -> str:

@@ -19,6 +19,7 @@ process judges its own share of the requests (rates scaled by the processes' num
 from __future__ import annotations
 
 import math
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from cadence.lab.records import Saturation
@@ -54,9 +55,10 @@ class SaturationWatch:
     def __init__(self, window_s: float, stages: Sequence[tuple[float, float, float]],
                  processes: int = 1) -> None:
         self._window_s, self._stages, self._processes = window_s, list(stages), processes
-        self._ended: list[tuple[float, float]] = []
-        """(end s into the run, TTFT ms or NaN) of each request that ended."""
-        self._sent: list[float] = []
+        self._ended: defaultdict[int, list[float]] = defaultdict(list)
+        """The TTFT (ms, or NaN) of each request that ended, by the window it ended in."""
+        self._sent: Counter[int] = Counter()
+        """Requests sent, by window."""
         self._judged = 0
         self._floor = math.inf
         self._previous = math.nan
@@ -65,24 +67,25 @@ class SaturationWatch:
         self.result = Saturation(window_s=window_s)
 
     def sent(self, at_s: float) -> None:
-        self._sent.append(at_s)
+        self._sent[int(at_s // self._window_s)] += 1
 
     def ended(self, at_s: float, ttft_ms: float) -> None:
-        self._ended.append((at_s, ttft_ms))
+        self._ended[int(at_s // self._window_s)].append(ttft_ms)
 
     def stop(self, now_s: float) -> bool:
         """Judge the windows finished by `now_s`; True once the run should end."""
         w = self._window_s
         while not self.result.stopped and (self._judged + 1) * w <= now_s:
-            self._judge(self._judged * w, (self._judged + 1) * w)
+            self._judge(self._judged, self._judged * w, (self._judged + 1) * w)
             self._judged += 1
         return self.result.stopped
 
-    def _judge(self, a: float, b: float) -> None:
+    def _judge(self, window: int, a: float, b: float) -> None:
         scale = self._processes / (b - a)
-        ttfts = sorted(t for at, t in self._ended if a <= at < b and not math.isnan(t))
-        ended = sum(1 for at, _ in self._ended if a <= at < b)
-        sent = sum(1 for at in self._sent if a <= at < b)
+        ended_ttfts = self._ended.pop(window, [])
+        ttfts = sorted(t for t in ended_ttfts if not math.isnan(t))
+        ended = len(ended_ttfts)
+        sent = self._sent.pop(window, 0)
         offered = offered_between(self._stages, a, b) / (b - a)
         achieved = ended * scale
         p50 = ttfts[len(ttfts) // 2] if len(ttfts) >= MIN_REQUESTS else math.nan

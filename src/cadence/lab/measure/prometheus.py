@@ -502,9 +502,7 @@ def prefix_cache_hits(endpoints: Sequence[_Endpoint]) -> list[PrefixCacheHits]:
                 if not key[0].endswith(_CACHE_SUFFIXES):
                     continue
                 if key in last:
-                    before = last[key]
-                    growth[key] = growth.get(key, 0.0) + (
-                        sample.value - before if sample.value >= before else sample.value)
+                    growth[key] = growth.get(key, 0.0) + _growth(last[key], sample.value)
                 last[key] = sample.value
         for (name, labels), got in growth.items():
             for hits, queries in PREFIX_CACHE_COUNTERS:
@@ -552,12 +550,15 @@ def _rates_by_tick(values: dict[int, tuple[float, float]]) -> dict[int, tuple[fl
 
 
 def _rate(earlier: tuple[float, float], later: tuple[float, float]) -> float:
-    """A counter's rate per second between two scrapes; a counter that went down restarted
-    from zero (the server restarted), so its whole value is the growth, as Prometheus reads
-    it."""
+    """A counter's rate per second between two scrapes."""
     (t0, v0), (t1, v1) = earlier, later
-    growth = v1 - v0 if v1 >= v0 else v1
-    return growth / (t1 - t0)
+    return _growth(v0, v1) / (t1 - t0)
+
+
+def _growth(v0: float, v1: float) -> float:
+    """A counter's growth between two scrapes; one that went down restarted from zero (the
+    server restarted), so its whole value is the growth, as Prometheus reads it."""
+    return v1 - v0 if v1 >= v0 else v1
 
 
 def _series(endpoint: _Endpoint, key: Key) -> list[ScrapedSeries]:

@@ -17,7 +17,7 @@ import csv
 import json
 from collections.abc import Iterable
 
-from cadence.lab.analysis.stats import itl_points
+from cadence.lab.analysis.stats import itl_points, ttft_ms
 from cadence.lab.records import RequestRecord
 
 COLUMNS = ("request_id", "process", "code", "turn", "prompt_tokens", "output_tokens",
@@ -44,7 +44,7 @@ def rows(records: Iterable[RequestRecord]) -> list[dict]:
             "sent_s": (r.start_ns - zero) / 1e9,
             "dispatch_delay_ms": (r.start_ns - r.scheduled_ns) / _MS if r.scheduled_ns else None,
             "connect_ms": r.connect_ns / _MS if r.connect_ns >= 0 else None,
-            "ttft_ms": (first - r.start_ns) / _MS if first else None,
+            "ttft_ms": ttft_ms(r) if first else None,
             "ttft_from_schedule_ms": (first - r.scheduled_ns) / _MS
             if first and r.scheduled_ns else None,
             "itl_mean_ms": sum(itl) / len(itl) if itl else None,
