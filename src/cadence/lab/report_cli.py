@@ -94,14 +94,11 @@ def _judge(gates: list, runs: list, names: list[str]) -> None:
     """Every gate on every run after the first (on the one run when there is one); exits
     EXIT_GATE_FAILED with one line per failure."""
     judged = list(zip(runs[1:], names[1:], strict=True)) or [(runs[0], names[0])]
-    from cadence.lab.report.summary import WITHIN_NOISE
-
-    said = [line for gate in gates for run, name in judged
-            if (line := gate.judge(runs[0], run, name)) is not None]
-    failures = [line for line in said if not line.endswith(WITHIN_NOISE)]
-    for line in said:
-        if line not in failures:
+    said = [gate.verdict(runs[0], run, name) for gate in gates for run, name in judged]
+    for line, failed in said:
+        if line is not None and not failed:
             print(f"cadence report: {line}")
+    failures = [line for line, failed in said if failed]
     for line in failures:
         print(f"cadence report: {line}", file=sys.stderr)
     if failures:

@@ -72,43 +72,45 @@ class Gate:
 
     def failure(self, base: BenchResult, run: BenchResult, label: str) -> str | None:
         """Why `run` fails the gate, in one line; None when it passes."""
-        found = self.judge(base, run, label)
-        return found if found and not found.endswith(WITHIN_NOISE) else None
+        line, failed = self.verdict(base, run, label)
+        return line if failed else None
 
     def judge(self, base: BenchResult, run: BenchResult, label: str) -> str | None:
         """Why `run` fails the gate, or (ending in "within noise") why a mean past the bound
-        is not judged a regression, in one line; None when it passes plainly. With repeats
-        on both sides (`--repeat`), a relative gate compares the means and fails only
-        outside the runs' noise (`cadence.lab.analysis.noise`)."""
+        is not judged a regression, in one line; None when it passes plainly."""
+        return self.verdict(base, run, label)[0]
+
+    def verdict(self, base: BenchResult, run: BenchResult,
+                label: str) -> tuple[str | None, bool]:
+        """(`judge`'s line, whether the run fails). With repeats on both sides (`--repeat`),
+        a relative gate compares the means and fails only outside the runs' noise
+        (`cadence.lab.analysis.noise`)."""
         noisy = self._repeated(base, run)
         value = noisy[1].mean if noisy else metric(run, self.metric)
         bound = self.value * (noisy[0].mean if noisy else metric(base, self.metric)) \
             if self.relative else self.value
         if math.isnan(value) or math.isnan(bound):
-            return f"{label}: {self.text}: {self.metric} is missing, so the gate cannot pass"
+            return f"{label}: {self.text}: {self.metric} is missing, so the gate cannot pass", True
         if not ((value > bound) if self.above else (value < bound)):
-            return None
+            return None, False
         if noisy is None:
             return (f"{label}: {self.text} failed: {self.metric} {value:.4g} against a bound of "
-                    f"{bound:.4g}")
+                    f"{bound:.4g}"), True
         first, later = noisy
-        said = (f"{label}: {self.text}: {self.metric} mean {value:.4g} (95% CI {later.ci95_low:.4g}"
-                f"-{later.ci95_high:.4g}, {len(later.values)} runs) against a bound of "
-                f"{bound:.4g} (first: {first.ci95_low:.4g}-{first.ci95_high:.4g}, "
-                f"{len(first.values)} runs)")
-        if beyond_noise(first, later, self.value, self.above):
-            return said.replace(f": {self.metric} mean", f" failed: {self.metric} mean", 1)
-        return f"{said}: {WITHIN_NOISE}"
+        failed = beyond_noise(first, later, self.value, self.above)
+        said = (f"{label}: {self.text}{' failed' if failed else ''}: {self.metric} mean "
+                f"{value:.4g} (95% CI {later.ci95_low:.4g}-{later.ci95_high:.4g}, "
+                f"{len(later.values)} runs) against a bound of {bound:.4g} (first: "
+                f"{first.ci95_low:.4g}-{first.ci95_high:.4g}, {len(first.values)} runs)")
+        return (said, True) if failed else (f"{said}: {WITHIN_NOISE}", False)
 
     def _repeated(self, base: BenchResult, run: BenchResult):
         """(the base's, the run's) repeats of the gate's metric for a relative gate when both
         runs were repeated with a usable interval; else None."""
-        if not self.relative or not base.repeats or not run.repeats:
+        if not self.relative:
             return None
-        pair = (base.repeats.figures.get(self.metric), run.repeats.figures.get(self.metric))
-        if None in pair or any(math.isnan(f.ci95_low) for f in pair):
-            return None
-        return pair
+        pair = (_noise(base, self.metric), _noise(run, self.metric))
+        return None if None in pair else pair
 
 
 def parse_gate(text: str) -> Gate:
