@@ -11,6 +11,7 @@ another's keys and values, so not Python's 64-bit `hash`.
 from __future__ import annotations
 
 from array import array
+from collections import OrderedDict
 from hashlib import blake2b
 
 ROOT = b""
@@ -32,3 +33,41 @@ def block_hashes(tokens: list[int] | bytes, block: int, blocks: int,
         parent = blake2b(parent + data, digest_size=16).digest()
         out.append(parent)
     return out
+
+
+class BlockLRU:
+    """A set of block hashes held, least recently used first, at most `capacity` of them:
+    what a prefix cache holds (the synthetic engine's model of the torch engine's), or what
+    the front believes a worker's holds (prefix-aware routing)."""
+
+    __slots__ = ("_held", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._held: OrderedDict[bytes, None] = OrderedDict()
+
+    def match(self, hashes: list[bytes], touch: bool = False) -> int:
+        """How many leading blocks of `hashes` are held (`touch`: made the most recent)."""
+        held = self._held
+        n = 0
+        for h in hashes:
+            if h not in held:
+                break
+            if touch:
+                held.move_to_end(h)
+            n += 1
+        return n
+
+    def record(self, hashes: list[bytes]) -> None:
+        """These blocks are held now (the oldest forgotten past capacity). The first block is
+        made the most recent: a prefix's tail is forgotten before its head, which every later
+        block needs."""
+        held = self._held
+        for h in reversed(hashes):
+            held[h] = None
+            held.move_to_end(h)
+        while len(held) > self.capacity:
+            held.popitem(last=False)
+
+    def clear(self) -> None:
+        self._held.clear()

@@ -19,12 +19,11 @@ import random
 import time
 import zlib
 from bisect import bisect_left
-from collections import OrderedDict
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
-from cadence.prefix_hash import BLOCK, block_hashes
+from cadence.prefix_hash import BLOCK, BlockLRU, block_hashes
 from cadence.vocabulary import AddRequest
 
 _WORDS = (
@@ -80,10 +79,9 @@ class SyntheticEngine:
         self._per_seq_s = config.per_seq_ms / 1e3
         self._prefill_s = config.prefill_ms_per_token / 1e3
         self._jitter_s = config.jitter_ms / 1e3
-        self._prefixes: OrderedDict[bytes, None] | None = (
-            OrderedDict() if config.prefix_caching else None)
-        """Prefix caching: the block hashes held, least recently used first."""
-        self._capacity_blocks = max(1, config.kv_cache_tokens // BLOCK)
+        self._prefixes = (BlockLRU(config.kv_cache_tokens // BLOCK) if config.prefix_caching
+                          else None)
+        """Prefix caching: the block hashes held."""
 
     def start(self) -> None:
         """Nothing to load."""
@@ -125,13 +123,8 @@ class SyntheticEngine:
         held = self._prefixes
         if held is not None:
             ids = seq.prefill_ids
-            n = 0
-            for h in block_hashes(ids, BLOCK, (len(ids) - 1) // BLOCK):
-                if h not in held:
-                    break
-                held.move_to_end(h)
-                n += 1
-            seq.prefilled = n * BLOCK
+            hashes = block_hashes(ids, BLOCK, (len(ids) - 1) // BLOCK)
+            seq.prefilled = held.match(hashes, touch=True) * BLOCK
         return True
 
     def preempt(self, seq: Sequence) -> list[int]:
@@ -145,11 +138,7 @@ class SyntheticEngine:
         if held is None or seq.state is None:
             return
         tokens = seq.request.prompt_token_ids + self._outputs(seq)
-        for h in reversed(block_hashes(tokens, BLOCK, len(tokens) // BLOCK)):
-            held[h] = None
-            held.move_to_end(h)
-        while len(held) > self._capacity_blocks:
-            held.popitem(last=False)
+        held.record(block_hashes(tokens, BLOCK, len(tokens) // BLOCK))
 
     def _outputs(self, seq: Sequence) -> list[int]:
         corpus, size, at = self._corpus, len(self._corpus), seq.state

@@ -8,9 +8,7 @@ index still names (the next request there computes it again and it is cached ane
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
-from cadence.prefix_hash import BLOCK, block_hashes
+from cadence.prefix_hash import BLOCK, BlockLRU, block_hashes
 
 TEXT_BLOCK = 64
 """Bytes of a text prompt per hashed block, for a worker that tokenizes text itself."""
@@ -29,28 +27,15 @@ class PrefixIndex:
 
     def __init__(self, workers: int, capacity_blocks: int) -> None:
         self.capacity = max(1, capacity_blocks)
-        self._held: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(workers)]
+        self._held = [BlockLRU(self.capacity) for _ in range(workers)]
 
     def match(self, worker: int, hashes: list[bytes]) -> int:
         """Leading blocks of `hashes` that `worker` was sent before."""
-        held = self._held[worker]
-        n = 0
-        for h in hashes:
-            if h not in held:
-                break
-            n += 1
-        return n
+        return self._held[worker].match(hashes)
 
     def record(self, worker: int, hashes: list[bytes]) -> None:
-        """`worker` now holds these blocks (the oldest held are forgotten past capacity).
-        The first block is made the most recent: a prefix's tail is forgotten before its
-        head, which every later block needs."""
-        held = self._held[worker]
-        for h in reversed(hashes):
-            held[h] = None
-            held.move_to_end(h)
-        while len(held) > self.capacity:
-            held.popitem(last=False)
+        """`worker` now holds these blocks (the oldest held are forgotten past capacity)."""
+        self._held[worker].record(hashes)
 
     def forget(self, worker: int) -> None:
         """The worker stopped: its cache is gone."""
