@@ -183,6 +183,17 @@ def test_bad_input_is_an_in_band_error_and_the_stream_goes_on(server) -> None:
     assert {r.get_response().id for r in good} == {"good"} and _final(good[-1])
 
 
+def _wait_streaming(responses: _Responses, ids: set[str]) -> None:
+    """Until each of `ids` has had a response (a busy host may admit one after another's
+    first response)."""
+    deadline = time.monotonic() + 10
+    seen: set[str] = set()
+    while seen != ids:
+        result, error = responses.items.get(timeout=max(0.1, deadline - time.monotonic()))
+        assert error is None, error
+        seen.add(result.get_response().id)
+
+
 def _metric(url: str, name: str) -> float:
     text = urllib.request.urlopen(url, timeout=5).read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
@@ -197,12 +208,7 @@ def test_closing_the_stream_aborts_its_requests(server_factory) -> None:
     client.start_stream(callback=first)
     for request_id in ("a", "b"):
         client.async_stream_infer(MODEL, _inputs([1, 2], 5000), request_id=request_id)
-    deadline = time.monotonic() + 10
-    seen: set[str] = set()
-    while seen != {"a", "b"}:  # both are streaming
-        result, error = first.items.get(timeout=max(0.1, deadline - time.monotonic()))
-        assert error is None, error
-        seen.add(result.get_response().id)
+    _wait_streaming(first, {"a", "b"})
     with Client(running.target) as cadence_client, pytest.raises(grpc.RpcError) as full:
         list(cadence_client.generate("third", max_tokens=2))
     assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -230,7 +236,7 @@ def test_closing_the_stream_shows_in_the_metrics() -> None:
         client.start_stream(callback=responses)
         for request_id in ("a", "b", "c"):
             client.async_stream_infer(MODEL, _inputs([1, 2], 5000), request_id=request_id)
-        responses.items.get(timeout=10)
+        _wait_streaming(responses, {"a", "b", "c"})
         assert _metric(url, "cadence_active_streams") == 3
         client.stop_stream(cancel_requests=True)
         client.close()
