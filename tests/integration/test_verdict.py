@@ -4,12 +4,17 @@ service whose ITL p99 was 4x its median got no finding at all).
 A planted grpc.aio service whose gaps are, one time in 30 at random, 150 ms late: a tail of a
 shape no rule knows. It must end unhealthy, with an `unexplained_tail` finding that says how
 much, when, in which streams and what coincided. A clean service and cadence's synthetic
-engine must end healthy, with no finding.
+engine must end healthy, with no finding (on a host another job loads, with the lab's
+`host_contended` finding, their bad tails must be put on the host: tests/integration/host_load.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import msgspec
 
@@ -18,6 +23,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult
 from tests.integration.conftest import start_server
+from tests.integration.host_load import assert_tails_put_on_host, contended
 from tests.integration.test_foreign_servers import tokens_bench
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, cadence, python_server
 
@@ -43,20 +49,48 @@ def test_a_rare_slow_gap_of_no_known_shape_is_an_unexplained_tail() -> None:
     assert "unexplained" in result.verdict.line
 
 
+def _assert_healthy(result: BenchResult) -> None:
+    if contended(result):
+        assert_tails_put_on_host(result)
+        return
+    assert result.verdict.state == "healthy", (result.verdict.line, result.diagnosis)
+    assert result.diagnosis == []
+
+
 def test_a_clean_service_ends_healthy_with_no_finding() -> None:
     with python_server("tests/planted_server.py", "--gap-ms", "10") as target:
         result = tokens_bench(target, streams=16, requests=32)
-    assert result.verdict.state == "healthy", (result.verdict.line, result.diagnosis)
-    assert result.diagnosis == []
+    _assert_healthy(result)
 
 
 def test_cadence_synthetic_engine_ends_healthy() -> None:
     with start_server("--devices", "cpu:2", "--step-ms", "10") as server:
         result = run_bench(server.target, Workload(
             requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))))
-    assert result.verdict.state == "healthy", (result.verdict.line, result.diagnosis)
-    assert result.diagnosis == []
+    _assert_healthy(result)
     assert "first step" in next(t for t in result.verdict.tails if t.metric == "ttft_ms").bound
+
+
+def test_other_work_that_fills_the_host_is_named() -> None:
+    """Busy loops on every core beside a clean server: the lab names them (host_contended,
+    with their pids) and puts the run's bad tails on the host, not on the server."""
+    # Started through a shell that exits, so they are another job's, not the lab's children.
+    hogs = [int(subprocess.check_output(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"]))
+        for _ in range(os.cpu_count() or 1)]
+    try:
+        with start_server("--devices", "cpu:2", "--step-ms", "10") as server:
+            result = run_bench(server.target, Workload(
+                requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))))
+    finally:
+        for pid in hogs:
+            os.kill(pid, signal.SIGKILL)
+    assert contended(result), result.diagnosis
+    [finding] = [f for f in result.diagnosis if f.rule == "host_contended"]
+    assert finding.evidence["others_cores"] >= 0.5 * len(hogs), finding.evidence
+    named = finding.evidence["other_processes"]
+    assert any(f"(pid {pid})" in named for pid in hogs), (named, hogs)
+    assert_tails_put_on_host(result)
 
 
 def test_the_summary_json_and_report_lead_with_the_verdict(tmp_path) -> None:

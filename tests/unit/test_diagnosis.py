@@ -488,6 +488,34 @@ def test_busy_cards_or_no_cards_are_not_cpu_busy_cards_idle():
     assert dx.RULE_CPU_BUSY_CARDS_IDLE not in rules(no_cards)
 
 
+def on_host(busy_pct: float, cpus: int = 2, lab_pct: float = 2.0) -> dict:
+    """The healthy run on a host whose CPUs were `busy_pct` busy during the run (100 = one
+    core), the processes it samples using what they use in `healthy()`."""
+    r = healthy()
+    host, lab = cpu(busy_pct)["samples"], cpu(lab_pct)["samples"]
+    r["system"]["host"] = {
+        "cpus": cpus, "busy_pct_mean": busy_pct,
+        "samples": [[t, busy, mine] for (t, busy), (_, mine) in zip(host, lab, strict=True)],
+        "others": [{"pid": 7, "name": "make", "cpu_pct": 150.0}]}
+    return r
+
+
+def test_other_work_on_a_full_host_fires_host_contended():
+    findings = {f.rule: f for f in diagnose(on_host(195.0))}
+    assert set(findings) == {dx.RULE_HOST_CONTENDED}
+    evidence = findings[dx.RULE_HOST_CONTENDED].evidence
+    ours = evidence["server_cores"] + evidence["client_cores"] + evidence["lab_cores"]
+    assert evidence["others_cores"] == pytest.approx(1.95 - ours, abs=0.02)
+    assert evidence["other_processes"] == "make (pid 7) 150%"
+
+
+def test_a_host_with_a_core_to_spare_or_no_other_work_is_not_contended():
+    assert rules(on_host(140.0)) == []  # busy, but half a core and more to spare
+    assert rules(on_host(195.0, cpus=4)) == []
+    ours = sum(p["samples"][-1][1] for p in healthy()["system"]["processes"].values())
+    assert rules(on_host(ours + 2.0 + dx.OTHERS_MIN_PCT - 1, cpus=1)) == []  # others < half a core
+
+
 # -- under_capacity ------------------------------------------------------------------------------
 
 

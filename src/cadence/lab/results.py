@@ -379,11 +379,36 @@ class PrefixCacheHits(msgspec.Struct, kw_only=True):
     """hit_tokens / query_tokens; null when nothing was looked up."""
 
 
+class OtherProcess(msgspec.Struct, kw_only=True):
+    """A process on the host outside the server, its children and the lab."""
+
+    pid: int
+    name: str
+    cpu_pct: float
+    """% of one core over the sampled time."""
+
+
+class HostCpu(msgspec.Struct, kw_only=True):
+    """The whole host's CPU over the run: what the server and the lab did not use went to
+    other work."""
+
+    cpus: int = 1
+    busy_pct_mean: float | None = None
+    """% of one core (up to 100 x cpus)."""
+    samples: list[tuple[float, float, float]] = []
+    """[seconds since the sampler started, the host's busy % and the lab's own process's %
+    (100 = one core)]."""
+    others: list[OtherProcess] = []
+    """The busiest other processes (those alive at both ends of the sampling), busiest first."""
+
+
 class System(msgspec.Struct, kw_only=True):
     """What `cadence.lab.measure.sampler.SystemSampler` saw during the run."""
 
     interval_s: float = 0.1
     processes: dict[str, ProcessCpu] = {}
+    host: HostCpu | UnsetType = UNSET
+    """The whole host's CPU (runs since the `host_contended` rule)."""
     gpus: list[Gpu] = []
     server_metrics: ServerMetrics | None = None
     flags: list[str] = []

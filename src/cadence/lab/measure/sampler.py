@@ -1,8 +1,9 @@
-"""CPU per process (psutil) and card use (NVML) sampled during a run, on a background thread,
-with the server's metrics page scraped every few samples."""
+"""CPU per process (psutil), the whole host's CPU and card use (NVML) sampled during a run, on
+a background thread, with the server's metrics page scraped every few samples."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -16,7 +17,20 @@ from cadence.lab.measure.scrape import (
     SCRAPED_GAUGES,
     scrape,
 )
-from cadence.lab.results import Gpu, ProcessCpu, ScrapedFrontLoop, ServerMetrics, System
+from cadence.lab.results import (
+    Gpu,
+    HostCpu,
+    OtherProcess,
+    ProcessCpu,
+    ScrapedFrontLoop,
+    ServerMetrics,
+    System,
+)
+
+OTHERS_KEPT = 3
+"""The busiest other processes a run names."""
+OTHER_MIN_PCT = 10.0
+"""...each at least this % of a core over the sampled time."""
 
 
 class SystemSampler:
@@ -31,6 +45,10 @@ class SystemSampler:
         self._processes: dict[str, psutil.Process] = {}
         self._samples: dict[str, list[list[float]]] = {}
         self._gpu_samples: list[list[list[float]]] = []
+        self._host_samples: list[tuple[float, float, float]] = []
+        self._cpus = psutil.cpu_count() or 1
+        self._lab = psutil.Process(os.getpid())
+        self._cpu_times_at_start: dict[int, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cadence-sampler", daemon=True)
@@ -51,6 +69,9 @@ class SystemSampler:
     def start(self) -> SystemSampler:
         self._t0_ns = time.monotonic_ns()
         self._t0 = self._t0_ns / 1e9
+        psutil.cpu_percent(None)  # baselines
+        self._lab.cpu_percent(None)
+        self._cpu_times_at_start = _cpu_times()
         self._thread.start()
         return self
 
@@ -67,6 +88,8 @@ class SystemSampler:
             ticks += 1
             if ticks % self._scrape_every == 0:
                 self._scrape(t)
+            self._host_samples.append((t, psutil.cpu_percent(None) * self._cpus,
+                                       self._lab.cpu_percent(None)))
             with self._lock:
                 watched = list(self._processes.items())
             for name, process in watched:
@@ -147,7 +170,43 @@ class SystemSampler:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
         return System(interval_s=self.interval_s, processes=processes, gpus=gpus,
-                      server_metrics=self._server_metrics())
+                      host=self._host(), server_metrics=self._server_metrics())
+
+    def _host(self) -> HostCpu:
+        busy = [pct for _, pct, _ in self._host_samples]
+        return HostCpu(cpus=self._cpus, busy_pct_mean=sum(busy) / len(busy) if busy else None,
+                       samples=self._host_samples, others=self._others())
+
+    def _others(self) -> list[OtherProcess]:
+        """The busiest processes that are neither watched nor the lab, nor children of either
+        (a server's engine processes, the load processes), by their CPU time over the run."""
+        ours = {self._lab.pid}
+        for process in [self._lab, *self._processes.values()]:
+            try:
+                ours.add(process.pid)
+                ours.update(child.pid for child in process.children(recursive=True))
+            except psutil.Error:
+                continue
+        wall_s = max(time.monotonic() - self._t0, 1e-3)
+        others = []
+        for pid, (name, cpu_s) in _cpu_times().items():
+            then = self._cpu_times_at_start.get(pid)
+            if pid in ours or then is None or then[0] != name:
+                continue
+            pct = 100 * (cpu_s - then[1]) / wall_s
+            if pct >= OTHER_MIN_PCT:
+                others.append(OtherProcess(pid=pid, name=name, cpu_pct=round(pct, 1)))
+        return sorted(others, key=lambda o: o.cpu_pct, reverse=True)[:OTHERS_KEPT]
+
+
+def _cpu_times() -> dict[int, tuple[str, float]]:
+    """Every process's name and CPU seconds so far."""
+    times = {}
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        cpu = process.info["cpu_times"]
+        if cpu is not None:
+            times[process.pid] = (process.info["name"] or "?", cpu.user + cpu.system)
+    return times
 
 
 def _open_nvml():

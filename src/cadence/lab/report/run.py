@@ -426,6 +426,12 @@ def _system(result: BenchResult) -> str:
     parts += [f'<div class="finding">{esc(flag)}</div>' for flag in system.flags]
     rows = [(name, p.pid, p.cpu_pct_mean, p.cpu_pct_max, len(p.samples))
             for name, p in system.processes.items()]
+    host = system.host or None
+    if host is not None:
+        rows += [(f"other: {o.name}", o.pid, o.cpu_pct, None, None) for o in host.others]
+        rows.append((f"the host ({host.cpus} cores)", None, host.busy_pct_mean,
+                     max((busy for _, busy, _ in host.samples), default=None),
+                     len(host.samples)))
     cpu = table(("process", "pid", "CPU % mean", "CPU % max", "samples"), rows,
                 bad=lambda i, v: i in (2, 3) and finite(v) and v >= 90)
     parts += [cpu, note(f"100 % is one core busy; sampled every {system.interval_s:g} s.")

@@ -418,6 +418,9 @@ def _print_diagnosis(console, findings: list[Finding]) -> None:
 def _print_system(console, system: System) -> None:
     cpu = ", ".join(f"{name} {p.cpu_pct_mean:.0f}%" for name, p in system.processes.items()
                     if p.cpu_pct_mean is not None)
+    host = system.host or None
+    if host is not None and host.busy_pct_mean is not None:
+        cpu += (", " if cpu else "") + f"host {host.busy_pct_mean:.0f}% of {100 * host.cpus}"
     if cpu:
         console.print(f"CPU (mean, % of one core): {cpu}")
     for gpu in system.gpus:

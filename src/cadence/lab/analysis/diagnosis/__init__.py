@@ -12,7 +12,7 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `connection`: server_stream_limit, slow_connect
 - `ttft`: ttft_engine_start, ttft_queueing
 - `itl`: itl_unstable_engine, itl_unstable_network_side, slow_reader
-- `host`: front_cpu_bound, cpu_busy_cards_idle
+- `host`: front_cpu_bound, cpu_busy_cards_idle, host_contended
 - `client`: client_saturated, client_behind_schedule
 - `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
 - `workers`: slow_worker
@@ -71,7 +71,7 @@ from cadence.lab.analysis.diagnosis.facts import (
     RunFacts,
 )
 from cadence.lab.analysis.diagnosis.health import FAILING_SHARE
-from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT, IDLE_CARD_PCT
+from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT, IDLE_CARD_PCT, OTHERS_MIN_PCT
 from cadence.lab.analysis.diagnosis.itl import (
     ENGINE_SIDE_SHARE,
     ITL_MIN_SPREAD_MS,
@@ -89,6 +89,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_CPU_BUSY_CARDS_IDLE,
     RULE_FRONT_CPU_BOUND,
     RULE_FRONT_LOOP_BLOCKED,
+    RULE_HOST_CONTENDED,
     RULE_INTEGRITY_FAULTS,
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ITL_UNSTABLE_NETWORK,
@@ -170,8 +171,9 @@ __all__ = [
     "FIRST_STEP_SHARE", "GAPS_NORMAL_RATIO", "IDLE_CARD_PCT", "ITL_MIN_SPREAD_MS",
     "ITL_UNEVEN_P90_RATIO", "LOOP_GAP_TAIL_MS", "LOOP_LATE_MIN", "LOOP_LATE_SHARE",
     "MERGED_CHUNK_TOKENS", "MERGE_BUFFER_STEPS", "MIN_CPU_SAMPLES", "NETWORK_UNSTABLE_P90_RATIO",
+    "OTHERS_MIN_PCT",
     "RULES", "RULE_CLIENT_BEHIND_SCHEDULE", "RULE_CLIENT_SATURATED", "RULE_CPU_BUSY_CARDS_IDLE",
-    "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_INTEGRITY_FAULTS",
+    "RULE_FRONT_CPU_BOUND", "RULE_FRONT_LOOP_BLOCKED", "RULE_HOST_CONTENDED", "RULE_INTEGRITY_FAULTS",
     "RULE_ITL_UNSTABLE_ENGINE",
     "RULE_ITL_UNSTABLE_NETWORK", "RULE_KV_CACHE_FULL", "RULE_ONE_STREAM_AT_A_TIME",
     "RULE_OUTPUT_HELD_BACK", "RULE_PREFILL_STALLS_DECODE",

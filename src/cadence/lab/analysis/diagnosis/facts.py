@@ -86,15 +86,19 @@ class RunFacts:
         `wall_s` seconds of the samples; the means the sampler reports include that idle start.
         A sample at t covers the interval before t; it counts when most of that is in the run.
         """
-        system = self.result.system
-        process = system.processes.get(name)
-        samples = process.samples if process else []
+        process = self.result.system.processes.get(name)
+        return self.active_mean([(t, pct) for t, pct in process.samples] if process else [])
+
+    def active_mean(self, samples: list[tuple[float, float]]) -> float | None:
+        """The mean of sampler readings [(t, value)] while the run was going (see
+        `active_cpu`), or None without enough of them."""
         wall_s = self.result.wall_s
-        interval = system.interval_s if finite(system.interval_s) and system.interval_s > 0 else 0.1
+        interval = self.result.system.interval_s
+        interval = interval if finite(interval) and interval > 0 else 0.1
         if not samples or not finite(wall_s) or wall_s <= 0:
             return None
         start = samples[-1][0] - wall_s
-        inside = [pct for t, pct in samples if t - interval / 2 >= start and finite(pct)]
+        inside = [v for t, v in samples if t - interval / 2 >= start and finite(v)]
         if len(inside) < MIN_CPU_SAMPLES:
             return None
         return sum(inside) / len(inside)

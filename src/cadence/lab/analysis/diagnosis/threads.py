@@ -10,6 +10,7 @@ from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_CPU_BOUND,
+    RULE_HOST_CONTENDED,
     RULE_SERVER_ONE_CORE_BOUND,
     RULE_SERVER_THREADS_WAIT_FOR_CPU,
 )
@@ -105,5 +106,7 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
 RULES = (
     Rule(RULE_SERVER_ONE_CORE_BOUND, server_one_core_bound,
          gives_way_to=(GiveWay(RULE_FRONT_CPU_BOUND),)),
-    Rule(RULE_SERVER_THREADS_WAIT_FOR_CPU, server_threads_wait_for_cpu),
+    # Other work that took the host's cores is why the server's threads waited.
+    Rule(RULE_SERVER_THREADS_WAIT_FOR_CPU, server_threads_wait_for_cpu,
+         gives_way_to=(GiveWay(RULE_HOST_CONTENDED),)),
 )

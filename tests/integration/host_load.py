@@ -1,0 +1,27 @@
+"""Lab tests on a host that another job loads: the lab's own `host_contended` finding says
+when other work took the cores. A run without it is judged in full; a run with it must put
+its bad tails on the host and blame nothing it cannot show."""
+
+from __future__ import annotations
+
+from cadence.lab.analysis.diagnosis import OTHERS_MIN_PCT, RULE_HOST_CONTENDED
+from cadence.lab.analysis.verdict import RULE_UNEXPLAINED_TAIL
+from cadence.lab.results import BenchResult
+
+
+def contended(result: BenchResult) -> bool:
+    """Whether other work on the host took the cores this run needed (and the lab said so)."""
+    found = [f for f in result.diagnosis if f.rule == RULE_HOST_CONTENDED]
+    for finding in found:
+        assert finding.evidence["others_cores"] >= OTHERS_MIN_PCT / 100, finding
+    return bool(found)
+
+
+def assert_tails_put_on_host(result: BenchResult) -> None:
+    """On a contended host: every bad tail is explained, the host among its causes, and the
+    output whole with no request failed."""
+    assert not result.verdict.problems, result.verdict.line
+    assert RULE_UNEXPLAINED_TAIL not in {f.rule for f in result.diagnosis}, result.verdict.line
+    for tail in result.verdict.tails:
+        if tail.state == "bad":
+            assert RULE_HOST_CONTENDED in tail.explained_by, result.verdict.line
