@@ -25,3 +25,17 @@ def assert_tails_put_on_host(result: BenchResult) -> None:
     for tail in result.verdict.tails:
         if tail.state == "bad":
             assert RULE_HOST_CONTENDED in tail.explained_by, result.verdict.line
+
+
+def assert_named(result: BenchResult, expected: set[str], among: set[str] | None = None) -> None:
+    """The run's findings (those in `among`, when given) are `expected`; on a contended host
+    `expected` must still be named, and with nothing expected the bad tails go to the host."""
+    fired = {f.rule for f in result.diagnosis}
+    if among is not None:
+        fired &= among
+    if not contended(result):
+        assert fired == expected, result.diagnosis
+        return
+    assert expected <= fired, result.diagnosis
+    if not expected:
+        assert_tails_put_on_host(result)

@@ -16,6 +16,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult, to_builtins
 from tests.integration.conftest import start_server
+from tests.integration.host_load import assert_named
 
 ITL_RULES = {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_ITL_UNSTABLE_NETWORK}
 
@@ -94,11 +95,11 @@ def test_a_blocked_front_loop_is_named_with_the_lag_it_measured() -> None:
 
 
 def test_a_clean_run_names_nothing() -> None:
-    result, fired = _bench(
+    result, _ = _bench(
         ["--devices", "cpu:2", "--step-ms", "10"],
         Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
     )
-    assert fired == set(), _explain(result)
+    assert_named(result, set())
 
 
 def test_one_slow_card_is_named_with_its_streams() -> None:

@@ -22,7 +22,7 @@ from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult, to_builtins
 from tests.engine_shaped_servers import METHOD, MODEL, REQUEST_JSON
 from tests.integration.conftest import start_server
-from tests.integration.host_load import assert_tails_put_on_host, contended
+from tests.integration.host_load import assert_named
 from tests.integration.test_grpc_lab import python_server
 
 LATENCY_RULES = {
@@ -150,13 +150,7 @@ CASES = {
 def test_an_engine_shaped_fault_is_named_with_its_share(name: str) -> None:
     case = CASES[name]
     result = bench(case)
-    fired = {f.rule for f in result.diagnosis}
-    if contended(result):  # another job's load may add findings; the planted ones must stand
-        assert case.named <= fired, explain(result)
-        if not case.named:
-            assert_tails_put_on_host(result)
-    else:
-        assert fired & LATENCY_RULES == case.named, explain(result)
+    assert_named(result, case.named, among=LATENCY_RULES)
     for rule, bounds in case.evidence.items():
         finding = next(f for f in result.diagnosis if f.rule == rule)
         for key, (low, high) in bounds.items():
@@ -178,5 +172,4 @@ def test_kserve_responses_are_read_by_the_same_rules(server_args, named) -> None
             protocol=KServeTarget("cadence"))
     assert result.requests_ok == 32, result.errors_by_code
     assert not result.segments_ms
-    fired = {f.rule for f in result.diagnosis}
-    assert fired & LATENCY_RULES == {named}, explain(result)
+    assert_named(result, {named}, among=LATENCY_RULES)

@@ -27,6 +27,7 @@ from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult, Integrity, SweepResult
 from cadence.lab.servers.command_server import CommandServer
 from tests import node_ticker
+from tests.integration.host_load import assert_named
 from tests.node_ticker import COUNT_METHOD, PROTO_FILE, PROTO_PATH, ticker_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,10 +202,6 @@ def tokens_bench(target: str, streams: int = 16, requests: int | None = None,
     return run_bench(target, workload, protocol=grpc_target)
 
 
-def fired(result: dict) -> set[str]:
-    return {f.rule for f in result.diagnosis}
-
-
 def test_a_lost_token_is_seen_with_index_field():
     with python_server("tests/planted_server.py", "--fault", "skip", "--gap-ms", "5") as target:
         result = tokens_bench(target, streams=4, max_tokens=10)
@@ -223,7 +220,7 @@ def test_planted_faults_without_server_timing(fault, rule):
     with python_server("tests/planted_server.py", "--fault", fault) as target:
         result = tokens_bench(target, streams=32, requests=64, max_tokens=50)
     assert_clean(result, 64)
-    assert fired(result) == ({rule} if rule else set()), result.diagnosis
+    assert_named(result, {rule} if rule else set())
 
 
 @pytest.mark.slow
@@ -237,9 +234,9 @@ def test_worked_example_designs():
         per_request = tokens_bench(target, streams=16, max_tokens=30)
     assert_clean(shared, 16)
     assert_clean(per_request, 16)
-    assert fired(shared) == {dx.RULE_TTFT_GROWS_WITH_STREAMS}, shared.diagnosis
+    assert_named(shared, {dx.RULE_TTFT_GROWS_WITH_STREAMS})
     assert shared.timeline.concurrency.peak_receiving == 4
-    assert fired(per_request) == set(), per_request.diagnosis
+    assert_named(per_request, set())
     assert per_request.ttft_ms.max < shared.ttft_ms.max / 3
 
 
