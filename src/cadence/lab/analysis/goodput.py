@@ -85,3 +85,9 @@ def goodput(records: list[RequestRecord], terms: list[SloTerm], stats: RunStats)
         good_share=len(good) / len(records) if records else math.nan,
         good_requests=len(good),
     )
+
+
+def terms_words(goodput: Goodput) -> str:
+    """Each SLO term against the run's value, in words ("ttft_p99_ms 80.1 <= 100 met")."""
+    return ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
+                     + ("met" if t.met else "NOT met") for term, t in goodput.terms.items())

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from cadence.lab.analysis.goodput import terms_words
 from cadence.lab.analysis.integrity import CHECKS, counted_checks
 from cadence.lab.analysis.server_spans import SPLIT
 from cadence.lab.analysis.verdict import HEALTHY, TAIL_WORDS, cause_words
@@ -382,9 +383,7 @@ def _classes(result: BenchResult) -> str:
           p.prompt_tokens.p50 if p.prompt_tokens else None,
           p.max_tokens.p50 if p.max_tokens else None,
           p.ttft_ms.p50, p.ttft_ms.p99, p.itl_ms.p99, p.e2e_ms.p99,
-          ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
-                    + ("met" if t.met else "missed")
-                    for term, t in p.goodput.terms.items()) if p.goodput else "",
+          terms_words(p.goodput) if p.goodput else "",
           Raw(f"{p.goodput.good_share:.0%}") if p.goodput else None)
          for name, p in result.by_class.items()]), note(
         "Each class (--mix, --class) with its own lengths; its SLO terms judged on its "

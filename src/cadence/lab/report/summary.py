@@ -11,6 +11,7 @@ import msgspec
 from msgspec import UNSET
 
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.goodput import terms_words
 from cadence.lab.analysis.integrity import CHECK_WORDS, counted_checks
 from cadence.lab.analysis.verdict import judge
 from cadence.lab.measure.scrape import worker_startup
@@ -241,10 +242,7 @@ def population_lines(result: BenchResult) -> list[str]:
                     f" / p99 {p.ttft_ms.p99:.1f} ms, ITL p50 {p.itl_ms.p50:.1f} / p99 "
                     f"{p.itl_ms.p99:.1f} ms, e2e p99 {p.e2e_ms.p99:.1f} ms")
             if p.goodput:
-                terms = ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
-                                  + ("met" if t.met else "MISSED")
-                                  for term, t in p.goodput.terms.items())
-                line += f"; SLO {terms}; good {p.goodput.good_share:.0%}"
+                line += f"; SLO {terms_words(p.goodput)}; good {p.goodput.good_share:.0%}"
             lines.append(line)
     return lines
 
@@ -328,9 +326,7 @@ def thread_lines(threads: ServerThreads, stacks_sampled: bool = True) -> list[st
 
 def goodput_line(goodput: Goodput) -> str:
     """The run under its SLO: goodput, and each term against the run's percentile."""
-    terms = ", ".join(f"{name} {t.measured_ms:.1f} <= {t.bound_ms:g} "
-                      + ("met" if t.met else "NOT met") for name, t in goodput.terms.items())
-    return (f"SLO {'passed' if goodput.passed else 'FAILED'} ({terms}); goodput "
+    return (f"SLO {'passed' if goodput.passed else 'FAILED'} ({terms_words(goodput)}); goodput "
             f"{goodput.requests_per_s:.1f} requests/s, {goodput.tokens_per_s:,.0f} tokens/s, "
             f"{goodput.good_share:.0%} of requests good")
 
