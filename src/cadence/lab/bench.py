@@ -15,7 +15,7 @@ from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
 from cadence.lab.analysis.goodput import goodput
 from cadence.lab.analysis.schedule import schedule
 from cadence.lab.analysis.server_spans import join_spans
-from cadence.lab.analysis.stats import summarize
+from cadence.lab.analysis.stats import grouped, summarize
 from cadence.lab.analysis.verdict import judge
 from cadence.lab.analysis.worker_curves import worker_curves
 from cadence.lab.load.cadence_v1 import CADENCE
@@ -287,9 +287,10 @@ def _class_goodput(result: results.BenchResult, mix, records, wall_s: float) -> 
     wall time."""
     from cadence.lab.analysis.goodput import parse_term
 
+    groups = grouped(records, "request_class")
     for cls in mix.classes:
-        group = [r for r in records if r.request_class == cls.name]
         if cls.slo and cls.name in result.by_class:
+            group = groups[cls.name]
             stats = msgspec.structs.replace(summarize(group), wall_s=wall_s)
             result.by_class[cls.name].goodput = goodput(
                 group, [parse_term(t) for t in cls.slo], stats)

@@ -197,13 +197,11 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     if cancelled:
         result.cancelled_by_client = cancelled
     if any(r.population for r in records):
-        result.by_population = populations(records)
+        result.by_population = {name: population(group)
+                                for name, group in grouped(records).items()}
     if any(r.request_class for r in records):
-        result.by_class = populations(records, "request_class")
-        for name, group in result.by_class.items():
-            lengths = [r for r in records if r.request_class == name]
-            group.prompt_tokens = distribution(r.prompt_tokens for r in lengths)
-            group.max_tokens = distribution(r.max_tokens for r in lengths)
+        result.by_class = {name: population(group, lengths=True)
+                           for name, group in grouped(records, "request_class").items()}
     reasoned = [r for r in ok if r.first_reasoning_ns]
     if reasoned:
         result.ttft_reasoning_ms = distribution(
@@ -234,22 +232,27 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     return result
 
 
-def populations(records: list[RequestRecord], key: str = "population"
-                ) -> dict[str, Population]:
-    """Each client population's (or, by `key`, request class's) requests and figures, by
-    its name."""
+def grouped(records: list[RequestRecord], key: str = "population"
+            ) -> dict[str, list[RequestRecord]]:
+    """The records by client population (or, by `key`, request class), in name order."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
         groups.setdefault(getattr(r, key) or "plain", []).append(r)
-    out = {}
-    for name, group in sorted(groups.items()):
-        ok = [r for r in group if is_ok(r)]
-        out[name] = Population(
-            requests=len(group), requests_ok=len(ok),
-            codes=dict(Counter(r.code for r in group)),
-            ttft_ms=distribution(ttft_ms(r) for r in group if r.arrival_ns),
-            itl_ms=distribution(v for r in ok for _, v in itl_points(r)),
-            e2e_ms=distribution((r.arrival_ns[-1] - r.start_ns) / _NS_PER_MS for r in ok))
+    return dict(sorted(groups.items()))
+
+
+def population(group: list[RequestRecord], lengths: bool = False) -> Population:
+    """One group's requests and figures; with `lengths`, its prompt and max_tokens too."""
+    ok = [r for r in group if is_ok(r)]
+    out = Population(
+        requests=len(group), requests_ok=len(ok),
+        codes=dict(Counter(r.code for r in group)),
+        ttft_ms=distribution(ttft_ms(r) for r in group if r.arrival_ns),
+        itl_ms=distribution(v for r in ok for _, v in itl_points(r)),
+        e2e_ms=distribution((r.arrival_ns[-1] - r.start_ns) / _NS_PER_MS for r in ok))
+    if lengths:
+        out.prompt_tokens = distribution(r.prompt_tokens for r in group)
+        out.max_tokens = distribution(r.max_tokens for r in group)
     return out
 
 
