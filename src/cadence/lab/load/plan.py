@@ -79,9 +79,13 @@ class RequestClass(msgspec.Struct, frozen=True, kw_only=True):
 
     def lengths(self, rng: random.Random) -> tuple[int, int]:
         """(prompt length, max_tokens) of one request of the class."""
-        p, o = self.prompt_lengths, self.output_lengths
-        prompt = p.draw(rng) if p is not None else rng.randint(*self.prompt_tokens)
-        return prompt, o.draw(rng) if o is not None else rng.randint(*self.max_tokens)
+        prompt = _draw(self.prompt_lengths, self.prompt_tokens, rng)
+        return prompt, _draw(self.output_lengths, self.max_tokens, rng)
+
+
+def _draw(lengths: Lengths | None, uniform: tuple[int, int], rng: random.Random) -> int:
+    """A length from the distribution, or else uniform in [lo, hi]."""
+    return lengths.draw(rng) if lengths is not None else rng.randint(*uniform)
 
 
 class ClassMix(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,12 +146,10 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
     """Request classes with lengths of their own (`--mix`), in place of the shape's."""
 
     def prompt_length(self, rng: random.Random) -> int:
-        lengths = self.prompt_lengths
-        return lengths.draw(rng) if lengths is not None else rng.randint(*self.prompt_tokens)
+        return _draw(self.prompt_lengths, self.prompt_tokens, rng)
 
     def output_length(self, rng: random.Random) -> int:
-        lengths = self.output_lengths
-        return lengths.draw(rng) if lengths is not None else rng.randint(*self.max_tokens)
+        return _draw(self.output_lengths, self.max_tokens, rng)
 
     def request(self, i: int) -> RequestPlan:
         plan = self._request(i)
