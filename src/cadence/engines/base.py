@@ -18,7 +18,7 @@ class Sequence:
     has got. A model reads it and keeps its own per-sequence data in `state`."""
 
     __slots__ = ("seq_id", "request", "stop_token_ids", "generated", "state", "detokenize",
-                 "prompt", "prefilled", "prefill_to", "prefill_ids", "cached_tokens")
+                 "prompt", "prefilled", "prefill_to", "prefill_ids", "cached_tokens", "arrival")
 
     def __init__(self, request: AddRequest) -> None:
         self.seq_id = request.seq_id
@@ -50,6 +50,9 @@ class Sequence:
         self.prompt = request.prompt_text
         """The prompt as text: the client's text; for a client that sent token ids, a user's
         model sees their decoding (by its tokenizer, or as UTF-8 bytes)."""
+        self.arrival = 0
+        """Its place in the worker's arrival order (the scheduler's: who goes first among
+        equal priorities, kept across a preemption)."""
 
     @property
     def prompt_token_ids(self) -> list[int]:

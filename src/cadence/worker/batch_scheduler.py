@@ -43,8 +43,6 @@ class BatchScheduler:
         self._max_batch = max_batch
         self._waiting: list[tuple[int, int, Sequence]] = []
         """A heap of (priority, arrival, sequence): the next to admit first."""
-        self._arrival: dict[int, int] = {}
-        """Each held sequence's place in arrival order (kept across a preemption)."""
         self._arrivals = itertools.count()
         self._running: dict[int, Sequence] = {}
         self._prefilling: dict[int, Sequence] = {}
@@ -81,16 +79,15 @@ class BatchScheduler:
         problem = self._engine.check(request)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
-        order = next(self._arrivals)
-        self._arrival[request.seq_id] = order
-        heapq.heappush(self._waiting, (request.priority, order, Sequence(request)))
+        seq = Sequence(request)
+        seq.arrival = next(self._arrivals)
+        heapq.heappush(self._waiting, (request.priority, seq.arrival, seq))
         return None
 
     def abort(self, seq_ids: list[int]) -> None:
         """Drop sequences now, so none of them is in the next step."""
         for seq_id in seq_ids:
             self._paused.discard(seq_id)
-            self._arrival.pop(seq_id, None)
             seq = self._running.pop(seq_id, None) or self._prefilling.pop(seq_id, None)
             if seq is not None:
                 self._engine.release(seq)
@@ -188,7 +185,6 @@ class BatchScheduler:
             finished.append(seq.seq_id)
             reasons.append(reason)
             del running[seq.seq_id]
-            del self._arrival[seq.seq_id]
             self._engine.release(seq)
         return StepOutput(
             self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
@@ -221,8 +217,7 @@ class BatchScheduler:
         prefilling = self._prefilling
         part = prefilling.values()
         if len(prefilling) > 1:
-            arrival = self._arrival
-            part = sorted(part, key=lambda s: (s.request.priority, arrival[s.seq_id]))
+            part = sorted(part, key=lambda s: (s.request.priority, s.arrival))
         for seq in part:
             if left <= 0:
                 return prefill
@@ -277,13 +272,12 @@ class BatchScheduler:
         preempt = self._preempt
         if preempt is None:
             return False
-        arrival = self._arrival
         priority = seq.request.priority
         taken = {s.seq_id for s in admitted}
         victim: Sequence | None = None
         worst = (priority, -1)
         for candidate in (*self._running.values(), *self._prefilling.values()):
-            key = (candidate.request.priority, arrival[candidate.seq_id])
+            key = (candidate.request.priority, candidate.arrival)
             if key > worst and key[0] > priority and candidate.seq_id not in taken:
                 victim, worst = candidate, key
         if victim is None:
@@ -295,7 +289,7 @@ class BatchScheduler:
         victim.prefill_ids = preempt(victim)
         victim.prefilled = 0
         victim.prefill_to = len(victim.prefill_ids)
-        heapq.heappush(self._waiting, (victim.request.priority, arrival[seq_id], victim))
+        heapq.heappush(self._waiting, (victim.request.priority, victim.arrival, victim))
         self.preemptions += 1
         return True
 
@@ -364,7 +358,6 @@ class BatchScheduler:
                 finished.append(seq.seq_id)
                 reasons.append(reason)
                 del running[seq.seq_id]
-                del self._arrival[seq.seq_id]
                 self._engine.release(seq)
         return seq_ids, token_ids, counts if several else []
 
@@ -376,6 +369,5 @@ class BatchScheduler:
         for seq in prefill:
             self._prefilling.pop(seq.seq_id, None)
         for seq in prefill + decode:
-            self._arrival.pop(seq.seq_id, None)
             self._engine.release(seq)
         return [RequestFailed(seq.seq_id, Failure.INTERNAL, message) for seq in prefill + decode]
