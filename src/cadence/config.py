@@ -209,6 +209,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     dist_ifname: str = ""
     """Network interface for torch.distributed between hosts (GLOO_SOCKET_IFNAME,
     NCCL_SOCKET_IFNAME). Empty: the launcher's choice (Ray: the interface of the node's IP)."""
+    max_prompt_tokens: int = 65536
+    """--max-prompt-tokens, for the prompts the worker tokenizes (text to a model's own
+    tokenizer); the front checks those it tokenizes itself."""
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,6 +24,8 @@ np = pytest.importorskip("numpy")
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "héllo wörld 你好, the lazy dog"
 """Split multi-byte characters (你好 is several byte-level tokens) and merged words."""
+MAX_PROMPT = 600
+"""PROMPT x 30 is 601 tokens of the BPE (1,020 bytes)."""
 SERVES = {"app": ("--app", "tests.bpe_served:echo_ids"),
           "model": ("--engine", "tests.bpe_served:EchoIdsModel")}
 
@@ -34,7 +36,8 @@ def server(request) -> Iterator[HttpServer]:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
                                                               os.environ.get("PYTHONPATH")])))
         mp.chdir(ROOT)
-        running = start_http(*SERVES[request.param], "--served-model-name", "bpe")
+        running = start_http(*SERVES[request.param], "--served-model-name", "bpe",
+                             "--max-prompt-tokens", str(MAX_PROMPT))
     yield running
     assert running.stop() == 0
 
@@ -82,6 +85,17 @@ def test_cadence_v1_text_and_id_prompts(server) -> None:
             list(client.generate([5, BPE.get_vocab_size()], max_tokens=4))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert f"must be in [0, {BPE.get_vocab_size()})" in info.value.details()
+
+
+def test_a_text_prompt_over_the_limit_is_refused(server) -> None:
+    """Tokenized by the front (the app's bytes) or by the worker (the model's tokenizer), a
+    prompt over --max-prompt-tokens ends INVALID_ARGUMENT naming the flag."""
+    long = PROMPT * 30
+    assert len(BPE.encode(long).ids) > MAX_PROMPT
+    with Client(server.target) as client, pytest.raises(grpc.RpcError) as info:
+        list(client.generate(long, max_tokens=2))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"at most {MAX_PROMPT} (--max-prompt-tokens)" in info.value.details()
 
 
 def test_kserve_ids_in_and_out(server) -> None:

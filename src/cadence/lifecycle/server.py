@@ -244,7 +244,7 @@ class CadenceServer:
                 curve_server_key=channel.curve_server_key,
                 curve_public_key=channel.curve_client_keys[0],
                 curve_secret_key=channel.curve_client_keys[1],
-                dist_ifname=config.dist_ifname,
+                dist_ifname=config.dist_ifname, max_prompt_tokens=config.max_prompt_tokens,
             )
             for index, device in enumerate(config.devices)
         ]

@@ -37,7 +37,7 @@ class BatchScheduler:
 
     def __init__(self, engine: Engine, worker: int, max_batch: int,
                  budget: StepBudget | None = None, *, preempt: bool = False,
-                 report_cached: bool = False) -> None:
+                 report_cached: bool = False, max_prompt_tokens: int | None = None) -> None:
         self._engine = engine
         self._worker = worker
         self._max_batch = max_batch
@@ -64,6 +64,8 @@ class BatchScheduler:
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
         self._preempt: Callable[[Sequence], list[int]] | None = (
             getattr(engine, "preempt", None) if preempt else None)
+        self._max_prompt_tokens = max_prompt_tokens
+        """--max-prompt-tokens for the prompts this worker tokenizes (the front checks its own)."""
         self._report_cached = report_cached
         """Send each sequence's `cached_tokens` with its first token (--prefix-caching)."""
         self.preemptions = 0
@@ -76,6 +78,12 @@ class BatchScheduler:
             request = msgspec.structs.replace(
                 request, prompt_token_ids=tokenizer.encode(request.prompt_text)
             )
+            length, most = len(request.prompt_token_ids), self._max_prompt_tokens
+            if most is not None and length > most:
+                return RequestFailed(
+                    request.seq_id, Failure.INVALID_ARGUMENT,
+                    f"the prompt has {length} tokens; this server allows at most {most} "
+                    "(--max-prompt-tokens)")
         problem = self._engine.check(request)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)

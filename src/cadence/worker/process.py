@@ -100,7 +100,8 @@ def run_worker(spec: WorkerSpec) -> None:
     scheduler = BatchScheduler(engine, spec.index,
                                getattr(engine, "max_batch", spec.engine.max_batch), budget,
                                preempt=spec.engine.preempt,
-                               report_cached=spec.engine.prefix_caching)
+                               report_cached=spec.engine.prefix_caching,
+                               max_prompt_tokens=spec.max_prompt_tokens)
     settle_heap()
     channel.send(WorkerReady(
         spec.index, os.getpid(), engine.name,
