@@ -50,7 +50,10 @@ def test_streams_whole_through_envoy(server_factory) -> None:
     assert server.front.name() == "envoy"
     with Client(server.target) as client:
         chunks = list(client.generate("hello", max_tokens=20, include_timing=True))
-    assert [c.index for c in chunks] == list(range(20))
+    # A stream that fell behind (a busy host) gets its waiting tokens in one message.
+    assert [c.index for c in chunks] == list(itertools.accumulate(
+        [0] + [len(c.token_ids) for c in chunks[:-1]]))
+    assert sum(len(c.token_ids) for c in chunks) == 20
     assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert all(c.timing.send_ns for c in chunks)
     # What `cadence bench` and `report` say of the server: `cadence serve`'s command line and
