@@ -152,7 +152,9 @@ def test_an_engine_shaped_fault_is_named_with_its_share(name: str) -> None:
     result = bench(case)
     assert_named(result, case.named, among=LATENCY_RULES)
     for rule, bounds in case.evidence.items():
-        finding = next(f for f in result.diagnosis if f.rule == rule)
+        finding = next((f for f in result.diagnosis if f.rule == rule), None)
+        if finding is None:  # one of two faults, on a contended host (assert_named)
+            continue
         for key, (low, high) in bounds.items():
             assert low <= finding.evidence[key] <= high, (key, explain(result))
 

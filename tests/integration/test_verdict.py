@@ -35,7 +35,8 @@ def test_a_rare_slow_gap_of_no_known_shape_is_an_unexplained_tail() -> None:
     assert result.itl_ms.p99 > 2 * result.itl_ms.p50
     assert result.verdict.state == "unhealthy", result.verdict.line
     [itl] = [t for t in result.verdict.tails if t.metric == "itl_ms"]
-    assert itl.state == "bad" and itl.unexplained_share == 1.0
+    # On a host another job fills, the host's late wake-ups take their small part.
+    assert itl.state == "bad" and itl.unexplained_share >= (0.75 if contended(result) else 1.0)
     # (A first output can be late too: then TTFT's tail has a finding of its own.)
     [finding] = [f for f in result.diagnosis
                  if f.rule == RULE_UNEXPLAINED_TAIL and f.evidence["tail"] == "itl_ms"]
@@ -90,6 +91,9 @@ def test_other_work_that_fills_the_host_is_named() -> None:
     assert finding.evidence["others_cores"] >= 0.5 * len(hogs), finding.evidence
     named = finding.evidence["other_processes"]
     assert any(f"(pid {pid})" in named for pid in hogs), (named, hogs)
+    # Its part of the tail is what late wake-ups can add to each slow gap, measured.
+    assert finding.evidence["wakeup_late_max_ms"] > 0
+    assert 0 <= finding.evidence["itl_tail_share"] <= 1
     assert_tails_put_on_host(result)
 
 
@@ -105,8 +109,9 @@ def test_the_summary_json_and_report_lead_with_the_verdict(tmp_path) -> None:
     lines = done.stdout.splitlines()
     assert lines[1].startswith("verdict unhealthy: ITL p99"), lines[:3]
     assert lines[2].startswith("TTFT p50")
-    assert any(line.startswith(f"diagnosis {RULE_UNEXPLAINED_TAIL}:") for line in lines[:6])
     data = json.loads(out.read_text())
+    findings = lines[3:3 + 3 * len(data["diagnosis"])]  # each: what, evidence, where to look
+    assert any(line.startswith(f"diagnosis {RULE_UNEXPLAINED_TAIL}:") for line in findings)
     assert data["verdict"]["state"] == "unhealthy"
     result = msgspec.convert(data, BenchResult)
     assert result.verdict.tails[0].metric == "itl_ms"

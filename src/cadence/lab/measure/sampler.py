@@ -17,6 +17,7 @@ from cadence.lab.measure.scrape import (
     SCRAPED_GAUGES,
     scrape,
 )
+from cadence.lab.measure.wakeups import WakeupProbe
 from cadence.lab.results import (
     Gpu,
     HostCpu,
@@ -49,6 +50,7 @@ class SystemSampler:
         self._cpus = psutil.cpu_count() or 1
         self._lab = psutil.Process(os.getpid())
         self._cpu_times_at_start: dict[int, tuple[str, float]] = {}
+        self._wakeups = WakeupProbe()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cadence-sampler", daemon=True)
@@ -72,6 +74,7 @@ class SystemSampler:
         psutil.cpu_percent(None)  # baselines
         self._lab.cpu_percent(None)
         self._cpu_times_at_start = _cpu_times()
+        self._wakeups.start()
         self._thread.start()
         return self
 
@@ -174,8 +177,10 @@ class SystemSampler:
 
     def _host(self) -> HostCpu:
         busy = [pct for _, pct, _ in self._host_samples]
+        others = self._others()  # while the probe, a child of the lab, still runs
         return HostCpu(cpus=self._cpus, busy_pct_mean=sum(busy) / len(busy) if busy else None,
-                       samples=self._host_samples, others=self._others())
+                       samples=self._host_samples, others=others,
+                       wakeups=self._wakeups.stop())
 
     def _others(self) -> list[OtherProcess]:
         """The busiest processes that are neither watched nor the lab, nor children of either

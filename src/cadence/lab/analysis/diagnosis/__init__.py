@@ -12,7 +12,8 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `connection`: server_stream_limit, slow_connect
 - `ttft`: ttft_engine_start, ttft_queueing
 - `itl`: itl_unstable_engine, itl_unstable_network_side, slow_reader
-- `host`: front_cpu_bound, cpu_busy_cards_idle, host_contended
+- `host`: front_cpu_bound, cpu_busy_cards_idle
+- `contention`: host_contended (other work filled the host)
 - `client`: client_saturated, client_behind_schedule
 - `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
 - `workers`: slow_worker
@@ -48,6 +49,7 @@ from cadence.lab.analysis.diagnosis import (
     capacity,
     client,
     connection,
+    contention,
     health,
     host,
     integrity,
@@ -68,10 +70,11 @@ from cadence.lab.analysis.diagnosis.facts import (
     ENGINE_UNSTABLE_MIN_MS,
     ENGINE_UNSTABLE_P90_RATIO,
     MIN_CPU_SAMPLES,
+    OTHERS_MIN_PCT,
     RunFacts,
 )
 from cadence.lab.analysis.diagnosis.health import FAILING_SHARE
-from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT, IDLE_CARD_PCT, OTHERS_MIN_PCT
+from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT, IDLE_CARD_PCT
 from cadence.lab.analysis.diagnosis.itl import (
     ENGINE_SIDE_SHARE,
     ITL_MIN_SPREAD_MS,
@@ -150,7 +153,8 @@ from cadence.lab.results import BenchResult, Finding
 RULES: tuple[Rule, ...] = (
     *health.RULES, *integrity.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES,
     *client.RULES, *streams.RULES, *workers.RULES, *shape.RULES, *batching.RULES,
-    *timers.RULES, *threads.RULES, *scraped.RULES, *capacity.RULES, *spans.RULES,
+    *timers.RULES, *threads.RULES, *contention.RULES, *scraped.RULES, *capacity.RULES,
+    *spans.RULES,
 )
 """Every rule, in the order their findings are listed."""
 

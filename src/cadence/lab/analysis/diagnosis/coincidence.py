@@ -5,7 +5,8 @@ excess, `reads`). Each signature (`signatures`) recognised over the run claims, 
 part of each one's remaining excess it explains: most specific first (outputs held back in a
 read, then the streams that joined at that instant, then the engine's own slow step where
 the server's timing shows it, then a silence of every stream, then a slower subset, then a
-timer among what is left). A cause's share is the tail time it claimed
+timer among what is left, then, on a host other work filled, the host's late wake-ups, up to
+what they can add). A cause's share is the tail time it claimed
 over the whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
 A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is a finding.
 """
@@ -22,6 +23,7 @@ from cadence.lab.analysis.diagnosis.signatures import (
     FixedFirstCost,
     FixedGaps,
     HeldBack,
+    HostDelays,
     OneAtATime,
     PrefillStalls,
     SharedStalls,
@@ -65,9 +67,16 @@ class Attribution:
             self.signatures[FixedGaps] = timer
             left = [(g, r - self._take(self.itl_ms, timer, timer.claim_gap(g, r)))
                     if id(g) in untouched else (g, r) for g, r in left]
+        # Last: a busy host's late wake-ups claim only what no cause of the server's did.
+        host = HostDelays.detect(reads, result)
+        if host is not None:
+            self.signatures[HostDelays] = host
+            left = [(g, r - self._take(self.itl_ms, host, host.claim_gap(g, r)))
+                    if r > 0 else (g, r) for g, r in left]
         self.unexplained_gaps = [(g, r) for g, r in left if r > 0]
         """Each slow gap with tail time no signature claimed, and that time (ms)."""
-        self._claim_firsts([found[k] for k in FIRST_SIGNATURES if found[k]])
+        self._claim_firsts([found[k] for k in FIRST_SIGNATURES if found[k]]
+                           + ([host] if host is not None else []))
         serial = OneAtATime.detect(reads, result)
         if serial is not None:
             self.signatures[OneAtATime] = serial

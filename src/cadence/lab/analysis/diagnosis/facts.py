@@ -8,6 +8,8 @@ for a 5 ms synthetic step and a 40 ms step on a card.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import cached_property
 
 from cadence.lab.results import BenchResult, Distribution, FrontLoop, ScrapedFrontLoop
 
@@ -23,6 +25,32 @@ steps measure p90/p50 of 1.0-1.05 on an idle 2-core machine and, with another be
 same cores, up to 1.4 for 10 ms steps and 1.85 for 5 ms steps, at most 4.5 ms above the p50.
 Jitter with a standard deviation of 80 % of a 10 ms step gives 1.9-2.5, 9-15 ms above the
 p50."""
+
+
+OTHERS_MIN_PCT = 50.0
+"""Other work contends for the host when processes outside the server and the lab used this
+% of a core or more while the run was going..."""
+HOST_FULL_SPARE_CORES = 0.5
+"""...and the host had less than this many cores to spare (busy above its cores minus this):
+on a host with cores to spare, other work costs the server nothing."""
+
+
+@dataclass(frozen=True)
+class Contention:
+    """The host's CPU while the run was going, % of one core: busy, and who used it."""
+
+    cpus: int
+    busy: float
+    server: float
+    client: float
+    lab: float
+
+    @property
+    def others(self) -> float:
+        """What the server, its children, the clients and the lab did not use: other work.
+        Busy minus ours holds processes that came and went during the run (a build's
+        compilers), which no per-process reading alone would catch."""
+        return self.busy - self.server - self.client - self.lab
 
 
 def steps_vary(p50: float, p90: float) -> bool:
@@ -102,6 +130,27 @@ class RunFacts:
         if len(inside) < MIN_CPU_SAMPLES:
             return None
         return sum(inside) / len(inside)
+
+    @cached_property
+    def contention(self) -> Contention | None:
+        """The host's CPU when other work filled it (OTHERS_MIN_PCT, HOST_FULL_SPARE_CORES)
+        while the run was going; None when it did not, or the host was not sampled."""
+        system = self.result.system
+        host = system.host or None
+        if host is None:
+            return None
+        busy = self.active_mean([(t, pct) for t, pct, _ in host.samples])
+        lab = self.active_mean([(t, pct) for t, _, pct in host.samples])
+        if busy is None or lab is None or busy < 100 * (host.cpus - HOST_FULL_SPARE_CORES):
+            return None
+        clients = [n for n in system.processes if n.startswith("client")]
+        client = sum(self.active_cpu(n) or 0.0 for n in clients)
+        sampled = sum(self.active_cpu(n) or 0.0 for n in system.processes if n not in clients)
+        threads = self.result.server_threads or None
+        # The server's thread reading holds its children too (a foreign server's engines).
+        server = max(sampled, sum(p.cpu_pct for p in threads.processes) if threads else 0.0)
+        found = Contention(cpus=host.cpus, busy=busy, server=server, client=client, lab=lab)
+        return found if found.others >= OTHERS_MIN_PCT else None
 
     def loop_lag(self) -> FrontLoop | ScrapedFrontLoop | None:
         """The front's loop lag over the run: from the timed streams' tallies, else from the

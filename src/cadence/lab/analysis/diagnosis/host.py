@@ -1,15 +1,10 @@
-"""Rules on the host's CPU and cards: `front_cpu_bound` (a front near a full core),
-`cpu_busy_cards_idle` (a process near a full core while every card is mostly idle) and
-`host_contended` (other work on the host took the CPUs the server and the lab needed)."""
+"""Rules on the host's CPU and cards: `front_cpu_bound` (a front near a full core) and
+`cpu_busy_cards_idle` (a process near a full core while every card is mostly idle)."""
 
 from __future__ import annotations
 
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded
-from cadence.lab.analysis.diagnosis.names import (
-    RULE_CPU_BUSY_CARDS_IDLE,
-    RULE_FRONT_CPU_BOUND,
-    RULE_HOST_CONTENDED,
-)
+from cadence.lab.analysis.diagnosis.names import RULE_CPU_BUSY_CARDS_IDLE, RULE_FRONT_CPU_BOUND
 from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.results import Finding
 
@@ -20,12 +15,6 @@ event loop runs on one thread; above 80 % its queue builds up."""
 IDLE_CARD_PCT = 30.0
 """A card is mostly idle below this utilisation, averaged over the run."""
 
-OTHERS_MIN_PCT = 50.0
-"""Other work contends for the host when processes outside the server and the lab used this
-% of a core or more while the run was going..."""
-HOST_FULL_SPARE_CORES = 0.5
-"""...and the host had less than this many cores to spare (busy above its cores minus this):
-on a host with cores to spare, other work costs the server nothing."""
 
 
 def _fronts(facts: RunFacts) -> list[str]:
@@ -85,49 +74,7 @@ def cpu_busy_cards_idle(facts: RunFacts) -> list[Finding]:
     )]
 
 
-def host_contended(facts: RunFacts) -> list[Finding]:
-    # Busy minus ours: the others' share holds processes that came and went during the run
-    # (a build's compilers), which no per-process reading alone would catch.
-    host = facts.result.system.host or None
-    if host is None:
-        return []
-    busy = facts.active_mean([(t, pct) for t, pct, _ in host.samples])
-    lab = facts.active_mean([(t, pct) for t, _, pct in host.samples])
-    if busy is None or lab is None or busy < 100 * (host.cpus - HOST_FULL_SPARE_CORES):
-        return []
-    clients = [n for n in facts.result.system.processes if n.startswith("client")]
-    client = sum(facts.active_cpu(n) or 0.0 for n in clients)
-    sampled = sum(facts.active_cpu(n) or 0.0 for n in facts.result.system.processes
-                  if n not in clients)
-    threads = facts.result.server_threads or None
-    # The server's thread reading holds its children too (a foreign server's engine processes).
-    server = max(sampled, sum(p.cpu_pct for p in threads.processes) if threads else 0.0)
-    others = busy - server - client - lab
-    if others < OTHERS_MIN_PCT:
-        return []
-    evidence: dict = {"host_cpus": host.cpus, "host_busy_cores": rounded(busy / 100),
-                      "others_cores": rounded(others / 100), "server_cores": rounded(server / 100),
-                      "client_cores": rounded(client / 100), "lab_cores": rounded(lab / 100)}
-    if threads:
-        evidence["server_waited_for_cpu_cores"] = rounded(
-            sum(g.wait_for_cpu_pct for g in threads.groups) / 100)
-    named = ", ".join(f"{o.name} (pid {o.pid}) {o.cpu_pct:.0f}%" for o in host.others)
-    if named:
-        evidence["other_processes"] = named
-    return [Finding(
-        rule=RULE_HOST_CONTENDED,
-        finding=(f"other work on this host used {others / 100:.1f} of its {host.cpus} cores "
-                 f"during the run{f' ({named})' if named else ''}, and the host had no core to "
-                 "spare: the server's and the client's threads waited for CPUs, so this run's "
-                 "tails are partly the host's"),
-        evidence=evidence,
-        look_at=("measure on a quiet host, or give the server and the load cores no other job "
-                 "uses (taskset, cgroup cpusets); top or pidstat names the other work"),
-    )]
-
-
 RULES = (
     Rule(RULE_FRONT_CPU_BOUND, front_cpu_bound),
     Rule(RULE_CPU_BUSY_CARDS_IDLE, cpu_busy_cards_idle),
-    Rule(RULE_HOST_CONTENDED, host_contended),
 )

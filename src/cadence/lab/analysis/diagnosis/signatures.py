@@ -15,8 +15,10 @@ import itertools
 import statistics
 
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
     RULE_GAPS_AT_FIXED_VALUES,
+    RULE_HOST_CONTENDED,
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ONE_STREAM_AT_A_TIME,
     RULE_OUTPUT_HELD_BACK,
@@ -622,3 +624,37 @@ class BurstSpread(Signature):
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return min(remaining_ms, self.after.get(stream.number, 0.0))
+
+
+# -- the host's own delays: other work filled the host's cores ------------------------------
+
+HOPS = 3
+"""A token's way wakes three threads, each of which the host may wake late: the engine's step,
+the front's loop, the client's read."""
+
+
+class HostDelays(Signature):
+    """Other work filled the host (`RunFacts.contention`): each slow gap and slow first output
+    may hold up to HOPS of the latest wake-ups the run's probe measured
+    (`cadence.lab.measure.wakeups`), and no more; what is left is some other cause's."""
+
+    rule = RULE_HOST_CONTENDED
+
+    def __init__(self, most_ms: float, late_ms: float) -> None:
+        self.most_ms = most_ms
+        self.evidence = {"wakeup_late_max_ms": round(late_ms, 2),
+                         "host_delay_per_gap_ms_at_most": round(most_ms, 2)}
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> HostDelays | None:
+        host = result.system.host or None
+        wakeups = host.wakeups if host is not None else None
+        if wakeups is None or not wakeups.samples or RunFacts(result).contention is None:
+            return None
+        return cls(HOPS * wakeups.max_ms, wakeups.max_ms)
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        return min(remaining_ms, self.most_ms)
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, self.most_ms)

@@ -1,0 +1,55 @@
+"""The rule on other work that filled the host: `host_contended` (processes outside the
+server, its children and the lab took the cores they needed; `RunFacts.contention`). It
+explains of each slow gap what the host's late wake-ups can add (`signatures.HostDelays`),
+never a whole tail by default."""
+
+from __future__ import annotations
+
+from cadence.lab.analysis.diagnosis.coincidence import attribution, recognised
+from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
+from cadence.lab.analysis.diagnosis.names import RULE_HOST_CONTENDED
+from cadence.lab.analysis.diagnosis.rule import Rule
+from cadence.lab.analysis.diagnosis.signatures import HostDelays
+from cadence.lab.results import Finding
+
+
+def host_contended(facts: RunFacts) -> list[Finding]:
+    found = facts.contention
+    if found is None:
+        return []
+    evidence: dict = {"host_cpus": found.cpus, "host_busy_cores": rounded(found.busy / 100),
+                      "others_cores": rounded(found.others / 100),
+                      "server_cores": rounded(found.server / 100),
+                      "client_cores": rounded(found.client / 100),
+                      "lab_cores": rounded(found.lab / 100)}
+    threads = facts.result.server_threads or None
+    if threads:
+        evidence["server_waited_for_cpu_cores"] = rounded(
+            sum(g.wait_for_cpu_pct for g in threads.groups) / 100)
+    host = facts.result.system.host
+    named = ", ".join(f"{o.name} (pid {o.pid}) {o.cpu_pct:.0f}%" for o in host.others)
+    if named:
+        evidence["other_processes"] = named
+    tail = attribution(facts)
+    late = recognised(facts, HostDelays)
+    if late is not None:
+        evidence.update(late[1].evidence)
+    if tail is not None and host.wakeups is not None:
+        # Explicit shares, zeros included: the host explains what its wake-ups can add to
+        # each slow gap, never a whole tail by default (a server's own 150 ms stall stays
+        # the server's).
+        evidence["itl_tail_share"] = round(tail.itl_share(RULE_HOST_CONTENDED), 3)
+        evidence["ttft_tail_share"] = round(tail.ttft_share(RULE_HOST_CONTENDED), 3)
+    return [Finding(
+        rule=RULE_HOST_CONTENDED,
+        finding=(f"other work on this host used {found.others / 100:.1f} of its {found.cpus} "
+                 f"cores during the run{f' ({named})' if named else ''}, and the host had no "
+                 "core to spare: the server's and the client's threads waited for CPUs, so "
+                 "this run's tails are partly the host's"),
+        evidence=evidence,
+        look_at=("measure on a quiet host, or give the server and the load cores no other job "
+                 "uses (taskset, cgroup cpusets); top or pidstat names the other work"),
+    )]
+
+
+RULES = (Rule(RULE_HOST_CONTENDED, host_contended),)
