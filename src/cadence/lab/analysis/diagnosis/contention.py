@@ -1,11 +1,11 @@
 """The rule on other work that filled the host: `host_contended` (processes outside the
 server, its children and the lab took the cores they needed; `RunFacts.contention`). It
-explains of each slow gap what the host's late wake-ups can add (`signatures.HostDelays`),
-never a whole tail by default."""
+explains of each slow gap what the host's late wake-ups can add (`signatures.HostDelays`);
+without the raw records or the wake-ups measured, the tail as a whole."""
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.coincidence import attribution, recognised
+from cadence.lab.analysis.diagnosis.coincidence import recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import RULE_HOST_CONTENDED
 from cadence.lab.analysis.diagnosis.rule import Rule
@@ -30,14 +30,12 @@ def host_contended(facts: RunFacts) -> list[Finding]:
     named = ", ".join(f"{o.name} (pid {o.pid}) {o.cpu_pct:.0f}%" for o in host.others)
     if named:
         evidence["other_processes"] = named
-    tail = attribution(facts)
     late = recognised(facts, HostDelays)
     if late is not None:
-        evidence.update(late[1].evidence)
-    if tail is not None and host.wakeups is not None:
         # Explicit shares, zeros included: the host explains what its wake-ups can add to
-        # each slow gap, never a whole tail by default (a server's own 150 ms stall stays
-        # the server's).
+        # each slow gap, not a whole tail (a server's own 150 ms stall stays the server's).
+        tail, signature = late
+        evidence.update(signature.evidence)
         evidence["itl_tail_share"] = round(tail.itl_share(RULE_HOST_CONTENDED), 3)
         evidence["ttft_tail_share"] = round(tail.ttft_share(RULE_HOST_CONTENDED), 3)
     return [Finding(
