@@ -22,7 +22,7 @@ from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult, to_builtins
 from tests.engine_shaped_servers import METHOD, MODEL, REQUEST_JSON
 from tests.integration.conftest import start_server
-from tests.integration.host_load import assert_named
+from tests.integration.host_load import assert_named, contended
 from tests.integration.test_grpc_lab import python_server
 
 LATENCY_RULES = {
@@ -151,10 +151,10 @@ def test_an_engine_shaped_fault_is_named_with_its_share(name: str) -> None:
     case = CASES[name]
     result = bench(case)
     assert_named(result, case.named, among=LATENCY_RULES)
+    if contended(result):
+        return  # another job's stalls of the server blur the sizes the evidence states
     for rule, bounds in case.evidence.items():
-        finding = next((f for f in result.diagnosis if f.rule == rule), None)
-        if finding is None:  # one of two faults, on a contended host (assert_named)
-            continue
+        [finding] = [f for f in result.diagnosis if f.rule == rule]
         for key, (low, high) in bounds.items():
             assert low <= finding.evidence[key] <= high, (key, explain(result))
 
