@@ -1,6 +1,6 @@
 """Lab tests on a host that another job loads: the lab's own `host_contended` finding says
-when other work took the cores. A run without it is judged in full; a run with it must put
-its bad tails on the host and blame nothing it cannot show."""
+when other work took the cores. A run without it is judged in full; a run with it must
+still name its planted faults and give the host a part of every bad tail."""
 
 from __future__ import annotations
 
