@@ -174,7 +174,9 @@ def test_mixed_clients_are_reported_by_population(served, tmp_path) -> None:
     assert groups["cancelling"].codes == {"CLIENT_CANCELLED": groups["cancelling"].requests}
     assert result.cancelled_by_client == groups["cancelling"].requests
     assert "CLIENT_CANCELLED" not in result.errors_by_code
-    assert groups["slow_reader"].itl_ms.p50 >= 10 > groups["plain"].itl_ms.p50
+    # A 10 ms wait per read, less up to 1 ms for the loop's timers, which wake that early.
+    slow, plain = groups["slow_reader"].itl_ms.p50, groups["plain"].itl_ms.p50
+    assert slow >= 9 and slow > plain, (slow, plain)
     assert groups["deadline"].requests_ok == groups["deadline"].requests
 
 

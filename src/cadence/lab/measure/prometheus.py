@@ -153,12 +153,13 @@ def fetch_page(url: str, deadline_s: float | None = None, max_bytes: int | None 
     except urllib.error.HTTPError as exc:
         raise ScrapeError(f"HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
-        if watch.fired:
+        if watch.fired or isinstance(exc.reason, TimeoutError):
             raise _late(deadline_s, len(body)) from None
         raise ScrapeError(str(exc.reason)) from None
     except Exception as exc:
-        # Cutting the socket mid-read surfaces as whatever the reader was doing then.
-        if watch.fired:
+        # Cutting the socket mid-read surfaces as whatever the reader was doing then; the
+        # socket's own timeout (the same deadline, per read) may come first.
+        if watch.fired or isinstance(exc, TimeoutError):
             raise _late(deadline_s, len(body)) from None
         if not isinstance(exc, (OSError, http.client.HTTPException, ValueError)):
             raise
