@@ -214,8 +214,15 @@ def test_serve_a_model_class_from_python(importable_models) -> None:
     server = start_server(command=[sys.executable, "-c", code])
     try:
         assert len(psutil.Process(server.pid).children()) == 2
-        results = asyncio.run(_many(server.target, [("batch", 5)] * 40))
-        assert max(int(s) for chunks in results for s in _text(chunks).split()) == 16
+        # max_batch=16 took effect: no batch above it, and one at it. On a busy host a burst
+        # of 40 may come in too spread out to fill one; another burst does.
+        seen: list[int] = []
+        for _ in range(5):
+            results = asyncio.run(_many(server.target, [("batch", 5)] * 40))
+            seen += [int(s) for chunks in results for s in _text(chunks).split()]
+            if max(seen) >= 16:
+                break
+        assert max(seen) == 16, seen
     finally:
         assert server.stop() == 0
 
