@@ -388,17 +388,6 @@ class OtherProcess(msgspec.Struct, kw_only=True):
     """% of one core over the sampled time."""
 
 
-class Wakeups(msgspec.Struct, kw_only=True):
-    """How much later than asked a sleeping thread woke on the host during the run
-    (`cadence.lab.measure.wakeups`)."""
-
-    samples: int = 0
-    p50_ms: float = 0.0
-    p99_ms: float = 0.0
-    p999_ms: float = 0.0
-    max_ms: float = 0.0
-
-
 class HostCpu(msgspec.Struct, kw_only=True):
     """The whole host's CPU over the run: what the server and the lab did not use went to
     other work."""
@@ -411,8 +400,9 @@ class HostCpu(msgspec.Struct, kw_only=True):
     (100 = one core)]."""
     others: list[OtherProcess] = []
     """The busiest other processes (those alive at both ends of the sampling), busiest first."""
-    wakeups: Wakeups | None = None
-    """How late a sleeping thread woke meanwhile; null when not measured."""
+    wakeups: Distribution | None = None
+    """How late a sleeping thread woke meanwhile (ms, `cadence.lab.measure.wakeups`); null
+    when not measured."""
 
 
 class System(msgspec.Struct, kw_only=True):

@@ -9,14 +9,16 @@ each sleep ended, until it is told to stop (SIGTERM); then it prints the summary
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 import time
 from array import array
 
-from cadence.lab.results import Wakeups
+import msgspec
+
+from cadence.lab.analysis.stats import distribution
+from cadence.lab.results import Distribution
 
 PERIOD_S = 0.005
 """Between wake-ups: 200 a second, a fraction of a percent of a core."""
@@ -43,7 +45,7 @@ class WakeupProbe:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    def stop(self) -> Wakeups | None:
+    def stop(self) -> Distribution | None:
         """The wake-ups measured; None when the probe did not run."""
         process, self._process = self._process, None
         if process is None:
@@ -56,22 +58,9 @@ class WakeupProbe:
             process.communicate()
             return None
         try:
-            return Wakeups(**json.loads(out)) if out else None
-        except (ValueError, TypeError):
+            return msgspec.json.decode(out, type=Distribution) if out else None
+        except msgspec.DecodeError:
             return None
-
-
-def _summary(late_s: array) -> dict:
-    values = sorted(late_s)
-    n = len(values)
-    if not n:
-        return {"samples": 0}
-
-    def at(q: float) -> float:
-        return round(1e3 * values[min(n - 1, int(q * n))], 3)
-
-    return {"samples": n, "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999),
-            "max_ms": round(1e3 * values[-1], 3)}
 
 
 def main() -> None:
@@ -82,8 +71,8 @@ def main() -> None:
         t = time.perf_counter()
         time.sleep(PERIOD_S)
         if not stopped:  # the stop's signal ends a sleep early
-            late.append(max(0.0, time.perf_counter() - t - PERIOD_S))
-    json.dump(_summary(late), sys.stdout)
+            late.append(max(0.0, 1e3 * (time.perf_counter() - t - PERIOD_S)))
+    sys.stdout.buffer.write(msgspec.json.encode(distribution(late)))
 
 
 if __name__ == "__main__":

@@ -649,9 +649,9 @@ class HostDelays(Signature):
     def detect(cls, reads: Reads, result: BenchResult) -> HostDelays | None:
         host = result.system.host or None
         wakeups = host.wakeups if host is not None else None
-        if wakeups is None or not wakeups.samples or RunFacts(result).contention is None:
+        if wakeups is None or not wakeups.count or RunFacts(result).contention is None:
             return None
-        return cls(HOPS * wakeups.max_ms, wakeups.max_ms)
+        return cls(HOPS * wakeups.max, wakeups.max)
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
         return min(remaining_ms, self.most_ms)
