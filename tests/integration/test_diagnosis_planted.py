@@ -16,7 +16,7 @@ from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.results import BenchResult, to_builtins
 from tests.integration.conftest import start_server
-from tests.integration.host_load import assert_named
+from tests.integration.host_load import assert_named, contended
 
 ITL_RULES = {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_ITL_UNSTABLE_NETWORK}
 
@@ -41,6 +41,14 @@ def _explain(result: BenchResult) -> str:
     return json.dumps({"diagnosis": result["diagnosis"], **aggregates}, indent=1)
 
 
+def _assert_not_named(result: BenchResult, fired: set[str], rules: set[str]) -> None:
+    """None of `rules` fired. On a host the lab found contended, another job's delays are
+    real slow steps, late loop wake-ups and late reads, so those rules may fire beside the
+    planted fault (which each test still requires) and the host's own finding."""
+    if not contended(result):
+        assert not fired & rules, _explain(result)
+
+
 def test_slow_first_step_is_diagnosed_as_engine_start() -> None:
     """The worker's first step takes 400 ms more; every request waits for it."""
     result, fired = _bench(
@@ -48,9 +56,8 @@ def test_slow_first_step_is_diagnosed_as_engine_start() -> None:
         Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
     )
     assert dx.RULE_TTFT_ENGINE_START in fired, _explain(result)
-    assert not fired & ITL_RULES, _explain(result)
-    assert dx.RULE_TTFT_QUEUEING not in fired, _explain(result)
-    assert dx.RULE_FRONT_LOOP_BLOCKED not in fired, _explain(result)
+    _assert_not_named(result, fired,
+                      ITL_RULES | {dx.RULE_TTFT_QUEUEING, dx.RULE_FRONT_LOOP_BLOCKED})
 
 
 def test_jittery_steps_are_diagnosed_as_engine_itl_instability() -> None:
@@ -60,9 +67,8 @@ def test_jittery_steps_are_diagnosed_as_engine_itl_instability() -> None:
         Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
     )
     assert dx.RULE_ITL_UNSTABLE_ENGINE in fired, _explain(result)
-    assert dx.RULE_TTFT_ENGINE_START not in fired, _explain(result)
-    assert dx.RULE_SLOW_READER not in fired, _explain(result)
-    assert dx.RULE_FRONT_LOOP_BLOCKED not in fired, _explain(result)
+    _assert_not_named(result, fired, {dx.RULE_TTFT_ENGINE_START, dx.RULE_SLOW_READER,
+                                      dx.RULE_FRONT_LOOP_BLOCKED})
 
 
 def test_slow_reader_is_diagnosed_on_the_network_side() -> None:
@@ -73,9 +79,8 @@ def test_slow_reader_is_diagnosed_on_the_network_side() -> None:
                  read_delay_ms=30),
     )
     assert fired & {dx.RULE_SLOW_READER, dx.RULE_ITL_UNSTABLE_NETWORK}, _explain(result)
-    assert dx.RULE_ITL_UNSTABLE_ENGINE not in fired, _explain(result)
-    assert dx.RULE_TTFT_ENGINE_START not in fired, _explain(result)
-    assert dx.RULE_FRONT_LOOP_BLOCKED not in fired, _explain(result)
+    _assert_not_named(result, fired, {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START,
+                                      dx.RULE_FRONT_LOOP_BLOCKED})
 
 
 def test_a_blocked_front_loop_is_named_with_the_lag_it_measured() -> None:
@@ -87,8 +92,8 @@ def test_a_blocked_front_loop_is_named_with_the_lag_it_measured() -> None:
     )
     assert dx.RULE_FRONT_LOOP_BLOCKED in fired, _explain(result)
     # The engine runs on the blocked loop: its slow steps are the loop's, not the engine's.
-    assert not fired & {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START,
-                        dx.RULE_TTFT_QUEUEING}, _explain(result)
+    _assert_not_named(result, fired, {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START,
+                                      dx.RULE_TTFT_QUEUEING})
     assert result.front_loop.samples >= 10
     finding = next(f for f in result.diagnosis if f.rule == dx.RULE_FRONT_LOOP_BLOCKED)
     assert "loop_wakeups_late_over_20ms" in finding.evidence
@@ -110,7 +115,7 @@ def test_one_slow_card_is_named_with_its_streams() -> None:
         Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
     )
     assert dx.RULE_SLOW_WORKER in fired, _explain(result)
-    assert dx.RULE_ITL_UNSTABLE_ENGINE not in fired, _explain(result)
+    _assert_not_named(result, fired, {dx.RULE_ITL_UNSTABLE_ENGINE})
     (finding,) = [f for f in result.diagnosis if f.rule == dx.RULE_SLOW_WORKER]
     assert finding.evidence["worker"] == 1 and finding.evidence["device"] == "cpu"
     curves = {w.worker: w for w in result.workers}
