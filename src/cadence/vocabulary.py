@@ -59,3 +59,13 @@ class Failure(enum.IntEnum):
     """The app's function raised, or yielded something that is not output."""
     UNAVAILABLE = 14
     """Not now, retry: starting, draining, its worker stopped, no worker."""
+
+
+def prompt_over_limit(length: int, most: int) -> str | None:
+    """Why a prompt of `length` tokens is refused where --max-prompt-tokens is `most`, in the
+    same words whichever stage counted it (the front, or a worker that tokenizes text with
+    the model's own tokenizer); None within the limit."""
+    if length <= most:
+        return None
+    return (f"the prompt has {length} tokens; this server allows at most {most} "
+            "(--max-prompt-tokens)")

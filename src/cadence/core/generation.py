@@ -42,7 +42,7 @@ from cadence.router.admission import AdmissionGate, SharedAdmissionGate
 from cadence.router.prefix_index import prompt_hashes
 from cadence.router.worker_router import NoWorkerAvailable
 from cadence.transport.front_channel import WorkerLink, encode_add
-from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
 
 
 def sequence_ids(front: int, fronts: int, generation: int = 0) -> Iterator[int]:
@@ -223,10 +223,9 @@ class FrontCore:
                 prompt_text = request.prompt
         else:
             raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids")
-        if len(prompt) > config.max_prompt_tokens:
-            raise InvalidRequest(
-                f"the prompt has {len(prompt)} tokens; this server allows at most "
-                f"{config.max_prompt_tokens} (--max-prompt-tokens)")
+        refusal = prompt_over_limit(len(prompt), config.max_prompt_tokens)
+        if refusal is not None:
+            raise InvalidRequest(refusal)
         if not request.temperature >= 0 or math.isinf(request.temperature):
             raise InvalidRequest("sampling.temperature must be a finite number, 0 (greedy) or more")
         if not 0 <= request.top_p <= 1:

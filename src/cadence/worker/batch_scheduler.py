@@ -26,7 +26,7 @@ import msgspec
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Engine, Sequence, StepFailed
 from cadence.transport.messages import RequestFailed, StepOutput
-from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
 from cadence.worker.step_budget import StepBudget
 
 _BYTES = ByteTokenizer()
@@ -78,12 +78,10 @@ class BatchScheduler:
             request = msgspec.structs.replace(
                 request, prompt_token_ids=tokenizer.encode(request.prompt_text)
             )
-            length, most = len(request.prompt_token_ids), self._max_prompt_tokens
-            if most is not None and length > most:
-                return RequestFailed(
-                    request.seq_id, Failure.INVALID_ARGUMENT,
-                    f"the prompt has {length} tokens; this server allows at most {most} "
-                    "(--max-prompt-tokens)")
+            refusal = (None if self._max_prompt_tokens is None else
+                       prompt_over_limit(len(request.prompt_token_ids), self._max_prompt_tokens))
+            if refusal is not None:
+                return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, refusal)
         problem = self._engine.check(request)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)

@@ -65,14 +65,12 @@ class Attribution:
         timer = FixedGaps.among(reads, [g for g, _ in left if id(g) in untouched])
         if timer is not None:
             self.signatures[FixedGaps] = timer
-            left = [(g, r - self._take(self.itl_ms, timer, timer.claim_gap(g, r)))
-                    if id(g) in untouched else (g, r) for g, r in left]
+            left = self._claim_left(left, timer, untouched)
         # Last: a busy host's late wake-ups claim only what no cause of the server's did.
         host = HostDelays.detect(reads, result)
         if host is not None:
             self.signatures[HostDelays] = host
-            left = [(g, r - self._take(self.itl_ms, host, host.claim_gap(g, r)))
-                    if r > 0 else (g, r) for g, r in left]
+            left = self._claim_left(left, host)
         self.unexplained_gaps = [(g, r) for g, r in left if r > 0]
         """Each slow gap with tail time no signature claimed, and that time (ms)."""
         self._claim_firsts([found[k] for k in FIRST_SIGNATURES if found[k]]
@@ -98,6 +96,13 @@ class Attribution:
                                         signature.claim_gap(gap, remaining))
             left.append((gap, remaining))
         return left
+
+    def _claim_left(self, left: list, signature: Signature, among: set[int] | None = None
+                    ) -> list:
+        """`signature` claims from what other signatures left of each slow gap (of the gaps
+        whose ids are `among`, when given)."""
+        return [(g, r - self._take(self.itl_ms, signature, signature.claim_gap(g, r)))
+                if r > 0 and (among is None or id(g) in among) else (g, r) for g, r in left]
 
     def _claim_firsts(self, signatures: list[Signature]) -> None:
         self.unexplained_firsts = []

@@ -16,7 +16,6 @@ IDLE_CARD_PCT = 30.0
 """A card is mostly idle below this utilisation, averaged over the run."""
 
 
-
 def _fronts(facts: RunFacts) -> list[str]:
     """The sampled front processes: "front" (one front), or "front0", "front1", ... with
     `--fronts N`, in front order."""
