@@ -159,3 +159,30 @@ class StreamModel:
         if words and words[0] == "batch":
             return f"{size} "
         return seq.prompt_token_ids[step % len(seq.prompt_token_ids)]
+
+
+class BadOutputModel(EchoModel):
+    """EchoModel whose prompts can also ask for outputs a model should not give:
+
+    - `huge N`: each output is a text of N bytes;
+    - `surrogate`: its third output is a text holding a lone surrogate ('\\ud800'), which
+      no UTF-8 stream can carry;
+    - `raising`: the step that gives its third output returns an iterator that raises."""
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]):
+        outputs = super().step(prefill, decode)
+        batch = prefill + decode
+        for i, seq in enumerate(batch):
+            command, args = seq.state
+            if command == "huge":
+                outputs[i] = "x" * int(args[0])
+            elif command == "surrogate" and seq.generated == 2:
+                outputs[i] = "\ud800"
+            elif command == "raising" and seq.generated == 2:
+                return _raising(outputs)
+        return outputs
+
+
+def _raising(outputs: list):
+    yield from outputs[:1]
+    raise RuntimeError("the outputs' iterator failed on purpose")

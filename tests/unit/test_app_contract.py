@@ -27,6 +27,11 @@ def test_piece_tokens():
         piece_tokens([1, 256])
     with pytest.raises(ValueError):
         piece_tokens([1, "a"])
+    # Checked before any tokenizer sees them: text no stream can carry, or too much for one piece.
+    with pytest.raises(ValueError, match="the app yielded a text that UTF-8 cannot carry"):
+        piece_tokens("\ud800", encode=lambda text: [1])
+    with pytest.raises(ValueError, match=r"over the 1,048,576 bytes \(1 MiB\) one output"):
+        piece_tokens("x" * (2 << 20), encode=lambda text: [1])
 
 
 def sync_gen(request, context):

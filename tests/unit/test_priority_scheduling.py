@@ -82,6 +82,32 @@ def test_only_a_lower_priority_sequence_is_preempted():
     assert firsts == [1, 2] and s.preemptions == 0
 
 
+@pytest.mark.parametrize("budget", [None, FixedBudget(8)], ids=["whole", "chunked"])
+@pytest.mark.parametrize("paused_when", ["running", "waiting"])
+def test_a_paused_sequence_stays_paused_across_a_preemption(budget, paused_when):
+    """--overflow block: a sequence paused while it runs, or whose pause arrives while it
+    waits preempted, gives at most its re-prefill's output when admitted again, then nothing
+    until resumed; the worker then has no work (the paused sequence is not work)."""
+    s = BatchScheduler(synthetic(), 0, 1, budget, preempt=True)
+    assert s.add(AddRequest(1, PROMPT, 50, priority=3)) is None
+    for _ in range(3):
+        s.step()
+    if paused_when == "running":
+        s.pause([1])
+    assert s.add(AddRequest(2, list(b"urgent"), 4, priority=0)) is None
+    s.step()  # 2 preempts 1
+    assert s.preemptions == 1
+    if paused_when == "waiting":
+        s.pause([1])
+    given = []
+    while s.has_work:
+        out = s.step()
+        given += [seq_id for seq_id in out.seq_ids] if out is not None else []
+        assert len(given) < 100
+    assert given.count(2) == 3 and given.count(1) <= 1
+    s.resume([1])
+    assert s.has_work
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("llama") / "model", seed=5)

@@ -102,6 +102,12 @@ def test_a_raising_step_fails_its_sequences_and_the_engine_goes_on() -> None:
     ([1, 2], "returned 2 outputs for 1 sequences"),
     ([3.5], "returned a float"),
     ([300], "returned token id 300, but the model has no tokenizer"),
+    (["x" * (2 << 20)], "a text of 2,097,152 bytes, over the 1,048,576 bytes (1 MiB)"),
+    (["é" * (1 << 20)], "a text of 2,097,152 bytes"),
+    (["ok \ud800"], "a text that UTF-8 cannot carry (surrogates not allowed: '\\ud800' at "
+                    "character 3)"),
+    ((1 // n for n in [1, 0]), "returned a generator whose iteration raised ZeroDivisionError"),
+    (7, "returned a int; return a list"),
 ])
 def test_wrong_outputs_fail_the_step(outputs, problem) -> None:
     model_engine = engine()

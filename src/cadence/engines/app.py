@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 from cadence.byte_tokenizer import ByteTokenizer
+from cadence.engines.output_text import text_problem
 
 Piece = str | list[int]
 """What a function yields: text, or token ids."""
@@ -93,6 +94,9 @@ def piece_tokens(piece: object, vocab_size: int | None = VOCAB_SIZE,
     Without a tokenizer (`encode` None) text is its UTF-8 bytes and ids are bytes; with one,
     text is `encode(piece)` and ids lie in its vocabulary (`vocab_size`, None: unchecked)."""
     if type(piece) is str:
+        problem = text_problem(piece)
+        if problem is not None:
+            raise ValueError(f"the app yielded {problem}")
         return encode(piece) if encode is not None else list(piece.encode("utf-8"))
     if isinstance(piece, (list, tuple)):
         tokens = list(piece)

@@ -9,8 +9,9 @@
 `ModelEngine` wraps such an object into the `Engine` protocol, so it runs on the same
 `BatchScheduler` as the built-in engines (a class with `generate_stream(batch)` instead of
 `step` goes through cadence.engines.batch_generator first). What it adds is what a user's code cannot be
-trusted with: a step that raises or returns the wrong thing fails that step's sequences
-(`StepFailed`), not the worker; a `release` or `check` that raises is logged; a tokenizer
+trusted with: a step that raises or returns the wrong thing (an iterator that raises, a
+text over cadence.engines.output_text's bound or not valid Unicode) fails that step's
+sequences (`StepFailed`), not the worker; a `release` or `check` that raises is logged; a tokenizer
 with only encode/decode is given incremental detokenization; no tokenizer means bytes.
 """
 
@@ -25,6 +26,7 @@ from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, StepFailed
 from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.output_text import text_problem
 from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.model")
@@ -211,11 +213,19 @@ class ModelEngine:
         """`outputs` as a list of int, str or None, one per sequence, or StepFailed."""
         name = f"{self._label}.{self._step_name}"
         if type(outputs) is not list:
+            kind = type(outputs).__name__
             try:
-                outputs = list(outputs)  # a tuple, a numpy array, ...
+                items = iter(outputs)  # a tuple, a numpy array, ...
             except TypeError:
-                raise StepFailed(f"{name} returned a {type(outputs).__name__}; return a list "
+                raise StepFailed(f"{name} returned a {kind}; return a list "
                                  "with one output per sequence") from None
+            try:
+                outputs = list(items)
+            except Exception as exc:  # the model's own iterator: its failure is the step's
+                log.error("%s returned a %s that raised", name, kind, exc_info=exc)
+                raise StepFailed(f"{name} returned a {kind} whose iteration raised "
+                                 f"{type(exc).__name__}: {exc}; return a list with one output "
+                                 "per sequence") from None
         count = len(prefill) + len(decode)
         if len(outputs) != count:
             raise StepFailed(f"{name} returned {len(outputs)} outputs for {count} sequences; "
@@ -223,7 +233,12 @@ class ModelEngine:
         limit = self.vocab_size or None
         for i, out in enumerate(outputs):
             kind = type(out)
-            if kind is str or out is None:
+            if kind is str:
+                problem = text_problem(out)
+                if problem is not None:
+                    raise StepFailed(f"{name} returned {problem}")
+                continue
+            if out is None:
                 continue
             if kind is not int:
                 try:

@@ -52,7 +52,9 @@ class BatchScheduler:
         """The engine prefills part of a prompt per step; without, a budget only limits the
         whole prompts a step admits."""
         self._paused: set[int] = set()
-        """Running sequences the steps skip: their clients are not reading (block policy)."""
+        """Sequences the steps skip: their clients are not reading (block policy). Mostly
+        running ones; a paused sequence that was preempted stays paused while it waits, is
+        admitted again (its re-prefill gives one output) and is then skipped like the others."""
         self._steps = 0
         # Optional engine capabilities (see cadence.engines.base.Engine).
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
@@ -107,8 +109,13 @@ class BatchScheduler:
         return [*self._running, *self._prefilling, *(e[2].seq_id for e in self._waiting)]
 
     def pause(self, seq_ids: list[int]) -> None:
-        """Skip these sequences at each step (they keep their place and engine state)."""
-        self._paused.update(s for s in seq_ids if s in self._running)
+        """Skip these sequences at each step (they keep their place and engine state). One
+        preempted since the front last heard of it is paused too, for when it runs again."""
+        running, prefilling = self._running, self._prefilling
+        for seq_id in seq_ids:
+            if (seq_id in running or seq_id in prefilling
+                    or any(e[2].seq_id == seq_id for e in self._waiting)):
+                self._paused.add(seq_id)
 
     def resume(self, seq_ids: list[int]) -> None:
         self._paused.difference_update(seq_ids)
@@ -191,6 +198,7 @@ class BatchScheduler:
             finished.append(seq.seq_id)
             reasons.append(reason)
             del running[seq.seq_id]
+            paused.discard(seq.seq_id)  # one paused when preempted ends in its re-prefill
             self._engine.release(seq)
         return StepOutput(
             self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
@@ -291,7 +299,8 @@ class BatchScheduler:
         seq_id = victim.seq_id
         self._running.pop(seq_id, None)
         self._prefilling.pop(seq_id, None)
-        self._paused.discard(seq_id)
+        # A paused victim stays in `_paused`: its client still reads nothing, and the front,
+        # which paused it once, does not know it was preempted.
         victim.prefill_ids = preempt(victim)
         victim.prefilled = 0
         victim.prefill_to = len(victim.prefill_ids)
@@ -364,6 +373,7 @@ class BatchScheduler:
                 finished.append(seq.seq_id)
                 reasons.append(reason)
                 del running[seq.seq_id]
+                self._paused.discard(seq.seq_id)
                 self._engine.release(seq)
         return seq_ids, token_ids, counts if several else []
 
@@ -375,5 +385,6 @@ class BatchScheduler:
         for seq in prefill:
             self._prefilling.pop(seq.seq_id, None)
         for seq in prefill + decode:
+            self._paused.discard(seq.seq_id)
             self._engine.release(seq)
         return [RequestFailed(seq.seq_id, Failure.INTERNAL, message) for seq in prefill + decode]

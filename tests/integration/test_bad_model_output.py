@@ -1,0 +1,116 @@
+"""A model that gives what no stream can carry, on real servers: a text piece of 10 MB, a text
+with a lone surrogate, an iterator of outputs that raises. Each fails its request with one
+clear message; the worker lives on, serves the next request, and the front answers
+meanwhile. And a sequence paused by `--overflow block` stays paused when `--preempt` takes
+its slot and gives it back.
+
+The models are tests/batched_models.py's `BadOutputModel` (`huge N`, `surrogate`, `raising`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cadence.client import Client, build_request
+from cadence.proto.v1 import inference_pb2 as pb
+from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
+from tests.integration.conftest import RunningServer, start_server, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+_SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+
+
+def _metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+@pytest.fixture(scope="module")
+def bad_server() -> Iterator[RunningServer]:
+    """One worker, so that the request after a bad one runs on the same worker."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
+                                                              os.environ.get("PYTHONPATH")])))
+        mp.chdir(ROOT)
+        with start_server("--engine", "tests.batched_models:BadOutputModel", "--devices", "cpu:1",
+                          "--metrics-port", "0") as server:
+            yield server
+
+
+@pytest.mark.parametrize("prompt, says", [
+    ("huge 10000000", "10,000,000 bytes, over the 1,048,576 bytes (1 MiB) one output may hold"),
+    ("surrogate", "a text that UTF-8 cannot carry"),
+    ("raising", "returned a generator whose iteration raised RuntimeError: the outputs' "
+                "iterator failed on purpose"),
+], ids=["huge-text", "lone-surrogate", "raising-iterator"])
+def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(bad_server, prompt,
+                                                                       says) -> None:
+    target = bad_server.target
+    failed: list[grpc.RpcError] = []
+
+    def bad_request() -> None:
+        with Client(target) as client:
+            try:
+                list(client.generate(prompt, max_tokens=40, timeout=60))
+            except grpc.RpcError as exc:
+                failed.append(exc)
+
+    thread = threading.Thread(target=bad_request)
+    thread.start()
+    # The front answers health while the model's output is dealt with (10 MB pieces stalled
+    # it until the worker, its heartbeats unanswered, gave up).
+    with grpc.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while thread.is_alive():
+            reply = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            time.sleep(0.2)
+    thread.join()
+    [error] = failed
+    assert error.code() == grpc.StatusCode.INTERNAL, error.details()
+    assert "BadOutputModel.step returned" in error.details() and says in error.details(), (
+        error.details())
+    with Client(target) as client:
+        chunks = list(client.generate("count 5", max_tokens=10, timeout=30))
+    assert "".join(c.text for c in chunks) == "01234"
+    assert _metric(bad_server.metrics_url, "cadence_worker_restarts_total") == 0
+
+
+def test_a_paused_sequence_stays_paused_when_preempted() -> None:
+    """`--overflow block --preempt`, one slot: a client that reads nothing has its sequence
+    paused; a request of higher priority preempts it and finishes; the paused sequence,
+    admitted again, gives at most its re-prefill's output and stays paused (its tokens do not
+    pile up at the front), then, once its client reads, streams whole."""
+    args = ("--devices", "cpu:1", "--max-batch", "1", "--step-ms", "2", "--preempt",
+            "--overflow", "block", "--queue-capacity", "8", "--metrics-port", "0")
+    with start_server(*args) as server:
+        url = server.metrics_url
+        slow_channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
+        slow = pb_grpc.InferenceStub(slow_channel).Generate(
+            build_request("slow", max_tokens=2000, priority=1), timeout=120)
+        first = next(slow)
+        wait_until(lambda: _metric(url, "cadence_paused_sequences") == 1, 30,
+                   "the slow stream was never paused")
+        # The only slot is held by the paused sequence: this one is served only by preempting it.
+        with Client(server.target) as client:
+            urgent = list(client.generate("urgent", max_tokens=20, priority=0, timeout=30))
+        assert urgent[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        # 2000 steps of 2 ms would pile up here in 4 s; paused, a few in-flight ones at most.
+        time.sleep(3)
+        assert _metric(url, "cadence_deepest_buffer_steps") <= 8 + 16
+        assert _metric(url, "cadence_paused_sequences") == 1
+        rest = list(slow)
+        tokens = [t for c in [first, *rest] for t in c.token_ids]
+        assert [c.index for c in [first, *rest]] == [
+            sum(len(c.token_ids) for c in [first, *rest][:i]) for i in range(len(rest) + 1)]
+        assert len(tokens) == 2000 and rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        slow_channel.close()
