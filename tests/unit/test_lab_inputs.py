@@ -86,10 +86,9 @@ def test_a_csv_trace_names_its_bad_cells_and_a_binary_file_is_one_line(tmp_path)
     done = cadence("bench", "--target", CLOSED, "--trace", "t.csv", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert [line.split(": ")[1:3] for line in _lines(done)] == [
-        ["--trace t.csv:3", "timestamp"], ["--trace t.csv:4", "no 'output_length' (a trace row "
-                                                              "needs timestamp, input_length, "
-                                                              "output_length; hash_ids and "
-                                                              "session_id optional)"],
+        ["--trace t.csv:3", "timestamp"],
+        ["--trace t.csv:4", ("no 'output_length' (a trace row needs timestamp, input_length, "
+                             "output_length; hash_ids and session_id optional)")],
         ["--trace t.csv:5", "input_length"]]
     (tmp_path / "t.jsonl").write_bytes(b"\xff\xfe\x00 not text\n")
     done = cadence("bench", "--target", CLOSED, "--trace", "t.jsonl", cwd=tmp_path)
@@ -103,9 +102,9 @@ def test_a_trace_row_far_ahead_is_refused_unless_a_duration_allows_it(tmp_path) 
     done = cadence("bench", "--target", CLOSED, "--trace", "t.jsonl", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert _lines(done) == [
-        "cadence bench: --trace t.jsonl: the replay would take 1e+09 s; the longest pause: "
-        "1e+09 s, before row 3; give --duration S to replay that long, or cut it with "
-        "--trace-window, --trace-speed or --requests"]
+        ("cadence bench: --trace t.jsonl: the replay would take 1e+09 s; the longest pause: "
+         "1e+09 s, before row 3; give --duration S to replay that long, or cut it with "
+         "--trace-window, --trace-speed or --requests")]
     # Allowed by a duration (or cut by --requests): the replay's length is said at its start.
     done = cadence("bench", "--target", CLOSED, "--trace", "t.jsonl", "--duration", "5",
                    cwd=tmp_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import sys
@@ -656,7 +657,7 @@ def _say_replay_length(args: argparse.Namespace, numbered: list) -> None:
     if args.duration is not None:
         sent = [(n, row) for n, row in sent if row.offset_s <= args.duration]
     pause, before = 0.0, None
-    for (_, earlier), (n, later) in zip(sent, sent[1:]):
+    for (_, earlier), (n, later) in itertools.pairwise(sent):
         if later.offset_s - earlier.offset_s > pause:
             pause, before = later.offset_s - earlier.offset_s, n
     span = sent[-1][1].offset_s if sent else 0.0

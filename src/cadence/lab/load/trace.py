@@ -17,10 +17,15 @@ In CSV, `hash_ids` is a JSON list (`"[1, 2, 3]"`) or ids separated by spaces.
 
 `window` keeps the requests whose time from the trace's first request lies in [start, end)
 seconds, and starts the replay at `start`; `speed` divides every time (2: twice as fast).
+
+Every row is checked before any is replayed: `timestamp` a finite number, 0 or more; the
+lengths whole numbers from 1 to MAX_LENGTH; `hash_ids` whole numbers, 0 or more; `session_id`
+text or a number. TraceError names each bad row by its line and field, one line a row.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -180,12 +185,12 @@ def _number(value, field: str) -> float:
     """A finite number, 0 or more (a CSV cell or a JSON number)."""
     if value in (None, ""):
         raise _BadField("", _missing(field))
-    try:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ValueError
-        number = float(value)
-    except (ValueError, OverflowError):
-        raise _BadField(field, f"expected a number, got {_shown(value)}") from None
+    number = None
+    if not isinstance(value, bool) and isinstance(value, (int, float, str)):
+        with contextlib.suppress(ValueError, OverflowError):
+            number = float(value)
+    if number is None:
+        raise _BadField(field, f"expected a number, got {_shown(value)}")
     if not math.isfinite(number) or number < 0:
         raise _BadField(field, f"expected a finite number, 0 or more, got {_shown(value)}")
     return number
