@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -81,6 +82,22 @@ def test_bench_and_report_commands(tmp_path) -> None:
     )
     assert (tmp_path / "r" / "report.html").exists()
     assert "report.html" in report.stdout
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a full disk)")
+def test_a_result_the_disk_cannot_take_is_one_line_after_the_summary() -> None:
+    """--json and --export pass the check before the run (/dev/full can be opened) and fail
+    when written (no space left): the summary is printed, then one line, exit 1."""
+    with start_server("--step-ms", "5") as server:
+        for flag in ("--export", "--json"):
+            done = subprocess.run(
+                [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
+                 "--concurrency", "2", "--requests", "4", "--max-tokens", "4", flag,
+                 "/dev/full"], capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.strip().splitlines() == [
+                f"cadence bench: {flag} /dev/full: cannot write it: No space left on device"]
+            assert "4/4 requests ok" in done.stdout, done.stdout
 
 
 def test_sweep_starts_a_fresh_server_per_value() -> None:

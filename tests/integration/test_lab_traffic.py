@@ -249,3 +249,25 @@ def test_prefix_cache_hit_rate_by_worker_is_scraped(tmp_path) -> None:
     # The counters and the per-request counts tell the same: within the scrapes' edges.
     assert sum(h.hit_tokens for h in hits) <= result.cached_tokens.per_request.mean * 12 + 1
     assert "prefix cache hit rate (--scrape" in done.stdout and "worker 1" in done.stdout
+
+
+def test_a_replay_says_its_length_and_a_row_far_ahead_is_refused(served, tmp_path) -> None:
+    """A row 31 years after the others (a time in the wrong unit) is refused before the run,
+    saying how to allow it; allowed by --duration, the run says at its start what it replays
+    and ends on time, the far row left out."""
+    target, _ = served
+    path = tmp_path / "far.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in
+                            [*TRACE, {"timestamp": 1e12, "input_length": 5, "output_length": 2}]))
+    refused = bench("--target", target, "--trace", str(path), timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        (f"cadence bench: --trace {path}: the replay would take 1e+09 s; the longest pause: "
+         "1e+09 s, before row 7; give --duration S to replay that long, or cut it with "
+         "--trace-window, --trace-speed or --requests")]
+    done = bench("--target", target, "--trace", str(path), "--duration", "5", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == (
+        f"cadence bench: replaying {len(TRACE)} requests of {path} over 0.14 s "
+        "(--duration 5 leaves out 1 later rows)")
+    assert f"{len(TRACE)}/{len(TRACE)} requests ok" in done.stdout, done.stdout

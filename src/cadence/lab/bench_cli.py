@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import sys
@@ -628,23 +629,59 @@ def _trace_of(args: argparse.Namespace):
         sys.exit("cadence bench: --trace and --prompts both say what to send: give one")
     from cadence.lab.bench import described_trace
     from cadence.lab.load.plan import RequestShape
-    from cadence.lab.load.trace import TraceError, read_trace
+    from cadence.lab.load.trace import TraceError, numbered_trace
 
     window = args.trace_window or (0.0, None)
     try:
-        rows = read_trace(args.trace, args.trace_speed, window)
+        numbered = numbered_trace(args.trace, args.trace_speed, window)
     except TraceError as exc:
-        sys.exit(f"cadence bench: {exc}")
+        for line in str(exc).splitlines():
+            print(f"cadence bench: {line}", file=sys.stderr)
+        sys.exit(2)
+    _say_replay_length(args, numbered)
+    rows = [row for _, row in numbered]
     shape = RequestShape(trace=rows, block_tokens=args.trace_block_tokens)
     return rows, described_trace(shape, args.trace, args.trace_speed, window)
+
+
+REPLAY_LIMIT_S = 3600.0
+"""The longest trace replay run without `--duration`: past it the trace is refused, since a
+mistyped time (seconds for ms, one row years ahead) would otherwise wait in silence."""
+
+
+def _say_replay_length(args: argparse.Namespace, numbered: list) -> None:
+    """Say on stderr how long the replay will take and its longest pause (an operator never
+    watches a silent wait); exit 2 when it would outlast REPLAY_LIMIT_S without a
+    `--duration` that allows it."""
+    sent = numbered[:args.requests] if args.requests else numbered
+    if args.duration is not None:
+        sent = [(n, row) for n, row in sent if row.offset_s <= args.duration]
+    pause, before = 0.0, None
+    for (_, earlier), (n, later) in itertools.pairwise(sent):
+        if later.offset_s - earlier.offset_s > pause:
+            pause, before = later.offset_s - earlier.offset_s, n
+    span = sent[-1][1].offset_s if sent else 0.0
+    longest = f"; the longest pause: {pause:g} s, before row {before}" if before else ""
+    if args.duration is None and span > REPLAY_LIMIT_S:
+        print(f"cadence bench: --trace {args.trace}: the replay would take {span:g} s{longest}; "
+              f"give --duration S to replay that long, or cut it with --trace-window, "
+              f"--trace-speed or --requests", file=sys.stderr)
+        sys.exit(2)
+    cut = len(numbered[:args.requests] if args.requests else numbered) - len(sent)
+    print(f"cadence bench: replaying {len(sent)} requests of {args.trace} over {span:g} s"
+          + (longest if pause >= 60 else "")
+          + (f" (--duration {args.duration:g} leaves out {cut} later rows)" if cut else ""),
+          file=sys.stderr)
 
 
 def _bench(args: argparse.Namespace) -> None:
     from cadence.lab.bench import run_bench
     from cadence.lab.load.processes import RequestCounter
     from cadence.lab.load.progress import BenchProgress, progress_wanted
+    from cadence.lab.output_paths import check_outputs, writing
     from cadence.lab.report.summary import print_summary
 
+    check_outputs("bench", {"--json": args.json_path, "--export": args.export})
     if args.export:
         from cadence.lab.report.export import ExportError, check
 
@@ -687,11 +724,12 @@ def _bench(args: argparse.Namespace) -> None:
     if args.export:
         from cadence.lab.report.export import write
 
-        write(args.export, result.records or [])
+        with writing("bench", "--export", args.export):
+            write(args.export, result.records or [])
     if args.json_path:
         from cadence.lab.results import to_builtins
 
-        with open(args.json_path, "w") as f:
+        with writing("bench", "--json", args.json_path), open(args.json_path, "w") as f:
             json.dump(to_builtins(result), f)
     failed = _failed(result)
     if failed:

@@ -36,8 +36,10 @@ def _capacity(args: argparse.Namespace) -> None:
     from cadence.lab.bench import run_bench
     from cadence.lab.bench_cli import bench_inputs
     from cadence.lab.capacity import at_load, search
+    from cadence.lab.output_paths import check_outputs, writing
     from cadence.lab.results import CapacityResult
 
+    check_outputs("capacity", {"--json": args.json_path})
     if not 0 < args.low < args.high:
         sys.exit("cadence capacity: --low must be above 0 and below --high")
     if args.repeat < 1:
@@ -60,7 +62,7 @@ def _capacity(args: argparse.Namespace) -> None:
     if args.json_path:
         import msgspec
 
-        with open(args.json_path, "w") as f:
+        with writing("capacity", "--json", args.json_path), open(args.json_path, "w") as f:
             json.dump(msgspec.to_builtins(CapacityResult(capacity=capacity)), f)
     if capacity.client_limited_at is not None:
         sys.exit(f"cadence capacity: the client limited the run at {args.search} "

@@ -148,11 +148,13 @@ def _report(args: argparse.Namespace) -> None:
         _exit(problem, EXIT_CANNOT_REPORT)
     import msgspec
 
+    from cadence.lab.output_paths import check_outputs, writing
     from cadence.lab.report.run import decode_result, render_report
 
     source = Path(args.results[0])
     data = _read(args.results[0])
     out_dir = Path(args.out) if args.out else source.with_name(f"{source.stem}-report")
+    check_outputs("report", {}, {"--out": str(out_dir)})
     if "capacity" in data:
         from cadence.lab.report.capacity import render_capacity
         from cadence.lab.results import CapacityResult
@@ -163,7 +165,8 @@ def _report(args: argparse.Namespace) -> None:
             capacity = msgspec.convert(data, CapacityResult).capacity
         except msgspec.ValidationError as exc:
             _exit(f"{source} is not a capacity result: {exc}", EXIT_CANNOT_REPORT)
-        print(render_capacity(capacity, out_dir, source=source.name))
+        with writing("report", "--out", str(out_dir), EXIT_CANNOT_REPORT):
+            print(render_capacity(capacity, out_dir, source=source.name))
         return
     if gates and "sweep" in data:
         _exit("--fail-if judges bench results, not a sweep", EXIT_USAGE)
@@ -171,5 +174,6 @@ def _report(args: argparse.Namespace) -> None:
         result, records_note = decode_result(data)
     except msgspec.ValidationError as exc:
         _exit(f"{source} is not a bench or sweep result: {exc}", EXIT_CANNOT_REPORT)
-    print(render_report(result, out_dir, source=source.name, records_note=records_note))
+    with writing("report", "--out", str(out_dir), EXIT_CANNOT_REPORT):
+        print(render_report(result, out_dir, source=source.name, records_note=records_note))
     _judge(gates, [result], [source.name])

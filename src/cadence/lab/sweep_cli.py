@@ -58,6 +58,7 @@ def add_sweep(sub: argparse._SubParsersAction) -> None:
 def _sweep(args: argparse.Namespace) -> None:
     from cadence.credentials import from_arguments
     from cadence.lab.load.grpc_schema import SchemaError
+    from cadence.lab.output_paths import check_outputs, writing
     from cadence.lab.results import to_builtins
     from cadence.lab.sweep import (
         Load,
@@ -74,6 +75,8 @@ def _sweep(args: argparse.Namespace) -> None:
                  "--server-cmd start servers: give one or the other")
     if args.repeat < 1:
         sys.exit("cadence sweep: --repeat must be at least 1")
+    check_outputs("sweep", {"--json": args.json_path, "--csv": args.csv_path},
+                  {"--report": args.report})
     if args.scrape and args.target is None:
         sys.exit("cadence sweep: --scrape needs --target: a server the sweep starts per run "
                  "has no metrics address known before it starts")
@@ -107,16 +110,18 @@ def _sweep(args: argparse.Namespace) -> None:
     print_table(result)
     written = to_builtins(result)
     if args.json_path:
-        with open(args.json_path, "w") as f:
+        with writing("sweep", "--json", args.json_path), open(args.json_path, "w") as f:
             json.dump(written, f)
     if args.csv_path:
-        write_csv(result, args.csv_path)
+        with writing("sweep", "--csv", args.csv_path):
+            write_csv(result, args.csv_path)
     if args.report:
         from pathlib import Path
 
         from cadence.lab.report.run import render_report
 
-        print(render_report(result, Path(args.report)))
+        with writing("sweep", "--report", args.report):
+            print(render_report(result, Path(args.report)))
     if every_run_failed(result):
         runs = sum(len(p.failures or []) for p in result.sweep.points)
         sys.exit(f"cadence sweep: every run failed ({runs} of {runs}); each one's reason is "
