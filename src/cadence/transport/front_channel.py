@@ -12,7 +12,12 @@ import msgspec
 import zmq
 
 from cadence.transport.messages import Heartbeat, Shutdown, WorkerInputs, WorkerOutput
-from cadence.transport.sockets import OUTPUT_HWM, heartbeat_address, remove_ipc_sockets
+from cadence.transport.sockets import (
+    OUTPUT_HWM,
+    heartbeat_address,
+    ipc_files,
+    remove_ipc_sockets,
+)
 from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.transport")
@@ -161,6 +166,8 @@ class FrontChannel:
         self._heartbeat.setsockopt(zmq.LINGER, 0)
         self._heartbeat.bind(heartbeat_address(output_address))
         self.heartbeat_address = self._heartbeat.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._files = ipc_files(self._addresses())
+        """The socket files this channel bound (`unlink` removes those, no replacement's)."""
         self._beat = msgspec.msgpack.encode(Heartbeat())
         self._decode = msgspec.msgpack.Decoder(WorkerOutput).decode
         self._stop_reading: Callable[[], None] | None = None
@@ -216,6 +223,10 @@ class FrontChannel:
         self._context.term()
         self.unlink()
 
+    def _addresses(self) -> list[str]:
+        return [*self.input_addresses, self.output_address, self.heartbeat_address]
+
     def unlink(self) -> None:
-        """Remove the ipc socket files (and their folder once empty); open connections stay."""
-        remove_ipc_sockets([*self.input_addresses, self.output_address, self.heartbeat_address])
+        """Remove the ipc socket files this channel bound (and their folder once empty), not
+        those a restarted front bound at the same paths since; open connections stay."""
+        remove_ipc_sockets(self._addresses(), bound=self._files)

@@ -51,14 +51,39 @@ def heartbeat_address(output_address: str) -> str:
     return output_address.rsplit(":", 1)[0] + ":*"
 
 
-def remove_ipc_sockets(addresses: list[str]) -> None:
+def ipc_files(addresses: list[str]) -> dict[str, tuple[int, int]]:
+    """The (device, inode) of the socket file of each ipc address among `addresses`, as bound
+    now: what `remove_ipc_sockets(..., bound=)` removes later, and nothing that replaced it."""
+    files = {}
+    for address in addresses:
+        if address.startswith("ipc://"):
+            with contextlib.suppress(OSError):
+                stat = os.stat(address[len("ipc://"):])
+                files[address] = (stat.st_dev, stat.st_ino)
+    return files
+
+
+def remove_ipc_sockets(addresses: list[str],
+                       bound: dict[str, tuple[int, int]] | None = None) -> None:
     """Unlink the socket files of the ipc addresses among `addresses`, then their folders
-    once empty (a folder that still holds another's sockets stays)."""
+    once empty (a folder that still holds another's sockets stays).
+
+    `bound` (from `ipc_files`): only files that are still the ones this process bound. With
+    `--fronts N` a restarted front binds its predecessor's paths; the predecessor's clean-up,
+    if it comes later, must not take the replacement's sockets (the workers could not
+    reconnect to it)."""
     folders = set()
     for address in addresses:
         if address.startswith("ipc://"):
             path = address[len("ipc://"):]
             folders.add(os.path.dirname(path))
+            if bound is not None:
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                if bound.get(address) != (stat.st_dev, stat.st_ino):
+                    continue  # another's now
             with contextlib.suppress(OSError):
                 os.unlink(path)
     for folder in folders:
