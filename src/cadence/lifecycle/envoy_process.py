@@ -79,9 +79,11 @@ def _kill_with_starter(starter: int):
     hold the workers' connections to those sockets (the replacement would wait for them until
     its start-up timed out) and take half the port's new connections meanwhile. Killed, it
     lets go of all of it at once, as a grpc.aio child front's death does."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in it
+    pr_set_pdeathsig = 1
+
     def preexec() -> None:
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
         if os.getppid() != starter:
             os.kill(os.getpid(), signal.SIGKILL)
 
