@@ -60,7 +60,9 @@ async def _ready(path: str) -> bool:
 class EnvoyProcess:
     """Envoy running `app` (pyvoy's `PyvoyServer` arguments), its admin interface private."""
 
-    def __init__(self, **pyvoy_args) -> None:
+    def __init__(self, *, idle_timeout_s: float | None = None, **pyvoy_args) -> None:
+        """`idle_timeout_s`: a downstream connection with no stream open this long is closed
+        (`--idle-connection-timeout`; None: Envoy's default, an hour)."""
         from pyvoy import PyvoyServer
 
         self._env = pyvoy_args.pop("env", {})
@@ -73,6 +75,9 @@ class EnvoyProcess:
                     if network_filter["name"] == "envoy.filters.network.http_connection_manager":
                         network_filter["typed_config"]["http2_protocol_options"] = {
                             "initial_stream_window_size": STREAM_WINDOW}
+                        if idle_timeout_s is not None:
+                            network_filter["typed_config"]["common_http_protocol_options"] = {
+                                "idle_timeout": f"{idle_timeout_s:.3f}s"}
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
