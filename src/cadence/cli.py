@@ -4,6 +4,7 @@ where the latency goes."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -26,6 +27,19 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+NOT_FLAGS = frozenset({
+    "CADENCE_STARTER_PID",  # cadence.worker: set by the server for the processes it starts
+    "CADENCE_ENVOY_CONFIG", "CADENCE_ENVOY_CONTROL", "CADENCE_ENVOY_FRONT",  # envoy_front:
+    "CADENCE_ENVOY_PYTHON", "CADENCE_ENVOY_LOG_LEVEL",  # for the front that Envoy runs
+    "CADENCE_TEST_SERVE_ARGS",  # the test suite's servers (tests/integration/conftest.py)
+    "CADENCE_IMAGE_TEST", "CADENCE_IMAGE_BASE", "CADENCE_IMAGE_WHEELS",  # test_container.py
+    "CADENCE_PODMAN_RUN_ARGS",
+})
+"""CADENCE_ variables that cadence reads, or sets for its own processes, that are no flag of
+`cadence serve`: never taken for a misspelt one (tests/unit/test_serve_environment.py holds
+this list to every CADENCE_ name in the sources)."""
+
+
 class _CommandParser(argparse.ArgumentParser):
     """A command's parser: its flags' defaults in its help, and a mistyped flag reported
     with this command's usage (argparse leaves it to the top level, which shows its own)."""
@@ -45,6 +59,7 @@ class _CommandParser(argparse.ArgumentParser):
     def _from_environment(self, namespace: argparse.Namespace) -> argparse.Namespace:
         """The flags set in the environment, checked as the command line's are (type,
         choices), into `namespace`, where the command line's own values replace them."""
+        self._check_environment_names()
         for action in self._actions:
             if not action.option_strings or action.dest == "help":
                 continue
@@ -66,6 +81,24 @@ class _CommandParser(argparse.ArgumentParser):
                     self.error(f"${name}: {exc.message}")
             setattr(namespace, action.dest, value)
         return namespace
+
+    def _check_environment_names(self) -> None:
+        """A variable with the prefix that names no flag is a typo the server would otherwise
+        ignore, silently (CADENCE_DRAIN_TIMOUT=30: a 5 s drain): refused when it is close to a
+        flag's variable, with the one it may have meant; any other is warned of, in one line."""
+        known = {self.env_name(a) for a in self._actions
+                 if a.option_strings and a.dest != "help"}
+        for name in sorted(os.environ):
+            if not name.startswith(self.env_prefix) or name in known or name in NOT_FLAGS:
+                continue
+            # Compared without the prefix, which every name shares.
+            meant = difflib.get_close_matches(name.removeprefix(self.env_prefix),
+                                              [k.removeprefix(self.env_prefix) for k in known],
+                                              n=1, cutoff=0.75)
+            if meant:  # one line: the usage would not help with a variable
+                self.exit(2, f"{self.prog}: error: ${name} names no flag (did you mean "
+                             f"${self.env_prefix}{meant[0]}?)\n")
+            print(f"{self.prog}: warning: ${name} names no flag; it is ignored", file=sys.stderr)
 
     def parse_known_args(self, args=None, namespace=None):
         if self.env_prefix:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal
@@ -50,6 +51,43 @@ class Option:
     """How the default reads in the help, when not as the field's value does."""
     python: bool = True
     """Also a keyword of `cadence.serve()` (False: its `app` argument decides it)."""
+    at_least: float | None = None
+    """The smallest value accepted (None: no lower bound, or `above`)."""
+    above: float | None = None
+    """A value must be greater than this: a duration that must be positive is `above=0`."""
+    at_most: float | None = None
+    """The largest value accepted."""
+    # Every number is checked against its bounds in one place (`_bound_problems`), and every
+    # float must be finite: NaN passes no comparison, so an unchecked one starts a broken
+    # server (a NaN drain timeout, a NaN step), and no option here means anything by infinity
+    # (a timer that never fires is 0 or unset, as each option says).
+
+    def problem(self, name: str, value: Any) -> str | None:
+        """What is wrong with `value` for the field `name`, or None. None values (an option
+        that is off) and switches are not numbers to check."""
+        if value is None or isinstance(value, bool | str):
+            return None
+        if isinstance(value, tuple | list):
+            return next(filter(None, (self.problem(name, v) for v in value)), None)
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{name} must be a finite number (got {shown})"
+        if self.at_least is not None and self.at_most is not None and not (
+                self.at_least <= value <= self.at_most):
+            return f"{name} must be {self.at_least:g} to {self.at_most:g} (got {shown})"
+        if self.at_least is not None and value < self.at_least:
+            return (f"{name} must not be negative (got {shown})" if self.at_least == 0 else
+                    f"{name} must be at least {self.at_least:g} (got {shown})")
+        if self.above is not None and not value > self.above:
+            return (f"{name} must be positive (got {shown})" if self.above == 0 else
+                    f"{name} must be above {self.above:g} (got {shown})")
+        return None
+
+
+PORT = {"at_least": 0, "at_most": 65535}
+"""A TCP port's bounds (0: any free one)."""
+POSITIVE = {"above": 0}
+NOT_NEGATIVE = {"at_least": 0}
 
 
 def _engine_name(text: str) -> str:
@@ -87,24 +125,26 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Engine kind: `synthetic`, `app` (a user's generator function), `torch` (a Llama model),
     `model` (a user's batched model class, `model_class`) or `transformers` (any causal LM
     that transformers loads from `model`, served as a model class)."""
-    step_ms: Annotated[float, Option("synthetic decode step (ms)", SYNTHETIC)] = 20.0
+    step_ms: Annotated[float, Option("synthetic decode step (ms)", SYNTHETIC, **NOT_NEGATIVE)] = 20.0
     per_seq_ms: Annotated[float, Option(
-        "synthetic cost per sequence in a step (ms)", SYNTHETIC)] = 0.0
+        "synthetic cost per sequence in a step (ms)", SYNTHETIC, **NOT_NEGATIVE)] = 0.0
     prefill_ms_per_token: Annotated[float, Option(
-        "synthetic prefill cost (ms/token)", SYNTHETIC)] = 0.01
+        "synthetic prefill cost (ms/token)", SYNTHETIC, **NOT_NEGATIVE)] = 0.01
     jitter_ms: Annotated[float, Option(
         "synthetic step jitter: standard deviation of Gaussian noise on each step, clipped at "
-        "0 (ms)", SYNTHETIC)] = 0.0
+        "0 (ms)", SYNTHETIC, **NOT_NEGATIVE)] = 0.0
     first_step_ms: Annotated[float, Option(
-        "extra time on each worker's first step, a cold start (ms)", SYNTHETIC)] = 0.0
+        "extra time on each worker's first step, a cold start (ms)", SYNTHETIC,
+        **NOT_NEGATIVE)] = 0.0
     step_ms_by_worker: Annotated[tuple[float, ...], Option(
         "synthetic: each worker's decode step, one per worker in --devices order, to model "
         "cards of different speeds (overrides --step-ms)", SYNTHETIC, metavar="MS,MS,...",
-        parse=_step_list)] = ()
+        parse=_step_list, **NOT_NEGATIVE)] = ()
     seed: Annotated[int, Option(
         "seed of the synthetic engine's tokens and jitter", SYNTHETIC)] = 0
     max_batch: Annotated[int, Option(
-        "sequences per engine step at most; more wait in the worker's queue", ENGINE)] = 512
+        "sequences per engine step at most; more wait in the worker's queue", ENGINE,
+        at_least=1)] = 512
     app: Annotated[str, Option(
         "serve your generator function (sync or async; implies --engine app)", ENGINE,
         metavar="MODULE:FUNCTION", python=False)] = ""
@@ -114,10 +154,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     (cadence.engines.user_model; docs/models.md)."""
     batch_timeout_ms: Annotated[float, Option(
         "MODULE:CLASS with generate_stream(batch): how long the first waiting request waits "
-        "for others to fill a batch before it starts", ENGINE, metavar="MS")] = 10.0
+        "for others to fill a batch before it starts", ENGINE, metavar="MS",
+        **NOT_NEGATIVE)] = 10.0
     engine_threads: Annotated[int, Option(
         "app engine, sync function: executor threads per worker (default {default}, one per "
-        "device)", ENGINE)] = 1
+        "device)", ENGINE, at_least=1)] = 1
     model: Annotated[str, Option(
         "torch engine: a local Hugging Face Llama folder, or tiny (implies --engine torch); "
         "--engine transformers and MODULE:CLASS: the folder the model loads", ENGINE,
@@ -127,22 +168,22 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         "checkpoint's on CUDA)", ENGINE)] = "auto"
     kv_cache_tokens: Annotated[int, Option(
         "torch engine: KV cache capacity per worker, in tokens of all sequences together",
-        ENGINE)] = 16384
+        ENGINE, at_least=16)] = 16384
     cuda_graph_batch: Annotated[int, Option(
         "torch engine on CUDA, --tp 1: decode steps of up to N sequences replay captured CUDA "
-        "graphs (default {default}; 0 turns them off)", ENGINE)] = 32
+        "graphs (default {default}; 0 turns them off)", ENGINE, **NOT_NEGATIVE)] = 32
     threads: int = 0
     """Torch and transformers on CPU: intra-op threads per rank; 0 leaves torch's default."""
     max_step_tokens: Annotated[int, Option(
         "a step's token budget (decoded sequences + prompt tokens prefilled): long prompts are "
         "prefilled in chunks beside the decodes, by engines that take chunks (torch, "
         "synthetic; model classes that opt in) (default: no budget, each prompt whole in one "
-        "step)", ENGINE, metavar="N")] = 0
+        "step)", ENGINE, metavar="N", **NOT_NEGATIVE)] = 0
     """See cadence.worker.step_budget."""
     itl_target_ms: Annotated[float, Option(
         "a step's budget from the worker's own measured step-time model, so a step stays "
         "within MS while long prompts are prefilled in chunks (default: off; instead of "
-        "--max-step-tokens)", ENGINE, metavar="MS")] = 0.0
+        "--max-step-tokens)", ENGINE, metavar="MS", **NOT_NEGATIVE)] = 0.0
     prefix_caching: Annotated[bool, Option(
         "keep finished sequences' KV blocks for later requests that start the same way "
         "(torch; the synthetic engine models it), and route a request to the worker that "
@@ -216,7 +257,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     host: Annotated[str, Option("address to bind")] = "127.0.0.1"
-    port: Annotated[int, Option("port to bind; 0 picks a free one")] = 50051
+    port: Annotated[int, Option("port to bind; 0 picks a free one", **PORT)] = 50051
     devices: Annotated[list[str], Option(
         "one worker per device: cpu:N, cuda:I,J,... or auto (every visible card, else one CPU "
         "worker)", parse=str, show=lambda devices: f"cpu:{len(devices)}")] = msgspec.field(
@@ -225,32 +266,38 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     rank, comma separated (see `group_devices`)."""
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     max_concurrent: Annotated[int, Option(
-        "streams admitted at once; more are refused with RESOURCE_EXHAUSTED", STREAMS)] = 1024
+        "streams admitted at once; more are refused with RESOURCE_EXHAUSTED", STREAMS, at_least=1)] = 1024
     queue_capacity: Annotated[int, Option(
-        "steps of output a request's buffer holds before --overflow applies", STREAMS)] = 64
+        "steps of output a request's buffer holds before --overflow applies", STREAMS, at_least=1)] = 64
     overflow: Annotated[Literal["merge", "block", "abort"], Option(
         "when a client lags past --queue-capacity: merge its tokens, pause its sequence in the "
         "engine, or end its stream", STREAMS)] = "merge"
     """See cadence.core.stream."""
+    idle_connection_timeout_s: Annotated[float, Option(
+        "seconds a client connection with no call open stays open; then the server closes it "
+        "(gRPC: a GOAWAY, on grpc.aio and native alike; HTTP: the shorter of this and "
+        "--http-header-timeout)", STREAMS, metavar="S", **POSITIVE)] = 60.0
+    """An idle connection costs the server a socket and its buffers (on native, Envoy's, whose
+    own default is an hour); a client's channel reconnects when it next calls."""
     stall_timeout_s: Annotated[float | None, Option(
         "cut off a client that reads nothing for this many seconds: its stream ends with an "
         "error (HTTP: an error event and [DONE], then the connection closes) (default: never)",
-        STREAMS, metavar="S")] = None
+        STREAMS, metavar="S", **POSITIVE)] = None
     max_message_bytes: Annotated[int, Option(
-        "largest request message accepted", STREAMS)] = 4 * 1024 * 1024
+        "largest request message accepted", STREAMS, at_least=1024)] = 4 * 1024 * 1024
     accept_ahead: Annotated[int, Option(
         "new calls of each streaming method requested from gRPC ahead of their arrival, so a "
         "burst of calls is taken in while other streams keep the front busy (0: grpc.aio's "
-        "own accept loop, one at a time)", STREAMS, metavar="N")] = 64
+        "own accept loop, one at a time)", STREAMS, metavar="N", **NOT_NEGATIVE)] = 64
     """See cadence.net.call_acceptor."""
     max_tokens_limit: Annotated[int, Option(
-        "largest max_tokens a request may ask for (INVALID_ARGUMENT above)", STREAMS)] = 16384
+        "largest max_tokens a request may ask for (INVALID_ARGUMENT above)", STREAMS, at_least=1)] = 16384
     max_prompt_tokens: Annotated[int, Option(
-        "longest prompt accepted, in tokens (INVALID_ARGUMENT above)", STREAMS)] = 65536
+        "longest prompt accepted, in tokens (INVALID_ARGUMENT above)", STREAMS, at_least=1)] = 65536
     metrics_port: Annotated[int | None, Option(
         "serve Prometheus metrics on this port (0: any free port), on --host, over plain HTTP "
         "with no TLS and no token: anyone who can reach it reads them (default: off)",
-        metavar="PORT")] = None
+        metavar="PORT", **PORT)] = None
     transport: Annotated[Literal["ipc", "tcp"], Option(
         "front <-> worker sockets: ipc (one host) or tcp (CURVE-encrypted) (default ipc; tcp "
         "with --launcher ray)", WORKERS)] = "ipc"
@@ -267,23 +314,23 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         "NCCL_SOCKET_IFNAME (default: the one carrying each Ray node's IP)", PLACEMENT,
         metavar="IFNAME")] = ""
     heartbeat_interval_s: Annotated[float, Option(
-        "front <-> worker heartbeat period in seconds", WORKERS, metavar="S")] = 0.1
+        "front <-> worker heartbeat period in seconds", WORKERS, metavar="S", **POSITIVE)] = 0.1
     heartbeat_timeout_s: Annotated[float, Option(
         "a worker silent this long is restarted; a worker that hears no front this long exits",
-        WORKERS, metavar="S")] = 5.0
+        WORKERS, metavar="S", **POSITIVE)] = 5.0
     startup_timeout_s: Annotated[float, Option(
         "seconds every worker gets to load its engine and report ready", WORKERS,
-        metavar="S")] = 60.0
+        metavar="S", **POSITIVE)] = 60.0
     worker_timeout_s: Annotated[float | None, Option(
         "seconds without a step (while requests are open) before a worker counts as hung and "
-        "is restarted; 0 disables", WORKERS, metavar="S", parse=_seconds_or_never)] = 60.0
+        "is restarted; 0 disables", WORKERS, metavar="S", parse=_seconds_or_never, **POSITIVE)] = 60.0
     restart_workers: Annotated[bool, Option(
         "do not restart workers that die (their streams fail with UNAVAILABLE)", WORKERS,
         flag="--no-restart")] = True
     """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
     drain_timeout_s: Annotated[float, Option(
         "on SIGINT/SIGTERM, seconds open streams get to finish before they end with "
-        "UNAVAILABLE", aliases=("--grace",), metavar="S")] = 5.0
+        "UNAVAILABLE", aliases=("--grace",), metavar="S", **NOT_NEGATIVE)] = 5.0
     app_in_front: Annotated[bool, Option(
         "run the app in the front process instead of worker processes (shared in-process "
         "state; shares the front's GIL; docs/apps.md)", ENGINE)] = False
@@ -306,7 +353,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """See cadence.lifecycle.envoy_front."""
     fronts: Annotated[int, Option(
         "front processes sharing the port (SO_REUSEPORT), each connected to every worker; the "
-        "first also launches the workers and the other fronts")] = 1
+        "first also launches the workers and the other fronts", at_least=1)] = 1
     """See docs/architecture.md#fronts."""
     routing: Annotated[Literal["prefix", "load"], Option(
         "prefix: with --prefix-caching, prefer the worker that holds the longest prefix of the "
@@ -314,7 +361,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """See cadence.router.worker_router (without prefix caching: load)."""
     prefix_routing_slack: Annotated[int, Option(
         "a worker with more than K open requests beyond the least loaded loses the preference "
-        "its cached prefix gives it", WORKERS, metavar="K")] = 4
+        "its cached prefix gives it", WORKERS, metavar="K", **NOT_NEGATIVE)] = 4
     kserve_model_name: Annotated[str, Option(
         "the model's name in the Open Inference Protocol (KServe v2 / Triton gRPC, same port; "
         "docs/kserve.md)", metavar="NAME")] = "cadence"
@@ -325,14 +372,14 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     http_port: Annotated[int | None, Option(
         "also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
         "/v1/models, /health) on this port; 0 picks a free one (default: off)", HTTP,
-        metavar="PORT")] = None
+        metavar="PORT", **PORT)] = None
     http_header_timeout_s: Annotated[float, Option(
         "HTTP: seconds a client has to send a request's headers, and an idle keep-alive "
         "connection stays open; then the connection is closed (slowloris)", HTTP,
-        metavar="S")] = 60.0
+        metavar="S", **POSITIVE)] = 60.0
     http_body_timeout_s: Annotated[float, Option(
         "HTTP: seconds a client has to send a request's body once its headers are in; then "
-        "408 and the connection is closed", HTTP, metavar="S")] = 60.0
+        "408 and the connection is closed", HTTP, metavar="S", **POSITIVE)] = 60.0
     otlp_traces_endpoint: Annotated[str, Option(
         "export one OpenTelemetry span per request (every protocol) to this OTLP/gRPC "
         "endpoint, e.g. http://127.0.0.1:4317; needs cadence[otel] (default: "
@@ -346,20 +393,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.served_model_name or self.kserve_model_name
 
     def __post_init__(self) -> None:
-        problems = [*_choice_problems(self), *_choice_problems(self.engine)]
-        if self.max_concurrent < 1:
-            problems.append(f"max_concurrent must be at least 1 (got {self.max_concurrent})")
-        if self.queue_capacity < 1:
-            problems.append(f"queue_capacity must be at least 1 (got {self.queue_capacity})")
-        if self.stall_timeout_s is not None and self.stall_timeout_s <= 0:
-            problems.append("stall_timeout_s must be positive")
-        for name in ("http_header_timeout_s", "http_body_timeout_s"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be positive (got {getattr(self, name)})")
-        if self.accept_ahead < 0:
-            problems.append(f"accept_ahead must be 0 or more (got {self.accept_ahead})")
-        if self.max_message_bytes < 1024:
-            problems.append("max_message_bytes must be at least 1024")
+        problems = [*_choice_problems(self), *_choice_problems(self.engine),
+                    *_bound_problems(self), *_bound_problems(self.engine)]
         if self.launcher == "ray" and self.transport != "tcp":
             problems.append("--launcher ray needs --transport tcp (workers on other hosts "
                             "cannot reach ipc sockets)")
@@ -368,18 +403,13 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
                             "(drop --fronts / --app-in-front)")
         if self.launcher != "ray" and (self.ray_address or self.dist_ifname):
             problems.append("--ray-address and --dist-ifname need --launcher ray")
-        if not 0 < self.heartbeat_interval_s < self.heartbeat_timeout_s:
-            problems.append("heartbeat_interval_s must be positive and below heartbeat_timeout_s "
+        if self.heartbeat_interval_s >= self.heartbeat_timeout_s:
+            problems.append("heartbeat_interval_s must be below heartbeat_timeout_s "
                             f"(got {self.heartbeat_interval_s:g} and {self.heartbeat_timeout_s:g})")
         if not self.devices:
             problems.append("devices must name at least one device")
-        if self.engine.max_batch < 1:
-            problems.append(f"max_batch must be at least 1 (got {self.engine.max_batch})")
-        for name in ("step_ms", "per_seq_ms", "prefill_ms_per_token", "jitter_ms", "first_step_ms"):
-            if getattr(self.engine, name) < 0:
-                problems.append(f"{name} must not be negative")
         by_worker = self.engine.step_ms_by_worker
-        if by_worker and (len(by_worker) != len(self.devices) or min(by_worker) < 0):
+        if by_worker and len(by_worker) != len(self.devices):
             problems.append(f"step_ms_by_worker needs one step (>= 0 ms) per worker: "
                             f"{len(self.devices)} workers, got {len(by_worker)} value(s)")
         if self.engine.name == "app" and not self.engine.app:
@@ -387,44 +417,28 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.engine.name == "model" and ":" not in self.engine.model_class:
             problems.append("the model engine needs a class: --engine MODULE:CLASS (got "
                             f"{self.engine.model_class!r})")
-        if self.engine.max_step_tokens < 0 or self.engine.itl_target_ms < 0:
-            problems.append("max_step_tokens and itl_target_ms must not be negative")
-        elif self.engine.max_step_tokens and self.engine.itl_target_ms:
+        if self.engine.max_step_tokens and self.engine.itl_target_ms:
             problems.append("--max-step-tokens and --itl-target-ms are two ways to set one "
                             "step budget: give one")
         elif self.engine.name == "app" and (self.engine.max_step_tokens
                                             or self.engine.itl_target_ms):
             problems.append("--max-step-tokens and --itl-target-ms need a step engine (an app "
                             "function has no steps)")
-        if self.engine.batch_timeout_ms < 0:
-            problems.append(f"batch_timeout_ms must not be negative "
-                            f"(got {self.engine.batch_timeout_ms})")
-        if self.engine.engine_threads < 1:
-            problems.append(f"engine_threads must be at least 1 (got {self.engine.engine_threads})")
         if self.app_in_front and self.engine.name != "app":
             problems.append("app_in_front needs the app engine (--app MODULE:FUNCTION)")
         problems.extend(_torch_problems(self))
         if self.grpc_server == "native" and self.launcher != "local":
             problems.append("--grpc-server native runs local workers only: drop --launcher, "
                             "or use --grpc-server aio")
-        if self.fronts < 1:
-            problems.append(f"fronts must be at least 1 (got {self.fronts})")
-        elif self.fronts > 1 and self.transport != "ipc":
+        if self.fronts > 1 and self.transport != "ipc":
             problems.append("--fronts above 1 needs --transport ipc")
         elif self.fronts > 1 and self.app_in_front:
             problems.append("--fronts above 1 cannot run the app in the front (--app-in-front)")
-        if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
-            problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
-        if self.prefix_routing_slack < 0:
-            problems.append(f"prefix_routing_slack must not be negative "
-                            f"(got {self.prefix_routing_slack})")
         if self.engine.name == "app" and (self.engine.prefix_caching or self.engine.preempt):
             problems.append("--prefix-caching and --preempt need a step engine (an app "
                             "function has no steps)")
         if not self.kserve_model_name.strip():
             problems.append("kserve_model_name must not be empty")
-        if self.http_port is not None and not 0 <= self.http_port < 65536:
-            problems.append(f"http_port must be 0 (any free port) to 65535 (got {self.http_port})")
         if (self.tls_cert is None) != (self.tls_key is None):
             problems.append("--tls-cert and --tls-key go together: give both to serve over TLS")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -441,12 +455,7 @@ def _torch_problems(config: ServerConfig) -> list[str]:
             problems.append(f"the {engine.name} engine needs a model: --model PATH (a local "
                             "Hugging Face folder)" + (" or --model tiny" if engine.name == "torch"
                                                       else ""))
-    if engine.name == "torch":
-        if engine.cuda_graph_batch < 0:
-            problems.append(f"cuda_graph_batch must be 0 (off) or more (got {engine.cuda_graph_batch})")
-        if engine.kv_cache_tokens < 16:
-            problems.append(f"kv_cache_tokens must be at least 16 (got {engine.kv_cache_tokens})")
-    elif any("," in d for d in config.devices) and engine.name != "model":
+    if engine.name not in ("torch", "model") and any("," in d for d in config.devices):
         problems.append("tensor parallelism (--tp) needs the torch engine or a model class "
                         "(--engine MODULE:CLASS)")
     return problems
@@ -522,6 +531,21 @@ def _choice_problems(struct: msgspec.Struct) -> list[str]:
             *first, last = (repr(c) for c in choices)
             problems.append(f"{name} must be {', '.join(first)} or {last} (got {value!r})")
     return problems
+
+
+def _bound_problems(struct: msgspec.Struct) -> list[str]:
+    """Each declared option of `struct` whose value is not a finite number within the bounds
+    its `Option` declares (`Option.problem`)."""
+    return [problem for name, option in _options(type(struct)).items()
+            if (problem := option.problem(name, getattr(struct, name))) is not None]
+
+
+@functools.cache
+def _options(cls: type) -> dict[str, Option]:
+    """The `Option` declared on each field of `cls` that has one."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {name: option for name, hint in hints.items()
+            for option in getattr(hint, "__metadata__", ()) if isinstance(option, Option)}
 
 
 @functools.cache

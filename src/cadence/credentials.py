@@ -15,6 +15,8 @@ from typing import Any
 import grpc
 import msgspec
 
+from cadence.api.security import parse_tokens  # the server's file format, one for both
+
 ChannelOptions = Sequence[tuple[str, Any]]
 
 
@@ -43,8 +45,8 @@ class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True):
         """Read the files; ValueError with the file's name if one cannot be used."""
         token = None
         if token_file is not None:
-            tokens = [line.strip() for line in _read(token_file, "token file").decode().splitlines()]
-            token = next((t for t in tokens if t), None)
+            tokens = parse_tokens(_read(token_file, "token file").decode())
+            token = tokens[0] if tokens else None
             if token is None:
                 raise ValueError(f"the token file {token_file} holds no token")
         return cls(root_ca=_read(ca, "CA file") if ca else None,

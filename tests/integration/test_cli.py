@@ -59,3 +59,41 @@ def test_a_mistyped_flag_prints_its_command_usage_and_one_error_line() -> None:
     assert done.stderr.startswith("usage: cadence bench ")
     assert done.stderr.strip().splitlines()[-1] == (
         "cadence bench: error: unrecognized arguments: --concurency 4")
+
+
+def _serve_refused(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """`cadence serve ARGS`'s exit status and stderr; a server that starts anyway (it should
+    not) is stopped, and its status is 0."""
+    import os
+    import signal
+
+    process = subprocess.Popen(  # own start: refused before it serves, no health to wait for
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--devices", "cpu:1",
+         "--log-level", "WARNING", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})})
+    if process.stdout.readline().startswith("cadence serving on"):  # EOF: it exited
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+        return 0, "it started"
+    _, stderr = process.communicate(timeout=60)
+    return process.returncode, stderr
+
+
+@pytest.mark.parametrize(("args", "env", "said"), [
+    (["--worker-timeout", "-1"], {}, "worker_timeout_s must be positive (got -1)"),
+    (["--port", "70000"], {}, "port must be 0 to 65535 (got 70000)"),
+    (["--http-port", "-1"], {}, "http_port must be 0 to 65535 (got -1)"),
+    (["--drain-timeout", "nan"], {}, "drain_timeout_s must be a finite number (got nan)"),
+    (["--grace", "inf"], {}, "drain_timeout_s must be a finite number (got inf)"),
+    (["--stall-timeout", "-2"], {}, "stall_timeout_s must be positive (got -2)"),
+    (["--step-ms", "nan"], {}, "step_ms must be a finite number (got nan)"),
+    ([], {"CADENCE_DRAIN_TIMOUT": "30"},
+     "$CADENCE_DRAIN_TIMOUT names no flag (did you mean $CADENCE_DRAIN_TIMEOUT?)"),
+])
+def test_a_setting_that_would_start_a_broken_server_is_refused_in_one_line(args, env,
+                                                                            said) -> None:
+    code, stderr = _serve_refused(args, env)
+    assert code != 0, f"cadence serve {args} {env} started"
+    assert stderr.strip().splitlines() == [f"cadence serve: {said}"] or \
+        stderr.strip().splitlines() == [f"cadence serve: error: {said}"], stderr

@@ -164,7 +164,9 @@ def test_bad_input_is_an_in_band_error_and_the_stream_goes_on(server) -> None:
     client.async_stream_infer(MODEL, _inputs([1, 2])[:1], request_id="missing")
     client.async_stream_infer("other", _inputs([1, 2], 4), request_id="model")
     client.async_stream_infer(MODEL, _inputs([300], 4), request_id="engine")  # not a byte
+    client.async_stream_infer(MODEL, _inputs([1, 2], 3), request_id="i" * 257)  # too long
     client.async_stream_infer(MODEL, _inputs([1, 2], 3), request_id="good")
+    client.async_stream_infer(MODEL, _inputs([1, 2], 3), request_id="k" * 256)  # the most
     client.stop_stream()
     client.close()
     errors, good = [], []
@@ -175,12 +177,13 @@ def test_bad_input_is_an_in_band_error_and_the_stream_goes_on(server) -> None:
             good.append(result)
     expected = ["INVALID_ARGUMENT: input 'MAX_TOKENS' is 0", "INVALID_ARGUMENT: input 'MAX_TOKENS' has datatype 'FP32'",
                 "INVALID_ARGUMENT: unknown input 'COLOR'", "INVALID_ARGUMENT: input 'MAX_TOKENS' is missing",
-                "NOT_FOUND: unknown model 'other'"]
+                "NOT_FOUND: unknown model 'other'",
+                "INVALID_ARGUMENT: request_id is 257 bytes long; at most 256"]
     for start in expected:
         assert any(message.startswith(start) for message in errors), (start, errors)
     # The engine refuses the out-of-range token after admission: an in-band error too.
     assert len(errors) == len(expected) + 1
-    assert {r.get_response().id for r in good} == {"good"} and _final(good[-1])
+    assert {r.get_response().id for r in good} == {"good", "k" * 256} and _final(good[-1])
 
 
 def _wait_streaming(responses: _Responses, ids: set[str]) -> None:

@@ -130,9 +130,27 @@ def test_errors_in_openai_shape(http_server) -> None:
             model="nope", prompt="Hi")
 
 
+def _twice_authorized(url: str, first: str, second: str) -> tuple[int, str]:
+    """A GET with two Authorization headers (urllib sends one of each name)."""
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        connection.putrequest("GET", parts.path)
+        connection.putheader("Authorization", first)
+        connection.putheader("Authorization", second)
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
 def test_bearer_token_429_and_503_while_draining(tmp_path) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("secret\n")
+    tokens.write_text("# a comment is no token\nsecret\n")
     server = start_server("--devices", "cpu:1", "--step-ms", "10", "--max-concurrent", "1",
                           "--auth-token-file", str(tokens), "--drain-timeout", "3", http=True)
     base, auth = server.base, {"Authorization": "Bearer secret"}
@@ -140,6 +158,10 @@ def test_bearer_token_429_and_503_while_draining(tmp_path) -> None:
         status, body = _get(base + "/v1/models")
         assert status == 401 and body["error"]["type"] == "authentication_error"
         assert _get(base + "/v1/models", {"Authorization": "Bearer wrong"})[0] == 401
+        assert _get(base + "/v1/models", {"Authorization": "Bearer # a comment is no token"}
+                    )[0] == 401
+        status, said = _twice_authorized(base + "/v1/models", "Bearer secret", "Bearer wrong")
+        assert status == 401 and "send one Authorization header" in said
         assert _get(base + "/v1/models", auth)[0] == 200
         client = openai.OpenAI(base_url=base + "/v1", api_key="secret")
         with client.completions.create(model="cadence", prompt="Hi", max_tokens=200,

@@ -33,6 +33,8 @@ from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import start_server
 
 TOKEN = "correct-horse-battery-staple"
+COMMENT = "# the tokens of the tests"
+"""The token file's first line: a comment, no token."""
 _NO_WAIT = 5.0
 """Seconds a failing connection gets: a refused handshake fails fast, never near this."""
 
@@ -123,7 +125,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     other = _write(d, "other", _certificate("intruder", other_key, "untrusted CA", other_ca_key),
                    other_key)
     tokens = d / "tokens"
-    tokens.write_text(f"\nold-token-still-valid\n  {TOKEN}  \n\n")
+    tokens.write_text(f"{COMMENT}\n\nold-token-still-valid\n  {TOKEN}  \n  # rotated out: "
+                      "retired-token\n\n")
     return Pki(ca_path, *server, *client, other_ca_path, *other, tokens)
 
 
@@ -217,6 +220,27 @@ def test_wrong_token_is_unauthenticated(tls_token_server: str, pki: Pki) -> None
 
 def test_any_token_of_the_file_is_accepted(tls_token_server: str, pki: Pki) -> None:
     _assert_whole(_stream(tls_token_server, pki.credentials(token="old-token-still-valid")))
+
+
+def test_a_comment_line_of_the_token_file_is_no_token(tls_token_server: str, pki: Pki) -> None:
+    for comment in (COMMENT, "# rotated out: retired-token"):
+        error = _error(tls_token_server, pki.credentials(token=comment))
+        assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_call_with_two_authorization_values_is_refused(token_server: str) -> None:
+    """One rule on both gRPC paths (grpc.aio passed the first value on, Envoy joined them):
+    more than one authorization value is refused, whichever token each names."""
+    from tests.integration.raw_h2 import framed, h2_call
+
+    body = framed(pb.GenerateRequest(prompt="hi", max_tokens=2))
+    good, bad = (b"authorization", b"Bearer " + TOKEN.encode()), (b"authorization", b"Bearer no")
+    for headers in ([good, bad], [bad, good], [good, good]):
+        got = h2_call(token_server, "/cadence.v1.Inference/Generate", headers, body)
+        assert got.get(b"grpc-status") == b"%d" % grpc.StatusCode.UNAUTHENTICATED.value[0], got
+        assert b"send one authorization metadata" in got.get(b"grpc-message", b""), got
+    assert h2_call(token_server, "/cadence.v1.Inference/Generate", [good],
+                   body).get(b"grpc-status") == b"0"
 
 
 @pytest.mark.parametrize("package", ["grpc.reflection.v1alpha", "grpc.reflection.v1"])

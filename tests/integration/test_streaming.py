@@ -135,6 +135,11 @@ def test_stop_token_ends_stream_with_stop(server) -> None:
         ({"prompt": [1, 300], "max_tokens": 4}, "prompt_token_ids must be in [0, 256)"),
         ({"prompt": [-1], "max_tokens": 4}, "must not be negative"),
         ({"prompt": "x", "max_tokens": 4, "temperature": -1.0}, "temperature"),
+        # Echoed on every chunk: 3 MB of id made a 1.5 GB stream.
+        ({"prompt": "x", "max_tokens": 4, "request_id": "i" * 257},
+         "request_id is 257 bytes long; at most 256"),
+        ({"prompt": "x", "max_tokens": 4, "request_id": "é" * 129},
+         "request_id is 258 bytes long; at most 256"),
     ],
 )
 def test_bad_requests_get_invalid_argument(server, options, needle) -> None:
@@ -143,6 +148,53 @@ def test_bad_requests_get_invalid_argument(server, options, needle) -> None:
         list(client.generate(prompt, **options))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert needle in info.value.details()
+
+
+def test_a_request_id_at_the_limit_is_echoed_on_every_chunk(server) -> None:
+    request_id = "k" * 256
+    with Client(server.target) as client:
+        chunks = list(client.generate("x", max_tokens=4, request_id=request_id))
+    assert {c.request_id for c in chunks} == {request_id}
+
+
+def test_an_idle_connection_is_closed_after_the_idle_connection_timeout() -> None:
+    """--idle-connection-timeout on every port: a gRPC connection (grpc.aio or Envoy) that has
+    spoken HTTP/2 and opened no call, one that never finishes its preface, and an HTTP
+    connection that sends nothing are each closed by the server (Envoy kept them an hour)."""
+    import socket
+    import time
+
+    import h2.config
+    import h2.connection
+
+    from tests.integration.conftest import start_server
+
+    def closed_within(address: tuple[str, int], hello: bytes, limit: float) -> float:
+        started = time.monotonic()
+        with socket.create_connection(address, timeout=limit) as sock:
+            sock.sendall(hello)
+            try:
+                while sock.recv(65536):  # the server's SETTINGS, then its GOAWAY
+                    pass
+            except TimeoutError:
+                return limit
+            except ConnectionResetError:
+                pass
+        return time.monotonic() - started
+
+    preface = h2.connection.H2Connection(h2.config.H2Configuration())
+    preface.initiate_connection()
+    with start_server("--devices", "cpu:1", "--idle-connection-timeout", "1", http=True) as server:
+        grpc_address = server.target.rsplit(":", 1)
+        http_address = server.base.split("//")[1].rsplit(":", 1)
+        limit = 30.0  # generous: the setting is 1 s; the default would be 60 s (Envoy: 1 h)
+        for address, hello in ((grpc_address, preface.data_to_send()), (grpc_address, b""),
+                               (http_address, b"")):
+            waited = closed_within((address[0], int(address[1])), hello, limit)
+            assert waited < limit, f"{address} {hello!r} still open after {limit:g} s"
+        # Calls still work: a client's channel reconnects.
+        with Client(server.target) as client:
+            assert len(client.complete("x", max_tokens=3)) == 3
 
 
 def test_health_and_reflection_on_the_same_port(server) -> None:

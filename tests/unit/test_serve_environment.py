@@ -48,3 +48,39 @@ def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, capsys, name, 
 def test_other_commands_do_not_read_it(monkeypatch) -> None:
     monkeypatch.setenv("CADENCE_TARGET", "elsewhere:1")
     assert build_parser().parse_args(["generate", "hi"]).target == "127.0.0.1:50051"
+
+
+def test_a_misspelt_variable_is_refused_naming_the_one_it_may_mean(monkeypatch, capsys) -> None:
+    """CADENCE_DRAIN_TIMOUT=30 was ignored: the server drained in the default 5 s."""
+    with pytest.raises(SystemExit) as exited:
+        _serve(monkeypatch, {"CADENCE_DRAIN_TIMOUT": "30"})
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        ("cadence serve: error: $CADENCE_DRAIN_TIMOUT names no flag (did you mean "
+         "$CADENCE_DRAIN_TIMEOUT?)")]
+
+
+def test_an_unknown_variable_like_no_flag_is_warned_of_in_one_line(monkeypatch, capsys) -> None:
+    assert _serve(monkeypatch, {"CADENCE_SOMETHING_ELSE": "1"}).port == 50051
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "cadence serve: warning: $CADENCE_SOMETHING_ELSE names no flag; it is ignored"]
+
+
+def test_the_variables_cadence_reads_for_itself_are_not_taken_for_misspelt_flags(
+        monkeypatch, capsys) -> None:
+    """Every CADENCE_ name in the sources and the tests is a flag's or in NOT_FLAGS, so that
+    the check above never refuses what cadence itself sets (Envoy's front, the workers)."""
+    import re
+    from pathlib import Path
+
+    from cadence.cli import NOT_FLAGS
+
+    root = Path(__file__).parents[2]
+    named = {name for folder in ("src", "tests") for path in (root / folder).rglob("*.py")
+             for name in re.findall(r"[\"'](CADENCE_[A-Z0-9_]+)", path.read_text())}
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {serve.env_name(a) for a in serve._actions if a.option_strings and a.dest != "help"}
+    invented_here = {"CADENCE_DRAIN_TIMOUT", "CADENCE_SOMETHING_ELSE", "CADENCE_TARGET"}
+    assert named - flags - invented_here <= NOT_FLAGS
+    _serve(monkeypatch, dict.fromkeys(NOT_FLAGS, "1"))
+    assert capsys.readouterr().err == ""

@@ -4,6 +4,8 @@ and `cadence.serve()`'s keywords are both read from those declarations."""
 from __future__ import annotations
 
 import argparse
+import re
+import typing
 
 import pytest
 
@@ -96,3 +98,57 @@ def test_the_sweeps_server_variables_set_serve_options_by_their_flags() -> None:
     flags = {o.name: o.flags[0] for o in serve_options()}
     for name, flag in SERVER_VARIABLES.items():
         assert flag == flags["devices" if name == "workers" else name], name
+
+
+def _numbers() -> list:
+    """The options whose values are numbers (not switches)."""
+    return [o for o in serve_options() if o.name != "tp" and any(
+        kind in (int, float) for kind in (*typing.get_args(o.kind), o.kind))
+        or o.name == "step_ms_by_worker"]
+
+
+def test_every_number_option_declares_its_bounds() -> None:
+    """Checked in one place, from the declarations: a new number option says its range."""
+    unbounded = {o.name for o in _numbers() if o.option.at_least is None
+                 and o.option.above is None}
+    assert unbounded == {"seed"}  # any 64-bit seed
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_no_float_option_takes_nan_or_infinity(text: str) -> None:
+    """NaN passes no comparison: a NaN drain timeout or step started a broken server."""
+    parser = build_parser()
+    floats = [o for o in _numbers() if float in (*typing.get_args(o.kind), o.kind)
+              or o.name == "step_ms_by_worker"]
+    assert {"drain_timeout_s", "worker_timeout_s", "step_ms", "idle_connection_timeout_s"} <= {
+        o.name for o in floats}
+    for option in floats:
+        with pytest.raises(ValueError, match=f"{option.name} must be a finite number"):
+            _server_config(parser.parse_args(["serve", f"{option.flags[0]}={text}"]))
+
+
+@pytest.mark.parametrize(("flag", "value", "said"), [
+    ("--port", "70000", "port must be 0 to 65535 (got 70000)"),
+    ("--port", "-1", "port must be 0 to 65535 (got -1)"),
+    ("--metrics-port", "65536", "metrics_port must be 0 to 65535 (got 65536)"),
+    ("--http-port", "-5", "http_port must be 0 to 65535 (got -5)"),
+    ("--worker-timeout", "-1", "worker_timeout_s must be positive (got -1)"),
+    ("--drain-timeout", "-1", "drain_timeout_s must not be negative (got -1)"),
+    ("--idle-connection-timeout", "0", "idle_connection_timeout_s must be positive (got 0)"),
+    ("--heartbeat-timeout", "-3", "heartbeat_timeout_s must be positive (got -3)"),
+    ("--startup-timeout", "0", "startup_timeout_s must be positive (got 0)"),
+    ("--max-batch", "0", "max_batch must be at least 1 (got 0)"),
+    ("--kv-cache-tokens", "8", "kv_cache_tokens must be at least 16 (got 8)"),
+    ("--jitter-ms", "-1", "jitter_ms must not be negative (got -1)"),
+])
+def test_a_number_outside_its_bounds_is_refused_saying_them(flag, value, said) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        _server_config(build_parser().parse_args(["serve", flag, value]))
+
+
+def test_bounds_hold_for_the_python_api_too() -> None:
+    with pytest.raises(ValueError, match=re.escape("port must be 0 to 65535 (got 70000)")):
+        configure(_APP, {"port": 70000})
+    with pytest.raises(ValueError, match="drain_timeout_s must be a finite number"):
+        ServerConfig(drain_timeout_s=float("nan"))
+    assert configure(_APP, {"worker_timeout_s": 0.5, "port": 0, "drain_timeout_s": 0})

@@ -6,9 +6,17 @@
   the TLS handshake checks it before any RPC exists, so an unknown client reaches no handler
   (health included).
 - `--auth-token-file`: every RPC must carry the metadata `authorization: Bearer <token>`
-  with one of the file's tokens (one per line), else it ends with UNAUTHENTICATED and a
-  message saying what was missing or wrong. Works with or without TLS; without TLS the token
-  crosses the network in clear text, so use it alone only on loopback.
+  with one of the file's tokens, else it ends with UNAUTHENTICATED and a message saying what
+  was missing or wrong. Works with or without TLS; without TLS the token crosses the network
+  in clear text, so use it alone only on loopback. The file: one token per line, surrounding
+  whitespace ignored; blank lines and lines whose first non-blank character is `#` (comments)
+  are skipped; a token holds no `,` (see below).
+- A call or request with more than one `authorization` value is refused (UNAUTHENTICATED,
+  HTTP 401), whichever token each names: which one counts would otherwise depend on the path
+  (grpc.aio hands the handler each value, Envoy joins them into one with commas, aiohttp's
+  lookup takes the first). A value with a comma is several joined, as HTTP joins a repeated
+  header; an RFC 6750 token never holds one, and the server refuses to start with one in
+  its file.
 
 Health (`grpc.health.v1.Health`) is open without a token, on purpose: orchestrators and
 load balancers (Kubernetes gRPC probes, Envoy health checks) probe it and usually cannot
@@ -25,7 +33,7 @@ import hashlib
 import hmac
 import ipaddress
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -38,10 +46,16 @@ OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
 
 def read_tokens(path: str) -> list[str]:
-    """The accepted tokens: one per line, surrounding whitespace ignored, blank lines skipped."""
+    """The accepted tokens of a token file (`parse_tokens`)."""
     with open(path, encoding="utf-8") as f:
-        tokens = [line.strip() for line in f]
-    return [token for token in tokens if token]
+        return parse_tokens(f.read())
+
+
+def parse_tokens(text: str) -> list[str]:
+    """A token file's tokens: one per line, surrounding whitespace ignored, blank lines and
+    `#` comment lines skipped (the server's `--auth-token-file`, a client's `--token-file`)."""
+    lines = (line.strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 def problems(config: ServerConfig) -> list[str]:
@@ -75,8 +89,15 @@ def problems(config: ServerConfig) -> list[str]:
             ssl.create_default_context(cafile=config.tls_client_ca)
         except (ssl.SSLError, ValueError) as exc:
             found.append(f"--tls-client-ca {config.tls_client_ca}: not PEM CA certificates ({exc})")
-    if config.auth_token_file is not None and not read_tokens(config.auth_token_file):
-        found.append(f"--auth-token-file {config.auth_token_file} holds no token (one per line)")
+    if config.auth_token_file is not None:
+        tokens = read_tokens(config.auth_token_file)
+        if not tokens:
+            found.append(f"--auth-token-file {config.auth_token_file} holds no token (one per "
+                         "line; blank and # lines are skipped)")
+        elif any("," in token for token in tokens):
+            found.append(f"--auth-token-file {config.auth_token_file}: a token holds a ',', "
+                         "which no request could present alone (several authorization values "
+                         "arrive joined by commas)")
     return found
 
 
@@ -136,6 +157,8 @@ class TokenRefusal(enum.Enum):
     MISSING = "missing"
     MALFORMED = "malformed"
     WRONG = "wrong"
+    SEVERAL = "several"
+    """More than one authorization value (see the module docstring)."""
 
 
 class BearerTokens:
@@ -152,13 +175,17 @@ class BearerTokens:
         if not self._digests:
             raise ValueError("BearerTokens needs at least one token")
 
-    def check(self, value: str | bytes | None) -> TokenRefusal | None:
-        """Why `value` (the authorization metadata or header; None: absent) is refused, or
-        None when it names an accepted token."""
-        if value is None:
+    def check(self, values: Sequence[str | bytes]) -> TokenRefusal | None:
+        """Why a call whose authorization metadata (or header) has `values` (each that it
+        carries; none: absent) is refused, or None when they are one naming an accepted
+        token."""
+        if not values:
             return TokenRefusal.MISSING
+        value = values[0]
         if isinstance(value, bytes):
             value = value.decode("latin-1")
+        if len(values) > 1 or "," in value:
+            return TokenRefusal.SEVERAL
         scheme, _, token = value.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
@@ -191,6 +218,8 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
                                              "'Bearer <token>'"),
             TokenRefusal.WRONG: _refusal("the bearer token is not one this server accepts "
                                          "(see the server's --auth-token-file)"),
+            TokenRefusal.SEVERAL: _refusal("send one authorization metadata: this call "
+                                           "carries several"),
         }
 
     async def intercept_service(
@@ -200,12 +229,10 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler | None:
         if handler_call_details.method.startswith(self._open_prefixes):
             return await continuation(handler_call_details)
-        value = None
-        for key, item in handler_call_details.invocation_metadata or ():
-            if key == "authorization":  # gRPC lower-cases metadata keys
-                value = item
-                break
-        refusal = self._tokens.check(value)
+        # Every value, not the first: see the module docstring. gRPC lower-cases the keys.
+        values = [item for key, item in handler_call_details.invocation_metadata or ()
+                  if key == "authorization"]
+        refusal = self._tokens.check(values)
         if refusal is not None:
             return self._refusals[refusal]
         return await continuation(handler_call_details)

@@ -29,6 +29,7 @@ from cadence.core.intake_lull import IntakeLull
 from cadence.core.metrics import FrontMetrics, ProtocolMetrics
 from cadence.core.requests import (
     PRIORITY_RANGE,
+    REQUEST_ID_MAX_BYTES,
     SEED_RANGE,
     TOKEN_ID_MAX,
     TOP_K_MAX,
@@ -201,6 +202,10 @@ class FrontCore:
     def _validate(self, seq_id: int, request: Request) -> AddRequest:
         """Check a request and turn it into the worker's message, or raise InvalidRequest."""
         config = self._config
+        if (size := len(request.request_id.encode())) > REQUEST_ID_MAX_BYTES:
+            raise InvalidRequest(f"request_id is {size} bytes long; at most "
+                                 f"{REQUEST_ID_MAX_BYTES} are accepted (it is echoed on every "
+                                 "response)")
         if request.max_tokens < 1:
             raise InvalidRequest("max_tokens must be at least 1")
         if request.max_tokens > config.max_tokens_limit:

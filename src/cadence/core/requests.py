@@ -18,6 +18,10 @@ TOP_K_MAX = 2 ** 32 - 1
 """cadence.v1's uint32."""
 PRIORITY_RANGE = (-(2 ** 31), 2 ** 31 - 1)
 """cadence.v1's int32."""
+REQUEST_ID_MAX_BYTES = 256
+"""The longest client-given request id (UTF-8 bytes): cadence.v1 echoes it on every chunk and
+KServe on every response, so an unbounded one multiplies the output (a 3 MB id, a 1.5 GB
+stream). Ids are UUIDs (36) or a caller's own keys; 256 is room for any of them."""
 
 
 class Request(msgspec.Struct, kw_only=True):

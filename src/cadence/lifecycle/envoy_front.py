@@ -98,6 +98,7 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
                 tls.update(tls_ca_cert=Path(config.tls_client_ca), tls_require_client_certificate=True)
         envoy = EnvoyProcess(
             app=f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
+            idle_timeout_s=config.idle_connection_timeout_s,
             stderr=None, env={
                 CONFIG_ENV: msgspec.json.encode(msgspec.structs.replace(config, port=port)).decode(),
                 CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level,

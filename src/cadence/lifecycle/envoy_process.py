@@ -93,9 +93,12 @@ def _kill_with_starter(starter: int):
 class EnvoyProcess:
     """Envoy running `app` (pyvoy's `PyvoyServer` arguments), its admin interface private."""
 
-    def __init__(self, *, killed_with_starter: bool = False, **pyvoy_args) -> None:
+    def __init__(self, *, killed_with_starter: bool = False, idle_timeout_s: float | None = None,
+                 **pyvoy_args) -> None:
         """`killed_with_starter`: Envoy gets SIGKILL when the process that starts it dies (a
-        child front of `--fronts N`; see `_kill_with_starter`)."""
+        child front of `--fronts N`; see `_kill_with_starter`). `idle_timeout_s`: a downstream
+        connection with no stream open this long is closed (`--idle-connection-timeout`; None:
+        Envoy's default, an hour)."""
         from pyvoy import PyvoyServer
 
         self._killed_with_starter = killed_with_starter
@@ -109,6 +112,9 @@ class EnvoyProcess:
                     if network_filter["name"] == "envoy.filters.network.http_connection_manager":
                         network_filter["typed_config"]["http2_protocol_options"] = {
                             "initial_stream_window_size": STREAM_WINDOW}
+                        if idle_timeout_s is not None:
+                            network_filter["typed_config"]["common_http_protocol_options"] = {
+                                "idle_timeout": f"{idle_timeout_s:.3f}s"}
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:

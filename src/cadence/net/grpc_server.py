@@ -230,6 +230,11 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", config.max_message_bytes),
                 ("grpc.server.max_pending_requests", _PENDING_CALLS),
                 ("grpc.server.max_pending_requests_hard_limit", 3 * _PENDING_CALLS),
+                # A connection with no call open this long gets a GOAWAY and is closed, and
+                # one that never finishes its handshake is closed as soon (grpc's own: 2 min).
+                ("grpc.max_connection_idle_ms", round(config.idle_connection_timeout_s * 1e3)),
+                ("grpc.server_handshake_timeout_ms",
+                 round(config.idle_connection_timeout_s * 1e3)),
             ], interceptors=interceptors)
         self._server = server
         registry = server if native is not None else _Answering(server)

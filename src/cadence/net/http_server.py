@@ -75,10 +75,12 @@ class HttpServer:
         # Handler cancellation: a client that disconnects cancels its request's handler, so
         # its Generation closes and the worker drops the sequence at its next step.
         # keepalive_timeout is aiohttp's idle timer, which runs from the connection's start
-        # and between requests until a whole request's headers are in: the header timeout.
+        # and between requests until a whole request's headers are in: the header timeout,
+        # and the idle connection timeout, whichever is shorter.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                shutdown_timeout=_SHUTDOWN_S,
-                               keepalive_timeout=config.http_header_timeout_s,
+                               keepalive_timeout=min(config.http_header_timeout_s,
+                                                     config.idle_connection_timeout_s),
                                lingering_time=_LINGER_S)
         self._listener: Listener | None = None
 

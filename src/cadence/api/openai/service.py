@@ -74,6 +74,7 @@ _TOKEN_REFUSALS = {
     TokenRefusal.MALFORMED: "the Authorization header must be 'Bearer <token>'",
     TokenRefusal.WRONG: "the bearer token is not one this server accepts (see the server's "
                         "--auth-token-file)",
+    TokenRefusal.SEVERAL: "send one Authorization header: this request carries several",
 }
 _STALLED_CLOSE_S = 1.0
 """A stream cut off by --stall-timeout: how long its error event and [DONE] wait in the
@@ -174,7 +175,7 @@ class OpenAIService:
         """The answer to a request refused before any of its body is read: no valid bearer
         token (401), or a Content-Length over --max-message-bytes (413)."""
         if self._tokens is not None and request.path not in _OPEN_PATHS:
-            refusal = self._tokens.check(request.headers.get("Authorization"))
+            refusal = self._tokens.check(request.headers.getall("Authorization", ()))
             if refusal is not None:
                 status, kind = HTTP_UNAUTHENTICATED
                 response = _json(error_body(_TOKEN_REFUSALS[refusal], kind, "invalid_api_key"),
