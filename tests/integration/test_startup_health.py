@@ -70,10 +70,10 @@ class Starting:
 
     def processes(self) -> list[psutil.Process]:
         """The server and every process under it now."""
-        front = psutil.Process(self.process.pid)
         with contextlib.suppress(psutil.Error):
+            front = psutil.Process(self.process.pid)
             return [front, *front.children(recursive=True)]
-        return [front]
+        return []
 
     def wait_line(self, pattern: str, timeout: float) -> re.Match:
         found: list[re.Match] = []
