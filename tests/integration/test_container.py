@@ -157,7 +157,7 @@ def test_the_image_builds_serves_streams_and_drains(tmp_path: pathlib.Path) -> N
                 pass
             assert time.monotonic() < deadline, _podman("logs", name).stderr
             time.sleep(0.2)
-        # gRPC health is SERVING with one worker ready; HTTP /health waits for every worker.
+        # gRPC health turned SERVING once start-up was over; HTTP /health follows the same policy.
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=5):

@@ -132,6 +132,8 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
                     await asyncio.wait_for(eof, wait_s)
             else:  # nobody here asked it to stop
                 failed = True
+        except _StoppedDuringStartup:  # as `run_until_signalled`: a stop asked for, exit 0
+            log.warning("stopped by a signal during start-up")
         finally:
             await envoy.stop()
             control.close()
@@ -153,7 +155,11 @@ async def _first(awaitable, exited: asyncio.Future, stop: asyncio.Event, what: s
     task.cancel()
     if exited.done():
         raise StartupError(f"Envoy exited (status {exited.result()}) while waiting for {what}")
-    raise StartupError(f"stopped by a signal while waiting for {what}")
+    raise _StoppedDuringStartup(what)
+
+
+class _StoppedDuringStartup(Exception):
+    """SIGINT or SIGTERM came while the front started; Envoy's stop stops it (`_Front`)."""
 
 
 # --- in Envoy's process ---------------------------------------------------------------------
@@ -188,7 +194,7 @@ class _Front:
                 await self._task
 
     async def _run(self) -> None:
-        from cadence.lifecycle.server import CadenceServer, log_totals
+        from cadence.lifecycle.server import CadenceServer, log_totals, unless_stopped
 
         config = msgspec.json.decode(os.environ[CONFIG_ENV], type=ServerConfig)
         reader, writer = await asyncio.open_unix_connection(os.environ[CONTROL_ENV])
@@ -200,7 +206,10 @@ class _Front:
         orphaned = served = False
         try:
             try:
-                await server.start()
+                # Raced against Envoy's stop (a signal to `run_in_envoy` during a long load):
+                # the start is cancelled then, and the stop below stops what it started.
+                if await unless_stopped(server.start(), self._envoy_stopping) is None:
+                    return
             except StartupError as exc:
                 writer.write(json.dumps({"error": str(exc)}).encode() + b"\n")
                 return

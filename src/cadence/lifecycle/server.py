@@ -154,7 +154,7 @@ class CadenceServer:
             self._fronts = fronts
             fronts.launch()
             stack.push_async_callback(fronts.stop)
-            await fronts.wait_ready()
+            await self._while_no_worker_exits(watcher, fronts.wait_ready())
             self._task(fronts.watch())
 
         # 8. Serve: watch the workers, sweep stalled clients, health SERVING.
@@ -191,6 +191,7 @@ class CadenceServer:
     async def _open_port(self) -> None:
         self.port = await self._grpc.start()
         self._stack.push_async_callback(self._grpc.stop)
+        await self._refresh_health_now()  # NOT_SERVING, and each `cadence.worker.N` known
         if self._http is not None:
             self.http_port = await self._http.start()
             self._stack.push_async_callback(self._http.stop)
@@ -205,15 +206,11 @@ class CadenceServer:
         config = self.config
         tokens = read_tokens(config.auth_token_file) if config.auth_token_file else None
         service = OpenAIService(
-            core, config.model_name, self._all_ready, chat_format(config),
+            core, config.model_name, self._serving, chat_format(config),
             default_max_tokens=config.max_tokens_limit, max_body=config.max_message_bytes,
             body_timeout_s=config.http_body_timeout_s, tokens=tokens,
             headers=self.layout.metadata())
         return HttpServer(config, service.app())
-
-    def _all_ready(self) -> bool:
-        """GET /health: start-up is over, no drain, every worker ready."""
-        return self.core.refusal is None and all(self.supervisor.ready)
 
     def _make_launcher(self) -> Launcher:
         if self.config.app_in_front:
@@ -304,16 +301,27 @@ class CadenceServer:
         while not (all(watcher.ready)
                    and (self.layout.launches_workers
                         or all(link.connected() for link in links))):
-            exited = watcher.exited()
-            if exited is not None:
-                raise StartupError(f"worker {exited[0]} exited during start-up (status "
-                                   f"{exited[1]}); see its output above")
+            _fail_if_a_worker_exited(watcher)
             if loop.time() > deadline:
                 missing = [i for i, ready in enumerate(watcher.ready) if not ready]
                 raise StartupError(
                     f"workers {missing} were not ready within {timeout:.0f} s; check their "
                     "output above, or raise --startup-timeout for slow model loads")
             await asyncio.sleep(_STARTUP_POLL_S)
+
+    async def _while_no_worker_exits(self, watcher: WorkerSupervisor | WorkerWatcher,
+                                     awaitable) -> None:
+        """`awaitable` (a stage after the workers are ready), failed as `_wait_for_workers`
+        fails when a worker exits meanwhile: until start-up is over nothing else watches
+        them (the supervisor runs from stage 8), and the start must not wait for a dead one."""
+        task = asyncio.ensure_future(awaitable)
+        try:
+            while not task.done():
+                _fail_if_a_worker_exited(watcher)
+                await asyncio.wait((task,), timeout=_STARTUP_POLL_S)
+        finally:
+            task.cancel()
+        task.result()
 
     def _on_worker_ready(self, message: WorkerReady) -> None:
         """A worker (first start or restart) is ready: export its start-up, route to it."""
@@ -345,7 +353,11 @@ class CadenceServer:
             link.front_back(k)
 
     def _serving(self) -> bool:
-        """Requests are taken: start-up is over, no drain, at least one worker ready."""
+        """The server's one health policy, which gRPC health (`""` and the service names), HTTP
+        `GET /health` and KServe's ServerReady/ModelReady all answer: a request would be
+        admitted now. That is: start-up is over (`refusal` is cleared last), no drain has
+        begun, and at least one worker is ready: a load balancer must not take the whole
+        server out while one of its workers restarts (`cadence.worker.N` tells each one)."""
         return self.core.refusal is None and any(self.supervisor.ready)
 
     def _refresh_health(self) -> None:
@@ -355,7 +367,7 @@ class CadenceServer:
             task.add_done_callback(self._health_updates.discard)
 
     async def _refresh_health_now(self) -> None:
-        await self._grpc.set_health(self.supervisor.ready)
+        await self._grpc.set_health(self._serving(), self.supervisor.ready)
 
     async def _drain(self) -> None:
         """The first step of stopping once serving: other fronts are told to drain too,
@@ -378,14 +390,45 @@ class CadenceServer:
             await asyncio.sleep(0.02)
 
 
+def _fail_if_a_worker_exited(watcher: WorkerSupervisor | WorkerWatcher) -> None:
+    """Start-up's rule: a worker that exits before start-up is over fails the start, in one
+    line (the server exits non-zero; whatever runs it starts it again). Once it is over, the
+    supervisor restarts such a worker instead."""
+    exited = watcher.exited()
+    if exited is not None:
+        raise StartupError(f"worker {exited[0]} exited during start-up (status "
+                           f"{exited[1]}); see its output above")
+
+
+async def unless_stopped(awaitable, stop: asyncio.Event):
+    """`awaitable`'s result, or None when `stop` is set first: it is cancelled then (a start
+    cancelled half-way leaves on its stack all it started, for `stop()`)."""
+    task = asyncio.ensure_future(awaitable)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
 async def run_until_signalled(server: CadenceServer, on_started=None) -> None:
-    """Start `server`, serve until SIGINT or SIGTERM, then stop it cleanly."""
+    """Start `server`, serve until SIGINT or SIGTERM, then stop it cleanly. A signal during
+    start-up (a model that loads for minutes) stops it too, at once: the start is cancelled
+    and `stop()` stops what it had started."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        port = await server.start()
+        port = await unless_stopped(server.start(), stop)
+        if port is None:
+            log.warning("stopped by a signal during start-up")
+            return
         if on_started is not None:
             on_started(server, port)
         await stop.wait()

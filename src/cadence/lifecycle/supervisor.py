@@ -164,6 +164,11 @@ class WorkerSupervisor:
         self.stopping = True
         for link in links:
             link.shutdown()
+        for i, worker in enumerate(self.workers):
+            if not self.ready[i]:
+                # Still loading (a stop during start-up, or a restart): it reads no Shutdown
+                # before it is ready, and has no stream to finish.
+                worker.terminate()
         for worker in self.workers:
             if await asyncio.to_thread(worker.wait, 5.0) is None:
                 worker.terminate()

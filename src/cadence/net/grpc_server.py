@@ -257,7 +257,7 @@ class GrpcServer:
     async def start(self) -> int:
         """Bind and start, health NOT_SERVING; return the bound port."""
         config = self._config
-        await self.set_health([False])
+        await self.set_health(False, [])
         if self._native is not None:
             self._native.open()  # Envoy bound the port before the front started
             port = config.port
@@ -285,10 +285,11 @@ class GrpcServer:
         self._metrics.accept_ahead.set(config.accept_ahead if accepting else 0)
         return port
 
-    async def set_health(self, workers_ready: list[bool]) -> None:
-        """SERVING while at least one worker is ready; `cadence.worker.N` says whether worker
-        N is (NOT_SERVING while it is down or restarting)."""
-        status = _SERVING if any(workers_ready) else _NOT_SERVING
+    async def set_health(self, serving: bool, workers_ready: list[bool]) -> None:
+        """The server (`""` and every service name) SERVING or not, as the server's health
+        policy decided (`CadenceServer._serving`); `cadence.worker.N` says whether worker N
+        is ready (NOT_SERVING while it loads, is down or restarts)."""
+        status = _SERVING if serving else _NOT_SERVING
         for name in self._names:
             await self._health.set(name, status)
         for i, up in enumerate(workers_ready):

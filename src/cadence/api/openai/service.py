@@ -119,7 +119,8 @@ _OPERATIONS = {CHAT: "chat", COMPLETIONS: "text_completion"}
 class OpenAIService:
     """Serves the OpenAI-compatible routes for one model, `model_name`, through `core`.
 
-    `ready()`: every worker is ready and the server is not draining (GET /health).
+    `ready()`: the server's health policy (GET /health): start-up over, no drain, at least one
+    worker ready (cadence.lifecycle.server `CadenceServer._serving`).
     `default_max_tokens`: a chat request's `max_tokens` when it gives none; `max_body`: the
     largest request body (`--max-message-bytes`); `body_timeout_s`: how long a body may take
     to arrive (`--http-body-timeout`); `tokens`: the accepted bearer tokens
@@ -167,7 +168,7 @@ class OpenAIService:
         if self._ready():
             return _json(b'{"status":"ok"}')
         return _failure(Failure.UNAVAILABLE, self.core.refusal or
-                        "not every worker is ready; retry shortly")
+                        "no worker is ready; retry shortly")
 
     # --- middleware ------------------------------------------------------------------------
 
