@@ -4,16 +4,21 @@ clear message; the worker lives on, serves the next request, and the front answe
 meanwhile. And a sequence paused by `--overflow block` stays paused when `--preempt` takes
 its slot and gives it back.
 
-The models are tests/batched_models.py's `BadOutputModel` (`huge N`, `surrogate`, `raising`).
+The models are tests/batched_models.py's `BadOutputModel` (`huge N`, `surrogate`, `raising`),
+`BadTokenizerModel` and `DecodeOnlyTokenizerModel` (a tokenizer whose encode, decode or
+stream raises, or whose stream gives a lone surrogate or 10 MB), and tests/apps.py's
+`bad_tokenizer_app` (the same tokenizer). And a client that reads slowly while big pieces pile
+up at the front gets them in chunks a default client accepts (4 MiB at most).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -35,26 +40,78 @@ def _metric(url: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def bad_server() -> Iterator[RunningServer]:
-    """One worker, so that the request after a bad one runs on the same worker."""
-    with pytest.MonkeyPatch.context() as mp:
+def servers() -> Iterator[Callable[[str, str], RunningServer]]:
+    """Servers by their engine or app (`--engine X` or `--app X`), each started when a test
+    first asks for it (`_server`), all stopped at the module's end. One worker each, so that
+    the request after a bad one runs on the same worker."""
+    with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
                                                               os.environ.get("PYTHONPATH")])))
         mp.chdir(ROOT)
-        with start_server("--engine", "tests.batched_models:BadOutputModel", "--devices", "cpu:1",
-                          "--metrics-port", "0") as server:
-            yield server
+        started: dict[str, RunningServer] = {}
+
+        def start(flag: str, name: str) -> RunningServer:
+            if name not in started:
+                started[name] = stack.enter_context(start_server(
+                    flag, name, "--devices", "cpu:1", "--metrics-port", "0"))
+            return started[name]
+
+        yield start
+
+
+@pytest.fixture(scope="module")
+def bad_server(servers) -> RunningServer:
+    return servers("--engine", "tests.batched_models:BadOutputModel")
 
 
 @pytest.mark.parametrize("prompt, says", [
     ("huge 10000000", "10,000,000 bytes, over the 1,048,576 bytes (1 MiB) one output may hold"),
+    ("huge 300000", "a text of 300,000 token ids, over the 262,144 one output may hold"),
     ("surrogate", "a text that UTF-8 cannot carry"),
     ("raising", "returned a generator whose iteration raised RuntimeError: the outputs' "
                 "iterator failed on purpose"),
-], ids=["huge-text", "lone-surrogate", "raising-iterator"])
+], ids=["huge-text", "too-many-ids", "lone-surrogate", "raising-iterator"])
 def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(bad_server, prompt,
                                                                        says) -> None:
-    target = bad_server.target
+    _fails_alone(bad_server, prompt, "BadOutputModel.step returned", says)
+
+
+@pytest.mark.parametrize("flag, name, prompt, says", [
+    ("--engine", "tests.batched_models:BadTokenizerModel", "say ENCODE-FAILS",
+     "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "encode-fails",
+     "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-raises",
+     "BadTokenizerModel.tokenizer.stream raised RuntimeError: the tokenizer's stream failed"),
+    ("--engine", "tests.batched_models:DecodeOnlyTokenizerModel", "stream-raises",
+     "DecodeOnlyTokenizerModel.tokenizer.decode raised RuntimeError: the tokenizer's decode"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-surrogate",
+     "BadTokenizerModel.tokenizer.stream gave a text that UTF-8 cannot carry"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-huge",
+     "BadTokenizerModel.tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576"),
+    ("--app", "tests.apps:bad_tokenizer_app", "say ENCODE-FAILS",
+     "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--app", "tests.apps:bad_tokenizer_app", "encode-fails",
+     "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--app", "tests.apps:bad_tokenizer_app", "stream-raises",
+     "the app's tokenizer.stream raised RuntimeError: the tokenizer's stream failed"),
+    ("--app", "tests.apps:bad_tokenizer_app", "stream-surrogate",
+     "the app's tokenizer.stream gave a text that UTF-8 cannot carry"),
+    ("--app", "tests.apps:bad_tokenizer_app", "stream-huge",
+     "the app's tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576"),
+], ids=["model-encode-prompt", "model-encode-piece", "model-stream-raises",
+        "model-decode-raises", "model-stream-surrogate", "model-stream-huge",
+        "app-encode-prompt", "app-encode-piece", "app-stream-raises", "app-stream-surrogate",
+        "app-stream-huge"])
+def test_a_bad_tokenizer_fails_its_request_and_the_worker_serves_the_next(
+        servers, flag, name, prompt, says) -> None:
+    _fails_alone(servers(flag, name), prompt, "", says)
+
+
+def _fails_alone(server: RunningServer, prompt: str, origin: str, says: str) -> None:
+    """`prompt` ends INTERNAL saying `origin` and `says`; the front answers health meanwhile;
+    the worker, not restarted, serves the next request."""
+    target = server.target
     failed: list[grpc.RpcError] = []
 
     def bad_request() -> None:
@@ -77,12 +134,34 @@ def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(bad_serve
     thread.join()
     [error] = failed
     assert error.code() == grpc.StatusCode.INTERNAL, error.details()
-    assert "BadOutputModel.step returned" in error.details() and says in error.details(), (
-        error.details())
+    assert origin in error.details() and says in error.details(), error.details()
+    assert "\n" not in error.details()
     with Client(target) as client:
-        chunks = list(client.generate("count 5", max_tokens=10, timeout=30))
+        chunks = list(client.generate("count 5", max_tokens=5, timeout=30))
     assert "".join(c.text for c in chunks) == "01234"
-    assert _metric(bad_server.metrics_url, "cadence_worker_restarts_total") == 0
+    assert _metric(server.metrics_url, "cadence_worker_restarts_total") == 0
+
+
+def test_merged_chunks_fit_a_default_clients_limit(bad_server) -> None:
+    """Outputs of 200 kB pile up for a client that reads nothing for a while (--overflow
+    merge): merged, 40 of them would be one chunk of 16 MB, which a default client (4 MiB at
+    most per message) refuses with RESOURCE_EXHAUSTED; the front sends them over several
+    chunks, each under its 3 MiB bound, and loses nothing."""
+    with grpc.insecure_channel(bad_server.target, options=_SMALL_WINDOW) as channel:
+        stream = pb_grpc.InferenceStub(channel).Generate(
+            build_request("huge 200000", max_tokens=40), timeout=60)
+        chunks = [next(stream)]
+        wait_until(lambda: _metric(bad_server.metrics_url, "cadence_deepest_buffer_steps") >= 20,
+                   30, "the outputs never piled up at the front")
+        chunks += list(stream)
+    sizes = [c.ByteSize() for c in chunks]
+    assert max(sizes) <= 3 << 20, sizes
+    assert len(chunks) >= 4, sizes  # 40 x 200 kB: 16 MB over chunks of at most 3 MiB
+    assert sum(len(c.text) for c in chunks) == 40 * 200_000
+    assert sum(len(c.token_ids) for c in chunks) == 40 * 200_000
+    assert [c.index for c in chunks] == [
+        sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))]
+    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
 
 
 def test_a_paused_sequence_stays_paused_when_preempted() -> None:
