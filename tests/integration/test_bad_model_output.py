@@ -26,6 +26,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.client import Client, build_request
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import RunningServer, start_server, wait_until
@@ -142,26 +144,46 @@ def _fails_alone(server: RunningServer, prompt: str, origin: str, says: str) -> 
     assert _metric(server.metrics_url, "cadence_worker_restarts_total") == 0
 
 
-def test_merged_chunks_fit_a_default_clients_limit(bad_server) -> None:
+@pytest.mark.parametrize("protocol", ["cadence.v1", "kserve"])
+def test_merged_chunks_fit_a_default_clients_limit(bad_server, protocol) -> None:
     """Outputs of 200 kB pile up for a client that reads nothing for a while (--overflow
-    merge): merged, 40 of them would be one chunk of 16 MB, which a default client (4 MiB at
-    most per message) refuses with RESOURCE_EXHAUSTED; the front sends them over several
-    chunks, each under its 3 MiB bound, and loses nothing."""
+    merge): merged, 40 of them would be one message of 16 MB (KServe: 40 MB), which a default
+    client (4 MiB at most per message) refuses with RESOURCE_EXHAUSTED; the front sends them
+    over several messages, each under 3 MiB of output, and loses nothing."""
     with grpc.insecure_channel(bad_server.target, options=_SMALL_WINDOW) as channel:
-        stream = pb_grpc.InferenceStub(channel).Generate(
-            build_request("huge 200000", max_tokens=40), timeout=60)
-        chunks = [next(stream)]
+        if protocol == "kserve":
+            responses = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                iter([_kserve_request("huge 200000", 40)]), timeout=60)
+        else:
+            responses = pb_grpc.InferenceStub(channel).Generate(
+                build_request("huge 200000", max_tokens=40), timeout=60)
+        got = [next(responses)]
         wait_until(lambda: _metric(bad_server.metrics_url, "cadence_deepest_buffer_steps") >= 20,
                    30, "the outputs never piled up at the front")
-        chunks += list(stream)
-    sizes = [c.ByteSize() for c in chunks]
+        got += list(responses)
+    sizes = [r.ByteSize() for r in got]
     assert max(sizes) <= 3 << 20, sizes
-    assert len(chunks) >= 4, sizes  # 40 x 200 kB: 16 MB over chunks of at most 3 MiB
-    assert sum(len(c.text) for c in chunks) == 40 * 200_000
-    assert sum(len(c.token_ids) for c in chunks) == 40 * 200_000
-    assert [c.index for c in chunks] == [
-        sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))]
-    assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert len(got) >= 4, sizes
+    if protocol == "kserve":
+        assert not any(r.error_message for r in got)
+        outputs = [r.infer_response.raw_output_contents for r in got if r.infer_response.outputs]
+        tokens = sum(len(raw[0]) // 4 for raw in outputs)
+        text = sum(len(raw[1]) - 4 for raw in outputs)  # BYTES: a 4-byte length, then the text
+    else:
+        tokens, text = sum(len(c.token_ids) for c in got), sum(len(c.text) for c in got)
+        assert [c.index for c in got] == [
+            sum(len(c.token_ids) for c in got[:i]) for i in range(len(got))]
+        assert got[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert tokens == text == 40 * 200_000
+
+
+def _kserve_request(prompt: str, max_tokens: int) -> kpb.ModelInferRequest:
+    tensor = kpb.ModelInferRequest.InferInputTensor
+    return kpb.ModelInferRequest(model_name="cadence", inputs=[
+        tensor(name="PROMPT", datatype="BYTES", shape=[1],
+               contents=kpb.InferTensorContents(bytes_contents=[prompt.encode()])),
+        tensor(name="MAX_TOKENS", datatype="INT32", shape=[1],
+               contents=kpb.InferTensorContents(int_contents=[max_tokens]))])
 
 
 def test_a_paused_sequence_stays_paused_when_preempted() -> None:
