@@ -7,9 +7,9 @@ import pytest
 
 import cadence
 from cadence.config import EngineConfig
+from cadence.core.stream import MAX_CHUNK_BYTES, TOKEN_ID_BYTES
 from cadence.engines.base import EngineLoadError
 from cadence.engines.detokenizer import TextStreams
-from cadence.core.stream import MAX_CHUNK_BYTES, TOKEN_ID_BYTES
 from cadence.engines.output_text import MAX_OUTPUT_BYTES, MAX_OUTPUT_TOKENS
 from cadence.engines.user_model import ModelEngine
 from cadence.transport.messages import RequestFailed, StepOutput, step_pieces
