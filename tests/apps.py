@@ -113,3 +113,22 @@ async def loop_blocking_app(request: AppRequest, context: AppContext) -> AsyncIt
             _last_block = now
             time.sleep(0.06)  # noqa: ASYNC251 - the planted fault
         yield f"{i % 10}"
+
+
+def bad_tokenizer_app(request: AppRequest, context: AppContext) -> Iterator[str | list[int]]:
+    """With tests.batched_models' BadTokenizer: `encode-fails` yields "ENCODE-FAILS" as its
+    third piece, `stream-raises`, `stream-surrogate` and `stream-huge` the ids [1], [2], [3];
+    anything else: "0", "1", ... "9"."""
+    third = {"encode-fails": "ENCODE-FAILS", "stream-raises": [1], "stream-surrogate": [2],
+             "stream-huge": [3]}.get(request.prompt)
+    for i in range(min(request.max_tokens, 10)):
+        yield third if i == 2 and third is not None else [ord("0") + i]
+
+
+def _bad_tokenizer():
+    from tests.batched_models import BadTokenizer
+
+    return BadTokenizer()
+
+
+bad_tokenizer_app.tokenizer = _bad_tokenizer()

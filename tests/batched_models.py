@@ -186,3 +186,69 @@ class BadOutputModel(EchoModel):
 def _raising(outputs: list):
     yield from outputs[:1]
     raise RuntimeError("the outputs' iterator failed on purpose")
+
+
+class BadTokenizer:
+    """Byte ids (0..255) with its own incremental `stream`, and faults a model's or an app's
+    tokenizer should not have: `encode` of a text holding "ENCODE-FAILS" raises; the
+    stream's piece of id 1 raises, of id 2 is a lone surrogate ('\\ud800'), of id 3 is a
+    text of 10,000,000 bytes."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        if "ENCODE-FAILS" in text:
+            raise RuntimeError("the tokenizer's encode failed on purpose")
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def stream(self, prompt_ids: list[int]):
+        def piece(token: int, final: bool = False) -> str:
+            if token == 1:
+                raise RuntimeError("the tokenizer's stream failed on purpose")
+            if token == 2:
+                return "\ud800"
+            if token == 3:
+                return "x" * 10_000_000
+            return chr(token)
+
+        return piece
+
+
+class DecodeOnlyTokenizer(BadTokenizer):
+    """BadTokenizer without `stream`, so cadence detokenizes with its `decode`, which raises
+    on id 1."""
+
+    stream = None
+
+    def decode(self, ids: list[int]) -> str:
+        if 1 in ids:
+            raise RuntimeError("the tokenizer's decode failed on purpose")
+        return super().decode(ids)
+
+
+_THIRD_OUTPUTS = {"encode-fails": "ENCODE-FAILS", "stream-raises": 1, "stream-surrogate": 2,
+                  "stream-huge": 3}
+
+
+class BadTokenizerModel(EchoModel):
+    """EchoModel with BadTokenizer: at its third output, a prompt `encode-fails` gives the
+    text "ENCODE-FAILS", and `stream-raises`, `stream-surrogate`, `stream-huge` give ids
+    1, 2 and 3."""
+
+    tokenizer = BadTokenizer()
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list:
+        outputs = super().step(prefill, decode)
+        for i, seq in enumerate(prefill + decode):
+            if seq.generated == 2 and seq.state[0] in _THIRD_OUTPUTS:
+                outputs[i] = _THIRD_OUTPUTS[seq.state[0]]
+        return outputs
+
+
+class DecodeOnlyTokenizerModel(BadTokenizerModel):
+    """BadTokenizerModel whose tokenizer has only encode and decode (DecodeOnlyTokenizer)."""
+
+    tokenizer = DecodeOnlyTokenizer()

@@ -4,16 +4,21 @@ clear message; the worker lives on, serves the next request, and the front answe
 meanwhile. And a sequence paused by `--overflow block` stays paused when `--preempt` takes
 its slot and gives it back.
 
-The models are tests/batched_models.py's `BadOutputModel` (`huge N`, `surrogate`, `raising`).
+The models are tests/batched_models.py's `BadOutputModel` (`huge N`, `surrogate`, `raising`),
+`BadTokenizerModel` and `DecodeOnlyTokenizerModel` (a tokenizer whose encode, decode or
+stream raises, or whose stream gives a lone surrogate or 10 MB), and tests/apps.py's
+`bad_tokenizer_app` (the same tokenizer). And a client that reads slowly while big pieces pile
+up at the front gets them in chunks a default client accepts (4 MiB at most).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -21,6 +26,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.client import Client, build_request
+from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import RunningServer, start_server, wait_until
@@ -35,26 +42,78 @@ def _metric(url: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def bad_server() -> Iterator[RunningServer]:
-    """One worker, so that the request after a bad one runs on the same worker."""
-    with pytest.MonkeyPatch.context() as mp:
+def servers() -> Iterator[Callable[[str, str], RunningServer]]:
+    """Servers by their engine or app (`--engine X` or `--app X`), each started when a test
+    first asks for it (`_server`), all stopped at the module's end. One worker each, so that
+    the request after a bad one runs on the same worker."""
+    with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
                                                               os.environ.get("PYTHONPATH")])))
         mp.chdir(ROOT)
-        with start_server("--engine", "tests.batched_models:BadOutputModel", "--devices", "cpu:1",
-                          "--metrics-port", "0") as server:
-            yield server
+        started: dict[str, RunningServer] = {}
+
+        def start(flag: str, name: str) -> RunningServer:
+            if name not in started:
+                started[name] = stack.enter_context(start_server(
+                    flag, name, "--devices", "cpu:1", "--metrics-port", "0"))
+            return started[name]
+
+        yield start
+
+
+@pytest.fixture(scope="module")
+def bad_server(servers) -> RunningServer:
+    return servers("--engine", "tests.batched_models:BadOutputModel")
 
 
 @pytest.mark.parametrize("prompt, says", [
     ("huge 10000000", "10,000,000 bytes, over the 1,048,576 bytes (1 MiB) one output may hold"),
+    ("huge 300000", "a text of 300,000 token ids, over the 262,144 one output may hold"),
     ("surrogate", "a text that UTF-8 cannot carry"),
     ("raising", "returned a generator whose iteration raised RuntimeError: the outputs' "
                 "iterator failed on purpose"),
-], ids=["huge-text", "lone-surrogate", "raising-iterator"])
+], ids=["huge-text", "too-many-ids", "lone-surrogate", "raising-iterator"])
 def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(bad_server, prompt,
                                                                        says) -> None:
-    target = bad_server.target
+    _fails_alone(bad_server, prompt, "BadOutputModel.step returned", says)
+
+
+@pytest.mark.parametrize("flag, name, prompt, says", [
+    ("--engine", "tests.batched_models:BadTokenizerModel", "say ENCODE-FAILS",
+     "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "encode-fails",
+     "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-raises",
+     "BadTokenizerModel.tokenizer.stream raised RuntimeError: the tokenizer's stream failed"),
+    ("--engine", "tests.batched_models:DecodeOnlyTokenizerModel", "stream-raises",
+     "DecodeOnlyTokenizerModel.tokenizer.decode raised RuntimeError: the tokenizer's decode"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-surrogate",
+     "BadTokenizerModel.tokenizer.stream gave a text that UTF-8 cannot carry"),
+    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-huge",
+     "BadTokenizerModel.tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576"),
+    ("--app", "tests.apps:bad_tokenizer_app", "say ENCODE-FAILS",
+     "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--app", "tests.apps:bad_tokenizer_app", "encode-fails",
+     "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
+    ("--app", "tests.apps:bad_tokenizer_app", "stream-raises",
+     "the app's tokenizer.stream raised RuntimeError: the tokenizer's stream failed"),
+    ("--app", "tests.apps:bad_tokenizer_app", "stream-surrogate",
+     "the app's tokenizer.stream gave a text that UTF-8 cannot carry"),
+    ("--app", "tests.apps:bad_tokenizer_app", "stream-huge",
+     "the app's tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576"),
+], ids=["model-encode-prompt", "model-encode-piece", "model-stream-raises",
+        "model-decode-raises", "model-stream-surrogate", "model-stream-huge",
+        "app-encode-prompt", "app-encode-piece", "app-stream-raises", "app-stream-surrogate",
+        "app-stream-huge"])
+def test_a_bad_tokenizer_fails_its_request_and_the_worker_serves_the_next(
+        servers, flag, name, prompt, says) -> None:
+    _fails_alone(servers(flag, name), prompt, "", says)
+
+
+def _fails_alone(server: RunningServer, prompt: str, origin: str, says: str) -> None:
+    """`prompt` ends INTERNAL saying `origin` and `says`; the front answers health meanwhile;
+    the worker, not restarted, serves the next request."""
+    target = server.target
     failed: list[grpc.RpcError] = []
 
     def bad_request() -> None:
@@ -77,12 +136,54 @@ def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(bad_serve
     thread.join()
     [error] = failed
     assert error.code() == grpc.StatusCode.INTERNAL, error.details()
-    assert "BadOutputModel.step returned" in error.details() and says in error.details(), (
-        error.details())
+    assert origin in error.details() and says in error.details(), error.details()
+    assert "\n" not in error.details()
     with Client(target) as client:
-        chunks = list(client.generate("count 5", max_tokens=10, timeout=30))
+        chunks = list(client.generate("count 5", max_tokens=5, timeout=30))
     assert "".join(c.text for c in chunks) == "01234"
-    assert _metric(bad_server.metrics_url, "cadence_worker_restarts_total") == 0
+    assert _metric(server.metrics_url, "cadence_worker_restarts_total") == 0
+
+
+@pytest.mark.parametrize("protocol", ["cadence.v1", "kserve"])
+def test_merged_chunks_fit_a_default_clients_limit(bad_server, protocol) -> None:
+    """Outputs of 200 kB pile up for a client that reads nothing for a while (--overflow
+    merge): merged, 40 of them would be one message of 16 MB (KServe: 40 MB), which a default
+    client (4 MiB at most per message) refuses with RESOURCE_EXHAUSTED; the front sends them
+    over several messages, each under 3 MiB of output, and loses nothing."""
+    with grpc.insecure_channel(bad_server.target, options=_SMALL_WINDOW) as channel:
+        if protocol == "kserve":
+            responses = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                iter([_kserve_request("huge 200000", 40)]), timeout=60)
+        else:
+            responses = pb_grpc.InferenceStub(channel).Generate(
+                build_request("huge 200000", max_tokens=40), timeout=60)
+        got = [next(responses)]
+        wait_until(lambda: _metric(bad_server.metrics_url, "cadence_deepest_buffer_steps") >= 20,
+                   30, "the outputs never piled up at the front")
+        got += list(responses)
+    sizes = [r.ByteSize() for r in got]
+    assert max(sizes) <= 3 << 20, sizes
+    assert len(got) >= 4, sizes
+    if protocol == "kserve":
+        assert not any(r.error_message for r in got)
+        outputs = [r.infer_response.raw_output_contents for r in got if r.infer_response.outputs]
+        tokens = sum(len(raw[0]) // 4 for raw in outputs)
+        text = sum(len(raw[1]) - 4 for raw in outputs)  # BYTES: a 4-byte length, then the text
+    else:
+        tokens, text = sum(len(c.token_ids) for c in got), sum(len(c.text) for c in got)
+        assert [c.index for c in got] == [
+            sum(len(c.token_ids) for c in got[:i]) for i in range(len(got))]
+        assert got[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert tokens == text == 40 * 200_000
+
+
+def _kserve_request(prompt: str, max_tokens: int) -> kpb.ModelInferRequest:
+    tensor = kpb.ModelInferRequest.InferInputTensor
+    return kpb.ModelInferRequest(model_name="cadence", inputs=[
+        tensor(name="PROMPT", datatype="BYTES", shape=[1],
+               contents=kpb.InferTensorContents(bytes_contents=[prompt.encode()])),
+        tensor(name="MAX_TOKENS", datatype="INT32", shape=[1],
+               contents=kpb.InferTensorContents(int_contents=[max_tokens]))])
 
 
 def test_a_paused_sequence_stays_paused_when_preempted() -> None:

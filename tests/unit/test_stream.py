@@ -10,7 +10,7 @@ import pytest
 from cadence.api.v1.service import to_chunk
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.core.metrics import FrontMetrics, StreamTally
-from cadence.core.stream import RequestStream
+from cadence.core.stream import MAX_CHUNK_BYTES, TOKEN_ID_BYTES, RequestStream
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.vocabulary import Failure, Finish
 
@@ -127,6 +127,47 @@ def test_finish_reason_values_match_proto_enum():
         push_step(s, ord("z"), 0)
         s.end(reason)
         assert to_chunk(s.take_chunk(), "x").finish_reason == proto
+
+
+def test_a_chunk_stops_merging_before_its_byte_bound_and_the_rest_follows():
+    """Steps with text (a worker that detokenizes): whole steps per chunk, at most
+    MAX_CHUNK_BYTES each (text bytes + TOKEN_ID_BYTES per id), the finish on the last."""
+    s = make_stream()
+    piece = "é" * 100_000  # 200,000 bytes of text and 2,000 ids per step
+    for step in range(20):
+        s.push(list(range(2_000)), piece, 10 + step, 20 + step, 30 + step)
+    s.end(Finish.LENGTH)
+    chunks = []
+    while s.waiting_steps:
+        chunks.append(s.take_chunk())
+    per_step = 200_000 + TOKEN_ID_BYTES * 2_000
+    assert len(chunks) == -(-20 // (MAX_CHUNK_BYTES // per_step))
+    for chunk in chunks:
+        assert len(chunk.text.encode()) + TOKEN_ID_BYTES * len(chunk.token_ids) <= MAX_CHUNK_BYTES
+        assert chunk.text == piece * (len(chunk.token_ids) // 2_000)
+    assert [c.finish for c in chunks] == [Finish.NONE] * (len(chunks) - 1) + [Finish.LENGTH]
+    assert [c.index for c in chunks] == [sum(len(c.token_ids) for c in chunks[:i])
+                                         for i in range(len(chunks))]
+    assert sum(len(c.token_ids) for c in chunks) == 40_000
+
+
+def test_one_step_over_the_byte_bound_goes_alone_and_byte_tokens_split_anywhere():
+    s = make_stream()
+    s.push([1], "x" * MAX_CHUNK_BYTES, 1, 2, 3)  # alone over the bound: sent whole
+    s.push([2], "y", 1, 2, 3)
+    assert s.take_chunk().token_ids == [1] and s.waiting_steps == 1
+    assert s.take_chunk().text == "y" and s.waiting_steps == 0
+    # Byte tokens the front decodes: split where the bound falls, a character across the cut.
+    s = make_stream()
+    data = "é".encode() * (MAX_CHUNK_BYTES // 2)
+    s.push(list(data), None, 1, 2, 3)
+    s.end(Finish.STOP)
+    chunks = []
+    while s.waiting_steps:
+        chunks.append(s.take_chunk())
+    assert len(chunks) > 1 and chunks[-1].finish == Finish.STOP
+    assert "".join(c.text for c in chunks) == data.decode()
+    assert all(c.finish == Finish.NONE for c in chunks[:-1])
 
 
 def test_merged_steps_counts_steps_that_shared_a_chunk():

@@ -7,8 +7,10 @@ import pytest
 
 import cadence
 from cadence.config import EngineConfig
+from cadence.core.stream import MAX_CHUNK_BYTES, TOKEN_ID_BYTES
 from cadence.engines.base import EngineLoadError
 from cadence.engines.detokenizer import TextStreams
+from cadence.engines.output_text import MAX_OUTPUT_BYTES, MAX_OUTPUT_TOKENS
 from cadence.engines.user_model import ModelEngine
 from cadence.transport.messages import RequestFailed, StepOutput, step_pieces
 from cadence.vocabulary import AddRequest, Failure, Finish
@@ -116,6 +118,22 @@ def test_wrong_outputs_fail_the_step(outputs, problem) -> None:
     assert s.add(text_request(1, "x")) is None
     (failure,) = s.step()
     assert problem in failure.message
+
+
+def test_a_text_of_too_many_ids_fails_its_sequence_alone() -> None:
+    """One output and its ids fit one chunk the front sends; a text over MAX_OUTPUT_TOKENS
+    ids (bytes, without a tokenizer) fails its sequence, not the others of its step."""
+    assert MAX_OUTPUT_BYTES + TOKEN_ID_BYTES * MAX_OUTPUT_TOKENS <= MAX_CHUNK_BYTES
+    model_engine = engine()
+    model_engine._step = lambda prefill, decode: [
+        "x" * (MAX_OUTPUT_TOKENS + 1) if seq.seq_id == 1 else "ok" for seq in prefill + decode]
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    assert s.add(text_request(1, "x")) is None and s.add(text_request(2, "y")) is None
+    output = s.step()
+    assert output.seq_ids == [2] and output.texts == ["ok"]
+    (failure,) = s.failed
+    assert failure.seq_id == 1 and failure.failure == Failure.INTERNAL
+    assert failure.message.startswith("EchoModel.step returned a text of 262,145 token ids")
 
 
 def test_numpy_integers_are_token_ids() -> None:

@@ -434,7 +434,8 @@ class Generation:
             act = True
         else:
             try:
-                act = self._write(chunk) or self._ended
+                # Output left waiting (over one chunk's bytes): the task sends it, at once.
+                act = self._write(chunk) or self._ended or stream.waiting_steps
             except Exception as exc:  # noqa: BLE001 - the adapter's task meets it
                 self._write_error = exc
                 act = True

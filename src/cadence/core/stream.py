@@ -19,6 +19,11 @@ than the engine writes):
 
 A slow client first fills gRPC's own flow-control window (HTTP/2, at least 64 KiB per stream)
 before its writes stop completing; only then do tokens start to wait here.
+
+One chunk holds at most MAX_CHUNK_BYTES of output, so that no message the front sends is
+larger than a default gRPC client accepts (4 MiB): merging stops before a step that would
+cross it, and the rest waits for the next chunk. The workers bound each step's piece for one
+request below it (cadence.engines.output_text), so every chunk fits.
 """
 
 from __future__ import annotations
@@ -32,12 +37,25 @@ from cadence.core.requests import Chunk, ChunkTiming
 from cadence.transport.front_channel import WorkerLink
 from cadence.vocabulary import Failure, Finish
 
+MAX_CHUNK_BYTES = 3 << 20
+"""Bytes of output one chunk may hold (3 MiB), counted as its text's UTF-8 bytes plus
+TOKEN_ID_BYTES per token id: under the 4 MiB a default gRPC client accepts in one message,
+with room for the message's other fields. A KServe response (4 bytes per id) and an OpenAI
+event (the text alone, JSON-escaped) are built from one chunk too."""
+
+TOKEN_ID_BYTES = 5
+"""The most bytes one token id takes in a message: a non-negative int32 as a protobuf varint."""
+
+_FRONT_DECODED_BYTES = 3
+"""The most UTF-8 bytes the front's byte decoder gives per token (U+FFFD for an invalid byte)."""
+
 
 class RequestStream:
     """The per-request buffer between the output reader and one request's `Generation`."""
 
     __slots__ = (
-        "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_link", "_paused",
+        "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_ends", "_link",
+        "_paused",
         "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
         "_tokens", "_waiter", "cached_tokens", "deliver", "end_call", "error", "finish",
         "first_token_ns", "include_timing", "received_ns", "scheduled_ns", "sending_since_ns",
@@ -90,6 +108,9 @@ class RequestStream:
         self._decode = decoder
         self._texts: list[str] = []
         """Text pieces sent by a worker that detokenizes (torch engine), one per waiting step."""
+        self._ends: list[int] = []
+        """With `_texts`: how many of `_tokens` the steps up to each text brought, so that a
+        chunk over MAX_CHUNK_BYTES can end at a step's end."""
         self._waiter: asyncio.Future[None] | None = None
         self.deliver: Callable[[], None] | None = None
         """Set while the output reader writes for the adapter (`Generation.write_from_reader`):
@@ -144,6 +165,7 @@ class RequestStream:
             self._tokens += tokens
         if text is not None:
             self._texts.append(text)
+            self._ends.append(len(self._tokens))
         self._steps += 1
         if self.deliver is None:
             self.wake()
@@ -226,23 +248,39 @@ class RequestStream:
         return waiter
 
     def take_chunk(self) -> Chunk:
-        """Everything waiting, as one chunk (the last one carries its finish)."""
+        """Everything waiting, as one chunk (the last one carries its finish), or as much of
+        it as MAX_CHUNK_BYTES allows: the rest stays waiting, for the next chunk."""
         tokens = self._tokens
-        self._tokens = []
+        texts = self._texts
+        steps = self._steps
+        whole = True
+        if texts:  # the worker detokenized these tokens
+            text = "".join(texts)
+            if TOKEN_ID_BYTES * len(tokens) + 4 * len(text) > MAX_CHUNK_BYTES:  # may be over
+                steps, tokens, text = self._fitting_steps(text)
+                whole = steps == self._steps
+        elif len(tokens) * (TOKEN_ID_BYTES + _FRONT_DECODED_BYTES) > MAX_CHUNK_BYTES:
+            # Where its steps began is not kept: the rest counts as one step, or as those left.
+            tokens = tokens[: MAX_CHUNK_BYTES // (TOKEN_ID_BYTES + _FRONT_DECODED_BYTES)]
+            steps = max(self._steps - 1, 1)
+            whole = False
+        if whole:
+            self._tokens = []
+            self._texts = []
+            self._ends = []
+            self._steps = 0
+            finish = self.finish
+        else:
+            self._tokens = self._tokens[len(tokens):]
+            self._steps = max(self._steps - steps, 1)
+            finish = Finish.NONE
         if self._paused:
             self._unpaused()
             self._link.resume(self.seq_id)
         tally = self._tally
-        steps = self._steps
         if steps > 1:
             tally.merged_steps += steps - 1
-        self._steps = 0
-        finish = self.finish
-        texts = self._texts
-        if texts:  # the worker detokenized these tokens
-            self._texts = []
-            text = "".join(texts)
-        else:
+        if not texts:
             text = self._decode(tokens, finish != Finish.NONE)
         index = self.sent_tokens
         timing = None
@@ -261,3 +299,23 @@ class RequestStream:
         tally.chunks += 1
         tally.tokens += len(tokens)
         return chunk
+
+    def _fitting_steps(self, text: str) -> tuple[int, list[int], str]:
+        """The waiting steps (how many, their tokens, their text) that fit in one chunk, at
+        least one; those that do not stay in `_texts` and `_ends`. Only when `text`, all the
+        waiting steps' text, may not fit."""
+        texts, ends = self._texts, self._ends
+        size = 0
+        taken = 0
+        for i, piece in enumerate(texts):
+            size += len(piece.encode("utf-8", "surrogatepass")) + TOKEN_ID_BYTES * (
+                ends[i] - (ends[i - 1] if i else 0))
+            if size > MAX_CHUNK_BYTES and i:
+                break
+            taken = i + 1
+        if taken == len(texts):
+            return self._steps, self._tokens, text
+        count = ends[taken - 1]
+        self._texts = texts[taken:]
+        self._ends = [end - count for end in ends[taken:]]
+        return taken, self._tokens[:count], "".join(texts[:taken])

@@ -87,9 +87,18 @@ class AppContext:
         return None if self.deadline is None else self.deadline - time.monotonic()
 
 
+class TokenizerFailed(Exception):
+    """The function's own tokenizer raised in one of its methods (not a ValueError: the
+    piece itself may be fine)."""
+
+    def __init__(self, method: str, exc: Exception) -> None:
+        super().__init__(f"tokenizer.{method} raised {type(exc).__name__}: {exc}")
+
+
 def piece_tokens(piece: object, vocab_size: int | None = VOCAB_SIZE,
                  encode: Callable[[str], list[int]] | None = None) -> list[int]:
-    """The token ids of one yielded piece; TypeError/ValueError says what is wrong with it.
+    """The token ids of one yielded piece; TypeError/ValueError says what is wrong with it,
+    TokenizerFailed that `encode` raised.
 
     Without a tokenizer (`encode` None) text is its UTF-8 bytes and ids are bytes; with one,
     text is `encode(piece)` and ids lie in its vocabulary (`vocab_size`, None: unchecked)."""
@@ -97,7 +106,12 @@ def piece_tokens(piece: object, vocab_size: int | None = VOCAB_SIZE,
         problem = text_problem(piece)
         if problem is not None:
             raise ValueError(f"the app yielded {problem}")
-        return encode(piece) if encode is not None else list(piece.encode("utf-8"))
+        if encode is None:
+            return list(piece.encode("utf-8"))
+        try:
+            return encode(piece)
+        except Exception as exc:
+            raise TokenizerFailed("encode", exc) from exc
     if isinstance(piece, (list, tuple)):
         tokens = list(piece)
         if tokens and not (all(type(t) is int for t in tokens) and 0 <= min(tokens)

@@ -111,7 +111,11 @@ class Engine(Protocol):
       token's text piece (a model with its own vocabulary). Absent or None: byte tokens.
     - `text_piece_ids(text) -> list[int]`: an engine whose step may also return a `str` (a
       piece of text) or None (the sequence is done) for a sequence, instead of a token id,
-      gives a piece's token ids with it; it needs a `tokenizer` too.
+      gives a piece's token ids with it; it needs a `tokenizer` too. StepFailed from it
+      fails that one sequence. Such an engine's tokenizer is the user's: whatever its
+      `encode`, `stream` (and the decoders it returns) raise, and text they give that
+      cadence.engines.output_text finds fault with, fails that request alone.
+    - `tokenizer_name`: how messages name the tokenizer (e.g. `MyModel.tokenizer`).
     - `max_batch`: sequences per step at most, when below the server's --max-batch.
     - `takes_prefill_chunks`: True when `step` can prefill part of a prompt: a sequence in
       `prefill` then stands for its chunk `prompt_token_ids[seq.prefilled:seq.prefill_to]`,

@@ -23,6 +23,9 @@ space or merged bytes come out as they would in the whole text."""
 class TextStreams:
     """A tokenizer with `encode` and `decode` only, given the worker's `stream`."""
 
+    streams_with = "decode"
+    """The user's method that `stream`'s decoders call (named when it raises)."""
+
     def __init__(self, tokenizer: object) -> None:
         self._encode = tokenizer.encode
         self._decode = tokenizer.decode

@@ -26,7 +26,7 @@ from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, StepFailed
 from cadence.engines.detokenizer import piece_encoder, text_streams
-from cadence.engines.output_text import text_problem
+from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.vocabulary import AddRequest
 
 log = logging.getLogger("cadence.model")
@@ -125,12 +125,22 @@ class ModelEngine:
             self.tokenizer = text_streams(tokenizer)
         except TypeError as exc:
             raise EngineLoadError(f"{self._label}.tokenizer: {exc}") from None
-        self.text_piece_ids = piece_encoder(self.tokenizer)
-        """The token ids of a `str` output: its bytes, or the tokenizer's encoding of it
-        without special tokens."""
+        self._encode_piece = piece_encoder(self.tokenizer)
+        self.tokenizer_name = f"{self._label}.tokenizer"
+        """How the worker names the model's tokenizer when one of its methods raises."""
         self._bytes_only = tokenizer is None
         self.vocab_size = getattr(self.tokenizer, "vocab_size", None) or 0
         """0: the tokenizer does not say, and prompt ids are not checked against it."""
+
+    def text_piece_ids(self, text: str) -> list[int]:
+        """The token ids of a `str` output: its bytes, or the tokenizer's encoding of it
+        without special tokens. StepFailed (that sequence's alone) when they are more than
+        one output may hold (cadence.engines.output_text)."""
+        ids = self._encode_piece(text)
+        if len(ids) > MAX_OUTPUT_TOKENS:
+            raise StepFailed(f"{self._label}.{self._step_name} returned a text of "
+                             f"{ids_problem(len(ids))}")
+        return ids
 
     def start(self) -> None:
         """The constructor loaded the model."""
@@ -149,7 +159,12 @@ class ModelEngine:
 
     def _checked_by_model(self, request: AddRequest) -> str | None:
         seq = Sequence(request)
-        self._prepare([seq])
+        try:
+            self._prepare([seq])
+        except Exception as exc:
+            log.error("%s.decode raised on request %d's prompt", self.tokenizer_name, seq.seq_id,
+                      exc_info=exc)
+            return f"{self.tokenizer_name}.decode raised {type(exc).__name__}: {exc}"
         try:
             return self._check(seq)
         except Exception as exc:

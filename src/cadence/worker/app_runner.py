@@ -37,8 +37,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from cadence import event_loop
 from cadence.config import WorkerSpec
-from cadence.engines.app import App, AppContext, AppRequest, is_async_app, load_app, piece_tokens
+from cadence.engines.app import (
+    App,
+    AppContext,
+    AppRequest,
+    TokenizerFailed,
+    is_async_app,
+    load_app,
+    piece_tokens,
+)
 from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.heap import settle_heap
 from cadence.transport.messages import (
     RequestFailed,
@@ -150,6 +159,8 @@ class AppRunner:
         self._own_tokenizer = tokenizer is not None
         self._vocab_size: int | None = getattr(self._text, "vocab_size", None) or None
         self._encode_piece = piece_encoder(self._text) if tokenizer is not None else None
+        self._streams_with = getattr(self._text, "streams_with", "stream")
+        """The tokenizer's method that a sequence's decoder calls (named when it raises)."""
         self._texts: list[str] = []
         """This tick's pieces' texts, with a tokenizer (the front decodes bytes itself)."""
 
@@ -180,7 +191,11 @@ class AppRunner:
         if text and (self._own_tokenizer or not prompt):
             # A text prompt (beside its bytes, which the front counted): the function's
             # tokenizer encodes it.
-            prompt = self._text.encode(text)
+            try:
+                prompt = self._text.encode(text)
+            except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
+                self._refuse(add.seq_id, "encode", exc)
+                return
             prompt_len = len(prompt) if self._own_tokenizer else -1
         vocab = self._vocab_size
         if prompt and not (0 <= min(prompt) and (vocab is None or max(prompt) < vocab)):
@@ -200,7 +215,11 @@ class AppRunner:
         context = AppContext(self._device, self._worker)
         seq = _Seq(request, context)
         if self._own_tokenizer:
-            seq.detokenize = self._text.stream(request.prompt_token_ids)
+            try:
+                seq.detokenize = self._text.stream(request.prompt_token_ids)
+            except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
+                self._refuse(add.seq_id, "stream", exc)
+                return
             seq.prompt_len = prompt_len
         self._seqs[seq.seq_id] = seq
         if add.timeout_ms > 0:
@@ -213,6 +232,15 @@ class AppRunner:
             task.add_done_callback(self._tasks.discard)
         else:
             self._submit(seq)
+
+    def _refuse(self, seq_id: int, method: str, exc: Exception) -> None:
+        """The function's tokenizer raised on a request's prompt: the request fails alone."""
+        log.error("the app's tokenizer.%s raised on request %d's prompt", method, seq_id,
+                  exc_info=exc)
+        self._failures.append(RequestFailed(
+            seq_id, Failure.INTERNAL, f"the app's tokenizer.{method} raised "
+            f"{type(exc).__name__}: {exc} (on the prompt); fix the tokenizer"))
+        self._schedule_flush()
 
     def abort(self, seq_id: int) -> None:
         """The front gave up on the request (client cancel, deadline, drain): stop it."""
@@ -383,6 +411,10 @@ class AppRunner:
         except (TypeError, ValueError) as exc:
             self._fail(seq, exc)
             return False
+        except TokenizerFailed as exc:
+            self._fail(seq, exc.__cause__,
+                       f"the app's {exc} (on a piece the app yielded); fix the tokenizer")
+            return False
         if not tokens:
             return True
         if seq.prompt_len >= 0:
@@ -400,10 +432,23 @@ class AppRunner:
                     tokens = tokens[: i + 1]
                     reason = Finish.STOP
                     break
-        seq.generated += len(tokens)
+        if len(tokens) > MAX_OUTPUT_TOKENS:
+            self._fail(seq, None, f"the app yielded a piece of {ids_problem(len(tokens))}")
+            return False
         if seq.detokenize is not None:
-            self._texts.append(self._text_of(seq, piece, tokens, reason != Finish.NONE,
-                                             len(tokens) < whole))
+            try:
+                text = self._text_of(seq, piece, tokens, reason != Finish.NONE,
+                                     len(tokens) < whole)
+            except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
+                self._fail(seq, exc, f"the app's tokenizer.{self._streams_with} raised "
+                                     f"{type(exc).__name__}: {exc}; fix the tokenizer")
+                return False
+            problem = text_problem(text)
+            if problem is not None:  # no message could carry it, or too large for one
+                self._fail(seq, None, f"the app's tokenizer.{self._streams_with} gave {problem}")
+                return False
+            self._texts.append(text)
+        seq.generated += len(tokens)
         self._seq_ids.append(seq.seq_id)
         if len(tokens) == 1:
             self._token_ids.append(tokens[0])
@@ -439,12 +484,14 @@ class AppRunner:
             self._end(seq)
             self._schedule_flush()
 
-    def _fail(self, seq: _Seq, exc: BaseException) -> None:
+    def _fail(self, seq: _Seq, exc: BaseException | None, message: str = "") -> None:
+        """End a request with INTERNAL: `message`, else the exception's type and text."""
         if seq.done:
             return
         # Not on the token path: a failure is rare and the traceback is what the user needs.
-        log.error("app raised on request %d", seq.seq_id, exc_info=exc)
-        self._failures.append(RequestFailed(seq.seq_id, Failure.INTERNAL, f"{type(exc).__name__}: {exc}"))
+        message = message or f"{type(exc).__name__}: {exc}"
+        log.error("request %d failed: %s", seq.seq_id, message, exc_info=exc)
+        self._failures.append(RequestFailed(seq.seq_id, Failure.INTERNAL, message))
         self._end(seq)
         self._schedule_flush()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import time
 from collections.abc import Callable
 
@@ -25,11 +26,13 @@ import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Engine, Sequence, StepFailed
+from cadence.engines.output_text import texts_problems
 from cadence.transport.messages import RequestFailed, StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
 from cadence.worker.step_budget import StepBudget
 
 _BYTES = ByteTokenizer()
+log = logging.getLogger("cadence.model")
 
 
 class BatchScheduler:
@@ -64,6 +67,12 @@ class BatchScheduler:
         self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
             engine, "text_piece_ids", None)
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
+        self._tokenizer_name = getattr(engine, "tokenizer_name", "the model's tokenizer")
+        self._streams_with = getattr(self._tokenizer, "streams_with", "stream")
+        """The tokenizer's method that a sequence's decoder calls (named when it raises)."""
+        self.failed: list[RequestFailed] = []
+        """Sequences the last step lost alone (a user tokenizer's fault), to send after its
+        output; the worker loop empties it."""
         self._preempt: Callable[[Sequence], list[int]] | None = (
             getattr(engine, "preempt", None) if preempt else None)
         self._max_prompt_tokens = max_prompt_tokens
@@ -77,9 +86,11 @@ class BatchScheduler:
         if request.prompt_text and not request.prompt_token_ids:
             # The front sent text: tokenize it with the model's own tokenizer (bytes if none).
             tokenizer = self._tokenizer or _BYTES
-            request = msgspec.structs.replace(
-                request, prompt_token_ids=tokenizer.encode(request.prompt_text)
-            )
+            try:
+                ids = tokenizer.encode(request.prompt_text)
+            except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this request
+                return self._lost(request.seq_id, "encode", exc, "the prompt")
+            request = msgspec.structs.replace(request, prompt_token_ids=ids)
             refusal = (None if self._max_prompt_tokens is None else
                        prompt_over_limit(len(request.prompt_token_ids), self._max_prompt_tokens))
             if refusal is not None:
@@ -130,7 +141,9 @@ class BatchScheduler:
         """Admit waiting sequences, run one engine step, retire finished sequences.
 
         Returns the step's output, or the failures of its sequences when the engine lost the
-        step (StepFailed), or None when there was nothing to step. This and `_retire_pieces`
+        step (StepFailed), or None when there was nothing to step. A sequence lost alone (a
+        user's tokenizer raised on it, or its decoder gave text cadence.engines.output_text
+        refuses) is left out of the output and its failure put in `failed`. This and `_retire_pieces`
         are the only places in the worker that loop over a step's tokens.
         """
         paused = self._paused
@@ -174,10 +187,23 @@ class BatchScheduler:
             if self._report_cached:
                 cached[seq.seq_id] = seq.cached_tokens
             if tokenizer is not None:
-                seq.detokenize = tokenizer.stream(request.prompt_token_ids)
+                try:
+                    seq.detokenize = tokenizer.stream(request.prompt_token_ids)
+                except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this one
+                    self._drop(seq)
+                    self.failed.append(self._lost(seq.seq_id, "stream", exc, "the prompt"))
+        if self.failed:
+            lost = {f.seq_id for f in self.failed}
+            kept = [i for i, seq in enumerate(stepped) if seq.seq_id not in lost]
+            stepped, tokens = [stepped[i] for i in kept], [tokens[i] for i in kept]
         if self._text_piece_ids is not None:
             seq_ids, tokens, counts = self._retire_pieces(stepped, tokens, texts,
                                                           finished, reasons)
+            if texts:
+                problems = texts_problems(texts)
+                if problems:
+                    counts = self._fail_texts(problems, seq_ids, tokens, counts, texts,
+                                              finished, reasons)
             return StepOutput(
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
                 counts, texts, prompt_lens, self._kv_cache_usage(), cached,
@@ -350,7 +376,17 @@ class BatchScheduler:
             else:
                 seq.generated += 1
                 if type(out) is str:
-                    ids = piece_ids(out)
+                    try:
+                        ids = piece_ids(out)
+                    except StepFailed as exc:  # this sequence's output alone
+                        self._drop(seq)
+                        self.failed.append(RequestFailed(seq.seq_id, Failure.INTERNAL, str(exc)))
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this one
+                        self._drop(seq)
+                        self.failed.append(self._lost(seq.seq_id, "encode", exc,
+                                                      "a text piece the model returned"))
+                        continue
                     reason = (Finish.LENGTH if seq.generated >= seq.request.max_tokens
                               else Finish.NONE)
                     text = out
@@ -364,7 +400,13 @@ class BatchScheduler:
                         reason = Finish.LENGTH
                     else:
                         reason = Finish.NONE
-                    text = seq.detokenize(out, reason != Finish.NONE)
+                    try:
+                        text = seq.detokenize(out, reason != Finish.NONE)
+                    except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this one
+                        self._drop(seq)
+                        self.failed.append(self._lost(seq.seq_id, self._streams_with, exc,
+                                                      f"token {out}"))
+                        continue
                     token_ids.append(out)
                     counts.append(1)
                 seq_ids.append(seq.seq_id)
@@ -376,6 +418,57 @@ class BatchScheduler:
                 self._paused.discard(seq.seq_id)
                 self._engine.release(seq)
         return seq_ids, token_ids, counts if several else []
+
+    def _drop(self, seq: Sequence) -> None:
+        """Take a sequence out of the batch and release it: it failed alone."""
+        self._running.pop(seq.seq_id, None)
+        self._prefilling.pop(seq.seq_id, None)
+        self._paused.discard(seq.seq_id)
+        self._engine.release(seq)
+
+    def _lost(self, seq_id: int, method: str, exc: Exception, on: str) -> RequestFailed:
+        """A request's failure because the model's tokenizer raised in `method` on `on`.
+        Logged with its traceback: not on the token path, and what the model's author needs."""
+        name = f"{self._tokenizer_name}.{method}"
+        log.error("%s raised on %s of request %d", name, on, seq_id, exc_info=exc)
+        return RequestFailed(seq_id, Failure.INTERNAL,
+                             f"{name} raised {type(exc).__name__}: {exc} (on {on}); fix the "
+                             "tokenizer")
+
+    def _fail_texts(self, problems: list[tuple[int, str]], seq_ids: list[int],
+                    token_ids: list[int], counts: list[int], texts: list[str],
+                    finished: list[int], reasons: list[int]) -> list[int]:
+        """Take the pieces `problems` names (index into `seq_ids`, the texts a tokenizer's
+        decoder gave that no message can carry or that are too large) out of this step's
+        output, in place, and fail their sequences; returns the new counts."""
+        bad = dict(problems)
+        ids = list(token_ids)
+        counts = counts or [1] * len(seq_ids)
+        keep_ids: list[int] = []
+        keep_tokens: list[int] = []
+        keep_counts: list[int] = []
+        keep_texts: list[str] = []
+        offset = 0
+        for i, seq_id in enumerate(seq_ids):
+            count = counts[i]
+            if i in bad:
+                seq = self._running.get(seq_id)
+                if seq is not None:
+                    self._drop(seq)
+                if seq_id in finished:
+                    at = finished.index(seq_id)
+                    del finished[at], reasons[at]
+                self.failed.append(RequestFailed(
+                    seq_id, Failure.INTERNAL,
+                    f"{self._tokenizer_name}.{self._streams_with} gave {bad[i]}"))
+            else:
+                keep_ids.append(seq_id)
+                keep_tokens += ids[offset:offset + count]
+                keep_counts.append(count)
+                keep_texts.append(texts[i])
+            offset += count
+        seq_ids[:], token_ids[:], texts[:] = keep_ids, keep_tokens, keep_texts
+        return keep_counts if any(c != 1 for c in keep_counts) else []
 
     def _fail(self, prefill: list[Sequence], decode: list[Sequence],
               message: str) -> list[RequestFailed]:

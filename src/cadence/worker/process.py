@@ -150,6 +150,10 @@ def run_worker(spec: WorkerSpec) -> None:
                     channel.send(failure)
             elif stepped:
                 channel.send(output)
+            if scheduler.failed:  # sequences the step lost alone (their tokenizer's fault)
+                for failure in scheduler.failed:
+                    channel.send(failure)
+                scheduler.failed.clear()
     finally:
         if heartbeat is not None:
             heartbeat.stop()
