@@ -212,6 +212,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_prompt_tokens: int = 65536
     """--max-prompt-tokens, for the prompts the worker tokenizes (text to a model's own
     tokenizer); the front checks those it tokenizes itself."""
+    max_failed_steps: int = 5
+    """--worker-max-failed-steps: after this many failed engine steps in a row the worker
+    tells every front (`StepsFailing`); 0: never."""
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -277,6 +280,13 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     worker_timeout_s: Annotated[float | None, Option(
         "seconds without a step (while requests are open) before a worker counts as hung and "
         "is restarted; 0 disables", WORKERS, metavar="S", parse=_seconds_or_never)] = 60.0
+    worker_max_failed_steps: Annotated[int, Option(
+        "a worker whose last N engine steps all failed (a sticky device error: each step "
+        "raises) is taken out of routing and restarted, with the restarts' back-off; 0 disables",
+        WORKERS, metavar="N")] = 5
+    """The way Envoy's outlier detection ejects a host after consecutive errors: a worker
+    failing every step fails its requests at once, so least-loaded routing would send it
+    nearly all of them."""
     restart_workers: Annotated[bool, Option(
         "do not restart workers that die (their streams fail with UNAVAILABLE)", WORKERS,
         flag="--no-restart")] = True
@@ -415,6 +425,9 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
             problems.append("--fronts above 1 cannot run the app in the front (--app-in-front)")
         if self.max_tokens_limit < 1 or self.max_prompt_tokens < 1:
             problems.append("max_tokens_limit and max_prompt_tokens must be at least 1")
+        if self.worker_max_failed_steps < 0:
+            problems.append(f"worker_max_failed_steps must be 0 (never) or more "
+                            f"(got {self.worker_max_failed_steps})")
         if self.prefix_routing_slack < 0:
             problems.append(f"prefix_routing_slack must not be negative "
                             f"(got {self.prefix_routing_slack})")
