@@ -341,7 +341,7 @@ class CadenceServer:
         around it; front 0 restarts it."""
         self.supervisor.eject(message.worker, (
             f"worker {message.worker} failed {message.steps} steps in a row (the last: "
-            f"{message.message}) and was taken out to be restarted; retry the request"))
+            f"{message.message}) and was taken out; retry the request"))
 
     def _front_gone(self, k: int) -> None:
         """Front k died: its admission slots are free, the workers drop its sequences."""
