@@ -18,6 +18,7 @@ Every step takes a fixed `STEP_S` whatever the batch, as a card's decode step ne
 
 from __future__ import annotations
 
+import os
 import time
 
 import cadence
@@ -63,6 +64,30 @@ class EchoModel:
         if command == "record":
             with open(args[0], "a") as f:
                 f.write(f"released after {seq.generated} outputs at step {self.steps}\n")
+
+
+class SickModel(EchoModel):
+    """EchoModel on a card with a sticky error: in the worker numbered
+    $CADENCE_TEST_SICK_WORKER every step raises, as a CUDA context does after an illegal
+    memory access, until the process is replaced. Its first start only: it leaves the file
+    $CADENCE_TEST_SICK_MARKER, and a replacement that finds it gets a healthy card."""
+
+    def __init__(self, device: str, worker: int) -> None:
+        super().__init__(device)
+        marker = os.environ.get("CADENCE_TEST_SICK_MARKER", "")
+        self.sick = (worker == int(os.environ.get("CADENCE_TEST_SICK_WORKER", "-1"))
+                     and not (marker and os.path.exists(marker)))
+        if self.sick and marker:
+            open(marker, "w").close()
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list:
+        if self.sick:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().step(prefill, decode)
+
+    def release(self, seq: cadence.Sequence) -> None:
+        if seq.state is not None:  # a sequence whose first step failed has none
+            super().release(seq)
 
 
 class WordTokenizer:

@@ -253,6 +253,9 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_prompt_tokens: int = 65536
     """--max-prompt-tokens, for the prompts the worker tokenizes (text to a model's own
     tokenizer); the front checks those it tokenizes itself."""
+    max_failed_steps: int = 5
+    """--worker-max-failed-steps: after this many failed engine steps in a row the worker
+    tells every front (`StepsFailing`); 0: never."""
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -324,6 +327,13 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     worker_timeout_s: Annotated[float | None, Option(
         "seconds without a step (while requests are open) before a worker counts as hung and "
         "is restarted; 0 disables", WORKERS, metavar="S", parse=_seconds_or_never, **POSITIVE)] = 60.0
+    worker_max_failed_steps: Annotated[int, Option(
+        "a worker whose last N engine steps all failed (a sticky device error: each step "
+        "raises) is taken out of routing and restarted, with the restarts' back-off; 0 disables",
+        WORKERS, metavar="N", at_least=0)] = 5
+    """The way Envoy's outlier detection ejects a host after consecutive errors: a worker
+    failing every step fails its requests at once, so least-loaded routing would send it
+    nearly all of them."""
     restart_workers: Annotated[bool, Option(
         "do not restart workers that die (their streams fail with UNAVAILABLE)", WORKERS,
         flag="--no-restart")] = True

@@ -129,7 +129,8 @@ def test_ray_workers_are_refused_in_one_line() -> None:
 
 GRPC_MODULES = ("test_streaming.py", "test_kserve.py", "test_security.py", "test_lifecycle.py",
                 "test_backpressure.py", "test_apps.py", "test_tracing.py", "test_fronts.py",
-                "test_fronts_lab.py", "test_process_tree.py", "test_startup_health.py")
+                "test_fronts_lab.py", "test_process_tree.py", "test_startup_health.py",
+                "test_sick_workers.py")
 """The gRPC integration tests that run again with every server on Envoy (their tests whose
 server would not be on Envoy are marked `runs_once`)."""
 

@@ -52,7 +52,7 @@ def _outsider_and_worker(front: FrontChannel, context: zmq.Context) -> None:
         front, curve_server_key=front.curve_server_key, curve_public_key=public,
         curve_secret_key=secret))
     worker.send(Heartbeat(0))
-    assert _received(front) == [["beat", 0, 0]]
+    assert _received(front) == [["beat", 0, 0, 0]]
     front.beat()
     assert not listener.poll(300)
     worker.close()

@@ -60,9 +60,10 @@ def test_no_flags_build_the_default_config_and_flags_set_their_fields() -> None:
     config = _server_config(parser.parse_args([
         "serve", "--devices", "cpu:4", "--tp", "2", "--stall-timeout", "3", "--no-restart",
         "--worker-timeout", "0", "--grace", "1.5", "--overflow", "block", "--launcher", "ray",
-        "--step-ms-by-worker", "10,20", "--engine", "mod:Model"]))
+        "--step-ms-by-worker", "10,20", "--engine", "mod:Model", "--worker-max-failed-steps", "0"]))
     assert config.devices == ["cpu,cpu", "cpu,cpu"] and config.stall_timeout_s == 3.0
     assert not config.restart_workers and config.worker_timeout_s is None
+    assert config.worker_max_failed_steps == 0
     assert config.drain_timeout_s == 1.5 and config.overflow == "block"
     assert config.transport == "tcp"  # implied by --launcher ray
     assert config.engine == EngineConfig(name="model", model_class="mod:Model",

@@ -235,7 +235,12 @@ class FrontMetrics:
             "cadence_worker_restart_backoff_seconds",
             ("The back-off before the worker's pending restart: 0 while it runs; 1 s, doubling "
              "to 30 s, while it keeps failing soon after each start."), "worker", GaugeMetricFamily)
+        self._ejections = _RestartCollector(
+            "cadence_worker_ejections_total",
+            "Times the worker was taken out of routing and restarted because its last "
+            "--worker-max-failed-steps engine steps all failed.", "worker")
         r.register(self._restarts)
+        r.register(self._ejections)
         r.register(self._front_restarts)
         r.register(self._restart_backoff)
         self.tally = StreamTally()
@@ -279,12 +284,15 @@ class FrontMetrics:
         self.worker_first_step.labels(label).set(first_step_s)
         self.worker_warm_step.labels(label).set(warm_step_s)
 
-    def watch_restarts(self, restarts: Sequence[int], delays: Sequence[float] = ()) -> None:
+    def watch_restarts(self, restarts: Sequence[int], delays: Sequence[float] = (),
+                       ejections: Sequence[int] = ()) -> None:
         """Export `cadence_worker_restarts_total` from the supervisor's per-worker counts
-        (read when scraped, so a restart that never comes back ready still counts), and
-        `cadence_worker_restart_backoff_seconds` from its pending restarts' back-offs."""
+        (read when scraped, so a restart that never comes back ready still counts),
+        `cadence_worker_restart_backoff_seconds` from its pending restarts' back-offs, and
+        `cadence_worker_ejections_total` from its ejections of workers failing every step."""
         self._restarts.restarts = restarts
         self._restart_backoff.restarts = delays
+        self._ejections.restarts = ejections
 
     def watch_front_restarts(self, restarts: Sequence[int]) -> None:
         """Export `cadence_front_restarts_total` from front 0's per-front counts."""

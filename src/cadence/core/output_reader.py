@@ -11,6 +11,7 @@ from cadence.transport.messages import (
     Heartbeat,
     RequestFailed,
     StepOutput,
+    StepsFailing,
     WorkerOutput,
     WorkerReady,
     boot_id,
@@ -52,6 +53,11 @@ class OutputReader:
         """When each worker last sent a step (the supervisor's hang check reads it)."""
         self.last_heard_ns = [0] * workers
         """When each worker's heartbeat last arrived (0: none yet; the supervisor reads it)."""
+        self.stalled_ns = [0] * workers
+        """What each worker's last heartbeat said of its step loop: how long it has had work
+        without finishing a step (the supervisor's hang check reads it)."""
+        self.on_sick: Callable[[StepsFailing], None] = lambda message: None
+        """Told when a worker reports its steps failing in a row (the supervisor ejects it)."""
         self._boot_id = boot_id()
         self.clock_offset_ns = [0] * workers
         """Added to a worker's timestamps to put them on the front's clock: 0 on this host;
@@ -76,6 +82,7 @@ class OutputReader:
         elif type(message) is Heartbeat:
             worker = message.worker
             self.last_heard_ns[worker] = recv_ns
+            self.stalled_ns[worker] = message.stalled_ns
             if self._foreign[worker]:
                 self._track_clock(worker, recv_ns - message.sent_ns)
         elif type(message) is WorkerReady:
@@ -84,6 +91,8 @@ class OutputReader:
             self.clock_offset_ns[worker] = 0
             self._offset_beats[worker] = 0
             self._on_ready(message)
+        elif type(message) is StepsFailing:
+            self.on_sick(message)
 
     def _push_step(self, message: StepOutput, recv_ns: int) -> None:
         """Push each sequence's piece of one step into its stream, then end the finished.

@@ -36,7 +36,7 @@ from cadence.net.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.net.grpc_server import GrpcServer
 from cadence.router.worker_router import router_for
 from cadence.transport.front_channel import FrontChannel
-from cadence.transport.messages import WorkerReady
+from cadence.transport.messages import StepsFailing, WorkerReady
 from cadence.vocabulary import Failure
 
 log = logging.getLogger("cadence.server")
@@ -114,6 +114,7 @@ class CadenceServer:
         watcher = self._watcher(n, launcher, channel)
         reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
+        reader.stalled_ns, reader.on_sick = watcher.stalled_ns, self._on_worker_sick
         self.metrics.watch_gateway(config.model_name, core.requests_waiting,
                                    core.requests_running, reader.kv_cache_usage)
         channel.start_reading(loop, reader.handle)
@@ -242,6 +243,7 @@ class CadenceServer:
                 curve_public_key=channel.curve_client_keys[0],
                 curve_secret_key=channel.curve_client_keys[1],
                 dist_ifname=config.dist_ifname, max_prompt_tokens=config.max_prompt_tokens,
+                max_failed_steps=config.worker_max_failed_steps,
             )
             for index, device in enumerate(config.devices)
         ]
@@ -249,7 +251,8 @@ class CadenceServer:
             launcher, specs, self.router, self._links, on_down=self.core.fail_worker,
             on_health=self._refresh_health, hang_timeout_s=config.worker_timeout_s,
             restart=config.restart_workers, heartbeat_timeout_s=config.heartbeat_timeout_s)
-        self.metrics.watch_restarts(self.supervisor.restarts, self.supervisor.restart_delay_s)
+        self.metrics.watch_restarts(self.supervisor.restarts, self.supervisor.restart_delay_s,
+                                    self.supervisor.ejections)
         return self.supervisor
 
     def _serve_metrics(self) -> None:
@@ -340,6 +343,13 @@ class CadenceServer:
                          "ms, warm step %.1f ms)", message.worker, message.load_ms,
                          message.warmup_ms, message.first_step_ms, message.warm_step_ms)
         self.supervisor.mark_ready(message.worker, message.pid)
+
+    def _on_worker_sick(self, message: StepsFailing) -> None:
+        """A worker's last steps all failed (--worker-max-failed-steps): every front routes
+        around it; front 0 restarts it."""
+        self.supervisor.eject(message.worker, (
+            f"worker {message.worker} failed {message.steps} steps in a row (the last: "
+            f"{message.message}) and was taken out; retry the request"))
 
     def _front_gone(self, k: int) -> None:
         """Front k died: its admission slots are free, the workers drop its sequences."""

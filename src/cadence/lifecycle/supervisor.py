@@ -12,7 +12,16 @@ for `_STABLE_S`.
 The hang check (`--worker-timeout`) times how long a worker with something to step has gone
 without output: its clock starts at its last output or when it last had nothing to step (no
 request, or every request paused by a client that does not read), whichever is later, so
-an idle spell never counts against the first step after it.
+an idle spell never counts against the first step after it. Front 0 keeps that clock for its
+own requests, and each worker keeps it for all of its sequences, whichever front they came
+from, and reports it in every heartbeat (`Heartbeat.stalled_ns`, cadence.worker.step_health):
+either past the timeout is a hang.
+
+A worker whose engine steps fail one after another (`--worker-max-failed-steps` in a row, none
+succeeding: a sticky device error) says so to every front (`StepsFailing`); each front stops
+routing to it at once (`eject`), and front 0 kills it, counts the ejection
+(`cadence_worker_ejections_total`) and restarts it with the same back-off, as Envoy's outlier
+detection ejects a host after consecutive errors.
 """
 
 from __future__ import annotations
@@ -69,6 +78,11 @@ class WorkerSupervisor:
         """Updated by the output reader on every step from a worker."""
         self.last_heard_ns = [0] * len(specs)
         """Updated by the output reader on every heartbeat (0: none since the last start)."""
+        self.stalled_ns = [0] * len(specs)
+        """Updated by the output reader on every heartbeat: how long the worker has had
+        sequences (of any front) to step without finishing a step."""
+        self.ejections = [0] * len(specs)
+        """Times each worker was taken out for failing its steps (`eject`)."""
         self._idle_ns = [0] * len(specs)
         """When each worker was last seen with nothing to step."""
         self._ready_at = [0.0] * len(specs)
@@ -94,6 +108,7 @@ class WorkerSupervisor:
         """A worker (first start or replacement) reported ready: route to it again."""
         self.ready[index] = True
         self.last_output_ns[index] = time.monotonic_ns()
+        self.stalled_ns[index] = 0
         self._ready_at[index] = time.monotonic()
         self._router.alive[index] = True
         self._on_health()
@@ -112,7 +127,7 @@ class WorkerSupervisor:
                         self.restart_delay_s[i] = 0.0
                         log.warning("restarting worker %d (restart %d)", i, self.restarts[i] + 1)
                         self.restarts[i] += 1
-                        self.last_heard_ns[i] = 0
+                        self.last_heard_ns[i] = self.stalled_ns[i] = 0
                         self.workers[i] = self._launcher.launch(self._specs[i])
                     continue
                 if self._router.requests[i] <= self._links[i].paused:
@@ -123,8 +138,9 @@ class WorkerSupervisor:
                 elif (
                     self._hang_timeout_ns is not None
                     and self.ready[i]
-                    and now - max(self.last_output_ns[i], self._idle_ns[i],
-                                  self._router.busy_since_ns[i]) > self._hang_timeout_ns
+                    and (now - max(self.last_output_ns[i], self._idle_ns[i],
+                                   self._router.busy_since_ns[i]) > self._hang_timeout_ns
+                         or self.stalled_ns[i] > self._hang_timeout_ns)  # any front's work
                 ):
                     worker.kill()
                     self._down(i, f"worker {i} made no step for "
@@ -140,6 +156,15 @@ class WorkerSupervisor:
                     worker.kill()
                     self._down(i, f"worker {i} sent no heartbeat for "
                                   f"{self._heartbeat_timeout_ns / 1e9:g} s and was stopped; retry")
+
+    def eject(self, index: int, message: str) -> None:
+        """The worker reported its steps failing in a row: route around it, kill it, and
+        restart it (with back-off), as a hung one."""
+        if not self.ready[index]:
+            return  # already down (a report that crossed its kill)
+        self.ejections[index] += 1
+        self.workers[index].kill()
+        self._down(index, message)
 
     def _down(self, index: int, message: str) -> None:
         log.error("%s", message)
@@ -190,6 +215,7 @@ class WorkerWatcher:
         self.pids = [0] * workers
         self.last_output_ns = [time.monotonic_ns()] * workers
         self.last_heard_ns = [0] * workers
+        self.stalled_ns = [0] * workers
         """Kept by the output reader; front 0 acts on them."""
         self.stopping = False
 
@@ -202,14 +228,22 @@ class WorkerWatcher:
         self._router.alive[index] = True
         self._on_health()
 
+    def eject(self, index: int, message: str) -> None:
+        """The worker reported its steps failing in a row: route around it now (front 0
+        kills and restarts it; its replacement reports ready again)."""
+        if self.ready[index]:
+            self._down(index, message)
+
     async def run(self) -> None:
         while not self.stopping:
             await asyncio.sleep(_CHECK_INTERVAL_S)
             for i, pid in enumerate(self.pids):
                 if self.ready[i] and pid and process_gone(pid):
-                    self.ready[i] = False
-                    self._router.mark_dead(i)
-                    message = f"worker {i} stopped; retry the request"
-                    log.error("%s", message)
-                    self._on_down(i, message)
-                    self._on_health()
+                    self._down(i, f"worker {i} stopped; retry the request")
+
+    def _down(self, index: int, message: str) -> None:
+        self.ready[index] = False
+        self._router.mark_dead(index)
+        log.error("%s", message)
+        self._on_down(index, message)
+        self._on_health()

@@ -5,7 +5,8 @@ Messages are frozen msgspec Structs encoded once with msgpack. (What a worker is
 `WorkerSpec` and its `EngineConfig`, is launch configuration: cadence.config.) The front sends a worker
 `WorkerInputs` (all the adds and aborts of one event-loop tick, batched) or `Shutdown`;
 a worker sends the front `WorkerReady` once, then one `StepOutput` per engine step
-(every sequence's new token of that step), and `RequestFailed` for a request it rejects.
+(every sequence's new token of that step), `RequestFailed` for a request it rejects, and
+`StepsFailing` once its engine fails step after step.
 Sequences are named by a front-assigned integer `seq_id`, never by the client's string id,
 to keep the per-step message small. Timestamps are `time.monotonic_ns()`. How a sequence
 ends (`Finish`, `Failure`) is cadence's vocabulary (cadence.vocabulary), carried here.
@@ -135,7 +136,22 @@ class Heartbeat(msgspec.Struct, frozen=True, array_like=True, tag="beat"):
     """The sender (-1: the front)."""
     sent_ns: int = 0
     """The sender's time.monotonic_ns() when it sent this beat."""
+    stalled_ns: int = 0
+    """A worker's: how long it has had sequences to step without finishing a step (0: it
+    has none, or has just stepped). Front 0 judges a hang (--worker-timeout) by it, whichever
+    front the sequences came from."""
+
+
+class StepsFailing(msgspec.Struct, frozen=True, array_like=True, tag="sick"):
+    """Sent to every front once a worker's last `steps` engine steps all failed, none
+    succeeding between (--worker-max-failed-steps): each front stops routing to it, and
+    front 0 restarts it."""
+
+    worker: int
+    steps: int
+    message: str
+    """The last failure, as its sequences were told."""
 
 
 WorkerInput = WorkerInputs | Shutdown
-WorkerOutput = WorkerReady | StepOutput | RequestFailed | Heartbeat
+WorkerOutput = WorkerReady | StepOutput | RequestFailed | Heartbeat | StepsFailing

@@ -14,6 +14,7 @@ from cadence.transport.messages import (
     WorkerInput,
     WorkerInputs,
     WorkerOutput,
+    WorkerReady,
     step_pieces,
 )
 from cadence.transport.sockets import OUTPUT_HWM
@@ -109,8 +110,10 @@ class MultiFrontChannel(WorkerChannel):
                     self._send_to(front, encode(part))
         elif kind is RequestFailed:
             self._send_to(message.seq_id % n, encode(message))
-        else:  # WorkerReady: every front
-            frame = self._ready_frame = encode(message)
+        else:  # WorkerReady, StepsFailing: every front
+            frame = encode(message)
+            if kind is WorkerReady:
+                self._ready_frame = frame
             for front in range(n):
                 self._send_to(front, frame)
 

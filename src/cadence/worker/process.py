@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 import msgspec
 
@@ -20,6 +21,7 @@ from cadence.transport.worker_to_fronts import worker_channel
 from cadence.worker import bind_to_starter, starter_gone
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import StepBudget, budget_for
+from cadence.worker.step_health import StepHealth
 
 
 def build_engine(
@@ -93,7 +95,8 @@ def run_worker(spec: WorkerSpec) -> None:
     engine.start()
     ready = time.perf_counter()
     channel = worker_channel(spec)
-    heartbeat = start_heartbeat(spec)
+    health = StepHealth(spec.index, spec.max_failed_steps)
+    heartbeat = start_heartbeat(spec, stalled=health.stalled_ns)
     budget = budget_for(spec.engine, spec.index)
     if budget is not None:
         announce_budget(budget, engine, spec.index)
@@ -143,12 +146,17 @@ def run_worker(spec: WorkerSpec) -> None:
                 gone, n = set(channel.newly_gone), channel.fronts
                 channel.newly_gone.clear()
                 scheduler.abort([s for s in scheduler.seq_ids() if s % n in gone])
+            health.before_step(scheduler.has_work)
             output = scheduler.step()
             stepped = output is not None
             if type(output) is list:  # the engine lost the step: its sequences failed
                 for failure in output:
                     channel.send(failure)
+                sick = health.failed(output[0].message if output else "")
+                if sick is not None:
+                    channel.send(sick)
             elif stepped:
+                health.stepped()
                 channel.send(output)
             if scheduler.failed:  # sequences the step lost alone (their tokenizer's fault)
                 for failure in scheduler.failed:
@@ -179,8 +187,10 @@ def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:
     log.info("worker %d: %s; prompts prefilled %s", worker, budget.describe(), chunks)
 
 
-def start_heartbeat(spec: WorkerSpec, *, send: bool = True) -> WorkerHeartbeat | None:
-    """Beat to the front and exit once it has been silent too long (see `WorkerHeartbeat`)."""
+def start_heartbeat(spec: WorkerSpec, *, send: bool = True,
+                    stalled: Callable[[], int] | None = None) -> WorkerHeartbeat | None:
+    """Beat to the front and exit once it has been silent too long (see `WorkerHeartbeat`);
+    `stalled`: the step loop's stall clock, carried by each beat."""
     if not spec.heartbeat_address:
         return None
 
@@ -189,7 +199,7 @@ def start_heartbeat(spec: WorkerSpec, *, send: bool = True) -> WorkerHeartbeat |
               f"for {spec.heartbeat_timeout_s:g} s; exiting", file=sys.stderr, flush=True)
         os._exit(3)  # the engine loop may be blocked in a send or a collective
 
-    heartbeat = WorkerHeartbeat(spec, lost, send=send)
+    heartbeat = WorkerHeartbeat(spec, lost, send=send, stalled=stalled)
     heartbeat.start()
     return heartbeat
 
