@@ -202,6 +202,7 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     server_threads = threads.stop()
     if server_threads is not None:
         server_threads.stacks = stacks.stop()
+        server_threads.py_spy = stacks.installed
     records = [r for p in processes_out for r in p.records]
     if traces is not None:
         traces.wait_for({r.trace_id for r in records if r.trace_id}, traces_wait_s)
