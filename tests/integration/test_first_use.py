@@ -53,12 +53,13 @@ def test_synthetic_text_starts_at_a_word(server) -> None:
             assert first and first.group().lower() in words, text
 
 
-def test_a_bench_of_cadence_does_not_offer_py_spy(monkeypatch, capsys) -> None:
+def test_a_bench_of_cadence_does_not_offer_py_spy(capsys) -> None:
     from cadence.lab.report import summary
     from tests.unit.test_foreign_server_rules import threads_result
 
-    monkeypatch.setattr(summary, "py_spy", lambda: None)  # as where the lab extra is absent
-    result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}], [])
+    # As where the lab extra was absent on the bench's host (the result records it).
+    result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}], [],
+                            py_spy=False)
     assert result.workload.protocol == "cadence"
     summary.print_summary(result)
     assert "py-spy" not in capsys.readouterr().out

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from cadence.lab.analysis.diagnosis import diagnose
 from cadence.lab.report.run import render_report
@@ -69,9 +70,11 @@ def test_the_settings_in_the_summary_and_the_report(tmp_path: Path) -> None:
     assert "<td>max concurrent streams per connection</td><td>4</td>" in page
 
 
-def threads_result(processes: list[dict], groups: list[dict], cpus: int = 4) -> BenchResult:
+def threads_result(processes: list[dict], groups: list[dict], cpus: int = 4,
+                   py_spy: bool | None = None) -> BenchResult:
     return msgspec.convert({"server_threads": {"wall_s": 2.0, "cpus": cpus, "threads": 8,
-                                               "processes": processes, "groups": groups}},
+                                               "processes": processes, "groups": groups,
+                                               "py_spy": py_spy}},
                            BenchResult)
 
 
@@ -108,16 +111,36 @@ def test_a_server_that_fills_the_host_is_not_held_to_one_core() -> None:
 
 
 def test_thread_groups_in_the_summary_say_what_py_spy_would_add() -> None:
-    from cadence.lab.measure.stacks import py_spy
     from cadence.lab.report import summary
 
     result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}],
                             [{"name": "python", "threads": 2, "cpu_pct": 50.0,
-                              "busiest_thread_cpu_pct": 45.0, "wait_for_cpu_pct": 3.0}])
+                              "busiest_thread_cpu_pct": 45.0, "wait_for_cpu_pct": 3.0}],
+                            py_spy=False)
     lines = summary.thread_lines(result.server_threads)
     assert lines[0].startswith("server threads (8 in 1 process(es), % of one core): python x2 "
                                "50% (busiest 45%, waiting for a CPU 3%")
-    assert ("pip install py-spy" in lines[-1]) == (py_spy() is None)
+    assert "pip install py-spy" in lines[-1]
+
+
+@pytest.mark.parametrize("recorded", [True, None])
+def test_the_py_spy_hint_is_what_the_bench_host_lacked_not_the_report_host(
+        recorded: bool | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The result says whether the bench's host had py-spy; the report probes nothing (here
+    # the rendering host has no py-spy at all). A result written before it was recorded
+    # (null) gets no hint: nothing is known of the host that ran it.
+    from cadence.lab.report import summary
+
+    monkeypatch.setenv("PATH", "")
+    result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}], [],
+                            py_spy=recorded)
+    assert not any("py-spy" in line for line in summary.thread_lines(result.server_threads))
+
+
+def test_the_stack_sampler_records_whether_py_spy_is_installed() -> None:
+    from cadence.lab.measure.stacks import StackSampler, py_spy
+
+    assert StackSampler([]).installed == (py_spy() is not None)
 
 
 def test_requests_failing_gives_way_when_every_failure_was_a_refused_stream() -> None:

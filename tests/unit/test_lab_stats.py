@@ -7,7 +7,8 @@ import math
 import msgspec
 import pytest
 
-from cadence.lab.analysis.stats import check_integrity, distribution, percentile, summarize
+from cadence.lab.analysis.stats import check_integrity, distribution, summarize
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 
 MS = 1_000_000

@@ -14,7 +14,7 @@ import pytest
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.load.openai_http import build_body, decode_events
 from cadence.lab.load.plan import Conversation, RequestShape
-from cadence.lab.load.processes import ProcessPlan, _my_requests
+from cadence.lab.load.processes import ProcessPlan, my_requests
 from cadence.lab.load.trace import TraceError, read_trace
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import BenchResult, to_builtins
@@ -90,7 +90,7 @@ def test_processes_split_a_trace_and_keep_its_times(tmp_path) -> None:
     shape = RequestShape(trace=rows)
 
     def mine(process: int, **kw) -> list:
-        return list(_my_requests(ProcessPlan(process=process, processes=2, target="x",
+        return list(my_requests(ProcessPlan(process=process, processes=2, target="x",
                                              shape=shape, requests=None, **kw)))
 
     assert mine(0) == [(0, 0.0), (2, 0.12)] and mine(1) == [(1, 0.05), (3, 2.0)]
@@ -391,7 +391,7 @@ def test_rate_stages_and_ramps_shape_the_arrivals() -> None:
     assert sum(per_second[10:]) == pytest.approx(1900, rel=0.1)
     plan = ProcessPlan(process=0, target="x", shape=RequestShape(seed=3), requests=None, rate=200.0,
                        stages=[(40.0, 40.0, 5.0), (200.0, 200.0, 5.0)])
-    assert [offset for _, offset in _my_requests(plan)] == steps
+    assert [offset for _, offset in my_requests(plan)] == steps
 
 
 def test_the_saturation_watch_stops_where_ttft_leaves_its_floor() -> None:

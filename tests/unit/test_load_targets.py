@@ -16,7 +16,8 @@ from cadence.lab.load.kserve import KServeTarget
 from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan
-from cadence.lab.load.target import protocol_name
+from cadence.lab.load.target import PROTOCOLS, protocol_name
+from cadence.lab.results import Workload
 
 PROTO = str(Path(__file__).resolve().parents[2] / "proto")
 TARGETS = {
@@ -42,3 +43,33 @@ def test_a_target_travels_in_the_plan_and_makes_its_driver(name: str) -> None:
 def test_the_default_protocol_is_cadence() -> None:
     plan = ProcessPlan(process=0, target="x", shape=RequestShape(), requests=1)
     assert protocol_name(plan.protocol) == "cadence"
+
+
+def test_the_registry_finds_each_protocol_by_name() -> None:
+    assert list(PROTOCOLS) == ["cadence", "kserve", "grpc", "openai"]
+    for name, target in TARGETS.items():
+        assert type(target) is PROTOCOLS[name]
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_each_target_says_what_the_bench_may_look_up_of_its_server(name: str) -> None:
+    target = TARGETS[name]
+    facts = (target.CADENCE_SERVER, target.HTTP2_SETTINGS, target.SERVER_TIMING)
+    assert facts == {"cadence": (True, True, True), "kserve": (True, True, False),
+                     "grpc": (False, True, False), "openai": (False, False, False)}[name]
+    record = Workload()
+    target.describe(record)
+    assert record.model == {"kserve": "m", "openai": "m"}.get(name)
+    assert (record.openai is not msgspec.UNSET) == (name == "openai")
+    assert (record.grpc is not msgspec.UNSET) == (name == "grpc")
+    # The facts are the class's, not fields: a plan's target travels without them.
+    assert b"CADENCE_SERVER" not in msgspec.msgpack.encode(target)
+    assert target.address("127.0.0.1:1") == "127.0.0.1:1"
+
+
+def test_no_module_outside_the_registry_branches_on_the_protocol() -> None:
+    # The bench's stages ask the target (lab/load/target.py's ServerFacts), never its type.
+    lab = Path(__file__).resolve().parents[2] / "src" / "cadence" / "lab"
+    text = (lab / "bench.py").read_text()
+    assert "isinstance(" not in text
+    assert not any(f'"{name}"' in text for name in TARGETS)

@@ -12,7 +12,7 @@ import pytest
 from cadence.lab.analysis.schedule import schedule
 from cadence.lab.bench import Workload
 from cadence.lab.load.plan import RequestShape, poisson_offsets
-from cadence.lab.load.processes import FailureStreak, ProcessPlan, _my_requests
+from cadence.lab.load.processes import FailureStreak, ProcessPlan, my_requests
 from cadence.lab.records import ProcessResult, RequestRecord
 from cadence.lab.results import Client
 
@@ -33,14 +33,14 @@ def _plan(process: int, processes: int, **kw) -> ProcessPlan:
 
 
 def test_processes_split_the_run_without_overlap_and_share_one_schedule() -> None:
-    single = list(_my_requests(_plan(0, 1, requests=30, rate=50.0)))
-    split = [list(_my_requests(_plan(p, 3, requests=30, rate=50.0))) for p in range(3)]
+    single = list(my_requests(_plan(0, 1, requests=30, rate=50.0)))
+    split = [list(my_requests(_plan(p, 3, requests=30, rate=50.0))) for p in range(3)]
     assert sorted(i for part in split for i, _ in part) == list(range(30))
     assert sorted(x for part in split for x in part) == single
 
 
 def test_duration_bounds_an_open_loop_run() -> None:
-    sent = list(_my_requests(_plan(0, 1, requests=None, duration_s=2.0, rate=100.0)))
+    sent = list(my_requests(_plan(0, 1, requests=None, duration_s=2.0, rate=100.0)))
     assert all(offset <= 2.0 for _, offset in sent)
     assert 140 < len(sent) < 260
 

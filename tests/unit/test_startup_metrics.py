@@ -9,8 +9,9 @@ import msgspec
 from prometheus_client import generate_latest
 
 from cadence.core.metrics import FrontMetrics
+from cadence.lab.analysis.startup import worker_startup
 from cadence.lab.analysis.stats import summarize
-from cadence.lab.measure.scrape import scrape, worker_startup
+from cadence.lab.measure.scrape import scrape
 from cadence.lab.report.run import render_report
 from cadence.lab.report.summary import print_summary, startup_lines
 from cadence.lab.results import BenchResult

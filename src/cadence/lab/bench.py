@@ -19,9 +19,6 @@ from cadence.lab.analysis.stats import grouped, summarize
 from cadence.lab.analysis.verdict import judge
 from cadence.lab.analysis.worker_curves import worker_curves
 from cadence.lab.load.cadence_v1 import CADENCE
-from cadence.lab.load.grpc_service import GrpcTarget
-from cadence.lab.load.kserve import KServeTarget
-from cadence.lab.load.openai_http import OpenAITarget
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, RequestCounter, run_load
 from cadence.lab.load.target import Target, protocol_name
@@ -38,6 +35,7 @@ from cadence.lab.measure.sampler import SystemSampler
 from cadence.lab.measure.stacks import StackSampler
 from cadence.lab.measure.threads import ThreadReader
 from cadence.lab.measure.trace_receiver import TraceReceiver
+from cadence.lab.records import ProcessResult, RequestRecord
 from cadence.lab.servers.baseline import engine_config_of, run_baseline
 
 STALL_LIMIT_S = 60.0
@@ -151,120 +149,176 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
     With `baseline`, also replay the workload through the server's engine alone (the server
     must run on this host) and report serving overhead = served − engine-only.
     `credentials` are for a server started with TLS or bearer tokens. `protocol` is what the
-    requests speak: cadence's own (the default), a `KServeTarget` (that model over the Open
-    Inference Protocol, any server of it; no server timing, so no segments), a `GrpcTarget`
-    (that method of any gRPC service; no server timing either) or an `OpenAITarget`.
+    requests speak (lab/load/target.py): cadence's own (the default), a `KServeTarget` (that
+    model over the Open Inference Protocol, any server of it; no server timing, so no
+    segments), a `GrpcTarget` (that method of any gRPC service; no server timing either) or
+    an `OpenAITarget`.
     `counter` counts finished requests while the load runs, for a progress display
     (lab/progress.py); it changes nothing in the result. `server_pid` names the server process
-    whose CPU to sample (default: cadence's processes, or for `grpc`, the process listening on
-    the target's port when it is on this host). `scrape`: Prometheus pages of any server to
-    read during the run (`cadence.lab.measure.prometheus`), into the result's `scraped`.
-    `traces`: a started OTLP receiver the server sends its spans to; after the run the
-    bench waits up to `traces_wait_s` for every request's spans and joins them to the
+    whose CPU to sample (default: cadence's processes, or for any other server, the process
+    listening on the target's port when it is on this host). `scrape`: Prometheus pages of any
+    server to read during the run (`cadence.lab.measure.prometheus`), into the result's
+    `scraped`. `traces`: a started OTLP receiver the server sends its spans to; after the run
+    the bench waits up to `traces_wait_s` for every request's spans and joins them to the
     requests (`server_spans`).
+
+    The run goes in stages, each a function below: plan, measure, drive, collect, analyse,
+    report.
     """
-    name = protocol_name(protocol)
-    kserve = protocol if isinstance(protocol, KServeTarget) else None
-    grpc = protocol if isinstance(protocol, GrpcTarget) else None
-    openai = protocol if isinstance(protocol, OpenAITarget) else None
-    if openai is not None:  # the OpenAI target is a URL; the server's host:port for the rest
-        target = openai.base_url.split("://", 1)[-1].rstrip("/")
-    foreign = name in ("grpc", "openai")
-    """Any server: no cadence metrics endpoint or workers to look up."""
+    plan = _plan(target, workload, processes, channels, credentials, protocol, server_pid)
+    measuring = _measure(plan, credentials, scrape)
+    out = _drive(plan, measuring, counter)
+    run = _collect(measuring, out, traces, traces_wait_s)
+    result = _analyse(plan, run, slo, traces)
+    if baseline:
+        result.baseline, result.overhead_ms = _baseline(plan.address, workload, result)
+    return _report(result)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the run sends, to which server, and which of the server's processes it watches."""
+
+    address: str
+    """The server's HOST:PORT."""
+    protocol: Target
+    workload: Workload
+    processes: list[ProcessPlan]
+    """One plan per client process."""
+    server: dict[str, int]
+    """{name: pid} of the server's processes the run samples (`_server_to_sample`)."""
+    record: results.Workload
+    """What the result says was sent, and to what."""
+
+
+def _plan(target: str, workload: Workload, processes: int, channels: int,
+          credentials: ClientCredentials | None, protocol: Target,
+          server_pid: int | None) -> _Plan:
+    address = protocol.address(target)
+    record = _workload_record(address, workload, processes, channels, protocol)
+    return _Plan(address=address, protocol=protocol, workload=workload,
+                 processes=workload.plans(address, processes, channels, credentials, protocol),
+                 server=_server_to_sample(address, protocol, server_pid), record=record)
+
+
+@dataclass
+class _Measuring:
+    """What reads the server and the host while the run lasts (lab/measure/)."""
+
+    started_at: datetime
+    http2: results.Http2Settings | msgspec.UnsetType
+    sampler: SystemSampler
+    threads: ThreadReader
+    stacks: StackSampler
+    pages: PageScraper | None
+    system: results.System | None = None
+
+    def run_starts(self) -> None:
+        self.threads.start()
+        self.stacks.start()
+
+    def stop_sampling(self) -> None:
+        self.system = self.sampler.stop()
+        if self.pages is not None:
+            self.pages.stop()
+
+
+def _measure(plan: _Plan, credentials: ClientCredentials | None,
+             scrape: Sequence[str]) -> _Measuring:
+    """Read what is read before the run and start what samples during it."""
+    protocol = plan.protocol
     started_at = datetime.now(UTC)
     # Before the run: the connection it opens would be one more on the server meanwhile.
-    http2 = read_settings(target, credentials) if name != "openai" else msgspec.UNSET
-    sampler = SystemSampler(metrics_url=metrics_url(target) if not foreign else None)
-    server = _server_to_sample(target, name, server_pid)
-    for process_name, pid in server.items():
+    http2 = (read_settings(plan.address, credentials) if protocol.HTTP2_SETTINGS
+             else msgspec.UNSET)
+    sampler = SystemSampler(metrics_url=metrics_url(plan.address)
+                            if protocol.CADENCE_SERVER else None)
+    for process_name, pid in plan.server.items():
         sampler.watch(process_name, pid)
-    threads = ThreadReader(_roots(server))
-    # cadence's own servers time every hop; a server the lab knows nothing of gets py-spy.
-    stacks = StackSampler(_roots(server) if name != "cadence" else [])
-
-    def run_starts() -> None:
-        threads.start()
-        stacks.start()
-
+    # A server that times every hop says more than its stacks; any other gets py-spy.
+    roots = _roots(plan.server)
+    measuring = _Measuring(started_at=started_at, http2=http2, sampler=sampler,
+                           threads=ThreadReader(roots),
+                           stacks=StackSampler(roots if not protocol.SERVER_TIMING else []),
+                           pages=None)
     sampler.start()
-    pages = PageScraper(scrape, sampler.started_ns).start() if scrape else None
+    measuring.pages = PageScraper(scrape, sampler.started_ns).start() if scrape else None
+    return measuring
+
+
+def _drive(plan: _Plan, measuring: _Measuring,
+           counter: RequestCounter | None) -> list[ProcessResult]:
+    """Send the load from the client processes; the sampling stops however it ends."""
     try:
-        processes_out = run_load(
-            workload.plans(target, processes, channels, credentials, protocol),
-            on_started=lambda number, pid: sampler.watch(f"client{number}", pid),
+        return run_load(
+            plan.processes,
+            on_started=lambda number, pid: measuring.sampler.watch(f"client{number}", pid),
             counter=counter,
-            on_start=run_starts,
+            on_start=measuring.run_starts,
         )
     finally:
-        system = sampler.stop()
-        if pages is not None:
-            pages.stop()
-    server_threads = threads.stop()
+        measuring.stop_sampling()
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What the run left: the client processes' results, their records, the server's
+    threads."""
+
+    measuring: _Measuring
+    processes: list[ProcessResult]
+    records: list[RequestRecord]
+    server_threads: results.ServerThreads | None
+
+
+def _collect(measuring: _Measuring, out: list[ProcessResult],
+             traces: TraceReceiver | None, traces_wait_s: float) -> _Run:
+    """Stop what still samples, gather the records, and wait for the server's spans."""
+    server_threads = measuring.threads.stop()
     if server_threads is not None:
-        server_threads.stacks = stacks.stop()
-    records = [r for p in processes_out for r in p.records]
+        server_threads.stacks = measuring.stacks.stop()
+        server_threads.py_spy = measuring.stacks.installed
+    records = [r for p in out for r in p.records]
     if traces is not None:
         traces.wait_for({r.trace_id for r in records if r.trace_id}, traces_wait_s)
+    return _Run(measuring=measuring, processes=out, records=records,
+                server_threads=server_threads)
+
+
+def _analyse(plan: _Plan, run: _Run, slo: Sequence[results.SloTerm],
+             traces: TraceReceiver | None) -> results.BenchResult:
+    """The run's aggregates from its records and measurements (lab/analysis/)."""
+    workload, records, out = plan.workload, run.records, run.processes
+    measuring = run.measuring
     stats = summarize(records)
-    client_cpu_s = sum(p.cpu_s for p in processes_out)
+    client_cpu_s = sum(p.cpu_s for p in out)
     result = results.BenchResult(
         **msgspec.structs.asdict(stats),
-        workers=worker_curves(records, worker_devices(target) if not foreign else {}),
+        workers=worker_curves(records, worker_devices(plan.address)
+                              if plan.protocol.CADENCE_SERVER else {}),
         client=results.Client(
-            processes=processes,
+            processes=len(plan.processes),
             cpu_s=client_cpu_s,
             cpu_per_chunk_us=client_cpu_s / stats.chunks * 1e6 if stats.chunks else None,
-            busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in processes_out if p.wall_s),
-            schedule_slips=sum(p.schedule_slips for p in processes_out),
-            **schedule(workload.offered_rate, processes_out,
+            busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in out if p.wall_s),
+            schedule_slips=sum(p.schedule_slips for p in out),
+            **schedule(workload.offered_rate, out,
                        open_loop=bool(workload.rate or workload.shape.trace)),
         ),
-        system=system,
-        workload=results.Workload(
-            target=target,
-            requests=workload.requests,
-            duration_s=workload.duration_s,
-            concurrency=None if workload.rate or workload.shape.trace else workload.concurrency,
-            rate=workload.rate,
-            rate_stages=[list(s) for s in workload.stages] or msgspec.UNSET,
-            warmup_s=workload.warmup_s or msgspec.UNSET,
-            max_tokens=list(workload.shape.max_tokens),
-            prompt_tokens=list(workload.shape.prompt_tokens),
-            prompts_from_file=len(workload.shape.prompts),
-            prompt_length_distribution=_said(workload.shape.prompt_lengths),
-            output_length_distribution=_said(workload.shape.output_lengths),
-            seed=workload.shape.seed,
-            read_delay_ms=workload.read_delay_ms,
-            client_processes=processes,
-            trace=(workload.trace or described_trace(workload.shape)
-                   if workload.shape.trace else msgspec.UNSET),
-            conversation=_conversation(workload.shape),
-            mix=_mix(workload.shape),
-            channels_per_process=channels,
-            protocol=name,
-            model=kserve.model if kserve is not None else openai.model if openai else None,
-        ),
+        system=measuring.system,
+        workload=plan.record,
         records=records,
-        aborted=next((p.aborted for p in processes_out if p.aborted), None),
-        run=run_context(started_at, next(iter(server.values()), None)),
-        http2=http2,
-        server_threads=server_threads,
+        aborted=next((p.aborted for p in out if p.aborted), None),
+        run=run_context(measuring.started_at, next(iter(plan.server.values()), None)),
+        http2=measuring.http2,
+        server_threads=run.server_threads,
     )
-    if openai is not None:
-        result.workload.openai = results.OpenAIWorkload(base_url=openai.base_url,
-                                                        endpoint=openai.endpoint)
-    if grpc is not None:
-        result.workload.grpc = results.GrpcWorkload(
-            method=grpc.schema.path, types_from=grpc.schema.source,
-            bidirectional=grpc.schema.client_streaming, request_json=grpc.request_json,
-            tokens_field=grpc.tokens_field or None, index_field=grpc.index_field or None,
-            headers=sorted({k for k, _ in grpc.headers}),
-        )
-    watched = [p.saturation for p in processes_out if p.saturation is not None]
+    watched = [p.saturation for p in out if p.saturation is not None]
     if watched:
         result.saturation = next((w for w in watched if w.stopped), watched[0])
-    if pages is not None:
-        result.scraped = pages.result(run_window(records, sampler.started_ns))
+    if measuring.pages is not None:
+        result.scraped = measuring.pages.result(run_window(records,
+                                                           measuring.sampler.started_ns))
     if traces is not None:
         result.server_spans = join_spans(records, traces.spans(), epoch_offset_ns(),
                                          traces.port, traces.dropped)
@@ -272,14 +326,47 @@ def run_bench(target: str, workload: Workload, processes: int = 1, channels: int
         result.goodput = goodput(records, list(slo), stats)
     if workload.shape.mix is not None and result.by_class:
         _class_goodput(result, workload.shape.mix, records, stats.wall_s)
-    if baseline:
-        result.baseline, result.overhead_ms = _baseline(target, workload, result)
+    return result
+
+
+def _report(result: results.BenchResult) -> results.BenchResult:
+    """The run's diagnosis and verdict, written into its result."""
     result.diagnosis = diagnose(result)
     result.verdict, unexplained = judge(result)
     result.diagnosis += unexplained
     result.system.flags = [f.finding for f in result.diagnosis
                            if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
     return result
+
+
+def _workload_record(address: str, workload: Workload, processes: int, channels: int,
+                     protocol: Target) -> results.Workload:
+    """What the result says was sent, and to what."""
+    record = results.Workload(
+        target=address,
+        requests=workload.requests,
+        duration_s=workload.duration_s,
+        concurrency=None if workload.rate or workload.shape.trace else workload.concurrency,
+        rate=workload.rate,
+        rate_stages=[list(s) for s in workload.stages] or msgspec.UNSET,
+        warmup_s=workload.warmup_s or msgspec.UNSET,
+        max_tokens=list(workload.shape.max_tokens),
+        prompt_tokens=list(workload.shape.prompt_tokens),
+        prompts_from_file=len(workload.shape.prompts),
+        prompt_length_distribution=_said(workload.shape.prompt_lengths),
+        output_length_distribution=_said(workload.shape.output_lengths),
+        seed=workload.shape.seed,
+        read_delay_ms=workload.read_delay_ms,
+        client_processes=processes,
+        trace=(workload.trace or described_trace(workload.shape)
+               if workload.shape.trace else msgspec.UNSET),
+        conversation=_conversation(workload.shape),
+        mix=_mix(workload.shape),
+        channels_per_process=channels,
+        protocol=protocol_name(protocol),
+    )
+    protocol.describe(record)
+    return record
 
 
 def _class_goodput(result: results.BenchResult, mix, records, wall_s: float) -> None:
@@ -339,12 +426,13 @@ def _roots(server: dict[str, int]) -> list[int]:
     return [first] if first is not None else []
 
 
-def _server_to_sample(target: str, protocol: str, server_pid: int | None) -> dict[str, int]:
+def _server_to_sample(target: str, protocol: Target,
+                      server_pid: int | None) -> dict[str, int]:
     """{name: pid} of the server's processes whose CPU the run samples, the front (or the
     one server process) first; {} when unknown."""
     if server_pid:
         return {"server": server_pid}
-    if protocol not in ("grpc", "openai"):
+    if protocol.CADENCE_SERVER:
         return server_processes(target)
     pid = listener_pid(target)
     return {"server": pid} if pid else {}

@@ -15,23 +15,13 @@ if TYPE_CHECKING:
 
 
 def _length(text: str):
-    """`N` (fixed) or `LO:HI` (uniform, inclusive): (LO, HI); or a distribution
-    (`cadence.lab.load.lengths`): its Lengths."""
-    from cadence.lab.load.lengths import KINDS, parse_lengths
+    """`--max-tokens`/`--prompt-tokens` (`cadence.lab.load.lengths.token_lengths`)."""
+    from cadence.lab.load.lengths import token_lengths
 
-    if text.partition(":")[0] in KINDS:
-        try:
-            return parse_lengths(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    lo, _, hi = text.partition(":")
     try:
-        bounds = (int(lo), int(hi or lo))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or LO:HI, got {text!r}") from None
-    if not 1 <= bounds[0] <= bounds[1]:
-        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
-    return bounds
+        return token_lengths(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:

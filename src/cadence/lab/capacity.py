@@ -23,7 +23,6 @@ from cadence.lab.analysis.diagnosis import (
     RULE_CLIENT_SATURATED,
     RULE_UNDER_CAPACITY,
 )
-from cadence.lab.analysis.goodput import name as term_name
 from cadence.lab.analysis.stats import TTFT_SEGMENTS
 from cadence.lab.analysis.verdict import (
     RULE_UNEXPLAINED_TAIL,
@@ -207,6 +206,3 @@ def _knee(passing: CapacityPoint, failing: CapacityPoint) -> str | None:
             f"({passing.ttft_p99_parts_ms[part]:.1f} -> {failing.ttft_p99_parts_ms[part]:.1f} "
             f"ms): {_PART_MEANS[part]}")
 
-
-def slo_names(slo: list[SloTerm]) -> str:
-    return ", ".join(f"{term_name(t)} <= {t.bound_ms:g}" for t in slo)

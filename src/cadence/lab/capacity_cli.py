@@ -74,7 +74,7 @@ def print_capacity(capacity) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from cadence.lab.capacity import slo_names
+    from cadence.lab.analysis.goodput import slo_names
     from cadence.lab.report.summary import PIPED_WIDTH
 
     piped = not sys.stdout.isatty()

@@ -1,10 +1,16 @@
-"""What the load generator records, raw, per chunk, never aggregated: each request
-(`RequestRecord`) and each load process's share of a run (`ProcessResult`). The load generator
-(`cadence.lab.load`) writes them; the analysis, the results and the reports read them."""
+"""What the load generator and the trace receiver record, raw, per chunk, never aggregated:
+each request (`RequestRecord`), each load process's share of a run (`ProcessResult`) and each
+span a traced server sent (`ReceivedSpan`). The load generator (`cadence.lab.load`) and the
+measurements (`cadence.lab.measure`) write them; the analysis, the results and the reports
+read them: they sit below those stages so that none of them imports another."""
 
 from __future__ import annotations
 
 import msgspec
+
+CLIENT_CANCELLED = "CLIENT_CANCELLED"
+"""The code of a request the client cancelled on purpose (`--cancel-ms`): not a failure of
+the server's, so not among the run's errors."""
 
 
 class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
@@ -110,3 +116,31 @@ class ProcessResult(msgspec.Struct, array_like=True):
     """Why the process stopped sending early (`FailureStreak`); None: it ran to its end."""
     saturation: Saturation | None = None
     """With the over-saturation stop: what it saw of the load."""
+
+
+MAX_SPANS = 500_000
+"""Spans the trace receiver keeps at most: a server that traces far more than the bench's
+requests (every internal call) must not grow the bench without bound."""
+MAX_KEPT_BYTES = 256 * 2**20
+"""The memory the kept spans may take at most (as `trace_receiver.span_bytes` reckons it):
+spans are bounded by their size as well as their number, so a few spans with megabytes of
+attributes cannot do what MAX_SPANS alone would let them."""
+
+
+class ReceivedSpan(msgspec.Struct, frozen=True, array_like=True):
+    """One span as a server exported it (`cadence.lab.measure.trace_receiver`); times are the
+    server's wall clock (Unix ns)."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str
+    """"" for a span without a parent (then it is not ours: the bench always sends one)."""
+    name: str
+    service: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, str | int | float | bool]
+    """Scalar attributes only (what the split reads)."""
+    events: list[tuple[str, int]]
+    error: str | None
+    """The span's status message (or "error") when its status is ERROR."""

@@ -672,6 +672,9 @@ class ServerThreads(msgspec.Struct, kw_only=True):
     stacks: list[StackGroup] | None = None
     """What the Python server's thread groups were doing (py-spy); null without py-spy, or
     for cadence's own servers (their timing says more)."""
+    py_spy: bool | None = None
+    """Whether py-spy was installed on the host the bench ran on (the report offers it where
+    it was not); null in a result written before this was recorded."""
 
 
 class Http2Settings(msgspec.Struct, kw_only=True):

@@ -13,7 +13,6 @@ sweep goes on.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import dataclasses
@@ -30,11 +29,11 @@ import msgspec
 
 from cadence.credentials import ClientCredentials
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.bench_cli import _length
 from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.grpc_schema import SchemaError
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
+from cadence.lab.load.lengths import token_lengths
 from cadence.lab.load.openai_http import OpenAITarget, require_http
 from cadence.lab.report.summary import PIPED_WIDTH
 from cadence.lab.results import BenchResult, Spread, Sweep, SweepPoint, SweepResult, SweepRow
@@ -63,13 +62,6 @@ class Load:
     workload: Workload
     processes: int = 1
     channels: int = 1
-
-
-def _token_range(text: str) -> tuple[int, int]:
-    try:
-        return _length(text)
-    except argparse.ArgumentTypeError as exc:
-        raise ValueError(str(exc)) from None
 
 
 def _whole(text: str, least: int = 1) -> int:
@@ -105,8 +97,8 @@ CLIENT_VARIABLES: dict[str, Callable[[Load, str], Load]] = {
     "rate": lambda load, v: _workload(load, rate=_number(v)),
     "requests": lambda load, v: _workload(load, requests=_whole(v)),
     "duration": lambda load, v: _workload(load, duration_s=_number(v)),
-    "max_tokens": lambda load, v: _shape(load, max_tokens=_token_range(v), output_lengths=None),
-    "prompt_tokens": lambda load, v: _shape(load, prompt_tokens=_token_range(v),
+    "max_tokens": lambda load, v: _shape(load, max_tokens=token_lengths(v), output_lengths=None),
+    "prompt_tokens": lambda load, v: _shape(load, prompt_tokens=token_lengths(v),
                                             prompt_lengths=None),
     "read_delay_ms": lambda load, v: _workload(load, read_delay_ms=_number(v)),
     "timeout": lambda load, v: _workload(load, timeout_s=_number(v)),

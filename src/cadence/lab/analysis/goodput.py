@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import re
 
-from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.stats import is_ok, itl_points, ttft_ms
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import Distribution, Goodput, RunStats, SloTerm, TermResult
 
@@ -85,6 +85,11 @@ def goodput(records: list[RequestRecord], terms: list[SloTerm], stats: RunStats)
         good_share=len(good) / len(records) if records else math.nan,
         good_requests=len(good),
     )
+
+
+def slo_names(slo: list[SloTerm]) -> str:
+    """The SLO's terms in words ("ttft_p99_ms <= 100, itl_p90_ms <= 20")."""
+    return ", ".join(f"{name(t)} <= {t.bound_ms:g}" for t in slo)
 
 
 def terms_words(goodput: Goodput) -> str:

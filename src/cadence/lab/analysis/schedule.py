@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cadence.lab.analysis.stats import distribution
+from cadence.lab.percentile import distribution
 
 if TYPE_CHECKING:
     from cadence.lab.records import ProcessResult

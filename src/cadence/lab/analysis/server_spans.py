@@ -26,9 +26,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from cadence.lab.analysis.stats import distribution
-from cadence.lab.measure.trace_receiver import ReceivedSpan
-from cadence.lab.records import RequestRecord
+from cadence.lab.percentile import distribution
+from cadence.lab.records import ReceivedSpan, RequestRecord
 from cadence.lab.results import RequestSpans, ServerSpans, SpanTime
 
 FIRST_SEND_EVENTS = ("first_send", "first_token_sent")

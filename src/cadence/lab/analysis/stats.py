@@ -49,16 +49,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 
 from cadence.lab.analysis.integrity import check_integrity
-from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.timeline import timeline
-from cadence.lab.load.recording import CLIENT_CANCELLED
-from cadence.lab.records import RequestRecord
+from cadence.lab.percentile import distribution
+from cadence.lab.records import CLIENT_CANCELLED, RequestRecord
 from cadence.lab.results import (
     CachedTokens,
-    Distribution,
     FrontLoop,
     Population,
     RunStats,
@@ -72,22 +69,6 @@ _NS_PER_MS = 1e6
 
 TTFT_SEGMENTS = TtftSegments.__struct_fields__
 """Time to first token, split where it is spent; the segments add up to TTFT exactly."""
-
-
-def distribution(values: Iterable[float]) -> Distribution:
-    ordered = sorted(values)
-    if not ordered:
-        return Distribution()
-    return Distribution(
-        count=len(ordered),
-        mean=sum(ordered) / len(ordered),
-        p50=percentile(ordered, 50),
-        p90=percentile(ordered, 90),
-        p99=percentile(ordered, 99),
-        max=ordered[-1],
-        min=ordered[0],
-        p999=percentile(ordered, 99.9),
-    )
 
 
 def is_ok(r: RequestRecord) -> bool:

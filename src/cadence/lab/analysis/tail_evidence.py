@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from cadence.lab.analysis.percentile import percentile
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 
 _NS_PER_MS = 1e6

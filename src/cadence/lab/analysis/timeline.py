@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from cadence.lab.analysis.percentile import percentile
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import Bursts, Stalls, StreamConcurrency, Timeline
 

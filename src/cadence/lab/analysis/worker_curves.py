@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from cadence.lab.analysis.percentile import percentile
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import WorkerCurve
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 
@@ -15,6 +16,9 @@ from cadence.lab.records import RequestRecord
 from cadence.proto import loop_lag as loop_lag_metadata
 from cadence.proto.v1 import inference_pb2 as pb
 
+if TYPE_CHECKING:
+    from cadence.lab.results import Workload
+
 GENERATE = "/cadence.v1.Inference/Generate"
 _CACHED_TOKENS = "cached_tokens" in pb.GenerateChunk.DESCRIPTOR.fields_by_name
 """Whether this build's protocol carries the last chunk's cached prompt tokens."""
@@ -23,8 +27,18 @@ _CACHED_TOKENS = "cached_tokens" in pb.GenerateChunk.DESCRIPTOR.fields_by_name
 class CadenceTarget(msgspec.Struct, frozen=True, tag="cadence"):
     """cadence's own protocol: `cadence.v1.Inference/Generate`, with server timing."""
 
+    CADENCE_SERVER: ClassVar[bool] = True
+    HTTP2_SETTINGS: ClassVar[bool] = True
+    SERVER_TIMING: ClassVar[bool] = True
+
     def driver(self) -> CadenceDriver:
         return CadenceDriver()
+
+    def address(self, target: str) -> str:
+        return target
+
+    def describe(self, workload: Workload) -> None:
+        pass
 
 
 CADENCE = CadenceTarget()

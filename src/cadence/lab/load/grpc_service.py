@@ -26,7 +26,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import grpc
 import msgspec
@@ -36,9 +36,11 @@ from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.grpc_schema import MethodSchema, SchemaError, message_classes
 from cadence.lab.load.recording import recording, sent, traceparent
 from cadence.lab.records import RequestRecord
+from cadence.lab.results import GrpcWorkload
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan
+    from cadence.lab.results import Workload
 
 PLACEHOLDERS = ("{max_tokens}", "{prompt}", "{request_id}", "{i}")
 
@@ -62,8 +64,22 @@ class GrpcTarget(msgspec.Struct, frozen=True, kw_only=True, tag="grpc"):
     headers: tuple[tuple[str, str], ...] = ()
     """Metadata sent with every call (keys lower-case, as gRPC requires)."""
 
+    CADENCE_SERVER: ClassVar[bool] = False
+    HTTP2_SETTINGS: ClassVar[bool] = True
+    SERVER_TIMING: ClassVar[bool] = False
+
     def driver(self) -> GrpcDriver:
         return GrpcDriver(GrpcCodec(self))
+
+    def address(self, target: str) -> str:
+        return target
+
+    def describe(self, workload: Workload) -> None:
+        workload.grpc = GrpcWorkload(
+            method=self.schema.path, types_from=self.schema.source,
+            bidirectional=self.schema.client_streaming, request_json=self.request_json,
+            tokens_field=self.tokens_field or None, index_field=self.index_field or None,
+            headers=sorted({k for k, _ in self.headers}))
 
 
 def parse_header(text: str) -> tuple[str, str]:

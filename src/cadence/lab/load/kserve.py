@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import grpc
 import msgspec
@@ -36,6 +36,7 @@ from cadence.proto.kserve.tensors import int32_raw
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan
+    from cadence.lab.results import Workload
 
 PROMPT, MAX_TOKENS = "prompt", "max_tokens"
 """Sources of an input's value: the request's prompt token ids, or its max_tokens."""
@@ -58,8 +59,20 @@ class KServeTarget(msgspec.Struct, frozen=True, tag="kserve"):
     """(input name, source): `prompt` (the prompt token ids, shape [n]), `max_tokens`
     (shape [1]), or an integer constant (shape [1]); with BATCHED after it, shape [1, n]."""
 
+    CADENCE_SERVER: ClassVar[bool] = True
+    """As cadence's `--kserve` front: its metrics and workers are looked up (another server
+    simply has none)."""
+    HTTP2_SETTINGS: ClassVar[bool] = True
+    SERVER_TIMING: ClassVar[bool] = False
+
     def driver(self) -> KServeDriver:
         return KServeDriver(self)
+
+    def address(self, target: str) -> str:
+        return target
+
+    def describe(self, workload: Workload) -> None:
+        workload.model = self.model
 
 
 class KServeDriver(ChannelDriver):

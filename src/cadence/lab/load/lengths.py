@@ -52,6 +52,21 @@ class Lengths(msgspec.Struct, frozen=True, kw_only=True):
         return self.low, self.high
 
 
+def token_lengths(text: str) -> tuple[int, int] | Lengths:
+    """`N` (fixed) or `LO:HI` (uniform, inclusive): (LO, HI); or a distribution: its Lengths.
+    ValueError saying what to fix."""
+    if text.partition(":")[0] in KINDS:
+        return parse_lengths(text)
+    lo, _, hi = text.partition(":")
+    try:
+        bounds = (int(lo), int(hi or lo))
+    except ValueError:
+        raise ValueError(f"expected N or LO:HI, got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise ValueError(f"expected 1 <= LO <= HI, got {text!r}")
+    return bounds
+
+
 def parse_lengths(text: str) -> Lengths:
     """`normal:MEAN,SD[,MIN,MAX]`, `lognormal:MEAN,SD[,MIN,MAX]` or `empirical:FILE`;
     ValueError saying what to fix."""

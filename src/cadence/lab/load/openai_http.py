@@ -32,18 +32,20 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 
 from cadence.lab.load.driver import Driver, Session
 from cadence.lab.load.recording import recording, sent, traceparent
 from cadence.lab.records import RequestRecord
+from cadence.lab.results import OpenAIWorkload
 
 if TYPE_CHECKING:
     import aiohttp
 
     from cadence.lab.load.plan import RequestPlan
+    from cadence.lab.results import Workload
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _FINISH = {"length": 1, "stop": 2}
@@ -64,8 +66,20 @@ class OpenAITarget(msgspec.Struct, frozen=True, tag="openai"):
     """A Hugging Face tokenizer folder (its tokenizer.json): another server's output is
     counted in its tokens, not by events or the server's usage; empty: none."""
 
+    CADENCE_SERVER: ClassVar[bool] = False
+    HTTP2_SETTINGS: ClassVar[bool] = False
+    SERVER_TIMING: ClassVar[bool] = False
+
     def driver(self) -> OpenAIDriver:
         return OpenAIDriver(self)
+
+    def address(self, target: str) -> str:
+        """The server's HOST:PORT, from the base URL (`target` is the URL too)."""
+        return self.base_url.split("://", 1)[-1].rstrip("/")
+
+    def describe(self, workload: Workload) -> None:
+        workload.model = self.model
+        workload.openai = OpenAIWorkload(base_url=self.base_url, endpoint=self.endpoint)
 
 
 class OpenAIDriver(Driver):

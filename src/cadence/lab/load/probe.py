@@ -12,10 +12,9 @@ from cadence import event_loop
 from cadence.credentials import ClientCredentials
 from cadence.lab.load.driver import Session
 from cadence.lab.load.plan import RequestPlan
-from cadence.lab.load.target import Target, protocol_name
+from cadence.lab.load.target import PROTOCOLS, Target, protocol_name
 from cadence.lab.records import RequestRecord
 
-PROTOCOLS = ("cadence", "kserve", "grpc", "openai")
 _TIMEOUT_S = 10.0
 
 

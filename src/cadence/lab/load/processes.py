@@ -22,10 +22,9 @@ from cadence.heap import settle_heap
 from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.driver import Session
 from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
-from cadence.lab.load.recording import CLIENT_CANCELLED
 from cadence.lab.load.saturation import SaturationWatch
 from cadence.lab.load.target import Target
-from cadence.lab.records import ProcessResult, RequestRecord
+from cadence.lab.records import CLIENT_CANCELLED, ProcessResult, RequestRecord
 
 
 class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,8 +70,9 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     windows this long (`cadence.lab.load.saturation`); 0: never."""
 
 
-def _my_requests(plan: ProcessPlan):
-    """(i, arrival offset in s or None) for this process's share of the run."""
+def my_requests(plan: ProcessPlan):
+    """(i, arrival offset in s or None) for this process's share of the run (the baseline
+    server replays the same share: `servers/baseline.py`)."""
     trace = plan.shape.trace
     offsets = (iter([row.offset_s for row in trace]) if trace else
                poisson_offsets(plan.rate, plan.shape.seed, plan.stages) if plan.rate else None)
@@ -142,7 +142,7 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     # making one does not hold up the sending of the others.
     open_loop = bool(plan.rate or plan.shape.trace)
     conversation = plan.shape.conversation
-    todo = _my_requests(plan) if conversation is None else iter(())
+    todo = my_requests(plan) if conversation is None else iter(())
     head = [] if open_loop else list(itertools.islice(todo, plan.concurrency))
     todo = itertools.chain(head, todo)
     made = {i: plan.shape.request(i) for i, _ in head}

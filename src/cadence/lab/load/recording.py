@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from cadence.lab.records import RequestRecord
+from cadence.lab.records import CLIENT_CANCELLED, RequestRecord
 
 if TYPE_CHECKING:
     from cadence.lab.load.plan import RequestPlan
@@ -75,11 +75,6 @@ def recording(record: RequestRecord, stall_s: float | None = None,
         if cancel is not None:
             cancel.handle.cancel()
         record.end_ns = time.monotonic_ns()
-
-
-CLIENT_CANCELLED = "CLIENT_CANCELLED"
-"""The code of a request the client cancelled on purpose (`--cancel-ms`): not a failure of
-the server's, so not among the run's errors."""
 
 
 class _Cancel:

@@ -55,10 +55,15 @@ class StackSampler:
         self._samples: Counter = Counter()
         self._threads: dict[str, set] = {}
         self._thread = threading.Thread(target=self._run, name="cadence-stacks", daemon=True)
-        self._command: str | None = None
+        self._command = py_spy()
+
+    @property
+    def installed(self) -> bool:
+        """Whether py-spy is installed on this host (the bench's, which the result records:
+        the report says what py-spy would add only where it was missing there)."""
+        return self._command is not None
 
     def start(self) -> None:
-        self._command = py_spy()
         if self._pids and self._command:
             self._thread.start()
 

@@ -13,15 +13,8 @@ import threading
 import time
 from concurrent import futures
 
-import msgspec
+from cadence.lab.records import MAX_KEPT_BYTES, MAX_SPANS, ReceivedSpan
 
-MAX_SPANS = 500_000
-"""Spans kept at most: a server that traces far more than the bench's requests (every
-internal call) must not grow the bench without bound."""
-MAX_KEPT_BYTES = 256 * 2**20
-"""The memory the kept spans may take at most (as `span_bytes` reckons it): spans are
-bounded by their size as well as their number, so a few spans with megabytes of
-attributes cannot do what MAX_SPANS alone would let them."""
 MAX_EXPORT_BYTES = 4 * 2**20
 """The largest export request taken (gRPC answers a larger one RESOURCE_EXHAUSTED, so the
 exporter logs it): gRPC's and the OpenTelemetry Collector's default."""
@@ -36,24 +29,6 @@ _SPAN_BYTES = 600
 _ITEM_BYTES = 120
 """A span as the receiver reckons its memory: _SPAN_BYTES, its texts' characters, and
 _ITEM_BYTES per attribute and event (CPython's objects around them)."""
-
-
-class ReceivedSpan(msgspec.Struct, frozen=True, array_like=True):
-    """One span as a server exported it; times are the server's wall clock (Unix ns)."""
-
-    trace_id: str
-    span_id: str
-    parent_id: str
-    """"" for a span without a parent (then it is not ours: the bench always sends one)."""
-    name: str
-    service: str
-    start_ns: int
-    end_ns: int
-    attributes: dict[str, str | int | float | bool]
-    """Scalar attributes only (what the split reads)."""
-    events: list[tuple[str, int]]
-    error: str | None
-    """The span's status message (or "error") when its status is ERROR."""
 
 
 def otlp_available() -> str | None:

@@ -17,7 +17,7 @@ from array import array
 
 import msgspec
 
-from cadence.lab.analysis.stats import distribution
+from cadence.lab.percentile import distribution
 from cadence.lab.results import Distribution
 
 PERIOD_S = 0.005

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cadence.lab.capacity import slo_names
+from cadence.lab.analysis.goodput import slo_names
 from cadence.lab.report.html import figure, note, page, section, table
 from cadence.lab.report.plots import plot_capacity
 from cadence.lab.results import Capacity

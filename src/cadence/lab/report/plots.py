@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 
 from cadence.lab.analysis.server_spans import SPLIT
-from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, percentile, ttft_ms
+from cadence.lab.analysis.stats import TTFT_SEGMENTS, is_ok, itl_points, ttft_ms
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     BenchResult,

@@ -18,8 +18,8 @@ import msgspec
 from cadence.lab.analysis.goodput import terms_words
 from cadence.lab.analysis.integrity import CHECKS, counted_checks
 from cadence.lab.analysis.server_spans import SPLIT
+from cadence.lab.analysis.startup import worker_startup
 from cadence.lab.analysis.verdict import HEALTHY, TAIL_WORDS, cause_words
-from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.records import RequestRecord
 from cadence.lab.report import plots, sweep
 from cadence.lab.report.html import Raw, esc, figure, finite, fmt, note, page, section, table

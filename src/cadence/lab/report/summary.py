@@ -13,10 +13,9 @@ from msgspec import UNSET
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.goodput import terms_words
 from cadence.lab.analysis.integrity import CHECK_WORDS, counted_checks
+from cadence.lab.analysis.startup import worker_startup
 from cadence.lab.analysis.verdict import judge
-from cadence.lab.measure.scrape import worker_startup
-from cadence.lab.measure.stacks import py_spy
-from cadence.lab.measure.trace_receiver import MAX_KEPT_BYTES, MAX_SPANS
+from cadence.lab.records import MAX_KEPT_BYTES, MAX_SPANS
 from cadence.lab.results import (
     BenchResult,
     Client,
@@ -304,7 +303,8 @@ _THREAD_GROUPS_SHOWN = 5
 
 def thread_lines(threads: ServerThreads, stacks_sampled: bool = True) -> list[str]:
     """The server's busiest thread groups over the run, and what py-spy would add where the
-    bench samples the server's stacks (`stacks_sampled`)."""
+    bench samples the server's stacks (`stacks_sampled`) and its host had no py-spy (as the
+    result records it: the host rendering the report is not the one that ran the bench)."""
     busy = [g for g in threads.groups if g.cpu_pct >= 1.0 or g.wait_for_cpu_pct >= 1.0]
     lines = [f"server threads ({threads.threads} in {len(threads.processes)} process(es), "
              f"% of one core): " + (", ".join(
@@ -318,7 +318,7 @@ def thread_lines(threads: ServerThreads, stacks_sampled: bool = True) -> list[st
         lines.append(f"  {group.name} x{group.threads} (py-spy, {group.samples} samples): "
                      f"{spots}")
     if (stacks_sampled and threads.stacks is None
-            and any(p.python for p in threads.processes) and py_spy() is None):
+            and any(p.python for p in threads.processes) and threads.py_spy is False):
         lines.append("  (pip install py-spy: what each Python thread group is doing, sampled "
                      "during the run, e.g. how many pool threads wait inside the handler)")
     return lines
@@ -509,7 +509,7 @@ def worker_lines(workers: list[WorkerCurve]) -> list[str]:
 
 
 def startup_lines(startup: list[dict]) -> list[str]:
-    """One "start-up" line per worker (from `sampler.worker_startup`): model load, warm-up,
+    """One "start-up" line per worker (from `analysis.startup.worker_startup`): model load, warm-up,
     and the cold first step against a warm one. All before the run, so none of it is in the
     serving latencies above; shown apart so a slow start is not read as slow serving."""
     lines = []

@@ -17,7 +17,7 @@ import psutil
 
 from cadence.config import EngineConfig
 from cadence.lab.load.plan import RequestShape
-from cadence.lab.load.processes import ProcessPlan, _my_requests
+from cadence.lab.load.processes import ProcessPlan, my_requests
 from cadence.lab.records import RequestRecord
 from cadence.vocabulary import AddRequest
 
@@ -51,7 +51,7 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
     # The same request sequence and arrival schedule as the bench, this worker's share.
     plan = ProcessPlan(process=worker, processes=workers, target="", shape=shape,
                        requests=requests, duration_s=duration_s, rate=rate)
-    todo = deque(_my_requests(plan))
+    todo = deque(my_requests(plan))
     lanes = max(1, len(range(worker, concurrency, workers)))
     records: dict[int, RequestRecord] = {}
     t0 = time.monotonic_ns()

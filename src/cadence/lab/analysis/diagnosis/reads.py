@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import statistics
 
-from cadence.lab.analysis.percentile import percentile
+from cadence.lab.percentile import percentile
 from cadence.lab.records import RequestRecord
 
 NS_PER_MS = 1e6

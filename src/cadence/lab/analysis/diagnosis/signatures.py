@@ -36,8 +36,8 @@ from cadence.lab.analysis.diagnosis.reads import (
     Reads,
     StreamReads,
 )
-from cadence.lab.analysis.percentile import percentile
 from cadence.lab.analysis.timeline import BURST_CHAIN_MS, MIN_BURST
+from cadence.lab.percentile import percentile
 from cadence.lab.results import BenchResult
 
 COINCIDE_MS = 2.0
