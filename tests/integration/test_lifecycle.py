@@ -17,7 +17,7 @@ import pytest
 from cadence.client import Client, build_request
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import live_workers, runs_once, wait_until
+from tests.integration.conftest import live_workers, runs_once, start_server, wait_until
 
 _SLOT_WAIT_S = 2.0
 """Upper bound for a freed slot to become usable: cancellation crosses the network."""
@@ -381,3 +381,25 @@ def _exited(process: psutil.Process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_a_dead_worker_under_no_restart_is_said_once_and_the_rest_serve(tmp_path) -> None:
+    """--no-restart: a worker that dies is failed and reported once, not again at every check
+    of the supervisor (five times a second, forever), and the other worker serves."""
+    log = tmp_path / "serve.log"
+    server = start_server("--devices", "cpu:2", "--step-ms", "5", "--no-restart", log=log)
+    try:
+        os.kill(server.workers[1].pid, signal.SIGKILL)
+        with Client(server.target) as client:
+            deadline = time.monotonic() + 10
+            while client.health("cadence.worker.1") != "NOT_SERVING":
+                assert time.monotonic() < deadline, "the dead worker was not seen"
+                time.sleep(0.05)
+            time.sleep(1.5)  # several of the supervisor's checks
+            assert client.health() == "SERVING"
+            chunks = list(client.generate("after", max_tokens=3, include_timing=True))
+            assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    finally:
+        server.stop()
+    said = [line for line in log.read_text().splitlines() if "worker 1 stopped" in line]
+    assert len(said) == 1, said

@@ -87,6 +87,8 @@ class WorkerSupervisor:
         """When each worker was last seen with nothing to step."""
         self._ready_at = [0.0] * len(specs)
         self._restart_at: dict[int, float] = {}
+        self._retired: set[int] = set()
+        """Workers down for good (`--no-restart`): no longer watched."""
         self._backoff = [_FIRST_BACKOFF_S] * len(specs)
         self.restart_delay_s = [0.0] * len(specs)
         """The back-off before each worker's pending restart (0: none pending)."""
@@ -121,6 +123,8 @@ class WorkerSupervisor:
                 return
             now = time.monotonic_ns()
             for i, worker in enumerate(self.workers):
+                if i in self._retired:
+                    continue
                 if i in self._restart_at:
                     if time.monotonic() >= self._restart_at[i]:
                         del self._restart_at[i]
@@ -172,7 +176,9 @@ class WorkerSupervisor:
         self._router.mark_dead(index)
         self._on_down(index, message)
         self._on_health()
-        if self._restart and not self.stopping:
+        if not self._restart:
+            self._retired.add(index)  # --no-restart: down for good, said once
+        elif not self.stopping:
             now = time.monotonic()
             if self._ready_at[index] and now - self._ready_at[index] >= _STABLE_S:
                 self._backoff[index] = _FIRST_BACKOFF_S
