@@ -63,7 +63,7 @@ def test_each_target_says_what_the_bench_may_look_up_of_its_server(name: str) ->
     assert (record.openai is not msgspec.UNSET) == (name == "openai")
     assert (record.grpc is not msgspec.UNSET) == (name == "grpc")
     # The facts are the class's, not fields: a plan's target travels without them.
-    assert b"CADENCE_SERVER" not in msgspec.msgpack.encode(target)
+    assert b"HTTP2_SETTINGS" not in msgspec.msgpack.encode(target)
     assert target.address("127.0.0.1:1") == "127.0.0.1:1"
 
 
