@@ -73,6 +73,7 @@ class BatchGenerator:
         if self._failed is not None:
             raise RuntimeError(self._failed)
         try:
+            assert self._stream is not None  # set by a prefill; decodes are of its batch
             outputs = next(self._stream)
         except StopIteration:  # the generator ended: every sequence still in it is done
             outputs = [None] * (max(self._positions.values(), default=-1) + 1)

@@ -13,11 +13,29 @@ from __future__ import annotations
 
 import codecs
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol, cast, runtime_checkable
 
 CONTEXT_TOKENS = 6
 """Prompt tokens each sequence's decoder starts with, so the first output token's leading
 space or merged bytes come out as they would in the whole text."""
+
+
+class StreamingTokenizer(Protocol):
+    """A tokenizer that streams on its own: the `tokenizer` contract of cadence.engines.base."""
+
+    def encode(self, text: str, /) -> list[int]: ...
+
+    def stream(self, prompt_ids: list[int], /) -> Callable[[int, bool], str]: ...
+
+
+@runtime_checkable
+class EncodeDecode(Protocol):
+    """The least a tokenizer has: encode(text) (ids, or an Encoding with `.ids`) and decode(ids)."""
+
+    def encode(self, text: str, /) -> object: ...
+
+    def decode(self, token_ids: list[int], /) -> str: ...
 
 
 class TextStreams:
@@ -26,8 +44,8 @@ class TextStreams:
     streams_with = "decode"
     """The user's method that `stream`'s decoders call (named when it raises)."""
 
-    def __init__(self, tokenizer: object) -> None:
-        self._encode = tokenizer.encode
+    def __init__(self, tokenizer: EncodeDecode) -> None:
+        self._encode: Callable[..., object] = tokenizer.encode  # add_special_tokens= if _plain
         self._decode = tokenizer.decode
         self.vocab_size: int | None = _vocab_size(tokenizer)
         self._plain = _takes_keyword(tokenizer.encode, "add_special_tokens")
@@ -36,13 +54,11 @@ class TextStreams:
 
     def encode(self, text: str) -> list[int]:
         """A prompt's ids, special tokens added as the tokenizer adds them."""
-        ids = self._encode(text)
-        return list(getattr(ids, "ids", ids))  # `tokenizers` returns an Encoding
+        return _ids(self._encode(text))
 
     def encode_piece(self, text: str) -> list[int]:
         """A piece of output text's ids: no special tokens where the tokenizer can leave them out."""
-        ids = self._encode(text, add_special_tokens=False) if self._plain else self._encode(text)
-        return list(getattr(ids, "ids", ids))
+        return _ids(self._encode(text, add_special_tokens=False) if self._plain else self._encode(text))
 
     def decode(self, token_ids: list[int]) -> str:
         return self._decode(token_ids)
@@ -102,23 +118,30 @@ class ByteText:
         return piece
 
 
-def text_streams(tokenizer: object | None) -> TextStreams | ByteText | object:
+def text_streams(tokenizer: object | None) -> TextStreams | ByteText | StreamingTokenizer:
     """What the worker uses for a model's or app's `tokenizer`: bytes without one, the object
     itself when it streams on its own (has `stream`), else TextStreams over its encode/decode."""
     if tokenizer is None:
         return ByteText()
     if callable(getattr(tokenizer, "stream", None)):
-        return tokenizer
+        # Taken at its word: base's contract (encode and stream) is not checked here.
+        return cast(StreamingTokenizer, tokenizer)
     for name in ("encode", "decode"):
         if not callable(getattr(tokenizer, name, None)):
             raise TypeError(f"the tokenizer, a {type(tokenizer).__name__}, has no {name}() method; "
                             "give an object with encode(text) and decode(ids)")
+    assert isinstance(tokenizer, EncodeDecode)  # both checked callable just above
     return TextStreams(tokenizer)
 
 
-def piece_encoder(text: object) -> Callable[[str], list[int]]:
+def piece_encoder(text: TextStreams | ByteText | StreamingTokenizer) -> Callable[[str], list[int]]:
     """The encoder of output text pieces of what text_streams gave: `encode_piece` where it has one."""
     return getattr(text, "encode_piece", None) or text.encode
+
+
+def _ids(encoded: object) -> list[int]:
+    """What an `encode` gave, as ids: the ids themselves, or `tokenizers`' Encoding (`.ids`)."""
+    return list(cast(Iterable[int], getattr(encoded, "ids", encoded)))
 
 
 def _takes_keyword(function: Callable, name: str) -> bool:
@@ -140,7 +163,7 @@ def _vocab_size(tokenizer: object) -> int | None:
     if isinstance(size, int):
         # transformers' vocab_size leaves added tokens out; len() counts them.
         try:
-            size = max(size, len(tokenizer))  # type: ignore[arg-type]
+            size = max(size, len(tokenizer))  # type: ignore[arg-type]  # any object may have __len__; TypeError if not
         except TypeError:
             pass
         return size

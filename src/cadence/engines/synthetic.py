@@ -58,6 +58,13 @@ def _wait_until(deadline: float) -> None:
         pass
 
 
+def _place(seq: Sequence) -> int:
+    """The sequence's first output's place in the corpus (its `state`, set at its prefill)."""
+    place = seq.state
+    assert isinstance(place, int)
+    return place
+
+
 class SyntheticEngine:
     """Steps take modelled time; see EngineConfig for the knobs."""
 
@@ -112,8 +119,8 @@ class SyntheticEngine:
                 starts = self._word_starts
                 k = bisect_left(starts, zlib.crc32(key, self._config.seed) % size)
                 seq.state = starts[k % len(starts)]
-        tokens = [corpus[(s.state + s.generated) % size] for s in prefill]
-        tokens += [corpus[(s.state + s.generated) % size] for s in decode]
+        tokens = [corpus[(_place(s) + s.generated) % size] for s in prefill]
+        tokens += [corpus[(_place(s) + s.generated) % size] for s in decode]
         _wait_until(start + duration)
         return tokens
 
@@ -141,5 +148,7 @@ class SyntheticEngine:
         held.record(block_hashes(tokens, BLOCK, len(tokens) // BLOCK))
 
     def _outputs(self, seq: Sequence) -> list[int]:
-        corpus, size, at = self._corpus, len(self._corpus), seq.state
+        if not seq.generated:  # (nothing to place: a sequence not yet stepped has no state)
+            return []
+        corpus, size, at = self._corpus, len(self._corpus), _place(seq)
         return [corpus[(at + i) % size] for i in range(seq.generated)]

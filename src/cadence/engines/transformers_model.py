@@ -53,6 +53,13 @@ class _SeqState:
         """Its row in `cache`; its tokens are that row's last `length` columns."""
 
 
+def _state(seq: Sequence) -> _SeqState:
+    """What the model keeps for `seq`, which it has prefilled."""
+    state = seq.state
+    assert isinstance(state, _SeqState), "a sequence this model never prefilled"
+    return state
+
+
 class TransformersModel:
     """A transformers causal LM stepped as a batch (see the module docstring)."""
 
@@ -66,7 +73,7 @@ class TransformersModel:
                                              torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(
-            model, local_files_only=True, dtype=torch_dtype).to(device).eval()
+            model, local_files_only=True, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
         self.config = self.model.config
         problems = unsupported_layers(self.config)
         if problems:
@@ -100,22 +107,22 @@ class TransformersModel:
         logits = [self._prefill(prefill)] if prefill else []
         running = decode
         if self.context:  # out of positions: those end (None) rather than index past the model
-            running = [s for s in decode if s.state.length < self.context]
+            running = [s for s in decode if _state(s).length < self.context]
         if running:
             logits.append(self._decode(running))
         stepped = prefill + running
-        tokens = sample(torch.cat(logits).float(), [s.state.sampler for s in stepped]) if (
+        tokens = sample(torch.cat(logits).float(), [_state(s).sampler for s in stepped]) if (
             logits) else []
         for seq, token in zip(stepped, tokens):
-            seq.state.last = token
+            _state(seq).last = token
         if len(running) == len(decode):
-            return tokens
+            return list(tokens)  # (a list[int | None], as the step's type is)
         out = dict(zip(map(id, stepped), tokens))
         return [out.get(id(s)) for s in prefill + decode]
 
     def release(self, seq: Sequence) -> None:
         state = seq.state
-        if state is None:
+        if not isinstance(state, _SeqState):  # (None: never prefilled, or released already)
             return
         seq.state = None
         if self._rows is not None and state.cache is self._rows.cache:
@@ -148,12 +155,13 @@ class TransformersModel:
         if decode != self._batch:
             self._regroup(decode)
         rows = self._rows
-        ids = torch.tensor([[s.state.last] for s in decode], device=self.device)
+        assert rows is not None  # _regroup made it
+        ids = torch.tensor([[_state(s).last] for s in decode], device=self.device)
         out = self.model(input_ids=ids, attention_mask=rows.mask, position_ids=rows.positions,
                          use_cache=True, **{self._cache_arg: rows.cache})
         rows.advanced()
         for seq in decode:
-            seq.state.length += 1
+            _state(seq).length += 1
         return out.logits[:, -1]
 
     def _regroup(self, decode: list[Sequence]) -> None:
@@ -163,14 +171,15 @@ class TransformersModel:
         keep = set(map(id, decode))
         for seq in self._batch:
             state = seq.state
-            if state is not None and id(seq) not in keep:
+            if isinstance(state, _SeqState) and id(seq) not in keep:  # (else None: released)
+                assert old is not None  # `_batch` is the sequences of `_rows`
                 state.cache = old.row_cache(self.config, state.row, state.length)
                 state.row = 0
-        states = [s.state for s in decode]
-        self._rows = Rows(self.config, [(s.cache, s.row) for s in states],
+        states = [_state(s) for s in decode]
+        rows = self._rows = Rows(self.config, [(s.cache, s.row) for s in states],
                           [s.length for s in states])
         for row, state in enumerate(states):
-            state.cache, state.row = self._rows.cache, row
+            state.cache, state.row = rows.cache, row
         self._batch = list(decode)
         self._live = len(decode)
 

@@ -14,6 +14,8 @@ model loads (`unsupported_layers`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import (
     DynamicCache,
@@ -36,10 +38,18 @@ def zero_padding(cache: DynamicCache, mask: torch.Tensor) -> None:
     forward computed something there, possibly NaN, and a masked column is still multiplied
     by its attention weight of 0 in later forwards."""
     for layer in cache.layers:
-        columns = layer.keys.shape[2]
+        keys, values = _tensors(layer)
+        columns = keys.shape[2]
         padding = (mask[:, -columns:] == 0)[:, None, :, None]
-        layer.keys.masked_fill_(padding, 0)
-        layer.values.masked_fill_(padding, 0)
+        keys.masked_fill_(padding, 0)
+        values.masked_fill_(padding, 0)
+
+
+def _tensors(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """A filled layer's keys and values. Rows hold dynamic attention layers only (the others
+    are refused when the model loads: `unsupported_layers`)."""
+    assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
+    return layer.keys, layer.values
 
 
 def new_cache(config, layers: int = 0) -> DynamicCache:
@@ -80,13 +90,13 @@ class Rows:
         width = max(lengths)
         first = sources[0][0]
         cache = new_cache(config, len(first.layers))
-        device = first.layers[0].keys.device
+        device = _tensors(first.layers[0])[0].device
         gather = _Gather(sources, device)
         lengths_t = torch.tensor(lengths, device=device)
         for index, layer in enumerate(cache.layers):
             keep = _kept(layer, width)
-            _fill(layer, gather(lambda c: c.layers[index].keys, keep),
-                  gather(lambda c: c.layers[index].values, keep), width)
+            _fill(layer, gather(lambda c: _tensors(c.layers[index])[0], keep),
+                  gather(lambda c: _tensors(c.layers[index])[1], keep), width)
         self.cache = cache
         self.width = width
         """Columns of every row, padding included: the cache's length to transformers."""
@@ -107,8 +117,9 @@ class Rows:
         cache = new_cache(config, len(self.cache.layers))
         for layer, source in zip(cache.layers, self.cache.layers):
             keep = _kept(layer, length)
-            _fill(layer, source.keys[row:row + 1, :, source.keys.shape[2] - keep:].clone(),
-                  source.values[row:row + 1, :, source.values.shape[2] - keep:].clone(), length)
+            keys, values = _tensors(source)
+            _fill(layer, keys[row:row + 1, :, keys.shape[2] - keep:].clone(),
+                  values[row:row + 1, :, values.shape[2] - keep:].clone(), length)
         return cache
 
 
@@ -129,7 +140,7 @@ class _Gather:
             self._back = torch.empty(len(order), dtype=torch.long, device=device)
             self._back[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
 
-    def __call__(self, tensor_of, keep: int) -> torch.Tensor:
+    def __call__(self, tensor_of: Callable[[DynamicCache], torch.Tensor], keep: int) -> torch.Tensor:
         """[rows, heads, keep, dim]: each row's last `keep` columns, left-padded with zeros
         when its source has fewer. Sources hold zeros left of a row's tokens (`zero_padding`),
         so a row's padding is zeros either way."""

@@ -31,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TypedDict
 
 import msgspec
 
@@ -92,6 +93,7 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
         control = await asyncio.start_unix_server(on_connect, path)
         tls = {}
         if config.tls_cert:
+            assert config.tls_key is not None  # ServerConfig takes --tls-cert only with --tls-key
             tls = {"tls_cert": Path(config.tls_cert), "tls_key": Path(config.tls_key),
                    "tls_enable_http3": False}
             if config.tls_client_ca:
@@ -165,6 +167,14 @@ class _StoppedDuringStartup(Exception):
 # --- in Envoy's process ---------------------------------------------------------------------
 
 
+class _FrontPlace(TypedDict, total=False):
+    """A child front's place among `--fronts N` (CadenceServer's keywords), from FRONT_ENV."""
+
+    front: int
+    base_dir: str
+    generation: int
+
+
 class _Front:
     """The lifespan of the front in Envoy: start it beside the lifespan (a slow start would
     hold Envoy's own start-up), report to `run_in_envoy`, stop when told, when `run_in_envoy`
@@ -189,6 +199,7 @@ class _Front:
     async def shutdown(self) -> None:
         """Envoy is stopping: the front stops in order first (drain, workers, sockets)."""
         if self._task is not None and not self._task.done():
+            assert self._envoy_stopping is not None  # made with the task
             self._envoy_stopping.set()
             with contextlib.suppress(Exception):
                 await self._task
@@ -196,9 +207,11 @@ class _Front:
     async def _run(self) -> None:
         from cadence.lifecycle.server import CadenceServer, log_totals, unless_stopped
 
+        envoy_stopping = self._envoy_stopping
+        assert envoy_stopping is not None  # made before this task, by startup
         config = msgspec.json.decode(os.environ[CONFIG_ENV], type=ServerConfig)
         reader, writer = await asyncio.open_unix_connection(os.environ[CONTROL_ENV])
-        front = {}
+        front: _FrontPlace = {}
         if FRONT_ENV in os.environ:
             k, base, generation = os.environ[FRONT_ENV].split(" ")
             front = {"front": int(k), "base_dir": base, "generation": int(generation)}
@@ -208,7 +221,7 @@ class _Front:
             try:
                 # Raced against Envoy's stop (a signal to `run_in_envoy` during a long load):
                 # the start is cancelled then, and the stop below stops what it started.
-                if await unless_stopped(server.start(), self._envoy_stopping) is None:
+                if await unless_stopped(server.start(), envoy_stopping) is None:
                     return
             except StartupError as exc:
                 writer.write(json.dumps({"error": str(exc)}).encode() + b"\n")
@@ -219,7 +232,7 @@ class _Front:
             await writer.drain()
             # "stop", or b"" once `run_in_envoy` is gone
             told = asyncio.ensure_future(reader.readline())
-            stopping = asyncio.ensure_future(self._envoy_stopping.wait())
+            stopping = asyncio.ensure_future(envoy_stopping.wait())
             await asyncio.wait((told, stopping), return_when=asyncio.FIRST_COMPLETED)
             orphaned = told.done() and not told.result()
             if not (told.done() and told.result()):
@@ -238,7 +251,7 @@ class _Front:
                 writer.write(b'{"stopped": true}\n')
                 await writer.drain()
                 writer.close()
-        if orphaned and not self._envoy_stopping.is_set():
+        if orphaned and not envoy_stopping.is_set():
             os.kill(os.getpid(), signal.SIGTERM)  # nobody will stop Envoy: it stops itself
 
 

@@ -61,6 +61,7 @@ class FrontLayout:
         if self.front == 0:
             self.base = tempfile.mkdtemp(prefix="cadence-")
             stack.callback(shutil.rmtree, self.base, ignore_errors=True)
+        assert self.base is not None  # front 0 made it just above; a child front is given it
         channel = FrontChannel(*front_addresses(self.base, self.front, workers))
         self.gate = SharedAdmissionGate(f"{self.base}/admission", self.front, self.fronts,
                                         config.max_concurrent)
@@ -71,6 +72,7 @@ class FrontLayout:
         socket for it, and every other front's output socket."""
         extra_inputs: list[list[str]] = [[] for _ in range(workers)]
         front_outputs = []
+        assert self.base is not None  # front 0's, made when it bound
         for k in range(1, self.fronts):
             inputs, output = front_addresses(self.base, k, workers)
             front_outputs.append(output)

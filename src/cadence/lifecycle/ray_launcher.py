@@ -28,6 +28,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 
@@ -296,7 +297,7 @@ class RayLauncher:
 
         pids = set(self.local_pids)
         self.local_pids.clear()
-        processes = []
+        processes: list[subprocess.Popen] = []
         if self._own is not None:
             for infos in self._own.all_processes.values():
                 for info in infos:

@@ -22,6 +22,7 @@ import logging
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from functools import partial
+from typing import cast
 
 import grpc
 
@@ -92,7 +93,7 @@ def percent_encode(message: str) -> bytes:
 
 
 def _metadata(headers: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
-    out = []
+    out: list[tuple[str, str | bytes]] = []
     for name, value in headers:
         if name.startswith(b":") or name in _RESERVED:
             continue
@@ -203,7 +204,9 @@ class _Call:
         self._send = send
         self.serializer: Callable[[object], bytes] | None = None
         """The method's response serializer, once the method is known."""
-        self._task = asyncio.current_task()
+        task = asyncio.current_task()
+        assert task is not None  # made in its call's own task
+        self._task = task
         self._max_receive = max_receive
         self.started = False
         self.sent = 0
@@ -245,7 +248,8 @@ class _Call:
     async def write(self, message: object) -> None:
         if not self.started:
             await self.start()
-        data = self.serializer(message) if self.serializer else message
+        # Without a serializer the method's messages are bytes already (grpc's contract).
+        data = self.serializer(message) if self.serializer else cast(bytes, message)
         self.sent += 1
         await self._deliver({"type": "http.response.body", "more_body": True,
                              "body": b"\0" + len(data).to_bytes(4, "big") + data})
@@ -255,7 +259,7 @@ class _Call:
         response has started (`flushed()`): the output reader's path, which writes a stream's
         chunk without waking its task. The caller bounds what is handed over untaken (one
         message behind another, then it awaits `flushed()`)."""
-        data = self.serializer(message) if self.serializer else message
+        data = self.serializer(message) if self.serializer else cast(bytes, message)  # as in write
         self.sent += 1
         sent = self._send({"type": "http.response.body", "more_body": True,
                            "body": b"\0" + len(data).to_bytes(4, "big") + data})
@@ -353,6 +357,7 @@ class _Call:
     def _inflate(self, data: bytes) -> bytes:
         """A compressed message, inflated to at most the largest message accepted (what it
         inflates to counts, not what it weighs: a small bomb must not fill the memory)."""
+        assert self._wbits is not None  # `messages` refuses one without a grpc-encoding
         inflater = zlib.decompressobj(self._wbits)
         try:
             out = inflater.decompress(data, self._max_receive + 1)
@@ -501,6 +506,7 @@ class GrpcAsgiApp:
         if scope["type"] != "http":
             return None
         task = asyncio.current_task()
+        assert task is not None  # the ASGI server runs each call in a task
         self._calls.add(task)
         try:
             await self._serve(scope, receive, send)
@@ -587,7 +593,9 @@ class GrpcAsgiApp:
                 else:
                     # The front's own cancel: --stall-timeout cut off a client that reads
                     # nothing. Its status may never get through: the finish below is bounded.
-                    asyncio.current_task().uncancel()
+                    task = asyncio.current_task()
+                    assert task is not None  # (a task: it was cancelled)
+                    task.uncancel()
                     cut_off = True
                     code, details = grpc.StatusCode.CANCELLED, "the server cancelled the call"
         except Exception as exc:

@@ -43,6 +43,8 @@ def supported(server: grpc.aio.Server) -> bool:
     functions = [(getattr(cygrpc, name, None), expected) for name, expected in _SIGNATURES.items()]
     functions.append((getattr(core, "_request_registered_call", None), ("method",)))
     for function, expected in functions:
+        if function is None:  # missing
+            return False
         try:
             if tuple(inspect.signature(function).parameters) != expected:
                 return False

@@ -84,7 +84,7 @@ def _add_v1_reflection_file() -> None:
 _NO_REQUEST = "expected one request message, got none (or one cut short)"
 
 
-async def _parsed(parse, raw: bytes, context: grpc.aio.ServicerContext) -> object:
+async def _parsed(parse, raw: bytes, context: grpc.aio.ServicerContext) -> object:  # type: ignore[return]  # grpc is untyped: abort() raises
     """`raw` parsed; a message that does not parse ends the call INTERNAL (as on the native
     front, and as grpc-go and grpc-java answer) instead of grpcio's UNKNOWN, which comes with
     a traceback in the log per call, for any client: health needs no token."""
@@ -220,6 +220,7 @@ class GrpcServer:
         self._metrics = metrics
         self._native = native
         interceptors = security.server_interceptors(config)
+        server: GrpcAsgiApp | grpc.aio.Server
         if native is not None:
             server = native
             native.intercept(interceptors)
@@ -269,19 +270,21 @@ class GrpcServer:
 
     async def _start_aio(self) -> int:
         config = self._config
+        server, acceptor = self._server, self._acceptor
+        assert not isinstance(server, GrpcAsgiApp) and acceptor is not None  # grpc.aio's own
         address, credentials = f"{config.host}:{config.port}", security.server_credentials(config)
         with _core_log_held() as held:
             try:
-                port = (self._server.add_secure_port(address, credentials) if credentials
-                        else self._server.add_insecure_port(address))
+                port = (server.add_secure_port(address, credentials) if credentials
+                        else server.add_insecure_port(address))
             except RuntimeError:
                 port = 0
             held.drop = port == 0  # gRPC core's own line of it; cadence's one line follows
         if port == 0:
             raise StartupError(f"could not bind {config.host}:{config.port}; is the port in use? "
                                "Choose another with --port (0 picks a free one)")
-        await self._server.start()
-        accepting = self._acceptor.start()
+        await server.start()
+        accepting = acceptor.start()
         self._metrics.accept_ahead.set(config.accept_ahead if accepting else 0)
         return port
 
@@ -304,5 +307,7 @@ class GrpcServer:
         if self._native is not None:
             await self._native.close(_FINAL_CHUNK_WAIT_S)
             return
-        await self._server.stop(_FINAL_CHUNK_WAIT_S)
-        self._acceptor.close()
+        server, acceptor = self._server, self._acceptor
+        assert not isinstance(server, GrpcAsgiApp) and acceptor is not None  # grpc.aio's own
+        await server.stop(_FINAL_CHUNK_WAIT_S)
+        acceptor.close()

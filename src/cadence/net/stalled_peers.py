@@ -49,11 +49,11 @@ class StalledPeers:
 
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._watched: dict[asyncio.BaseTransport, list] = {}
+        self._watched: dict[asyncio.Transport, list] = {}
         """transport -> [its socket, bytes acknowledged at the last look, since when]"""
         self._task: asyncio.Task | None = None
 
-    def watch(self, transport: asyncio.BaseTransport) -> None:
+    def watch(self, transport: asyncio.Transport) -> None:
         sock = transport.get_extra_info("socket")
         if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
             return

@@ -91,7 +91,7 @@ class ResponseEncoder:
             parts.append(_FINISH[finish])
             if cached_tokens:
                 parts.append(_parameter("cached_tokens", _int64(cached_tokens)))
-        raw = []
+        raw: list[bytes] = []
         if self._want_tokens:
             parts.append(_ONE_TOKEN_OUTPUT if len(tokens) == 1
                          else _output("TOKEN_IDS", "INT32", (len(tokens),)))

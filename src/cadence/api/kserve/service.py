@@ -47,7 +47,7 @@ from cadence.vocabulary import Failure, Finish
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
-_FINISH_NAMES = {Finish.LENGTH: "length", Finish.STOP: "stop", Finish.CANCELLED: "cancelled"}
+_FINISH_NAMES: dict[int, str] = {Finish.LENGTH: "length", Finish.STOP: "stop", Finish.CANCELLED: "cancelled"}
 """The final response's `finish_reason` parameter (cadence's own; Triton has none)."""
 _EXTENSIONS = ("model_configuration", "statistics", "parameters", "binary_tensor_data")
 
@@ -158,7 +158,7 @@ class KServeService:
         infer.compute_infer.ns = self._compute_ns
         return kpb.ModelStatisticsResponse(model_stats=[stats])
 
-    async def ModelInfer(self, request: kpb.ModelInferRequest,
+    async def ModelInfer(self, request: kpb.ModelInferRequest,  # type: ignore[return]  # grpc is untyped: abort() raises
                          context: grpc.aio.ServicerContext) -> kpb.ModelInferResponse:
         await self._abort_if_unknown(request.model_name, request.model_version, context)
         await context.abort(
@@ -271,6 +271,7 @@ class _StreamCall:
                             response = encoder.chunk(chunk.token_ids, chunk.text, finish,
                                                      chunk.cached_tokens)
                         elif empty_final:  # the finish came after the last tokens
+                            assert finish is not None  # only the last chunk has no tokens
                             response = encoder.final_only(finish, chunk.cached_tokens)
                         else:
                             continue  # as Triton: the final flag alone only when asked

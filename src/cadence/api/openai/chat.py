@@ -99,6 +99,7 @@ def load_template(folder: str | Path) -> TemplateChat | None:
     if config_path.exists():
         config = json.loads(config_path.read_text(encoding="utf-8"))
     jinja_path = folder / "chat_template.jinja"
+    template: object
     if jinja_path.exists():
         template, source = jinja_path.read_text(encoding="utf-8"), str(jinja_path)
     else:

@@ -40,7 +40,7 @@ DEFAULT_COMPLETION_TOKENS = 16
 """`max_tokens` of a completion that gives none (OpenAI's documented default)."""
 _MAX_STOPS = 4
 
-FINISH_REASON = {Finish.LENGTH: "length", Finish.STOP: "stop"}
+FINISH_REASON: dict[int, str] = {Finish.LENGTH: "length", Finish.STOP: "stop"}
 
 _encode = msgspec.json.Encoder().encode
 _decode_body = msgspec.json.Decoder().decode
@@ -323,9 +323,8 @@ class Encoder:
             start, text_json = self._head + b',"choices":[{"index":0,"delta":{', b""
         else:
             text_json = _encode(text)
-        timing = chunk.timing if chunk is not None else None
-        if timing is not None:
-            return b"".join((start, text_json, tail, _extension(chunk, timing), b"}\n\n"))
+        if chunk is not None and chunk.timing is not None:
+            return b"".join((start, text_json, tail, _extension(chunk, chunk.timing), b"}\n\n"))
         return b"".join((start, text_json, tail, b"}\n\n"))
 
     def usage(self) -> dict[str, object]:

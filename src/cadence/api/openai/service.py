@@ -196,7 +196,8 @@ class OpenAIService:
         refused = self._refused_on_headers(request)
         if refused is not None:
             return refused
-        return await default_expect_handler(request)  # aiohttp's own: 100 Continue, or 417
+        await default_expect_handler(request)  # aiohttp's own: 100 Continue, or 417
+        return None
 
     @web.middleware
     async def _errors_and_auth(self, request: web.Request, handler) -> web.StreamResponse:
@@ -312,6 +313,7 @@ class OpenAIService:
             if response is not None and generation.error is not None:
                 await _cut_off(http, response, generation.error)
             raise
+        assert response is not None  # made before anything is written (a ConnectionError's source)
         return response
 
     def _sse_response(self, http: web.Request) -> web.StreamResponse:

@@ -50,7 +50,7 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
     out = pb.GenerateChunk(request_id=request_id, index=chunk.index, token_ids=chunk.token_ids,
                            text=chunk.text)
     if chunk.finish:
-        out.finish_reason = chunk.finish
+        out.finish_reason = chunk.finish  # type: ignore[assignment]  # protoc's .pyi wants the enum class; its int value is what protobuf takes
     if chunk.prompt_tokens:  # the first chunk's
         out.prompt_tokens = chunk.prompt_tokens
     if chunk.cached_tokens and chunk.finish:  # on the last chunk

@@ -69,6 +69,8 @@ class _Bucket:
 
     def load(self, step: StepInputs) -> None:
         """Copy a decode step's inputs in; the rows past it become padding again."""
+        # A decode step (decode_count > 0) always carries its blocks and mask (plan.unpack).
+        assert step.decode_blocks is not None and step.decode_mask is not None
         n, wd = step.decode_count, step.decode_blocks.shape[1]
         self.tokens[:n].copy_(step.tokens)
         self.positions[:n].copy_(step.positions)
@@ -101,7 +103,7 @@ class DecodeGraphs:
         self.scratch_block = cache.take_scratch_block()
         """The cache block padding rows write to; no sequence ever gets it."""
         self._buckets: dict[tuple[int, int], _Bucket] = {}
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None
         self.failed = False
         """A capture failed once: every later step runs eagerly (logged once)."""
         self.replays = 0
@@ -114,8 +116,11 @@ class DecodeGraphs:
 
     def fits(self, step: StepInputs) -> bool:
         """Whether this step can go through a bucket."""
-        return (not self.failed and step.prefill_count == 0 and 0 < step.decode_count <= self.max_batch
-                and step.decode_blocks.shape[1] <= self.max_width)
+        if self.failed or step.prefill_count != 0 or not 0 < step.decode_count <= self.max_batch:
+            return False
+        # A decode step (decode_count > 0) always carries its blocks (plan.unpack).
+        assert step.decode_blocks is not None
+        return step.decode_blocks.shape[1] <= self.max_width
 
     def warm_up(self) -> None:
         """Capture every batch bucket at the smallest width (the common case: short contexts)."""
@@ -127,6 +132,7 @@ class DecodeGraphs:
     def run(self, step: StepInputs) -> torch.Tensor | None:
         """Logits [decode_count, vocab] of a step that `fits`."""
         n = step.decode_count
+        assert step.decode_blocks is not None  # a step that fits is a decode step
         bucket = self._get(_bucket(n), _bucket(step.decode_blocks.shape[1], _MIN_WIDTH))
         if bucket is None:
             return self._model.forward(step, self._cache)

@@ -104,6 +104,13 @@ class _SeqState:
         """Prefix caching: its leading blocks registered in (or taken from) the cache."""
 
 
+def _state(seq: Sequence) -> _SeqState:
+    """What the engine holds for `seq`, which it has already seen (`reserve`)."""
+    state = seq.state
+    assert isinstance(state, _SeqState), "a sequence this engine never reserved"
+    return state
+
+
 class LlamaEngine:
     """A Llama-family model (or one tensor-parallel rank of it) with continuous batching."""
 
@@ -246,6 +253,7 @@ class LlamaEngine:
                                           list(seq.prefill_ids))
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
+        assert isinstance(state, _SeqState)  # `state` is only ever set by this engine
         cache = self.cache
         need = cache.blocks_for(len(request.prompt_token_ids) + request.max_tokens - 1)
         held: list[int] = []
@@ -285,8 +293,8 @@ class LlamaEngine:
                 prompt = prompt[begin:end]
             prompts.append(prompt)
             starts.append(begin)
-            prefill_blocks.append(seq.state.blocks[: -(-end // bs)])
-        states = [seq.state for seq in decode]
+            prefill_blocks.append(_state(seq).blocks[: -(-end // bs)])
+        states = [_state(seq) for seq in decode]
         plan = StepPlan(
             prompts,
             prefill_blocks,
@@ -303,23 +311,24 @@ class LlamaEngine:
             logits = self.graphs.run(inputs)
         else:
             logits = self.model.forward(inputs, self.cache)
+        assert logits is not None  # rank 0 computes logits (only followers get None)
         if chunks:
             # Sample only the sequences whose prompt ends here (a sampler's random state
             # must advance once per output token, chunked or not).
             ends = [i for i, seq in enumerate(prefill)
                     if seq.prefill_to == len(seq.prefill_ids)]
             rows = ends + list(range(len(prefill), len(prefill) + len(decode)))
-            sampled = sample(logits[rows], [prefill[i].state.sampler for i in ends]
+            sampled = sample(logits[rows], [_state(prefill[i]).sampler for i in ends]
                              + [s.sampler for s in states])
             tokens = [-1] * len(prefill) + sampled[len(ends):]
             for i, token in zip(ends, sampled):
                 tokens[i] = token
         else:
-            samplers = [seq.state.sampler for seq in prefill] + [s.sampler for s in states]
+            samplers = [_state(seq).sampler for seq in prefill] + [s.sampler for s in states]
             tokens = sample(logits, samplers)
         caching = self._prefix_caching
         for seq, token in zip(prefill, tokens):
-            state = seq.state
+            state = _state(seq)
             state.cached = seq.prefill_to
             if state.cached == len(seq.prefill_ids):
                 state.last = token
@@ -357,7 +366,7 @@ class LlamaEngine:
         """Give the sequence's blocks back but keep its sampler; it is prefilled again, its
         prompt and outputs so far, when admitted again (from the prefix cache, if on and its
         blocks were not evicted meanwhile)."""
-        state = seq.state
+        state = _state(seq)
         self.cache.free(state.blocks)
         state.blocks = []
         state.cached = state.registered = 0

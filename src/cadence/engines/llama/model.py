@@ -200,6 +200,7 @@ class LlamaModel:
             # Chunks: each attends over its sequence's cache, its own keys already written.
             bp, width = step.prefill_count, step.prefill_width
             pad = step.prefill_pad_index
+            assert pad is not None  # a chunked step always pads its prompts (plan.unpack)
             rows = q.new_zeros(bp * width, q.shape[1], q.shape[2]).index_copy_(0, pad, q[:np_])
             blocks = step.prefill_blocks
             shape = (bp, blocks.shape[1] * block_size, keys.shape[1], keys.shape[2])
@@ -223,6 +224,7 @@ class LlamaModel:
         elif step.prefill_count > 1:
             bp, width = step.prefill_count, step.prefill_width
             pad = step.prefill_pad_index
+            assert pad is not None  # several prompts are always padded (plan.unpack)
 
             def padded(t: torch.Tensor) -> torch.Tensor:
                 rows = t.new_zeros(bp * width, t.shape[1], t.shape[2]).index_copy_(0, pad, t[:np_])
@@ -234,6 +236,7 @@ class LlamaModel:
             parts.append(out.transpose(1, 2).reshape(bp * width, *q.shape[1:])[pad])
         if step.decode_count:
             bd = step.decode_count
+            assert step.decode_blocks is not None  # decoded sequences carry their blocks (plan.unpack)
             blocks = step.decode_blocks
             shape = (bd, blocks.shape[1] * block_size, keys.shape[1], keys.shape[2])
             past_k = keys.view(-1, block_size, *keys.shape[1:])[blocks].view(shape).transpose(1, 2)

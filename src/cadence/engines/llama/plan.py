@@ -144,8 +144,11 @@ def unpack(packed: torch.Tensor, block_size: int, device: torch.device) -> StepI
     else:
         dwrite = torch.empty(0, dtype=torch.int64)
 
-    def put(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.to(device, non_blocking=True)
+    def put(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device, non_blocking=True)
+
+    def put_optional(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else put(t)
 
     return StepInputs(
         tokens=put(torch.cat([prompt, dtokens])),
@@ -153,12 +156,12 @@ def unpack(packed: torch.Tensor, block_size: int, device: torch.device) -> StepI
         write_index=put(torch.cat([pwrite, dwrite])),
         prefill_count=bp,
         prefill_tokens=np_,
-        prefill_pad_index=put(pad_index),
+        prefill_pad_index=put_optional(pad_index),
         prefill_width=width,
-        prefill_mask=put(mask),
+        prefill_mask=put_optional(mask),
         decode_count=bd,
         decode_blocks=put(dtable) if bd else None,
-        decode_mask=put(dmask),
+        decode_mask=put_optional(dmask),
         last_index=put(last),
         prefill_blocks=put(ptable) if chunked else None,
     )

@@ -71,14 +71,14 @@ def decode_input(tensor: kpb.ModelInferRequest.InferInputTensor, raw: bytes | No
         code = _ARRAY_CODES.get(datatype)
         if code is None:
             raise TensorError(f"input {name!r} has datatype {datatype!r}, which cadence does not read")
-        values = array(code)
-        if len(raw) % values.itemsize:
+        elements = array(code)
+        if len(raw) % elements.itemsize:
             raise TensorError(f"input {name!r}: {len(raw)} bytes of raw data is not a whole "
                               f"number of {datatype} elements")
-        values.frombytes(raw)
+        elements.frombytes(raw)
         if not _LITTLE_ENDIAN:
-            values.byteswap()
-        values = values.tolist()
+            elements.byteswap()
+        values = elements.tolist()
     if len(values) != count:
         raise TensorError(f"input {name!r} has shape {list(tensor.shape)} ({count} elements) "
                           f"but carries {len(values)}")
