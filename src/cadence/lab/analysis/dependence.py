@@ -433,9 +433,9 @@ def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence
         residue = position % k
         counts = np.bincount(residue, minlength=k)
         slows = np.bincount(residue, weights=slow, minlength=k)
-        share = np.where(counts >= MIN_PER_BIN, slows / np.maximum(counts, 1), 0.0)
-        r = int(np.argmax(share))
-        found.append((float(share[r]), k, r))
+        shares = np.where(counts >= MIN_PER_BIN, slows / np.maximum(counts, 1), 0.0)
+        r = int(np.argmax(shares))
+        found.append((float(shares[r]), k, r))
     if not found:
         return None
     best = max(s for s, _, _ in found)
@@ -456,9 +456,10 @@ def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence
     ends = np.sort(t1[inside & slow])
     instants = 1 + int(np.count_nonzero(np.diff(ends) > lat.typical * 1e6)) if len(ends) else 0
     spread = instants / max(1, len(ends))
-    d.significant = (p < PERIODIC_P_MAX and ma >= MIN_RATIO * mb and ma - mb >= lat.min_rise
-                     and share >= 0.5 and share >= 4 * other_share and len(at) >= MIN_PERIODS
-                     and spread >= PERIODIC_INSTANTS_SHARE)
+    d.significant = bool(p < PERIODIC_P_MAX and ma >= MIN_RATIO * mb
+                         and ma - mb >= lat.min_rise and share >= 0.5
+                         and share >= 4 * other_share and len(at) >= MIN_PERIODS
+                         and spread >= PERIODIC_INSTANTS_SHARE)
     shown = ", ".join(str(int(v)) for v in at[:4])
     d.size = (f"gaps at positions {shown} ... (every {k}) are {ma / max(mb, 1e-9):.1f}x the "
               f"others ({ma:.1f} ms against {mb:.1f})")
