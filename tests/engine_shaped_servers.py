@@ -24,6 +24,17 @@ Faults, any of which combine:
 - `--lost-wakeup-share S`: the engine's hand-off to a stream misses that share of its
   notifications, and the stream's reader wakes on its `--poll-ms` timeout instead (then
   sends what piled up, back to back).
+- `--no-kv-cache-ms-per-token X`: no KV cache, each step recomputes every running stream's
+  prompt and output so far, X ms per token of that context;
+- `--leak-ms-per-step X`: the card keeps a record of every step it made and scans them all
+  each step, X ms per record (a leak);
+- `--prefill-ms-per-token-squared X`: each stream's prefill, on a prefill instance of its own
+  before it joins the decode batch, takes X ms times its prompt's length squared (attention
+  over the prompt without a flash kernel);
+- `--block-tokens K --block-ms M`: a stream that fills a block of K tokens waits out of the
+  batch M ms for its next block to be allocated (the others go on);
+- `--order-by-length shortest|longest` with `--max-batch N`: the waiting streams are admitted
+  by their output budget, shortest (or longest) first.
 `--jitter` is the standard deviation of a step as a share of it (a clean server varies too).
 It prints `listening on HOST:PORT` once serving and stops on SIGTERM.
 """
@@ -60,6 +71,8 @@ class Stream:
         self.deaf = False
         """A notification was lost: the reader hears nothing more until its poll timeout."""
         self.cancelled = False
+        self.parked_until = 0.0
+        """The planted fault `--block-tokens`: out of the batch until its next block is there."""
 
     @property
     def finished(self) -> bool:
@@ -101,6 +114,8 @@ class Card:
         self.waiting: collections.deque[Stream] = collections.deque()
         self.running: list[Stream] = []
         self.work = asyncio.Event()
+        self.history: list[float] = []
+        """The planted fault `--leak-ms-per-step`: every step's record, kept and scanned."""
 
     async def run(self) -> None:
         args, rng = self.engine.args, self.engine.rng
@@ -110,6 +125,10 @@ class Card:
                 await self.work.wait()
             started = time.monotonic()
             admitted = []
+            if args.order_by_length:  # the planted fault: a scheduler that orders by length
+                self.waiting = collections.deque(sorted(
+                    self.waiting, key=lambda s: s.max_tokens,
+                    reverse=args.order_by_length == "longest"))
             while self.waiting and (not args.max_batch or len(self.running) < args.max_batch):
                 stream = self.waiting.popleft()
                 self.running.append(stream)
@@ -118,10 +137,18 @@ class Card:
             if admitted:  # the planted fault: prefill inside the decode step
                 step += args.prefill_ms * len(admitted)
                 step += args.prefill_ms_per_token * sum(s.prompt_chars for s in admitted)
+            # The planted faults: a context recomputed every step, a history scanned.
+            step += args.no_kv_cache_ms_per_token * sum(s.prompt_chars + s.made
+                                                        for s in self.running)
+            step += args.leak_ms_per_step * len(self.history)
+            self.history.append(started)
             await asyncio.sleep(max(0.0, started + step / 1e3 - time.monotonic()))
+            now = time.monotonic()
             for stream in self.running:
-                if not stream.cancelled:
+                if not stream.cancelled and stream.parked_until <= now:
                     stream.push()
+                    if args.block_tokens and stream.made % args.block_tokens == 0:
+                        stream.parked_until = now + args.block_ms / 1e3  # the planted fault
             self.running = [s for s in self.running if not (s.finished or s.cancelled)]
 
 
@@ -180,9 +207,17 @@ class Engine:
         stream = Stream(self, prompt_chars, max_tokens)
         card = self.cards[self.submitted % len(self.cards)]
         self.submitted += 1
+        prefill_s = self.args.prefill_ms_per_token_squared * prompt_chars ** 2 / 1e3
+        if prefill_s:  # the planted fault: prefill on an instance of its own, as the square
+            asyncio.get_running_loop().call_later(prefill_s, self._join, card, stream)
+        else:
+            self._join(card, stream)
+        return stream
+
+    @staticmethod
+    def _join(card, stream: Stream) -> None:
         card.waiting.append(stream)
         card.work.set()
-        return stream
 
 
 async def serve_grpc(engine: Engine, args: argparse.Namespace) -> tuple[object, int]:
@@ -293,6 +328,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=0)
     p.add_argument("--lost-wakeup-share", type=float, default=0.0)
     p.add_argument("--poll-ms", type=float, default=50.0)
+    p.add_argument("--no-kv-cache-ms-per-token", type=float, default=0.0)
+    p.add_argument("--leak-ms-per-step", type=float, default=0.0)
+    p.add_argument("--prefill-ms-per-token-squared", type=float, default=0.0)
+    p.add_argument("--block-tokens", type=int, default=0)
+    p.add_argument("--block-ms", type=float, default=0.0)
+    p.add_argument("--order-by-length", choices=["shortest", "longest"], default=None)
     return p
 
 

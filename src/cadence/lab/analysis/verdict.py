@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from cadence.lab.analysis import tail_evidence
+from cadence.lab.analysis import dependence, tail_evidence
 from cadence.lab.analysis.diagnosis import FAILING_SHARE
 from cadence.lab.analysis.diagnosis import names as rules
 from cadence.lab.analysis.diagnosis.reads import Reads
@@ -314,9 +314,15 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
     where = (tail_evidence.slow_gaps(records, tail.bound_ms) if tail.metric == "itl_ms"
              else tail_evidence.slow_first_outputs(records, tail.bound_ms)) if records else {}
     evidence.update(where)
+    # What the tail was set against and found not to follow (or to follow too weakly).
+    table = dependence.table_evidence(records, tail.metric)
+    evidence.update(table)
+    sentence = _unexplained_sentence(tail, share, where)
+    if table:
+        sentence += f"; dependence on the run's variables: {table['dependence']}"
     return Finding(
         rule=RULE_UNEXPLAINED_TAIL,
-        finding=_unexplained_sentence(tail, share, where),
+        finding=sentence,
         evidence=evidence,
         look_at=_what_would_decide(result, tail.metric),
     )

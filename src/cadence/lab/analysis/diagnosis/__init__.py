@@ -26,6 +26,8 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `capacity`: under_capacity (only when nothing else is wrong)
 - `spans`: ttft_before_server, ttft_after_server, ttft_server_queue (the server's spans,
   `--otlp-receive`)
+- `dependence`: itl_depends_on, ttft_depends_on (what the gaps and the first outputs
+  follow: a variable of the run, with the shape and size of the dependence)
 
 tests/unit/test_diagnosis_docstring.py checks that this list names every rule of `RULES`.
 
@@ -50,6 +52,7 @@ from cadence.lab.analysis.diagnosis import (
     client,
     connection,
     contention,
+    dependence,
     health,
     host,
     integrity,
@@ -154,7 +157,7 @@ RULES: tuple[Rule, ...] = (
     *health.RULES, *integrity.RULES, *connection.RULES, *ttft.RULES, *itl.RULES, *host.RULES,
     *client.RULES, *streams.RULES, *workers.RULES, *shape.RULES, *batching.RULES,
     *timers.RULES, *threads.RULES, *contention.RULES, *scraped.RULES, *capacity.RULES,
-    *spans.RULES,
+    *spans.RULES, *dependence.RULES,
 )
 """Every rule, in the order their findings are listed."""
 
