@@ -10,6 +10,8 @@ sequence's prompt (first word):
 - `record PATH`: each output is the text "<step number> "; at release, appends
   "released after G outputs at step S" to PATH;
 - `fail`: the step that gives this sequence its third output raises ValueError;
+- `fail-alone`: its third output is a ValueError (this sequence fails, not its step);
+- `refuse`: its third output is a `cadence.SequenceError` with status RESOURCE_EXHAUSTED;
 - `hang`: the step that gives this sequence its third output never returns;
 - anything else: the prompt's bytes, over and over.
 
@@ -47,8 +49,10 @@ class EchoModel:
         time.sleep(STEP_S)
         return [self._next(seq, len(batch)) for seq in batch]
 
-    def _next(self, seq: cadence.Sequence, batch_size: int) -> int | str | None:
+    def _next(self, seq: cadence.Sequence, batch_size: int) -> int | str | Exception | None:
         command, args = seq.state
+        if seq.generated == 2 and command in _FAILURES:
+            return _FAILURES[command]()
         if command == "count":
             return None if seq.generated >= int(args[0]) else ord("0") + seq.generated % 10
         if command == "batch":
@@ -63,6 +67,13 @@ class EchoModel:
         if command == "record":
             with open(args[0], "a") as f:
                 f.write(f"released after {seq.generated} outputs at step {self.steps}\n")
+
+
+_FAILURES = {
+    "fail-alone": lambda: ValueError("failed on purpose"),
+    "refuse": lambda: cadence.SequenceError("no room for this one", status="RESOURCE_EXHAUSTED"),
+}
+"""What a prompt's command puts in its sequence's place at its third output."""
 
 
 class WordTokenizer:
@@ -139,7 +150,8 @@ class StreamModel:
     """The batch-generator shape: one `generate_stream` per batch, one yield per step.
 
     Prompts as for EchoModel: `count N`, `batch` (the size of its batch when it started),
-    `fail` (the generator raises at its third yield); anything else: its bytes, repeated."""
+    `fail` (the generator raises at its third yield), `fail-alone` and `refuse` (its third
+    output is an exception); anything else: its bytes, repeated."""
 
     def __init__(self, device: str) -> None:
         self.released: list[int] = []
@@ -152,8 +164,10 @@ class StreamModel:
             yield [self._output(seq, step, len(batch)) for seq in batch]
 
     @staticmethod
-    def _output(seq: cadence.Sequence, step: int, size: int) -> int | str | None:
+    def _output(seq: cadence.Sequence, step: int, size: int) -> int | str | Exception | None:
         words = seq.prompt.split()
+        if step == 2 and words and words[0] in _FAILURES:
+            return _FAILURES[words[0]]()
         if words and words[0] == "count":
             return None if step >= int(words[1]) else ord("0") + step % 10
         if words and words[0] == "batch":

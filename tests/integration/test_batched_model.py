@@ -149,6 +149,45 @@ def test_a_raising_step_fails_its_sequences_only(echo_server) -> None:
         assert _text(chunks) == "01234567890123456789"
 
 
+@pytest.mark.parametrize(("model", "prompt", "code", "message"), [
+    ("EchoModel", "fail-alone", grpc.StatusCode.INTERNAL,
+     "EchoModel.step failed this request: ValueError: failed on purpose"),
+    ("EchoModel", "refuse", grpc.StatusCode.RESOURCE_EXHAUSTED, "no room for this one"),
+    ("BadOutputModel", "surrogate", grpc.StatusCode.INTERNAL,
+     "BadOutputModel.step returned a text that UTF-8 cannot carry (surrogates not allowed"),
+    ("StreamModel", "fail-alone", grpc.StatusCode.INTERNAL,
+     "StreamModel.generate_stream failed this request: ValueError: failed on purpose"),
+], ids=["exception", "sequence-error", "bad-output", "generate-stream"])
+def test_one_sequences_failure_leaves_the_other_15_streams_of_its_step_whole(
+        importable_models, model, prompt, code, message) -> None:
+    """16 streams on one worker: 15 count to 40 while the 16th, sharing their steps, gets an
+    exception (or a text no stream can carry) in its place at its third output. It alone
+    ends, with its status and message; the 15 get every output and finish as the model says."""
+    server = start_server("--engine", f"{MODELS}:{model}", "--devices", "cpu:1",
+                          "--batch-timeout-ms", "300")
+
+    async def run() -> list:
+        others = [asyncio.ensure_future(_collect(server.target, "count 40", 100))
+                  for _ in range(15)]
+        if model != "StreamModel":  # a step model: it joins their running steps
+            await asyncio.sleep(0.1)
+        bad = asyncio.ensure_future(_collect(server.target, prompt, 100))
+        return await asyncio.gather(bad, *others, return_exceptions=True)
+
+    try:
+        failed, *whole = asyncio.run(run())
+        assert isinstance(failed, grpc.aio.AioRpcError), failed
+        assert failed.code() == code and failed.details().startswith(message), failed.details()
+        for chunks in whole:
+            assert not isinstance(chunks, BaseException), chunks
+            assert _text(chunks) == "0123456789" * 4
+            assert chunks[-1].finish_reason == pb.FINISH_REASON_STOP
+        with Client(server.target) as client:
+            assert client.complete("count 3", max_tokens=10) == "012"
+    finally:
+        assert server.stop() == 0
+
+
 def test_a_hanging_step_is_caught_by_the_worker_timeout(importable_models) -> None:
     server = start_server("--engine", f"{MODELS}:EchoModel", "--worker-timeout", "1.5")
     try:
