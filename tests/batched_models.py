@@ -115,6 +115,18 @@ class VocabModel:
                 for seq in prefill + decode]
 
 
+class PieceModel:
+    """Every output a text piece of several UTF-8 bytes ("wörd7 ", the shape of a vocabulary
+    cadence does not know), without a tokenizer: each piece is one output whose ids are its
+    bytes."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list[str]:
+        return [f"wörd{seq.generated} " for seq in prefill + decode]
+
+
 class NoStepModel:
     def __init__(self, device: str) -> None:
         pass

@@ -54,11 +54,12 @@ async def _many(target: str, prompts: list[tuple[str, int]]) -> list:
 
 
 def _text(chunks: list) -> str:
-    """Indexes are contiguous and only the last chunk finishes; returns the whole text."""
+    """Indexes are contiguous (each chunk covers `outputs` positions, a model's text pieces,
+    or one per token id) and only the last chunk finishes; returns the whole text."""
     index = 0
     for chunk in chunks:
         assert chunk.index == index
-        index += len(chunk.token_ids)
+        index += chunk.outputs or len(chunk.token_ids)
     assert [c.finish_reason for c in chunks[:-1]] == [0] * (len(chunks) - 1)
     return "".join(c.text for c in chunks)
 
@@ -226,6 +227,76 @@ def test_a_models_own_vocabulary_streams_ids_above_255_and_exact_text(importable
             with pytest.raises(grpc.RpcError) as info:
                 list(client.generate([1005], max_tokens=4))
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        assert server.stop() == 0
+
+
+def test_text_pieces_count_one_output_each_on_every_protocol(importable_models,
+                                                             tmp_path) -> None:
+    """A model whose every output is a text piece of 7 bytes ("wörd3 "): each piece is one
+    output on cadence.v1 (chunk `index` and `outputs`), KServe (the `outputs` parameter) and
+    OpenAI (`usage.completion_tokens`, the `cadence` extension), the text and its byte ids
+    arrive exactly, and `cadence bench` judges the streams whole over all three and exits 0."""
+    import json
+
+    import msgspec
+    import openai
+
+    from cadence.lab.results import BenchResult
+    from cadence.proto.kserve import grpc_service_pb2 as kpb
+    from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
+
+    server = start_server("--engine", f"{MODELS}:PieceModel", "--devices", "cpu:1", http=True)
+    expected = "".join(f"wörd{i} " for i in range(12))
+    try:
+        with Client(server.target) as client:
+            chunks = list(client.generate("hi", max_tokens=12))
+        positions = [c.outputs or len(c.token_ids) for c in chunks]
+        assert [c.index for c in chunks] == [sum(positions[:i]) for i in range(len(chunks))]
+        assert sum(positions) == 12 and chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert "".join(c.text for c in chunks) == expected
+        assert bytes(t for c in chunks for t in c.token_ids) == expected.encode()
+
+        with grpc.insecure_channel(server.target) as channel:
+            tensor = kpb.ModelInferRequest.InferInputTensor
+            request = kpb.ModelInferRequest(model_name="cadence", inputs=[
+                tensor(name="PROMPT", datatype="BYTES", shape=[1],
+                       contents=kpb.InferTensorContents(bytes_contents=[b"hi"])),
+                tensor(name="MAX_TOKENS", datatype="INT32", shape=[1],
+                       contents=kpb.InferTensorContents(int_contents=[12]))])
+            responses = list(kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                iter([request]), timeout=30))
+        counts = [r.infer_response.parameters["outputs"].int64_param for r in responses
+                  if r.infer_response.outputs]
+        assert sum(counts) == 12, counts
+        text = b"".join(r.infer_response.raw_output_contents[1][4:] for r in responses
+                        if r.infer_response.outputs)
+        assert text.decode() == expected
+
+        http = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
+        model = http.models.list().data[0].id
+        events = list(http.completions.create(model=model, prompt="hi", max_tokens=12,
+                                              stream=True,
+                                              stream_options={"include_usage": True}))
+        assert "".join(e.choices[0].text for e in events if e.choices) == expected
+        assert events[-1].usage.completion_tokens == 12
+        whole = http.completions.create(model=model, prompt="hi", max_tokens=12)
+        assert whole.choices[0].text == expected and whole.usage.completion_tokens == 12
+
+        for protocol, target in (("cadence", server.target), ("kserve", server.target),
+                                 ("openai", server.base)):
+            out = tmp_path / f"{protocol}.json"
+            done = subprocess.run(
+                [sys.executable, "-m", "cadence.cli", "bench", "--target", target, "--protocol",
+                 protocol, "--no-progress", "--concurrency", "8", "--requests", "16",
+                 "--max-tokens", "20", "--json", str(out)],
+                capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 0, (protocol, done.stdout, done.stderr)
+            result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+            assert result.requests_ok == 16, protocol
+            assert result.output_tokens == 16 * 20, (protocol, result.output_tokens)
+            assert all(v == 0 for v in msgspec.structs.asdict(result.integrity).values()), (
+                protocol, result.integrity)
     finally:
         assert server.stop() == 0
 

@@ -79,6 +79,9 @@ def test_int_str_and_none_outputs_with_their_finishes() -> None:
     assert streamed(outs, 2) == (list(b"01234"), "01234", Finish.LENGTH)
     assert streamed(outs, 3) == (list(b"4 4 4 "), "4 4 4 ", Finish.LENGTH)
     assert streamed(outs, 4) == (list(b"abc"), "abc", Finish.STOP)
+    # "4 " is one output of two ids: the step says each piece is one position.
+    assert all(o.piece_outputs == bool(o.token_counts) for o in outs)
+    assert any(o.piece_outputs for o in outs)
 
 
 def test_token_id_prompts_get_their_text() -> None:

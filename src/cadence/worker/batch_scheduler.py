@@ -215,7 +215,7 @@ class BatchScheduler:
                                               finished, reasons)
             return StepOutput(
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-                counts, texts, prompt_lens, self._kv_cache_usage(), cached,
+                counts, texts, prompt_lens, self._kv_cache_usage(), cached, bool(counts),
             )
         for seq, token in zip(stepped, tokens):
             seq.generated += 1
