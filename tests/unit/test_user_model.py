@@ -118,6 +118,25 @@ def test_wrong_outputs_fail_the_step(outputs, problem) -> None:
     assert all(problem in f.message for f in failures)
 
 
+@pytest.mark.parametrize(("outputs", "problem"), [
+    ([1, 2], "EchoModel.step returned 2 outputs for 1 sequence; return one per sequence"),
+    ([], "EchoModel.step returned 0 outputs for 1 sequence;"),
+])
+def test_counts_in_messages_read_as_plain_english(outputs, problem) -> None:
+    model_engine = engine()
+    model_engine._step = lambda prefill, decode: outputs
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    assert s.add(text_request(1, "x")) is None
+    (failure,) = s.step()
+    assert failure.message.startswith(problem), failure.message
+    from cadence.engines.batch_generator import BatchGenerator
+
+    shape = BatchGenerator(lambda batch: iter([[]]), "StreamModel", 8, 0.0, None)
+    seq = cadence.Sequence(text_request(1, "x"))
+    with pytest.raises(ValueError, match="yielded 0 outputs for a batch of 1 sequence; yield"):
+        shape.step([seq], [])
+
+
 @pytest.mark.parametrize(("bad", "problem"), [
     (3.5, "EchoModel.step returned a float for this request"),
     (300, "EchoModel.step returned token id 300, but the model has no tokenizer"),

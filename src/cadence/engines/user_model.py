@@ -31,6 +31,7 @@ from cadence.engines.base import EngineLoadError, Sequence, SequenceError, StepF
 from cadence.engines.detokenizer import piece_encoder, text_streams
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.vocabulary import AddRequest, Failure
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.model")
 
@@ -249,8 +250,9 @@ class ModelEngine:
                                  "per sequence") from None
         count = len(prefill) + len(decode)
         if len(outputs) != count:
-            raise StepFailed(f"{name} returned {len(outputs)} outputs for {count} sequences; "
-                             "return one per sequence, in prefill + decode order")
+            raise StepFailed(f"{name} returned {counted(len(outputs), 'output')} for "
+                             f"{counted(count, 'sequence')}; return one per sequence, in "
+                             "prefill + decode order")
         limit = self.vocab_size or None
         for i, out in enumerate(outputs):
             kind = type(out)
