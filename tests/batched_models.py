@@ -127,6 +127,25 @@ class PieceModel:
         return [f"wörd{seq.generated} " for seq in prefill + decode]
 
 
+class MisspelledModel(EchoModel):
+    """EchoModel with two members cadence never calls, misspelled: `relase`, `max_batches`."""
+
+    max_batches = 4
+
+    def relase(self, seq: cadence.Sequence) -> None:
+        raise AssertionError("never called")
+
+
+class DeclaredModel(cadence.Model):
+    """`cadence.Model`'s defaults, and a step: bytes of the prompt, over and over."""
+
+    def __init__(self, device: str) -> None:
+        pass
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list[int]:
+        return [s.prompt_token_ids[s.generated % len(s.prompt_token_ids)] for s in prefill + decode]
+
+
 class NoStepModel:
     def __init__(self, device: str) -> None:
         pass

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
-    "AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "Sequence",
-    "SequenceError", "serve",
+    "AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "Model", "Sequence",
+    "SequenceError", "StepModel", "serve",
 ]
 __version__ = "0.1.0"
 
@@ -27,6 +27,10 @@ def __getattr__(name: str):
         from cadence.engines import base
 
         return getattr(base, name)
+    if name in ("Model", "StepModel"):  # a batched model's declaration (docs/models.md)
+        from cadence.engines import model_api
+
+        return getattr(model_api, name)
     if name in ("AppContext", "AppRequest"):
         from cadence.engines import app
 

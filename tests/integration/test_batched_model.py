@@ -354,6 +354,21 @@ def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem,
     assert "Traceback" not in out.stderr
 
 
+def test_a_misspelled_member_is_named_at_start_up(importable_models, tmp_path) -> None:
+    log = tmp_path / "serve.log"
+    server = start_server("--engine", f"{MODELS}:MisspelledModel", "--devices", "cpu:2",
+                          log=log)
+    try:
+        with Client(server.target) as client:
+            assert client.complete("count 3", max_tokens=10) == "012"  # it serves all the same
+    finally:
+        assert server.stop() == 0
+    said = log.read_text()
+    assert said.count("MisspelledModel has `relase`: did you mean `release`?") == 1, said
+    assert "MisspelledModel has `max_batches`: did you mean `max_batch`?" in said
+    assert "Traceback" not in said
+
+
 def test_the_batch_generator_shape_serves_whole_batches(importable_models) -> None:
     """generate_stream(batch): concurrent requests share one generator; one that arrives
     while it runs waits for the whole batch, then runs in the next."""

@@ -359,3 +359,33 @@ def test_an_exception_a_generator_yields_fails_its_sequence_alone() -> None:
          "StreamModel.generate_stream failed this request: ValueError: failed on purpose")}
     assert s.add(text_request(4, "count 2")) is None  # the batch ended: the next one runs
     assert streamed(run(s), 4)[1:] == ("01", Finish.STOP)
+
+
+# -- the declaration (cadence.Model) ---------------------------------------------------------
+
+
+def test_a_misspelled_member_is_named_with_what_it_was_meant_to_be() -> None:
+    from cadence.engines.model_api import MEMBERS, misspelled_members
+    from tests.batched_models import DeclaredModel, MisspelledModel
+
+    assert misspelled_members(MisspelledModel) == [
+        ("MisspelledModel has `max_batches`: did you mean `max_batch`? (cadence never calls "
+         "it; see docs/models.md)"),
+        ("MisspelledModel has `relase`: did you mean `release`? (cadence never calls it; see "
+         "docs/models.md)")]
+    assert misspelled_members(DeclaredModel) == []
+    assert misspelled_members(batched_models.EchoModel) == []  # `steps` is an instance's
+    assert set(MEMBERS) == {"step", "generate_stream", "reserve", "release", "check", "close",
+                            "max_batch", "tokenizer", "takes_prefill_chunks"}
+
+
+def test_models_defaults_are_the_same_as_no_member() -> None:
+    model_engine = engine("DeclaredModel")
+    assert isinstance(model_engine.model, cadence.Model)
+    assert isinstance(model_engine.model, cadence.StepModel)
+    assert model_engine._check is None and model_engine._release is None
+    assert not hasattr(model_engine, "reserve") and model_engine.tokenizer is not None
+    assert not model_engine.takes_prefill_chunks
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    assert s.add(text_request(1, "abc", max_tokens=5)) is None
+    assert streamed(run(s), 1)[1:] == ("abcab", Finish.LENGTH)

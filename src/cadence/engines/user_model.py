@@ -29,6 +29,7 @@ from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, SequenceError, StepFailed
 from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.model_api import member, misspelled_members
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.vocabulary import AddRequest, Failure
 from cadence.wording import counted
@@ -98,9 +99,12 @@ class ModelEngine:
                                         "worker": worker, "model": config.model,
                                         "dtype": config.dtype})
         self.model = model
-        self._release = getattr(model, "release", None)
-        self._check = getattr(model, "check", None)
-        own_max = getattr(model, "max_batch", None)
+        if worker == 0 and rank == 0:  # once per server, before it serves
+            for line in misspelled_members(cls):
+                log.warning("cadence: %s", line)
+        self._release = member(model, "release")
+        self._check = member(model, "check")
+        own_max = member(model, "max_batch")
         self.max_batch = min(config.max_batch, int(own_max)) if own_max else config.max_batch
         self.step_errors: list[tuple[Sequence, Failure, str]] = []
         """Sequences of the last step that failed alone (see cadence.engines.base.Engine)."""
@@ -113,9 +117,9 @@ class ModelEngine:
             self._step = model.step
             self._step_name = "step"
             # Not across a tensor-parallel group: its followers rebuild whole-prompt steps.
-            self.takes_prefill_chunks = (getattr(model, "takes_prefill_chunks", False) is True
+            self.takes_prefill_chunks = (member(model, "takes_prefill_chunks") is True
                                          and self.group is None)
-            reserve = getattr(model, "reserve", None)
+            reserve = member(model, "reserve")
             if callable(reserve):
                 self.reserve = reserve
         else:
@@ -126,7 +130,7 @@ class ModelEngine:
             self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
             self._step_name = "generate_stream"
-        tokenizer = getattr(model, "tokenizer", None)
+        tokenizer = member(model, "tokenizer")
         try:
             self.tokenizer = text_streams(tokenizer)
         except TypeError as exc:
@@ -217,7 +221,7 @@ class ModelEngine:
 
     def close(self) -> None:
         try:
-            close = getattr(self.model, "close", None)
+            close = member(self.model, "close")
             if close is not None:
                 close()
         finally:
