@@ -10,6 +10,8 @@ sequence's prompt (first word):
 - `record PATH`: each output is the text "<step number> "; at release, appends
   "released after G outputs at step S" to PATH;
 - `fail`: the step that gives this sequence its third output raises ValueError;
+- `fail-alone`: its third output is a ValueError (this sequence fails, not its step);
+- `refuse`: its third output is a `cadence.SequenceError` with status RESOURCE_EXHAUSTED;
 - `hang`: the step that gives this sequence its third output never returns;
 - anything else: the prompt's bytes, over and over.
 
@@ -48,8 +50,10 @@ class EchoModel:
         time.sleep(STEP_S)
         return [self._next(seq, len(batch)) for seq in batch]
 
-    def _next(self, seq: cadence.Sequence, batch_size: int) -> int | str | None:
+    def _next(self, seq: cadence.Sequence, batch_size: int) -> int | str | Exception | None:
         command, args = seq.state
+        if seq.generated == 2 and command in _FAILURES:
+            return _FAILURES[command]()
         if command == "count":
             return None if seq.generated >= int(args[0]) else ord("0") + seq.generated % 10
         if command == "batch":
@@ -88,6 +92,13 @@ class SickModel(EchoModel):
     def release(self, seq: cadence.Sequence) -> None:
         if seq.state is not None:  # a sequence whose first step failed has none
             super().release(seq)
+
+
+_FAILURES = {
+    "fail-alone": lambda: ValueError("failed on purpose"),
+    "refuse": lambda: cadence.SequenceError("no room for this one", status="RESOURCE_EXHAUSTED"),
+}
+"""What a prompt's command puts in its sequence's place at its third output."""
 
 
 class WordTokenizer:
@@ -129,6 +140,37 @@ class VocabModel:
                 for seq in prefill + decode]
 
 
+class PieceModel:
+    """Every output a text piece of several UTF-8 bytes ("wörd7 ", the shape of a vocabulary
+    cadence does not know), without a tokenizer: each piece is one output whose ids are its
+    bytes."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list[str]:
+        return [f"wörd{seq.generated} " for seq in prefill + decode]
+
+
+class MisspelledModel(EchoModel):
+    """EchoModel with two members cadence never calls, misspelled: `relase`, `max_batches`."""
+
+    max_batches = 4
+
+    def relase(self, seq: cadence.Sequence) -> None:
+        raise AssertionError("never called")
+
+
+class DeclaredModel(cadence.Model):
+    """`cadence.Model`'s defaults, and a step: bytes of the prompt, over and over."""
+
+    def __init__(self, device: str) -> None:
+        pass
+
+    def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list[int]:
+        return [s.prompt_token_ids[s.generated % len(s.prompt_token_ids)] for s in prefill + decode]
+
+
 class NoStepModel:
     def __init__(self, device: str) -> None:
         pass
@@ -164,7 +206,8 @@ class StreamModel:
     """The batch-generator shape: one `generate_stream` per batch, one yield per step.
 
     Prompts as for EchoModel: `count N`, `batch` (the size of its batch when it started),
-    `fail` (the generator raises at its third yield); anything else: its bytes, repeated."""
+    `fail` (the generator raises at its third yield), `fail-alone` and `refuse` (its third
+    output is an exception); anything else: its bytes, repeated."""
 
     def __init__(self, device: str) -> None:
         self.released: list[int] = []
@@ -177,8 +220,10 @@ class StreamModel:
             yield [self._output(seq, step, len(batch)) for seq in batch]
 
     @staticmethod
-    def _output(seq: cadence.Sequence, step: int, size: int) -> int | str | None:
+    def _output(seq: cadence.Sequence, step: int, size: int) -> int | str | Exception | None:
         words = seq.prompt.split()
+        if step == 2 and words and words[0] in _FAILURES:
+            return _FAILURES[words[0]]()
         if words and words[0] == "count":
             return None if step >= int(words[1]) else ord("0") + step % 10
         if words and words[0] == "batch":

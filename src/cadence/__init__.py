@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
-    "AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "Sequence", "serve",
+    "AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "Model", "Sequence",
+    "SequenceError", "StepModel", "serve",
 ]
 __version__ = "0.1.0"
 
@@ -22,10 +23,14 @@ def __getattr__(name: str):
         from cadence.serving import serve
 
         return serve
-    if name == "Sequence":  # what a batched model's step is given (docs/models.md)
-        from cadence.engines.base import Sequence
+    if name in ("Sequence", "SequenceError"):  # a batched model's step (docs/models.md)
+        from cadence.engines import base
 
-        return Sequence
+        return getattr(base, name)
+    if name in ("Model", "StepModel"):  # a batched model's declaration (docs/models.md)
+        from cadence.engines import model_api
+
+        return getattr(model_api, name)
     if name in ("AppContext", "AppRequest"):
         from cadence.engines import app
 

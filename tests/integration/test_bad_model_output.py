@@ -164,17 +164,22 @@ def test_merged_chunks_fit_a_default_clients_limit(bad_server, protocol) -> None
     sizes = [r.ByteSize() for r in got]
     assert max(sizes) <= 3 << 20, sizes
     assert len(got) >= 4, sizes
+    # Each text piece is one output (one position) whatever its 200,000 ids.
     if protocol == "kserve":
         assert not any(r.error_message for r in got)
-        outputs = [r.infer_response.raw_output_contents for r in got if r.infer_response.outputs]
-        tokens = sum(len(raw[0]) // 4 for raw in outputs)
-        text = sum(len(raw[1]) - 4 for raw in outputs)  # BYTES: a 4-byte length, then the text
+        outputs = [r.infer_response for r in got if r.infer_response.outputs]
+        tokens = sum(len(r.raw_output_contents[0]) // 4 for r in outputs)
+        # BYTES: a 4-byte length, then the text
+        text = sum(len(r.raw_output_contents[1]) - 4 for r in outputs)
+        positions = [r.parameters["outputs"].int64_param for r in outputs]
     else:
         tokens, text = sum(len(c.token_ids) for c in got), sum(len(c.text) for c in got)
-        assert [c.index for c in got] == [
-            sum(len(c.token_ids) for c in got[:i]) for i in range(len(got))]
+        positions = [c.outputs for c in got if c.token_ids]
+        assert [c.index for c in got] == [sum(c.outputs for c in got[:i])
+                                          for i in range(len(got))]
         assert got[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert tokens == text == 40 * 200_000
+    assert sum(positions) == 40 and min(positions) >= 1, positions
 
 
 def _kserve_request(prompt: str, max_tokens: int) -> kpb.ModelInferRequest:

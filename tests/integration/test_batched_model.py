@@ -54,11 +54,12 @@ async def _many(target: str, prompts: list[tuple[str, int]]) -> list:
 
 
 def _text(chunks: list) -> str:
-    """Indexes are contiguous and only the last chunk finishes; returns the whole text."""
+    """Indexes are contiguous (each chunk covers `outputs` positions, a model's text pieces,
+    or one per token id) and only the last chunk finishes; returns the whole text."""
     index = 0
     for chunk in chunks:
         assert chunk.index == index
-        index += len(chunk.token_ids)
+        index += chunk.outputs or len(chunk.token_ids)
     assert [c.finish_reason for c in chunks[:-1]] == [0] * (len(chunks) - 1)
     return "".join(c.text for c in chunks)
 
@@ -149,6 +150,45 @@ def test_a_raising_step_fails_its_sequences_only(echo_server) -> None:
         assert _text(chunks) == "01234567890123456789"
 
 
+@pytest.mark.parametrize(("model", "prompt", "code", "message"), [
+    ("EchoModel", "fail-alone", grpc.StatusCode.INTERNAL,
+     "EchoModel.step failed this request: ValueError: failed on purpose"),
+    ("EchoModel", "refuse", grpc.StatusCode.RESOURCE_EXHAUSTED, "no room for this one"),
+    ("BadOutputModel", "surrogate", grpc.StatusCode.INTERNAL,
+     "BadOutputModel.step returned a text that UTF-8 cannot carry (surrogates not allowed"),
+    ("StreamModel", "fail-alone", grpc.StatusCode.INTERNAL,
+     "StreamModel.generate_stream failed this request: ValueError: failed on purpose"),
+], ids=["exception", "sequence-error", "bad-output", "generate-stream"])
+def test_one_sequences_failure_leaves_the_other_15_streams_of_its_step_whole(
+        importable_models, model, prompt, code, message) -> None:
+    """16 streams on one worker: 15 count to 40 while the 16th, sharing their steps, gets an
+    exception (or a text no stream can carry) in its place at its third output. It alone
+    ends, with its status and message; the 15 get every output and finish as the model says."""
+    server = start_server("--engine", f"{MODELS}:{model}", "--devices", "cpu:1",
+                          "--batch-timeout-ms", "300")
+
+    async def run() -> list:
+        others = [asyncio.ensure_future(_collect(server.target, "count 40", 100))
+                  for _ in range(15)]
+        if model != "StreamModel":  # a step model: it joins their running steps
+            await asyncio.sleep(0.1)
+        bad = asyncio.ensure_future(_collect(server.target, prompt, 100))
+        return await asyncio.gather(bad, *others, return_exceptions=True)
+
+    try:
+        failed, *whole = asyncio.run(run())
+        assert isinstance(failed, grpc.aio.AioRpcError), failed
+        assert failed.code() == code and failed.details().startswith(message), failed.details()
+        for chunks in whole:
+            assert not isinstance(chunks, BaseException), chunks
+            assert _text(chunks) == "0123456789" * 4
+            assert chunks[-1].finish_reason == pb.FINISH_REASON_STOP
+        with Client(server.target) as client:
+            assert client.complete("count 3", max_tokens=10) == "012"
+    finally:
+        assert server.stop() == 0
+
+
 def test_a_hanging_step_is_caught_by_the_worker_timeout(importable_models) -> None:
     server = start_server("--engine", f"{MODELS}:EchoModel", "--worker-timeout", "1.5")
     try:
@@ -187,6 +227,76 @@ def test_a_models_own_vocabulary_streams_ids_above_255_and_exact_text(importable
             with pytest.raises(grpc.RpcError) as info:
                 list(client.generate([1005], max_tokens=4))
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        assert server.stop() == 0
+
+
+def test_text_pieces_count_one_output_each_on_every_protocol(importable_models,
+                                                             tmp_path) -> None:
+    """A model whose every output is a text piece of 7 bytes ("wörd3 "): each piece is one
+    output on cadence.v1 (chunk `index` and `outputs`), KServe (the `outputs` parameter) and
+    OpenAI (`usage.completion_tokens`, the `cadence` extension), the text and its byte ids
+    arrive exactly, and `cadence bench` judges the streams whole over all three and exits 0."""
+    import json
+
+    import msgspec
+    import openai
+
+    from cadence.lab.results import BenchResult
+    from cadence.proto.kserve import grpc_service_pb2 as kpb
+    from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
+
+    server = start_server("--engine", f"{MODELS}:PieceModel", "--devices", "cpu:1", http=True)
+    expected = "".join(f"wörd{i} " for i in range(12))
+    try:
+        with Client(server.target) as client:
+            chunks = list(client.generate("hi", max_tokens=12))
+        positions = [c.outputs or len(c.token_ids) for c in chunks]
+        assert [c.index for c in chunks] == [sum(positions[:i]) for i in range(len(chunks))]
+        assert sum(positions) == 12 and chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert "".join(c.text for c in chunks) == expected
+        assert bytes(t for c in chunks for t in c.token_ids) == expected.encode()
+
+        with grpc.insecure_channel(server.target) as channel:
+            tensor = kpb.ModelInferRequest.InferInputTensor
+            request = kpb.ModelInferRequest(model_name="cadence", inputs=[
+                tensor(name="PROMPT", datatype="BYTES", shape=[1],
+                       contents=kpb.InferTensorContents(bytes_contents=[b"hi"])),
+                tensor(name="MAX_TOKENS", datatype="INT32", shape=[1],
+                       contents=kpb.InferTensorContents(int_contents=[12]))])
+            responses = list(kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                iter([request]), timeout=30))
+        counts = [r.infer_response.parameters["outputs"].int64_param for r in responses
+                  if r.infer_response.outputs]
+        assert sum(counts) == 12, counts
+        text = b"".join(r.infer_response.raw_output_contents[1][4:] for r in responses
+                        if r.infer_response.outputs)
+        assert text.decode() == expected
+
+        http = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
+        model = http.models.list().data[0].id
+        events = list(http.completions.create(model=model, prompt="hi", max_tokens=12,
+                                              stream=True,
+                                              stream_options={"include_usage": True}))
+        assert "".join(e.choices[0].text for e in events if e.choices) == expected
+        assert events[-1].usage.completion_tokens == 12
+        whole = http.completions.create(model=model, prompt="hi", max_tokens=12)
+        assert whole.choices[0].text == expected and whole.usage.completion_tokens == 12
+
+        for protocol, target in (("cadence", server.target), ("kserve", server.target),
+                                 ("openai", server.base)):
+            out = tmp_path / f"{protocol}.json"
+            done = subprocess.run(
+                [sys.executable, "-m", "cadence.cli", "bench", "--target", target, "--protocol",
+                 protocol, "--no-progress", "--concurrency", "8", "--requests", "16",
+                 "--max-tokens", "20", "--json", str(out)],
+                capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 0, (protocol, done.stdout, done.stderr)
+            result = msgspec.convert(json.loads(out.read_text()), BenchResult)
+            assert result.requests_ok == 16, protocol
+            assert result.output_tokens == 16 * 20, (protocol, result.output_tokens)
+            assert all(v == 0 for v in msgspec.structs.asdict(result.integrity).values()), (
+                protocol, result.integrity)
     finally:
         assert server.stop() == 0
 
@@ -242,6 +352,21 @@ def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem,
     assert out.returncode != 0
     assert f"cadence worker 0 (rank 0): {problem}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_misspelled_member_is_named_at_start_up(importable_models, tmp_path) -> None:
+    log = tmp_path / "serve.log"
+    server = start_server("--engine", f"{MODELS}:MisspelledModel", "--devices", "cpu:2",
+                          log=log)
+    try:
+        with Client(server.target) as client:
+            assert client.complete("count 3", max_tokens=10) == "012"  # it serves all the same
+    finally:
+        assert server.stop() == 0
+    said = log.read_text()
+    assert said.count("MisspelledModel has `relase`: did you mean `release`?") == 1, said
+    assert "MisspelledModel has `max_batches`: did you mean `max_batch`?" in said
+    assert "Traceback" not in said
 
 
 def test_the_batch_generator_shape_serves_whole_batches(importable_models) -> None:

@@ -151,6 +151,32 @@ def test_a_chunk_stops_merging_before_its_byte_bound_and_the_rest_follows():
     assert sum(len(c.token_ids) for c in chunks) == 40_000
 
 
+def test_a_models_text_pieces_are_one_position_each_split_or_merged():
+    """A stream of a model's text pieces (`counts_pieces`): each piece is one position (the
+    chunk's `outputs`, the next chunk's index, the tally) whatever its ids; a chunk cut at the
+    byte bound covers the pieces it took. One-id pieces need no `outputs`."""
+    s = make_stream()
+    s.counts_pieces = True
+    s.push(list("wörd ".encode()), "wörd ", 1, 2, 3)
+    s.push(list(b"ok "), "ok ", 1, 2, 3)
+    chunk = s.take_chunk()
+    assert (chunk.index, chunk.outputs, chunk.positions) == (0, 2, 2)
+    assert to_chunk(chunk, "r").outputs == 2 and chunk.text == "wörd ok "
+    s.push([7], "x", 1, 2, 3)
+    chunk = s.take_chunk()
+    assert (chunk.index, chunk.outputs, chunk.positions) == (2, 0, 1)
+    piece = "é" * 100_000  # 200,000 bytes and byte ids: two pieces per chunk at most
+    for _ in range(5):
+        s.push(list(piece.encode()), piece, 1, 2, 3)
+    s.end(Finish.LENGTH)
+    chunks = []
+    while s.waiting_steps:
+        chunks.append(s.take_chunk())
+    assert [c.outputs for c in chunks] == [2, 2, 1] and chunks[-1].finish == Finish.LENGTH
+    assert [c.index for c in chunks] == [3, 5, 7] and "".join(c.text for c in chunks) == piece * 5
+    assert s.sent_tokens == tally_of(s).tokens == 8
+
+
 def test_one_step_over_the_byte_bound_goes_alone_and_byte_tokens_split_anywhere():
     s = make_stream()
     s.push([1], "x" * MAX_CHUNK_BYTES, 1, 2, 3)  # alone over the bound: sent whole

@@ -79,6 +79,9 @@ def test_int_str_and_none_outputs_with_their_finishes() -> None:
     assert streamed(outs, 2) == (list(b"01234"), "01234", Finish.LENGTH)
     assert streamed(outs, 3) == (list(b"4 4 4 "), "4 4 4 ", Finish.LENGTH)
     assert streamed(outs, 4) == (list(b"abc"), "abc", Finish.STOP)
+    # "4 " is one output of two ids: the step says each piece is one position.
+    assert all(o.piece_outputs == bool(o.token_counts) for o in outs)
+    assert any(o.piece_outputs for o in outs)
 
 
 def test_token_id_prompts_get_their_text() -> None:
@@ -101,13 +104,7 @@ def test_a_raising_step_fails_its_sequences_and_the_engine_goes_on() -> None:
 
 
 @pytest.mark.parametrize(("outputs", "problem"), [
-    ([1, 2], "returned 2 outputs for 1 sequences"),
-    ([3.5], "returned a float"),
-    ([300], "returned token id 300, but the model has no tokenizer"),
-    (["x" * (2 << 20)], "a text of 2,097,152 bytes, over the 1,048,576 bytes (1 MiB)"),
-    (["é" * (1 << 20)], "a text of 2,097,152 bytes"),
-    (["ok \ud800"], "a text that UTF-8 cannot carry (surrogates not allowed: '\\ud800' at "
-                    "character 3)"),
+    ([1, 2, 3], "returned 3 outputs for 2 sequences"),
     ((1 // n for n in [1, 0]), "returned a generator whose iteration raised ZeroDivisionError"),
     (7, "returned a int; return a list"),
 ])
@@ -115,9 +112,74 @@ def test_wrong_outputs_fail_the_step(outputs, problem) -> None:
     model_engine = engine()
     model_engine._step = lambda prefill, decode: outputs
     s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    assert s.add(text_request(1, "x")) is None and s.add(text_request(2, "y")) is None
+    failures = s.step()
+    assert [f.seq_id for f in failures] == [1, 2]
+    assert all(problem in f.message for f in failures)
+
+
+@pytest.mark.parametrize(("outputs", "problem"), [
+    ([1, 2], "EchoModel.step returned 2 outputs for 1 sequence; return one per sequence"),
+    ([], "EchoModel.step returned 0 outputs for 1 sequence;"),
+])
+def test_counts_in_messages_read_as_plain_english(outputs, problem) -> None:
+    model_engine = engine()
+    model_engine._step = lambda prefill, decode: outputs
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
     assert s.add(text_request(1, "x")) is None
     (failure,) = s.step()
+    assert failure.message.startswith(problem), failure.message
+    from cadence.engines.batch_generator import BatchGenerator
+
+    shape = BatchGenerator(lambda batch: iter([[]]), "StreamModel", 8, 0.0, None)
+    seq = cadence.Sequence(text_request(1, "x"))
+    with pytest.raises(ValueError, match="yielded 0 outputs for a batch of 1 sequence; yield"):
+        shape.step([seq], [])
+
+
+@pytest.mark.parametrize(("bad", "problem"), [
+    (3.5, "EchoModel.step returned a float for this request"),
+    (300, "EchoModel.step returned token id 300, but the model has no tokenizer"),
+    ("x" * (2 << 20), "a text of 2,097,152 bytes, over the 1,048,576 bytes (1 MiB)"),
+    ("é" * (1 << 20), "a text of 2,097,152 bytes"),
+    ("ok \ud800", ("a text that UTF-8 cannot carry (surrogates not allowed: '\\ud800' at "
+                   "character 3)")),
+    (ValueError("no good"), "EchoModel.step failed this request: ValueError: no good"),
+])
+def test_a_bad_output_fails_its_sequence_alone(bad, problem) -> None:
+    """A wrong output, or an exception in a sequence's place, ends that sequence with
+    INTERNAL; the step's other sequences get their outputs and go on."""
+    model_engine = engine()
+    model_engine._step = lambda prefill, decode: [
+        bad if seq.seq_id == 2 and seq.generated == 1 else "ok" for seq in prefill + decode]
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    for seq_id in (1, 2, 3):
+        assert s.add(text_request(seq_id, "x", max_tokens=4)) is None
+    outs = []
+    while (out := s.step()) is not None:
+        outs.append(out)
+        if s.failed:
+            (failure,) = s.failed
+            assert len(outs) == 2 and out.seq_ids == [1, 3]
+            s.failed.clear()
+    assert failure.seq_id == 2 and failure.failure == Failure.INTERNAL
     assert problem in failure.message
+    assert streamed(outs, 1)[1:] == streamed(outs, 3)[1:] == ("okokokok", Finish.LENGTH)
+    assert streamed(outs, 2)[1:] == ("ok", Finish.NONE)
+    assert model_engine.step_errors == [] and not s.has_work
+
+
+def test_a_sequence_error_ends_its_sequence_with_its_status_and_message() -> None:
+    s = BatchScheduler(engine(), worker=0, max_batch=8)
+    for seq_id, prompt in ((1, "count 6"), (2, "refuse"), (3, "fail-alone")):
+        assert s.add(text_request(seq_id, prompt)) is None
+    outs = run(s)
+    assert streamed(outs, 1)[1:] == ("012345", Finish.STOP)
+    assert {(f.seq_id, f.failure, f.message) for f in s.failed} == {
+        (2, Failure.RESOURCE_EXHAUSTED, "no room for this one"),
+        (3, Failure.INTERNAL, "EchoModel.step failed this request: ValueError: failed on purpose")}
+    with pytest.raises(ValueError, match="status must be one of INVALID_ARGUMENT"):
+        cadence.SequenceError("x", status="OOPS")
 
 
 def test_a_text_of_too_many_ids_fails_its_sequence_alone() -> None:
@@ -283,3 +345,47 @@ def test_a_raising_generator_fails_its_batch_and_the_next_batch_runs() -> None:
         (2, "StreamModel.generate_stream raised ValueError: generator failed on purpose")}
     assert s.add(text_request(3, "count 4")) is None
     assert streamed(run(s), 3)[1:] == ("0123", Finish.STOP)
+
+
+def test_an_exception_a_generator_yields_fails_its_sequence_alone() -> None:
+    s = BatchScheduler(engine("StreamModel", batch_timeout_ms=0), worker=0, max_batch=8)
+    for seq_id, prompt in ((1, "count 5"), (2, "refuse"), (3, "fail-alone")):
+        assert s.add(text_request(seq_id, prompt)) is None
+    outs = run(s)
+    assert streamed(outs, 1)[1:] == ("01234", Finish.STOP)
+    assert {(f.seq_id, f.failure, f.message) for f in s.failed} == {
+        (2, Failure.RESOURCE_EXHAUSTED, "no room for this one"),
+        (3, Failure.INTERNAL,
+         "StreamModel.generate_stream failed this request: ValueError: failed on purpose")}
+    assert s.add(text_request(4, "count 2")) is None  # the batch ended: the next one runs
+    assert streamed(run(s), 4)[1:] == ("01", Finish.STOP)
+
+
+# -- the declaration (cadence.Model) ---------------------------------------------------------
+
+
+def test_a_misspelled_member_is_named_with_what_it_was_meant_to_be() -> None:
+    from cadence.engines.model_api import MEMBERS, misspelled_members
+    from tests.batched_models import DeclaredModel, MisspelledModel
+
+    assert misspelled_members(MisspelledModel) == [
+        ("MisspelledModel has `max_batches`: did you mean `max_batch`? (cadence never calls "
+         "it; see docs/models.md)"),
+        ("MisspelledModel has `relase`: did you mean `release`? (cadence never calls it; see "
+         "docs/models.md)")]
+    assert misspelled_members(DeclaredModel) == []
+    assert misspelled_members(batched_models.EchoModel) == []  # `steps` is an instance's
+    assert set(MEMBERS) == {"step", "generate_stream", "reserve", "release", "check", "close",
+                            "max_batch", "tokenizer", "takes_prefill_chunks"}
+
+
+def test_models_defaults_are_the_same_as_no_member() -> None:
+    model_engine = engine("DeclaredModel")
+    assert isinstance(model_engine.model, cadence.Model)
+    assert isinstance(model_engine.model, cadence.StepModel)
+    assert model_engine._check is None and model_engine._release is None
+    assert not hasattr(model_engine, "reserve") and model_engine.tokenizer is not None
+    assert not model_engine.takes_prefill_chunks
+    s = BatchScheduler(model_engine, worker=0, max_batch=8)
+    assert s.add(text_request(1, "abc", max_tokens=5)) is None
+    assert streamed(run(s), 1)[1:] == ("abcab", Finish.LENGTH)

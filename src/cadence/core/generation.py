@@ -462,8 +462,8 @@ class Generation:
             metrics = self.protocol_metrics
             metrics.ttft.observe((now - stream.received_ns) / 1e9)
             metrics.queue_wait.observe((stream.scheduled_ns - stream.received_ns) / 1e9)
-        elif chunk.token_ids:
-            self.protocol_metrics.observe_itl((now - self._last_ns) / 1e9 / len(chunk.token_ids))
+        elif positions := chunk.outputs or len(chunk.token_ids):
+            self.protocol_metrics.observe_itl((now - self._last_ns) / 1e9 / positions)
         self._last_ns = now
         self._ended = chunk.finish != Finish.NONE
         if chunk.timing is not None:

@@ -113,6 +113,11 @@ class OutputReader:
                     stream.set_prompt_tokens(count)
         if message.cached_tokens:  # --prefix-caching: each new sequence's cache hit
             self._count_cached(message.cached_tokens, worker)
+        if message.piece_outputs:  # a model's text pieces: each is one position
+            for seq_id in message.seq_ids:
+                stream = get(seq_id)
+                if stream is not None:
+                    stream.counts_pieces = True
         direct = self._direct
         for seq_id, tokens, text in step_pieces(message):
             stream = get(seq_id)

@@ -70,7 +70,9 @@ class Chunk(msgspec.Struct, array_like=True, gc=False):
     """One message of a request's output: every token that was waiting when it was taken."""
 
     index: int
-    """Position of the first token in the output."""
+    """Position of the first output in the stream: outputs are tokens, or a batched model's
+    text pieces (each one output whatever its token ids; positions count what max_tokens
+    counts)."""
     token_ids: list[int]
     text: str
     """The tokens' text (a character split across chunks comes whole in the later one)."""
@@ -83,3 +85,11 @@ class Chunk(msgspec.Struct, array_like=True, gc=False):
     cached_tokens: int = 0
     """Prompt tokens the worker's prefix cache served (known from the first chunk on; the
     protocols put it on the last)."""
+    outputs: int = 0
+    """Positions the chunk covers when not one per token id (a model's text pieces); 0: as
+    many as `token_ids`. `positions` reads both."""
+
+    @property
+    def positions(self) -> int:
+        """Positions the chunk covers: the next chunk's index is `index + positions`."""
+        return self.outputs or len(self.token_ids)

@@ -57,7 +57,8 @@ class RequestStream:
         "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_ends", "_link",
         "_paused",
         "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
-        "_tokens", "_waiter", "cached_tokens", "deliver", "end_call", "error", "finish",
+        "_tokens", "_waiter", "cached_tokens", "counts_pieces", "deliver", "end_call", "error",
+        "finish",
         "first_token_ns", "include_timing", "received_ns", "scheduled_ns", "sending_since_ns",
         "sent_tokens", "seq_id", "task", "worker",
     )
@@ -104,7 +105,11 @@ class RequestStream:
         self._tokens: list[int] = []
         self._steps = 0
         self.sent_tokens = 0
-        """Tokens taken into chunks so far: the next chunk's index."""
+        """Positions taken into chunks so far: the next chunk's index. A position is a token,
+        or one piece of text of a model's (`counts_pieces`)."""
+        self.counts_pieces = False
+        """Each piece pushed is one position whatever its tokens: a batched model's text
+        pieces (the output reader sets it from the step). Such pieces always come with text."""
         self._decode = decoder
         self._texts: list[str] = []
         """Text pieces sent by a worker that detokenizes (torch engine), one per waiting step."""
@@ -282,6 +287,10 @@ class RequestStream:
             tally.merged_steps += steps - 1
         if not texts:
             text = self._decode(tokens, finish != Finish.NONE)
+            positions = len(tokens)
+        else:
+            # The pieces taken: all of `texts` when whole, else the first `steps`.
+            positions = (len(texts) if whole else steps) if self.counts_pieces else len(tokens)
         index = self.sent_tokens
         timing = None
         if self.include_timing:
@@ -294,10 +303,10 @@ class RequestStream:
                 timing.received_ns = self.received_ns
                 timing.scheduled_ns = self.scheduled_ns
         chunk = Chunk(index, tokens, text, finish, self._prompt_tokens if index == 0 else 0, timing,
-                      self.cached_tokens)
-        self.sent_tokens = index + len(tokens)
+                      self.cached_tokens, positions if positions != len(tokens) else 0)
+        self.sent_tokens = index + positions
         tally.chunks += 1
-        tally.tokens += len(tokens)
+        tally.tokens += positions
         return chunk
 
     def _fitting_steps(self, text: str) -> tuple[int, list[int], str]:

@@ -91,6 +91,28 @@ class StepFailed(Exception):
     INTERNAL and this message; the worker keeps serving the others."""
 
 
+class SequenceError(Exception):
+    """One sequence's failure, put in its place among a step's outputs (`cadence.SequenceError`,
+    docs/models.md): that sequence alone ends with `status` and this message, as it is; the
+    step's other sequences get their outputs and go on (as a Triton Python backend's
+    `execute` gives each request its own response, error or not). Any other exception in a
+    sequence's place does the same with INTERNAL, its message naming the model and the
+    exception. An exception raised out of `step` still fails the whole step."""
+
+    STATUSES = ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "INTERNAL", "UNAVAILABLE")
+    """The statuses a model may end a sequence with (gRPC's names; cadence.api.errors gives
+    each protocol's form): the request cannot be served as sent, a limit (memory, cache), the
+    model's fault, or not now (the client may retry)."""
+
+    def __init__(self, message: str, status: str = "INTERNAL") -> None:
+        if status not in self.STATUSES:
+            raise ValueError(f"SequenceError status must be one of {', '.join(self.STATUSES)}; "
+                             f"got {status!r}")
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
 class EngineLoadError(Exception):
     """The engine could not be built; the message says what to fix (one line)."""
 
@@ -116,6 +138,10 @@ class Engine(Protocol):
       `encode`, `stream` (and the decoders it returns) raise, and text they give that
       cadence.engines.output_text finds fault with, fails that request alone.
     - `tokenizer_name`: how messages name the tokenizer (e.g. `MyModel.tokenizer`).
+    - `step_errors`: a list that `step` fills with (sequence, Failure, message) for each
+      sequence of the step that failed alone (a user's model gave a `SequenceError`, another
+      exception or a bad output in its place); the batching loop ends those sequences with
+      their failure, ignores their outputs, and empties the list.
     - `max_batch`: sequences per step at most, when below the server's --max-batch.
     - `takes_prefill_chunks`: True when `step` can prefill part of a prompt: a sequence in
       `prefill` then stands for its chunk `prompt_token_ids[seq.prefilled:seq.prefill_to]`,

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from cadence.engines.base import Sequence
+from cadence.wording import counted
 
 
 class BatchGenerator:
@@ -83,8 +84,10 @@ class BatchGenerator:
         outputs = list(outputs)
         positions = self._positions
         if len(outputs) <= max(positions.values(), default=-1):
-            raise ValueError(f"{self._label}.generate_stream yielded {len(outputs)} outputs for "
-                             f"a batch of {len(prefill) or len(positions)}; yield one per sequence")
+            raise ValueError(f"{self._label}.generate_stream yielded "
+                             f"{counted(len(outputs), 'output')} for a batch of "
+                             f"{counted(len(prefill) or len(positions), 'sequence')}; yield one "
+                             "per sequence")
         behind = self._behind
         stepped = prefill + decode
         if behind or len(stepped) < len(positions):

@@ -9,10 +9,13 @@
 `ModelEngine` wraps such an object into the `Engine` protocol, so it runs on the same
 `BatchScheduler` as the built-in engines (a class with `generate_stream(batch)` instead of
 `step` goes through cadence.engines.batch_generator first). What it adds is what a user's code cannot be
-trusted with: a step that raises or returns the wrong thing (an iterator that raises, a
-text over cadence.engines.output_text's bound or not valid Unicode) fails that step's
-sequences (`StepFailed`), not the worker; a `release` or `check` that raises is logged; a tokenizer
-with only encode/decode is given incremental detokenization; no tokenizer means bytes.
+trusted with: a step that raises or returns the wrong container (the wrong number of
+outputs, an iterator that raises) fails that step's sequences (`StepFailed`), not the worker;
+an exception (`cadence.SequenceError` or any other) or a bad output (a text over
+cadence.engines.output_text's bound or not valid Unicode, an id outside the vocabulary) in a
+sequence's place fails that sequence alone (`step_errors`); a `release` or `check` that
+raises is logged; a tokenizer with only encode/decode is given incremental detokenization;
+no tokenizer means bytes.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from collections.abc import Callable
 
 from cadence.config import EngineConfig
 from cadence.engines.app import load_app
-from cadence.engines.base import EngineLoadError, Sequence, StepFailed
+from cadence.engines.base import EngineLoadError, Sequence, SequenceError, StepFailed
 from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.model_api import member, misspelled_members
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
-from cadence.vocabulary import AddRequest
+from cadence.vocabulary import AddRequest, Failure
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.model")
 
@@ -94,10 +99,15 @@ class ModelEngine:
                                         "worker": worker, "model": config.model,
                                         "dtype": config.dtype})
         self.model = model
-        self._release = getattr(model, "release", None)
-        self._check = getattr(model, "check", None)
-        own_max = getattr(model, "max_batch", None)
+        if worker == 0 and rank == 0:  # once per server, before it serves
+            for line in misspelled_members(cls):
+                log.warning("cadence: %s", line)
+        self._release = member(model, "release")
+        self._check = member(model, "check")
+        own_max = member(model, "max_batch")
         self.max_batch = min(config.max_batch, int(own_max)) if own_max else config.max_batch
+        self.step_errors: list[tuple[Sequence, Failure, str]] = []
+        """Sequences of the last step that failed alone (see cadence.engines.base.Engine)."""
         self._arrived: Callable[[], None] | None = None
         """The batch-generator shape: told of each accepted request (it gathers batches)."""
         self.takes_prefill_chunks = False
@@ -107,9 +117,9 @@ class ModelEngine:
             self._step = model.step
             self._step_name = "step"
             # Not across a tensor-parallel group: its followers rebuild whole-prompt steps.
-            self.takes_prefill_chunks = (getattr(model, "takes_prefill_chunks", False) is True
+            self.takes_prefill_chunks = (member(model, "takes_prefill_chunks") is True
                                          and self.group is None)
-            reserve = getattr(model, "reserve", None)
+            reserve = member(model, "reserve")
             if callable(reserve):
                 self.reserve = reserve
         else:
@@ -120,7 +130,7 @@ class ModelEngine:
             self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
             self._step_name = "generate_stream"
-        tokenizer = getattr(model, "tokenizer", None)
+        tokenizer = member(model, "tokenizer")
         try:
             self.tokenizer = text_streams(tokenizer)
         except TypeError as exc:
@@ -172,7 +182,8 @@ class ModelEngine:
             return f"{self._label}.check raised {type(exc).__name__}: {exc}"
 
     def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int | str | None]:
-        """The model's step, its outputs checked; StepFailed fails this step's sequences."""
+        """The model's step, its outputs checked; StepFailed fails this step's sequences,
+        `step_errors` lists those that failed alone."""
         try:
             if prefill:
                 self._prepare(prefill)
@@ -210,7 +221,7 @@ class ModelEngine:
 
     def close(self) -> None:
         try:
-            close = getattr(self.model, "close", None)
+            close = member(self.model, "close")
             if close is not None:
                 close()
         finally:
@@ -243,29 +254,52 @@ class ModelEngine:
                                  "per sequence") from None
         count = len(prefill) + len(decode)
         if len(outputs) != count:
-            raise StepFailed(f"{name} returned {len(outputs)} outputs for {count} sequences; "
-                             "return one per sequence, in prefill + decode order")
+            raise StepFailed(f"{name} returned {counted(len(outputs), 'output')} for "
+                             f"{counted(count, 'sequence')}; return one per sequence, in "
+                             "prefill + decode order")
         limit = self.vocab_size or None
         for i, out in enumerate(outputs):
             kind = type(out)
             if kind is str:
                 problem = text_problem(out)
                 if problem is not None:
-                    raise StepFailed(f"{name} returned {problem}")
+                    self._failed_alone(prefill, decode, i, f"{name} returned {problem}")
                 continue
             if out is None:
                 continue
             if kind is not int:
+                if isinstance(out, Exception):  # that sequence's own failure
+                    self._failed_alone(prefill, decode, i, *self._error_of(name, out))
+                    continue
                 try:
                     out = outputs[i] = operator.index(out)  # numpy and torch integers
                 except TypeError:
-                    raise StepFailed(
-                        f"{name} returned a {kind.__name__} for a sequence; return an int "
-                        "(token id), a str (text) or None (done)") from None
+                    self._failed_alone(
+                        prefill, decode, i, f"{name} returned a {kind.__name__} for this "
+                        "request; return an int (token id), a str (text), None (done) or an "
+                        "exception (this request failed)")
+                    continue
             if out < 0 or (limit is not None and out >= limit):
-                raise StepFailed(f"{name} returned token id {out}, " + (
+                self._failed_alone(prefill, decode, i, f"{name} returned token id {out}, " + (
                     "but the model has no tokenizer, so ids are bytes (0..255): give the class "
                     "a `tokenizer` or return str pieces" if self._bytes_only else
                     f"outside its tokenizer's vocabulary [0, {limit})" if limit else
                     "which is negative"))
         return outputs
+
+    def _failed_alone(self, prefill: list[Sequence], decode: list[Sequence], i: int,
+                      message: str, failure: Failure = Failure.INTERNAL) -> None:
+        """The sequence at `i` (in prefill + decode) failed alone: the batching loop ends it
+        with `failure` and `message` and ignores its output (`step_errors`)."""
+        seq = prefill[i] if i < len(prefill) else decode[i - len(prefill)]
+        self.step_errors.append((seq, failure, message))
+
+    def _error_of(self, name: str, error: Exception) -> tuple[str, Failure]:
+        """The message and failure of an exception a model put in a sequence's place: a
+        SequenceError's own, else INTERNAL naming the model and the exception (logged, with
+        its traceback if it was raised: what the model's author needs)."""
+        if isinstance(error, SequenceError):
+            return error.message, Failure[error.status]
+        log.error("%s gave %s for a request", name, type(error).__name__,
+                  exc_info=error if error.__traceback__ is not None else None)
+        return f"{name} failed this request: {type(error).__name__}: {error}", Failure.INTERNAL

@@ -99,6 +99,10 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     cached_tokens: dict[int, int] = {}
     """Prompt tokens of the prefix cache's, of each sequence whose first token is in this
     step and that had a cache hit (absent: none)."""
+    piece_outputs: bool = False
+    """Each piece is one output (one position of its stream, one toward max_tokens) whatever
+    its token count: a batched model's text pieces. False: each token is one (an app's
+    pieces), which is the same where every piece is one token."""
 
 
 def step_pieces(step: StepOutput) -> Iterator[tuple[int, int | list[int], str | None]]:

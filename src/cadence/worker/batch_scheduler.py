@@ -67,6 +67,9 @@ class BatchScheduler:
         self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
             engine, "text_piece_ids", None)
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
+        self._step_errors: list[tuple[Sequence, Failure, str]] | None = getattr(
+            engine, "step_errors", None)
+        """Filled by the engine's step with the sequences that failed alone (a user's model)."""
         self._tokenizer_name = getattr(engine, "tokenizer_name", "the model's tokenizer")
         self._streams_with = getattr(self._tokenizer, "streams_with", "stream")
         """The tokenizer's method that a sequence's decoder calls (named when it raises)."""
@@ -141,9 +144,10 @@ class BatchScheduler:
         """Admit waiting sequences, run one engine step, retire finished sequences.
 
         Returns the step's output, or the failures of its sequences when the engine lost the
-        step (StepFailed), or None when there was nothing to step. A sequence lost alone (a
-        user's tokenizer raised on it, or its decoder gave text cadence.engines.output_text
-        refuses) is left out of the output and its failure put in `failed`. This and `_retire_pieces`
+        step (StepFailed), or None when there was nothing to step. A sequence lost alone (the
+        engine's `step_errors`: a user's model failed it; a user's tokenizer raised on it, or
+        its decoder gave text cadence.engines.output_text refuses) is left out of the output
+        and its failure put in `failed`. This and `_retire_pieces`
         are the only places in the worker that loop over a step's tokens.
         """
         paused = self._paused
@@ -160,12 +164,16 @@ class BatchScheduler:
         try:
             tokens = self._engine.step(prefill, decode)
         except StepFailed as exc:
+            if self._step_errors:
+                self._step_errors.clear()
             return self._fail(prefill, decode, str(exc))
         end = time.monotonic_ns()
         self._steps += 1
         stepped = prefill + decode
         if self._budget is not None:
             stepped, tokens = self._after_chunks(prefill, decode, tokens, end - start)
+        if self._step_errors:
+            self._fail_alone(self._step_errors)
         seq_ids: list[int] = []
         finished: list[int] = []
         reasons: list[int] = []
@@ -174,11 +182,12 @@ class BatchScheduler:
         texts: list[str] = []
         prompt_lens: dict[int, int] = {}
         cached: dict[int, int] = {}
+        lost = {f.seq_id for f in self.failed} if self.failed else ()
         for seq in prefill:
             request = seq.request
             seq.prefilled = seq.prefill_to
-            if seq.prefilled < len(seq.prefill_ids):
-                continue  # a chunk: no output until the prompt's last one
+            if seq.prefilled < len(seq.prefill_ids) or seq.seq_id in lost:
+                continue  # a chunk (no output until the prompt's last one), or failed
             running[seq.seq_id] = seq
             if seq.generated:
                 continue  # back after a preemption: its stream knows its prompt already
@@ -206,7 +215,7 @@ class BatchScheduler:
                                               finished, reasons)
             return StepOutput(
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-                counts, texts, prompt_lens, self._kv_cache_usage(), cached,
+                counts, texts, prompt_lens, self._kv_cache_usage(), cached, bool(counts),
             )
         for seq, token in zip(stepped, tokens):
             seq.generated += 1
@@ -418,6 +427,13 @@ class BatchScheduler:
                 self._paused.discard(seq.seq_id)
                 self._engine.release(seq)
         return seq_ids, token_ids, counts if several else []
+
+    def _fail_alone(self, errors: list[tuple[Sequence, Failure, str]]) -> None:
+        """End the sequences the engine's step failed one by one (`step_errors`, emptied)."""
+        for seq, failure, message in errors:
+            self._drop(seq)
+            self.failed.append(RequestFailed(seq.seq_id, failure, message))
+        errors.clear()
 
     def _drop(self, seq: Sequence) -> None:
         """Take a sequence out of the batch and release it: it failed alone."""

@@ -20,6 +20,7 @@ import logging
 import time
 
 from cadence.config import EngineConfig
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.budget")
 
@@ -210,9 +211,10 @@ class TargetBudget:
             now = time.monotonic()
             if now - self._logged_at >= 5.0 or not logged:
                 self._logged_budget, self._logged_at = budget, now
-                log.info("worker %d: step budget %d tokens (%d decodes + %d prefill) for "
-                         "--itl-target-ms %g; step model %s", self._worker, budget, decodes,
-                         budget - decodes, self.target_s * 1e3, self.describe_model())
+                log.info("worker %d: step budget %s (%s + %d prefill) for --itl-target-ms %g; "
+                         "step model %s", self._worker, counted(budget, "token"),
+                         counted(decodes, "decode"), budget - decodes, self.target_s * 1e3,
+                         self.describe_model())
 
     def describe_model(self) -> str:
         fixed, per_decode, per_prefill = self.model.coef

@@ -83,10 +83,14 @@ class ResponseEncoder:
         self._want_text = want_text
 
     def chunk(self, tokens: Sequence[int], text: str, finish: str | None,
-              cached_tokens: int = 0) -> bytes:
+              cached_tokens: int = 0, outputs: int = 0) -> bytes:
         """A response with the chunk's TOKEN_IDS and TEXT; `finish` (one of FINISH_NAMES)
-        marks the request's last response, which carries `cached_tokens` when not 0."""
+        marks the request's last response, which carries `cached_tokens` when not 0.
+        `outputs`, when not 0, is the parameter of that name: the outputs (stream positions)
+        the response covers where they are not one per token id (a model's text pieces)."""
         parts = [self._head, _FINAL[finish is not None]]
+        if outputs:
+            parts.append(_parameter("outputs", _int64(outputs)))
         if finish is not None:
             parts.append(_FINISH[finish])
             if cached_tokens:

@@ -267,9 +267,9 @@ class _StreamCall:
                     async for chunk in generation:
                         final = chunk.finish != Finish.NONE
                         finish = _FINISH_NAMES[chunk.finish] if final else None
-                        if chunk.token_ids:
+                        if chunk.token_ids or chunk.outputs:
                             response = encoder.chunk(chunk.token_ids, chunk.text, finish,
-                                                     chunk.cached_tokens)
+                                                     chunk.cached_tokens, chunk.outputs)
                         elif empty_final:  # the finish came after the last tokens
                             assert finish is not None  # only the last chunk has no tokens
                             response = encoder.final_only(finish, chunk.cached_tokens)

@@ -264,9 +264,11 @@ class StopStrings:
 
 
 def _extension(chunk: Chunk, timing: ChunkTiming) -> bytes:
-    """`cadence_timing`'s field of one event: the chunk's position, its token count (an event
-    can hold several tokens) and the server's timestamps."""
-    return (b',"cadence":{"index":%d,"tokens":%d,"timing":' % (chunk.index, len(chunk.token_ids))
+    """`cadence_timing`'s field of one event: the chunk's position, the positions it covers
+    (`tokens`: an event can hold several tokens, or a model's text pieces, each one) and the
+    server's timestamps."""
+    return (b',"cadence":{"index":%d,"tokens":%d,"timing":' % (chunk.index,
+                                                               chunk.outputs or len(chunk.token_ids))
             + _encode(timing) + b"}")
 
 
@@ -346,7 +348,7 @@ class Encoder:
             self.prompt_tokens = chunk.prompt_tokens
         if chunk.cached_tokens:
             self.cached_tokens = chunk.cached_tokens
-        self.completion_tokens += len(chunk.token_ids)
+        self.completion_tokens += chunk.outputs or len(chunk.token_ids)
 
     def whole(self, text: str, finish: str | None) -> bytes:
         """The body of a response with `stream: false`."""

@@ -55,6 +55,8 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
         out.prompt_tokens = chunk.prompt_tokens
     if chunk.cached_tokens and chunk.finish:  # on the last chunk
         out.cached_tokens = chunk.cached_tokens
+    if chunk.outputs:  # a model's text pieces: positions are not one per token id
+        out.outputs = chunk.outputs
     timing = chunk.timing
     if timing is not None:
         wire = out.timing

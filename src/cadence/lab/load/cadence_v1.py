@@ -115,7 +115,7 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
     )
     for data in chunks:
         chunk = parse(data)
-        tokens.append(len(chunk.token_ids))
+        tokens.append(chunk.outputs or len(chunk.token_ids))  # a model's text pieces: outputs
         index.append(chunk.index)
         if include_timing:
             t = chunk.timing

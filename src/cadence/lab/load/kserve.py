@@ -9,7 +9,8 @@ model sends the final flag alone still mark the end).
 
 What is recorded, per response: its arrival time and its token count, the elements of its
 `TOKEN_IDS` output, or 1 for a response with outputs but no `TOKEN_IDS` (a model that sends
-one token per response under another name). A response without outputs (the final flag
+one token per response under another name), or its `outputs` parameter where cadence sends
+one (a batched model's text pieces, one position each whatever their token ids). A response without outputs (the final flag
 alone) counts 0 tokens. `index` is the count of tokens received before the response: the
 protocol has no position field, so lost tokens show only as a short stream (fewer than
 max_tokens tokens at the final flag), and reordering cannot be seen. No server timing exists
@@ -176,6 +177,9 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
 
 
 def _tokens_in(infer: kpb.ModelInferResponse) -> int:
+    outputs = infer.parameters.get("outputs")  # a model's text pieces: one position each
+    if outputs is not None:
+        return outputs.int64_param
     for output in infer.outputs:
         if output.name == "TOKEN_IDS":
             return math.prod(output.shape)
