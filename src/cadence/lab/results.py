@@ -269,6 +269,9 @@ class ProcessCpu(msgspec.Struct, kw_only=True):
     cpu_pct_max: float | None = None
     samples: list[tuple[float, float]] = []
     """[seconds since the sampler started, % of one core]."""
+    age_s: float | None = None
+    """How long the process had been running when the sampler started (its start time from
+    the OS): whether a worker's first steps in the run are its first since it started."""
 
 
 class Gpu(msgspec.Struct, kw_only=True):
