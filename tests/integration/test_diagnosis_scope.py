@@ -61,7 +61,7 @@ def test_the_start_up_stall_is_still_named_on_a_fresh_worker() -> None:
     with start_server("--devices", "cpu:1", "--step-ms", "10", "--first-step-ms", "400") as server:
         result = run_bench(server.target, workload)
     assert dx.RULE_TTFT_ENGINE_START in {f.rule for f in result.diagnosis}, _explain(result)
-    assert result.system.processes["worker0"].age_s is not None
+    assert result.system.processes["worker0"].age_s < 60
 
 
 @pytest.mark.torch

@@ -269,9 +269,10 @@ class ProcessCpu(msgspec.Struct, kw_only=True):
     cpu_pct_max: float | None = None
     samples: list[tuple[float, float]] = []
     """[seconds since the sampler started, % of one core]."""
-    age_s: float | None = None
+    age_s: float | UnsetType = UNSET
     """How long the process had been running when the sampler started (its start time from
-    the OS): whether a worker's first steps in the run are its first since it started."""
+    the OS): whether a worker's first steps in the run are its first since it started.
+    Absent where unknown (and in results saved before it was kept)."""
 
 
 class Gpu(msgspec.Struct, kw_only=True):

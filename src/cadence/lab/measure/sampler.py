@@ -8,6 +8,7 @@ import threading
 import time
 
 import psutil
+from msgspec import UNSET, UnsetType
 
 from cadence.lab.measure.prometheus import ScrapeError
 from cadence.lab.measure.scrape import (
@@ -149,10 +150,10 @@ class SystemSampler:
         on_time = last.get(LOOP_ON_TIME, 0.0) - first.get(LOOP_ON_TIME, 0.0)
         return ScrapedFrontLoop(samples=samples, late_over_20ms=samples - on_time)
 
-    def _age_s(self, name: str) -> float | None:
-        """How long process `name` had been running when sampling started; None unknown."""
+    def _age_s(self, name: str) -> float | UnsetType:
+        """How long process `name` had been running when sampling started; UNSET unknown."""
         created = self._created.get(name)
-        return round(self._t0_wall - created, 3) if created is not None else None
+        return round(self._t0_wall - created, 3) if created is not None else UNSET
 
     def stop(self) -> System:
         """Stop sampling; the samples and their means and peaks. Its `flags` are left to the
