@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cadence.lab.capacity import slo_names
+from cadence.lab.capacity import answer_lines, slo_names
 from cadence.lab.report.html import figure, note, page, section, table
 from cadence.lab.report.plots import plot_capacity
 from cadence.lab.results import Capacity
@@ -16,8 +16,8 @@ REPORT_NAME = "report.html"
 def render_capacity(capacity: Capacity, out_dir: Path, source: str = "") -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    found = (f"{capacity.search} {capacity.max_passing:g} meets the SLO"
-             if capacity.max_passing is not None else f"no {capacity.search} tried meets the SLO")
+    found = "; ".join(line.strip().removeprefix("capacity: ")
+                      for line in answer_lines(capacity))
     if capacity.first_failing is not None and capacity.client_limited_at is None:
         found += (f"; {capacity.first_failing:g} misses it ({', '.join(capacity.binding)})")
     if capacity.client_limited_at is not None:
