@@ -69,11 +69,12 @@ def server_one_core_bound(facts: RunFacts) -> list[Finding]:
             continue
         if not (one_thread or process.python):
             continue  # a native process spread over threads at one core is not held to it
-        evidence = {"pid": process.pid, "process_cpu_pct": rounded(process.cpu_pct, 1),
-                    "busiest_thread": process.busiest_thread,
-                    "busiest_thread_cpu_pct": rounded(process.busiest_thread_cpu_pct, 1),
-                    "busiest_thread_wait_for_cpu_pct": rounded(process.busiest_thread_wait_pct, 1),
-                    "threads": process.threads, "host_cpus": threads.cpus}
+        evidence: dict = {
+            "pid": process.pid, "process_cpu_pct": rounded(process.cpu_pct, 1),
+            "busiest_thread": process.busiest_thread,
+            "busiest_thread_cpu_pct": rounded(process.busiest_thread_cpu_pct, 1),
+            "busiest_thread_wait_for_cpu_pct": rounded(process.busiest_thread_wait_pct, 1),
+            "threads": process.threads, "host_cpus": threads.cpus}
         role = _role(facts, process.pid, process.command)
         if role.startswith("worker"):
             evidence["process"] = role

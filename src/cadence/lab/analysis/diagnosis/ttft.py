@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded
+from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
     RULE_TTFT_ENGINE_START,
@@ -77,8 +77,8 @@ def _start_up_steps(facts: RunFacts) -> float | None:
         ordered = sorted(starts)
         process = facts.result.system.processes.get(f"worker{w}")
         age = process.age_s if process is not None else None
-        first[w] = (set(ordered[:STARTUP_FIRST_STEPS])
-                    if not finite(age) or age < STARTUP_WORKER_AGE_S else set())
+        fresh = not isinstance(age, float) or age < STARTUP_WORKER_AGE_S
+        first[w] = set(ordered[:STARTUP_FIRST_STEPS]) if fresh else set()
         if w in restarted and len(ordered) > 1:
             # Its steps after the restart follow its longest pause (the new process's load).
             pause = max(range(1, len(ordered)), key=lambda k: ordered[k] - ordered[k - 1])
