@@ -34,7 +34,10 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
                                "--duration", "1", "--max-tokens", "40")
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
-    assert found["binding"] == ["ttft_p99_ms"] and found["runs"] <= 8
+    assert found["binding"] == ["ttft_p99_ms"] and found["runs"] <= 16
+    # Confirmed: 4 and 5, and the loads a step around them, on repeated runs.
+    assert found["runs_by_value"]["4"] == [True] * 3 and found["runs_by_value"]["5"] == [False] * 3
+    assert found["knee_spread"] == [4, 5] and found["range_edge"] is None
     assert "queue grew the most" in found["knee"]
     assert {p["value"] for p in found["points"]} >= {1, 4, 5, 32}
     assert "capacity: concurrency 4 meets the SLO" in done.stdout
@@ -62,7 +65,20 @@ def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
                                "--max-tokens", "40")
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
-    assert found["runs"] <= 8
+    assert found["runs"] <= 16
+
+
+def test_a_range_whose_top_passes_is_said_to_be_its_edge(tmp_path) -> None:
+    """--high 3 on a server that takes 4: the answer is "at least 3", never "3" (issue 52:
+    `--high 256` answered 256 after one run on a server whose knee was 46)."""
+    with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
+        found, done = capacity(tmp_path, "--target", server.target, "--search", "concurrency",
+                               "--slo", "ttft_p99_ms=200", "--low", "1", "--high", "3",
+                               "--duration", "1", "--max-tokens", "40")
+    assert done.returncode == 0, done.stderr
+    assert found["max_passing"] == 3 and found["range_edge"] == "high"
+    assert found["runs_by_value"]["3"] == [True] * 3
+    assert "at least 3: the top of the range searched; raise --high" in done.stdout
 
 
 def test_bad_arguments_are_one_line(tmp_path) -> None:

@@ -75,6 +75,7 @@ def print_capacity(capacity) -> None:
     from rich.table import Table
 
     from cadence.lab.analysis.goodput import slo_names
+    from cadence.lab.report.capacity import answer_lines
     from cadence.lab.report.summary import PIPED_WIDTH
 
     piped = not sys.stdout.isatty()
@@ -90,11 +91,8 @@ def print_capacity(capacity) -> None:
                                               "missed: " + ", ".join(p.failed_terms)),
                       " ".join(p.diagnosis))
     console.print(table)
-    if capacity.max_passing is None:
-        console.print(f"no {capacity.search} tried meets the SLO", highlight=False)
-    else:
-        console.print(f"capacity: {capacity.search} {capacity.max_passing:g} meets the SLO",
-                      highlight=False)
+    for line in answer_lines(capacity):
+        console.print(line, highlight=False, markup=False)
     if capacity.first_failing is not None and capacity.client_limited_at is None:
         console.print(f"{capacity.search} {capacity.first_failing:g} misses it: "
                       f"{', '.join(capacity.binding)}", highlight=False)

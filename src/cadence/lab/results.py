@@ -269,6 +269,10 @@ class ProcessCpu(msgspec.Struct, kw_only=True):
     cpu_pct_max: float | None = None
     samples: list[tuple[float, float]] = []
     """[seconds since the sampler started, % of one core]."""
+    age_s: float | UnsetType = UNSET
+    """How long the process had been running when the sampler started (its start time from
+    the OS): whether a worker's first steps in the run are its first since it started.
+    Absent where unknown (and in results saved before it was kept)."""
 
 
 class Gpu(msgspec.Struct, kw_only=True):
@@ -916,6 +920,21 @@ class Capacity(msgspec.Struct, kw_only=True):
     points: list[CapacityPoint] = []
     runs: int = 0
     elapsed_s: float = 0.0
+    range_edge: str | None = None
+    """"high": every run at --high met the SLO, so the capacity is at least --high (raise
+    it); "low": even --low missed it (lower it); null: the knee is inside the range."""
+    knee_spread: list[float] = []
+    """[lowest load with a run that missed the SLO, highest load with a run that met it]
+    among the loads tried: where repeated runs disagree about the knee, the band they span
+    (its bounds then cross max_passing and first_failing); else [max_passing, first_failing].
+    Empty when the search did not reach a knee."""
+    confirm_runs: int = 0
+    """Runs each load at the knee (max_passing and first_failing) was given at least."""
+    runs_by_value: dict[str, list[bool]] = {}
+    """Every load tried ("%g"), each of its runs: met the SLO or not."""
+    non_monotone: list[list[float]] = []
+    """[lower load that missed, higher load that met] pairs the runs left after retries: the
+    answer stays below every failure, never on a load above one."""
 
 
 class CapacityResult(msgspec.Struct, kw_only=True):

@@ -8,6 +8,7 @@ import threading
 import time
 
 import psutil
+from msgspec import UNSET, UnsetType
 
 from cadence.lab.measure.prometheus import ScrapeError
 from cadence.lab.measure.scrape import (
@@ -44,6 +45,7 @@ class SystemSampler:
         self._scrape_every = scrape_every
         self._scrapes: list[tuple[float, dict[str, float]]] = []
         self._processes: dict[str, psutil.Process] = {}
+        self._created: dict[str, float] = {}
         self._samples: dict[str, list[list[float]]] = {}
         self._gpu_samples: list[list[list[float]]] = []
         self._host_samples: list[tuple[float, float, float]] = []
@@ -56,21 +58,25 @@ class SystemSampler:
         self._thread = threading.Thread(target=self._run, name="cadence-sampler", daemon=True)
         self._t0_ns = time.monotonic_ns()
         self._t0 = self._t0_ns / 1e9
+        self._t0_wall = time.time()
         self._nvml = _open_nvml()
 
     def watch(self, name: str, pid: int) -> None:
         try:
             process = psutil.Process(pid)
             process.cpu_percent(None)  # the first call only sets the baseline
+            created = process.create_time()
         except psutil.Error:
             return
         with self._lock:
             self._processes[name] = process
+            self._created[name] = created
             self._samples.setdefault(name, [])
 
     def start(self) -> SystemSampler:
         self._t0_ns = time.monotonic_ns()
         self._t0 = self._t0_ns / 1e9
+        self._t0_wall = time.time()
         psutil.cpu_percent(None)  # baselines
         self._lab.cpu_percent(None)
         self._cpu_times_at_start = _cpu_times()
@@ -144,6 +150,11 @@ class SystemSampler:
         on_time = last.get(LOOP_ON_TIME, 0.0) - first.get(LOOP_ON_TIME, 0.0)
         return ScrapedFrontLoop(samples=samples, late_over_20ms=samples - on_time)
 
+    def _age_s(self, name: str) -> float | UnsetType:
+        """How long process `name` had been running when sampling started; UNSET unknown."""
+        created = self._created.get(name)
+        return round(self._t0_wall - created, 3) if created is not None else UNSET
+
     def stop(self) -> System:
         """Stop sampling; the samples and their means and peaks. Its `flags` are left to the
         diagnosis (`cpu_busy_cards_idle`), which reads these samples."""
@@ -159,6 +170,7 @@ class SystemSampler:
                 cpu_pct_mean=sum(values) / len(values) if values else None,
                 cpu_pct_max=max(values) if values else None,
                 samples=[(t, pct) for t, pct in samples],
+                age_s=self._age_s(name),
             )
         gpus = []
         for i, samples in enumerate(self._gpu_samples):

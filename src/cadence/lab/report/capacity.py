@@ -13,11 +13,44 @@ from cadence.lab.results import Capacity
 REPORT_NAME = "report.html"
 
 
+def answer_lines(capacity: Capacity) -> list[str]:
+    """The answer in words: the load, how many runs met the SLO there, where the range's
+    edge or the runs' disagreement leaves it, and any non-monotone result."""
+    kind, runs = capacity.search, capacity.runs_by_value
+
+    def tally(value: float) -> str:
+        seen = runs.get(f"{value:g}", [])
+        return f"{sum(seen)} of {len(seen)} runs met it"
+
+    lines = []
+    if capacity.max_passing is None:
+        lines.append(f"no {kind} tried meets the SLO")
+    else:
+        lines.append(f"capacity: {kind} {capacity.max_passing:g} meets the SLO "
+                     f"({tally(capacity.max_passing)})")
+    if capacity.range_edge == "high":
+        lines.append(f"  at least {capacity.max_passing:g}: the top of the range searched; "
+                     "raise --high to find the knee")
+    elif capacity.range_edge == "low":
+        lines.append(f"  below {capacity.first_failing:g}: the bottom of the range searched "
+                     "missed it; lower --low")
+    if capacity.first_failing is not None and capacity.range_edge is None:
+        lines.append(f"  {kind} {capacity.first_failing:g}: {tally(capacity.first_failing)}")
+    spread = capacity.knee_spread
+    if spread and capacity.first_failing is not None and spread[1] > capacity.first_failing:
+        lines.append(f"  runs disagree about the knee: it lies between {spread[0]:g} and "
+                     f"{spread[1]:g} (runs met the SLO as high as {spread[1]:g})")
+    for low, high in capacity.non_monotone:
+        lines.append(f"  not monotone: {kind} {low:g} missed the SLO ({tally(low)}) where "
+                     f"{high:g} met it ({tally(high)}); the answer stays below {low:g}")
+    return lines
+
+
 def render_capacity(capacity: Capacity, out_dir: Path, source: str = "") -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    found = (f"{capacity.search} {capacity.max_passing:g} meets the SLO"
-             if capacity.max_passing is not None else f"no {capacity.search} tried meets the SLO")
+    found = "; ".join(line.strip().removeprefix("capacity: ")
+                      for line in answer_lines(capacity))
     if capacity.first_failing is not None and capacity.client_limited_at is None:
         found += (f"; {capacity.first_failing:g} misses it ({', '.join(capacity.binding)})")
     if capacity.client_limited_at is not None:

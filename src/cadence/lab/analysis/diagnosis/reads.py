@@ -193,6 +193,12 @@ class Reads:
         """Streams receiving at `t_ns`: their first output seen, their last not yet."""
         return bisect.bisect_right(self.firsts, t_ns) - bisect.bisect_left(self.ends, t_ns)
 
+    def others_inside(self, t0_ns: int, t1_ns: int, stream: int) -> list[int]:
+        """Every other stream's reads strictly inside (t0, t1), in time order."""
+        lo = bisect.bisect_right(self.merged, t0_ns)
+        hi = bisect.bisect_left(self.merged, t1_ns)
+        return [self.merged[k] for k in range(lo, hi) if self._merged_streams[k] != stream]
+
     def silence_ms(self, t0_ns: int, t1_ns: int, stream: int) -> float:
         """The longest stretch inside (t0, t1) in which no other stream got anything."""
         lo = bisect.bisect_left(self.merged, t0_ns)

@@ -453,7 +453,8 @@ def _count(values: list[float], lo: float, hi: float) -> int:
 
 SERIAL_SILENCE_SHARE = 0.45
 """Streams are served one at a time when, at the median, the longest silence of the other
-streams inside a stream's gap is at most this share of it: batched streams all get their
+streams (of its own worker, where the server's timing names the workers) inside a stream's
+gap is at most this share of it: batched streams all get their
 output at the end of one step, so the rest of the gap is silent (0.6-1.0 measured); streams
 served in turn fill each other's gaps (1/N of it with N open)."""
 
@@ -464,6 +465,38 @@ batches look alike)."""
 SERIAL_SAMPLE = 400
 """Gaps read for the test (spread over the run)."""
 
+SERIAL_TOGETHER_SHARE = 0.25
+"""...and when, inside a stream's gap at the median, at most this share of the other streams'
+outputs arrived together with another's (closer than half the spacing they would have spread
+evenly over the gap): streams served in turn arrive one by one (0 measured), while one
+batch's outputs are read one right after another (0.43-1.0 measured with 2 to 4 workers
+stepping out of phase, whose batches do fill each other's gaps)."""
+
+
+def _judged_apart(reads: Reads, result: BenchResult) -> list[Reads]:
+    """Each worker's streams apart when the server's timing names two or more workers (each
+    steps its own batch: another worker's outputs inside a stream's gap say nothing of how its
+    own are served); else the run's streams together."""
+    workers = {s.worker for s in reads.streams}
+    if len(workers) < 2 or min(workers) < 0:
+        return [reads]
+    records = result.records or []
+    return [Reads([r for r in records if r.worker == w]) for w in sorted(workers)]
+
+
+def _together_share(reads: Reads, gap: Gap) -> float | None:
+    """The share of the other streams' reads inside `gap` that came together with another's
+    (SERIAL_TOGETHER_SHARE); None with fewer than two."""
+    times = reads.others_inside(gap.t0, gap.t1, gap.stream.number)
+    if len(times) < 2:
+        return None
+    apart = (gap.t1 - gap.t0) / (len(times) + 1) / 2
+    together = [False] * len(times)
+    for k, (a, b) in enumerate(itertools.pairwise(times)):
+        if b - a <= apart:
+            together[k] = together[k + 1] = True
+    return sum(together) / len(times)
+
 
 class OneAtATime(Signature):
     rule = RULE_ONE_STREAM_AT_A_TIME
@@ -473,24 +506,33 @@ class OneAtATime(Signature):
 
     @classmethod
     def detect(cls, reads: Reads, result: BenchResult) -> OneAtATime | None:
+        groups = _judged_apart(reads, result)
         step = max(1, len(reads.gaps) // SERIAL_SAMPLE)
-        sample = [g for g in reads.gaps[::step] if g.tokens == 1]
+        sample = [(group, g) for group in groups for g in group.gaps[::step] if g.tokens == 1]
         if not sample:
             return None
-        opened = statistics.median(reads.open_at(g.t0) for g in sample)
+        opened = statistics.median(group.open_at(g.t0) for group, g in sample)
         if opened < SERIAL_MIN_OPEN:
             return None
         filled = statistics.median(
-            reads.silence_ms(g.t0, g.t1, g.stream.number) / g.ms for g in sample)
+            group.silence_ms(g.t0, g.t1, g.stream.number) / g.ms for group, g in sample)
         if filled > SERIAL_SILENCE_SHARE:
             return None
-        points = [(reads.open_at(g.t0), g.ms) for g in sample]
+        shares = [v for group, g in sample if (v := _together_share(group, g)) is not None]
+        together = statistics.median(shares) if shares else 0.0
+        if together > SERIAL_TOGETHER_SHARE:
+            return None  # batches out of phase fill each other's gaps; turns do not arrive together
+        points = [(group.open_at(g.t0), g.ms) for group, g in sample]
         per_stream = _slope(points)
         evidence = {"silence_share_of_gap_p50": round(filled, 3),
                     "streams_receiving_p50": opened,
                     "ms_per_open_stream": round(per_stream, 2),
-                    "typical_gap_ms": round(reads.typical_ms, 2)}
-        low = [g.ms for g in reads.gaps if g.tokens == 1 and reads.open_at(g.t0) <= opened / 2]
+                    "typical_gap_ms": round(reads.typical_ms, 2),
+                    "outputs_arriving_together_share_p50": round(together, 3)}
+        if len(groups) > 1:
+            evidence["judged_per_worker"] = len(groups)
+        low = [g.ms for group in groups for g in group.gaps
+               if g.tokens == 1 and group.open_at(g.t0) <= opened / 2]
         evidence["gaps_with_half_the_streams_or_fewer"] = len(low)
         if low:
             evidence["gap_p50_with_half_the_streams_or_fewer_ms"] = round(

@@ -6,6 +6,8 @@ more runnable threads than cores)."""
 
 from __future__ import annotations
 
+import re
+
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT
 from cadence.lab.analysis.diagnosis.names import (
@@ -31,6 +33,26 @@ WAIT_SHARE = 0.5
 """...and waiting made at least this share of their time on or ready for a CPU."""
 
 
+ENGINE_STEP_LOOK_AT = (
+    "the engine's step, not the serving layer: a faster step (a smaller or quantised model, a "
+    "compiled or fused step, the engine's CPU threads: torch.set_num_threads, OMP_NUM_THREADS), "
+    "or more workers or devices (--devices cpu:N, more cards) so that more batches step side "
+    "by side; py-spy dump --pid {pid} shows where the step goes")
+
+
+def _role(facts: RunFacts, pid: int, command: str) -> str:
+    """What the process is, from its command line: "workerN" (a cadence worker, running the
+    engine's step; "worker" when its index is not known), "front" (a cadence front, its event
+    loop), or "" (a server cadence did not write: the lab names any server's listener "front"
+    and its children "workerN", so the name alone does not tell)."""
+    named = next((name for name, p in facts.result.system.processes.items() if p.pid == pid), "")
+    if "cadence.worker" in command:
+        return named if named.startswith("worker") else "worker"
+    if re.search(r"cadence(\.cli)?\s+serve\b", command):
+        return "front"
+    return ""
+
+
 def server_one_core_bound(facts: RunFacts) -> list[Finding]:
     threads = facts.result.server_threads or None
     if threads is None or threads.cpus < 2:
@@ -47,12 +69,36 @@ def server_one_core_bound(facts: RunFacts) -> list[Finding]:
             continue
         if not (one_thread or process.python):
             continue  # a native process spread over threads at one core is not held to it
-        evidence = {"pid": process.pid, "process_cpu_pct": rounded(process.cpu_pct, 1),
-                    "busiest_thread": process.busiest_thread,
-                    "busiest_thread_cpu_pct": rounded(process.busiest_thread_cpu_pct, 1),
-                    "busiest_thread_wait_for_cpu_pct": rounded(process.busiest_thread_wait_pct, 1),
-                    "threads": process.threads, "host_cpus": threads.cpus}
-        if one_thread:
+        evidence: dict = {
+            "pid": process.pid, "process_cpu_pct": rounded(process.cpu_pct, 1),
+            "busiest_thread": process.busiest_thread,
+            "busiest_thread_cpu_pct": rounded(process.busiest_thread_cpu_pct, 1),
+            "busiest_thread_wait_for_cpu_pct": rounded(process.busiest_thread_wait_pct, 1),
+            "threads": process.threads, "host_cpus": threads.cpus}
+        role = _role(facts, process.pid, process.command)
+        if role.startswith("worker"):
+            evidence["process"] = role
+            worker = f"{role[:6]} {role[6:]}".strip()
+            finding = (f"{worker} (pid {process.pid}), the process that runs the engine's "
+                       f"step, used {process.cpu_pct:.0f}% of a core (its busiest thread "
+                       f"{process.busiest_thread_cpu_pct:.0f}%, waiting "
+                       f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
+                       f"host has {threads.cpus}: the engine's step is the bound of every "
+                       "stream this worker serves")
+            look_at = ENGINE_STEP_LOOK_AT.format(pid=process.pid)
+        elif role.startswith("front"):
+            evidence["process"] = role
+            finding = (f"the front's event loop (pid {process.pid}, "
+                       f"'{process.busiest_thread}') ran at "
+                       f"{process.busiest_thread_cpu_pct:.0f}% of a core (and waited "
+                       f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
+                       f"host has {threads.cpus}: that loop sets the pace of every stream "
+                       "the front serves")
+            look_at = ("what runs on the front's loop: py-spy dump --pid "
+                       f"{process.pid}; user code in the front (--app-in-front) moves to the "
+                       "workers; --fronts N runs several fronts behind the port, each with "
+                       "its own loop")
+        elif one_thread:
             finding = (f"one thread of the server (pid {process.pid}, '{process.busiest_thread}')"
                        f" ran at {process.busiest_thread_cpu_pct:.0f}% of a core (and waited "
                        f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "

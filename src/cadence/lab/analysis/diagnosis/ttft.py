@@ -1,7 +1,10 @@
 """Rules on time to first token, from the server's timing of each request's first chunk:
-`ttft_engine_start` (a slow admitting step) and `ttft_queueing` (waiting to be admitted)."""
+`ttft_engine_start` (a slow admitting step among a worker's first after its start) and
+`ttft_queueing` (waiting to be admitted)."""
 
 from __future__ import annotations
+
+import msgspec
 
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
@@ -10,6 +13,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_TTFT_QUEUEING,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
+from cadence.lab.measure.scrape import worker_startup
 from cadence.lab.results import Finding
 
 TTFT_HIGH_STEPS = 5.0
@@ -32,6 +36,16 @@ STARTUP_MIN_MS = 20.0
 """...and at least this many ms more than the p90 step: with sub-millisecond steps a
 scheduler hiccup of a few ms would otherwise look like a 10x stall."""
 
+STARTUP_FIRST_STEPS = 3
+"""A stall is a start-up's only on one of its worker's first this many steps in the run (the
+first shapes a fresh engine meets: its first prefill, its first decode): a long step later in
+the run is a long prompt's prefill or a hiccup, whatever its length."""
+
+STARTUP_WORKER_AGE_S = 60.0
+"""...and, where the lab saw the worker's process start, only when it had been running less
+than this when the run began (the bench started right after the server): an older worker may
+have served before the run, so its first steps in the run are not its first."""
+
 STARTUP_TTFT_SHARE = 0.5
 """The stall explains the TTFT tail when it is at least this share of TTFT p99, and shows
 in it when TTFT p99 is at least this share of the stall (the requests waited for it)."""
@@ -47,11 +61,53 @@ def ttft_high(facts: RunFacts, value: float) -> bool:
     return value >= max(TTFT_HIGH_STEPS * facts.typical_step, TTFT_HIGH_MIN_MS)
 
 
+def _start_up_steps(facts: RunFacts) -> float | None:
+    """The longest admitting step among its worker's first steps of the run after a start
+    (STARTUP_FIRST_STEPS, STARTUP_WORKER_AGE_S), in ms; 0.0 when none was; None when the
+    records carry no server timing to tell (then the run's longest admitting step stands)."""
+    timed = [r for r in facts.result.records or [] if r.t_step_start_ns and r.t_step_end_ns]
+    if not timed:
+        return None
+    steps: dict[int, set[int]] = {}
+    for r in timed:
+        steps.setdefault(r.worker, set()).update(r.t_step_start_ns)
+    restarted = _restarted_in_run(facts)
+    first: dict[int, set[int]] = {}
+    for w, starts in steps.items():
+        ordered = sorted(starts)
+        process = facts.result.system.processes.get(f"worker{w}")
+        age = process.age_s if process is not None else None
+        fresh = not isinstance(age, float) or age < STARTUP_WORKER_AGE_S
+        first[w] = set(ordered[:STARTUP_FIRST_STEPS]) if fresh else set()
+        if w in restarted and len(ordered) > 1:
+            # Its steps after the restart follow its longest pause (the new process's load).
+            pause = max(range(1, len(ordered)), key=lambda k: ordered[k] - ordered[k - 1])
+            first[w].update(ordered[pause:pause + STARTUP_FIRST_STEPS])
+    longest = 0.0
+    for r in timed:
+        if r.t_step_start_ns[0] in first[r.worker]:
+            longest = max(longest, (r.t_step_end_ns[0] - r.t_step_start_ns[0]) / 1e6)
+    return longest
+
+
+def _restarted_in_run(facts: RunFacts) -> set[int]:
+    """The workers the server restarted during the run, from its scraped metrics (`--scrape`
+    of cadence's own page); none where it was not scraped."""
+    scraped = facts.result.system.server_metrics
+    if scraped is None:
+        return set()
+    return {int(w["worker"]) for w in worker_startup(msgspec.to_builtins(scraped))
+            if w["restarts_during_run"]}
+
+
 def startup_stall(facts: RunFacts) -> float | None:
-    """The longest admitting step when it is a start-up stall (STARTUP_*), else None."""
+    """The longest admitting step when it is a start-up stall (STARTUP_*): one of its worker's
+    first steps after a start, STARTUP_STEP_FACTOR times the run's p90 step; else None."""
     if not (facts.step and facts.first_step and facts.typical_step):
         return None
-    longest, tail = facts.first_step.max, facts.step.p90
+    at_start = _start_up_steps(facts)
+    longest = facts.first_step.max if at_start is None else at_start
+    tail = facts.step.p90
     if longest >= STARTUP_STEP_FACTOR * tail and longest - tail >= STARTUP_MIN_MS:
         return longest
     return None
@@ -75,7 +131,7 @@ def engine_start(facts: RunFacts) -> list[Finding]:
                "serving or measure with --warmup")
     stall = startup_stall(facts)
     if (stall is not None and stall >= STARTUP_TTFT_SHARE * ttft.p99
-            and ttft.p99 >= STARTUP_TTFT_SHARE * stall):
+            and ttft.p99 >= STARTUP_TTFT_SHARE * stall and ttft_high(facts, ttft.p99)):
         queue = facts.segment("queue")
         if queue:
             evidence["queue_p50_ms"] = rounded(queue.p50)
