@@ -8,7 +8,8 @@ import random
 from collections.abc import Callable
 
 from cadence.lab.analysis.goodput import parse_term
-from cadence.lab.capacity import CONFIRM_RUNS, answer_lines, search
+from cadence.lab.capacity import CONFIRM_RUNS, search
+from cadence.lab.report.capacity import answer_lines
 from cadence.lab.results import BenchResult, Capacity, Distribution, Goodput, TermResult
 
 SLO = [parse_term("ttft_p99_ms=100")]

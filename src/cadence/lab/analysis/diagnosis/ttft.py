@@ -13,7 +13,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_TTFT_QUEUEING,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.measure.scrape import worker_startup
+from cadence.lab.analysis.startup import worker_startup
 from cadence.lab.results import Finding
 
 TTFT_HIGH_STEPS = 5.0
