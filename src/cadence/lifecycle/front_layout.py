@@ -72,8 +72,8 @@ class FrontLayout:
         socket for it, and every other front's output socket."""
         extra_inputs: list[list[str]] = [[] for _ in range(workers)]
         front_outputs = []
-        assert self.base is not None  # front 0's, made when it bound
         for k in range(1, self.fronts):
+            assert self.base is not None  # front 0 made it when it bound, as fronts > 1
             inputs, output = front_addresses(self.base, k, workers)
             front_outputs.append(output)
             for i in range(workers):
