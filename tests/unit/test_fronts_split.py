@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from cadence.config import ServerConfig
 from cadence.lab.sweep import _server_args, parse_vary
+from cadence.lifecycle.front_layout import FrontLayout
 from cadence.router.admission import SharedAdmissionGate
 from cadence.transport.messages import StepOutput, step_pieces
 from cadence.transport.worker_to_fronts import split_step
@@ -54,3 +56,10 @@ def test_shared_gate_limits_all_fronts_together(tmp_path) -> None:
 def test_sweep_varies_fronts() -> None:
     assert parse_vary("fronts=1,2") == ("fronts", ["1", "2"])
     assert _server_args(["--step-ms", "5"], "fronts", "2") == ["--step-ms", "5", "--fronts", "2"]
+
+
+def test_one_front_gives_its_workers_no_other_fronts_sockets() -> None:
+    # One front makes no shared folder (base stays None): its workers connect to it alone.
+    assert FrontLayout(ServerConfig()).other_fronts_sockets(2) == ([[], []], [])
+    two = FrontLayout(ServerConfig(fronts=2), base="/b").other_fronts_sockets(2)
+    assert two == ([["ipc:///b/f1-in-0"], ["ipc:///b/f1-in-1"]], ["ipc:///b/f1-out"])

@@ -433,9 +433,11 @@ class Generation:
         if chunk is None:
             act = True
         else:
+            write = self._write
+            assert write is not None  # set for the whole of write_from_reader, the only caller
             try:
                 # Output left waiting (over one chunk's bytes): the task sends it, at once.
-                act = self._write(chunk) or self._ended or stream.waiting_steps
+                act = write(chunk) or self._ended or stream.waiting_steps > 0
             except Exception as exc:  # noqa: BLE001 - the adapter's task meets it
                 self._write_error = exc
                 act = True

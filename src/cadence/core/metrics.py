@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from functools import partial
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -157,7 +159,7 @@ class FrontMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, front: int = 0) -> None:
         self.registry = registry or CollectorRegistry()
-        self._http = None
+        self._http: WSGIServer | None = None
         r = self.registry
         self.ttft = LoopHistogram("cadence_time_to_first_token_seconds",
                                   "From the front receiving a request to its first chunk handed "
@@ -265,7 +267,7 @@ class FrontMetrics:
     def watch_batches(self, batch_size: Callable[[int], float], workers: int) -> None:
         """`cadence_worker_batch_size` of each worker, `batch_size(worker)` when scraped."""
         for worker in range(workers):
-            self.batch_size.labels(str(worker)).set_function(lambda w=worker: batch_size(w))
+            self.batch_size.labels(str(worker)).set_function(partial(batch_size, worker))
 
     def watch_gateway(self, model_name: str, waiting: Callable[[], float],
                       running: Callable[[], float], kv_cache_usage: Callable[[], float]) -> None:

@@ -168,8 +168,12 @@ class RequestTracer:
         collector did not take by then are dropped, with one line. (The SDK's own flush
         waits out every retry of an unreachable collector, whatever its timeout.)"""
         flushed = threading.Event()
-        threading.Thread(target=lambda: (self._provider.force_flush(), flushed.set()),
-                         name="otlp-flush", daemon=True).start()
+
+        def flush() -> None:
+            self._provider.force_flush()
+            flushed.set()
+
+        threading.Thread(target=flush, name="otlp-flush", daemon=True).start()
         if flushed.wait(timeout_s):
             self._provider.shutdown()
             return

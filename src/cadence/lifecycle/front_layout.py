@@ -73,7 +73,7 @@ class FrontLayout:
         extra_inputs: list[list[str]] = [[] for _ in range(workers)]
         front_outputs = []
         for k in range(1, self.fronts):
-            assert self.base is not None  # with several fronts, front 0's, made when it bound
+            assert self.base is not None  # front 0 made it when it bound, as fronts > 1
             inputs, output = front_addresses(self.base, k, workers)
             front_outputs.append(output)
             for i in range(workers):

@@ -34,6 +34,7 @@ from cadence.lifecycle.supervisor import WorkerSupervisor, WorkerWatcher
 from cadence.net.asgi_grpc import GrpcAsgiApp
 from cadence.net.failed_sends import GRPC_LOGGER, count_failed_sends
 from cadence.net.grpc_server import GrpcServer
+from cadence.router.admission import SharedAdmissionGate
 from cadence.router.worker_router import router_for
 from cadence.transport.front_channel import FrontChannel
 from cadence.transport.messages import StepsFailing, WorkerReady
@@ -53,6 +54,9 @@ class CadenceServer:
     what was started in reverse, leaving no process behind. With `--fronts N`, front 0 (this
     class with `front=0`) also starts fronts 1..N-1, each this class in its own process.
     """
+
+    supervisor: WorkerSupervisor | WorkerWatcher
+    """Front 0's supervisor of its workers, or a child front's watcher (set by `start`)."""
 
     def __init__(self, config: ServerConfig, launcher: Launcher | None = None, *,
                  front: int = 0, base_dir: str | None = None, generation: int = 0,
@@ -138,6 +142,7 @@ class CadenceServer:
 
         # 6. The workers (front 0 launches them; a child front watches front 0's), ready.
         if layout.launches_workers:
+            assert isinstance(watcher, WorkerSupervisor)  # front 0 launches and supervises
             self._task(self._beat(channel))
             watcher.launch()
             stack.push_async_callback(watcher.stop, links)
@@ -149,6 +154,7 @@ class CadenceServer:
         if layout.launches_fronts:
             shared = (msgspec.structs.replace(config, http_port=self.http_port)
                       if self.http_port is not None else config)  # every front: one HTTP port
+            assert layout.base is not None  # front 0 made the fronts' folder when it bound
             fronts = FrontChildren(shared, layout.base, self.port, on_gone=self._front_gone,
                                    on_back=self._front_back)
             self.metrics.watch_front_restarts(fronts.restarts)
@@ -247,13 +253,13 @@ class CadenceServer:
             )
             for index, device in enumerate(config.devices)
         ]
-        self.supervisor = WorkerSupervisor(
+        supervisor = self.supervisor = WorkerSupervisor(
             launcher, specs, self.router, self._links, on_down=self.core.fail_worker,
             on_health=self._refresh_health, hang_timeout_s=config.worker_timeout_s,
             restart=config.restart_workers, heartbeat_timeout_s=config.heartbeat_timeout_s)
-        self.metrics.watch_restarts(self.supervisor.restarts, self.supervisor.restart_delay_s,
-                                    self.supervisor.ejections)
-        return self.supervisor
+        self.metrics.watch_restarts(supervisor.restarts, supervisor.restart_delay_s,
+                                    supervisor.ejections)
+        return supervisor
 
     def _serve_metrics(self) -> None:
         config = self.config
@@ -353,7 +359,9 @@ class CadenceServer:
 
     def _front_gone(self, k: int) -> None:
         """Front k died: its admission slots are free, the workers drop its sequences."""
-        self.layout.gate.clear(k)
+        gate = self.layout.gate
+        assert isinstance(gate, SharedAdmissionGate)  # only fronts > 1 have a front k to lose
+        gate.clear(k)
         for link in self._links:
             link.front_gone(k)
 

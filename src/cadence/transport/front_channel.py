@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 import msgspec
 import zmq
@@ -115,7 +116,8 @@ class WorkerLink:
         self._flush_scheduled = False
         if self._adds or self._aborts or self._pauses or self._resumes:
             # The worker decodes `adds` as AddRequests: the raw frames are spliced in as is.
-            message = WorkerInputs(self._adds, self._aborts, self._pauses, self._resumes)
+            message = WorkerInputs(self._adds,  # type: ignore[arg-type]  # Raw: encoded AddRequests
+                                   self._aborts, self._pauses, self._resumes)
             self._adds, self._aborts, self._pauses, self._resumes = [], [], [], []
             # Never blocks: the input socket has no high-water mark and admission bounds
             # how much can be outstanding. It fails only when no worker is connected,
@@ -144,7 +146,8 @@ class FrontChannel:
         if secure:
             public, secret = zmq.curve_keypair()
             self.curve_server_key = public.decode()
-            self.curve_client_keys = tuple(k.decode() for k in zmq.curve_keypair())
+            client_public, client_secret = zmq.curve_keypair()
+            self.curve_client_keys = (client_public.decode(), client_secret.decode())
             for option, value in ((zmq.CURVE_SERVER, 1), (zmq.CURVE_SECRETKEY, secret),
                                   (zmq.CURVE_PUBLICKEY, public)):
                 self._context.setsockopt(option, value)
@@ -194,7 +197,7 @@ class FrontChannel:
         events = zmq.EVENTS
 
         def on_readable() -> None:
-            while sock.getsockopt(events) & pollin:
+            while cast(int, sock.getsockopt(events)) & pollin:  # ZMQ_EVENTS is an int option
                 frame = recv()
                 try:
                     handle(decode(frame), monotonic_ns())
@@ -203,7 +206,7 @@ class FrontChannel:
                     # would never wake the loop again, and every stream would stall.
                     log.exception("dropped a worker message that could not be handled")
 
-        fd = sock.getsockopt(zmq.FD)
+        fd = sock.fileno()  # ZMQ_FD
         loop.add_reader(fd, on_readable)
         first = loop.call_soon(on_readable)  # messages that arrived before the reader was added
 

@@ -103,16 +103,15 @@ class MultiFrontChannel(WorkerChannel):
 
     def send(self, message: WorkerOutput) -> None:
         n, encode = self.fronts, self._encode
-        kind = type(message)
-        if kind is StepOutput:
+        if type(message) is StepOutput:
             for front, part in enumerate(split_step(message, n)):
                 if part is not None and front not in self.gone:
                     self._send_to(front, encode(part))
-        elif kind is RequestFailed:
+        elif type(message) is RequestFailed:
             self._send_to(message.seq_id % n, encode(message))
         else:  # WorkerReady, StepsFailing: every front
             frame = encode(message)
-            if kind is WorkerReady:
+            if type(message) is WorkerReady:
                 self._ready_frame = frame
             for front in range(n):
                 self._send_to(front, frame)
@@ -126,12 +125,12 @@ class MultiFrontChannel(WorkerChannel):
 def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
     """One step's output as one message per front (`seq_id % fronts` owns a sequence);
     None for a front with nothing in this step."""
-    seq_ids = [[] for _ in range(fronts)]
-    tokens = [[] for _ in range(fronts)]
-    counts = [[] for _ in range(fronts)]
-    texts = [[] for _ in range(fronts)]
-    finished = [[] for _ in range(fronts)]
-    reasons = [[] for _ in range(fronts)]
+    seq_ids: list[list[int]] = [[] for _ in range(fronts)]
+    tokens: list[list[int]] = [[] for _ in range(fronts)]
+    counts: list[list[int]] = [[] for _ in range(fronts)]
+    texts: list[list[str]] = [[] for _ in range(fronts)]
+    finished: list[list[int]] = [[] for _ in range(fronts)]
+    reasons: list[list[int]] = [[] for _ in range(fronts)]
     prompt_lens: list[dict[int, int]] = [{} for _ in range(fronts)]
     cached: list[dict[int, int]] = [{} for _ in range(fronts)]
     # A step's pieces are all bare tokens or all lists, and its texts all None or all str
@@ -139,7 +138,7 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
     for seq_id, piece, text in step_pieces(message):
         f = seq_id % fronts
         seq_ids[f].append(seq_id)
-        if type(piece) is int:
+        if isinstance(piece, int):
             tokens[f].append(piece)
         else:
             tokens[f] += piece
