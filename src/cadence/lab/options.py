@@ -25,8 +25,8 @@ import msgspec
 BENCH, SWEEP, CAPACITY = "bench", "sweep", "capacity"
 LAB = (BENCH, SWEEP, CAPACITY)
 
-# The sections of the help (argparse's argument groups), in the order they are shown. Their
-# first word is their name for `--help=SECTION`.
+# The sections of the help (argparse's argument groups). Their first word is their name for
+# `--help=SECTION` (cadence.cli).
 GENERAL = ""
 """The section of the help that lists the options with no section of their own."""
 SERVERS = "servers (those the sweep starts, one per run)"
@@ -34,7 +34,7 @@ PROTOCOL = "protocol (how the load talks to the server)"
 GRPC = "grpc: --protocol grpc (any server-streaming or bidirectional method)"
 LOAD = "load (how the requests arrive, and how many)"
 REQUESTS = "requests (their lengths, prompts and classes)"
-REPLAY = "replay of a --trace"
+REPLAY = "replay (of a --trace)"
 SESSIONS = "sessions (--sessions: conversations of several turns)"
 CLIENTS = "clients (the load's processes, and how each request behaves)"
 MEASURE = "measurement (what else the run reads, and how it is judged)"
