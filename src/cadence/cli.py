@@ -50,6 +50,11 @@ class _CommandParser(argparse.ArgumentParser):
     def __init__(self, *, env_prefix: str = "", **kwargs) -> None:
         kwargs.setdefault("formatter_class", _DefaultsShown)
         super().__init__(**kwargs)
+        for action in self._actions:
+            if action.dest == "help":
+                action.help = ("show this help and exit; --help=SECTION shows one section "
+                               "(by the first words of its heading: --help=load), or else the "
+                               "flags whose names hold SECTION")
         self.env_prefix = env_prefix
         """Set: each `--flag-name` also read from $PREFIX_FLAG_NAME when the command line
         does not give it (a container's settings from its environment)."""
@@ -103,13 +108,48 @@ class _CommandParser(argparse.ArgumentParser):
                              f"${self.env_prefix}{meant[0]}?)\n")
             print(f"{self.prog}: warning: ${name} names no flag; it is ignored", file=sys.stderr)
 
+    def _section_help(self, wanted: str) -> typing.NoReturn:
+        """`--help=SECTION`, as vLLM's `--help=<group>`: the sections whose name (`_section`)
+        starts with SECTION, else the flags whose names hold it; exit 2 naming the sections
+        when nothing matches."""
+        key = wanted.strip().lower().replace("-", " ")
+        groups = [g for g in self._action_groups if g._group_actions]
+        chosen = [g for g in groups if _section(g.title).startswith(key)] if key else []
+        flags = [a for a in self._actions if any(
+            key.replace(" ", "-") in o for o in a.option_strings)] if key else []
+        if not chosen and not flags:
+            names = ", ".join(_section(g.title).replace(" ", "-") for g in groups)
+            self.exit(2, f"{self.prog}: error: --help={wanted}: no section or flag of that "
+                         f"name; the sections: {names}\n")
+        formatter = self._get_formatter()
+        shown = ([(g.title, g._group_actions) for g in chosen]
+                 or [(f"flags that hold {wanted!r}", flags)])
+        for title, actions in shown:
+            formatter.start_section(title)
+            formatter.add_arguments(actions)
+            formatter.end_section()
+        self._print_message(formatter.format_help(), sys.stdout)
+        self.exit(0)
+
     def parse_known_args(self, args=None, namespace=None):
+        given = sys.argv[1:] if args is None else args
+        wanted = next((a.removeprefix("--help=") for a in given if a.startswith("--help=")),
+                      None)
+        if wanted is not None:
+            self._section_help(wanted)
         if self.env_prefix:
             namespace = self._from_environment(namespace or argparse.Namespace())
         parsed, unknown = super().parse_known_args(args, namespace)
         if unknown:
             self.error(f"unrecognized arguments: {' '.join(unknown)}")
         return parsed, unknown
+
+
+def _section(title: str | None) -> str:
+    """A help section's name for `--help=SECTION`: its heading up to a `(` or `:`, less a
+    leading "the", lower case (`the engine (what generates the tokens)`: engine)."""
+    name = (title or "").split("(")[0].split(":")[0].strip().lower()
+    return name.removeprefix("the ")
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:

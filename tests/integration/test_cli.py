@@ -97,3 +97,31 @@ def test_a_setting_that_would_start_a_broken_server_is_refused_in_one_line(args,
     assert code != 0, f"cadence serve {args} {env} started"
     assert stderr.strip().splitlines() == [f"cadence serve: {said}"] or \
         stderr.strip().splitlines() == [f"cadence serve: error: {said}"], stderr
+
+
+@pytest.mark.parametrize(("command", "section", "shown", "not_shown"), [
+    ("bench", "load", "--concurrency", "--protocol"),
+    ("sweep", "servers", "--server-cmd", "--concurrency"),
+    ("capacity", "measurement", "--slo", "--max-tokens"),
+    ("serve", "synthetic", "--step-ms", "--max-batch"),
+    ("bench", "trace-speed", "--trace-speed", "--concurrency"),  # a flag, by its name
+])
+def test_help_shows_one_section_when_asked_for_it(command, section, shown, not_shown) -> None:
+    """`--help=SECTION`, as vLLM's `--help=<group>`: the flags of that section of the help
+    (or, when no section is named so, the flags whose names hold it), and nothing else."""
+    done = _cadence(command, f"--help={section}")
+    assert done.returncode == 0, done.stderr
+    flags = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  --")]
+    assert shown in flags and not_shown not in flags
+
+
+def test_help_of_a_section_that_is_not_there_names_the_sections() -> None:
+    done = _cadence("bench", "--help=nonesuch")
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.strip() == (
+        "cadence bench: error: --help=nonesuch: no section or flag of that name; the sections: "
+        "options, protocol, grpc, security, load, requests, replay, sessions, clients, "
+        "measurement")
+    full = _cadence("bench", "--help").stdout
+    for heading in ("load (", "requests (", "measurement (", "protocol ("):
+        assert f"\n{heading}" in full

@@ -124,4 +124,4 @@ def test_imports_inside_functions_count() -> None:
     # bench_cli imports the load generator lazily (inside functions): those are seen too.
     lazy = {target for target, _, line in imports("cadence.lab.bench_cli")
             if target.startswith("cadence.lab.load.")}
-    assert "cadence.lab.load.lengths" in lazy
+    assert "cadence.lab.load.plan" in lazy

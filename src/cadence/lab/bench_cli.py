@@ -14,58 +14,6 @@ if TYPE_CHECKING:
     from cadence.lab.results import BenchResult
 
 
-def _length(text: str):
-    """`--max-tokens`/`--prompt-tokens` (`cadence.lab.load.lengths.token_lengths`)."""
-    from cadence.lab.load.lengths import token_lengths
-
-    try:
-        return token_lengths(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seconds(text: str) -> float:
-    """A number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {text!r}")
-    return value
-
-
-def _speed(text: str) -> float:
-    value = _seconds(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a speed above 0, got {text!r}")
-    return value
-
-
-def _window(text: str) -> tuple[float, float | None]:
-    """`START:END` seconds into a trace; either may be left out."""
-    start, sep, end = text.partition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected START:END (seconds), got {text!r}")
-    try:
-        bounds = (float(start or 0), float(end) if end else None)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected START:END (seconds), got {text!r}") from None
-    if bounds[0] < 0 or (bounds[1] is not None and bounds[1] <= bounds[0]):
-        raise argparse.ArgumentTypeError(f"expected 0 <= START < END, got {text!r}")
-    return bounds
-
-
 def read_prompts(path: str) -> list[tuple[list[int], int]]:
     """A JSONL file, one {"prompt": str, "max_tokens": int (optional)} per line."""
     from cadence.byte_tokenizer import ByteTokenizer
@@ -101,57 +49,12 @@ EXIT_CODES = (f"exit status: 0 the run went through (whatever its verdict); {EXI
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
+    from cadence.lab.options import BENCH, add_flags
+
     p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments",
                        epilog=EXIT_CODES)
-    p.add_argument("--target", required=True,
-                   help="HOST:PORT of the server (--protocol openai: http://HOST:PORT)")
-    add_protocol_args(p)
-    add_workload_args(p)
-    p.add_argument("--server-pid", type=int, default=None, metavar="PID",
-                   help="the server process whose CPU to sample (default: cadence's processes, "
-                        "or the process listening on a local target's port)")
-    p.add_argument("--baseline", action="store_true",
-                   help="also run the workload through the engine alone (local server only) "
-                        "and report serving overhead")
-    p.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT_ms=BOUND",
-                   help="a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
-                        "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, "
-                        "p90, p99 or max): goodput counts the requests that meet every term, "
-                        "and the run passes when its percentiles do (default: none)")
-    add_scrape_args(p)
-    p.add_argument("--otlp-receive", default=None, metavar="[HOST:]PORT",
-                   help="receive the server's OpenTelemetry spans (OTLP/gRPC) here during the "
-                        "run and join them to the requests by trace id: TTFT split before, "
-                        "inside and after the server's span (point the server at it, e.g. "
-                        "cadence serve or vllm serve --otlp-traces-endpoint "
-                        "http://127.0.0.1:PORT); HOST defaults to 127.0.0.1 (default: off)")
-    p.add_argument("--otlp-wait", type=float, default=10.0, metavar="S",
-                   help="after the run, wait up to S seconds for the last spans (a server's "
-                        "batch processor sends every few seconds)")
-    p.add_argument("--json", dest="json_path", default=None, help="write every aggregate and raw record here")
-    p.add_argument("--repeat", type=_positive, default=1, metavar="N",
-                   help="run the workload N times back to back: the JSON's `repeats` holds each "
-                        "key figure's value per run, mean and 95%% confidence interval (the "
-                        "rest is the first run's), and `cadence report a.json b.json "
-                        "--fail-if` then judges a regression only outside that noise")
-    p.add_argument("--export", default=None, metavar="FILE",
-                   help="also write one row per request (ids, tokens, TTFT, ITL, dispatch "
-                        "delay, ...): CSV when FILE ends in .csv, Parquet in .parquet (the "
-                        "parquet extra), else JSONL")
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (there is none anyway when stderr is not a terminal)")
+    add_flags(p, BENCH)  # as cadence.lab.options declares them
     p.set_defaults(func=_bench)
-
-
-def add_scrape_args(p: argparse.ArgumentParser) -> None:
-    """`--scrape`; shared by bench and capacity."""
-    p.add_argument("--scrape", action="append", default=[], metavar="URL",
-                   help="a Prometheus metrics page of any server (e.g. vLLM's "
-                        "http://HOST:8000/metrics), repeatable: read every 0.5 s during the "
-                        "run, its gauges and counters' rates kept on the run's time axis "
-                        "(JSON `scraped`), and the requests running, waiting and the KV cache "
-                        "in use of vLLM, SGLang, Triton and cadence given to the diagnosis; "
-                        "checked before the run (default: none)")
 
 
 def check_scrapes(urls: list[str], command: str) -> None:
@@ -166,57 +69,6 @@ def check_scrapes(urls: list[str], command: str) -> None:
             sys.exit(f"cadence {command}: --scrape {url}: {exc}")
 
 
-def add_protocol_args(p: argparse.ArgumentParser) -> None:
-    """The options that say how to talk to the server; shared by bench and sweep."""
-    p.add_argument("--protocol", choices=["cadence", "kserve", "grpc", "openai"],
-                   default="cadence",
-                   help="cadence.v1.Inference/Generate (default), the Open Inference Protocol "
-                        "(KServe v2 / Triton gRPC, ModelStreamInfer) of any server that speaks "
-                        "it, any gRPC streaming method (--method, --request-json), or the OpenAI "
-                        "HTTP API with SSE of any server that speaks it (docs/openai.md)")
-    p.add_argument("--model", default="cadence",
-                   help="--protocol kserve or openai: the model to drive (default: cadence's "
-                        "own)")
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
-                   help="--protocol openai: /v1/completions (default) or /v1/chat/completions")
-    p.add_argument("--tokenizer", default=None, metavar="PATH",
-                   help="--protocol openai: a Hugging Face tokenizer folder (its "
-                        "tokenizer.json, on this host): another server's output is counted "
-                        "in its tokens rather than by events or the server's usage")
-    p.add_argument("--kserve-inputs", default="PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens",
-                   metavar="NAME=SOURCE,...",
-                   help="--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the "
-                        "prompt's token ids), max_tokens, or an integer (e.g. "
-                        "'N=max_tokens,DELAY_MS=10' for the PyTriton peer), each optionally "
-                        "followed by :batched (a leading batch dimension of one, for a "
-                        "Triton model with batching)")
-    g = p.add_argument_group("--protocol grpc (any server-streaming or bidirectional method)")
-    g.add_argument("--method", default=None, metavar="PACKAGE.SERVICE/METHOD",
-                   help="the method to drive")
-    g.add_argument("--request-json", default=None, metavar="JSON",
-                   help='the request in the proto3 JSON mapping; whole string values '
-                        '"{max_tokens}", "{prompt}", "{request_id}" and "{i}" are replaced per '
-                        'request')
-    g.add_argument("--proto", action="append", default=[], metavar="FILE",
-                   help="the service's .proto file (repeatable), when the server offers no "
-                        "reflection")
-    g.add_argument("--proto-path", action="append", default=[], metavar="DIR",
-                   help="where --proto files and their imports are found (repeatable)")
-    g.add_argument("--tokens-field", default="", metavar="NAME",
-                   help="the response field that holds its tokens (a repeated field counts its "
-                        "elements, a number is a count, a string is one); default: one message "
-                        "is one token")
-    g.add_argument("--index-field", default="", metavar="NAME",
-                   help="the response field that numbers the output (the position of the "
-                        "message's first token, or the message's number without "
-                        "--tokens-field): turns on the lost/repeated/reordered checks")
-    g.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
-                   help="metadata sent with every call (repeatable), e.g. authorization=...")
-    from cadence.credentials import add_arguments
-
-    add_arguments(p)
-
-
 def protocol_from_args(args: argparse.Namespace, command: str):
     """(kserve target, None) or (None, a function that resolves the gRPC target against a
     server's address) or (None, None) for cadence's protocol; exits with one line when the
@@ -228,10 +80,10 @@ def protocol_from_args(args: argparse.Namespace, command: str):
             return KServeTarget(args.model, parse_inputs(args.kserve_inputs)), None
         except ValueError as exc:
             sys.exit(f"cadence {command}: --kserve-inputs: {exc}")
-    grpc_only = ("method", "request_json", "proto", "proto_path", "tokens_field", "index_field",
-                 "header")
     if args.protocol != "grpc":
-        given = [f"--{n.replace('_', '-')}" for n in grpc_only if getattr(args, n)]
+        from cadence.lab.options import GRPC_ONLY
+
+        given = [f"--{n.replace('_', '-')}" for n in GRPC_ONLY if getattr(args, n)]
         if given:
             sys.exit(f"cadence {command}: {', '.join(given)} need --protocol grpc")
         return None, None
@@ -292,94 +144,8 @@ def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):
     return grpc
 
 
-def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """The options that say what load to send; shared by bench and sweep."""
-    load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", type=int, default=64, help="streams open at once (closed loop)")
-    load.add_argument("--rate", type=_rate, default=None, metavar="R|LO:HI",
-                      help="requests/s, Poisson arrivals (open loop); LO:HI with --ramp: "
-                           "rising from LO to HI")
-    load.add_argument("--stages", type=_stages, default=None, metavar="R:S,R:S,...",
-                      help="open loop in steps: R requests/s for S seconds, then the next; "
-                           "the run ends with the last")
-    load.add_argument("--trace", default=None, metavar="FILE",
-                      help="replay a trace (open loop, each request at its time): JSONL or CSV "
-                           "rows of timestamp (ms), input_length, output_length and optionally "
-                           "hash_ids (Mooncake: prompts that share blocks share prefixes) and "
-                           "session_id")
-    load.add_argument("--sessions", type=_positive, default=None, metavar="N",
-                      help="N conversations at once, each --turns turns: every turn sends the "
-                           "history and a new user message (--prompt-tokens long; the "
-                           "answers in the history are stand-ins --max-tokens long)")
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests in all (default: --concurrency, unless --duration is given)")
-    p.add_argument("--duration", type=float, default=None, help="stop sending new requests after S seconds")
-    p.add_argument("--max-tokens", type=_length, default="128",
-                   help="N, LO:HI (uniform), normal:MEAN,SD, lognormal:MEAN,SD (either with "
-                        ",MIN,MAX) or empirical:FILE (one length a line)")
-    p.add_argument("--prompt-tokens", type=_length, default="16",
-                   help="as --max-tokens, for the prompt")
-    p.add_argument("--prompts", default=None, help='JSONL file of {"prompt": ..., "max_tokens": ...}')
-    p.add_argument("--class", dest="classes", action="append", default=[], type=_request_class,
-                   metavar="'NAME prompt=LEN max=LEN slo=TERM,...'",
-                   help="a request class for --mix (repeatable): its name, then its prompt and "
-                        "output lengths (as --prompt-tokens and --max-tokens; default theirs) "
-                        "and optionally its own SLO terms (as --slo), separated by spaces, "
-                        "e.g. --class 'chat prompt=128 max=64 slo=ttft_p99_ms=200'")
-    p.add_argument("--mix", type=_mix_shares, default=None, metavar="NAME:SHARE%,...",
-                   help="send the --class classes in these shares (e.g. "
-                        "'chat:70%%,summarize:30%%'; they add up to 100%%): results by class")
-    p.add_argument("--ramp", type=_duration, default=None, metavar="S",
-                   help="with --rate LO:HI: the rate rises linearly from LO to HI over S "
-                        "seconds (e.g. 120s), then holds")
-    p.add_argument("--saturation-stop", type=_duration, nargs="?", const=2.0, default=None,
-                   metavar="WINDOW_S",
-                   help="with --rate LO:HI --ramp S or --stages: end the run once the server "
-                        "no longer keeps up (in windows of WINDOW_S seconds, default 2: the "
-                        "achieved rate more than 10%% under the offered one while TTFT p50 "
-                        "grows past twice its floor, two windows in a row) and report the "
-                        "knee's rate (JSON `saturation`)")
-    p.add_argument("--warmup-duration", type=_duration, default=0.0, metavar="S",
-                   help="the requests sent in the run's first S seconds are sent but not "
-                        "counted")
-    p.add_argument("--trace-speed", type=_speed, default=1.0, metavar="X",
-                   help="--trace: play it X times as fast (0.5: half as fast)")
-    p.add_argument("--trace-window", type=_window, default=None, metavar="START:END",
-                   help="--trace: only the rows from START to END seconds after its first "
-                        "(either may be left out), the replay starting at START")
-    p.add_argument("--trace-block-tokens", type=_positive, default=512, metavar="N",
-                   help="--trace: tokens per hash_ids block (Mooncake's: 512)")
-    p.add_argument("--turns", type=_positive, default=None, metavar="K",
-                   help="--sessions: turns per conversation (default 3)")
-    p.add_argument("--think-ms", type=_seconds, default=0.0, metavar="D",
-                   help="--sessions: pause between a turn's end and the next turn")
-    p.add_argument("--session-header", default="", metavar="NAME",
-                   help="send each request's session id in this header (gRPC metadata, HTTP "
-                        "header), for a server or proxy that routes a session to one replica "
-                        "(--sessions, or a --trace with session_id)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the requests' lengths and prompts")
-    p.add_argument("--warmup", type=int, default=0, help="requests per process sent first, not counted")
-    p.add_argument("--timeout", type=float, default=None, help="per-request deadline (s)")
-    p.add_argument("--stall-limit", type=_seconds, default=None, metavar="S",
-                   help="end a request that gets no message for S seconds (its first counted "
-                        "from its start) as failed, code STALLED (default: 60 without "
-                        "--timeout, none with it; 0: none)")
-    p.add_argument("--procs", type=int, default=1, help="load-generating processes")
-    p.add_argument("--channels", type=int, default=1, help="gRPC connections per process")
-    p.add_argument("--read-delay-ms", type=_share_of, default=(0.0, 1.0), metavar="MS[@SHARE%]",
-                   help="pause after each chunk, to play a slow-reading client; with @SHARE%% "
-                        "only that share of the requests (the slow_reader population)")
-    p.add_argument("--cancel-ms", type=_share_of, default=None, metavar="MS@SHARE%",
-                   help="cancel that share of the requests MS after their send, mid-stream "
-                        "(the cancelling population; counted apart from errors)")
-    p.add_argument("--deadline-ms", type=_share_of, default=None, metavar="MS@SHARE%",
-                   help="give that share of the requests a deadline of MS (the deadline "
-                        "population)")
-    p.add_argument("--no-timing", action="store_true", help="do not ask for server timestamps")
-
-
 def workload_from_args(args: argparse.Namespace):
-    """The Workload that `add_workload_args` options describe."""
+    """The Workload that the load's options describe (cadence.lab.options.WorkloadOptions)."""
     from cadence.lab.bench import Workload
     from cadence.lab.load.plan import Conversation, RequestShape
 
@@ -432,51 +198,6 @@ def workload_from_args(args: argparse.Namespace):
     )
 
 
-_CLASS_KEYS = ("prompt", "max", "slo")
-
-
-def _request_class(text: str):
-    """`NAME prompt=LEN max=LEN slo=TERM,...`: a RequestClass (lengths unset: the run's)."""
-    from cadence.lab.analysis.goodput import parse_term
-
-    name, *fields = text.split()
-    given: dict[str, str] = {}
-    for item in fields:
-        key, sep, value = item.partition("=")
-        if not sep or key not in _CLASS_KEYS or not value:
-            raise argparse.ArgumentTypeError(
-                f"expected 'NAME prompt=LEN max=LEN slo=TERM,...', got {item!r} in {text!r}")
-        given[key] = value
-    if not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"a class name is one word, got {name!r}")
-    slo = given.get("slo", "").split(",") if "slo" in given else []
-    try:
-        for term in slo:
-            parse_term(term)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"--class {name}: {exc}") from None
-    return name, given.get("prompt"), given.get("max"), slo
-
-
-def _mix_shares(text: str) -> list[tuple[str, float]]:
-    """`NAME:SHARE%,...`: (name, share in 0..1) pairs that add up to 1."""
-    shares = []
-    for part in text.split(","):
-        name, sep, share = part.strip().partition(":")
-        try:
-            value = float(share.removesuffix("%")) / 100 if sep else math.nan
-        except ValueError:
-            value = math.nan
-        if not name or not value > 0:
-            raise argparse.ArgumentTypeError(f"expected NAME:SHARE%,... (e.g. chat:70%,"
-                                             f"summarize:30%), got {part!r}")
-        shares.append((name, value))
-    if abs(sum(v for _, v in shares) - 1.0) > 1e-6:
-        raise argparse.ArgumentTypeError(f"the shares of --mix add up to "
-                                         f"{sum(v for _, v in shares):.0%}, not 100%")
-    return shares
-
-
 def _class_mix(args: argparse.Namespace):
     """The ClassMix of `--mix` and `--class`; None without them. Exits when they do not fit."""
     if args.mix is None:
@@ -487,6 +208,7 @@ def _class_mix(args: argparse.Namespace):
         sys.exit("cadence bench: --mix makes the requests itself: not with --prompts, --trace "
                  "or --sessions")
     from cadence.lab.load.plan import ClassMix, RequestClass
+    from cadence.lab.options import length
 
     defined = {name: (prompt, out, slo) for name, prompt, out, slo in args.classes}
     classes = []
@@ -498,7 +220,7 @@ def _class_mix(args: argparse.Namespace):
         for key, text, default in (("prompt", prompt, args.prompt_tokens),
                                    ("max", out, args.max_tokens)):
             try:
-                lengths[key] = _length(text) if text else default
+                lengths[key] = length(text) if text else default
             except argparse.ArgumentTypeError as exc:
                 sys.exit(f"cadence bench: --class {name}: {key}={text}: {exc}")
         classes.append(RequestClass(
@@ -521,19 +243,6 @@ def _saturation_window(args: argparse.Namespace, stages) -> float:
     return window
 
 
-def _share_of(text: str) -> tuple[float, float]:
-    """`MS` (every request) or `MS@SHARE%`: (ms, share in 0..1)."""
-    value, sep, share = text.partition("@")
-    try:
-        ms = float(value)
-        part = float(share.removesuffix("%")) / 100 if sep else 1.0
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected MS or MS@SHARE%, got {text!r}") from None
-    if ms < 0 or not 0 < part <= 1:
-        raise argparse.ArgumentTypeError(f"expected MS >= 0 and 0 < SHARE <= 100%, got {text!r}")
-    return ms, part
-
-
 def _client_mix(args: argparse.Namespace):
     """The populations of `--read-delay-ms MS@SHARE%`, `--cancel-ms`, `--deadline-ms`; None
     when every request behaves alike. Exits when the shares add up to more than all."""
@@ -547,39 +256,6 @@ def _client_mix(args: argparse.Namespace):
         sys.exit("cadence bench: the shares of --read-delay-ms, --cancel-ms and --deadline-ms "
                  "add up to more than 100%")
     return ClientMix(read_delay=read_delay, cancel=cancel, deadline=deadline)
-
-
-def _rate(text: str) -> float | tuple[float, float]:
-    """`R` or `LO:HI` requests/s."""
-    lo, sep, hi = text.partition(":")
-    try:
-        rates = (float(lo), float(hi)) if sep else (float(lo),)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected R or LO:HI requests/s, got {text!r}") from None
-    if not all(r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"expected rates above 0, got {text!r}")
-    return rates if sep else rates[0]
-
-
-def _duration(text: str) -> float:
-    """Seconds, with or without an `s`."""
-    return _seconds(text.removesuffix("s"))
-
-
-def _stages(text: str) -> list[tuple[float, float, float]]:
-    """`R:S,R:S,...`: steps of R requests/s for S seconds."""
-    stages = []
-    for part in text.split(","):
-        rate, sep, length = part.strip().partition(":")
-        try:
-            r, s = float(rate), _duration(length)
-        except (ValueError, argparse.ArgumentTypeError):
-            r = s = 0.0
-        if not sep or r <= 0 or s <= 0:
-            raise argparse.ArgumentTypeError(
-                f"expected RATE:SECONDS,... (e.g. 10:30,50:30), got {part!r}")
-        stages.append((r, r, s))
-    return stages
 
 
 def _rate_shape(args: argparse.Namespace) -> tuple[float | None, list]:

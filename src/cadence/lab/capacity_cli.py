@@ -6,29 +6,13 @@ import argparse
 import json
 import sys
 
-from cadence.lab.bench_cli import add_protocol_args, add_scrape_args, add_workload_args
+from cadence.lab.options import CAPACITY, add_flags
 
 
 def add_capacity(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("capacity", help="the largest load a running server takes within a "
                                         "latency SLO, and what binds it there")
-    p.add_argument("--target", required=True,
-                   help="HOST:PORT of the running server (--protocol openai: http://HOST:PORT)")
-    p.add_argument("--search", required=True, choices=["concurrency", "rate"],
-                   help="what to raise: streams at once (closed loop) or requests/s (open loop)")
-    p.add_argument("--slo", required=True, action="append", metavar="METRIC_STAT_ms=BOUND",
-                   help="a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
-                        "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, "
-                        "p90, p99 or max); a load passes when its run's percentiles meet every "
-                        "term and no request failed")
-    p.add_argument("--low", type=float, default=1.0, help="the smallest load tried")
-    p.add_argument("--high", type=float, default=256.0, help="the largest load tried")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="runs per load; a load passes only when every run does")
-    p.add_argument("--json", dest="json_path", default=None, help="write the search here")
-    add_scrape_args(p)
-    add_protocol_args(p)
-    add_workload_args(p)
+    add_flags(p, CAPACITY)  # as cadence.lab.options declares them
     p.set_defaults(func=_capacity)
 
 
@@ -42,8 +26,6 @@ def _capacity(args: argparse.Namespace) -> None:
     check_outputs("capacity", {"--json": args.json_path})
     if not 0 < args.low < args.high:
         sys.exit("cadence capacity: --low must be above 0 and below --high")
-    if args.repeat < 1:
-        sys.exit("cadence capacity: --repeat must be at least 1")
     if args.search == "concurrency" and (args.low != int(args.low) or args.high != int(args.high)):
         sys.exit("cadence capacity: --search concurrency takes whole --low and --high")
     workload, credentials, slo, protocol = bench_inputs(args, "capacity")

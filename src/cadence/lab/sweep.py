@@ -2,7 +2,7 @@
 
 Each point gets `repeat` runs, and the table shows the spread over repeats next to the
 mean. A variable changes the server (SERVER_VARIABLES, or any `{NAME}` of `server_cmd`) or
-the load (CLIENT_VARIABLES). Without `target` each run gets a fresh server, so nothing
+the load (CLIENT_VARIABLES), both declared with the lab's options (cadence.lab.options). Without `target` each run gets a fresh server, so nothing
 carries over: `cadence serve`, or any server started from a command line (`server_cmd`,
 lab/servers/command_server.py) whose `{NAME}`s the values fill. With `target` the sweep
 drives a server that is already running and varies only the load: nothing is restarted,
@@ -33,26 +33,13 @@ from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.grpc_schema import SchemaError
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.kserve import KServeTarget
-from cadence.lab.load.lengths import token_lengths
 from cadence.lab.load.openai_http import OpenAITarget, require_http
+from cadence.lab.options import SERVER_VARIABLES, client_variables
 from cadence.lab.report.summary import PIPED_WIDTH
 from cadence.lab.results import BenchResult, Spread, Sweep, SweepPoint, SweepResult, SweepRow
 from cadence.lab.servers.command_server import CommandServer
 from cadence.lab.servers.readiness import require_reachable
 from cadence.lab.servers.server_process import ServerProcess
-
-SERVER_VARIABLES = {
-    "queue_capacity": "--queue-capacity",
-    "max_concurrent": "--max-concurrent",
-    "max_batch": "--max-batch",
-    "step_ms": "--step-ms",
-    "jitter_ms": "--jitter-ms",
-    "overflow": "--overflow",
-    "workers": "--devices",
-    "engine_threads": "--engine-threads",
-    "fronts": "--fronts",
-}
-"""Variables that change the server, and the `cadence serve` flag each sets."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,50 +51,10 @@ class Load:
     channels: int = 1
 
 
-def _whole(text: str, least: int = 1) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        number = least - 1
-    if number < least:
-        raise ValueError(f"expected a whole number of at least {least}, got {text!r}")
-    return number
-
-
-def _number(text: str) -> float:
-    try:
-        number = float(text)
-    except ValueError:
-        number = -1.0
-    if not number >= 0:  # NaN too
-        raise ValueError(f"expected a number of at least 0, got {text!r}")
-    return number
-
-
-def _workload(load: Load, **changes) -> Load:
-    return dataclasses.replace(load, workload=dataclasses.replace(load.workload, **changes))
-
-
-def _shape(load: Load, **changes) -> Load:
-    return _workload(load, shape=msgspec.structs.replace(load.workload.shape, **changes))
-
-
-CLIENT_VARIABLES: dict[str, Callable[[Load, str], Load]] = {
-    "concurrency": lambda load, v: _workload(load, concurrency=_whole(v), rate=None),
-    "rate": lambda load, v: _workload(load, rate=_number(v)),
-    "requests": lambda load, v: _workload(load, requests=_whole(v)),
-    "duration": lambda load, v: _workload(load, duration_s=_number(v)),
-    "max_tokens": lambda load, v: _shape(load, max_tokens=token_lengths(v), output_lengths=None),
-    "prompt_tokens": lambda load, v: _shape(load, prompt_tokens=token_lengths(v),
-                                            prompt_lengths=None),
-    "read_delay_ms": lambda load, v: _workload(load, read_delay_ms=_number(v)),
-    "timeout": lambda load, v: _workload(load, timeout_s=_number(v)),
-    "warmup": lambda load, v: _workload(load, warmup=_whole(v, least=0)),
-    "procs": lambda load, v: dataclasses.replace(load, processes=_whole(v)),
-    "channels": lambda load, v: dataclasses.replace(load, channels=_whole(v)),
-}
+CLIENT_VARIABLES: dict[str, Callable[[Load, str], Load]] = client_variables()
 """Variables that change the load (named as `cadence bench`'s flags), and how each value
-changes it; a bad value raises ValueError."""
+changes it; a bad value raises ValueError. Declared on the load's options
+(cadence.lab.options.WorkloadOptions, `Flag.vary`)."""
 
 TABLE_METRICS = (
     ("ttft_p50_ms", lambda r: r.ttft_ms.p50),

@@ -8,50 +8,18 @@ import shlex
 import sys
 
 from cadence.lab.bench_cli import (
-    add_protocol_args,
-    add_scrape_args,
-    add_workload_args,
     check_scrapes,
     openai_from_args,
     protocol_from_args,
     workload_from_args,
 )
-
-SERVE_ARGS = "--devices cpu:2 --step-ms 20"
+from cadence.lab.options import SERVE_ARGS, SWEEP, add_flags
 
 
 def add_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="vary server or load settings (one, or a grid of several); "
                                      "same workload per point")
-    p.add_argument("--vary", required=True, action="append", metavar="NAME=V1,V2,...",
-                   help="the variable and its values; repeat it for a grid of every "
-                        "combination. The server's: queue_capacity, workers, max_concurrent, "
-                        "max_batch, step_ms, jitter_ms, overflow, engine_threads (app engine), "
-                        "fronts; with --server-cmd, any {NAME} of the command. The load's "
-                        "(named as the flags below): concurrency, rate, requests, duration, "
-                        "max_tokens, prompt_tokens, read_delay_ms, timeout, warmup, procs, "
-                        "channels")
-    p.add_argument("--target", default=None, metavar="HOST:PORT",
-                   help="sweep the load against this running server, restarting nothing "
-                        "(--protocol openai: http://HOST:PORT); default: a fresh server per run")
-    p.add_argument("--repeat", type=int, default=1, help="runs per point")
-    p.add_argument("--serve-args", default=SERVE_ARGS,
-                   help="arguments of `cadence serve` that stay fixed (quoted)")
-    p.add_argument("--server-cmd", default=None, metavar="COMMAND",
-                   help="sweep a server of your own instead: a shell command with {port} (a "
-                        "free port) and {NAME} (the varied value) replaced; it runs in its own "
-                        "process group, stopped with SIGTERM (SIGKILL after 5 s)")
-    p.add_argument("--ready-timeout", type=float, default=60.0, metavar="S",
-                   help="--server-cmd: how long to wait for the server to answer gRPC "
-                        "(health SERVING, or any answer when it has no health service)")
-    add_protocol_args(p)
-    add_workload_args(p)
-    add_scrape_args(p)
-    p.add_argument("--json", dest="json_path", default=None, help="write the sweep's results here")
-    p.add_argument("--csv", dest="csv_path", default=None, metavar="PATH",
-                   help="write one row per point here: its values, the table's metrics, the "
-                        "diagnosis rules")
-    p.add_argument("--report", default=None, help="render plots and an HTML report into this folder")
+    add_flags(p, SWEEP)  # as cadence.lab.options declares them
     p.set_defaults(func=_sweep)
 
 
@@ -73,8 +41,6 @@ def _sweep(args: argparse.Namespace) -> None:
     if args.target is not None and (args.server_cmd or args.serve_args != SERVE_ARGS):
         sys.exit("cadence sweep: --target drives a running server; --serve-args and "
                  "--server-cmd start servers: give one or the other")
-    if args.repeat < 1:
-        sys.exit("cadence sweep: --repeat must be at least 1")
     check_outputs("sweep", {"--json": args.json_path, "--csv": args.csv_path},
                   {"--report": args.report})
     if args.scrape and args.target is None:
