@@ -35,6 +35,9 @@ Faults, any of which combine:
   batch M ms for its next block to be allocated (the others go on);
 - `--order-by-length shortest|longest` with `--max-batch N`: the waiting streams are admitted
   by their output budget, shortest (or longest) first.
+- `--duplicate-event P` / `--drop-event P` (sse): each stream's writer sends its event at
+  position P twice (a retry that resends) or never (a hand-off that overwrites); the usage
+  still counts the outputs the engine made.
 `--jitter` is the standard deviation of a step as a share of it (a clean server varies too).
 It prints `listening on HOST:PORT` once serving and stops on SIGTERM.
 """
@@ -266,9 +269,14 @@ async def serve_sse(engine: Engine, args: argparse.Namespace) -> tuple[object, i
         try:
             async for positions in stream.outputs():
                 for position in positions:
-                    held.append(_event({"object": "text_completion", "model": MODEL,
-                                        "choices": [{"index": 0, "text": f"t{position} ",
-                                                     "finish_reason": None}]}))
+                    event = _event({"object": "text_completion", "model": MODEL,
+                                    "choices": [{"index": 0, "text": f"t{position} ",
+                                                 "finish_reason": None}]})
+                    if position == args.drop_event:  # the planted fault
+                        continue
+                    held.append(event)
+                    if position == args.duplicate_event:  # the planted fault
+                        held.append(event)
                     if len(held) >= args.flush_events:  # the planted fault when above 1
                         await response.write(b"".join(held))
                         held.clear()
@@ -334,6 +342,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-tokens", type=int, default=0)
     p.add_argument("--block-ms", type=float, default=0.0)
     p.add_argument("--order-by-length", choices=["shortest", "longest"], default=None)
+    p.add_argument("--duplicate-event", type=int, default=-1)
+    p.add_argument("--drop-event", type=int, default=-1)
     return p
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cadence.lab.analysis.integrity import check_integrity, count_stream
+from cadence.lab.analysis.integrity import check_integrity, count_stream, events_against_usage
 from cadence.lab.records import RequestRecord
 
 
@@ -83,3 +83,59 @@ def test_a_run_adds_up_its_streams_and_counts_short_streams() -> None:
     ])
     assert (integrity.lost_tokens, integrity.repeated_tokens, integrity.reordered_chunks,
             integrity.short_streams) == (2 + 1, 0, 1, 2)
+
+
+def sse_record(events: int, usage: int | None, *, max_tokens: int = 10,
+               finish: str = "length") -> RequestRecord:
+    """An OpenAI stream from a server whose events carry no position: `events` text events,
+    then a final event and, unless None, the usage, decoded as the load generator does."""
+    from cadence.lab.load.openai_http import decode_events
+
+    lines = [b'data: {"choices": [{"text": "x"}]}'] * events
+    lines.append(b'data: {"choices": [{"text": "", "finish_reason": "%s"}]}' % finish.encode())
+    if usage is not None:
+        lines.append(b'data: {"choices": [], "usage": {"completion_tokens": %d}}' % usage)
+    record = RequestRecord(request_id="r", process=0, start_ns=0, max_tokens=max_tokens,
+                           arrival_ns=list(range(1, len(lines) + 1)))
+    decode_events(record, lines, False)
+    return record
+
+
+def test_each_sse_text_event_is_one_position_and_usage_is_kept_beside_them() -> None:
+    record = sse_record(5, 10)
+    assert (record.tokens, record.index, record.usage_outputs) == ([1] * 5, [0, 1, 2, 3, 4], 10)
+    assert sse_record(5, None).usage_outputs == -1
+
+
+def test_sse_events_against_usage() -> None:
+    assert events_against_usage(11, 10) == (1, 0)  # one event more than the server made
+    assert events_against_usage(9, 10) == (0, 1)
+    assert events_against_usage(10, 10) == (0, 0)
+
+    def checked(*records: RequestRecord) -> tuple:
+        i = check_integrity(list(records))
+        return (i.extra_events, i.usage_above_events, i.usage_above_events_streams,
+                i.lost_tokens, i.repeated_tokens, i.short_streams)
+
+    assert checked(sse_record(10, 10)) == (0, 0, 0, 0, 0, 0)  # whole
+    assert checked(sse_record(11, 10)) == (1, 0, 0, 0, 0, 0)  # an event sent twice
+    # One event missing, or one of two tokens: information, the stream not called short.
+    assert checked(sse_record(9, 10)) == (0, 1, 1, 0, 0, 0)
+    # A server that sends two tokens an event without saying so is not called broken.
+    assert checked(sse_record(5, 10), sse_record(5, 10)) == (0, 10, 2, 0, 0, 0)
+    # Its usage is its own count of the stream: short of max_tokens after a length finish.
+    assert checked(sse_record(8, 8)) == (0, 0, 0, 0, 0, 1)
+    assert checked(sse_record(8, 8, finish="stop")) == (0, 0, 0, 0, 0, 0)
+    # Without usage the events alone against max_tokens: a duplicate ends past it (short),
+    # a loss before it (lost, and short), as any stream numbered by the client.
+    assert checked(sse_record(11, None)) == (0, 0, 0, 0, 0, 1)
+    assert checked(sse_record(9, None)) == (0, 0, 0, 1, 0, 1)
+
+
+def test_extra_events_are_counted_over_sse_only() -> None:
+    from cadence.lab.analysis.integrity import counted_checks
+    from cadence.lab.results import Workload
+
+    assert "extra_events" in counted_checks(Workload(protocol="openai"))
+    assert "extra_events" not in counted_checks(Workload(protocol="cadence"))
+    assert "extra_events" not in counted_checks(Workload(protocol="kserve"))

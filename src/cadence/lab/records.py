@@ -73,6 +73,11 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     first_answer_ns: int = 0
     """Such a server: when its first answer output (`delta.content`) arrived; 0: none came,
     or no reasoning did."""
+    usage_outputs: int = -1
+    """OpenAI, a server whose events carry no position of its own: the outputs its
+    `usage.completion_tokens` counts, compared with the text events that arrived (each one
+    position) and never spread over them; -1: it sent no usage, or its events are numbered
+    (cadence's extension)."""
 
     @property
     def output_tokens(self) -> int:

@@ -56,6 +56,16 @@ class Integrity(msgspec.Struct, kw_only=True):
     short_streams: int = 0
     """Streams that ended OK without a final chunk, or with fewer than max_tokens tokens
     after a LENGTH finish."""
+    extra_events: int = 0
+    """OpenAI (SSE), a server whose events carry no position of its own: text events beyond
+    its own count of the stream's outputs (`usage.completion_tokens`), a duplicated event most
+    often. Each text event is one position, whatever usage says."""
+    usage_above_events: int = 0
+    """Information, not a fault: the outputs such a server's usage counts beyond the text
+    events that arrived, summed over its streams. Several tokens an event (usual for some
+    servers) or events missing: without positions of the server's own, which cannot be told."""
+    usage_above_events_streams: int = 0
+    """The streams with `usage_above_events`."""
 
 
 class Segments(msgspec.Struct, kw_only=True):

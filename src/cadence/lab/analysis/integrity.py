@@ -17,6 +17,19 @@ covers the positions [index, index + tokens). Per stream:
 
 So a swap is a reorder and nothing else, a gap is lost tokens and nothing else, and a repeat
 is repeated tokens and nothing else: each fault is counted once, under its own name.
+
+Over OpenAI (SSE), a server whose events carry no position of its own is numbered by the
+client: each text event is one position. Its usage (`RequestRecord.usage_outputs`) is
+compared with the events that arrived, never spread over them (a spread would hide a
+duplicated or a missing event):
+
+- extra_events: text events beyond the server's own count, a duplicated event most often:
+  a server never sends more text events than outputs;
+- usage_above_events (and usage_above_events_streams): outputs the usage counts beyond the
+  events, information and not a fault: several tokens an event is how some servers stream,
+  and an event missing cannot be told from it without the server's own positions (cadence's
+  extension has them: a missing event there is lost tokens). The stream's end, for
+  short_streams, is then the usage's count.
 """
 
 from __future__ import annotations
@@ -28,13 +41,16 @@ from dataclasses import dataclass
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import Integrity, Workload
 
-CHECKS = ("lost_tokens", "repeated_tokens", "reordered_chunks", "short_streams")
+CHECKS = ("lost_tokens", "repeated_tokens", "reordered_chunks", "short_streams", "extra_events")
 """The integrity counts of a result, in the order they are shown."""
 CHECK_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",
-               "reordered_chunks": "reordered", "short_streams": "short streams"}
+               "reordered_chunks": "reordered", "short_streams": "short streams",
+               "extra_events": "extra events"}
 """Each check as the summary and the findings say it."""
 _POSITIONS = CHECKS[:3]
 """The checks read from each chunk's position in its stream."""
+_EVENTS = CHECKS[4:]
+"""The checks only an SSE stream (OpenAI) has: its text events against its usage."""
 
 _FINISH_LENGTH = 1
 """A stream that ended because it reached max_tokens (cadence's FinishReason LENGTH)."""
@@ -44,8 +60,10 @@ def counted_checks(workload: Workload) -> tuple[str, ...]:
     """The checks the run behind `workload` counted. Any gRPC service (`--protocol grpc`)
     knows positions only from `--index-field`, and never why a stream ended, so it counts
     no short stream; every other protocol counts all."""
-    if not workload.grpc:
+    if workload.protocol == "openai":
         return CHECKS
+    if not workload.grpc:
+        return CHECKS[:4]
     return _POSITIONS if workload.grpc.index_field else ()
 
 
@@ -126,17 +144,33 @@ class _Covered:
         return seen
 
 
+def events_against_usage(events: int, usage: int) -> tuple[int, int]:
+    """An SSE stream's text events against its usage's count of outputs: (extra events, the
+    outputs usage counts beyond the events). See the module docstring."""
+    return max(0, events - usage), max(0, usage - events)
+
+
 def check_integrity(records: list[RequestRecord]) -> Integrity:
     """The run's integrity counts, over every stream (those that failed too: what they did
     receive must still be whole and in order)."""
     result = Integrity()
     for r in records:
         finished_for_length = r.code == "OK" and r.finish_reason == _FINISH_LENGTH
-        count = count_stream(r.index, r.tokens, r.max_tokens if finished_for_length else 0)
+        usage = r.usage_outputs
+        # Numbered by the client, a stream's end is the server's count where it gives one.
+        until = r.max_tokens if finished_for_length and usage < 0 else 0
+        count = count_stream(r.index, r.tokens, until)
         result.lost_tokens += count.lost
         result.repeated_tokens += count.repeated
         result.reordered_chunks += count.reordered
+        end = count.end
+        if usage >= 0:
+            extra, above = events_against_usage(len(r.tokens), usage)
+            result.extra_events += extra
+            result.usage_above_events += above
+            result.usage_above_events_streams += bool(above)
+            end = usage
         if r.code == "OK" and (r.finish_reason == 0
-                               or (finished_for_length and count.end != r.max_tokens)):
+                               or (finished_for_length and end != r.max_tokens)):
             result.short_streams += 1
     return result

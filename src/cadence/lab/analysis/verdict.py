@@ -90,7 +90,8 @@ TAIL_RULES = {
 }
 """The rules whose findings bear on each tail."""
 NOT_TAIL_RULES = {rules.RULE_REQUESTS_FAILING, rules.RULE_INTEGRITY_FAULTS,
-                  rules.RULE_UNDER_CAPACITY, RULE_UNEXPLAINED_TAIL}
+                  rules.RULE_UNDER_CAPACITY, RULE_UNEXPLAINED_TAIL,
+                  rules.RULE_USAGE_ABOVE_EVENTS}
 """Rules that explain no tail (they make a run unhealthy on their own, or say it is fine)."""
 
 TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}

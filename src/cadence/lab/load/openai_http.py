@@ -6,10 +6,11 @@ Between two events the hot path only stamps the arrival time and keeps the line'
 the events are parsed after the run (`decode_events`). Per event: `index` and `tokens` from
 cadence's own extension (`cadence_timing: true` puts the chunk's position, token count and
 server timestamps on every event, so the segments work); from another server, each event
-with text counts one token, unless the last chunk's `usage.completion_tokens` says more, which
-are then spread evenly over the events; with a tokenizer (`OpenAITarget.tokenizer`,
-`--tokenizer`), the output's text is counted in its tokens instead, spread the same way, and
-the prompt's text (a chat's messages' contents, without the chat template) in its tokens. A
+with text is one position (one output), and the last chunk's `usage.completion_tokens` is
+kept beside them (`usage_outputs`) for the integrity check to compare with the events, never
+spread over them (a spread would hide a duplicated or a missing event); with a tokenizer
+(`OpenAITarget.tokenizer`, `--tokenizer`), the output's text is counted in its tokens instead,
+spread evenly over the events, and the prompt's text (a chat's messages' contents, without the chat template) in its tokens. A
 server that streams reasoning apart from the answer (`delta.reasoning_content`, as vLLM and
 SGLang send, or `delta.reasoning`) has both counted as output; the first of each is kept
 (`first_reasoning_ns`, `first_answer_ns`). The request asks for usage
@@ -310,10 +311,11 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
             texts.append(text)
     if not record.first_reasoning_ns:
         record.first_answer_ns = 0  # only beside reasoning
-    if not ours and count is not None and texts:
-        usage_tokens = count("".join(texts))
-    if not ours and usage_tokens and tokens and usage_tokens != len(tokens):
-        whole, extra = divmod(usage_tokens, len(tokens))
+    if not ours and isinstance(usage_tokens, int) and usage_tokens >= 0:
+        record.usage_outputs = usage_tokens
+    counted = count("".join(texts)) if not ours and count is not None and texts else 0
+    if counted and counted != len(tokens):  # the tokenizer's count, asked for: per real token
+        whole, extra = divmod(counted, len(tokens))
         tokens[:] = [whole + (1 if i < extra else 0) for i in range(len(tokens))]
         index[:] = [0, *itertools.accumulate(tokens[:-1])]
     arrivals[:] = kept_arrivals

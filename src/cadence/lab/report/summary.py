@@ -139,7 +139,10 @@ def print_summary(result: BenchResult) -> None:
                       "--index-field)")
     else:
         console.print("integrity: " + ", ".join(
-            f"{CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks))
+            f"{CHECK_WORDS[name]} {getattr(integrity, name)}" for name in checks)
+            + (f" (information: usage counts {integrity.usage_above_events} outputs more than "
+               f"the text events in {integrity.usage_above_events_streams} streams)"
+               if integrity.usage_above_events_streams else ""))
     if result.server_spans:
         console.print(spans_line(result.server_spans), highlight=False, markup=False)
     if result.run:

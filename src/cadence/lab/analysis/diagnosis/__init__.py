@@ -8,7 +8,8 @@ Each rule is a `Rule` in the module of its family, with its thresholds beside it
 rules it gives way to (a finding another rule's finding explains is dropped):
 
 - `health`: requests_failing
-- `integrity`: integrity_faults (tokens lost, repeated, reordered; streams ended short)
+- `integrity`: integrity_faults, usage_above_events (tokens lost, repeated, reordered; streams
+  ended short; SSE events beyond the server's usage; information: usage above the events)
 - `connection`: server_stream_limit, slow_connect
 - `ttft`: ttft_engine_start, ttft_queueing
 - `itl`: itl_unstable_engine, itl_unstable_network_side, slow_reader

@@ -1,11 +1,13 @@
-"""The rule on the output itself: `integrity_faults` (tokens lost, repeated or out of order, or
-streams that ended short, as `cadence.lab.analysis.integrity` counts them). A run whose output
-is not whole is wrong whatever its latencies say."""
+"""The rules on the output itself: `integrity_faults` (tokens lost, repeated or out of order,
+streams that ended short, SSE events beyond the server's count, as
+`cadence.lab.analysis.integrity` counts them): a run whose output is not whole is wrong whatever
+its latencies say; `usage_above_events`, information: an SSE server's usage counts more
+outputs than text events arrived."""
 
 from __future__ import annotations
 
 from cadence.lab.analysis.diagnosis.facts import RunFacts
-from cadence.lab.analysis.diagnosis.names import RULE_INTEGRITY_FAULTS
+from cadence.lab.analysis.diagnosis.names import RULE_INTEGRITY_FAULTS, RULE_USAGE_ABOVE_EVENTS
 from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.analysis.integrity import CHECK_WORDS, count_stream, faults
 from cadence.lab.results import Finding
@@ -18,6 +20,8 @@ _LOOK_AT = {
                         "hand-off, one queue read by several senders)",
     "short_streams": "streams ended before their last output (an error swallowed, a "
                      "length limit of the server's)",
+    "extra_events": "text events sent beyond the server's own count of outputs (an event "
+                    "written twice: a retry that resends, a buffer flushed twice)",
 }
 
 _POSITIONS_FROM = {
@@ -55,4 +59,35 @@ def integrity_faults(facts: RunFacts) -> list[Finding]:
     )]
 
 
-RULES = (Rule(RULE_INTEGRITY_FAULTS, integrity_faults),)
+def usage_above_events(facts: RunFacts) -> list[Finding]:
+    """Information, not a fault: an SSE server's usage counts more outputs than text events
+    arrived. Several tokens an event is how some servers stream; a missing event looks the
+    same where the events carry no position of the server's own."""
+    integrity = facts.result.integrity
+    streams = integrity.usage_above_events_streams
+    if not streams:
+        return []
+    above = [r for r in facts.result.records or () if r.usage_outputs > len(r.tokens)]
+    evidence: dict = {"usage_above_events": integrity.usage_above_events,
+                      "usage_above_events_streams": streams}
+    said = f"usage counts {integrity.usage_above_events} outputs more than the text events"
+    if above:
+        evidence.update(usage_outputs=sum(r.usage_outputs for r in above),
+                        text_events=sum(len(r.tokens) for r in above),
+                        first_such_request=above[0].request_id)
+        said = (f"usage counts {evidence['usage_outputs']} outputs where "
+                f"{evidence['text_events']} text events arrived")
+    return [Finding(
+        rule=RULE_USAGE_ABOVE_EVENTS,
+        finding=(f"in {streams} streams the server's {said}: several tokens an event, or "
+                 "events missing (its events carry no position of its own, so which cannot "
+                 "be told); each event is counted as one output"),
+        evidence=evidence,
+        look_at=("whether the server sends several tokens an event (a stream interval, a "
+                 "detokenizer that holds back partial characters; --tokenizer then counts "
+                 "real tokens), else a writer that drops events"),
+    )]
+
+
+RULES = (Rule(RULE_INTEGRITY_FAULTS, integrity_faults),
+         Rule(RULE_USAGE_ABOVE_EVENTS, usage_above_events))
