@@ -45,7 +45,7 @@ EXIT_CODES = (f"exit status: 0 the run went through (whatever its verdict); {EXI
               "it cannot stand for the server (stopped early, every request failed) or could "
               "not start; 2 a usage error; "
               f"{EXIT_INTEGRITY} the output was not whole (lost, repeated or reordered tokens, "
-              "short streams)")
+              "short streams, extra SSE events)")
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
