@@ -182,6 +182,7 @@ def recognised(facts: RunFacts, kind: type[S],
     and it explains at least `min_itl_share` of the gaps' tail; else None."""
     tail = attribution(facts)
     signature = tail.signature(kind) if tail else None
-    if tail is None or signature is None or (min_itl_share and tail.itl_share(signature.rule) < min_itl_share):
+    if tail is None or signature is None or (min_itl_share
+                                             and tail.itl_share(signature.rule) < min_itl_share):
         return None
     return tail, signature
