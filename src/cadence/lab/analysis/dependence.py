@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import stats
+from scipy import stats  # type: ignore[import-untyped]  # scipy ships no types; no stubs installed
 
 from cadence.lab.records import RequestRecord
 

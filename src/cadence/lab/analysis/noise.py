@@ -38,7 +38,7 @@ def figure(result: BenchResult, name: str) -> float:
     dist, _, stat = name.removesuffix("_ms").rpartition("_")
     d = getattr(result, f"{dist}_ms", None)
     value = getattr(d, stat, None) if d else None
-    return float(value) if isinstance(value, int | float) and d.count else math.nan
+    return float(value) if isinstance(value, int | float) and d and d.count else math.nan
 
 
 def spread(values: Sequence[float]) -> RepeatedFigure:

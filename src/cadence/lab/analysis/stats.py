@@ -94,7 +94,8 @@ def itl_points(r: RequestRecord) -> list[tuple[int, float]]:
 def summarize(records: list[RequestRecord]) -> RunStats:
     """Every aggregate of a run."""
     ok = [r for r in records if is_ok(r)]
-    ttft, itl, gaps, tpot, e2e, chunk_tokens = [], [], [], [], [], []
+    itl: list[float] = []
+    ttft, gaps, tpot, e2e, chunk_tokens = [], [], [], [], []
     delay, engine, transfer, buffer, send, queue, to_front = [], [], [], [], [], [], []
     first: dict[str, list[float]] = {name: [] for name in TTFT_SEGMENTS}
     connect, after_connect = [], []

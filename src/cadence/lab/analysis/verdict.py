@@ -197,7 +197,7 @@ def _attribute(tail: TailVerdict, findings: list[Finding]) -> None:
     if any(s is None for s in shares):
         tail.unexplained_share = None
     else:
-        tail.unexplained_share = round(max(0.0, 1.0 - sum(shares)), 3)
+        tail.unexplained_share = round(max(0.0, 1.0 - sum(s for s in shares if s is not None)), 3)
 
 
 def _problems(result: BenchResult) -> list[str]:

@@ -40,7 +40,7 @@ def under_capacity(facts: RunFacts) -> list[Finding]:
         return []
     # Latency is normal in its tail too: a p90 TTFT that waits for a place in the batch is a
     # server at its limit, not one with room to spare.
-    if itl.p50 > SLOW_READER_ITL_FACTOR * typical or ttft_high(facts, ttft.p90):
+    if itl.p50 > SLOW_READER_ITL_FACTOR * typical or ttft_high(typical, ttft.p90):
         return []
     per_step = tokens_per_s * typical / 1e3 / len(facts.workers)
     if per_step >= UNDER_CAPACITY_BATCH:

@@ -51,16 +51,16 @@ def behind_schedule(facts: RunFacts) -> list[Finding]:
         if finite(value):
             evidence[name] = rounded(value)
     lag = client.schedule_lag_ms
+    lagging = ""
     if lag and lag.usable:
         evidence["schedule_lag_p50_ms"] = rounded(lag.p50)
         evidence["schedule_lag_p99_ms"] = rounded(lag.p99)
         evidence["schedule_lag_max_ms"] = rounded(lag.max)
+        lagging = f", sending up to {lag.max:.0f} ms late (p99 {lag.p99:.0f} ms)"
     rates = ""
     if "offered_rate_per_s" in evidence and "achieved_rate_per_s" in evidence:
         rates = (f": it sent {evidence['achieved_rate_per_s']:g} requests/s of the "
                  f"{evidence['offered_rate_per_s']:g} asked for")
-    lagging = (f", sending up to {lag.max:.0f} ms late (p99 {lag.p99:.0f} ms)"
-               if "schedule_lag_max_ms" in evidence else "")
     return [Finding(
         rule=RULE_CLIENT_BEHIND_SCHEDULE,
         finding=(f"the client fell behind its open-loop schedule{rates}{lagging}; the "

@@ -14,7 +14,7 @@ A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is
 from __future__ import annotations
 
 import weakref
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Reads
@@ -36,13 +36,14 @@ from cadence.lab.results import BenchResult
 
 S = TypeVar("S", bound=Signature)
 
-GAP_SIGNATURES = (HeldBack, PrefillStalls, SlowSteps, SharedStalls, SlowGroup)
+GAP_SIGNATURES: tuple[type[Signature], ...] = (HeldBack, PrefillStalls, SlowSteps, SharedStalls,
+                                               SlowGroup)
 """Claim each slow gap's excess in this order; `FixedGaps` then reads what they left. A slow
 step of the engine's own (the server's timing) comes after prefill, which names why a step
 was slow, and before a silence of every stream, which a slow step also makes."""
 
-FIRST_SIGNATURES = (HeldBack, PrefillStalls, SharedStalls, FixedFirstCost, WaitsForSlot,
-                    BurstSpread)
+FIRST_SIGNATURES: tuple[type[Signature], ...] = (HeldBack, PrefillStalls, SharedStalls,
+                                                 FixedFirstCost, WaitsForSlot, BurstSpread)
 """Claim each slow first output's excess in this order."""
 
 
@@ -55,12 +56,13 @@ class Attribution:
         self.ttft_total_ms = reads.ttft_excess_ms()
         self.itl_ms: dict[str, float] = {}
         self.ttft_ms: dict[str, float] = {}
-        found: dict[type, Signature | None] = {}
+        found: dict[type[Signature], Signature | None] = {}
         for kind in dict.fromkeys((*GAP_SIGNATURES, *FIRST_SIGNATURES)):
             found[kind] = kind.detect(reads, result)
-        self.signatures: dict[type, Signature] = {k: s for k, s in found.items() if s}
+        self.signatures: dict[type[Signature], Signature] = {
+            k: s for k, s in found.items() if s}
         """Each signature recognised in the run, by its kind."""
-        left = self._claim_gaps([found[k] for k in GAP_SIGNATURES if found[k]])
+        left = self._claim_gaps([s for k in GAP_SIGNATURES if (s := found[k])])
         untouched = {id(g) for g, r in left if r >= g.excess_ms}
         timer = FixedGaps.among(reads, [g for g, _ in left if id(g) in untouched])
         if timer is not None:
@@ -73,7 +75,7 @@ class Attribution:
             left = self._claim_left(left, host)
         self.unexplained_gaps = [(g, r) for g, r in left if r > 0]
         """Each slow gap with tail time no signature claimed, and that time (ms)."""
-        self._claim_firsts([found[k] for k in FIRST_SIGNATURES if found[k]]
+        self._claim_firsts([s for k in FIRST_SIGNATURES if (s := found[k])]
                            + ([host] if host is not None else []))
         serial = OneAtATime.detect(reads, result)
         if serial is not None:
@@ -119,7 +121,8 @@ class Attribution:
 
     def signature(self, kind: type[S]) -> S | None:
         """The signature of that kind when the run carries it."""
-        return self.signatures.get(kind)
+        # Each kind maps to a signature of that kind (`__init__`), which a dict cannot say.
+        return cast("S | None", self.signatures.get(kind))
 
     def itl_share(self, rule: str) -> float:
         """The share of the gaps' tail time `rule`'s signature explains (0 without a tail)."""
@@ -168,8 +171,8 @@ def attribution(facts: RunFacts) -> Attribution | None:
     if facts not in _attributions:
         records = facts.result.records or []
         reads = Reads(records) if records else None
-        usable = reads is not None and reads.usable
-        _attributions[facts] = Attribution(reads, facts.result) if usable else None
+        _attributions[facts] = (Attribution(reads, facts.result)
+                                if reads is not None and reads.usable else None)
     return _attributions[facts]
 
 
@@ -179,6 +182,7 @@ def recognised(facts: RunFacts, kind: type[S],
     and it explains at least `min_itl_share` of the gaps' tail; else None."""
     tail = attribution(facts)
     signature = tail.signature(kind) if tail else None
-    if signature is None or (min_itl_share and tail.itl_share(signature.rule) < min_itl_share):
+    if tail is None or signature is None or (min_itl_share
+                                             and tail.itl_share(signature.rule) < min_itl_share):
         return None
     return tail, signature

@@ -58,7 +58,8 @@ def server_stream_limit(facts: RunFacts) -> list[Finding]:
     if refused:
         parts.append(f"{refused} call(s) were refused by the server (HTTP/2 REFUSED_STREAM, "
                      "error code 7: over its concurrent-stream limit)")
-    needed = math.ceil(connections * per_connection / limit) if over and limit else None
+    needed = (math.ceil(connections * per_connection / limit)
+              if over and limit and per_connection is not None else None)
     return [Finding(
         rule=RULE_SERVER_STREAM_LIMIT,
         finding="; ".join(parts),

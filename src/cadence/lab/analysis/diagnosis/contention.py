@@ -27,7 +27,9 @@ def host_contended(facts: RunFacts) -> list[Finding]:
         evidence["server_waited_for_cpu_cores"] = rounded(
             sum(g.wait_for_cpu_pct for g in threads.groups) / 100)
     host = facts.result.system.host
-    named = ", ".join(f"{o.name} (pid {o.pid}) {o.cpu_pct:.0f}%" for o in host.others)
+    # `contention` found the host sampled (else `found` is None).
+    named = (", ".join(f"{o.name} (pid {o.pid}) {o.cpu_pct:.0f}%" for o in host.others)
+             if host else "")
     if named:
         evidence["other_processes"] = named
     late = recognised(facts, HostDelays)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypeGuard
 
 from cadence.lab.results import BenchResult, Distribution, FrontLoop, ScrapedFrontLoop
 
@@ -58,7 +59,8 @@ def steps_vary(p50: float, p90: float) -> bool:
     return p90 >= ENGINE_UNSTABLE_P90_RATIO * p50 and p90 - p50 >= ENGINE_UNSTABLE_MIN_MS
 
 
-def finite(x) -> bool:
+def finite(x: object) -> TypeGuard[float]:
+    """`x` is a finite number (an int or a float, not a bool): a reading to compute with."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -27,8 +27,7 @@ def _fronts(facts: RunFacts) -> list[str]:
 def front_cpu_bound(facts: RunFacts) -> list[Finding]:
     # Each front's event loop is one thread: with `--fronts N` any one of them near a core
     # is a bottleneck for its own connections, however idle the others are.
-    cpu = {name: facts.active_cpu(name) for name in _fronts(facts)}
-    cpu = {name: pct for name, pct in cpu.items() if pct is not None}
+    cpu = {name: pct for name in _fronts(facts) if (pct := facts.active_cpu(name)) is not None}
     busy = [name for name, pct in cpu.items() if pct >= BUSY_CPU_PCT]
     if not busy:
         return []

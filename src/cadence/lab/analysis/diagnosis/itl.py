@@ -15,7 +15,7 @@ from cadence.lab.analysis.diagnosis.names import (
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.diagnosis.signatures import SlowSteps
-from cadence.lab.results import Finding
+from cadence.lab.results import Distribution, Finding
 
 ITL_UNEVEN_P90_RATIO = 1.3
 """ITL is uneven from this p90/p50 (idle steady runs: 1.1-1.2); the engine rule needs no
@@ -73,8 +73,8 @@ def itl_uneven(facts: RunFacts, ratio: float) -> bool:
 class _Spread:
     """How ITL's spread splits between the engine's steps and the path to the client."""
 
-    def __init__(self, facts: RunFacts) -> None:
-        itl, step, delay = facts.itl, facts.step, facts.delay
+    def __init__(self, itl: Distribution, step: Distribution, delay: Distribution) -> None:
+        self.itl, self.step = itl, step
         self.engine = max(0.0, step.p90 - step.p50)
         self.path = max(0.0, delay.p90 - delay.p50)
         self.total = self.engine + self.path
@@ -92,10 +92,11 @@ class _Spread:
 
 def _spread(facts: RunFacts) -> _Spread | None:
     """The split, when ITL is uneven and there is a spread to split; else None."""
-    if not (facts.itl and facts.step and facts.delay and facts.typical_step
+    itl, step, delay = facts.itl, facts.step, facts.delay
+    if not (itl and step and delay and facts.typical_step
             and itl_uneven(facts, ITL_UNEVEN_P90_RATIO)):
         return None
-    spread = _Spread(facts)
+    spread = _Spread(itl, step, delay)
     return spread if spread.total > 0 else None
 
 
@@ -113,9 +114,9 @@ def unstable_engine(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
     shares = tail.shares(RULE_ITL_UNSTABLE_ENGINE) if tail else {}
     spread = _spread(facts)
-    itl, step = facts.itl, facts.step
-    if spread and spread.engine >= ENGINE_SIDE_SHARE * spread.total and steps_vary(step.p50,
-                                                                                  step.p90):
+    if spread and spread.engine >= ENGINE_SIDE_SHARE * spread.total and steps_vary(
+            spread.step.p50, spread.step.p90):
+        itl, step = spread.itl, spread.step
         return [Finding(
             rule=RULE_ITL_UNSTABLE_ENGINE,
             finding=(f"ITL is unstable (p90 {itl.p90:.1f} ms vs p50 {itl.p50:.1f} ms) "
@@ -124,9 +125,11 @@ def unstable_engine(facts: RunFacts) -> list[Finding]:
             evidence={**spread.evidence, **shares},
             look_at=_ENGINE_LOOK_AT,
         )]
-    if recognised(facts, SlowSteps, ENGINE_TAIL_SHARE) is None:
+    found = recognised(facts, SlowSteps, ENGINE_TAIL_SHARE)
+    if found is None:
         return []
-    ev = tail.signature(SlowSteps).evidence
+    tail, slow_steps = found
+    ev = slow_steps.evidence
     share = tail.itl_share(RULE_ITL_UNSTABLE_ENGINE)
     return [Finding(
         rule=RULE_ITL_UNSTABLE_ENGINE,
@@ -150,7 +153,7 @@ def unstable_network_side(facts: RunFacts) -> list[Finding]:
         return []
     spreads = {name: d.p90 - d.p50 for name in ("transfer", "buffer", "send")
                if (d := facts.segment(name))}
-    worst = max(spreads, key=spreads.get) if spreads else "send"
+    worst = max(spreads, key=spreads.__getitem__) if spreads else "send"
     # The front's own event-loop lag (when the server exports it): a loop late by more than
     # 20 ms in many samples says the front itself is blocked or saturated.
     scraped = facts.result.system.server_metrics
@@ -160,7 +163,7 @@ def unstable_network_side(facts: RunFacts) -> list[Finding]:
                      if loop and loop.samples else {})
     return [Finding(
         rule=RULE_ITL_UNSTABLE_NETWORK,
-        finding=(f"ITL is unstable (p90 {facts.itl.p90:.1f} ms vs p50 {facts.itl.p50:.1f} ms) "
+        finding=(f"ITL is unstable (p90 {spread.itl.p90:.1f} ms vs p50 {spread.itl.p50:.1f} ms) "
                  "and the extra time is on the way from the step to the client, mostly in "
                  f"{worst}, not in the engine's steps"),
         evidence={**spread.evidence, **{f"{n}_spread_ms": rounded(v) for n, v in spreads.items()},

@@ -46,7 +46,7 @@ def _inside(facts: RunFacts, role: str) -> tuple[ScrapedRole | None, dict[float,
     """A role of the scraped metrics and its points inside the run's window, by time."""
     scraped = facts.result.scraped or None
     found = scraped.roles.get(role) if scraped is not None else None
-    if found is None:
+    if scraped is None or found is None:
         return None, {}
     window = scraped.run_window_s
     return found, {t: v for t, v in found.points

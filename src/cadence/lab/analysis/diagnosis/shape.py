@@ -158,9 +158,10 @@ def slow_first_message(facts: RunFacts) -> list[Finding]:
     alongside = signature is not None and floor >= high and share >= FIXED_MIN_SHARE
     if not ((ttft.p50 >= high and even) or alongside):
         return []
-    evidence = {"ttft_p50_ms": rounded(ttft.p50), "ttft_min_ms": rounded(ttft.min),
-                "ttft_p90_ms": rounded(ttft.p90), "gap_p50_ms": rounded(gaps.p50),
-                "ttft_floor_ms": rounded(floor)}
+    evidence: dict[str, int | float | str | None] = {
+        "ttft_p50_ms": rounded(ttft.p50), "ttft_min_ms": rounded(ttft.min),
+        "ttft_p90_ms": rounded(ttft.p90), "gap_p50_ms": rounded(gaps.p50),
+        "ttft_floor_ms": rounded(floor)}
     if tail:
         evidence.update(tail.shares(RULE_SLOW_FIRST_MESSAGE))
     spread = ("and the wait does not grow with the streams open" if even else

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import statistics
+from collections.abc import Sequence
 
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.facts import RunFacts
@@ -56,6 +57,11 @@ class Signature:
 
     rule = ""
     evidence: dict
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> Signature | None:
+        """The signature when the run carries it, else None (each kind reads its own)."""
+        raise NotImplementedError
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
         return 0.0
@@ -127,7 +133,7 @@ PREFILL_CLAIM_SLACK = 1.25
 step's own variation."""
 
 
-def _slope(points: list[tuple[float, float]]) -> float:
+def _slope(points: Sequence[tuple[float, float]]) -> float:
     """Least squares through the origin: y per unit of x."""
     den = sum(x * x for x, _ in points)
     return sum(x * y for x, y in points) / den if den else 0.0
@@ -150,7 +156,8 @@ class PrefillStalls(Signature):
         prompts = sorted(s.prompt_tokens for s in reads.streams)
         # Each gap against its own stream's pace, so that a slower card's every gap is not
         # taken for a stall (nor its joins for a fast card's).
-        joined, alone = [], []
+        joined: list[tuple[float, bool, int, int]] = []
+        alone: list[tuple[float, bool, int, int]] = []
         for g in reads.gaps:
             expected = g.tokens * (g.stream.speed_ms or reads.typical_ms)
             over = g.ms - expected
@@ -235,7 +242,8 @@ class SlowSteps(Signature):
         on_slow_steps = [g for g in reads.slow if signature.claim_gap(g, g.excess_ms) > 0]
         if len(on_slow_steps) < STEP_MIN_SLOW_GAPS:
             return None
-        steps = sorted(cls._engine_ms(g) for g in on_slow_steps)
+        # A gap claims a slow step only where the engine's gap is known (`claim_gap`).
+        steps = sorted(e for g in on_slow_steps if (e := cls._engine_ms(g)) is not None)
         signature.evidence = {
             "engine_gap_p50_ms": round(statistics.median(typical.values()), 2),
             "slow_gaps_on_slow_steps": len(on_slow_steps),
@@ -342,8 +350,10 @@ class SlowGroup(Signature):
 
     @classmethod
     def detect(cls, reads: Reads, result: BenchResult) -> SlowGroup | None:
-        speeds = sorted((s.speed_ms, s.number) for s in reads.streams
-                        if len(s.per_token_ms) >= GROUP_MIN_READS)
+        # A stream with reads has a speed (`speed_ms`).
+        speeds = sorted((v, s.number) for s in reads.streams
+                        if len(s.per_token_ms) >= GROUP_MIN_READS
+                        and (v := s.speed_ms) is not None)
         if len(speeds) < GROUP_MIN_STREAMS:
             return None
         least = max(2, int(GROUP_MIN_SHARE * len(speeds) + 0.999))
@@ -422,6 +432,8 @@ class FixedGaps(Signature):
             inside = _count(values, v - tol, v + tol)
             if best is None or inside > best[0]:
                 best = (inside, v, tol)
+        if best is None:
+            return None  # not reached: there are TIMER_MIN_GAPS values
         inside, v, tol = best
         # Center on the cluster's median, then measure it and the band around it.
         center = statistics.median(x for x in values if abs(x - v) <= tol)

@@ -107,6 +107,7 @@ def stall_together(facts: RunFacts) -> list[Finding]:
     if tail is None:  # no raw records: the timeline's tallies alone
         return _stalled_by_timeline(facts, timeline)
     signature = tail.signature(SharedStalls)
+    assert signature is not None  # SharedStalls.detect always gives one; its claims decide
     stalls = signature.stalls()
     span_ms = (max(s.end_ns for s in tail.reads.streams)
                - min(s.start_ns for s in tail.reads.streams)) / 1e6
@@ -187,8 +188,10 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
         return []
     tail = attribution(facts)
     slot = tail.signature(WaitsForSlot) if tail else None
-    waited = (slot is not None
-              and tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS) >= SLOT_MIN_SHARE)
+    slot_share = (tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS)
+                  if tail is not None and slot is not None else 0.0)
+    waited_for = slot if slot is not None and slot_share >= SLOT_MIN_SHARE else None
+    waited = waited_for is not None
     # With uneven gaps a spread of TTFTs may be theirs; a stream that starts the moment
     # another ends waited for it whatever the gaps do (`waited`).
     normal = gaps.p50 > 0 and gaps.p90 <= GAPS_NORMAL_RATIO * gaps.p50
@@ -218,10 +221,10 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
     for signature in (slot, tail.signature(BurstSpread) if tail else None):
         if signature is not None:
             evidence.update(signature.evidence)
-    explains = (f"; waiting for a slot is {tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS):.0%} "
+    explains = (f"; waiting for a slot is {slot_share:.0%} "
                 "of the first outputs' tail" if waited else "")
-    if waited and not capped:
-        ev = slot.evidence
+    if waited_for is not None and not capped:
+        ev = waited_for.evidence
         finding = (f"{ev['first_output_right_after_another_stream_ended']} of the "
                    f"{ev['slow_first_outputs']} slow first outputs came within "
                    f"{ev['slot_window_ms']:.0f} ms of another stream's last output, which "
@@ -236,6 +239,7 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
         return [Finding(rule=RULE_TTFT_GROWS_WITH_STREAMS, finding=finding,
                         evidence=evidence, look_at=look_at)]
     if capped:
+        assert facts.ttft is not None  # `capped` holds only with it
         finding = (f"at most {cap.peak_receiving} streams received output at once while up "
                    f"to {cap.peak_open} were open: the others waited for their first output "
                    f"(TTFT p90 {facts.ttft.p90:.0f} ms) although gaps stay normal (p50 "
@@ -283,11 +287,13 @@ def front_loop_blocked(facts: RunFacts) -> list[Finding]:
         evidence["engine_step_p50_ms"] = rounded(step.p50)
         evidence["engine_step_p90_ms"] = rounded(step.p90)
     if direct:
+        assert lag is not None  # `direct` holds only with it
         finding = (f"the front's event loop was blocked: {late:.0f} of its "
                    f"{lag.samples:.0f} timer wake-ups came more than 20 ms late, and the "
                    f"streams' gaps have a tail of the same size (p99 {gaps.p99:.0f} ms "
                    f"against p50 {gaps.p50:.0f} ms)")
     else:
+        assert stalls is not None  # `together` holds only with them (`stalled_together`)
         finding = (f"every open stream stalled at the same instants ({stalls.shared} "
                    f"times, a median of {stalls.streams_hit_p50:.0f} streams each) while "
                    "the engine's steps did not: the front stopped sending")

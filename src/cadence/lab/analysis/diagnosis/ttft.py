@@ -57,8 +57,9 @@ WAIT_SHARE = 0.5
 """TTFT is "mostly" waiting (client_to_front + queue, less a start-up stall) from this share."""
 
 
-def ttft_high(facts: RunFacts, value: float) -> bool:
-    return value >= max(TTFT_HIGH_STEPS * facts.typical_step, TTFT_HIGH_MIN_MS)
+def ttft_high(typical_step: float, value: float) -> bool:
+    """`value` (ms) is a high TTFT for a run whose typical engine step is `typical_step`."""
+    return value >= max(TTFT_HIGH_STEPS * typical_step, TTFT_HIGH_MIN_MS)
 
 
 def _start_up_steps(facts: RunFacts) -> float | None:
@@ -131,7 +132,7 @@ def engine_start(facts: RunFacts) -> list[Finding]:
                "serving or measure with --warmup")
     stall = startup_stall(facts)
     if (stall is not None and stall >= STARTUP_TTFT_SHARE * ttft.p99
-            and ttft.p99 >= STARTUP_TTFT_SHARE * stall and ttft_high(facts, ttft.p99)):
+            and ttft.p99 >= STARTUP_TTFT_SHARE * stall and ttft_high(typical, ttft.p99)):
         queue = facts.segment("queue")
         if queue:
             evidence["queue_p50_ms"] = rounded(queue.p50)
@@ -146,7 +147,7 @@ def engine_start(facts: RunFacts) -> list[Finding]:
         )]
     share = facts.share("ttft", "first_step")
     if (share is not None and share >= FIRST_STEP_SHARE
-            and first.mean >= STARTUP_STEP_FACTOR * typical and ttft_high(facts, ttft.p50)):
+            and first.mean >= STARTUP_STEP_FACTOR * typical and ttft_high(typical, ttft.p50)):
         evidence["ttft_share_first_step"] = rounded(share, 3)
         return [Finding(
             rule=RULE_TTFT_ENGINE_START,
@@ -165,7 +166,7 @@ def queueing(facts: RunFacts) -> list[Finding]:
     queue = facts.ttft_segment("queue")
     if not (ttft and typical and to_front and queue and ttft.mean > 0):
         return []
-    if not ttft_high(facts, ttft.p50):
+    if not ttft_high(typical, ttft.p50):
         return []
     # Time spent waiting for a start-up stall is the stall's, not a backlog's.
     explained = startup_stall(facts) or 0.0
