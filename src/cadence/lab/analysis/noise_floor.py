@@ -23,6 +23,7 @@ and the line says so.
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 import msgspec
 
@@ -72,5 +73,5 @@ def noise_floor(result: BenchResult) -> NoiseFloor:
     return NoiseFloor(terms_ms={k: round(v, 3) for k, v in terms.items()}, words=words)
 
 
-def _usable(d: Distribution | None) -> bool:
+def _usable(d: Distribution | None) -> TypeGuard[Distribution]:
     return d is not None and d.count > 0 and math.isfinite(d.p99)
