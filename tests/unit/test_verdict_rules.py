@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cadence.lab.analysis import tail_evidence
+from cadence.lab.analysis.noise_floor import TIMER_RESOLUTION_MS, noise_floor
 from cadence.lab.analysis.verdict import (
     ITL_TAIL_CAP_RATIO,
     MIN_FIRST_OUTPUTS,
@@ -17,10 +18,13 @@ from cadence.lab.analysis.verdict import (
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     BenchResult,
+    Client,
     Distribution,
     EngineOnly,
     Finding,
+    HostCpu,
     Integrity,
+    System,
     TtftSegments,
 )
 
@@ -55,13 +59,77 @@ def test_the_itl_bound(p50: float, bound: float) -> None:
     assert itl_bound(p50)[0] <= max(ITL_TAIL_CAP_RATIO * p50, p50 + 2)
 
 
-def test_any_itl_p99_over_twice_its_p50_is_a_finding() -> None:
+def test_any_itl_p99_over_twice_its_p50_and_the_noise_floor_is_a_finding() -> None:
     for p50 in (2.0, 5.0, 10.0, 30.0, 100.0):
-        verdict, extra = judge(run(itl=(p50, 2.01 * p50 + 0.01), ttft=(p50, p50)))
-        if 2.01 * p50 + 0.01 - p50 > 2:  # beyond the timer-resolution floor
+        # A run that measured no wake-ups or client lag: its floor is the timers' 1 ms.
+        p99 = 2.01 * p50 + TIMER_RESOLUTION_MS + 0.01
+        verdict, extra = judge(run(itl=(p50, p99), ttft=(p50, p50)))
+        if p99 - p50 > 2:  # beyond the timer-resolution floor
             assert verdict.state == "unhealthy", (p50, verdict.line)
             assert [(f.rule, f.evidence["tail"]) for f in extra] == \
                 [(RULE_UNEXPLAINED_TAIL, "itl_ms")], (p50, verdict.line)
+
+
+def noisy(wakeup_p99: float | None = None, client_lag_p99: float | None = None,
+          behind: bool = False) -> dict:
+    """A result's fields for a run whose probe and open-loop client measured these."""
+    fields: dict = {}
+    if wakeup_p99 is not None:
+        fields["system"] = System(host=HostCpu(wakeups=dist(0.1, wakeup_p99, count=2000)))
+    if client_lag_p99 is not None:
+        fields["client"] = Client(schedule_lag_ms=dist(0.1, client_lag_p99, count=500),
+                                  behind_schedule=behind)
+    return fields
+
+
+def test_the_noise_floor_is_made_of_what_the_run_measured() -> None:
+    bare = noise_floor(run())
+    assert bare.terms_ms == {"timer_resolution": TIMER_RESOLUTION_MS}
+    assert "host wake-ups not measured" in bare.describe()
+    assert "not measured (closed loop)" in bare.describe()
+    full = noise_floor(run(**noisy(wakeup_p99=2.0, client_lag_p99=0.5)))
+    assert full.terms_ms == {"timer_resolution": 1.0, "host_wakeups": 6.0,
+                             "client_read_lag": 0.5}
+    assert full.ms == pytest.approx(7.5)
+    assert "3 x wake-up p99 2.0 ms (the run's wake-up probe)" in full.describe()
+    assert "client lag p99 0.5 ms (its open-loop sends)" in full.describe()
+    behind = noise_floor(run(**noisy(client_lag_p99=300.0, behind=True)))
+    assert "client_read_lag" not in behind.terms_ms  # its own finding explains the tail
+
+
+@pytest.mark.parametrize("p50, wakeup_p99, bound", [
+    (2.7, 0.1, 2 * 2.7 + 1.3),            # quiet host: twice the median + 1.3 ms of noise
+    (2.7, 3.4, 1.5 * 2.7 + 1 + 3 * 3.4),  # late wake-ups: 1.5 x p50 + the measured floor
+    (10.0, 0.1, 20.0),                    # a slower step: the fixed 5 ms slack still rules
+    (100.0, 3.4, 150 + 1 + 3 * 3.4),
+])
+def test_the_itl_bound_allows_for_the_runs_measured_noise(p50, wakeup_p99, bound) -> None:
+    result = run(itl=(p50, p50), **noisy(wakeup_p99=wakeup_p99))
+    [itl, _] = judge(result)[0].tails
+    assert itl.bound_ms == pytest.approx(bound)
+    assert itl.noise_ms == pytest.approx(1 + 3 * wakeup_p99)
+    assert itl.noise_terms_ms["host_wakeups"] == pytest.approx(3 * wakeup_p99)
+    # Never stricter than the bound without noise.
+    assert itl.bound_ms >= itl_bound(p50)[0]
+
+
+def test_a_fast_step_is_judged_by_what_the_host_delivers() -> None:
+    """ITL p50 2.7 ms: one late wake-up on a host whose probe saw 3 ms p99 no longer fails
+    the run; a planted 60 ms pause and a stall still do."""
+    fast = {"itl": (2.7, 9.0), "ttft": (12.0, 22.0)}
+    late_wakeup = run(**fast, **noisy(wakeup_p99=3.0, client_lag_p99=0.4))
+    assert judge(run(**fast))[0].state == "unhealthy"  # the fixed bounds: 5.4 and 18.5 ms
+    verdict, extra = judge(late_wakeup)
+    assert verdict.state == "healthy" and extra == [], verdict.line
+    assert ("within 14.5 (1.5 x p50 2.7 + noise; noise 10.4 ms: timer 1 ms (epoll's "
+            "milliseconds) + 3 x wake-up p99 3.0 ms (the run's wake-up probe) + client lag "
+            "p99 0.4 ms (its open-loop sends))") in verdict.line
+    assert "TTFT p99 22.0 ms within 23.9 (5 x ITL p50 2.7 + noise 10.4 ms)" in verdict.line
+    for pause in (60.0, 250.0):
+        verdict, extra = judge(run(itl=(2.7, pause), ttft=(12.0, 22.0),
+                                   **noisy(wakeup_p99=3.0)))
+        assert verdict.state == "unhealthy", verdict.line
+        assert [f.rule for f in extra] == [RULE_UNEXPLAINED_TAIL]
 
 
 def test_a_ttft_p90_over_five_itl_p50_is_a_finding() -> None:

@@ -560,7 +560,13 @@ class TailVerdict(msgspec.Struct, kw_only=True):
     bound_ms: float = math.nan
     """The most a healthy run's stat may be; how it is made is in `bound`."""
     bound: str = ""
-    """The bound in words (1.5 x p50 + 5 ms, ...)."""
+    """The bound in words (1.5 x p50 + 5 ms, ...), with the noise floor's terms and sources."""
+    noise_ms: float | None = None
+    """The run's own noise floor the bound allows for (`cadence.lab.analysis.noise_floor`);
+    null in results judged before it, and for a TTFT not judged against ITL."""
+    noise_terms_ms: dict[str, float] = {}
+    """The noise floor's measured terms: `timer_resolution`, `host_wakeups` (wake-up
+    probe p99 x the hops of a token's way), `client_read_lag` (open-loop schedule lag p99)."""
     values: int = 0
     """How many values the stat was taken over."""
     state: str = "not_judged"

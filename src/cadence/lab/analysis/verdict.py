@@ -2,13 +2,15 @@
 
 A run is healthy only when all of these hold:
 
-- its ITL tail is near its median: ITL p99 <= min(ITL_TAIL_RATIO x p50 + ITL_TAIL_SLACK_MS,
-  ITL_TAIL_CAP_RATIO x p50), and never less than p50 + TAIL_MIN_EXCESS_MS above the median;
+- its ITL tail is near its median: ITL p99 <= min(ITL_TAIL_RATIO x p50 + max(ITL_TAIL_SLACK_MS,
+  noise), ITL_TAIL_CAP_RATIO x p50 + noise), and never less than p50 + TAIL_MIN_EXCESS_MS,
+  where noise is the run's own noise floor (`cadence.lab.analysis.noise_floor`: the timers'
+  resolution, the host's wake-up lateness its probe measured, the client's read lag);
 - its first outputs come at the engine's pace: TTFT p99 <= the time the engine needs for a
   first output on its own (the first step's p99 with cadence's timing, the engine-only
   baseline's TTFT p99 with --baseline, the server's prefill span with --otlp-receive; 0 when
   none is known) + TTFT_ITL_STEPS x the time per output (ITL p50, or the typical gap per
-  token between reads where outputs come grouped) + TTFT_SLACK_MS;
+  token between reads where outputs come grouped) + max(TTFT_SLACK_MS, noise);
 - its output is whole (no integrity fault among the checks its protocol counts);
 - fewer than FAILING_SHARE of its requests failed, and it ran to its end.
 
@@ -32,6 +34,7 @@ from cadence.lab.analysis.diagnosis import FAILING_SHARE
 from cadence.lab.analysis.diagnosis import names as rules
 from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.integrity import faults
+from cadence.lab.analysis.noise_floor import NoiseFloor, noise_floor
 from cadence.lab.results import BenchResult, Distribution, Finding, TailVerdict, Verdict
 
 RULE_UNEXPLAINED_TAIL = "unexplained_tail"
@@ -41,14 +44,19 @@ ITL_TAIL_RATIO = 1.5
 ITL_TAIL_SLACK_MS = 5.0
 ITL_TAIL_CAP_RATIO = 2.0
 """ITL p99 of a healthy run: at most 1.5 x p50 + 5 ms, and never above 2 x p50 (a tail twice
-the median is always a finding)."""
+the median is always a finding), each beside the run's own noise floor N: at most
+1.5 x p50 + max(5 ms, N) and 2 x p50 + N. The 5 ms stays the least slack (what the floor does
+not measure: the server's own collections, its threads); a fast step on a host whose
+wake-ups are late gets what the host adds on top of twice its median, no more."""
 TAIL_MIN_EXCESS_MS = 2.0
 """...but a p99 within 2 ms of the p50 is healthy whatever the ratio: sub-millisecond gaps
 double on a timer's resolution and a busy host's scheduling."""
 TTFT_ITL_STEPS = 5.0
 TTFT_SLACK_MS = 5.0
 """TTFT p99 of a healthy run: the engine's own time to a first output, plus 5 ITL p50 (a wait
-for the step under way and the next, and the way to the client) + 5 ms (the call's set-up)."""
+for the step under way and the next, and the way to the client) + 5 ms (the call's set-up),
+or the run's noise floor when that is larger (a first output wakes the same threads a gap
+does)."""
 MIN_GAPS = 100
 """ITL's tail is judged over at least this many gaps."""
 MIN_FIRST_OUTPUTS = 16
@@ -57,11 +65,12 @@ UNEXPLAINED_MIN_SHARE = 0.25
 """Findings whose shares leave this much of a bad tail or more leave it unexplained (shares
 are estimates; a rest below this is their error)."""
 
-HEALTHY = (f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms and never "
-           f"above {ITL_TAIL_CAP_RATIO:g} x p50 (over {MIN_GAPS}+ gaps), TTFT p99 within the "
+HEALTHY = (f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms (or the run's "
+           f"noise floor, when larger) and never above {ITL_TAIL_CAP_RATIO:g} x p50 + the noise "
+           f"floor (over {MIN_GAPS}+ gaps), TTFT p99 within the "
            f"engine's own time to a first output + {TTFT_ITL_STEPS:g} outputs' time (ITL p50, or "
-           f"the typical gap per token where outputs come grouped) + {TTFT_SLACK_MS:g} ms (over "
-           f"{MIN_FIRST_OUTPUTS}+ requests), the output whole, under {FAILING_SHARE:.0%} of "
+           f"the typical gap per token where outputs come grouped) + {TTFT_SLACK_MS:g} ms or the "
+           f"noise floor (over {MIN_FIRST_OUTPUTS}+ requests), the output whole, under {FAILING_SHARE:.0%} of "
            "requests failed")
 """What a healthy run is, in words (from the thresholds above)."""
 
@@ -98,17 +107,27 @@ TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
 """Each judged tail by its short name."""
 
 
-def itl_bound(p50: float) -> tuple[float, str]:
-    """The most a healthy run's ITL p99 may be, and how it was made, in words."""
-    ratio = ITL_TAIL_RATIO * p50 + ITL_TAIL_SLACK_MS
-    cap = ITL_TAIL_CAP_RATIO * p50
+def itl_bound(p50: float, noise: NoiseFloor | None = None) -> tuple[float, str]:
+    """The most a healthy run's ITL p99 may be, and how it was made, in words (with the
+    noise floor's terms and their sources when `noise` is given)."""
+    n = noise.ms if noise is not None else 0.0
+    slack = max(ITL_TAIL_SLACK_MS, n)
+    ratio = ITL_TAIL_RATIO * p50 + slack
+    cap = ITL_TAIL_CAP_RATIO * p50 + n
     floor = p50 + TAIL_MIN_EXCESS_MS
     bound = max(floor, min(ratio, cap))
+    plus_noise = " + noise" if n else ""
     if bound == floor:
-        return bound, f"p50 {p50:.1f} + {TAIL_MIN_EXCESS_MS:g} ms"
-    if bound == cap:
-        return bound, f"{ITL_TAIL_CAP_RATIO:g} x p50 {p50:.1f}"
-    return bound, f"{ITL_TAIL_RATIO:g} x p50 {p50:.1f} + {ITL_TAIL_SLACK_MS:g} ms"
+        words = f"p50 {p50:.1f} + {TAIL_MIN_EXCESS_MS:g} ms"
+    elif bound == cap:
+        words = f"{ITL_TAIL_CAP_RATIO:g} x p50 {p50:.1f}{plus_noise}"
+    elif slack > ITL_TAIL_SLACK_MS:
+        words = f"{ITL_TAIL_RATIO:g} x p50 {p50:.1f} + noise"
+    else:
+        words = f"{ITL_TAIL_RATIO:g} x p50 {p50:.1f} + {ITL_TAIL_SLACK_MS:g} ms"
+    if noise is not None:
+        words += f"; {noise.describe()}"
+    return bound, words
 
 
 def ttft_floor(result: BenchResult) -> tuple[float, str]:
@@ -147,11 +166,12 @@ def _usable(d: Distribution | None) -> bool:
 def _tails(result: BenchResult) -> list[TailVerdict]:
     itl, ttft = result.itl_ms, result.ttft_ms
     tails = []
+    noise = noise_floor(result)
     if itl.count:
-        bound, words = itl_bound(itl.p50)
+        bound, words = itl_bound(itl.p50, noise)
         tails.append(TailVerdict(
             metric="itl_ms", value_ms=itl.p99, p50_ms=itl.p50, bound_ms=bound, bound=words,
-            values=itl.count,
+            values=itl.count, noise_ms=round(noise.ms, 3), noise_terms_ms=noise.terms_ms,
             state="not_judged" if itl.count < MIN_GAPS or not itl.usable
             else "bad" if itl.p99 > bound else "healthy"))
     if ttft.count:
@@ -160,9 +180,13 @@ def _tails(result: BenchResult) -> list[TailVerdict]:
         if itl.usable and itl.count:
             floor, source = ttft_floor(result)
             step, step_words = _time_per_output(result)
-            tail.bound_ms = floor + TTFT_ITL_STEPS * step + TTFT_SLACK_MS
-            tail.bound = (f"{TTFT_ITL_STEPS:g} x {step_words} + {TTFT_SLACK_MS:g} ms"
+            slack = max(TTFT_SLACK_MS, noise.ms)
+            tail.bound_ms = floor + TTFT_ITL_STEPS * step + slack
+            tail.bound = (f"{TTFT_ITL_STEPS:g} x {step_words} + "
+                          + (f"noise {slack:.1f} ms" if slack > TTFT_SLACK_MS
+                             else f"{TTFT_SLACK_MS:g} ms")
                           + (f" + {source} {floor:.1f}" if source else ""))
+            tail.noise_ms, tail.noise_terms_ms = round(noise.ms, 3), noise.terms_ms
             tail.state = ("not_judged" if ttft.count < MIN_FIRST_OUTPUTS or not ttft.usable
                           else "bad" if ttft.p99 > tail.bound_ms else "healthy")
         else:
