@@ -162,7 +162,7 @@ def test_the_template_file_wins_and_no_template_means_none(tmp_path) -> None:
     assert load_template(tmp_path).render(messages) == "Hi!"
 
 
-def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
+def test_the_lab_counts_each_text_event_as_one_position_and_keeps_usage_beside() -> None:
     from cadence.lab.load.openai_http import decode_events
     from cadence.lab.records import RequestRecord
 
@@ -176,7 +176,9 @@ def test_the_lab_counts_tokens_from_deltas_or_usage() -> None:
               event({"choices": [], "usage": {"completion_tokens": 5}})]
     record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
     decode_events(record, events, include_timing=False)
-    assert (record.arrival_ns, record.tokens, record.index) == ([1, 2], [3, 2], [0, 3])
+    # usage (5) is compared with the two events, never spread over them
+    assert (record.arrival_ns, record.tokens, record.index) == ([1, 2], [1, 1], [0, 1])
+    assert record.usage_outputs == 5
     assert record.finish_reason == 1
     failed = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1])
     decode_events(failed, [event({"error": {"code": "unavailable", "message": "gone"}})], False)

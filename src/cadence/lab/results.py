@@ -959,6 +959,11 @@ class CapacityResult(msgspec.Struct, kw_only=True):
     capacity: Capacity
 
 
+_INTEGRITY_ADDED = ("extra_events", "usage_above_events", "usage_above_events_streams")
+"""Integrity's counts added after its first four: left out while 0, so that a run without
+them is written as before they existed."""
+
+
 def to_builtins(result: BenchResult | SweepResult) -> dict:
     """`result` as plain data for `json.dump`, keys as the lab has always written them."""
     out = msgspec.to_builtins(result)
@@ -970,6 +975,11 @@ def to_builtins(result: BenchResult | SweepResult) -> dict:
     for run, written in runs:
         if run.baseline and run.baseline.error:
             written["baseline"] = {"error": run.baseline.error}
+        for integrity in (written.get("integrity"), (written.get("baseline") or {}).get(
+                "integrity")):
+            for key in _INTEGRITY_ADDED:  # SSE's counts, written only where they are not 0
+                if integrity and integrity.get(key) == 0:
+                    del integrity[key]
         for record in written.get("records") or ():
             # The fields added last (from trace_id on) are left out from the end while they
             # hold their defaults (no trace id, a connect time unmeasured everywhere but over
