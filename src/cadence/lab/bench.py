@@ -290,6 +290,7 @@ def _analyse(plan: _Plan, run: _Run, slo: Sequence[results.SloTerm],
     """The run's aggregates from its records and measurements (lab/analysis/)."""
     workload, records, out = plan.workload, run.records, run.processes
     measuring = run.measuring
+    assert measuring.system is not None  # _drive stopped the sampling, however the run ended
     stats = summarize(records)
     client_cpu_s = sum(p.cpu_s for p in out)
     result = results.BenchResult(
@@ -325,7 +326,7 @@ def _analyse(plan: _Plan, run: _Run, slo: Sequence[results.SloTerm],
     if slo:
         result.goodput = goodput(records, list(slo), stats)
     if workload.shape.mix is not None and result.by_class:
-        _class_goodput(result, workload.shape.mix, records, stats.wall_s)
+        _class_goodput(result.by_class, workload.shape.mix, records, stats.wall_s)
     return result
 
 
@@ -369,17 +370,18 @@ def _workload_record(address: str, workload: Workload, processes: int, channels:
     return record
 
 
-def _class_goodput(result: results.BenchResult, mix, records, wall_s: float) -> None:
+def _class_goodput(by_class: dict[str, results.Population], mix, records,
+                   wall_s: float) -> None:
     """Each request class with SLO terms of its own: its goodput on them, over the run's
     wall time."""
     from cadence.lab.analysis.goodput import parse_term
 
     groups = grouped(records, "request_class")
     for cls in mix.classes:
-        if cls.slo and cls.name in result.by_class:
+        if cls.slo and cls.name in by_class:
             group = groups[cls.name]
             stats = msgspec.structs.replace(summarize(group), wall_s=wall_s)
-            result.by_class[cls.name].goodput = goodput(
+            by_class[cls.name].goodput = goodput(
                 group, [parse_term(t) for t in cls.slo], stats)
 
 

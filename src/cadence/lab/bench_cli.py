@@ -357,7 +357,8 @@ def _bench(args: argparse.Namespace) -> None:
             sys.exit(f"cadence bench: --export {exc}")
     traces = _trace_receiver(args.otlp_receive) if args.otlp_receive else None
     workload, credentials, slo, protocol = bench_inputs(args, "bench")
-    counter, shown = None, contextlib.nullcontext()
+    counter = None
+    shown: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if progress_wanted(args.no_progress):
         counter = RequestCounter()
         shown = BenchProgress(counter, workload.requests, workload.duration_s)

@@ -30,8 +30,9 @@ def run_demo(workers: int = 2, step_ms: float = 20.0, streams: int = 64) -> None
                     chunks += 1
                     tokens += len(chunk.token_ids)
                     console.out(chunk.text, end="", highlight=False)
+                shown = "no chunk" if first is None else f"{first * 1e3:.1f} ms"
                 console.print(
-                    f"\n  [dim]{tokens} tokens in {chunks} chunks, first after {first * 1e3:.1f} ms, "
+                    f"\n  [dim]{tokens} tokens in {chunks} chunks, first after {shown}, "
                     f"all after {(time.monotonic() - t0) * 1e3:.0f} ms (step {step_ms:g} ms)[/]"
                 )
         console.print(f"\n[bold]Short bench:[/] {streams} streams of 64 tokens starting together")

@@ -154,7 +154,9 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
     done = []
     for point in points:
         label = " ".join(f"{name}={value}" for name, value in point.values.items())
-        runs, failures = [], []
+        runs: list[BenchResult] = []
+        failures: list[str] = []
+        problem: str | None
         for n in range(repeat):
             described, server = _server_of(point.values, serve_args or [], target, server_cmd,
                                            ready_timeout, credentials, openai)
@@ -227,7 +229,11 @@ def _running(target: str, credentials: ClientCredentials,
 def _started(server: ServerProcess | CommandServer,
              openai: OpenAITarget | None) -> Iterator[Serving]:
     with server:
-        yield server.target, _http_target(server, openai) if openai is not None else None
+        if openai is None:
+            yield server.target, None
+        else:  # `_server_of` asks a `cadence serve` (the banner names its HTTP port) only
+            assert isinstance(server, ServerProcess)
+            yield server.target, _http_target(server, openai)
 
 
 def _bench(address: str, load: Load, credentials: ClientCredentials,

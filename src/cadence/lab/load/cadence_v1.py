@@ -81,7 +81,8 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
     )
     monotonic_ns = time.monotonic_ns
     record = sent(plan, process)
-    arrival, chunks = record.arrival_ns, []
+    arrival = record.arrival_ns
+    chunks: list[bytes] = []
     keep = chunks.append
     call = generate(request, timeout=timeout,
                     metadata=(("traceparent", traceparent(record)), *plan.headers))

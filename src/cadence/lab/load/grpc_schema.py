@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 import grpc
 import msgspec
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
 
 
 class SchemaError(Exception):
@@ -192,7 +193,7 @@ def _schema(files: list[descriptor_pb2.FileDescriptorProto], service: str, metho
     return schema
 
 
-def message_classes(schema: MethodSchema) -> tuple[type, type]:
+def message_classes(schema: MethodSchema) -> tuple[type[Message], type[Message]]:
     """The request and response message classes, built in a pool of their own."""
     pool = descriptor_pool.DescriptorPool()
     files = {f.name: f for f in descriptor_pb2.FileDescriptorSet.FromString(schema.files).file}
@@ -213,7 +214,7 @@ def message_classes(schema: MethodSchema) -> tuple[type, type]:
         for name in files:
             add(name)
         return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(t))
-                     for t in (schema.request_type, schema.response_type))  # type: ignore[return-value]
+                     for t in (schema.request_type, schema.response_type))
     except (TypeError, KeyError) as exc:
         raise SchemaError(f"the method's descriptors do not build: {exc}") from None
 

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 import grpc
 import msgspec
 from google.protobuf import descriptor, json_format
+from google.protobuf.message import Message
 
 from cadence.lab.load.driver import ChannelDriver
 from cadence.lab.load.grpc_schema import MethodSchema, SchemaError, message_classes
@@ -102,7 +103,7 @@ class RequestTemplate:
     the whole JSON is parsed again for each request.
     """
 
-    def __init__(self, request_type: type, text: str) -> None:
+    def __init__(self, request_type: type[Message], text: str) -> None:
         try:
             self._doc = json.loads(text)
         except ValueError as exc:
@@ -134,7 +135,7 @@ class RequestTemplate:
                 self._find(value, [*path, key])
 
     def _fields_of_slots(self) -> list[tuple[list[str], type]] | None:
-        found = []
+        found: list[tuple[list[str], type]] = []
         for path, _ in self._slots:
             names, current, field = [], self._type.DESCRIPTOR, None
             for key in path:
@@ -146,6 +147,7 @@ class RequestTemplate:
                     return None
                 names.append(field.name)
                 current = field.message_type if field.type == field.TYPE_MESSAGE else None
+            assert field is not None  # a slot's path has at least one key (`_find`)
             if field.type == field.TYPE_STRING:
                 found.append((names, str))
             elif field.cpp_type in _INTEGER_CPP_TYPES:
@@ -240,6 +242,7 @@ class GrpcCodec:
         out = response_type.DESCRIPTOR
         self._tokens = (_counter(_field(out, target.tokens_field, "--tokens-field"),
                                  "--tokens-field") if target.tokens_field else None)
+        self._index: Callable[[object], int] | None
         if target.index_field:
             index = _field(out, target.index_field, "--index-field")
             if index[-1].is_repeated or index[-1].type in (
@@ -296,7 +299,8 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
     request = codec.request(plan)
     monotonic_ns = time.monotonic_ns
     record = sent(plan, process)
-    arrival, messages = record.arrival_ns, []
+    arrival = record.arrival_ns
+    messages: list[bytes] = []
     keep = messages.append
     parsing = False
     """Whether this request's messages are parsed as they come (the process's unparsed

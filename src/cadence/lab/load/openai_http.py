@@ -207,7 +207,8 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     monotonic_ns = time.monotonic_ns
     record = sent(plan, process)
     record.connect_ns = 0  # unless the connection-create trace sets it
-    arrival, events = record.arrival_ns, []
+    arrival = record.arrival_ns
+    events: list[bytes] = []
     stamp, keep = arrival.append, events.append
     with recording(record, stall_s, plan.cancel_s):
         headers = {"Content-Type": "application/json", "traceparent": traceparent(record),

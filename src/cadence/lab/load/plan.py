@@ -162,7 +162,7 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
                                row.output_length, i, row.turn,
                                headers=self._session(row.session))
         if self.conversation is not None:
-            return self._turn(i)
+            return self._turn(i, self.conversation)
         rng = random.Random(self.seed * 1_000_003 + i)
         if self.mix is not None:
             cls = self.mix.pick(self.seed, i)
@@ -179,10 +179,10 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
     def _session(self, session: str) -> list[tuple[str, str]]:
         return [(self.session_header, session)] if self.session_header and session else []
 
-    def _turn(self, i: int) -> RequestPlan:
+    def _turn(self, i: int, conversation: Conversation) -> RequestPlan:
         """Turn t of session s: every earlier turn's user message and a stand-in of its
         answer (as long as its max_tokens, the same in every run), then the new message."""
-        session, turn = divmod(i, self.conversation.turns)
+        session, turn = divmod(i, conversation.turns)
         prompt, parts = bytearray(), []
         for k in range(turn + 1):
             rng = random.Random((self.seed * 1_000_003 + session) * 1_000_003 + k)
@@ -219,8 +219,8 @@ def poisson_offsets(rate: float, seed: int,
             yield t
     start, mass = 0.0, 0.0
     """The current stage's start time and the unit-rate time spent before it."""
-    stages = iter(stages)
-    r0, r1, length = next(stages)
+    remaining = iter(stages)
+    r0, r1, length = next(remaining)
     need = rng.expovariate(1.0)
     while True:
         within = _stage_time(r0, r1, length, need - mass)
@@ -231,7 +231,7 @@ def poisson_offsets(rate: float, seed: int,
         mass += (r0 + r1) / 2 * length
         start += length
         try:
-            r0, r1, length = next(stages)
+            r0, r1, length = next(remaining)
         except StopIteration:
             return
 

@@ -314,6 +314,7 @@ def run_load(plans: list[ProcessPlan],
         proc = context.Process(target=_process_main,
                                args=(msgspec.msgpack.encode(plan), there, completed))
         proc.start()
+        assert proc.pid is not None  # set by start()
         there.close()
         started.append((proc, here))
         if on_started is not None:

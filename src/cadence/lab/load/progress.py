@@ -68,6 +68,9 @@ class BenchProgress(Progress):
             return
         elapsed = max(0.0, (time.monotonic_ns() - started) / 1e9)
         duration = self._duration_s
+        if duration is None:  # a run bounded only by its rate stages: no total to show
+            self.update(self._task, status=f"{elapsed:.0f} s, {done} requests")
+            return
         status = f"{min(elapsed, duration):.0f}/{duration:.0f} s, {done} requests"
         if elapsed > duration:  # no new requests; the open ones run to their end
             status += ", finishing"

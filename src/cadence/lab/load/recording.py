@@ -77,11 +77,19 @@ def recording(record: RequestRecord, stall_s: float | None = None,
         record.end_ns = time.monotonic_ns()
 
 
+def _reading_task() -> asyncio.Task:
+    """The task reading the request: `recording` is entered by a request's coroutine."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("recording() with a stall limit or a cancel time runs in a task")
+    return task
+
+
 class _Cancel:
     """Cancels the task reading a request `cancel_s` after it was sent."""
 
     def __init__(self, cancel_s: float) -> None:
-        self.task = asyncio.current_task()
+        self.task = _reading_task()
         self.fired = False
         self.handle = asyncio.get_running_loop().call_later(cancel_s, self._fire)
 
@@ -96,7 +104,7 @@ class _StallWatch:
     reading loop pays nothing per chunk."""
 
     def __init__(self, record: RequestRecord, stall_s: float) -> None:
-        self.task = asyncio.current_task()
+        self.task = _reading_task()
         self.fired = False
         self._record = record
         self._stall_ns = int(stall_s * 1e9)

@@ -19,8 +19,17 @@ from cadence.lab.results import Workload
 
 Target = CadenceTarget | KServeTarget | GrpcTarget | OpenAITarget
 
+
+def _tag(target: Target | type[Target]) -> str:
+    """The variant's msgspec tag, its protocol's name (msgspec types a tag str | int)."""
+    tag = target.__struct_config__.tag
+    if not isinstance(tag, str):
+        raise TypeError(f"{target!r}: a target's tag is its protocol's name, a string")
+    return tag
+
+
 PROTOCOLS: dict[str, type[Target]] = {
-    cls.__struct_config__.tag: cls
+    _tag(cls): cls
     for cls in (CadenceTarget, KServeTarget, GrpcTarget, OpenAITarget)}
 """Each protocol's target by its name (`--protocol`), cadence's own first."""
 
@@ -45,4 +54,4 @@ class ServerFacts(Protocol):
 
 def protocol_name(target: Target) -> str:
     """`cadence`, `kserve`, `grpc` or `openai`: the variant's tag."""
-    return target.__struct_config__.tag
+    return _tag(target)

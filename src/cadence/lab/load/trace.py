@@ -106,7 +106,8 @@ def numbered_trace(path: str, speed: float = 1.0,
     rows.sort(key=lambda r: r[0])
     first = rows[0][0]
     start, end = window
-    kept, turns = [], {}
+    kept: list[tuple[int, TraceRow]] = []
+    turns: dict[str, int] = {}
     for at_ms, input_length, output_length, hash_ids, session, n in rows:
         since_s = (at_ms - first) / 1e3
         if since_s < start or (end is not None and since_s >= end):

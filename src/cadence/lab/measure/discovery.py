@@ -181,7 +181,7 @@ def metrics_url(target: str) -> str | None:
             with contextlib.suppress(psutil.Error):   # those of `cadence serve`, Envoy's parent
                 parent = front.parent()
                 port = _metrics_port_arg(parent) if parent is not None else None
-    if port is None:
+    if port is None or front is None:
         return None  # another server (its other ports speak other protocols), or no metrics
     listening = [conn.laddr for conn in front.net_connections(kind="tcp")
                  if conn.status == psutil.CONN_LISTEN]

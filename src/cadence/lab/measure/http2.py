@@ -42,7 +42,7 @@ def _tls(raw: socket.socket, host: str, credentials: ClientCredentials) -> ssl.S
     context = ssl.create_default_context(
         cadata=credentials.root_ca.decode() if credentials.root_ca else None)
     context.set_alpn_protocols(["h2"])
-    if credentials.cert_chain is not None:
+    if credentials.cert_chain is not None and credentials.private_key is not None:  # both or neither
         # ssl loads a client certificate from files only; the credentials hold bytes.
         import tempfile
 

@@ -209,7 +209,8 @@ class _Watch:
                 if self.fired:  # the deadline passed while it connected
                     _cut(connection.sock)
 
-        connection.connect = connected
+        # Wraps this one connection's connect (an instance attribute over the method).
+        connection.connect = connected  # type: ignore[method-assign]
         return connection
 
     def fire(self) -> None:
@@ -275,7 +276,8 @@ def _parsed(text: str, deadline: float | None = None,
             yield line
 
     try:
-        for family in text_fd_to_metric_families(lines()):
+        # The parser is typed TextIO but only iterates it: a generator of lines does.
+        for family in text_fd_to_metric_families(lines()):  # type: ignore[arg-type]
             for s in family.samples:
                 yield family.type, s.name, s.labels, float(s.value)
     except (ValueError, TypeError, IndexError) as exc:

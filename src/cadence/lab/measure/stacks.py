@@ -75,6 +75,8 @@ class StackSampler:
                 return
 
     def _dump(self, pid: int) -> None:
+        if self._command is None:  # start() runs no thread without py-spy
+            return
         try:
             done = subprocess.run([self._command, "dump", "--pid", str(pid), "--json",
                                    "--nonblocking"], capture_output=True, text=True,

@@ -529,7 +529,7 @@ def sweep_figure(sweep: Sweep):
         return None
     x_name, *others = sweep_variables(sweep)
     # a grid: one line per combination of the other variables, against the first
-    lines: dict[str, list[dict]] = {}
+    lines: dict[str, list[SweepPoint]] = {}
     for p in points:
         key = ", ".join(f"{n}={point_value(p, n)}" for n in others)
         lines.setdefault(key, []).append(p)

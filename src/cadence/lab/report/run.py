@@ -423,8 +423,9 @@ def _system(result: BenchResult) -> str:
             ("lag p99 at most (ms)", loop.p99_ms_at_most),
             ("lag max at most (ms)", loop.max_ms_at_most))))
     parts += [f'<div class="finding">{esc(flag)}</div>' for flag in system.flags]
-    rows = [(name, p.pid, p.cpu_pct_mean, p.cpu_pct_max, len(p.samples))
-            for name, p in system.processes.items()]
+    rows: list[tuple[str, int | None, float | None, float | None, int | None]] = [
+        (name, p.pid, p.cpu_pct_mean, p.cpu_pct_max, len(p.samples))
+        for name, p in system.processes.items()]
     host = system.host or None
     if host is not None:
         rows += [(f"other: {o.name}", o.pid, o.cpu_pct, None, None) for o in host.others]
@@ -551,10 +552,11 @@ def _verdict(result: BenchResult, out_dir: Path) -> str:
     goodput = field(result, "goodput")
     slo = goodput.terms if goodput else {}
     ttft, itl = result.ttft_ms, result.itl_ms
-    figures = [(name, value, slo[name].bound_ms if name in slo else "—",
-                ("met" if slo[name].met else "NOT met") if name in slo else "—")
-               for name, value in (("ttft_p50_ms", ttft.p50), ("ttft_p99_ms", ttft.p99),
-                                   ("itl_p50_ms", itl.p50), ("itl_p99_ms", itl.p99))]
+    figures: list[tuple[str, float | str | None, float | str, str]] = [
+        (name, value, slo[name].bound_ms if name in slo else "—",
+         ("met" if slo[name].met else "NOT met") if name in slo else "—")
+        for name, value in (("ttft_p50_ms", ttft.p50), ("ttft_p99_ms", ttft.p99),
+                            ("itl_p50_ms", itl.p50), ("itl_p99_ms", itl.p99))]
     figures += [(name, t.measured_ms, t.bound_ms, "met" if t.met else "NOT met")
                 for name, t in slo.items() if name not in {row[0] for row in figures}]
     figures += [("tokens/s", result.tokens_per_s, "—", "—"),

@@ -356,7 +356,7 @@ def spans_line(spans: ServerSpans) -> str:
     if "inside" in mean:
         middle = (f"inside it {mean['inside']:.1f}" + (f" ({', '.join(inner)})" if inner else "")
                   + f" + after it {mean['after']:.1f}")
-        tails = ("before", "inside", "after")
+        tails: tuple[str, ...] = ("before", "inside", "after")
     else:
         middle = ("inside it or after (the server does not say when it sent) "
                   f"{mean['inside_or_after']:.1f}" + (f" (of which {', '.join(inner)})"

@@ -55,7 +55,7 @@ def _label(point: SweepPoint, variables: Sequence[str]) -> str:
 
 
 def _settings(sweep: Sweep) -> str:
-    rows = [("repeats per point", sweep.repeat)]
+    rows: list[tuple[str, int | Raw]] = [("repeats per point", sweep.repeat)]
     if sweep.server_cmd:
         rows.append(("server command", Raw(f"<code>{esc(sweep.server_cmd)}</code>")))
     if sweep.serve_args:

@@ -11,6 +11,7 @@ import json
 import multiprocessing as mp
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import msgspec
 import psutil
@@ -20,6 +21,9 @@ from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, my_requests
 from cadence.lab.records import RequestRecord
 from cadence.vocabulary import AddRequest
+
+if TYPE_CHECKING:
+    from cadence.transport.messages import RequestFailed
 
 
 def engine_config_of(target: str) -> tuple[EngineConfig, int] | None:
@@ -81,6 +85,8 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
         out = scheduler.step()
         if out is None:
             continue
+        if isinstance(out, list):  # the engine lost the step: every sequence in it failed
+            raise _lost_step(out)
         for seq_id in out.seq_ids:
             r = records[seq_id]
             r.index.append(len(r.tokens))
@@ -93,6 +99,11 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
             if rate is None and todo and (stop_at is None or out.end_ns < stop_at):
                 admit(out.end_ns)
     return list(records.values())
+
+
+def _lost_step(failures: list[RequestFailed]) -> RuntimeError:
+    return RuntimeError("the engine failed a step of the baseline: "
+                        + "; ".join(dict.fromkeys(f.message for f in failures)))
 
 
 def _replay_main(args: bytes, conn) -> None:

@@ -36,6 +36,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             text=True,
         )
+        assert self.process.stdout is not None  # stdout=PIPE
         line = self.banner = self.process.stdout.readline().strip()
         match = _BANNER.search(line)
         if not match:
