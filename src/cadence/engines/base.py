@@ -131,6 +131,8 @@ class Engine(Protocol):
     - `tokenizer`: an object with `encode(text) -> list[int]` and `stream(prompt_ids) ->
       Callable[[int, bool], str]`; when not None the worker tokenizes text prompts and sends each
       token's text piece (a model with its own vocabulary). Absent or None: byte tokens.
+      Without `decode(ids) -> str` too, a prompt sent as token ids has no text: user models
+      and apps refuse it (cadence.engines.detokenizer.prompt_decoder).
     - `text_piece_ids(text) -> list[int]`: an engine whose step may also return a `str` (a
       piece of text) or None (the sequence is done) for a sequence, instead of a token id,
       gives a piece's token ids with it; it needs a `tokenizer` too. StepFailed from it

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, SequenceError, StepFailed
-from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.detokenizer import piece_encoder, prompt_decoder, text_streams
 from cadence.engines.model_api import member, misspelled_members
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.vocabulary import AddRequest, Failure
@@ -136,6 +136,9 @@ class ModelEngine:
         except TypeError as exc:
             raise EngineLoadError(f"{self._label}.tokenizer: {exc}") from None
         self._encode_piece = piece_encoder(self.tokenizer)
+        self._decode_prompt = prompt_decoder(self.tokenizer)
+        """Gives a prompt sent as token ids its text; None (a tokenizer that streams on its
+        own without `decode`): such prompts are refused in `check`."""
         self.tokenizer_name = f"{self._label}.tokenizer"
         """How the worker names the model's tokenizer when one of its methods raises."""
         self._bytes_only = tokenizer is None
@@ -162,6 +165,9 @@ class ModelEngine:
         if vocab and prompt and not (0 <= min(prompt) and max(prompt) < vocab):
             bad = next(t for t in prompt if not 0 <= t < vocab)
             return f"prompt_token_ids must be in [0, {vocab}); got {bad}"
+        if prompt and not request.prompt_text and self._decode_prompt is None:
+            return (f"{self.tokenizer_name} has no decode(ids), so this model cannot read a "
+                    "prompt sent as token ids; send the prompt as text")
         problem = None if self._check is None else self._checked_by_model(request)
         if problem is None and self._arrived is not None:
             self._arrived()
@@ -230,9 +236,12 @@ class ModelEngine:
 
     def _prepare(self, seqs: list[Sequence]) -> None:
         """Give sequences that came as token ids their prompt text too."""
+        decode = self._decode_prompt
+        if decode is None:  # `check` refused prompts sent as token ids
+            return
         for seq in seqs:
             if not seq.prompt:
-                seq.prompt = self.tokenizer.decode(seq.request.prompt_token_ids)
+                seq.prompt = decode(seq.request.prompt_token_ids)
 
     def _checked(self, outputs: object, prefill: list[Sequence],
                  decode: list[Sequence]) -> list[int | str | None]:

@@ -46,7 +46,7 @@ from cadence.engines.app import (
     load_app,
     piece_tokens,
 )
-from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.detokenizer import piece_encoder, prompt_decoder, text_streams
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.heap import settle_heap
 from cadence.transport.messages import (
@@ -159,6 +159,8 @@ class AppRunner:
         self._own_tokenizer = tokenizer is not None
         self._vocab_size: int | None = getattr(self._text, "vocab_size", None) or None
         self._encode_piece = piece_encoder(self._text) if tokenizer is not None else None
+        self._decode_prompt = prompt_decoder(self._text)
+        """Gives a prompt sent as token ids its text; None: such prompts are refused."""
         self._streams_with = getattr(self._text, "streams_with", "stream")
         """The tokenizer's method that a sequence's decoder calls (named when it raises)."""
         self._texts: list[str] = []
@@ -205,8 +207,15 @@ class AppRunner:
                 f"prompt_token_ids must be in [0, {vocab}); got {bad}"))
             self._schedule_flush()
             return
+        if not text and prompt and self._decode_prompt is None:
+            self._failures.append(RequestFailed(
+                add.seq_id, Failure.INVALID_ARGUMENT,
+                "the app's tokenizer has no decode(ids), so the app cannot read a prompt sent "
+                "as token ids; send the prompt as text"))
+            self._schedule_flush()
+            return
         request = AppRequest(
-            seq_id=add.seq_id, prompt=text or self._text.decode(prompt),
+            seq_id=add.seq_id, prompt=text or self._decoded(prompt),
             prompt_token_ids=list(prompt),
             max_tokens=add.max_tokens, stop_token_ids=list(add.stop_token_ids),
             temperature=add.temperature, top_p=add.top_p, top_k=add.top_k, seed=add.seed,
@@ -232,6 +241,10 @@ class AppRunner:
             task.add_done_callback(self._tasks.discard)
         else:
             self._submit(seq)
+
+    def _decoded(self, prompt: list[int]) -> str:
+        """A prompt sent as token ids, as text (`add` refused it where there is no decoder)."""
+        return self._decode_prompt(prompt) if self._decode_prompt is not None else ""
 
     def _refuse(self, seq_id: int, method: str, exc: Exception) -> None:
         """The function's tokenizer raised on a request's prompt: the request fails alone."""
