@@ -117,6 +117,11 @@ class EngineLoadError(Exception):
     """The engine could not be built; the message says what to fix (one line)."""
 
 
+StepResult = list[int] | list[int | str | None]
+"""What `Engine.step` gives: one token id per sequence; an engine with `text_piece_ids` (a
+user's model) may also give a text piece (`str`) or None (done) in a sequence's place."""
+
+
 class Engine(Protocol):
     """A model that steps a batch of sequences; it never sees sockets or clocks of the server.
 
@@ -163,8 +168,9 @@ class Engine(Protocol):
     def check(self, request: AddRequest) -> str | None:
         """Return why `request` cannot run on this engine (a message for the user), or None."""
 
-    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int]:
-        """Run one step: prefill the new sequences, decode the others; one new token each.
+    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> StepResult:
+        """Run one step: prefill the new sequences, decode the others; one new token each
+        (or, with `text_piece_ids`, a text piece or None).
 
         Returns the tokens in the order `prefill + decode`. Raises StepFailed when only this
         step's sequences are lost.
