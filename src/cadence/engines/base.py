@@ -8,7 +8,7 @@ built-in engines.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cadence.vocabulary import AddRequest
 
@@ -178,3 +178,12 @@ class Engine(Protocol):
 
     def release(self, seq: Sequence) -> None:
         """Free what the engine holds for a sequence that finished or was aborted."""
+
+
+@runtime_checkable
+class Follower(Protocol):
+    """An engine that runs tensor-parallel (`--tp`): on ranks above 0 it steps as its rank 0
+    broadcasts, instead of talking to a front."""
+
+    def follow(self) -> None:
+        """Step as rank 0 does until it stops; then close."""

@@ -32,8 +32,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import cast
 
 from cadence import event_loop
 from cadence.config import WorkerSpec
@@ -94,7 +95,8 @@ class _Seq:
         self.max_tokens = request.max_tokens
         self.stop = frozenset(request.stop_token_ids)
         self.generated = 0
-        self.iterator: object = None
+        self.iterator: Iterator[object] | None = None
+        """Sync: the function's iterator, once its first piece was asked for."""
         self.task: asyncio.Task | None = None
         self.busy = False
         """Sync: a job for this request is queued or running in the executor."""
@@ -314,7 +316,7 @@ class AppRunner:
             result = self._app(seq.request, seq.context)
             if inspect.isawaitable(result):  # a coroutine function that returns an iterator
                 result = await result
-            if not hasattr(result, "__aiter__"):
+            if not isinstance(result, AsyncIterable):
                 raise TypeError(f"an async app must return an async iterator (an `async def` "
                                 f"with `yield`), not a {type(result).__name__}")
             iterator = result.__aiter__()
@@ -352,9 +354,11 @@ class AppRunner:
     # --- sync functions: each next() is one job on the executor -------------------------
 
     def _submit(self, seq: _Seq) -> None:
+        executor = self._executor
+        assert executor is not None  # sync functions only, and those have one
         seq.busy = True
         try:
-            job = self._executor.submit(self._advance, seq)
+            job = executor.submit(self._advance, seq)
         except RuntimeError:  # the executor is shut down: the worker is exiting
             seq.busy = False
             return
@@ -375,7 +379,9 @@ class AppRunner:
         start = time.monotonic_ns()
         try:
             if iterator is None:
-                iterator = seq.iterator = iter(self._app(seq.request, seq.context))
+                # A sync function: its result is iterable, or iter() fails the request.
+                returned = cast("Iterable[object]", self._app(seq.request, seq.context))
+                iterator = seq.iterator = iter(returned)
             result: object = next(iterator)
         except StopIteration:
             result = _END
@@ -448,9 +454,10 @@ class AppRunner:
         if len(tokens) > MAX_OUTPUT_TOKENS:
             self._fail(seq, None, f"the app yielded a piece of {ids_problem(len(tokens))}")
             return False
-        if seq.detokenize is not None:
+        detokenize = seq.detokenize
+        if detokenize is not None:
             try:
-                text = self._text_of(seq, piece, tokens, reason != Finish.NONE,
+                text = self._text_of(detokenize, piece, tokens, reason != Finish.NONE,
                                      len(tokens) < whole)
             except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
                 self._fail(seq, exc, f"the app's tokenizer.{self._streams_with} raised "
@@ -479,11 +486,11 @@ class AppRunner:
         return not reason
 
     @staticmethod
-    def _text_of(seq: _Seq, piece: object, tokens: list[int], last: bool, cut: bool) -> str:
+    def _text_of(detokenize: Callable[[int, bool], str], piece: object, tokens: list[int],
+                 last: bool, cut: bool) -> str:
         """A piece's text, with the function's tokenizer: a `str` piece as yielded (unless
         cut short), else what its tokens add to the sequence's text. Every token goes through
         the sequence's detokenizer, so the text of later pieces merges right."""
-        detokenize = seq.detokenize
         final = len(tokens) - 1 if last else -1
         text = "".join([detokenize(t, i == final) for i, t in enumerate(tokens)])
         return piece if type(piece) is str and not cut else text
