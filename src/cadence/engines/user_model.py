@@ -23,7 +23,8 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import cast
 
 from cadence.config import EngineConfig
 from cadence.engines.app import load_app
@@ -63,6 +64,7 @@ def load_model_class(reference: str) -> type:
 
 def construct(cls: type, device: str, offered: dict[str, object]) -> object:
     """`cls(device, **the offered keywords its constructor takes)`; EngineLoadError if it raises."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):  # no signature to read (a C extension's class)
@@ -113,8 +115,11 @@ class ModelEngine:
         self.takes_prefill_chunks = False
         """The class opted in (`takes_prefill_chunks = True`): under a step budget its step may
         be given part of a prompt (`Sequence.prefilled` to `prefill_to`)."""
-        if callable(getattr(model, "step", None)):
-            self._step = model.step
+        self._step: Callable[[list[Sequence], list[Sequence]], object]
+        """The model's step, or its generate_stream behind a BatchGenerator."""
+        step = getattr(model, "step", None)
+        if callable(step):
+            self._step = step
             self._step_name = "step"
             # Not across a tensor-parallel group: its followers rebuild whole-prompt steps.
             self.takes_prefill_chunks = (member(model, "takes_prefill_chunks") is True
@@ -125,7 +130,8 @@ class ModelEngine:
         else:
             from cadence.engines.batch_generator import BatchGenerator
 
-            shape = BatchGenerator(model.generate_stream, self._label, self.max_batch,
+            # load_model_class checked: without a step, the class has generate_stream.
+            shape = BatchGenerator(member(model, "generate_stream"), self._label, self.max_batch,
                                    config.batch_timeout_ms / 1e3, self._release)
             self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
@@ -248,17 +254,19 @@ class ModelEngine:
         """`outputs` as a list of int, str or None, one per sequence, or StepFailed."""
         name = f"{self._label}.{self._step_name}"
         if type(outputs) is not list:
-            kind = type(outputs).__name__
+            returned = type(outputs).__name__
             try:
-                items = iter(outputs)  # a tuple, a numpy array, ...
+                # A tuple, a numpy array, ...: TypeError for what is not iterable; each
+                # item is checked below (a bad one fails its sequence, its place ignored).
+                items = iter(cast("Iterable[int | str | None]", outputs))
             except TypeError:
-                raise StepFailed(f"{name} returned a {kind}; return a list "
+                raise StepFailed(f"{name} returned a {returned}; return a list "
                                  "with one output per sequence") from None
             try:
                 outputs = list(items)
             except Exception as exc:  # the model's own iterator: its failure is the step's
-                log.error("%s returned a %s that raised", name, kind, exc_info=exc)
-                raise StepFailed(f"{name} returned a {kind} whose iteration raised "
+                log.error("%s returned a %s that raised", name, returned, exc_info=exc)
+                raise StepFailed(f"{name} returned a {returned} whose iteration raised "
                                  f"{type(exc).__name__}: {exc}; return a list with one output "
                                  "per sequence") from None
         count = len(prefill) + len(decode)
