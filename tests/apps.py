@@ -132,3 +132,19 @@ def _bad_tokenizer():
 
 
 bad_tokenizer_app.tokenizer = _bad_tokenizer()
+
+
+def stream_only_tokenizer_app(request: AppRequest, context: AppContext) -> Iterator[list[int]]:
+    """With tests.batched_models' StreamOnlyTokenizer (encode and stream, no decode): the
+    ids of "0", "1", ... "9"."""
+    for i in range(min(request.max_tokens, 10)):
+        yield [ord("0") + i]
+
+
+def _stream_only_tokenizer():
+    from tests.batched_models import StreamOnlyTokenizer
+
+    return StreamOnlyTokenizer()
+
+
+stream_only_tokenizer_app.tokenizer = _stream_only_tokenizer()

@@ -20,6 +20,7 @@ Every step takes a fixed `STEP_S` whatever the batch, as a card's decode step ne
 
 from __future__ import annotations
 
+import codecs
 import os
 import time
 
@@ -301,6 +302,30 @@ class DecodeOnlyTokenizer(BadTokenizer):
 
 _THIRD_OUTPUTS = {"encode-fails": "ENCODE-FAILS", "stream-raises": 1, "stream-surrogate": 2,
                   "stream-huge": 3}
+
+
+class StreamOnlyTokenizer:
+    """Byte ids with the least base's contract asks of a tokenizer: `encode` and its own
+    `stream`, no `decode` (so a prompt sent as token ids has no text to give the model)."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def stream(self, prompt_ids: list[int]):
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+
+        def piece(token: int, final: bool = False) -> str:
+            return decode(bytes((token,)), final)
+
+        return piece
+
+
+class StreamOnlyTokenizerModel(EchoModel):
+    """EchoModel with StreamOnlyTokenizer (encode and stream, no decode)."""
+
+    tokenizer = StreamOnlyTokenizer()
 
 
 class BadTokenizerModel(EchoModel):

@@ -7,7 +7,8 @@ its slot and gives it back.
 The models are tests/batched_models.py's `BadOutputModel` (`huge N`, `surrogate`, `raising`),
 `BadTokenizerModel` and `DecodeOnlyTokenizerModel` (a tokenizer whose encode, decode or
 stream raises, or whose stream gives a lone surrogate or 10 MB), and tests/apps.py's
-`bad_tokenizer_app` (the same tokenizer). And a client that reads slowly while big pieces pile
+`bad_tokenizer_app` (the same tokenizer); `StreamOnlyTokenizerModel` and
+`stream_only_tokenizer_app` (a tokenizer without decode, sent a prompt as token ids). And a client that reads slowly while big pieces pile
 up at the front gets them in chunks a default client accepts (4 MiB at most).
 """
 
@@ -108,6 +109,29 @@ def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(bad_serve
 def test_a_bad_tokenizer_fails_its_request_and_the_worker_serves_the_next(
         servers, flag, name, prompt, says) -> None:
     _fails_alone(servers(flag, name), prompt, "", says)
+
+
+@pytest.mark.parametrize("flag, name, says", [
+    ("--engine", "tests.batched_models:StreamOnlyTokenizerModel",
+     "StreamOnlyTokenizerModel.tokenizer has no decode(ids)"),
+    ("--app", "tests.apps:stream_only_tokenizer_app", "the app's tokenizer has no decode(ids)"),
+], ids=["model", "app"])
+def test_prompt_token_ids_without_a_tokenizer_decode_are_refused_alone(servers, flag, name,
+                                                                        says) -> None:
+    """A tokenizer that streams on its own but has no `decode` cannot give the model (or app)
+    the text of a prompt sent as token ids: that request is refused with INVALID_ARGUMENT and
+    one line saying so, before it reaches a step; text prompts and the worker go on."""
+    server = servers(flag, name)
+    with Client(server.target) as client:
+        with pytest.raises(grpc.RpcError) as refused:
+            list(client.generate(list(b"count 5"), max_tokens=5, timeout=30))
+        chunks = list(client.generate("count 5", max_tokens=5, timeout=30))
+    error = refused.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert says in error.details() and "as text" in error.details(), error.details()
+    assert "\n" not in error.details()
+    assert "".join(c.text for c in chunks) == "01234"
+    assert _metric(server.metrics_url, "cadence_worker_restarts_total") == 0
 
 
 def _fails_alone(server: RunningServer, prompt: str, origin: str, says: str) -> None:

@@ -81,7 +81,8 @@ class RequestStream:
         self.worker = worker
         self.include_timing = include_timing
         self.received_ns = received_ns
-        self.finish = Finish.NONE
+        self.finish: int = Finish.NONE
+        """A Finish value, as the worker's message carries it (Chunk.finish is an int too)."""
         self.error: tuple[Failure, str] | None = None
         self._capacity = capacity
         self._abort_on_overflow = overflow == "abort"
@@ -167,7 +168,9 @@ class RequestStream:
         if type(tokens) is int:  # a piece of one token, as a batching engine sends
             self._tokens.append(tokens)
         else:
-            self._tokens += tokens
+            # A list: `type() is int` (cheaper per token than an isinstance, which would
+            # narrow) leaves mypy the union.
+            self._tokens += tokens  # type: ignore[arg-type]  # a list[int] here, see above
         if text is not None:
             self._texts.append(text)
             self._ends.append(len(self._tokens))
@@ -176,8 +179,10 @@ class RequestStream:
             self.wake()
 
     def _pause(self) -> None:
+        link = self._link
+        assert link is not None  # `_block` (the one caller's condition) needs a link
         self._paused = True
-        self._link.pause(self.seq_id)
+        link.pause(self.seq_id)
         self._tally.pauses += 1
         self._tally.paused += 1
         task = self.task
@@ -187,15 +192,19 @@ class RequestStream:
             self._paused_task = task
             task.add_done_callback(self._task_ended)
 
-    def _unpaused(self) -> None:
-        """The pause is over (resumed, or the stream ends): off the gauge, once."""
+    def _unpaused(self) -> WorkerLink:
+        """The pause is over (resumed, or the stream ends): off the gauge, once. Returns the
+        worker's link (to resume the sequence with)."""
+        link = self._link
+        assert link is not None  # paused only by `_pause`, which had one
         self._paused = False
         self._tally.paused -= 1
-        self._link.paused -= 1
+        link.paused -= 1
         task = self._paused_task
         if task is not None:
             self._paused_task = None
             task.remove_done_callback(self._task_ended)
+        return link
 
     def _task_ended(self, _task: asyncio.Task) -> None:
         if self._paused:
@@ -280,8 +289,7 @@ class RequestStream:
             self._steps = max(self._steps - steps, 1)
             finish = Finish.NONE
         if self._paused:
-            self._unpaused()
-            self._link.resume(self.seq_id)
+            self._unpaused().resume(self.seq_id)
         tally = self._tally
         if steps > 1:
             tally.merged_steps += steps - 1

@@ -196,7 +196,7 @@ def load_app(reference: str) -> App:
         target = getattr(target, part)
     if not callable(target):
         raise TypeError(f"{reference} is a {type(target).__name__}, not a function")
-    return target  # type: ignore[return-value]
+    return target
 
 
 def _import(module_name: str) -> object:

@@ -8,7 +8,7 @@ built-in engines.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cadence.vocabulary import AddRequest
 
@@ -117,6 +117,11 @@ class EngineLoadError(Exception):
     """The engine could not be built; the message says what to fix (one line)."""
 
 
+StepResult = list[int] | list[int | str | None]
+"""What `Engine.step` gives: one token id per sequence; an engine with `text_piece_ids` (a
+user's model) may also give a text piece (`str`) or None (done) in a sequence's place."""
+
+
 class Engine(Protocol):
     """A model that steps a batch of sequences; it never sees sockets or clocks of the server.
 
@@ -131,6 +136,8 @@ class Engine(Protocol):
     - `tokenizer`: an object with `encode(text) -> list[int]` and `stream(prompt_ids) ->
       Callable[[int, bool], str]`; when not None the worker tokenizes text prompts and sends each
       token's text piece (a model with its own vocabulary). Absent or None: byte tokens.
+      Without `decode(ids) -> str` too, a prompt sent as token ids has no text: user models
+      and apps refuse it (cadence.engines.detokenizer.prompt_decoder).
     - `text_piece_ids(text) -> list[int]`: an engine whose step may also return a `str` (a
       piece of text) or None (the sequence is done) for a sequence, instead of a token id,
       gives a piece's token ids with it; it needs a `tokenizer` too. StepFailed from it
@@ -161,8 +168,9 @@ class Engine(Protocol):
     def check(self, request: AddRequest) -> str | None:
         """Return why `request` cannot run on this engine (a message for the user), or None."""
 
-    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> list[int]:
-        """Run one step: prefill the new sequences, decode the others; one new token each.
+    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> StepResult:
+        """Run one step: prefill the new sequences, decode the others; one new token each
+        (or, with `text_piece_ids`, a text piece or None).
 
         Returns the tokens in the order `prefill + decode`. Raises StepFailed when only this
         step's sequences are lost.
@@ -170,3 +178,12 @@ class Engine(Protocol):
 
     def release(self, seq: Sequence) -> None:
         """Free what the engine holds for a sequence that finished or was aborted."""
+
+
+@runtime_checkable
+class Follower(Protocol):
+    """An engine that runs tensor-parallel (`--tp`): on ranks above 0 it steps as its rank 0
+    broadcasts, instead of talking to a front."""
+
+    def follow(self) -> None:
+        """Step as rank 0 does until it stops; then close."""

@@ -139,6 +139,14 @@ def piece_encoder(text: TextStreams | ByteText | StreamingTokenizer) -> Callable
     return getattr(text, "encode_piece", None) or text.encode
 
 
+def prompt_decoder(
+        text: TextStreams | ByteText | StreamingTokenizer) -> Callable[[list[int]], str] | None:
+    """The decoder of prompts sent as token ids of what text_streams gave, or None: a
+    tokenizer that streams on its own need not have `decode` (base's contract)."""
+    decode = getattr(text, "decode", None)
+    return decode if callable(decode) else None
+
+
 def _ids(encoded: object) -> list[int]:
     """What an `encode` gave, as ids: the ids themselves, or `tokenizers`' Encoding (`.ids`)."""
     return list(cast(Iterable[int], getattr(encoded, "ids", encoded)))

@@ -23,12 +23,13 @@ from __future__ import annotations
 import inspect
 import logging
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import cast
 
 from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, SequenceError, StepFailed
-from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.detokenizer import piece_encoder, prompt_decoder, text_streams
 from cadence.engines.model_api import member, misspelled_members
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.vocabulary import AddRequest, Failure
@@ -63,6 +64,7 @@ def load_model_class(reference: str) -> type:
 
 def construct(cls: type, device: str, offered: dict[str, object]) -> object:
     """`cls(device, **the offered keywords its constructor takes)`; EngineLoadError if it raises."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):  # no signature to read (a C extension's class)
@@ -113,8 +115,11 @@ class ModelEngine:
         self.takes_prefill_chunks = False
         """The class opted in (`takes_prefill_chunks = True`): under a step budget its step may
         be given part of a prompt (`Sequence.prefilled` to `prefill_to`)."""
-        if callable(getattr(model, "step", None)):
-            self._step = model.step
+        self._step: Callable[[list[Sequence], list[Sequence]], object]
+        """The model's step, or its generate_stream behind a BatchGenerator."""
+        step = getattr(model, "step", None)
+        if callable(step):
+            self._step = step
             self._step_name = "step"
             # Not across a tensor-parallel group: its followers rebuild whole-prompt steps.
             self.takes_prefill_chunks = (member(model, "takes_prefill_chunks") is True
@@ -125,7 +130,8 @@ class ModelEngine:
         else:
             from cadence.engines.batch_generator import BatchGenerator
 
-            shape = BatchGenerator(model.generate_stream, self._label, self.max_batch,
+            # load_model_class checked: without a step, the class has generate_stream.
+            shape = BatchGenerator(member(model, "generate_stream"), self._label, self.max_batch,
                                    config.batch_timeout_ms / 1e3, self._release)
             self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
@@ -136,6 +142,9 @@ class ModelEngine:
         except TypeError as exc:
             raise EngineLoadError(f"{self._label}.tokenizer: {exc}") from None
         self._encode_piece = piece_encoder(self.tokenizer)
+        self._decode_prompt = prompt_decoder(self.tokenizer)
+        """Gives a prompt sent as token ids its text; None (a tokenizer that streams on its
+        own without `decode`): such prompts are refused in `check`."""
         self.tokenizer_name = f"{self._label}.tokenizer"
         """How the worker names the model's tokenizer when one of its methods raises."""
         self._bytes_only = tokenizer is None
@@ -162,6 +171,9 @@ class ModelEngine:
         if vocab and prompt and not (0 <= min(prompt) and max(prompt) < vocab):
             bad = next(t for t in prompt if not 0 <= t < vocab)
             return f"prompt_token_ids must be in [0, {vocab}); got {bad}"
+        if prompt and not request.prompt_text and self._decode_prompt is None:
+            return (f"{self.tokenizer_name} has no decode(ids), so this model cannot read a "
+                    "prompt sent as token ids; send the prompt as text")
         problem = None if self._check is None else self._checked_by_model(request)
         if problem is None and self._arrived is not None:
             self._arrived()
@@ -230,26 +242,31 @@ class ModelEngine:
 
     def _prepare(self, seqs: list[Sequence]) -> None:
         """Give sequences that came as token ids their prompt text too."""
+        decode = self._decode_prompt
+        if decode is None:  # `check` refused prompts sent as token ids
+            return
         for seq in seqs:
             if not seq.prompt:
-                seq.prompt = self.tokenizer.decode(seq.request.prompt_token_ids)
+                seq.prompt = decode(seq.request.prompt_token_ids)
 
     def _checked(self, outputs: object, prefill: list[Sequence],
                  decode: list[Sequence]) -> list[int | str | None]:
         """`outputs` as a list of int, str or None, one per sequence, or StepFailed."""
         name = f"{self._label}.{self._step_name}"
         if type(outputs) is not list:
-            kind = type(outputs).__name__
+            returned = type(outputs).__name__
             try:
-                items = iter(outputs)  # a tuple, a numpy array, ...
+                # A tuple, a numpy array, ...: TypeError for what is not iterable; each
+                # item is checked below (a bad one fails its sequence, its place ignored).
+                items = iter(cast("Iterable[int | str | None]", outputs))
             except TypeError:
-                raise StepFailed(f"{name} returned a {kind}; return a list "
+                raise StepFailed(f"{name} returned a {returned}; return a list "
                                  "with one output per sequence") from None
             try:
                 outputs = list(items)
             except Exception as exc:  # the model's own iterator: its failure is the step's
-                log.error("%s returned a %s that raised", name, kind, exc_info=exc)
-                raise StepFailed(f"{name} returned a {kind} whose iteration raised "
+                log.error("%s returned a %s that raised", name, returned, exc_info=exc)
+                raise StepFailed(f"{name} returned a {returned} whose iteration raised "
                                  f"{type(exc).__name__}: {exc}; return a list with one output "
                                  "per sequence") from None
         count = len(prefill) + len(decode)

@@ -32,8 +32,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import cast
 
 from cadence import event_loop
 from cadence.config import WorkerSpec
@@ -46,7 +47,7 @@ from cadence.engines.app import (
     load_app,
     piece_tokens,
 )
-from cadence.engines.detokenizer import piece_encoder, text_streams
+from cadence.engines.detokenizer import piece_encoder, prompt_decoder, text_streams
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
 from cadence.heap import settle_heap
 from cadence.transport.messages import (
@@ -94,7 +95,8 @@ class _Seq:
         self.max_tokens = request.max_tokens
         self.stop = frozenset(request.stop_token_ids)
         self.generated = 0
-        self.iterator: object = None
+        self.iterator: Iterator[object] | None = None
+        """Sync: the function's iterator, once its first piece was asked for."""
         self.task: asyncio.Task | None = None
         self.busy = False
         """Sync: a job for this request is queued or running in the executor."""
@@ -159,6 +161,8 @@ class AppRunner:
         self._own_tokenizer = tokenizer is not None
         self._vocab_size: int | None = getattr(self._text, "vocab_size", None) or None
         self._encode_piece = piece_encoder(self._text) if tokenizer is not None else None
+        self._decode_prompt = prompt_decoder(self._text)
+        """Gives a prompt sent as token ids its text; None: such prompts are refused."""
         self._streams_with = getattr(self._text, "streams_with", "stream")
         """The tokenizer's method that a sequence's decoder calls (named when it raises)."""
         self._texts: list[str] = []
@@ -205,8 +209,15 @@ class AppRunner:
                 f"prompt_token_ids must be in [0, {vocab}); got {bad}"))
             self._schedule_flush()
             return
+        if not text and prompt and self._decode_prompt is None:
+            self._failures.append(RequestFailed(
+                add.seq_id, Failure.INVALID_ARGUMENT,
+                "the app's tokenizer has no decode(ids), so the app cannot read a prompt sent "
+                "as token ids; send the prompt as text"))
+            self._schedule_flush()
+            return
         request = AppRequest(
-            seq_id=add.seq_id, prompt=text or self._text.decode(prompt),
+            seq_id=add.seq_id, prompt=text or self._decoded(prompt),
             prompt_token_ids=list(prompt),
             max_tokens=add.max_tokens, stop_token_ids=list(add.stop_token_ids),
             temperature=add.temperature, top_p=add.top_p, top_k=add.top_k, seed=add.seed,
@@ -232,6 +243,10 @@ class AppRunner:
             task.add_done_callback(self._tasks.discard)
         else:
             self._submit(seq)
+
+    def _decoded(self, prompt: list[int]) -> str:
+        """A prompt sent as token ids, as text (`add` refused it where there is no decoder)."""
+        return self._decode_prompt(prompt) if self._decode_prompt is not None else ""
 
     def _refuse(self, seq_id: int, method: str, exc: Exception) -> None:
         """The function's tokenizer raised on a request's prompt: the request fails alone."""
@@ -301,7 +316,7 @@ class AppRunner:
             result = self._app(seq.request, seq.context)
             if inspect.isawaitable(result):  # a coroutine function that returns an iterator
                 result = await result
-            if not hasattr(result, "__aiter__"):
+            if not isinstance(result, AsyncIterable):
                 raise TypeError(f"an async app must return an async iterator (an `async def` "
                                 f"with `yield`), not a {type(result).__name__}")
             iterator = result.__aiter__()
@@ -339,9 +354,11 @@ class AppRunner:
     # --- sync functions: each next() is one job on the executor -------------------------
 
     def _submit(self, seq: _Seq) -> None:
+        executor = self._executor
+        assert executor is not None  # sync functions only, and those have one
         seq.busy = True
         try:
-            job = self._executor.submit(self._advance, seq)
+            job = executor.submit(self._advance, seq)
         except RuntimeError:  # the executor is shut down: the worker is exiting
             seq.busy = False
             return
@@ -362,7 +379,9 @@ class AppRunner:
         start = time.monotonic_ns()
         try:
             if iterator is None:
-                iterator = seq.iterator = iter(self._app(seq.request, seq.context))
+                # A sync function: its result is iterable, or iter() fails the request.
+                returned = cast("Iterable[object]", self._app(seq.request, seq.context))
+                iterator = seq.iterator = iter(returned)
             result: object = next(iterator)
         except StopIteration:
             result = _END
@@ -435,9 +454,10 @@ class AppRunner:
         if len(tokens) > MAX_OUTPUT_TOKENS:
             self._fail(seq, None, f"the app yielded a piece of {ids_problem(len(tokens))}")
             return False
-        if seq.detokenize is not None:
+        detokenize = seq.detokenize
+        if detokenize is not None:
             try:
-                text = self._text_of(seq, piece, tokens, reason != Finish.NONE,
+                text = self._text_of(detokenize, piece, tokens, reason != Finish.NONE,
                                      len(tokens) < whole)
             except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
                 self._fail(seq, exc, f"the app's tokenizer.{self._streams_with} raised "
@@ -466,11 +486,11 @@ class AppRunner:
         return not reason
 
     @staticmethod
-    def _text_of(seq: _Seq, piece: object, tokens: list[int], last: bool, cut: bool) -> str:
+    def _text_of(detokenize: Callable[[int, bool], str], piece: object, tokens: list[int],
+                 last: bool, cut: bool) -> str:
         """A piece's text, with the function's tokenizer: a `str` piece as yielded (unless
         cut short), else what its tokens add to the sequence's text. Every token goes through
         the sequence's detokenizer, so the text of later pieces merges right."""
-        detokenize = seq.detokenize
         final = len(tokens) - 1 if last else -1
         text = "".join([detokenize(t, i == final) for i, t in enumerate(tokens)])
         return piece if type(piece) is str and not cut else text

@@ -20,12 +20,13 @@ import heapq
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
-from cadence.engines.base import Engine, Sequence, StepFailed
+from cadence.engines.base import Engine, Sequence, StepFailed, StepResult
 from cadence.engines.output_text import texts_problems
 from cadence.transport.messages import RequestFailed, StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
@@ -151,10 +152,11 @@ class BatchScheduler:
         are the only places in the worker that loop over a step's tokens.
         """
         paused = self._paused
-        if self._budget is None:
+        budget = self._budget
+        if budget is None:
             prefill = self._admit_whole()
         else:
-            prefill = self._admit_within_budget(len(self._running) - len(paused))
+            prefill = self._admit_within_budget(budget, len(self._running) - len(paused))
         # After admission: a preemption may have taken a sequence out of the running ones.
         decode = [s for s in self._running.values() if s.seq_id not in paused] if paused else (
             list(self._running.values()))
@@ -170,8 +172,8 @@ class BatchScheduler:
         end = time.monotonic_ns()
         self._steps += 1
         stepped = prefill + decode
-        if self._budget is not None:
-            stepped, tokens = self._after_chunks(prefill, decode, tokens, end - start)
+        if budget is not None:
+            stepped, tokens = self._after_chunks(budget, prefill, decode, tokens, end - start)
         if self._step_errors:
             self._fail_alone(self._step_errors)
         seq_ids: list[int] = []
@@ -205,8 +207,9 @@ class BatchScheduler:
             lost = {f.seq_id for f in self.failed}
             kept = [i for i, seq in enumerate(stepped) if seq.seq_id not in lost]
             stepped, tokens = [stepped[i] for i in kept], [tokens[i] for i in kept]
-        if self._text_piece_ids is not None:
-            seq_ids, tokens, counts = self._retire_pieces(stepped, tokens, texts,
+        piece_ids = self._text_piece_ids
+        if piece_ids is not None:
+            seq_ids, tokens, counts = self._retire_pieces(piece_ids, stepped, tokens, texts,
                                                           finished, reasons)
             if texts:
                 problems = texts_problems(texts)
@@ -217,7 +220,8 @@ class BatchScheduler:
                 self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
                 counts, texts, prompt_lens, self._kv_cache_usage(), cached, bool(counts),
             )
-        for seq, token in zip(stepped, tokens):
+        ids = cast("list[int]", tokens)  # no text_piece_ids: token ids alone (base.StepResult)
+        for seq, token in zip(stepped, ids):
             seq.generated += 1
             seq_ids.append(seq.seq_id)
             if token in seq.stop_token_ids:
@@ -226,17 +230,17 @@ class BatchScheduler:
                 reason = Finish.LENGTH
             else:
                 if tokenizer is not None:
-                    texts.append(seq.detokenize(token, False))
+                    texts.append(seq.detokenize(token, False))  # type: ignore[misc]  # set with the tokenizer at the first prefill
                 continue
             if tokenizer is not None:  # the last piece also flushes an incomplete character
-                texts.append(seq.detokenize(token, True))
+                texts.append(seq.detokenize(token, True))  # type: ignore[misc]  # as above
             finished.append(seq.seq_id)
             reasons.append(reason)
             del running[seq.seq_id]
             paused.discard(seq.seq_id)  # one paused when preempted ends in its re-prefill
             self._engine.release(seq)
         return StepOutput(
-            self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
+            self._worker, self._steps, start, end, seq_ids, ids, finished, reasons,
             texts=texts, prompt_lens=prompt_lens, kv_cache_usage=self._kv_cache_usage(),
             cached_tokens=cached,
         )
@@ -255,16 +259,16 @@ class BatchScheduler:
             prefill.append(self._take())
         return prefill
 
-    def _admit_within_budget(self, decodes: int) -> list[Sequence]:
+    def _admit_within_budget(self, budget: StepBudget, decodes: int) -> list[Sequence]:
         """The sequences this step prefills, each with its chunk set (`prefill_to`): first
         the prompts already part-prefilled, by priority then age, then waiting ones by
         priority then arrival, until the budget's prefill tokens are spent. An engine that
         takes no chunks gets whole prompts that fit what is left (the step's first one
         whatever its length). Tokens the prefix cache holds cost nothing."""
-        left = self._budget.prefill_tokens(decodes)
+        left = budget.prefill_tokens(decodes)
         prefill: list[Sequence] = []
         prefilling = self._prefilling
-        part = prefilling.values()
+        part: Iterable[Sequence] = prefilling.values()
         if len(prefilling) > 1:
             part = sorted(part, key=lambda s: (s.request.priority, s.arrival))
         for seq in part:
@@ -343,8 +347,8 @@ class BatchScheduler:
         self.preemptions += 1
         return True
 
-    def _after_chunks(self, prefill: list[Sequence], decode: list[Sequence], outputs: list,
-                      duration_ns: int) -> tuple[list[Sequence], list]:
+    def _after_chunks(self, budget: StepBudget, prefill: list[Sequence], decode: list[Sequence],
+                      outputs: StepResult, duration_ns: int) -> tuple[list[Sequence], StepResult]:
         """Tell the budget what the step cost; drop the outputs of sequences whose prompt is
         not all prefilled yet (they stay in `_prefilling`), and take the rest out of it."""
         tokens = 0
@@ -356,7 +360,7 @@ class BatchScheduler:
                 chunked += 1
             else:
                 del prefilling[seq.seq_id]
-        self._budget.observe(len(decode), tokens, duration_ns / 1e9)
+        budget.observe(len(decode), tokens, duration_ns / 1e9)
         if not chunked:
             return prefill + decode, outputs
         n = len(prefill)
@@ -365,7 +369,8 @@ class BatchScheduler:
                 [outputs[i] for i in done] + outputs[n:])
 
     def _retire_pieces(
-        self, stepped: list[Sequence], outputs: list[int | str | None], texts: list[str],
+        self, piece_ids: Callable[[str], list[int]], stepped: list[Sequence],
+        outputs: StepResult, texts: list[str],
         finished: list[int], reasons: list[int],
     ) -> tuple[list[int], list[int], list[int]]:
         """The step loop for an engine whose output for a sequence may also be a text piece
@@ -373,7 +378,6 @@ class BatchScheduler:
         STOP, with no output). Each output counts as one toward max_tokens; stop tokens are
         looked for among the int outputs. Returns the pieces' seq_ids, token ids and token
         counts (empty when every piece is one token: StepOutput's one-token layout)."""
-        piece_ids = self._text_piece_ids
         running = self._running
         seq_ids: list[int] = []
         token_ids: list[int] = []
@@ -403,20 +407,23 @@ class BatchScheduler:
                     several = several or len(ids) != 1
                     counts.append(len(ids))
                 else:
-                    if out in seq.stop_token_ids:
+                    # An int: `type() is str` (cheaper per output than isinstance) leaves
+                    # mypy the union.
+                    token: int = out  # type: ignore[assignment]  # see above
+                    if token in seq.stop_token_ids:
                         reason = Finish.STOP
                     elif seq.generated >= seq.request.max_tokens:
                         reason = Finish.LENGTH
                     else:
                         reason = Finish.NONE
                     try:
-                        text = seq.detokenize(out, reason != Finish.NONE)
+                        text = seq.detokenize(token, reason != Finish.NONE)  # type: ignore[misc]  # a model's tokenizer is never None: ByteText
                     except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this one
                         self._drop(seq)
                         self.failed.append(self._lost(seq.seq_id, self._streams_with, exc,
-                                                      f"token {out}"))
+                                                      f"token {token}"))
                         continue
-                    token_ids.append(out)
+                    token_ids.append(token)
                     counts.append(1)
                 seq_ids.append(seq.seq_id)
                 texts.append(text)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import msgspec
 
 from cadence.config import EngineConfig, WorkerSpec
-from cadence.engines.base import Engine, EngineLoadError
+from cadence.engines.base import Engine, EngineLoadError, Follower
 from cadence.heap import settle_heap
 from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
@@ -89,6 +89,9 @@ def run_worker(spec: WorkerSpec) -> None:
         # broadcasts, and only listens for the front's heartbeat (a follower on another host
         # would otherwise wait in a collective forever once the link to its rank 0 is cut).
         start_heartbeat(spec, send=False)
+        if not isinstance(engine, Follower):
+            sys.exit(f"cadence worker {spec.index} (rank {spec.rank}): the {spec.engine.name} "
+                     "engine does not run tensor-parallel; serve it without --tp")
         engine.follow()
         return
     warmup_start = time.perf_counter()
@@ -149,13 +152,13 @@ def run_worker(spec: WorkerSpec) -> None:
             health.before_step(scheduler.has_work)
             output = scheduler.step()
             stepped = output is not None
-            if type(output) is list:  # the engine lost the step: its sequences failed
+            if isinstance(output, list):  # the engine lost the step: its sequences failed
                 for failure in output:
                     channel.send(failure)
                 sick = health.failed(output[0].message if output else "")
                 if sick is not None:
                     channel.send(sick)
-            elif stepped:
+            elif output is not None:
                 health.stepped()
                 channel.send(output)
             if scheduler.failed:  # sequences the step lost alone (their tokenizer's fault)
