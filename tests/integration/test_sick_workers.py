@@ -117,8 +117,9 @@ async def _channel_on_front(target: str, front: int) -> grpc.aio.Channel:
         call = pb_grpc.InferenceStub(channel).Generate(
             pb.GenerateRequest(prompt="count 1", max_tokens=1), timeout=30)
         landed = int(dict(await call.initial_metadata()).get("cadence-front", 0))
+        # Any answer will do: the probe only learns its front (it may meet the sick worker).
         code, _ = await _outcome(call)
-        assert code == "OK", code
+        assert code in ("OK", "INTERNAL", "UNAVAILABLE"), code
         if landed == front:
             return channel
         await channel.close()
