@@ -81,7 +81,7 @@ class Report:
         start = time.monotonic()
         try:
             result = fn(*args)
-        except Exception as exc:  # noqa: BLE001 - every stage is guarded; the error is the result
+        except Exception as exc:
             result = {"status": "error", "summary": f"{type(exc).__name__}: {exc}"[:400],
                       "traceback": traceback.format_exc()[-4000:]}
         result["seconds"] = round(time.monotonic() - start, 1)
@@ -126,7 +126,7 @@ def stage_env(args: argparse.Namespace) -> dict:
             for i in range(info["cuda_device_count"])]
         try:
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             info["nccl"] = f"unknown ({exc})"
         print(f"device name = {', '.join(d['name'] for d in info['devices'])}", flush=True)
     else:
@@ -143,7 +143,7 @@ def stage_env(args: argparse.Namespace) -> dict:
             mod = __import__(module, fromlist=["_"])
             if module in ("transformers", "grpc", "google.protobuf"):
                 info[f"{module}_version"] = getattr(mod, "__version__", "?")
-        except Exception as exc:  # noqa: BLE001 - an import can fail with more than ImportError
+        except Exception as exc:
             missing[module] = f"{type(exc).__name__}: {exc}"[:200]
     info["import_failures"] = missing
     engine_missing = [m for m in missing if m in ("transformers", "safetensors", "msgspec",
@@ -431,7 +431,7 @@ def stage_tp(args, ctx) -> dict:
             summary += f"; cadence serve {' '.join(serve)}: {served['summary']}"
             if served["status"] != "pass":
                 status = "fail"
-        except Exception as exc:  # noqa: BLE001 - keep the engine result
+        except Exception as exc:
             result["served_tp2"] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
             summary += f"; served TP error: {type(exc).__name__}: {exc}"[:300]
             status = "fail"
@@ -449,7 +449,7 @@ def measure(engine, batch: int, prompt: int, tokens: int, vocab: int) -> dict:
     from cadence.worker.batch_scheduler import BatchScheduler
 
     # Warm-up at this batch size (kernel selection, allocator), then the timed run.
-    for n_tokens, timed in ((min(4, tokens), False), (tokens, True)):
+    for n_tokens in (min(4, tokens), tokens):
         scheduler = BatchScheduler(engine, 0, 1024)
         for i, p in enumerate(batch_prompts):
             scheduler.add(AddRequest(i, p, n_tokens))
@@ -540,7 +540,7 @@ def stage_perf(args, ctx) -> dict:
                         b1 = next(r for r in entry["runs"] if r["batch"] == 1)["decode_step_ms"]
                         entry["transformers_per_token_ms_b1"] = round(hf, 3)
                         entry["engine_step_ratio_b1"] = round(b1 / hf, 3)
-                    except Exception as exc:  # noqa: BLE001 - keep cadence's numbers
+                    except Exception as exc:
                         entry["transformers_error"] = f"{type(exc).__name__}: {exc}"[:300]
                     finally:
                         _HF.clear()
@@ -550,7 +550,7 @@ def stage_perf(args, ctx) -> dict:
                 lines.append(f"{key} b{best['batch']} {best['tokens_per_s']:.0f} tok/s"
                              + (f" (b1 step {entry['engine_step_ratio_b1']}x transformers)"
                                 if "engine_step_ratio_b1" in entry else ""))
-            except Exception as exc:  # noqa: BLE001 - the next size/dtype still runs
+            except Exception as exc:
                 errors += 1
                 entry["status"] = "error"
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:400]

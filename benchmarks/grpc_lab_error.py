@@ -34,12 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 import msgspec
 
-from cadence import event_loop  # noqa: E402
+from cadence import event_loop
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.grpc_schema import from_reflection, message_classes
 from cadence.lab.load.grpc_service import GrpcTarget
 from cadence.lab.load.plan import RequestShape
-from tests.node_ticker import COUNT_METHOD, ticker_server  # noqa: E402
+from tests.node_ticker import COUNT_METHOD, ticker_server
 
 TARGET_MS = 0.5
 

@@ -40,7 +40,7 @@ import psutil
 from cadence import event_loop
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sse_reference import Ticker  # noqa: E402  (one timer that wakes every stream per step)
+from sse_reference import Ticker
 
 _HEAD = b'{"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk",'
 _TAIL = b',"model":"cadence","choices":[{"index":0,"delta":{"content":"A"},"finish_reason":null}]}'

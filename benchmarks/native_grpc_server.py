@@ -250,7 +250,7 @@ async def thin_app(scope, receive, send, watch: bool = False) -> None:
                 watcher.cancel()
     except PlantedError as e:
         status, message = e.code, e.message
-    except Exception as e:  # noqa: BLE001 (a handler's failure is the call's status, as grpc.aio does)
+    except Exception as e:
         status, message = INTERNAL, f"{type(e).__name__}: {e}"
     if status is None:
         return None  # the client reset the stream: nobody to send a status to

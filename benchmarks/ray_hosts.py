@@ -29,7 +29,7 @@ from cadence.lab.load.plan import RequestShape
 from cadence.lab.records import RequestRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.netns_hosts import Front, TwoHosts, netns_unavailable  # noqa: E402
+from tests.netns_hosts import Front, TwoHosts, netns_unavailable
 
 
 def main() -> None:

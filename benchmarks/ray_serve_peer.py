@@ -75,7 +75,7 @@ def start_ray_serve(port: int):
 
     @serve.deployment(max_ongoing_requests=1024, ray_actor_options={"num_cpus": 0})
     class Tokens:
-        async def Generate(self, request: pb.GenerateRequest):  # noqa: N802 - the RPC's name
+        async def Generate(self, request: pb.GenerateRequest):
             last = request.max_tokens - 1
             for i in range(request.max_tokens):
                 await asyncio.sleep(DELAY_S)

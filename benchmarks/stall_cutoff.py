@@ -107,9 +107,9 @@ def main() -> None:
     args = parser.parse_args()
     runs = []
     for step_ms in ("2", "20"):
-        for run in (lambda: http_cutoff(step_ms), lambda: grpc_cutoff(step_ms),
-                    lambda: grpc_cutoff(step_ms, "--grpc-server", "native")):
-            runs.append(run())
+        for cutoff, extra in ((http_cutoff, ()), (grpc_cutoff, ()),
+                              (grpc_cutoff, ("--grpc-server", "native"))):
+            runs.append(cutoff(step_ms, *extra))
             print(json.dumps(runs[-1]), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

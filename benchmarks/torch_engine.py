@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 
 SHAPES = {
-    "tiny": dict(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32),
-    "100m": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                 num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=True),
+    "tiny": {"vocab_size": 256, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+    "100m": {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
+                 "num_attention_heads": 12, "num_key_value_heads": 4, "tie_word_embeddings": True},
 }
 CORES = os.cpu_count() or 1
 

@@ -30,19 +30,19 @@ def save_model(
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tok = build_tokenizer() if tokenizer else None
-    settings = dict(
-        vocab_size=tok.get_vocab_size() if tok else 256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.05,
-        bos_token_id=0 if tok else None,
-        eos_token_id=1 if tok else None,
-        pad_token_id=None,
-    )
+    settings = {
+        "vocab_size": tok.get_vocab_size() if tok else 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "initializer_range": 0.05,
+        "bos_token_id": 0 if tok else None,
+        "eos_token_id": 1 if tok else None,
+        "pad_token_id": None,
+    }
     settings.update(overrides)
     torch.manual_seed(seed)
     if arch == "qwen2":

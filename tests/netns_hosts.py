@@ -84,7 +84,7 @@ class TwoHosts:
     def spawn(self, ns: str, log: Path, *argv: str) -> subprocess.Popen:
         """Run `argv` inside namespace `ns`, its output in `log`."""
         self.logs.append(log)
-        out = open(log, "w")  # noqa: SIM115 - kept open for the process's life
+        out = open(log, "w")
         return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=out,
                                 stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
 

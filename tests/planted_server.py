@@ -139,7 +139,7 @@ async def main(args: argparse.Namespace) -> None:
     async def block_the_loop() -> None:
         while True:
             await asyncio.sleep(args.pause_every_ms / 1e3)
-            time.sleep(args.pause_ms / 1e3)  # the planted fault: a blocking call on the loop
+            time.sleep(args.pause_ms / 1e3)  # noqa: ASYNC251 (the planted fault: a blocking call)
 
     if args.fault == "pause":
         pauses = asyncio.ensure_future(block_the_loop())

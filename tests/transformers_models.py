@@ -22,8 +22,8 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mistral
 def _config(arch: str, vocab: int):
     import transformers as tf
 
-    common = dict(vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=None,
-                  initializer_range=0.05)
+    common = {"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": None,
+                  "initializer_range": 0.05}
     decoder = dict(common, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     if arch == "llama":

@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -58,7 +58,7 @@ def test_streams_whole_through_envoy(server_factory) -> None:
     assert all(c.timing.send_ns for c in chunks)
     # What `cadence bench` and `report` say of the server: `cadence serve`'s command line and
     # Envoy by name and role, not Envoy's command line (its whole generated config).
-    run = run_context(datetime.now(timezone.utc), server.front.pid)
+    run = run_context(datetime.now(UTC), server.front.pid)
     assert "serve" in run.server_cmdline and "--grpc-server" in run.server_cmdline
     assert not any("--config-yaml" in arg for arg in run.server_cmdline)
     assert run.server_process.startswith(f"envoy (pid {server.front.pid})")

@@ -297,7 +297,7 @@ def test_bench_openai_at_a_grpc_port_says_so_in_one_line(http_server) -> None:
     assert line.startswith(f"cadence bench: no HTTP server answers at http://{http_server.target}")
 
 
-def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:
+def test_tls_and_mutual_tls_as_for_grpc(pki: Pki) -> None:  # noqa: F811 (the fixture)
     context = ssl.create_default_context(cafile=str(pki.ca))
     context.load_cert_chain(str(pki.client_cert), str(pki.client_key))
     server = start_server("--devices", "cpu:1", "--step-ms", "5", "--tls-cert",

@@ -26,17 +26,17 @@ PROMPT_IDS = [[0, 17, 42, 99, 5, 250, 31], [0, 8], [0, 3, 4, 5, 6, 7, 8, 9, 10, 
 N = 10
 
 VARIANTS = {
-    "qwen2 q/k/v bias": dict(arch="qwen2"),
-    "tied embeddings": dict(tie_word_embeddings=True),
-    "llama3 rope scaling": dict(
-        max_position_embeddings=512,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+    "qwen2 q/k/v bias": {"arch": "qwen2"},
+    "tied embeddings": {"tie_word_embeddings": True},
+    "llama3 rope scaling": {
+        "max_position_embeddings": 512,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 64},
-    ),
-    "linear rope scaling and theta": dict(
-        rope_parameters={"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}),
-    "attention and mlp bias, explicit head_dim": dict(attention_bias=True, mlp_bias=True, head_dim=32),
+    },
+    "linear rope scaling and theta": {
+        "rope_parameters": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}},
+    "attention and mlp bias, explicit head_dim": {"attention_bias": True, "mlp_bias": True, "head_dim": 32},
 }
 
 

@@ -102,7 +102,7 @@ def test_a_paused_sequence_stays_paused_across_a_preemption(budget, paused_when)
     given = []
     while s.has_work:
         out = s.step()
-        given += [seq_id for seq_id in out.seq_ids] if out is not None else []
+        given += list(out.seq_ids) if out is not None else []
         assert len(given) < 100
     assert given.count(2) == 3 and given.count(1) <= 1
     s.resume([1])

@@ -161,7 +161,7 @@ def test_report_with_little_in_it(tmp_path: Path):
     result = _result(_records(), with_records=False)
     for key in ("segments_ms", "ttft_segments_ms", "segment_shares", "token_delay_ms"):
         result.pop(key)
-    result["tpot_ms"] = {k: math.nan for k in result["tpot_ms"]} | {"count": 0}
+    result["tpot_ms"] = dict.fromkeys(result["tpot_ms"], math.nan) | {"count": 0}
     result["diagnosis"] = []
     result["baseline"] = {"error": "the engine-only baseline needs a cadence server on this host"}
     path = render_report(result, tmp_path)

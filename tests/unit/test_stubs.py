@@ -43,11 +43,11 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # import (`grpcio>=` and protobuf's gencode check). A newer patch release of the tools changes
 # only these lines, so the comparison leaves them out; test_stubs_demand_no_more_than_we_allow
 # holds what they say.
-_GRPC_STAMP = re.compile(r"^GRPC_GENERATED_VERSION = '([^']+)'$", re.M)
+_GRPC_STAMP = re.compile(r"^GRPC_GENERATED_VERSION = '([^']+)'$", re.MULTILINE)
 _PROTOBUF_STAMP = re.compile(
     r"^# Protobuf Python Version: (\S+)$|"
     r"ValidateProtobufRuntimeVersion\(\n\s+_runtime_version\.Domain\.PUBLIC,\n"
-    r"\s+(\d+),\n\s+(\d+),\n\s+(\d+),", re.M)
+    r"\s+(\d+),\n\s+(\d+),\n\s+(\d+),", re.MULTILINE)
 
 
 def _without_version_stamps(text: str) -> str:

@@ -137,7 +137,7 @@ def test_max_batch_bounds_the_step_and_the_tokens_stay_generates(checkpoints,
 
 def test_sampling_depends_on_the_seed_not_on_the_batch(checkpoints, prompt_ids) -> None:
     folder = checkpoints["llama"]
-    sampled = dict(temperature=1.5, top_p=0.9, top_k=50)
+    sampled = {"temperature": 1.5, "top_p": 0.9, "top_k": 50}
 
     def alone(seed: int) -> list[int]:
         scheduler = BatchScheduler(engine(folder), 0, 16)

@@ -438,7 +438,7 @@ class Generation:
             try:
                 # Output left waiting (over one chunk's bytes): the task sends it, at once.
                 act = write(chunk) or self._ended or stream.waiting_steps > 0
-            except Exception as exc:  # noqa: BLE001 - the adapter's task meets it
+            except Exception as exc:
                 self._write_error = exc
                 act = True
         if act:

@@ -238,7 +238,7 @@ class RequestStream:
             return
         try:
             deliver()
-        except Exception:  # noqa: BLE001 - the step's other streams must still get theirs
+        except Exception:
             self.deliver = None
             self.wake()  # the adapter's task takes over, and meets the error itself
 

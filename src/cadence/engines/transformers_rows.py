@@ -95,8 +95,8 @@ class Rows:
         lengths_t = torch.tensor(lengths, device=device)
         for index, layer in enumerate(cache.layers):
             keep = _kept(layer, width)
-            _fill(layer, gather(lambda c: _tensors(c.layers[index])[0], keep),
-                  gather(lambda c: _tensors(c.layers[index])[1], keep), width)
+            _fill(layer, gather(lambda c, i=index: _tensors(c.layers[i])[0], keep),
+                  gather(lambda c, i=index: _tensors(c.layers[i])[1], keep), width)
         self.cache = cache
         self.width = width
         """Columns of every row, padding included: the cache's length to transformers."""

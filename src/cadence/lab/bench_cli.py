@@ -28,7 +28,8 @@ def read_prompts(path: str) -> list[tuple[list[int], int]]:
                 item = json.loads(line)
                 prompts.append((tokenizer.encode(item["prompt"]), int(item.get("max_tokens", 0))))
             except (ValueError, KeyError, TypeError) as exc:
-                raise SystemExit(f"cadence bench: {path}:{n}: expected {{\"prompt\": ...}}: {exc}")
+                raise SystemExit(
+                    f"cadence bench: {path}:{n}: expected {{\"prompt\": ...}}: {exc}") from None
     if not prompts:
         raise SystemExit(f"cadence bench: {path} holds no prompts")
     return prompts

@@ -147,7 +147,7 @@ class RayWorker:
                     )
                     self._refs.append(actor.run.remote(msgspec.json.encode(rank_spec)))
             log.info("worker %d placed on %s", spec.index, ", ".join(self.node_ips))
-        except Exception as exc:  # noqa: BLE001 - any failure to place counts as an exit
+        except Exception as exc:
             self._failed = f"{type(exc).__name__}: {exc}"
             log.error("worker %d could not be started on Ray: %s", spec.index, self._failed)
         finally:
@@ -204,7 +204,7 @@ def _status(ref) -> int:
         return int(ray.get(ref))
     except ray.exceptions.RayActorError:
         return _DIED
-    except Exception:  # noqa: BLE001 - the worker raised: a failed exit like a local one
+    except Exception:
         return 1
 
 

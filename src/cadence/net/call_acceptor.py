@@ -106,7 +106,7 @@ class CallAcceptor:
                 rpc_state = await core._request_registered_call(method_bytes)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - the core refused the request
+            except Exception as exc:
                 # At shutdown every outstanding request fails; while running, a failure
                 # would repeat, so this request slot ends (grpc.aio's own loop goes on).
                 if core.is_running():

@@ -197,7 +197,7 @@ class AppRunner:
             # tokenizer encodes it.
             try:
                 prompt = self._text.encode(text)
-            except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
+            except Exception as exc:
                 self._refuse(add.seq_id, "encode", exc)
                 return
             prompt_len = len(prompt) if self._own_tokenizer else -1
@@ -228,7 +228,7 @@ class AppRunner:
         if self._own_tokenizer:
             try:
                 seq.detokenize = self._text.stream(request.prompt_token_ids)
-            except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
+            except Exception as exc:
                 self._refuse(add.seq_id, "stream", exc)
                 return
             seq.prompt_len = prompt_len
@@ -340,7 +340,7 @@ class AppRunner:
             self._finish(seq, Finish.STOP)
         except asyncio.CancelledError:
             pass  # cancelled by abort, deadline or shutdown: the front knows already
-        except Exception as exc:  # noqa: BLE001 - any failure ends this stream only
+        except Exception as exc:
             self._fail(seq, exc)
         finally:
             self._end(seq)
@@ -348,7 +348,7 @@ class AppRunner:
             if close is not None:
                 try:
                     await close()
-                except BaseException as exc:  # noqa: BLE001 - the user's clean-up code
+                except BaseException as exc:
                     log.warning("request %d: closing the app raised %r", seq.seq_id, exc)
 
     # --- sync functions: each next() is one job on the executor -------------------------
@@ -373,7 +373,7 @@ class AppRunner:
             if close is not None:
                 try:
                     close()
-                except BaseException as exc:  # noqa: BLE001 - the user's clean-up code
+                except BaseException as exc:
                     log.warning("request %d: closing the app raised %r", seq.seq_id, exc)
             return
         start = time.monotonic_ns()
@@ -385,7 +385,7 @@ class AppRunner:
             result: object = next(iterator)
         except StopIteration:
             result = _END
-        except BaseException as exc:  # noqa: BLE001 - any failure ends this stream only
+        except BaseException as exc:
             result = _Raised(exc)
         self._completed.append((seq, result, start, time.monotonic_ns()))
         # One wake-up for however many pieces complete before the loop gets to them. The
@@ -459,7 +459,7 @@ class AppRunner:
             try:
                 text = self._text_of(detokenize, piece, tokens, reason != Finish.NONE,
                                      len(tokens) < whole)
-            except Exception as exc:  # noqa: BLE001 - the user's tokenizer fails this request
+            except Exception as exc:
                 self._fail(seq, exc, f"the app's tokenizer.{self._streams_with} raised "
                                      f"{type(exc).__name__}: {exc}; fix the tokenizer")
                 return False
@@ -608,7 +608,7 @@ def run_app_worker(spec: WorkerSpec) -> None:
     """A worker process's life with the app engine: import the function, serve, exit."""
     try:
         app = load_app(spec.engine.app)
-    except Exception as exc:  # noqa: BLE001 - report any import failure the same way
+    except Exception as exc:
         sys.exit(f"cadence worker {spec.index}: cannot load app {spec.engine.app!r}: "
                  f"{type(exc).__name__}: {exc}")
     stuck = event_loop.run(serve_app(app, spec))

@@ -92,7 +92,7 @@ class BatchScheduler:
             tokenizer = self._tokenizer or _BYTES
             try:
                 ids = tokenizer.encode(request.prompt_text)
-            except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this request
+            except Exception as exc:
                 return self._lost(request.seq_id, "encode", exc, "the prompt")
             request = msgspec.structs.replace(request, prompt_token_ids=ids)
             refusal = (None if self._max_prompt_tokens is None else
@@ -200,7 +200,7 @@ class BatchScheduler:
             if tokenizer is not None:
                 try:
                     seq.detokenize = tokenizer.stream(request.prompt_token_ids)
-                except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this one
+                except Exception as exc:
                     self._drop(seq)
                     self.failed.append(self._lost(seq.seq_id, "stream", exc, "the prompt"))
         if self.failed:
@@ -395,7 +395,7 @@ class BatchScheduler:
                         self._drop(seq)
                         self.failed.append(RequestFailed(seq.seq_id, Failure.INTERNAL, str(exc)))
                         continue
-                    except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this one
+                    except Exception as exc:
                         self._drop(seq)
                         self.failed.append(self._lost(seq.seq_id, "encode", exc,
                                                       "a text piece the model returned"))

@@ -157,7 +157,7 @@ class DecodeGraphs:
         if self._capture:
             try:
                 self._record(bucket)
-            except Exception as exc:  # noqa: BLE001 - a driver or kernel that cannot be captured
+            except Exception as exc:
                 self.failed = True
                 # A capture that fails in capture_end leaves its stream current; eager steps
                 # must run on the default stream again.

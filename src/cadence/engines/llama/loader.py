@@ -66,7 +66,7 @@ def load_weights(
     from safetensors import safe_open
 
     handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-    where = {name: h for h in handles for name in h.keys()}  # noqa: SIM118 - a safe_open handle is no dict
+    where = {name: h for h in handles for name in h.keys()}
 
     def fetch(name: str, dim: int | None, start: int, end: int) -> torch.Tensor | None:
         handle = where.get(name)

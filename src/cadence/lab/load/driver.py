@@ -69,7 +69,7 @@ class Driver(abc.ABC):
     async def close(self) -> None:
         """Close what `connect` opened."""
 
-    def prepare(self, requests: Iterable[RequestPlan]) -> None:
+    def prepare(self, requests: Iterable[RequestPlan]) -> None:  # noqa: B027 (optional hook)
         """Make these requests' messages now, ahead of a burst that sends them at once
         (a driver whose messages cost little to make needs nothing here)."""
 

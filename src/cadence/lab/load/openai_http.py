@@ -252,7 +252,7 @@ def token_counter(folder: str) -> Callable[[str], int]:
     path = os.path.join(folder, "tokenizer.json") if os.path.isdir(folder) else folder
     try:
         tokenizer = Tokenizer.from_file(path)
-    except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception for a bad file
+    except Exception as exc:
         raise ValueError(f"--tokenizer {folder}: cannot read {path}: {exc}") from None
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 

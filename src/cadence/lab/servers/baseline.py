@@ -121,8 +121,8 @@ def run_baseline(config: EngineConfig, workers: int, shape: RequestShape, reques
     running = []
     for w in range(workers):
         receiver, sender = context.Pipe(duplex=False)
-        kw = dict(config=config, shape=shape, requests=requests, duration_s=duration_s,
-                  concurrency=concurrency, rate=rate, worker=w, workers=workers)
+        kw = {"config": config, "shape": shape, "requests": requests, "duration_s": duration_s,
+                  "concurrency": concurrency, "rate": rate, "worker": w, "workers": workers}
         proc = context.Process(target=_replay_main, args=(msgspec.msgpack.encode(kw), sender))
         proc.start()
         sender.close()

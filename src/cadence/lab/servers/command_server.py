@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import Self
 
 from cadence.credentials import ClientCredentials
 from cadence.lab.servers.readiness import wait_ready
@@ -88,7 +89,7 @@ class CommandServer:
             self._log.close()
         self.process = None
 
-    def __enter__(self) -> CommandServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

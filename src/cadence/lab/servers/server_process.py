@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+from typing import Self
 
 _BANNER = re.compile(r"cadence serving on (\S+):(\d+)")
 
@@ -59,7 +60,7 @@ class ServerProcess:
             self.process.kill()
             return self.process.wait()
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -46,7 +46,7 @@ def _findings(facts: RunFacts, latency: str, rule: str) -> list[Finding]:
             f"{key}_tail_share": round(d.tail_share, 3), f"{key}_tail_ms": round(d.tail_ms, 1),
             f"{key}_tail_total_ms": round(table.tail_ms, 1),
             "goes_with": ", ".join(d.goes_with), "dependence": table.words(),
-            **{k: v for k, v in d.evidence.items() if k not in ("p_value",)},
+            **{k: v for k, v in d.evidence.items() if k != "p_value"},
             "p_value": d.evidence.get("p_value", d.p_value),
         }
         together = (f" ({', '.join(d.goes_with)} moved with it: the run cannot tell them "
