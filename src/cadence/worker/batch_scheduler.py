@@ -418,7 +418,7 @@ class BatchScheduler:
                         reason = Finish.NONE
                     try:
                         text = seq.detokenize(token, reason != Finish.NONE)  # type: ignore[misc]  # a model's tokenizer is never None: ByteText
-                    except Exception as exc:  # noqa: BLE001 - a user's tokenizer fails this one
+                    except Exception as exc:
                         self._drop(seq)
                         self.failed.append(self._lost(seq.seq_id, self._streams_with, exc,
                                                       f"token {token}"))
