@@ -15,6 +15,7 @@ model loads (`unsupported_layers`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from transformers.cache_utils import (
@@ -43,6 +44,11 @@ def zero_padding(cache: DynamicCache, mask: torch.Tensor) -> None:
         padding = (mask[:, -columns:] == 0)[:, None, :, None]
         keys.masked_fill_(padding, 0)
         values.masked_fill_(padding, 0)
+
+
+def _layer_part(index: int, part: int, cache: DynamicCache) -> torch.Tensor:
+    """Layer `index`'s keys (`part` 0) or values (1) in `cache`."""
+    return _tensors(cache.layers[index])[part]
 
 
 def _tensors(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,8 +101,8 @@ class Rows:
         lengths_t = torch.tensor(lengths, device=device)
         for index, layer in enumerate(cache.layers):
             keep = _kept(layer, width)
-            _fill(layer, gather(lambda c, i=index: _tensors(c.layers[i])[0], keep),
-                  gather(lambda c, i=index: _tensors(c.layers[i])[1], keep), width)
+            _fill(layer, gather(partial(_layer_part, index, 0), keep),
+                  gather(partial(_layer_part, index, 1), keep), width)
         self.cache = cache
         self.width = width
         """Columns of every row, padding included: the cache's length to transformers."""
