@@ -58,8 +58,18 @@ def _load(target: str, first: int, second: int, delay_s: float, out: mp.Queue) -
 
 
 def run(ahead: int, first: int, second: int, delay_s: float) -> dict:
-    args = ("--devices", "cpu:2", "--step-ms", "20", "--max-concurrent", str(first + second),
-            "--max-batch", "1024", "--accept-ahead", str(ahead))
+    args = (
+        "--devices",
+        "cpu:2",
+        "--step-ms",
+        "20",
+        "--max-concurrent",
+        str(first + second),
+        "--max-batch",
+        "1024",
+        "--accept-ahead",
+        str(ahead),
+    )
     with ServerProcess(*args) as server:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
@@ -72,8 +82,11 @@ def run(ahead: int, first: int, second: int, delay_s: float) -> dict:
         for p in procs:
             p.join()
         wall = time.monotonic() - start
-    return {"accept_ahead": ahead, "wall_s": wall,
-            "second_wave_ttft_ms": msgspec.structs.asdict(distribution(ttft))}
+    return {
+        "accept_ahead": ahead,
+        "wall_s": wall,
+        "second_wave_ttft_ms": msgspec.structs.asdict(distribution(ttft)),
+    }
 
 
 def main() -> None:
@@ -90,14 +103,26 @@ def main() -> None:
         for ahead in args.ahead:
             r = run(ahead, args.first, args.second, args.delay)
             d = r["second_wave_ttft_ms"]
-            print(f"--accept-ahead {ahead:>3}: second wave ({args.second}) TTFT p50 {d['p50']:.0f} "
-                  f"p90 {d['p90']:.0f} max {d['max']:.0f} ms; run {r['wall_s']:.2f} s", flush=True)
+            print(
+                f"--accept-ahead {ahead:>3}: second wave ({args.second}) TTFT p50 {d['p50']:.0f} "
+                f"p90 {d['p90']:.0f} max {d['max']:.0f} ms; run {r['wall_s']:.2f} s",
+                flush=True,
+            )
             results.append(r)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({
-        "server": "--devices cpu:2 --step-ms 20", "first_wave": args.first,
-        "second_wave": args.second, "delay_s": args.delay, "tokens": 128, "runs": results,
-    }, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "server": "--devices cpu:2 --step-ms 20",
+                "first_wave": args.first,
+                "second_wave": args.second,
+                "delay_s": args.delay,
+                "tokens": 128,
+                "runs": results,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

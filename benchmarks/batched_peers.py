@@ -42,6 +42,7 @@ try:  # LitServe's workers are spawned processes: its API class must be importab
 except ImportError:  # another peer's venv
     ls = None
 else:
+
     class BatchedAPI(ls.LitAPI):
         def setup(self, device: str) -> None:
             self.fn = StepFunction()
@@ -70,10 +71,10 @@ else:
 
 
 def litserve(port: int, max_batch: int) -> None:
-    api = BatchedAPI(max_batch_size=max_batch, batch_timeout=BATCH_WAIT_S, stream=True,
-                     spec=ls.OpenAISpec())
-    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1,
-                          timeout=600)
+    api = BatchedAPI(
+        max_batch_size=max_batch, batch_timeout=BATCH_WAIT_S, stream=True, spec=ls.OpenAISpec()
+    )
+    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=600)
     print("READY", flush=True)
     server.run(host="127.0.0.1", port=port, generate_client_file=False, log_level="warning")
 
@@ -115,17 +116,42 @@ def rayserve(port: int, max_batch: int) -> None:
                 async for piece in pieces:
                     sent += 1
                     done = "length" if sent == count else None
-                    yield "data: " + json.dumps({"object": "text_completion", "choices": [
-                        {"index": 0, "text": piece, "finish_reason": done}]}) + "\n\n"
-                yield "data: " + json.dumps({"object": "text_completion", "choices": [], "usage": {
-                    "prompt_tokens": 0, "completion_tokens": sent,
-                    "total_tokens": sent}}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "object": "text_completion",
+                                "choices": [{"index": 0, "text": piece, "finish_reason": done}],
+                            }
+                        )
+                        + "\n\n"
+                    )
+                yield (
+                    "data: "
+                    + json.dumps(
+                        {
+                            "object": "text_completion",
+                            "choices": [],
+                            "usage": {
+                                "prompt_tokens": 0,
+                                "completion_tokens": sent,
+                                "total_tokens": sent,
+                            },
+                        }
+                    )
+                    + "\n\n"
+                )
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(Batched.bind(), route_prefix="/")
     print("READY", flush=True)
@@ -150,17 +176,25 @@ def pytriton(port: int, http_port: int, metrics_port: int, max_batch: int) -> No
             last = [t - FIRST for t in tokens]
             yield {"TOKEN": np.array(tokens, dtype=np.int32).reshape(-1, 1)}
 
-    config = TritonConfig(http_address="127.0.0.1", http_port=http_port,
-                          grpc_address="127.0.0.1", grpc_port=port,
-                          metrics_address="127.0.0.1", metrics_port=metrics_port)
+    config = TritonConfig(
+        http_address="127.0.0.1",
+        http_port=http_port,
+        grpc_address="127.0.0.1",
+        grpc_port=port,
+        metrics_address="127.0.0.1",
+        metrics_port=metrics_port,
+    )
     with Triton(config=config) as triton:
         triton.bind(
-            model_name="batched", infer_func=infer,
+            model_name="batched",
+            infer_func=infer,
             inputs=[Tensor(name="N", dtype=np.int32, shape=(1,))],
             outputs=[Tensor(name="TOKEN", dtype=np.int32, shape=(1,))],
-            config=ModelConfig(max_batch_size=max_batch, decoupled=True,
-                               batcher=DynamicBatcher(
-                                   max_queue_delay_microseconds=int(BATCH_WAIT_S * 1e6))),
+            config=ModelConfig(
+                max_batch_size=max_batch,
+                decoupled=True,
+                batcher=DynamicBatcher(max_queue_delay_microseconds=int(BATCH_WAIT_S * 1e6)),
+            ),
             strict=True,
         )
         print("READY", flush=True)

@@ -65,8 +65,11 @@ def step_loop(batch: int, steps: int) -> dict:
     for _ in range(steps):
         last = [t - FIRST for t in fn.step(last)]
     elapsed = time.perf_counter() - start
-    return {"batch": batch, "step_ms": elapsed / steps * 1e3,
-            "tokens_per_s": batch * steps / elapsed}
+    return {
+        "batch": batch,
+        "step_ms": elapsed / steps * 1e3,
+        "tokens_per_s": batch * steps / elapsed,
+    }
 
 
 class StepModel:

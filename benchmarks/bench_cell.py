@@ -38,24 +38,60 @@ def wait_http(url: str, process: subprocess.Popen, timeout: float = 120.0) -> No
         time.sleep(0.2)
 
 
-def bench(target: str, protocol: str, model: str, out: Path, *, streams: int = 0,
-          rate: float = 0.0, requests: int, max_tokens: int, prompt_tokens: int = 8,
-          server_pid: int | None = None, extra: tuple[str, ...] = ()) -> dict:
+def bench(
+    target: str,
+    protocol: str,
+    model: str,
+    out: Path,
+    *,
+    streams: int = 0,
+    rate: float = 0.0,
+    requests: int,
+    max_tokens: int,
+    prompt_tokens: int = 8,
+    server_pid: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> dict:
     """Run `cadence bench` once; the row of figures (see `row`). Without `server_pid` the
     bench samples cadence's own processes, or the process listening on the target's port."""
-    command = [sys.executable, "-m", "cadence.cli", "bench", "--target", target,
-               "--protocol", protocol, "--model", model, *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "cadence.cli",
+        "bench",
+        "--target",
+        target,
+        "--protocol",
+        protocol,
+        "--model",
+        model,
+        *extra,
+    ]
     command += ["--concurrency", str(streams)] if streams else ["--rate", f"{rate:.2f}"]
-    command += ["--requests", str(requests), "--max-tokens", str(max_tokens),
-                "--prompt-tokens", str(prompt_tokens), "--warmup", "2", "--no-timing",
-                "--no-progress", "--json", str(out)]
+    command += [
+        "--requests",
+        str(requests),
+        "--max-tokens",
+        str(max_tokens),
+        "--prompt-tokens",
+        str(prompt_tokens),
+        "--warmup",
+        "2",
+        "--no-timing",
+        "--no-progress",
+        "--json",
+        str(out),
+    ]
     if server_pid is not None:
         command += ["--server-pid", str(server_pid)]
     subprocess.run(command, check=False, stdout=subprocess.DEVNULL, timeout=900)
     result = row(json.loads(out.read_text()))
-    result.update(loop="closed" if streams else "open", streams=streams or None,
-                  rate_per_s=round(rate, 2) if rate else None,
-                  command="cadence " + " ".join(command[4:-2]))
+    result.update(
+        loop="closed" if streams else "open",
+        streams=streams or None,
+        rate_per_s=round(rate, 2) if rate else None,
+        command="cadence " + " ".join(command[4:-2]),
+    )
     return result
 
 
@@ -64,20 +100,28 @@ def row(stats: dict) -> dict:
     process (the one that serves the port) and all its sampled processes together."""
     tokens = stats["output_tokens"] or 1
     wall = stats["wall_s"]
-    processes = {name: p["cpu_pct_mean"] for name, p in stats["system"]["processes"].items()
-                 if not name.startswith("client") and p.get("cpu_pct_mean") is not None}
+    processes = {
+        name: p["cpu_pct_mean"]
+        for name, p in stats["system"]["processes"].items()
+        if not name.startswith("client") and p.get("cpu_pct_mean") is not None
+    }
     # cadence's front process, or the process that listens on a peer's port.
     front = processes.get("front", processes.get("server"))
     client = stats.get("client", {})
     return {
-        "requests": stats["requests"], "requests_ok": stats["requests_ok"],
-        "output_tokens": stats["output_tokens"], "wall_s": round(wall, 2),
+        "requests": stats["requests"],
+        "requests_ok": stats["requests_ok"],
+        "output_tokens": stats["output_tokens"],
+        "wall_s": round(wall, 2),
         "tokens_per_s": round(stats["tokens_per_s"], 1),
-        "ttft_p50_ms": _q(stats["ttft_ms"], "p50"), "ttft_p99_ms": _q(stats["ttft_ms"], "p99"),
-        "itl_p50_ms": _q(stats["itl_ms"], "p50"), "itl_p99_ms": _q(stats["itl_ms"], "p99"),
+        "ttft_p50_ms": _q(stats["ttft_ms"], "p50"),
+        "ttft_p99_ms": _q(stats["ttft_ms"], "p99"),
+        "itl_p50_ms": _q(stats["itl_ms"], "p50"),
+        "itl_p99_ms": _q(stats["itl_ms"], "p99"),
         "chunk_gap_p99_ms": _q(stats["chunk_gap_ms"], "p99"),
-        "front_cpu_us_per_token": (round(front / 100 * wall * 1e6 / tokens, 1)
-                                   if front is not None else None),
+        "front_cpu_us_per_token": (
+            round(front / 100 * wall * 1e6 / tokens, 1) if front is not None else None
+        ),
         "server_cpu_us_per_token": round(sum(processes.values()) / 100 * wall * 1e6 / tokens, 1),
         "server_cpu_pct": processes,
         "client_behind_schedule": client.get("behind_schedule"),

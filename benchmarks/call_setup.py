@@ -72,9 +72,11 @@ async def _measure(target: str, calls: list[int], rounds: int) -> list[dict]:
         entry = msgspec.structs.asdict(distribution([s[0] for s in samples]))
         trip = msgspec.structs.asdict(distribution([s[1] for s in samples]))
         rows.append({"calls_at_once": n, "to_handler_ms": entry, "round_trip_ms": trip})
-        print(f"{n:4d} calls at once: client start -> handler p50 {entry['p50']:.2f} p99 "
-              f"{entry['p99']:.2f} ms; round trip p50 {trip['p50']:.2f} p99 {trip['p99']:.2f} ms",
-              flush=True)
+        print(
+            f"{n:4d} calls at once: client start -> handler p50 {entry['p50']:.2f} p99 "
+            f"{entry['p99']:.2f} ms; round trip p50 {trip['p50']:.2f} p99 {trip['p99']:.2f} ms",
+            flush=True,
+        )
     await channel.close()
     return rows
 
@@ -83,8 +85,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, nargs="+", default=[1, 8, 32, 64, 256])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--accept-ahead", type=int, default=0, metavar="N",
-                        help="calls requested ahead by cadence's call acceptor (0: grpc.aio alone)")
+    parser.add_argument(
+        "--accept-ahead",
+        type=int,
+        default=0,
+        metavar="N",
+        help="calls requested ahead by cadence's call acceptor (0: grpc.aio alone)",
+    )
     parser.add_argument("--out", default="results/call_setup.json")
     args = parser.parse_args()
     spawn = mp.get_context("spawn")
@@ -98,8 +105,9 @@ def main() -> None:
     finally:
         server.kill()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"accept_ahead": args.accept_ahead, "rows": rows},
-                                         indent=1))
+    Path(args.out).write_text(
+        json.dumps({"accept_ahead": args.accept_ahead, "rows": rows}, indent=1)
+    )
     print(f"wrote {args.out}")
 
 

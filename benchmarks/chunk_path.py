@@ -38,9 +38,12 @@ async def _run(chunks: int, repeat: int, piece: object) -> list[float]:
     core.refusal = None
     runs = []
     for k in range(repeat):
-        generation = core.open(Request(request_id=f"r{k}", prompt="hi", max_tokens=chunks + 1,
-                                       include_timing=True), time.monotonic_ns(), lambda: None,
-                                 protocol="cadence.v1")
+        generation = core.open(
+            Request(request_id=f"r{k}", prompt="hi", max_tokens=chunks + 1, include_timing=True),
+            time.monotonic_ns(),
+            lambda: None,
+            protocol="cadence.v1",
+        )
         stream = generation.stream
         started = time.process_time()
         for _ in range(chunks):
@@ -55,11 +58,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--list-piece", action="store_true",
-                        help="push [token] instead of a bare token (how main's reader pushed)")
+    parser.add_argument(
+        "--list-piece",
+        action="store_true",
+        help="push [token] instead of a bare token (how main's reader pushed)",
+    )
     args = parser.parse_args()
     runs = asyncio.run(_run(args.chunks, args.repeat, [65] if args.list_piece else 65))
-    print(json.dumps({"ns_per_chunk_min": round(min(runs)), "ns_per_chunk_median": round(sorted(runs)[len(runs) // 2])}))
+    print(
+        json.dumps(
+            {
+                "ns_per_chunk_min": round(min(runs)),
+                "ns_per_chunk_median": round(sorted(runs)[len(runs) // 2]),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ LONG_PROMPT = 4096
 
 
 def _decoders(duration: float) -> Workload:
-    return Workload(concurrency=STREAMS, duration_s=duration,
-                    shape=RequestShape(prompt_tokens=(16, 16), max_tokens=(64, 192)))
+    return Workload(
+        concurrency=STREAMS,
+        duration_s=duration,
+        shape=RequestShape(prompt_tokens=(16, 16), max_tokens=(64, 192)),
+    )
 
 
 def _long_prompts(target: str, duration: float, out) -> None:
@@ -116,8 +119,7 @@ def run_once(flags: tuple[str, ...], duration: float) -> dict:
     """Both workloads against one server started with `flags`."""
     with ServerProcess(*SERVER, *flags) as server:
         queue = multiprocessing.Queue()
-        longs = multiprocessing.Process(target=_long_prompts,
-                                        args=(server.target, duration, queue))
+        longs = multiprocessing.Process(target=_long_prompts, args=(server.target, duration, queue))
         longs.start()
         decoders = msgspec.to_builtins(run_bench(server.target, _decoders(duration)))
         long_result = queue.get(timeout=duration + 300)
@@ -134,8 +136,11 @@ def run_once(flags: tuple[str, ...], duration: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=60.0)
-    parser.add_argument("--targets", default="40,60,100",
-                        help="--itl-target-ms values to run after the run without one")
+    parser.add_argument(
+        "--targets",
+        default="40,60,100",
+        help="--itl-target-ms values to run after the run without one",
+    )
     parser.add_argument("--out", default="results/chunked_prefill.json")
     args = parser.parse_args()
     runs = [run_once((), args.duration)]
@@ -144,23 +149,34 @@ def main() -> None:
     today = runs[0]
     for run in runs[1:]:
         run["vs_no_budget"] = {
-            "itl_p99": round(run["decoding_streams"]["itl_ms"]["p99"]
-                             / today["decoding_streams"]["itl_ms"]["p99"], 3),
-            "itl_p50": round(run["decoding_streams"]["itl_ms"]["p50"]
-                             / today["decoding_streams"]["itl_ms"]["p50"], 3),
-            "long_ttft_p99": round(run["long_prompts"]["ttft_ms"]["p99"]
-                                   / today["long_prompts"]["ttft_ms"]["p99"], 3),
+            "itl_p99": round(
+                run["decoding_streams"]["itl_ms"]["p99"]
+                / today["decoding_streams"]["itl_ms"]["p99"],
+                3,
+            ),
+            "itl_p50": round(
+                run["decoding_streams"]["itl_ms"]["p50"]
+                / today["decoding_streams"]["itl_ms"]["p50"],
+                3,
+            ),
+            "long_ttft_p99": round(
+                run["long_prompts"]["ttft_ms"]["p99"] / today["long_prompts"]["ttft_ms"]["p99"], 3
+            ),
         }
     out = {
         "what": f"{STREAMS} decoding streams (16-token prompts, 64-192 tokens each, closed "
-                f"loop) while {LONG_PROMPT}-token prompts (16 tokens each) arrive at 1/s "
-                f"(Poisson), {args.duration:g} s a run",
+        f"loop) while {LONG_PROMPT}-token prompts (16 tokens each) arrive at 1/s "
+        f"(Poisson), {args.duration:g} s a run",
         "server": "cadence serve " + " ".join(SERVER),
-        "command": "python benchmarks/chunked_prefill.py " + " ".join(
-            f"--{k} {v}" for k, v in (("duration", f"{args.duration:g}"),
-                                       ("targets", args.targets))),
-        "host": {"cores": os.cpu_count(), "machine": platform.machine(),
-                 "python": platform.python_version()},
+        "command": "python benchmarks/chunked_prefill.py "
+        + " ".join(
+            f"--{k} {v}" for k, v in (("duration", f"{args.duration:g}"), ("targets", args.targets))
+        ),
+        "host": {
+            "cores": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
         "date": datetime.date.today().isoformat(),
         "runs": runs,
     }
@@ -168,11 +184,13 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for run in runs:
         d, lp = run["decoding_streams"], run["long_prompts"]
-        print(f"{run['flags']:>20}: decoders ITL p50 {d['itl_ms']['p50']:.1f} ms, p99 "
-              f"{d['itl_ms']['p99']:.1f} ms (p99/p50 {run['itl_p99_over_p50']}); long "
-              f"prompts TTFT p50 {lp['ttft_ms']['p50']:.0f} ms, p99 {lp['ttft_ms']['p99']:.0f} "
-              f"ms; errors {d['errors'] or lp['errors'] or 'none'}, integrity "
-              f"{d['integrity']}, long streams short {lp['short_streams']}")
+        print(
+            f"{run['flags']:>20}: decoders ITL p50 {d['itl_ms']['p50']:.1f} ms, p99 "
+            f"{d['itl_ms']['p99']:.1f} ms (p99/p50 {run['itl_p99_over_p50']}); long "
+            f"prompts TTFT p50 {lp['ttft_ms']['p50']:.0f} ms, p99 {lp['ttft_ms']['p99']:.0f} "
+            f"ms; errors {d['errors'] or lp['errors'] or 'none'}, integrity "
+            f"{d['integrity']}, long streams short {lp['short_streams']}"
+        )
     print(f"wrote {args.out}")
 
 

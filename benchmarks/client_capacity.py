@@ -42,20 +42,39 @@ GRPC_PATH_RATIO = 1.2
 
 def any_service() -> GrpcTarget:
     """The source driven as a service cadence did not write: types from its .proto."""
-    schema = from_protos(["cadence/v1/inference.proto"], [str(ROOT / "proto")],
-                         "cadence.v1.Inference/Generate")
-    return GrpcTarget(schema=schema, tokens_field="token_ids", index_field="index",
-                      request_json='{"prompt_token_ids": [1, 2, 3], "max_tokens": "{max_tokens}"}')
+    schema = from_protos(
+        ["cadence/v1/inference.proto"], [str(ROOT / "proto")], "cadence.v1.Inference/Generate"
+    )
+    return GrpcTarget(
+        schema=schema,
+        tokens_field="token_ids",
+        index_field="index",
+        request_json='{"prompt_token_ids": [1, 2, 3], "max_tokens": "{max_tokens}"}',
+    )
 
 
-def measure(target: str, source_pid: int, streams: int, tokens: int, rounds: int,
-            include_timing: bool, procs: int, grpc: GrpcTarget | None = None) -> dict:
+def measure(
+    target: str,
+    source_pid: int,
+    streams: int,
+    tokens: int,
+    rounds: int,
+    include_timing: bool,
+    procs: int,
+    grpc: GrpcTarget | None = None,
+) -> dict:
     plans = [
-        ProcessPlan(process=k, processes=procs, target=target,
-                    shape=RequestShape(max_tokens=(tokens, tokens)),
-                    requests=streams * rounds, concurrency=streams // procs,
-                    include_timing=include_timing, warmup=4,
-                    protocol=grpc or CadenceTarget())
+        ProcessPlan(
+            process=k,
+            processes=procs,
+            target=target,
+            shape=RequestShape(max_tokens=(tokens, tokens)),
+            requests=streams * rounds,
+            concurrency=streams // procs,
+            include_timing=include_timing,
+            warmup=4,
+            protocol=grpc or CadenceTarget(),
+        )
         for k in range(procs)
     ]
     source = psutil.Process(source_pid)
@@ -69,16 +88,24 @@ def measure(target: str, source_pid: int, streams: int, tokens: int, rounds: int
     errors = sum(r.code != "OK" for p in results for r in p.records)
     wall = max(p.wall_s for p in results)
     per_proc = [
-        {"process": p.process,
-         "chunks_per_s": round(sum(len(r.arrival_ns) for r in p.records) / p.wall_s),
-         "cpu_us_per_chunk": round(p.cpu_s / max(1, sum(len(r.arrival_ns) for r in p.records)) * 1e6, 1),
-         "cpu_share": round(p.cpu_s / p.wall_s, 2)}
+        {
+            "process": p.process,
+            "chunks_per_s": round(sum(len(r.arrival_ns) for r in p.records) / p.wall_s),
+            "cpu_us_per_chunk": round(
+                p.cpu_s / max(1, sum(len(r.arrival_ns) for r in p.records)) * 1e6, 1
+            ),
+            "cpu_share": round(p.cpu_s / p.wall_s, 2),
+        }
         for p in results
     ]
     return {
         "protocol": "cadence" if grpc is None else "grpc",
-        "procs": procs, "streams": streams, "tokens_per_stream": tokens,
-        "include_timing": include_timing, "chunks": chunks, "errors": errors,
+        "procs": procs,
+        "streams": streams,
+        "tokens_per_stream": tokens,
+        "include_timing": include_timing,
+        "chunks": chunks,
+        "errors": errors,
         "tokens_missing": lost,
         "chunks_per_s": round(chunks / wall),
         "per_process": per_proc,
@@ -93,8 +120,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2000, help="chunks per stream")
     parser.add_argument("--rounds", type=int, default=2, help="requests per stream")
     parser.add_argument("--procs", type=int, nargs="+", default=[1])
-    parser.add_argument("--pairs", type=int, default=3,
-                        help="alternating runs of the cadence path and the any-service path")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="alternating runs of the cadence path and the any-service path",
+    )
     parser.add_argument("--out", default="results/client_capacity.json")
     args = parser.parse_args()
     rows = []
@@ -105,26 +136,45 @@ def main() -> None:
     with ServerProcess("--step-ms", "0", command=SOURCE) as source:
         for procs in args.procs:
             for timing, target in runs:
-                row = measure(source.target, source.pid, args.streams, args.tokens, args.rounds,
-                              timing, procs, target)
+                row = measure(
+                    source.target,
+                    source.pid,
+                    args.streams,
+                    args.tokens,
+                    args.rounds,
+                    timing,
+                    procs,
+                    target,
+                )
                 rows.append(row)
                 p0 = row["per_process"][0]
-                print(f"procs {procs} {row['protocol']:7} timing {'on ' if timing else 'off'}: "
-                      f"{row['chunks_per_s']:,} chunks/s; process 0 {p0['chunks_per_s']:,} "
-                      f"chunks/s at {p0['cpu_us_per_chunk']} us CPU/chunk "
-                      f"({p0['cpu_share']:.0%} of a core); source {row['source_cpu_share']:.0%} "
-                      f"of a core; errors {row['errors']}, tokens missing {row['tokens_missing']}",
-                      flush=True)
+                print(
+                    f"procs {procs} {row['protocol']:7} timing {'on ' if timing else 'off'}: "
+                    f"{row['chunks_per_s']:,} chunks/s; process 0 {p0['chunks_per_s']:,} "
+                    f"chunks/s at {p0['cpu_us_per_chunk']} us CPU/chunk "
+                    f"({p0['cpu_share']:.0%} of a core); source {row['source_cpu_share']:.0%} "
+                    f"of a core; errors {row['errors']}, tokens missing {row['tokens_missing']}",
+                    flush=True,
+                )
     one = [r for r in rows if r["procs"] == 1]
-    untimed = {protocol: statistics.median(r["per_process"][0]["chunks_per_s"] for r in one
-                                           if not r["include_timing"] and r["protocol"] == protocol)
-               for protocol in ("cadence", "grpc")}
+    untimed = {
+        protocol: statistics.median(
+            r["per_process"][0]["chunks_per_s"]
+            for r in one
+            if not r["include_timing"] and r["protocol"] == protocol
+        )
+        for protocol in ("cadence", "grpc")
+    }
     ratio = untimed["cadence"] / untimed["grpc"]
     result = {
         "machine": {"cpus": psutil.cpu_count(), "load_before": psutil.getloadavg()},
         "target_chunks_per_s_per_process": TARGET_CHUNKS_PER_S,
-        "met": bool(one) and all(r["per_process"][0]["chunks_per_s"] >= TARGET_CHUNKS_PER_S
-                                 for r in one if r["protocol"] == "cadence"),
+        "met": bool(one)
+        and all(
+            r["per_process"][0]["chunks_per_s"] >= TARGET_CHUNKS_PER_S
+            for r in one
+            if r["protocol"] == "cadence"
+        ),
         "untimed_median_chunks_per_s": untimed,
         "grpc_path_slowdown": ratio,
         "grpc_path_met": ratio is not None and ratio <= GRPC_PATH_RATIO,
@@ -132,9 +182,11 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"target {TARGET_CHUNKS_PER_S:,} chunks/s per process met: {result['met']}; "
-          f"any-service path {ratio:.2f}x slower than the cadence path (target <= "
-          f"{GRPC_PATH_RATIO}x): {result['grpc_path_met']}; {args.out}")
+    print(
+        f"target {TARGET_CHUNKS_PER_S:,} chunks/s per process met: {result['met']}; "
+        f"any-service path {ratio:.2f}x slower than the cadence path (target <= "
+        f"{GRPC_PATH_RATIO}x): {result['grpc_path_met']}; {args.out}"
+    )
 
 
 if __name__ == "__main__":

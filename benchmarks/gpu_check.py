@@ -48,7 +48,8 @@ for _p in (ROOT / "benchmarks", ROOT, ROOT / "src"):
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 T0 = time.monotonic()
 
@@ -66,8 +67,11 @@ class Report:
     def __init__(self, out_dir: Path, argv: list[str]) -> None:
         self.path = out_dir / "gpu_check.json"
         out_dir.mkdir(parents=True, exist_ok=True)
-        self.data: dict = {"argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                           "stages": {}}
+        self.data: dict = {
+            "argv": argv,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "stages": {},
+        }
         self.write()
 
     def write(self) -> None:
@@ -82,13 +86,18 @@ class Report:
         try:
             result = fn(*args)
         except Exception as exc:
-            result = {"status": "error", "summary": f"{type(exc).__name__}: {exc}"[:400],
-                      "traceback": traceback.format_exc()[-4000:]}
+            result = {
+                "status": "error",
+                "summary": f"{type(exc).__name__}: {exc}"[:400],
+                "traceback": traceback.format_exc()[-4000:],
+            }
         result["seconds"] = round(time.monotonic() - start, 1)
         self.data["stages"][name] = result
         self.write()
-        print(f"[{name}] {result['status'].upper()} ({result['seconds']} s): {result['summary']}",
-              flush=True)
+        print(
+            f"[{name}] {result['status'].upper()} ({result['seconds']} s): {result['summary']}",
+            flush=True,
+        )
         return result
 
 
@@ -106,8 +115,12 @@ def free_cuda() -> None:
 
 
 def stage_env(args: argparse.Namespace) -> dict:
-    info: dict = {"python": platform.python_version(), "executable": sys.executable,
-                  "machine": platform.machine(), "cpus": os.cpu_count()}
+    info: dict = {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
     try:
         import torch
     except ImportError as exc:
@@ -120,10 +133,13 @@ def stage_env(args: argparse.Namespace) -> dict:
     print(f"torch.cuda.is_available() = {info['cuda_available']}", flush=True)
     if info["cuda_available"]:
         info["devices"] = [
-            {"name": torch.cuda.get_device_name(i),
-             "capability": ".".join(map(str, torch.cuda.get_device_capability(i))),
-             "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
-            for i in range(info["cuda_device_count"])]
+            {
+                "name": torch.cuda.get_device_name(i),
+                "capability": ".".join(map(str, torch.cuda.get_device_capability(i))),
+                "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+            }
+            for i in range(info["cuda_device_count"])
+        ]
         try:
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception as exc:
@@ -134,11 +150,25 @@ def stage_env(args: argparse.Namespace) -> dict:
     info["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
 
     missing = {}
-    for module in ("transformers", "safetensors", "tokenizers", "msgspec", "zmq", "grpc",
-                   "grpc_health.v1", "grpc_reflection.v1alpha", "google.protobuf", "psutil",
-                   "prometheus_client",
-                   "cadence.engines.llama.engine", "cadence.worker.batch_scheduler",
-                   "cadence.client", "cadence.cli", "cadence.serving", "cadence.lifecycle.server"):
+    for module in (
+        "transformers",
+        "safetensors",
+        "tokenizers",
+        "msgspec",
+        "zmq",
+        "grpc",
+        "grpc_health.v1",
+        "grpc_reflection.v1alpha",
+        "google.protobuf",
+        "psutil",
+        "prometheus_client",
+        "cadence.engines.llama.engine",
+        "cadence.worker.batch_scheduler",
+        "cadence.client",
+        "cadence.cli",
+        "cadence.serving",
+        "cadence.lifecycle.server",
+    ):
         try:
             mod = __import__(module, fromlist=["_"])
             if module in ("transformers", "grpc", "google.protobuf"):
@@ -146,26 +176,49 @@ def stage_env(args: argparse.Namespace) -> dict:
         except Exception as exc:
             missing[module] = f"{type(exc).__name__}: {exc}"[:200]
     info["import_failures"] = missing
-    engine_missing = [m for m in missing if m in ("transformers", "safetensors", "msgspec",
-                                                  "cadence.engines.llama.engine",
-                                                  "cadence.worker.batch_scheduler")]
-    hint = ("; run `benchmarks/gpu_check.sh prepare` where pip can reach PyPI and carry "
-            "build/gpu-wheels (docs/torch-engine.md, GPU check)")
+    engine_missing = [
+        m
+        for m in missing
+        if m
+        in (
+            "transformers",
+            "safetensors",
+            "msgspec",
+            "cadence.engines.llama.engine",
+            "cadence.worker.batch_scheduler",
+        )
+    ]
+    hint = (
+        "; run `benchmarks/gpu_check.sh prepare` where pip can reach PyPI and carry "
+        "build/gpu-wheels (docs/torch-engine.md, GPU check)"
+    )
     if args.device.startswith("cuda"):
         index = int(args.device.partition(":")[2] or 0)
         if not info["cuda_available"]:
-            return {"status": "stop", **info, "summary":
-                    f"stopped: --device {args.device} asked for, but torch {torch.__version__} "
-                    f"(CUDA build {torch.version.cuda}) sees no CUDA card"}
+            return {
+                "status": "stop",
+                **info,
+                "summary": f"stopped: --device {args.device} asked for, but torch {torch.__version__} "
+                f"(CUDA build {torch.version.cuda}) sees no CUDA card",
+            }
         if index >= info["cuda_device_count"]:
-            return {"status": "stop", **info, "summary":
-                    f"stopped: --device {args.device}, but only {info['cuda_device_count']} card(s)"}
+            return {
+                "status": "stop",
+                **info,
+                "summary": f"stopped: --device {args.device}, but only {info['cuda_device_count']} card(s)",
+            }
     if engine_missing:
-        return {"status": "stop", **info, "summary":
-                f"stopped: cannot import {', '.join(engine_missing)} ({missing[engine_missing[0]]})"
-                + hint}
-    where = (info["devices"][int(args.device.partition(':')[2] or 0)]["name"]
-             if args.device.startswith("cuda") else f"cpu, {info['cpus']} cores")
+        return {
+            "status": "stop",
+            **info,
+            "summary": f"stopped: cannot import {', '.join(engine_missing)} ({missing[engine_missing[0]]})"
+            + hint,
+        }
+    where = (
+        info["devices"][int(args.device.partition(":")[2] or 0)]["name"]
+        if args.device.startswith("cuda")
+        else f"cpu, {info['cpus']} cores"
+    )
     summary = f"torch {torch.__version__}, cuda {info['cuda_available']}, {args.device}: {where}"
     if missing:
         summary += f"; serving will fail, missing {', '.join(missing)}" + hint
@@ -226,8 +279,11 @@ def hf_model(folder, device: str, dtype_name: str):
     if key not in _HF:
         _HF.clear()
         free_cuda()
-        _HF[key] = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=getattr(torch, dtype_name)).to(device).eval()
+        _HF[key] = (
+            AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype_name))
+            .to(device)
+            .eval()
+        )
     return _HF[key]
 
 
@@ -240,18 +296,24 @@ def hf_greedy_on(folder, prompt: list[int], n: int, device: str, dtype_name: str
     model = hf_model(folder, device, dtype_name)
     ids = torch.tensor([prompt], device=device)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                             do_sample=False)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def make_engine(folder: str, device: str, dtype: str, kv_tokens: int, graphs: bool = True, **tp):
     from cadence.config import EngineConfig
     from cadence.engines.llama.engine import LlamaEngine
 
-    config = EngineConfig(name="torch", model=folder, kv_cache_tokens=kv_tokens, dtype=dtype,
-                          threads=max(1, (os.cpu_count() or 1) // tp.get("group_size", 1)),
-                          cuda_graph_batch=32 if graphs else 0)
+    config = EngineConfig(
+        name="torch",
+        model=folder,
+        kv_cache_tokens=kv_tokens,
+        dtype=dtype,
+        threads=max(1, (os.cpu_count() or 1) // tp.get("group_size", 1)),
+        cuda_graph_batch=32 if graphs else 0,
+    )
     return LlamaEngine(config, device, **tp)
 
 
@@ -269,19 +331,32 @@ def stage_engine(args, ctx) -> dict:
         together = run_requests(engine, [(p, n, 0) for p in prompts])
         joining = run_requests(engine, [(p, n, i) for i, p in enumerate(prompts)])
         graphs = engine.graphs
-        graph_use = {"replays": graphs.replays, "failed": graphs.failed,
-                     "buckets": graphs.shapes} if graphs is not None else None
+        graph_use = (
+            {"replays": graphs.replays, "failed": graphs.failed, "buckets": graphs.shapes}
+            if graphs is not None
+            else None
+        )
     finally:
         engine.close()
         del engine
         free_cuda()
-    parts = {"alone": compare(alone, want), "batch_together": compare(together, want),
-             "batch_joining": compare(joining, want)}
+    parts = {
+        "alone": compare(alone, want),
+        "batch_together": compare(together, want),
+        "batch_joining": compare(joining, want),
+    }
     ok = all(not r["diffs"] for r in parts.values())
     summary = ", ".join(f"{k} {r['equal']}/{r['of']}" for k, r in parts.items())
-    return {"status": "pass" if ok else "fail", "device": args.device, "dtype": "float32",
-            "cuda_graphs": graph_use, "max_tokens": n, "prompt_lengths": [len(p) for p in prompts],
-            "summary": f"greedy tokens equal transformers': {summary}", **parts}
+    return {
+        "status": "pass" if ok else "fail",
+        "device": args.device,
+        "dtype": "float32",
+        "cuda_graphs": graph_use,
+        "max_tokens": n,
+        "prompt_lengths": [len(p) for p in prompts],
+        "summary": f"greedy tokens equal transformers': {summary}",
+        **parts,
+    }
 
 
 def stage_bf16(args, ctx) -> dict:
@@ -301,11 +376,15 @@ def stage_bf16(args, ctx) -> dict:
     prefix = [d["first_diff"] for d in result["diffs"]]
     agree = sum(a == b for g, w in zip(together, want) for a, b in zip(g, w))
     total = sum(min(len(g), len(w)) for g, w in zip(together, want))
-    return {"status": "ok", "note": "agreement only: bf16 rounding differs between implementations",
-            "summary": f"bf16 vs transformers bf16 on {args.device}: {result['equal']}/{result['of']} "
-                       f"sequences identical, {agree}/{total} tokens at equal positions agree"
-                       + (f", first divergence at steps {prefix}" if prefix else ""),
-            "token_agreement": agree / max(total, 1), **result}
+    return {
+        "status": "ok",
+        "note": "agreement only: bf16 rounding differs between implementations",
+        "summary": f"bf16 vs transformers bf16 on {args.device}: {result['equal']}/{result['of']} "
+        f"sequences identical, {agree}/{total} tokens at equal positions agree"
+        + (f", first divergence at steps {prefix}" if prefix else ""),
+        "token_agreement": agree / max(total, 1),
+        **result,
+    }
 
 
 # -- served ---------------------------------------------------------------------------------
@@ -315,6 +394,7 @@ async def _stream_all(target: str, prompts: list, n: int) -> list[list[int]]:
     from cadence.client import AsyncClient
 
     async with AsyncClient(target) as client:
+
         async def one(p) -> list[int]:
             got: list[int] = []
             async for chunk in client.generate(p, max_tokens=n, timeout=120):
@@ -324,8 +404,9 @@ async def _stream_all(target: str, prompts: list, n: int) -> list[list[int]]:
         return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
-def served_check(folder, n: int, want_ids: list[list[int]], want: list[list[int]],
-                 serve_args: list[str]) -> dict:
+def served_check(
+    folder, n: int, want_ids: list[list[int]], want: list[list[int]], serve_args: list[str]
+) -> dict:
     from transformers import AutoTokenizer
 
     from cadence.client import Client
@@ -336,20 +417,42 @@ def served_check(folder, n: int, want_ids: list[list[int]], want: list[list[int]
     text_ids = [tok(p).input_ids for p in PROMPTS]
     text_want = [hf_greedy(folder, ids, n) for ids in text_ids]
     start = time.monotonic()
-    with ServerProcess("--engine", "torch", "--model", str(folder), "--kv-cache-tokens", "4096",
-                       "--dtype", "float32", "--startup-timeout", "180", *serve_args) as server:
+    with ServerProcess(
+        "--engine",
+        "torch",
+        "--model",
+        str(folder),
+        "--kv-cache-tokens",
+        "4096",
+        "--dtype",
+        "float32",
+        "--startup-timeout",
+        "180",
+        *serve_args,
+    ) as server:
         ready_s = time.monotonic() - start
         texts = asyncio.run(_stream_all(server.target, PROMPTS, n))
         ids = asyncio.run(_stream_all(server.target, want_ids, n))
         with Client(server.target) as client:  # the blocking client too
-            sync_one = [t for c in client.generate(want_ids[0], max_tokens=n, timeout=120)
-                        for t in c.token_ids]
-    parts = {"text_prompts": compare(texts, text_want), "token_prompts": compare(ids, want),
-             "sync_client": compare([sync_one], want[:1])}
+            sync_one = [
+                t
+                for c in client.generate(want_ids[0], max_tokens=n, timeout=120)
+                for t in c.token_ids
+            ]
+    parts = {
+        "text_prompts": compare(texts, text_want),
+        "token_prompts": compare(ids, want),
+        "sync_client": compare([sync_one], want[:1]),
+    }
     ok = all(not r["diffs"] for r in parts.values())
     summary = ", ".join(f"{k} {r['equal']}/{r['of']}" for k, r in parts.items())
-    return {"status": "pass" if ok else "fail", "serve_args": serve_args,
-            "server_ready_s": round(ready_s, 1), "summary": summary, **parts}
+    return {
+        "status": "pass" if ok else "fail",
+        "serve_args": serve_args,
+        "server_ready_s": round(ready_s, 1),
+        "summary": summary,
+        **parts,
+    }
 
 
 def device_spec(device: str) -> list[str]:
@@ -358,8 +461,9 @@ def device_spec(device: str) -> list[str]:
 
 def stage_served(args, ctx) -> dict:
     prompts = check_prompts(ctx["vocab"], 8 if not args.quick else 5)
-    result = served_check(ctx["folder"], args.check_tokens, prompts, reference(args, ctx),
-                          device_spec(args.device))
+    result = served_check(
+        ctx["folder"], args.check_tokens, prompts, reference(args, ctx), device_spec(args.device)
+    )
     result["summary"] = f"cadence serve {' '.join(result['serve_args'])}: {result['summary']}"
     return result
 
@@ -370,8 +474,9 @@ def stage_served(args, ctx) -> dict:
 def tp_rank_main(argv: list[str]) -> None:
     """One TP rank (started by stage_tp): rank 0 prints the tokens as JSON."""
     folder, rank, size, init, device, requests = argv
-    engine = make_engine(folder, device, "float32", 4096, rank=int(rank), group_size=int(size),
-                         dist_init=init)
+    engine = make_engine(
+        folder, device, "float32", 4096, rank=int(rank), group_size=int(size), dist_init=init
+    )
     if engine.rank > 0:
         engine.follow()
         return
@@ -401,10 +506,25 @@ def stage_tp(args, ctx) -> dict:
     requests = json.dumps([[p, n, i // 2] for i, p in enumerate(prompts)])
     result: dict = {"devices": devices}
     with tempfile.TemporaryDirectory(prefix="cadence-gpu-check-tp-") as store:
-        ranks = [subprocess.Popen(
-            [sys.executable, __file__, "--tp-rank", str(folder), str(r), "2", f"file://{store}/s",
-             devices[r], requests], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for r in range(2)]
+        ranks = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--tp-rank",
+                    str(folder),
+                    str(r),
+                    "2",
+                    f"file://{store}/s",
+                    devices[r],
+                    requests,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(2)
+        ]
         outs = []
         try:
             for p in ranks:
@@ -460,11 +580,14 @@ def measure(engine, batch: int, prompt: int, tokens: int, vocab: int) -> dict:
             steps.append((out.end_ns - out.start_ns) / 1e6)
         wall = time.perf_counter() - start
     decode = steps[1:] or steps
-    return {"batch": batch, "tokens_per_s": round(batch * tokens / wall, 1),
-            "prefill_step_ms": round(steps[0], 3),
-            "decode_step_ms": round(statistics.mean(decode), 3),
-            "decode_step_p50_ms": round(statistics.median(decode), 3),
-            "decode_tokens_per_s": round(batch / (statistics.mean(decode) / 1e3), 1)}
+    return {
+        "batch": batch,
+        "tokens_per_s": round(batch * tokens / wall, 1),
+        "prefill_step_ms": round(steps[0], 3),
+        "decode_step_ms": round(statistics.mean(decode), 3),
+        "decode_step_p50_ms": round(statistics.median(decode), 3),
+        "decode_tokens_per_s": round(batch / (statistics.mean(decode) / 1e3), 1),
+    }
 
 
 def hf_per_token_ms(folder, device: str, dtype: str, prompt: list[int], tokens: int) -> float:
@@ -477,8 +600,14 @@ def hf_per_token_ms(folder, device: str, dtype: str, prompt: list[int], tokens: 
     def timed(n: int) -> float:
         start = time.perf_counter()
         with torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                           min_new_tokens=n, do_sample=False, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         return time.perf_counter() - start
@@ -502,8 +631,9 @@ def stage_perf(args, ctx) -> dict:
         folder = make_model(size, Path(ctx["tmp"]) / f"perf-{size}")
         vocab = SHAPES[size]["vocab_size"]
         kv = max(batches) * (args.prompt * 3 // 2 + args.tokens + 32) + 1024
-        for dtype, graphs in ((d, g) for d in args.dtypes.split(",")
-                              for g in args.graphs.split(",")):
+        for dtype, graphs in (
+            (d, g) for d in args.dtypes.split(",") for g in args.graphs.split(",")
+        ):
             key = f"{size}/{dtype}/graphs-{graphs}"
             if elapsed() > args.budget_s:
                 runs[key] = {"status": "skipped", "reason": f"time budget {args.budget_s} s spent"}
@@ -522,10 +652,13 @@ def stage_perf(args, ctx) -> dict:
                     for b in batches:
                         r = measure(engine, b, args.prompt, args.tokens, vocab)
                         entry["runs"].append(r)
-                        print(f"  perf {key:>14} batch={b:>3}: {r['tokens_per_s']:9.1f} tok/s, "
-                              f"decode step {r['decode_step_ms']:7.2f} ms "
-                              f"(p50 {r['decode_step_p50_ms']:.2f}), prefill step "
-                              f"{r['prefill_step_ms']:7.2f} ms", flush=True)
+                        print(
+                            f"  perf {key:>14} batch={b:>3}: {r['tokens_per_s']:9.1f} tok/s, "
+                            f"decode step {r['decode_step_ms']:7.2f} ms "
+                            f"(p50 {r['decode_step_p50_ms']:.2f}), prefill step "
+                            f"{r['prefill_step_ms']:7.2f} ms",
+                            flush=True,
+                        )
                 finally:
                     engine.close()
                     del engine
@@ -534,9 +667,13 @@ def stage_perf(args, ctx) -> dict:
                     entry["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 if 1 in batches:
                     try:
-                        hf = hf_per_token_ms(folder, args.device, dtype,
-                                             bench_prompts(1, args.prompt, vocab, vary=False)[0],
-                                             args.tokens)
+                        hf = hf_per_token_ms(
+                            folder,
+                            args.device,
+                            dtype,
+                            bench_prompts(1, args.prompt, vocab, vary=False)[0],
+                            args.tokens,
+                        )
                         b1 = next(r for r in entry["runs"] if r["batch"] == 1)["decode_step_ms"]
                         entry["transformers_per_token_ms_b1"] = round(hf, 3)
                         entry["engine_step_ratio_b1"] = round(b1 / hf, 3)
@@ -547,9 +684,14 @@ def stage_perf(args, ctx) -> dict:
                         free_cuda()
                 entry["status"] = "ok"
                 best = max(entry["runs"], key=lambda r: r["tokens_per_s"])
-                lines.append(f"{key} b{best['batch']} {best['tokens_per_s']:.0f} tok/s"
-                             + (f" (b1 step {entry['engine_step_ratio_b1']}x transformers)"
-                                if "engine_step_ratio_b1" in entry else ""))
+                lines.append(
+                    f"{key} b{best['batch']} {best['tokens_per_s']:.0f} tok/s"
+                    + (
+                        f" (b1 step {entry['engine_step_ratio_b1']}x transformers)"
+                        if "engine_step_ratio_b1" in entry
+                        else ""
+                    )
+                )
             except Exception as exc:
                 errors += 1
                 entry["status"] = "error"
@@ -561,9 +703,15 @@ def stage_perf(args, ctx) -> dict:
             # keeps the entries before it.
             ctx["report"].data["stages"]["perf"] = {"status": "running", "results": runs}
             ctx["report"].write()
-    return {"status": "ok" if not errors else "error", "device": args.device,
-            "prompt": args.prompt, "tokens": args.tokens, "batches": batches,
-            "summary": "; ".join(lines), "results": runs}
+    return {
+        "status": "ok" if not errors else "error",
+        "device": args.device,
+        "prompt": args.prompt,
+        "tokens": args.tokens,
+        "batches": batches,
+        "summary": "; ".join(lines),
+        "results": runs,
+    }
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -573,24 +721,45 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--tp-rank":
         tp_rank_main(sys.argv[2:])
         return 0
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cuda:0", help="cuda:N (default cuda:0) or cpu")
-    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "results" / "gpu_check"),
-                   help="folder for gpu_check.json (default $OUT, else results/gpu_check)")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: tiny model only, batch 1 and 4, few tokens, no served TP")
+    p.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or str(ROOT / "results" / "gpu_check"),
+        help="folder for gpu_check.json (default $OUT, else results/gpu_check)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: tiny model only, batch 1 and 4, few tokens, no served TP",
+    )
     p.add_argument("--stages", default="engine,bf16,served,tp,perf")
     p.add_argument("--sizes", default=None, help="perf sizes (default tiny,100m; --quick: tiny)")
     p.add_argument("--batches", default=None, help="perf batches (default 1,8,32; --quick: 1,4)")
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--graphs", default="on,off",
-                   help="perf with CUDA graphs for decode on, off, or both (default on,off)")
+    p.add_argument(
+        "--graphs",
+        default="on,off",
+        help="perf with CUDA graphs for decode on, off, or both (default on,off)",
+    )
     p.add_argument("--prompt", type=int, default=None, help="perf prompt length (32; --quick 16)")
-    p.add_argument("--tokens", type=int, default=None, help="perf tokens per request (64; --quick 8)")
-    p.add_argument("--check-tokens", type=int, default=None,
-                   help="tokens per request in the correctness stages (16; --quick 8)")
-    p.add_argument("--budget-s", type=float, default=360.0,
-                   help="perf runs not started after this many seconds are skipped (default 360)")
+    p.add_argument(
+        "--tokens", type=int, default=None, help="perf tokens per request (64; --quick 8)"
+    )
+    p.add_argument(
+        "--check-tokens",
+        type=int,
+        default=None,
+        help="tokens per request in the correctness stages (16; --quick 8)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=360.0,
+        help="perf runs not started after this many seconds are skipped (default 360)",
+    )
     args = p.parse_args()
     stages = args.stages.split(",")
     unknown = set(stages) - {"engine", "bf16", "served", "tp", "perf"}
@@ -618,8 +787,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="cadence-gpu-check-") as tmp:
         ctx: dict = {"tmp": tmp, "report": report}
         model = report.stage("model", _stage_model, ctx)
-        checks = {"engine": stage_engine, "bf16": stage_bf16, "served": stage_served,
-                  "tp": stage_tp, "perf": stage_perf}
+        checks = {
+            "engine": stage_engine,
+            "bf16": stage_bf16,
+            "served": stage_served,
+            "tp": stage_tp,
+            "perf": stage_perf,
+        }
         for name in stages:
             if name != "perf" and model["status"] == "error":
                 report.stage(name, lambda: {"status": "error", "summary": "no test model"})
@@ -628,8 +802,10 @@ def main() -> int:
     statuses = {k: v["status"] for k, v in report.data["stages"].items()}
     report.data["verdict"] = statuses
     report.write()
-    print(f"gpu_check: done in {elapsed():.0f} s: {json.dumps(statuses)}; wrote {report.path}",
-          flush=True)
+    print(
+        f"gpu_check: done in {elapsed():.0f} s: {json.dumps(statuses)}; wrote {report.path}",
+        flush=True,
+    )
     return 0 if not any(s in ("fail", "error") for s in statuses.values()) else 1
 
 
@@ -639,8 +815,11 @@ def _stage_model(ctx) -> dict:
     folder = save_model(Path(ctx["tmp"]) / "check-model")
     config = json.loads((folder / "config.json").read_text())
     ctx["folder"], ctx["vocab"] = folder, config["vocab_size"]
-    return {"status": "ok", "summary": f"tiny random LlamaForCausalLM (vocab {config['vocab_size']},"
-            f" hidden {config['hidden_size']}, {config['num_hidden_layers']} layers) with tokenizer"}
+    return {
+        "status": "ok",
+        "summary": f"tiny random LlamaForCausalLM (vocab {config['vocab_size']},"
+        f" hidden {config['hidden_size']}, {config['num_hidden_layers']} layers) with tokenizer",
+    }
 
 
 def reference(args, ctx) -> list[list[int]]:

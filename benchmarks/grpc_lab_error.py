@@ -44,8 +44,16 @@ from tests.node_ticker import COUNT_METHOD, ticker_server
 TARGET_MS = 0.5
 
 
-def _reference(target: str, schema_bytes: bytes, streams: int, rounds: int, messages: int,
-               delay_ms: int, gap_ms: int, out) -> None:
+def _reference(
+    target: str,
+    schema_bytes: bytes,
+    streams: int,
+    rounds: int,
+    messages: int,
+    delay_ms: int,
+    gap_ms: int,
+    out,
+) -> None:
     """The minimal client, in a process of its own: TTFT and gaps of every call."""
     import msgspec
 
@@ -53,8 +61,9 @@ def _reference(target: str, schema_bytes: bytes, streams: int, rounds: int, mess
 
     schema = msgspec.msgpack.decode(schema_bytes, type=MethodSchema)
     request_type, _ = message_classes(schema)
-    request = request_type(count=messages, first_delay_ms=delay_ms,
-                           gap_ms=gap_ms).SerializeToString()
+    request = request_type(
+        count=messages, first_delay_ms=delay_ms, gap_ms=gap_ms
+    ).SerializeToString()
 
     async def main() -> tuple[list[float], list[float]]:
         channel = grpc.aio.insecure_channel(target)
@@ -88,18 +97,24 @@ def reference(target: str, schema, *args) -> tuple[float, float, int]:
 
     context = mp.get_context("spawn")
     here, there = context.Pipe()
-    proc = context.Process(target=_reference,
-                           args=(target, msgspec.msgpack.encode(schema), *args, there))
+    proc = context.Process(
+        target=_reference, args=(target, msgspec.msgpack.encode(schema), *args, there)
+    )
     proc.start()
     result = here.recv()
     proc.join()
     return result
 
 
-def lab(target: str, grpc_target: GrpcTarget, streams: int, rounds: int,
-        messages: int) -> tuple[float, float, int]:
-    workload = Workload(requests=streams * rounds, concurrency=streams, warmup=min(streams, 4),
-                        shape=RequestShape(max_tokens=(messages, messages)))
+def lab(
+    target: str, grpc_target: GrpcTarget, streams: int, rounds: int, messages: int
+) -> tuple[float, float, int]:
+    workload = Workload(
+        requests=streams * rounds,
+        concurrency=streams,
+        warmup=min(streams, 4),
+        shape=RequestShape(max_tokens=(messages, messages)),
+    )
     result = msgspec.to_builtins(run_bench(target, workload, protocol=grpc_target))
     assert result["requests_ok"] == streams * rounds, result["errors_by_code"]
     return result["ttft_ms"]["p50"], result["chunk_gap_ms"]["p50"], result["requests_ok"]
@@ -109,15 +124,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--rounds", type=int, default=3, help="calls per stream")
-    parser.add_argument("--pairs", type=int, default=2,
-                        help="runs of each client, alternating ABBA (default 2)")
+    parser.add_argument(
+        "--pairs", type=int, default=2, help="runs of each client, alternating ABBA (default 2)"
+    )
     parser.add_argument("--messages", type=int, default=50)
     parser.add_argument("--first-delay-ms", type=int, default=50)
     parser.add_argument("--gap-ms", type=int, default=20)
     parser.add_argument("--out", default="results/grpc_lab_error.json")
     args = parser.parse_args()
-    request = json.dumps({"count": "{max_tokens}", "first_delay_ms": args.first_delay_ms,
-                          "gap_ms": args.gap_ms})
+    request = json.dumps(
+        {"count": "{max_tokens}", "first_delay_ms": args.first_delay_ms, "gap_ms": args.gap_ms}
+    )
     rows = []
     with ticker_server() as target:
         with grpc.insecure_channel(target) as channel:
@@ -129,15 +146,25 @@ def main() -> None:
             refs, labs = [], []
             for k in range(2 * args.pairs):
                 if k % 4 in (0, 3):
-                    refs.append(reference(target, schema, streams, args.rounds, args.messages,
-                                          args.first_delay_ms, args.gap_ms))
+                    refs.append(
+                        reference(
+                            target,
+                            schema,
+                            streams,
+                            args.rounds,
+                            args.messages,
+                            args.first_delay_ms,
+                            args.gap_ms,
+                        )
+                    )
                 else:
                     labs.append(lab(target, grpc_target, streams, args.rounds, args.messages))
             ref = [statistics.median(r[n] for r in refs) for n in (0, 1)] + [refs[0][2]]
             got = [statistics.median(r[n] for r in labs) for n in (0, 1)] + [labs[0][2]]
             row = {
                 "streams": streams,
-                "lab_ttft_p50_ms": round(got[0], 3), "lab_gap_p50_ms": round(got[1], 3),
+                "lab_ttft_p50_ms": round(got[0], 3),
+                "lab_gap_p50_ms": round(got[1], 3),
                 "reference_ttft_p50_ms": round(ref[0], 3),
                 "reference_gap_p50_ms": round(ref[1], 3),
                 "lab_ttft_over_planted_ms": round(got[0] - args.first_delay_ms, 3),
@@ -150,27 +177,39 @@ def main() -> None:
                 "reference_ttft_p50_runs_ms": [round(r[0], 3) for r in refs],
             }
             rows.append(row)
-            print(f"{streams:3} streams: TTFT p50 lab {got[0]:.2f} ms, reference {ref[0]:.2f} ms "
-                  f"(planted {args.first_delay_ms}); gap p50 lab {got[1]:.3f} ms, reference "
-                  f"{ref[1]:.3f} ms (planted {args.gap_ms})", flush=True)
+            print(
+                f"{streams:3} streams: TTFT p50 lab {got[0]:.2f} ms, reference {ref[0]:.2f} ms "
+                f"(planted {args.first_delay_ms}); gap p50 lab {got[1]:.3f} ms, reference "
+                f"{ref[1]:.3f} ms (planted {args.gap_ms})",
+                flush=True,
+            )
     top = max(rows, key=lambda r: r["streams"])
     result = {
         "machine": {"cpus": psutil.cpu_count(), "load_before": psutil.getloadavg()},
         "service": "tests/node/ticker_server.js (Node.js, @grpc/grpc-js), reflection on",
-        "planted": {"first_delay_ms": args.first_delay_ms, "gap_ms": args.gap_ms,
-                    "messages": args.messages},
+        "planted": {
+            "first_delay_ms": args.first_delay_ms,
+            "gap_ms": args.gap_ms,
+            "messages": args.messages,
+        },
         "target_ms": TARGET_MS,
-        "met_against_planted": (abs(top["lab_ttft_over_planted_ms"]) <= TARGET_MS
-                                and abs(top["lab_gap_over_planted_ms"]) <= TARGET_MS),
-        "met_against_reference": (abs(top["lab_ttft_over_reference_ms"]) <= TARGET_MS
-                                  and abs(top["lab_gap_over_reference_ms"]) <= TARGET_MS),
+        "met_against_planted": (
+            abs(top["lab_ttft_over_planted_ms"]) <= TARGET_MS
+            and abs(top["lab_gap_over_planted_ms"]) <= TARGET_MS
+        ),
+        "met_against_reference": (
+            abs(top["lab_ttft_over_reference_ms"]) <= TARGET_MS
+            and abs(top["lab_gap_over_reference_ms"]) <= TARGET_MS
+        ),
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"within {TARGET_MS} ms at {top['streams']} streams: of the planted values "
-          f"{result['met_against_planted']}, of the reference client "
-          f"{result['met_against_reference']}; {args.out}")
+    print(
+        f"within {TARGET_MS} ms at {top['streams']} streams: of the planted values "
+        f"{result['met_against_planted']}, of the reference client "
+        f"{result['met_against_reference']}; {args.out}"
+    )
 
 
 if __name__ == "__main__":

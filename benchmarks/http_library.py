@@ -62,8 +62,9 @@ async def _serve_aiohttp(ticker: Ticker, events: int) -> None:
     from aiohttp import web
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         for _ in range(events):
             await response.write(sse(await ticker.wait()))
@@ -89,8 +90,13 @@ async def _serve_uvicorn(ticker: Ticker, events: int) -> None:
     async def app(scope, receive, send):
         if scope["type"] != "http":
             return
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
         for _ in range(events):
             body = sse(await ticker.wait())
             await send({"type": "http.response.body", "body": body, "more_body": True})
@@ -98,8 +104,9 @@ async def _serve_uvicorn(ticker: Ticker, events: int) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http="httptools", loop="none", lifespan="off",
-                            access_log=False, log_level="warning")
+    config = uvicorn.Config(
+        app, http="httptools", loop="none", lifespan="off", access_log=False, log_level="warning"
+    )
     server = uvicorn.Server(config)
     _announce(sock.getsockname()[1])
     await server.serve(sockets=[sock])
@@ -108,8 +115,9 @@ async def _serve_uvicorn(ticker: Ticker, events: int) -> None:
 async def _serve_protocol(ticker: Ticker, events: int) -> None:
     """The floor: an asyncio.Protocol that answers any request with a chunked SSE stream."""
 
-    head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\n\r\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     done = b"data: [DONE]\n\n"
     tail = b"%x\r\n" % len(done) + done + b"\r\n0\r\n\r\n"
 
@@ -144,8 +152,9 @@ async def _serve_grpc(ticker: Ticker, events: int) -> None:
         for _ in range(events):
             yield payload(await ticker.wait())
 
-    handler = grpc.method_handlers_generic_handler("bench.Stream", {
-        "Run": grpc.unary_stream_rpc_method_handler(stream)})
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Stream", {"Run": grpc.unary_stream_rpc_method_handler(stream)}
+    )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -160,8 +169,12 @@ def _announce(port: int) -> None:
 
 def serve(kind: str, step_ms: float, events: int) -> None:
     ticker = Ticker(step_ms / 1e3)
-    servers = {"aiohttp": _serve_aiohttp, "uvicorn": _serve_uvicorn,
-               "protocol": _serve_protocol, "grpc": _serve_grpc}
+    servers = {
+        "aiohttp": _serve_aiohttp,
+        "uvicorn": _serve_uvicorn,
+        "protocol": _serve_protocol,
+        "grpc": _serve_grpc,
+    }
     event_loop.run(servers[kind](ticker, events))
 
 
@@ -181,7 +194,7 @@ async def _client(kind: str, port: int, streams: int) -> dict:
             async def one(i: int) -> None:
                 async for message in call(b"{}"):
                     now = time.monotonic_ns()
-                    add(now - int(message[message.index(b'"created":') + 10:].split(b",")[0]))
+                    add(now - int(message[message.index(b'"created":') + 10 :].split(b",")[0]))
 
             await asyncio.gather(*(one(i) for i in range(streams)))
     else:
@@ -195,7 +208,7 @@ async def _client(kind: str, port: int, streams: int) -> dict:
                     async for line in response.content:
                         if line.startswith(b"data: {"):
                             now = time.monotonic_ns()
-                            add(now - int(line[line.index(b'"created":') + 10:].split(b",")[0]))
+                            add(now - int(line[line.index(b'"created":') + 10 :].split(b",")[0]))
 
             await asyncio.gather(*(one(i) for i in range(streams)))
     return {"events": len(delays), "delays": delays}
@@ -209,9 +222,20 @@ def _delay_ms(delays: list[int]) -> dict:
 
 
 def measure(kind: str, streams: int, events: int, step_ms: float) -> dict:
-    server = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--step-ms",
-                               str(step_ms), "--events", str(events)], stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--serve",
+            kind,
+            "--step-ms",
+            str(step_ms),
+            "--events",
+            str(events),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = int(server.stdout.readline())
         process = psutil.Process(server.pid)
@@ -225,9 +249,14 @@ def measure(kind: str, streams: int, events: int, step_ms: float) -> dict:
         server.kill()
         server.wait()
     n = result["events"]
-    return {"events": n, "expected": streams * events, "wall_s": round(wall, 3),
-            "server_cpu_s": round(cpu, 3), "server_cpu_us_per_event": round(cpu / n * 1e6, 2),
-            "event_delay_ms": _delay_ms(result["delays"])}
+    return {
+        "events": n,
+        "expected": streams * events,
+        "wall_s": round(wall, 3),
+        "server_cpu_s": round(cpu, 3),
+        "server_cpu_us_per_event": round(cpu / n * 1e6, 2),
+        "event_delay_ms": _delay_ms(result["delays"]),
+    }
 
 
 def main() -> None:
@@ -248,9 +277,12 @@ def main() -> None:
         for kind in args.only:
             run = measure(kind, args.streams, args.events, args.step_ms)
             runs.setdefault(kind, []).append(run)
-            print(f"{kind:9s} {run['server_cpu_us_per_event']:7.2f} us/event  "
-                  f"delay p99 {run['event_delay_ms']['p99']:6.2f} ms  "
-                  f"events {run['events']}/{run['expected']}", flush=True)
+            print(
+                f"{kind:9s} {run['server_cpu_us_per_event']:7.2f} us/event  "
+                f"delay p99 {run['event_delay_ms']['p99']:6.2f} ms  "
+                f"events {run['events']}/{run['expected']}",
+                flush=True,
+            )
     best = {kind: min(r["server_cpu_us_per_event"] for r in rs) for kind, rs in runs.items()}
     from importlib.metadata import PackageNotFoundError, version
 
@@ -262,10 +294,14 @@ def main() -> None:
 
     out = {
         "command": " ".join(["python", "benchmarks/http_library.py", *sys.argv[1:]]),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
-        "versions": {name: installed(name) for name in ("aiohttp", "uvicorn", "httptools",
-                                                         "grpcio")},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "versions": {
+            name: installed(name) for name in ("aiohttp", "uvicorn", "httptools", "grpcio")
+        },
         "workload": {"streams": args.streams, "events": args.events, "step_ms": args.step_ms},
         "server_cpu_us_per_event_best": best,
         "runs": runs,

@@ -67,14 +67,19 @@ async def _drive(target: str, streams: int, tokens: int, rounds: int) -> dict:
     async with AsyncClient(target) as client:
         await _stream(client, tokens, 2, [], [])  # warm-up
         start = time.monotonic()
-        await asyncio.gather(*(_stream(client, tokens, rounds, ttfts, counts)
-                               for _ in range(streams)))
+        await asyncio.gather(
+            *(_stream(client, tokens, rounds, ttfts, counts) for _ in range(streams))
+        )
         elapsed = time.monotonic() - start
     q = statistics.quantiles(ttfts, n=100)
-    return {"streams": streams, "tokens_per_s": round(sum(counts) / elapsed, 1),
-            "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 1),
-            "ttft_p99_ms": round(q[98] * 1e3, 1),
-            "requests": len(ttfts), "tokens": sum(counts)}
+    return {
+        "streams": streams,
+        "tokens_per_s": round(sum(counts) / elapsed, 1),
+        "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 1),
+        "ttft_p99_ms": round(q[98] * 1e3, 1),
+        "requests": len(ttfts),
+        "tokens": sum(counts),
+    }
 
 
 def main() -> None:
@@ -95,19 +100,32 @@ def main() -> None:
         server = start_server("--engine", f"benchmarks.model_shapes:{model}", "--devices", "cpu:1")
         try:
             for streams in args.streams:
-                row = {"shape": shape, **asyncio.run(_drive(server.target, streams, args.tokens,
-                                                            args.rounds))}
+                row = {
+                    "shape": shape,
+                    **asyncio.run(_drive(server.target, streams, args.tokens, args.rounds)),
+                }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         finally:
             server.stop()
     ideal = {s: round(s / STEP_S, 1) for s in args.streams}
-    Path(args.out).write_text(json.dumps({
-        "command": "python " + " ".join(sys.argv),
-        "step_ms": STEP_S * 1e3, "tokens": args.tokens, "rounds": args.rounds,
-        "ideal_tokens_per_s": ideal, "host": platform.node(), "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(), "rows": rows,
-    }, indent=1) + "\n")
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "command": "python " + " ".join(sys.argv),
+                "step_ms": STEP_S * 1e3,
+                "tokens": args.tokens,
+                "rounds": args.rounds,
+                "ideal_tokens_per_s": ideal,
+                "host": platform.node(),
+                "cpus": os.cpu_count(),
+                "load_average": os.getloadavg(),
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

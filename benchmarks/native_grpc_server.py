@@ -85,8 +85,9 @@ def ticker() -> Ticker:
     return _ticker
 
 
-async def stream_chunks(request: pb.GenerateRequest,
-                        deadline: float | None = None) -> AsyncIterator[pb.GenerateChunk]:
+async def stream_chunks(
+    request: pb.GenerateRequest, deadline: float | None = None
+) -> AsyncIterator[pb.GenerateChunk]:
     """The handler: `max_tokens` chunks of one token, one per step.
 
     `deadline` (loop time) is for servers that leave enforcing `grpc-timeout` to the handler;
@@ -108,8 +109,13 @@ async def stream_chunks(request: pb.GenerateRequest,
                 tick = await asyncio.wait_for(step.wait(), max(0.0, deadline - loop.time()))
             except TimeoutError:
                 raise PlantedError(DEADLINE_EXCEEDED, "Deadline Exceeded") from None
-        chunk = pb.GenerateChunk(request_id=request.request_id, index=i, token_ids=[65],
-                                 text="A", finish_reason=pb.FINISH_REASON_LENGTH if i == last else 0)
+        chunk = pb.GenerateChunk(
+            request_id=request.request_id,
+            index=i,
+            token_ids=[65],
+            text="A",
+            finish_reason=pb.FINISH_REASON_LENGTH if i == last else 0,
+        )
         if request.include_timing:
             scheduled_ns = scheduled_ns or tick - step_ns
             t = chunk.timing
@@ -144,8 +150,12 @@ async def serve_grpc_aio(port: int) -> None:
     class Inference(pb_grpc.InferenceServicer):
         async def Generate(self, request, context):
             remaining = context.time_remaining()
-            event("start", request.request_id, "timeout_s",
-                  "none" if remaining is None else f"{remaining:.3f}")
+            event(
+                "start",
+                request.request_id,
+                "timeout_s",
+                "none" if remaining is None else f"{remaining:.3f}",
+            )
             try:
                 async for chunk in stream_chunks(request):
                     yield chunk
@@ -210,8 +220,9 @@ async def thin_app(scope, receive, send, watch: bool = False) -> None:
         return await _lifespan(receive, send)
     if scope["type"] != "http":
         return None
-    await send({"type": "http.response.start", "status": 200, "headers": _HEADERS,
-                "trailers": True})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": _HEADERS, "trailers": True}
+    )
     status, message = OK, ""
     try:
         if scope["path"] != PATH or scope["method"] != "POST":
@@ -228,8 +239,12 @@ async def thin_app(scope, receive, send, watch: bool = False) -> None:
         if len(body) < 5 or body[0] != 0 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             raise PlantedError(INTERNAL, "expected one uncompressed request message")
         request = pb.GenerateRequest.FromString(body[5:])
-        event("start", request.request_id, "timeout_s",
-              "none" if timeout_s is None else f"{timeout_s:.3f}")
+        event(
+            "start",
+            request.request_id,
+            "timeout_s",
+            "none" if timeout_s is None else f"{timeout_s:.3f}",
+        )
         if not watch:
             status, message = await _run_stream(request, timeout_s, send)
         else:
@@ -293,9 +308,13 @@ async def _run_stream(request, timeout_s, send) -> tuple[int | None, str]:
         async with asyncio.timeout(timeout_s):
             async for chunk in stream_chunks(request):
                 data = chunk.SerializeToString()
-                await send({"type": "http.response.body",
-                            "body": b"\0" + len(data).to_bytes(4, "big") + data,
-                            "more_body": True})
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"\0" + len(data).to_bytes(4, "big") + data,
+                        "more_body": True,
+                    }
+                )
     except PlantedError as e:
         event("end", rid, "status", e.code)
         return e.code, e.message
@@ -319,22 +338,36 @@ def _make_connect_app():
     from connectrpc.method import IdempotencyLevel, MethodInfo
     from connectrpc.server import ConnectASGIApplication, Endpoint
 
-    method = MethodInfo(name=METHOD, service_name=SERVICE, input=pb.GenerateRequest,
-                        output=pb.GenerateChunk, idempotency_level=IdempotencyLevel.UNKNOWN)
+    method = MethodInfo(
+        name=METHOD,
+        service_name=SERVICE,
+        input=pb.GenerateRequest,
+        output=pb.GenerateChunk,
+        idempotency_level=IdempotencyLevel.UNKNOWN,
+    )
 
     async def generate(request, ctx) -> AsyncIterator[pb.GenerateChunk]:
         remaining_ms = ctx.timeout_ms()
-        event("start", request.request_id, "timeout_s",
-              "none" if remaining_ms is None else f"{remaining_ms / 1e3:.3f}")
+        event(
+            "start",
+            request.request_id,
+            "timeout_s",
+            "none" if remaining_ms is None else f"{remaining_ms / 1e3:.3f}",
+        )
         # connect-python reads grpc-timeout but leaves enforcing it to the handler.
-        deadline = (None if remaining_ms is None
-                    else asyncio.get_running_loop().time() + remaining_ms / 1e3)
+        deadline = (
+            None if remaining_ms is None else asyncio.get_running_loop().time() + remaining_ms / 1e3
+        )
         try:
             async for chunk in stream_chunks(request, deadline):
                 yield chunk
         except PlantedError as e:
-            event("end", request.request_id, "deadline" if e.code == DEADLINE_EXCEEDED
-                  else "status", e.code)
+            event(
+                "end",
+                request.request_id,
+                "deadline" if e.code == DEADLINE_EXCEEDED else "status",
+                e.code,
+            )
             raise ConnectError(_connect_code(e.code), e.message) from None
         except (asyncio.CancelledError, GeneratorExit):
             event("end", request.request_id, "cancelled")
@@ -346,17 +379,24 @@ def _make_connect_app():
         def path(self) -> str:
             return f"/{SERVICE}"
 
-    return App(service=object(),
-               endpoints=lambda _service: {PATH: Endpoint.server_stream(method, generate)},
-               compressions=())
+    return App(
+        service=object(),
+        endpoints=lambda _service: {PATH: Endpoint.server_stream(method, generate)},
+        compressions=(),
+    )
 
 
 def _connect_code(grpc_code: int):
     from connectrpc.code import Code
 
-    names = {OK: None, CANCELLED: "CANCELED", INVALID_ARGUMENT: "INVALID_ARGUMENT",
-             DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED", UNIMPLEMENTED: "UNIMPLEMENTED",
-             INTERNAL: "INTERNAL"}
+    names = {
+        OK: None,
+        CANCELLED: "CANCELED",
+        INVALID_ARGUMENT: "INVALID_ARGUMENT",
+        DEADLINE_EXCEEDED: "DEADLINE_EXCEEDED",
+        UNIMPLEMENTED: "UNIMPLEMENTED",
+        INTERNAL: "INTERNAL",
+    }
     return getattr(Code, names[grpc_code])
 
 
@@ -400,8 +440,9 @@ async def serve_pyvoy(app: str, port: int) -> None:
     from pyvoy import PyvoyServer
 
     # Envoy imports this module by name: this file's folder is on the PYTHONPATH pyvoy passes.
-    server = PyvoyServer(app, address="127.0.0.1", port=port, lifespan=False,
-                         stderr=None, log_level="warning")
+    server = PyvoyServer(
+        app, address="127.0.0.1", port=port, lifespan=False, stderr=None, log_level="warning"
+    )
     await server.start()
     _banner(server.listener_port)
     stop = asyncio.Event()
@@ -426,9 +467,11 @@ def main() -> None:
         _GRPC_CODES.update(_grpc_codes())
         event_loop.run(serve_grpc_aio(args.port))
     else:
-        app = {"pyvoy-thin": "native_grpc_server:thin_app",
-               "pyvoy-thin-watch": "native_grpc_server:thin_watch_app",
-               "pyvoy-connect": "native_grpc_server:connect_app"}[args.kind]
+        app = {
+            "pyvoy-thin": "native_grpc_server:thin_app",
+            "pyvoy-thin-watch": "native_grpc_server:thin_watch_app",
+            "pyvoy-connect": "native_grpc_server:connect_app",
+        }[args.kind]
         event_loop.run(serve_pyvoy(app, args.port))
 
 

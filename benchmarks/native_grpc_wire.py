@@ -89,9 +89,11 @@ def server_side(events: dict, rid: str) -> dict:
     seen = events.get(rid, [])
     start = next((words for _, words in seen if words[0] == "start"), None)
     end = next(((t, words) for t, words in seen if words[0] == "end"), None)
-    return {"timeout_read_s": start[2] if start else None,
-            "handler_end": " ".join(end[1][1:]) if end else None,
-            "handler_end_at_s": end[0] if end else None}
+    return {
+        "timeout_read_s": start[2] if start else None,
+        "handler_end": " ".join(end[1][1:]) if end else None,
+        "handler_end_at_s": end[0] if end else None,
+    }
 
 
 def indexes(messages: list[bytes]) -> list[int]:
@@ -101,12 +103,14 @@ def indexes(messages: list[bytes]) -> list[int]:
 # --- grpcio ---------------------------------------------------------------------------------
 
 
-def grpcio_case(target: str, name: str, rid: str, tokens: int, timeout: float | None,
-                cancel_after: int) -> dict:
+def grpcio_case(
+    target: str, name: str, rid: str, tokens: int, timeout: float | None, cancel_after: int
+) -> dict:
     rid = f"grpcio-{rid}" if not rid.startswith("abort:") else f"abort:grpcio-{name}"
     with grpc.insecure_channel(target) as channel:
         generate = channel.unary_stream(
-            PATH, request_serializer=pb.GenerateRequest.SerializeToString)
+            PATH, request_serializer=pb.GenerateRequest.SerializeToString
+        )
         started = time.monotonic()
         call = generate(request(rid, tokens), timeout=timeout)
         messages, cancel_at = [], None
@@ -121,9 +125,17 @@ def grpcio_case(target: str, name: str, rid: str, tokens: int, timeout: float | 
             pass
         code, details = call.code(), call.details()
         trailers = dict(call.trailing_metadata() or ()) if code != grpc.StatusCode.CANCELLED else {}
-    return {"rid": rid, "code": code.value[0], "code_name": code.name, "details": details,
-            "trailers": trailers, "indexes": indexes(messages), "started_at_s": started,
-            "ended_at_s": time.monotonic(), "cancel_at_s": cancel_at}
+    return {
+        "rid": rid,
+        "code": code.value[0],
+        "code_name": code.name,
+        "details": details,
+        "trailers": trailers,
+        "indexes": indexes(messages),
+        "started_at_s": started,
+        "ended_at_s": time.monotonic(),
+        "cancel_at_s": cancel_at,
+    }
 
 
 def grpcio_cancel_idle(target: str) -> dict:
@@ -131,16 +143,25 @@ def grpcio_cancel_idle(target: str) -> dict:
     rid = "idle:grpcio-cancel"
     with grpc.insecure_channel(target) as channel:
         generate = channel.unary_stream(
-            PATH, request_serializer=pb.GenerateRequest.SerializeToString)
+            PATH, request_serializer=pb.GenerateRequest.SerializeToString
+        )
         started = time.monotonic()
         call = generate(request(rid, 5))
         time.sleep(CANCEL_IDLE_S)
         cancel_at = time.monotonic()
         call.cancel()
         code = call.code()
-    return {"rid": rid, "code": code.value[0], "code_name": code.name, "details": call.details(),
-            "trailers": {}, "indexes": [], "started_at_s": started, "ended_at_s": time.monotonic(),
-            "cancel_at_s": cancel_at}
+    return {
+        "rid": rid,
+        "code": code.value[0],
+        "code_name": code.name,
+        "details": call.details(),
+        "trailers": {},
+        "indexes": [],
+        "started_at_s": started,
+        "ended_at_s": time.monotonic(),
+        "cancel_at_s": cancel_at,
+    }
 
 
 # --- grpc-js --------------------------------------------------------------------------------
@@ -150,41 +171,70 @@ def grpcjs_cases(target: str) -> dict[str, dict]:
     cases = []
     for name, (rid, tokens, timeout, cancel_after) in CASES.items():
         rid = f"grpcjs-{rid}" if not rid.startswith("abort:") else f"abort:grpcjs-{name}"
-        cases.append({"name": name, "rid": rid,
-                      "request_hex": request(rid, tokens).SerializeToString().hex(),
-                      "timeout_ms": int(timeout * 1e3) if timeout else 0,
-                      "cancel_after": cancel_after})
-    done = subprocess.run(["node", str(_HERE / "native_grpc_wire.js"), target, json.dumps(cases)],
-                          capture_output=True, text=True, timeout=60, check=False)
+        cases.append(
+            {
+                "name": name,
+                "rid": rid,
+                "request_hex": request(rid, tokens).SerializeToString().hex(),
+                "timeout_ms": int(timeout * 1e3) if timeout else 0,
+                "cancel_after": cancel_after,
+            }
+        )
+    done = subprocess.run(
+        ["node", str(_HERE / "native_grpc_wire.js"), target, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     if done.returncode:
         return {c["name"]: {"error": done.stderr[-2000:]} for c in cases}
     out = {}
     for line, case in zip(done.stdout.splitlines(), cases, strict=True):
         r = json.loads(line)
         code_names = {c.value[0]: c.name for c in grpc.StatusCode}
-        out[r["name"]] = {"rid": case["rid"], "code": r["code"], "code_name": code_names.get(r["code"]),
-                          "details": r["details"], "trailers": r["trailers"],
-                          "indexes": indexes([bytes.fromhex(m) for m in r["messages_hex"]]),
-                          "started_at_s": r["started_at_s"], "ended_at_s": r["ended_at_s"],
-                          "cancel_at_s": r["cancel_at_s"]}
+        out[r["name"]] = {
+            "rid": case["rid"],
+            "code": r["code"],
+            "code_name": code_names.get(r["code"]),
+            "details": r["details"],
+            "trailers": r["trailers"],
+            "indexes": indexes([bytes.fromhex(m) for m in r["messages_hex"]]),
+            "started_at_s": r["started_at_s"],
+            "ended_at_s": r["ended_at_s"],
+            "cancel_at_s": r["cancel_at_s"],
+        }
     return out
 
 
 # --- raw HTTP/2 ------------------------------------------------------------------------------
 
 
-def h2_call(target: str, rid: str, tokens: int, grpc_timeout: str | None,
-            rst_after: int, wait_s: float = 3.0, rst_after_s: float | None = None) -> dict:
+def h2_call(
+    target: str,
+    rid: str,
+    tokens: int,
+    grpc_timeout: str | None,
+    rst_after: int,
+    wait_s: float = 3.0,
+    rst_after_s: float | None = None,
+) -> dict:
     """One call on a bare HTTP/2 connection: what came back, frame by frame; RST_STREAM after
     `rst_after` messages, or `rst_after_s` seconds."""
     host, port = target.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=wait_s)
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
-                                                                header_encoding="utf-8"))
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+    )
     conn.initiate_connection()
-    headers = [(":method", "POST"), (":scheme", "http"), (":path", PATH),
-               (":authority", target), ("content-type", "application/grpc"),
-               ("te", "trailers")]
+    headers = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", PATH),
+        (":authority", target),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ]
     if grpc_timeout:
         headers.append(("grpc-timeout", grpc_timeout))
     body = request(rid, tokens).SerializeToString()
@@ -192,8 +242,15 @@ def h2_call(target: str, rid: str, tokens: int, grpc_timeout: str | None,
     conn.send_data(1, b"\0" + len(body).to_bytes(4, "big") + body, end_stream=True)
     sock.sendall(conn.data_to_send())
     started = time.monotonic()
-    out: dict = {"rid": rid, "headers": None, "trailers": None, "reset_by_server": None,
-                 "messages": 0, "started_at_s": started, "rst_at_s": None}
+    out: dict = {
+        "rid": rid,
+        "headers": None,
+        "trailers": None,
+        "reset_by_server": None,
+        "messages": 0,
+        "started_at_s": started,
+        "rst_at_s": None,
+    }
     buffer = b""
     deadline = started + wait_s
     try:
@@ -222,8 +279,10 @@ def h2_call(target: str, rid: str, tokens: int, grpc_timeout: str | None,
                 elif isinstance(ev, h2.events.DataReceived):
                     conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     buffer += ev.data
-                    while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(buffer[1:5], "big"):
-                        buffer = buffer[5 + int.from_bytes(buffer[1:5], "big"):]
+                    while len(buffer) >= 5 and len(buffer) >= 5 + int.from_bytes(
+                        buffer[1:5], "big"
+                    ):
+                        buffer = buffer[5 + int.from_bytes(buffer[1:5], "big") :]
                         out["messages"] += 1
                     if rst_after and out["messages"] >= rst_after and out["rst_at_s"] is None:
                         conn.reset_stream(1, error_code=8)  # CANCEL
@@ -255,8 +314,11 @@ def judge(name: str, client: dict, server: dict) -> tuple[bool, str]:
         ok = client["code"] == 0 and client["indexes"] == [0, 1, 2, 3, 4]
         return ok, "" if ok else f"code {client['code']}, indexes {client['indexes']}"
     if name == "error":
-        ok = (client["code"] == 3 and client["details"] == PLANTED_MESSAGE
-              and client["indexes"] == [0, 1, 2])
+        ok = (
+            client["code"] == 3
+            and client["details"] == PLANTED_MESSAGE
+            and client["indexes"] == [0, 1, 2]
+        )
         return ok, "" if ok else f"code {client['code']}, details {client['details']!r}"
     if name == "deadline":
         read = server["timeout_read_s"]
@@ -267,8 +329,10 @@ def judge(name: str, client: dict, server: dict) -> tuple[bool, str]:
         if read in (None, "none") or not 0 < float(read) <= DEADLINE_S:
             why.append(f"server read timeout {read}")
         if ended is None or ended - client["started_at_s"] > DEADLINE_S + HANDLER_END_WITHIN_S:
-            why.append(f"handler end {server['handler_end']} at "
-                       f"{None if ended is None else round(ended - client['started_at_s'], 3)} s")
+            why.append(
+                f"handler end {server['handler_end']} at "
+                f"{None if ended is None else round(ended - client['started_at_s'], 3)} s"
+            )
         return not why, "; ".join(why)
     if name in ("cancel", "cancel_idle"):
         ended = server["handler_end_at_s"]
@@ -293,16 +357,21 @@ def check_server(kind: str) -> dict:
         with ServerProcess("--step-ms", str(STEP_MS), command=command) as server:
             target = server.target
             for name, (rid, tokens, timeout, cancel_after) in CASES.items():
-                results["grpcio"][name] = grpcio_case(target, name, rid, tokens, timeout,
-                                                      cancel_after)
+                results["grpcio"][name] = grpcio_case(
+                    target, name, rid, tokens, timeout, cancel_after
+                )
             results["grpcio"]["cancel_idle"] = grpcio_cancel_idle(target)
             results["grpc-js"] = grpcjs_cases(target)
-            results["h2"]["server_deadline"] = h2_call(target, "h2-server-deadline", 100,
-                                                       SERVER_DEADLINE, 0)
+            results["h2"]["server_deadline"] = h2_call(
+                target, "h2-server-deadline", 100, SERVER_DEADLINE, 0
+            )
             results["h2"]["rst_stream"] = h2_call(target, "h2-rst", 100, None, 2)
-            results["h2"]["rst_idle"] = h2_call(target, "idle:h2-rst", 5, None, 0,
-                                                rst_after_s=CANCEL_IDLE_S)
-            time.sleep(IDLE_S)  # the handler's last event after a reset (at worst at its first message)
+            results["h2"]["rst_idle"] = h2_call(
+                target, "idle:h2-rst", 5, None, 0, rst_after_s=CANCEL_IDLE_S
+            )
+            time.sleep(
+                IDLE_S
+            )  # the handler's last event after a reset (at worst at its first message)
     finally:
         os.environ.pop(EVENTS_ENV, None)
     events = read_events(events_file)
@@ -312,12 +381,19 @@ def check_server(kind: str) -> dict:
         for name, r in results[client].items():
             r["server"] = server_side(events, r.get("rid", ""))
             ok, why = judge(name, r, r["server"])
-            if name.startswith("cancel") and r["server"]["handler_end_at_s"] and r.get("cancel_at_s"):
+            if (
+                name.startswith("cancel")
+                and r["server"]["handler_end_at_s"]
+                and r.get("cancel_at_s")
+            ):
                 r["handler_end_after_cancel_ms"] = round(
-                    (r["server"]["handler_end_at_s"] - r["cancel_at_s"]) * 1e3, 1)
+                    (r["server"]["handler_end_at_s"] - r["cancel_at_s"]) * 1e3, 1
+                )
             verdicts[f"{client} {name}"] = {"pass": ok, **({"why": why} if why else {})}
             if "handler_end_after_cancel_ms" in r:
-                verdicts[f"{client} {name}"]["handler_end_after_ms"] = r["handler_end_after_cancel_ms"]
+                verdicts[f"{client} {name}"]["handler_end_after_ms"] = r[
+                    "handler_end_after_cancel_ms"
+                ]
     d = results["h2"]["server_deadline"]
     d["server"] = server_side(events, d["rid"])
     status = (d["trailers"] or {}).get("grpc-status") or (d["headers"] or {}).get("grpc-status")
@@ -325,25 +401,47 @@ def check_server(kind: str) -> dict:
     end_t = d.get("trailers_at_s") or d.get("reset_at_s")
     d["ended_after_s"] = round(end_t - d["started_at_s"], 3) if end_t else None
     ok = status == "4" and d["ended_after_s"] is not None and d["ended_after_s"] < 0.2 + 0.1
-    verdicts["h2 server_deadline"] = {"pass": ok, **({} if ok else {
-        "why": f"grpc-status {status}, reset {d['reset_by_server']}, after {d['ended_after_s']} s"})}
+    verdicts["h2 server_deadline"] = {
+        "pass": ok,
+        **(
+            {}
+            if ok
+            else {
+                "why": f"grpc-status {status}, reset {d['reset_by_server']}, after {d['ended_after_s']} s"
+            }
+        ),
+    }
     for name in ("rst_stream", "rst_idle"):
         r = results["h2"][name]
         r["server"] = server_side(events, r["rid"])
         ended = r["server"]["handler_end_at_s"]
-        r["handler_end_after_rst_ms"] = (round((ended - r["rst_at_s"]) * 1e3, 1)
-                                         if ended and r["rst_at_s"] else None)
-        ok = (r["server"]["handler_end"] or "").startswith("cancelled") and \
-            r["handler_end_after_rst_ms"] is not None and \
-            r["handler_end_after_rst_ms"] < HANDLER_END_WITHIN_S * 1e3
-        verdicts[f"h2 {name}"] = {"pass": ok, "handler_end_after_ms": r["handler_end_after_rst_ms"],
-                                  **({} if ok else {
-            "why": f"handler end {r['server']['handler_end']} {r['handler_end_after_rst_ms']} ms"})}
+        r["handler_end_after_rst_ms"] = (
+            round((ended - r["rst_at_s"]) * 1e3, 1) if ended and r["rst_at_s"] else None
+        )
+        ok = (
+            (r["server"]["handler_end"] or "").startswith("cancelled")
+            and r["handler_end_after_rst_ms"] is not None
+            and r["handler_end_after_rst_ms"] < HANDLER_END_WITHIN_S * 1e3
+        )
+        verdicts[f"h2 {name}"] = {
+            "pass": ok,
+            "handler_end_after_ms": r["handler_end_after_rst_ms"],
+            **(
+                {}
+                if ok
+                else {
+                    "why": f"handler end {r['server']['handler_end']} {r['handler_end_after_rst_ms']} ms"
+                }
+            ),
+        }
     for case in results["grpcio"].values():
         if isinstance(case.get("details"), str):
             case["details_unquoted"] = unquote(case["details"])
-    return {"verdicts": verdicts, "all_pass": all(v["pass"] for v in verdicts.values()),
-            "calls": results}
+    return {
+        "verdicts": verdicts,
+        "all_pass": all(v["pass"] for v in verdicts.values()),
+        "calls": results,
+    }
 
 
 def main() -> None:
@@ -351,19 +449,31 @@ def main() -> None:
     parser.add_argument("--servers", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--out", default="results/native_grpc_wire.json")
     args = parser.parse_args()
-    out = {"command": " ".join(["python benchmarks/native_grpc_wire.py", *sys.argv[1:]]),
-           "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "step_ms": STEP_MS, "deadline_s": DEADLINE_S, "server_deadline": SERVER_DEADLINE,
-           "handler_end_within_s": HANDLER_END_WITHIN_S, "idle_s": IDLE_S,
-           "cancel_idle_s": CANCEL_IDLE_S, "servers": {}}
+    out = {
+        "command": " ".join(["python benchmarks/native_grpc_wire.py", *sys.argv[1:]]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "step_ms": STEP_MS,
+        "deadline_s": DEADLINE_S,
+        "server_deadline": SERVER_DEADLINE,
+        "handler_end_within_s": HANDLER_END_WITHIN_S,
+        "idle_s": IDLE_S,
+        "cancel_idle_s": CANCEL_IDLE_S,
+        "servers": {},
+    }
     for kind in args.servers:
         r = check_server(kind)
         out["servers"][kind] = r
         for check, v in r["verdicts"].items():
-            after = (f" (handler ended {v['handler_end_after_ms']} ms after the reset)"
-                     if "handler_end_after_ms" in v else "")
-            print(f"{kind:13s} {check:22s} {'pass' if v['pass'] else 'FAIL ' + v.get('why', '')}"
-                  f"{after}", flush=True)
+            after = (
+                f" (handler ended {v['handler_end_after_ms']} ms after the reset)"
+                if "handler_end_after_ms" in v
+                else ""
+            )
+            print(
+                f"{kind:13s} {check:22s} {'pass' if v['pass'] else 'FAIL ' + v.get('why', '')}"
+                f"{after}",
+                flush=True,
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")

@@ -26,8 +26,7 @@ from cadence.lab.servers.server_process import ServerProcess
 
 LIMIT = 64
 BURST = 10 * LIMIT
-ADMITTED = Workload(requests=LIMIT, concurrency=LIMIT,
-                    shape=RequestShape(max_tokens=(256, 256)))
+ADMITTED = Workload(requests=LIMIT, concurrency=LIMIT, shape=RequestShape(max_tokens=(256, 256)))
 
 
 def _bursts(target: str, delay: float, seconds: float, results) -> None:
@@ -77,14 +76,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/overload.json")
     args = parser.parse_args()
-    with ServerProcess("--devices", "cpu:2", "--step-ms", "20", "--max-concurrent",
-                       str(LIMIT)) as server:
+    with ServerProcess(
+        "--devices", "cpu:2", "--step-ms", "20", "--max-concurrent", str(LIMIT)
+    ) as server:
         alone = msgspec.to_builtins(run_bench(server.target, ADMITTED))
         with multiprocessing.Manager() as manager:
             results = manager.list()
             # The bench's load processes start together about 3 s after it is called.
-            bursts = multiprocessing.Process(target=_bursts,
-                                             args=(server.target, 4.0, 3.0, results))
+            bursts = multiprocessing.Process(
+                target=_bursts, args=(server.target, 4.0, 3.0, results)
+            )
             bursts.start()
             beside = msgspec.to_builtins(run_bench(server.target, ADMITTED))
             bursts.join(60)
@@ -96,23 +97,33 @@ def main() -> None:
         "server": f"--devices cpu:2 --step-ms 20 --max-concurrent {LIMIT}",
         "admitted": f"{LIMIT} streams x 256 tokens",
         "bursts": f"{BURST} requests at once, once a second, during the second run",
-        "alone": {"itl_ms": _itl(alone), "errors": alone["errors_by_code"],
-                  "integrity": alone["integrity"]},
-        "beside_bursts": {"itl_ms": _itl(beside), "errors": beside["errors_by_code"],
-                          "integrity": beside["integrity"]},
+        "alone": {
+            "itl_ms": _itl(alone),
+            "errors": alone["errors_by_code"],
+            "integrity": alone["integrity"],
+        },
+        "beside_bursts": {
+            "itl_ms": _itl(beside),
+            "errors": beside["errors_by_code"],
+            "integrity": beside["integrity"],
+        },
         "itl_p99_ratio": ratio,
         "burst_codes": dict(codes),
         "refusal_ms": msgspec.to_builtins(distribution(refused_ms)),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"admitted streams: ITL p50/p99 alone {alone['itl_ms']['p50']:.2f}/"
-          f"{alone['itl_ms']['p99']:.2f} ms, beside bursts {beside['itl_ms']['p50']:.2f}/"
-          f"{beside['itl_ms']['p99']:.2f} ms (p99 x{ratio:.2f}); their errors "
-          f"{beside['errors_by_code'] or 'none'}")
-    print(f"burst requests by code {dict(codes)}; refusal time p50/p99/max "
-          f"{out['refusal_ms']['p50']:.1f}/{out['refusal_ms']['p99']:.1f}/"
-          f"{out['refusal_ms']['max']:.1f} ms")
+    print(
+        f"admitted streams: ITL p50/p99 alone {alone['itl_ms']['p50']:.2f}/"
+        f"{alone['itl_ms']['p99']:.2f} ms, beside bursts {beside['itl_ms']['p50']:.2f}/"
+        f"{beside['itl_ms']['p99']:.2f} ms (p99 x{ratio:.2f}); their errors "
+        f"{beside['errors_by_code'] or 'none'}"
+    )
+    print(
+        f"burst requests by code {dict(codes)}; refusal time p50/p99/max "
+        f"{out['refusal_ms']['p50']:.1f}/{out['refusal_ms']['p99']:.1f}/"
+        f"{out['refusal_ms']['max']:.1f} ms"
+    )
     print(f"wrote {args.out}")
 
 

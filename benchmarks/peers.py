@@ -50,20 +50,41 @@ WARMUP = 2
 METRICS = (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"))
 
 
-def bench(target: str, model: str, streams: int, tokens: int, rounds: int,
-          kserve_inputs: str | None = None) -> dict:
+def bench(
+    target: str,
+    model: str,
+    streams: int,
+    tokens: int,
+    rounds: int,
+    kserve_inputs: str | None = None,
+) -> dict:
     """Run `cadence bench --protocol kserve` against `target`; the numbers this table compares."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        command = ["cadence", "bench", "--target", target, "--protocol", "kserve",
-                   "--model", model]
+        command = ["cadence", "bench", "--target", target, "--protocol", "kserve", "--model", model]
         if kserve_inputs:
             command += ["--kserve-inputs", kserve_inputs]
-        command += ["--concurrency", str(streams), "--requests", str(streams * rounds),
-                    "--max-tokens", str(tokens), "--prompt-tokens", "8", "--warmup", str(WARMUP),
-                    "--json", str(out)]
-        subprocess.run([sys.executable, "-m", "cadence.cli", *command[1:]], check=True,
-                       capture_output=True, text=True, timeout=900)
+        command += [
+            "--concurrency",
+            str(streams),
+            "--requests",
+            str(streams * rounds),
+            "--max-tokens",
+            str(tokens),
+            "--prompt-tokens",
+            "8",
+            "--warmup",
+            str(WARMUP),
+            "--json",
+            str(out),
+        ]
+        subprocess.run(
+            [sys.executable, "-m", "cadence.cli", *command[1:]],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         result = json.loads(out.read_text())
     row = {f"{name}_{q}": result[name][q] for name, q in METRICS}
     row.update(
@@ -73,9 +94,11 @@ def bench(target: str, model: str, streams: int, tokens: int, rounds: int,
         errors=result["errors_by_code"],
         integrity=result["integrity"],
         client_cpu_share=result["client"]["busiest_process_cpu_share"],
-        server_cpu_pct={name: p["cpu_pct_mean"] for name, p in
-                        result["system"].get("processes", {}).items()
-                        if not name.startswith("client")},
+        server_cpu_pct={
+            name: p["cpu_pct_mean"]
+            for name, p in result["system"].get("processes", {}).items()
+            if not name.startswith("client")
+        },
         command=" ".join(command[:-2]),
     )
     return row
@@ -83,9 +106,17 @@ def bench(target: str, model: str, streams: int, tokens: int, rounds: int,
 
 def run_cadence(streams: int, tokens: int, rounds: int) -> dict:
     # The worker imports examples.token_app from the repository root.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    args = ("--app", "examples.token_app:async_tokens", "--devices", "cpu:1",
-            "--max-concurrent", str(max(1024, streams)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
+    args = (
+        "--app",
+        "examples.token_app:async_tokens",
+        "--devices",
+        "cpu:1",
+        "--max-concurrent",
+        str(max(1024, streams)),
+    )
     with ServerProcess(*args) as server:
         row = bench(server.target, "cadence", streams, tokens, rounds)
     row["server"] = "cadence serve " + " ".join(args)
@@ -97,11 +128,22 @@ def pytriton_server(peers: Path):
     """Start the shared peers' PyTriton token server (decoupled, async); yield its gRPC target."""
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     server = subprocess.Popen(
-        ["bash", str(PEERS_SCRIPTS / "start_pytriton.sh"), "--mode", "async",
-         "--grpc-port", str(grpc_port), "--http-port", str(http_port),
-         "--metrics-port", str(metrics_port)],
+        [
+            "bash",
+            str(PEERS_SCRIPTS / "start_pytriton.sh"),
+            "--mode",
+            "async",
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+            "--metrics-port",
+            str(metrics_port),
+        ],
         env={**os.environ, "PEERS_DIR": str(peers)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         wait_http(f"http://127.0.0.1:{http_port}/v2/models/tokens/ready", server, 90.0)
@@ -118,15 +160,23 @@ def pytriton_server(peers: Path):
 
 def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:
     with pytriton_server(peers) as target:
-        row = bench(target, "tokens", streams, tokens, rounds,
-                    kserve_inputs=f"N=max_tokens,DELAY_MS={DELAY_MS}")
+        row = bench(
+            target,
+            "tokens",
+            streams,
+            tokens,
+            rounds,
+            kserve_inputs=f"N=max_tokens,DELAY_MS={DELAY_MS}",
+        )
     row["server"] = "start_pytriton.sh --mode async (PyTriton 0.7, Triton 2.51)"
     return row
 
 
 def table(rows: list[dict]) -> str:
     """One line per stream count and metric: cadence, PyTriton, and their ratio."""
-    lines = [f"{'streams':>7}  {'metric':<14} {'cadence':>9} {'PyTriton':>9} {'cadence/PyTriton':>17}"]
+    lines = [
+        f"{'streams':>7}  {'metric':<14} {'cadence':>9} {'PyTriton':>9} {'cadence/PyTriton':>17}"
+    ]
     by_streams: dict[int, dict[str, dict]] = {}
     for row in rows:
         by_streams.setdefault(row["streams"], {})[row["peer"]] = row
@@ -135,8 +185,10 @@ def table(rows: list[dict]) -> str:
             ours, theirs = peers.get("cadence", {}).get(key), peers.get("pytriton", {}).get(key)
             ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
             lines.append(f"{streams:>7}  {key:<14} {_fmt(ours):>9} {_fmt(theirs):>9} {ratio:>17}")
-        ok = "  ".join(f"{name} {p['requests_ok']}/{p['requests']} ok, client CPU "
-                       f"{p['client_cpu_share']:.0%}" for name, p in peers.items())
+        ok = "  ".join(
+            f"{name} {p['requests_ok']}/{p['requests']} ok, client CPU {p['client_cpu_share']:.0%}"
+            for name, p in peers.items()
+        )
         lines.append(f"{'':>7}  {ok}")
     return "\n".join(lines)
 
@@ -155,8 +207,11 @@ def main() -> None:
     parser.add_argument("--out", default="results/peers.json")
     args = parser.parse_args()
     peers = Path(args.peers)
-    have_pytriton = (not args.skip_pytriton and (peers / "pytriton311" / "bin" / "python").exists()
-                     and (PEERS_SCRIPTS / "start_pytriton.sh").exists())
+    have_pytriton = (
+        not args.skip_pytriton
+        and (peers / "pytriton311" / "bin" / "python").exists()
+        and (PEERS_SCRIPTS / "start_pytriton.sh").exists()
+    )
     rows = []
     for streams in args.streams:
         runs = [("cadence", run_cadence, (streams, args.tokens, args.rounds))]
@@ -168,10 +223,19 @@ def main() -> None:
     print(table(rows))
     if not have_pytriton:
         print(f"PyTriton not measured: no {peers}/pytriton311 (run ../shared/peers/setup.sh)")
-    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform()},
-              "tokens": args.tokens, "delay_ms": DELAY_MS, "rounds": args.rounds,
-              "warmup": WARMUP, "pytriton": have_pytriton, "rows": rows}
+    result = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "tokens": args.tokens,
+        "delay_ms": DELAY_MS,
+        "rounds": args.rounds,
+        "warmup": WARMUP,
+        "pytriton": have_pytriton,
+        "rows": rows,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -42,7 +42,10 @@ class PlainInference(pb_grpc.InferenceServicer):
             next_at += self._step_s
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             chunk = pb.GenerateChunk(
-                request_id=request.request_id, index=i, token_ids=[65], text="A",
+                request_id=request.request_id,
+                index=i,
+                token_ids=[65],
+                text="A",
                 finish_reason=pb.FINISH_REASON_LENGTH if i == request.max_tokens - 1 else 0,
             )
             if request.include_timing:
@@ -65,8 +68,10 @@ class Firehose:
     def _serialized(self, tokens: int, timing: bool) -> list[bytes]:
         key = (tokens, timing)
         if key not in self._chunks:
-            chunks = [pb.GenerateChunk(request_id="firehose", index=i, token_ids=[65], text="A")
-                      for i in range(tokens)]
+            chunks = [
+                pb.GenerateChunk(request_id="firehose", index=i, token_ids=[65], text="A")
+                for i in range(tokens)
+            ]
             chunks[-1].finish_reason = pb.FINISH_REASON_LENGTH
             if timing:  # the size of cadence's timed chunks; the times mean nothing here
                 now = time.monotonic_ns()
@@ -83,7 +88,9 @@ class Firehose:
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
-            "cadence.v1.Inference", {"Generate": grpc.unary_stream_rpc_method_handler(self.Generate)})
+            "cadence.v1.Inference",
+            {"Generate": grpc.unary_stream_rpc_method_handler(self.Generate)},
+        )
 
 
 async def main(port: int, step_ms: float) -> None:

@@ -37,19 +37,32 @@ def plot(result: dict, out: Path) -> None:
     for k, (key, label, colour) in enumerate(SIDES):
         at = [i + (k - 0.5) * width for i in x]
         ttft.bar(at, [p[key]["ttft_ms"]["p99"] for p in pairs], width, label=label, color=colour)
-        cpu.bar(at, [front_cpu_per_chunk_us(p[key]) for p in pairs], width, label=label,
-                color=colour)
+        cpu.bar(
+            at, [front_cpu_per_chunk_us(p[key]) for p in pairs], width, label=label, color=colour
+        )
     for i, p in zip(x, pairs, strict=True):
         ratio = front_cpu_per_chunk_us(p["cadence"]) / front_cpu_per_chunk_us(p["reference"])
         top = max(front_cpu_per_chunk_us(p[key]) for key, _, _ in SIDES)
-        cpu.annotate(f"{ratio:.2f}x", (i, top), ha="center", va="bottom", fontsize=9,
-                     xytext=(0, 2), textcoords="offset points")
-    cpu.set_ylim(top=1.15 * max(front_cpu_per_chunk_us(p[key]) for p in pairs for key, _, _ in SIDES))
-    labels = [f"{i}\n({'AB' if p['order'][0] == 'cadence' else 'BA'})" for i, p in zip(x, pairs,
-                                                                                      strict=True)]
+        cpu.annotate(
+            f"{ratio:.2f}x",
+            (i, top),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
+    cpu.set_ylim(
+        top=1.15 * max(front_cpu_per_chunk_us(p[key]) for p in pairs for key, _, _ in SIDES)
+    )
+    labels = [
+        f"{i}\n({'AB' if p['order'][0] == 'cadence' else 'BA'})"
+        for i, p in zip(x, pairs, strict=True)
+    ]
     ttft.set(title="TTFT p99 (lower is better)", ylabel="ms", xlabel="pair (run order)")
-    cpu.set(title="front CPU per chunk (above: cadence / bare)", ylabel="µs",
-            xlabel="pair (run order)")
+    cpu.set(
+        title="front CPU per chunk (above: cadence / bare)", ylabel="µs", xlabel="pair (run order)"
+    )
     for ax in (ttft, cpu):
         ax.set_xticks(list(x), labels)
         ax.grid(axis="y", alpha=0.3)
@@ -59,7 +72,9 @@ def plot(result: dict, out: Path) -> None:
     fig.suptitle(
         f"{cadence['requests']} streams x {cadence['output_tokens'] // cadence['requests']} tokens "
         f"opened at once, one token every 20 ms each, {result['machine']['cpus']} CPU cores "
-        f"({result['started'][:10]})", fontsize=11)
+        f"({result['started'][:10]})",
+        fontsize=11,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -40,8 +40,18 @@ from cadence.client import AsyncClient
 from cadence.lab.analysis.stats import distribution
 from cadence.lab.servers.server_process import ServerProcess
 
-SERVER = ("--devices", "cpu:1", "--step-ms", "10", "--per-seq-ms", "0.25",
-          "--prefill-ms-per-token", "0.1", "--max-batch", "16")
+SERVER = (
+    "--devices",
+    "cpu:1",
+    "--step-ms",
+    "10",
+    "--per-seq-ms",
+    "0.25",
+    "--prefill-ms-per-token",
+    "0.1",
+    "--max-batch",
+    "16",
+)
 BATCH_STREAMS, BATCH_TOKENS = 32, 256
 INTERACTIVE_RATE, INTERACTIVE_TOKENS = 2.0, 16
 PROMPT_TOKENS = 64
@@ -55,9 +65,13 @@ async def stream(client: AsyncClient, prompt: str, max_tokens: int, priority: in
         chunks.append(chunk)
     tokens = sum(len(c.token_ids) for c in chunks)
     contiguous = [c.index for c in chunks] == [
-        sum(len(c.token_ids) for c in chunks[:k]) for k in range(len(chunks))]
-    return {"ttft_ms": (first - sent) * 1e3, "tokens": tokens,
-            "whole": contiguous and tokens == max_tokens}
+        sum(len(c.token_ids) for c in chunks[:k]) for k in range(len(chunks))
+    ]
+    return {
+        "ttft_ms": (first - sent) * 1e3,
+        "tokens": tokens,
+        "whole": contiguous and tokens == max_tokens,
+    }
 
 
 async def drive(target: str, duration: float, batch_priority: int | None) -> dict:
@@ -68,8 +82,11 @@ async def drive(target: str, duration: float, batch_priority: int | None) -> dic
 
     async def batch_loop(client: AsyncClient, i: int) -> None:
         while time.monotonic() < stop:
-            batch.append(await stream(client, f"batch {i} " + "b" * PROMPT_TOKENS,
-                                      BATCH_TOKENS, batch_priority))
+            batch.append(
+                await stream(
+                    client, f"batch {i} " + "b" * PROMPT_TOKENS, BATCH_TOKENS, batch_priority
+                )
+            )
 
     async with AsyncClient(target) as client:
         loops = []
@@ -79,8 +96,11 @@ async def drive(target: str, duration: float, batch_priority: int | None) -> dic
         start, at, tasks, n = time.monotonic(), rng.expovariate(INTERACTIVE_RATE), [], 0
         while start + at < stop:
             await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-            tasks.append(asyncio.create_task(stream(
-                client, f"question {n} " + "q" * PROMPT_TOKENS, INTERACTIVE_TOKENS, 0)))
+            tasks.append(
+                asyncio.create_task(
+                    stream(client, f"question {n} " + "q" * PROMPT_TOKENS, INTERACTIVE_TOKENS, 0)
+                )
+            )
             at += rng.expovariate(INTERACTIVE_RATE)
             n += 1
         interactive = await asyncio.gather(*tasks)
@@ -93,8 +113,9 @@ def _ms(values: list[float]) -> dict:
     return {k: round(dist[k], 1) for k in ("p50", "p90", "p99", "max")}
 
 
-def run_once(name: str, flags: tuple[str, ...], batch_priority: int | None,
-             duration: float) -> dict:
+def run_once(
+    name: str, flags: tuple[str, ...], batch_priority: int | None, duration: float
+) -> dict:
     with ServerProcess(*SERVER, *flags) as server:
         started = time.monotonic()
         got = asyncio.run(drive(server.target, duration, batch_priority))
@@ -117,24 +138,29 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--out", default="results/priority_classes.json")
     args = parser.parse_args()
-    runs = [run_once("idle", (), None, args.duration),
-            run_once("FCFS", (), 0, args.duration),
-            run_once("priority", (), 10, args.duration),
-            run_once("priority + preempt", ("--preempt",), 10, args.duration)]
+    runs = [
+        run_once("idle", (), None, args.duration),
+        run_once("FCFS", (), 0, args.duration),
+        run_once("priority", (), 10, args.duration),
+        run_once("priority + preempt", ("--preempt",), 10, args.duration),
+    ]
     idle = runs[0]["interactive_ttft_ms"]["p99"]
     for run in runs[1:]:
         run["interactive_ttft_p99_over_idle"] = round(run["interactive_ttft_ms"]["p99"] / idle, 2)
     out = {
         "what": f"interactive requests (priority 0, {INTERACTIVE_TOKENS} tokens, "
-                f"{INTERACTIVE_RATE:g}/s Poisson) beside {BATCH_STREAMS} closed-loop batch "
-                f"streams of {BATCH_TOKENS} tokens on a worker of --max-batch 16, "
-                f"{args.duration:g} s a run; TTFT at the client (cadence.v1)",
+        f"{INTERACTIVE_RATE:g}/s Poisson) beside {BATCH_STREAMS} closed-loop batch "
+        f"streams of {BATCH_TOKENS} tokens on a worker of --max-batch 16, "
+        f"{args.duration:g} s a run; TTFT at the client (cadence.v1)",
         "server": "cadence serve " + " ".join(SERVER),
         "command": f"flock /work/bench.lock python benchmarks/priority_classes.py "
-                   f"--duration {args.duration:g}",
-        "host": {"cores": os.cpu_count(), "machine": platform.machine(),
-                 "python": platform.python_version(),
-                 "note": "a 2-core host; figures are A/B within this one run"},
+        f"--duration {args.duration:g}",
+        "host": {
+            "cores": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+            "note": "a 2-core host; figures are A/B within this one run",
+        },
         "date": datetime.date.today().isoformat(),
         "runs": runs,
     }
@@ -142,10 +168,12 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for run in runs:
         t = run["interactive_ttft_ms"]
-        print(f"{run['run']:>20}: interactive TTFT p50 {t['p50']:.0f} ms, p99 {t['p99']:.0f} ms "
-              f"(x{run.get('interactive_ttft_p99_over_idle', 1)} idle); batch "
-              f"{run['batch_tokens_per_s']} tokens/s, {run['batch_requests_done']} done; not "
-              f"whole {run['streams_not_whole']}")
+        print(
+            f"{run['run']:>20}: interactive TTFT p50 {t['p50']:.0f} ms, p99 {t['p99']:.0f} ms "
+            f"(x{run.get('interactive_ttft_p99_over_idle', 1)} idle); batch "
+            f"{run['batch_tokens_per_s']} tokens/s, {run['batch_requests_done']} done; not "
+            f"whole {run['streams_not_whole']}"
+        )
     print(f"wrote {args.out}")
 
 

@@ -48,13 +48,20 @@ def main() -> None:
     try:
         started = time.monotonic()
         hosts.open(logs)
-        front = Front(hosts, logs / "front.log", "--devices", "cpu:2", "--step-ms",
-                      str(args.step_ms))
+        front = Front(
+            hosts, logs / "front.log", "--devices", "cpu:2", "--step-ms", str(args.step_ms)
+        )
         print(f"two hosts and a Ray front up in {time.monotonic() - started:.1f} s")
-        placed = {int(w): address for w, address in
-                  re.findall(r"worker (\d) placed on (\S+)", front.log.read_text())}
-        workload = Workload(requests=args.requests, concurrency=args.concurrency, warmup=16,
-                            shape=RequestShape(max_tokens=(args.max_tokens, args.max_tokens)))
+        placed = {
+            int(w): address
+            for w, address in re.findall(r"worker (\d) placed on (\S+)", front.log.read_text())
+        }
+        workload = Workload(
+            requests=args.requests,
+            concurrency=args.concurrency,
+            warmup=16,
+            shape=RequestShape(max_tokens=(args.max_tokens, args.max_tokens)),
+        )
         result = msgspec.to_builtins(run_bench(front.target, workload))
         front.stop()
     finally:
@@ -77,9 +84,13 @@ def main() -> None:
     local, remote = groups["local"], groups["remote"]
     out = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "workload": {"requests": args.requests, "concurrency": args.concurrency,
-                     "max_tokens": args.max_tokens, "step_ms": args.step_ms,
-                     "devices": "cpu:2 (one worker per namespace)"},
+        "workload": {
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens,
+            "step_ms": args.step_ms,
+            "devices": "cpu:2 (one worker per namespace)",
+        },
         "integrity": result["integrity"],
         "errors_by_code": result["errors_by_code"],
         "tokens_per_s": result["tokens_per_s"],
@@ -93,8 +104,10 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"{'':16}{'local p50':>10}{'p99':>8}{'remote p50':>12}{'p99':>8}")
     for metric in ("token_delay_ms", "transfer_ms", "itl_ms", "ttft_ms"):
-        print(f"{metric:16}{local[metric]['p50']:10.2f}{local[metric]['p99']:8.2f}"
-              f"{remote[metric]['p50']:12.2f}{remote[metric]['p99']:8.2f}")
+        print(
+            f"{metric:16}{local[metric]['p50']:10.2f}{local[metric]['p99']:8.2f}"
+            f"{remote[metric]['p50']:12.2f}{remote[metric]['p99']:8.2f}"
+        )
     print(f"integrity {result['integrity']}, errors {result['errors_by_code']}; wrote {args.out}")
 
 

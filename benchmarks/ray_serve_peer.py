@@ -49,17 +49,26 @@ def _free_port() -> int:
 
 
 def workload(streams: int, tokens: int, rounds: int) -> Workload:
-    return Workload(requests=streams * rounds, concurrency=streams, warmup=2,
-                    include_timing=False, shape=RequestShape(max_tokens=(tokens, tokens),
-                                                             prompt_tokens=(8, 8)))
+    return Workload(
+        requests=streams * rounds,
+        concurrency=streams,
+        warmup=2,
+        include_timing=False,
+        shape=RequestShape(max_tokens=(tokens, tokens), prompt_tokens=(8, 8)),
+    )
 
 
 def row(server: str, streams: int, result: dict) -> dict:
     keep = {"ttft_ms": ("p50", "p99"), "itl_ms": ("p50", "p99"), "chunk_gap_ms": ("p50",)}
-    out = {"server": server, "streams": streams,
-           "tokens_per_s": round(result["tokens_per_s"], 1),
-           "requests_ok": result["requests_ok"], "requests": result["requests"],
-           "errors": result["errors_by_code"], "integrity": result["integrity"]}
+    out = {
+        "server": server,
+        "streams": streams,
+        "tokens_per_s": round(result["tokens_per_s"], 1),
+        "requests_ok": result["requests_ok"],
+        "requests": result["requests"],
+        "errors": result["errors_by_code"],
+        "integrity": result["integrity"],
+    }
     for metric, stats in keep.items():
         for stat in stats:
             out[f"{metric}_{stat}"] = round(result[metric][stat], 2)
@@ -79,15 +88,26 @@ def start_ray_serve(port: int):
             last = request.max_tokens - 1
             for i in range(request.max_tokens):
                 await asyncio.sleep(DELAY_S)
-                yield pb.GenerateChunk(request_id=request.request_id, index=i, token_ids=[i % 256],
-                                       text=chr(i % 95 + 32),
-                                       finish_reason=pb.FINISH_REASON_LENGTH if i == last else 0)
+                yield pb.GenerateChunk(
+                    request_id=request.request_id,
+                    index=i,
+                    token_ids=[i % 256],
+                    text=chr(i % 95 + 32),
+                    finish_reason=pb.FINISH_REASON_LENGTH if i == last else 0,
+                )
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT / "src")}})
-    serve.start(http_options={"host": "127.0.0.1", "port": _free_port()},
-                grpc_options={"port": port, "grpc_servicer_functions": [SERVICER]})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT / "src")}},
+    )
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": _free_port()},
+        grpc_options={"port": port, "grpc_servicer_functions": [SERVICER]},
+    )
     serve.run(Tokens.bind(), name="tokens")
     return ray, serve
 
@@ -100,10 +120,13 @@ def main() -> None:
     parser.add_argument("--out", default="results/ray_serve_peer.json")
     args = parser.parse_args()
     rows = []
-    with ServerProcess("--app", "examples.token_app:async_tokens", "--devices", "cpu:1",
-                       "--max-concurrent", "1024") as server:
+    with ServerProcess(
+        "--app", "examples.token_app:async_tokens", "--devices", "cpu:1", "--max-concurrent", "1024"
+    ) as server:
         for streams in args.streams:
-            result = msgspec.to_builtins(run_bench(server.target, workload(streams, args.tokens, args.rounds)))
+            result = msgspec.to_builtins(
+                run_bench(server.target, workload(streams, args.tokens, args.rounds))
+            )
             rows.append(row("cadence", streams, result))
             print(json.dumps(rows[-1]), flush=True)
     port = _free_port()
@@ -112,7 +135,9 @@ def main() -> None:
     print(f"Ray Serve up in {time.monotonic() - started:.1f} s", flush=True)
     try:
         for streams in args.streams:
-            result = msgspec.to_builtins(run_bench(f"127.0.0.1:{port}", workload(streams, args.tokens, args.rounds)))
+            result = msgspec.to_builtins(
+                run_bench(f"127.0.0.1:{port}", workload(streams, args.tokens, args.rounds))
+            )
             rows.append(row("ray serve", streams, result))
             print(json.dumps(rows[-1]), flush=True)
     finally:
@@ -120,9 +145,17 @@ def main() -> None:
         ray.shutdown()
     import ray as ray_module
 
-    out = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "ray": ray_module.__version__},
-           "tokens": args.tokens, "delay_ms": DELAY_S * 1e3, "rounds": args.rounds, "rows": rows}
+    out = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "ray": ray_module.__version__,
+        },
+        "tokens": args.tokens,
+        "delay_ms": DELAY_S * 1e3,
+        "rounds": args.rounds,
+        "rows": rows,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")

@@ -54,7 +54,9 @@ def _cpu_s(pid: int) -> dict[str, float]:
     for child in front.children():
         cmdline = child.cmdline()
         if "cadence.lifecycle.front_child" in cmdline:
-            out[f"front{cmdline[cmdline.index('cadence.lifecycle.front_child') + 1]}"] = sum(child.cpu_times()[:2])
+            out[f"front{cmdline[cmdline.index('cadence.lifecycle.front_child') + 1]}"] = sum(
+                child.cpu_times()[:2]
+            )
         else:
             out[f"worker{workers}"] = sum(child.cpu_times()[:2])
             workers += 1
@@ -66,7 +68,9 @@ def _chunks_per_front(banner: str) -> dict[str, float]:
     match = re.search(r"metrics on (\S+):(\d+)", banner)
     if not match:
         return {}
-    with urllib.request.urlopen(f"http://{match.group(1)}:{match.group(2)}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(
+        f"http://{match.group(1)}:{match.group(2)}/metrics", timeout=10
+    ) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
@@ -83,17 +87,34 @@ _FRONTS_CHANNELS = 8
 def run_fronts(name: str, fronts: int, procs: int) -> dict:
     """W2 or W3 with `--fronts N`: each front's CPU per chunk it sent, and the client's."""
     spec = WORKLOADS[name]
-    args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]), "--fronts", str(fronts),
-            "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024",
-            "--metrics-port", "0")
+    args = (
+        "--devices",
+        "cpu:2",
+        "--step-ms",
+        str(spec["step_ms"]),
+        "--fronts",
+        str(fronts),
+        "--max-concurrent",
+        str(max(1024, spec["streams"])),
+        "--max-batch",
+        "1024",
+        "--metrics-port",
+        "0",
+    )
     with ServerProcess(*args) as server:
         before = _cpu_s(server.pid)
         chunks_before = _chunks_per_front(server.banner)
-        workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
-                            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
+        workload = Workload(
+            requests=spec["streams"],
+            concurrency=spec["streams"],
+            warmup=2,
+            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2),
+        )
         # Several connections per load process: the kernel spreads connections, not
         # streams, over the fronts (with one or two, all may land on one front).
-        result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs, channels=_FRONTS_CHANNELS))
+        result = msgspec.to_builtins(
+            run_bench(server.target, workload, processes=procs, channels=_FRONTS_CHANNELS)
+        )
         after = _cpu_s(server.pid)
         chunks = _chunks_per_front(server.banner)
     result.pop("records")
@@ -102,7 +123,8 @@ def run_fronts(name: str, fronts: int, procs: int) -> dict:
     chunks = {k: v - chunks_before.get(k, 0.0) for k, v in chunks.items()}
     result["front_chunks"] = chunks
     result["front_cpu_per_chunk_us"] = {
-        k: result["server_cpu_s"][k] / chunks[k] * 1e6 for k in chunks if chunks[k]}
+        k: result["server_cpu_s"][k] / chunks[k] * 1e6 for k in chunks if chunks[k]
+    }
     result["targets"] = check_targets(name, spec, result)
     return result
 
@@ -119,12 +141,25 @@ def run_workload(name: str, procs: int, plain: bool = False, engine: tuple[str, 
         args, command = ("--step-ms", str(spec["step_ms"])), [sys.executable, str(_REFERENCE)]
     else:
         command = None
-        args = ("--devices", "cpu:2", "--step-ms", str(spec["step_ms"]), *engine,
-                "--max-concurrent", str(max(1024, spec["streams"])), "--max-batch", "1024")
+        args = (
+            "--devices",
+            "cpu:2",
+            "--step-ms",
+            str(spec["step_ms"]),
+            *engine,
+            "--max-concurrent",
+            str(max(1024, spec["streams"])),
+            "--max-batch",
+            "1024",
+        )
     with ServerProcess(*args, command=command) as server:
         before = _cpu_s(server.pid)
-        workload = Workload(requests=spec["streams"], concurrency=spec["streams"], warmup=2,
-                            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2))
+        workload = Workload(
+            requests=spec["streams"],
+            concurrency=spec["streams"],
+            warmup=2,
+            shape=RequestShape(max_tokens=(spec["max_tokens"],) * 2),
+        )
         result = msgspec.to_builtins(run_bench(server.target, workload, processes=procs))
         after = _cpu_s(server.pid)
     result.pop("records")
@@ -136,13 +171,19 @@ def run_workload(name: str, procs: int, plain: bool = False, engine: tuple[str, 
 
 def check_targets(name: str, spec: dict, r: dict, plain: bool = False) -> dict:
     """Each target: the measured value, the bound, and whether it was met."""
+
     def target(value: float, bound: float, at_most: bool = True) -> dict:
-        return {"measured": value, "bound": bound,
-                "met": value <= bound if at_most else value >= bound}
+        return {
+            "measured": value,
+            "bound": bound,
+            "met": value <= bound if at_most else value >= bound,
+        }
 
     if plain:
-        return {"chunk_gap_minus_step_p99_ms": target(r["chunk_gap_ms"]["p99"] - spec["step_ms"], 2.0),
-                "ttft_p99_ms": target(r["ttft_ms"]["p99"], 100.0)}
+        return {
+            "chunk_gap_minus_step_p99_ms": target(r["chunk_gap_ms"]["p99"] - spec["step_ms"], 2.0),
+            "ttft_p99_ms": target(r["ttft_ms"]["p99"], 100.0),
+        }
     if name == "W1":
         return {
             "chunk_gap_minus_step_p99_ms": target(r["chunk_gap_ms"]["p99"] - spec["step_ms"], 2.0),
@@ -175,19 +216,30 @@ def run_burst(pairs: int, procs: int) -> list[dict]:
         cpu, ref_cpu = front_cpu_per_chunk_us(cadence), front_cpu_per_chunk_us(reference)
         pair = {
             "order": ["reference" if plain else "cadence" for plain in order],
-            "cadence": cadence, "reference": reference,
+            "cadence": cadence,
+            "reference": reference,
             "targets": {
-                "ttft_p99_over_reference_ms": {"measured": ttft - ref_ttft, "bound": step_ms,
-                                               "met": ttft - ref_ttft <= step_ms},
-                "front_cpu_per_chunk_ratio": {"measured": cpu / ref_cpu, "bound": 1.05,
-                                              "met": cpu / ref_cpu <= 1.05},
+                "ttft_p99_over_reference_ms": {
+                    "measured": ttft - ref_ttft,
+                    "bound": step_ms,
+                    "met": ttft - ref_ttft <= step_ms,
+                },
+                "front_cpu_per_chunk_ratio": {
+                    "measured": cpu / ref_cpu,
+                    "bound": 1.05,
+                    "met": cpu / ref_cpu <= 1.05,
+                },
             },
         }
-        print(f"pair {i + 1} ({' then '.join(pair['order'])}): TTFT p99 {ttft:.1f} ms vs reference "
-              f"{ref_ttft:.1f} ms; front CPU per chunk {cpu:.1f} vs {ref_cpu:.1f} µs "
-              f"({cpu / ref_cpu:.2f}x); lost tokens {cadence['integrity']['lost_tokens']}")
+        print(
+            f"pair {i + 1} ({' then '.join(pair['order'])}): TTFT p99 {ttft:.1f} ms vs reference "
+            f"{ref_ttft:.1f} ms; front CPU per chunk {cpu:.1f} vs {ref_cpu:.1f} µs "
+            f"({cpu / ref_cpu:.2f}x); lost tokens {cadence['integrity']['lost_tokens']}"
+        )
         for key, t in pair["targets"].items():
-            print(f"    {key}: {t['measured']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}")
+            print(
+                f"    {key}: {t['measured']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}"
+            )
         out.append(pair)
     return out
 
@@ -198,26 +250,49 @@ def burst_summary(pairs: list[dict]) -> dict:
     summary = {}
     for key, first in pairs[0]["targets"].items():
         median = statistics.median(p["targets"][key]["measured"] for p in pairs)
-        summary[key] = {"median": median, "bound": first["bound"], "met": median <= first["bound"],
-                        "met_in_pairs": sum(p["targets"][key]["met"] for p in pairs)}
+        summary[key] = {
+            "median": median,
+            "bound": first["bound"],
+            "met": median <= first["bound"],
+            "met_in_pairs": sum(p["targets"][key]["met"] for p in pairs),
+        }
     return summary
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="results/serving_overhead.json")
     parser.add_argument("--only", action="append", choices=sorted(WORKLOADS))
     parser.add_argument("--procs", type=int, default=2, help="load-generating processes")
-    parser.add_argument("--plain", action="store_true",
-                        help="also run W1 against the plain grpc.aio reference server")
-    parser.add_argument("--fronts", type=int, nargs="+", default=None, metavar="N",
-                        help="run W2 and W3 (or --only) once per number of fronts, e.g. 1 2")
-    parser.add_argument("--burst", type=int, default=0, metavar="PAIRS",
-                        help="only the W1 burst beside the reference: PAIRS pairs in ABBA order")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="also run W1 against the plain grpc.aio reference server",
+    )
+    parser.add_argument(
+        "--fronts",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="run W2 and W3 (or --only) once per number of fronts, e.g. 1 2",
+    )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="only the W1 burst beside the reference: PAIRS pairs in ABBA order",
+    )
     args = parser.parse_args()
     results = {
-        "machine": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+        "machine": {
+            "cpus": psutil.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "workloads": {},
     }
@@ -227,8 +302,10 @@ def main() -> None:
         results["pairs"] = run_burst(args.burst, args.procs)
         results["summary"] = burst_summary(results["pairs"])
         for key, t in results["summary"].items():
-            print(f"median {key}: {t['median']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}, "
-                  f"met in {t['met_in_pairs']} of {len(results['pairs'])} pairs")
+            print(
+                f"median {key}: {t['median']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}, "
+                f"met in {t['met_in_pairs']} of {len(results['pairs'])} pairs"
+            )
         del results["workloads"]
     runs = [] if args.burst else [(name, False, None) for name in args.only or sorted(WORKLOADS)]
     if args.fronts:
@@ -243,18 +320,26 @@ def main() -> None:
             r = run_workload(name, args.procs, plain)
         name = f"{name}-plain-grpc" if plain else name
         results["workloads"][name] = r
-        print(f"{name}: ttft p99 {r['ttft_ms']['p99']:.1f} ms, chunk gap p50/p99 "
-              f"{r['chunk_gap_ms']['p50']:.2f}/{r['chunk_gap_ms']['p99']:.2f} ms, token delay p50/p99 "
-              f"{r.get('token_delay_ms', {}).get('p50', float('nan')):.2f}/"
-              f"{r.get('token_delay_ms', {}).get('p99', float('nan')):.2f} ms, "
-              f"{r['tokens_per_s']:.0f} tokens/s, {r['chunk_tokens']['mean']:.2f} tokens/chunk, "
-              f"wall {r['wall_s']:.2f} s, integrity {r['integrity']}, errors {r['errors_by_code']}")
-        print(f"    server CPU s {r['server_cpu_s']}, client {r['client']['cpu_per_chunk_us']:.0f} µs/chunk")
+        print(
+            f"{name}: ttft p99 {r['ttft_ms']['p99']:.1f} ms, chunk gap p50/p99 "
+            f"{r['chunk_gap_ms']['p50']:.2f}/{r['chunk_gap_ms']['p99']:.2f} ms, token delay p50/p99 "
+            f"{r.get('token_delay_ms', {}).get('p50', float('nan')):.2f}/"
+            f"{r.get('token_delay_ms', {}).get('p99', float('nan')):.2f} ms, "
+            f"{r['tokens_per_s']:.0f} tokens/s, {r['chunk_tokens']['mean']:.2f} tokens/chunk, "
+            f"wall {r['wall_s']:.2f} s, integrity {r['integrity']}, errors {r['errors_by_code']}"
+        )
+        print(
+            f"    server CPU s {r['server_cpu_s']}, client {r['client']['cpu_per_chunk_us']:.0f} µs/chunk"
+        )
         if "front_cpu_per_chunk_us" in r:
-            print(f"    chunks per front {r['front_chunks']}, front CPU per chunk "
-                  f"{ {k: round(v, 1) for k, v in r['front_cpu_per_chunk_us'].items()} } µs")
+            print(
+                f"    chunks per front {r['front_chunks']}, front CPU per chunk "
+                f"{ {k: round(v, 1) for k, v in r['front_cpu_per_chunk_us'].items()} } µs"
+            )
         for key, t in r["targets"].items():
-            print(f"    {key}: {t['measured']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}")
+            print(
+                f"    {key}: {t['measured']:.2f} (target {t['bound']}) {'met' if t['met'] else 'NOT met'}"
+            )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))

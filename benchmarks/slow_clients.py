@@ -27,12 +27,14 @@ from cadence.lab.load.plan import RequestShape
 from cadence.lab.servers.server_process import ServerProcess
 
 SLOW = 1000
-NORMAL = Workload(requests=512, concurrency=64, warmup=16,
-                  shape=RequestShape(max_tokens=(128, 128)))
+NORMAL = Workload(
+    requests=512, concurrency=64, warmup=16, shape=RequestShape(max_tokens=(128, 128))
+)
 
 
-def _slow_streams(target: str, seconds: float, opened: multiprocessing.Event,
-                  default_window: bool = False) -> None:
+def _slow_streams(
+    target: str, seconds: float, opened: multiprocessing.Event, default_window: bool = False
+) -> None:
     """SLOW streams that read one chunk a second for `seconds`, in this process."""
     import asyncio
 
@@ -50,9 +52,12 @@ def _slow_streams(target: str, seconds: float, opened: multiprocessing.Event,
         if default_window:
             options = []
         channels = [grpc.aio.insecure_channel(target, options=options) for _ in range(8)]
-        calls = [pb_grpc.InferenceStub(channels[i % 8]).Generate(
-            build_request(f"slow {i}", max_tokens=16000), timeout=seconds + 60)
-            for i in range(SLOW)]
+        calls = [
+            pb_grpc.InferenceStub(channels[i % 8]).Generate(
+                build_request(f"slow {i}", max_tokens=16000), timeout=seconds + 60
+            )
+            for i in range(SLOW)
+        ]
         await asyncio.gather(*(call.read() for call in calls))  # every stream is open
         opened.set()
         end = time.monotonic() + seconds
@@ -85,7 +90,9 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(0.5):
-            self.samples.append((time.monotonic() - self.t0, self.process.memory_info().rss / 2**20))
+            self.samples.append(
+                (time.monotonic() - self.t0, self.process.memory_info().rss / 2**20)
+            )
 
 
 def _itl(result: dict) -> dict:
@@ -95,18 +102,23 @@ def _itl(result: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/slow_clients.json")
-    parser.add_argument("--default-window", action="store_true",
-                        help="slow clients with gRPC's default receive window")
+    parser.add_argument(
+        "--default-window",
+        action="store_true",
+        help="slow clients with gRPC's default receive window",
+    )
     args = parser.parse_args()
-    with ServerProcess("--devices", "cpu:2", "--step-ms", "20", "--max-batch", "2048",
-                       "--max-concurrent", "2048") as server:
+    with ServerProcess(
+        "--devices", "cpu:2", "--step-ms", "20", "--max-batch", "2048", "--max-concurrent", "2048"
+    ) as server:
         rss = RssSampler(server.pid)
         rss.start()
         alone = msgspec.to_builtins(run_bench(server.target, NORMAL))
         rss_before = rss.samples[-1][1]
         opened = multiprocessing.Event()
-        slow = multiprocessing.Process(target=_slow_streams,
-                                       args=(server.target, 60.0, opened, args.default_window))
+        slow = multiprocessing.Process(
+            target=_slow_streams, args=(server.target, 60.0, opened, args.default_window)
+        )
         slow.start()
         if not opened.wait(60):
             raise SystemExit("the slow streams did not open")
@@ -122,25 +134,40 @@ def main() -> None:
         "server": "--devices cpu:2 --step-ms 20 --overflow merge (default) --queue-capacity 64",
         "normal_workload": "512 requests, concurrency 64, 128 tokens",
         "slow_streams": f"{SLOW} streams reading one chunk per second, receive window "
-                        + ("gRPC's default" if args.default_window else "1 KiB per stream"),
-        "alone": {"itl_ms": _itl(alone), "ttft_p99_ms": alone["ttft_ms"]["p99"],
-                  "integrity": alone["integrity"], "errors": alone["errors_by_code"]},
-        "beside_slow": {"itl_ms": _itl(beside), "ttft_p99_ms": beside["ttft_ms"]["p99"],
-                        "integrity": beside["integrity"], "errors": beside["errors_by_code"]},
+        + ("gRPC's default" if args.default_window else "1 KiB per stream"),
+        "alone": {
+            "itl_ms": _itl(alone),
+            "ttft_p99_ms": alone["ttft_ms"]["p99"],
+            "integrity": alone["integrity"],
+            "errors": alone["errors_by_code"],
+        },
+        "beside_slow": {
+            "itl_ms": _itl(beside),
+            "ttft_p99_ms": beside["ttft_ms"]["p99"],
+            "integrity": beside["integrity"],
+            "errors": beside["errors_by_code"],
+        },
         "itl_p99_ratio": ratio,
         "target_met": ratio <= 1.10,
-        "front_rss_mib": {"before_slow": rss_before, "slow_open": rss_slow_start,
-                          "slow_open_15s_later": rss_slow_end,
-                          "max": max(m for _, m in rss.samples)},
+        "front_rss_mib": {
+            "before_slow": rss_before,
+            "slow_open": rss_slow_start,
+            "slow_open_15s_later": rss_slow_end,
+            "max": max(m for _, m in rss.samples),
+        },
         "rss_samples": rss.samples,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"ITL p99 alone {alone['itl_ms']['p99']:.2f} ms, beside {SLOW} slow streams "
-          f"{beside['itl_ms']['p99']:.2f} ms (x{ratio:.3f}; target <= 1.10: "
-          f"{'met' if ratio <= 1.10 else 'NOT met'})")
-    print(f"front RSS: {rss_before:.1f} MiB before, {rss_slow_start:.1f} with the slow streams "
-          f"open, {rss_slow_end:.1f} 15 s later; max {out['front_rss_mib']['max']:.1f}")
+    print(
+        f"ITL p99 alone {alone['itl_ms']['p99']:.2f} ms, beside {SLOW} slow streams "
+        f"{beside['itl_ms']['p99']:.2f} ms (x{ratio:.3f}; target <= 1.10: "
+        f"{'met' if ratio <= 1.10 else 'NOT met'})"
+    )
+    print(
+        f"front RSS: {rss_before:.1f} MiB before, {rss_slow_start:.1f} with the slow streams "
+        f"open, {rss_slow_end:.1f} 15 s later; max {out['front_rss_mib']['max']:.1f}"
+    )
     print(f"wrote {args.out}")
 
 

@@ -73,8 +73,14 @@ MAX_TOKENS_LIMIT = 512
 MAX_PROMPT_TOKENS = 256
 MAX_MESSAGE_BYTES = 64 * 1024
 MIX = {
-    "normal": 30, "slow": 8, "cancel_before": 8, "cancel_mid": 10, "cancel_after_last": 6,
-    "deadline": 10, "malformed": 14, "over_limit": 14,
+    "normal": 30,
+    "slow": 8,
+    "cancel_before": 8,
+    "cancel_mid": 10,
+    "cancel_after_last": 6,
+    "deadline": 10,
+    "malformed": 14,
+    "over_limit": 14,
 }
 
 
@@ -128,63 +134,104 @@ def draw(rng: random.Random) -> Spec:
         return Spec(kind, "read all", p, request(rng.randint(1, 64)))
     if kind == "slow":
         if rng.random() < 0.5:
-            return Spec(kind, "pause per chunk", p, request(rng.randint(16, 96)),
-                        read_delay_s=rng.uniform(0.01, 0.04))
-        return Spec(kind, "one long pause", p, request(rng.randint(32, 128)),
-                    pause_s=rng.uniform(0.5, 1.5))
+            return Spec(
+                kind,
+                "pause per chunk",
+                p,
+                request(rng.randint(16, 96)),
+                read_delay_s=rng.uniform(0.01, 0.04),
+            )
+        return Spec(
+            kind, "one long pause", p, request(rng.randint(32, 128)), pause_s=rng.uniform(0.5, 1.5)
+        )
     if kind == "cancel_before":
-        return Spec(kind, "before first token", p, request(64),
-                    cancel_after_s=rng.uniform(0.0, 0.004))
+        return Spec(
+            kind, "before first token", p, request(64), cancel_after_s=rng.uniform(0.0, 0.004)
+        )
     if kind == "cancel_mid":
         max_tokens = rng.randint(32, 160)
-        return Spec(kind, "mid-stream", p, request(max_tokens),
-                    cancel_at_tokens=rng.randint(1, max_tokens - 1))
+        return Spec(
+            kind,
+            "mid-stream",
+            p,
+            request(max_tokens),
+            cancel_at_tokens=rng.randint(1, max_tokens - 1),
+        )
     if kind == "cancel_after_last":
         return Spec(kind, "after last chunk", p, request(rng.randint(1, 48)))
     if kind == "deadline":
-        return Spec(kind, "deadline", p, request(_REFERENCE_TOKENS),
-                    timeout_s=rng.uniform(0.02, 0.6))
+        return Spec(
+            kind, "deadline", p, request(_REFERENCE_TOKENS), timeout_s=rng.uniform(0.02, 0.6)
+        )
     invalid = "INVALID_ARGUMENT"
     if kind == "malformed":
-        variant = rng.choice(["max_tokens 0", "empty prompt", "negative temperature",
-                              "top_p above 1", "negative token id", "token the engine refuses",
-                              "not a GenerateRequest", "invalid UTF-8"])
+        variant = rng.choice(
+            [
+                "max_tokens 0",
+                "empty prompt",
+                "negative temperature",
+                "top_p above 1",
+                "negative token id",
+                "token the engine refuses",
+                "not a GenerateRequest",
+                "invalid UTF-8",
+            ]
+        )
         if variant == "not a GenerateRequest":
             # Field 1 (request_id) claims 2**28 bytes and the message ends: truncated.
-            return Spec(kind, variant, raw=b"\x0a\x80\x80\x80\x80\x01abc",
-                        expect=(invalid, ""))
+            return Spec(kind, variant, raw=b"\x0a\x80\x80\x80\x80\x01abc", expect=(invalid, ""))
         if variant == "invalid UTF-8":
             # Field 2 (prompt, a proto3 string) holding the bytes C3 28: not UTF-8.
             return Spec(kind, variant, raw=b"\x12\x02\xc3\x28\x18\x04", expect=(invalid, ""))
         built = {
             "max_tokens 0": (request(0), "max_tokens"),
             "empty prompt": (request(8, prompt=""), "prompt"),
-            "negative temperature": (request(8, sampling=pb.SamplingParams(temperature=-1)),
-                                     "temperature"),
+            "negative temperature": (
+                request(8, sampling=pb.SamplingParams(temperature=-1)),
+                "temperature",
+            ),
             "top_p above 1": (request(8, sampling=pb.SamplingParams(top_p=1.5)), "top_p"),
-            "negative token id": (request(8, prompt="", prompt_token_ids=[5, -3]),
-                                  "prompt_token_ids"),
-            "token the engine refuses": (request(8, prompt="", prompt_token_ids=[65, 4096]),
-                                         "prompt_token_ids"),
+            "negative token id": (
+                request(8, prompt="", prompt_token_ids=[5, -3]),
+                "prompt_token_ids",
+            ),
+            "token the engine refuses": (
+                request(8, prompt="", prompt_token_ids=[65, 4096]),
+                "prompt_token_ids",
+            ),
         }[variant]
         return Spec(kind, variant, request=built[0], expect=(invalid, built[1]))
-    variant = rng.choice(["max_tokens over the limit", "prompt over the limit",
-                          "message over the limit"])
+    variant = rng.choice(
+        ["max_tokens over the limit", "prompt over the limit", "message over the limit"]
+    )
     if variant == "max_tokens over the limit":
-        return Spec(kind, variant, request=request(rng.randint(MAX_TOKENS_LIMIT + 1, 10**6)),
-                    expect=(invalid, "--max-tokens-limit"))
+        return Spec(
+            kind,
+            variant,
+            request=request(rng.randint(MAX_TOKENS_LIMIT + 1, 10**6)),
+            expect=(invalid, "--max-tokens-limit"),
+        )
     if variant == "prompt over the limit":
-        return Spec(kind, variant,
-                    request=request(8, prompt="x" * rng.randint(MAX_PROMPT_TOKENS + 1, 4000)),
-                    expect=(invalid, "--max-prompt-tokens"))
-    return Spec(kind, variant, request=request(8, prompt="y" * (MAX_MESSAGE_BYTES + 100)),
-                expect=("RESOURCE_EXHAUSTED", "larger than max"))
+        return Spec(
+            kind,
+            variant,
+            request=request(8, prompt="x" * rng.randint(MAX_PROMPT_TOKENS + 1, 4000)),
+            expect=(invalid, "--max-prompt-tokens"),
+        )
+    return Spec(
+        kind,
+        variant,
+        request=request(8, prompt="y" * (MAX_MESSAGE_BYTES + 100)),
+        expect=("RESOURCE_EXHAUSTED", "larger than max"),
+    )
 
 
 class Soak:
     """Runs the traffic, the fault and the checks against one server."""
 
-    def __init__(self, server: ServerProcess, metrics_url: str, options: argparse.Namespace) -> None:
+    def __init__(
+        self, server: ServerProcess, metrics_url: str, options: argparse.Namespace
+    ) -> None:
         self.server = server
         self.front = psutil.Process(server.pid)
         self.metrics_url = metrics_url
@@ -206,9 +253,14 @@ class Soak:
         target = self.server.target
         channels = [grpc.aio.insecure_channel(target) for _ in range(2)]
         stubs = [pb_grpc.InferenceStub(c) for c in channels]
-        raw_calls = [c.unary_stream(_GENERATE, request_serializer=None,
-                                    response_deserializer=pb.GenerateChunk.FromString)
-                     for c in channels]
+        raw_calls = [
+            c.unary_stream(
+                _GENERATE,
+                request_serializer=None,
+                response_deserializer=pb.GenerateChunk.FromString,
+            )
+            for c in channels
+        ]
         health = health_pb2_grpc.HealthStub(channels[0])
         try:
             await self._fetch_reference(stubs[0])
@@ -228,8 +280,7 @@ class Soak:
                 if delay > 0:
                     await asyncio.sleep(delay)  # when late, send now rather than skip
                 spec = draw(self.rng)
-                tasks.append(asyncio.ensure_future(
-                    self._one(spec, stubs[n % 2], raw_calls[n % 2])))
+                tasks.append(asyncio.ensure_future(self._one(spec, stubs[n % 2], raw_calls[n % 2])))
                 n += 1
             self.outcomes = list(await asyncio.gather(*tasks))
             self.traffic_end_s = self.now()
@@ -243,10 +294,12 @@ class Soak:
 
     async def _fetch_reference(self, stub: pb_grpc.InferenceStub) -> None:
         """Each prompt's first _REFERENCE_TOKENS tokens, before any fault."""
+
         async def one(prompt: str) -> list[int]:
             tokens: list[int] = []
             async for chunk in stub.Generate(
-                    pb.GenerateRequest(prompt=prompt, max_tokens=_REFERENCE_TOKENS), timeout=60):
+                pb.GenerateRequest(prompt=prompt, max_tokens=_REFERENCE_TOKENS), timeout=60
+            ):
                 tokens.extend(chunk.token_ids)
             assert len(tokens) == _REFERENCE_TOKENS, "the reference run was cut short"
             return tokens
@@ -294,14 +347,17 @@ class Soak:
         self._check_outcome(spec, out)
         return out
 
-    def _check_chunk(self, spec: Spec, chunk: pb.GenerateChunk, tokens: list[int],
-                     out: Outcome) -> None:
+    def _check_chunk(
+        self, spec: Spec, chunk: pb.GenerateChunk, tokens: list[int], out: Outcome
+    ) -> None:
         if chunk.index != len(tokens):
             out.problems.append(f"chunk index {chunk.index} after {len(tokens)} tokens")
-        expected = self.reference[spec.prompt][len(tokens):len(tokens) + len(chunk.token_ids)]
+        expected = self.reference[spec.prompt][len(tokens) : len(tokens) + len(chunk.token_ids)]
         if list(chunk.token_ids) != expected:
-            out.problems.append(f"tokens {len(tokens)}..: {list(chunk.token_ids)[:8]} "
-                                f"differ from the reference {expected[:8]}")
+            out.problems.append(
+                f"tokens {len(tokens)}..: {list(chunk.token_ids)[:8]} "
+                f"differ from the reference {expected[:8]}"
+            )
         if out.complete:
             out.problems.append("a chunk after the final one")
         tokens.extend(chunk.token_ids)
@@ -321,13 +377,17 @@ class Soak:
         if spec.expect is not None:
             code, needle = spec.expect
             if out.code != code or needle not in out.details or not out.details:
-                out.problems.append(f"expected {code} mentioning {needle!r}, got "
-                                    f"{out.code}: {out.details!r}")
+                out.problems.append(
+                    f"expected {code} mentioning {needle!r}, got {out.code}: {out.details!r}"
+                )
             return
         allowed = {
-            "normal": {"OK"}, "slow": {"OK"}, "cancel_before": {"CANCELLED"},
+            "normal": {"OK"},
+            "slow": {"OK"},
+            "cancel_before": {"CANCELLED"},
             "cancel_mid": {"CANCELLED"} | ({"OK"} if out.complete else set()),
-            "cancel_after_last": {"OK", "CANCELLED"}, "deadline": {"DEADLINE_EXCEEDED"},
+            "cancel_after_last": {"OK", "CANCELLED"},
+            "deadline": {"DEADLINE_EXCEEDED"},
         }[spec.kind]
         if out.code in allowed:
             if spec.kind == "cancel_after_last" and not out.complete:
@@ -380,8 +440,10 @@ class Soak:
                 seen.append(status)
             replacement = self._workers().get(index)
             if status == "SERVING" and "NOT_SERVING" in seen and replacement is not None:
-                self.kill.update(new_pid=replacement.pid,
-                                 back_after_s=round(self.now() - self.kill["killed_at_s"], 3))
+                self.kill.update(
+                    new_pid=replacement.pid,
+                    back_after_s=round(self.now() - self.kill["killed_at_s"], 3),
+                )
                 break
             await asyncio.sleep(0.05)
         self.kill["health_seen"] = seen
@@ -392,10 +454,14 @@ class Soak:
         while True:
             try:
                 with self.front.oneshot():
-                    self.samples.append({"t_s": round(self.now(), 2),
-                                         "rss": self.front.memory_info().rss,
-                                         "fds": self.front.num_fds(),
-                                         "threads": self.front.num_threads()})
+                    self.samples.append(
+                        {
+                            "t_s": round(self.now(), 2),
+                            "rss": self.front.memory_info().rss,
+                            "fds": self.front.num_fds(),
+                            "threads": self.front.num_threads(),
+                        }
+                    )
             except psutil.Error:
                 return
             await asyncio.sleep(0.5)
@@ -421,12 +487,16 @@ class Soak:
                 return active, round(time.monotonic() - start, 3)
             await asyncio.sleep(0.05)
 
-    async def _after_the_run(self, stub: pb_grpc.InferenceStub,
-                             health: health_pb2_grpc.HealthStub) -> dict:
+    async def _after_the_run(
+        self, stub: pb_grpc.InferenceStub, health: health_pb2_grpc.HealthStub
+    ) -> dict:
         """Leak checks once the traffic has stopped."""
         active, waited = await self._until_idle()
-        steps = {k: v for k, v in (await self._scrape()).items()
-                 if k.startswith("cadence_worker_steps_total")}
+        steps = {
+            k: v
+            for k, v in (await self._scrape()).items()
+            if k.startswith("cadence_worker_steps_total")
+        }
         await asyncio.sleep(0.5)
         later = {k: v for k, v in (await self._scrape()).items() if k in steps}
         still_stepping = {k: later[k] - steps[k] for k in steps if later.get(k, 0) != steps[k]}
@@ -448,9 +518,13 @@ class Soak:
 
     async def _slot_check(self, stub: pb_grpc.InferenceStub) -> dict:
         """Exactly --max-concurrent streams can be open at once: none was leaked."""
-        calls = [stub.Generate(pb.GenerateRequest(prompt=_PROMPTS[i % len(_PROMPTS)],
-                                                  max_tokens=MAX_TOKENS_LIMIT), timeout=30)
-                 for i in range(MAX_CONCURRENT)]
+        calls = [
+            stub.Generate(
+                pb.GenerateRequest(prompt=_PROMPTS[i % len(_PROMPTS)], max_tokens=MAX_TOKENS_LIMIT),
+                timeout=30,
+            )
+            for i in range(MAX_CONCURRENT)
+        ]
         opened = 0
         for call in calls:
             try:
@@ -475,7 +549,7 @@ def _by_code(metrics: dict[str, float]) -> dict[str, int]:
     out: dict[str, int] = {}
     for key, value in metrics.items():
         if key.startswith("cadence_requests_total{"):
-            labels = dict(part.split("=", 1) for part in key[key.index("{") + 1:-1].split(","))
+            labels = dict(part.split("=", 1) for part in key[key.index("{") + 1 : -1].split(","))
             out[labels["code"]] = out.get(labels["code"], 0) + int(value)
     return out
 
@@ -486,20 +560,26 @@ def summarize(soak: Soak, after: dict, options: argparse.Namespace) -> dict:
     by_kind: dict[str, Counter] = {}
     for out in outcomes:
         by_kind.setdefault(out.kind, Counter())[out.code] += 1
-    problems = [f"{o.kind} ({o.variant}) at {o.start_s:.2f} s: {p}"
-                for o in outcomes for p in o.problems]
+    problems = [
+        f"{o.kind} ({o.variant}) at {o.start_s:.2f} s: {p}" for o in outcomes for p in o.problems
+    ]
     samples = soak.samples
     rss = [s["rss"] for s in samples]
     fds = [s["fds"] for s in samples]
     mib = 2**20
     memory = {
-        "rss_start_mib": round(rss[0] / mib, 1), "rss_end_mib": round(rss[-1] / mib, 1),
+        "rss_start_mib": round(rss[0] / mib, 1),
+        "rss_end_mib": round(rss[-1] / mib, 1),
         "rss_max_mib": round(max(rss) / mib, 1),
         "rss_median_mib": round(statistics.median(rss) / mib, 1),
         "rss_end_of_traffic_mib": round(
-            [s["rss"] for s in samples if s["t_s"] <= soak.traffic_end_s][-1] / mib, 1),
-        "fds_start": fds[0], "fds_end": fds[-1], "fds_max": max(fds),
-        "threads_start": samples[0]["threads"], "threads_end": samples[-1]["threads"],
+            [s["rss"] for s in samples if s["t_s"] <= soak.traffic_end_s][-1] / mib, 1
+        ),
+        "fds_start": fds[0],
+        "fds_end": fds[-1],
+        "fds_max": max(fds),
+        "threads_start": samples[0]["threads"],
+        "threads_end": samples[-1]["threads"],
         "samples": len(rss),
     }
     slots = after["slot_check"]
@@ -512,7 +592,8 @@ def summarize(soak: Soak, after: dict, options: argparse.Namespace) -> dict:
         "no_slot_leaked": slots["opened"] == slots["limit"]
         and slots["one_more"] == "RESOURCE_EXHAUSTED",
         "killed_worker_restarted": "back_after_s" in soak.kill
-        and after["workers_at_end"] == 2 and after["health_at_end"] == "SERVING",
+        and after["workers_at_end"] == 2
+        and after["health_at_end"] == "SERVING",
         "rss_flat": rss[-1] - rss[0] <= _RSS_GROWTH_LIMIT,
         "fds_flat": fds[-1] - fds[0] <= _FD_GROWTH_LIMIT,
     }
@@ -549,20 +630,30 @@ def summarize(soak: Soak, after: dict, options: argparse.Namespace) -> dict:
 
 def print_summary(result: dict) -> None:
     front, kill, after = result["front"], result["kill"], result["after"]
-    print(f"soak: {result['requests']} requests in {result['duration_s']:.0f} s "
-          f"({result['rate_per_s']:g}/s): {result['requests_by_kind']}")
+    print(
+        f"soak: {result['requests']} requests in {result['duration_s']:.0f} s "
+        f"({result['rate_per_s']:g}/s): {result['requests_by_kind']}"
+    )
     print(f"  faults: {result['faults']}")
     print(f"  errors by code: {result['errors_by_code']}")
-    print(f"  completed streams {result['completed_streams']}, tokens delivered "
-          f"{result['tokens_delivered']}, tokens lost {result['tokens_lost']}")
-    print(f"  worker {kill.get('worker')} killed at {kill.get('killed_at_s', 0):.1f} s, back after "
-          f"{kill.get('back_after_s')} s; health seen {kill.get('health_seen')}")
-    print(f"  front RSS start {front['rss_start_mib']} MiB, end of traffic "
-          f"{front['rss_end_of_traffic_mib']} MiB, end {front['rss_end_mib']} MiB, max "
-          f"{front['rss_max_mib']} MiB; fds {front['fds_start']} -> {front['fds_end']}")
-    print(f"  after: active streams {after['active_streams_after_run']} "
-          f"(in {after['seconds_to_zero_active']} s), slots {after['slot_check']}, "
-          f"still stepping {after['workers_still_stepping_when_idle'] or 'none'}")
+    print(
+        f"  completed streams {result['completed_streams']}, tokens delivered "
+        f"{result['tokens_delivered']}, tokens lost {result['tokens_lost']}"
+    )
+    print(
+        f"  worker {kill.get('worker')} killed at {kill.get('killed_at_s', 0):.1f} s, back after "
+        f"{kill.get('back_after_s')} s; health seen {kill.get('health_seen')}"
+    )
+    print(
+        f"  front RSS start {front['rss_start_mib']} MiB, end of traffic "
+        f"{front['rss_end_of_traffic_mib']} MiB, end {front['rss_end_mib']} MiB, max "
+        f"{front['rss_max_mib']} MiB; fds {front['fds_start']} -> {front['fds_end']}"
+    )
+    print(
+        f"  after: active streams {after['active_streams_after_run']} "
+        f"(in {after['seconds_to_zero_active']} s), slots {after['slot_check']}, "
+        f"still stepping {after['workers_still_stepping_when_idle'] or 'none'}"
+    )
     for name, ok in result["checks"].items():
         print(f"  [{'ok' if ok else 'FAIL'}] {name}")
     for problem in result["problems"][:10]:
@@ -575,8 +666,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=120.0, help="seconds of traffic")
     p.add_argument("--rate", type=float, default=50.0, help="requests per second (Poisson)")
     p.add_argument("--step-ms", type=float, default=5.0, help="the synthetic engine's step")
-    p.add_argument("--kill-at", type=float, default=0.5,
-                   help="when to kill a worker, as a fraction of --duration")
+    p.add_argument(
+        "--kill-at",
+        type=float,
+        default=0.5,
+        help="when to kill a worker, as a fraction of --duration",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="results/soak.json", help="where to write the result")
     return p.parse_args(argv)
@@ -586,10 +681,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run the soak; 0 if every check passed, else 1."""
     options = parse_args(argv)
     server = ServerProcess(
-        "--devices", "cpu:2", "--metrics-port", "0", "--step-ms", str(options.step_ms),
-        "--max-concurrent", str(MAX_CONCURRENT), "--max-tokens-limit", str(MAX_TOKENS_LIMIT),
-        "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
-        "--max-message-bytes", str(MAX_MESSAGE_BYTES),
+        "--devices",
+        "cpu:2",
+        "--metrics-port",
+        "0",
+        "--step-ms",
+        str(options.step_ms),
+        "--max-concurrent",
+        str(MAX_CONCURRENT),
+        "--max-tokens-limit",
+        str(MAX_TOKENS_LIMIT),
+        "--max-prompt-tokens",
+        str(MAX_PROMPT_TOKENS),
+        "--max-message-bytes",
+        str(MAX_MESSAGE_BYTES),
     )
     with server:
         match = _METRICS.search(server.banner)

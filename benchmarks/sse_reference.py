@@ -56,8 +56,11 @@ def make_app(step_s: float) -> web.Application:
         received_ns = time.monotonic_ns()
         body = await request.json()
         max_tokens, timing = int(body.get("max_tokens", 16)), bool(body.get("cadence_timing"))
-        head = (b'data: {"id":"cmpl-ref","object":"text_completion","created":%d,"model":'
-                % int(time.time()) + json.dumps(body.get("model", "")).encode())
+        head = (
+            b'data: {"id":"cmpl-ref","object":"text_completion","created":%d,"model":'
+            % int(time.time())
+            + json.dumps(body.get("model", "")).encode()
+        )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         scheduled_ns = 0
@@ -65,14 +68,25 @@ def make_app(step_s: float) -> web.Application:
             tick = await ticker.wait()
             scheduled_ns = scheduled_ns or tick - step_ns
             finish = b'"length"' if i == max_tokens - 1 else b"null"
-            event = (head + b',"choices":[{"index":0,"text":"a","logprobs":null,'
-                     b'"finish_reason":' + finish + b"}]")
+            event = (
+                head + b',"choices":[{"index":0,"text":"a","logprobs":null,'
+                b'"finish_reason":' + finish + b"}]"
+            )
             if timing:
-                event += (b',"cadence":{"index":%d,"tokens":1,"timing":{"worker":0,'
-                          b'"received_ns":%d,"scheduled_ns":%d,"step_start_ns":%d,'
-                          b'"step_end_ns":%d,"front_recv_ns":%d,"send_ns":%d}}'
-                          % (i, received_ns, scheduled_ns, tick - step_ns, tick, tick,
-                             time.monotonic_ns()))
+                event += (
+                    b',"cadence":{"index":%d,"tokens":1,"timing":{"worker":0,'
+                    b'"received_ns":%d,"scheduled_ns":%d,"step_start_ns":%d,'
+                    b'"step_end_ns":%d,"front_recv_ns":%d,"send_ns":%d}}'
+                    % (
+                        i,
+                        received_ns,
+                        scheduled_ns,
+                        tick - step_ns,
+                        tick,
+                        tick,
+                        time.monotonic_ns(),
+                    )
+                )
             await response.write(event + b"}\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

@@ -37,8 +37,17 @@ _GIVE_UP_S = 180.0
 
 
 def _server(step_ms: str, *args: str):
-    return start_server("--step-ms", step_ms, "--stall-timeout", f"{STALL_S:g}",
-                        "--max-concurrent", "1", "--max-tokens-limit", "1000000", *args)
+    return start_server(
+        "--step-ms",
+        step_ms,
+        "--stall-timeout",
+        f"{STALL_S:g}",
+        "--max-concurrent",
+        "1",
+        "--max-tokens-limit",
+        "1000000",
+        *args,
+    )
 
 
 def http_cutoff(step_ms: str) -> dict:
@@ -46,15 +55,21 @@ def http_cutoff(step_ms: str) -> dict:
     try:
         front = psutil.Process(server.process.pid)
         grpc_port = int(server.target.rsplit(":", 1)[1])
-        http_port = next(c.laddr.port for c in front.net_connections("tcp")
-                         if c.status == psutil.CONN_LISTEN and c.laddr.port != grpc_port)
-        body = json.dumps({"model": "m", "prompt": "Hi", "max_tokens": 1_000_000,
-                           "stream": True}).encode()
+        http_port = next(
+            c.laddr.port
+            for c in front.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port != grpc_port
+        )
+        body = json.dumps(
+            {"model": "m", "prompt": "Hi", "max_tokens": 1_000_000, "stream": True}
+        ).encode()
         client = socket.socket()
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(("127.0.0.1", http_port))
-        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                       b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        client.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
         assert client.recv(15).startswith(b"HTTP/1.1 200")
         port, queued, last, grew = client.getsockname()[1], bytearray(4), -1, time.monotonic()
         started = time.monotonic()
@@ -63,15 +78,22 @@ def http_cutoff(step_ms: str) -> dict:
             now = time.monotonic()
             if int.from_bytes(queued, "little") != last:
                 last, grew = int.from_bytes(queued, "little"), now
-            held = [c for c in front.net_connections("tcp") if c.raddr and c.raddr.port == port
-                    and c.status == psutil.CONN_ESTABLISHED]
+            held = [
+                c
+                for c in front.net_connections("tcp")
+                if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+            ]
             if not held or now - started > _GIVE_UP_S:
                 break
             time.sleep(0.05)
         client.close()
-        return {"path": "http", "step_ms": float(step_ms), "cut": not held,
-                "s_after_the_client_took_its_last_byte": round(now - grew, 2),
-                "s_after_it_stopped_reading": round(now - started, 2)}
+        return {
+            "path": "http",
+            "step_ms": float(step_ms),
+            "cut": not held,
+            "s_after_the_client_took_its_last_byte": round(now - grew, 2),
+            "s_after_it_stopped_reading": round(now - started, 2),
+        }
     finally:
         server.stop()
 
@@ -79,10 +101,13 @@ def http_cutoff(step_ms: str) -> dict:
 def grpc_cutoff(step_ms: str, *args: str) -> dict:
     server = _server(step_ms, *args)
     try:
-        channel = grpc.insecure_channel(server.target, options=[
-            ("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)])
+        channel = grpc.insecure_channel(
+            server.target,
+            options=[("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)],
+        )
         stalled = pb_grpc.InferenceStub(channel).Generate(
-            build_request("stall", max_tokens=1_000_000), timeout=_GIVE_UP_S + 30)
+            build_request("stall", max_tokens=1_000_000), timeout=_GIVE_UP_S + 30
+        )
         next(stalled)
         started = time.monotonic()
         freed = False
@@ -95,8 +120,12 @@ def grpc_cutoff(step_ms: str, *args: str) -> dict:
                 except grpc.RpcError:
                     time.sleep(0.1)
         channel.close()
-        return {"path": "grpc-native" if args else "grpc-aio", "step_ms": float(step_ms),
-                "cut": freed, "s_after_it_stopped_reading": round(time.monotonic() - started, 2)}
+        return {
+            "path": "grpc-native" if args else "grpc-aio",
+            "step_ms": float(step_ms),
+            "cut": freed,
+            "s_after_it_stopped_reading": round(time.monotonic() - started, 2),
+        }
     finally:
         server.stop()
 
@@ -107,18 +136,34 @@ def main() -> None:
     args = parser.parse_args()
     runs = []
     for step_ms in ("2", "20"):
-        for cutoff, extra in ((http_cutoff, ()), (grpc_cutoff, ()),
-                              (grpc_cutoff, ("--grpc-server", "native"))):
+        for cutoff, extra in (
+            (http_cutoff, ()),
+            (grpc_cutoff, ()),
+            (grpc_cutoff, ("--grpc-server", "native")),
+        ):
             runs.append(cutoff(step_ms, *extra))
             print(json.dumps(runs[-1]), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "command": "flock /work/bench.lock python benchmarks/stall_cutoff.py " + " ".join(sys.argv[1:]),
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "stall_timeout_s": STALL_S,
-        "machine": {"cpus": psutil.cpu_count(), "platform": platform.platform(),
-                    "host": "2 cores, shared", "load_1min_at_end": round(os.getloadavg()[0], 2)},
-        "runs": runs}, indent=1) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "command": "flock /work/bench.lock python benchmarks/stall_cutoff.py "
+                + " ".join(sys.argv[1:]),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "stall_timeout_s": STALL_S,
+                "machine": {
+                    "cpus": psutil.cpu_count(),
+                    "platform": platform.platform(),
+                    "host": "2 cores, shared",
+                    "load_1min_at_end": round(os.getloadavg()[0], 2),
+                },
+                "runs": runs,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

@@ -27,9 +27,17 @@ from cadence.transport.worker_to_fronts import split_step
 def _streams(batch: int) -> dict[int, RequestStream]:
     tally, tokenizer = StreamTally(), ByteTokenizer()
     return {
-        seq_id: RequestStream(seq_id, 0, 8, capacity=1 << 30, overflow="merge",
-                              include_timing=False, decoder=tokenizer.stream_decoder(),
-                              received_ns=0, tally=tally)
+        seq_id: RequestStream(
+            seq_id,
+            0,
+            8,
+            capacity=1 << 30,
+            overflow="merge",
+            include_timing=False,
+            decoder=tokenizer.stream_decoder(),
+            received_ns=0,
+            tally=tally,
+        )
         for seq_id in range(batch)
     }
 
@@ -38,7 +46,9 @@ def _time(fn, reset, number: int, repeat: int, per: int) -> dict[str, float]:
     runs = []
     for _ in range(repeat):
         reset()
-        runs.append(timeit.Timer(fn, timer=time.process_time).timeit(number=number) / (number * per) * 1e9)
+        runs.append(
+            timeit.Timer(fn, timer=time.process_time).timeit(number=number) / (number * per) * 1e9
+        )
     return {"min_ns": round(min(runs), 1), "median_ns": round(statistics.median(runs), 1)}
 
 
@@ -59,16 +69,28 @@ def main() -> None:
 
     ids = list(range(batch))
     single = StepOutput(0, 1, 10, 20, ids, [65 + i % 26 for i in ids], [], [])
-    pieces = StepOutput(0, 1, 10, 20, ids, [65 + i % 26 for i in ids for _ in range(2)], [], [],
-                        token_counts=[2] * batch)
+    pieces = StepOutput(
+        0,
+        1,
+        10,
+        20,
+        ids,
+        [65 + i % 26 for i in ids for _ in range(2)],
+        [],
+        [],
+        token_counts=[2] * batch,
+    )
     result = {
         "batch": batch,
-        "push_one_token": _time(lambda: reader._push_step(single, 30), reset, args.number,
-                                args.repeat, batch),
-        "push_pieces": _time(lambda: reader._push_step(pieces, 30), reset, args.number,
-                             args.repeat, batch),
-        "split_2_fronts": _time(lambda: split_step(single, 2), lambda: None, args.number,
-                                args.repeat, batch),
+        "push_one_token": _time(
+            lambda: reader._push_step(single, 30), reset, args.number, args.repeat, batch
+        ),
+        "push_pieces": _time(
+            lambda: reader._push_step(pieces, 30), reset, args.number, args.repeat, batch
+        ),
+        "split_2_fronts": _time(
+            lambda: split_step(single, 2), lambda: None, args.number, args.repeat, batch
+        ),
     }
     print(json.dumps(result))
 

@@ -37,10 +37,24 @@ from pathlib import Path
 import torch
 
 SHAPES = {
-    "tiny": {"vocab_size": 256, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
-                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
-    "100m": {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
-                 "num_attention_heads": 12, "num_key_value_heads": 4, "tie_word_embeddings": True},
+    "tiny": {
+        "vocab_size": 256,
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    },
+    "100m": {
+        "vocab_size": 32000,
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": True,
+    },
 }
 CORES = os.cpu_count() or 1
 
@@ -50,8 +64,13 @@ def make_model(size: str, folder: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(**SHAPES[size], max_position_embeddings=2048, bos_token_id=None,
-                         eos_token_id=None, pad_token_id=None)
+    config = LlamaConfig(
+        **SHAPES[size],
+        max_position_embeddings=2048,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     return folder
 
@@ -69,16 +88,25 @@ def prompts(count: int, length: int, vocab: int, vary: bool) -> list[list[int]]:
 # -- A: engine steps ------------------------------------------------------------------------
 
 
-def engine_runs(folder: str, batches: list[int], prompt: int, tokens: int, *, rank: int = 0,
-                size: int = 1, init: str = "") -> list[dict] | None:
+def engine_runs(
+    folder: str,
+    batches: list[int],
+    prompt: int,
+    tokens: int,
+    *,
+    rank: int = 0,
+    size: int = 1,
+    init: str = "",
+) -> list[dict] | None:
     """Rank 0: one measurement per batch size. Other ranks follow and return None."""
     from cadence.config import EngineConfig
     from cadence.engines.llama.engine import LlamaEngine
     from cadence.vocabulary import AddRequest
     from cadence.worker.batch_scheduler import BatchScheduler
 
-    config = EngineConfig(name="torch", model=folder, kv_cache_tokens=65536,
-                          threads=max(1, CORES // size))
+    config = EngineConfig(
+        name="torch", model=folder, kv_cache_tokens=65536, threads=max(1, CORES // size)
+    )
     engine = LlamaEngine(config, "cpu", rank=rank, group_size=size, dist_init=init)
     if rank > 0:
         engine.follow()
@@ -96,20 +124,40 @@ def engine_runs(folder: str, batches: list[int], prompt: int, tokens: int, *, ra
             out = scheduler.step()
             steps.append((out.end_ns - out.start_ns) / 1e6)
         wall = time.perf_counter() - start
-        results.append({
-            "batch": batch, "tp": size, "tokens_per_s": batch * tokens / wall,
-            "prefill_step_ms": steps[0], "decode_step_ms": statistics.mean(steps[1:]),
-        })
+        results.append(
+            {
+                "batch": batch,
+                "tp": size,
+                "tokens_per_s": batch * tokens / wall,
+                "prefill_step_ms": steps[0],
+                "decode_step_ms": statistics.mean(steps[1:]),
+            }
+        )
     engine.close()
     return results
 
 
-def engine_runs_tp(folder: str, batches: list[int], prompt: int, tokens: int, size: int) -> list[dict]:
+def engine_runs_tp(
+    folder: str, batches: list[int], prompt: int, tokens: int, size: int
+) -> list[dict]:
     """The same measurement with `size` ranks, each in its own process."""
     with tempfile.TemporaryDirectory(prefix="cadence-bench-tp-") as store:
-        common = [folder, json.dumps(batches), str(prompt), str(tokens), str(size), f"file://{store}/s"]
-        ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), *common],
-                                  stdout=subprocess.PIPE, text=True) for r in range(size)]
+        common = [
+            folder,
+            json.dumps(batches),
+            str(prompt),
+            str(tokens),
+            str(size),
+            f"file://{store}/s",
+        ]
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--rank", str(r), *common],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for r in range(size)
+        ]
         outs = [p.communicate()[0] for p in ranks]
     if any(p.returncode for p in ranks):
         raise RuntimeError(f"a TP rank failed: {[p.returncode for p in ranks]}")
@@ -123,6 +171,7 @@ async def _stream_all(target: str, batch: list[list[int]], tokens: int) -> tuple
     from cadence.client import AsyncClient
 
     async with AsyncClient(target) as client:
+
         async def one(p: list[int]) -> tuple[list[int], list[float]]:
             got, arrivals = [], []
             async for chunk in client.generate(p, max_tokens=tokens):
@@ -140,8 +189,16 @@ async def _stream_all(target: str, batch: list[list[int]], tokens: int) -> tuple
 def served(folder: str, batch: list[list[int]], tokens: int) -> tuple[float, list, list]:
     from cadence.lab.servers.server_process import ServerProcess
 
-    with ServerProcess("--model", folder, "--kv-cache-tokens", "65536", "--max-batch", "256",
-                       "--startup-timeout", "300") as server:
+    with ServerProcess(
+        "--model",
+        folder,
+        "--kv-cache-tokens",
+        "65536",
+        "--max-batch",
+        "256",
+        "--startup-timeout",
+        "300",
+    ) as server:
         return asyncio.run(_stream_all(server.target, batch, tokens))
 
 
@@ -160,8 +217,14 @@ class Transformers:
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.no_grad():
-            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=tokens,
-                                      min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+            out = self.model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
         return out[:, width:].tolist()
 
     def timed(self, batch: list[list[int]], tokens: int) -> tuple[float, list[list[int]]]:
@@ -212,11 +275,15 @@ def compare(folder: str, args: argparse.Namespace, vocab: int, engine_b1_step_ms
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--sizes", default="tiny,100m")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--tp", default="1,2")
-    p.add_argument("--prompt", type=int, default=32, help="prompt length (parts A, B: spread 0.5-1.5x)")
+    p.add_argument(
+        "--prompt", type=int, default=32, help="prompt length (parts A, B: spread 0.5-1.5x)"
+    )
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     p.add_argument("--concurrent", type=int, default=32)
     p.add_argument("--out", default=None, help="write the results as JSON here")
@@ -225,16 +292,31 @@ def main() -> None:
     args = p.parse_args()
     if args.rank is not None:  # one rank of a TP measurement (started by engine_runs_tp)
         folder, batches, prompt, tokens, size, init = args.rank_args
-        out = engine_runs(folder, json.loads(batches), int(prompt), int(tokens), rank=args.rank,
-                          size=int(size), init=init)
+        out = engine_runs(
+            folder,
+            json.loads(batches),
+            int(prompt),
+            int(tokens),
+            rank=args.rank,
+            size=int(size),
+            init=init,
+        )
         if out is not None:
             print(json.dumps(out))
         return
 
     batches = [int(b) for b in args.batches.split(",")]
-    report = {"host": {"cores": CORES, "machine": platform.machine(), "torch": torch.__version__,
-                       "python": platform.python_version()},
-              "prompt": args.prompt, "tokens": args.tokens, "sizes": {}}
+    report = {
+        "host": {
+            "cores": CORES,
+            "machine": platform.machine(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "prompt": args.prompt,
+        "tokens": args.tokens,
+        "sizes": {},
+    }
     with tempfile.TemporaryDirectory(prefix="cadence-bench-") as tmp:
         for size in args.sizes.split(","):
             folder = str(make_model(size, Path(tmp) / size))
@@ -245,10 +327,13 @@ def main() -> None:
                     runs += engine_runs(folder, batches, args.prompt, args.tokens)
                 else:
                     runs += engine_runs_tp(folder, batches, args.prompt, args.tokens, tp)
-                for r in runs[-len(batches):]:
-                    print(f"{size:>5} A tp={r['tp']} batch={r['batch']:>3}: {r['tokens_per_s']:8.1f} tok/s, "
-                          f"decode step {r['decode_step_ms']:7.2f} ms, prefill step "
-                          f"{r['prefill_step_ms']:7.1f} ms", flush=True)
+                for r in runs[-len(batches) :]:
+                    print(
+                        f"{size:>5} A tp={r['tp']} batch={r['batch']:>3}: {r['tokens_per_s']:8.1f} tok/s, "
+                        f"decode step {r['decode_step_ms']:7.2f} ms, prefill step "
+                        f"{r['prefill_step_ms']:7.1f} ms",
+                        flush=True,
+                    )
             b1 = next((r["decode_step_ms"] for r in runs if r["tp"] == 1 and r["batch"] == 1), 0.0)
             cmp_ = compare(folder, args, SHAPES[size]["vocab_size"], b1)
             print(f"{size:>5} B {json.dumps(cmp_['concurrent'])}", flush=True)

@@ -39,8 +39,11 @@ def one_run(traced: bool, receiver: TraceReceiver) -> dict:
     with ServerProcess(*args) as server:
         front = psutil.Process(server.pid)
         cpu0 = sum(front.cpu_times()[:2])
-        workload = Workload(requests=STREAMS * WAVES, concurrency=STREAMS,
-                            shape=RequestShape(max_tokens=(TOKENS, TOKENS)))
+        workload = Workload(
+            requests=STREAMS * WAVES,
+            concurrency=STREAMS,
+            shape=RequestShape(max_tokens=(TOKENS, TOKENS)),
+        )
         result = run_bench(server.target, workload, processes=2)
         cpu_s = sum(front.cpu_times()[:2]) - cpu0
     if traced:  # the last batch leaves at the server's stop
@@ -78,21 +81,33 @@ def main() -> None:
     ratio = statistics.median(on) / statistics.median(off)
     out = {
         "command": "python benchmarks/tracing_overhead.py " + " ".join(sys.argv[1:]),
-        "host": {"cpus": psutil.cpu_count(), "python": platform.python_version(),
-                 "machine": platform.node()},
+        "host": {
+            "cpus": psutil.cpu_count(),
+            "python": platform.python_version(),
+            "machine": platform.node(),
+        },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "workload": {"streams": STREAMS, "max_tokens": TOKENS, "waves": WAVES, "step_ms": 20,
-                     "workers": 2},
+        "workload": {
+            "streams": STREAMS,
+            "max_tokens": TOKENS,
+            "waves": WAVES,
+            "step_ms": 20,
+            "workers": 2,
+        },
         "runs": runs,
-        "front_cpu_per_chunk_us": {"off_median": statistics.median(off),
-                                   "on_median": statistics.median(on)},
+        "front_cpu_per_chunk_us": {
+            "off_median": statistics.median(off),
+            "on_median": statistics.median(on),
+        },
         "ratio_on_off": round(ratio, 3),
         "target_ratio": 1.05,
         "met": ratio <= 1.05,
     }
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"front CPU per chunk: off {statistics.median(off):.1f} µs, on "
-          f"{statistics.median(on):.1f} µs (x{ratio:.3f}; target <= 1.05)")
+    print(
+        f"front CPU per chunk: off {statistics.median(off):.1f} µs, on "
+        f"{statistics.median(on):.1f} µs (x{ratio:.3f}; target <= 1.05)"
+    )
 
 
 if __name__ == "__main__":

@@ -56,27 +56,60 @@ def _stop(process: subprocess.Popen) -> None:
 def _cadence(folder: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
     http = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "cadence.cli", "serve", "--engine", "transformers", "--model",
-         str(folder), "--devices", f"cpu:{workers}", "--port", "0", "--http-port", str(http),
-         "--served-model-name", "tiny", "--log-level", "WARNING"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--engine",
+            "transformers",
+            "--model",
+            str(folder),
+            "--devices",
+            f"cpu:{workers}",
+            "--port",
+            "0",
+            "--http-port",
+            str(http),
+            "--served-model-name",
+            "tiny",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{http}"
     wait_http(base + "/health", process)
     return process, base, "tiny"
 
 
-def _hf(folder: Path, deps: str, continuous: bool,
-        threads: int = 0) -> tuple[subprocess.Popen, str, str]:
+def _hf(
+    folder: Path, deps: str, continuous: bool, threads: int = 0
+) -> tuple[subprocess.Popen, str, str]:
     port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [deps, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [deps, os.environ.get("PYTHONPATH")])),
+    )
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    command = [str(Path(sys.executable).with_name("transformers")), "serve", str(folder),
-               "--port", str(port), "--device", "cpu", "--dtype", "float32",
-               "--continuous-batching" if continuous else "--no-continuous-batching"]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    command = [
+        str(Path(sys.executable).with_name("transformers")),
+        "serve",
+        str(folder),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--continuous-batching" if continuous else "--no-continuous-batching",
+    ]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     base = f"http://127.0.0.1:{port}"
     wait_http(base + "/health", process)
     return process, base, str(folder)
@@ -93,33 +126,52 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--requests-per-stream", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--serving-deps", default="",
-                        help="a folder with fastapi, uvicorn and accelerate for transformers serve")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2],
-                        help="cadence runs: this many CPU workers, cores shared among them")
-    parser.add_argument("--plain", action="store_true",
-                        help="also transformers serve without --continuous-batching")
-    parser.add_argument("--open-s", type=float, default=0.0,
-                        help="then an open loop at 70%% of the best tokens/s, this many "
-                             "seconds' worth of requests (0: none)")
+    parser.add_argument(
+        "--serving-deps",
+        default="",
+        help="a folder with fastapi, uvicorn and accelerate for transformers serve",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="cadence runs: this many CPU workers, cores shared among them",
+    )
+    parser.add_argument(
+        "--plain", action="store_true", help="also transformers serve without --continuous-batching"
+    )
+    parser.add_argument(
+        "--open-s",
+        type=float,
+        default=0.0,
+        help="then an open loop at 70%% of the best tokens/s, this many "
+        "seconds' worth of requests (0: none)",
+    )
     parser.add_argument("--out", default="results/transformers_engine.json")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from examples.transformers_model import build
 
-    servers = [(f"cadence --engine transformers --devices cpu:{n}",
-                lambda f, n=n: _cadence(f, n)) for n in args.workers]
+    servers = [
+        (f"cadence --engine transformers --devices cpu:{n}", lambda f, n=n: _cadence(f, n))
+        for n in args.workers
+    ]
     skipped = {}
     if args.serving_deps:
-        servers.append(("transformers serve --continuous-batching",
-                        lambda f: _hf(f, args.serving_deps, True)))
-        servers.append(("transformers serve --continuous-batching, OMP_NUM_THREADS=1",
-                        lambda f: _hf(f, args.serving_deps, True, threads=1)))
+        servers.append(
+            ("transformers serve --continuous-batching", lambda f: _hf(f, args.serving_deps, True))
+        )
+        servers.append(
+            (
+                "transformers serve --continuous-batching, OMP_NUM_THREADS=1",
+                lambda f: _hf(f, args.serving_deps, True, threads=1),
+            )
+        )
         if args.plain:
             servers.append(("transformers serve", lambda f: _hf(f, args.serving_deps, False)))
     else:
-        skipped["transformers serve"] = ("needs fastapi, uvicorn and accelerate "
-                                         "(--serving-deps DIR)")
+        skipped["transformers serve"] = "needs fastapi, uvicorn and accelerate (--serving-deps DIR)"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = build(Path(tmp) / "tiny-qwen3")
@@ -133,31 +185,61 @@ def main() -> None:
                 out = Path(tmp) / "bench.json"
                 found = []
                 for streams in args.streams:
-                    found.append(bench(base, "openai", model, out, streams=streams,
-                                       requests=streams * args.requests_per_stream,
-                                       max_tokens=args.max_tokens, prompt_tokens=16))
+                    found.append(
+                        bench(
+                            base,
+                            "openai",
+                            model,
+                            out,
+                            streams=streams,
+                            requests=streams * args.requests_per_stream,
+                            max_tokens=args.max_tokens,
+                            prompt_tokens=16,
+                        )
+                    )
                 best = max((r["tokens_per_s"] for r in found if r["requests_ok"]), default=0)
                 if args.open_s and best:  # Poisson arrivals at 70% of its best tokens/s
                     rate = OPEN_LOAD * best / args.max_tokens
-                    found.append(bench(base, "openai", model, out, rate=rate,
-                                       requests=max(10, int(rate * args.open_s)),
-                                       max_tokens=args.max_tokens, prompt_tokens=16))
+                    found.append(
+                        bench(
+                            base,
+                            "openai",
+                            model,
+                            out,
+                            rate=rate,
+                            requests=max(10, int(rate * args.open_s)),
+                            max_tokens=args.max_tokens,
+                            prompt_tokens=16,
+                        )
+                    )
                 for row in found:
                     row["server"] = name
                     print(json.dumps(row), flush=True)
                 rows.extend(found)
             finally:
                 _stop(process)
-    Path(args.out).write_text(json.dumps({
-        "command": "python " + " ".join(sys.argv),
-        "model": "examples/transformers_model.py (Qwen3, 2 layers, hidden 64, float32, CPU)",
-        "max_tokens": args.max_tokens, "prompt_tokens": 16, "open_s": args.open_s,
-        "requests_per_stream": args.requests_per_stream, "date": time.strftime("%Y-%m-%d"),
-        "transformers": _version("transformers"), "torch": _version("torch"),
-        "host": platform.node(),
-        "cpus": os.cpu_count(), "load_average": os.getloadavg(), "rows": rows,
-        "skipped": skipped,
-    }, indent=1) + "\n")
+    Path(args.out).write_text(
+        json.dumps(
+            {
+                "command": "python " + " ".join(sys.argv),
+                "model": "examples/transformers_model.py (Qwen3, 2 layers, hidden 64, float32, CPU)",
+                "max_tokens": args.max_tokens,
+                "prompt_tokens": 16,
+                "open_s": args.open_s,
+                "requests_per_stream": args.requests_per_stream,
+                "date": time.strftime("%Y-%m-%d"),
+                "transformers": _version("transformers"),
+                "torch": _version("torch"),
+                "host": platform.node(),
+                "cpus": os.cpu_count(),
+                "load_average": os.getloadavg(),
+                "rows": rows,
+                "skipped": skipped,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -46,11 +46,21 @@ async def _lane(client, lane: int, todo, tokens: int, delay_ms: int, records: li
     responses = client.stream_infer(send())
     monotonic_ns = time.monotonic_ns
     for i in todo:
-        record = {"request_id": f"bench-{i}", "process": 0, "max_tokens": tokens, "code": "OK",
-                  "error": "", "finish_reason": 0, "arrival_ns": [], "tokens": [], "index": []}
+        record = {
+            "request_id": f"bench-{i}",
+            "process": 0,
+            "max_tokens": tokens,
+            "code": "OK",
+            "error": "",
+            "finish_reason": 0,
+            "arrival_ns": [],
+            "tokens": [],
+            "index": [],
+        }
         record["start_ns"] = monotonic_ns()
-        requests.put_nowait({"model_name": "tokens", "inputs": _inputs(tokens, delay_ms),
-                             "request_id": str(i)})
+        requests.put_nowait(
+            {"model_name": "tokens", "inputs": _inputs(tokens, delay_ms), "request_id": str(i)}
+        )
         try:
             for _ in range(tokens):
                 result, error = await responses.__anext__()
@@ -78,8 +88,12 @@ async def main(args: argparse.Namespace) -> dict:
     counter = iter(range(args.requests))
     records: list = []
     cpu0, wall0 = time.process_time(), time.monotonic()
-    await asyncio.gather(*(_lane(client, k, counter, args.tokens, args.delay_ms, records)
-                           for k in range(args.streams)))
+    await asyncio.gather(
+        *(
+            _lane(client, k, counter, args.tokens, args.delay_ms, records)
+            for k in range(args.streams)
+        )
+    )
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
     await client.close()
     return {"records": records, "cpu_s": cpu_s, "wall_s": wall_s}

@@ -58,8 +58,9 @@ class BigramModel:
             self.last[seq.state] = seq.prompt_token_ids[-1]
         batch = prefill + decode
         slots = np.fromiter((seq.state for seq in batch), dtype=np.int64, count=len(batch))
-        temperature = np.fromiter((seq.temperature for seq in batch), dtype=np.float64,
-                                  count=len(batch))
+        temperature = np.fromiter(
+            (seq.temperature for seq in batch), dtype=np.float64, count=len(batch)
+        )
         logits = self.log_probs[self.last[slots]]
         # Gumbel-max sampling, greedy where temperature is 0: one pass for the whole batch.
         noise = self.rng.gumbel(size=logits.shape) * temperature[:, None]

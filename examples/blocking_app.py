@@ -60,5 +60,6 @@ if __name__ == "__main__":
     parser.add_argument("--devices", default="cpu:1")
     parser.add_argument("--port", type=int, default=50051)
     args = parser.parse_args()
-    cadence.serve(generate, devices=args.devices, engine_threads=args.engine_threads,
-                  port=args.port)
+    cadence.serve(
+        generate, devices=args.devices, engine_threads=args.engine_threads, port=args.port
+    )

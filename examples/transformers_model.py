@@ -24,7 +24,8 @@ _CORPUS = [
 
 _CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def build(folder: Path) -> Path:
@@ -36,16 +37,31 @@ def build(folder: Path) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(_CORPUS, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        _CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
     tokenizer.chat_template = _CHAT_TEMPLATE
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16, max_position_embeddings=512, eos_token_id=0,
-                         bos_token_id=None, pad_token_id=None)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        eos_token_id=0,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     Qwen3ForCausalLM(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -50,8 +50,13 @@ STUB_SETS = (
         protos=("inference/model_config.proto", "inference/grpc_service.proto"),
         proto_package="inference",
         python_package="cadence.proto.kserve",
-        stubs=("model_config_pb2.py", "model_config_pb2.pyi", "grpc_service_pb2.py",
-               "grpc_service_pb2.pyi", "grpc_service_pb2_grpc.py"),
+        stubs=(
+            "model_config_pb2.py",
+            "model_config_pb2.pyi",
+            "grpc_service_pb2.py",
+            "grpc_service_pb2.pyi",
+            "grpc_service_pb2_grpc.py",
+        ),
         # tritonclient registers the same `inference.*` names in the default pool; two
         # definitions of one name cannot share a pool, and both must work in one process.
         private_pool="cadence.proto.kserve.pool",
@@ -91,12 +96,15 @@ def generate_set(stub_set: StubSet, out_dir: Path) -> None:
         generated = Path(tmp, *stub_set.proto_package.split("."))
         for name in stub_set.stubs:
             text = (generated / name).read_text()
-            text = text.replace(f"from {stub_set.proto_package} import",
-                                f"from {stub_set.python_package} import")
+            text = text.replace(
+                f"from {stub_set.proto_package} import", f"from {stub_set.python_package} import"
+            )
             # The messages' __module__ too, or pickle (multiprocessing, Ray) cannot find their
             # classes: it would import `cadence.v1.inference_pb2`, which does not exist.
-            text = text.replace(f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{stub_set.proto_package}.",
-                                f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{stub_set.python_package}.")
+            text = text.replace(
+                f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{stub_set.proto_package}.",
+                f"BuildTopDescriptorsAndMessages(DESCRIPTOR, '{stub_set.python_package}.",
+            )
             if stub_set.private_pool and name.endswith("_pb2.py"):
                 text = _use_private_pool(text, stub_set.private_pool)
             (out_dir / name).write_text(text)
@@ -110,7 +118,9 @@ def _use_private_pool(text: str, module: str) -> str:
     package, _, name = module.rpartition(".")
     if _POOL_IMPORT not in text or "_descriptor_pool.Default()" not in text:
         raise SystemExit("protoc's output changed: cannot redirect it to a private pool")
-    text = text.replace(_POOL_IMPORT, f"{_POOL_IMPORT}from {package} import {name} as _private_pool\n")
+    text = text.replace(
+        _POOL_IMPORT, f"{_POOL_IMPORT}from {package} import {name} as _private_pool\n"
+    )
     return text.replace("_descriptor_pool.Default()", "_private_pool.POOL")
 
 

@@ -119,8 +119,12 @@ def bad_tokenizer_app(request: AppRequest, context: AppContext) -> Iterator[str 
     """With tests.batched_models' BadTokenizer: `encode-fails` yields "ENCODE-FAILS" as its
     third piece, `stream-raises`, `stream-surrogate` and `stream-huge` the ids [1], [2], [3];
     anything else: "0", "1", ... "9"."""
-    third = {"encode-fails": "ENCODE-FAILS", "stream-raises": [1], "stream-surrogate": [2],
-             "stream-huge": [3]}.get(request.prompt)
+    third = {
+        "encode-fails": "ENCODE-FAILS",
+        "stream-raises": [1],
+        "stream-surrogate": [2],
+        "stream-huge": [3],
+    }.get(request.prompt)
     for i in range(min(request.max_tokens, 10)):
         yield third if i == 2 and third is not None else [ord("0") + i]
 

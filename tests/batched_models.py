@@ -80,8 +80,9 @@ class SickModel(EchoModel):
     def __init__(self, device: str, worker: int) -> None:
         super().__init__(device)
         marker = os.environ.get("CADENCE_TEST_SICK_MARKER", "")
-        self.sick = (worker == int(os.environ.get("CADENCE_TEST_SICK_WORKER", "-1"))
-                     and not (marker and os.path.exists(marker)))
+        self.sick = worker == int(os.environ.get("CADENCE_TEST_SICK_WORKER", "-1")) and not (
+            marker and os.path.exists(marker)
+        )
         if self.sick and marker:
             open(marker, "w").close()
 
@@ -116,7 +117,7 @@ class WordTokenizer:
             word = next((w for w in self.WORDS if rest.startswith(w)), None)
             if word is not None:
                 ids.append(1000 + self.WORDS.index(word))
-                rest = rest[len(word):]
+                rest = rest[len(word) :]
             else:
                 ids += rest[0].encode()
                 rest = rest[1:]
@@ -137,8 +138,10 @@ class VocabModel:
         self.device = device
 
     def step(self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]) -> list[int]:
-        return [seq.prompt_token_ids[seq.generated % len(seq.prompt_token_ids)]
-                for seq in prefill + decode]
+        return [
+            seq.prompt_token_ids[seq.generated % len(seq.prompt_token_ids)]
+            for seq in prefill + decode
+        ]
 
 
 class PieceModel:
@@ -300,8 +303,12 @@ class DecodeOnlyTokenizer(BadTokenizer):
         return super().decode(ids)
 
 
-_THIRD_OUTPUTS = {"encode-fails": "ENCODE-FAILS", "stream-raises": 1, "stream-surrogate": 2,
-                  "stream-huge": 3}
+_THIRD_OUTPUTS = {
+    "encode-fails": "ENCODE-FAILS",
+    "stream-raises": 1,
+    "stream-surrogate": 2,
+    "stream-huge": 3,
+}
 
 
 class StreamOnlyTokenizer:

@@ -45,6 +45,7 @@ class EchoIdsModel:
     def __init__(self, device: str) -> None:
         pass
 
-    def step(self, prefill: list[cadence.Sequence],
-             decode: list[cadence.Sequence]) -> list[int | str | None]:
+    def step(
+        self, prefill: list[cadence.Sequence], decode: list[cadence.Sequence]
+    ) -> list[int | str | None]:
         return [output(s.prompt, s.prompt_token_ids, s.generated) for s in prefill + decode]

@@ -129,9 +129,13 @@ class Card:
             started = time.monotonic()
             admitted = []
             if args.order_by_length:  # the planted fault: a scheduler that orders by length
-                self.waiting = collections.deque(sorted(
-                    self.waiting, key=lambda s: s.max_tokens,
-                    reverse=args.order_by_length == "longest"))
+                self.waiting = collections.deque(
+                    sorted(
+                        self.waiting,
+                        key=lambda s: s.max_tokens,
+                        reverse=args.order_by_length == "longest",
+                    )
+                )
             while self.waiting and (not args.max_batch or len(self.running) < args.max_batch):
                 stream = self.waiting.popleft()
                 self.running.append(stream)
@@ -141,8 +145,9 @@ class Card:
                 step += args.prefill_ms * len(admitted)
                 step += args.prefill_ms_per_token * sum(s.prompt_chars for s in admitted)
             # The planted faults: a context recomputed every step, a history scanned.
-            step += args.no_kv_cache_ms_per_token * sum(s.prompt_chars + s.made
-                                                        for s in self.running)
+            step += args.no_kv_cache_ms_per_token * sum(
+                s.prompt_chars + s.made for s in self.running
+            )
             step += args.leak_ms_per_step * len(self.history)
             self.history.append(started)
             await asyncio.sleep(max(0.0, started + step / 1e3 - time.monotonic()))
@@ -190,9 +195,14 @@ class Engine:
         if args.serial:
             self.cards: list = [SerialEngine(self)]
         else:
-            self.cards = [Card(self, n, args.decode_ms * (args.slow_card_factor
-                                                          if n == args.cards - 1 else 1.0))
-                          for n in range(args.cards)]
+            self.cards = [
+                Card(
+                    self,
+                    n,
+                    args.decode_ms * (args.slow_card_factor if n == args.cards - 1 else 1.0),
+                )
+                for n in range(args.cards)
+            ]
         self.submitted = 0
 
     def start(self) -> list[asyncio.Task]:
@@ -210,7 +220,7 @@ class Engine:
         stream = Stream(self, prompt_chars, max_tokens)
         card = self.cards[self.submitted % len(self.cards)]
         self.submitted += 1
-        prefill_s = self.args.prefill_ms_per_token_squared * prompt_chars ** 2 / 1e3
+        prefill_s = self.args.prefill_ms_per_token_squared * prompt_chars**2 / 1e3
         if prefill_s:  # the planted fault: prefill on an instance of its own, as the square
             asyncio.get_running_loop().call_later(prefill_s, self._join, card, stream)
         else:
@@ -262,16 +272,23 @@ async def serve_sse(engine: Engine, args: argparse.Namespace) -> tuple[object, i
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         stream = engine.submit(len(body.get("prompt") or ""), int(body.get("max_tokens") or 16))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         held: list[bytes] = []
         try:
             async for positions in stream.outputs():
                 for position in positions:
-                    event = _event({"object": "text_completion", "model": MODEL,
-                                    "choices": [{"index": 0, "text": f"t{position} ",
-                                                 "finish_reason": None}]})
+                    event = _event(
+                        {
+                            "object": "text_completion",
+                            "model": MODEL,
+                            "choices": [
+                                {"index": 0, "text": f"t{position} ", "finish_reason": None}
+                            ],
+                        }
+                    )
                     if position == args.drop_event:  # the planted fault
                         continue
                     held.append(event)
@@ -280,10 +297,25 @@ async def serve_sse(engine: Engine, args: argparse.Namespace) -> tuple[object, i
                     if len(held) >= args.flush_events:  # the planted fault when above 1
                         await response.write(b"".join(held))
                         held.clear()
-            held.append(_event({"object": "text_completion", "model": MODEL, "choices": [
-                {"index": 0, "text": "", "finish_reason": "length"}]}))
-            held.append(_event({"object": "text_completion", "model": MODEL, "choices": [],
-                                "usage": {"completion_tokens": stream.made}}))
+            held.append(
+                _event(
+                    {
+                        "object": "text_completion",
+                        "model": MODEL,
+                        "choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                    }
+                )
+            )
+            held.append(
+                _event(
+                    {
+                        "object": "text_completion",
+                        "model": MODEL,
+                        "choices": [],
+                        "usage": {"completion_tokens": stream.made},
+                    }
+                )
+            )
             held.append(b"data: [DONE]\n\n")
             await response.write(b"".join(held))
         finally:

@@ -12,7 +12,12 @@ import torch
 
 from tests.bpe_tokenizer import CORPUS, build_tokenizer  # noqa: F401 - tests import them from here
 
-PROMPTS = ["the quick brown fox", "a stream", "hello wörld 你好, the lazy dog jumps over cadence", "t"]
+PROMPTS = [
+    "the quick brown fox",
+    "a stream",
+    "hello wörld 你好, the lazy dog jumps over cadence",
+    "t",
+]
 
 
 def save_model(
@@ -66,7 +71,9 @@ def save_tokenizer(folder: Path, tok=None) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     tok = tok or build_tokenizer()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
+    ).save_pretrained(folder)
     return folder
 
 
@@ -85,13 +92,15 @@ def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int) -> list[
             max_new_tokens=max_new_tokens,
             do_sample=False,
         )
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 _MODELS: dict[Path, object] = {}
 
 
-def run_rank(folder: str, rank: int, size: int, init: str, requests: list[dict]) -> list[list[int]] | None:
+def run_rank(
+    folder: str, rank: int, size: int, init: str, requests: list[dict]
+) -> list[list[int]] | None:
     """One tensor-parallel rank stepping `requests` (AddRequest fields, plus `join` step) through
     a BatchScheduler; rank 0 returns each request's tokens, the others follow and return None."""
     from cadence.config import EngineConfig
@@ -125,6 +134,8 @@ if __name__ == "__main__":
     import json
     import sys
 
-    result = run_rank(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5]))
+    result = run_rank(
+        sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], json.loads(sys.argv[5])
+    )
     if result is not None:
         print(json.dumps(result))

@@ -43,8 +43,13 @@ class TwoHosts:
         tag = f"{os.getpid() % 100000}"
         self.a, self.b = f"cad{tag}a", f"cad{tag}b"
         self._root_link = f"cad{tag}r"
-        self.env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16),
-                        RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+        self.env = dict(
+            os.environ,
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=secrets.token_hex(16),
+            RAY_USAGE_STATS_ENABLED="0",
+            PYTHONUNBUFFERED="1",
+        )
         self._made: list[str] = []
         self.logs: list[Path] = []
         self._ray_dir = tempfile.mkdtemp(prefix="cadray-")
@@ -55,7 +60,16 @@ class TwoHosts:
             ip("netns", "add", ns)
             self._made.append(ns)
         # The hosts' link: both ends are called cad0, each in its own namespace.
-        ip("link", "add", f"{self._root_link}x", "type", "veth", "peer", "name", f"{self._root_link}y")
+        ip(
+            "link",
+            "add",
+            f"{self._root_link}x",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            f"{self._root_link}y",
+        )
         ip("link", "set", f"{self._root_link}x", "netns", self.a)
         ip("link", "set", f"{self._root_link}y", "netns", self.b)
         ip("-n", self.a, "link", "set", f"{self._root_link}x", "name", "cad0")
@@ -72,27 +86,68 @@ class TwoHosts:
             ip("-n", ns, "link", "set", "cad0", "up")
         ip("-n", self.a, "link", "set", f"{self._root_link}c", "up")
         ip("link", "set", self._root_link, "up")
-        common = ["--num-cpus", "1", "--resources", '{"card": 1}', "--object-store-memory",
-                  "80000000", "--disable-usage-stats", "--block", "--temp-dir", self._ray_dir]
-        self.spawn(self.a, log_dir / "ray-head.log", str(VENV_BIN / "ray"), "start", "--head",
-                   "--node-ip-address", self.HEAD, "--port", "6379", "--include-dashboard",
-                   "false", *common)
+        common = [
+            "--num-cpus",
+            "1",
+            "--resources",
+            '{"card": 1}',
+            "--object-store-memory",
+            "80000000",
+            "--disable-usage-stats",
+            "--block",
+            "--temp-dir",
+            self._ray_dir,
+        ]
+        self.spawn(
+            self.a,
+            log_dir / "ray-head.log",
+            str(VENV_BIN / "ray"),
+            "start",
+            "--head",
+            "--node-ip-address",
+            self.HEAD,
+            "--port",
+            "6379",
+            "--include-dashboard",
+            "false",
+            *common,
+        )
         self._wait_for_port(self.a, self.HEAD, 6379, log_dir / "ray-head.log")
-        self.spawn(self.b, log_dir / "ray-node.log", str(VENV_BIN / "ray"), "start", "--address",
-                   f"{self.HEAD}:6379", "--node-ip-address", self.NODE, *common)
+        self.spawn(
+            self.b,
+            log_dir / "ray-node.log",
+            str(VENV_BIN / "ray"),
+            "start",
+            "--address",
+            f"{self.HEAD}:6379",
+            "--node-ip-address",
+            self.NODE,
+            *common,
+        )
 
     def spawn(self, ns: str, log: Path, *argv: str) -> subprocess.Popen:
         """Run `argv` inside namespace `ns`, its output in `log`."""
         self.logs.append(log)
         out = open(log, "w")
-        return subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=out,
-                                stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
 
     def _wait_for_port(self, ns: str, host: str, port: int, log: Path, timeout: float = 60) -> None:
         probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=1)"
         deadline = time.monotonic() + timeout
-        while subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe],
-                             check=False, capture_output=True).returncode != 0:
+        while (
+            subprocess.run(
+                ["ip", "netns", "exec", ns, sys.executable, "-c", probe],
+                check=False,
+                capture_output=True,
+            ).returncode
+            != 0
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the Ray head never listened:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
@@ -101,7 +156,9 @@ class TwoHosts:
         """Every process in either namespace."""
         pids: list[int] = []
         for ns in self._made:
-            out = subprocess.run(["ip", "netns", "pids", ns], check=False, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                ["ip", "netns", "pids", ns], check=False, capture_output=True, text=True
+            ).stdout
             pids += [int(p) for p in out.split()]
         return pids
 
@@ -126,7 +183,9 @@ def netns_unavailable() -> str | None:
     if shutil.which("ip") is None:
         return "no `ip` command (Debian's iproute2)"
     probe = f"cadprobe{os.getpid() % 100000}"
-    made = subprocess.run(["ip", "netns", "add", probe], check=False, capture_output=True, text=True)
+    made = subprocess.run(
+        ["ip", "netns", "add", probe], check=False, capture_output=True, text=True
+    )
     if made.returncode != 0:
         return f"`ip netns add` is not permitted here: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True)
@@ -139,9 +198,25 @@ class Front:
     def __init__(self, hosts: TwoHosts, log: Path, *args: str) -> None:
         self.log = log
         self.process = hosts.spawn(
-            hosts.a, log, sys.executable, "-m", "cadence.cli", "serve", "--launcher", "ray",
-            "--ray-address", f"{hosts.HEAD}:6379", "--host", hosts.FRONT, "--port", "0",
-            "--startup-timeout", "120", "--heartbeat-timeout", "2", *args,
+            hosts.a,
+            log,
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--launcher",
+            "ray",
+            "--ray-address",
+            f"{hosts.HEAD}:6379",
+            "--host",
+            hosts.FRONT,
+            "--port",
+            "0",
+            "--startup-timeout",
+            "120",
+            "--heartbeat-timeout",
+            "2",
+            *args,
         )
         deadline = time.monotonic() + 150
         while not (match := _BANNER.search(log.read_text())):

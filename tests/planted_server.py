@@ -43,8 +43,9 @@ import time
 import grpc
 from grpc_reflection.v1alpha import reflection
 
-_PROTO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
-                          "thread_pool")
+_PROTO_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "examples", "thread_pool"
+)
 
 
 def _messages():
@@ -64,8 +65,9 @@ def _traced(endpoint: str):
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider(resource=Resource.create({"service.name": "planted"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint),
-                                                   schedule_delay_millis=200))
+    provider.add_span_processor(
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint), schedule_delay_millis=200)
+    )
     trace.set_tracer_provider(provider)
     GrpcAioInstrumentorServer().instrument()
     return provider, trace.get_tracer("planted")
@@ -106,8 +108,11 @@ async def main(args: argparse.Namespace) -> None:
                     delay = t0 + (first + n) * gap - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                    yield protos.Token(index=first, count=n,
-                                       text="".join(f"t{i} " for i in range(first, first + n)))
+                    yield protos.Token(
+                        index=first,
+                        count=n,
+                        text="".join(f"t{i} " for i in range(first, first + n)),
+                    )
                 return
             swapped = args.fault == "swap" and not swaps and request.max_tokens > 4
             swaps += swapped
@@ -155,9 +160,24 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=["none", "pause", "setup", "skip", "errors", "die", "cpu", "batch",
-                                 "slow-subset", "first", "swap", "rare-slow"],
-                        default="none")
+    parser.add_argument(
+        "--fault",
+        choices=[
+            "none",
+            "pause",
+            "setup",
+            "skip",
+            "errors",
+            "die",
+            "cpu",
+            "batch",
+            "slow-subset",
+            "first",
+            "swap",
+            "rare-slow",
+        ],
+        default="none",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gap-ms", type=float, default=20.0)
@@ -172,8 +192,15 @@ if __name__ == "__main__":
     parser.add_argument("--rare-every", type=float, default=30.0)
     parser.add_argument("--rare-ms", type=float, default=150.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-streams", type=int, default=0,
-                        help="HTTP/2 concurrent streams per connection (0: no limit)")
-    parser.add_argument("--otlp-endpoint", default="",
-                        help="export OpenTelemetry spans (grpc instrumentation) to this URL")
+    parser.add_argument(
+        "--max-streams",
+        type=int,
+        default=0,
+        help="HTTP/2 concurrent streams per connection (0: no limit)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="export OpenTelemetry spans (grpc instrumentation) to this URL",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -22,10 +22,22 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "mistral
 def _config(arch: str, vocab: int):
     import transformers as tf
 
-    common = {"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": None,
-                  "initializer_range": 0.05}
-    decoder = dict(common, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    common = {
+        "vocab_size": vocab,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": None,
+        "initializer_range": 0.05,
+    }
+    decoder = dict(
+        common,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     if arch == "llama":
         return tf.LlamaConfig(**decoder)
     if arch == "qwen2":
@@ -38,12 +50,17 @@ def _config(arch: str, vocab: int):
         return tf.Phi3Config(**decoder)
     if arch == "gemma2":
         # One sliding-window layer and one global layer, as Gemma 2 alternates them.
-        return tf.Gemma2Config(**decoder, head_dim=16, sliding_window=SLIDING_WINDOW,
-                               query_pre_attn_scalar=16)
+        return tf.Gemma2Config(
+            **decoder, head_dim=16, sliding_window=SLIDING_WINDOW, query_pre_attn_scalar=16
+        )
     if arch == "gemma3":
-        return tf.Gemma3TextConfig(**decoder, head_dim=16, sliding_window=SLIDING_WINDOW,
-                                   layer_types=["sliding_attention", "full_attention"],
-                                   query_pre_attn_scalar=16)
+        return tf.Gemma3TextConfig(
+            **decoder,
+            head_dim=16,
+            sliding_window=SLIDING_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=16,
+        )
     if arch == "gpt2":
         return tf.GPT2Config(**common, n_embd=32, n_layer=2, n_head=4, n_positions=256)
     raise ValueError(arch)
@@ -81,6 +98,7 @@ def generate_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int) ->
         model = _MODELS[folder] = AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids),
-                             max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt_ids):].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+        )
+    return out[0, len(prompt_ids) :].tolist()

@@ -92,8 +92,9 @@ async def tokens(args: argparse.Namespace) -> None:
     import grpc
     from grpc_reflection.v1alpha import reflection
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                                    "examples", "thread_pool"))
+    sys.path.insert(
+        0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "thread_pool")
+    )
     protos, services = grpc.protos_and_services("tokens.proto")
     calls = 0
     never = asyncio.Event()

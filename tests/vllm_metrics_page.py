@@ -52,9 +52,14 @@ def main() -> None:
                 self.send_error(404)
                 return
             t = time.monotonic() - started
-            body = PAGE.format(running=min(args.batch, int(4 * t)), waiting=int(4 * t),
-                               kv=round(min(0.6, 0.2 * t), 3), tokens=int(500 * t),
-                               done=int(10 * t), latency=round(5 * t, 3)).encode()
+            body = PAGE.format(
+                running=min(args.batch, int(4 * t)),
+                waiting=int(4 * t),
+                kv=round(min(0.6, 0.2 * t), 3),
+                tokens=int(500 * t),
+                done=int(10 * t),
+                latency=round(5 * t, 3),
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))

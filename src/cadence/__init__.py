@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 __all__ = [
-    "AppContext", "AppRequest", "AsyncClient", "Client", "ClientCredentials", "Model", "Sequence",
-    "SequenceError", "StepModel", "serve",
+    "AppContext",
+    "AppRequest",
+    "AsyncClient",
+    "Client",
+    "ClientCredentials",
+    "Model",
+    "Sequence",
+    "SequenceError",
+    "StepModel",
+    "serve",
 ]
 __version__ = "0.1.0"
 

@@ -29,16 +29,18 @@ CHUNK_FRAME = b"%x\r\n%b\r\n"
 writer frames it: what `write_eof` ends with its last chunk."""
 
 
-def connection(request: web.BaseRequest) -> tuple[
-        asyncio.Transport | None, BaseProtocol, AbstractStreamWriter]:
+def connection(
+    request: web.BaseRequest,
+) -> tuple[asyncio.Transport | None, BaseProtocol, AbstractStreamWriter]:
     """`request`'s connection: its transport, to write a prepared response's body straight to
     it (framed as `CHUNK_FRAME`); its protocol, whose `writing_paused` says the transport's
     buffer is full; and the response's writer, whose `drain` waits until it is not."""
     return request.transport, request.protocol, request.writer
 
 
-def connection_factory(server: web.Server,
-                       handler: type[web.RequestHandler]) -> Callable[[], web.RequestHandler]:
+def connection_factory(
+    server: web.Server, handler: type[web.RequestHandler]
+) -> Callable[[], web.RequestHandler]:
     """What `server()` is (a new connection's protocol), with `handler`, a subclass of aiohttp's
     `RequestHandler`, in place of it: aiohttp has no option for the protocol class, and only
     the protocol answers what the HTTP parser refuses (`RequestHandler.handle_error`)."""

@@ -27,17 +27,26 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-NOT_FLAGS = frozenset({
-    "CADENCE_STARTER_PID",  # cadence.worker: set by the server for the processes it starts
-    "CADENCE_ENVOY_CONFIG", "CADENCE_ENVOY_CONTROL", "CADENCE_ENVOY_FRONT",  # envoy_front:
-    "CADENCE_ENVOY_PYTHON", "CADENCE_ENVOY_LOG_LEVEL",  # for the front that Envoy runs
-    "CADENCE_TEST_SERVE_ARGS",  # the test suite's servers (tests/integration/conftest.py)
-    "CADENCE_IMAGE_TEST", "CADENCE_IMAGE_BASE", "CADENCE_IMAGE_WHEELS",  # test_container.py
-    "CADENCE_PODMAN_RUN_ARGS",
-    # the test suite's models, read in the workers they run in (tests/startup_models.py,
-    # tests/batched_models.py)
-    "CADENCE_TEST_LOAD_S", "CADENCE_TEST_SICK_WORKER", "CADENCE_TEST_SICK_MARKER",
-})
+NOT_FLAGS = frozenset(
+    {
+        "CADENCE_STARTER_PID",  # cadence.worker: set by the server for the processes it starts
+        "CADENCE_ENVOY_CONFIG",
+        "CADENCE_ENVOY_CONTROL",
+        "CADENCE_ENVOY_FRONT",  # envoy_front:
+        "CADENCE_ENVOY_PYTHON",
+        "CADENCE_ENVOY_LOG_LEVEL",  # for the front that Envoy runs
+        "CADENCE_TEST_SERVE_ARGS",  # the test suite's servers (tests/integration/conftest.py)
+        "CADENCE_IMAGE_TEST",
+        "CADENCE_IMAGE_BASE",
+        "CADENCE_IMAGE_WHEELS",  # test_container.py
+        "CADENCE_PODMAN_RUN_ARGS",
+        # the test suite's models, read in the workers they run in (tests/startup_models.py,
+        # tests/batched_models.py)
+        "CADENCE_TEST_LOAD_S",
+        "CADENCE_TEST_SICK_WORKER",
+        "CADENCE_TEST_SICK_MARKER",
+    }
+)
 """CADENCE_ variables that cadence reads, or sets for its own processes, that are no flag of
 `cadence serve`: never taken for a misspelt one (tests/unit/test_serve_environment.py holds
 this list to every CADENCE_ name in the sources)."""
@@ -52,9 +61,11 @@ class _CommandParser(argparse.ArgumentParser):
         super().__init__(**kwargs)
         for action in self._actions:
             if action.dest == "help":
-                action.help = ("show this help and exit; --help=SECTION shows one section "
-                               "(by the first words of its heading: --help=load), or else the "
-                               "flags whose names hold SECTION")
+                action.help = (
+                    "show this help and exit; --help=SECTION shows one section "
+                    "(by the first words of its heading: --help=load), or else the "
+                    "flags whose names hold SECTION"
+                )
         self.env_prefix = env_prefix
         """Set: each `--flag-name` also read from $PREFIX_FLAG_NAME when the command line
         does not give it (a container's settings from its environment)."""
@@ -94,18 +105,23 @@ class _CommandParser(argparse.ArgumentParser):
         """A variable with the prefix that names no flag is a typo the server would otherwise
         ignore, silently (CADENCE_DRAIN_TIMOUT=30: a 5 s drain): refused when it is close to a
         flag's variable, with the one it may have meant; any other is warned of, in one line."""
-        known = {self.env_name(a) for a in self._actions
-                 if a.option_strings and a.dest != "help"}
+        known = {self.env_name(a) for a in self._actions if a.option_strings and a.dest != "help"}
         for name in sorted(os.environ):
             if not name.startswith(self.env_prefix) or name in known or name in NOT_FLAGS:
                 continue
             # Compared without the prefix, which every name shares.
-            meant = difflib.get_close_matches(name.removeprefix(self.env_prefix),
-                                              [k.removeprefix(self.env_prefix) for k in known],
-                                              n=1, cutoff=0.75)
+            meant = difflib.get_close_matches(
+                name.removeprefix(self.env_prefix),
+                [k.removeprefix(self.env_prefix) for k in known],
+                n=1,
+                cutoff=0.75,
+            )
             if meant:  # one line: the usage would not help with a variable
-                self.exit(2, f"{self.prog}: error: ${name} names no flag (did you mean "
-                             f"${self.env_prefix}{meant[0]}?)\n")
+                self.exit(
+                    2,
+                    f"{self.prog}: error: ${name} names no flag (did you mean "
+                    f"${self.env_prefix}{meant[0]}?)\n",
+                )
             print(f"{self.prog}: warning: ${name} names no flag; it is ignored", file=sys.stderr)
 
     def _section_help(self, wanted: str) -> typing.NoReturn:
@@ -115,15 +131,22 @@ class _CommandParser(argparse.ArgumentParser):
         key = wanted.strip().lower().replace("-", " ")
         groups = [g for g in self._action_groups if g._group_actions]
         chosen = [g for g in groups if _section(g.title).startswith(key)] if key else []
-        flags = [a for a in self._actions if any(
-            key.replace(" ", "-") in o for o in a.option_strings)] if key else []
+        flags = (
+            [a for a in self._actions if any(key.replace(" ", "-") in o for o in a.option_strings)]
+            if key
+            else []
+        )
         if not chosen and not flags:
             names = ", ".join(_section(g.title).replace(" ", "-") for g in groups)
-            self.exit(2, f"{self.prog}: error: --help={wanted}: no section or flag of that "
-                         f"name; the sections: {names}\n")
+            self.exit(
+                2,
+                f"{self.prog}: error: --help={wanted}: no section or flag of that "
+                f"name; the sections: {names}\n",
+            )
         formatter = self._get_formatter()
-        shown = ([(g.title, g._group_actions) for g in chosen]
-                 or [(f"flags that hold {wanted!r}", flags)])
+        shown = [(g.title, g._group_actions) for g in chosen] or [
+            (f"flags that hold {wanted!r}", flags)
+        ]
         for title, actions in shown:
             formatter.start_section(title)
             formatter.add_arguments(actions)
@@ -133,8 +156,7 @@ class _CommandParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         given = sys.argv[1:] if args is None else args
-        wanted = next((a.removeprefix("--help=") for a in given if a.startswith("--help=")),
-                      None)
+        wanted = next((a.removeprefix("--help=") for a in given if a.startswith("--help=")), None)
         if wanted is not None:
             self._section_help(wanted)
         if self.env_prefix:
@@ -155,19 +177,29 @@ def _section(title: str | None) -> str:
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from cadence.config import serve_options
 
-    p = sub.add_parser("serve", help="run a server: the gRPC front and one worker per device",
-                       env_prefix="CADENCE_",
-                       description="Every flag can also be set in the environment: --flag-name "
-                                   "as CADENCE_FLAG_NAME (switches: true or false); the "
-                                   "command line wins.")
+    p = sub.add_parser(
+        "serve",
+        help="run a server: the gRPC front and one worker per device",
+        env_prefix="CADENCE_",
+        description="Every flag can also be set in the environment: --flag-name "
+        "as CADENCE_FLAG_NAME (switches: true or false); the "
+        "command line wins.",
+    )
     sections: dict[str, argparse._ArgumentGroup] = {}
     for option in serve_options():  # each flag as its config field declares it
         section = option.option.section
-        group = p if not section else sections.get(section) or sections.setdefault(
-            section, p.add_argument_group(section))
+        group = (
+            p
+            if not section
+            else sections.get(section)
+            or sections.setdefault(section, p.add_argument_group(section))
+        )
         group.add_argument(*option.flags, **_flag(option))
-    p.add_argument("--log-level", default="INFO",
-                   help="DEBUG, INFO, WARNING or ERROR: the least severe message logged")
+    p.add_argument(
+        "--log-level",
+        default="INFO",
+        help="DEBUG, INFO, WARNING or ERROR: the least severe message logged",
+    )
     p.set_defaults(func=_serve)
 
 
@@ -175,8 +207,11 @@ def _flag(option) -> dict:
     """argparse's arguments for `option`'s flag. Its default is left out of the namespace, so
     that only the options given reach `server_config`, as with `cadence.serve()`."""
     declared = option.option
-    flag = {"dest": option.name, "default": argparse.SUPPRESS,
-            "help": _help(declared.help, _shown(option)).replace("%", "%%")}
+    flag = {
+        "dest": option.name,
+        "default": argparse.SUPPRESS,
+        "help": _help(declared.help, _shown(option)).replace("%", "%%"),
+    }
     if option.kind is bool:
         flag["action"] = "store_false" if option.default else "store_true"
         return flag
@@ -210,6 +245,7 @@ def _shown(option) -> str:
 
 def _typed(parse):
     """`parse` as an argparse type: its ValueError's message becomes the usage error."""
+
     def typed(text: str):
         try:
             return parse(text)
@@ -242,8 +278,9 @@ def _serve(args: argparse.Namespace) -> None:
         if config.grpc_server == "native":
             from cadence.lifecycle import envoy_front
 
-            event_loop.run(envoy_front.run_in_envoy(config, on_started=announce,
-                                                   log_level=args.log_level))
+            event_loop.run(
+                envoy_front.run_in_envoy(config, on_started=announce, log_level=args.log_level)
+            )
         else:
             event_loop.run(run_server(config, on_started=announce))
     except (StartupError, ServingFailed) as exc:
@@ -297,11 +334,15 @@ def _generate(args: argparse.Namespace) -> None:
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="start a CPU server, stream a few requests, run a short bench")
     p.add_argument("--workers", type=int, default=2, help="CPU workers of the demo's server")
-    p.add_argument("--step-ms", type=float, default=20.0,
-                   help="the synthetic engine's decode step (ms)")
+    p.add_argument(
+        "--step-ms", type=float, default=20.0, help="the synthetic engine's decode step (ms)"
+    )
     p.add_argument("--streams", type=int, default=64, help="streams open at once in the bench")
-    p.set_defaults(func=lambda a: __import__("cadence.lab.demo", fromlist=["run_demo"]).run_demo(
-        a.workers, a.step_ms, a.streams))
+    p.set_defaults(
+        func=lambda a: __import__("cadence.lab.demo", fromlist=["run_demo"]).run_demo(
+            a.workers, a.step_ms, a.streams
+        )
+    )
 
 
 def _version() -> str:
@@ -314,11 +355,20 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cadence", usage="%(prog)s [-h] [--version] COMMAND ...",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="cadence",
+        usage="%(prog)s [-h] [--version] COMMAND ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", prog="cadence",
-                                parser_class=_CommandParser, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        prog="cadence",
+        parser_class=_CommandParser,
+        help=argparse.SUPPRESS,
+    )
     _add_serve(sub)
     _add_generate(sub)
     _add_demo(sub)
@@ -333,8 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_report(sub)
     # The commands listed once, in the description, rather than again as a positional.
     commands = "\n".join(f"  {a.dest:<10}{a.help}" for a in sub._choices_actions)
-    parser.description = (f"{__doc__}\n\ncommands (cadence COMMAND -h for each one's flags):\n"
-                          f"{commands}")
+    parser.description = (
+        f"{__doc__}\n\ncommands (cadence COMMAND -h for each one's flags):\n{commands}"
+    )
     return parser
 
 

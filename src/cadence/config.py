@@ -72,15 +72,24 @@ class Option:
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         if isinstance(value, float) and not math.isfinite(value):
             return f"{name} must be a finite number (got {shown})"
-        if self.at_least is not None and self.at_most is not None and not (
-                self.at_least <= value <= self.at_most):
+        if (
+            self.at_least is not None
+            and self.at_most is not None
+            and not (self.at_least <= value <= self.at_most)
+        ):
             return f"{name} must be {self.at_least:g} to {self.at_most:g} (got {shown})"
         if self.at_least is not None and value < self.at_least:
-            return (f"{name} must not be negative (got {shown})" if self.at_least == 0 else
-                    f"{name} must be at least {self.at_least:g} (got {shown})")
+            return (
+                f"{name} must not be negative (got {shown})"
+                if self.at_least == 0
+                else f"{name} must be at least {self.at_least:g} (got {shown})"
+            )
         if self.above is not None and not value > self.above:
-            return (f"{name} must be positive (got {shown})" if self.above == 0 else
-                    f"{name} must be above {self.above:g} (got {shown})")
+            return (
+                f"{name} must be positive (got {shown})"
+                if self.above == 0
+                else f"{name} must be above {self.above:g} (got {shown})"
+            )
         return None
 
 
@@ -94,8 +103,10 @@ def _engine_name(text: str) -> str:
     kinds = ("synthetic", "app", "torch", "transformers")
     if text in kinds or ":" in text:
         return text
-    raise ValueError(f"invalid choice: {text!r} (choose from {', '.join(kinds)}, or "
-                     "MODULE:CLASS for your batched model class)")
+    raise ValueError(
+        f"invalid choice: {text!r} (choose from {', '.join(kinds)}, or "
+        "MODULE:CLASS for your batched model class)"
+    )
 
 
 def _step_list(text: str) -> tuple[float, ...]:
@@ -116,85 +127,177 @@ def _seconds_or_never(text: str) -> float | None:
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
 
-    name: Annotated[str, Option(
-        "what generates the tokens: a synthetic model of an engine's timing, your generator "
-        "function (--app), a Llama model in torch (--model), any causal LM that transformers "
-        "loads (transformers --model PATH), or your batched model class (docs/models.md)",
-        ENGINE, flag="--engine", metavar="{synthetic,app,torch,transformers,MODULE:CLASS}",
-        parse=_engine_name, python=False)] = "synthetic"
+    name: Annotated[
+        str,
+        Option(
+            "what generates the tokens: a synthetic model of an engine's timing, your generator "
+            "function (--app), a Llama model in torch (--model), any causal LM that transformers "
+            "loads (transformers --model PATH), or your batched model class (docs/models.md)",
+            ENGINE,
+            flag="--engine",
+            metavar="{synthetic,app,torch,transformers,MODULE:CLASS}",
+            parse=_engine_name,
+            python=False,
+        ),
+    ] = "synthetic"
     """Engine kind: `synthetic`, `app` (a user's generator function), `torch` (a Llama model),
     `model` (a user's batched model class, `model_class`) or `transformers` (any causal LM
     that transformers loads from `model`, served as a model class)."""
-    step_ms: Annotated[float, Option("synthetic decode step (ms)", SYNTHETIC, **NOT_NEGATIVE)] = 20.0
-    per_seq_ms: Annotated[float, Option(
-        "synthetic cost per sequence in a step (ms)", SYNTHETIC, **NOT_NEGATIVE)] = 0.0
-    prefill_ms_per_token: Annotated[float, Option(
-        "synthetic prefill cost (ms/token)", SYNTHETIC, **NOT_NEGATIVE)] = 0.01
-    jitter_ms: Annotated[float, Option(
-        "synthetic step jitter: standard deviation of Gaussian noise on each step, clipped at "
-        "0 (ms)", SYNTHETIC, **NOT_NEGATIVE)] = 0.0
-    first_step_ms: Annotated[float, Option(
-        "extra time on each worker's first step, a cold start (ms)", SYNTHETIC,
-        **NOT_NEGATIVE)] = 0.0
-    step_ms_by_worker: Annotated[tuple[float, ...], Option(
-        "synthetic: each worker's decode step, one per worker in --devices order, to model "
-        "cards of different speeds (overrides --step-ms)", SYNTHETIC, metavar="MS,MS,...",
-        parse=_step_list, **NOT_NEGATIVE)] = ()
-    seed: Annotated[int, Option(
-        "seed of the synthetic engine's tokens and jitter", SYNTHETIC)] = 0
-    max_batch: Annotated[int, Option(
-        "sequences per engine step at most; more wait in the worker's queue", ENGINE,
-        at_least=1)] = 512
-    app: Annotated[str, Option(
-        "serve your generator function (sync or async; implies --engine app)", ENGINE,
-        metavar="MODULE:FUNCTION", python=False)] = ""
+    step_ms: Annotated[float, Option("synthetic decode step (ms)", SYNTHETIC, **NOT_NEGATIVE)] = (
+        20.0
+    )
+    per_seq_ms: Annotated[
+        float, Option("synthetic cost per sequence in a step (ms)", SYNTHETIC, **NOT_NEGATIVE)
+    ] = 0.0
+    prefill_ms_per_token: Annotated[
+        float, Option("synthetic prefill cost (ms/token)", SYNTHETIC, **NOT_NEGATIVE)
+    ] = 0.01
+    jitter_ms: Annotated[
+        float,
+        Option(
+            "synthetic step jitter: standard deviation of Gaussian noise on each step, clipped at "
+            "0 (ms)",
+            SYNTHETIC,
+            **NOT_NEGATIVE,
+        ),
+    ] = 0.0
+    first_step_ms: Annotated[
+        float,
+        Option(
+            "extra time on each worker's first step, a cold start (ms)", SYNTHETIC, **NOT_NEGATIVE
+        ),
+    ] = 0.0
+    step_ms_by_worker: Annotated[
+        tuple[float, ...],
+        Option(
+            "synthetic: each worker's decode step, one per worker in --devices order, to model "
+            "cards of different speeds (overrides --step-ms)",
+            SYNTHETIC,
+            metavar="MS,MS,...",
+            parse=_step_list,
+            **NOT_NEGATIVE,
+        ),
+    ] = ()
+    seed: Annotated[int, Option("seed of the synthetic engine's tokens and jitter", SYNTHETIC)] = 0
+    max_batch: Annotated[
+        int,
+        Option(
+            "sequences per engine step at most; more wait in the worker's queue", ENGINE, at_least=1
+        ),
+    ] = 512
+    app: Annotated[
+        str,
+        Option(
+            "serve your generator function (sync or async; implies --engine app)",
+            ENGINE,
+            metavar="MODULE:FUNCTION",
+            python=False,
+        ),
+    ] = ""
     """App engine: the user's generator function as `module:function` or `path.py:function`."""
     model_class: str = ""
     """Model engine: the user's batched model class as `module:Class` or `path.py:Class`
     (cadence.engines.user_model; docs/models.md)."""
-    batch_timeout_ms: Annotated[float, Option(
-        "MODULE:CLASS with generate_stream(batch): how long the first waiting request waits "
-        "for others to fill a batch before it starts", ENGINE, metavar="MS",
-        **NOT_NEGATIVE)] = 10.0
-    engine_threads: Annotated[int, Option(
-        "app engine, sync function: executor threads per worker (default {default}, one per "
-        "device)", ENGINE, at_least=1)] = 1
-    model: Annotated[str, Option(
-        "torch engine: a local Hugging Face Llama folder, or tiny (implies --engine torch); "
-        "--engine transformers and MODULE:CLASS: the folder the model loads", ENGINE,
-        metavar="PATH|tiny")] = ""
-    dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Option(
-        "torch and transformers engines: compute dtype (auto: float32 on CPU, the "
-        "checkpoint's on CUDA)", ENGINE)] = "auto"
-    kv_cache_tokens: Annotated[int, Option(
-        "torch engine: KV cache capacity per worker, in tokens of all sequences together",
-        ENGINE, at_least=16)] = 16384
-    cuda_graph_batch: Annotated[int, Option(
-        "torch engine on CUDA, --tp 1: decode steps of up to N sequences replay captured CUDA "
-        "graphs (default {default}; 0 turns them off)", ENGINE, **NOT_NEGATIVE)] = 32
+    batch_timeout_ms: Annotated[
+        float,
+        Option(
+            "MODULE:CLASS with generate_stream(batch): how long the first waiting request waits "
+            "for others to fill a batch before it starts",
+            ENGINE,
+            metavar="MS",
+            **NOT_NEGATIVE,
+        ),
+    ] = 10.0
+    engine_threads: Annotated[
+        int,
+        Option(
+            "app engine, sync function: executor threads per worker (default {default}, one per "
+            "device)",
+            ENGINE,
+            at_least=1,
+        ),
+    ] = 1
+    model: Annotated[
+        str,
+        Option(
+            "torch engine: a local Hugging Face Llama folder, or tiny (implies --engine torch); "
+            "--engine transformers and MODULE:CLASS: the folder the model loads",
+            ENGINE,
+            metavar="PATH|tiny",
+        ),
+    ] = ""
+    dtype: Annotated[
+        Literal["auto", "float32", "bfloat16", "float16"],
+        Option(
+            "torch and transformers engines: compute dtype (auto: float32 on CPU, the "
+            "checkpoint's on CUDA)",
+            ENGINE,
+        ),
+    ] = "auto"
+    kv_cache_tokens: Annotated[
+        int,
+        Option(
+            "torch engine: KV cache capacity per worker, in tokens of all sequences together",
+            ENGINE,
+            at_least=16,
+        ),
+    ] = 16384
+    cuda_graph_batch: Annotated[
+        int,
+        Option(
+            "torch engine on CUDA, --tp 1: decode steps of up to N sequences replay captured CUDA "
+            "graphs (default {default}; 0 turns them off)",
+            ENGINE,
+            **NOT_NEGATIVE,
+        ),
+    ] = 32
     threads: int = 0
     """Torch and transformers on CPU: intra-op threads per rank; 0 leaves torch's default."""
-    max_step_tokens: Annotated[int, Option(
-        "a step's token budget (decoded sequences + prompt tokens prefilled): long prompts are "
-        "prefilled in chunks beside the decodes, by engines that take chunks (torch, "
-        "synthetic; model classes that opt in) (default: no budget, each prompt whole in one "
-        "step)", ENGINE, metavar="N", **NOT_NEGATIVE)] = 0
+    max_step_tokens: Annotated[
+        int,
+        Option(
+            "a step's token budget (decoded sequences + prompt tokens prefilled): long prompts are "
+            "prefilled in chunks beside the decodes, by engines that take chunks (torch, "
+            "synthetic; model classes that opt in) (default: no budget, each prompt whole in one "
+            "step)",
+            ENGINE,
+            metavar="N",
+            **NOT_NEGATIVE,
+        ),
+    ] = 0
     """See cadence.worker.step_budget."""
-    itl_target_ms: Annotated[float, Option(
-        "a step's budget from the worker's own measured step-time model, so a step stays "
-        "within MS while long prompts are prefilled in chunks (default: off; instead of "
-        "--max-step-tokens)", ENGINE, metavar="MS", **NOT_NEGATIVE)] = 0.0
-    prefix_caching: Annotated[bool, Option(
-        "keep finished sequences' KV blocks for later requests that start the same way "
-        "(torch; the synthetic engine models it), and route a request to the worker that "
-        "holds its longest prefix (--routing)", ENGINE)] = False
+    itl_target_ms: Annotated[
+        float,
+        Option(
+            "a step's budget from the worker's own measured step-time model, so a step stays "
+            "within MS while long prompts are prefilled in chunks (default: off; instead of "
+            "--max-step-tokens)",
+            ENGINE,
+            metavar="MS",
+            **NOT_NEGATIVE,
+        ),
+    ] = 0.0
+    prefix_caching: Annotated[
+        bool,
+        Option(
+            "keep finished sequences' KV blocks for later requests that start the same way "
+            "(torch; the synthetic engine models it), and route a request to the worker that "
+            "holds its longest prefix (--routing)",
+            ENGINE,
+        ),
+    ] = False
     """Torch: full KV blocks keyed by the chained hash of their tokens, shared read-only,
     evicted LRU (cadence.engines.llama.kv_cache); synthetic: a remembered prefix costs no
     prefill time."""
-    preempt: Annotated[bool, Option(
-        "a waiting request that finds the batch or the KV cache full preempts the running "
-        "sequence of the lowest priority below its own (recomputed later; its stream only "
-        "waits)", ENGINE)] = False
+    preempt: Annotated[
+        bool,
+        Option(
+            "a waiting request that finds the batch or the KV cache full preempts the running "
+            "sequence of the lowest priority below its own (recomputed later; its stream only "
+            "waits)",
+            ENGINE,
+        ),
+    ] = False
     """Lower priority: a higher `priority` value. Engines with `preempt` (torch, synthetic)."""
 
     @property
@@ -261,140 +364,328 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     host: Annotated[str, Option("address to bind")] = "127.0.0.1"
     port: Annotated[int, Option("port to bind; 0 picks a free one", **PORT)] = 50051
-    devices: Annotated[list[str], Option(
-        "one worker per device: cpu:N, cuda:I,J,... or auto (every visible card, else one CPU "
-        "worker)", parse=str, show=lambda devices: f"cpu:{len(devices)}")] = msgspec.field(
-            default_factory=lambda: ["cpu"])
+    devices: Annotated[
+        list[str],
+        Option(
+            "one worker per device: cpu:N, cuda:I,J,... or auto (every visible card, else one CPU "
+            "worker)",
+            parse=str,
+            show=lambda devices: f"cpu:{len(devices)}",
+        ),
+    ] = msgspec.field(default_factory=lambda: ["cpu"])
     """One worker per entry: `cpu` or `cuda:N`; a tensor-parallel worker lists one device per
     rank, comma separated (see `group_devices`)."""
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
-    max_concurrent: Annotated[int, Option(
-        "streams admitted at once; more are refused with RESOURCE_EXHAUSTED", STREAMS, at_least=1)] = 1024
-    queue_capacity: Annotated[int, Option(
-        "steps of output a request's buffer holds before --overflow applies", STREAMS, at_least=1)] = 64
-    overflow: Annotated[Literal["merge", "block", "abort"], Option(
-        "when a client lags past --queue-capacity: merge its tokens, pause its sequence in the "
-        "engine, or end its stream", STREAMS)] = "merge"
+    max_concurrent: Annotated[
+        int,
+        Option(
+            "streams admitted at once; more are refused with RESOURCE_EXHAUSTED",
+            STREAMS,
+            at_least=1,
+        ),
+    ] = 1024
+    queue_capacity: Annotated[
+        int,
+        Option(
+            "steps of output a request's buffer holds before --overflow applies",
+            STREAMS,
+            at_least=1,
+        ),
+    ] = 64
+    overflow: Annotated[
+        Literal["merge", "block", "abort"],
+        Option(
+            "when a client lags past --queue-capacity: merge its tokens, pause its sequence in the "
+            "engine, or end its stream",
+            STREAMS,
+        ),
+    ] = "merge"
     """See cadence.core.stream."""
-    idle_connection_timeout_s: Annotated[float, Option(
-        "seconds a client connection with no call open stays open; then the server closes it "
-        "(gRPC: a GOAWAY, on grpc.aio and native alike; HTTP: the shorter of this and "
-        "--http-header-timeout)", STREAMS, metavar="S", **POSITIVE)] = 60.0
+    idle_connection_timeout_s: Annotated[
+        float,
+        Option(
+            "seconds a client connection with no call open stays open; then the server closes it "
+            "(gRPC: a GOAWAY, on grpc.aio and native alike; HTTP: the shorter of this and "
+            "--http-header-timeout)",
+            STREAMS,
+            metavar="S",
+            **POSITIVE,
+        ),
+    ] = 60.0
     """An idle connection costs the server a socket and its buffers (on native, Envoy's, whose
     own default is an hour); a client's channel reconnects when it next calls."""
-    stall_timeout_s: Annotated[float | None, Option(
-        "cut off a client that reads nothing for this many seconds: its stream ends with an "
-        "error (HTTP: an error event and [DONE], then the connection closes) (default: never)",
-        STREAMS, metavar="S", **POSITIVE)] = None
-    max_message_bytes: Annotated[int, Option(
-        "largest request message accepted", STREAMS, at_least=1024)] = 4 * 1024 * 1024
-    accept_ahead: Annotated[int, Option(
-        "new calls of each streaming method requested from gRPC ahead of their arrival, so a "
-        "burst of calls is taken in while other streams keep the front busy (0: grpc.aio's "
-        "own accept loop, one at a time)", STREAMS, metavar="N", **NOT_NEGATIVE)] = 64
+    stall_timeout_s: Annotated[
+        float | None,
+        Option(
+            "cut off a client that reads nothing for this many seconds: its stream ends with an "
+            "error (HTTP: an error event and [DONE], then the connection closes) (default: never)",
+            STREAMS,
+            metavar="S",
+            **POSITIVE,
+        ),
+    ] = None
+    max_message_bytes: Annotated[
+        int, Option("largest request message accepted", STREAMS, at_least=1024)
+    ] = 4 * 1024 * 1024
+    accept_ahead: Annotated[
+        int,
+        Option(
+            "new calls of each streaming method requested from gRPC ahead of their arrival, so a "
+            "burst of calls is taken in while other streams keep the front busy (0: grpc.aio's "
+            "own accept loop, one at a time)",
+            STREAMS,
+            metavar="N",
+            **NOT_NEGATIVE,
+        ),
+    ] = 64
     """See cadence.net.call_acceptor."""
-    max_tokens_limit: Annotated[int, Option(
-        "largest max_tokens a request may ask for (INVALID_ARGUMENT above)", STREAMS, at_least=1)] = 16384
-    max_prompt_tokens: Annotated[int, Option(
-        "longest prompt accepted, in tokens (INVALID_ARGUMENT above)", STREAMS, at_least=1)] = 65536
-    metrics_port: Annotated[int | None, Option(
-        "serve Prometheus metrics on this port (0: any free port), on --host, over plain HTTP "
-        "with no TLS and no token: anyone who can reach it reads them (default: off)",
-        metavar="PORT", **PORT)] = None
-    transport: Annotated[Literal["ipc", "tcp"], Option(
-        "front <-> worker sockets: ipc (one host) or tcp (CURVE-encrypted) (default ipc; tcp "
-        "with --launcher ray)", WORKERS)] = "ipc"
-    worker_host: Annotated[str, Option(
-        "tcp: the address the front binds for its workers (default 127.0.0.1; the Ray node's "
-        "IP with --launcher ray)", WORKERS, metavar="ADDR")] = ""
-    launcher: Annotated[Literal["local", "ray"], Option(
-        "start workers as child processes (local) or as Ray actors", PLACEMENT)] = "local"
-    ray_address: Annotated[str, Option(
-        "Ray cluster to join (HOST:PORT or auto); default: a Ray instance on this host",
-        PLACEMENT, metavar="ADDR")] = ""
-    dist_ifname: Annotated[str, Option(
-        "network interface torch.distributed uses between hosts, GLOO_SOCKET_IFNAME and "
-        "NCCL_SOCKET_IFNAME (default: the one carrying each Ray node's IP)", PLACEMENT,
-        metavar="IFNAME")] = ""
-    heartbeat_interval_s: Annotated[float, Option(
-        "front <-> worker heartbeat period in seconds", WORKERS, metavar="S", **POSITIVE)] = 0.1
-    heartbeat_timeout_s: Annotated[float, Option(
-        "a worker silent this long is restarted; a worker that hears no front this long exits",
-        WORKERS, metavar="S", **POSITIVE)] = 5.0
-    startup_timeout_s: Annotated[float, Option(
-        "seconds every worker gets to load its engine and report ready", WORKERS,
-        metavar="S", **POSITIVE)] = 60.0
-    worker_timeout_s: Annotated[float | None, Option(
-        "seconds without a step (while requests are open) before a worker counts as hung and "
-        "is restarted; 0 disables", WORKERS, metavar="S", parse=_seconds_or_never, **POSITIVE)] = 60.0
-    worker_max_failed_steps: Annotated[int, Option(
-        "a worker whose last N engine steps all failed (a sticky device error: each step "
-        "raises) is taken out of routing and restarted, with the restarts' back-off; 0 disables",
-        WORKERS, metavar="N", at_least=0)] = 5
+    max_tokens_limit: Annotated[
+        int,
+        Option(
+            "largest max_tokens a request may ask for (INVALID_ARGUMENT above)", STREAMS, at_least=1
+        ),
+    ] = 16384
+    max_prompt_tokens: Annotated[
+        int,
+        Option("longest prompt accepted, in tokens (INVALID_ARGUMENT above)", STREAMS, at_least=1),
+    ] = 65536
+    metrics_port: Annotated[
+        int | None,
+        Option(
+            "serve Prometheus metrics on this port (0: any free port), on --host, over plain HTTP "
+            "with no TLS and no token: anyone who can reach it reads them (default: off)",
+            metavar="PORT",
+            **PORT,
+        ),
+    ] = None
+    transport: Annotated[
+        Literal["ipc", "tcp"],
+        Option(
+            "front <-> worker sockets: ipc (one host) or tcp (CURVE-encrypted) (default ipc; tcp "
+            "with --launcher ray)",
+            WORKERS,
+        ),
+    ] = "ipc"
+    worker_host: Annotated[
+        str,
+        Option(
+            "tcp: the address the front binds for its workers (default 127.0.0.1; the Ray node's "
+            "IP with --launcher ray)",
+            WORKERS,
+            metavar="ADDR",
+        ),
+    ] = ""
+    launcher: Annotated[
+        Literal["local", "ray"],
+        Option("start workers as child processes (local) or as Ray actors", PLACEMENT),
+    ] = "local"
+    ray_address: Annotated[
+        str,
+        Option(
+            "Ray cluster to join (HOST:PORT or auto); default: a Ray instance on this host",
+            PLACEMENT,
+            metavar="ADDR",
+        ),
+    ] = ""
+    dist_ifname: Annotated[
+        str,
+        Option(
+            "network interface torch.distributed uses between hosts, GLOO_SOCKET_IFNAME and "
+            "NCCL_SOCKET_IFNAME (default: the one carrying each Ray node's IP)",
+            PLACEMENT,
+            metavar="IFNAME",
+        ),
+    ] = ""
+    heartbeat_interval_s: Annotated[
+        float,
+        Option("front <-> worker heartbeat period in seconds", WORKERS, metavar="S", **POSITIVE),
+    ] = 0.1
+    heartbeat_timeout_s: Annotated[
+        float,
+        Option(
+            "a worker silent this long is restarted; a worker that hears no front this long exits",
+            WORKERS,
+            metavar="S",
+            **POSITIVE,
+        ),
+    ] = 5.0
+    startup_timeout_s: Annotated[
+        float,
+        Option(
+            "seconds every worker gets to load its engine and report ready",
+            WORKERS,
+            metavar="S",
+            **POSITIVE,
+        ),
+    ] = 60.0
+    worker_timeout_s: Annotated[
+        float | None,
+        Option(
+            "seconds without a step (while requests are open) before a worker counts as hung and "
+            "is restarted; 0 disables",
+            WORKERS,
+            metavar="S",
+            parse=_seconds_or_never,
+            **POSITIVE,
+        ),
+    ] = 60.0
+    worker_max_failed_steps: Annotated[
+        int,
+        Option(
+            "a worker whose last N engine steps all failed (a sticky device error: each step "
+            "raises) is taken out of routing and restarted, with the restarts' back-off; 0 disables",
+            WORKERS,
+            metavar="N",
+            at_least=0,
+        ),
+    ] = 5
     """The way Envoy's outlier detection ejects a host after consecutive errors: a worker
     failing every step fails its requests at once, so least-loaded routing would send it
     nearly all of them."""
-    restart_workers: Annotated[bool, Option(
-        "do not restart workers that die (their streams fail with UNAVAILABLE)", WORKERS,
-        flag="--no-restart")] = True
+    restart_workers: Annotated[
+        bool,
+        Option(
+            "do not restart workers that die (their streams fail with UNAVAILABLE)",
+            WORKERS,
+            flag="--no-restart",
+        ),
+    ] = True
     """Restart a worker that died, with back-off; its streams fail with UNAVAILABLE."""
-    drain_timeout_s: Annotated[float, Option(
-        "on SIGINT/SIGTERM, seconds open streams get to finish before they end with "
-        "UNAVAILABLE", aliases=("--grace",), metavar="S", **NOT_NEGATIVE)] = 5.0
-    app_in_front: Annotated[bool, Option(
-        "run the app in the front process instead of worker processes (shared in-process "
-        "state; shares the front's GIL; docs/apps.md)", ENGINE)] = False
-    tls_cert: Annotated[str | None, Option(
-        "serve TLS only, with this certificate chain (needs --tls-key)", SECURITY,
-        metavar="PEM")] = None
-    tls_key: Annotated[str | None, Option("the key of --tls-cert", SECURITY,
-                                          metavar="PEM")] = None
-    tls_client_ca: Annotated[str | None, Option(
-        "mutual TLS: require client certificates signed by this CA", SECURITY,
-        metavar="PEM")] = None
-    auth_token_file: Annotated[str | None, Option(
-        "require 'authorization: Bearer <token>' with a token from FILE (one per line) on "
-        "every RPC but health", SECURITY, metavar="FILE")] = None
+    drain_timeout_s: Annotated[
+        float,
+        Option(
+            "on SIGINT/SIGTERM, seconds open streams get to finish before they end with "
+            "UNAVAILABLE",
+            aliases=("--grace",),
+            metavar="S",
+            **NOT_NEGATIVE,
+        ),
+    ] = 5.0
+    app_in_front: Annotated[
+        bool,
+        Option(
+            "run the app in the front process instead of worker processes (shared in-process "
+            "state; shares the front's GIL; docs/apps.md)",
+            ENGINE,
+        ),
+    ] = False
+    tls_cert: Annotated[
+        str | None,
+        Option(
+            "serve TLS only, with this certificate chain (needs --tls-key)", SECURITY, metavar="PEM"
+        ),
+    ] = None
+    tls_key: Annotated[str | None, Option("the key of --tls-cert", SECURITY, metavar="PEM")] = None
+    tls_client_ca: Annotated[
+        str | None,
+        Option(
+            "mutual TLS: require client certificates signed by this CA", SECURITY, metavar="PEM"
+        ),
+    ] = None
+    auth_token_file: Annotated[
+        str | None,
+        Option(
+            "require 'authorization: Bearer <token>' with a token from FILE (one per line) on "
+            "every RPC but health",
+            SECURITY,
+            metavar="FILE",
+        ),
+    ] = None
     """See cadence.api.security."""
-    grpc_server: Annotated[Literal["aio", "native"], Option(
-        "aio: grpc.aio (default); native: gRPC on Envoy's HTTP/2 through pyvoy (the front runs "
-        "inside Envoy, one Envoy per front; local workers only; needs cadence[native]; see "
-        "docs/native-grpc.md)")] = "aio"
+    grpc_server: Annotated[
+        Literal["aio", "native"],
+        Option(
+            "aio: grpc.aio (default); native: gRPC on Envoy's HTTP/2 through pyvoy (the front runs "
+            "inside Envoy, one Envoy per front; local workers only; needs cadence[native]; see "
+            "docs/native-grpc.md)"
+        ),
+    ] = "aio"
     """See cadence.lifecycle.envoy_front."""
-    fronts: Annotated[int, Option(
-        "front processes sharing the port (SO_REUSEPORT), each connected to every worker; the "
-        "first also launches the workers and the other fronts", at_least=1)] = 1
+    fronts: Annotated[
+        int,
+        Option(
+            "front processes sharing the port (SO_REUSEPORT), each connected to every worker; the "
+            "first also launches the workers and the other fronts",
+            at_least=1,
+        ),
+    ] = 1
     """See docs/architecture.md#fronts."""
-    routing: Annotated[Literal["prefix", "load"], Option(
-        "prefix: with --prefix-caching, prefer the worker that holds the longest prefix of the "
-        "prompt; load: least outstanding work only", WORKERS)] = "prefix"
+    routing: Annotated[
+        Literal["prefix", "load"],
+        Option(
+            "prefix: with --prefix-caching, prefer the worker that holds the longest prefix of the "
+            "prompt; load: least outstanding work only",
+            WORKERS,
+        ),
+    ] = "prefix"
     """See cadence.router.worker_router (without prefix caching: load)."""
-    prefix_routing_slack: Annotated[int, Option(
-        "a worker with more than K open requests beyond the least loaded loses the preference "
-        "its cached prefix gives it", WORKERS, metavar="K", **NOT_NEGATIVE)] = 4
-    kserve_model_name: Annotated[str, Option(
-        "the model's name in the Open Inference Protocol (KServe v2 / Triton gRPC, same port; "
-        "docs/kserve.md)", metavar="NAME")] = "cadence"
-    served_model_name: Annotated[str, Option(
-        "the model's name for every protocol: OpenAI's model (GET /v1/models) and KServe's "
-        "(default: --kserve-model-name's)", metavar="NAME")] = ""
+    prefix_routing_slack: Annotated[
+        int,
+        Option(
+            "a worker with more than K open requests beyond the least loaded loses the preference "
+            "its cached prefix gives it",
+            WORKERS,
+            metavar="K",
+            **NOT_NEGATIVE,
+        ),
+    ] = 4
+    kserve_model_name: Annotated[
+        str,
+        Option(
+            "the model's name in the Open Inference Protocol (KServe v2 / Triton gRPC, same port; "
+            "docs/kserve.md)",
+            metavar="NAME",
+        ),
+    ] = "cadence"
+    served_model_name: Annotated[
+        str,
+        Option(
+            "the model's name for every protocol: OpenAI's model (GET /v1/models) and KServe's "
+            "(default: --kserve-model-name's)",
+            metavar="NAME",
+        ),
+    ] = ""
     """See `model_name`."""
-    http_port: Annotated[int | None, Option(
-        "also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
-        "/v1/models, /health) on this port; 0 picks a free one (default: off)", HTTP,
-        metavar="PORT", **PORT)] = None
-    http_header_timeout_s: Annotated[float, Option(
-        "HTTP: seconds a client has to send a request's headers, and an idle keep-alive "
-        "connection stays open; then the connection is closed (slowloris)", HTTP,
-        metavar="S", **POSITIVE)] = 60.0
-    http_body_timeout_s: Annotated[float, Option(
-        "HTTP: seconds a client has to send a request's body once its headers are in; then "
-        "408 and the connection is closed", HTTP, metavar="S", **POSITIVE)] = 60.0
-    otlp_traces_endpoint: Annotated[str, Option(
-        "export one OpenTelemetry span per request (every protocol) to this OTLP/gRPC "
-        "endpoint, e.g. http://127.0.0.1:4317; needs cadence[otel] (default: "
-        "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT when set, else "
-        "off)", metavar="URL")] = ""
+    http_port: Annotated[
+        int | None,
+        Option(
+            "also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+            "/v1/models, /health) on this port; 0 picks a free one (default: off)",
+            HTTP,
+            metavar="PORT",
+            **PORT,
+        ),
+    ] = None
+    http_header_timeout_s: Annotated[
+        float,
+        Option(
+            "HTTP: seconds a client has to send a request's headers, and an idle keep-alive "
+            "connection stays open; then the connection is closed (slowloris)",
+            HTTP,
+            metavar="S",
+            **POSITIVE,
+        ),
+    ] = 60.0
+    http_body_timeout_s: Annotated[
+        float,
+        Option(
+            "HTTP: seconds a client has to send a request's body once its headers are in; then "
+            "408 and the connection is closed",
+            HTTP,
+            metavar="S",
+            **POSITIVE,
+        ),
+    ] = 60.0
+    otlp_traces_endpoint: Annotated[
+        str,
+        Option(
+            "export one OpenTelemetry span per request (every protocol) to this OTLP/gRPC "
+            "endpoint, e.g. http://127.0.0.1:4317; needs cadence[otel] (default: "
+            "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT when set, else "
+            "off)",
+            metavar="URL",
+        ),
+    ] = ""
     """See cadence.core.tracing."""
 
     @property
@@ -403,50 +694,72 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         return self.served_model_name or self.kserve_model_name
 
     def __post_init__(self) -> None:
-        problems = [*_choice_problems(self), *_choice_problems(self.engine),
-                    *_bound_problems(self), *_bound_problems(self.engine)]
+        problems = [
+            *_choice_problems(self),
+            *_choice_problems(self.engine),
+            *_bound_problems(self),
+            *_bound_problems(self.engine),
+        ]
         if self.launcher == "ray" and self.transport != "tcp":
-            problems.append("--launcher ray needs --transport tcp (workers on other hosts "
-                            "cannot reach ipc sockets)")
+            problems.append(
+                "--launcher ray needs --transport tcp (workers on other hosts "
+                "cannot reach ipc sockets)"
+            )
         elif self.launcher == "ray" and (self.fronts > 1 or self.app_in_front):
-            problems.append("--launcher ray runs one front with no in-front app "
-                            "(drop --fronts / --app-in-front)")
+            problems.append(
+                "--launcher ray runs one front with no in-front app "
+                "(drop --fronts / --app-in-front)"
+            )
         if self.launcher != "ray" and (self.ray_address or self.dist_ifname):
             problems.append("--ray-address and --dist-ifname need --launcher ray")
         if self.heartbeat_interval_s >= self.heartbeat_timeout_s:
-            problems.append("heartbeat_interval_s must be below heartbeat_timeout_s "
-                            f"(got {self.heartbeat_interval_s:g} and {self.heartbeat_timeout_s:g})")
+            problems.append(
+                "heartbeat_interval_s must be below heartbeat_timeout_s "
+                f"(got {self.heartbeat_interval_s:g} and {self.heartbeat_timeout_s:g})"
+            )
         if not self.devices:
             problems.append("devices must name at least one device")
         by_worker = self.engine.step_ms_by_worker
         if by_worker and len(by_worker) != len(self.devices):
-            problems.append(f"step_ms_by_worker needs one step (>= 0 ms) per worker: "
-                            f"{len(self.devices)} workers, got {len(by_worker)} value(s)")
+            problems.append(
+                f"step_ms_by_worker needs one step (>= 0 ms) per worker: "
+                f"{len(self.devices)} workers, got {len(by_worker)} value(s)"
+            )
         if self.engine.name == "app" and not self.engine.app:
             problems.append("the app engine needs a function: --app MODULE:FUNCTION")
         if self.engine.name == "model" and ":" not in self.engine.model_class:
-            problems.append("the model engine needs a class: --engine MODULE:CLASS (got "
-                            f"{self.engine.model_class!r})")
+            problems.append(
+                "the model engine needs a class: --engine MODULE:CLASS (got "
+                f"{self.engine.model_class!r})"
+            )
         if self.engine.max_step_tokens and self.engine.itl_target_ms:
-            problems.append("--max-step-tokens and --itl-target-ms are two ways to set one "
-                            "step budget: give one")
-        elif self.engine.name == "app" and (self.engine.max_step_tokens
-                                            or self.engine.itl_target_ms):
-            problems.append("--max-step-tokens and --itl-target-ms need a step engine (an app "
-                            "function has no steps)")
+            problems.append(
+                "--max-step-tokens and --itl-target-ms are two ways to set one "
+                "step budget: give one"
+            )
+        elif self.engine.name == "app" and (
+            self.engine.max_step_tokens or self.engine.itl_target_ms
+        ):
+            problems.append(
+                "--max-step-tokens and --itl-target-ms need a step engine (an app "
+                "function has no steps)"
+            )
         if self.app_in_front and self.engine.name != "app":
             problems.append("app_in_front needs the app engine (--app MODULE:FUNCTION)")
         problems.extend(_torch_problems(self))
         if self.grpc_server == "native" and self.launcher != "local":
-            problems.append("--grpc-server native runs local workers only: drop --launcher, "
-                            "or use --grpc-server aio")
+            problems.append(
+                "--grpc-server native runs local workers only: drop --launcher, "
+                "or use --grpc-server aio"
+            )
         if self.fronts > 1 and self.transport != "ipc":
             problems.append("--fronts above 1 needs --transport ipc")
         elif self.fronts > 1 and self.app_in_front:
             problems.append("--fronts above 1 cannot run the app in the front (--app-in-front)")
         if self.engine.name == "app" and (self.engine.prefix_caching or self.engine.preempt):
-            problems.append("--prefix-caching and --preempt need a step engine (an app "
-                            "function has no steps)")
+            problems.append(
+                "--prefix-caching and --preempt need a step engine (an app function has no steps)"
+            )
         if not self.kserve_model_name.strip():
             problems.append("kserve_model_name must not be empty")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -462,12 +775,15 @@ def _torch_problems(config: ServerConfig) -> list[str]:
     problems = []
     if engine.name in ("torch", "transformers"):
         if not engine.model:
-            problems.append(f"the {engine.name} engine needs a model: --model PATH (a local "
-                            "Hugging Face folder)" + (" or --model tiny" if engine.name == "torch"
-                                                      else ""))
+            problems.append(
+                f"the {engine.name} engine needs a model: --model PATH (a local "
+                "Hugging Face folder)" + (" or --model tiny" if engine.name == "torch" else "")
+            )
     if engine.name not in ("torch", "model") and any("," in d for d in config.devices):
-        problems.append("tensor parallelism (--tp) needs the torch engine or a model class "
-                        "(--engine MODULE:CLASS)")
+        problems.append(
+            "tensor parallelism (--tp) needs the torch engine or a model class "
+            "(--engine MODULE:CLASS)"
+        )
     return problems
 
 
@@ -546,22 +862,32 @@ def _choice_problems(struct: msgspec.Struct) -> list[str]:
 def _bound_problems(struct: msgspec.Struct) -> list[str]:
     """Each declared option of `struct` whose value is not a finite number within the bounds
     its `Option` declares (`Option.problem`)."""
-    return [problem for name, option in _options(type(struct)).items()
-            if (problem := option.problem(name, getattr(struct, name))) is not None]
+    return [
+        problem
+        for name, option in _options(type(struct)).items()
+        if (problem := option.problem(name, getattr(struct, name))) is not None
+    ]
 
 
 @functools.cache
 def _options(cls: type) -> dict[str, Option]:
     """The `Option` declared on each field of `cls` that has one."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    return {name: option for name, hint in hints.items()
-            for option in getattr(hint, "__metadata__", ()) if isinstance(option, Option)}
+    return {
+        name: option
+        for name, hint in hints.items()
+        for option in getattr(hint, "__metadata__", ())
+        if isinstance(option, Option)
+    }
 
 
 @functools.cache
 def _choices(cls: type) -> dict[str, tuple]:
-    return {name: typing.get_args(hint) for name, hint in typing.get_type_hints(cls).items()
-            if typing.get_origin(hint) is Literal}
+    return {
+        name: typing.get_args(hint)
+        for name, hint in typing.get_type_hints(cls).items()
+        if typing.get_origin(hint) is Literal
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -585,9 +911,15 @@ class ServeOption:
         return typing.get_args(self.kind) if typing.get_origin(self.kind) is Literal else None
 
 
-TENSOR_PARALLEL = ServeOption("tp", int, 1, Option(
-    "torch engine or MODULE:CLASS: tensor-parallel ranks per worker; --devices cpu:4 --tp 2 "
-    "gives two workers of two ranks"))
+TENSOR_PARALLEL = ServeOption(
+    "tp",
+    int,
+    1,
+    Option(
+        "torch engine or MODULE:CLASS: tensor-parallel ranks per worker; --devices cpu:4 --tp 2 "
+        "gives two workers of two ranks"
+    ),
+)
 """The one option that is no field: it groups `devices` (see `group_devices`)."""
 
 
@@ -604,14 +936,16 @@ def _declared(cls: type) -> list[ServeOption]:
         if field.type is EngineConfig:
             declared += _declared(EngineConfig)
             continue
-        option = next((m for m in getattr(hints[field.name], "__metadata__", ())
-                       if isinstance(m, Option)), None)
+        option = next(
+            (m for m in getattr(hints[field.name], "__metadata__", ()) if isinstance(m, Option)),
+            None,
+        )
         if option is None:
             continue
-        default = (field.default_factory() if field.default is msgspec.NODEFAULT
-                   else field.default)
-        declared.append(ServeOption(field.name, typing.get_args(hints[field.name])[0], default,
-                                    option))
+        default = field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+        declared.append(
+            ServeOption(field.name, typing.get_args(hints[field.name])[0], default, option)
+        )
         if field.name == "devices":
             declared.append(TENSOR_PARALLEL)
     return declared
@@ -632,13 +966,19 @@ def unknown_options(names: Iterable[str]) -> str | None:
     problems = []
     for name in names:
         if name in given_by_app:
-            problems.append(f"{name!r} is given by the app argument (a function, a class or "
-                            "its MODULE:NAME)")
+            problems.append(
+                f"{name!r} is given by the app argument (a function, a class or its MODULE:NAME)"
+            )
         elif name not in known:
-            close = list(dict.fromkeys(spellings[s] for s in difflib.get_close_matches(
-                name, list(spellings), n=3)))
-            problems.append(f"unknown option {name!r}" + (
-                f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+            close = list(
+                dict.fromkeys(
+                    spellings[s] for s in difflib.get_close_matches(name, list(spellings), n=3)
+                )
+            )
+            problems.append(
+                f"unknown option {name!r}"
+                + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
+            )
     return "; ".join(problems) or None
 
 
@@ -653,11 +993,14 @@ def server_config(options: Mapping[str, Any]) -> ServerConfig:
 
     defaults = {o.name: o.default for o in serve_options()}
     server = dict(options)
-    engine = {name: server.pop(name) for name in list(server)
-              if name in EngineConfig.__struct_fields__}
+    engine = {
+        name: server.pop(name) for name in list(server) if name in EngineConfig.__struct_fields__
+    }
     devices = server.pop("devices", defaults["devices"])
-    devices = group_devices(parse_devices(devices) if isinstance(devices, str) else
-                            list(devices), server.pop("tp", defaults["tp"]))
+    devices = group_devices(
+        parse_devices(devices) if isinstance(devices, str) else list(devices),
+        server.pop("tp", defaults["tp"]),
+    )
     name = engine.get("name", defaults["name"])
     if engine.get("app"):
         name = "app"

@@ -39,9 +39,15 @@ class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("a client certificate needs its private key, and the other way round")
 
     @classmethod
-    def from_files(cls, *, ca: str | None = None, cert: str | None = None,
-                   key: str | None = None, token_file: str | None = None,
-                   tls: bool = False) -> ClientCredentials:
+    def from_files(
+        cls,
+        *,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        token_file: str | None = None,
+        tls: bool = False,
+    ) -> ClientCredentials:
         """Read the files; ValueError with the file's name if one cannot be used."""
         token = None
         if token_file is not None:
@@ -49,10 +55,13 @@ class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True):
             token = tokens[0] if tokens else None
             if token is None:
                 raise ValueError(f"the token file {token_file} holds no token")
-        return cls(root_ca=_read(ca, "CA file") if ca else None,
-                   cert_chain=_read(cert, "certificate") if cert else None,
-                   private_key=_read(key, "private key") if key else None,
-                   token=token, tls=tls)
+        return cls(
+            root_ca=_read(ca, "CA file") if ca else None,
+            cert_chain=_read(cert, "certificate") if cert else None,
+            private_key=_read(key, "private key") if key else None,
+            token=token,
+            tls=tls,
+        )
 
     @property
     def secure(self) -> bool:
@@ -81,29 +90,50 @@ class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True):
         """
         interceptors = None if self.token is None else _aio_interceptors(self.token)
         if self.secure:
-            return grpc.aio.secure_channel(target, self._ssl(), options=options,
-                                           interceptors=interceptors)
+            return grpc.aio.secure_channel(
+                target, self._ssl(), options=options, interceptors=interceptors
+            )
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The client-side security flags, shared by `cadence generate` and `cadence bench`."""
     group = parser.add_argument_group("security (for a server started with TLS or tokens)")
-    group.add_argument("--tls", action="store_true",
-                       help="use TLS, trusting the system's CAs (implied by --tls-ca, --tls-cert)")
-    group.add_argument("--tls-ca", default=None, metavar="PEM",
-                       help="CA certificate(s) that signed the server's certificate")
-    group.add_argument("--tls-cert", default=None, metavar="PEM",
-                       help="this client's certificate, for mutual TLS (with --tls-key)")
+    group.add_argument(
+        "--tls",
+        action="store_true",
+        help="use TLS, trusting the system's CAs (implied by --tls-ca, --tls-cert)",
+    )
+    group.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PEM",
+        help="CA certificate(s) that signed the server's certificate",
+    )
+    group.add_argument(
+        "--tls-cert",
+        default=None,
+        metavar="PEM",
+        help="this client's certificate, for mutual TLS (with --tls-key)",
+    )
     group.add_argument("--tls-key", default=None, metavar="PEM", help="the key of --tls-cert")
-    group.add_argument("--token-file", default=None, metavar="FILE",
-                       help="send the first token in FILE as 'authorization: Bearer <token>'")
+    group.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="send the first token in FILE as 'authorization: Bearer <token>'",
+    )
 
 
 def from_arguments(args: argparse.Namespace) -> ClientCredentials:
     """The credentials that `add_arguments` flags describe (ValueError if unusable)."""
-    return ClientCredentials.from_files(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key,
-                                        token_file=args.token_file, tls=args.tls)
+    return ClientCredentials.from_files(
+        ca=args.tls_ca,
+        cert=args.tls_cert,
+        key=args.tls_key,
+        token_file=args.token_file,
+        tls=args.tls,
+    )
 
 
 def _read(path: str, what: str) -> bytes:
@@ -118,18 +148,26 @@ def _with_token(metadata: Any, header: tuple[str, str]) -> list[tuple[str, str |
     return [*(metadata or ()), header]
 
 
-class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
     """Adds the token to every call of a blocking channel, whatever the call's shape."""
 
     def __init__(self, token: str) -> None:
         self._header = ("authorization", f"Bearer {token}")
 
     def _details(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
-        return _CallDetails(details.method, details.timeout,
-                            _with_token(details.metadata, self._header), details.credentials,
-                            getattr(details, "wait_for_ready", None),
-                            getattr(details, "compression", None))
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            _with_token(details.metadata, self._header),
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
@@ -163,7 +201,8 @@ def _aio_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
 
     def details(call_details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         return call_details._replace(
-            metadata=grpc.aio.Metadata(*_with_token(call_details.metadata, header)))
+            metadata=grpc.aio.Metadata(*_with_token(call_details.metadata, header))
+        )
 
     class UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
         async def intercept_unary_unary(self, continuation, client_call_details, request):

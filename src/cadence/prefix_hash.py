@@ -21,14 +21,15 @@ BLOCK = 16
 the synthetic engine's model of that cache and for prefix-aware routing."""
 
 
-def block_hashes(tokens: list[int] | bytes, block: int, blocks: int,
-                 parent: bytes = ROOT) -> list[bytes]:
+def block_hashes(
+    tokens: list[int] | bytes, block: int, blocks: int, parent: bytes = ROOT
+) -> list[bytes]:
     """The chained hashes of the first `blocks` full blocks of `tokens` (fewer if it is
     shorter), `parent` being the hash of the block before the first."""
     blocks = min(blocks, len(tokens) // block)
     out = []
     for i in range(blocks):
-        piece = tokens[i * block:(i + 1) * block]
+        piece = tokens[i * block : (i + 1) * block]
         data = piece if isinstance(piece, bytes) else array("q", piece).tobytes()
         parent = blake2b(parent + data, digest_size=16).digest()
         out.append(parent)

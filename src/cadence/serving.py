@@ -18,8 +18,9 @@ from cadence import event_loop
 from cadence.engines.app import App, app_reference, importing_app
 
 
-def serve(app: App | type | str, *, on_started: Callable[[int], None] | None = None,
-          **options: object) -> None:
+def serve(
+    app: App | type | str, *, on_started: Callable[[int], None] | None = None, **options: object
+) -> None:
     """Serve `app` over gRPC until SIGINT or SIGTERM.
 
     `app` is the function (`def` or `async def`, yielding `str` or `list[int]` pieces) or
@@ -40,7 +41,7 @@ def serve(app: App | type | str, *, on_started: Callable[[int], None] | None = N
     if importing_app():
         raise RuntimeError(
             "cadence.serve() was called while a worker imported the app's module; call it "
-            "under `if __name__ == \"__main__\":` so that workers can import the function"
+            'under `if __name__ == "__main__":` so that workers can import the function'
         )
     config, launcher = configure(app, options)
 
@@ -70,8 +71,10 @@ def configure(app: App | type | str, options: dict[str, object]):
     is_class = inspect.isclass(app)
     app_in_front = options.get("app_in_front", False)
     if is_class and app_in_front:
-        raise TypeError("a model class runs in worker processes, one per device; "
-                        "app_in_front=True is for generator functions")
+        raise TypeError(
+            "a model class runs in worker processes, one per device; "
+            "app_in_front=True is for generator functions"
+        )
     if app_in_front and not isinstance(app, str):
         from cadence.lifecycle.in_front_launcher import InFrontLauncher
 
@@ -79,6 +82,9 @@ def configure(app: App | type | str, options: dict[str, object]):
         reference = f"{getattr(app, '__module__', '?')}:{getattr(app, '__qualname__', repr(app))}"
     else:
         reference = app_reference(app)
-    engine = {"name": "model", "model_class": reference} if is_class else {
-        "name": "app", "app": reference}
+    engine = (
+        {"name": "model", "model_class": reference}
+        if is_class
+        else {"name": "app", "app": reference}
+    )
     return server_config({**options, **engine}), launcher

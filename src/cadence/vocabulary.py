@@ -67,5 +67,6 @@ def prompt_over_limit(length: int, most: int) -> str | None:
     the model's own tokenizer); None within the limit."""
     if length <= most:
         return None
-    return (f"the prompt has {length} tokens; this server allows at most {most} "
-            "(--max-prompt-tokens)")
+    return (
+        f"the prompt has {length} tokens; this server allows at most {most} (--max-prompt-tokens)"
+    )

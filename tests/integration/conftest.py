@@ -31,8 +31,10 @@ SERVE_ARGS = tuple(shlex.split(os.environ.get("CADENCE_TEST_SERVE_ARGS", "")))
 use them against gRPC on Envoy (see .ci/run)."""
 
 runs_once = pytest.mark.skipif(
-    bool(SERVE_ARGS), reason="not run again on Envoy: what it checks is grpc.aio's own path, "
-    "or no part of the gRPC server's (the workers, the command line)")
+    bool(SERVE_ARGS),
+    reason="not run again on Envoy: what it checks is grpc.aio's own path, "
+    "or no part of the gRPC server's (the workers, the command line)",
+)
 """For a test in a module that runs again on Envoy (test_native_grpc's GRPC_MODULES) that is
 not run there: it checks grpc.aio's own path (its metrics, its stall cut-off, its limits), or
 what does not pass through the gRPC server at all, which the rerun would only repeat."""
@@ -77,10 +79,16 @@ class RunningServer:
         self.stop()
 
 
-def start_server(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None,
-                 stderr: int | None = None, http: bool = False, log: Path | None = None,
-                 tls_context: ssl.SSLContext | None = None,
-                 command: list[str] | None = None) -> RunningServer:
+def start_server(
+    *args: str,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    stderr: int | None = None,
+    http: bool = False,
+    log: Path | None = None,
+    tls_context: ssl.SSLContext | None = None,
+    command: list[str] | None = None,
+) -> RunningServer:
     """Run `cadence serve --port 0 ARGS` (and SERVE_ARGS) and return once health says SERVING.
 
     The one way the tests start a server; `with start_server(...) as server:` stops it.
@@ -90,14 +98,28 @@ def start_server(*args: str, timeout: float = 60.0, env: dict[str, str] | None =
     same banner (a reference server, or `cadence.serve` from Python), run as `COMMAND ARGS`.
     """
     if command is None:
-        argv = [sys.executable, "-m", "cadence.cli", "serve", "--port", "0",
-                *(("--http-port", "0") if http else ()), "--log-level", "WARNING", *args,
-                *SERVE_ARGS]
+        argv = [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--port",
+            "0",
+            *(("--http-port", "0") if http else ()),
+            "--log-level",
+            "WARNING",
+            *args,
+            *SERVE_ARGS,
+        ]
     else:
         argv = [*command, *args]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                               stderr=log.open("w") if log is not None else stderr,
-                               text=True, env=env)
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=log.open("w") if log is not None else stderr,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + timeout
     line = process.stdout.readline()  # the banner comes after every worker is ready
     match = _BANNER.search(line)
@@ -105,20 +127,26 @@ def start_server(*args: str, timeout: float = 60.0, env: dict[str, str] | None =
         process.kill()
         said = log.read_text() if log is not None else ""
         raise RuntimeError(f"server did not start (exit {process.wait()}): {line!r} {said}")
-    server = RunningServer(process, f"{match.group(1)}:{match.group(2)}", [],
-                           banner=line.strip())
+    server = RunningServer(process, f"{match.group(1)}:{match.group(2)}", [], banner=line.strip())
     if address := re.search(r"\(http on (\S+)\)", line):
         server.base = f"{'http' if tls_context is None else 'https'}://{address.group(1)}"
     if address := re.search(r"\(metrics on (\S+)\)", line):
         server.metrics_url = f"http://{address.group(1)}/metrics"
     if command is None and "--tls-cert" not in args:  # a TLS server's health needs credentials
         with Client(server.target) as client:
-            wait_until(lambda: client.health() == "SERVING", deadline - time.monotonic(),
-                       "server never became SERVING")
+            wait_until(
+                lambda: client.health() == "SERVING",
+                deadline - time.monotonic(),
+                "server never became SERVING",
+            )
     if server.base:
-        wait_until(lambda: process.poll() is None and _http_status(
-            server.base + "/health", tls_context) == 200, deadline - time.monotonic(),
-            "the HTTP front never answered /health with 200")
+        wait_until(
+            lambda: (
+                process.poll() is None and _http_status(server.base + "/health", tls_context) == 200
+            ),
+            deadline - time.monotonic(),
+            "the HTTP front never answered /health with 200",
+        )
     children = psutil.Process(process.pid).children(recursive=True)
     envoy = [p for p in children if p.name() == "envoy"]
     server.workers = [p for p in children if p not in envoy]
@@ -136,8 +164,12 @@ def _http_status(url: str, context: ssl.SSLContext | None) -> int:
         return 0
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
-               message: str = "condition not reached in time", interval: float = 0.05) -> None:
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float = 10.0,
+    message: str = "condition not reached in time",
+    interval: float = 0.05,
+) -> None:
     """Poll `predicate` until it is true; fail with `message` once `timeout` seconds passed.
 
     Instead of a fixed sleep before an assertion: as short as the host allows, as long as a
@@ -149,9 +181,12 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10.0,
         time.sleep(interval)
 
 
-async def wait_until_async(predicate: Callable[[], object], timeout: float = 10.0,
-                           message: str = "condition not reached in time",
-                           interval: float = 0.05) -> None:
+async def wait_until_async(
+    predicate: Callable[[], object],
+    timeout: float = 10.0,
+    message: str = "condition not reached in time",
+    interval: float = 0.05,
+) -> None:
     """`wait_until` inside an event loop: `predicate` may be a coroutine function."""
     deadline = time.monotonic() + timeout
     while True:
@@ -201,10 +236,20 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
 
 
-ALONE_MODULES = frozenset({
-    "test_diagnosis_planted", "test_engine_shaped_diagnosis", "test_grpc_lab", "test_verdict",
-    "test_bench_honest", "test_scrape", "test_capacity", "test_http_burst", "test_tracing",
-    "test_ray_hosts"})
+ALONE_MODULES = frozenset(
+    {
+        "test_diagnosis_planted",
+        "test_engine_shaped_diagnosis",
+        "test_grpc_lab",
+        "test_verdict",
+        "test_bench_honest",
+        "test_scrape",
+        "test_capacity",
+        "test_http_burst",
+        "test_tracing",
+        "test_ray_hosts",
+    }
+)
 """Modules whose tests run alone (`alone`), not beside another test: they judge latencies (the
 lab's findings on planted and clean servers, capacity, the schedule, stop times), or start
 Ray clusters on emulated hosts, which want the whole machine."""

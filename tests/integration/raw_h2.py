@@ -17,18 +17,27 @@ def framed(request: object) -> bytes:
     return b"\0" + len(data).to_bytes(4, "big") + data
 
 
-def h2_call(target: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes,
-            timeout: float = 5.0) -> dict[bytes, bytes]:
+def h2_call(
+    target: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes, timeout: float = 5.0
+) -> dict[bytes, bytes]:
     """One call: the response's headers and trailers in one dict ({b"reset": code} for a
     reset stream), or {} when the stream got no end within `timeout`."""
     host, port = target.rsplit(":", 1)
     connection = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
     connection.initiate_connection()
     stream = connection.get_next_available_stream_id()
-    connection.send_headers(stream, [
-        (b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
-        (b":authority", target.encode()), (b"content-type", b"application/grpc"),
-        (b"te", b"trailers"), *headers])
+    connection.send_headers(
+        stream,
+        [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path.encode()),
+            (b":authority", target.encode()),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            *headers,
+        ],
+    )
     connection.send_data(stream, body, end_stream=True)
     got: dict[bytes, bytes] = {}
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
@@ -39,8 +48,9 @@ def h2_call(target: str, path: str, headers: list[tuple[bytes, bytes]], body: by
                     if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
                         got.update(event.headers)
                     elif isinstance(event, h2.events.DataReceived):
-                        connection.acknowledge_received_data(event.flow_controlled_length,
-                                                             event.stream_id)
+                        connection.acknowledge_received_data(
+                            event.flow_controlled_length, event.stream_id
+                        )
                     elif isinstance(event, h2.events.StreamEnded):
                         return got
                     elif isinstance(event, h2.events.StreamReset):

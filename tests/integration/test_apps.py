@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def importable_apps() -> Iterator[None]:
     """Servers and their workers import `tests.apps` from the repository root."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        mp.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        )
         mp.chdir(ROOT)
         yield
 
@@ -62,8 +64,9 @@ async def _collect(target: str, prompt: str, max_tokens: int, **options) -> list
 
 
 async def _many(target: str, prompts: list[tuple[str, int]]) -> list:
-    return await asyncio.gather(*(_collect(target, p, n) for p, n in prompts),
-                                return_exceptions=True)
+    return await asyncio.gather(
+        *(_collect(target, p, n) for p, n in prompts), return_exceptions=True
+    )
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
@@ -99,7 +102,9 @@ def test_an_exception_ends_only_its_stream_with_internal(kind, request) -> None:
 def _wait_for_lines(path: Path, expected: list[str], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not (path.exists() and path.read_text().splitlines() == expected):
-        assert time.monotonic() < deadline, f"{path} holds {path.read_text() if path.exists() else None!r}"
+        assert time.monotonic() < deadline, (
+            f"{path} holds {path.read_text() if path.exists() else None!r}"
+        )
         time.sleep(0.02)
 
 
@@ -149,7 +154,9 @@ def _peaks(target: str) -> set[int]:
     return {t for chunks in results for t in _tokens(chunks)}
 
 
-def test_one_engine_thread_runs_one_piece_at_a_time_and_two_overlap(sync_server, importable_apps) -> None:
+def test_one_engine_thread_runs_one_piece_at_a_time_and_two_overlap(
+    sync_server, importable_apps
+) -> None:
     one = start_server("--app", "tests.apps:sync_app", "--engine-threads", "1")
     try:
         assert _peaks(one.target) == {1}
@@ -171,8 +178,10 @@ def test_app_in_front_runs_in_the_front_process(importable_apps) -> None:
 
 @runs_once
 def test_serve_from_python_starts_workers_and_stops_on_sigterm(importable_apps) -> None:
-    code = ("import cadence\nfrom tests.apps import pid_app\n"
-            "cadence.serve(pid_app, devices='cpu:2', port=0, max_concurrent=8)\n")
+    code = (
+        "import cadence\nfrom tests.apps import pid_app\n"
+        "cadence.serve(pid_app, devices='cpu:2', port=0, max_concurrent=8)\n"
+    )
     server = start_server(command=[sys.executable, "-c", code])
     try:
         with Client(server.target) as client:
@@ -184,9 +193,22 @@ def test_serve_from_python_starts_workers_and_stops_on_sigterm(importable_apps) 
 
 def test_an_app_that_cannot_be_imported_fails_the_start(importable_apps) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--startup-timeout", "20",
-         "--app", "tests.apps:no_such_function"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--port",
+            "0",
+            "--startup-timeout",
+            "20",
+            "--app",
+            "tests.apps:no_such_function",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode != 0
     assert "cannot load app 'tests.apps:no_such_function'" in out.stderr

@@ -81,8 +81,20 @@ def test_a_slow_reader_never_stalls_the_batch_and_loses_nothing(policy) -> None:
 def test_a_worker_whose_only_stream_is_paused_is_not_hung() -> None:
     """Under the block policy a worker whose every sequence is paused has nothing to step:
     a client that stops reading for longer than --worker-timeout costs no worker."""
-    args = ("--devices", "cpu:1", "--step-ms", "2", "--overflow", "block", "--queue-capacity",
-            "8", "--worker-timeout", "1", "--metrics-port", "0")
+    args = (
+        "--devices",
+        "cpu:1",
+        "--step-ms",
+        "2",
+        "--overflow",
+        "block",
+        "--queue-capacity",
+        "8",
+        "--worker-timeout",
+        "1",
+        "--metrics-port",
+        "0",
+    )
     with start_server(*args) as server:
         url = server.metrics_url
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
@@ -99,14 +111,18 @@ def test_a_worker_whose_only_stream_is_paused_is_not_hung() -> None:
 
 @runs_once
 def test_abort_policy_ends_a_slow_stream_with_resource_exhausted() -> None:
-    with start_server("--step-ms", "2", "--overflow", "abort", "--queue-capacity", "8",
-                      "--metrics-port", "0") as server:
+    with start_server(
+        "--step-ms", "2", "--overflow", "abort", "--queue-capacity", "8", "--metrics-port", "0"
+    ) as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
         call = pb_grpc.InferenceStub(channel).Generate(build_request("slow", max_tokens=5000))
         next(call)
         # The window and then the buffer fill (in any order of events): the buffer overflowed.
-        wait_until(lambda: _metric(server.metrics_url, "cadence_buffer_overflows_total") > 0,
-                   15, "the stream's buffer never overflowed")
+        wait_until(
+            lambda: _metric(server.metrics_url, "cadence_buffer_overflows_total") > 0,
+            15,
+            "the stream's buffer never overflowed",
+        )
         with pytest.raises(grpc.RpcError) as info:
             list(call)
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -122,8 +138,9 @@ def test_a_stalled_client_is_cut_off_and_its_slot_freed(step_ms) -> None:
     args = ("--step-ms", step_ms, "--stall-timeout", "1", "--max-concurrent", "1")
     with start_server(*args) as server:
         channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
-        stalled = pb_grpc.InferenceStub(channel).Generate(build_request("stall", max_tokens=10000),
-                                                            timeout=60)
+        stalled = pb_grpc.InferenceStub(channel).Generate(
+            build_request("stall", max_tokens=10000), timeout=60
+        )
         next(stalled)
         with Client(server.target) as client:
             deadline = time.monotonic() + 15
@@ -149,6 +166,7 @@ def test_a_stalled_client_is_cut_off_and_its_slot_freed(step_ms) -> None:
 @runs_once
 def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
     with start_server("--devices", "cpu:2", "--step-ms", "10", "--max-concurrent", "8") as server:
+
         async def run() -> list:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub = pb_grpc.InferenceStub(channel)
@@ -156,7 +174,9 @@ def test_overload_refuses_the_excess_at_once_and_serves_the_rest() -> None:
                 async def one(i: int):
                     t0 = time.monotonic()
                     try:
-                        chunks = [c async for c in stub.Generate(build_request(f"o{i}", max_tokens=40))]
+                        chunks = [
+                            c async for c in stub.Generate(build_request(f"o{i}", max_tokens=40))
+                        ]
                         return "OK", len(_tokens(chunks)), time.monotonic() - t0
                     except grpc.aio.AioRpcError as exc:
                         return exc.code().name, 0, time.monotonic() - t0
@@ -180,14 +200,16 @@ def test_a_burst_of_2000_calls_on_one_connection_is_served_or_refused_never_drop
     unasked past its pending limit (1,000, at random up to 3,000) as CANCELLED, which no client
     can tell from its own cancel (issue 35)."""
     with start_server("--devices", "cpu:1", "--step-ms", "5", "--max-concurrent", "512") as server:
+
         async def burst() -> collections.Counter:
             async with grpc.aio.insecure_channel(server.target) as channel:
                 stub = pb_grpc.InferenceStub(channel)
 
                 async def one(i: int) -> tuple[str, str]:
                     try:
-                        async for _ in stub.Generate(build_request(f"b{i}", max_tokens=200),
-                                                     timeout=60):
+                        async for _ in stub.Generate(
+                            build_request(f"b{i}", max_tokens=200), timeout=60
+                        ):
                             pass
                         return "OK", ""
                     except grpc.aio.AioRpcError as exc:
@@ -208,9 +230,11 @@ def test_a_burst_of_2000_calls_on_one_connection_is_served_or_refused_never_drop
 
 def _raw_generate(target: str, payload: bytes) -> grpc.StatusCode:
     with grpc.insecure_channel(target) as channel:
-        call = channel.unary_stream("/cadence.v1.Inference/Generate",
-                                    request_serializer=lambda b: b,
-                                    response_deserializer=pb.GenerateChunk.FromString)
+        call = channel.unary_stream(
+            "/cadence.v1.Inference/Generate",
+            request_serializer=lambda b: b,
+            response_deserializer=pb.GenerateChunk.FromString,
+        )
         try:
             list(call(payload, timeout=10))
         except grpc.RpcError as exc:
@@ -226,8 +250,10 @@ def test_malformed_duplicate_and_oversized_requests() -> None:
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "UTF-8" in details
         code, details = _raw_generate(server.target, b"\x0a\xff\xff\xff")
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "GenerateRequest" in details
-        code, details = _raw_generate(server.target, pb.GenerateRequest(
-            prompt="x" * 100_000, max_tokens=1).SerializeToString())
+        code, details = _raw_generate(
+            server.target,
+            pb.GenerateRequest(prompt="x" * 100_000, max_tokens=1).SerializeToString(),
+        )
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         with Client(server.target) as client:
             first = client.generate("dup", max_tokens=1000, request_id="same")
@@ -247,22 +273,32 @@ def test_a_request_body_empty_or_cut_short_is_answered() -> None:
     it, a `-bin` header that is not base64: INTERNAL, in grpcio's words, as on native."""
     with start_server("--step-ms", "5") as server:
         request = framed(pb.GenerateRequest(prompt="hi", max_tokens=2))
-        for path, body in (("/cadence.v1.Inference/Generate", request),
-                           ("/inference.GRPCInferenceService/ModelInfer",
-                            framed(kpb.ModelInferRequest(model_name="cadence")))):
+        for path, body in (
+            ("/cadence.v1.Inference/Generate", request),
+            (
+                "/inference.GRPCInferenceService/ModelInfer",
+                framed(kpb.ModelInferRequest(model_name="cadence")),
+            ),
+        ):
             for cut in (b"", body[:-3], body[:2]):
                 started = time.monotonic()
                 got = h2_call(server.target, path, [], cut, timeout=5)
                 assert got.get(b"grpc-status") == b"13", (path, cut, got)
                 assert b"expected one request message" in got[b"grpc-message"]
                 assert time.monotonic() - started < 2
-        got = h2_call(server.target, "/cadence.v1.Inference/Generate",
-                      [(b"x-trace-bin", b"abcde")], request)
+        got = h2_call(
+            server.target, "/cadence.v1.Inference/Generate", [(b"x-trace-bin", b"abcde")], request
+        )
         assert got.get(b"grpc-status") == b"13", got
-        assert got[b"grpc-message"] == (b"Error parsing 'x-trace-bin' metadata: "
-                                        b"illegal base64 encoding")
-        assert h2_call(server.target, "/cadence.v1.Inference/Generate", [], request).get(
-            b"grpc-status") == b"0"
+        assert got[b"grpc-message"] == (
+            b"Error parsing 'x-trace-bin' metadata: illegal base64 encoding"
+        )
+        assert (
+            h2_call(server.target, "/cadence.v1.Inference/Generate", [], request).get(
+                b"grpc-status"
+            )
+            == b"0"
+        )
 
 
 def test_health_and_reflection_answer_bytes_that_do_not_parse_and_log_nothing() -> None:
@@ -271,9 +307,12 @@ def test_health_and_reflection_answer_bytes_that_do_not_parse_and_log_nothing() 
     too, and nothing is logged."""
     server = start_server("--step-ms", "5", stderr=subprocess.PIPE)
     try:
-        for path in ("/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
-                     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"):
+        for path in (
+            "/grpc.health.v1.Health/Check",
+            "/grpc.health.v1.Health/Watch",
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        ):
             for _ in range(3):
                 got = h2_call(server.target, path, [], b"\0\0\0\0\3\xff\xff\xff")
                 assert got.get(b"grpc-status") == b"13", (path, got)

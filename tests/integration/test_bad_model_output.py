@@ -48,15 +48,17 @@ def servers() -> Iterator[Callable[[str, str], RunningServer]]:
     first asks for it (`_server`), all stopped at the module's end. One worker each, so that
     the request after a bad one runs on the same worker."""
     with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
-                                                              os.environ.get("PYTHONPATH")])))
+        mp.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        )
         mp.chdir(ROOT)
         started: dict[str, RunningServer] = {}
 
         def start(flag: str, name: str) -> RunningServer:
             if name not in started:
-                started[name] = stack.enter_context(start_server(
-                    flag, name, "--devices", "cpu:1", "--metrics-port", "0"))
+                started[name] = stack.enter_context(
+                    start_server(flag, name, "--devices", "cpu:1", "--metrics-port", "0")
+                )
             return started[name]
 
         yield start
@@ -67,57 +69,131 @@ def bad_server(servers) -> RunningServer:
     return servers("--engine", "tests.batched_models:BadOutputModel")
 
 
-@pytest.mark.parametrize("prompt, says", [
-    ("huge 10000000", "10,000,000 bytes, over the 1,048,576 bytes (1 MiB) one output may hold"),
-    ("huge 300000", "a text of 300,000 token ids, over the 262,144 one output may hold"),
-    ("surrogate", "a text that UTF-8 cannot carry"),
-    ("raising", "returned a generator whose iteration raised RuntimeError: the outputs' "
-                "iterator failed on purpose"),
-], ids=["huge-text", "too-many-ids", "lone-surrogate", "raising-iterator"])
-def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(bad_server, prompt,
-                                                                       says) -> None:
+@pytest.mark.parametrize(
+    "prompt, says",
+    [
+        ("huge 10000000", "10,000,000 bytes, over the 1,048,576 bytes (1 MiB) one output may hold"),
+        ("huge 300000", "a text of 300,000 token ids, over the 262,144 one output may hold"),
+        ("surrogate", "a text that UTF-8 cannot carry"),
+        (
+            "raising",
+            "returned a generator whose iteration raised RuntimeError: the outputs' "
+            "iterator failed on purpose",
+        ),
+    ],
+    ids=["huge-text", "too-many-ids", "lone-surrogate", "raising-iterator"],
+)
+def test_a_bad_output_fails_its_request_and_the_worker_serves_the_next(
+    bad_server, prompt, says
+) -> None:
     _fails_alone(bad_server, prompt, "BadOutputModel.step returned", says)
 
 
-@pytest.mark.parametrize("flag, name, prompt, says", [
-    ("--engine", "tests.batched_models:BadTokenizerModel", "say ENCODE-FAILS",
-     "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
-    ("--engine", "tests.batched_models:BadTokenizerModel", "encode-fails",
-     "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
-    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-raises",
-     "BadTokenizerModel.tokenizer.stream raised RuntimeError: the tokenizer's stream failed"),
-    ("--engine", "tests.batched_models:DecodeOnlyTokenizerModel", "stream-raises",
-     "DecodeOnlyTokenizerModel.tokenizer.decode raised RuntimeError: the tokenizer's decode"),
-    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-surrogate",
-     "BadTokenizerModel.tokenizer.stream gave a text that UTF-8 cannot carry"),
-    ("--engine", "tests.batched_models:BadTokenizerModel", "stream-huge",
-     "BadTokenizerModel.tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576"),
-    ("--app", "tests.apps:bad_tokenizer_app", "say ENCODE-FAILS",
-     "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
-    ("--app", "tests.apps:bad_tokenizer_app", "encode-fails",
-     "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed"),
-    ("--app", "tests.apps:bad_tokenizer_app", "stream-raises",
-     "the app's tokenizer.stream raised RuntimeError: the tokenizer's stream failed"),
-    ("--app", "tests.apps:bad_tokenizer_app", "stream-surrogate",
-     "the app's tokenizer.stream gave a text that UTF-8 cannot carry"),
-    ("--app", "tests.apps:bad_tokenizer_app", "stream-huge",
-     "the app's tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576"),
-], ids=["model-encode-prompt", "model-encode-piece", "model-stream-raises",
-        "model-decode-raises", "model-stream-surrogate", "model-stream-huge",
-        "app-encode-prompt", "app-encode-piece", "app-stream-raises", "app-stream-surrogate",
-        "app-stream-huge"])
+@pytest.mark.parametrize(
+    "flag, name, prompt, says",
+    [
+        (
+            "--engine",
+            "tests.batched_models:BadTokenizerModel",
+            "say ENCODE-FAILS",
+            "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed",
+        ),
+        (
+            "--engine",
+            "tests.batched_models:BadTokenizerModel",
+            "encode-fails",
+            "BadTokenizerModel.tokenizer.encode raised RuntimeError: the tokenizer's encode failed",
+        ),
+        (
+            "--engine",
+            "tests.batched_models:BadTokenizerModel",
+            "stream-raises",
+            "BadTokenizerModel.tokenizer.stream raised RuntimeError: the tokenizer's stream failed",
+        ),
+        (
+            "--engine",
+            "tests.batched_models:DecodeOnlyTokenizerModel",
+            "stream-raises",
+            "DecodeOnlyTokenizerModel.tokenizer.decode raised RuntimeError: the tokenizer's decode",
+        ),
+        (
+            "--engine",
+            "tests.batched_models:BadTokenizerModel",
+            "stream-surrogate",
+            "BadTokenizerModel.tokenizer.stream gave a text that UTF-8 cannot carry",
+        ),
+        (
+            "--engine",
+            "tests.batched_models:BadTokenizerModel",
+            "stream-huge",
+            "BadTokenizerModel.tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576",
+        ),
+        (
+            "--app",
+            "tests.apps:bad_tokenizer_app",
+            "say ENCODE-FAILS",
+            "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed",
+        ),
+        (
+            "--app",
+            "tests.apps:bad_tokenizer_app",
+            "encode-fails",
+            "the app's tokenizer.encode raised RuntimeError: the tokenizer's encode failed",
+        ),
+        (
+            "--app",
+            "tests.apps:bad_tokenizer_app",
+            "stream-raises",
+            "the app's tokenizer.stream raised RuntimeError: the tokenizer's stream failed",
+        ),
+        (
+            "--app",
+            "tests.apps:bad_tokenizer_app",
+            "stream-surrogate",
+            "the app's tokenizer.stream gave a text that UTF-8 cannot carry",
+        ),
+        (
+            "--app",
+            "tests.apps:bad_tokenizer_app",
+            "stream-huge",
+            "the app's tokenizer.stream gave a text of 10,000,000 bytes, over the 1,048,576",
+        ),
+    ],
+    ids=[
+        "model-encode-prompt",
+        "model-encode-piece",
+        "model-stream-raises",
+        "model-decode-raises",
+        "model-stream-surrogate",
+        "model-stream-huge",
+        "app-encode-prompt",
+        "app-encode-piece",
+        "app-stream-raises",
+        "app-stream-surrogate",
+        "app-stream-huge",
+    ],
+)
 def test_a_bad_tokenizer_fails_its_request_and_the_worker_serves_the_next(
-        servers, flag, name, prompt, says) -> None:
+    servers, flag, name, prompt, says
+) -> None:
     _fails_alone(servers(flag, name), prompt, "", says)
 
 
-@pytest.mark.parametrize("flag, name, says", [
-    ("--engine", "tests.batched_models:StreamOnlyTokenizerModel",
-     "StreamOnlyTokenizerModel.tokenizer has no decode(ids)"),
-    ("--app", "tests.apps:stream_only_tokenizer_app", "the app's tokenizer has no decode(ids)"),
-], ids=["model", "app"])
-def test_prompt_token_ids_without_a_tokenizer_decode_are_refused_alone(servers, flag, name,
-                                                                        says) -> None:
+@pytest.mark.parametrize(
+    "flag, name, says",
+    [
+        (
+            "--engine",
+            "tests.batched_models:StreamOnlyTokenizerModel",
+            "StreamOnlyTokenizerModel.tokenizer has no decode(ids)",
+        ),
+        ("--app", "tests.apps:stream_only_tokenizer_app", "the app's tokenizer has no decode(ids)"),
+    ],
+    ids=["model", "app"],
+)
+def test_prompt_token_ids_without_a_tokenizer_decode_are_refused_alone(
+    servers, flag, name, says
+) -> None:
     """A tokenizer that streams on its own but has no `decode` cannot give the model (or app)
     the text of a prompt sent as token ids: that request is refused with INVALID_ARGUMENT and
     one line saying so, before it reaches a step; text prompts and the worker go on."""
@@ -177,13 +253,18 @@ def test_merged_chunks_fit_a_default_clients_limit(bad_server, protocol) -> None
     with grpc.insecure_channel(bad_server.target, options=_SMALL_WINDOW) as channel:
         if protocol == "kserve":
             responses = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
-                iter([_kserve_request("huge 200000", 40)]), timeout=60)
+                iter([_kserve_request("huge 200000", 40)]), timeout=60
+            )
         else:
             responses = pb_grpc.InferenceStub(channel).Generate(
-                build_request("huge 200000", max_tokens=40), timeout=60)
+                build_request("huge 200000", max_tokens=40), timeout=60
+            )
         got = [next(responses)]
-        wait_until(lambda: _metric(bad_server.metrics_url, "cadence_deepest_buffer_steps") >= 20,
-                   30, "the outputs never piled up at the front")
+        wait_until(
+            lambda: _metric(bad_server.metrics_url, "cadence_deepest_buffer_steps") >= 20,
+            30,
+            "the outputs never piled up at the front",
+        )
         got += list(responses)
     sizes = [r.ByteSize() for r in got]
     assert max(sizes) <= 3 << 20, sizes
@@ -199,8 +280,7 @@ def test_merged_chunks_fit_a_default_clients_limit(bad_server, protocol) -> None
     else:
         tokens, text = sum(len(c.token_ids) for c in got), sum(len(c.text) for c in got)
         positions = [c.outputs for c in got if c.token_ids]
-        assert [c.index for c in got] == [sum(c.outputs for c in got[:i])
-                                          for i in range(len(got))]
+        assert [c.index for c in got] == [sum(c.outputs for c in got[:i]) for i in range(len(got))]
         assert got[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert tokens == text == 40 * 200_000
     assert sum(positions) == 40 and min(positions) >= 1, positions
@@ -208,11 +288,23 @@ def test_merged_chunks_fit_a_default_clients_limit(bad_server, protocol) -> None
 
 def _kserve_request(prompt: str, max_tokens: int) -> kpb.ModelInferRequest:
     tensor = kpb.ModelInferRequest.InferInputTensor
-    return kpb.ModelInferRequest(model_name="cadence", inputs=[
-        tensor(name="PROMPT", datatype="BYTES", shape=[1],
-               contents=kpb.InferTensorContents(bytes_contents=[prompt.encode()])),
-        tensor(name="MAX_TOKENS", datatype="INT32", shape=[1],
-               contents=kpb.InferTensorContents(int_contents=[max_tokens]))])
+    return kpb.ModelInferRequest(
+        model_name="cadence",
+        inputs=[
+            tensor(
+                name="PROMPT",
+                datatype="BYTES",
+                shape=[1],
+                contents=kpb.InferTensorContents(bytes_contents=[prompt.encode()]),
+            ),
+            tensor(
+                name="MAX_TOKENS",
+                datatype="INT32",
+                shape=[1],
+                contents=kpb.InferTensorContents(int_contents=[max_tokens]),
+            ),
+        ],
+    )
 
 
 def test_a_paused_sequence_stays_paused_when_preempted() -> None:
@@ -220,16 +312,33 @@ def test_a_paused_sequence_stays_paused_when_preempted() -> None:
     paused; a request of higher priority preempts it and finishes; the paused sequence,
     admitted again, gives at most its re-prefill's output and stays paused (its tokens do not
     pile up at the front), then, once its client reads, streams whole."""
-    args = ("--devices", "cpu:1", "--max-batch", "1", "--step-ms", "2", "--preempt",
-            "--overflow", "block", "--queue-capacity", "8", "--metrics-port", "0")
+    args = (
+        "--devices",
+        "cpu:1",
+        "--max-batch",
+        "1",
+        "--step-ms",
+        "2",
+        "--preempt",
+        "--overflow",
+        "block",
+        "--queue-capacity",
+        "8",
+        "--metrics-port",
+        "0",
+    )
     with start_server(*args) as server:
         url = server.metrics_url
         slow_channel = grpc.insecure_channel(server.target, options=_SMALL_WINDOW)
         slow = pb_grpc.InferenceStub(slow_channel).Generate(
-            build_request("slow", max_tokens=2000, priority=1), timeout=120)
+            build_request("slow", max_tokens=2000, priority=1), timeout=120
+        )
         first = next(slow)
-        wait_until(lambda: _metric(url, "cadence_paused_sequences") == 1, 30,
-                   "the slow stream was never paused")
+        wait_until(
+            lambda: _metric(url, "cadence_paused_sequences") == 1,
+            30,
+            "the slow stream was never paused",
+        )
         # The only slot is held by the paused sequence: this one is served only by preempting it.
         with Client(server.target) as client:
             urgent = list(client.generate("urgent", max_tokens=20, priority=0, timeout=30))
@@ -241,6 +350,7 @@ def test_a_paused_sequence_stays_paused_when_preempted() -> None:
         rest = list(slow)
         tokens = [t for c in [first, *rest] for t in c.token_ids]
         assert [c.index for c in [first, *rest]] == [
-            sum(len(c.token_ids) for c in [first, *rest][:i]) for i in range(len(rest) + 1)]
+            sum(len(c.token_ids) for c in [first, *rest][:i]) for i in range(len(rest) + 1)
+        ]
         assert len(tokens) == 2000 and rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
         slow_channel.close()

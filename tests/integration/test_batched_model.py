@@ -49,8 +49,9 @@ async def _collect(target: str, prompt: str | list[int], max_tokens: int, **opti
 
 
 async def _many(target: str, prompts: list[tuple[str, int]]) -> list:
-    return await asyncio.gather(*(_collect(target, p, n) for p, n in prompts),
-                                return_exceptions=True)
+    return await asyncio.gather(
+        *(_collect(target, p, n) for p, n in prompts), return_exceptions=True
+    )
 
 
 def _text(chunks: list) -> str:
@@ -127,11 +128,14 @@ def test_a_deadline_ends_the_stream_and_releases_the_sequence(echo_server, tmp_p
 def test_a_raising_step_fails_its_sequences_only(echo_server) -> None:
     async def run() -> tuple:
         async with AsyncClient(echo_server.target) as client:
-            long = [asyncio.ensure_future(_collect(echo_server.target, "count 60", 100))
-                    for _ in range(4)]
+            long = [
+                asyncio.ensure_future(_collect(echo_server.target, "count 60", 100))
+                for _ in range(4)
+            ]
             await asyncio.sleep(0.1)  # the long ones run; the failing one joins their steps
-            failed = await asyncio.gather(_collect(echo_server.target, "fail", 50),
-                                          return_exceptions=True)
+            failed = await asyncio.gather(
+                _collect(echo_server.target, "fail", 50), return_exceptions=True
+            )
             together = await asyncio.gather(*long, return_exceptions=True)
             after = await _many(echo_server.target, [("count 20", 50)] * 8)
             assert await client.health() == "SERVING"
@@ -150,26 +154,45 @@ def test_a_raising_step_fails_its_sequences_only(echo_server) -> None:
         assert _text(chunks) == "01234567890123456789"
 
 
-@pytest.mark.parametrize(("model", "prompt", "code", "message"), [
-    ("EchoModel", "fail-alone", grpc.StatusCode.INTERNAL,
-     "EchoModel.step failed this request: ValueError: failed on purpose"),
-    ("EchoModel", "refuse", grpc.StatusCode.RESOURCE_EXHAUSTED, "no room for this one"),
-    ("BadOutputModel", "surrogate", grpc.StatusCode.INTERNAL,
-     "BadOutputModel.step returned a text that UTF-8 cannot carry (surrogates not allowed"),
-    ("StreamModel", "fail-alone", grpc.StatusCode.INTERNAL,
-     "StreamModel.generate_stream failed this request: ValueError: failed on purpose"),
-], ids=["exception", "sequence-error", "bad-output", "generate-stream"])
+@pytest.mark.parametrize(
+    ("model", "prompt", "code", "message"),
+    [
+        (
+            "EchoModel",
+            "fail-alone",
+            grpc.StatusCode.INTERNAL,
+            "EchoModel.step failed this request: ValueError: failed on purpose",
+        ),
+        ("EchoModel", "refuse", grpc.StatusCode.RESOURCE_EXHAUSTED, "no room for this one"),
+        (
+            "BadOutputModel",
+            "surrogate",
+            grpc.StatusCode.INTERNAL,
+            "BadOutputModel.step returned a text that UTF-8 cannot carry (surrogates not allowed",
+        ),
+        (
+            "StreamModel",
+            "fail-alone",
+            grpc.StatusCode.INTERNAL,
+            "StreamModel.generate_stream failed this request: ValueError: failed on purpose",
+        ),
+    ],
+    ids=["exception", "sequence-error", "bad-output", "generate-stream"],
+)
 def test_one_sequences_failure_leaves_the_other_15_streams_of_its_step_whole(
-        importable_models, model, prompt, code, message) -> None:
+    importable_models, model, prompt, code, message
+) -> None:
     """16 streams on one worker: 15 count to 40 while the 16th, sharing their steps, gets an
     exception (or a text no stream can carry) in its place at its third output. It alone
     ends, with its status and message; the 15 get every output and finish as the model says."""
-    server = start_server("--engine", f"{MODELS}:{model}", "--devices", "cpu:1",
-                          "--batch-timeout-ms", "300")
+    server = start_server(
+        "--engine", f"{MODELS}:{model}", "--devices", "cpu:1", "--batch-timeout-ms", "300"
+    )
 
     async def run() -> list:
-        others = [asyncio.ensure_future(_collect(server.target, "count 40", 100))
-                  for _ in range(15)]
+        others = [
+            asyncio.ensure_future(_collect(server.target, "count 40", 100)) for _ in range(15)
+        ]
         if model != "StreamModel":  # a step model: it joins their running steps
             await asyncio.sleep(0.1)
         bad = asyncio.ensure_future(_collect(server.target, prompt, 100))
@@ -231,8 +254,7 @@ def test_a_models_own_vocabulary_streams_ids_above_255_and_exact_text(importable
         assert server.stop() == 0
 
 
-def test_text_pieces_count_one_output_each_on_every_protocol(importable_models,
-                                                             tmp_path) -> None:
+def test_text_pieces_count_one_output_each_on_every_protocol(importable_models, tmp_path) -> None:
     """A model whose every output is a text piece of 7 bytes ("wörd3 "): each piece is one
     output on cadence.v1 (chunk `index` and `outputs`), KServe (the `outputs` parameter) and
     OpenAI (`usage.completion_tokens`, the `cadence` extension), the text and its byte ids
@@ -259,44 +281,96 @@ def test_text_pieces_count_one_output_each_on_every_protocol(importable_models,
 
         with grpc.insecure_channel(server.target) as channel:
             tensor = kpb.ModelInferRequest.InferInputTensor
-            request = kpb.ModelInferRequest(model_name="cadence", inputs=[
-                tensor(name="PROMPT", datatype="BYTES", shape=[1],
-                       contents=kpb.InferTensorContents(bytes_contents=[b"hi"])),
-                tensor(name="MAX_TOKENS", datatype="INT32", shape=[1],
-                       contents=kpb.InferTensorContents(int_contents=[12]))])
-            responses = list(kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
-                iter([request]), timeout=30))
-        counts = [r.infer_response.parameters["outputs"].int64_param for r in responses
-                  if r.infer_response.outputs]
+            request = kpb.ModelInferRequest(
+                model_name="cadence",
+                inputs=[
+                    tensor(
+                        name="PROMPT",
+                        datatype="BYTES",
+                        shape=[1],
+                        contents=kpb.InferTensorContents(bytes_contents=[b"hi"]),
+                    ),
+                    tensor(
+                        name="MAX_TOKENS",
+                        datatype="INT32",
+                        shape=[1],
+                        contents=kpb.InferTensorContents(int_contents=[12]),
+                    ),
+                ],
+            )
+            responses = list(
+                kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                    iter([request]), timeout=30
+                )
+            )
+        counts = [
+            r.infer_response.parameters["outputs"].int64_param
+            for r in responses
+            if r.infer_response.outputs
+        ]
         assert sum(counts) == 12, counts
-        text = b"".join(r.infer_response.raw_output_contents[1][4:] for r in responses
-                        if r.infer_response.outputs)
+        text = b"".join(
+            r.infer_response.raw_output_contents[1][4:]
+            for r in responses
+            if r.infer_response.outputs
+        )
         assert text.decode() == expected
 
         http = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
         model = http.models.list().data[0].id
-        events = list(http.completions.create(model=model, prompt="hi", max_tokens=12,
-                                              stream=True,
-                                              stream_options={"include_usage": True}))
+        events = list(
+            http.completions.create(
+                model=model,
+                prompt="hi",
+                max_tokens=12,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert "".join(e.choices[0].text for e in events if e.choices) == expected
         assert events[-1].usage.completion_tokens == 12
         whole = http.completions.create(model=model, prompt="hi", max_tokens=12)
         assert whole.choices[0].text == expected and whole.usage.completion_tokens == 12
 
-        for protocol, target in (("cadence", server.target), ("kserve", server.target),
-                                 ("openai", server.base)):
+        for protocol, target in (
+            ("cadence", server.target),
+            ("kserve", server.target),
+            ("openai", server.base),
+        ):
             out = tmp_path / f"{protocol}.json"
             done = subprocess.run(
-                [sys.executable, "-m", "cadence.cli", "bench", "--target", target, "--protocol",
-                 protocol, "--no-progress", "--concurrency", "8", "--requests", "16",
-                 "--max-tokens", "20", "--json", str(out)],
-                capture_output=True, text=True, timeout=120, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "cadence.cli",
+                    "bench",
+                    "--target",
+                    target,
+                    "--protocol",
+                    protocol,
+                    "--no-progress",
+                    "--concurrency",
+                    "8",
+                    "--requests",
+                    "16",
+                    "--max-tokens",
+                    "20",
+                    "--json",
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             assert done.returncode == 0, (protocol, done.stdout, done.stderr)
             result = msgspec.convert(json.loads(out.read_text()), BenchResult)
             assert result.requests_ok == 16, protocol
             assert result.output_tokens == 16 * 20, (protocol, result.output_tokens)
             assert all(v == 0 for v in msgspec.structs.asdict(result.integrity).values()), (
-                protocol, result.integrity)
+                protocol,
+                result.integrity,
+            )
     finally:
         assert server.stop() == 0
 
@@ -318,9 +392,11 @@ def test_tensor_parallel_ranks_step_together(importable_models) -> None:
 
 
 def test_serve_a_model_class_from_python(importable_models) -> None:
-    code = ("import cadence\nfrom tests.batched_models import EchoModel\n"
-            "if __name__ == '__main__':\n"
-            "    cadence.serve(EchoModel, devices='cpu:2', port=0, max_batch=16)\n")
+    code = (
+        "import cadence\nfrom tests.batched_models import EchoModel\n"
+        "if __name__ == '__main__':\n"
+        "    cadence.serve(EchoModel, devices='cpu:2', port=0, max_batch=16)\n"
+    )
     server = start_server(command=[sys.executable, "-c", code])
     try:
         assert len(psutil.Process(server.pid).children()) == 2
@@ -337,17 +413,34 @@ def test_serve_a_model_class_from_python(importable_models) -> None:
         assert server.stop() == 0
 
 
-@pytest.mark.parametrize(("name", "problem"), [
-    ("NoSuchModel", "cannot load model 'tests.batched_models:NoSuchModel': AttributeError"),
-    ("NoStepModel", "tests.batched_models:NoStepModel has no step(prefill, decode) method"),
-    ("BrokenInitModel", "BrokenInitModel('cpu') raised RuntimeError: no weights at /nowhere"),
-])
-def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem,
-                                                              importable_models) -> None:
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("NoSuchModel", "cannot load model 'tests.batched_models:NoSuchModel': AttributeError"),
+        ("NoStepModel", "tests.batched_models:NoStepModel has no step(prefill, decode) method"),
+        ("BrokenInitModel", "BrokenInitModel('cpu') raised RuntimeError: no weights at /nowhere"),
+    ],
+)
+def test_a_model_that_cannot_start_fails_the_start_in_one_line(
+    name, problem, importable_models
+) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--startup-timeout", "20",
-         "--engine", f"{MODELS}:{name}"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--port",
+            "0",
+            "--startup-timeout",
+            "20",
+            "--engine",
+            f"{MODELS}:{name}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode != 0
     assert f"cadence worker 0 (rank 0): {problem}" in out.stderr
@@ -356,8 +449,7 @@ def test_a_model_that_cannot_start_fails_the_start_in_one_line(name, problem,
 
 def test_a_misspelled_member_is_named_at_start_up(importable_models, tmp_path) -> None:
     log = tmp_path / "serve.log"
-    server = start_server("--engine", f"{MODELS}:MisspelledModel", "--devices", "cpu:2",
-                          log=log)
+    server = start_server("--engine", f"{MODELS}:MisspelledModel", "--devices", "cpu:2", log=log)
     try:
         with Client(server.target) as client:
             assert client.complete("count 3", max_tokens=10) == "012"  # it serves all the same
@@ -391,8 +483,9 @@ def test_the_batch_generator_shape_serves_whole_batches(importable_models) -> No
         else:
             assert _text(ok) == "01234"
         assert failed.code() == grpc.StatusCode.INTERNAL
-        assert failed.details() == ("StreamModel.generate_stream raised ValueError: generator "
-                                    "failed on purpose")
+        assert failed.details() == (
+            "StreamModel.generate_stream raised ValueError: generator failed on purpose"
+        )
         with Client(server.target) as client:
             assert client.complete("count 7", max_tokens=20) == "0123456"
     finally:

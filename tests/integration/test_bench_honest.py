@@ -24,20 +24,36 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "bench", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
 
 
 def test_metrics_are_scraped_beside_an_http_port(tmp_path) -> None:
     """Three listening ports (gRPC, HTTP, metrics): the metrics page is the one scraped."""
-    with start_server("--http-port", "0", "--metrics-port", "0", "--devices", "cpu:1",
-                      "--step-ms", "2") as server:
+    with start_server(
+        "--http-port", "0", "--metrics-port", "0", "--devices", "cpu:1", "--step-ms", "2"
+    ) as server:
         [metrics_port] = re.findall(r"\(metrics on \S+:(\d+)\)", server.banner)
         assert metrics_url(server.target).endswith(f":{metrics_port}/metrics")
         out = tmp_path / "run.json"
-        done = bench("--target", server.target, "--requests", "8", "--concurrency", "4",
-                     "--max-tokens", "8", "--json", str(out))
+        done = bench(
+            "--target",
+            server.target,
+            "--requests",
+            "8",
+            "--concurrency",
+            "4",
+            "--max-tokens",
+            "8",
+            "--json",
+            str(out),
+        )
         assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["system"]["server_metrics"]["scrapes"] > 0
@@ -49,12 +65,29 @@ def test_metrics_are_scraped_beside_an_http_port(tmp_path) -> None:
 def test_a_server_failing_mid_run_stops_the_bench(tmp_path, fault) -> None:
     """The run would go on for a minute; it stops once the failures leave no doubt."""
     out = tmp_path / "run.json"
-    with python_server("tests/planted_server.py", "--fault", fault, "--after-calls", "12",
-                       "--gap-ms", "1") as target:
-        done = bench("--target", target, "--protocol", "grpc", "--method", TOKENS_METHOD,
-                     "--request-json", TOKENS_REQUEST, "--index-field", "index",
-                     "--concurrency", "4", "--duration", "60", "--max-tokens", "5",
-                     "--json", str(out))
+    with python_server(
+        "tests/planted_server.py", "--fault", fault, "--after-calls", "12", "--gap-ms", "1"
+    ) as target:
+        done = bench(
+            "--target",
+            target,
+            "--protocol",
+            "grpc",
+            "--method",
+            TOKENS_METHOD,
+            "--request-json",
+            TOKENS_REQUEST,
+            "--index-field",
+            "index",
+            "--concurrency",
+            "4",
+            "--duration",
+            "60",
+            "--max-tokens",
+            "5",
+            "--json",
+            str(out),
+        )
     assert done.returncode != 0
     [line] = done.stderr.splitlines()
     assert line.startswith("cadence bench: stopped early: ")
@@ -106,12 +139,24 @@ def test_goodput_under_an_slo(tmp_path) -> None:
     the summary; a bad term is one line."""
     with start_server("--devices", "cpu:1", "--step-ms", "5") as server:
         runs = {}
-        for name, slo in (("generous", ["ttft_p99_ms=5000", "itl_p99_ms=1000"]),
-                          ("strict", ["ttft_p99_ms=5000", "itl_p50_ms=1"])):
+        for name, slo in (
+            ("generous", ["ttft_p99_ms=5000", "itl_p99_ms=1000"]),
+            ("strict", ["ttft_p99_ms=5000", "itl_p50_ms=1"]),
+        ):
             out = tmp_path / f"{name}.json"
-            done = bench("--target", server.target, "--requests", "16", "--concurrency", "8",
-                         "--max-tokens", "10", "--json", str(out),
-                         *(arg for term in slo for arg in ("--slo", term)))
+            done = bench(
+                "--target",
+                server.target,
+                "--requests",
+                "16",
+                "--concurrency",
+                "8",
+                "--max-tokens",
+                "10",
+                "--json",
+                str(out),
+                *(arg for term in slo for arg in ("--slo", term)),
+            )
             assert done.returncode == 0, done.stderr
             runs[name] = (json.loads(out.read_text())["goodput"], done.stdout)
         bad = bench("--target", server.target, "--requests", "1", "--slo", "ttft_p95_ms=10")

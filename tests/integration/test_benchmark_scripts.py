@@ -18,17 +18,30 @@ _BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
 def test_chunk_path_measures_the_fronts_python_per_chunk() -> None:
-    out = subprocess.run([sys.executable, str(_BENCHMARKS / "chunk_path.py"), "--chunks", "200", "--repeat", "1"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(_BENCHMARKS / "chunk_path.py"), "--chunks", "200", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert json.loads(out)["ns_per_chunk_min"] > 0
 
 
 def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
     """The burst comparison reads where the reference's TTFT goes from the same timing fields
     as cadence's, so its chunks must carry them."""
-    with start_server("--port", "0", "--step-ms", "5", command=[sys.executable, str(_BENCHMARKS / "plain_grpc_reference.py")]) as server:
-        result = run_bench(server.target, Workload(requests=4, concurrency=4, warmup=0,
-                                                   shape=RequestShape(max_tokens=(6, 6))))
+    with start_server(
+        "--port",
+        "0",
+        "--step-ms",
+        "5",
+        command=[sys.executable, str(_BENCHMARKS / "plain_grpc_reference.py")],
+    ) as server:
+        result = run_bench(
+            server.target,
+            Workload(requests=4, concurrency=4, warmup=0, shape=RequestShape(max_tokens=(6, 6))),
+        )
     assert result.requests_ok == 4 and result.integrity.lost_tokens == 0
     assert result.segments_ms.client_to_front.count == 4
     assert 4.0 <= result.segments_ms.engine_step.p50 <= 6.0
@@ -38,9 +51,25 @@ def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
 def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
     """Without `transformers serve`'s packages the peer is skipped, saying why."""
     out = tmp_path / "transformers_engine.json"
-    subprocess.run([sys.executable, str(_BENCHMARKS / "transformers_engine.py"), "--workers", "1",
-                    "--streams", "2", "--requests-per-stream", "1", "--max-tokens", "4",
-                    "--out", str(out)], capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(_BENCHMARKS / "transformers_engine.py"),
+            "--workers",
+            "1",
+            "--streams",
+            "2",
+            "--requests-per-stream",
+            "1",
+            "--max-tokens",
+            "4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     result = json.loads(out.read_text())
     [row] = result["rows"]
     assert row["requests_ok"] == 2 and row["output_tokens"] == 8
@@ -50,10 +79,32 @@ def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
 def test_the_batched_side_by_side_benchmark_runs(tmp_path) -> None:
     """One small cadence row, and a peer without its venv skipped, saying why."""
     out = tmp_path / "side_by_side.json"
-    subprocess.run([sys.executable, str(_BENCHMARKS / "batched_side_by_side.py"), "--only",
-                    "cadence step", "LitServe", "--streams", "2", "--max-tokens", "4",
-                    "--rounds", "1", "--open-s", "0", "--limit-steps", "2", "--venvs", str(tmp_path),
-                    "--out", str(out)], capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(_BENCHMARKS / "batched_side_by_side.py"),
+            "--only",
+            "cadence step",
+            "LitServe",
+            "--streams",
+            "2",
+            "--max-tokens",
+            "4",
+            "--rounds",
+            "1",
+            "--open-s",
+            "0",
+            "--limit-steps",
+            "2",
+            "--venvs",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     result = json.loads(out.read_text())
     closed = [r for r in result["rows"] if r["loop"] == "closed"]
     assert {r["server"] for r in closed} == {"cadence step", "cadence step (OpenAI)"}

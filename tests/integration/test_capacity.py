@@ -17,9 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def capacity(tmp_path: Path, *args: str) -> tuple[dict, subprocess.CompletedProcess]:
     out = tmp_path / "capacity.json"
-    done = subprocess.run([sys.executable, "-m", "cadence.cli", "capacity",
-                           "--json", str(out), *args], capture_output=True, text=True,
-                          timeout=240, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "capacity", "--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        check=False,
+    )
     return (json.loads(out.read_text())["capacity"] if out.exists() else {}), done
 
 
@@ -29,9 +34,23 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
     a place. The SLO (200 ms) sits far from both sides of the knee: a loaded host's delays at
     four streams stay under it, and the fifth's wait is over it however fast the host."""
     with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
-        found, done = capacity(tmp_path, "--target", server.target, "--search", "concurrency",
-                               "--slo", "ttft_p99_ms=200", "--low", "1", "--high", "32",
-                               "--duration", "1", "--max-tokens", "40")
+        found, done = capacity(
+            tmp_path,
+            "--target",
+            server.target,
+            "--search",
+            "concurrency",
+            "--slo",
+            "ttft_p99_ms=200",
+            "--low",
+            "1",
+            "--high",
+            "32",
+            "--duration",
+            "1",
+            "--max-tokens",
+            "40",
+        )
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
     assert found["binding"] == ["ttft_p99_ms"] and found["runs"] <= 16
@@ -43,9 +62,22 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
     assert "capacity: concurrency 4 meets the SLO" in done.stdout
     assert f"search: {found['runs']} runs in" in done.stdout
     # The load curve and every run, in the report.
-    report = subprocess.run([sys.executable, "-m", "cadence.cli", "report",
-                             str(tmp_path / "capacity.json"), "--out", str(tmp_path / "r")],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    report = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "report",
+            str(tmp_path / "capacity.json"),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert report.returncode == 0, report.stderr
     page = (tmp_path / "r" / "report.html").read_text()
     assert "Where capacity stops" in page and "queue grew the most" in page
@@ -56,13 +88,32 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
 def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
     """The worked example's sync server with a pool of 4 threads: a fifth stream waits for a
     thread, a whole stream long (400 ms, against an SLO of 200 ms)."""
-    with python_server(str(EXAMPLE), "--step-ms", "10", "--threads", "4",
-                       "--design", "shared") as target:
-        found, done = capacity(tmp_path, "--target", target, "--protocol", "grpc",
-                               "--method", TOKENS_METHOD, "--request-json", TOKENS_REQUEST,
-                               "--search", "concurrency", "--slo", "ttft_p99_ms=200",
-                               "--low", "1", "--high", "16", "--duration", "1",
-                               "--max-tokens", "40")
+    with python_server(
+        str(EXAMPLE), "--step-ms", "10", "--threads", "4", "--design", "shared"
+    ) as target:
+        found, done = capacity(
+            tmp_path,
+            "--target",
+            target,
+            "--protocol",
+            "grpc",
+            "--method",
+            TOKENS_METHOD,
+            "--request-json",
+            TOKENS_REQUEST,
+            "--search",
+            "concurrency",
+            "--slo",
+            "ttft_p99_ms=200",
+            "--low",
+            "1",
+            "--high",
+            "16",
+            "--duration",
+            "1",
+            "--max-tokens",
+            "40",
+        )
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
     assert found["runs"] <= 16
@@ -72,9 +123,23 @@ def test_a_range_whose_top_passes_is_said_to_be_its_edge(tmp_path) -> None:
     """--high 3 on a server that takes 4: the answer is "at least 3", never "3" (issue 52:
     `--high 256` answered 256 after one run on a server whose knee was 46)."""
     with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
-        found, done = capacity(tmp_path, "--target", server.target, "--search", "concurrency",
-                               "--slo", "ttft_p99_ms=200", "--low", "1", "--high", "3",
-                               "--duration", "1", "--max-tokens", "40")
+        found, done = capacity(
+            tmp_path,
+            "--target",
+            server.target,
+            "--search",
+            "concurrency",
+            "--slo",
+            "ttft_p99_ms=200",
+            "--low",
+            "1",
+            "--high",
+            "3",
+            "--duration",
+            "1",
+            "--max-tokens",
+            "40",
+        )
     assert done.returncode == 0, done.stderr
     assert found["max_passing"] == 3 and found["range_edge"] == "high"
     assert found["runs_by_value"]["3"] == [True] * 3
@@ -82,12 +147,17 @@ def test_a_range_whose_top_passes_is_said_to_be_its_edge(tmp_path) -> None:
 
 
 def test_bad_arguments_are_one_line(tmp_path) -> None:
-    for args, said in ((["--slo", "ttft_p95_ms=1"], "METRIC_STAT_ms=BOUND"),
-                       (["--slo", "ttft_p99_ms=1", "--low", "8", "--high", "4"], "--low"),
-                       (["--slo", "ttft_p99_ms=1", "--scrape", "http://127.0.0.1:1/metrics"],
-                        "--scrape http://127.0.0.1:1/metrics: ")):
-        _, done = capacity(tmp_path, "--target", "127.0.0.1:1", "--search", "concurrency",
-                           "--requests", "4", *args)
+    for args, said in (
+        (["--slo", "ttft_p95_ms=1"], "METRIC_STAT_ms=BOUND"),
+        (["--slo", "ttft_p99_ms=1", "--low", "8", "--high", "4"], "--low"),
+        (
+            ["--slo", "ttft_p99_ms=1", "--scrape", "http://127.0.0.1:1/metrics"],
+            "--scrape http://127.0.0.1:1/metrics: ",
+        ),
+    ):
+        _, done = capacity(
+            tmp_path, "--target", "127.0.0.1:1", "--search", "concurrency", "--requests", "4", *args
+        )
         assert done.returncode != 0 and said in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
 
@@ -100,12 +170,39 @@ def test_a_rising_rate_stops_at_the_knee_capacity_finds(tmp_path) -> None:
 
     with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
         out = tmp_path / "ramp.json"
-        ramp = bench("--target", server.target, "--rate", "20:80", "--ramp", "4",
-                     "--duration", "6", "--max-tokens", "10", "--saturation-stop", "0.5",
-                     "--json", str(out))
-        found, done = capacity(tmp_path, "--target", server.target, "--search", "rate",
-                               "--slo", "ttft_p99_ms=100", "--low", "30", "--high", "60",
-                               "--duration", "1", "--max-tokens", "10")
+        ramp = bench(
+            "--target",
+            server.target,
+            "--rate",
+            "20:80",
+            "--ramp",
+            "4",
+            "--duration",
+            "6",
+            "--max-tokens",
+            "10",
+            "--saturation-stop",
+            "0.5",
+            "--json",
+            str(out),
+        )
+        found, done = capacity(
+            tmp_path,
+            "--target",
+            server.target,
+            "--search",
+            "rate",
+            "--slo",
+            "ttft_p99_ms=100",
+            "--low",
+            "30",
+            "--high",
+            "60",
+            "--duration",
+            "1",
+            "--max-tokens",
+            "10",
+        )
     assert ramp.returncode == 0 and done.returncode == 0, ramp.stderr + done.stderr
     seen = json.loads(out.read_text())["saturation"]
     assert seen["stopped"] and seen["stopped_at_s"] < 5, seen

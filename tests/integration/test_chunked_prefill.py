@@ -48,10 +48,12 @@ async def scenario(target: str) -> tuple[float, float]:
     return max(gaps), first - sent
 
 
-@pytest.mark.parametrize("budget", [("--max-step-tokens", "64"), ("--itl-target-ms", "60")],
-                         ids=["max-step-tokens", "itl-target-ms"])
-def test_a_long_prompt_is_prefilled_in_chunks_without_stalling_the_decodes(server_factory,
-                                                                          budget):
+@pytest.mark.parametrize(
+    "budget",
+    [("--max-step-tokens", "64"), ("--itl-target-ms", "60")],
+    ids=["max-step-tokens", "itl-target-ms"],
+)
+def test_a_long_prompt_is_prefilled_in_chunks_without_stalling_the_decodes(server_factory, budget):
     server = server_factory(*SERVE, *budget)
     worst_gap, ttft = asyncio.run(scenario(server.target))
     print(f"worst gap {worst_gap:.3f} s, long TTFT {ttft:.3f} s")
@@ -81,8 +83,11 @@ def test_the_chunked_prefill_benchmark_runs(tmp_path):
     out = tmp_path / "chunked.json"
     script = Path(__file__).parents[2] / "benchmarks" / "chunked_prefill.py"
     done = subprocess.run(
-        [sys.executable, str(script), "--duration", "1.5", "--targets", "60",
-         "--out", str(out)], capture_output=True, text=True, timeout=240)
+        [sys.executable, str(script), "--duration", "1.5", "--targets", "60", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["flags"] for r in runs] == ["(none)", "--itl-target-ms 60"]

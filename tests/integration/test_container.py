@@ -43,8 +43,7 @@ STEP_MS = 50
 """A stream of STREAM_TOKENS at STEP_MS per step lasts 3 s: open when the drain begins."""
 
 
-def stream_in_background(target: str,
-                         tokens: int = STREAM_TOKENS) -> tuple[threading.Thread, dict]:
+def stream_in_background(target: str, tokens: int = STREAM_TOKENS) -> tuple[threading.Thread, dict]:
     """One stream of `tokens`, read to its end in a thread: its tokens, or its error."""
     outcome: dict = {"tokens": 0}
 
@@ -68,16 +67,36 @@ def _until_streaming(outcome: dict, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="needs root and unshare (util-linux) for a PID namespace")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare (util-linux) for a PID namespace",
+)
 def test_the_entrypoint_serves_and_drains_as_process_one() -> None:
-    env = {**os.environ, "CADENCE_PORT": "0", "CADENCE_HOST": "127.0.0.1",
-           "CADENCE_DEVICES": "cpu:2", "CADENCE_STEP_MS": str(STEP_MS),
-           "CADENCE_DRAIN_TIMEOUT": "10", "CADENCE_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "CADENCE_PORT": "0",
+        "CADENCE_HOST": "127.0.0.1",
+        "CADENCE_DEVICES": "cpu:2",
+        "CADENCE_STEP_MS": str(STEP_MS),
+        "CADENCE_DRAIN_TIMEOUT": "10",
+        "CADENCE_LOG_LEVEL": "WARNING",
+    }
     unshare = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
-         sys.executable, "-m", "cadence.cli", "serve"],
-        stdout=subprocess.PIPE, text=True, env=env)
+        [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--mount-proc",
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = unshare.stdout.readline()
         match = _BANNER.search(line)
@@ -100,8 +119,7 @@ def test_the_entrypoint_serves_and_drains_as_process_one() -> None:
 
 
 def _podman(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(["podman", *args], check=True, text=True, capture_output=True,
-                          **kwargs)
+    return subprocess.run(["podman", *args], check=True, text=True, capture_output=True, **kwargs)
 
 
 def _wheels(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -109,8 +127,20 @@ def _wheels(tmp_path: pathlib.Path) -> pathlib.Path:
     if given:
         return pathlib.Path(given)
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(wheels),
-                    f"{ROOT}[fast,lab]", "setuptools"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "-w",
+            str(wheels),
+            f"{ROOT}[fast,lab]",
+            "setuptools",
+        ],
+        check=True,
+    )
     for built in wheels.glob("cadence-*.whl"):
         built.unlink()  # the image builds cadence from its own copy of the source
     return wheels
@@ -124,26 +154,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(os.environ.get("CADENCE_IMAGE_TEST") != "1" or shutil.which("podman") is None,
-                    reason="builds the image (minutes): set CADENCE_IMAGE_TEST=1, with podman")
+@pytest.mark.skipif(
+    os.environ.get("CADENCE_IMAGE_TEST") != "1" or shutil.which("podman") is None,
+    reason="builds the image (minutes): set CADENCE_IMAGE_TEST=1, with podman",
+)
 def test_the_image_builds_serves_streams_and_drains(tmp_path: pathlib.Path) -> None:
     image = "localhost/cadence-test:cpu"
-    build = ["build", "--isolation", "chroot", "-q", "-f", str(ROOT / "Containerfile"),
-             "-t", image, "--build-arg", "PIP_ARGS=--no-index --find-links /wheels",
-             "-v", f"{_wheels(tmp_path)}:/wheels:ro"]
+    build = [
+        "build",
+        "--isolation",
+        "chroot",
+        "-q",
+        "-f",
+        str(ROOT / "Containerfile"),
+        "-t",
+        image,
+        "--build-arg",
+        "PIP_ARGS=--no-index --find-links /wheels",
+        "-v",
+        f"{_wheels(tmp_path)}:/wheels:ro",
+    ]
     if os.environ.get("CADENCE_IMAGE_BASE"):
         build += ["--build-arg", f"BASE={os.environ['CADENCE_IMAGE_BASE']}"]
     _podman(*build, str(ROOT))
-    config = _podman("image", "inspect", image, "--format",
-                     "{{.Config.User}} {{json .Config.Entrypoint}}").stdout.strip()
+    config = _podman(
+        "image", "inspect", image, "--format", "{{.Config.User}} {{json .Config.Entrypoint}}"
+    ).stdout.strip()
     assert config == '10001:10001 ["cadence","serve"]'
     grpc_port, http_port = _free_port(), _free_port()
     name = f"cadence-test-{os.getpid()}"
-    run = ["run", "-d", "--name", name, "--read-only", "--tmpfs", "/tmp",
-           *shlex.split(os.environ.get("CADENCE_PODMAN_RUN_ARGS", "")),
-           "-p", f"127.0.0.1:{grpc_port}:50051", "-p", f"127.0.0.1:{http_port}:8000",
-           "-e", "CADENCE_DEVICES=cpu:2", "-e", "CADENCE_DRAIN_TIMEOUT=10",
-           image, "--step-ms", str(STEP_MS)]
+    run = [
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--read-only",
+        "--tmpfs",
+        "/tmp",
+        *shlex.split(os.environ.get("CADENCE_PODMAN_RUN_ARGS", "")),
+        "-p",
+        f"127.0.0.1:{grpc_port}:50051",
+        "-p",
+        f"127.0.0.1:{http_port}:8000",
+        "-e",
+        "CADENCE_DEVICES=cpu:2",
+        "-e",
+        "CADENCE_DRAIN_TIMEOUT=10",
+        image,
+        "--step-ms",
+        str(STEP_MS),
+    ]
     _podman(*run)
     try:
         target = f"127.0.0.1:{grpc_port}"

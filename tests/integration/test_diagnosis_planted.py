@@ -32,8 +32,11 @@ def _explain(result: BenchResult) -> str:
     """The findings and the aggregates they read, for a failing assertion's message."""
     result = to_builtins(result)
     keys = ("ttft_ms", "itl_ms", "chunk_tokens", "token_delay_ms")
-    aggregates = {k: {s: round(result[k][s], 2) for s in ("p50", "p90", "p99", "max")}
-                  for k in keys if k in result}
+    aggregates = {
+        k: {s: round(result[k][s], 2) for s in ("p50", "p90", "p99", "max")}
+        for k in keys
+        if k in result
+    }
     aggregates["segments_ms"] = {
         name: {s: round(d[s], 2) for s in ("p50", "p90", "p99", "max")}
         for name, d in result.get("segments_ms", {}).items()
@@ -56,8 +59,9 @@ def test_slow_first_step_is_diagnosed_as_engine_start() -> None:
         Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
     )
     assert dx.RULE_TTFT_ENGINE_START in fired, _explain(result)
-    _assert_not_named(result, fired,
-                      ITL_RULES | {dx.RULE_TTFT_QUEUEING, dx.RULE_FRONT_LOOP_BLOCKED})
+    _assert_not_named(
+        result, fired, ITL_RULES | {dx.RULE_TTFT_QUEUEING, dx.RULE_FRONT_LOOP_BLOCKED}
+    )
 
 
 def test_jittery_steps_are_diagnosed_as_engine_itl_instability() -> None:
@@ -67,20 +71,25 @@ def test_jittery_steps_are_diagnosed_as_engine_itl_instability() -> None:
         Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
     )
     assert dx.RULE_ITL_UNSTABLE_ENGINE in fired, _explain(result)
-    _assert_not_named(result, fired, {dx.RULE_TTFT_ENGINE_START, dx.RULE_SLOW_READER,
-                                      dx.RULE_FRONT_LOOP_BLOCKED})
+    _assert_not_named(
+        result, fired, {dx.RULE_TTFT_ENGINE_START, dx.RULE_SLOW_READER, dx.RULE_FRONT_LOOP_BLOCKED}
+    )
 
 
 def test_slow_reader_is_diagnosed_on_the_network_side() -> None:
     """Clients pause 30 ms after every chunk while the engine makes a token every 5 ms."""
     result, fired = _bench(
         ["--devices", "cpu:1", "--step-ms", "5"],
-        Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(60, 60)),
-                 read_delay_ms=30),
+        Workload(
+            requests=16, concurrency=16, shape=RequestShape(max_tokens=(60, 60)), read_delay_ms=30
+        ),
     )
     assert fired & {dx.RULE_SLOW_READER, dx.RULE_ITL_UNSTABLE_NETWORK}, _explain(result)
-    _assert_not_named(result, fired, {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START,
-                                      dx.RULE_FRONT_LOOP_BLOCKED})
+    _assert_not_named(
+        result,
+        fired,
+        {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START, dx.RULE_FRONT_LOOP_BLOCKED},
+    )
 
 
 def test_a_blocked_front_loop_is_named_with_the_lag_it_measured() -> None:
@@ -92,8 +101,11 @@ def test_a_blocked_front_loop_is_named_with_the_lag_it_measured() -> None:
     )
     assert dx.RULE_FRONT_LOOP_BLOCKED in fired, _explain(result)
     # The engine runs on the blocked loop: its slow steps are the loop's, not the engine's.
-    _assert_not_named(result, fired, {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START,
-                                      dx.RULE_TTFT_QUEUEING})
+    _assert_not_named(
+        result,
+        fired,
+        {dx.RULE_ITL_UNSTABLE_ENGINE, dx.RULE_TTFT_ENGINE_START, dx.RULE_TTFT_QUEUEING},
+    )
     assert result.front_loop.samples >= 10
     finding = next(f for f in result.diagnosis if f.rule == dx.RULE_FRONT_LOOP_BLOCKED)
     assert "loop_wakeups_late_over_20ms" in finding.evidence

@@ -30,13 +30,20 @@ def test_batching_workers_out_of_phase_are_not_one_stream_at_a_time() -> None:
     workload = Workload(requests=96, concurrency=32, shape=RequestShape(max_tokens=(16, 96)))
     with start_server("--devices", "cpu:4", "--step-ms", "1", "--per-seq-ms", "0.25") as server:
         timed = run_bench(server.target, workload)
-        untimed = run_bench(server.target, Workload(
-            requests=96, concurrency=32, shape=RequestShape(max_tokens=(16, 96)),
-            include_timing=False))
+        untimed = run_bench(
+            server.target,
+            Workload(
+                requests=96,
+                concurrency=32,
+                shape=RequestShape(max_tokens=(16, 96)),
+                include_timing=False,
+            ),
+        )
     for result in (timed, untimed):
         assert result.requests_ok == 96, result.errors_by_code
-        assert dx.RULE_ONE_STREAM_AT_A_TIME not in {f.rule for f in result.diagnosis}, (
-            _explain(result))
+        assert dx.RULE_ONE_STREAM_AT_A_TIME not in {f.rule for f in result.diagnosis}, _explain(
+            result
+        )
     assert len({r.worker for r in timed.records}) == 4
 
 
@@ -47,8 +54,9 @@ def test_a_long_prefill_late_in_the_run_is_not_an_engine_start() -> None:
     rows = [TraceRow(offset_s=0.05 * k, input_length=8, output_length=20) for k in range(40)]
     rows.append(TraceRow(offset_s=2.05, input_length=400, output_length=20))
     workload = Workload(requests=len(rows), shape=RequestShape(trace=rows))
-    with start_server("--devices", "cpu:1", "--step-ms", "5",
-                      "--prefill-ms-per-token", "0.3") as server:
+    with start_server(
+        "--devices", "cpu:1", "--step-ms", "5", "--prefill-ms-per-token", "0.3"
+    ) as server:
         result = run_bench(server.target, workload)
     assert result.requests_ok == len(rows), result.errors_by_code
     assert result.ttft_segments_ms.first_step.max >= 100  # the trap: one long admitting step
@@ -73,8 +81,9 @@ def test_a_worker_held_to_one_core_is_told_its_step_is_the_bound(tmp_path: Path)
 
     folder = save_checkpoint(tmp_path / "llama", "llama")
     workload = Workload(requests=48, concurrency=16, shape=RequestShape(max_tokens=(64, 64)))
-    with start_server("--engine", "transformers", "--model", str(folder),
-                      "--devices", "cpu:1") as server:
+    with start_server(
+        "--engine", "transformers", "--model", str(folder), "--devices", "cpu:1"
+    ) as server:
         result = run_bench(server.target, workload)
         worker = server.workers[0].pid
     assert result.requests_ok == 48, result.errors_by_code

@@ -20,8 +20,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cadence.cli", "serve", "--host", "127.0.0.1",
-                           *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "serve", "--host", "127.0.0.1", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_a_port_in_use_is_one_line() -> None:
@@ -32,8 +37,11 @@ def test_a_port_in_use_is_one_line() -> None:
         result = _serve("--port", str(port), "--devices", "cpu:1")
     assert result.returncode != 0
     assert result.stderr.splitlines() == [
-        (f"cadence serve: could not bind 127.0.0.1:{port}; is the port in use? Choose another "
-         "with --port (0 picks a free one)")]
+        (
+            f"cadence serve: could not bind 127.0.0.1:{port}; is the port in use? Choose another "
+            "with --port (0 picks a free one)"
+        )
+    ]
 
 
 def test_a_card_the_host_lacks_is_refused_in_one_line() -> None:
@@ -58,8 +66,9 @@ def test_a_bench_of_cadence_does_not_offer_py_spy(capsys) -> None:
     from tests.unit.test_foreign_server_rules import threads_result
 
     # As where the lab extra was absent on the bench's host (the result records it).
-    result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}], [],
-                            py_spy=False)
+    result = threads_result(
+        [{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}], [], py_spy=False
+    )
     assert result.workload.protocol == "cadence"
     summary.print_summary(result)
     assert "py-spy" not in capsys.readouterr().out
@@ -69,8 +78,9 @@ def test_a_bench_of_cadence_does_not_offer_py_spy(capsys) -> None:
 
 def test_the_first_command_installs_what_the_quickstart_runs() -> None:
     readme = (ROOT / "README.md").read_text()
-    first = next(line for line in readme.splitlines() if "cadence demo" in line
-                 and "pip install" in line)
+    first = next(
+        line for line in readme.splitlines() if "cadence demo" in line and "pip install" in line
+    )
     extras = set(re.search(r"-e '\.\[([^]]*)\]'", first).group(1).split(","))
     quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     if "cadence report" in quickstart:

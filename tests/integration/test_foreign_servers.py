@@ -14,14 +14,21 @@ from cadence.lab.results import BenchResult
 from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, python_server
 
 
-def tokens_bench(target: str, streams: int, channels: int = 1, tokens_field: str = "",
-                 requests: int | None = None) -> BenchResult:
+def tokens_bench(
+    target: str,
+    streams: int,
+    channels: int = 1,
+    tokens_field: str = "",
+    requests: int | None = None,
+) -> BenchResult:
     with grpc.insecure_channel(target) as channel:
         schema = from_reflection(channel, TOKENS_METHOD)
-    protocol = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index",
-                          tokens_field=tokens_field)
-    workload = Workload(requests=requests or streams, concurrency=streams,
-                        shape=RequestShape(max_tokens=(20, 20)))
+    protocol = GrpcTarget(
+        schema=schema, request_json=TOKENS_REQUEST, index_field="index", tokens_field=tokens_field
+    )
+    workload = Workload(
+        requests=requests or streams, concurrency=streams, shape=RequestShape(max_tokens=(20, 20))
+    )
     return run_bench(target, workload, channels=channels, protocol=protocol)
 
 
@@ -30,8 +37,7 @@ def rules(result: BenchResult) -> set[str]:
 
 
 def test_a_stream_limit_below_the_streams_per_connection_is_named() -> None:
-    with python_server("tests/planted_server.py", "--max-streams", "4",
-                       "--gap-ms", "10") as target:
+    with python_server("tests/planted_server.py", "--max-streams", "4", "--gap-ms", "10") as target:
         limited = tokens_bench(target, streams=16)
         spread = tokens_bench(target, streams=16, channels=4)
     assert limited.http2.max_concurrent_streams == 4 and limited.http2.error is None
@@ -66,8 +72,9 @@ def test_a_port_that_is_not_http2_is_said_so() -> None:
 
 
 def test_a_server_held_to_one_core_by_its_event_loop_is_named() -> None:
-    with python_server("tests/planted_server.py", "--fault", "cpu", "--cpu-ms", "2",
-                       "--gap-ms", "10") as target:
+    with python_server(
+        "tests/planted_server.py", "--fault", "cpu", "--cpu-ms", "2", "--gap-ms", "10"
+    ) as target:
         result = tokens_bench(target, streams=16)
     threads = result.server_threads
     assert threads is not None and threads.threads >= 2
@@ -83,24 +90,29 @@ def test_a_clean_foreign_server_names_nothing_about_its_threads() -> None:
     with python_server("tests/planted_server.py", "--gap-ms", "10") as target:
         result = tokens_bench(target, streams=16)
     assert result.server_threads is not None and result.server_threads.groups
-    assert not rules(result) & {"server_one_core_bound", "server_threads_wait_for_cpu",
-                                "server_stream_limit"}, result.diagnosis
+    assert not rules(result) & {
+        "server_one_core_bound",
+        "server_threads_wait_for_cpu",
+        "server_stream_limit",
+    }, result.diagnosis
 
 
 SHAPE_RULES = {"output_held_back", "slow_stream_group", "slow_first_message"}
 
 
 def test_output_held_back_and_sent_in_batches_is_named() -> None:
-    with python_server("tests/planted_server.py", "--fault", "batch", "--batch", "4",
-                       "--gap-ms", "5") as target:
+    with python_server(
+        "tests/planted_server.py", "--fault", "batch", "--batch", "4", "--gap-ms", "5"
+    ) as target:
         result = tokens_bench(target, streams=8, tokens_field="count")
     assert result.integrity.lost_tokens == 0 and result.chunk_tokens.p50 == 4
     assert rules(result) & SHAPE_RULES == {"output_held_back"}, result.diagnosis
 
 
 def test_a_slower_subset_of_streams_is_named() -> None:
-    with python_server("tests/planted_server.py", "--fault", "slow-subset",
-                       "--gap-ms", "8") as target:
+    with python_server(
+        "tests/planted_server.py", "--fault", "slow-subset", "--gap-ms", "8"
+    ) as target:
         result = tokens_bench(target, streams=16)
     assert rules(result) & SHAPE_RULES == {"slow_stream_group"}, result.diagnosis
     [finding] = [f for f in result.diagnosis if f.rule == "slow_stream_group"]
@@ -108,8 +120,9 @@ def test_a_slower_subset_of_streams_is_named() -> None:
 
 
 def test_a_long_wait_before_every_first_message_is_named() -> None:
-    with python_server("tests/planted_server.py", "--fault", "first", "--first-ms", "150",
-                       "--gap-ms", "5") as target:
+    with python_server(
+        "tests/planted_server.py", "--fault", "first", "--first-ms", "150", "--gap-ms", "5"
+    ) as target:
         result = tokens_bench(target, streams=8)
     assert rules(result) & SHAPE_RULES == {"slow_first_message"}, result.diagnosis
     assert "ttft_grows_with_streams" not in rules(result)
@@ -130,13 +143,26 @@ def test_a_grpc_js_server_is_explained_the_same_way(tmp_path) -> None:
     from tests.node_ticker import ticker_server
 
     with ticker_server() as target:
-        result = bench_json(tmp_path, target, "--method", count_args()[1], "--request-json",
-                            '{"count": "{max_tokens}", "first_delay_ms": 300, "gap_ms": 10, '
-                            '"words_per_tick": 3, "label": "{request_id}"}',
-                            "--tokens-field", "words", "--index-field", "first_word",
-                            "--concurrency", "8", "--max-tokens", "20")
-    assert rules(result) & SHAPE_RULES == {"output_held_back", "slow_first_message"}, \
+        result = bench_json(
+            tmp_path,
+            target,
+            "--method",
+            count_args()[1],
+            "--request-json",
+            '{"count": "{max_tokens}", "first_delay_ms": 300, "gap_ms": 10, '
+            '"words_per_tick": 3, "label": "{request_id}"}',
+            "--tokens-field",
+            "words",
+            "--index-field",
+            "first_word",
+            "--concurrency",
+            "8",
+            "--max-tokens",
+            "20",
+        )
+    assert rules(result) & SHAPE_RULES == {"output_held_back", "slow_first_message"}, (
         result.diagnosis
+    )
     assert result.server_threads is not None and result.http2.error is None
 
 
@@ -153,12 +179,18 @@ def test_py_spy_says_what_a_python_servers_threads_are_doing() -> None:
     command = py_spy()
     if command is None:
         pytest.skip("py-spy is not installed (pip install 'cadence[lab]')")
-    probe = subprocess.run([command, "dump", "--pid", str(__import__("os").getpid())],
-                           capture_output=True, text=True, timeout=30, check=False)
+    probe = subprocess.run(
+        [command, "dump", "--pid", str(__import__("os").getpid())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     if probe.returncode != 0:
         pytest.skip(f"py-spy cannot read processes here (ptrace): {probe.stderr.strip()[:200]}")
-    with python_server(str(EXAMPLE), "--step-ms", "10", "--threads", "4",
-                       "--design", "shared") as target:
+    with python_server(
+        str(EXAMPLE), "--step-ms", "10", "--threads", "4", "--design", "shared"
+    ) as target:
         result = tokens_bench(target, streams=16, requests=48)
     stacks = {g.name: g for g in result.server_threads.stacks or []}
     handlers = stacks["handler_N"]

@@ -74,8 +74,9 @@ def _free_port() -> int:
 
 def test_connections_spread_over_both_fronts_and_every_stream_is_whole(server_factory) -> None:
     metrics_port = _free_port()
-    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "5",
-                            "--metrics-port", str(metrics_port))
+    server = server_factory(
+        "--fronts", "2", "--devices", "cpu:2", "--step-ms", "5", "--metrics-port", str(metrics_port)
+    )
 
     async def run():
         streams = await asyncio.gather(*(_open(server.target, 30) for _ in range(24)))
@@ -98,14 +99,20 @@ def test_connections_spread_over_both_fronts_and_every_stream_is_whole(server_fa
         text = r.read().decode()
     for front in (0, 1):
         expected = sum(1 for s in streams if s.front == front)
-        line = (f'cadence_requests_total{{code="OK",front="{front}",protocol="cadence.v1"}} '
-                f'{float(expected)}')
+        line = (
+            f'cadence_requests_total{{code="OK",front="{front}",protocol="cadence.v1"}} '
+            f"{float(expected)}"
+        )
         assert line in text, (line, text[:2000])
     # The gateway's gauges describe the server: one series each, the fronts' counts summed.
-    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
-                 "vllm:kv_cache_usage_perc"):
+    for name in (
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+    ):
         assert [line for line in text.splitlines() if line.startswith(name + "{")] == [
-            f'{name}{{model_name="cadence"}} 0.0']
+            f'{name}{{model_name="cadence"}} 0.0'
+        ]
 
 
 def test_max_concurrent_is_global_and_cancel_frees_the_slot(server_factory) -> None:
@@ -149,8 +156,9 @@ def test_max_concurrent_is_global_and_cancel_frees_the_slot(server_factory) -> N
 
 
 def test_killing_one_front_ends_only_its_streams(server_factory) -> None:
-    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "10",
-                            "--max-concurrent", "12")
+    server = server_factory(
+        "--fronts", "2", "--devices", "cpu:2", "--step-ms", "10", "--max-concurrent", "12"
+    )
 
     async def run():
         streams = []
@@ -201,8 +209,9 @@ def test_killing_one_front_ends_only_its_streams(server_factory) -> None:
 
 def test_a_killed_front_is_restarted_and_counted(server_factory) -> None:
     metrics_port = _free_port()
-    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "5",
-                            "--metrics-port", str(metrics_port))
+    server = server_factory(
+        "--fronts", "2", "--devices", "cpu:2", "--step-ms", "5", "--metrics-port", str(metrics_port)
+    )
 
     async def front_one() -> _Stream:
         for _ in range(40):  # new connections land on either front
@@ -258,7 +267,8 @@ def test_a_killed_worker_comes_back_for_every_front(server_factory) -> None:
         for _ in range(24):
             stream = _Stream(server.target, 20)
             stream.call = pb_grpc.InferenceStub(stream.channel).Generate(
-                pb.GenerateRequest(prompt="back", max_tokens=20, include_timing=True))
+                pb.GenerateRequest(prompt="back", max_tokens=20, include_timing=True)
+            )
             streams.append(await stream.opened())
         results = await asyncio.gather(*(s.read_all() for s in streams))
         for s in streams:
@@ -285,12 +295,21 @@ def test_native_a_killed_child_front_is_back_within_seconds(server_factory, vict
     kernel gives it half of them): no Envoy left behind holds the port or the workers'
     connections to front 1's sockets, which the replacement needs."""
     pytest.importorskip("pyvoy", reason="pyvoy is in the test extras (cadence[native])")
-    server = server_factory("--fronts", "2", "--devices", "cpu:2", "--step-ms", "10",
-                            "--max-concurrent", "64", *(() if SERVE_ARGS else
-                                                        ("--grpc-server", "native")))
+    server = server_factory(
+        "--fronts",
+        "2",
+        "--devices",
+        "cpu:2",
+        "--step-ms",
+        "10",
+        "--max-concurrent",
+        "64",
+        *(() if SERVE_ARGS else ("--grpc-server", "native")),
+    )
 
     async def batch() -> list[tuple[str, int | None, int | None]]:
         """Eight calls, each on a new connection: (status, front, pid) of each."""
+
         async def one() -> tuple[str, int | None, int | None]:
             stream = _Stream(server.target, 3)
             try:
@@ -317,8 +336,9 @@ def test_native_a_killed_child_front_is_back_within_seconds(server_factory, vict
         killed = time.monotonic()
         while True:  # every call of a batch served, front 1's replacement among them
             results = await batch()
-            back = (all(status == "OK" for status, _, _ in results)
-                    and any(front == 1 and pid != envoy for _, front, pid in results))
+            back = all(status == "OK" for status, _, _ in results) and any(
+                front == 1 and pid != envoy for _, front, pid in results
+            )
             if back:
                 break
             assert time.monotonic() - killed < 15, f"not back 15 s after the kill: {results}"

@@ -18,8 +18,9 @@ _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 def test_bench_samples_every_front_and_worker_and_scrapes_all_fronts(server_factory) -> None:
-    server = server_factory("--fronts", "2", "--metrics-port", "0", "--devices", "cpu:2",
-                            "--step-ms", "5")
+    server = server_factory(
+        "--fronts", "2", "--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "5"
+    )
     # 16 connections: all on one front by chance is 2 in 65536.
     workload = Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(20, 20)))
     result = run_bench(server.target, workload, channels=16)
@@ -44,8 +45,11 @@ def test_bench_samples_every_front_and_worker_and_scrapes_all_fronts(server_fact
     assert scraped.during_run["cadence_output_tokens_total"] == result.output_tokens
     assert scraped.during_run["cadence_chunks_total"] == result.chunks
     first, last = scraped.samples[0][1], scraped.samples[-1][1]
-    per_front = [last[f"cadence_output_tokens_total{{front={k}}}"]
-                 - first.get(f"cadence_output_tokens_total{{front={k}}}", 0.0) for k in (0, 1)]
+    per_front = [
+        last[f"cadence_output_tokens_total{{front={k}}}"]
+        - first.get(f"cadence_output_tokens_total{{front={k}}}", 0.0)
+        for k in (0, 1)
+    ]
     assert sum(per_front) == result.output_tokens
     assert all(tokens > 0 for tokens in per_front), per_front
 
@@ -53,7 +57,8 @@ def test_bench_samples_every_front_and_worker_and_scrapes_all_fronts(server_fact
 def _front_of(channel: grpc.Channel) -> tuple[int, int]:
     """(front, pid) of the front holding this channel's connection, from a stream's metadata."""
     call = pb_grpc.InferenceStub(channel).Generate(
-        pb.GenerateRequest(prompt="which front", max_tokens=1), timeout=10)
+        pb.GenerateRequest(prompt="which front", max_tokens=1), timeout=10
+    )
     metadata = dict(call.initial_metadata())
     assert len(list(call)) >= 1
     return int(metadata["cadence-front"]), int(metadata["cadence-front-pid"])
@@ -74,14 +79,23 @@ def test_health_and_reflection_answer_on_the_child_front(server_factory) -> None
             for service in ("", "cadence.v1.Inference", "cadence.worker.0", "cadence.worker.1"):
                 reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING, (front, service)
-            requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
-                        reflection_pb2.ServerReflectionRequest(
-                            file_containing_symbol="cadence.v1.Inference")]
-            listed, described = list(reflection_pb2_grpc.ServerReflectionStub(channel)
-                                     .ServerReflectionInfo(iter(requests), timeout=10))
+            requests = [
+                reflection_pb2.ServerReflectionRequest(list_services=""),
+                reflection_pb2.ServerReflectionRequest(
+                    file_containing_symbol="cadence.v1.Inference"
+                ),
+            ]
+            listed, described = list(
+                reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                    iter(requests), timeout=10
+                )
+            )
             names = {s.name for s in listed.list_services_response.service}
-            assert {"cadence.v1.Inference", "inference.GRPCInferenceService",
-                    "grpc.health.v1.Health"} <= names, (front, names)
+            assert {
+                "cadence.v1.Inference",
+                "inference.GRPCInferenceService",
+                "grpc.health.v1.Health",
+            } <= names, (front, names)
             assert described.file_descriptor_response.file_descriptor_proto, front
             assert _front_of(channel) == (front, pid)  # still the same connection
         finally:

@@ -15,15 +15,17 @@ from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import start_server
 
 _ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
-_SETTINGS = settings(max_examples=60, deadline=None,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+_SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
 def fuzz_server():
     # A small max_tokens limit keeps every accepted request short.
-    with start_server("--step-ms", "1", "--max-tokens-limit", "32",
-                      "--max-prompt-tokens", "512") as server:
+    with start_server(
+        "--step-ms", "1", "--max-tokens-limit", "32", "--max-prompt-tokens", "512"
+    ) as server:
         with Client(server.target) as client:
             done, streams, broken = threading.Event(), [], []
 
@@ -38,9 +40,11 @@ def fuzz_server():
             thread = threading.Thread(target=neighbour)
             thread.start()
             channel = grpc.insecure_channel(server.target)
-            yield channel.unary_stream("/cadence.v1.Inference/Generate",
-                                       request_serializer=lambda b: b,
-                                       response_deserializer=pb.GenerateChunk.FromString)
+            yield channel.unary_stream(
+                "/cadence.v1.Inference/Generate",
+                request_serializer=lambda b: b,
+                response_deserializer=pb.GenerateChunk.FromString,
+            )
             channel.close()
             done.set()
             thread.join(60)
@@ -70,11 +74,13 @@ requests = st.builds(
     prompt=st.text(max_size=64),
     max_tokens=st.integers(0, 2**32 - 1),
     prompt_token_ids=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=8),
-    sampling=st.builds(pb.SamplingParams,
-                       temperature=st.floats(width=32),
-                       top_p=st.floats(width=32),
-                       top_k=st.integers(0, 2**32 - 1),
-                       seed=st.integers(0, 2**64 - 1)),
+    sampling=st.builds(
+        pb.SamplingParams,
+        temperature=st.floats(width=32),
+        top_p=st.floats(width=32),
+        top_k=st.integers(0, 2**32 - 1),
+        seed=st.integers(0, 2**64 - 1),
+    ),
     stop_token_ids=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=4),
     include_timing=st.booleans(),
 )

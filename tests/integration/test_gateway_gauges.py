@@ -24,8 +24,10 @@ def _scrape(url: str) -> dict[str, tuple[str, dict[tuple, float]]]:
     """{family: (type, {labels: value})}."""
     with urllib.request.urlopen(url, timeout=10) as reply:
         text = reply.read().decode()
-    return {f.name: (f.type, {tuple(sorted(s.labels.items())): s.value for s in f.samples})
-            for f in text_string_to_metric_families(text)}
+    return {
+        f.name: (f.type, {tuple(sorted(s.labels.items())): s.value for s in f.samples})
+        for f in text_string_to_metric_families(text)
+    }
 
 
 def _serve(*args: str) -> tuple[RunningServer, str]:
@@ -63,8 +65,9 @@ def _streams(target: str, count: int, max_tokens: int) -> list[threading.Thread]
 
 
 def test_waiting_and_running_move_as_the_queue_does() -> None:
-    server, url = _serve("--devices", "cpu:1", "--max-batch", "2", "--step-ms", "20",
-                         "--served-model-name", "m1")
+    server, url = _serve(
+        "--devices", "cpu:1", "--max-batch", "2", "--step-ms", "20", "--served-model-name", "m1"
+    )
     try:
 
         def gauges(page: dict | None = None) -> tuple[float, ...]:
@@ -88,11 +91,21 @@ def test_waiting_and_running_move_as_the_queue_does() -> None:
         server.stop()
 
 
-@pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"),
-                    reason="the torch engine needs cadence[torch]")
+@pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("torch"),
+    reason="the torch engine needs cadence[torch]",
+)
 def test_kv_cache_usage_is_the_torch_engines_cache_held() -> None:
-    server, url = _serve("--model", "tiny", "--devices", "cpu:1", "--kv-cache-tokens", "1024",
-                         "--served-model-name", "m1")
+    server, url = _serve(
+        "--model",
+        "tiny",
+        "--devices",
+        "cpu:1",
+        "--kv-cache-tokens",
+        "1024",
+        "--served-model-name",
+        "m1",
+    )
     try:
 
         def usage() -> float:

@@ -45,14 +45,21 @@ def _panels(panels: list[dict]) -> list[dict]:
 
 def _queries(dashboard: dict) -> list[tuple[str, str]]:
     """(where, PromQL) for every panel target and every query variable."""
-    out = [(f"panel {panel.get('title')!r}", target["expr"])
-           for panel in _panels(dashboard["panels"])
-           for target in panel.get("targets", []) if "expr" in target]
+    out = [
+        (f"panel {panel.get('title')!r}", target["expr"])
+        for panel in _panels(dashboard["panels"])
+        for target in panel.get("targets", [])
+        if "expr" in target
+    ]
     for variable in dashboard["templating"]["list"]:
         if variable.get("type") == "query":
             query = variable["query"]
-            out.append((f"variable {variable['name']!r}",
-                        query["query"] if isinstance(query, dict) else query))
+            out.append(
+                (
+                    f"variable {variable['name']!r}",
+                    query["query"] if isinstance(query, dict) else query,
+                )
+            )
     return out
 
 
@@ -69,8 +76,9 @@ def missing_metrics(dashboard: dict, exported: set[str]) -> dict[str, set[str]]:
     """The names a query uses that no exported sample has. PromQL selects samples by their
     exposed name: a histogram's `_bucket`/`_sum`/`_count`, a counter's `_total`; so the bare
     family name of either (`cadence_requests`) matches nothing and counts as missing."""
-    return {name: where for name, where in dashboard_metrics(dashboard).items()
-            if name not in exported}
+    return {
+        name: where for name, where in dashboard_metrics(dashboard).items() if name not in exported
+    }
 
 
 def missing_buckets(dashboard: dict, bounds: dict[str, set[str]]) -> list[str]:
@@ -120,22 +128,37 @@ def test_a_panel_naming_an_unknown_metric_is_caught() -> None:
     dashboard = _load()
     exported = set(dashboard_metrics(dashboard))
     assert missing_metrics(dashboard, exported) == {}
-    dashboard["panels"].append({
-        "type": "timeseries", "title": "bogus", "id": 999, "gridPos": {"h": 1, "w": 1, "x": 0, "y": 0},
-        "targets": [{"expr": "sum(rate(cadence_no_such_thing_total[5m])) / "
-                             "sum(rate(cadence_requests[5m]))"}]})
-    assert set(missing_metrics(dashboard, exported)) == {"cadence_no_such_thing_total",
-                                                         "cadence_requests"}
+    dashboard["panels"].append(
+        {
+            "type": "timeseries",
+            "title": "bogus",
+            "id": 999,
+            "gridPos": {"h": 1, "w": 1, "x": 0, "y": 0},
+            "targets": [
+                {
+                    "expr": "sum(rate(cadence_no_such_thing_total[5m])) / "
+                    "sum(rate(cadence_requests[5m]))"
+                }
+            ],
+        }
+    )
+    assert set(missing_metrics(dashboard, exported)) == {
+        "cadence_no_such_thing_total",
+        "cadence_requests",
+    }
     dashboard["panels"][-1]["targets"] = [
-        {"expr": 'rate(cadence_event_loop_lag_seconds_bucket{le="0.03"}[1m])'}]
-    assert missing_buckets(dashboard, {"cadence_event_loop_lag_seconds_bucket": {"0.02"}}) \
-        == ["panel 'bogus': cadence_event_loop_lag_seconds_bucket{le='0.03'}"]
+        {"expr": 'rate(cadence_event_loop_lag_seconds_bucket{le="0.03"}[1m])'}
+    ]
+    assert missing_buckets(dashboard, {"cadence_event_loop_lag_seconds_bucket": {"0.02"}}) == [
+        "panel 'bogus': cadence_event_loop_lag_seconds_bucket{le='0.03'}"
+    ]
 
 
 def _scrape(*args: str) -> list:
     """The metric families of a real server with `args`, after a few requests."""
-    with start_server("--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "5",
-                      *args) as server:
+    with start_server(
+        "--metrics-port", "0", "--devices", "cpu:2", "--step-ms", "5", *args
+    ) as server:
         url = server.metrics_url
         with Client(server.target) as client:
             for i in range(6):
@@ -178,8 +201,14 @@ def test_with_fronts_every_sample_names_its_front(scraped) -> None:
 _RATE_INTERVAL = "10s"
 """What Grafana's $__rate_interval would be at a 1 s scrape interval is 4 s (four scrapes);
 10 s keeps two samples in every window when a shared CI machine delays a scrape or two."""
-_GRAFANA_GLOBALS = {"__rate_interval": _RATE_INTERVAL, "__interval": "2s", "__range": "1m",
-                    "__interval_ms": "2000", "__range_s": "60", "__range_ms": "60000"}
+_GRAFANA_GLOBALS = {
+    "__rate_interval": _RATE_INTERVAL,
+    "__interval": "2s",
+    "__range": "1m",
+    "__interval_ms": "2000",
+    "__range_s": "60",
+    "__range_ms": "60000",
+}
 _VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
 _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*(\w+)\s*\)\s*$", re.DOTALL)
 
@@ -187,10 +216,12 @@ _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*(\w+)\s*\)\s*$", re.DOTAL
 def _substitute(expr: str, values: dict[str, str]) -> str:
     """A query as Grafana sends it: every `$var` / `${var}` replaced; an unknown one fails
     (a variable added to the dashboard must be resolved here too)."""
+
     def one(match: re.Match) -> str:
         name = match.group(1) or match.group(2)
         assert name in values, f"no value for the dashboard variable ${name} in {expr!r}"
         return values[name]
+
     return _VARIABLE.sub(one, expr)
 
 
@@ -202,8 +233,7 @@ def _prometheus_get(base: str, path: str, **params: str) -> object:
     return body["data"]
 
 
-def _resolve_variables(dashboard: dict,
-                       base: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+def _resolve_variables(dashboard: dict, base: str) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Each query variable's values, found the way Grafana finds them (`label_values(SELECTOR,
     LABEL)` is Prometheus's label-values API with SELECTOR as match[]), in dashboard order so
     a variable can use the ones before it; and what Grafana would put in place of each
@@ -218,14 +248,16 @@ def _resolve_variables(dashboard: dict,
         match = _LABEL_VALUES.match(query)
         assert match, f"variable {variable['name']!r}: only label_values(...) is resolved here"
         selector, label = _substitute(match.group(1), values), match.group(2)
-        found[variable["name"]] = _prometheus_get(base, f"/api/v1/label/{label}/values",
-                                                  **{"match[]": selector})
+        found[variable["name"]] = _prometheus_get(
+            base, f"/api/v1/label/{label}/values", **{"match[]": selector}
+        )
         if not found[variable["name"]]:
             break
         # "All" sends allValue; a single-valued variable sends its first value (Grafana's
         # default, and this Prometheus scrapes one server).
-        values[variable["name"]] = (variable["allValue"] if variable.get("includeAll")
-                                    else found[variable["name"]][0])
+        values[variable["name"]] = (
+            variable["allValue"] if variable.get("includeAll") else found[variable["name"]][0]
+        )
     return found, values
 
 
@@ -238,8 +270,10 @@ def _empty_queries(dashboard: dict, base: str, values: dict[str, str]) -> list[s
             data = _prometheus_get(base, "/api/v1/query", query=expr)
             finite = [s for s in data["result"] if not math.isnan(float(s["value"][1]))]
             if not finite:
-                empty.append(f"panel {panel['title']!r} [{target['refId']}] "
-                             f"({len(data['result'])} series, none finite): {expr}")
+                empty.append(
+                    f"panel {panel['title']!r} [{target['refId']}] "
+                    f"({len(data['result'])} series, none finite): {expr}"
+                )
     return empty
 
 
@@ -257,9 +291,14 @@ class _Load:
         self._stop = threading.Event()
         self.errors: list[str] = []
         self.done = {"cadence.v1": 0, "kserve": 0, "openai": 0}
-        self._threads = [threading.Thread(target=self._loop, args=(name, run), daemon=True)
-                         for name, run in (("cadence.v1", self._cadence), ("kserve", self._kserve),
-                                           ("openai", self._openai))]
+        self._threads = [
+            threading.Thread(target=self._loop, args=(name, run), daemon=True)
+            for name, run in (
+                ("cadence.v1", self._cadence),
+                ("kserve", self._kserve),
+                ("openai", self._openai),
+            )
+        ]
 
     def __enter__(self) -> Self:
         for thread in self._threads:
@@ -298,16 +337,28 @@ class _Load:
         model = "no-such-model" if refused else "cadence"
         request = build_request(KServeTarget(model), RequestPlan(f"k{i}", [70, 71, 72], 24))
         with grpc.insecure_channel(self._target) as channel:
-            responses = list(kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
-                iter((request,)), timeout=30))
+            responses = list(
+                kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                    iter((request,)), timeout=30
+                )
+            )
         errors = [r.error_message for r in responses if r.error_message]
         assert bool(errors) == refused, errors
 
     def _openai(self, i: int, refused: bool) -> None:
-        body = json.dumps({"model": "no-such-model" if refused else "cadence",
-                           "prompt": f"grafana {i}", "max_tokens": 24, "stream": True}).encode()
-        request = urllib.request.Request(f"http://{self._http}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "model": "no-such-model" if refused else "cadence",
+                "prompt": f"grafana {i}",
+                "max_tokens": 24,
+                "stream": True,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"http://{self._http}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as reply:
                 assert b"data: [DONE]" in reply.read()
@@ -320,21 +371,33 @@ class _Load:
 def prometheus_binary() -> str:
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.skip("`prometheus` is not on PATH (Debian: apt-get install prometheus; "
-                    ".ci/run installs it)")
+        pytest.skip(
+            "`prometheus` is not on PATH (Debian: apt-get install prometheus; .ci/run installs it)"
+        )
     return binary
 
 
 @pytest.mark.slow
 def test_every_dashboard_query_returns_a_series_from_a_real_prometheus(
-        prometheus_binary: str, tmp_path: Path) -> None:
+    prometheus_binary: str, tmp_path: Path
+) -> None:
     """A real Prometheus scrapes a real server (--fronts 2: every panel has something to show,
     front restarts included) under load over all three protocols; each panel query, with the
     dashboard's variables resolved through Prometheus as Grafana resolves them, returns a
     series with a number in it."""
     dashboard = _load()
-    with start_server("--metrics-port", "0", "--http-port", "0", "--fronts", "2",
-                      "--devices", "cpu:2", "--step-ms", "5") as server:
+    with start_server(
+        "--metrics-port",
+        "0",
+        "--http-port",
+        "0",
+        "--fronts",
+        "2",
+        "--devices",
+        "cpu:2",
+        "--step-ms",
+        "5",
+    ) as server:
         metrics = _banner_address(server.banner, "metrics")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -343,12 +406,20 @@ def test_every_dashboard_query_returns_a_series_from_a_real_prometheus(
         (tmp_path / "prometheus.yml").write_text(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
             "scrape_configs:\n  - job_name: cadence\n    static_configs:\n"
-            f"      - targets: ['{metrics}']\n")
+            f"      - targets: ['{metrics}']\n"
+        )
         log = (tmp_path / "prometheus.log").open("w")
         prometheus = subprocess.Popen(
-            [prometheus_binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-             "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
+            [
+                prometheus_binary,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             with _Load(server.target, _banner_address(server.banner, "http")) as load:
                 deadline = time.monotonic() + 90
@@ -381,9 +452,20 @@ def test_every_dashboard_query_returns_a_series_from_a_real_prometheus(
             assert set(found["protocol"]) == {"cadence.v1", "kserve", "openai"}
             assert all(load.done.values()), load.done
             # The check is not empty-handed: a panel over a series nobody exports is caught.
-            dashboard["panels"] = [{"title": "bogus", "targets": [{"refId": "A", "expr": (
-                'sum(rate(cadence_requests_total{instance="$instance", protocol="grpc"}'
-                '[$__rate_interval]))')}]}]
+            dashboard["panels"] = [
+                {
+                    "title": "bogus",
+                    "targets": [
+                        {
+                            "refId": "A",
+                            "expr": (
+                                'sum(rate(cadence_requests_total{instance="$instance", protocol="grpc"}'
+                                "[$__rate_interval]))"
+                            ),
+                        }
+                    ],
+                }
+            ]
             assert len(_empty_queries(dashboard, base, values)) == 1
         finally:
             prometheus.terminate()

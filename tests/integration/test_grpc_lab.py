@@ -37,17 +37,31 @@ TOKENS_REQUEST = '{"request_id": "{request_id}", "max_tokens": "{max_tokens}"}'
 
 
 def cadence(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cadence.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "cadence.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def bench_json(tmp_path: Path, target: str, *args: str, all_fail: bool = False) -> BenchResult:
     """The run's result; `all_fail`: every request is to fail, and the bench to say so and
     exit non-zero (its JSON still written)."""
     out = tmp_path / "run.json"
-    done = cadence("bench", "--target", target, "--protocol", "grpc", "--no-progress",
-                   "--json", str(out), *args)
+    done = cadence(
+        "bench",
+        "--target",
+        target,
+        "--protocol",
+        "grpc",
+        "--no-progress",
+        "--json",
+        str(out),
+        *args,
+    )
     if all_fail:
         assert done.returncode != 0 and "every request failed" in done.stderr, done.stderr
     else:
@@ -56,8 +70,13 @@ def bench_json(tmp_path: Path, target: str, *args: str, all_fail: bool = False) 
 
 
 def count_args(count: str = "{max_tokens}", **fields) -> list[str]:
-    request = {"count": count, "first_delay_ms": 30, "gap_ms": 10, "label": "{request_id}",
-               **fields}
+    request = {
+        "count": count,
+        "first_delay_ms": 30,
+        "gap_ms": 10,
+        "label": "{request_id}",
+        **fields,
+    }
     return ["--method", COUNT_METHOD, "--request-json", json.dumps(request)]
 
 
@@ -73,9 +92,21 @@ def ticker() -> Iterator[str]:
 
 
 def test_node_service_by_reflection_counts_tokens_per_message(ticker, tmp_path):
-    result = bench_json(tmp_path, ticker, *count_args(words_per_tick=3),
-                        "--tokens-field", "words", "--index-field", "first_word",
-                        "--concurrency", "16", "--max-tokens", "20", "--procs", "2")
+    result = bench_json(
+        tmp_path,
+        ticker,
+        *count_args(words_per_tick=3),
+        "--tokens-field",
+        "words",
+        "--index-field",
+        "first_word",
+        "--concurrency",
+        "16",
+        "--max-tokens",
+        "20",
+        "--procs",
+        "2",
+    )
     assert_clean(result, 16)
     assert result.output_tokens == 16 * 20 * 3 and result.chunks == 16 * 20
     assert result.chunk_tokens.p50 == 3
@@ -91,9 +122,20 @@ def test_node_service_by_reflection_counts_tokens_per_message(ticker, tmp_path):
 
 
 def test_node_bidirectional_method(ticker, tmp_path):
-    result = bench_json(tmp_path, ticker, "--method", node_ticker.CHAT_METHOD, "--request-json",
-                        '{"count": "{max_tokens}", "gap_ms": 5}', "--index-field", "seq",
-                        "--concurrency", "8", "--max-tokens", "12")
+    result = bench_json(
+        tmp_path,
+        ticker,
+        "--method",
+        node_ticker.CHAT_METHOD,
+        "--request-json",
+        '{"count": "{max_tokens}", "gap_ms": 5}',
+        "--index-field",
+        "seq",
+        "--concurrency",
+        "8",
+        "--max-tokens",
+        "12",
+    )
     assert_clean(result, 8)
     assert result.output_tokens == 8 * 12 and result.workload.grpc.bidirectional
 
@@ -102,9 +144,19 @@ def test_reflection_that_serves_one_file_per_proto_is_followed_through_its_impor
     """Servers built from protoc descriptors return the method's file alone; its import
     (ticker/v1/tick.proto, which holds the response type) is fetched by name."""
     with ticker_server(source_files=True) as target:
-        result = bench_json(tmp_path, target, *count_args(words_per_tick=2), "--tokens-field",
-                            "words", "--index-field", "first_word", "--concurrency", "4",
-                            "--max-tokens", "6")
+        result = bench_json(
+            tmp_path,
+            target,
+            *count_args(words_per_tick=2),
+            "--tokens-field",
+            "words",
+            "--index-field",
+            "first_word",
+            "--concurrency",
+            "4",
+            "--max-tokens",
+            "6",
+        )
     assert_clean(result, 4)
     assert result.output_tokens == 4 * 6 * 2
 
@@ -116,10 +168,23 @@ def test_without_reflection_the_protos_give_the_types(tmp_path):
         assert refused.returncode == 1
         assert refused.stderr.strip().splitlines() == [
             "cadence bench: the server offers no reflection service (grpc.reflection.v1 or "
-            "v1alpha): give its protos with --proto FILE (and --proto-path DIR)"]
-        result = bench_json(tmp_path, target, *count_args(), "--proto", PROTO_FILE,
-                            "--proto-path", PROTO_PATH, "--index-field", "seq",
-                            "--concurrency", "4", "--max-tokens", "8")
+            "v1alpha): give its protos with --proto FILE (and --proto-path DIR)"
+        ]
+        result = bench_json(
+            tmp_path,
+            target,
+            *count_args(),
+            "--proto",
+            PROTO_FILE,
+            "--proto-path",
+            PROTO_PATH,
+            "--index-field",
+            "seq",
+            "--concurrency",
+            "4",
+            "--max-tokens",
+            "8",
+        )
     assert_clean(result, 4)
     assert result.workload.grpc.types_from == "protos"
 
@@ -127,37 +192,81 @@ def test_without_reflection_the_protos_give_the_types(tmp_path):
 @pytest.mark.slow
 def test_headers_reach_the_service_and_errors_are_counted_by_code(tmp_path):
     with ticker_server(token="s3cret") as target:
-        denied = bench_json(tmp_path, target, *count_args(), "--requests", "3",
-                            "--concurrency", "3", "--max-tokens", "4", all_fail=True)
-        allowed = bench_json(tmp_path, target, *count_args(), "--header",
-                             "Authorization=Bearer s3cret", "--requests", "3",
-                             "--concurrency", "3", "--max-tokens", "4")
-        failing = bench_json(tmp_path, target, *count_args(count="8", fail_after=2),
-                             "--header", "authorization=Bearer s3cret", "--requests", "3",
-                             "--concurrency", "3", all_fail=True)
+        denied = bench_json(
+            tmp_path,
+            target,
+            *count_args(),
+            "--requests",
+            "3",
+            "--concurrency",
+            "3",
+            "--max-tokens",
+            "4",
+            all_fail=True,
+        )
+        allowed = bench_json(
+            tmp_path,
+            target,
+            *count_args(),
+            "--header",
+            "Authorization=Bearer s3cret",
+            "--requests",
+            "3",
+            "--concurrency",
+            "3",
+            "--max-tokens",
+            "4",
+        )
+        failing = bench_json(
+            tmp_path,
+            target,
+            *count_args(count="8", fail_after=2),
+            "--header",
+            "authorization=Bearer s3cret",
+            "--requests",
+            "3",
+            "--concurrency",
+            "3",
+            all_fail=True,
+        )
     assert denied.errors_by_code == {"UNAUTHENTICATED": 3}
     assert "bearer token" in denied.first_error_by_code["UNAUTHENTICATED"]
     assert allowed.requests_ok == 3 and allowed.errors_by_code == {}
     assert failing.errors_by_code == {"RESOURCE_EXHAUSTED": 3}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--method", "ticker.v1.Ticker/Nope", "--request-json", "{}"],
-     "cadence bench: service 'ticker.v1.Ticker' has no method 'Nope' (it has: Count, Chat, "
-     "Once)"),
-    (["--method", "ticker.v2.Ticker/Count", "--request-json", "{}"],
-     "cadence bench: the server has no service 'ticker.v2.Ticker' (it offers: "
-     "ticker.v1.Ticker)"),
-    (["--method", COUNT_METHOD, "--request-json", '{"cuont": 3}'],
-     "cadence bench: --request-json: Message type \"ticker.v1.CountRequest\" has no field "
-     "named \"cuont\""),
-    (["--method", COUNT_METHOD, "--request-json", '{"count": "many"}'],
-     "cadence bench: --request-json: Failed to parse count field"),
-    (["--method", COUNT_METHOD, "--request-json", "{}", "--tokens-field", "letters"],
-     "cadence bench: --tokens-field: ticker.v1.Tick has no field 'letters'"),
-    (["--method", node_ticker.ONCE_METHOD, "--request-json", "{}"],
-     "cadence bench: ticker.v1.Ticker/Once does not stream its response"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--method", "ticker.v1.Ticker/Nope", "--request-json", "{}"],
+            "cadence bench: service 'ticker.v1.Ticker' has no method 'Nope' (it has: Count, Chat, "
+            "Once)",
+        ),
+        (
+            ["--method", "ticker.v2.Ticker/Count", "--request-json", "{}"],
+            "cadence bench: the server has no service 'ticker.v2.Ticker' (it offers: "
+            "ticker.v1.Ticker)",
+        ),
+        (
+            ["--method", COUNT_METHOD, "--request-json", '{"cuont": 3}'],
+            'cadence bench: --request-json: Message type "ticker.v1.CountRequest" has no field '
+            'named "cuont"',
+        ),
+        (
+            ["--method", COUNT_METHOD, "--request-json", '{"count": "many"}'],
+            "cadence bench: --request-json: Failed to parse count field",
+        ),
+        (
+            ["--method", COUNT_METHOD, "--request-json", "{}", "--tokens-field", "letters"],
+            "cadence bench: --tokens-field: ticker.v1.Tick has no field 'letters'",
+        ),
+        (
+            ["--method", node_ticker.ONCE_METHOD, "--request-json", "{}"],
+            "cadence bench: ticker.v1.Ticker/Once does not stream its response",
+        ),
+    ],
+)
 def test_bad_input_is_one_clear_line(ticker, args, message):
     done = cadence("bench", "--target", ticker, "--protocol", "grpc", *args)
     assert done.returncode == 1
@@ -181,8 +290,7 @@ def test_a_server_that_is_down_is_one_clear_line():
 @contextmanager
 def python_server(*args: str) -> Iterator[str]:
     """A plain Python gRPC server that prints `listening on HOST:PORT`; yield the target."""
-    process = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, text=True,
-                               cwd=ROOT)
+    process = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         line = process.stdout.readline().strip()
         assert line.startswith("listening on "), f"{args} printed {line!r}"
@@ -192,13 +300,17 @@ def python_server(*args: str) -> Iterator[str]:
         process.wait(10)
 
 
-def tokens_bench(target: str, streams: int = 16, requests: int | None = None,
-                 max_tokens: int = 40) -> dict:
+def tokens_bench(
+    target: str, streams: int = 16, requests: int | None = None, max_tokens: int = 40
+) -> dict:
     with grpc.insecure_channel(target) as channel:
         schema = from_reflection(channel, TOKENS_METHOD)
     grpc_target = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index")
-    workload = Workload(requests=requests or streams, concurrency=streams,
-                        shape=RequestShape(max_tokens=(max_tokens, max_tokens)))
+    workload = Workload(
+        requests=requests or streams,
+        concurrency=streams,
+        shape=RequestShape(max_tokens=(max_tokens, max_tokens)),
+    )
     return run_bench(target, workload, protocol=grpc_target)
 
 
@@ -209,11 +321,14 @@ def test_a_lost_token_is_seen_with_index_field():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, rule", [
-    ("pause", dx.RULE_STREAMS_STALL_TOGETHER),
-    ("setup", dx.RULE_TTFT_GROWS_WITH_STREAMS),
-    ("none", None),
-])
+@pytest.mark.parametrize(
+    "fault, rule",
+    [
+        ("pause", dx.RULE_STREAMS_STALL_TOGETHER),
+        ("setup", dx.RULE_TTFT_GROWS_WITH_STREAMS),
+        ("none", None),
+    ],
+)
 def test_planted_faults_without_server_timing(fault, rule):
     """A blocked event loop stalls every stream at once; a per-call lock makes TTFT grow
     across a burst; a clean server trips nothing."""
@@ -245,13 +360,31 @@ def test_sweep_of_a_server_command(tmp_path):
     out = tmp_path / "sweep.json"
     started = time.monotonic()
     done = cadence(
-        "sweep", "--server-cmd",
+        "sweep",
+        "--server-cmd",
         f"{sys.executable} {EXAMPLE} --design shared --step-ms 10 --threads {{threads}} "
         "--port {port}",
-        "--vary", "threads=2,oops,16", "--protocol", "grpc", "--method", TOKENS_METHOD,
-        "--request-json", TOKENS_REQUEST, "--index-field", "index", "--concurrency", "8",
-        "--max-tokens", "20", "--ready-timeout", "20", "--json", str(out),
-        "--report", str(tmp_path / "report"))
+        "--vary",
+        "threads=2,oops,16",
+        "--protocol",
+        "grpc",
+        "--method",
+        TOKENS_METHOD,
+        "--request-json",
+        TOKENS_REQUEST,
+        "--index-field",
+        "index",
+        "--concurrency",
+        "8",
+        "--max-tokens",
+        "20",
+        "--ready-timeout",
+        "20",
+        "--json",
+        str(out),
+        "--report",
+        str(tmp_path / "report"),
+    )
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started < 90
     sweep = msgspec.convert(json.loads(out.read_text()), SweepResult).sweep
@@ -279,8 +412,9 @@ def _group_gone(group: int) -> bool:
 def test_a_server_command_is_stopped_with_its_whole_process_group():
     """The command's shell starts a child that ignores SIGTERM: after the grace it is killed
     with the rest of the group."""
-    command = (f"trap '' TERM; sleep 300 & exec {sys.executable} tests/planted_server.py "
-               "--port {port}")
+    command = (
+        f"trap '' TERM; sleep 300 & exec {sys.executable} tests/planted_server.py --port {{port}}"
+    )
     server = CommandServer(command, {}, ready_timeout=20, grace_s=1.0)
     server.start()
     group = server.process.pid

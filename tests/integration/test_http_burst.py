@@ -65,9 +65,12 @@ async def _connect_p99_ms(connections: int) -> float:
     timer.on_connection_create_end.append(end)
     with socket.create_server(("127.0.0.1", 0), backlog=connections * 2) as listener:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                         trace_configs=[timer],
-                                         timeout=aiohttp.ClientTimeout(total=1)) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            trace_configs=[timer],
+            timeout=aiohttp.ClientTimeout(total=1),
+        ) as session:
+
             async def one() -> None:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     await session.get(url)
@@ -79,11 +82,23 @@ async def _connect_p99_ms(connections: int) -> float:
 
 def test_a_burst_of_streams_over_http_with_connect_time_apart_from_ttft(tmp_path, capsys) -> None:
     floor_ms = asyncio.run(_connect_p99_ms(384))  # the whole burst's connects, from one loop
-    server = start_server("--devices", "cpu:2", "--step-ms", "10", "--served-model-name", "m",
-                          "--max-concurrent", "512", http=True)
+    server = start_server(
+        "--devices",
+        "cpu:2",
+        "--step-ms",
+        "10",
+        "--served-model-name",
+        "m",
+        "--max-concurrent",
+        "512",
+        http=True,
+    )
     try:
-        workload = Workload(requests=384, concurrency=384,
-                            shape=RequestShape(max_tokens=(24, 24), prompt_tokens=(8, 8)))
+        workload = Workload(
+            requests=384,
+            concurrency=384,
+            shape=RequestShape(max_tokens=(24, 24), prompt_tokens=(8, 8)),
+        )
         result = run_bench("", workload, processes=2, protocol=OpenAITarget(server.base, "m"))
     finally:
         assert server.stop() == 0

@@ -24,10 +24,27 @@ from tests.integration.test_grpc_lab import (
 
 def bench(tmp_path, target: str, *args: str):
     out = tmp_path / "run.json"
-    done = cadence("bench", "--target", target, "--protocol", "grpc", "--no-progress",
-                   "--method", TOKENS_METHOD, "--request-json", TOKENS_REQUEST,
-                   "--index-field", "index", "--concurrency", "4", "--max-tokens", "10",
-                   "--json", str(out), *args)
+    done = cadence(
+        "bench",
+        "--target",
+        target,
+        "--protocol",
+        "grpc",
+        "--no-progress",
+        "--method",
+        TOKENS_METHOD,
+        "--request-json",
+        TOKENS_REQUEST,
+        "--index-field",
+        "index",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "10",
+        "--json",
+        str(out),
+        *args,
+    )
     return done, msgspec.convert(json.loads(out.read_text()), BenchResult)
 
 
@@ -35,8 +52,11 @@ def test_a_swap_of_two_outputs_is_one_reorder_and_a_non_zero_exit(tmp_path) -> N
     with python_server("tests/planted_server.py", "--fault", "swap", "--gap-ms", "5") as target:
         done, result = bench(tmp_path, target)
     integrity = result.integrity
-    assert (integrity.lost_tokens, integrity.repeated_tokens, integrity.reordered_chunks) == \
-        (0, 0, 1)
+    assert (integrity.lost_tokens, integrity.repeated_tokens, integrity.reordered_chunks) == (
+        0,
+        0,
+        1,
+    )
     assert done.returncode == EXIT_INTEGRITY, done.stderr
     assert "the output was not whole: reordered_chunks 1" in done.stderr
     [finding] = [f for f in result.diagnosis if f.rule == "integrity_faults"]
@@ -57,22 +77,51 @@ def sse_bench(tmp_path, *server: str):
     then its usage), 8 streams of 10 tokens, the planted fault in each.
     This checkout's `src` first: the code under test, not an installed copy."""
     out = tmp_path / "run.json"
-    with python_server("tests/engine_shaped_servers.py", "--front", "sse", "--decode-ms", "2",
-                       *server) as target:
+    with python_server(
+        "tests/engine_shaped_servers.py", "--front", "sse", "--decode-ms", "2", *server
+    ) as target:
         done = subprocess.run(
-            [sys.executable, "-m", "cadence.cli", "bench", "--target", f"http://{target}",
-             "--protocol", "openai", "--model", MODEL, "--no-progress", "--concurrency", "4",
-             "--requests", "8", "--max-tokens", "10", "--json", str(out)],
-            capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))})
+            [
+                sys.executable,
+                "-m",
+                "cadence.cli",
+                "bench",
+                "--target",
+                f"http://{target}",
+                "--protocol",
+                "openai",
+                "--model",
+                MODEL,
+                "--no-progress",
+                "--concurrency",
+                "4",
+                "--requests",
+                "8",
+                "--max-tokens",
+                "10",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))},
+        )
     return done, msgspec.convert(json.loads(out.read_text()), BenchResult)
 
 
 def test_an_sse_event_sent_twice_is_an_extra_event_whatever_usage_says(tmp_path) -> None:
     done, result = sse_bench(tmp_path, "--duplicate-event", "4")
     integrity = result.integrity
-    assert (integrity.extra_events, integrity.lost_tokens, integrity.repeated_tokens,
-            integrity.short_streams, integrity.usage_above_events) == (8, 0, 0, 0, 0)
+    assert (
+        integrity.extra_events,
+        integrity.lost_tokens,
+        integrity.repeated_tokens,
+        integrity.short_streams,
+        integrity.usage_above_events,
+    ) == (8, 0, 0, 0, 0)
     assert done.returncode == EXIT_INTEGRITY, done.stderr
     assert "the output was not whole: extra_events 8" in done.stderr
     [finding] = [f for f in result.diagnosis if f.rule == "integrity_faults"]
@@ -102,8 +151,12 @@ def test_a_whole_sse_stream_stays_clean(tmp_path) -> None:
     done, result = sse_bench(tmp_path, "--jitter", "0.3", "--flush-events", "3")
     assert done.returncode == 0, done.stderr
     integrity = result.integrity
-    assert (integrity.extra_events, integrity.usage_above_events, integrity.short_streams,
-            integrity.lost_tokens, integrity.repeated_tokens) == (0, 0, 0, 0, 0)
-    assert not [f for f in result.diagnosis
-                if f.rule in ("integrity_faults", "usage_above_events")]
+    assert (
+        integrity.extra_events,
+        integrity.usage_above_events,
+        integrity.short_streams,
+        integrity.lost_tokens,
+        integrity.repeated_tokens,
+    ) == (0, 0, 0, 0, 0)
+    assert not [f for f in result.diagnosis if f.rule in ("integrity_faults", "usage_above_events")]
     assert "extra events 0" in done.stdout

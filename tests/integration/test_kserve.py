@@ -25,8 +25,13 @@ InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceSe
 MODEL = "cadence"
 
 
-def _inputs(prompt_ids: list[int] | None = None, max_tokens: int = 8, *, prompt: str | None = None,
-            extra: dict[str, tuple[str, np.ndarray]] | None = None) -> list:
+def _inputs(
+    prompt_ids: list[int] | None = None,
+    max_tokens: int = 8,
+    *,
+    prompt: str | None = None,
+    extra: dict[str, tuple[str, np.ndarray]] | None = None,
+) -> list:
     tensors = []
     if prompt_ids is not None:
         t = grpcclient.InferInput("PROMPT_TOKEN_IDS", [len(prompt_ids)], "INT32")
@@ -106,10 +111,16 @@ def test_text_prompt_sampling_inputs_and_requested_outputs(server) -> None:
     responses = _Responses()
     client = grpcclient.InferenceServerClient(server.target)
     client.start_stream(callback=responses)
-    extra = {"TEMPERATURE": ("FP32", np.array([0.0], dtype=np.float32)),
-             "SEED": ("UINT64", np.array([7], dtype=np.uint64))}
-    client.async_stream_infer(MODEL, _inputs(prompt="hello", max_tokens=6, extra=extra),
-                              request_id="text", outputs=[grpcclient.InferRequestedOutput("TEXT")])
+    extra = {
+        "TEMPERATURE": ("FP32", np.array([0.0], dtype=np.float32)),
+        "SEED": ("UINT64", np.array([7], dtype=np.uint64)),
+    }
+    client.async_stream_infer(
+        MODEL,
+        _inputs(prompt="hello", max_tokens=6, extra=extra),
+        request_id="text",
+        outputs=[grpcclient.InferRequestedOutput("TEXT")],
+    )
     client.stop_stream()
     client.close()
     results = [result for result, error in responses.drain() if error is None]
@@ -130,11 +141,19 @@ def test_metadata_config_liveness_and_readiness(server) -> None:
         metadata = client.get_model_metadata(MODEL)
         assert metadata.versions == ["1"]
         assert {t.name: t.datatype for t in metadata.inputs} == {
-            "PROMPT": "BYTES", "PROMPT_TOKEN_IDS": "INT32", "MAX_TOKENS": "INT32",
-            "TEMPERATURE": "FP32", "TOP_P": "FP32", "TOP_K": "INT32", "SEED": "UINT64",
-            "STOP_TOKEN_IDS": "INT32"}
-        assert [(t.name, t.datatype) for t in metadata.outputs] == [("TOKEN_IDS", "INT32"),
-                                                                    ("TEXT", "BYTES")]
+            "PROMPT": "BYTES",
+            "PROMPT_TOKEN_IDS": "INT32",
+            "MAX_TOKENS": "INT32",
+            "TEMPERATURE": "FP32",
+            "TOP_P": "FP32",
+            "TOP_K": "INT32",
+            "SEED": "UINT64",
+            "STOP_TOKEN_IDS": "INT32",
+        }
+        assert [(t.name, t.datatype) for t in metadata.outputs] == [
+            ("TOKEN_IDS", "INT32"),
+            ("TEXT", "BYTES"),
+        ]
         config = client.get_model_config(MODEL).config
         assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
         assert {i.name for i in config.input if not i.optional} == {"MAX_TOKENS"}
@@ -175,10 +194,14 @@ def test_bad_input_is_an_in_band_error_and_the_stream_goes_on(server) -> None:
             errors.append(error.message())
         else:
             good.append(result)
-    expected = ["INVALID_ARGUMENT: input 'MAX_TOKENS' is 0", "INVALID_ARGUMENT: input 'MAX_TOKENS' has datatype 'FP32'",
-                "INVALID_ARGUMENT: unknown input 'COLOR'", "INVALID_ARGUMENT: input 'MAX_TOKENS' is missing",
-                "NOT_FOUND: unknown model 'other'",
-                "INVALID_ARGUMENT: request_id is 257 bytes long; at most 256"]
+    expected = [
+        "INVALID_ARGUMENT: input 'MAX_TOKENS' is 0",
+        "INVALID_ARGUMENT: input 'MAX_TOKENS' has datatype 'FP32'",
+        "INVALID_ARGUMENT: unknown input 'COLOR'",
+        "INVALID_ARGUMENT: input 'MAX_TOKENS' is missing",
+        "NOT_FOUND: unknown model 'other'",
+        "INVALID_ARGUMENT: request_id is 257 bytes long; at most 256",
+    ]
     for start in expected:
         assert any(message.startswith(start) for message in errors), (start, errors)
     # The engine refuses the out-of-range token after admission: an in-band error too.
@@ -257,11 +280,13 @@ def test_reflection_lists_the_inference_service(server) -> None:
 
     with grpc.insecure_channel(server.target) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
-                    reflection_pb2.ServerReflectionRequest(
-                        file_containing_symbol="inference.GRPCInferenceService"),
-                    reflection_pb2.ServerReflectionRequest(
-                        file_containing_symbol="cadence.v1.Inference")]
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(
+                file_containing_symbol="inference.GRPCInferenceService"
+            ),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="cadence.v1.Inference"),
+        ]
         listed, kserve_file, cadence_file = list(stub.ServerReflectionInfo(iter(requests)))
     names = {s.name for s in listed.list_services_response.service}
     assert {"inference.GRPCInferenceService", "cadence.v1.Inference"} <= names
@@ -279,8 +304,12 @@ def test_a_thread_per_stream_client_like_perf_analyzer(server) -> None:
         client.start_stream(callback=responses)
         try:
             for i in range(3):
-                client.async_stream_infer(MODEL, _inputs([k, i], 10), request_id=f"{k}-{i}",
-                                          enable_empty_final_response=True)
+                client.async_stream_infer(
+                    MODEL,
+                    _inputs([k, i], 10),
+                    request_id=f"{k}-{i}",
+                    enable_empty_final_response=True,
+                )
                 count = 0
                 while True:
                     result, error = responses.items.get(timeout=10)
@@ -313,8 +342,9 @@ def test_bench_speaks_the_protocol(server) -> None:
     assert all(v == 0 for v in msgspec.structs.asdict(result.integrity).values())
     assert not result.segments_ms  # the protocol carries no server timing
     assert result.workload.protocol == "kserve"
-    bad = run_bench(server.target, Workload(requests=2, concurrency=2),
-                    protocol=KServeTarget("other"))
+    bad = run_bench(
+        server.target, Workload(requests=2, concurrency=2), protocol=KServeTarget("other")
+    )
     assert bad.errors_by_code == {"NOT_FOUND": 2}
 
 
@@ -351,8 +381,9 @@ def test_a_client_that_stops_reading_is_cut_off() -> None:
                 yield build_request(KServeTarget(MODEL), RequestPlan("slow", [1, 2], 16000))
                 stalled.wait(30)  # keep the call open, read nothing
 
-            call = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(requests(),
-                                                                               timeout=60)
+            call = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                requests(), timeout=60
+            )
             next(call)
             deadline = time.monotonic() + 15
             cut_off = 'cadence_requests_total{code="RESOURCE_EXHAUSTED",protocol="kserve"}'

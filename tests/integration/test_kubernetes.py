@@ -84,22 +84,42 @@ def _one(path: pathlib.Path, kind: str) -> dict:
 
 
 def _validate(*paths: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([_tool("kubernetes-validate"), "--strict", "--quiet", *map(str, paths)],
-                          capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [_tool("kubernetes-validate"), "--strict", "--quiet", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
 
 
 def _checkov(*paths: pathlib.Path) -> list[tuple[str, str]]:
     """checkov's failed checks on `paths`: (file name, check id) pairs."""
     files = [a for p in paths for a in ("-f", str(p))]
-    result = subprocess.run([_tool("checkov"), *files, "--framework", "kubernetes", "--quiet",
-                             "--skip-download", "--output", "json"], capture_output=True,
-                            text=True, env={**os.environ, "BC_SKIP_MAPPING": "TRUE"}, check=False)
+    result = subprocess.run(
+        [
+            _tool("checkov"),
+            *files,
+            "--framework",
+            "kubernetes",
+            "--quiet",
+            "--skip-download",
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+        check=False,
+    )
     assert result.returncode in (0, 1), result.stderr
     reports = json.loads(result.stdout) if result.stdout.strip() else []
     if isinstance(reports, dict):
         reports = [reports]
-    failed = [(pathlib.Path(c["file_path"]).name, c["check_id"])
-              for r in reports for c in r.get("results", {}).get("failed_checks", [])]
+    failed = [
+        (pathlib.Path(c["file_path"]).name, c["check_id"])
+        for r in reports
+        for c in r.get("results", {}).get("failed_checks", [])
+    ]
     assert bool(failed) == (result.returncode == 1)
     return failed
 
@@ -121,11 +141,15 @@ def test_a_manifest_with_an_unknown_field_fails_validation(rendered, tmp_path) -
     assert "'periodSecond' was unexpected" in result.stdout + result.stderr
 
 
-def test_every_manifest_passes_checkov_and_a_pod_that_may_escalate_fails(rendered,
-                                                                         tmp_path) -> None:
+def test_every_manifest_passes_checkov_and_a_pod_that_may_escalate_fails(
+    rendered, tmp_path
+) -> None:
     broken = tmp_path / "broken.yaml"
-    broken.write_text(rendered["base"].read_text().replace(
-        "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true"))
+    broken.write_text(
+        rendered["base"]
+        .read_text()
+        .replace("allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true")
+    )
     failed = _checkov(*rendered.values(), broken)  # one run: checkov takes seconds to start
     assert {name for name, _ in failed} == {"broken.yaml"}, failed
     assert ("broken.yaml", "CKV_K8S_20") in failed
@@ -152,8 +176,11 @@ def test_the_pod_spec_keeps_its_promises(rendered, variant) -> None:
     # SIGKILL comes only after the preStop wait and the whole drain.
     assert pod["terminationGracePeriodSeconds"] >= pre_stop_s + float(env["CADENCE_DRAIN_TIMEOUT"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": int(env["CADENCE_PORT"]), "http": int(env["CADENCE_HTTP_PORT"]),
-                     "metrics": int(env["CADENCE_METRICS_PORT"])}
+    assert ports == {
+        "grpc": int(env["CADENCE_PORT"]),
+        "http": int(env["CADENCE_HTTP_PORT"]),
+        "metrics": int(env["CADENCE_METRICS_PORT"]),
+    }
     for probe in ("startupProbe", "readinessProbe"):
         assert container[probe]["grpc"]["port"] == ports["grpc"]
     assert container["readinessProbe"]["failureThreshold"] == 1  # out at the drain's start
@@ -163,7 +190,8 @@ def test_the_pod_spec_keeps_its_promises(rendered, variant) -> None:
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
     service = _one(rendered[variant], "Service")
     assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
-        name: name for name in ports}
+        name: name for name in ports
+    }
     if variant == "gpu":  # one worker per card the pod is given
         cards = container["resources"]["limits"]["nvidia.com/gpu"]
         assert env["CADENCE_DEVICES"] == "cuda:" + ",".join(map(str, range(cards)))
@@ -195,8 +223,9 @@ def test_kubernetes_stopping_sequence_cuts_no_stream(rendered) -> None:
     drain_s = float(env["CADENCE_DRAIN_TIMEOUT"]) / 10
     grace_s = pod["terminationGracePeriodSeconds"] / 10
     assert STREAM_TOKENS * STEP_MS / 1000 < drain_s
-    server = start_server("--devices", "cpu:2", "--step-ms", str(STEP_MS),
-                          "--drain-timeout", str(drain_s))
+    server = start_server(
+        "--devices", "cpu:2", "--step-ms", str(STEP_MS), "--drain-timeout", str(drain_s)
+    )
     probes: list[str] = []
     stop_probing = threading.Event()
 
@@ -211,8 +240,9 @@ def test_kubernetes_stopping_sequence_cuts_no_stream(rendered) -> None:
 
     prober = threading.Thread(target=probe, daemon=True)
     prober.start()
-    streams, outcomes = zip(*(stream_in_background(server.target, STREAM_TOKENS)
-                              for _ in range(8)), strict=True)
+    streams, outcomes = zip(
+        *(stream_in_background(server.target, STREAM_TOKENS) for _ in range(8)), strict=True
+    )
     while not all(o["tokens"] for o in outcomes):
         time.sleep(0.01)
     time.sleep(pre_stop_s)  # preStop: still serving, as the endpoints drop the pod

@@ -28,7 +28,9 @@ def test_bench_measures_the_step_time_of_a_synthetic_server() -> None:
     assert result.output_tokens == 16 * 30
     assert all(v == 0 for v in msgspec.structs.asdict(result.integrity).values())
     segments = result.ttft_segments_ms
-    assert sum(s.mean for s in msgspec.structs.asdict(segments).values()) == pytest.approx(result.ttft_ms.mean)
+    assert sum(s.mean for s in msgspec.structs.asdict(segments).values()) == pytest.approx(
+        result.ttft_ms.mean
+    )
     assert {"front", "worker0", "worker1", "client0"} <= set(result.system.processes)
     scraped = result.system.server_metrics
     assert scraped.during_run["cadence_output_tokens_total"] == 16 * 30
@@ -51,8 +53,9 @@ def test_open_loop_sends_the_scheduled_requests() -> None:
 
 def test_the_progress_counter_reaches_the_requests_the_result_reports() -> None:
     with start_server("--step-ms", "5") as server:
-        workload = Workload(requests=12, concurrency=4, warmup=2,
-                            shape=RequestShape(max_tokens=(5, 5)))
+        workload = Workload(
+            requests=12, concurrency=4, warmup=2, shape=RequestShape(max_tokens=(5, 5))
+        )
         counter = RequestCounter()
         result = run_bench(server.target, workload, processes=2, counter=counter)
         plain = run_bench(server.target, workload, processes=2)
@@ -68,9 +71,26 @@ def test_bench_and_report_commands(tmp_path) -> None:
     out = tmp_path / "run.json"
     with start_server("--step-ms", "5") as server:
         bench = subprocess.run(
-            [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
-             "--concurrency", "4", "--requests", "8", "--max-tokens", "10", "--json", str(out)],
-            check=True, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "cadence.cli",
+                "bench",
+                "--target",
+                server.target,
+                "--concurrency",
+                "4",
+                "--requests",
+                "8",
+                "--max-tokens",
+                "10",
+                "--json",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     # stderr is a pipe here: no progress bar on it.
     assert "/8 requests" not in bench.stderr and "cadence bench" not in bench.stderr
@@ -78,7 +98,10 @@ def test_bench_and_report_commands(tmp_path) -> None:
     assert result.requests_ok == 8 and len(result.records) == 8
     report = subprocess.run(
         [sys.executable, "-m", "cadence.cli", "report", str(out), "--out", str(tmp_path / "r")],
-        check=True, capture_output=True, text=True, timeout=120,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert (tmp_path / "r" / "report.html").exists()
     assert "report.html" in report.stdout
@@ -91,23 +114,42 @@ def test_a_result_the_disk_cannot_take_is_one_line_after_the_summary() -> None:
     with start_server("--step-ms", "5") as server:
         for flag in ("--export", "--json"):
             done = subprocess.run(
-                [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
-                 "--concurrency", "2", "--requests", "4", "--max-tokens", "4", flag,
-                 "/dev/full"], capture_output=True, text=True, timeout=120, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "cadence.cli",
+                    "bench",
+                    "--target",
+                    server.target,
+                    "--concurrency",
+                    "2",
+                    "--requests",
+                    "4",
+                    "--max-tokens",
+                    "4",
+                    flag,
+                    "/dev/full",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             assert done.returncode == 1, done.stderr
             assert done.stderr.strip().splitlines() == [
-                f"cadence bench: {flag} /dev/full: cannot write it: No space left on device"]
+                f"cadence bench: {flag} /dev/full: cannot write it: No space left on device"
+            ]
             assert "4/4 requests ok" in done.stdout, done.stdout
 
 
 def test_sweep_starts_a_fresh_server_per_value() -> None:
     workload = Workload(requests=4, concurrency=4, shape=RequestShape(max_tokens=(8, 8)))
-    result = run_sweep(grid([("workers", ["1", "2"])], Load(workload)), ["--step-ms", "5"],
-                       progress=lambda _: None)
+    result = run_sweep(
+        grid([("workers", ["1", "2"])], Load(workload)), ["--step-ms", "5"], progress=lambda _: None
+    )
     points = result.sweep.points
     assert [p.value for p in points] == ["1", "2"]
-    workers = [sum(n.startswith("worker") for n in p.repeats[0].system.processes)
-               for p in points]
+    workers = [sum(n.startswith("worker") for n in p.repeats[0].system.processes) for p in points]
     assert workers == [1, 2]
     assert [row.value for row in result.sweep.table] == ["1", "2"]
 
@@ -115,11 +157,16 @@ def test_sweep_starts_a_fresh_server_per_value() -> None:
 def test_the_front_exports_its_event_loop_lag() -> None:
     import urllib.request
 
-    with start_server("--step-ms", "5", "--metrics-port", "0",
-                      "--heartbeat-interval", "0.05") as server:
+    with start_server(
+        "--step-ms", "5", "--metrics-port", "0", "--heartbeat-interval", "0.05"
+    ) as server:
+
         def samples() -> float:
             text = urllib.request.urlopen(server.metrics_url, timeout=5).read().decode()
-            return next(float(line.split()[-1]) for line in text.splitlines()
-                        if line.startswith("cadence_event_loop_lag_seconds_count"))
+            return next(
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("cadence_event_loop_lag_seconds_count")
+            )
 
         wait_until(lambda: samples() >= 5, 10, "fewer than 5 samples")  # one per heartbeat

@@ -39,14 +39,30 @@ MIB = 2**20
 
 
 def bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "bench", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def grpc_args(target: str, *args: str) -> list[str]:
-    return ["--target", target, "--protocol", "grpc", "--method", TOKENS_METHOD,
-            "--request-json", TOKENS_REQUEST, "--index-field", "index", *args]
+    return [
+        "--target",
+        target,
+        "--protocol",
+        "grpc",
+        "--method",
+        TOKENS_METHOD,
+        "--request-json",
+        TOKENS_REQUEST,
+        "--index-field",
+        "index",
+        *args,
+    ]
 
 
 @pytest.mark.timeout(60)
@@ -58,8 +74,10 @@ def test_a_page_sending_a_byte_a_second_stops_the_bench_at_the_scrape_limit() ->
         took = time.monotonic() - started
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"cadence bench: --scrape {url}: the page was not read within "
-                           f"{prometheus.SCRAPE_DEADLINE_S:g} s"), line
+    assert line.startswith(
+        f"cadence bench: --scrape {url}: the page was not read within "
+        f"{prometheus.SCRAPE_DEADLINE_S:g} s"
+    ), line
     assert took < prometheus.SCRAPE_DEADLINE_S + 10
 
 
@@ -73,22 +91,24 @@ def test_a_page_over_the_size_cap_is_refused_once_the_cap_is_read() -> None:
         took = time.monotonic() - started
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
-    assert line == (f"cadence bench: --scrape {url}: the page is larger than 16 MiB, the most "
-                    "read of one page"), line
+    assert line == (
+        f"cadence bench: --scrape {url}: the page is larger than 16 MiB, the most read of one page"
+    ), line
     assert took < 10  # it was read to its end and parsed, for tens of seconds
 
 
 @pytest.mark.timeout(90)
 def test_a_page_that_starts_trickling_mid_run_is_read_no_more(monkeypatch) -> None:
     monkeypatch.setattr(prometheus, "SCRAPE_DEADLINE_S", 1.0, raising=False)
-    with python_server(PEERS, "page", "--trickle-after", "3") as page, \
-            python_server(PEERS, "grpc") as target:
+    with (
+        python_server(PEERS, "page", "--trickle-after", "3") as page,
+        python_server(PEERS, "grpc") as target,
+    ):
         url = f"http://{page}/metrics"
         with grpc.insecure_channel(target) as channel:
             schema = from_reflection(channel, TOKENS_METHOD)
         protocol = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index")
-        workload = Workload(duration_s=3.0, concurrency=2,
-                            shape=RequestShape(max_tokens=(20, 20)))
+        workload = Workload(duration_s=3.0, concurrency=2, shape=RequestShape(max_tokens=(20, 20)))
         started = time.monotonic()
         result = run_bench(target, workload, protocol=protocol, scrape=[url])
         took = time.monotonic() - started
@@ -96,12 +116,12 @@ def test_a_page_that_starts_trickling_mid_run_is_read_no_more(monkeypatch) -> No
     (endpoint,) = result.scraped.endpoints
     assert endpoint.scrapes == 3 and endpoint.failed_scrapes == 1
     assert endpoint.stopped == endpoint.first_error
-    assert endpoint.stopped.startswith("the page was not read within 1 s, the limit of one "
-                                       "scrape")
+    assert endpoint.stopped.startswith("the page was not read within 1 s, the limit of one scrape")
     assert took < 3.0 + 15
     (line, *_) = scraped_lines(result.scraped)
     assert line.startswith(f"scraped {url} (vllm): 3 scrapes") and line.endswith(
-        "; then read no more"), line
+        "; then read no more"
+    ), line
 
 
 EXPORTER = """
@@ -134,8 +154,13 @@ with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
 
 
 def _export(port: int, requests: int, size: int) -> str:
-    done = subprocess.run([sys.executable, "-c", EXPORTER, str(port), str(requests), str(size)],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", EXPORTER, str(port), str(requests), str(size)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -154,8 +179,10 @@ def test_the_trace_receiver_keeps_spans_by_size_not_only_by_number() -> None:
     finally:
         receiver.stop()
     assert len(spans) == 24 and receiver.dropped == 0
-    assert all(span.attributes == {"prompt": "p" * 256, "gen_ai.latency.time_in_queue": 0.25}
-               for span in spans)
+    assert all(
+        span.attributes == {"prompt": "p" * 256, "gen_ai.latency.time_in_queue": 0.25}
+        for span in spans
+    )
 
     from cadence.lab.measure.trace_receiver import span_bytes
 
@@ -170,8 +197,9 @@ def test_the_trace_receiver_keeps_spans_by_size_not_only_by_number() -> None:
         small.stop()
     assert len(small.spans()) == 10 and small.dropped == 14
     line = spans_line(join_spans([], small.spans(), 0, small.port, small.dropped))
-    assert "; 14 more spans dropped, past what the receiver keeps (500,000 spans or 256 MiB)" \
-        in line, line
+    assert (
+        "; 14 more spans dropped, past what the receiver keeps (500,000 spans or 256 MiB)" in line
+    ), line
 
 
 MAXRSS = """
@@ -188,17 +216,43 @@ def test_grpc_responses_of_a_megabyte_are_not_kept_whole(tmp_path: Path) -> None
     with python_server(PEERS, "grpc", "--message-bytes", str(MIB)) as target:
         # 384 messages of 1 MiB; the bench and its load process, at their largest.
         done = subprocess.run(
-            [sys.executable, "-c", MAXRSS, sys.executable, "-m", "cadence.cli", "bench",
-             "--no-progress", *grpc_args(target, "--requests", "4", "--concurrency", "4",
-                                         "--max-tokens", "96", "--json", str(out))],
-            capture_output=True, text=True, timeout=100, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            [
+                sys.executable,
+                "-c",
+                MAXRSS,
+                sys.executable,
+                "-m",
+                "cadence.cli",
+                "bench",
+                "--no-progress",
+                *grpc_args(
+                    target,
+                    "--requests",
+                    "4",
+                    "--concurrency",
+                    "4",
+                    "--max-tokens",
+                    "96",
+                    "--json",
+                    str(out),
+                ),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     assert done.returncode == 0, done.stderr
     peak_mb = int(done.stdout.strip().splitlines()[-1])
     result = json.loads(out.read_text())
     assert result["requests_ok"] == 4 and result["output_tokens"] == 384
-    assert result["integrity"] == {"lost_tokens": 0, "repeated_tokens": 0, "reordered_chunks": 0,
-                                   "short_streams": 0}
+    assert result["integrity"] == {
+        "lost_tokens": 0,
+        "repeated_tokens": 0,
+        "reordered_chunks": 0,
+        "short_streams": 0,
+    }
     # Kept whole, the messages alone took 384 MiB.
     assert peak_mb < 220, peak_mb
 
@@ -209,8 +263,9 @@ def test_grpc_messages_past_the_unparsed_bytes_are_read_as_they_come(index_field
     async def one(target: str) -> tuple:
         with grpc.insecure_channel(target) as channel:
             schema = from_reflection(channel, TOKENS_METHOD)
-        codec = GrpcCodec(GrpcTarget(schema=schema, request_json=TOKENS_REQUEST,
-                                     index_field=index_field))
+        codec = GrpcCodec(
+            GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field=index_field)
+        )
         codec.unparsed_limit = int(3.5 * MIB)
         async with grpc.aio.insecure_channel(target) as channel:
             method = codec.method(channel)
@@ -237,13 +292,26 @@ def test_a_server_that_stops_answering_ends_each_request_at_the_stall_limit(then
     # The first call (the bench's probe) is answered; every later one gets `then` messages.
     with python_server(PEERS, "grpc", "--silent-after", "1", "--then", str(then)) as target:
         started = time.monotonic()
-        done = bench(*grpc_args(target, "--requests", "4", "--concurrency", "4",
-                                "--max-tokens", "10", "--stall-limit", "1"))
+        done = bench(
+            *grpc_args(
+                target,
+                "--requests",
+                "4",
+                "--concurrency",
+                "4",
+                "--max-tokens",
+                "10",
+                "--stall-limit",
+                "1",
+            )
+        )
         took = time.monotonic() - started
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1] == "cadence bench: every request failed (STALLED)"
-    assert (f"  STALLED: no message for 1 s (after {then}): ended by the stall limit "
-            "(cadence bench --stall-limit)") in done.stdout
+    assert (
+        f"  STALLED: no message for 1 s (after {then}): ended by the stall limit "
+        "(cadence bench --stall-limit)"
+    ) in done.stdout
     assert took < 20
 
 
@@ -256,8 +324,9 @@ def test_the_stall_limit_is_on_unless_a_deadline_bounds_each_request() -> None:
     add_bench(parser.add_subparsers())
 
     def limit(*args: str) -> float | None:
-        return workload_from_args(parser.parse_args(
-            ["bench", "--target", "x:1", *args])).stall_limit_s
+        return workload_from_args(
+            parser.parse_args(["bench", "--target", "x:1", *args])
+        ).stall_limit_s
 
     assert limit() == STALL_LIMIT_S == 60
     assert limit("--timeout", "300") is None
@@ -273,8 +342,15 @@ def test_a_stream_that_never_pauses_for_the_stall_limit_outlives_it() -> None:
 
         async def one() -> tuple:
             async with grpc.aio.insecure_channel(target) as channel:
-                return await one_grpc(codec, codec.method(channel), RequestPlan("a", [1], 100),
-                                      0, False, None, stall_s=0.2)
+                return await one_grpc(
+                    codec,
+                    codec.method(channel),
+                    RequestPlan("a", [1], 100),
+                    0,
+                    False,
+                    None,
+                    stall_s=0.2,
+                )
 
         record, kept = asyncio.run(one())
     assert record.code == "OK" and len(kept) == 100

@@ -31,10 +31,14 @@ def reasoning_server() -> Iterator[str]:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
 
-        async def event(delta: dict | None, usage: dict | None = None,
-                        finish: str | None = None) -> None:
-            chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
-                     if delta is not None else []}
+        async def event(
+            delta: dict | None, usage: dict | None = None, finish: str | None = None
+        ) -> None:
+            chunk = {
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+                if delta is not None
+                else []
+            }
             if usage:
                 chunk["usage"] = usage
             await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -67,18 +71,37 @@ def reasoning_server() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("model", ["vllm-style", "plain-reasoning"])
-def test_first_reasoning_and_first_answer_are_timed_apart(reasoning_server, tmp_path,
-                                                          model) -> None:
+def test_first_reasoning_and_first_answer_are_timed_apart(
+    reasoning_server, tmp_path, model
+) -> None:
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
     tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(".."), behavior="isolated")
     tokenizer.save(str(tmp_path / "tokenizer.json"))  # a token is two characters
     out = tmp_path / "run.json"
-    done = bench("--target", reasoning_server, "--protocol", "openai", "--endpoint", "chat",
-                 "--model", model, "--concurrency", "4", "--requests", "8",
-                 "--prompt-tokens", "40", "--max-tokens", "8", "--tokenizer", str(tmp_path),
-                 "--json", str(out))
+    done = bench(
+        "--target",
+        reasoning_server,
+        "--protocol",
+        "openai",
+        "--endpoint",
+        "chat",
+        "--model",
+        model,
+        "--concurrency",
+        "4",
+        "--requests",
+        "8",
+        "--prompt-tokens",
+        "40",
+        "--max-tokens",
+        "8",
+        "--tokenizer",
+        str(tmp_path),
+        "--json",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     result = msgspec.convert(json.loads(out.read_text()), BenchResult)
     thought, answer = result.ttft_reasoning_ms, result.ttft_answer_ms

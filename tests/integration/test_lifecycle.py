@@ -94,8 +94,10 @@ def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> Non
     async def run() -> None:
         async with grpc.aio.insecure_channel(server.target) as channel:
             stub = pb_grpc.InferenceStub(channel)
-            calls = [stub.Generate(build_request(f"p{i}", max_tokens=150, include_timing=True))
-                     for i in range(4)]
+            calls = [
+                stub.Generate(build_request(f"p{i}", max_tokens=150, include_timing=True))
+                for i in range(4)
+            ]
             firsts = [await call.read() for call in calls]
             victim = firsts[0].timing.worker
             os.kill(server.workers[victim].pid, signal.SIGKILL)
@@ -105,8 +107,12 @@ def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> Non
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert f"worker {victim}" in info.value.details()
             # While it is down, new requests go only to the worker that is left.
-            chunks = [c async for c in stub.Generate(build_request("after", max_tokens=3,
-                                                                   include_timing=True))]
+            chunks = [
+                c
+                async for c in stub.Generate(
+                    build_request("after", max_tokens=3, include_timing=True)
+                )
+            ]
             assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
             assert chunks[0].timing.worker != victim
             for call, first in zip(calls[1:], firsts[1:]):
@@ -131,8 +137,10 @@ def test_killed_worker_fails_its_streams_and_others_go_on(server_factory) -> Non
         while client.health(f"cadence.worker.{victim}") != "SERVING":
             assert time.monotonic() < deadline, "the killed worker was not restarted"
             time.sleep(0.1)
-        workers = {next(iter(client.generate(f"x{i}", max_tokens=1, include_timing=True))).timing.worker
-                   for i in range(8)}
+        workers = {
+            next(iter(client.generate(f"x{i}", max_tokens=1, include_timing=True))).timing.worker
+            for i in range(8)
+        }
     assert workers == {0, 1}
 
 
@@ -179,8 +187,16 @@ def test_an_idle_spell_never_counts_against_the_next_prefill(server_factory) -> 
     """The hang clock starts when the worker gets work, not at its last output before an
     idle spell: idle longer than --worker-timeout, then a prefill that takes most of it,
     served whole, twice."""
-    server = server_factory("--devices", "cpu:1", "--step-ms", "10", "--worker-timeout", "2",
-                            "--prefill-ms-per-token", "100")
+    server = server_factory(
+        "--devices",
+        "cpu:1",
+        "--step-ms",
+        "10",
+        "--worker-timeout",
+        "2",
+        "--prefill-ms-per-token",
+        "100",
+    )
     prompt = "p" * 15  # 15 byte tokens: a 1.5 s prefill in one step
     with Client(server.target) as client:
         for _ in range(2):
@@ -209,10 +225,13 @@ def test_a_restart_loop_backs_off_and_says_so(server_factory) -> None:
         os.kill(worker.pid, signal.SIGKILL)
         killed = time.monotonic()
         if restart == 2:  # waiting out the third back-off: the gauge shows it
+
             def backoff_shown() -> bool:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                    return 'cadence_worker_restart_backoff_seconds{worker="0"} 4.0' in \
-                        r.read().decode()
+                    return (
+                        'cadence_worker_restart_backoff_seconds{worker="0"} 4.0'
+                        in r.read().decode()
+                    )
 
             wait_until(backoff_shown, 3.5, "the third back-off was not exported")
     assert 1.0 <= gaps[0] < 1.9 and 2.0 <= gaps[1] < 2.9 and 4.0 <= gaps[2] < 4.9, gaps
@@ -285,8 +304,12 @@ def test_bad_settings_and_a_busy_port_fail_with_a_message(server_factory) -> Non
         (["--port", "0", "--max-batch", "0"], "max_batch must be at least 1"),
         (["--port", "0", "--devices", "gpu:1"], "--devices must be"),
     ]:
-        out = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", *args],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "cadence.cli", "serve", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode != 0
         assert needle in out.stderr
         assert "Traceback" not in out.stderr
@@ -308,17 +331,35 @@ main({args!r})
 
 
 @runs_once
-@pytest.mark.parametrize(("hidden", "args", "needle"), [
-    (["safetensors"], ["--engine", "torch", "--model", "tiny"],
-     ("--engine torch needs the package 'safetensors', which is not installed; install it "
-      "with: pip install 'cadence[torch]'")),
-    (["ray"], ["--launcher", "ray"],
-     ("--launcher ray needs the package 'ray', which is not installed; install it with: "
-      "pip install 'cadence[ray]'")),
-    (["opentelemetry"], ["--otlp-traces-endpoint", "http://127.0.0.1:4317"],
-     ("--otlp-traces-endpoint needs the package 'opentelemetry.sdk', which is not installed; "
-      "install it with: pip install 'cadence[otel]'")),
-])
+@pytest.mark.parametrize(
+    ("hidden", "args", "needle"),
+    [
+        (
+            ["safetensors"],
+            ["--engine", "torch", "--model", "tiny"],
+            (
+                "--engine torch needs the package 'safetensors', which is not installed; install it "
+                "with: pip install 'cadence[torch]'"
+            ),
+        ),
+        (
+            ["ray"],
+            ["--launcher", "ray"],
+            (
+                "--launcher ray needs the package 'ray', which is not installed; install it with: "
+                "pip install 'cadence[ray]'"
+            ),
+        ),
+        (
+            ["opentelemetry"],
+            ["--otlp-traces-endpoint", "http://127.0.0.1:4317"],
+            (
+                "--otlp-traces-endpoint needs the package 'opentelemetry.sdk', which is not installed; "
+                "install it with: pip install 'cadence[otel]'"
+            ),
+        ),
+    ],
+)
 def test_a_missing_extra_is_refused_at_once_in_one_line(hidden, args, needle) -> None:
     import subprocess
     import sys
@@ -327,8 +368,9 @@ def test_a_missing_extra_is_refused_at_once_in_one_line(hidden, args, needle) ->
         pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
     started = time.monotonic()
     code = _WITHOUT.format(hidden=hidden, args=["serve", "--port", "0", *args])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1] == f"cadence serve: {needle}", out.stderr
     assert "Traceback" not in out.stderr and "worker" not in out.stderr
@@ -353,7 +395,7 @@ def test_killed_front_takes_its_workers_with_it(server_factory) -> None:
 def _socket_folder(server) -> str:
     """The private folder of the server's ipc sockets, from a worker's spec."""
     spec = json.loads(server.workers[0].cmdline()[-1])
-    folder = os.path.dirname(spec["output_address"][len("ipc://"):])
+    folder = os.path.dirname(spec["output_address"][len("ipc://") :])
     assert os.path.isdir(folder)
     return folder
 

@@ -51,8 +51,9 @@ def test_streams_whole_through_envoy(server_factory) -> None:
     with Client(server.target) as client:
         chunks = list(client.generate("hello", max_tokens=20, include_timing=True))
     # A stream that fell behind (a busy host) gets its waiting tokens in one message.
-    assert [c.index for c in chunks] == list(itertools.accumulate(
-        [0] + [len(c.token_ids) for c in chunks[:-1]]))
+    assert [c.index for c in chunks] == list(
+        itertools.accumulate([0] + [len(c.token_ids) for c in chunks[:-1]])
+    )
     assert sum(len(c.token_ids) for c in chunks) == 20
     assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert all(c.timing.send_ns for c in chunks)
@@ -68,8 +69,17 @@ def test_streams_whole_through_envoy(server_factory) -> None:
 def test_a_reset_before_the_first_token_frees_the_slot_at_once(server_factory) -> None:
     """A stream in a long prefill (3 s here) sends nothing; when its client cancels, its
     admission slot must come free at once, not when its first token would have gone out."""
-    server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5",
-                            "--prefill-ms-per-token", "30", "--max-concurrent", "1")
+    server = server_factory(
+        *NATIVE,
+        "--devices",
+        "cpu:1",
+        "--step-ms",
+        "5",
+        "--prefill-ms-per-token",
+        "30",
+        "--max-concurrent",
+        "1",
+    )
     with grpc.insecure_channel(server.target) as channel:
         generate = pb_grpc.InferenceStub(channel).Generate
         slow = generate(pb.GenerateRequest(prompt="x" * 100, max_tokens=5))
@@ -97,8 +107,9 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
         assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
         generate = pb_grpc.InferenceStub(channel).Generate
         for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):  # as grpc.aio reads
-            chunks = generate(pb.GenerateRequest(prompt="hi", max_tokens=2),
-                              compression=compression)
+            chunks = generate(
+                pb.GenerateRequest(prompt="hi", max_tokens=2), compression=compression
+            )
             assert sum(len(c.token_ids) for c in chunks) == 2  # one message or two, merged
         bomb = pb.GenerateRequest(prompt="x" * (5 << 20), max_tokens=2)  # over 4 MiB inflated
         with pytest.raises(grpc.RpcError) as info:
@@ -109,8 +120,12 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "--max-tokens-limit" in info.value.details()
     # A deadline ends with grpc.aio's status and words, not this layer's generic ones.
-    got = h2_call(server.target, "/cadence.v1.Inference/Generate", [(b"grpc-timeout", b"300m")],
-                  framed(pb.GenerateRequest(prompt="hi", max_tokens=10_000)))
+    got = h2_call(
+        server.target,
+        "/cadence.v1.Inference/Generate",
+        [(b"grpc-timeout", b"300m")],
+        framed(pb.GenerateRequest(prompt="hi", max_tokens=10_000)),
+    )
     assert got.get(b"grpc-status") == b"4", got
     assert got[b"grpc-message"] == b"the request's deadline passed before generation finished"
     with pytest.raises(urllib.error.HTTPError) as http:
@@ -120,17 +135,32 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
 
 
 def test_ray_workers_are_refused_in_one_line() -> None:
-    done = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *NATIVE,
-                           "--launcher", "ray"], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *NATIVE, "--launcher", "ray"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode != 0
     assert "--grpc-server native runs local workers only" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-GRPC_MODULES = ("test_streaming.py", "test_kserve.py", "test_security.py", "test_lifecycle.py",
-                "test_backpressure.py", "test_apps.py", "test_tracing.py", "test_fronts.py",
-                "test_fronts_lab.py", "test_process_tree.py", "test_startup_health.py",
-                "test_sick_workers.py")
+GRPC_MODULES = (
+    "test_streaming.py",
+    "test_kserve.py",
+    "test_security.py",
+    "test_lifecycle.py",
+    "test_backpressure.py",
+    "test_apps.py",
+    "test_tracing.py",
+    "test_fronts.py",
+    "test_fronts_lab.py",
+    "test_process_tree.py",
+    "test_startup_health.py",
+    "test_sick_workers.py",
+)
 """The gRPC integration tests that run again with every server on Envoy (their tests whose
 server would not be on Envoy are marked `runs_once`)."""
 
@@ -147,7 +177,12 @@ def test_the_grpc_integration_tests_pass_on_envoy(module: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / module)],
         env={**os.environ, "CADENCE_TEST_SERVE_ARGS": " ".join(NATIVE)},
-        capture_output=True, text=True, timeout=600, check=False, cwd=here.parents[1])
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=here.parents[1],
+    )
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     print(summary)
     assert done.returncode == 0, done.stdout[-6000:]
@@ -161,26 +196,48 @@ def test_a_grpc_js_client_reads_status_deadline_and_cancel(server_factory) -> No
         pytest.skip("node is not installed")
     server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5")
     cases = [
-        {"name": "ok", "request": pb.GenerateRequest(prompt="hi", max_tokens=5), "timeout_ms": 0,
-         "cancel_after": 0},
-        {"name": "bad", "request": pb.GenerateRequest(prompt="hi", max_tokens=10**9),
-         "timeout_ms": 0, "cancel_after": 0},
-        {"name": "deadline", "request": pb.GenerateRequest(prompt="hi", max_tokens=400),
-         "timeout_ms": 300, "cancel_after": 0},
-        {"name": "cancel", "request": pb.GenerateRequest(prompt="hi", max_tokens=400),
-         "timeout_ms": 0, "cancel_after": 2},
+        {
+            "name": "ok",
+            "request": pb.GenerateRequest(prompt="hi", max_tokens=5),
+            "timeout_ms": 0,
+            "cancel_after": 0,
+        },
+        {
+            "name": "bad",
+            "request": pb.GenerateRequest(prompt="hi", max_tokens=10**9),
+            "timeout_ms": 0,
+            "cancel_after": 0,
+        },
+        {
+            "name": "deadline",
+            "request": pb.GenerateRequest(prompt="hi", max_tokens=400),
+            "timeout_ms": 300,
+            "cancel_after": 0,
+        },
+        {
+            "name": "cancel",
+            "request": pb.GenerateRequest(prompt="hi", max_tokens=400),
+            "timeout_ms": 0,
+            "cancel_after": 2,
+        },
     ]
     for case in cases:
         case["request_hex"] = case.pop("request").SerializeToString().hex()
     script = Path(__file__).parents[2] / "benchmarks" / "native_grpc_wire.js"
-    done = subprocess.run(["node", str(script), server.target, json.dumps(cases)],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        ["node", str(script), server.target, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     got = {r["name"]: r for r in map(json.loads, done.stdout.splitlines())}
     # Steps that reach the front together go out as one message: every token, in order.
     ok = [pb.GenerateChunk.FromString(bytes.fromhex(m)) for m in got["ok"]["messages_hex"]]
     assert got["ok"]["code"] == 0
-    assert [c.index for c in ok] == list(itertools.accumulate(
-        [0] + [len(c.token_ids) for c in ok[:-1]]))
+    assert [c.index for c in ok] == list(
+        itertools.accumulate([0] + [len(c.token_ids) for c in ok[:-1]])
+    )
     assert sum(len(c.token_ids) for c in ok) == 5
     assert got["bad"]["code"] == 3 and "--max-tokens-limit" in got["bad"]["details"]
     assert got["deadline"]["code"] == 4
@@ -198,8 +255,9 @@ def test_bad_client_bytes_end_the_call_in_one_status_and_log_nothing(tmp_path) -
     cadence does not write (INTERNAL, as grpc-go and grpc-java answer; grpc.aio answers UNKNOWN
     and logs a traceback), an empty or truncated body."""
     log = tmp_path / "server.log"
-    server = start_server(*NATIVE, "--devices", "cpu:1", "--step-ms", "0", "--log-level", "INFO",
-                          log=log)
+    server = start_server(
+        *NATIVE, "--devices", "cpu:1", "--step-ms", "0", "--log-level", "INFO", log=log
+    )
     try:
         request = framed(pb.GenerateRequest(prompt="hi", max_tokens=2))
         generate = "/cadence.v1.Inference/Generate"
@@ -207,13 +265,16 @@ def test_bad_client_bytes_end_the_call_in_one_status_and_log_nothing(tmp_path) -
             for _ in range(3):
                 got = h2_call(server.target, generate, [(b"x-trace-bin", value)], request)
                 assert got.get(b"grpc-status") == b"13", got
-                assert got[b"grpc-message"] == (b"Error parsing 'x-trace-bin' metadata: "
-                                                b"illegal base64 encoding")
+                assert got[b"grpc-message"] == (
+                    b"Error parsing 'x-trace-bin' metadata: illegal base64 encoding"
+                )
         for value in (b"YWJj", b"YQ==", b"YQ", b""):  # padded, unpadded, empty: served
             got = h2_call(server.target, generate, [(b"x-trace-bin", value)], request)
             assert got.get(b"grpc-status") == b"0", (value, got)
-        for path in ("/grpc.health.v1.Health/Check",
-                     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"):
+        for path in (
+            "/grpc.health.v1.Health/Check",
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        ):
             got = h2_call(server.target, path, [], b"\0\0\0\0\3\xff\xff\xff")
             assert got.get(b"grpc-status") == b"13", got
             assert got[b"grpc-message"].startswith(b"could not parse the request message")
@@ -233,8 +294,20 @@ def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_pa
     request in flight) and health watches, beside streams in flight. Each ends UNAVAILABLE, as
     on grpc.aio, and the log says so once, with no traceback per call."""
     log = tmp_path / "server.log"
-    server = start_server(*NATIVE, "--devices", "cpu:1", "--step-ms", "5", "--max-concurrent",
-                          "256", "--drain-timeout", "1", "--log-level", "INFO", log=log)
+    server = start_server(
+        *NATIVE,
+        "--devices",
+        "cpu:1",
+        "--step-ms",
+        "5",
+        "--max-concurrent",
+        "256",
+        "--drain-timeout",
+        "1",
+        "--log-level",
+        "INFO",
+        log=log,
+    )
 
     async def run() -> collections.Counter:
         kinds = [i % 3 for i in range(200)]
@@ -250,18 +323,22 @@ def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_pa
             yield b""
 
         async with grpc.aio.insecure_channel(server.target) as channel:
+
             async def one(kind: int) -> str:
                 try:
                     if kind == 0:
                         async for _ in health_pb2_grpc.HealthStub(channel).Watch(
-                                health_pb2.HealthCheckRequest()):
+                            health_pb2.HealthCheckRequest()
+                        ):
                             pass
                     elif kind == 1:
                         await channel.stream_stream(
-                            "/inference.GRPCInferenceService/ModelStreamInfer")(idle()).read()
+                            "/inference.GRPCInferenceService/ModelStreamInfer"
+                        )(idle()).read()
                     else:
                         async for _ in pb_grpc.InferenceStub(channel).Generate(
-                                pb.GenerateRequest(prompt="hi", max_tokens=4000)):
+                            pb.GenerateRequest(prompt="hi", max_tokens=4000)
+                        ):
                             pass
                     return "OK"
                 except grpc.RpcError as exc:
@@ -288,9 +365,14 @@ def test_a_stop_with_200_calls_open_ends_each_unavailable_in_one_log_line(tmp_pa
 def _admin_answers(port: int, method: str, path: str) -> bytes:
     """What the TCP port answers to an HTTP/1.1 request for `path` (b"" when it closes or
     says nothing)."""
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
-        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
-                     "Connection: close\r\n\r\n".encode())
+    with (
+        contextlib.suppress(OSError),
+        socket.create_connection(("127.0.0.1", port), timeout=3) as sock,
+    ):
+        sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
         out = b""
         with contextlib.suppress(TimeoutError):
             while data := sock.recv(65536):
@@ -302,8 +384,9 @@ def _admin_answers(port: int, method: str, path: str) -> bytes:
 def test_envoys_admin_interface_is_on_no_tcp_port(server_factory) -> None:
     """Envoy's admin interface answers anyone who reaches it (stop, drain, log every header):
     none of the TCP ports Envoy's process holds (gRPC, HTTP front, metrics) may reach it."""
-    server = server_factory(*NATIVE, "--devices", "cpu:1", "--step-ms", "5",
-                            "--metrics-port", "0", "--http-port", "0")
+    server = server_factory(
+        *NATIVE, "--devices", "cpu:1", "--step-ms", "5", "--metrics-port", "0", "--http-port", "0"
+    )
     envoy = server.front
     ports = {c.laddr.port for c in envoy.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert len(ports) >= 3, ports  # gRPC, HTTP and metrics, at least
@@ -311,7 +394,10 @@ def test_envoys_admin_interface_is_on_no_tcp_port(server_factory) -> None:
         for method, path in (("GET", "/stats"), ("GET", "/config_dump"), ("POST", "/quitquitquit")):
             answer = _admin_answers(port, method, path)
             assert b"server.live" not in answer and b"envoy.admin" not in answer, (port, path)
-            assert b"bootstrap" not in answer and b"OK\n" != answer.split(b"\r\n\r\n")[-1], (port, path)
+            assert b"bootstrap" not in answer and b"OK\n" != answer.split(b"\r\n\r\n")[-1], (
+                port,
+                path,
+            )
     assert envoy.is_running()
     with Client(server.target) as client:
         assert client.health() == "SERVING"
@@ -321,17 +407,29 @@ def test_envoys_admin_interface_is_on_no_tcp_port(server_factory) -> None:
             assert any(mode & 0o077 == 0 for mode in modes), sock.laddr
 
 
-def test_a_client_that_reads_nothing_is_cut_off_and_envoy_holds_little_for_it(server_factory) -> None:
+def test_a_client_that_reads_nothing_is_cut_off_and_envoy_holds_little_for_it(
+    server_factory,
+) -> None:
     """--stall-timeout on Envoy: its buffer per stream is small (64 KiB, its least), so the
     front's write waits once the client's window and that buffer are full, and the stall
     sweep cuts the stream off and frees its slot, as on grpc.aio (with Envoy's default window
     of 16 MiB a stream of small messages would hold its slot for many minutes)."""
-    server = server_factory(*NATIVE, "--step-ms", "2", "--stall-timeout", "2",
-                            "--max-concurrent", "1", "--max-tokens-limit", "1000000")
+    server = server_factory(
+        *NATIVE,
+        "--step-ms",
+        "2",
+        "--stall-timeout",
+        "2",
+        "--max-concurrent",
+        "1",
+        "--max-tokens-limit",
+        "1000000",
+    )
     small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
     with grpc.insecure_channel(server.target, options=small_window) as channel:
         stalled = pb_grpc.InferenceStub(channel).Generate(
-            pb.GenerateRequest(prompt="stall", max_tokens=1_000_000), timeout=120)
+            pb.GenerateRequest(prompt="stall", max_tokens=1_000_000), timeout=120
+        )
         next(stalled)
         with Client(server.target) as client:
             deadline = time.monotonic() + 60
@@ -357,13 +455,15 @@ def test_a_stream_that_falls_behind_gets_every_token_in_order_merged(server_fact
     small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
     with grpc.insecure_channel(server.target, options=small_window) as channel:
         stream = pb_grpc.InferenceStub(channel).Generate(
-            pb.GenerateRequest(prompt="behind", max_tokens=3000, include_timing=True), timeout=60)
+            pb.GenerateRequest(prompt="behind", max_tokens=3000, include_timing=True), timeout=60
+        )
         chunks = [next(stream)]
         time.sleep(4.0)  # Envoy's 64 KiB for the stream fill, then its writes wait
         chunks += list(stream)
     tokens = [t for c in chunks for t in c.token_ids]
     assert len(tokens) == 3000
-    assert [c.index for c in chunks] == list(itertools.accumulate(
-        [0] + [len(c.token_ids) for c in chunks[:-1]]))
+    assert [c.index for c in chunks] == list(
+        itertools.accumulate([0] + [len(c.token_ids) for c in chunks[:-1]])
+    )
     assert chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert max(len(c.token_ids) for c in chunks) > 1  # the steps that waited went out together

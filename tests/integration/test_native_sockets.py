@@ -18,6 +18,7 @@ from tests.integration.conftest import start_server
 pytestmark = pytest.mark.native
 pytest.importorskip("pyvoy", reason="pyvoy is in the test extras (cadence[native])")
 
+
 def _abstract_unix_sockets(pid: int) -> list[str]:
     """The names of the abstract Unix sockets process `pid` holds (psutil reads them from
     /proc/net/unix, matched against the process's fds; an abstract name starts with NUL,
@@ -31,19 +32,34 @@ def _abstract_unix_sockets(pid: int) -> list[str]:
 
 
 def _envoys(server) -> list[psutil.Process]:
-    return [p for p in psutil.Process(server.pid).children(recursive=True)
-            if p.name() == "envoy"]
+    return [p for p in psutil.Process(server.pid).children(recursive=True) if p.name() == "envoy"]
 
 
 @pytest.mark.parametrize("fronts", ["1", "2"])
 def test_envoy_holds_no_abstract_socket_and_leaves_no_shared_memory(fronts: str) -> None:
-    with start_server("--grpc-server", "native", "--devices", "cpu:1", "--step-ms", "5",
-                      "--fronts", fronts, "--http-port", "0", "--metrics-port", "0") as server:
+    with start_server(
+        "--grpc-server",
+        "native",
+        "--devices",
+        "cpu:1",
+        "--step-ms",
+        "5",
+        "--fronts",
+        fronts,
+        "--http-port",
+        "0",
+        "--metrics-port",
+        "0",
+    ) as server:
         envoys = _envoys(server)
         assert len(envoys) == int(fronts), envoys
         abstract = {envoy.pid: _abstract_unix_sockets(envoy.pid) for envoy in envoys}
-        shared = {m.path for envoy in envoys for m in envoy.memory_maps()
-                  if m.path.startswith("/dev/shm/envoy_shared_memory_")}
+        shared = {
+            m.path
+            for envoy in envoys
+            for m in envoy.memory_maps()
+            if m.path.startswith("/dev/shm/envoy_shared_memory_")
+        }
         command_lines = [envoy.cmdline() for envoy in envoys]
     assert server.process.returncode == 0
     # Hot restart's shared memory, named by the Envoy that mapped it (other servers on the
@@ -52,6 +68,7 @@ def test_envoy_holds_no_abstract_socket_and_leaves_no_shared_memory(fronts: str)
     assert not left, f"Envoy left its shared memory behind: {left}"
     assert not shared, f"Envoy made shared memory for a hot restart: {sorted(shared)}"
     assert not any(abstract.values()), (
-        f"Envoy holds abstract Unix sockets, reachable by any local user: {abstract}")
+        f"Envoy holds abstract Unix sockets, reachable by any local user: {abstract}"
+    )
     # What the command line asks for, so that an Envoy whose default changes is caught too.
     assert all("--disable-hot-restart" in line for line in command_lines)

@@ -26,18 +26,26 @@ PROMPT = "héllo wörld 你好, the lazy dog"
 """Split multi-byte characters (你好 is several byte-level tokens) and merged words."""
 MAX_PROMPT = 600
 """PROMPT x 30 is 601 tokens of the BPE (1,020 bytes)."""
-SERVES = {"app": ("--app", "tests.bpe_served:echo_ids"),
-          "model": ("--engine", "tests.bpe_served:EchoIdsModel")}
+SERVES = {
+    "app": ("--app", "tests.bpe_served:echo_ids"),
+    "model": ("--engine", "tests.bpe_served:EchoIdsModel"),
+}
 
 
 @pytest.fixture(scope="module", params=sorted(SERVES))
 def server(request) -> Iterator[HttpServer]:
     with pytest.MonkeyPatch.context() as mp:  # the workers import tests.bpe_served
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT),
-                                                              os.environ.get("PYTHONPATH")])))
+        mp.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        )
         mp.chdir(ROOT)
-        running = start_http(*SERVES[request.param], "--served-model-name", "bpe",
-                             "--max-prompt-tokens", str(MAX_PROMPT))
+        running = start_http(
+            *SERVES[request.param],
+            "--served-model-name",
+            "bpe",
+            "--max-prompt-tokens",
+            str(MAX_PROMPT),
+        )
     yield running
     assert running.stop() == 0
 
@@ -77,8 +85,11 @@ def test_cadence_v1_text_and_id_prompts(server) -> None:
         chunks = list(client.generate("say: the lazy dog", max_tokens=20))
         tokens = _tokens(chunks)
         assert "".join(c.text for c in chunks) == "the lazy dog "
-        assert tokens == [t for word in ("the ", "lazy ", "dog ")
-                          for t in BPE.encode(word, add_special_tokens=False).ids]
+        assert tokens == [
+            t
+            for word in ("the ", "lazy ", "dog ")
+            for t in BPE.encode(word, add_special_tokens=False).ids
+        ]
         assert chunks[-1].finish_reason == pb.FINISH_REASON_STOP
 
         with pytest.raises(grpc.RpcError) as info:
@@ -122,8 +133,15 @@ def test_kserve_ids_in_and_out(server) -> None:
 def test_openai_completions_text_ids_and_usage(server) -> None:
     client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused")
     ids = BPE.encode(PROMPT).ids
-    chunks = list(client.completions.create(model="bpe", prompt=PROMPT, max_tokens=len(ids) - 1,
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="bpe",
+            prompt=PROMPT,
+            max_tokens=len(ids) - 1,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == PROMPT
     usage = chunks[-1].usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), len(ids) - 1)

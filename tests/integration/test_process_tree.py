@@ -23,9 +23,13 @@ def tree(tmp_path):
     started: list[tuple[RunningServer, list[psutil.Process]]] = []
 
     def start(*args: str) -> tuple[RunningServer, list[psutil.Process]]:
-        server = start_server("--drain-timeout", str(DRAIN_S), *args,
-                              env={**os.environ, "TMPDIR": str(tmp_path)},
-                              stderr=subprocess.PIPE)
+        server = start_server(
+            "--drain-timeout",
+            str(DRAIN_S),
+            *args,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            stderr=subprocess.PIPE,
+        )
         started.append((server, psutil.Process(server.process.pid).children(recursive=True)))
         return started[-1]
 
@@ -43,8 +47,9 @@ def _all_gone(processes: list[psutil.Process], within: float) -> None:
 
 def _left_in(folder) -> list[str]:
     deadline = time.monotonic() + 2  # the last process out may still be removing
-    while (left := sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))) and \
-            time.monotonic() < deadline:
+    while (
+        left := sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 

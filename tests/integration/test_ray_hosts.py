@@ -25,8 +25,12 @@ import psutil
 import pytest
 
 # One group under `pytest -n`: the emulated hosts' namespaces and addresses are fixed.
-pytestmark = [pytest.mark.torch, pytest.mark.ray, pytest.mark.slow,
-              pytest.mark.xdist_group("netns_hosts")]
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.ray,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("netns_hosts"),
+]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 pytest.importorskip("ray", reason="--launcher ray needs the ray extra (pip install '.[ray]')")
 
@@ -79,8 +83,9 @@ def _expected(model_dir: Path) -> list[list[int]]:
 
 @pytest.mark.timeout(400)
 def test_tensor_parallel_group_across_two_hosts(hosts, model_dir, tmp_path) -> None:
-    front = Front(hosts, tmp_path / "front.log", "--model", str(model_dir), "--devices", "cpu:2",
-                  "--tp", "2")
+    front = Front(
+        hosts, tmp_path / "front.log", "--model", str(model_dir), "--devices", "cpu:2", "--tp", "2"
+    )
     try:
         log = front.log.read_text()
         placed = re.search(r"worker 0 placed on (\S+), (\S+)", log)
@@ -102,9 +107,13 @@ def _kill_worker_1_mid_stream(target: str, pid: int, attempt: int) -> int:
     ended before the kill reached it: then it must be whole, up to its finish reason."""
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.InferenceStub(channel)
-        calls = [stub.Generate(build_request(f"long {attempt}.{i}", max_tokens=240,
-                                             include_timing=True), timeout=120)
-                 for i in range(4)]
+        calls = [
+            stub.Generate(
+                build_request(f"long {attempt}.{i}", max_tokens=240, include_timing=True),
+                timeout=120,
+            )
+            for i in range(4)
+        ]
         workers: list[int] = []
         cut = 0
         for call in calls:
@@ -148,8 +157,10 @@ def test_replicas_on_two_hosts_survive_a_killed_worker(hosts, model_dir, tmp_pat
                 pids = front.worker_pids()
                 cut = _kill_worker_1_mid_stream(front.target, pids[1], attempt)
                 deadline = time.monotonic() + 120
-                while (front.worker_pids()[1] == pids[1]  # its replacement is up
-                       or client.health("cadence.worker.1") != "SERVING"):
+                while (
+                    front.worker_pids()[1] == pids[1]  # its replacement is up
+                    or client.health("cadence.worker.1") != "SERVING"
+                ):
                     assert time.monotonic() < deadline, front.log.read_text()[-3000:]
                     time.sleep(0.2)
                 if cut:
@@ -167,13 +178,17 @@ def test_a_cut_link_is_noticed_by_the_heartbeat(hosts, tmp_path) -> None:
     is back its replacement serves."""
     front = Front(hosts, tmp_path / "front.log", "--devices", "cpu:2", "--step-ms", "10")
     try:
-        placed = {address: int(w) for w, address in
-                  re.findall(r"worker (\d) placed on (\S+)", front.log.read_text())}
+        placed = {
+            address: int(w)
+            for w, address in re.findall(r"worker (\d) placed on (\S+)", front.log.read_text())
+        }
         remote = placed[hosts.NODE]
         old_pid = front.worker_pids()[remote]
         with Client(front.target) as client:
-            streams = [client.generate(f"s{i}", max_tokens=10_000, include_timing=True,
-                                       timeout=120) for i in range(4)]
+            streams = [
+                client.generate(f"s{i}", max_tokens=10_000, include_timing=True, timeout=120)
+                for i in range(4)
+            ]
             workers = [next(s).timing.worker for s in streams]
             assert remote in workers
             cut = time.monotonic()
@@ -214,9 +229,23 @@ def _alive(pid: int) -> bool:
 
 
 def test_an_unreachable_ray_cluster_is_a_clear_start_up_error() -> None:
-    out = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", "--port", "0",
-                          "--launcher", "ray", "--ray-address", "127.0.0.1:1"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--port",
+            "0",
+            "--launcher",
+            "ray",
+            "--ray-address",
+            "127.0.0.1:1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0
     assert "cannot reach the Ray cluster at 127.0.0.1:1" in out.stderr
     assert "Traceback" not in out.stderr
@@ -233,8 +262,10 @@ def test_an_own_ray_instance_ignores_a_stale_current_cluster_file(monkeypatch) -
     monkeypatch.setenv("RAY_TMPDIR", str(temp))
 
     try:
-        with (start_server("--launcher", "ray", "--devices", "cpu:1", "--step-ms", "1") as server,
-              Client(server.target) as client):
+        with (
+            start_server("--launcher", "ray", "--devices", "cpu:1", "--step-ms", "1") as server,
+            Client(server.target) as client,
+        ):
             chunks = list(client.generate("hello", max_tokens=4, timeout=30))
         assert sum(len(c.token_ids) for c in chunks) == 4
     finally:
@@ -249,9 +280,27 @@ def test_sigterm_to_the_whole_process_group_stops_everything_within_the_drain() 
     drain_s = 2.0
     # Its own start (a session of its own, the output merged): not start_server's.
     process = subprocess.Popen(  # own start
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--launcher", "ray",
-         "--devices", "cpu:1", "--step-ms", "1", "--drain-timeout", str(drain_s)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--port",
+            "0",
+            "--launcher",
+            "ray",
+            "--devices",
+            "cpu:1",
+            "--step-ms",
+            "1",
+            "--drain-timeout",
+            str(drain_s),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output = []
         for line in process.stdout:

@@ -21,13 +21,16 @@ SYSTEM = "You are a terse assistant for the cadence streaming server. " * 3
 
 
 def ports(banner: str) -> dict[str, str]:
-    return {kind: f"{host}:{port}" for kind, host, port in
-            re.findall(r"(http|metrics) on (\S+):(\d+)", banner)}
+    return {
+        kind: f"{host}:{port}"
+        for kind, host, port in re.findall(r"(http|metrics) on (\S+):(\d+)", banner)
+    }
 
 
 def post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
 
@@ -38,8 +41,17 @@ def test_turn_two_goes_to_turn_ones_worker_and_its_cached_tokens_are_reported():
     in OpenAI's usage and KServe's final response, and in the per-worker counters."""
     grpcclient = pytest.importorskip("tritonclient.grpc")
     np = pytest.importorskip("numpy")
-    with start_server("--devices", "cpu:2", "--step-ms", "2", "--prefix-caching",
-                      "--http-port", "0", "--metrics-port", "0") as server:
+    with start_server(
+        "--devices",
+        "cpu:2",
+        "--step-ms",
+        "2",
+        "--prefix-caching",
+        "--http-port",
+        "0",
+        "--metrics-port",
+        "0",
+    ) as server:
         found = ports(server.banner)
         cached = []
         with Client(server.target) as client:
@@ -54,8 +66,10 @@ def test_turn_two_goes_to_turn_ones_worker_and_its_cached_tokens_are_reported():
                 assert all(c.cached_tokens == 0 for c in again[:-1])
         # Turn 2 holds turn 1's prompt and answer, whole blocks of 16 short of its last token.
         assert all(n >= 16 * ((len(SYSTEM) + 50) // 16) for n in cached), cached
-        body = post(f"http://{found['http']}/v1/completions",
-                    {"model": "cadence", "prompt": turn2, "max_tokens": 3})
+        body = post(
+            f"http://{found['http']}/v1/completions",
+            {"model": "cadence", "prompt": turn2, "max_tokens": 3},
+        )
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0, body["usage"]
         responses = []
         kserve = grpcclient.InferenceServerClient(server.target)
@@ -75,9 +89,11 @@ def test_turn_two_goes_to_turn_ones_worker_and_its_cached_tokens_are_reported():
     assert sum(map(float, hits.values())) >= sum(cached) and sum(map(float, queries)) > 0
 
 
-async def first_tokens(target: str, requests: list[tuple[float, dict]]
-                       ) -> list[tuple[float, float, list]]:
+async def first_tokens(
+    target: str, requests: list[tuple[float, dict]]
+) -> list[tuple[float, float, list]]:
     """Each request (sent after its delay): its first and last chunk's arrival and chunks."""
+
     async def one(client: AsyncClient, delay: float, options: dict):
         await asyncio.sleep(delay)
         chunks, times = [], []
@@ -92,11 +108,16 @@ async def first_tokens(target: str, requests: list[tuple[float, dict]]
 
 def test_a_waiting_high_priority_request_is_admitted_before_an_earlier_low_one(server_factory):
     server = server_factory("--devices", "cpu:1", "--max-batch", "1", "--step-ms", "5")
-    busy, low, high = asyncio.run(first_tokens(server.target, [
-        (0.0, {"prompt": "hold the only slot", "max_tokens": 40}),
-        (0.05, {"prompt": "batch work", "max_tokens": 5, "priority": 5}),
-        (0.10, {"prompt": "interactive", "max_tokens": 5, "priority": -5}),
-    ]))
+    busy, low, high = asyncio.run(
+        first_tokens(
+            server.target,
+            [
+                (0.0, {"prompt": "hold the only slot", "max_tokens": 40}),
+                (0.05, {"prompt": "batch work", "max_tokens": 5, "priority": 5}),
+                (0.10, {"prompt": "interactive", "max_tokens": 5, "priority": -5}),
+            ],
+        )
+    )
     assert busy[1] < high[0] < low[0]
 
 
@@ -104,27 +125,40 @@ def test_a_preempted_stream_resumes_whole(server_factory):
     """The high-priority request preempts the low one in the only slot and ends first; the
     low one's stream just waits, then gives every token once, in order: those of its run
     alone."""
-    server = server_factory("--devices", "cpu:1", "--max-batch", "1", "--step-ms", "5",
-                            "--preempt")
+    server = server_factory("--devices", "cpu:1", "--max-batch", "1", "--step-ms", "5", "--preempt")
     low = {"prompt": "a long batch job", "max_tokens": 80, "priority": 1}
-    preempted, urgent = asyncio.run(first_tokens(server.target, [
-        (0.0, low), (0.15, {"prompt": "urgent", "max_tokens": 10, "priority": 0})]))
+    preempted, urgent = asyncio.run(
+        first_tokens(
+            server.target,
+            [(0.0, low), (0.15, {"prompt": "urgent", "max_tokens": 10, "priority": 0})],
+        )
+    )
     [(_, _, alone)] = asyncio.run(first_tokens(server.target, [(0.0, low)]))
     assert urgent[1] < preempted[1]
     chunks = preempted[2]
-    assert [c.index for c in chunks] == [sum(len(c.token_ids) for c in chunks[:i])
-                                         for i in range(len(chunks))]
+    assert [c.index for c in chunks] == [
+        sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))
+    ]
     assert [t for c in chunks for t in c.token_ids] == [t for c in alone for t in c.token_ids]
 
 
-@pytest.mark.parametrize("budget, named", [((), True), (("--itl-target-ms", "25"), False)],
-                         ids=["whole-prefill", "itl-target"])
+@pytest.mark.parametrize(
+    "budget, named",
+    [((), True), (("--itl-target-ms", "25"), False)],
+    ids=["whole-prefill", "itl-target"],
+)
 def test_the_lab_names_long_prompts_stalling_decodes_only_without_a_budget(budget, named):
-    with start_server("--devices", "cpu:1", "--step-ms", "8", "--prefill-ms-per-token", "0.4",
-                      *budget) as server:
-        result = run_bench(server.target, Workload(
-            requests=36, concurrency=12,
-            shape=RequestShape(max_tokens=(20, 40), prompt_tokens=(16, 400))))
+    with start_server(
+        "--devices", "cpu:1", "--step-ms", "8", "--prefill-ms-per-token", "0.4", *budget
+    ) as server:
+        result = run_bench(
+            server.target,
+            Workload(
+                requests=36,
+                concurrency=12,
+                shape=RequestShape(max_tokens=(20, 40), prompt_tokens=(16, 400)),
+            ),
+        )
     assert result.requests_ok == 36, result.errors_by_code
     fired = {f.rule: f.evidence for f in result.diagnosis}
     print(fired)

@@ -22,19 +22,46 @@ from tests.integration.test_grpc_lab import python_server
 
 def test_bench_scrapes_a_foreign_page_into_series_roles_and_the_diagnosis(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
-    with python_server("tests/vllm_metrics_page.py", "--batch", "4") as page, \
-            start_server("--step-ms", "10") as server:
+    with (
+        python_server("tests/vllm_metrics_page.py", "--batch", "4") as page,
+        start_server("--step-ms", "10") as server,
+    ):
         url = f"http://{page}/metrics"
         bench = subprocess.run(
-            [sys.executable, "-m", "cadence.cli", "bench", "--target", server.target,
-             "--concurrency", "4", "--duration", "2", "--max-tokens", "20",
-             "--scrape", url, "--json", str(out)],
-            capture_output=True, text=True, timeout=120, check=False)
+            [
+                sys.executable,
+                "-m",
+                "cadence.cli",
+                "bench",
+                "--target",
+                server.target,
+                "--concurrency",
+                "4",
+                "--duration",
+                "2",
+                "--max-tokens",
+                "20",
+                "--scrape",
+                url,
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     assert bench.returncode == 0, bench.stderr
     written = json.loads(out.read_text())
     scraped = written["scraped"]
-    assert set(scraped) == {"interval_s", "started_ns", "run_window_s", "endpoints", "roles",
-                            "series"}
+    assert set(scraped) == {
+        "interval_s",
+        "started_ns",
+        "run_window_s",
+        "endpoints",
+        "roles",
+        "series",
+    }
     (endpoint,) = scraped["endpoints"]
     assert endpoint["url"] == url and endpoint["server"] == "vllm"
     assert endpoint["scrapes"] >= 4 and endpoint["failed_scrapes"] == 0
@@ -69,8 +96,11 @@ def test_bench_scrapes_cadence_own_metrics_port() -> None:
     (endpoint,) = result.scraped.endpoints
     assert endpoint.server == "cadence" and endpoint.failed_scrapes == 0
     names = {(s.name, s.kind) for s in result.scraped.series}
-    assert {("cadence_worker_batch_size", "gauge"), ("cadence_output_tokens_total", "rate"),
-            ("cadence_time_to_first_token_seconds", "mean")} <= names
+    assert {
+        ("cadence_worker_batch_size", "gauge"),
+        ("cadence_output_tokens_total", "rate"),
+        ("cadence_time_to_first_token_seconds", "mean"),
+    } <= names
     running = result.scraped.roles["running"]
     assert running.metric == "cadence_worker_batch_size" and 1 <= running.peak <= 8
     # The lab's own reading of cadence's page (found from the server's command line) goes on
@@ -80,13 +110,29 @@ def test_bench_scrapes_cadence_own_metrics_port() -> None:
 
 def test_a_page_that_cannot_be_read_stops_the_bench_before_the_run() -> None:
     with python_server("tests/vllm_metrics_page.py") as page:
-        for url, why in ((f"http://{page}/nope", "HTTP 404"),
-                         ("http://127.0.0.1:1/metrics", "Connection refused"),
-                         ("127.0.0.1:9100/metrics", "expected an http:// or https:// URL")):
+        for url, why in (
+            (f"http://{page}/nope", "HTTP 404"),
+            ("http://127.0.0.1:1/metrics", "Connection refused"),
+            ("127.0.0.1:9100/metrics", "expected an http:// or https:// URL"),
+        ):
             bench = subprocess.run(
-                [sys.executable, "-m", "cadence.cli", "bench", "--target", "127.0.0.1:1",
-                 "--requests", "1", "--scrape", url],
-                capture_output=True, text=True, timeout=60, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "cadence.cli",
+                    "bench",
+                    "--target",
+                    "127.0.0.1:1",
+                    "--requests",
+                    "1",
+                    "--scrape",
+                    url,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
             assert bench.returncode != 0
             (line,) = bench.stderr.strip().splitlines()
             assert line.startswith(f"cadence bench: --scrape {url}: ") and why in line
@@ -94,13 +140,34 @@ def test_a_page_that_cannot_be_read_stops_the_bench_before_the_run() -> None:
 
 def test_a_sweep_of_a_running_server_scrapes_every_run(tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
-    with python_server("tests/vllm_metrics_page.py") as page, \
-            start_server("--step-ms", "5") as server:
+    with (
+        python_server("tests/vllm_metrics_page.py") as page,
+        start_server("--step-ms", "5") as server,
+    ):
         done = subprocess.run(
-            [sys.executable, "-m", "cadence.cli", "sweep", "--target", server.target,
-             "--vary", "concurrency=1,2", "--requests", "4", "--max-tokens", "8",
-             "--scrape", f"http://{page}/metrics", "--json", str(out)],
-            capture_output=True, text=True, timeout=120, check=False)
+            [
+                sys.executable,
+                "-m",
+                "cadence.cli",
+                "sweep",
+                "--target",
+                server.target,
+                "--vary",
+                "concurrency=1,2",
+                "--requests",
+                "4",
+                "--max-tokens",
+                "8",
+                "--scrape",
+                f"http://{page}/metrics",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     assert done.returncode == 0, done.stderr
     runs = [p["repeats"][0] for p in json.loads(out.read_text())["sweep"]["points"]]
     assert [r["scraped"]["endpoints"][0]["server"] for r in runs] == ["vllm", "vllm"]

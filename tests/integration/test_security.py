@@ -50,8 +50,9 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _certificate(subject: str, key, issuer: str, issuer_key, *, ca: bool = False,
-                 server: bool = False) -> x509.Certificate:
+def _certificate(
+    subject: str, key, issuer: str, issuer_key, *, ca: bool = False, server: bool = False
+) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
@@ -68,8 +69,9 @@ def _certificate(subject: str, key, issuer: str, issuer_key, *, ca: bool = False
         builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     if server:
         builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                         x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
             critical=False,
         )
     return builder.sign(issuer_key, hashes.SHA256())
@@ -78,9 +80,13 @@ def _certificate(subject: str, key, issuer: str, issuer_key, *, ca: bool = False
 def _write(directory: Path, name: str, cert: x509.Certificate, key) -> tuple[Path, Path]:
     cert_path, key_path = directory / f"{name}.pem", directory / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_path, key_path
 
 
@@ -97,10 +103,21 @@ class Pki:
     other_key: Path
     tokens: Path
 
-    def credentials(self, *, ca: Path | None = None, client: bool = False,
-                    foreign_client: bool = False, token: str | None = None) -> ClientCredentials:
-        cert, key = ((self.client_cert, self.client_key) if client
-                     else (self.other_cert, self.other_key) if foreign_client else (None, None))
+    def credentials(
+        self,
+        *,
+        ca: Path | None = None,
+        client: bool = False,
+        foreign_client: bool = False,
+        token: str | None = None,
+    ) -> ClientCredentials:
+        cert, key = (
+            (self.client_cert, self.client_key)
+            if client
+            else (self.other_cert, self.other_key)
+            if foreign_client
+            else (None, None)
+        )
         return ClientCredentials(
             root_ca=(ca or self.ca).read_bytes(),
             cert_chain=cert.read_bytes() if cert else None,
@@ -118,15 +135,22 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     ca_path, _ = _write(d, "ca", ca, ca_key)
     other_ca_path, _ = _write(d, "other-ca", other_ca, other_ca_key)
     server_key, client_key, other_key = _key(), _key(), _key()
-    server = _write(d, "server", _certificate("localhost", server_key, "cadence test CA", ca_key,
-                                              server=True), server_key)
-    client = _write(d, "client", _certificate("client", client_key, "cadence test CA", ca_key),
-                    client_key)
-    other = _write(d, "other", _certificate("intruder", other_key, "untrusted CA", other_ca_key),
-                   other_key)
+    server = _write(
+        d,
+        "server",
+        _certificate("localhost", server_key, "cadence test CA", ca_key, server=True),
+        server_key,
+    )
+    client = _write(
+        d, "client", _certificate("client", client_key, "cadence test CA", ca_key), client_key
+    )
+    other = _write(
+        d, "other", _certificate("intruder", other_key, "untrusted CA", other_ca_key), other_key
+    )
     tokens = d / "tokens"
-    tokens.write_text(f"{COMMENT}\n\nold-token-still-valid\n  {TOKEN}  \n  # rotated out: "
-                      "retired-token\n\n")
+    tokens.write_text(
+        f"{COMMENT}\n\nold-token-still-valid\n  {TOKEN}  \n  # rotated out: retired-token\n\n"
+    )
     return Pki(ca_path, *server, *client, other_ca_path, *other, tokens)
 
 
@@ -144,15 +168,27 @@ def _serve(*args: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def tls_token_server(pki: Pki) -> Iterator[str]:
     """TLS and bearer tokens; no client certificates."""
-    yield from _serve("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
-                      "--auth-token-file", str(pki.tokens))
+    yield from _serve(
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--auth-token-file",
+        str(pki.tokens),
+    )
 
 
 @pytest.fixture(scope="module")
 def mtls_server(pki: Pki) -> Iterator[str]:
     """Mutual TLS; no tokens."""
-    yield from _serve("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
-                      "--tls-client-ca", str(pki.ca))
+    yield from _serve(
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-client-ca",
+        str(pki.ca),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -239,13 +275,16 @@ def test_a_call_with_two_authorization_values_is_refused(token_server: str) -> N
         got = h2_call(token_server, "/cadence.v1.Inference/Generate", headers, body)
         assert got.get(b"grpc-status") == b"%d" % grpc.StatusCode.UNAUTHENTICATED.value[0], got
         assert b"send one authorization metadata" in got.get(b"grpc-message", b""), got
-    assert h2_call(token_server, "/cadence.v1.Inference/Generate", [good],
-                   body).get(b"grpc-status") == b"0"
+    assert (
+        h2_call(token_server, "/cadence.v1.Inference/Generate", [good], body).get(b"grpc-status")
+        == b"0"
+    )
 
 
 @pytest.mark.parametrize("package", ["grpc.reflection.v1alpha", "grpc.reflection.v1"])
-def test_health_needs_no_token_but_reflection_does(tls_token_server: str, pki: Pki,
-                                                   package: str) -> None:
+def test_health_needs_no_token_but_reflection_does(
+    tls_token_server: str, pki: Pki, package: str
+) -> None:
     with Client(tls_token_server, credentials=pki.credentials()) as client:
         assert client.health() == "SERVING"
         assert client.health("cadence.v1.Inference") == "SERVING"
@@ -256,7 +295,8 @@ def test_health_needs_no_token_but_reflection_does(tls_token_server: str, pki: P
         info = channel.stream_stream(
             f"/{package}.ServerReflection/ServerReflectionInfo",
             request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
-            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
         try:
             replies = list(info(iter([request]), timeout=_NO_WAIT))
             code = grpc.StatusCode.OK
@@ -277,10 +317,24 @@ def test_token_on_a_plaintext_port(token_server: str) -> None:
 
 
 def test_generate_command_with_a_token_file(token_server: str, pki: Pki) -> None:
-    command = [sys.executable, "-m", "cadence.cli", "generate", "hi", "--target", token_server,
-               "--max-tokens", "5"]
-    ok = subprocess.run([*command, "--token-file", str(pki.tokens)], check=False, capture_output=True,
-                        text=True, timeout=30)
+    command = [
+        sys.executable,
+        "-m",
+        "cadence.cli",
+        "generate",
+        "hi",
+        "--target",
+        token_server,
+        "--max-tokens",
+        "5",
+    ]
+    ok = subprocess.run(
+        [*command, "--token-file", str(pki.tokens)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert ok.returncode == 0, ok.stderr
     assert len(ok.stdout.strip("\n")) == 5  # the synthetic engine's tokens are printable bytes
     refused = subprocess.run(command, check=False, capture_output=True, text=True, timeout=30)
@@ -290,9 +344,14 @@ def test_generate_command_with_a_token_file(token_server: str, pki: Pki) -> None
 
 def test_load_processes_carry_credentials(tls_token_server: str, pki: Pki) -> None:
     """The bench's load processes get the credentials through their (msgpack) plan."""
-    plan = ProcessPlan(process=0, target=tls_token_server, requests=3, concurrency=3,
-                       shape=RequestShape(max_tokens=(6, 6)),
-                       credentials=pki.credentials(token=TOKEN))
+    plan = ProcessPlan(
+        process=0,
+        target=tls_token_server,
+        requests=3,
+        concurrency=3,
+        shape=RequestShape(max_tokens=(6, 6)),
+        credentials=pki.credentials(token=TOKEN),
+    )
     [result] = run_load([plan])
     assert [r.code for r in result.records] == ["OK"] * 3
     assert all(sum(r.tokens) == 6 for r in result.records)
@@ -317,33 +376,49 @@ def test_mtls_client_with_a_ca_signed_certificate_streams(mtls_server: str, pki:
 # --- configuration -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"tls_cert": "server_cert"}, "--tls-cert and --tls-key go together"),
-    ({"tls_key": "server_key"}, "--tls-cert and --tls-key go together"),
-    ({"tls_client_ca": "ca"}, "--tls-client-ca (mutual TLS) needs --tls-cert"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tls_cert": "server_cert"}, "--tls-cert and --tls-key go together"),
+        ({"tls_key": "server_key"}, "--tls-cert and --tls-key go together"),
+        ({"tls_client_ca": "ca"}, "--tls-client-ca (mutual TLS) needs --tls-cert"),
+    ],
+)
 def test_config_names_the_flags_that_go_together(pki: Pki, fields: dict, message: str) -> None:
     resolved = {k: str(getattr(pki, v)) for k, v in fields.items()}
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ServerConfig(**resolved)
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"tls_cert": "server_cert", "tls_key": "client_key"}, "its matching private key"),
-    ({"tls_cert": "server_cert", "tls_key": "server_key", "tls_client_ca": "tokens"},
-     "not PEM CA certificates"),
-    ({"auth_token_file": "missing"}, "cannot read it"),
-    ({"auth_token_file": "empty"}, "holds no token"),
-])
-def test_serve_names_the_file_that_is_wrong(pki: Pki, tmp_path: Path, fields: dict,
-                                           message: str) -> None:
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tls_cert": "server_cert", "tls_key": "client_key"}, "its matching private key"),
+        (
+            {"tls_cert": "server_cert", "tls_key": "server_key", "tls_client_ca": "tokens"},
+            "not PEM CA certificates",
+        ),
+        ({"auth_token_file": "missing"}, "cannot read it"),
+        ({"auth_token_file": "empty"}, "holds no token"),
+    ],
+)
+def test_serve_names_the_file_that_is_wrong(
+    pki: Pki, tmp_path: Path, fields: dict, message: str
+) -> None:
     """The files are read at start-up: `cadence serve` says in one line which is wrong."""
     (tmp_path / "empty").write_text("\n  \n")
     paths = {"missing": tmp_path / "missing", "empty": tmp_path / "empty"}
-    flags = [arg for k, v in fields.items()
-             for arg in ("--" + k.replace("_", "-"), str(paths.get(v) or getattr(pki, v)))]
-    done = subprocess.run([sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *flags],
-                          capture_output=True, text=True, timeout=60)
+    flags = [
+        arg
+        for k, v in fields.items()
+        for arg in ("--" + k.replace("_", "-"), str(paths.get(v) or getattr(pki, v)))
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0 and message in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
@@ -361,20 +436,32 @@ def test_client_credentials_from_files(pki: Pki, tmp_path: Path) -> None:
 def test_risky_exposure_is_warned_about(pki: Pki) -> None:
     from cadence.api.security import exposure_warnings
 
-    assert exposure_warnings(ServerConfig(auth_token_file=str(pki.tokens), transport="tcp",
-                                          metrics_port=0)) == []  # all on 127.0.0.1
-    warnings = exposure_warnings(ServerConfig(host="0.0.0.0", auth_token_file=str(pki.tokens),
-                                              transport="tcp", metrics_port=0))
+    assert (
+        exposure_warnings(
+            ServerConfig(auth_token_file=str(pki.tokens), transport="tcp", metrics_port=0)
+        )
+        == []
+    )  # all on 127.0.0.1
+    warnings = exposure_warnings(
+        ServerConfig(
+            host="0.0.0.0", auth_token_file=str(pki.tokens), transport="tcp", metrics_port=0
+        )
+    )
     assert len(warnings) == 2  # the worker sockets are CURVE-encrypted: no warning
     assert "clear text" in warnings[0] and "metrics" in warnings[1]
-    ray_tp = ServerConfig(launcher="ray", transport="tcp", devices=["cpu,cpu"],
-                          engine=EngineConfig(name="torch", model="tiny"))
+    ray_tp = ServerConfig(
+        launcher="ray",
+        transport="tcp",
+        devices=["cpu,cpu"],
+        engine=EngineConfig(name="torch", model="tiny"),
+    )
     assert "torch.distributed" in exposure_warnings(ray_tp)[0]
     assert exposure_warnings(ServerConfig(host="::1", transport="tcp")) == []
 
 
-def test_the_lab_reads_http2_settings_over_tls_and_mutual_tls(tls_token_server: str,
-                                                              mtls_server: str, pki: Pki) -> None:
+def test_the_lab_reads_http2_settings_over_tls_and_mutual_tls(
+    tls_token_server: str, mtls_server: str, pki: Pki
+) -> None:
     from cadence.lab.measure.http2 import read_settings
 
     over_tls = read_settings(tls_token_server, pki.credentials())

@@ -56,13 +56,17 @@ async def _outcome(call) -> tuple[str, list]:
 
 async def _count(stub: pb_grpc.InferenceStub) -> tuple[str, list]:
     """One request of 10 tokens: (status name, chunks)."""
-    return await _outcome(stub.Generate(
-        pb.GenerateRequest(prompt="count 10", max_tokens=10, include_timing=True), timeout=30))
+    return await _outcome(
+        stub.Generate(
+            pb.GenerateRequest(prompt="count 10", max_tokens=10, include_timing=True), timeout=30
+        )
+    )
 
 
 async def _health(channel: grpc.aio.Channel, service: str) -> str:
     reply = await health_pb2_grpc.HealthStub(channel).Check(
-        health_pb2.HealthCheckRequest(service=service), timeout=10)
+        health_pb2.HealthCheckRequest(service=service), timeout=10
+    )
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
@@ -72,11 +76,24 @@ def test_a_worker_whose_every_step_fails_is_taken_out_and_restarted(tmp_path, fr
     (counted, NOT_SERVING, routed around), so nearly every request succeeds, and its
     replacement (a healthy card) serves again. With `--fronts 2` the requests go through
     front 1, which routes around it too, while front 0 restarts it."""
-    env = {**os.environ, "CADENCE_TEST_SICK_WORKER": "1",
-           "CADENCE_TEST_SICK_MARKER": str(tmp_path / "was-sick")}
-    server = start_server("--engine", f"{MODELS}:SickModel", "--devices", "cpu:2",
-                          "--fronts", str(fronts), "--metrics-port", "0", env=env)
+    env = {
+        **os.environ,
+        "CADENCE_TEST_SICK_WORKER": "1",
+        "CADENCE_TEST_SICK_MARKER": str(tmp_path / "was-sick"),
+    }
+    server = start_server(
+        "--engine",
+        f"{MODELS}:SickModel",
+        "--devices",
+        "cpu:2",
+        "--fronts",
+        str(fronts),
+        "--metrics-port",
+        "0",
+        env=env,
+    )
     try:
+
         async def run() -> None:
             channel = await _channel_on_front(server.target, fronts - 1)
             stub = pb_grpc.InferenceStub(channel)
@@ -97,8 +114,10 @@ def test_a_worker_whose_every_step_fails_is_taken_out_and_restarted(tmp_path, fr
             deadline = time.monotonic() + 60
             while True:
                 assert time.monotonic() < deadline, "worker 1's replacement never served"
-                if (_sample(server.metrics_url, "cadence_worker_restarts_total", 1) >= 1
-                        and await _health(channel, "cadence.worker.1") == "SERVING"):
+                if (
+                    _sample(server.metrics_url, "cadence_worker_restarts_total", 1) >= 1
+                    and await _health(channel, "cadence.worker.1") == "SERVING"
+                ):
                     code, chunks = await _count(stub)
                     if code == "OK" and chunks[-1].timing.worker == 1:
                         break
@@ -115,7 +134,8 @@ async def _channel_on_front(target: str, front: int) -> grpc.aio.Channel:
     for _ in range(60):
         channel = grpc.aio.insecure_channel(target, options=_OWN_CONNECTION)
         call = pb_grpc.InferenceStub(channel).Generate(
-            pb.GenerateRequest(prompt="count 1", max_tokens=1), timeout=30)
+            pb.GenerateRequest(prompt="count 1", max_tokens=1), timeout=30
+        )
         landed = int(dict(await call.initial_metadata()).get("cadence-front", 0))
         # Any answer will do: the probe only learns its front (it may meet the sick worker).
         code, _ = await _outcome(call)
@@ -130,15 +150,24 @@ def test_a_worker_hung_on_a_child_fronts_request_is_caught(server_factory) -> No
     """`--fronts 2`: a step that never returns, for a request that came through front 1 (front
     0, which owns the workers, has none open), is caught by `--worker-timeout`: the worker is
     killed and restarted, and the stream ends UNAVAILABLE, not at its deadline."""
-    server = server_factory("--engine", f"{MODELS}:EchoModel", "--fronts", "2",
-                            "--worker-timeout", "3", "--metrics-port", "0")
+    server = server_factory(
+        "--engine",
+        f"{MODELS}:EchoModel",
+        "--fronts",
+        "2",
+        "--worker-timeout",
+        "3",
+        "--metrics-port",
+        "0",
+    )
 
     async def run() -> None:
         channel = await _channel_on_front(server.target, 1)
         stub = pb_grpc.InferenceStub(channel)
         started = time.monotonic()
         code, chunks = await _outcome(
-            stub.Generate(pb.GenerateRequest(prompt="hang", max_tokens=50), timeout=40))
+            stub.Generate(pb.GenerateRequest(prompt="hang", max_tokens=50), timeout=40)
+        )
         took = time.monotonic() - started
         assert code == "UNAVAILABLE", (code, took)
         assert len(chunks) >= 1  # its first outputs came before the hang
@@ -147,7 +176,8 @@ def test_a_worker_hung_on_a_child_fronts_request_is_caught(server_factory) -> No
         deadline = time.monotonic() + 60
         while True:
             code, chunks = await _outcome(
-                stub.Generate(pb.GenerateRequest(prompt="count 5", max_tokens=5), timeout=30))
+                stub.Generate(pb.GenerateRequest(prompt="count 5", max_tokens=5), timeout=30)
+            )
             if code == "OK":
                 assert "".join(c.text for c in chunks) == "01234"
                 break

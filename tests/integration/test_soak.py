@@ -31,7 +31,13 @@ def test_short_soak_loses_and_leaks_nothing(tmp_path: Path) -> None:
     assert result["faults"]["worker_kills"] == 1
     # Every kind of request was sent, so every path was exercised.
     assert set(result["requests_by_kind"]) == {
-        "normal", "slow", "cancel_before", "cancel_mid", "cancel_after_last", "deadline",
-        "malformed", "over_limit",
+        "normal",
+        "slow",
+        "cancel_before",
+        "cancel_mid",
+        "cancel_after_last",
+        "deadline",
+        "malformed",
+        "over_limit",
     }
     assert result["server_exit_status"] == 0

@@ -82,8 +82,9 @@ class Starting:
             found.extend(m for line in list(self.lines) if (m := re.search(pattern, line)))
             return bool(found)
 
-        wait_until(seen, timeout, f"no line {pattern!r} in the server's log: {self.lines}",
-                   interval=0.01)
+        wait_until(
+            seen, timeout, f"no line {pattern!r} in the server's log: {self.lines}", interval=0.01
+        )
         return found[0]
 
 
@@ -92,11 +93,31 @@ def starting(*args: str, loads: str) -> Iterator[Starting]:
     """`cadence serve --engine SlowLoadModel ARGS` with worker i loading `loads`'s i-th
     number of seconds; killed, with every process under it, on the way out."""
     port, http_port = _free_port(), _free_port()
-    argv = [sys.executable, "-m", "cadence.cli", "serve", "--port", str(port), "--http-port",
-            str(http_port), "--engine", MODEL, "--log-level", "INFO", "--startup-timeout", "120",
-            *args, *SERVE_ARGS]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, LOAD_ENV: loads})
+    argv = [
+        sys.executable,
+        "-m",
+        "cadence.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--http-port",
+        str(http_port),
+        "--engine",
+        MODEL,
+        "--log-level",
+        "INFO",
+        "--startup-timeout",
+        "120",
+        *args,
+        *SERVE_ARGS,
+    ]
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, LOAD_ENV: loads},
+    )
     server = Starting(process, port, http_port)
 
     def read(stream, banner: bool) -> None:
@@ -118,8 +139,9 @@ def starting(*args: str, loads: str) -> Iterator[Starting]:
 
 def _http_health(server: Starting) -> int:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/health",
-                                    timeout=10) as response:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{server.http_port}/health", timeout=10
+        ) as response:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -166,8 +188,10 @@ def test_health_says_serving_exactly_while_requests_are_admitted() -> None:
             assert time.monotonic() < deadline, f"the server did not start: {server.lines}"
             assert server.process.poll() is None, server.lines
             before, http_before = _grpc_health(client), _http_health(server)
-            loading = (_grpc_health(client, "cadence.worker.0") == "SERVING"
-                       and _grpc_health(client, "cadence.worker.1") == "NOT_SERVING")
+            loading = (
+                _grpc_health(client, "cadence.worker.0") == "SERVING"
+                and _grpc_health(client, "cadence.worker.1") == "NOT_SERVING"
+            )
             if before == "NO_ANSWER":
                 time.sleep(0.1)
                 continue
@@ -180,17 +204,22 @@ def test_health_says_serving_exactly_while_requests_are_admitted() -> None:
         for health, http, admitted in samples:
             assert (health == "SERVING") == admitted, (
                 f"gRPC health {health} while requests were "
-                f"{'admitted' if admitted else 'refused'}: {samples}")
+                f"{'admitted' if admitted else 'refused'}: {samples}"
+            )
             assert (http == 200) == admitted, (
                 f"HTTP /health {http} while requests were "
-                f"{'admitted' if admitted else 'refused'}: {samples}")
+                f"{'admitted' if admitted else 'refused'}: {samples}"
+            )
         assert _server_ready(client)
 
         # One worker of two down: the server still serves, and says so everywhere.
         pid = int(server.wait_line(r"worker 1 ready \(pid (\d+)", 10).group(1))
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: _grpc_health(client, "cadence.worker.1") == "NOT_SERVING", 10,
-                   "cadence.worker.1 did not show the outage")
+        wait_until(
+            lambda: _grpc_health(client, "cadence.worker.1") == "NOT_SERVING",
+            10,
+            "cadence.worker.1 did not show the outage",
+        )
         assert _grpc_health(client) == "SERVING"
         assert _http_health(server) == 200
         assert _server_ready(client)
@@ -210,21 +239,29 @@ def test_a_worker_lost_just_after_ready_is_restarted_or_fails_the_start(fronts: 
         pid = int(server.wait_line(r"worker 1 ready \(pid (\d+)", 90).group(1))
         os.kill(pid, signal.SIGKILL)
         everything = server.processes()
-        wait_until(lambda: server.process.poll() is not None or server.banner.is_set(), 20,
-                   f"20 s after worker 1 died the server neither serves nor exited: "
-                   f"{server.lines}")
+        wait_until(
+            lambda: server.process.poll() is not None or server.banner.is_set(),
+            20,
+            f"20 s after worker 1 died the server neither serves nor exited: {server.lines}",
+        )
         if server.process.poll() is not None:  # the start failed
             assert server.process.returncode != 0
             wait_until(lambda: server.lines and server.lines[-1].startswith("cadence serve:"), 5)
-            assert re.fullmatch(r"cadence serve: worker 1 exited during start-up \(status -9\); "
-                                r"see its output above", server.lines[-1]), server.lines
+            assert re.fullmatch(
+                r"cadence serve: worker 1 exited during start-up \(status -9\); "
+                r"see its output above",
+                server.lines[-1],
+            ), server.lines
             _, alive = psutil.wait_procs(everything, timeout=10)
             assert not alive, f"left behind: {alive}"
             return
         with Client(server.target) as client:  # restarted: it serves, the dead one reaped
             wait_until(lambda: not psutil.pid_exists(pid), 10, "the dead worker was not reaped")
-            wait_until(lambda: _grpc_health(client, "cadence.worker.1") == "SERVING", 30,
-                       f"worker 1 was not restarted: {server.lines}")
+            wait_until(
+                lambda: _grpc_health(client, "cadence.worker.1") == "SERVING",
+                30,
+                f"worker 1 was not restarted: {server.lines}",
+            )
             assert _grpc_health(client) == "SERVING" and _admitted(client)
         everything = server.processes()
         server.process.send_signal(signal.SIGTERM)
@@ -240,8 +277,9 @@ def test_a_signal_during_a_long_load_stops_the_server(fronts: str, sig: int) -> 
     """Worker 1 loads for ten minutes; a SIGTERM (or Ctrl-C's SIGINT) meanwhile stops the
     server within the drain timeout + 5 s, exit status 0, nothing left."""
     drain = 2.0
-    with starting("--devices", "cpu:2", "--fronts", fronts, "--drain-timeout", str(drain),
-                  loads="0 600") as server:
+    with starting(
+        "--devices", "cpu:2", "--fronts", fronts, "--drain-timeout", str(drain), loads="0 600"
+    ) as server:
         server.wait_line(r"worker 0 ready \(pid", 90)
         everything = server.processes()
         signalled = time.monotonic()
@@ -249,11 +287,13 @@ def test_a_signal_during_a_long_load_stops_the_server(fronts: str, sig: int) -> 
         try:
             code = server.process.wait(drain + 5)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"the server still runs {drain + 5:g} s after the signal: "
-                                 f"{server.lines}") from None
+            raise AssertionError(
+                f"the server still runs {drain + 5:g} s after the signal: {server.lines}"
+            ) from None
         took = time.monotonic() - signalled
         assert code == 0, (code, server.lines)
         _, alive = psutil.wait_procs(everything, timeout=5)
         assert not alive, f"left behind after {took:.1f} s: {alive}"
-        assert any("stopped by a signal during start-up" in line for line in server.lines), \
+        assert any("stopped by a signal during start-up" in line for line in server.lines), (
             server.lines
+        )

@@ -78,23 +78,31 @@ def test_a_timed_stream_carries_the_loop_lag_tally_of_its_start_and_its_end(serv
     def carried_at_start() -> bool:
         with grpc.insecure_channel(server.target) as channel:
             call = pb_grpc.InferenceStub(channel).Generate(
-                pb.GenerateRequest(prompt="lag", max_tokens=4, include_timing=True), timeout=10)
+                pb.GenerateRequest(prompt="lag", max_tokens=4, include_timing=True), timeout=10
+            )
             assert sum(len(chunk.token_ids) for chunk in call) == 4
-            tallies.append((dict(call.initial_metadata()).get("cadence-loop-lag"),
-                            dict(call.trailing_metadata())["cadence-loop-lag"]))
+            tallies.append(
+                (
+                    dict(call.initial_metadata()).get("cadence-loop-lag"),
+                    dict(call.trailing_metadata())["cadence-loop-lag"],
+                )
+            )
         return tallies[-1][0] is not None
 
     wait_until(carried_at_start, 10, "no stream carried the start's tally")
     start, end = tallies[-1]
     (front, samples, counts), (end_front, end_samples, end_counts) = (
-        tally.split(":") for tally in (start, end))
+        tally.split(":") for tally in (start, end)
+    )
     assert front == end_front == "0"
     assert 0 <= int(samples) <= int(end_samples)
     assert sum(map(int, counts.split(","))) == int(samples)
     assert sum(map(int, end_counts.split(","))) == int(end_samples)
 
 
-def test_a_burst_of_timed_streams_carries_the_start_tally_once_each_end_tally_always(server) -> None:
+def test_a_burst_of_timed_streams_carries_the_start_tally_once_each_end_tally_always(
+    server,
+) -> None:
     # One gRPC operation for the start's tally per burst, not per call: it goes out only
     # when it moved since a stream last carried it (every 0.1 s at most, by the heartbeat).
     bursts: list[tuple[list, list]] = []
@@ -102,13 +110,20 @@ def test_a_burst_of_timed_streams_carries_the_start_tally_once_each_end_tally_al
     def burst_carried_it() -> bool:
         with grpc.insecure_channel(server.target) as channel:
             stub = pb_grpc.InferenceStub(channel)
-            calls = [stub.Generate(pb.GenerateRequest(prompt="lag", max_tokens=2,
-                                                      include_timing=True), timeout=10)
-                     for _ in range(16)]
+            calls = [
+                stub.Generate(
+                    pb.GenerateRequest(prompt="lag", max_tokens=2, include_timing=True), timeout=10
+                )
+                for _ in range(16)
+            ]
             for call in calls:
                 assert sum(len(chunk.token_ids) for chunk in call) == 2
-            bursts.append(([dict(c.initial_metadata()).get("cadence-loop-lag") for c in calls],
-                           [dict(c.trailing_metadata()).get("cadence-loop-lag") for c in calls]))
+            bursts.append(
+                (
+                    [dict(c.initial_metadata()).get("cadence-loop-lag") for c in calls],
+                    [dict(c.trailing_metadata()).get("cadence-loop-lag") for c in calls],
+                )
+            )
         return any(start is not None for start in bursts[-1][0])
 
     wait_until(burst_carried_it, 10, "no stream of a burst carried the start's tally")
@@ -136,10 +151,14 @@ def test_stop_token_ends_stream_with_stop(server) -> None:
         ({"prompt": [-1], "max_tokens": 4}, "must not be negative"),
         ({"prompt": "x", "max_tokens": 4, "temperature": -1.0}, "temperature"),
         # Echoed on every chunk: 3 MB of id made a 1.5 GB stream.
-        ({"prompt": "x", "max_tokens": 4, "request_id": "i" * 257},
-         "request_id is 257 bytes long; at most 256"),
-        ({"prompt": "x", "max_tokens": 4, "request_id": "é" * 129},
-         "request_id is 258 bytes long; at most 256"),
+        (
+            {"prompt": "x", "max_tokens": 4, "request_id": "i" * 257},
+            "request_id is 257 bytes long; at most 256",
+        ),
+        (
+            {"prompt": "x", "max_tokens": 4, "request_id": "é" * 129},
+            "request_id is 258 bytes long; at most 256",
+        ),
     ],
 )
 def test_bad_requests_get_invalid_argument(server, options, needle) -> None:
@@ -188,8 +207,11 @@ def test_an_idle_connection_is_closed_after_the_idle_connection_timeout() -> Non
         grpc_address = server.target.rsplit(":", 1)
         http_address = server.base.split("//")[1].rsplit(":", 1)
         limit = 30.0  # generous: the setting is 1 s; the default would be 60 s (Envoy: 1 h)
-        for address, hello in ((grpc_address, preface.data_to_send()), (grpc_address, b""),
-                               (http_address, b"")):
+        for address, hello in (
+            (grpc_address, preface.data_to_send()),
+            (grpc_address, b""),
+            (http_address, b""),
+        ):
             waited = closed_within((address[0], int(address[1])), hello, limit)
             assert waited < limit, f"{address} {hello!r} still open after {limit:g} s"
         # Calls still work: a client's channel reconnects.
@@ -213,9 +235,21 @@ def test_health_and_reflection_on_the_same_port(server) -> None:
 
 def test_generate_command_streams_text(server) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "cadence.cli", "generate", "--target", server.target,
-         "--max-tokens", "12", "hello"],
-        capture_output=True, text=True, timeout=30, check=True,
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "generate",
+            "--target",
+            server.target,
+            "--max-tokens",
+            "12",
+            "hello",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     with Client(server.target) as client:
         expected = client.complete("hello", max_tokens=12)

@@ -35,7 +35,9 @@ def hf_tokenizer(model_dir):
 
 @pytest.fixture(scope="module")
 def torch_server(model_dir) -> Iterator:
-    running = start_server("--engine", "torch", "--model", str(model_dir), "--kv-cache-tokens", "2048")
+    running = start_server(
+        "--engine", "torch", "--model", str(model_dir), "--kv-cache-tokens", "2048"
+    )
     yield running
     assert running.stop() == 0
 
@@ -53,16 +55,22 @@ def _tokens(chunks: list) -> list[int]:
     return tokens
 
 
-def test_text_prompts_stream_transformers_greedy_tokens_and_text(torch_server, model_dir, hf_tokenizer):
+def test_text_prompts_stream_transformers_greedy_tokens_and_text(
+    torch_server, model_dir, hf_tokenizer
+):
     async def run() -> list[list]:
-        return await asyncio.gather(*(_collect(torch_server.target, p, max_tokens=N) for p in PROMPTS))
+        return await asyncio.gather(
+            *(_collect(torch_server.target, p, max_tokens=N) for p in PROMPTS)
+        )
 
     for prompt, chunks in zip(PROMPTS, asyncio.run(run())):
         ids = hf_tokenizer(prompt).input_ids
         tokens = _tokens(chunks)
         assert tokens == hf_greedy(model_dir, ids, N), prompt
         assert chunks[0].prompt_tokens == len(ids), "the worker counted the prompt's tokens"
-        assert "".join(c.text for c in chunks) == hf_tokenizer.decode(tokens, skip_special_tokens=True)
+        assert "".join(c.text for c in chunks) == hf_tokenizer.decode(
+            tokens, skip_special_tokens=True
+        )
         assert chunks[-1].finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
 
 
@@ -81,8 +89,18 @@ def test_token_id_prompts_and_engine_refusals(torch_server, model_dir):
 @pytest.mark.slow
 def test_tensor_parallel_replicas_serve_the_same_tokens(model_dir, hf_tokenizer):
     # Two replicas of two gloo ranks each: four worker processes, all gone after stop.
-    running = start_server("--engine", "torch", "--model", str(model_dir), "--devices", "cpu:4",
-                           "--tp", "2", "--kv-cache-tokens", "1024")
+    running = start_server(
+        "--engine",
+        "torch",
+        "--model",
+        str(model_dir),
+        "--devices",
+        "cpu:4",
+        "--tp",
+        "2",
+        "--kv-cache-tokens",
+        "1024",
+    )
     try:
         assert len(running.workers) == 4
 

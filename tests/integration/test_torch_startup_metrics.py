@@ -17,8 +17,12 @@ from cadence.client import Client
 from cadence.lab.measure.discovery import metrics_url
 from cadence.lab.measure.scrape import scrape
 
-_STARTUP = ("cadence_worker_load_seconds", "cadence_worker_warmup_seconds",
-            "cadence_worker_first_step_seconds", "cadence_worker_warm_step_seconds")
+_STARTUP = (
+    "cadence_worker_load_seconds",
+    "cadence_worker_warmup_seconds",
+    "cadence_worker_first_step_seconds",
+    "cadence_worker_warm_step_seconds",
+)
 
 
 @pytest.mark.slow
@@ -45,4 +49,7 @@ def test_tiny_model_start_up_is_exported_and_a_restart_overwrites_it(server_fact
                 break
             assert time.monotonic() < deadline, "the killed worker was not restarted"
     assert again["cadence_worker_load_seconds{worker=0}"] > 0
-    assert again["cadence_worker_load_seconds{worker=0}"] != first["cadence_worker_load_seconds{worker=0}"]
+    assert (
+        again["cadence_worker_load_seconds{worker=0}"]
+        != first["cadence_worker_load_seconds{worker=0}"]
+    )

@@ -59,8 +59,9 @@ async def _each_protocol(server) -> dict[str, object]:
     records = {}
     async with grpc.aio.insecure_channel(server.target) as channel:
         records["cadence.v1"], _ = await one_cadence(generate_method(channel), plan, 0, True, 30)
-        records["kserve"], _ = await one_kserve(KServeTarget(model="cadence"), stub(channel),
-                                                plan, 0, False, 30)
+        records["kserve"], _ = await one_kserve(
+            KServeTarget(model="cadence"), stub(channel), plan, 0, False, 30
+        )
         # Past its deadline mid-stream: a span that says so.
         late = RequestPlan("late", [72], 500)
         records["deadline"], _ = await one_cadence(generate_method(channel), late, 0, True, 0.3)
@@ -72,18 +73,25 @@ async def _each_protocol(server) -> dict[str, object]:
 
 
 def test_one_span_per_request_on_every_protocol_in_the_callers_trace(receiver) -> None:
-    server = start_server("--step-ms", "5",
-                          "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}", http=True)
+    server = start_server(
+        "--step-ms", "5", "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}", http=True
+    )
     try:
         records = asyncio.run(_each_protocol(server))
         # A caller's own trace context: its span is the server span's parent.
         parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         with grpc.insecure_channel(server.target) as channel:
-            call = channel.unary_stream("/cadence.v1.Inference/Generate",
-                                        request_serializer=pb.GenerateRequest.SerializeToString,
-                                        response_deserializer=pb.GenerateChunk.FromString)
-            list(call(pb.GenerateRequest(prompt="hi", max_tokens=3),
-                      metadata=(("traceparent", parent),)))
+            call = channel.unary_stream(
+                "/cadence.v1.Inference/Generate",
+                request_serializer=pb.GenerateRequest.SerializeToString,
+                response_deserializer=pb.GenerateChunk.FromString,
+            )
+            list(
+                call(
+                    pb.GenerateRequest(prompt="hi", max_tokens=3),
+                    metadata=(("traceparent", parent),),
+                )
+            )
         ids = {r.trace_id for r in records.values()} | {"0af7651916cd43dd8448eb211c80319c"}
         receiver.wait_for(ids, timeout_s=20)
     finally:
@@ -104,8 +112,9 @@ def test_one_span_per_request_on_every_protocol_in_the_callers_trace(receiver) -
         assert span.name == ("chat cadence" if protocol == "chat" else "text_completion cadence")
         assert attributes["gen_ai.request.max_tokens"] == 6
         assert attributes["gen_ai.usage.output_tokens"] == 6
-        assert attributes["cadence.protocol"] == protocol.replace("completions", "openai") \
-            .replace("chat", "openai")
+        assert attributes["cadence.protocol"] == protocol.replace("completions", "openai").replace(
+            "chat", "openai"
+        )
         # The hops, in order, inside the span.
         queue = attributes["gen_ai.latency.time_in_queue"]
         prefill = attributes["gen_ai.latency.time_in_model_prefill"]
@@ -117,8 +126,9 @@ def test_one_span_per_request_on_every_protocol_in_the_callers_trace(receiver) -
 
 
 def test_bench_joins_cadences_spans_to_its_requests(receiver) -> None:
-    server = start_server("--step-ms", "10",
-                          "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}", http=True)
+    server = start_server(
+        "--step-ms", "10", "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}", http=True
+    )
     try:
         workload = Workload(requests=24, concurrency=8, shape=RequestShape(max_tokens=(8, 8)))
         result = run_bench(server.target, workload, traces=receiver, traces_wait_s=20)
@@ -136,20 +146,29 @@ def test_bench_joins_cadences_spans_to_its_requests(receiver) -> None:
     for r in spans.requests:
         assert abs(r.before_ms + r.inside_ms + r.after_ms - r.ttft_ms) < 1e-6
         assert r.prefill_ms > 0 and r.after_ms >= 0
-    assert abs(split["before"].mean + split["inside"].mean + split["after"].mean
-               - result.ttft_ms.mean) < 0.5
+    assert (
+        abs(split["before"].mean + split["inside"].mean + split["after"].mean - result.ttft_ms.mean)
+        < 0.5
+    )
 
 
 def test_bench_joins_an_instrumented_grpc_python_services_spans(receiver, tmp_path) -> None:
-    with python_server("tests/planted_server.py", "--fault", "first", "--first-ms", "120",
-                       "--gap-ms", "5",
-                       "--otlp-endpoint", f"http://127.0.0.1:{receiver.port}") as target:
+    with python_server(
+        "tests/planted_server.py",
+        "--fault",
+        "first",
+        "--first-ms",
+        "120",
+        "--gap-ms",
+        "5",
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{receiver.port}",
+    ) as target:
         with grpc.insecure_channel(target) as channel:
             schema = from_reflection(channel, TOKENS_METHOD)
         protocol = GrpcTarget(schema=schema, request_json=TOKENS_REQUEST, index_field="index")
         workload = Workload(requests=8, concurrency=4, shape=RequestShape(max_tokens=(5, 5)))
-        result = run_bench(target, workload, protocol=protocol, traces=receiver,
-                           traces_wait_s=20)
+        result = run_bench(target, workload, protocol=protocol, traces=receiver, traces_wait_s=20)
     spans = result.server_spans
     assert spans.matched == 8 and spans.services == ["planted"], spans
     for r in spans.requests:
@@ -165,23 +184,53 @@ def test_bench_joins_an_instrumented_grpc_python_services_spans(receiver, tmp_pa
     from cadence.lab.results import to_builtins
 
     path.write_text(json.dumps(to_builtins(result)))
-    shown = subprocess.run([sys.executable, "-m", "cadence.cli", "report", str(path),
-                            "--out", str(tmp_path / "report")], cwd=ROOT, capture_output=True,
-                           text=True, timeout=120, check=False)
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "report",
+            str(path),
+            "--out",
+            str(tmp_path / "report"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert shown.returncode == 0, shown.stderr
     page = (tmp_path / "report" / "report.html").read_text()
     assert "Server spans" in page and "slowest requests to first token" in page
 
 
-@pytest.mark.parametrize(("where", "said"), [
-    ("notaport", "--otlp-receive takes [HOST:]PORT, got 'notaport'"),
-    ("taken", "cannot receive traces on 127.0.0.1:"),
-])
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("notaport", "--otlp-receive takes [HOST:]PORT, got 'notaport'"),
+        ("taken", "cannot receive traces on 127.0.0.1:"),
+    ],
+)
 def test_a_receiver_that_cannot_listen_is_one_line(receiver, where, said) -> None:
     where = f"127.0.0.1:{receiver.port}" if where == "taken" else where
-    out = subprocess.run([sys.executable, "-m", "cadence.cli", "bench", "--target",
-                          "127.0.0.1:1", "--otlp-receive", where], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "bench",
+            "--target",
+            "127.0.0.1:1",
+            "--otlp-receive",
+            where,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(f"cadence bench: {said}"), out.stderr
 
@@ -194,9 +243,11 @@ def test_an_unreachable_collector_neither_fails_requests_nor_holds_the_stop() ->
     server = start_server("--step-ms", "5", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}")
     try:
         with grpc.insecure_channel(server.target) as channel:
-            call = channel.unary_stream("/cadence.v1.Inference/Generate",
-                                        request_serializer=pb.GenerateRequest.SerializeToString,
-                                        response_deserializer=pb.GenerateChunk.FromString)
+            call = channel.unary_stream(
+                "/cadence.v1.Inference/Generate",
+                request_serializer=pb.GenerateRequest.SerializeToString,
+                response_deserializer=pb.GenerateChunk.FromString,
+            )
             for _ in range(3):
                 chunks = list(call(pb.GenerateRequest(prompt="hi", max_tokens=3)))
                 assert sum(len(c.token_ids) for c in chunks) == 3  # in 1 to 3 messages

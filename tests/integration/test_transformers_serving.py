@@ -24,8 +24,10 @@ from tests.transformers_models import generate_greedy, save_checkpoint
 openai = pytest.importorskip("openai")
 
 N = 16
-TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
-            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,17 @@ def tokenizer(folder):
 
 @pytest.fixture(scope="module")
 def server(folder) -> Iterator[HttpServer]:
-    running = start_server("--engine", "transformers", "--model", str(folder), "--devices",
-                           "cpu:2", "--served-model-name", "tiny", http=True)
+    running = start_server(
+        "--engine",
+        "transformers",
+        "--model",
+        str(folder),
+        "--devices",
+        "cpu:2",
+        "--served-model-name",
+        "tiny",
+        http=True,
+    )
     yield running
     assert running.stop() == 0
 
@@ -66,11 +77,13 @@ def _tokens(chunks: list) -> list[int]:
 
 
 @pytest.mark.slow
-def test_concurrent_streams_are_whole_and_equal_generate_on_two_workers(server, folder,
-                                                                       tokenizer) -> None:
+def test_concurrent_streams_are_whole_and_equal_generate_on_two_workers(
+    server, folder, tokenizer
+) -> None:
     async def run() -> list[list]:
-        return await asyncio.gather(*(_collect(server.target, p, max_tokens=N,
-                                               include_timing=True) for p in PROMPTS * 3))
+        return await asyncio.gather(
+            *(_collect(server.target, p, max_tokens=N, include_timing=True) for p in PROMPTS * 3)
+        )
 
     workers = set()
     for prompt, chunks in zip(PROMPTS * 3, asyncio.run(run())):
@@ -90,8 +103,7 @@ def test_a_cancelled_stream_leaves_the_others_whole(server, folder, tokenizer) -
         for n, _ in enumerate(client.generate(PROMPTS[2], max_tokens=200)):
             if n == 3:
                 break  # leaving the loop cancels the call
-        assert _tokens(list(client.generate(ids, max_tokens=N))) == generate_greedy(
-            folder, ids, N)
+        assert _tokens(list(client.generate(ids, max_tokens=N))) == generate_greedy(folder, ids, N)
         with pytest.raises(grpc.RpcError) as err:
             list(client.generate([5] * 300, max_tokens=N))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -99,22 +111,31 @@ def test_a_cancelled_stream_leaves_the_others_whole(server, folder, tokenizer) -
 
 
 def test_the_openai_client_streams_completions_and_chat_with_the_template(
-        server, folder, tokenizer) -> None:
+    server, folder, tokenizer
+) -> None:
     client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused")
     ids = tokenizer(PROMPTS[1]).input_ids
-    chunks = list(client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=N,
-                                            temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPTS[1],
+            max_tokens=N,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == tokenizer.decode(generate_greedy(folder, ids, N))
     assert chunks[-1].usage.prompt_tokens == len(ids)
 
     messages = [{"role": "user", "content": "the lazy dog"}]
-    chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                             tokenize=True)
+    chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     chat_ids = list(getattr(chat_ids, "input_ids", chat_ids))
-    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
-                                           temperature=0)
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0
+    )
     assert reply.usage.prompt_tokens == len(chat_ids)
     assert reply.choices[0].message.content == tokenizer.decode(
-        generate_greedy(folder, chat_ids, 8))
+        generate_greedy(folder, chat_ids, 8)
+    )

@@ -29,8 +29,17 @@ from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, caden
 
 
 def test_a_rare_slow_gap_of_no_known_shape_is_an_unexplained_tail() -> None:
-    with python_server("tests/planted_server.py", "--fault", "rare-slow", "--gap-ms", "10",
-                       "--rare-every", "30", "--rare-ms", "150") as target:
+    with python_server(
+        "tests/planted_server.py",
+        "--fault",
+        "rare-slow",
+        "--gap-ms",
+        "10",
+        "--rare-every",
+        "30",
+        "--rare-ms",
+        "150",
+    ) as target:
         result = tokens_bench(target, streams=16, requests=32)
     assert result.itl_ms.p99 > 2 * result.itl_ms.p50
     assert result.verdict.state == "unhealthy", result.verdict.line
@@ -38,8 +47,11 @@ def test_a_rare_slow_gap_of_no_known_shape_is_an_unexplained_tail() -> None:
     # On a host another job fills, the host's late wake-ups take their small part.
     assert itl.state == "bad" and itl.unexplained_share >= (0.75 if contended(result) else 1.0)
     # (A first output can be late too: then TTFT's tail has a finding of its own.)
-    [finding] = [f for f in result.diagnosis
-                 if f.rule == RULE_UNEXPLAINED_TAIL and f.evidence["tail"] == "itl_ms"]
+    [finding] = [
+        f
+        for f in result.diagnosis
+        if f.rule == RULE_UNEXPLAINED_TAIL and f.evidence["tail"] == "itl_ms"
+    ]
     evidence = finding.evidence
     assert evidence["itl_p99_over_p50"] > 2
     assert 0 < evidence["slow_gaps"] < evidence["gaps"] / 10
@@ -74,8 +86,10 @@ def test_a_clean_service_ends_healthy_with_no_finding() -> None:
 
 def test_cadence_synthetic_engine_ends_healthy() -> None:
     with start_server("--devices", "cpu:2", "--step-ms", "10") as server:
-        result = run_bench(server.target, Workload(
-            requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))))
+        result = run_bench(
+            server.target,
+            Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
+        )
     _assert_healthy(result)
     assert "first step" in next(t for t in result.verdict.tails if t.metric == "ttft_ms").bound
 
@@ -89,8 +103,10 @@ def test_a_fast_engine_is_judged_by_what_the_host_delivers() -> None:
     light thread saw: that tail goes to the host)."""
     with start_server("--devices", "cpu:1", "--step-ms", "2", "--jitter-ms", "0.2") as server:
         for _ in range(3):
-            result = run_bench(server.target, Workload(
-                requests=64, concurrency=16, shape=RequestShape(max_tokens=(100, 100))))
+            result = run_bench(
+                server.target,
+                Workload(requests=64, concurrency=16, shape=RequestShape(max_tokens=(100, 100))),
+            )
             [itl] = [t for t in result.verdict.tails if t.metric == "itl_ms"]
             assert itl.state == "healthy", (result.verdict.line, result.diagnosis)
             _assert_healthy_verdict(result)
@@ -103,13 +119,20 @@ def test_other_work_that_fills_the_host_is_named() -> None:
     """Busy loops on every core beside a clean server: the lab names them (host_contended,
     with their pids) and puts the run's bad tails on the host, not on the server."""
     # Started through a shell that exits, so they are another job's, not the lab's children.
-    hogs = [int(subprocess.check_output(
-        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"]))
-        for _ in range(os.cpu_count() or 1)]
+    hogs = [
+        int(
+            subprocess.check_output(
+                ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"]
+            )
+        )
+        for _ in range(os.cpu_count() or 1)
+    ]
     try:
         with start_server("--devices", "cpu:2", "--step-ms", "10") as server:
-            result = run_bench(server.target, Workload(
-                requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))))
+            result = run_bench(
+                server.target,
+                Workload(requests=32, concurrency=16, shape=RequestShape(max_tokens=(50, 50))),
+            )
     finally:
         for pid in hogs:
             os.kill(pid, signal.SIGKILL)
@@ -126,18 +149,45 @@ def test_other_work_that_fills_the_host_is_named() -> None:
 
 def test_the_summary_json_and_report_lead_with_the_verdict(tmp_path) -> None:
     out = tmp_path / "run.json"
-    with python_server("tests/planted_server.py", "--fault", "rare-slow", "--gap-ms", "10",
-                       "--rare-every", "30", "--rare-ms", "150") as target:
-        done = cadence("bench", "--target", target, "--protocol", "grpc", "--no-progress",
-                       "--method", TOKENS_METHOD, "--request-json", TOKENS_REQUEST,
-                       "--index-field", "index", "--concurrency", "16", "--requests", "32",
-                       "--max-tokens", "20", "--json", str(out))
+    with python_server(
+        "tests/planted_server.py",
+        "--fault",
+        "rare-slow",
+        "--gap-ms",
+        "10",
+        "--rare-every",
+        "30",
+        "--rare-ms",
+        "150",
+    ) as target:
+        done = cadence(
+            "bench",
+            "--target",
+            target,
+            "--protocol",
+            "grpc",
+            "--no-progress",
+            "--method",
+            TOKENS_METHOD,
+            "--request-json",
+            TOKENS_REQUEST,
+            "--index-field",
+            "index",
+            "--concurrency",
+            "16",
+            "--requests",
+            "32",
+            "--max-tokens",
+            "20",
+            "--json",
+            str(out),
+        )
     assert done.returncode == 0, done.stderr  # a bad tail is a verdict, not a failed run
     lines = done.stdout.splitlines()
     assert lines[1].startswith("verdict unhealthy: ITL p99"), lines[:3]
     assert lines[2].startswith("TTFT p50")
     data = json.loads(out.read_text())
-    findings = lines[3:3 + 3 * len(data["diagnosis"])]  # each: what, evidence, where to look
+    findings = lines[3 : 3 + 3 * len(data["diagnosis"])]  # each: what, evidence, where to look
     assert any(line.startswith(f"diagnosis {RULE_UNEXPLAINED_TAIL}:") for line in findings)
     assert data["verdict"]["state"] == "unhealthy"
     result = msgspec.convert(data, BenchResult)
@@ -145,6 +195,9 @@ def test_the_summary_json_and_report_lead_with_the_verdict(tmp_path) -> None:
     report = cadence("report", str(out), "--out", str(tmp_path / "report"))
     assert report.returncode == 0, report.stderr
     page = (tmp_path / "report" / "report.html").read_text()
-    assert page.index("<h2>Verdict</h2>") < page.index("<h2>Diagnosis</h2>") \
+    assert (
+        page.index("<h2>Verdict</h2>")
+        < page.index("<h2>Diagnosis</h2>")
         < page.index("<h2>Workload</h2>")
+    )
     assert RULE_UNEXPLAINED_TAIL in page

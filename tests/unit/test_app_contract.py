@@ -98,9 +98,17 @@ def test_sweep_can_vary_engine_threads():
 
 
 def _stream(seq_id: int, tally: StreamTally, capacity: int = 64) -> RequestStream:
-    return RequestStream(seq_id, 0, 1, capacity=capacity, overflow="merge",
-                         include_timing=False, decoder=ByteTokenizer().stream_decoder(),
-                         received_ns=1, tally=tally)
+    return RequestStream(
+        seq_id,
+        0,
+        1,
+        capacity=capacity,
+        overflow="merge",
+        include_timing=False,
+        decoder=ByteTokenizer().stream_decoder(),
+        received_ns=1,
+        tally=tally,
+    )
 
 
 def test_output_reader_splits_pieces_by_token_counts():

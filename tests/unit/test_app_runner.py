@@ -151,12 +151,14 @@ def test_an_async_function_that_never_suspends_still_streams_one_piece_per_tick(
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_an_exception_fails_only_its_own_stream_with_internal(kind: str):
     if kind == "sync":
+
         def app(request, context):
             for i in range(6):
                 if request.prompt == "boom" and i == 2:
                     raise ValueError("boom at 2")
                 yield "."
     else:
+
         async def app(request, context):
             for i in range(6):
                 if request.prompt == "boom" and i == 2:
@@ -277,7 +279,13 @@ def test_request_fields_reach_the_function():
     run(main())
     r = got[0]
     assert (r.seq_id, r.prompt, r.max_tokens, r.stop_token_ids) == (7, "hé", 3, [9])
-    assert (r.temperature, r.top_p, r.top_k, r.seed, r.device) == (0.5, pytest.approx(0.9), 40, 11, "cpu")
+    assert (r.temperature, r.top_p, r.top_k, r.seed, r.device) == (
+        0.5,
+        pytest.approx(0.9),
+        40,
+        11,
+        "cpu",
+    )
 
 
 def test_prompt_tokens_outside_bytes_are_refused():
@@ -303,6 +311,7 @@ def test_a_paused_request_takes_no_piece_until_resumed(kind: str):
                 time.sleep(0.005)
                 yield "."
     else:
+
         async def app(request, context):
             for i in range(100):
                 taken.append(i)
@@ -316,8 +325,16 @@ def test_a_paused_request_takes_no_piece_until_resumed(kind: str):
         h.runner.apply(WorkerInputs([], [], pauses=[1]))
         seq = h.runner._seqs[1]
         # The piece in flight when the pause came still arrives; then the function waits.
-        await _until(lambda: (seq.parked if kind == "sync" else (
-            seq.resumed is not None and not seq.resumed.done())) and len(h.tokens(1)) == len(taken))
+        await _until(
+            lambda: (
+                (
+                    seq.parked
+                    if kind == "sync"
+                    else (seq.resumed is not None and not seq.resumed.done())
+                )
+                and len(h.tokens(1)) == len(taken)
+            )
+        )
         paused_at = len(taken)
         for _ in range(20):  # the loop turns; nothing more is taken while paused
             await asyncio.sleep(0.001)

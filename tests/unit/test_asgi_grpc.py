@@ -27,8 +27,9 @@ def _call(max_receive: int = 1 << 10) -> _Call:
     return asyncio.run(make())
 
 
-@pytest.mark.parametrize(("value", "seconds"), [("1S", 1.0), ("250m", 0.25), ("3M", 180.0),
-                                                ("99999999n", 0.099999999)])
+@pytest.mark.parametrize(
+    ("value", "seconds"), [("1S", 1.0), ("250m", 0.25), ("3M", 180.0), ("99999999n", 0.099999999)]
+)
 def test_grpc_timeout(value: str, seconds: float) -> None:
     assert parse_timeout(value) == pytest.approx(seconds)
 
@@ -55,7 +56,9 @@ def test_an_unknown_encoding_names_the_ones_it_takes() -> None:
     assert "gzip, deflate or none" in info.value.details
 
 
-@pytest.mark.parametrize(("name", "compress"), [(b"gzip", gzip.compress), (b"deflate", zlib.compress)])
+@pytest.mark.parametrize(
+    ("name", "compress"), [(b"gzip", gzip.compress), (b"deflate", zlib.compress)]
+)
 def test_a_compressed_message_is_inflated_within_the_limit(name: bytes, compress) -> None:
     call = _call(max_receive=1000)
     call.encoding(name)
@@ -78,4 +81,7 @@ def test_binary_metadata_that_is_not_base64_ends_the_call_in_grpcs_words(value: 
 
 def test_binary_metadata_with_or_without_padding_is_read() -> None:
     assert _metadata([(b"a-bin", b"YQ"), (b"b-bin", b"YQ=="), (b"c-bin", b"")]) == (
-        ("a-bin", b"a"), ("b-bin", b"a"), ("c-bin", b""))
+        ("a-bin", b"a"),
+        ("b-bin", b"a"),
+        ("c-bin", b""),
+    )

@@ -38,7 +38,7 @@ def test_a_file_of_comments_only_or_a_token_with_a_comma_is_refused_at_start(tmp
     path = tmp_path / "tokens"
     path.write_text("# nothing yet\n")
     assert problems(ServerConfig(auth_token_file=str(path))) == [
-        (f"--auth-token-file {path} holds no token (one per line; blank and # lines are "
-         "skipped)")]
+        (f"--auth-token-file {path} holds no token (one per line; blank and # lines are skipped)")
+    ]
     path.write_text("a,b\n")
     assert "holds a ','" in problems(ServerConfig(auth_token_file=str(path)))[0]

@@ -41,6 +41,7 @@ async def _serve(interceptors=(), depth: int = 4):
 
 def test_this_grpcio_is_supported() -> None:
     """The installed grpcio has the internals the acceptor needs (else it would do nothing)."""
+
     async def main() -> bool:
         server, _, _ = await _serve()
         try:

@@ -24,16 +24,25 @@ def server(meets: Callable[[float, int], bool]) -> Callable[[float], BenchResult
         k = seen[value] = seen.get(value, -1) + 1
         met = meets(value, k)
         ttft = 50.0 if met else 150.0
-        return BenchResult(requests=16, requests_ok=16,
-                           ttft_ms=Distribution(count=16, mean=ttft, p50=ttft, p90=ttft,
-                                                p99=ttft, max=ttft),
-                           goodput=Goodput(passed=met, terms={"ttft_p99_ms": TermResult(
-                               bound_ms=100, measured_ms=ttft, met=met)}))
+        return BenchResult(
+            requests=16,
+            requests_ok=16,
+            ttft_ms=Distribution(count=16, mean=ttft, p50=ttft, p90=ttft, p99=ttft, max=ttft),
+            goodput=Goodput(
+                passed=met,
+                terms={"ttft_p99_ms": TermResult(bound_ms=100, measured_ms=ttft, met=met)},
+            ),
+        )
+
     return run
 
 
-def find(meets: Callable[[float, int], bool], low: float = 1, high: float = 256,
-         kind: str = "concurrency") -> Capacity:
+def find(
+    meets: Callable[[float, int], bool],
+    low: float = 1,
+    high: float = 256,
+    kind: str = "concurrency",
+) -> Capacity:
     return search(server(meets), kind, low, high, SLO, progress=lambda _: None)
 
 
@@ -90,12 +99,15 @@ def test_a_lower_load_failing_where_a_higher_passed_is_retried_and_reported() ->
     assert found.max_passing is None and found.range_edge is None
     assert len(found.runs_by_value["1"]) == CONFIRM_RUNS  # retried
     assert found.non_monotone == [[1, 256]]
-    assert "not monotone: concurrency 1 missed the SLO (0 of 3 runs met it) where 256 met it" \
+    assert (
+        "not monotone: concurrency 1 missed the SLO (0 of 3 runs met it) where 256 met it"
         in said(found)
+    )
 
 
 def test_two_searches_with_different_ranges_agree_within_their_spread() -> None:
     """A noisy knee: up to 46 every run passes, from 47 to 60 half of them, above none."""
+
     def noisy(seed: int) -> Callable[[float, int], bool]:
         rng = random.Random(seed)
         return lambda v, k: v <= 46 or (v <= 60 and rng.random() < 0.5)

@@ -13,9 +13,15 @@ from cadence.transport.worker_channel import WorkerChannel
 
 
 def _spec(channel: FrontChannel, **keys: str) -> WorkerSpec:
-    return WorkerSpec(index=0, device="cpu", input_address=channel.input_addresses[0],
-                      output_address=channel.output_address, engine=EngineConfig(),
-                      heartbeat_address=channel.heartbeat_address, **keys)
+    return WorkerSpec(
+        index=0,
+        device="cpu",
+        input_address=channel.input_addresses[0],
+        output_address=channel.output_address,
+        engine=EngineConfig(),
+        heartbeat_address=channel.heartbeat_address,
+        **keys,
+    )
 
 
 def _received(channel: FrontChannel, timeout_ms: int = 500) -> list:
@@ -48,9 +54,16 @@ def _outsider_and_worker(front: FrontChannel, context: zmq.Context) -> None:
     assert _received(front) == []
 
     public, secret = front.curve_client_keys
-    worker = WorkerChannel(front.input_addresses[0], front.output_address, curve=_spec(
-        front, curve_server_key=front.curve_server_key, curve_public_key=public,
-        curve_secret_key=secret))
+    worker = WorkerChannel(
+        front.input_addresses[0],
+        front.output_address,
+        curve=_spec(
+            front,
+            curve_server_key=front.curve_server_key,
+            curve_public_key=public,
+            curve_secret_key=secret,
+        ),
+    )
     worker.send(Heartbeat(0))
     assert _received(front) == [["beat", 0, 0, 0]]
     front.beat()
@@ -62,9 +75,16 @@ def test_a_worker_with_a_wrong_key_is_not_heard() -> None:
     front = FrontChannel(*local_addresses(1, "tcp"), secure=True)
     public, secret = (k.decode() for k in zmq.curve_keypair())
     other_server, _ = zmq.curve_keypair()
-    worker = WorkerChannel(front.input_addresses[0], front.output_address, curve=_spec(
-        front, curve_server_key=other_server.decode(), curve_public_key=public,
-        curve_secret_key=secret))
+    worker = WorkerChannel(
+        front.input_addresses[0],
+        front.output_address,
+        curve=_spec(
+            front,
+            curve_server_key=other_server.decode(),
+            curve_public_key=public,
+            curve_secret_key=secret,
+        ),
+    )
     worker.send(Heartbeat(0))
     assert _received(front) == []
     worker.close()

@@ -23,8 +23,14 @@ MS = 1_000_000
 GAP = 20 * MS
 
 
-def stream(k: int, start: int, first: int, tokens: int = 50, gap: int = GAP,
-           shifts: list[tuple[int, int]] = ()) -> RequestRecord:
+def stream(
+    k: int,
+    start: int,
+    first: int,
+    tokens: int = 50,
+    gap: int = GAP,
+    shifts: list[tuple[int, int]] = (),
+) -> RequestRecord:
     """Stream k: sent at `start`, first token at `first`, then one per `gap`; every arrival at
     or after time t is delayed by d for each (t, d) in `shifts` (a pause)."""
     arrival = []
@@ -32,9 +38,17 @@ def stream(k: int, start: int, first: int, tokens: int = 50, gap: int = GAP,
         t = first + i * gap
         t += sum(d for at, d in shifts if t >= at)
         arrival.append(t)
-    return RequestRecord(request_id=f"bench-{k}", process=0, start_ns=start, end_ns=arrival[-1],
-                         max_tokens=tokens, finish_reason=2, arrival_ns=arrival,
-                         tokens=[1] * tokens, index=list(range(tokens)))
+    return RequestRecord(
+        request_id=f"bench-{k}",
+        process=0,
+        start_ns=start,
+        end_ns=arrival[-1],
+        max_tokens=tokens,
+        finish_reason=2,
+        arrival_ns=arrival,
+        tokens=[1] * tokens,
+        index=list(range(tokens)),
+    )
 
 
 def as_bench(records: list[RequestRecord]) -> BenchResult:

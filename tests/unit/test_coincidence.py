@@ -24,14 +24,27 @@ STEP = 10 * MS
 
 def record(k: int, start: int, arrivals: list[int]) -> RequestRecord:
     n = len(arrivals)
-    return RequestRecord(request_id=f"bench-{k}", process=0, start_ns=start,
-                         end_ns=arrivals[-1], max_tokens=n, finish_reason=2,
-                         arrival_ns=arrivals, tokens=[1] * n, index=list(range(n)))
+    return RequestRecord(
+        request_id=f"bench-{k}",
+        process=0,
+        start_ns=start,
+        end_ns=arrivals[-1],
+        max_tokens=n,
+        finish_reason=2,
+        arrival_ns=arrivals,
+        tokens=[1] * n,
+        index=list(range(n)),
+    )
 
 
-def batched(streams: int = 16, tokens: int = 60, held: int = 1,
-            pauses: tuple[int, ...] = (), pause_ms: int = 0,
-            pairs: set[int] = frozenset()) -> list[RequestRecord]:
+def batched(
+    streams: int = 16,
+    tokens: int = 60,
+    held: int = 1,
+    pauses: tuple[int, ...] = (),
+    pause_ms: int = 0,
+    pairs: set[int] = frozenset(),
+) -> list[RequestRecord]:
     """Streams opened together, one token each per step, the client reading stream k 30 us
     after stream k - 1. `held`: outputs written `held` at a time (each read carries them,
     2 us apart); `pauses`: steps before which the engine stops `pause_ms`; `pairs`: streams
@@ -44,7 +57,8 @@ def batched(streams: int = 16, tokens: int = 60, held: int = 1,
             sent = made
             if held > 1:
                 sent = ((i // held) + 1) * held * STEP + sum(
-                    pause_ms * MS for p in pauses if (i // held + 1) * held - 1 >= p)
+                    pause_ms * MS for p in pauses if (i // held + 1) * held - 1 >= p
+                )
                 sent += (i % held) * 2 * US
             if k in pairs and i % 2 == 0:
                 sent = made + STEP  # waits for the next one, then both go
@@ -124,8 +138,12 @@ SERVER_CLOCK = 7_000 * MS
 """The server's monotonic clock is another host's: only differences on it mean anything."""
 
 
-def timed(streams: int = 16, tokens: int = 150, slow_steps: dict[int, int] | None = None,
-          worker_step_ms: dict[int, int] | None = None) -> list[RequestRecord]:
+def timed(
+    streams: int = 16,
+    tokens: int = 150,
+    slow_steps: dict[int, int] | None = None,
+    worker_step_ms: dict[int, int] | None = None,
+) -> list[RequestRecord]:
     """Streams stepped together with cadence's timing (`t_step_end_ns`): `slow_steps` maps a
     step to the ms it took beyond the others'; `worker_step_ms` gives stream k, on worker
     k % len(...), that worker's steady step."""

@@ -69,13 +69,16 @@ def test_server_config_defaults():
     assert c.queue_capacity >= 1 and c.max_concurrent >= 1
 
 
-@pytest.mark.parametrize(("fields", "hint"), [
-    ({"launcher": "ray"}, "--launcher ray needs --transport tcp"),
-    ({"launcher": "ray", "transport": "tcp", "fronts": 2}, "runs one front"),
-    ({"launcher": "slurm"}, "launcher must be 'local' or 'ray'"),
-    ({"ray_address": "10.0.0.1:6379"}, "need --launcher ray"),
-    ({"heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 0.5}, "below heartbeat_timeout_s"),
-])
+@pytest.mark.parametrize(
+    ("fields", "hint"),
+    [
+        ({"launcher": "ray"}, "--launcher ray needs --transport tcp"),
+        ({"launcher": "ray", "transport": "tcp", "fronts": 2}, "runs one front"),
+        ({"launcher": "slurm"}, "launcher must be 'local' or 'ray'"),
+        ({"ray_address": "10.0.0.1:6379"}, "need --launcher ray"),
+        ({"heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 0.5}, "below heartbeat_timeout_s"),
+    ],
+)
 def test_placement_options_are_checked(fields: dict, hint: str):
     with pytest.raises(ValueError, match=hint):
         ServerConfig(**fields)

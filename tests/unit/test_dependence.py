@@ -55,9 +55,14 @@ class Engine:
     """Each stream's prefill on a prefill instance of its own, before it joins the batch."""
 
 
-def simulate(engine: Engine, streams: int = 16, requests: int = 64,
-             prompts: tuple[int, int] = (16, 16), outputs: tuple[int, int] = (30, 30),
-             seed: int = 0) -> list[RequestRecord]:
+def simulate(
+    engine: Engine,
+    streams: int = 16,
+    requests: int = 64,
+    prompts: tuple[int, int] = (16, 16),
+    outputs: tuple[int, int] = (30, 30),
+    seed: int = 0,
+) -> list[RequestRecord]:
     """A closed loop of `streams` clients over `requests` requests on `engine`."""
     rng = random.Random(seed)
     now = 0
@@ -115,10 +120,20 @@ def simulate(engine: Engine, streams: int = 16, requests: int = 64,
     for s in sorted(done, key=lambda s: s.number):
         arrivals = sorted(s.arrivals)
         n = len(arrivals)
-        records.append(RequestRecord(
-            request_id=f"bench-{s.number}", process=s.client % 2, start_ns=s.sent,
-            end_ns=arrivals[-1], prompt_tokens=s.prompt, max_tokens=s.max_tokens,
-            finish_reason=2, arrival_ns=arrivals, tokens=[1] * n, index=list(range(n))))
+        records.append(
+            RequestRecord(
+                request_id=f"bench-{s.number}",
+                process=s.client % 2,
+                start_ns=s.sent,
+                end_ns=arrivals[-1],
+                prompt_tokens=s.prompt,
+                max_tokens=s.max_tokens,
+                finish_reason=2,
+                arrival_ns=arrivals,
+                tokens=[1] * n,
+                index=list(range(n)),
+            )
+        )
     return records
 
 
@@ -143,32 +158,60 @@ def named(records: list[RequestRecord], latency: str) -> list[dependence.Depende
 
 
 def no_kv_cache(per_token_ms: float) -> Engine:
-    return Engine(step_ms=lambda running, admitted, n: 5.0 + per_token_ms * sum(
-        s.prompt + s.made for s in running))
+    return Engine(
+        step_ms=lambda running, admitted, n: (
+            5.0 + per_token_ms * sum(s.prompt + s.made for s in running)
+        )
+    )
 
 
 CASES = {
     # Every step recomputes each stream's prompt and output (no KV cache).
-    "no-kv-cache": (lambda seed: simulate(no_kv_cache(0.1), streams=6, requests=24,
-                                          prompts=(16, 64), outputs=(20, 250), seed=seed),
-                    "gap", "context_in_flight", {"linear", "monotone"}),
+    "no-kv-cache": (
+        lambda seed: simulate(
+            no_kv_cache(0.1), streams=6, requests=24, prompts=(16, 64), outputs=(20, 250), seed=seed
+        ),
+        "gap",
+        "context_in_flight",
+        {"linear", "monotone"},
+    ),
     # A list kept every step and scanned every step (a leak).
-    "leak": (lambda seed: simulate(Engine(step_ms=lambda r, a, n: 5.0 + 0.1 * n),
-                                   outputs=(20, 60), seed=seed),
-             "gap", {"time_in_run_s", "tokens_sent"}, {"linear", "monotone", "faster_than_linear"}),
+    "leak": (
+        lambda seed: simulate(
+            Engine(step_ms=lambda r, a, n: 5.0 + 0.1 * n), outputs=(20, 60), seed=seed
+        ),
+        "gap",
+        {"time_in_run_s", "tokens_sent"},
+        {"linear", "monotone", "faster_than_linear"},
+    ),
     # A stream waits out of the batch for a new block every 16 tokens.
-    "block-16": (lambda seed: simulate(Engine(block_tokens=16, block_ms=40), outputs=(40, 100),
-                                       seed=seed),
-                 "gap", "position", {"periodic"}),
+    "block-16": (
+        lambda seed: simulate(Engine(block_tokens=16, block_ms=40), outputs=(40, 100), seed=seed),
+        "gap",
+        "position",
+        {"periodic"},
+    ),
     # Prefill on an instance of its own per stream, as the square of the prompt.
-    "prefill-square": (lambda seed: simulate(
-        Engine(prefill_ms=lambda prompt: 0.0008 * prompt ** 2),
-        prompts=(50, 700), outputs=(10, 30), seed=seed),
-        "ttft", "prompt_tokens", {"faster_than_linear"}),
+    "prefill-square": (
+        lambda seed: simulate(
+            Engine(prefill_ms=lambda prompt: 0.0008 * prompt**2),
+            prompts=(50, 700),
+            outputs=(10, 30),
+            seed=seed,
+        ),
+        "ttft",
+        "prompt_tokens",
+        {"faster_than_linear"},
+    ),
     # At most 4 streams run; the waiting ones are admitted shortest output first.
-    "shortest-first": (lambda seed: simulate(Engine(max_batch=4, shortest_first=True),
-                                             outputs=(8, 128), seed=seed),
-                       "ttft", "max_tokens", {"step", "linear", "monotone", "faster_than_linear"}),
+    "shortest-first": (
+        lambda seed: simulate(
+            Engine(max_batch=4, shortest_first=True), outputs=(8, 128), seed=seed
+        ),
+        "ttft",
+        "max_tokens",
+        {"step", "linear", "monotone", "faster_than_linear"},
+    ),
 }
 
 
@@ -195,8 +238,14 @@ def test_the_period_and_the_slope_are_sized_in_the_runs_units() -> None:
     [block] = named(simulate(Engine(block_tokens=16, block_ms=40), outputs=(40, 100)), "gap")[:1]
     assert block.evidence["period"] == 16
     assert "every 16" in block.size
-    square = named(simulate(Engine(prefill_ms=lambda prompt: 0.0008 * prompt ** 2),
-                            prompts=(50, 700), outputs=(10, 30)), "ttft")[0]
+    square = named(
+        simulate(
+            Engine(prefill_ms=lambda prompt: 0.0008 * prompt**2),
+            prompts=(50, 700),
+            outputs=(10, 30),
+        ),
+        "ttft",
+    )[0]
     assert square.evidence["power"] >= 1.5
     assert "square" in square.size or "power" in square.size or "cube" in square.size
 

@@ -23,9 +23,16 @@ def diagnose(result: dict) -> list[Finding]:
     return dx.diagnose(msgspec.convert(result, BenchResult))
 
 
-def dist(p50: float, p90: float | None = None, p99: float | None = None, *,
-         mean: float | None = None, max: float | None = None, min: float | None = None,
-         count: int = 800) -> dict:
+def dist(
+    p50: float,
+    p90: float | None = None,
+    p99: float | None = None,
+    *,
+    mean: float | None = None,
+    max: float | None = None,
+    min: float | None = None,
+    count: int = 800,
+) -> dict:
     p90 = p50 if p90 is None else p90
     p99 = p90 if p99 is None else p99
     return {
@@ -52,8 +59,12 @@ def cpu(pct_during_run: float, run_s: float = 0.6, idle_s: float = 3.0) -> dict:
         t += 0.1
         samples.append([round(t, 1), pct_during_run])
     values = [p for _, p in samples]
-    return {"pid": 1, "cpu_pct_mean": sum(values) / len(values), "cpu_pct_max": max(values),
-            "samples": samples}
+    return {
+        "pid": 1,
+        "cpu_pct_mean": sum(values) / len(values),
+        "cpu_pct_max": max(values),
+        "samples": samples,
+    }
 
 
 def shares(values: dict[str, float]) -> dict[str, float]:
@@ -95,27 +106,42 @@ def healthy() -> dict:
         "tpot_ms": dist(10.5, 10.6, 10.7, count=16),
         "e2e_ms": dist(550.0, 560.0, 565.0, count=16),
         "chunk_tokens": dist(1.0, 1.0, 1.0, mean=1.0),
-        "integrity": {"lost_tokens": 0, "repeated_tokens": 0, "reordered_chunks": 0,
-                      "short_streams": 0},
+        "integrity": {
+            "lost_tokens": 0,
+            "repeated_tokens": 0,
+            "reordered_chunks": 0,
+            "short_streams": 0,
+        },
         "token_delay_ms": dist(3.06, 3.9, 6.3, mean=3.0),
         "segments_ms": segments,
         "ttft_segments_ms": ttft_segments,
         "segment_shares": {
             "ttft": shares({k: v["mean"] for k, v in ttft_segments.items()}),
-            "token": shares({k: segments[k]["mean"]
-                             for k in ("engine_step", "transfer", "buffer", "send")}),
+            "token": shares(
+                {k: segments[k]["mean"] for k in ("engine_step", "transfer", "buffer", "send")}
+            ),
         },
-        "client": {"processes": 1, "cpu_s": 0.12, "cpu_per_chunk_us": 150.0,
-                   "busiest_process_cpu_share": 0.2},
+        "client": {
+            "processes": 1,
+            "cpu_s": 0.12,
+            "cpu_per_chunk_us": 150.0,
+            "busiest_process_cpu_share": 0.2,
+        },
         "system": {
             "interval_s": 0.1,
             "processes": {"front": cpu(25.0), "worker0": cpu(3.0), "client0": cpu(20.0)},
             "gpus": [],
             "flags": [],
         },
-        "workload": {"target": "127.0.0.1:1", "requests": 16, "concurrency": 16,
-                     "max_tokens": [50, 50], "prompt_tokens": [16, 16], "client_processes": 1,
-                     "channels_per_process": 1},
+        "workload": {
+            "target": "127.0.0.1:1",
+            "requests": 16,
+            "concurrency": 16,
+            "max_tokens": [50, 50],
+            "prompt_tokens": [16, 16],
+            "client_processes": 1,
+            "channels_per_process": 1,
+        },
         "records": [],
     }
 
@@ -128,8 +154,9 @@ def set_shares(r: dict) -> dict:
     """Recompute segment_shares from the segment means, as stats.summarize does."""
     r["segment_shares"] = {
         "ttft": shares({k: v["mean"] for k, v in r["ttft_segments_ms"].items()}),
-        "token": shares({k: r["segments_ms"][k]["mean"]
-                         for k in ("engine_step", "transfer", "buffer", "send")}),
+        "token": shares(
+            {k: r["segments_ms"][k]["mean"] for k in ("engine_step", "transfer", "buffer", "send")}
+        ),
     }
     return r
 
@@ -204,8 +231,7 @@ def test_every_admitting_step_slow_fires_engine_start_by_share():
     """TTFT mostly the admitting step itself: every request's first step is long, and the
     streams are short, so those steps are a fifth of all steps (no single outlier)."""
     r = healthy()
-    r["ttft_segments_ms"]["first_step"] = dist(300.0, 320.0, 330.0, mean=300.0, max=330.0,
-                                                count=16)
+    r["ttft_segments_ms"]["first_step"] = dist(300.0, 320.0, 330.0, mean=300.0, max=330.0, count=16)
     r["segments_ms"]["engine_step"] = dist(10.2, 300.0, 320.0, max=330.0)
     r["ttft_ms"] = dist(330.0, 345.0, 350.0, mean=330.0, count=16)
     findings = diagnose(set_shares(r))
@@ -405,8 +431,9 @@ def test_merged_chunks_with_a_full_buffer_fire_slow_reader_as_merging():
     r["itl_ms"] = dist(10.8, 12.0, 14.0)
     r["segments_ms"]["buffer"] = dist(25.0, 40.0, 55.0, mean=27.0)
     r["token_delay_ms"] = dist(27.0, 42.0, 58.0, mean=29.0)
-    r["system"]["server_metrics"] = {"during_run": {"cadence_merged_steps_total": 1900.0,
-                                                    "cadence_buffer_overflows_total": 0.0}}
+    r["system"]["server_metrics"] = {
+        "during_run": {"cadence_merged_steps_total": 1900.0, "cadence_buffer_overflows_total": 0.0}
+    }
     findings = {f.rule: f for f in diagnose(set_shares(r))}
     assert dx.RULE_SLOW_READER in findings
     assert "merging" in findings[dx.RULE_SLOW_READER].finding
@@ -465,8 +492,15 @@ def test_client_samples_alone_fire_client_saturated():
 def busy_worker_idle_card(card_pct: float) -> dict:
     r = healthy()
     r["system"]["processes"]["worker0"]["cpu_pct_mean"] = 92.0
-    r["system"]["gpus"] = [{"index": 0, "util_pct_mean": card_pct, "util_pct_max": 9.0,
-                            "mem_used_mb_max": 800.0, "samples": []}]
+    r["system"]["gpus"] = [
+        {
+            "index": 0,
+            "util_pct_mean": card_pct,
+            "util_pct_max": 9.0,
+            "mem_used_mb_max": 800.0,
+            "samples": [],
+        }
+    ]
     return r
 
 
@@ -476,7 +510,8 @@ def test_a_busy_process_while_the_cards_idle_fires_cpu_busy_cards_idle():
     findings = {f.rule: f for f in diagnose(busy_worker_idle_card(5.0))}
     assert set(findings) == {dx.RULE_CPU_BUSY_CARDS_IDLE}
     assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE].finding == (
-        "CPU busy while the cards idle: worker0 at >= 80% of a core, cards at most 5% utilised")
+        "CPU busy while the cards idle: worker0 at >= 80% of a core, cards at most 5% utilised"
+    )
     assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE].evidence["gpu0_util_pct"] == 5.0
     assert findings[dx.RULE_CPU_BUSY_CARDS_IDLE].evidence["worker0_cpu_pct_mean"] == 92.0
 
@@ -494,9 +529,11 @@ def on_host(busy_pct: float, cpus: int = 2, lab_pct: float = 2.0) -> dict:
     r = healthy()
     host, lab = cpu(busy_pct)["samples"], cpu(lab_pct)["samples"]
     r["system"]["host"] = {
-        "cpus": cpus, "busy_pct_mean": busy_pct,
+        "cpus": cpus,
+        "busy_pct_mean": busy_pct,
         "samples": [[t, busy, mine] for (t, busy), (_, mine) in zip(host, lab, strict=True)],
-        "others": [{"pid": 7, "name": "make", "cpu_pct": 150.0}]}
+        "others": [{"pid": 7, "name": "make", "cpu_pct": 150.0}],
+    }
     return r
 
 
@@ -579,8 +616,11 @@ def test_a_server_answering_only_errors_fires_requests_failing():
 
 
 def test_requests_failing_names_every_code_and_the_first_message():
-    finding = next(f for f in diagnose(failing(90, {"DEADLINE_EXCEEDED": 7, "UNAVAILABLE": 3}))
-                   if f.rule == dx.RULE_REQUESTS_FAILING)
+    finding = next(
+        f
+        for f in diagnose(failing(90, {"DEADLINE_EXCEEDED": 7, "UNAVAILABLE": 3}))
+        if f.rule == dx.RULE_REQUESTS_FAILING
+    )
     assert finding.evidence["requests_failed"] == 10
     assert finding.evidence["error_rate"] == 0.1
     assert finding.evidence["first_error"] == "DEADLINE_EXCEEDED: deadline_exceeded happened"
@@ -609,11 +649,15 @@ def open_loop(behind: bool | None) -> dict:
     r["workload"]["concurrency"] = None
     r["workload"]["rate"] = 400.0
     if behind is not None:
-        r["client"].update({
-            "behind_schedule": behind, "offered_rate_per_s": 400.0,
-            "achieved_rate_per_s": 250.0 if behind else 399.0, "schedule_slips": 3,
-            "schedule_lag_ms": dist(40.0, 120.0, 180.0, max=210.0, count=16),
-        })
+        r["client"].update(
+            {
+                "behind_schedule": behind,
+                "offered_rate_per_s": 400.0,
+                "achieved_rate_per_s": 250.0 if behind else 399.0,
+                "schedule_slips": 3,
+                "schedule_lag_ms": dist(40.0, 120.0, 180.0, max=210.0, count=16),
+            }
+        )
     return r
 
 
@@ -658,9 +702,16 @@ def test_an_explained_finding_gives_way():
 DATA = Path(__file__).parent.parent / "data"
 
 
-@pytest.mark.parametrize("name", ["bench_result_v0.json", "bench_result_baseline_v0.json",
-                                  "bench_result_open_v0.json", "bench_result_openai_v0.json",
-                                  "bench_result_grpc_v0.json"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bench_result_v0.json",
+        "bench_result_baseline_v0.json",
+        "bench_result_open_v0.json",
+        "bench_result_openai_v0.json",
+        "bench_result_grpc_v0.json",
+    ],
+)
 def test_saved_results_get_the_findings_they_were_written_with(name):
     written = msgspec.convert(json.loads((DATA / name).read_text()), BenchResult)
     assert dx.diagnose(written) == written.diagnosis
@@ -668,8 +719,9 @@ def test_saved_results_get_the_findings_they_were_written_with(name):
 
 def test_a_saved_run_of_errors_only_now_names_them():
     """Every request past its deadline: saved with "no rule fired"."""
-    written = msgspec.convert(json.loads((DATA / "bench_result_errors_v0.json").read_text()),
-                              BenchResult)
+    written = msgspec.convert(
+        json.loads((DATA / "bench_result_errors_v0.json").read_text()), BenchResult
+    )
     assert written.diagnosis == [] and written.requests_ok == 0
     assert [f.rule for f in dx.diagnose(written)] == [dx.RULE_REQUESTS_FAILING]
 

@@ -11,8 +11,9 @@ def test_the_package_docstring_lists_every_rule_under_its_module() -> None:
     listed = {}
     for line in re.split(r"\n- ", diagnosis.__doc__)[1:]:
         family, _, names = line.partition(":")
-        listed[family.strip("` ")] = set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b|\b[a-z]+\b",
-                                                    names.split("(")[0]))
+        listed[family.strip("` ")] = set(
+            re.findall(r"\b[a-z]+(?:_[a-z]+)+\b|\b[a-z]+\b", names.split("(")[0])
+        )
     for rule in diagnosis.RULES:
         family = rule.check.__module__.rsplit(".", 1)[-1]
         assert rule.name in listed.get(family, ()), (rule.name, family)

@@ -32,14 +32,17 @@ def test_the_documented_table_is_the_map() -> None:
     table = _table()
     assert set(table) == {failure.name for failure in Failure}, "a failure is missing"
     assert {name: row[0] for name, row in table.items()} == {
-        failure.name: code.name for failure, code in GRPC_STATUS.items()}
+        failure.name: code.name for failure, code in GRPC_STATUS.items()
+    }
 
 
 def test_every_failure_has_an_in_band_kserve_error_that_names_its_status() -> None:
     table = _table()
     for failure in Failure:
         assert kserve_error_message(failure, "why") == f"{GRPC_STATUS[failure].name}: why"
-        response = kpb.ModelStreamInferResponse.FromString(_error("r1", RequestError(failure, "why")))
+        response = kpb.ModelStreamInferResponse.FromString(
+            _error("r1", RequestError(failure, "why"))
+        )
         assert response.error_message == f"{GRPC_STATUS[failure].name}: why"
         assert response.infer_response.id == "r1"
         if failure is not Failure.CANCELLED:  # a cancelled call has no one to tell
@@ -52,6 +55,11 @@ def test_every_failure_has_an_openai_status_and_error_body() -> None:
         status, body = failure_body(failure, "why", "max_tokens")
         assert status == HTTP_STATUS[failure][0]
         assert table[failure.name][2].split()[0] == str(status)
-        assert json.loads(body) == {"error": {
-            "message": "why", "type": HTTP_STATUS[failure][1], "param": "max_tokens",
-            "code": failure.name.lower()}}
+        assert json.loads(body) == {
+            "error": {
+                "message": "why",
+                "type": HTTP_STATUS[failure][1],
+                "param": "max_tokens",
+                "code": failure.name.lower(),
+            }
+        }

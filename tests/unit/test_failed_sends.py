@@ -19,8 +19,10 @@ def test_failed_send_tracebacks_are_dropped_and_counted(caplog):
                 raise RuntimeError('Failed "execute_batch"')
             except RuntimeError:
                 # As grpc.aio's _handle_exceptions logs it.
-                logger.exception("ExecuteBatchError raised in core by servicer method [%s]",
-                                 "/cadence.v1.Inference/Generate")
+                logger.exception(
+                    "ExecuteBatchError raised in core by servicer method [%s]",
+                    "/cadence.v1.Inference/Generate",
+                )
             logger.error("a real gRPC error")
     finally:
         logger.removeFilter(installed)

@@ -15,20 +15,32 @@ from cadence.lab.report.summary import http2_line
 from cadence.lab.results import BenchResult, Http2Settings
 
 
-def result(limit: int | None, concurrency: int = 16, channels: int = 1, processes: int = 1,
-           errors: dict[str, tuple[int, str]] | None = None) -> BenchResult:
+def result(
+    limit: int | None,
+    concurrency: int = 16,
+    channels: int = 1,
+    processes: int = 1,
+    errors: dict[str, tuple[int, str]] | None = None,
+) -> BenchResult:
     """A run of `concurrency` streams over `processes` x `channels` connections, against a
     server whose stream limit is `limit`; `errors`: {code: (count, first message)}."""
     errors = errors or {}
-    return msgspec.convert({
-        "requests": concurrency,
-        "requests_ok": concurrency - sum(n for n, _ in errors.values()),
-        "errors_by_code": {code: n for code, (n, _) in errors.items()},
-        "first_error_by_code": {code: m for code, (_, m) in errors.items()},
-        "workload": {"concurrency": concurrency, "channels_per_process": channels,
-                     "client_processes": processes, "protocol": "grpc"},
-        "http2": {"max_concurrent_streams": limit},
-    }, BenchResult)
+    return msgspec.convert(
+        {
+            "requests": concurrency,
+            "requests_ok": concurrency - sum(n for n, _ in errors.values()),
+            "errors_by_code": {code: n for code, (n, _) in errors.items()},
+            "first_error_by_code": {code: m for code, (_, m) in errors.items()},
+            "workload": {
+                "concurrency": concurrency,
+                "channels_per_process": channels,
+                "client_processes": processes,
+                "protocol": "grpc",
+            },
+            "http2": {"max_concurrent_streams": limit},
+        },
+        BenchResult,
+    )
 
 
 def findings(r: BenchResult) -> dict[str, object]:
@@ -61,31 +73,52 @@ def test_refused_streams_are_named_even_without_the_settings() -> None:
 
 def test_the_settings_in_the_summary_and_the_report(tmp_path: Path) -> None:
     line = http2_line(Http2Settings(max_concurrent_streams=4, initial_window_size=1 << 20))
-    assert line == ("HTTP/2 settings of the server: at most 4 streams per connection, initial "
-                    "window 1,048,576 B, max frame 16,384 B (default)")
+    assert line == (
+        "HTTP/2 settings of the server: at most 4 streams per connection, initial "
+        "window 1,048,576 B, max frame 16,384 B (default)"
+    )
     assert "not read (ConnectionRefusedError" in http2_line(
-        Http2Settings(error="ConnectionRefusedError: [Errno 111] Connection refused"))
+        Http2Settings(error="ConnectionRefusedError: [Errno 111] Connection refused")
+    )
     page = render_report(result(4), tmp_path).read_text()
     assert "Server&#x27;s HTTP/2 settings" in page or "Server's HTTP/2 settings" in page
     assert "<td>max concurrent streams per connection</td><td>4</td>" in page
 
 
-def threads_result(processes: list[dict], groups: list[dict], cpus: int = 4,
-                   py_spy: bool | None = None) -> BenchResult:
-    return msgspec.convert({"server_threads": {"wall_s": 2.0, "cpus": cpus, "threads": 8,
-                                               "processes": processes, "groups": groups,
-                                               "py_spy": py_spy}},
-                           BenchResult)
+def threads_result(
+    processes: list[dict], groups: list[dict], cpus: int = 4, py_spy: bool | None = None
+) -> BenchResult:
+    return msgspec.convert(
+        {
+            "server_threads": {
+                "wall_s": 2.0,
+                "cpus": cpus,
+                "threads": 8,
+                "processes": processes,
+                "groups": groups,
+                "py_spy": py_spy,
+            }
+        },
+        BenchResult,
+    )
 
 
 def test_one_core_bound_by_one_thread_or_by_the_gil() -> None:
-    loop = {"pid": 7, "python": True, "threads": 6, "cpu_pct": 99.0,
-            "busiest_thread": "python", "busiest_thread_cpu_pct": 97.0}
+    loop = {
+        "pid": 7,
+        "python": True,
+        "threads": 6,
+        "cpu_pct": 99.0,
+        "busiest_thread": "python",
+        "busiest_thread_cpu_pct": 97.0,
+    }
     found = findings(threads_result([loop], []))["server_one_core_bound"]
     assert "one thread of the server (pid 7, 'python')" in found.finding
     gil = dict(loop, busiest_thread="ThreadPoolExecu", busiest_thread_cpu_pct=30.0)
-    assert "take turns on the GIL" in findings(threads_result([gil], []))[
-        "server_one_core_bound"].finding
+    assert (
+        "take turns on the GIL"
+        in findings(threads_result([gil], []))["server_one_core_bound"].finding
+    )
     native = dict(gil, python=False)  # a native server's threads can run at once
     assert "server_one_core_bound" not in findings(threads_result([native], []))
     spread = dict(loop, cpu_pct=190.0)  # on two cores: not held to one
@@ -94,8 +127,15 @@ def test_one_core_bound_by_one_thread_or_by_the_gil() -> None:
 
 
 def test_threads_that_wait_for_a_cpu_are_named() -> None:
-    waiting = [{"name": "OMP_N", "threads": 8, "cpu_pct": 150.0, "wait_for_cpu_pct": 220.0,
-                "involuntary_switches_per_s": 900.0}]
+    waiting = [
+        {
+            "name": "OMP_N",
+            "threads": 8,
+            "cpu_pct": 150.0,
+            "wait_for_cpu_pct": 220.0,
+            "involuntary_switches_per_s": 900.0,
+        }
+    ]
     found = findings(threads_result([], waiting, cpus=2))["server_threads_wait_for_cpu"]
     assert found.evidence["waited_cores"] == 2.2 and "OMP_N" in found.finding
     brief = [dict(waiting[0], wait_for_cpu_pct=40.0)]
@@ -105,35 +145,57 @@ def test_threads_that_wait_for_a_cpu_are_named() -> None:
 
 
 def test_a_server_that_fills_the_host_is_not_held_to_one_core() -> None:
-    spinning = [{"pid": 10 + k, "python": True, "threads": 1, "cpu_pct": 95.0,
-                 "busiest_thread": "python", "busiest_thread_cpu_pct": 95.0} for k in range(4)]
+    spinning = [
+        {
+            "pid": 10 + k,
+            "python": True,
+            "threads": 1,
+            "cpu_pct": 95.0,
+            "busiest_thread": "python",
+            "busiest_thread_cpu_pct": 95.0,
+        }
+        for k in range(4)
+    ]
     assert "server_one_core_bound" not in findings(threads_result(spinning, [], cpus=4))
 
 
 def test_thread_groups_in_the_summary_say_what_py_spy_would_add() -> None:
     from cadence.lab.report import summary
 
-    result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}],
-                            [{"name": "python", "threads": 2, "cpu_pct": 50.0,
-                              "busiest_thread_cpu_pct": 45.0, "wait_for_cpu_pct": 3.0}],
-                            py_spy=False)
+    result = threads_result(
+        [{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}],
+        [
+            {
+                "name": "python",
+                "threads": 2,
+                "cpu_pct": 50.0,
+                "busiest_thread_cpu_pct": 45.0,
+                "wait_for_cpu_pct": 3.0,
+            }
+        ],
+        py_spy=False,
+    )
     lines = summary.thread_lines(result.server_threads)
-    assert lines[0].startswith("server threads (8 in 1 process(es), % of one core): python x2 "
-                               "50% (busiest 45%, waiting for a CPU 3%")
+    assert lines[0].startswith(
+        "server threads (8 in 1 process(es), % of one core): python x2 "
+        "50% (busiest 45%, waiting for a CPU 3%"
+    )
     assert "pip install py-spy" in lines[-1]
 
 
 @pytest.mark.parametrize("recorded", [True, None])
 def test_the_py_spy_hint_is_what_the_bench_host_lacked_not_the_report_host(
-        recorded: bool | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    recorded: bool | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The result says whether the bench's host had py-spy; the report probes nothing (here
     # the rendering host has no py-spy at all). A result written before it was recorded
     # (null) gets no hint: nothing is known of the host that ran it.
     from cadence.lab.report import summary
 
     monkeypatch.setenv("PATH", "")
-    result = threads_result([{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}], [],
-                            py_spy=recorded)
+    result = threads_result(
+        [{"pid": 7, "python": True, "threads": 2, "cpu_pct": 50.0}], [], py_spy=recorded
+    )
     assert not any("py-spy" in line for line in summary.thread_lines(result.server_threads))
 
 
@@ -147,6 +209,7 @@ def test_requests_failing_gives_way_when_every_failure_was_a_refused_stream() ->
     refused = "Stream removed (RST_STREAM (Received RST_STREAM with error code 7))"
     only_refused = findings(result(4, errors={"UNAVAILABLE": (4, refused)}))
     assert "server_stream_limit" in only_refused and "requests_failing" not in only_refused
-    mixed = findings(result(4, errors={"UNAVAILABLE": (4, refused),
-                                       "INTERNAL": (4, "handler raised")}))
+    mixed = findings(
+        result(4, errors={"UNAVAILABLE": (4, refused), "INTERNAL": (4, "handler raised")})
+    )
     assert {"server_stream_limit", "requests_failing"} <= set(mixed)

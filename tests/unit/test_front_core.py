@@ -47,8 +47,12 @@ def no_deadline() -> None:
 
 
 def requests_total(core: FrontCore, code: str, protocol: str = CADENCE_V1) -> float:
-    return core.metrics.registry.get_sample_value(
-        "cadence_requests_total", {"code": code, "protocol": protocol}) or 0
+    return (
+        core.metrics.registry.get_sample_value(
+            "cadence_requests_total", {"code": code, "protocol": protocol}
+        )
+        or 0
+    )
 
 
 def test_open_registers_and_leaving_gives_everything_back() -> None:
@@ -186,6 +190,7 @@ def test_the_generation_stamps_send_ns_on_each_timed_chunk() -> None:
 def test_each_protocol_has_its_own_series() -> None:
     """What a dashboard splits by `protocol`: each request's metrics under its adapter's
     label, refusals too, nothing under another's."""
+
     async def run() -> None:
         core, _, _, _ = make_core()
         for protocol in (CADENCE_V1, KSERVE, KSERVE):
@@ -228,6 +233,7 @@ def test_request_duration_buckets_reach_long_streams() -> None:
 def test_the_output_reader_writes_for_the_adapter_until_it_must_act() -> None:
     """Generation.write_from_reader: each step's chunk goes to the adapter's writer without
     waking its task, until the writer asks the task to act or fails (met in the task)."""
+
     async def run() -> None:
         core, _, _, _ = make_core()
         generation = core.open(request(max_tokens=8), 1, no_deadline, protocol=OPENAI)

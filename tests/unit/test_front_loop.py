@@ -21,8 +21,9 @@ def tally(front: int, lags_ms: list[float]) -> str:
 
 
 def record(start: int, end: int, at_start: str, at_end: str) -> RequestRecord:
-    return RequestRecord(request_id="r", process=0, start_ns=start, end_ns=end,
-                         loop_lag=[at_start, at_end])
+    return RequestRecord(
+        request_id="r", process=0, start_ns=start, end_ns=end, loop_lag=[at_start, at_end]
+    )
 
 
 def test_the_run_is_the_first_start_against_the_last_end_per_front():
@@ -54,24 +55,44 @@ def test_a_stream_without_the_start_tally_counts_for_the_end_only():
 
 
 def dist(p50: float, p90: float, p99: float) -> dict:
-    return {"count": 500, "mean": p50, "p50": p50, "p90": p90, "p99": p99, "max": p99,
-            "min": p50}
+    return {"count": 500, "mean": p50, "p50": p50, "p90": p90, "p99": p99, "max": p99, "min": p50}
 
 
-def result(*, late: int = 0, samples: int = 30, gap_p99: float = 70.0, shared: int = 0,
-           step_p90: float = 10.3) -> dict:
+def result(
+    *,
+    late: int = 0,
+    samples: int = 30,
+    gap_p99: float = 70.0,
+    shared: int = 0,
+    step_p90: float = 10.3,
+) -> dict:
     return {
         "chunk_gap_ms": dist(10.5, 12.0, gap_p99),
         "itl_ms": dist(10.5, 12.0, gap_p99),
         "ttft_ms": dist(30.0, 40.0, 50.0),
         "segments_ms": {"engine_step": dist(10.0, step_p90, step_p90)},
-        "front_loop": {"samples": samples, "late_over_20ms": late, "late_share": late / samples,
-                       "p99_ms_at_most": 100.0, "max_ms_at_most": 100.0, "fronts": 1},
-        "timeline": {"gap_p50_ms": 10.5, "stalls": {
-            "shared": shared, "shared_ms_p50": 65.0, "shared_ms_max": 70.0,
-            "shared_time_share": 0.2 if shared else 0.0, "streams_hit_min": 16,
-            "streams_hit_p50": 16.0, "gaps": 1500, "long_gaps": 16 * shared,
-            "long_gaps_in_shared": 16 * shared}},
+        "front_loop": {
+            "samples": samples,
+            "late_over_20ms": late,
+            "late_share": late / samples,
+            "p99_ms_at_most": 100.0,
+            "max_ms_at_most": 100.0,
+            "fronts": 1,
+        },
+        "timeline": {
+            "gap_p50_ms": 10.5,
+            "stalls": {
+                "shared": shared,
+                "shared_ms_p50": 65.0,
+                "shared_ms_max": 70.0,
+                "shared_time_share": 0.2 if shared else 0.0,
+                "streams_hit_min": 16,
+                "streams_hit_p50": 16.0,
+                "gaps": 1500,
+                "long_gaps": 16 * shared,
+                "long_gaps_in_shared": 16 * shared,
+            },
+        },
         "system": {"processes": {}},
     }
 
@@ -83,7 +104,11 @@ def rules(r: dict) -> set[str]:
 def test_late_wakeups_with_a_gap_tail_are_a_blocked_loop():
     r = result(late=9)
     assert dx.RULE_FRONT_LOOP_BLOCKED in rules(r)
-    finding = next(f for f in dx.diagnose(msgspec.convert(r, BenchResult)) if f.rule == dx.RULE_FRONT_LOOP_BLOCKED)
+    finding = next(
+        f
+        for f in dx.diagnose(msgspec.convert(r, BenchResult))
+        if f.rule == dx.RULE_FRONT_LOOP_BLOCKED
+    )
     assert finding.evidence["loop_wakeups_late_over_20ms"] == "9 of 30"
     assert finding.evidence["loop_lag_max_ms_at_most"] == 100.0
 

@@ -11,11 +11,14 @@ from cadence.transport.worker_to_fronts import split_step
 
 
 def test_split_step_gives_each_front_its_sequences_only() -> None:
-    step = StepOutput(3, 7, 10, 20, [1, 2, 3, 4], [11, 12, 13, 14], [4], [1],
-                      prompt_lens={2: 5})
+    step = StepOutput(3, 7, 10, 20, [1, 2, 3, 4], [11, 12, 13, 14], [4], [1], prompt_lens={2: 5})
     zero, one = split_step(step, 2)
     assert (zero.seq_ids, zero.token_ids, zero.finished_ids, zero.finish_reasons) == (
-        [2, 4], [12, 14], [4], [1])
+        [2, 4],
+        [12, 14],
+        [4],
+        [1],
+    )
     assert zero.prompt_lens == {2: 5} and one.prompt_lens == {}
     assert (one.seq_ids, one.token_ids, one.finished_ids) == ([1, 3], [11, 13], [])
     assert (one.worker, one.step, one.start_ns, one.end_ns) == (3, 7, 10, 20)
@@ -29,7 +32,9 @@ def test_split_step_keeps_pieces_and_texts_and_skips_idle_fronts() -> None:
     texts = StepOutput(0, 1, 0, 1, [1, 2], [65, 66], [], [], texts=["A", "B"])
     zero, one = split_step(texts, 2)
     assert (zero.texts, one.texts) == (["B"], ["A"])
-    both = StepOutput(0, 1, 0, 1, [1, 2], [65, 66, 67], [], [], token_counts=[1, 2], texts=["A", "BC"])
+    both = StepOutput(
+        0, 1, 0, 1, [1, 2], [65, 66, 67], [], [], token_counts=[1, 2], texts=["A", "BC"]
+    )
     zero, one = split_step(both, 2)
     assert (zero.token_ids, zero.token_counts, zero.texts) == ([66, 67], [2], ["BC"])
     assert (one.token_ids, one.token_counts, one.texts) == ([65], [1], ["A"])
@@ -38,7 +43,9 @@ def test_split_step_keeps_pieces_and_texts_and_skips_idle_fronts() -> None:
 def test_step_pieces_reads_every_layout() -> None:
     one = StepOutput(0, 1, 0, 1, [4, 5], [65, 66], [], [])
     assert list(step_pieces(one)) == [(4, 65, None), (5, 66, None)]  # a bare token each
-    several = StepOutput(0, 1, 0, 1, [4, 5], [1, 2, 3], [], [], token_counts=[2, 1], texts=["x", ""])
+    several = StepOutput(
+        0, 1, 0, 1, [4, 5], [1, 2, 3], [], [], token_counts=[2, 1], texts=["x", ""]
+    )
     assert list(step_pieces(several)) == [(4, [1, 2], "x"), (5, [3], "")]
 
 

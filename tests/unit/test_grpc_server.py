@@ -41,7 +41,8 @@ def test_the_metric_reads_the_depth_when_calls_are_taken_in_ahead(caplog) -> Non
 
 
 def test_a_grpcio_without_those_internals_is_said_in_the_log_and_the_metric(
-        monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
     monkeypatch.setattr(call_acceptor, "supported", lambda server: False)
     with caplog.at_level(logging.WARNING, logger="cadence.front"):
         assert _accept_ahead_after_start() == 0

@@ -12,8 +12,17 @@ from cadence.core.stream import RequestStream
 
 
 def make_stream(seq_id: int) -> RequestStream:
-    return RequestStream(seq_id, 0, 1, capacity=8, overflow="merge", include_timing=False,
-                         decoder=ByteTokenizer().stream_decoder(), received_ns=1, tally=StreamTally())
+    return RequestStream(
+        seq_id,
+        0,
+        1,
+        capacity=8,
+        overflow="merge",
+        include_timing=False,
+        decoder=ByteTokenizer().stream_decoder(),
+        received_ns=1,
+        tally=StreamTally(),
+    )
 
 
 def test_the_wait_lasts_while_requests_keep_opening_and_ends_once_they_stop() -> None:

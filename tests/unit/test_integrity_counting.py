@@ -70,23 +70,37 @@ def test_random_adjacent_swaps_are_counted_exactly(seed: int) -> None:
 
 def test_a_run_adds_up_its_streams_and_counts_short_streams() -> None:
     def record(index, tokens, *, max_tokens, finish=1, code="OK") -> RequestRecord:
-        return RequestRecord(request_id="r", process=0, start_ns=0, code=code,
-                             max_tokens=max_tokens, finish_reason=finish,
-                             arrival_ns=list(range(1, len(index) + 1)), tokens=tokens,
-                             index=index)
+        return RequestRecord(
+            request_id="r",
+            process=0,
+            start_ns=0,
+            code=code,
+            max_tokens=max_tokens,
+            finish_reason=finish,
+            arrival_ns=list(range(1, len(index) + 1)),
+            tokens=tokens,
+            index=index,
+        )
 
-    integrity = check_integrity([
-        record([0, 1, 3, 2], [1, 1, 1, 1], max_tokens=4),  # a swap
-        record([0, 1], [1, 1], max_tokens=4),  # ended for its length 2 short
-        record([0, 1], [1, 1], max_tokens=4, finish=0),  # no final chunk: short, none lost
-        record([0, 2], [1, 1], max_tokens=4, code="UNAVAILABLE", finish=0),  # a hole
-    ])
-    assert (integrity.lost_tokens, integrity.repeated_tokens, integrity.reordered_chunks,
-            integrity.short_streams) == (2 + 1, 0, 1, 2)
+    integrity = check_integrity(
+        [
+            record([0, 1, 3, 2], [1, 1, 1, 1], max_tokens=4),  # a swap
+            record([0, 1], [1, 1], max_tokens=4),  # ended for its length 2 short
+            record([0, 1], [1, 1], max_tokens=4, finish=0),  # no final chunk: short, none lost
+            record([0, 2], [1, 1], max_tokens=4, code="UNAVAILABLE", finish=0),  # a hole
+        ]
+    )
+    assert (
+        integrity.lost_tokens,
+        integrity.repeated_tokens,
+        integrity.reordered_chunks,
+        integrity.short_streams,
+    ) == (2 + 1, 0, 1, 2)
 
 
-def sse_record(events: int, usage: int | None, *, max_tokens: int = 10,
-               finish: str = "length") -> RequestRecord:
+def sse_record(
+    events: int, usage: int | None, *, max_tokens: int = 10, finish: str = "length"
+) -> RequestRecord:
     """An OpenAI stream from a server whose events carry no position: `events` text events,
     then a final event and, unless None, the usage, decoded as the load generator does."""
     from cadence.lab.load.openai_http import decode_events
@@ -95,8 +109,13 @@ def sse_record(events: int, usage: int | None, *, max_tokens: int = 10,
     lines.append(b'data: {"choices": [{"text": "", "finish_reason": "%s"}]}' % finish.encode())
     if usage is not None:
         lines.append(b'data: {"choices": [], "usage": {"completion_tokens": %d}}' % usage)
-    record = RequestRecord(request_id="r", process=0, start_ns=0, max_tokens=max_tokens,
-                           arrival_ns=list(range(1, len(lines) + 1)))
+    record = RequestRecord(
+        request_id="r",
+        process=0,
+        start_ns=0,
+        max_tokens=max_tokens,
+        arrival_ns=list(range(1, len(lines) + 1)),
+    )
     decode_events(record, lines, False)
     return record
 
@@ -114,8 +133,14 @@ def test_sse_events_against_usage() -> None:
 
     def checked(*records: RequestRecord) -> tuple:
         i = check_integrity(list(records))
-        return (i.extra_events, i.usage_above_events, i.usage_above_events_streams,
-                i.lost_tokens, i.repeated_tokens, i.short_streams)
+        return (
+            i.extra_events,
+            i.usage_above_events,
+            i.usage_above_events_streams,
+            i.lost_tokens,
+            i.repeated_tokens,
+            i.short_streams,
+        )
 
     assert checked(sse_record(10, 10)) == (0, 0, 0, 0, 0, 0)  # whole
     assert checked(sse_record(11, 10)) == (1, 0, 0, 0, 0, 0)  # an event sent twice

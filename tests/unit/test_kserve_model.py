@@ -33,14 +33,17 @@ def test_raw_and_typed_contents_read_the_same() -> None:
     assert decode_input(fp, struct.pack("<f", 0.5)) == [0.5]
 
 
-@pytest.mark.parametrize(("datatype", "shape", "raw", "needle"), [
-    ("INT32", [2], int32_raw([1]), "carries 1"),
-    ("INT32", [1], b"\x01\x02", "whole number"),
-    ("INT32", [-1], b"", "negative dimension"),
-    ("BYTES", [1], b"\x05\x00\x00\x00ab", "runs past"),
-    ("BYTES", [1], b"\x05\x00", "inside an element's length"),
-    ("FP16", [1], b"\x00\x00", "does not read"),
-])
+@pytest.mark.parametrize(
+    ("datatype", "shape", "raw", "needle"),
+    [
+        ("INT32", [2], int32_raw([1]), "carries 1"),
+        ("INT32", [1], b"\x01\x02", "whole number"),
+        ("INT32", [-1], b"", "negative dimension"),
+        ("BYTES", [1], b"\x05\x00\x00\x00ab", "runs past"),
+        ("BYTES", [1], b"\x05\x00", "inside an element's length"),
+        ("FP16", [1], b"\x00\x00", "does not read"),
+    ],
+)
 def test_malformed_tensors_are_refused(datatype, shape, raw, needle) -> None:
     tensor = kpb.ModelInferRequest.InferInputTensor(name="X", datatype=datatype, shape=shape)
     with pytest.raises(TensorError, match=needle):
@@ -48,13 +51,15 @@ def test_malformed_tensors_are_refused(datatype, shape, raw, needle) -> None:
 
 
 def test_a_request_becomes_cadences_own() -> None:
-    request = _request(("PROMPT_TOKEN_IDS", "INT32", [3], int32_raw([7, 8, 9])),
-                       ("MAX_TOKENS", "UINT32", [1], struct.pack("<I", 12)),
-                       ("TEMPERATURE", "FP32", [1], struct.pack("<f", 0.5)),
-                       ("TOP_K", "INT64", [1], struct.pack("<q", 4)),
-                       ("SEED", "UINT64", [1], struct.pack("<Q", 2**40)),
-                       ("STOP_TOKEN_IDS", "INT32", [1], int32_raw([9])),
-                       id="r1")
+    request = _request(
+        ("PROMPT_TOKEN_IDS", "INT32", [3], int32_raw([7, 8, 9])),
+        ("MAX_TOKENS", "UINT32", [1], struct.pack("<I", 12)),
+        ("TEMPERATURE", "FP32", [1], struct.pack("<f", 0.5)),
+        ("TOP_K", "INT64", [1], struct.pack("<q", 4)),
+        ("SEED", "UINT64", [1], struct.pack("<Q", 2**40)),
+        ("STOP_TOKEN_IDS", "INT32", [1], int32_raw([9])),
+        id="r1",
+    )
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     request.outputs.add(name="TEXT")
     translated = model.to_stream_request(request)
@@ -63,25 +68,47 @@ def test_a_request_becomes_cadences_own() -> None:
     assert (g.temperature, g.top_k, g.seed) == (0.5, 4, 2**40)
     assert list(g.stop_token_ids) == [9]
     assert translated.empty_final and translated.want_text and not translated.want_tokens
-    text = model.to_stream_request(_request(("PROMPT", "BYTES", [1], bytes_raw("héllo".encode())),
-                                            ("MAX_TOKENS", "INT32", [1], int32_raw([3]))))
+    text = model.to_stream_request(
+        _request(
+            ("PROMPT", "BYTES", [1], bytes_raw("héllo".encode())),
+            ("MAX_TOKENS", "INT32", [1], int32_raw([3])),
+        )
+    )
     assert text.request.prompt == "héllo" and not text.empty_final
     assert text.want_tokens and text.want_text
 
 
-@pytest.mark.parametrize(("inputs", "needle"), [
-    ([("MAX_TOKENS", "INT32", [1], int32_raw([3])), ("MAX_TOKENS", "INT32", [1], int32_raw([3]))],
-     "given twice"),
-    ([("COLOR", "INT32", [1], int32_raw([3]))], "unknown input 'COLOR'"),
-    ([("MAX_TOKENS", "INT32", [2], int32_raw([3, 4]))], "takes one element"),
-    ([("MAX_TOKENS", "INT32", [1], int32_raw([-1]))], "between 1 and"),
-    ([("MAX_TOKENS", "BYTES", [1], bytes_raw(b"3"))], "expected INT32"),
-    ([("PROMPT", "BYTES", [1], bytes_raw(b"\xff")), ("MAX_TOKENS", "INT32", [1], int32_raw([3]))],
-     "not UTF-8"),
-    ([("PROMPT_TOKEN_IDS", "INT64", [1], struct.pack("<q", 2**40)),
-      ("MAX_TOKENS", "INT32", [1], int32_raw([3]))], "outside INT32"),
-    ([("PROMPT_TOKEN_IDS", "INT32", [1], int32_raw([1]))], "'MAX_TOKENS' is missing"),
-])
+@pytest.mark.parametrize(
+    ("inputs", "needle"),
+    [
+        (
+            [
+                ("MAX_TOKENS", "INT32", [1], int32_raw([3])),
+                ("MAX_TOKENS", "INT32", [1], int32_raw([3])),
+            ],
+            "given twice",
+        ),
+        ([("COLOR", "INT32", [1], int32_raw([3]))], "unknown input 'COLOR'"),
+        ([("MAX_TOKENS", "INT32", [2], int32_raw([3, 4]))], "takes one element"),
+        ([("MAX_TOKENS", "INT32", [1], int32_raw([-1]))], "between 1 and"),
+        ([("MAX_TOKENS", "BYTES", [1], bytes_raw(b"3"))], "expected INT32"),
+        (
+            [
+                ("PROMPT", "BYTES", [1], bytes_raw(b"\xff")),
+                ("MAX_TOKENS", "INT32", [1], int32_raw([3])),
+            ],
+            "not UTF-8",
+        ),
+        (
+            [
+                ("PROMPT_TOKEN_IDS", "INT64", [1], struct.pack("<q", 2**40)),
+                ("MAX_TOKENS", "INT32", [1], int32_raw([3])),
+            ],
+            "outside INT32",
+        ),
+        ([("PROMPT_TOKEN_IDS", "INT32", [1], int32_raw([1]))], "'MAX_TOKENS' is missing"),
+    ],
+)
 def test_bad_requests_say_what_is_wrong(inputs, needle) -> None:
     with pytest.raises(InvalidRequest, match=needle):
         model.to_stream_request(_request(*inputs))
@@ -108,8 +135,10 @@ def test_metadata_and_config_describe_the_same_tensors() -> None:
 def test_the_lab_builds_requests_for_any_model() -> None:
     plan = RequestPlan("bench-1", [5, 6], 9)
     default = build_request(KServeTarget("cadence"), plan)
-    assert [(t.name, list(t.shape)) for t in default.inputs] == [("PROMPT_TOKEN_IDS", [2]),
-                                                                 ("MAX_TOKENS", [1])]
+    assert [(t.name, list(t.shape)) for t in default.inputs] == [
+        ("PROMPT_TOKEN_IDS", [2]),
+        ("MAX_TOKENS", [1]),
+    ]
     assert default.raw_input_contents[1] == int32_raw([9])
     assert default.parameters["triton_enable_empty_final_response"].bool_param
     peer = build_request(KServeTarget("tokens", parse_inputs("N=max_tokens, DELAY_MS=10")), plan)

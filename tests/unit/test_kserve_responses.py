@@ -25,18 +25,20 @@ def _expected(tokens, text, finish, *, want_tokens=True, want_text=True, request
     return response
 
 
-@pytest.mark.parametrize(("tokens", "text", "finish"), [
-    ([104], "h", None),
-    ([104, 105, 33], "hi!", "length"),
-    (list(range(300)), "é" * 150, "stop"),
-    ([2**31 - 1, -5], "", "cancelled"),
-])
+@pytest.mark.parametrize(
+    ("tokens", "text", "finish"),
+    [
+        ([104], "h", None),
+        ([104, 105, 33], "hi!", "length"),
+        (list(range(300)), "é" * 150, "stop"),
+        ([2**31 - 1, -5], "", "cancelled"),
+    ],
+)
 @pytest.mark.parametrize(("want_tokens", "want_text"), [(True, True), (True, False), (False, True)])
 def test_chunk_responses_decode_to_the_message(tokens, text, finish, want_tokens, want_text):
     encoder = ResponseEncoder("cadence", "1", "r-1", want_tokens, want_text)
     decoded = kpb.ModelStreamInferResponse.FromString(encoder.chunk(tokens, text, finish))
-    assert decoded == _expected(tokens, text, finish, want_tokens=want_tokens,
-                                want_text=want_text)
+    assert decoded == _expected(tokens, text, finish, want_tokens=want_tokens, want_text=want_text)
     # A non-final response still carries the flag, false, as Triton's do.
     assert decoded.infer_response.parameters["triton_final_response"].HasField("bool_param")
 

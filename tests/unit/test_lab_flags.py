@@ -35,15 +35,25 @@ def _plain(value):
 def flags(name: str) -> dict[str, dict]:
     """Each flag of `cadence NAME` by its first option string."""
     parser = _command(name)
-    exclusive = {id(a): sorted(b.option_strings[0] for b in g._group_actions)
-                 for g in parser._mutually_exclusive_groups for a in g._group_actions}
-    return {action.option_strings[0]: {
-        "flags": sorted(action.option_strings), "dest": action.dest,
-        "default": _plain(action.default), "const": _plain(action.const),
-        "choices": _plain(list(action.choices)) if action.choices else None,
-        "nargs": _plain(action.nargs), "required": action.required,
-        "exclusive_with": exclusive.get(id(action), [])}
-        for action in parser._actions if action.option_strings}
+    exclusive = {
+        id(a): sorted(b.option_strings[0] for b in g._group_actions)
+        for g in parser._mutually_exclusive_groups
+        for a in g._group_actions
+    }
+    return {
+        action.option_strings[0]: {
+            "flags": sorted(action.option_strings),
+            "dest": action.dest,
+            "default": _plain(action.default),
+            "const": _plain(action.const),
+            "choices": _plain(list(action.choices)) if action.choices else None,
+            "nargs": _plain(action.nargs),
+            "required": action.required,
+            "exclusive_with": exclusive.get(id(action), []),
+        }
+        for action in parser._actions
+        if action.option_strings
+    }
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -56,8 +66,16 @@ def test_the_lab_commands_keep_their_flags_and_defaults(name: str) -> None:
 
 
 if __name__ == "__main__":  # one flag a line, so that a change reads as one line's
-    CONTRACT.write_text("{\n" + ",\n".join(
-        f"{json.dumps(name)}: {{\n" + ",\n".join(
-            f"  {json.dumps(flag)}: {json.dumps(spec, sort_keys=True)}"
-            for flag, spec in sorted(flags(name).items())) + "\n}"
-        for name in COMMANDS) + "\n}\n")
+    CONTRACT.write_text(
+        "{\n"
+        + ",\n".join(
+            f"{json.dumps(name)}: {{\n"
+            + ",\n".join(
+                f"  {json.dumps(flag)}: {json.dumps(spec, sort_keys=True)}"
+                for flag, spec in sorted(flags(name).items())
+            )
+            + "\n}"
+            for name in COMMANDS
+        )
+        + "\n}\n"
+    )

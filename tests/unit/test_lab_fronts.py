@@ -64,13 +64,22 @@ def _cpu(pct: float) -> dict:
 
 
 def _run(processes: dict) -> dx.RunFacts:
-    return dx.RunFacts(msgspec.convert({"wall_s": 0.6, "chunks_per_s": 900.0,
-                    "system": {"interval_s": 0.1, "processes": processes}}, BenchResult))
+    return dx.RunFacts(
+        msgspec.convert(
+            {
+                "wall_s": 0.6,
+                "chunks_per_s": 900.0,
+                "system": {"interval_s": 0.1, "processes": processes},
+            },
+            BenchResult,
+        )
+    )
 
 
 def test_one_busy_front_of_two_is_front_cpu_bound() -> None:
-    (finding,) = front_cpu_bound(_run({"front0": _cpu(20.0), "front1": _cpu(95.0),
-                                           "worker0": _cpu(30.0)}))
+    (finding,) = front_cpu_bound(
+        _run({"front0": _cpu(20.0), "front1": _cpu(95.0), "worker0": _cpu(30.0)})
+    )
     assert finding.rule == dx.RULE_FRONT_CPU_BOUND
     assert finding.evidence["front0_cpu_pct"] == 20.0
     assert finding.evidence["front1_cpu_pct"] == 95.0
@@ -79,8 +88,12 @@ def test_one_busy_front_of_two_is_front_cpu_bound() -> None:
 
 
 def test_fronts_below_one_core_are_not_front_cpu_bound() -> None:
-    assert front_cpu_bound(_run({"front0": _cpu(60.0), "front1": _cpu(70.0),
-                                     "frontend_proxy": _cpu(99.0)})) == []
+    assert (
+        front_cpu_bound(
+            _run({"front0": _cpu(60.0), "front1": _cpu(70.0), "frontend_proxy": _cpu(99.0)})
+        )
+        == []
+    )
 
 
 def test_one_front_keeps_its_evidence_name() -> None:

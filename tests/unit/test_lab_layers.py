@@ -22,12 +22,22 @@ SHARED = "shared"
 CLI = "cli"
 COMMAND = "command"
 
-_SHARED_MODULES = {"cadence.lab", "cadence.lab.records", "cadence.lab.results",
-                   "cadence.lab.percentile", "cadence.lab.scraped_keys", "cadence.lab.output_paths"}
+_SHARED_MODULES = {
+    "cadence.lab",
+    "cadence.lab.records",
+    "cadence.lab.results",
+    "cadence.lab.percentile",
+    "cadence.lab.scraped_keys",
+    "cadence.lab.output_paths",
+}
 """Below every stage: the records a stage writes and the next one reads, and what they share."""
 
-_CLI_MODULES = {"cadence.lab.bench_cli", "cadence.lab.sweep_cli", "cadence.lab.capacity_cli",
-                "cadence.lab.report_cli"}
+_CLI_MODULES = {
+    "cadence.lab.bench_cli",
+    "cadence.lab.sweep_cli",
+    "cadence.lab.capacity_cli",
+    "cadence.lab.report_cli",
+}
 
 MAY_IMPORT = {
     SHARED: {SHARED},
@@ -79,8 +89,10 @@ def imports(module: str) -> list[tuple[str, list[str], int]]:
                 parts = package[: len(package) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
             # `from pkg import module` imports the module; `from module import name`, a name.
-            targets = [(f"{base}.{a.name}", []) if f"{base}.{a.name}" in MODULES
-                       else (base, [a.name]) for a in node.names]
+            targets = [
+                (f"{base}.{a.name}", []) if f"{base}.{a.name}" in MODULES else (base, [a.name])
+                for a in node.names
+            ]
         else:
             continue
         for target, names in targets:
@@ -110,11 +122,18 @@ def test_the_lab_imports_one_way() -> None:
     assert not wrong, "imports against the lab's direction:\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize(("module", "expected"), [
-    ("cadence.lab.records", SHARED), ("cadence.lab.load.plan", "load"),
-    ("cadence.lab.measure.sampler", "measure"), ("cadence.lab.analysis.diagnosis.itl", "analysis"),
-    ("cadence.lab.report.summary", "report"), ("cadence.lab.sweep", COMMAND),
-    ("cadence.lab.sweep_cli", CLI)])
+@pytest.mark.parametrize(
+    ("module", "expected"),
+    [
+        ("cadence.lab.records", SHARED),
+        ("cadence.lab.load.plan", "load"),
+        ("cadence.lab.measure.sampler", "measure"),
+        ("cadence.lab.analysis.diagnosis.itl", "analysis"),
+        ("cadence.lab.report.summary", "report"),
+        ("cadence.lab.sweep", COMMAND),
+        ("cadence.lab.sweep_cli", CLI),
+    ],
+)
 def test_every_module_has_its_layer(module: str, expected: str) -> None:
     assert module in MODULES
     assert layer(module) == expected
@@ -122,6 +141,9 @@ def test_every_module_has_its_layer(module: str, expected: str) -> None:
 
 def test_imports_inside_functions_count() -> None:
     # bench_cli imports the load generator lazily (inside functions): those are seen too.
-    lazy = {target for target, _, line in imports("cadence.lab.bench_cli")
-            if target.startswith("cadence.lab.load.")}
+    lazy = {
+        target
+        for target, _, line in imports("cadence.lab.bench_cli")
+        if target.startswith("cadence.lab.load.")
+    }
     assert "cadence.lab.load.plan" in lazy

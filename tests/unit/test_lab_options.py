@@ -44,10 +44,14 @@ def test_every_flag_of_a_lab_command_is_a_declared_option(command: str) -> None:
 
 
 def test_the_lab_command_lines_add_no_flag_of_their_own() -> None:
-    found = [f"{path.name}:{text[:m.start()].count(chr(10)) + 1}"
-             for path in sorted(LAB.glob("*.py")) if path.name != "options.py"
-             and path.name != "report_cli.py"  # `cadence report`'s own: in no other command
-             for text in [path.read_text()] for m in re.finditer(r"\.add_argument\(", text)]
+    found = [
+        f"{path.name}:{text[: m.start()].count(chr(10)) + 1}"
+        for path in sorted(LAB.glob("*.py"))
+        if path.name != "options.py"
+        and path.name != "report_cli.py"  # `cadence report`'s own: in no other command
+        for text in [path.read_text()]
+        for m in re.finditer(r"\.add_argument\(", text)
+    ]
     assert found == [], "declare the lab's flags in cadence/lab/options.py"
 
 

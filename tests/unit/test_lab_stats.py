@@ -20,10 +20,17 @@ def _record(arrivals_ms, tokens, *, start_ms=0.0, max_tokens=None, finish=1, cod
         index.append(total)
         total += n
     return RequestRecord(
-        request_id="r", process=0, start_ns=int(start_ms * MS),
-        end_ns=int(arrivals_ms[-1] * MS) if arrivals_ms else 0, code=code,
-        max_tokens=total if max_tokens is None else max_tokens, finish_reason=finish,
-        arrival_ns=[int(a * MS) for a in arrivals_ms], tokens=list(tokens), index=index, **timing,
+        request_id="r",
+        process=0,
+        start_ns=int(start_ms * MS),
+        end_ns=int(arrivals_ms[-1] * MS) if arrivals_ms else 0,
+        code=code,
+        max_tokens=total if max_tokens is None else max_tokens,
+        finish_reason=finish,
+        arrival_ns=[int(a * MS) for a in arrivals_ms],
+        tokens=list(tokens),
+        index=index,
+        **timing,
     )
 
 
@@ -84,13 +91,21 @@ def test_integrity_counts_lost_repeated_reordered_and_short_streams() -> None:
 
 def test_segments_add_up_to_ttft() -> None:
     # Sent 0, front 2, scheduled 5, step end 25, front read 26, send 28, arrival 30.
-    r = _record([30, 50], [1, 1], t_received_ns=2 * MS, t_scheduled_ns=5 * MS,
-                t_step_start_ns=[5 * MS, 30 * MS], t_step_end_ns=[25 * MS, 45 * MS],
-                t_front_recv_ns=[26 * MS, 47 * MS], t_send_ns=[28 * MS, 48 * MS])
+    r = _record(
+        [30, 50],
+        [1, 1],
+        t_received_ns=2 * MS,
+        t_scheduled_ns=5 * MS,
+        t_step_start_ns=[5 * MS, 30 * MS],
+        t_step_end_ns=[25 * MS, 45 * MS],
+        t_front_recv_ns=[26 * MS, 47 * MS],
+        t_send_ns=[28 * MS, 48 * MS],
+    )
     result = summarize([r])
     seg = {k: v.p50 for k, v in msgspec.structs.asdict(result.ttft_segments_ms).items()}
-    assert seg == pytest.approx({"client_to_front": 2, "queue": 3, "first_step": 20,
-                                 "transfer": 1, "buffer": 2, "send": 2})
+    assert seg == pytest.approx(
+        {"client_to_front": 2, "queue": 3, "first_step": 20, "transfer": 1, "buffer": 2, "send": 2}
+    )
     assert sum(seg.values()) == pytest.approx(result.ttft_ms.p50)
     assert sum(result.segment_shares.ttft.values()) == pytest.approx(1)
     assert result.token_delay_ms.max == pytest.approx(5)  # 50 - 45

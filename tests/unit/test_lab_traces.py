@@ -53,31 +53,46 @@ def test_speed_and_window_rescale_the_trace(tmp_path) -> None:
     assert [r.offset_s for r in read_trace(path, speed=2.0)] == [0.0, 0.025, 0.06, 1.0]
     windowed = read_trace(path, window=(0.04, 1.0))
     assert [(r.offset_s, r.input_length) for r in windowed] == [
-        (pytest.approx(0.01), 1200), (pytest.approx(0.08), 300)]
+        (pytest.approx(0.01), 1200),
+        (pytest.approx(0.08), 300),
+    ]
     with pytest.raises(TraceError, match="no request in the window 5:6 s"):
         read_trace(path, window=(5.0, 6.0))
 
 
 def test_plain_csv_with_sessions_and_the_lengths_aliases(tmp_path) -> None:
     path = tmp_path / "trace.csv"
-    path.write_text("timestamp,input_tokens,output_tokens,session_id,hash_ids\n"
-                    "0,10,3,a,\n10,20,4,b,1 2\n20,30,5,a,\"[3]\"\n")
+    path.write_text(
+        "timestamp,input_tokens,output_tokens,session_id,hash_ids\n"
+        '0,10,3,a,\n10,20,4,b,1 2\n20,30,5,a,"[3]"\n'
+    )
     rows = read_trace(str(path))
     assert [(r.input_length, r.output_length, r.session, r.turn, r.hash_ids) for r in rows] == [
-        (10, 3, "a", 1, []), (20, 4, "b", 1, [1, 2]), (30, 5, "a", 2, [3])]
+        (10, 3, "a", 1, []),
+        (20, 4, "b", 1, [1, 2]),
+        (30, 5, "a", 2, [3]),
+    ]
     shape = RequestShape(trace=rows, session_header="x-session")
     assert [shape.request(i).headers for i in range(3)] == [
-        [("x-session", "a")], [("x-session", "b")], [("x-session", "a")]]
+        [("x-session", "a")],
+        [("x-session", "b")],
+        [("x-session", "a")],
+    ]
     assert [shape.request(i).turn for i in range(3)] == [1, 1, 2]
 
 
-@pytest.mark.parametrize(("text", "error"), [
-    ('{"timestamp": 0, "output_length": 3}\n', r"trace.jsonl:1: no 'input_length'"),
-    ('{"timestamp": 0, "input_length": 3, "output_length": 3}\nnot json\n',
-     r"trace.jsonl:2: not JSON"),
-    ('{"timestamp": 0, "input_length": 0, "output_length": 3}\n', "1 or more"),
-    ("\n", "holds no requests"),
-])
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('{"timestamp": 0, "output_length": 3}\n', r"trace.jsonl:1: no 'input_length'"),
+        (
+            '{"timestamp": 0, "input_length": 3, "output_length": 3}\nnot json\n',
+            r"trace.jsonl:2: not JSON",
+        ),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 3}\n', "1 or more"),
+        ("\n", "holds no requests"),
+    ],
+)
 def test_a_bad_trace_is_named_by_file_and_line(tmp_path, text, error) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_text(text)
@@ -90,20 +105,30 @@ def test_processes_split_a_trace_and_keep_its_times(tmp_path) -> None:
     shape = RequestShape(trace=rows)
 
     def mine(process: int, **kw) -> list:
-        return list(my_requests(ProcessPlan(process=process, processes=2, target="x",
-                                             shape=shape, requests=None, **kw)))
+        return list(
+            my_requests(
+                ProcessPlan(
+                    process=process, processes=2, target="x", shape=shape, requests=None, **kw
+                )
+            )
+        )
 
     assert mine(0) == [(0, 0.0), (2, 0.12)] and mine(1) == [(1, 0.05), (3, 2.0)]
     assert mine(1, duration_s=1.0) == [(1, 0.05)]
 
 
 def test_each_turn_sends_the_history_and_a_new_message() -> None:
-    shape = RequestShape(conversation=Conversation(2, 3), prompt_tokens=(5, 9),
-                         max_tokens=(4, 6), session_header="x-session", seed=3)
+    shape = RequestShape(
+        conversation=Conversation(2, 3),
+        prompt_tokens=(5, 9),
+        max_tokens=(4, 6),
+        session_header="x-session",
+        seed=3,
+    )
     turns = [shape.request(i) for i in range(3)]
     assert [t.turn for t in turns] == [1, 2, 3]
     for earlier, later in itertools.pairwise(turns):
-        assert later.prompt_token_ids[:len(earlier.prompt_token_ids)] == earlier.prompt_token_ids
+        assert later.prompt_token_ids[: len(earlier.prompt_token_ids)] == earlier.prompt_token_ids
         assert len(later.parts) == len(earlier.parts) + 2
         assert sum(later.parts) == len(later.prompt_token_ids)
     assert turns[1].parts[1] == turns[0].max_tokens  # the answer stands in at its length
@@ -115,23 +140,31 @@ def test_each_turn_sends_the_history_and_a_new_message() -> None:
 def test_the_chat_endpoint_sends_a_turn_as_messages() -> None:
     from cadence.lab.load.openai_http import OpenAITarget
 
-    shape = RequestShape(conversation=Conversation(1, 2), prompt_tokens=(3, 3),
-                         max_tokens=(2, 2))
-    body = msgspec.json.decode(build_body(OpenAITarget("http://x", "m", "chat"),
-                                          shape.request(1), False))
+    shape = RequestShape(conversation=Conversation(1, 2), prompt_tokens=(3, 3), max_tokens=(2, 2))
+    body = msgspec.json.decode(
+        build_body(OpenAITarget("http://x", "m", "chat"), shape.request(1), False)
+    )
     assert [(m["role"], len(m["content"])) for m in body["messages"]] == [
-        ("user", 3), ("assistant", 2), ("user", 3)]
-    completion = msgspec.json.decode(build_body(OpenAITarget("http://x", "m"),
-                                                shape.request(1), False))
+        ("user", 3),
+        ("assistant", 2),
+        ("user", 3),
+    ]
+    completion = msgspec.json.decode(
+        build_body(OpenAITarget("http://x", "m"), shape.request(1), False)
+    )
     assert len(completion["prompt"]) == 8
 
 
 def test_openai_usage_gives_the_cached_tokens() -> None:
     record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
-    events = [b'data: {"choices": [{"text": "a"}]}',
-              b'data: {"choices": [{"text": "b", "finish_reason": "length"}]}',
-              (b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 2, '
-              b'"prompt_tokens_details": {"cached_tokens": 32}}}')]
+    events = [
+        b'data: {"choices": [{"text": "a"}]}',
+        b'data: {"choices": [{"text": "b", "finish_reason": "length"}]}',
+        (
+            b'data: {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 2, '
+            b'"prompt_tokens_details": {"cached_tokens": 32}}}'
+        ),
+    ]
     decode_events(record, events, False)
     assert record.cached_tokens == 32 and record.tokens == [1, 1]
     plain = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1])
@@ -139,13 +172,29 @@ def test_openai_usage_gives_the_cached_tokens() -> None:
     assert plain.cached_tokens == -1
 
 
-def _record(n: int, start_ms: float, first_ms: float, scheduled_ms: float = 0.0,
-            turn: int = 0, cached: int = -1) -> RequestRecord:
-    return RequestRecord(request_id=str(n), process=0, start_ns=int(start_ms * 1e6),
-                         end_ns=int((first_ms + 2) * 1e6), prompt_tokens=100, max_tokens=2,
-                         arrival_ns=[int(first_ms * 1e6), int((first_ms + 2) * 1e6)],
-                         tokens=[1, 1], index=[0, 1], finish_reason=1,
-                         scheduled_ns=int(scheduled_ms * 1e6), turn=turn, cached_tokens=cached)
+def _record(
+    n: int,
+    start_ms: float,
+    first_ms: float,
+    scheduled_ms: float = 0.0,
+    turn: int = 0,
+    cached: int = -1,
+) -> RequestRecord:
+    return RequestRecord(
+        request_id=str(n),
+        process=0,
+        start_ns=int(start_ms * 1e6),
+        end_ns=int((first_ms + 2) * 1e6),
+        prompt_tokens=100,
+        max_tokens=2,
+        arrival_ns=[int(first_ms * 1e6), int((first_ms + 2) * 1e6)],
+        tokens=[1, 1],
+        index=[0, 1],
+        finish_reason=1,
+        scheduled_ns=int(scheduled_ms * 1e6),
+        turn=turn,
+        cached_tokens=cached,
+    )
 
 
 def test_latencies_from_the_schedule_count_the_dispatch_delay() -> None:
@@ -159,8 +208,14 @@ def test_latencies_from_the_schedule_count_the_dispatch_delay() -> None:
 
 
 def test_ttft_by_turn_and_cached_tokens() -> None:
-    stats = summarize([_record(0, 0, 9, turn=1, cached=0), _record(1, 0, 3, turn=2, cached=90),
-                       _record(2, 0, 4, turn=2), _record(3, 0, 10, turn=1, cached=0)])
+    stats = summarize(
+        [
+            _record(0, 0, 9, turn=1, cached=0),
+            _record(1, 0, 3, turn=2, cached=90),
+            _record(2, 0, 4, turn=2),
+            _record(3, 0, 10, turn=1, cached=0),
+        ]
+    )
     assert {t: d.p50 for t, d in stats.ttft_by_turn_ms.items()} == {"1": 9.5, "2": 3.5}
     assert stats.cached_tokens.requests == 3
     assert stats.cached_tokens.share_of_prompt == pytest.approx(0.3)
@@ -175,8 +230,9 @@ def test_p999_lies_between_p99_and_the_max() -> None:
 
 def test_new_record_fields_are_left_out_while_they_hold_their_defaults() -> None:
     plain = RequestRecord(request_id="r", process=0, start_ns=1)
-    scheduled = RequestRecord(request_id="r", process=0, start_ns=1, trace_id="ab",
-                              scheduled_ns=5, turn=2)
+    scheduled = RequestRecord(
+        request_id="r", process=0, start_ns=1, trace_id="ab", scheduled_ns=5, turn=2
+    )
     written = to_builtins(BenchResult(records=[plain, scheduled]))["records"]
     assert len(written[0]) == RequestRecord.__struct_fields__.index("trace_id")
     assert written[1][-2:] == [5, 2]
@@ -191,18 +247,25 @@ def test_a_session_header_and_the_history_reach_an_http_server() -> None:
 
     from cadence.lab.load.openai_http import OpenAITarget, client_session, one_openai
 
-    shape = RequestShape(conversation=Conversation(1, 2), prompt_tokens=(3, 3),
-                         max_tokens=(2, 2), session_header="x-session")
+    shape = RequestShape(
+        conversation=Conversation(1, 2),
+        prompt_tokens=(3, 3),
+        max_tokens=(2, 2),
+        session_header="x-session",
+    )
     seen = []
 
     async def handler(request: web.Request) -> web.StreamResponse:
         seen.append((request.headers.get("x-session"), await request.json()))
         response = web.StreamResponse()
         await response.prepare(request)
-        await response.write(b'data: {"choices": [{"delta": {"content": "x"}, '
-                             b'"finish_reason": "length"}]}\n\n')
-        await response.write(b'data: {"choices": [], "usage": {"completion_tokens": 1, '
-                             b'"prompt_tokens_details": {"cached_tokens": 5}}}\n\ndata: [DONE]\n\n')
+        await response.write(
+            b'data: {"choices": [{"delta": {"content": "x"}, "finish_reason": "length"}]}\n\n'
+        )
+        await response.write(
+            b'data: {"choices": [], "usage": {"completion_tokens": 1, '
+            b'"prompt_tokens_details": {"cached_tokens": 5}}}\n\ndata: [DONE]\n\n'
+        )
         return response
 
     async def main():
@@ -235,7 +298,7 @@ def test_repeats_give_each_figure_its_mean_and_interval() -> None:
 
     f = spread([1.0, 2.0, 3.0])
     assert (f.mean, f.stdev) == (2.0, 1.0)
-    assert (f.ci95_low, f.ci95_high) == pytest.approx((2 - 4.303 / 3 ** 0.5, 2 + 4.303 / 3 ** 0.5))
+    assert (f.ci95_low, f.ci95_high) == pytest.approx((2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5))
     assert math.isnan(spread([5.0]).ci95_low)
     runs = [summarize([_record(0, 0, ttft)]) for ttft in (10, 11, 12)]
     got = repeats([BenchResult(**msgspec.structs.asdict(r)) for r in runs])
@@ -276,14 +339,22 @@ def test_requests_export_as_jsonl_and_csv(tmp_path) -> None:
 
     from cadence.lab.report.export import COLUMNS, write
 
-    records = [_record(0, 10, 15, scheduled_ms=8, turn=1, cached=4),
-               RequestRecord(request_id="x", process=0, start_ns=int(20e6), code="UNAVAILABLE",
-                             error="gone")]
+    records = [
+        _record(0, 10, 15, scheduled_ms=8, turn=1, cached=4),
+        RequestRecord(
+            request_id="x", process=0, start_ns=int(20e6), code="UNAVAILABLE", error="gone"
+        ),
+    ]
     assert write(str(tmp_path / "r.jsonl"), records) == 2
     first, failed = (json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines())
     assert list(first) == list(COLUMNS)
-    assert (first["dispatch_delay_ms"], first["ttft_ms"], first["ttft_from_schedule_ms"],
-            first["cached_tokens"], first["turn"]) == (2.0, 5.0, 7.0, 4, 1)
+    assert (
+        first["dispatch_delay_ms"],
+        first["ttft_ms"],
+        first["ttft_from_schedule_ms"],
+        first["cached_tokens"],
+        first["turn"],
+    ) == (2.0, 5.0, 7.0, 4, 1)
     assert (failed["ttft_ms"], failed["code"], failed["sent_s"]) == (None, "UNAVAILABLE", 0.01)
     write(str(tmp_path / "r.csv"), records)
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
@@ -313,15 +384,16 @@ def test_a_tokenizer_counts_another_servers_output_in_its_tokens(tmp_path) -> No
 
     from cadence.lab.load.openai_http import token_counter
 
-    tokenizer = Tokenizer(models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2},
-                                           unk_token="[UNK]"))
+    tokenizer = Tokenizer(models.WordLevel({"hello": 0, "world": 1, "[UNK]": 2}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     count = token_counter(str(tmp_path))
     record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
-    events = [b'data: {"choices": [{"text": "hello wor"}]}',
-              b'data: {"choices": [{"text": "ld hello hello world"}]}',
-              b'data: {"choices": [], "usage": {"completion_tokens": 2}}']
+    events = [
+        b'data: {"choices": [{"text": "hello wor"}]}',
+        b'data: {"choices": [{"text": "ld hello hello world"}]}',
+        b'data: {"choices": [], "usage": {"completion_tokens": 2}}',
+    ]
     decode_events(record, events, False, count)
     assert record.tokens == [3, 2] and record.index == [0, 3]  # 5 words, not 2 events
     with pytest.raises(ValueError, match="cannot read"):
@@ -337,8 +409,7 @@ def test_length_distributions_draw_what_they_say(tmp_path) -> None:
         lengths = parse_lengths(text)
         shape = RequestShape(output_lengths=lengths, prompt_lengths=lengths, seed=2)
         plans = [shape.request(i) for i in range(4000)]
-        return [p.max_tokens if field == "max_tokens" else len(p.prompt_token_ids)
-                for p in plans]
+        return [p.max_tokens if field == "max_tokens" else len(p.prompt_token_ids) for p in plans]
 
     lognormal = drawn("lognormal:200,80")
     assert statistics.fmean(lognormal) == pytest.approx(200, rel=0.05)
@@ -351,8 +422,11 @@ def test_length_distributions_draw_what_they_say(tmp_path) -> None:
     empirical = drawn(f"empirical:{tmp_path / 'lengths.txt'}")
     assert set(empirical) == {3, 90} and empirical.count(3) > empirical.count(90)
     assert parse_lengths(f"empirical:{tmp_path / 'lengths.txt'}").bounds == (3, 90)
-    for bad, said in (("normal:5", "expected N, LO:HI"), ("lognormal:0,1", "MEAN > 0"),
-                      ("empirical:/nowhere", "cannot read /nowhere")):
+    for bad, said in (
+        ("normal:5", "expected N, LO:HI"),
+        ("lognormal:0,1", "MEAN > 0"),
+        ("empirical:/nowhere", "cannot read /nowhere"),
+    ):
         with pytest.raises(ValueError, match=said):
             parse_lengths(bad)
 
@@ -366,8 +440,9 @@ def test_client_populations_take_their_shares_and_keep_them() -> None:
     shape = RequestShape(clients=mix, seed=4)
     plans = [shape.request(i) for i in range(4000)]
     shares = {k: v / 4000 for k, v in Counter(p.population for p in plans).items()}
-    assert shares == pytest.approx({"slow_reader": 0.25, "cancelling": 0.1, "deadline": 0.2,
-                                    "plain": 0.45}, abs=0.03)
+    assert shares == pytest.approx(
+        {"slow_reader": 0.25, "cancelling": 0.1, "deadline": 0.2, "plain": 0.45}, abs=0.03
+    )
     slow = next(p for p in plans if p.population == "slow_reader")
     assert (slow.read_delay_s, slow.cancel_s, slow.deadline_s) == (0.03, 0.0, 0.0)
     assert next(p for p in plans if p.population == "cancelling").cancel_s == 0.2
@@ -384,13 +459,23 @@ def test_rate_stages_and_ramps_shape_the_arrivals() -> None:
     assert sum(1 for t in steps if t < 5) == pytest.approx(200, rel=0.2)
     assert sum(1 for t in steps if t >= 5) == pytest.approx(1000, rel=0.1)
     assert steps[-1] < 10  # the run ends with its last stage
-    ramp = list(itertools.takewhile(
-        lambda t: t < 20, poisson_offsets(1.0, 3, [(10.0, 190.0, 10.0), (190.0, 190.0, math.inf)])))
+    ramp = list(
+        itertools.takewhile(
+            lambda t: t < 20,
+            poisson_offsets(1.0, 3, [(10.0, 190.0, 10.0), (190.0, 190.0, math.inf)]),
+        )
+    )
     per_second = [sum(1 for t in ramp if k <= t < k + 1) for k in range(20)]
     assert sum(per_second[:5]) == pytest.approx(sum(10 + 18 * (k + 0.5) for k in range(5)), rel=0.2)
     assert sum(per_second[10:]) == pytest.approx(1900, rel=0.1)
-    plan = ProcessPlan(process=0, target="x", shape=RequestShape(seed=3), requests=None, rate=200.0,
-                       stages=[(40.0, 40.0, 5.0), (200.0, 200.0, 5.0)])
+    plan = ProcessPlan(
+        process=0,
+        target="x",
+        shape=RequestShape(seed=3),
+        requests=None,
+        rate=200.0,
+        stages=[(40.0, 40.0, 5.0), (200.0, 200.0, 5.0)],
+    )
     assert [offset for _, offset in my_requests(plan)] == steps
 
 

@@ -29,8 +29,9 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_dir) -> LlamaEngine:
-    engine = LlamaEngine(EngineConfig(name="torch", model=str(model_dir),
-                                      kv_cache_tokens=4096), "cpu")
+    engine = LlamaEngine(
+        EngineConfig(name="torch", model=str(model_dir), kv_cache_tokens=4096), "cpu"
+    )
     engine.start()
     return engine
 
@@ -47,8 +48,9 @@ def prompts() -> list[list[int]]:
     return [[0] + [rng.randrange(2, 300) for _ in range(n - 1)] for n in (200, 97, 33, 5)]
 
 
-def run(engine: LlamaEngine, requests: list[AddRequest], budget: int | None,
-        join_at: dict[int, int]) -> dict[int, list[int]]:
+def run(
+    engine: LlamaEngine, requests: list[AddRequest], budget: int | None, join_at: dict[int, int]
+) -> dict[int, list[int]]:
     scheduler = BatchScheduler(engine, 0, 64, FixedBudget(budget) if budget else None)
     tokens: dict[int, list[int]] = defaultdict(list)
     pending = list(requests)
@@ -86,8 +88,9 @@ def test_chunked_greedy_tokens_equal_transformers(engine, model_dir):
 
 def test_seeded_sampling_is_the_same_chunked_or_not(engine):
     ids = prompts()
-    requests = [AddRequest(i, p, N, temperature=0.9, top_k=20, seed=11 + i)
-                for i, p in enumerate(ids)]
+    requests = [
+        AddRequest(i, p, N, temperature=0.9, top_k=20, seed=11 + i) for i, p in enumerate(ids)
+    ]
     assert run(engine, requests, 24, {2: 1}) == run(engine, requests, None, {2: 1})
 
 

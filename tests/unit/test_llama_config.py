@@ -22,7 +22,11 @@ from cadence.vocabulary import AddRequest
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests.llama_models import PROMPTS, hf_greedy, save_model, save_tokenizer
 
-PROMPT_IDS = [[0, 17, 42, 99, 5, 250, 31], [0, 8], [0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
+PROMPT_IDS = [
+    [0, 17, 42, 99, 5, 250, 31],
+    [0, 8],
+    [0, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18],
+]
 N = 10
 
 VARIANTS = {
@@ -30,13 +34,23 @@ VARIANTS = {
     "tied embeddings": {"tie_word_embeddings": True},
     "llama3 rope scaling": {
         "max_position_embeddings": 512,
-        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 64},
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     },
     "linear rope scaling and theta": {
-        "rope_parameters": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}},
-    "attention and mlp bias, explicit head_dim": {"attention_bias": True, "mlp_bias": True, "head_dim": 32},
+        "rope_parameters": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}
+    },
+    "attention and mlp bias, explicit head_dim": {
+        "attention_bias": True,
+        "mlp_bias": True,
+        "head_dim": 32,
+    },
 }
 
 
@@ -63,31 +77,53 @@ def test_config_variants_give_transformers_greedy_tokens(tmp_path, variant):
 
 def _base() -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
     }
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type"),
-    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}}, "rope_type"),
-    ({"model_type": "qwen2", "use_sliding_window": True}, "sliding_window"),
-    ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
-    ({"num_key_value_heads": 3}, "num_key_value_heads"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"architectures": ["GPT2LMHeadModel"]}, "architectures"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type"),
+        (
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+            "rope_type",
+        ),
+        ({"model_type": "qwen2", "use_sliding_window": True}, "sliding_window"),
+        ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ],
+)
 def test_unsupported_configs_are_refused_naming_the_field(change, field):
     with pytest.raises(UnsupportedModel, match=field):
         from_hf({**_base(), **change})
 
 
 def test_transformers_4_style_rope_fields_are_read():
-    config = from_hf({**_base(), "rope_theta": 500000.0, "rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192}})
+    config = from_hf(
+        {
+            **_base(),
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        }
+    )
     assert (config.rope.theta, config.rope.kind, config.rope.factor) == (500000.0, "llama3", 8.0)
     assert config.rope.original_max_position == 8192
 
@@ -110,7 +146,9 @@ def test_a_folder_without_weights_or_config_says_what_is_missing(tmp_path):
         LlamaEngine(EngineConfig(name="torch", model=str(tmp_path)), "cpu", group_size=4)
 
 
-@pytest.mark.parametrize("tokenizer_config", [{}, {"add_bos_token": False}, {"add_eos_token": True}])
+@pytest.mark.parametrize(
+    "tokenizer_config", [{}, {"add_bos_token": False}, {"add_eos_token": True}]
+)
 @pytest.mark.parametrize("post_processor", [True, False])
 def test_tokenizer_encodes_like_autotokenizer(tmp_path, tokenizer_config, post_processor):
     from transformers import AutoTokenizer
@@ -147,8 +185,15 @@ def test_stream_decoding_holds_back_split_characters_and_flushes_at_the_end(tmp_
 
 
 def test_kv_cache_allocates_whole_blocks_and_takes_them_back():
-    cache = KVCache(layers=1, kv_heads=1, head_dim=2, capacity_tokens=64, block_size=16,
-                    dtype=torch.float32, device=torch.device("cpu"))
+    cache = KVCache(
+        layers=1,
+        kv_heads=1,
+        head_dim=2,
+        capacity_tokens=64,
+        block_size=16,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     a = cache.allocate(17)
     assert a == [0, 1] and cache.free_tokens == 32
     assert cache.allocate(33) is None and cache.free_tokens == 32
@@ -163,7 +208,9 @@ def test_without_tokenizer_json_text_is_byte_level_and_larger_ids_have_no_text(t
     engine = LlamaEngine(EngineConfig(name="torch", model=str(folder), kv_cache_tokens=256), "cpu")
     scheduler = BatchScheduler(engine, 0, 4)
     # Sampled hot, so that ids beyond the bytes come out too.
-    assert scheduler.add(AddRequest(1, [], 40, temperature=5.0, seed=3, prompt_text="héllo")) is None
+    assert (
+        scheduler.add(AddRequest(1, [], 40, temperature=5.0, seed=3, prompt_text="héllo")) is None
+    )
     tokens, texts = [], []
     while scheduler.has_work:
         out = scheduler.step()

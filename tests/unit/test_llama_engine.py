@@ -103,7 +103,9 @@ def test_greedy_tokens_equal_transformers_in_a_mixed_length_batch(engine, prompt
     # Sequences joining while others decode, and leaving at different times.
     requests = [AddRequest(i, ids, N - 2 * i) for i, ids in enumerate(prompt_ids)]
     staggered, _ = run(engine, requests, join_at={0: 0, 1: 0, 2: 3, 3: 5})
-    assert [staggered[i] for i in range(len(PROMPTS))] == [e[: N - 2 * i] for i, e in enumerate(expected)]
+    assert [staggered[i] for i in range(len(PROMPTS))] == [
+        e[: N - 2 * i] for i, e in enumerate(expected)
+    ]
 
 
 @pytest.mark.slow
@@ -152,8 +154,10 @@ def test_cancelled_and_finished_sequences_free_their_cache_at_once(engine, promp
     held = cache.capacity_tokens - cache.free_tokens
     assert held == sum(cache.blocks_for(len(ids) + 39) for ids in prompt_ids) * cache.block_size
     scheduler.abort([2])
-    assert cache.capacity_tokens - cache.free_tokens == held - cache.blocks_for(
-        len(prompt_ids[2]) + 39) * cache.block_size
+    assert (
+        cache.capacity_tokens - cache.free_tokens
+        == held - cache.blocks_for(len(prompt_ids[2]) + 39) * cache.block_size
+    )
     scheduler.step()
     assert len(scheduler._running) == 3
     scheduler.abort([0, 1, 3])
@@ -183,7 +187,9 @@ def test_check_refuses_requests_that_cannot_run_with_the_reason(model_dir):
 
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(engine, prompt_ids, expected):
     def sampled(seed: int, **kw) -> list[int]:
-        request = AddRequest(1, prompt_ids[0], N, temperature=kw.pop("temperature", 1.0), seed=seed, **kw)
+        request = AddRequest(
+            1, prompt_ids[0], N, temperature=kw.pop("temperature", 1.0), seed=seed, **kw
+        )
         return run(engine, [request])[0][1]
 
     assert sampled(3) == sampled(3)

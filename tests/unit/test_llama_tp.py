@@ -24,14 +24,24 @@ REQUESTS = [
 
 @pytest.mark.slow
 def test_two_ranks_give_the_tokens_of_one(tmp_path):
-    folder = str(save_model(tmp_path / "m", tokenizer=False, num_attention_heads=4,
-                            num_key_value_heads=2, intermediate_size=128))
+    folder = str(
+        save_model(
+            tmp_path / "m",
+            tokenizer=False,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+        )
+    )
     init = f"file://{tmp_path}/store"
     args = [folder, "2", init, json.dumps(REQUESTS)]
     # Rank 1 in its own process; rank 0 in another, printing its tokens.
     ranks = [
-        subprocess.Popen([sys.executable, "-m", "tests.llama_models", args[0], str(rank), *args[1:]],
-                         stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.llama_models", args[0], str(rank), *args[1:]],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for rank in (1, 0)
     ]
     try:

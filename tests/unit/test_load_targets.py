@@ -23,17 +23,21 @@ PROTO = str(Path(__file__).resolve().parents[2] / "proto")
 TARGETS = {
     "cadence": CADENCE,
     "kserve": KServeTarget("m"),
-    "grpc": GrpcTarget(schema=from_protos(["cadence/v1/inference.proto"], [PROTO],
-                                          "cadence.v1.Inference/Generate"),
-                       request_json='{"max_tokens": "{max_tokens}"}'),
+    "grpc": GrpcTarget(
+        schema=from_protos(
+            ["cadence/v1/inference.proto"], [PROTO], "cadence.v1.Inference/Generate"
+        ),
+        request_json='{"max_tokens": "{max_tokens}"}',
+    ),
     "openai": OpenAITarget("http://127.0.0.1:1", "m"),
 }
 
 
 @pytest.mark.parametrize("name", TARGETS)
 def test_a_target_travels_in_the_plan_and_makes_its_driver(name: str) -> None:
-    plan = ProcessPlan(process=0, target="127.0.0.1:1", shape=RequestShape(), requests=1,
-                       protocol=TARGETS[name])
+    plan = ProcessPlan(
+        process=0, target="127.0.0.1:1", shape=RequestShape(), requests=1, protocol=TARGETS[name]
+    )
     there = msgspec.msgpack.decode(msgspec.msgpack.encode(plan), type=ProcessPlan)
     assert there.protocol == TARGETS[name]
     assert protocol_name(there.protocol) == name
@@ -55,8 +59,15 @@ def test_the_registry_finds_each_protocol_by_name() -> None:
 def test_each_target_says_what_the_bench_may_look_up_of_its_server(name: str) -> None:
     target = TARGETS[name]
     facts = (target.CADENCE_SERVER, target.HTTP2_SETTINGS, target.SERVER_TIMING)
-    assert facts == {"cadence": (True, True, True), "kserve": (True, True, False),
-                     "grpc": (False, True, False), "openai": (False, False, False)}[name]
+    assert (
+        facts
+        == {
+            "cadence": (True, True, True),
+            "kserve": (True, True, False),
+            "grpc": (False, True, False),
+            "openai": (False, False, False),
+        }[name]
+    )
     record = Workload()
     target.describe(record)
     assert record.model == {"kserve": "m", "openai": "m"}.get(name)

@@ -28,8 +28,7 @@ def test_poisson_schedule_has_the_asked_rate_and_is_reproducible() -> None:
 
 
 def _plan(process: int, processes: int, **kw) -> ProcessPlan:
-    return ProcessPlan(process=process, processes=processes, target="x", shape=RequestShape(),
-                       **kw)
+    return ProcessPlan(process=process, processes=processes, target="x", shape=RequestShape(), **kw)
 
 
 def test_processes_split_the_run_without_overlap_and_share_one_schedule() -> None:
@@ -53,7 +52,10 @@ def test_request_shape_is_deterministic_and_within_bounds() -> None:
     assert min(r.max_tokens for r in requests) >= 10 and max(r.max_tokens for r in requests) <= 20
     fixed = RequestShape(prompts=[([1, 2], 5), ([3], 0)], max_tokens=(7, 7))
     assert [(r.prompt_token_ids, r.max_tokens) for r in map(fixed.request, range(3))] == [
-        ([1, 2], 5), ([3], 7), ([1, 2], 5)]
+        ([1, 2], 5),
+        ([3], 7),
+        ([1, 2], 5),
+    ]
 
 
 def test_a_run_must_be_bounded() -> None:
@@ -65,9 +67,10 @@ def test_a_run_must_be_bounded() -> None:
 
 def _sent(lags_ms: list[float], gap_s: float) -> ProcessResult:
     """A process that sent one request every `gap_s`, each `lags_ms[k]` late."""
-    records = [RequestRecord(request_id=str(k), process=0,
-                             start_ns=int((k + 1) * gap_s * 1e9 + lag * 1e6))
-               for k, lag in enumerate(lags_ms)]
+    records = [
+        RequestRecord(request_id=str(k), process=0, start_ns=int((k + 1) * gap_s * 1e9 + lag * 1e6))
+        for k, lag in enumerate(lags_ms)
+    ]
     return ProcessResult(0, records, 0.0, 1.0, 0, 0, lags_ms)
 
 
@@ -88,8 +91,11 @@ def test_a_client_late_by_more_than_a_gap_for_a_tenth_of_its_requests_is_behind(
 
 def test_a_closed_loop_has_no_schedule() -> None:
     assert schedule(None, [_sent([], 0.01)]) == {
-        "offered_rate_per_s": None, "achieved_rate_per_s": None, "schedule_lag_ms": None,
-        "behind_schedule": False}
+        "offered_rate_per_s": None,
+        "achieved_rate_per_s": None,
+        "schedule_lag_ms": None,
+        "behind_schedule": False,
+    }
 
 
 def _failed(code: str = "UNAVAILABLE") -> RequestRecord:
@@ -106,9 +112,11 @@ def test_a_failure_streak_stops_a_run_only_when_long_and_quiet() -> None:
         quiet.add(_failed())
     assert quiet.reason is None  # quiet long enough, but not failures enough
     quiet.add(_failed())
-    assert quiet.reason == (f"stopped early: {FailureStreak.FAILURES} requests in a row failed "
-                            f"and none succeeded for {FailureStreak.QUIET_S:.1f} s (last: "
-                            "UNAVAILABLE: gone)")
+    assert quiet.reason == (
+        f"stopped early: {FailureStreak.FAILURES} requests in a row failed "
+        f"and none succeeded for {FailureStreak.QUIET_S:.1f} s (last: "
+        "UNAVAILABLE: gone)"
+    )
 
 
 def test_a_success_resets_the_failure_streak() -> None:

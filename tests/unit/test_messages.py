@@ -64,7 +64,9 @@ def test_step_output_roundtrip():
 
 
 def test_request_failed_roundtrip():
-    msg = RequestFailed(9, Failure.INVALID_ARGUMENT, "prompt_token_ids must be in [0, 256); got 300")
+    msg = RequestFailed(
+        9, Failure.INVALID_ARGUMENT, "prompt_token_ids must be in [0, 256); got 300"
+    )
     got = decode_output(encode(msg))
     assert type(got) is RequestFailed
     assert got == msg

@@ -26,14 +26,33 @@ def _parse(body: dict, endpoint: str = COMPLETIONS):
 
 
 def test_completion_fields_map_to_the_core_request() -> None:
-    wire = _parse({"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.5,
-                   "top_p": 0.9, "seed": 3, "stop": "x", "stop_token_ids": [2], "user": "u",
-                   "stream": True, "stream_options": {"include_usage": True},
-                   "cadence_timing": True, "cadence_timeout_s": 2})
+    wire = _parse(
+        {
+            "model": "m",
+            "prompt": "Hi",
+            "max_tokens": 7,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "seed": 3,
+            "stop": "x",
+            "stop_token_ids": [2],
+            "user": "u",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "cadence_timing": True,
+            "cadence_timeout_s": 2,
+        }
+    )
     request = wire.request
-    assert (request.prompt, request.max_tokens, request.temperature, request.top_p,
-            request.seed, request.stop_token_ids, request.include_timing) == (
-        "Hi", 7, 0.5, 0.9, 3, [2], True)
+    assert (
+        request.prompt,
+        request.max_tokens,
+        request.temperature,
+        request.top_p,
+        request.seed,
+        request.stop_token_ids,
+        request.include_timing,
+    ) == ("Hi", 7, 0.5, 0.9, 3, [2], True)
     assert wire.stream and wire.include_usage and wire.stops == ["x"]
     assert wire.timeout_s == 2.0 and wire.model == "m"
 
@@ -42,28 +61,44 @@ def test_defaults_and_prompt_forms() -> None:
     assert _parse({"model": "m", "prompt": "Hi"}).request.max_tokens == 16
     assert _parse({"model": "m", "prompt": [5, 6]}).request.prompt_token_ids == [5, 6]
     assert _parse({"model": "m", "prompt": ["Hi"]}).request.prompt == "Hi"
-    assert _parse({"model": "m", "prompt": "Hi", "max_completion_tokens": 4}
-                  ).request.max_tokens == 4
-    chat = _parse({"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}, CHAT)
+    assert (
+        _parse({"model": "m", "prompt": "Hi", "max_completion_tokens": 4}).request.max_tokens == 4
+    )
+    chat = _parse(
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+        },
+        CHAT,
+    )
     assert chat.messages == [{"role": "user", "content": "ab"}]
     assert chat.request.max_tokens == 99
 
 
-@pytest.mark.parametrize(("body", "param"), [
-    ({"prompt": "Hi"}, "model"),
-    ({"model": "m"}, "prompt"),
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
-    ({"model": "m", "prompt": "Hi", "n": 2}, "n"),
-    ({"model": "m", "prompt": "Hi", "max_tokens": 0}, "max_tokens"),
-    ({"model": "m", "prompt": "Hi", "temperature": 3}, "temperature"),
-    ({"model": "m", "prompt": "Hi", "top_p": "x"}, "top_p"),
-    ({"model": "m", "prompt": "Hi", "stop": ["a"] * 5}, "stop"),
-    ({"model": "m", "prompt": "Hi", "stop_token_ids": [-1]}, "stop_token_ids"),
-    ({"model": "m", "prompt": "Hi", "stream": "yes"}, "stream"),
-    ({"model": "m", "prompt": "Hi", "stream_options": {"include_usage": 1}},
-     "stream_options.include_usage"),
-])
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "Hi"}, "model"),
+        ({"model": "m"}, "prompt"),
+        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": "Hi", "n": 2}, "n"),
+        ({"model": "m", "prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": "Hi", "temperature": 3}, "temperature"),
+        ({"model": "m", "prompt": "Hi", "top_p": "x"}, "top_p"),
+        ({"model": "m", "prompt": "Hi", "stop": ["a"] * 5}, "stop"),
+        ({"model": "m", "prompt": "Hi", "stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"model": "m", "prompt": "Hi", "stream": "yes"}, "stream"),
+        (
+            {"model": "m", "prompt": "Hi", "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage",
+        ),
+    ],
+)
 def test_invalid_fields_are_named(body: dict, param: str) -> None:
     with pytest.raises(BadField) as info:
         _parse(body)
@@ -98,8 +133,14 @@ def test_streamed_events_and_usage() -> None:
     assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
     body = json.loads(event[6:])
     assert body["object"] == "chat.completion.chunk" and body["model"] == "m"
-    assert body["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "ab"},
-                                "logprobs": None, "finish_reason": None}]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": "ab"},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
     assert body["usage"] is None
     encoder.count(Chunk(2, [3], "c", Finish.LENGTH))
     assert json.loads(encoder.event("c", None)[6:])["choices"][0]["delta"] == {"content": "c"}
@@ -108,21 +149,26 @@ def test_streamed_events_and_usage() -> None:
     assert last["usage"] is None
     usage = json.loads(encoder.usage_event()[6:])
     assert usage["choices"] == [] and usage["usage"] == {
-        "prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+    }
     text = Encoder(COMPLETIONS, "m")
     whole = json.loads(text.whole("hi", "stop"))
     assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "hi"
 
 
 def test_plain_chat_format() -> None:
-    assert PlainChat().render([{"role": "system", "content": "Be terse."},
-                               {"role": "user", "content": "Hi"}]) == (
-        "system: Be terse.\nuser: Hi\nassistant:")
+    assert PlainChat().render(
+        [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+    ) == ("system: Be terse.\nuser: Hi\nassistant:")
 
 
-_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
-             "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
-             "{% endif %}")
+_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+    "{% endif %}"
+)
 
 
 @pytest.mark.torch
@@ -138,13 +184,15 @@ def test_a_checkpoint_template_gives_transformers_token_ids(tmp_path) -> None:
     from cadence.engines.llama.tokenizer import TextTokenizer
     from tests.llama_models import build_tokenizer
 
-    hf = PreTrainedTokenizerFast(tokenizer_object=build_tokenizer(), bos_token="<s>",
-                                 eos_token="</s>")
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=build_tokenizer(), bos_token="<s>", eos_token="</s>"
+    )
     hf.chat_template = _TEMPLATE
     hf.save_pretrained(tmp_path)
     messages = [{"role": "system", "content": "the dog"}, {"role": "user", "content": "a fox"}]
     expected = AutoTokenizer.from_pretrained(tmp_path).apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True)
+        messages, add_generation_prompt=True, tokenize=True
+    )
     expected = getattr(expected, "input_ids", expected)
     template = load_template(tmp_path)
     assert template is not None
@@ -154,8 +202,11 @@ def test_a_checkpoint_template_gives_transformers_token_ids(tmp_path) -> None:
 def test_the_template_file_wins_and_no_template_means_none(tmp_path) -> None:
     pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     assert load_template(tmp_path) is None
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
-        {"name": "default", "template": "{{ messages[0]['content'] }}?"}]}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"chat_template": [{"name": "default", "template": "{{ messages[0]['content'] }}?"}]}
+        )
+    )
     messages = [{"role": "user", "content": "Hi"}]
     assert load_template(tmp_path).render(messages) == "Hi?"
     (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}!")
@@ -169,11 +220,11 @@ def test_the_lab_counts_each_text_event_as_one_position_and_keeps_usage_beside()
     def event(body: dict) -> bytes:
         return b"data: " + json.dumps(body).encode() + b"\n"
 
-    events = [event({"choices": [{"index": 0, "delta": {"content": "ab"},
-                                  "finish_reason": None}]}),
-              event({"choices": [{"index": 0, "delta": {"content": "c"},
-                                  "finish_reason": "length"}]}),
-              event({"choices": [], "usage": {"completion_tokens": 5}})]
+    events = [
+        event({"choices": [{"index": 0, "delta": {"content": "ab"}, "finish_reason": None}]}),
+        event({"choices": [{"index": 0, "delta": {"content": "c"}, "finish_reason": "length"}]}),
+        event({"choices": [], "usage": {"completion_tokens": 5}}),
+    ]
     record = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1, 2, 3])
     decode_events(record, events, include_timing=False)
     # usage (5) is compared with the two events, never spread over them
@@ -202,10 +253,12 @@ def test_completion_events_with_timing_and_each_finish() -> None:
 
     encoder = Encoder(COMPLETIONS, "m")
     timing = ChunkTiming(worker=1, step_start_ns=5, step_end_ns=9, send_ns=11)
-    body = json.loads(encoder.event('say "hi"\n', None, Chunk(4, [1, 2], "x", Finish.NONE,
-                                                              timing=timing))[6:])
-    assert body["choices"] == [{"index": 0, "text": 'say "hi"\n', "logprobs": None,
-                                "finish_reason": None}]
+    body = json.loads(
+        encoder.event('say "hi"\n', None, Chunk(4, [1, 2], "x", Finish.NONE, timing=timing))[6:]
+    )
+    assert body["choices"] == [
+        {"index": 0, "text": 'say "hi"\n', "logprobs": None, "finish_reason": None}
+    ]
     assert "usage" not in body
     assert body["cadence"] == {"index": 4, "tokens": 2, "timing": msgspec.to_builtins(timing)}
     for finish in ("length", "stop"):

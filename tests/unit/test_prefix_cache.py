@@ -43,8 +43,16 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def engine(model_dir: Path, prefix_caching: bool, kv_tokens: int = 2048) -> LlamaEngine:
-    e = LlamaEngine(EngineConfig(name="torch", model=str(model_dir), threads=1,
-                                 kv_cache_tokens=kv_tokens, prefix_caching=prefix_caching), "cpu")
+    e = LlamaEngine(
+        EngineConfig(
+            name="torch",
+            model=str(model_dir),
+            threads=1,
+            kv_cache_tokens=kv_tokens,
+            prefix_caching=prefix_caching,
+        ),
+        "cpu",
+    )
     e.start()
     return e
 
@@ -56,16 +64,19 @@ def turns() -> list[AddRequest]:
     system = [0] + [rng.randrange(2, 300) for _ in range(70)]
     turn2 = system + [rng.randrange(2, 300) for _ in range(29)]
     other = system[:40] + [rng.randrange(2, 300) for _ in range(21)]
-    return [AddRequest(1, system, 12), AddRequest(2, turn2, 12), AddRequest(3, system, 12),
-            AddRequest(4, other, 12)]
+    return [
+        AddRequest(1, system, 12),
+        AddRequest(2, turn2, 12),
+        AddRequest(3, system, 12),
+        AddRequest(4, other, 12),
+    ]
 
 
 @pytest.mark.parametrize("budget", [None, 24], ids=["whole", "chunked"])
 def test_a_cached_prefix_gives_the_tokens_of_an_uncached_prefill(model_dir, budget):
     plain, _ = run(BatchScheduler(engine(model_dir, False), 0, 8), turns())
     cache = engine(model_dir, True)
-    s = BatchScheduler(cache, 0, 8, FixedBudget(budget) if budget else None,
-                       report_cached=True)
+    s = BatchScheduler(cache, 0, 8, FixedBudget(budget) if budget else None, report_cached=True)
     tokens, cached = run(s, turns())
     assert tokens == plain
     # 71 tokens: 4 whole blocks known after turn 1; turn 2 (100 tokens) holds them; the same
@@ -78,8 +89,10 @@ def test_a_request_sharing_blocks_with_a_running_one_gets_its_tokens(model_dir):
     """Shared blocks are read-only: two sequences decoding on the same cached prefix at once
     give what each gives alone."""
     system, turn2 = turns()[0].prompt_token_ids, turns()[1].prompt_token_ids
-    plain, _ = run(BatchScheduler(engine(model_dir, False), 0, 8),
-                   [AddRequest(1, system, 30), AddRequest(2, turn2, 30)])
+    plain, _ = run(
+        BatchScheduler(engine(model_dir, False), 0, 8),
+        [AddRequest(1, system, 30), AddRequest(2, turn2, 30)],
+    )
     s = BatchScheduler(engine(model_dir, True), 0, 8, report_cached=True)
     run(s, [AddRequest(9, system, 2)])
     for request in (AddRequest(1, system, 30), AddRequest(2, turn2, 30)):
@@ -92,8 +105,15 @@ def test_a_request_sharing_blocks_with_a_running_one_gets_its_tokens(model_dir):
 
 
 def kv(blocks: int) -> KVCache:
-    return KVCache(layers=1, kv_heads=1, head_dim=1, capacity_tokens=16 * blocks,
-                   block_size=16, dtype=torch.float32, device=torch.device("cpu"))
+    return KVCache(
+        layers=1,
+        kv_heads=1,
+        head_dim=1,
+        capacity_tokens=16 * blocks,
+        block_size=16,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
 
 
 def test_blocks_none_holds_stay_cached_until_evicted_least_recently_released_first():
@@ -146,5 +166,6 @@ def test_prefix_routing_needs_prefix_caching_and_two_workers():
     assert router_for(ServerConfig(devices=["cpu", "cpu"], engine=on)).prefixes is not None
     assert router_for(ServerConfig(devices=["cpu", "cpu"])).prefixes is None
     assert router_for(ServerConfig(devices=["cpu"], engine=on)).prefixes is None
-    assert router_for(ServerConfig(devices=["cpu", "cpu"], engine=on,
-                                   routing="load")).prefixes is None
+    assert (
+        router_for(ServerConfig(devices=["cpu", "cpu"], engine=on, routing="load")).prefixes is None
+    )

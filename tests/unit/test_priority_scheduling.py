@@ -24,8 +24,9 @@ def synthetic(**config) -> SyntheticEngine:
     return SyntheticEngine(EngineConfig(step_ms=0, prefill_ms_per_token=0, **config))
 
 
-def drive(s: BatchScheduler, joins: dict[int, list[AddRequest]]
-          ) -> tuple[dict[int, list[int]], list[int]]:
+def drive(
+    s: BatchScheduler, joins: dict[int, list[AddRequest]]
+) -> tuple[dict[int, list[int]], list[int]]:
     """Step until done, adding `joins[step]` before each step: each sequence's tokens, and the
     order in which sequences gave their first token."""
     tokens: dict[int, list[int]] = defaultdict(list)
@@ -48,17 +49,24 @@ def drive(s: BatchScheduler, joins: dict[int, list[AddRequest]]
 
 def test_waiting_requests_are_admitted_by_priority_then_arrival():
     s = BatchScheduler(synthetic(), 0, max_batch=1)
-    joins = {0: [AddRequest(1, PROMPT, 3, priority=5), AddRequest(2, PROMPT, 3, priority=5),
-                 AddRequest(3, PROMPT, 3, priority=-2), AddRequest(4, PROMPT, 3),
-                 AddRequest(5, PROMPT, 3, priority=-2)]}
+    joins = {
+        0: [
+            AddRequest(1, PROMPT, 3, priority=5),
+            AddRequest(2, PROMPT, 3, priority=5),
+            AddRequest(3, PROMPT, 3, priority=-2),
+            AddRequest(4, PROMPT, 3),
+            AddRequest(5, PROMPT, 3, priority=-2),
+        ]
+    }
     _, firsts = drive(s, joins)
     assert firsts == [3, 5, 4, 1, 2]
 
 
 def test_without_preempt_a_high_priority_request_waits_for_a_slot():
     s = BatchScheduler(synthetic(), 0, max_batch=1)
-    _tokens, firsts = drive(s, {0: [AddRequest(1, PROMPT, 20, priority=3)],
-                               5: [AddRequest(2, PROMPT, 4, priority=0)]})
+    _tokens, firsts = drive(
+        s, {0: [AddRequest(1, PROMPT, 20, priority=3)], 5: [AddRequest(2, PROMPT, 4, priority=0)]}
+    )
     assert firsts == [1, 2] and s.preemptions == 0
 
 
@@ -66,19 +74,26 @@ def test_without_preempt_a_high_priority_request_waits_for_a_slot():
 def test_a_preempted_sequence_resumes_whole(budget):
     """The high-priority request takes the only slot at once; the low one goes on after it
     with exactly the tokens it would have given alone (none lost, none repeated)."""
-    alone, _ = drive(BatchScheduler(synthetic(), 0, 1, budget),
-                     {0: [AddRequest(1, PROMPT, 30, priority=3)]})
+    alone, _ = drive(
+        BatchScheduler(synthetic(), 0, 1, budget), {0: [AddRequest(1, PROMPT, 30, priority=3)]}
+    )
     s = BatchScheduler(synthetic(), 0, 1, budget, preempt=True)
-    tokens, _ = drive(s, {0: [AddRequest(1, PROMPT, 30, priority=3)],
-                          12: [AddRequest(2, list(b"urgent"), 5, priority=-1)]})
+    tokens, _ = drive(
+        s,
+        {
+            0: [AddRequest(1, PROMPT, 30, priority=3)],
+            12: [AddRequest(2, list(b"urgent"), 5, priority=-1)],
+        },
+    )
     assert s.preemptions == 1
     assert tokens[1] == alone[1] and len(tokens[2]) == 5
 
 
 def test_only_a_lower_priority_sequence_is_preempted():
     s = BatchScheduler(synthetic(), 0, 1, preempt=True)
-    _, firsts = drive(s, {0: [AddRequest(1, PROMPT, 10, priority=0)],
-                          3: [AddRequest(2, PROMPT, 3, priority=0)]})
+    _, firsts = drive(
+        s, {0: [AddRequest(1, PROMPT, 10, priority=0)], 3: [AddRequest(2, PROMPT, 3, priority=0)]}
+    )
     assert firsts == [1, 2] and s.preemptions == 0
 
 
@@ -108,15 +123,23 @@ def test_a_paused_sequence_stays_paused_across_a_preemption(budget, paused_when)
     s.resume([1])
     assert s.has_work
 
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("llama") / "model", seed=5)
 
 
 def torch_engine(model_dir: Path, kv_tokens: int, prefix_caching: bool = False) -> LlamaEngine:
-    engine = LlamaEngine(EngineConfig(name="torch", model=str(model_dir), threads=1,
-                                      kv_cache_tokens=kv_tokens,
-                                      prefix_caching=prefix_caching), "cpu")
+    engine = LlamaEngine(
+        EngineConfig(
+            name="torch",
+            model=str(model_dir),
+            threads=1,
+            kv_cache_tokens=kv_tokens,
+            prefix_caching=prefix_caching,
+        ),
+        "cpu",
+    )
     engine.start()
     return engine
 

@@ -30,11 +30,14 @@ def test_cadence_v1_carries_priority_in_and_cached_tokens_on_the_last_chunk():
 def test_openai_priority_as_vllm_accepts_it_and_cached_tokens_in_usage():
     body = {"model": "m", "prompt": "hi", "priority": 3}
     assert parse(json.dumps(body).encode(), COMPLETIONS, default_max_tokens=8).request.priority == 3
-    assert parse(b'{"model": "m", "prompt": "hi"}', COMPLETIONS,
-                 default_max_tokens=8).request.priority == 0
+    assert (
+        parse(b'{"model": "m", "prompt": "hi"}', COMPLETIONS, default_max_tokens=8).request.priority
+        == 0
+    )
     with pytest.raises(BadField) as bad:
-        parse(b'{"model": "m", "prompt": "hi", "priority": "high"}', COMPLETIONS,
-              default_max_tokens=8)
+        parse(
+            b'{"model": "m", "prompt": "hi", "priority": "high"}', COMPLETIONS, default_max_tokens=8
+        )
     assert bad.value.param == "priority"
     encoder = Encoder(COMPLETIONS, "m")
     encoder.count(Chunk(0, [1, 2], "ab", Finish.LENGTH, 40, None, 32))

@@ -47,8 +47,9 @@ def test_gates() -> None:
     base = load(BASE)
     gate = parse_gate("ttft_p99_ms>1.1x")
     assert gate.failure(base, base, "b") is None
-    worse = msgspec.structs.replace(base, ttft_ms=msgspec.structs.replace(
-        base.ttft_ms, p99=base.ttft_ms.p99 * 1.2))
+    worse = msgspec.structs.replace(
+        base, ttft_ms=msgspec.structs.replace(base.ttft_ms, p99=base.ttft_ms.p99 * 1.2)
+    )
     assert "ttft_p99_ms>1.1x failed" in gate.failure(base, worse, "b")
     assert parse_gate("errors>0").failure(base, base, "b") is None
     assert parse_gate("tokens_per_s<2x").failure(base, base, "b") is not None
@@ -66,9 +67,11 @@ def test_the_command_exits_non_zero_on_a_failed_gate(tmp_path, capsys) -> None:
         main(["report", str(BASE), str(ok), str(bad), "--fail-if", "ttft_p99_ms>1.1x"])
     assert exited.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
-    expected = (f"cadence report: {bad.name}: ttft_p99_ms>1.1x failed: ttft_p99_ms "
-                f"{load(bad).ttft_ms.p99:.4g} against a bound of "
-                f"{1.1 * load(BASE).ttft_ms.p99:.4g}")
+    expected = (
+        f"cadence report: {bad.name}: ttft_p99_ms>1.1x failed: ttft_p99_ms "
+        f"{load(bad).ttft_ms.p99:.4g} against a bound of "
+        f"{1.1 * load(BASE).ttft_ms.p99:.4g}"
+    )
     assert err == [expected]
 
 
@@ -82,8 +85,9 @@ def exit_code(capsys, *args: str) -> tuple[int, str]:
 def test_one_line_for_what_cannot_be_compared(tmp_path, capsys) -> None:
     code, err = exit_code(capsys, str(BASE), str(DATA / "sweep_result_v0.json"))
     assert code == 3 and "is not a bench result" in err
-    code, err = exit_code(capsys, str(BASE), "--fail-if", "ttft_p99_ms>1.1x", "--out",
-                          str(tmp_path))
+    code, err = exit_code(
+        capsys, str(BASE), "--fail-if", "ttft_p99_ms>1.1x", "--out", str(tmp_path)
+    )
     assert code == 2 and "two or more results" in err
     code, err = exit_code(capsys, str(BASE), str(BASE), "--fail-if", "ttft_p99_ms=1")
     assert code == 2 and "expected METRIC>FACTORx" in err
@@ -109,22 +113,30 @@ def test_gates_on_integrity(tmp_path, capsys) -> None:
     assert metric(load(swapped), "integrity_faults") == 1
     assert metric(load(swapped), "lost_tokens") == 0
     main(["report", str(BASE), str(BASE), "--fail-if", "integrity_faults>0"])
-    code, err = exit_code(capsys, str(BASE), str(swapped), "--fail-if", "lost_tokens>0",
-                          "--fail-if", "reordered_chunks>0")
+    code, err = exit_code(
+        capsys,
+        str(BASE),
+        str(swapped),
+        "--fail-if",
+        "lost_tokens>0",
+        "--fail-if",
+        "reordered_chunks>0",
+    )
     assert code == 1
     assert err.strip().splitlines() == [
         "cadence report: swapped.json: reordered_chunks>0 failed: reordered_chunks 1 against "
-        "a bound of 0"]
+        "a bound of 0"
+    ]
 
 
 @pytest.mark.slow
 def test_an_absolute_gate_judges_a_single_run(tmp_path, capsys) -> None:
     pytest.importorskip("matplotlib")
     swapped = with_integrity(tmp_path, "swapped", reordered_chunks=1)
-    main(["report", str(BASE), "--out", str(tmp_path / "base"), "--fail-if",
-          "integrity_faults>0"])
-    code, err = exit_code(capsys, str(swapped), "--out", str(tmp_path / "swapped"),
-                          "--fail-if", "integrity_faults>0")
+    main(["report", str(BASE), "--out", str(tmp_path / "base"), "--fail-if", "integrity_faults>0"])
+    code, err = exit_code(
+        capsys, str(swapped), "--out", str(tmp_path / "swapped"), "--fail-if", "integrity_faults>0"
+    )
     assert code == 1 and "integrity_faults>0 failed" in err
     assert (tmp_path / "swapped" / "report.html").exists()  # written before the judging
 

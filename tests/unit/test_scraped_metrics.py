@@ -49,14 +49,31 @@ vllm:e2e_request_latency_seconds_sum{{engine="0",model_name="m"}} {latency_sum}
 """
 
 
-def vllm_page(running: float, waiting: float, kv: float = 0.3, preempted: float = 0,
-              tokens: float = 0, done: float = 0, latency_sum: float = 0) -> str:
-    return VLLM.format(running=running, waiting=waiting, kv=kv, preempted=preempted,
-                       tokens=tokens, done=done, latency_sum=latency_sum)
+def vllm_page(
+    running: float,
+    waiting: float,
+    kv: float = 0.3,
+    preempted: float = 0,
+    tokens: float = 0,
+    done: float = 0,
+    latency_sum: float = 0,
+) -> str:
+    return VLLM.format(
+        running=running,
+        waiting=waiting,
+        kv=kv,
+        preempted=preempted,
+        tokens=tokens,
+        done=done,
+        latency_sum=latency_sum,
+    )
 
 
-def scraped(pages: list[str], url: str = "http://vllm:8000/metrics",
-            window: tuple[float, float] | None = None) -> ScrapedMetrics:
+def scraped(
+    pages: list[str],
+    url: str = "http://vllm:8000/metrics",
+    window: tuple[float, float] | None = None,
+) -> ScrapedMetrics:
     """Pages read every 0.5 s from 0."""
     return from_pages({url: [(0.5 * k, text) for k, text in enumerate(pages)]}, window)
 
@@ -69,16 +86,21 @@ def test_gauges_as_values_counters_as_rates_histograms_as_rate_and_mean() -> Non
     pages = [vllm_page(8, 0, tokens=100 * k, done=2 * k, latency_sum=3.0 * k) for k in range(5)]
     result = scraped(pages)
     assert series(result, "vllm:num_requests_running", "gauge").points == [
-        (0.5 * k, 8.0) for k in range(5)]
+        (0.5 * k, 8.0) for k in range(5)
+    ]
     assert series(result, "vllm:num_requests_running", "gauge").labels == {
-        "engine": "0", "model_name": "m"}
+        "engine": "0",
+        "model_name": "m",
+    }
     # 100 tokens every 0.5 s: 200 per second, at the end of each interval
     assert series(result, "vllm:generation_tokens_total", "rate").points == [
-        (0.5 * k, 200.0) for k in range(1, 5)]
+        (0.5 * k, 200.0) for k in range(1, 5)
+    ]
     assert series(result, "vllm:e2e_request_latency_seconds_count", "rate").points[0] == (0.5, 4.0)
     # 2 requests in each interval, 3 s of latency between them: 1.5 s each
     assert series(result, "vllm:e2e_request_latency_seconds", "mean").points == [
-        (0.5 * k, 1.5) for k in range(1, 5)]
+        (0.5 * k, 1.5) for k in range(1, 5)
+    ]
     names = {s.name for s in result.series}
     assert not any(n.endswith(("_bucket", "_created", "_sum")) for n in names)
     assert result.endpoints[0].server == "vllm" and result.endpoints[0].scrapes == 5
@@ -86,8 +108,9 @@ def test_gauges_as_values_counters_as_rates_histograms_as_rate_and_mean() -> Non
 
 def test_a_counter_that_restarts_counts_from_zero() -> None:
     pages = [vllm_page(1, 0, tokens=t) for t in (1000, 1100, 50)]
-    assert [v for _, v in series(scraped(pages), "vllm:generation_tokens_total", "rate").points
-            ] == [200.0, 100.0]
+    assert [
+        v for _, v in series(scraped(pages), "vllm:generation_tokens_total", "rate").points
+    ] == [200.0, 100.0]
 
 
 def test_roles_of_vllm_with_peak_and_mean_over_the_run_window() -> None:
@@ -114,10 +137,15 @@ sglang:num_queue_reqs{{tp_rank="0"}} 2
 sglang:token_usage{{tp_rank="0"}} 0.5
 sglang:token_usage{{tp_rank="1"}} {kv}
 """
-    result = from_pages({
-        "http://a/metrics": [(0.0, sglang.format(r=3, kv=0.7)), (0.5, sglang.format(r=4, kv=0.9))],
-        "http://b/metrics": [(0.1, vllm_page(5, 1, kv=0.2)), (0.6, vllm_page(5, 1, kv=0.95))],
-    })
+    result = from_pages(
+        {
+            "http://a/metrics": [
+                (0.0, sglang.format(r=3, kv=0.7)),
+                (0.5, sglang.format(r=4, kv=0.9)),
+            ],
+            "http://b/metrics": [(0.1, vllm_page(5, 1, kv=0.2)), (0.6, vllm_page(5, 1, kv=0.95))],
+        }
+    )
     assert [e.server for e in result.endpoints] == ["sglang", "vllm"]
     # the roles' points are the ticks' times, one for both endpoints
     assert result.roles["running"].points == [(0.0, 11.0), (0.5, 13.0)]
@@ -198,7 +226,9 @@ def test_a_queue_behind_a_full_batch_is_named() -> None:
     pages = [vllm_page(8, 24) for _ in range(10)]
     found = fired(with_roles(pages))
     finding = found["server_queue_grows"]
-    assert "held 24 on average" in finding.finding and "stayed at their largest, 8" in finding.finding
+    assert (
+        "held 24 on average" in finding.finding and "stayed at their largest, 8" in finding.finding
+    )
     assert finding.evidence["running_max"] == 8 and finding.evidence["waiting_peak"] == 24
     assert "vllm:num_requests_waiting" in finding.evidence["metrics"]
     assert "--max-num-seqs" in finding.look_at
@@ -211,11 +241,14 @@ def test_a_growing_queue_says_so() -> None:
     assert finding.finding.startswith("the server's own queue grew from")
 
 
-@pytest.mark.parametrize("pages", [
-    [vllm_page(8, 0)] * 10,  # no queue
-    [vllm_page(8, 3 if k in (2, 7) else 0) for k in range(10)],  # a request now and then
-    [vllm_page(k + 1, 4) for k in range(10)],  # the batch still filling while some wait
-])
+@pytest.mark.parametrize(
+    "pages",
+    [
+        [vllm_page(8, 0)] * 10,  # no queue
+        [vllm_page(8, 3 if k in (2, 7) else 0) for k in range(10)],  # a request now and then
+        [vllm_page(k + 1, 4) for k in range(10)],  # the batch still filling while some wait
+    ],
+)
 def test_silent_without_a_queue_behind_a_full_batch(pages: list[str]) -> None:
     assert "server_queue_grows" not in fired(with_roles(pages))
 
@@ -267,28 +300,38 @@ def test_summary_lines_report_and_json(tmp_path: Path) -> None:
     lines = scraped_lines(result.scraped)
     assert lines[0].startswith("scraped http://vllm:8000/metrics (vllm): 10 scrapes, ")
     assert "2 failed (first: timed out)" in lines[0]
-    assert lines[1] == ("the server's own metrics over the run: requests running peak 8 (mean "
-                        "8), waiting peak 24 (mean 24), KV cache in use peak 50% (mean 50%), "
-                        "preempted peak 0.0/s (mean 0.0/s)")
+    assert lines[1] == (
+        "the server's own metrics over the run: requests running peak 8 (mean "
+        "8), waiting peak 24 (mean 24), KV cache in use peak 50% (mean 50%), "
+        "preempted peak 0.0/s (mean 0.0/s)"
+    )
     result.diagnosis = diagnose(result)
     page = render_report(result, tmp_path).read_text()
     assert "The server&#x27;s own metrics (--scrape)" in page or "own metrics (--scrape)" in page
     assert (tmp_path / "server_metrics.png").exists()
     written = to_builtins(result)
-    assert set(written["scraped"]) == {"interval_s", "started_ns", "run_window_s", "endpoints",
-                                       "roles", "series"}
+    assert set(written["scraped"]) == {
+        "interval_s",
+        "started_ns",
+        "run_window_s",
+        "endpoints",
+        "roles",
+        "series",
+    }
     again = msgspec.convert(json.loads(json.dumps(written)), BenchResult)
     assert again.scraped.roles["waiting"].peak == 24
 
 
 def test_a_page_without_known_names_is_plotted_by_its_changing_series(tmp_path: Path) -> None:
-    pages = [f"# TYPE queue_depth gauge\nqueue_depth {k}\n# TYPE up gauge\nup 1\n"
-             for k in range(5)]
+    pages = [
+        f"# TYPE queue_depth gauge\nqueue_depth {k}\n# TYPE up gauge\nup 1\n" for k in range(5)
+    ]
     result = with_roles(pages)
     render_report(result, tmp_path)
     assert (tmp_path / "server_metrics.png").exists()
     assert scraped_lines(result.scraped) == [
-        "scraped http://vllm:8000/metrics (no names of a known server): 5 scrapes, 2 series"]
+        "scraped http://vllm:8000/metrics (no names of a known server): 5 scrapes, 2 series"
+    ]
 
 
 def _cache_page(prefix: str, label: str, counts: dict[str, tuple[int, int]]) -> str:
@@ -296,8 +339,9 @@ def _cache_page(prefix: str, label: str, counts: dict[str, tuple[int, int]]) -> 
     lines = []
     for kind, at in (("hits", 0), ("queries", 1)):
         lines.append(f"# TYPE {prefix}prefix_cache_{kind} counter")
-        lines += [f'{prefix}prefix_cache_{kind}_total{{{label}="{v}"}} {c[at]}'
-                  for v, c in counts.items()]
+        lines += [
+            f'{prefix}prefix_cache_{kind}_total{{{label}="{v}"}} {c[at]}' for v, c in counts.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -305,10 +349,14 @@ def _cache_page(prefix: str, label: str, counts: dict[str, tuple[int, int]]) -> 
 def test_prefix_cache_hit_rate_by_worker(prefix, label) -> None:
     """cadence's counters by worker and vLLM's by engine: each label set's hit rate over the
     scrapes, from the counters' growth (the tokens before the first scrape not counted)."""
-    pages = [(0.0, {"0": (5, 10), "1": (0, 0)}), (0.5, {"0": (15, 110), "1": (0, 40)}),
-             (1.0, {"0": (65, 210), "1": (30, 80)})]
-    scraped = from_pages({"http://x/metrics": [(t, _cache_page(prefix, label, c))
-                                               for t, c in pages]})
+    pages = [
+        (0.0, {"0": (5, 10), "1": (0, 0)}),
+        (0.5, {"0": (15, 110), "1": (0, 40)}),
+        (1.0, {"0": (65, 210), "1": (30, 80)}),
+    ]
+    scraped = from_pages(
+        {"http://x/metrics": [(t, _cache_page(prefix, label, c)) for t, c in pages]}
+    )
     [w0, w1] = scraped.prefix_cache
     assert (w0.labels, w0.hit_tokens, w0.query_tokens) == ({label: "0"}, 60, 200)
     assert w0.hit_rate == pytest.approx(0.3) and w1.hit_rate == pytest.approx(30 / 80)

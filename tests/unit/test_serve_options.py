@@ -57,22 +57,50 @@ def test_each_flag_is_its_fields_type_default_and_choices() -> None:
 def test_no_flags_build_the_default_config_and_flags_set_their_fields() -> None:
     parser = build_parser()
     assert _server_config(parser.parse_args(["serve"])) == ServerConfig()
-    config = _server_config(parser.parse_args([
-        "serve", "--devices", "cpu:4", "--tp", "2", "--stall-timeout", "3", "--no-restart",
-        "--worker-timeout", "0", "--grace", "1.5", "--overflow", "block", "--launcher", "ray",
-        "--step-ms-by-worker", "10,20", "--engine", "mod:Model", "--worker-max-failed-steps", "0"]))
+    config = _server_config(
+        parser.parse_args(
+            [
+                "serve",
+                "--devices",
+                "cpu:4",
+                "--tp",
+                "2",
+                "--stall-timeout",
+                "3",
+                "--no-restart",
+                "--worker-timeout",
+                "0",
+                "--grace",
+                "1.5",
+                "--overflow",
+                "block",
+                "--launcher",
+                "ray",
+                "--step-ms-by-worker",
+                "10,20",
+                "--engine",
+                "mod:Model",
+                "--worker-max-failed-steps",
+                "0",
+            ]
+        )
+    )
     assert config.devices == ["cpu,cpu", "cpu,cpu"] and config.stall_timeout_s == 3.0
     assert not config.restart_workers and config.worker_timeout_s is None
     assert config.worker_max_failed_steps == 0
     assert config.drain_timeout_s == 1.5 and config.overflow == "block"
     assert config.transport == "tcp"  # implied by --launcher ray
-    assert config.engine == EngineConfig(name="model", model_class="mod:Model",
-                                         step_ms_by_worker=(10.0, 20.0))
+    assert config.engine == EngineConfig(
+        name="model", model_class="mod:Model", step_ms_by_worker=(10.0, 20.0)
+    )
 
 
 def test_the_python_api_names_an_unknown_option_and_what_it_may_have_meant() -> None:
-    with pytest.raises(TypeError, match=r"unknown option 'max_concurent' \(did you mean "
-                                        r"'max_concurrent'\?\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"unknown option 'max_concurent' \(did you mean "
+        r"'max_concurrent'\?\)",
+    ):
         configure(_APP, {"max_concurent": 8})
     with pytest.raises(TypeError, match=r"'stall_timeout' \(did you mean 'stall_timeout_s'"):
         configure(_APP, {"stall_timeout": 3})
@@ -88,8 +116,9 @@ def test_the_python_api_names_an_unknown_option_and_what_it_may_have_meant() -> 
 def test_a_constructor_checks_a_declared_choice() -> None:
     with pytest.raises(ValueError, match="overflow must be 'merge', 'block' or 'abort'"):
         ServerConfig(overflow="drop")
-    with pytest.raises(ValueError, match="dtype must be 'auto', 'float32', 'bfloat16' or "
-                                         "'float16'"):
+    with pytest.raises(
+        ValueError, match="dtype must be 'auto', 'float32', 'bfloat16' or 'float16'"
+    ):
         ServerConfig(engine=EngineConfig(dtype="float64"))
 
 
@@ -103,15 +132,18 @@ def test_the_sweeps_server_variables_set_serve_options_by_their_flags() -> None:
 
 def _numbers() -> list:
     """The options whose values are numbers (not switches)."""
-    return [o for o in serve_options() if o.name != "tp" and any(
-        kind in (int, float) for kind in (*typing.get_args(o.kind), o.kind))
-        or o.name == "step_ms_by_worker"]
+    return [
+        o
+        for o in serve_options()
+        if o.name != "tp"
+        and any(kind in (int, float) for kind in (*typing.get_args(o.kind), o.kind))
+        or o.name == "step_ms_by_worker"
+    ]
 
 
 def test_every_number_option_declares_its_bounds() -> None:
     """Checked in one place, from the declarations: a new number option says its range."""
-    unbounded = {o.name for o in _numbers() if o.option.at_least is None
-                 and o.option.above is None}
+    unbounded = {o.name for o in _numbers() if o.option.at_least is None and o.option.above is None}
     assert unbounded == {"seed"}  # any 64-bit seed
 
 
@@ -119,29 +151,36 @@ def test_every_number_option_declares_its_bounds() -> None:
 def test_no_float_option_takes_nan_or_infinity(text: str) -> None:
     """NaN passes no comparison: a NaN drain timeout or step started a broken server."""
     parser = build_parser()
-    floats = [o for o in _numbers() if float in (*typing.get_args(o.kind), o.kind)
-              or o.name == "step_ms_by_worker"]
+    floats = [
+        o
+        for o in _numbers()
+        if float in (*typing.get_args(o.kind), o.kind) or o.name == "step_ms_by_worker"
+    ]
     assert {"drain_timeout_s", "worker_timeout_s", "step_ms", "idle_connection_timeout_s"} <= {
-        o.name for o in floats}
+        o.name for o in floats
+    }
     for option in floats:
         with pytest.raises(ValueError, match=f"{option.name} must be a finite number"):
             _server_config(parser.parse_args(["serve", f"{option.flags[0]}={text}"]))
 
 
-@pytest.mark.parametrize(("flag", "value", "said"), [
-    ("--port", "70000", "port must be 0 to 65535 (got 70000)"),
-    ("--port", "-1", "port must be 0 to 65535 (got -1)"),
-    ("--metrics-port", "65536", "metrics_port must be 0 to 65535 (got 65536)"),
-    ("--http-port", "-5", "http_port must be 0 to 65535 (got -5)"),
-    ("--worker-timeout", "-1", "worker_timeout_s must be positive (got -1)"),
-    ("--drain-timeout", "-1", "drain_timeout_s must not be negative (got -1)"),
-    ("--idle-connection-timeout", "0", "idle_connection_timeout_s must be positive (got 0)"),
-    ("--heartbeat-timeout", "-3", "heartbeat_timeout_s must be positive (got -3)"),
-    ("--startup-timeout", "0", "startup_timeout_s must be positive (got 0)"),
-    ("--max-batch", "0", "max_batch must be at least 1 (got 0)"),
-    ("--kv-cache-tokens", "8", "kv_cache_tokens must be at least 16 (got 8)"),
-    ("--jitter-ms", "-1", "jitter_ms must not be negative (got -1)"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--port", "70000", "port must be 0 to 65535 (got 70000)"),
+        ("--port", "-1", "port must be 0 to 65535 (got -1)"),
+        ("--metrics-port", "65536", "metrics_port must be 0 to 65535 (got 65536)"),
+        ("--http-port", "-5", "http_port must be 0 to 65535 (got -5)"),
+        ("--worker-timeout", "-1", "worker_timeout_s must be positive (got -1)"),
+        ("--drain-timeout", "-1", "drain_timeout_s must not be negative (got -1)"),
+        ("--idle-connection-timeout", "0", "idle_connection_timeout_s must be positive (got 0)"),
+        ("--heartbeat-timeout", "-3", "heartbeat_timeout_s must be positive (got -3)"),
+        ("--startup-timeout", "0", "startup_timeout_s must be positive (got 0)"),
+        ("--max-batch", "0", "max_batch must be at least 1 (got 0)"),
+        ("--kv-cache-tokens", "8", "kv_cache_tokens must be at least 16 (got 8)"),
+        ("--jitter-ms", "-1", "jitter_ms must not be negative (got -1)"),
+    ],
+)
 def test_a_number_outside_its_bounds_is_refused_saying_them(flag, value, said) -> None:
     with pytest.raises(ValueError, match=re.escape(said)):
         _server_config(build_parser().parse_args(["serve", flag, value]))

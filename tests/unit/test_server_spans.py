@@ -15,30 +15,65 @@ OFFSET = 1_700_000_000 * 10**9
 
 def record(n: int, start_ms: float, first_ms: float, code: str = "OK") -> RequestRecord:
     start = int(start_ms * MS)
-    return RequestRecord(request_id=f"r{n}", process=0, start_ns=start, code=code,
-                         arrival_ns=[start + int(first_ms * MS)] if code == "OK" else [],
-                         tokens=[1] if code == "OK" else [], index=[0] if code == "OK" else [],
-                         trace_id=f"{n:032x}")
+    return RequestRecord(
+        request_id=f"r{n}",
+        process=0,
+        start_ns=start,
+        code=code,
+        arrival_ns=[start + int(first_ms * MS)] if code == "OK" else [],
+        tokens=[1] if code == "OK" else [],
+        index=[0] if code == "OK" else [],
+        trace_id=f"{n:032x}",
+    )
 
 
-def span(n: int, name: str, start_ms: float, end_ms: float, *, span_id: str = "aa",
-         parent: str = "ff", attributes: dict | None = None,
-         events: list | None = None, service: str = "svc") -> ReceivedSpan:
-    return ReceivedSpan(trace_id=f"{n:032x}", span_id=span_id, parent_id=parent, name=name,
-                        service=service, start_ns=OFFSET + int(start_ms * MS),
-                        end_ns=OFFSET + int(end_ms * MS), attributes=attributes or {},
-                        events=[(e, OFFSET + int(t * MS)) for e, t in events or []], error=None)
+def span(
+    n: int,
+    name: str,
+    start_ms: float,
+    end_ms: float,
+    *,
+    span_id: str = "aa",
+    parent: str = "ff",
+    attributes: dict | None = None,
+    events: list | None = None,
+    service: str = "svc",
+) -> ReceivedSpan:
+    return ReceivedSpan(
+        trace_id=f"{n:032x}",
+        span_id=span_id,
+        parent_id=parent,
+        name=name,
+        service=service,
+        start_ns=OFFSET + int(start_ms * MS),
+        end_ns=OFFSET + int(end_ms * MS),
+        attributes=attributes or {},
+        events=[(e, OFFSET + int(t * MS)) for e, t in events or []],
+        error=None,
+    )
 
 
-def cadence_like(n: int, start: float, before: float, queue: float, prefill: float,
-                 to_send: float) -> ReceivedSpan:
+def cadence_like(
+    n: int, start: float, before: float, queue: float, prefill: float, to_send: float
+) -> ReceivedSpan:
     """A span with its first send as an event, queue and prefill as attributes."""
     s = start + before
-    return span(n, "text_completion m", s, s + 100, service="cadence", events=[
-        ("cadence.scheduled", s + queue), ("cadence.first_token", s + queue + prefill),
-        ("first_send", s + queue + prefill + to_send)],
-        attributes={"gen_ai.latency.time_in_queue": queue / 1e3,
-                    "gen_ai.latency.time_in_model_prefill": prefill / 1e3})
+    return span(
+        n,
+        "text_completion m",
+        s,
+        s + 100,
+        service="cadence",
+        events=[
+            ("cadence.scheduled", s + queue),
+            ("cadence.first_token", s + queue + prefill),
+            ("first_send", s + queue + prefill + to_send),
+        ],
+        attributes={
+            "gen_ai.latency.time_in_queue": queue / 1e3,
+            "gen_ai.latency.time_in_model_prefill": prefill / 1e3,
+        },
+    )
 
 
 def test_a_span_with_a_first_send_splits_ttft_into_parts_that_add_up() -> None:
@@ -49,8 +84,14 @@ def test_a_span_with_a_first_send_splits_ttft_into_parts_that_add_up() -> None:
     assert r.ttft_ms == 31 and r.before_ms == 3 and r.inside_ms == 26 and r.after_ms == 2
     assert (r.queue_ms, r.prefill_ms) == (5, 20) and abs(r.inside_other_ms - 1) < 1e-9
     assert r.before_ms + r.inside_ms + r.after_ms == r.ttft_ms
-    assert set(spans.ttft_split_ms) == {"before", "inside", "queue", "prefill", "inside_other",
-                                        "after"}
+    assert set(spans.ttft_split_ms) == {
+        "before",
+        "inside",
+        "queue",
+        "prefill",
+        "inside_other",
+        "after",
+    }
 
 
 def test_the_outermost_span_is_the_servers_and_child_spans_name_the_parts() -> None:
@@ -69,15 +110,27 @@ def test_the_outermost_span_is_the_servers_and_child_spans_name_the_parts() -> N
 
 
 def test_vllm_attributes_give_the_first_output_without_an_event() -> None:
-    vllm = span(1, "llm_request", 5, 90, attributes={
-        "gen_ai.latency.time_to_first_token": 0.030, "gen_ai.latency.time_in_queue": 0.012})
+    vllm = span(
+        1,
+        "llm_request",
+        5,
+        90,
+        attributes={
+            "gen_ai.latency.time_to_first_token": 0.030,
+            "gen_ai.latency.time_in_queue": 0.012,
+        },
+    )
     [r] = join_spans([record(1, 0, 37)], [vllm], OFFSET, 1).requests
     assert r.before_ms == 5 and r.inside_ms == 30 and r.after_ms == 2 and r.queue_ms == 12
 
 
 def test_other_traces_and_failed_requests_are_counted_apart() -> None:
-    joined = join_spans([record(1, 0, 0, code="UNAVAILABLE")],
-                        [span(1, "x", 1, 2), span(99, "health", 0, 1)], OFFSET, 1)
+    joined = join_spans(
+        [record(1, 0, 0, code="UNAVAILABLE")],
+        [span(1, "x", 1, 2), span(99, "health", 0, 1)],
+        OFFSET,
+        1,
+    )
     assert joined.matched == 1 and joined.foreign_traces == 1
     assert joined.requests[0].ttft_ms is None and not joined.ttft_split_ms
 

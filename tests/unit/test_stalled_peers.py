@@ -34,7 +34,9 @@ class _Sending(asyncio.Protocol):
         self.lost.set_result(exc)
 
 
-async def _connection(rate: int) -> tuple[socket.socket, asyncio.Transport, _Sending, asyncio.Server]:
+async def _connection(
+    rate: int,
+) -> tuple[socket.socket, asyncio.Transport, _Sending, asyncio.Server]:
     loop = asyncio.get_running_loop()
     made: asyncio.Future = loop.create_future()
     protocols: list[_Sending] = []
@@ -84,7 +86,9 @@ def test_a_peer_that_reads_or_has_nothing_waiting_is_not_reset() -> None:
         watch.watch(slow_transport)
         watch.watch(idle_transport)
         try:
-            for _ in range(20):  # 1 s, several timeouts: the slow one reads 4 KiB each time, less than it is sent
+            for _ in range(
+                20
+            ):  # 1 s, several timeouts: the slow one reads 4 KiB each time, less than it is sent
                 await asyncio.sleep(0.05)
                 try:
                     slow.recv(4096)

@@ -72,62 +72,121 @@ def test_start_up_over_fronts_is_the_workers_not_a_sum() -> None:
 
 
 def test_worker_startup_reads_the_last_scrape_and_restarts_during_the_run() -> None:
-    first = {"cadence_worker_load_seconds{worker=0}": 3.0,
-             "cadence_worker_restarts_total{worker=0}": 1.0,
-             "cadence_output_tokens_total": 0.0}
-    last = {"cadence_worker_load_seconds{worker=0}": 2.0,
-            "cadence_worker_warmup_seconds{worker=0}": 0.5,
-            "cadence_worker_restarts_total{worker=0}": 3.0,
-            "cadence_worker_restarts_total{worker=1}": 0.0,
-            "cadence_output_tokens_total": 90.0}
+    first = {
+        "cadence_worker_load_seconds{worker=0}": 3.0,
+        "cadence_worker_restarts_total{worker=0}": 1.0,
+        "cadence_output_tokens_total": 0.0,
+    }
+    last = {
+        "cadence_worker_load_seconds{worker=0}": 2.0,
+        "cadence_worker_warmup_seconds{worker=0}": 0.5,
+        "cadence_worker_restarts_total{worker=0}": 3.0,
+        "cadence_worker_restarts_total{worker=1}": 0.0,
+        "cadence_output_tokens_total": 90.0,
+    }
     rows = worker_startup({"samples": [[0.0, first], [1.0, last]]})
-    assert rows[0] == {"worker": 0, "load_s": 2.0, "warmup_s": 0.5, "first_step_s": None,
-                       "warm_step_s": None, "restarts": 3.0, "restarts_during_run": 2.0}
+    assert rows[0] == {
+        "worker": 0,
+        "load_s": 2.0,
+        "warmup_s": 0.5,
+        "first_step_s": None,
+        "warm_step_s": None,
+        "restarts": 3.0,
+        "restarts_during_run": 2.0,
+    }
     assert rows[1]["load_s"] is None and rows[1]["restarts_during_run"] == 0.0
     assert worker_startup(None) == [] and worker_startup({"samples": []}) == []
     assert worker_startup({"samples": [[0.0, {"cadence_active_streams": 1.0}]]}) == []
 
 
 def test_startup_lines_show_load_warm_up_and_cold_against_warm_step() -> None:
-    rows = [{"worker": 0, "load_s": 2.5, "warmup_s": 0.4, "first_step_s": 0.3125,
-             "warm_step_s": 0.0021, "restarts": 0.0, "restarts_during_run": 0.0},
-            {"worker": 1, "load_s": 1.25, "warmup_s": 0.05, "first_step_s": 0.0004,
-             "warm_step_s": None, "restarts": 2.0, "restarts_during_run": 1.0},
-            {"worker": 2, "load_s": None, "warmup_s": None, "first_step_s": None,
-             "warm_step_s": None, "restarts": 0.0, "restarts_during_run": 0.0}]
+    rows = [
+        {
+            "worker": 0,
+            "load_s": 2.5,
+            "warmup_s": 0.4,
+            "first_step_s": 0.3125,
+            "warm_step_s": 0.0021,
+            "restarts": 0.0,
+            "restarts_during_run": 0.0,
+        },
+        {
+            "worker": 1,
+            "load_s": 1.25,
+            "warmup_s": 0.05,
+            "first_step_s": 0.0004,
+            "warm_step_s": None,
+            "restarts": 2.0,
+            "restarts_during_run": 1.0,
+        },
+        {
+            "worker": 2,
+            "load_s": None,
+            "warmup_s": None,
+            "first_step_s": None,
+            "warm_step_s": None,
+            "restarts": 0.0,
+            "restarts_during_run": 0.0,
+        },
+    ]
     assert startup_lines(rows) == [
         "start-up worker 0: load 2500 ms, warm-up 400 ms (first step 312 ms vs warm step 2.1 ms)",
-        ("start-up worker 1: load 1250 ms, warm-up 50.0 ms (first step 0.40 ms vs warm step ?); "
-         "2 restart(s), 1 during the run (the values are of the last start)"),
+        (
+            "start-up worker 1: load 1250 ms, warm-up 50.0 ms (first step 0.40 ms vs warm step ?); "
+            "2 restart(s), 1 during the run (the values are of the last start)"
+        ),
     ]
 
 
 def _result_with_startup() -> dict:
     result = msgspec.to_builtins(summarize([]))
     result["workload"] = {"target": "127.0.0.1:1", "requests": 0}
-    result["client"] = {"processes": 1, "cpu_s": 0.0, "cpu_per_chunk_us": 0.0,
-                        "busiest_process_cpu_share": 0.1}
-    values = {"cadence_worker_load_seconds{worker=0}": 2.5,
-              "cadence_worker_warmup_seconds{worker=0}": 0.4,
-              "cadence_worker_first_step_seconds{worker=0}": 0.3,
-              "cadence_worker_warm_step_seconds{worker=0}": 0.02,
-              "cadence_worker_restarts_total{worker=0}": 0.0}
-    result["system"] = {"processes": {}, "gpus": [], "flags": [], "server_metrics": {
-        "url": "http://127.0.0.1:2/metrics", "scrapes": 1, "peaks": {},
-        "during_run": {"cadence_merged_steps_total": 0.0, "cadence_buffer_overflows_total": 0.0},
-        "samples": [[0.0, values]]}}
+    result["client"] = {
+        "processes": 1,
+        "cpu_s": 0.0,
+        "cpu_per_chunk_us": 0.0,
+        "busiest_process_cpu_share": 0.1,
+    }
+    values = {
+        "cadence_worker_load_seconds{worker=0}": 2.5,
+        "cadence_worker_warmup_seconds{worker=0}": 0.4,
+        "cadence_worker_first_step_seconds{worker=0}": 0.3,
+        "cadence_worker_warm_step_seconds{worker=0}": 0.02,
+        "cadence_worker_restarts_total{worker=0}": 0.0,
+    }
+    result["system"] = {
+        "processes": {},
+        "gpus": [],
+        "flags": [],
+        "server_metrics": {
+            "url": "http://127.0.0.1:2/metrics",
+            "scrapes": 1,
+            "peaks": {},
+            "during_run": {
+                "cadence_merged_steps_total": 0.0,
+                "cadence_buffer_overflows_total": 0.0,
+            },
+            "samples": [[0.0, values]],
+        },
+    }
     return result
 
 
 def test_bench_summary_prints_a_start_up_line(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal's width
     result = _result_with_startup()
-    result["integrity"] = {"lost_tokens": 0, "repeated_tokens": 0, "reordered_chunks": 0,
-                           "short_streams": 0}
+    result["integrity"] = {
+        "lost_tokens": 0,
+        "repeated_tokens": 0,
+        "reordered_chunks": 0,
+        "short_streams": 0,
+    }
     print_summary(msgspec.convert(result, BenchResult))
     out = capsys.readouterr().out
-    assert "start-up worker 0: load 2500 ms, warm-up 400 ms (first step 300 ms vs warm step " \
-           "20.0 ms)" in out
+    assert (
+        "start-up worker 0: load 2500 ms, warm-up 400 ms (first step 300 ms vs warm step "
+        "20.0 ms)" in out
+    )
 
 
 def test_report_has_a_start_up_row_per_worker(tmp_path: Path) -> None:

@@ -35,8 +35,9 @@ class Recording(SyntheticEngine):
         self.released: list[int] = []
 
     def step(self, prefill, decode):
-        self.steps.append(([(s.seq_id, s.prefilled, s.prefill_to) for s in prefill],
-                           [s.seq_id for s in decode]))
+        self.steps.append(
+            ([(s.seq_id, s.prefilled, s.prefill_to) for s in prefill], [s.seq_id for s in decode])
+        )
         return super().step(prefill, decode)
 
     def release(self, seq):
@@ -73,7 +74,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_the_decodes():
     assert all(a[2] == b[1] for a, b in zip(chunks, chunks[1:]))
     # Every one of those steps decoded the three others; the long one had no output until
     # its last chunk, and its first token came with it.
-    assert all(decode == [0, 1, 2] for _, decode in engine.steps[1:len(chunks) + 1])
+    assert all(decode == [0, 1, 2] for _, decode in engine.steps[1 : len(chunks) + 1])
     first = next(i for i, o in enumerate(outs) if 9 in o.seq_ids)
     assert first == len(chunks) - 1
     assert all(o.seq_ids == [0, 1, 2] for o in outs[:first])
@@ -90,7 +91,10 @@ def test_the_oldest_prompt_is_prefilled_first_and_the_budget_is_shared():
     s.add(req(2, LONG[:120], max_tokens=1))
     outs = run_to_end(s)
     assert [p for p, _ in engine.steps] == [
-        [(1, 0, 100)], [(1, 100, 150), (2, 0, 50)], [(2, 50, 120)]]
+        [(1, 0, 100)],
+        [(1, 100, 150), (2, 0, 50)],
+        [(2, 50, 120)],
+    ]
     assert [o.seq_ids for o in outs] == [[], [1], [2]]
     assert [o.finish_reasons for o in outs] == [[], [Finish.LENGTH], [Finish.LENGTH]]
 
@@ -132,8 +136,7 @@ def test_an_engine_without_chunks_gets_whole_prompts_that_fit_the_budget():
     s.add(req(3, LONG[:30], max_tokens=1))
     s.add(req(4, LONG[:20], max_tokens=1))
     run_to_end(s)
-    assert [p for p, _ in engine.steps] == [
-        [(1, 0, 300)], [(2, 0, 60), (3, 0, 30)], [(4, 0, 20)]]
+    assert [p for p, _ in engine.steps] == [[(1, 0, 300)], [(2, 0, 60), (3, 0, 30)], [(4, 0, 20)]]
 
 
 def test_without_a_budget_every_admitted_prompt_is_whole_in_one_step():
@@ -262,7 +265,8 @@ def test_a_model_class_opts_in_to_chunks(tmp_path):
         "    def step(self, prefill, decode):\n"
         "        self.seen += [(s.prefilled, s.prefill_to) for s in prefill]\n"
         "        return [None if s.prefill_to < len(s.prompt_token_ids) else 65 for s in prefill]"
-        " + [66] * len(decode)\n")
+        " + [66] * len(decode)\n"
+    )
     whole = ModelEngine(EngineConfig(name="model", model_class=f"{module}:Whole"), "cpu")
     assert not whole.takes_prefill_chunks
     engine = ModelEngine(EngineConfig(name="model", model_class=f"{module}:Chunky"), "cpu")

@@ -146,8 +146,9 @@ def test_a_chunk_stops_merging_before_its_byte_bound_and_the_rest_follows():
         assert len(chunk.text.encode()) + TOKEN_ID_BYTES * len(chunk.token_ids) <= MAX_CHUNK_BYTES
         assert chunk.text == piece * (len(chunk.token_ids) // 2_000)
     assert [c.finish for c in chunks] == [Finish.NONE] * (len(chunks) - 1) + [Finish.LENGTH]
-    assert [c.index for c in chunks] == [sum(len(c.token_ids) for c in chunks[:i])
-                                         for i in range(len(chunks))]
+    assert [c.index for c in chunks] == [
+        sum(len(c.token_ids) for c in chunks[:i]) for i in range(len(chunks))
+    ]
     assert sum(len(c.token_ids) for c in chunks) == 40_000
 
 
@@ -450,9 +451,18 @@ _FRONT_METRICS = FrontMetrics()
 
 def blocking_stream(capacity: int = 2, overflow: str = "block") -> tuple[RequestStream, PauseLink]:
     link = PauseLink()
-    stream = RequestStream(7, 0, 3, capacity=capacity, overflow=overflow,
-                           include_timing=False, decoder=ByteTokenizer().stream_decoder(),
-                           received_ns=1_000, link=link, tally=_FRONT_METRICS.tally)
+    stream = RequestStream(
+        7,
+        0,
+        3,
+        capacity=capacity,
+        overflow=overflow,
+        include_timing=False,
+        decoder=ByteTokenizer().stream_decoder(),
+        received_ns=1_000,
+        link=link,
+        tally=_FRONT_METRICS.tally,
+    )
     _TALLIES[id(stream)] = _FRONT_METRICS.tally
     return stream, link
 
@@ -460,8 +470,10 @@ def blocking_stream(capacity: int = 2, overflow: str = "block") -> tuple[Request
 def pause_samples() -> tuple[float, float]:
     """(cadence_sequence_pauses_total, cadence_paused_sequences) as the front exports them."""
     registry = _FRONT_METRICS.registry
-    return (registry.get_sample_value("cadence_sequence_pauses_total"),
-            registry.get_sample_value("cadence_paused_sequences"))
+    return (
+        registry.get_sample_value("cadence_sequence_pauses_total"),
+        registry.get_sample_value("cadence_paused_sequences"),
+    )
 
 
 def test_block_counts_each_pause_once_and_the_gauge_follows_resumes():

@@ -47,7 +47,9 @@ _GRPC_STAMP = re.compile(r"^GRPC_GENERATED_VERSION = '([^']+)'$", re.MULTILINE)
 _PROTOBUF_STAMP = re.compile(
     r"^# Protobuf Python Version: (\S+)$|"
     r"ValidateProtobufRuntimeVersion\(\n\s+_runtime_version\.Domain\.PUBLIC,\n"
-    r"\s+(\d+),\n\s+(\d+),\n\s+(\d+),", re.MULTILINE)
+    r"\s+(\d+),\n\s+(\d+),\n\s+(\d+),",
+    re.MULTILINE,
+)
 
 
 def _without_version_stamps(text: str) -> str:
@@ -67,8 +69,11 @@ def _floor(package: str) -> Version:
     for line in project["dependencies"]:
         requirement = Requirement(line)
         if requirement.name == package:
-            return min(Version(spec.version) for spec in requirement.specifier
-                       if spec.operator in (">=", "=="))
+            return min(
+                Version(spec.version)
+                for spec in requirement.specifier
+                if spec.operator in (">=", "==")
+            )
     raise AssertionError(f"{package} is not among pyproject.toml's dependencies")
 
 
@@ -79,11 +84,13 @@ def test_stubs_demand_no_more_than_we_allow(path: Path):
     text = (SRC / path).read_text()
     for match in _GRPC_STAMP.finditer(text):
         assert Version(match[1]) <= _floor("grpcio"), (
-            f"src/{path} needs grpcio>={match[1]}; raise pyproject.toml's grpcio floor")
+            f"src/{path} needs grpcio>={match[1]}; raise pyproject.toml's grpcio floor"
+        )
     for match in _PROTOBUF_STAMP.finditer(text):
         stamp = Version(match[1] or ".".join(match.group(2, 3, 4)))
         assert stamp <= _floor("protobuf"), (
-            f"src/{path} needs protobuf>={stamp}; raise pyproject.toml's protobuf floor")
+            f"src/{path} needs protobuf>={stamp}; raise pyproject.toml's protobuf floor"
+        )
 
 
 def test_stubs_import_from_package_path(generated: Path):
@@ -91,7 +98,10 @@ def test_stubs_import_from_package_path(generated: Path):
     assert "from cadence.proto.v1 import inference_pb2" in grpc_stub
     assert "from cadence.v1 import" not in grpc_stub
     kserve = generated / "cadence/proto/kserve"
-    assert "from cadence.proto.kserve import model_config_pb2" in (kserve / "grpc_service_pb2.py").read_text()
+    assert (
+        "from cadence.proto.kserve import model_config_pb2"
+        in (kserve / "grpc_service_pb2.py").read_text()
+    )
     assert "from inference import" not in (kserve / "grpc_service_pb2_grpc.py").read_text()
 
 
@@ -107,8 +117,9 @@ def test_kserve_protocol_matches_tritonclient():
     """Every field cadence declares has the number and type of tritonclient's own compiled
     protocol, so Triton's clients decode cadence's messages. (Both load in one process
     because cadence's copy lives in a private descriptor pool.)"""
-    triton_service = pytest.importorskip("tritonclient.grpc.service_pb2",
-                                         reason="tritonclient is in the test extras")
+    triton_service = pytest.importorskip(
+        "tritonclient.grpc.service_pb2", reason="tritonclient is in the test extras"
+    )
     from cadence.proto.kserve import grpc_service_pb2, model_config_pb2
 
     checked = 0
@@ -122,14 +133,23 @@ def test_kserve_protocol_matches_tritonclient():
     assert checked > 80
     services = grpc_service_pb2.DESCRIPTOR.services_by_name
     assert [m.name for m in services["GRPCInferenceService"].methods] == [
-        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-        "ModelInfer", "ModelStreamInfer", "ModelConfig", "ModelStatistics",
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelStreamInfer",
+        "ModelConfig",
+        "ModelStatistics",
     ]
     theirs = triton_service.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     for method in services["GRPCInferenceService"].methods:
         twin = theirs.methods_by_name[method.name]
         assert (method.input_type.full_name, method.output_type.full_name) == (
-            twin.input_type.full_name, twin.output_type.full_name)
+            twin.input_type.full_name,
+            twin.output_type.full_name,
+        )
 
 
 def _all_messages(messages):

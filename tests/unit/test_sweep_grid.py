@@ -15,10 +15,12 @@ BASE = Load(Workload(requests=8, concurrency=2))
 
 
 def test_every_combination_first_axis_slowest_each_with_its_load() -> None:
-    points = grid([("concurrency", ["1", "4"]), ("max_tokens", ["8", "2:6"]),
-                   ("procs", ["2"])], BASE)
+    points = grid(
+        [("concurrency", ["1", "4"]), ("max_tokens", ["8", "2:6"]), ("procs", ["2"])], BASE
+    )
     assert [p.values for p in points] == [
-        {"concurrency": c, "max_tokens": m, "procs": "2"} for c in ("1", "4") for m in ("8", "2:6")]
+        {"concurrency": c, "max_tokens": m, "procs": "2"} for c in ("1", "4") for m in ("8", "2:6")
+    ]
     last = points[-1].load
     assert last.workload.concurrency == 4 and last.workload.shape.max_tokens == (2, 6)
     assert last.processes == 2 and last.workload.requests == 8
@@ -30,12 +32,15 @@ def test_a_server_variable_changes_no_load() -> None:
     assert point == ({"workers": "2"}, BASE)
 
 
-@pytest.mark.parametrize(("axes", "said"), [
-    ([("rate", ["-1"])], "--vary rate=-1: expected a number of at least 0"),
-    ([("requests", ["0"])], "--vary requests=0: expected a whole number of at least 1"),
-    ([("max_tokens", ["9:2"])], "--vary max_tokens=9:2: expected 1 <= LO <= HI"),
-    ([("rate", ["1"]), ("concurrency", ["2"])], "do not combine"),
-])
+@pytest.mark.parametrize(
+    ("axes", "said"),
+    [
+        ([("rate", ["-1"])], "--vary rate=-1: expected a number of at least 0"),
+        ([("requests", ["0"])], "--vary requests=0: expected a whole number of at least 1"),
+        ([("max_tokens", ["9:2"])], "--vary max_tokens=9:2: expected 1 <= LO <= HI"),
+        ([("rate", ["1"]), ("concurrency", ["2"])], "do not combine"),
+    ],
+)
 def test_a_grid_that_cannot_run_is_refused_before_anything_runs(axes, said) -> None:
     with pytest.raises(ValueError, match=said):
         grid(axes, BASE)
@@ -51,17 +56,38 @@ def test_a_running_server_varies_only_the_load() -> None:
 
 
 def test_the_csv_has_a_row_per_point_failed_ones_without_figures(tmp_path) -> None:
-    run = msgspec.convert({"ttft_ms": {"p50": 10.0, "p99": 20.0}, "itl_ms": {"mean": 5.0, "p90": 6.0},
-                           "tokens_per_s": 100.0, "diagnosis": [{"rule": "under_capacity", "finding": "", "evidence": {},
-                                          "look_at": ""}]},
-                          BenchResult)
-    points = [SweepPoint(value="1,4", values={"concurrency": "1", "max_tokens": "4"},
-                         repeats=[run, run], failed=False),
-              SweepPoint(value="2,4", values={"concurrency": "2", "max_tokens": "4"},
-                         repeats=[], failed=True, failures=["nothing answers"])]
-    sweep = SweepResult(sweep=Sweep(variable="concurrency,max_tokens",
-                                    variables=["concurrency", "max_tokens"], points=points,
-                                    table=sweep_table(points)))
+    run = msgspec.convert(
+        {
+            "ttft_ms": {"p50": 10.0, "p99": 20.0},
+            "itl_ms": {"mean": 5.0, "p90": 6.0},
+            "tokens_per_s": 100.0,
+            "diagnosis": [{"rule": "under_capacity", "finding": "", "evidence": {}, "look_at": ""}],
+        },
+        BenchResult,
+    )
+    points = [
+        SweepPoint(
+            value="1,4",
+            values={"concurrency": "1", "max_tokens": "4"},
+            repeats=[run, run],
+            failed=False,
+        ),
+        SweepPoint(
+            value="2,4",
+            values={"concurrency": "2", "max_tokens": "4"},
+            repeats=[],
+            failed=True,
+            failures=["nothing answers"],
+        ),
+    ]
+    sweep = SweepResult(
+        sweep=Sweep(
+            variable="concurrency,max_tokens",
+            variables=["concurrency", "max_tokens"],
+            points=points,
+            table=sweep_table(points),
+        )
+    )
     write_csv(sweep, tmp_path / "s.csv")
     ok, failed = csv.DictReader((tmp_path / "s.csv").open())
     assert (ok["concurrency"], ok["runs"], ok["failed_runs"]) == ("1", "2", "0")

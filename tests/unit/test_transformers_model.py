@@ -44,8 +44,11 @@ def engine(folder: Path, **config) -> ModelEngine:
     return build_engine(EngineConfig(name="transformers", model=str(folder), **config), "cpu")
 
 
-def run(scheduler: BatchScheduler, joins: dict[int, list[AddRequest]],
-        events: dict[int, Callable[[BatchScheduler], None]] | None = None) -> dict[int, tuple]:
+def run(
+    scheduler: BatchScheduler,
+    joins: dict[int, list[AddRequest]],
+    events: dict[int, Callable[[BatchScheduler], None]] | None = None,
+) -> dict[int, tuple]:
     """Step until done; `joins[step]` are added and `events[step]` called before that step.
     Returns each sequence's (token ids, text, finish)."""
     events = events or {}
@@ -79,7 +82,8 @@ def staggered(prompt_ids: list[list[int]], max_tokens: int = N, **fields) -> dic
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_greedy_tokens_equal_generate_with_sequences_joining_at_different_steps(
-        arch, checkpoints, prompt_ids) -> None:
+    arch, checkpoints, prompt_ids
+) -> None:
     model = engine(checkpoints[arch])
     outs = run(BatchScheduler(model, 0, 16), staggered(prompt_ids))
     for i, ids in enumerate(prompt_ids):
@@ -93,8 +97,11 @@ def test_greedy_tokens_equal_generate_with_sequences_joining_at_different_steps(
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
 def test_a_paused_sequence_resumes_from_its_own_cache(arch, checkpoints, prompt_ids) -> None:
     # Sequence 2 leaves the batch for steps 3-7 (its row copied out) and comes back.
-    outs = run(BatchScheduler(engine(checkpoints[arch]), 0, 16), staggered(prompt_ids),
-               {3: lambda s: s.pause([2]), 8: lambda s: s.resume([2])})
+    outs = run(
+        BatchScheduler(engine(checkpoints[arch]), 0, 16),
+        staggered(prompt_ids),
+        {3: lambda s: s.pause([2]), 8: lambda s: s.resume([2])},
+    )
     for i, ids in enumerate(prompt_ids):
         assert outs[i][0] == generate_greedy(checkpoints[arch], ids, N), (arch, i)
 
@@ -116,8 +123,7 @@ def test_an_aborted_sequence_is_released_and_the_others_go_on(checkpoints, promp
     assert model.model._rows is None and all(s.state is None for s in seqs)
 
 
-def test_max_batch_bounds_the_step_and_the_tokens_stay_generates(checkpoints,
-                                                                 prompt_ids) -> None:
+def test_max_batch_bounds_the_step_and_the_tokens_stay_generates(checkpoints, prompt_ids) -> None:
     model = engine(checkpoints["llama"], max_batch=2)
     assert model.max_batch == 2
     scheduler = BatchScheduler(model, 0, model.max_batch)
@@ -185,8 +191,17 @@ def test_dtype_is_the_servers(checkpoints, prompt_ids) -> None:
 def test_serve_resolves_transformers_to_the_model_class(checkpoints) -> None:
     from cadence.cli import _server_config, build_parser
 
-    args = build_parser().parse_args(["serve", "--engine", "transformers", "--model",
-                                      str(checkpoints["phi3"]), "--dtype", "float32"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--engine",
+            "transformers",
+            "--model",
+            str(checkpoints["phi3"]),
+            "--dtype",
+            "float32",
+        ]
+    )
     config = _server_config(args)
     assert config.engine.name == "transformers" and config.engine.tokenizes_text
     assert engine(checkpoints["phi3"]).name == TRANSFORMERS_MODEL
@@ -198,7 +213,8 @@ def test_chat_uses_the_folders_template(checkpoints) -> None:
     pytest.importorskip("jinja2", reason="chat templates need the torch extra's jinja2")
     folder = checkpoints["mistral"]
     (folder / "chat_template.jinja").write_text(
-        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+    )
     chat = chat_format(ServerConfig(engine=EngineConfig(name="transformers", model=str(folder))))
     assert isinstance(chat, TemplateChat)
     assert chat.render([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"

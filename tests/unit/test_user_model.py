@@ -25,8 +25,9 @@ def no_step_time(monkeypatch) -> None:
 
 
 def engine(name: str = "EchoModel", **config) -> ModelEngine:
-    return ModelEngine(EngineConfig(name="model", model_class=f"tests.batched_models:{name}",
-                                    **config), "cpu")
+    return ModelEngine(
+        EngineConfig(name="model", model_class=f"tests.batched_models:{name}", **config), "cpu"
+    )
 
 
 def text_request(seq_id: int, prompt: str, max_tokens: int = 50, **kw) -> AddRequest:
@@ -70,9 +71,9 @@ def test_sequence_is_public_with_the_request_fields() -> None:
 
 def test_int_str_and_none_outputs_with_their_finishes() -> None:
     s = BatchScheduler(engine(), worker=0, max_batch=8)
-    assert s.add(text_request(1, "count 12")) is None       # bytes, then None: STOP
+    assert s.add(text_request(1, "count 12")) is None  # bytes, then None: STOP
     assert s.add(text_request(2, "count 99", max_tokens=5)) is None  # LENGTH
-    assert s.add(text_request(3, "batch", max_tokens=3)) is None     # text pieces
+    assert s.add(text_request(3, "batch", max_tokens=3)) is None  # text pieces
     assert s.add(text_request(4, "abc", max_tokens=9, stop_token_ids=[99])) is None  # stop token
     outs = run(s)
     assert streamed(outs, 1) == (list(b"012345678901"), "012345678901", Finish.STOP)
@@ -98,16 +99,20 @@ def test_a_raising_step_fails_its_sequences_and_the_engine_goes_on() -> None:
     failures = outs[-1]
     assert type(failures) is list and {f.seq_id for f in failures} == {1, 2}
     assert {(f.failure, f.message) for f in failures} == {
-        (Failure.INTERNAL, "EchoModel.step raised ValueError: failed on purpose")}
+        (Failure.INTERNAL, "EchoModel.step raised ValueError: failed on purpose")
+    }
     assert s.add(text_request(3, "count 4")) is None
     assert streamed(run(s), 3)[1:] == ("0123", Finish.STOP)
 
 
-@pytest.mark.parametrize(("outputs", "problem"), [
-    ([1, 2, 3], "returned 3 outputs for 2 sequences"),
-    ((1 // n for n in [1, 0]), "returned a generator whose iteration raised ZeroDivisionError"),
-    (7, "returned a int; return a list"),
-])
+@pytest.mark.parametrize(
+    ("outputs", "problem"),
+    [
+        ([1, 2, 3], "returned 3 outputs for 2 sequences"),
+        ((1 // n for n in [1, 0]), "returned a generator whose iteration raised ZeroDivisionError"),
+        (7, "returned a int; return a list"),
+    ],
+)
 def test_wrong_outputs_fail_the_step(outputs, problem) -> None:
     model_engine = engine()
     model_engine._step = lambda prefill, decode: outputs
@@ -118,10 +123,13 @@ def test_wrong_outputs_fail_the_step(outputs, problem) -> None:
     assert all(problem in f.message for f in failures)
 
 
-@pytest.mark.parametrize(("outputs", "problem"), [
-    ([1, 2], "EchoModel.step returned 2 outputs for 1 sequence; return one per sequence"),
-    ([], "EchoModel.step returned 0 outputs for 1 sequence;"),
-])
+@pytest.mark.parametrize(
+    ("outputs", "problem"),
+    [
+        ([1, 2], "EchoModel.step returned 2 outputs for 1 sequence; return one per sequence"),
+        ([], "EchoModel.step returned 0 outputs for 1 sequence;"),
+    ],
+)
 def test_counts_in_messages_read_as_plain_english(outputs, problem) -> None:
     model_engine = engine()
     model_engine._step = lambda prefill, decode: outputs
@@ -137,21 +145,27 @@ def test_counts_in_messages_read_as_plain_english(outputs, problem) -> None:
         shape.step([seq], [])
 
 
-@pytest.mark.parametrize(("bad", "problem"), [
-    (3.5, "EchoModel.step returned a float for this request"),
-    (300, "EchoModel.step returned token id 300, but the model has no tokenizer"),
-    ("x" * (2 << 20), "a text of 2,097,152 bytes, over the 1,048,576 bytes (1 MiB)"),
-    ("é" * (1 << 20), "a text of 2,097,152 bytes"),
-    ("ok \ud800", ("a text that UTF-8 cannot carry (surrogates not allowed: '\\ud800' at "
-                   "character 3)")),
-    (ValueError("no good"), "EchoModel.step failed this request: ValueError: no good"),
-])
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        (3.5, "EchoModel.step returned a float for this request"),
+        (300, "EchoModel.step returned token id 300, but the model has no tokenizer"),
+        ("x" * (2 << 20), "a text of 2,097,152 bytes, over the 1,048,576 bytes (1 MiB)"),
+        ("é" * (1 << 20), "a text of 2,097,152 bytes"),
+        (
+            "ok \ud800",
+            ("a text that UTF-8 cannot carry (surrogates not allowed: '\\ud800' at character 3)"),
+        ),
+        (ValueError("no good"), "EchoModel.step failed this request: ValueError: no good"),
+    ],
+)
 def test_a_bad_output_fails_its_sequence_alone(bad, problem) -> None:
     """A wrong output, or an exception in a sequence's place, ends that sequence with
     INTERNAL; the step's other sequences get their outputs and go on."""
     model_engine = engine()
     model_engine._step = lambda prefill, decode: [
-        bad if seq.seq_id == 2 and seq.generated == 1 else "ok" for seq in prefill + decode]
+        bad if seq.seq_id == 2 and seq.generated == 1 else "ok" for seq in prefill + decode
+    ]
     s = BatchScheduler(model_engine, worker=0, max_batch=8)
     for seq_id in (1, 2, 3):
         assert s.add(text_request(seq_id, "x", max_tokens=4)) is None
@@ -177,7 +191,8 @@ def test_a_sequence_error_ends_its_sequence_with_its_status_and_message() -> Non
     assert streamed(outs, 1)[1:] == ("012345", Finish.STOP)
     assert {(f.seq_id, f.failure, f.message) for f in s.failed} == {
         (2, Failure.RESOURCE_EXHAUSTED, "no room for this one"),
-        (3, Failure.INTERNAL, "EchoModel.step failed this request: ValueError: failed on purpose")}
+        (3, Failure.INTERNAL, "EchoModel.step failed this request: ValueError: failed on purpose"),
+    }
     with pytest.raises(ValueError, match="status must be one of INVALID_ARGUMENT"):
         cadence.SequenceError("x", status="OOPS")
 
@@ -188,7 +203,8 @@ def test_a_text_of_too_many_ids_fails_its_sequence_alone() -> None:
     assert MAX_OUTPUT_BYTES + TOKEN_ID_BYTES * MAX_OUTPUT_TOKENS <= MAX_CHUNK_BYTES
     model_engine = engine()
     model_engine._step = lambda prefill, decode: [
-        "x" * (MAX_OUTPUT_TOKENS + 1) if seq.seq_id == 1 else "ok" for seq in prefill + decode]
+        "x" * (MAX_OUTPUT_TOKENS + 1) if seq.seq_id == 1 else "ok" for seq in prefill + decode
+    ]
     s = BatchScheduler(model_engine, worker=0, max_batch=8)
     assert s.add(text_request(1, "x")) is None and s.add(text_request(2, "y")) is None
     output = s.step()
@@ -234,12 +250,15 @@ def test_text_streams_decode_any_tokenizer_incrementally() -> None:
     assert "".join(pieces) == "wörld héllo" and "" in pieces
 
 
-@pytest.mark.parametrize(("name", "problem"), [
-    ("NoSuchModel", "cannot load model 'tests.batched_models:NoSuchModel': AttributeError"),
-    ("NoStepModel", "has no step(prefill, decode) method"),
-    ("BrokenInitModel", "BrokenInitModel('cpu') raised RuntimeError: no weights at /nowhere"),
-    ("WordTokenizer", "has no step"),
-])
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("NoSuchModel", "cannot load model 'tests.batched_models:NoSuchModel': AttributeError"),
+        ("NoStepModel", "has no step(prefill, decode) method"),
+        ("BrokenInitModel", "BrokenInitModel('cpu') raised RuntimeError: no weights at /nowhere"),
+        ("WordTokenizer", "has no step"),
+    ],
+)
 def test_load_errors_say_what_to_fix(name, problem) -> None:
     with pytest.raises(EngineLoadError) as info:
         engine(name)
@@ -260,9 +279,13 @@ def test_max_batch_is_the_smaller_of_the_models_and_the_servers() -> None:
 
 def test_the_example_model_runs_under_the_scheduler() -> None:
     pytest.importorskip("numpy")
-    s = BatchScheduler(ModelEngine(EngineConfig(name="model",
-                                                model_class="examples.batched_model:BigramModel"),
-                                   "cpu"), worker=0, max_batch=512)
+    s = BatchScheduler(
+        ModelEngine(
+            EngineConfig(name="model", model_class="examples.batched_model:BigramModel"), "cpu"
+        ),
+        worker=0,
+        max_batch=512,
+    )
     for seq_id in range(1, 301):  # more than its 256 slots: the rest wait for released ones
         assert s.add(text_request(seq_id, "The stream", max_tokens=20, temperature=0.7)) is None
     outs = run(s)
@@ -280,7 +303,8 @@ def test_a_hugging_face_tokenizer_works_as_it_is() -> None:
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=300, initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(["héllo wörld, streams of tökens "] * 50, trainer)
     streams = TextStreams(tokenizer)
     text = "wörld héllo tökens 日本"
@@ -313,8 +337,9 @@ def test_a_generator_batch_runs_to_its_end_before_the_next_starts() -> None:
 
 
 def test_a_generator_gathers_up_to_max_batch_within_the_timeout() -> None:
-    s = BatchScheduler(engine("StreamModel", batch_timeout_ms=10_000, max_batch=3), worker=0,
-                       max_batch=3)
+    s = BatchScheduler(
+        engine("StreamModel", batch_timeout_ms=10_000, max_batch=3), worker=0, max_batch=3
+    )
     assert s.add(text_request(1, "batch", max_tokens=2)) is None
     assert s.step() is None  # gathering: the timeout has not passed and the batch is not full
     for seq_id in (2, 3):
@@ -342,7 +367,8 @@ def test_a_raising_generator_fails_its_batch_and_the_next_batch_runs() -> None:
     failures = run(s)[-1]
     assert {(f.seq_id, f.message) for f in failures} == {
         (1, "StreamModel.generate_stream raised ValueError: generator failed on purpose"),
-        (2, "StreamModel.generate_stream raised ValueError: generator failed on purpose")}
+        (2, "StreamModel.generate_stream raised ValueError: generator failed on purpose"),
+    }
     assert s.add(text_request(3, "count 4")) is None
     assert streamed(run(s), 3)[1:] == ("0123", Finish.STOP)
 
@@ -355,8 +381,12 @@ def test_an_exception_a_generator_yields_fails_its_sequence_alone() -> None:
     assert streamed(outs, 1)[1:] == ("01234", Finish.STOP)
     assert {(f.seq_id, f.failure, f.message) for f in s.failed} == {
         (2, Failure.RESOURCE_EXHAUSTED, "no room for this one"),
-        (3, Failure.INTERNAL,
-         "StreamModel.generate_stream failed this request: ValueError: failed on purpose")}
+        (
+            3,
+            Failure.INTERNAL,
+            "StreamModel.generate_stream failed this request: ValueError: failed on purpose",
+        ),
+    }
     assert s.add(text_request(4, "count 2")) is None  # the batch ended: the next one runs
     assert streamed(run(s), 4)[1:] == ("01", Finish.STOP)
 
@@ -369,14 +399,28 @@ def test_a_misspelled_member_is_named_with_what_it_was_meant_to_be() -> None:
     from tests.batched_models import DeclaredModel, MisspelledModel
 
     assert misspelled_members(MisspelledModel) == [
-        ("MisspelledModel has `max_batches`: did you mean `max_batch`? (cadence never calls "
-         "it; see docs/models.md)"),
-        ("MisspelledModel has `relase`: did you mean `release`? (cadence never calls it; see "
-         "docs/models.md)")]
+        (
+            "MisspelledModel has `max_batches`: did you mean `max_batch`? (cadence never calls "
+            "it; see docs/models.md)"
+        ),
+        (
+            "MisspelledModel has `relase`: did you mean `release`? (cadence never calls it; see "
+            "docs/models.md)"
+        ),
+    ]
     assert misspelled_members(DeclaredModel) == []
     assert misspelled_members(batched_models.EchoModel) == []  # `steps` is an instance's
-    assert set(MEMBERS) == {"step", "generate_stream", "reserve", "release", "check", "close",
-                            "max_batch", "tokenizer", "takes_prefill_chunks"}
+    assert set(MEMBERS) == {
+        "step",
+        "generate_stream",
+        "reserve",
+        "release",
+        "check",
+        "close",
+        "max_batch",
+        "tokenizer",
+        "takes_prefill_chunks",
+    }
 
 
 def test_models_defaults_are_the_same_as_no_member() -> None:

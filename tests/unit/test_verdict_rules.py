@@ -36,9 +36,13 @@ def dist(p50: float, p99: float, count: int = 1000) -> Distribution:
 
 
 def run(itl=(10.0, 12.0), ttft=(20.0, 30.0), gaps=1000, requests=32, **fields) -> BenchResult:
-    return BenchResult(requests=requests, requests_ok=requests,
-                       itl_ms=dist(*itl, count=gaps), ttft_ms=dist(*ttft, count=requests),
-                       **fields)
+    return BenchResult(
+        requests=requests,
+        requests_ok=requests,
+        itl_ms=dist(*itl, count=gaps),
+        ttft_ms=dist(*ttft, count=requests),
+        **fields,
+    )
 
 
 def finding(rule: str, **evidence) -> Finding:
@@ -52,8 +56,9 @@ def test_near_medians_whole_and_no_failures_is_healthy() -> None:
     assert "output whole" in verdict.line
 
 
-@pytest.mark.parametrize("p50, bound", [(1.0, 3.0), (5.0, 10.0), (10.0, 20.0), (20.0, 35.0),
-                                        (40.0, 65.0)])
+@pytest.mark.parametrize(
+    "p50, bound", [(1.0, 3.0), (5.0, 10.0), (10.0, 20.0), (20.0, 35.0), (40.0, 65.0)]
+)
 def test_the_itl_bound(p50: float, bound: float) -> None:
     assert itl_bound(p50)[0] == pytest.approx(bound)
     assert itl_bound(p50)[0] <= max(ITL_TAIL_CAP_RATIO * p50, p50 + 2)
@@ -66,19 +71,22 @@ def test_any_itl_p99_over_twice_its_p50_and_the_noise_floor_is_a_finding() -> No
         verdict, extra = judge(run(itl=(p50, p99), ttft=(p50, p50)))
         if p99 - p50 > 2:  # beyond the timer-resolution floor
             assert verdict.state == "unhealthy", (p50, verdict.line)
-            assert [(f.rule, f.evidence["tail"]) for f in extra] == \
-                [(RULE_UNEXPLAINED_TAIL, "itl_ms")], (p50, verdict.line)
+            assert [(f.rule, f.evidence["tail"]) for f in extra] == [
+                (RULE_UNEXPLAINED_TAIL, "itl_ms")
+            ], (p50, verdict.line)
 
 
-def noisy(wakeup_p99: float | None = None, client_lag_p99: float | None = None,
-          behind: bool = False) -> dict:
+def noisy(
+    wakeup_p99: float | None = None, client_lag_p99: float | None = None, behind: bool = False
+) -> dict:
     """A result's fields for a run whose probe and open-loop client measured these."""
     fields: dict = {}
     if wakeup_p99 is not None:
         fields["system"] = System(host=HostCpu(wakeups=dist(0.1, wakeup_p99, count=2000)))
     if client_lag_p99 is not None:
-        fields["client"] = Client(schedule_lag_ms=dist(0.1, client_lag_p99, count=500),
-                                  behind_schedule=behind)
+        fields["client"] = Client(
+            schedule_lag_ms=dist(0.1, client_lag_p99, count=500), behind_schedule=behind
+        )
     return fields
 
 
@@ -88,8 +96,7 @@ def test_the_noise_floor_is_made_of_what_the_run_measured() -> None:
     assert "host wake-ups not measured" in bare.describe()
     assert "not measured (closed loop)" in bare.describe()
     full = noise_floor(run(**noisy(wakeup_p99=2.0, client_lag_p99=0.5)))
-    assert full.terms_ms == {"timer_resolution": 1.0, "host_wakeups": 6.0,
-                             "client_read_lag": 0.5}
+    assert full.terms_ms == {"timer_resolution": 1.0, "host_wakeups": 6.0, "client_read_lag": 0.5}
     assert full.ms == pytest.approx(7.5)
     assert "3 x wake-up p99 2.0 ms (the run's wake-up probe)" in full.describe()
     assert "client lag p99 0.5 ms (its open-loop sends)" in full.describe()
@@ -97,12 +104,15 @@ def test_the_noise_floor_is_made_of_what_the_run_measured() -> None:
     assert "client_read_lag" not in behind.terms_ms  # its own finding explains the tail
 
 
-@pytest.mark.parametrize("p50, wakeup_p99, bound", [
-    (2.7, 0.1, 2 * 2.7 + 1.3),            # quiet host: twice the median + 1.3 ms of noise
-    (2.7, 3.4, 1.5 * 2.7 + 1 + 3 * 3.4),  # late wake-ups: 1.5 x p50 + the measured floor
-    (10.0, 0.1, 20.0),                    # a slower step: the fixed 5 ms slack still rules
-    (100.0, 3.4, 150 + 1 + 3 * 3.4),
-])
+@pytest.mark.parametrize(
+    "p50, wakeup_p99, bound",
+    [
+        (2.7, 0.1, 2 * 2.7 + 1.3),  # quiet host: twice the median + 1.3 ms of noise
+        (2.7, 3.4, 1.5 * 2.7 + 1 + 3 * 3.4),  # late wake-ups: 1.5 x p50 + the measured floor
+        (10.0, 0.1, 20.0),  # a slower step: the fixed 5 ms slack still rules
+        (100.0, 3.4, 150 + 1 + 3 * 3.4),
+    ],
+)
 def test_the_itl_bound_allows_for_the_runs_measured_noise(p50, wakeup_p99, bound) -> None:
     result = run(itl=(p50, p50), **noisy(wakeup_p99=wakeup_p99))
     [itl, _] = judge(result)[0].tails
@@ -121,13 +131,14 @@ def test_a_fast_step_is_judged_by_what_the_host_delivers() -> None:
     assert judge(run(**fast))[0].state == "unhealthy"  # the fixed bounds: 5.4 and 18.5 ms
     verdict, extra = judge(late_wakeup)
     assert verdict.state == "healthy" and extra == [], verdict.line
-    assert ("within 14.5 (1.5 x p50 2.7 + noise; noise 10.4 ms: timer 1 ms (epoll's "
-            "milliseconds) + 3 x wake-up p99 3.0 ms (the run's wake-up probe) + client lag "
-            "p99 0.4 ms (its open-loop sends))") in verdict.line
+    assert (
+        "within 14.5 (1.5 x p50 2.7 + noise; noise 10.4 ms: timer 1 ms (epoll's "
+        "milliseconds) + 3 x wake-up p99 3.0 ms (the run's wake-up probe) + client lag "
+        "p99 0.4 ms (its open-loop sends))"
+    ) in verdict.line
     assert "TTFT p99 22.0 ms within 23.9 (5 x ITL p50 2.7 + noise 10.4 ms)" in verdict.line
     for pause in (60.0, 250.0):
-        verdict, extra = judge(run(itl=(2.7, pause), ttft=(12.0, 22.0),
-                                   **noisy(wakeup_p99=3.0)))
+        verdict, extra = judge(run(itl=(2.7, pause), ttft=(12.0, 22.0), **noisy(wakeup_p99=3.0)))
         assert verdict.state == "unhealthy", verdict.line
         assert [f.rule for f in extra] == [RULE_UNEXPLAINED_TAIL]
 
@@ -176,9 +187,15 @@ def test_a_bad_tail_is_attributed_to_its_findings() -> None:
 
 
 def test_shares_that_leave_little_leave_nothing_unexplained() -> None:
-    verdict, extra = judge(run(itl=(10.0, 50.0), diagnosis=[
-        finding("streams_stall_together", itl_tail_share=0.5),
-        finding("a_rule_added_later", itl_tail_share=0.3)]))
+    verdict, extra = judge(
+        run(
+            itl=(10.0, 50.0),
+            diagnosis=[
+                finding("streams_stall_together", itl_tail_share=0.5),
+                finding("a_rule_added_later", itl_tail_share=0.3),
+            ],
+        )
+    )
     assert extra == [] and verdict.tails[0].unexplained_share == pytest.approx(0.2)
 
 
@@ -197,11 +214,17 @@ def test_a_rule_of_the_other_tail_does_not_explain_this_one() -> None:
 
 
 def record(k: int, start_ms: float, arrivals_ms: list[float]) -> RequestRecord:
-    return RequestRecord(request_id=f"r{k}", process=0, start_ns=int(start_ms * MS),
-                         end_ns=int(arrivals_ms[-1] * MS), finish_reason=1,
-                         max_tokens=len(arrivals_ms),
-                         arrival_ns=[int(a * MS) for a in arrivals_ms],
-                         tokens=[1] * len(arrivals_ms), index=list(range(len(arrivals_ms))))
+    return RequestRecord(
+        request_id=f"r{k}",
+        process=0,
+        start_ns=int(start_ms * MS),
+        end_ns=int(arrivals_ms[-1] * MS),
+        finish_reason=1,
+        max_tokens=len(arrivals_ms),
+        arrival_ns=[int(a * MS) for a in arrivals_ms],
+        tokens=[1] * len(arrivals_ms),
+        index=list(range(len(arrivals_ms))),
+    )
 
 
 def steady(k: int, start: float, n: int = 50, gap: float = 10.0, late: dict | None = None):

@@ -19,10 +19,23 @@ def stream(k: int, worker: int, step_ms: float, steps: int = 40) -> RequestRecor
     ends = [s + int(step_ms * MS) for s in starts]
     arrival = [e + MS // 2 for e in ends]
     return RequestRecord(
-        request_id=f"bench-{k}", process=0, start_ns=0, end_ns=arrival[-1], max_tokens=steps,
-        finish_reason=1, arrival_ns=arrival, tokens=[1] * steps, index=list(range(steps)),
-        worker=worker, t_received_ns=1, t_scheduled_ns=1, t_step_start_ns=starts,
-        t_step_end_ns=ends, t_front_recv_ns=ends, t_send_ns=ends)
+        request_id=f"bench-{k}",
+        process=0,
+        start_ns=0,
+        end_ns=arrival[-1],
+        max_tokens=steps,
+        finish_reason=1,
+        arrival_ns=arrival,
+        tokens=[1] * steps,
+        index=list(range(steps)),
+        worker=worker,
+        t_received_ns=1,
+        t_scheduled_ns=1,
+        t_step_start_ns=starts,
+        t_step_end_ns=ends,
+        t_front_recv_ns=ends,
+        t_send_ns=ends,
+    )
 
 
 def test_curves_per_worker():
@@ -46,8 +59,9 @@ def test_curves_per_worker():
 
 
 def diagnosed(records: list[RequestRecord]) -> set[str]:
-    result = BenchResult(**msgspec.structs.asdict(summarize(records)),
-                         workers=worker_curves(records, {}))
+    result = BenchResult(
+        **msgspec.structs.asdict(summarize(records)), workers=worker_curves(records, {})
+    )
     return {f.rule for f in dx.diagnose(result)}
 
 
@@ -59,7 +73,8 @@ def test_one_slow_worker_is_named():
 def test_workers_alike_or_only_a_little_slower_are_fine():
     assert dx.RULE_SLOW_WORKER not in diagnosed([stream(k, k % 2, 10.0) for k in range(8)])
     assert dx.RULE_SLOW_WORKER not in diagnosed(
-        [stream(k, k % 2, 10.0 if k % 2 == 0 else 12.0) for k in range(8)])
+        [stream(k, k % 2, 10.0 if k % 2 == 0 else 12.0) for k in range(8)]
+    )
 
 
 def test_a_worker_with_a_larger_batch_may_step_slower():
@@ -81,11 +96,26 @@ def shared_steps(worker: int, lengths: list[int], step_ms, first: int = 0) -> li
     for k, length in enumerate(lengths):
         s, e = starts[:length], ends[:length]
         arrival = [x + MS // 2 for x in e]
-        records.append(RequestRecord(
-            request_id=f"bench-{first + k}", process=0, start_ns=0, end_ns=arrival[-1],
-            max_tokens=length, finish_reason=1, arrival_ns=arrival, tokens=[1] * length,
-            index=list(range(length)), worker=worker, t_received_ns=1, t_scheduled_ns=1,
-            t_step_start_ns=s, t_step_end_ns=e, t_front_recv_ns=e, t_send_ns=e))
+        records.append(
+            RequestRecord(
+                request_id=f"bench-{first + k}",
+                process=0,
+                start_ns=0,
+                end_ns=arrival[-1],
+                max_tokens=length,
+                finish_reason=1,
+                arrival_ns=arrival,
+                tokens=[1] * length,
+                index=list(range(length)),
+                worker=worker,
+                t_received_ns=1,
+                t_scheduled_ns=1,
+                t_step_start_ns=s,
+                t_step_end_ns=e,
+                t_front_recv_ns=e,
+                t_send_ns=e,
+            )
+        )
     return records
 
 

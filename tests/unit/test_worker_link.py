@@ -33,21 +33,26 @@ def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> No
     front = FrontChannel(*local_addresses(1, "ipc"))
     worker = WorkerChannel(front.input_addresses[0], front.output_address)
     try:
+
         async def send() -> None:
             (link,) = front.links(asyncio.get_running_loop())
             while not link.connected():  # an empty probe, until the worker's end is there
                 await asyncio.sleep(0.01)
-            link.add(encode_add(AddRequest(1, [1, 2], 3, seed=2 ** 64 - 1)))
+            link.add(encode_add(AddRequest(1, [1, 2], 3, seed=2**64 - 1)))
             with pytest.raises(ValueError, match="64 bits"):
-                encode_add(AddRequest(2, [1], 3, stop_token_ids=[2 ** 70]))
-            link.add(encode_add(AddRequest(3, [4], 5, seed=-(2 ** 63))))
+                encode_add(AddRequest(2, [1], 3, stop_token_ids=[2**70]))
+            link.add(encode_add(AddRequest(3, [4], 5, seed=-(2**63))))
             link.abort(9)
             await asyncio.sleep(0)  # the tick ends: one flush
 
         asyncio.run(send())
         received = adds_received(worker)
-        assert received == [WorkerInputs([AddRequest(1, [1, 2], 3, seed=2 ** 64 - 1),
-                                          AddRequest(3, [4], 5, seed=-(2 ** 63))], [9])]
+        assert received == [
+            WorkerInputs(
+                [AddRequest(1, [1, 2], 3, seed=2**64 - 1), AddRequest(3, [4], 5, seed=-(2**63))],
+                [9],
+            )
+        ]
     finally:
         worker.close()
         front.close()
@@ -59,15 +64,21 @@ def test_a_burst_opened_in_one_tick_reaches_each_worker_as_one_message() -> None
     front = FrontChannel(*local_addresses(2, "ipc"))
     workers = [WorkerChannel(address, front.output_address) for address in front.input_addresses]
     try:
+
         async def burst() -> list[list[WorkerInputs]]:
             links = front.links(asyncio.get_running_loop())
             while not all(link.connected() for link in links):
                 await asyncio.sleep(0.01)
-            core = FrontCore(ServerConfig(max_concurrent=64), links, WorkerRouter(2), FrontMetrics())
+            core = FrontCore(
+                ServerConfig(max_concurrent=64), links, WorkerRouter(2), FrontMetrics()
+            )
             core.refusal = None
-            generations = [core.open(Request(prompt=f"call {i}", max_tokens=3), 1, lambda: None,
-                                     protocol=CADENCE_V1)
-                           for i in range(64)]
+            generations = [
+                core.open(
+                    Request(prompt=f"call {i}", max_tokens=3), 1, lambda: None, protocol=CADENCE_V1
+                )
+                for i in range(64)
+            ]
             await asyncio.sleep(0)  # the tick ends
             received = [adds_received(worker) for worker in workers]
             for generation in generations:
@@ -92,8 +103,10 @@ def test_a_front_channel_closed_late_leaves_its_replacements_socket_files(tmp_pa
 
     old = FrontChannel(*front_addresses(str(tmp_path), 1, 2))
     new = FrontChannel(*front_addresses(str(tmp_path), 1, 2))  # binds over the same paths
-    paths = [a[len("ipc://"):] for a in (*new.input_addresses, new.output_address,
-                                           new.heartbeat_address)]
+    paths = [
+        a[len("ipc://") :]
+        for a in (*new.input_addresses, new.output_address, new.heartbeat_address)
+    ]
     assert len(paths) == 4 and all(map(os.path.exists, paths))
     old.close()
     assert all(map(os.path.exists, paths)), "the old channel removed its replacement's sockets"

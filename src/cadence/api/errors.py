@@ -29,8 +29,9 @@ def grpc_status(failure: Failure) -> grpc.StatusCode:
     return GRPC_STATUS[failure]
 
 
-async def end_cancelled_call(context: grpc.aio.ServicerContext, failure: Failure,
-                             message: str) -> None:
+async def end_cancelled_call(
+    context: grpc.aio.ServicerContext, failure: Failure, message: str
+) -> None:
     """End with `failure`'s status a grpc.aio call whose handler was cancelled (a stalled
     client cut off: `RequestStream.end_call`). grpc.aio ends such a call with no status, so a
     client that reads again would wait for its deadline; now it gets what was sent, then this."""

@@ -66,9 +66,12 @@ def problems(config: ServerConfig) -> list[str]:
     certificate or a key that does not match it only as "Failed to bind to address".
     """
     found = []
-    for flag, path in (("--tls-cert", config.tls_cert), ("--tls-key", config.tls_key),
-                       ("--tls-client-ca", config.tls_client_ca),
-                       ("--auth-token-file", config.auth_token_file)):
+    for flag, path in (
+        ("--tls-cert", config.tls_cert),
+        ("--tls-key", config.tls_key),
+        ("--tls-client-ca", config.tls_client_ca),
+        ("--auth-token-file", config.auth_token_file),
+    ):
         if path is not None:
             try:
                 with open(path, "rb"):
@@ -82,8 +85,10 @@ def problems(config: ServerConfig) -> list[str]:
         try:
             context.load_cert_chain(config.tls_cert, config.tls_key)
         except (ssl.SSLError, ValueError) as exc:
-            found.append(f"--tls-cert {config.tls_cert} / --tls-key {config.tls_key}: not a PEM "
-                         f"certificate chain and its matching private key ({exc})")
+            found.append(
+                f"--tls-cert {config.tls_cert} / --tls-key {config.tls_key}: not a PEM "
+                f"certificate chain and its matching private key ({exc})"
+            )
     if config.tls_client_ca is not None:
         try:
             ssl.create_default_context(cafile=config.tls_client_ca)
@@ -92,12 +97,16 @@ def problems(config: ServerConfig) -> list[str]:
     if config.auth_token_file is not None:
         tokens = read_tokens(config.auth_token_file)
         if not tokens:
-            found.append(f"--auth-token-file {config.auth_token_file} holds no token (one per "
-                         "line; blank and # lines are skipped)")
+            found.append(
+                f"--auth-token-file {config.auth_token_file} holds no token (one per "
+                "line; blank and # lines are skipped)"
+            )
         elif any("," in token for token in tokens):
-            found.append(f"--auth-token-file {config.auth_token_file}: a token holds a ',', "
-                         "which no request could present alone (several authorization values "
-                         "arrive joined by commas)")
+            found.append(
+                f"--auth-token-file {config.auth_token_file}: a token holds a ',', "
+                "which no request could present alone (several authorization values "
+                "arrive joined by commas)"
+            )
     return found
 
 
@@ -130,13 +139,17 @@ def exposure_warnings(config: ServerConfig) -> list[str]:
     warnings = []
     loopback = _is_loopback(config.host)
     if config.auth_token_file is not None and config.tls_cert is None and not loopback:
-        warnings.append(f"bearer tokens will cross the network in clear text: --host "
-                        f"{config.host} without --tls-cert")
+        warnings.append(
+            f"bearer tokens will cross the network in clear text: --host "
+            f"{config.host} without --tls-cert"
+        )
     if config.launcher == "ray" and any("," in d for d in config.devices):
         # The front's own sockets are CURVE-encrypted; torch.distributed's are not.
-        warnings.append("tensor-parallel ranks on different hosts talk torch.distributed (gloo "
-                        "/ NCCL) with no authentication or encryption: keep the cluster's "
-                        "network private (--dist-ifname picks the interface)")
+        warnings.append(
+            "tensor-parallel ranks on different hosts talk torch.distributed (gloo "
+            "/ NCCL) with no authentication or encryption: keep the cluster's "
+            "network private (--dist-ifname picks the interface)"
+        )
     if config.metrics_port is not None and not loopback:
         warnings.append(f"the metrics endpoint on {config.host} has no TLS and no token")
     return warnings
@@ -205,21 +218,25 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     so streaming costs nothing more per message.
     """
 
-    def __init__(self, tokens: Iterable[str],
-                 open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES) -> None:
+    def __init__(
+        self, tokens: Iterable[str], open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES
+    ) -> None:
         self._tokens = BearerTokens(tokens)
         self._open_prefixes = open_prefixes
         # Built once: a refused call costs no allocation beyond gRPC's own.
         self._refusals = {
             TokenRefusal.MISSING: _refusal(
                 "this server requires a bearer token: send the metadata 'authorization: "
-                "Bearer <token>' (cadence generate / bench: --token-file)"),
-            TokenRefusal.MALFORMED: _refusal("the authorization metadata must be "
-                                             "'Bearer <token>'"),
-            TokenRefusal.WRONG: _refusal("the bearer token is not one this server accepts "
-                                         "(see the server's --auth-token-file)"),
-            TokenRefusal.SEVERAL: _refusal("send one authorization metadata: this call "
-                                           "carries several"),
+                "Bearer <token>' (cadence generate / bench: --token-file)"
+            ),
+            TokenRefusal.MALFORMED: _refusal("the authorization metadata must be 'Bearer <token>'"),
+            TokenRefusal.WRONG: _refusal(
+                "the bearer token is not one this server accepts "
+                "(see the server's --auth-token-file)"
+            ),
+            TokenRefusal.SEVERAL: _refusal(
+                "send one authorization metadata: this call carries several"
+            ),
         }
 
     async def intercept_service(
@@ -230,8 +247,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         if handler_call_details.method.startswith(self._open_prefixes):
             return await continuation(handler_call_details)
         # Every value, not the first: see the module docstring. gRPC lower-cases the keys.
-        values = [item for key, item in handler_call_details.invocation_metadata or ()
-                  if key == "authorization"]
+        values = [
+            item
+            for key, item in handler_call_details.invocation_metadata or ()
+            if key == "authorization"
+        ]
         refusal = self._tokens.check(values)
         if refusal is not None:
             return self._refusals[refusal]

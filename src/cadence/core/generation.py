@@ -85,8 +85,7 @@ class FrontCore:
         self.metrics = metrics
         metrics.watch(
             active=lambda: self._gate.active,
-            deepest_buffer=lambda: max((s.waiting_steps for s in self.streams.values()),
-                                       default=0),
+            deepest_buffer=lambda: max((s.waiting_steps for s in self.streams.values()), default=0),
         )
         self.refusal: str | None = "the server is starting; retry shortly"
         """Why new requests are refused (start-up, drain), or None while serving."""
@@ -141,7 +140,8 @@ class FrontCore:
             if unique_id and request_id in self._request_ids:
                 raise InvalidRequest(
                     f"request_id {request_id!r} is already streaming; use a unique id "
-                    "or leave it empty for the server to assign one")
+                    "or leave it empty for the server to assign one"
+                )
             remaining = time_remaining()
             if remaining is not None:
                 # The worker learns the deadline too, so an app function can see it.
@@ -154,16 +154,21 @@ class FrontCore:
                 raise RequestError(
                     Failure.RESOURCE_EXHAUSTED,
                     f"the server is serving its limit of {self._gate.limit} streams "
-                    "(--max-concurrent); retry later")
+                    "(--max-concurrent); retry later",
+                )
             try:
                 router = self._router
                 prefixes = router.prefixes
-                worker = router.pick(None if prefixes is None else prompt_hashes(
-                    add.prompt_token_ids, add.prompt_text, prefixes.capacity))
+                worker = router.pick(
+                    None
+                    if prefixes is None
+                    else prompt_hashes(add.prompt_token_ids, add.prompt_text, prefixes.capacity)
+                )
             except NoWorkerAvailable:
                 self._gate.leave()
-                raise RequestError(Failure.UNAVAILABLE,
-                                   "no worker is running on this server") from None
+                raise RequestError(
+                    Failure.UNAVAILABLE, "no worker is running on this server"
+                ) from None
         except RequestError as exc:
             self.refused(exc.failure, protocol)
             raise
@@ -171,10 +176,16 @@ class FrontCore:
         config = self._config
         link = self._links[worker]
         stream = RequestStream(
-            add.seq_id, worker, len(add.prompt_token_ids),
-            capacity=config.queue_capacity, overflow=config.overflow,
-            include_timing=request.include_timing, decoder=self._tokenizer.stream_decoder(),
-            received_ns=received_ns, tally=self.metrics.tally, link=link,
+            add.seq_id,
+            worker,
+            len(add.prompt_token_ids),
+            capacity=config.queue_capacity,
+            overflow=config.overflow,
+            include_timing=request.include_timing,
+            decoder=self._tokenizer.stream_decoder(),
+            received_ns=received_ns,
+            tally=self.metrics.tally,
+            link=link,
         )
         stream.task = task or asyncio.current_task()
         self.streams[add.seq_id] = stream
@@ -184,14 +195,25 @@ class FrontCore:
         deadline = None
         if remaining is not None:
             deadline = asyncio.get_running_loop().call_later(
-                max(remaining, 0.0), stream.fail, Failure.DEADLINE_EXCEEDED,
-                "the request's deadline passed before generation finished")
+                max(remaining, 0.0),
+                stream.fail,
+                Failure.DEADLINE_EXCEEDED,
+                "the request's deadline passed before generation finished",
+            )
         self._router.assign(worker, add.max_tokens)
         link.add(frame)
-        return Generation(self, stream, request, operation, request_id or uuid.uuid4().hex,
-                          add.max_tokens, held_id, deadline,
-                          time_remaining if remaining is not None else None,
-                          self.metrics.for_protocol(protocol))
+        return Generation(
+            self,
+            stream,
+            request,
+            operation,
+            request_id or uuid.uuid4().hex,
+            add.max_tokens,
+            held_id,
+            deadline,
+            time_remaining if remaining is not None else None,
+            self.metrics.for_protocol(protocol),
+        )
 
     async def intake_lull(self, generation: Generation) -> None:
         """Return at the next lull in the intake of new requests (a moment in which none
@@ -203,15 +225,18 @@ class FrontCore:
         """Check a request and turn it into the worker's message, or raise InvalidRequest."""
         config = self._config
         if (size := len(request.request_id.encode())) > REQUEST_ID_MAX_BYTES:
-            raise InvalidRequest(f"request_id is {size} bytes long; at most "
-                                 f"{REQUEST_ID_MAX_BYTES} are accepted (it is echoed on every "
-                                 "response)")
+            raise InvalidRequest(
+                f"request_id is {size} bytes long; at most "
+                f"{REQUEST_ID_MAX_BYTES} are accepted (it is echoed on every "
+                "response)"
+            )
         if request.max_tokens < 1:
             raise InvalidRequest("max_tokens must be at least 1")
         if request.max_tokens > config.max_tokens_limit:
             raise InvalidRequest(
                 f"max_tokens is {request.max_tokens}; this server allows at most "
-                f"{config.max_tokens_limit} (--max-tokens-limit)")
+                f"{config.max_tokens_limit} (--max-tokens-limit)"
+            )
         prompt_text = ""
         if request.prompt_token_ids:
             prompt = request.prompt_token_ids
@@ -244,11 +269,22 @@ class FrontCore:
         if stops and (min(stops) < 0 or max(stops) > TOKEN_ID_MAX):
             raise InvalidRequest(f"stop_token_ids must be from 0 to {TOKEN_ID_MAX}")
         if not PRIORITY_RANGE[0] <= request.priority <= PRIORITY_RANGE[1]:
-            raise InvalidRequest(f"priority must be from {PRIORITY_RANGE[0]} to "
-                                 f"{PRIORITY_RANGE[1]} (lower is served first)")
-        return AddRequest(seq_id, prompt, request.max_tokens, request.stop_token_ids,
-                          request.temperature, request.top_p, request.top_k, request.seed,
-                          prompt_text=prompt_text, priority=request.priority)
+            raise InvalidRequest(
+                f"priority must be from {PRIORITY_RANGE[0]} to "
+                f"{PRIORITY_RANGE[1]} (lower is served first)"
+            )
+        return AddRequest(
+            seq_id,
+            prompt,
+            request.max_tokens,
+            request.stop_token_ids,
+            request.temperature,
+            request.top_p,
+            request.top_k,
+            request.seed,
+            prompt_text=prompt_text,
+            priority=request.priority,
+        )
 
     def release(self, generation: Generation) -> None:
         """Give back what a request held (see `Generation.close`) and record how it ended."""
@@ -267,8 +303,9 @@ class FrontCore:
             self._links[worker].abort(stream.seq_id)
         failure = generation.failure
         by_protocol = generation.protocol_metrics
-        self.metrics.requests.labels(failure.name if failure is not None else "OK",
-                                     by_protocol.protocol).inc()
+        self.metrics.requests.labels(
+            failure.name if failure is not None else "OK", by_protocol.protocol
+        ).inc()
         by_protocol.e2e.observe((time.monotonic_ns() - stream.received_ns) / 1e9)
         if self.tracer is not None:
             self.tracer.record(generation)
@@ -290,8 +327,10 @@ class FrontCore:
         window is full and it is not reading; its task is cancelled and its slot freed.
         """
         limit_ns = int(stall_timeout_s * 1e9)
-        cut = (Failure.RESOURCE_EXHAUSTED,
-               f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)")
+        cut = (
+            Failure.RESOURCE_EXHAUSTED,
+            f"the client read nothing for {stall_timeout_s:g} s (--stall-timeout)",
+        )
         while True:
             await asyncio.sleep(min(1.0, stall_timeout_s / 4))
             now = time.monotonic_ns()
@@ -322,15 +361,38 @@ class Generation:
     records the outcome.
     """
 
-    __slots__ = ("_core", "_ended", "_last_ns", "_write", "_write_error", "deadline", "failure",
-                 "first_send_ns", "held_id", "max_tokens", "operation", "protocol_metrics",
-                 "request", "request_id", "stream", "time_remaining")
+    __slots__ = (
+        "_core",
+        "_ended",
+        "_last_ns",
+        "_write",
+        "_write_error",
+        "deadline",
+        "failure",
+        "first_send_ns",
+        "held_id",
+        "max_tokens",
+        "operation",
+        "protocol_metrics",
+        "request",
+        "request_id",
+        "stream",
+        "time_remaining",
+    )
 
-    def __init__(self, core: FrontCore, stream: RequestStream, request: Request, operation: str,
-                 request_id: str, max_tokens: int, held_id: str | None,
-                 deadline: asyncio.TimerHandle | None,
-                 time_remaining: Callable[[], float | None] | None,
-                 protocol_metrics: ProtocolMetrics) -> None:
+    def __init__(
+        self,
+        core: FrontCore,
+        stream: RequestStream,
+        request: Request,
+        operation: str,
+        request_id: str,
+        max_tokens: int,
+        held_id: str | None,
+        deadline: asyncio.TimerHandle | None,
+        time_remaining: Callable[[], float | None] | None,
+        protocol_metrics: ProtocolMetrics,
+    ) -> None:
         self._core = core
         self.protocol_metrics = protocol_metrics
         """Where this request's TTFT, queue wait, ITL and duration go: its protocol's series."""
@@ -474,8 +536,10 @@ class Generation:
         return chunk
 
     def close(self) -> None:
-        if self.failure is Failure.CANCELLED and self.stream.error is None and (
-            self.time_remaining is not None and (self.time_remaining() or 0.0) <= 0
+        if (
+            self.failure is Failure.CANCELLED
+            and self.stream.error is None
+            and (self.time_remaining is not None and (self.time_remaining() or 0.0) <= 0)
         ):
             self.failure = Failure.DEADLINE_EXCEEDED  # the call was cancelled at its deadline
         elif self.stream.error is not None:

@@ -17,8 +17,28 @@ from cadence.proto import loop_lag
 
 _LAG_BUCKETS_S = loop_lag.BOUNDS_S
 _LATENCY_BUCKETS_S = (
-    0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
-    0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
 )
 _DURATION_BUCKETS_S = (*_LATENCY_BUCKETS_S, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
 """A whole request: long streams (tens of thousands of tokens) run for minutes, and with the
@@ -106,8 +126,14 @@ class LoopHistogram:
 
     __slots__ = ("_bounds", "_children", "documentation", "label", "name")
 
-    def __init__(self, name: str, documentation: str, label: str, buckets: Sequence[float],
-                 registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        label: str,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
         self.name = name
         self.documentation = documentation
         self.label = label
@@ -161,86 +187,150 @@ class FrontMetrics:
         self.registry = registry or CollectorRegistry()
         self._http: WSGIServer | None = None
         r = self.registry
-        self.ttft = LoopHistogram("cadence_time_to_first_token_seconds",
-                                  "From the front receiving a request to its first chunk handed "
-                                  "to the protocol.", "protocol", _LATENCY_BUCKETS_S, r)
-        self.itl = LoopHistogram("cadence_inter_token_latency_seconds",
-                                 "Gap between a stream's consecutive chunks at the front, divided "
-                                 "by the tokens in the later chunk.", "protocol",
-                                 _LATENCY_BUCKETS_S, r)
-        self.e2e = LoopHistogram("cadence_request_duration_seconds",
-                                 "From the front receiving a request to its stream ending.",
-                                 "protocol", _DURATION_BUCKETS_S, r)
-        self.queue_wait = LoopHistogram("cadence_queue_wait_seconds",
-                                        "From the front receiving a request to the engine step "
-                                        "that admitted it.", "protocol", _LATENCY_BUCKETS_S, r)
-        self.loop_lag = Histogram("cadence_event_loop_lag_seconds",
-                                  "How late the front's event loop woke for a timer, sampled "
-                                  "every --heartbeat-interval: time it spent in other callbacks.",
-                                  buckets=_LAG_BUCKETS_S, registry=r)
-        self.requests = Counter("cadence_requests_total",
-                                "Finished requests by gRPC status code (refusals included) and "
-                                "protocol.", ["code", "protocol"], registry=r)
+        self.ttft = LoopHistogram(
+            "cadence_time_to_first_token_seconds",
+            "From the front receiving a request to its first chunk handed to the protocol.",
+            "protocol",
+            _LATENCY_BUCKETS_S,
+            r,
+        )
+        self.itl = LoopHistogram(
+            "cadence_inter_token_latency_seconds",
+            "Gap between a stream's consecutive chunks at the front, divided "
+            "by the tokens in the later chunk.",
+            "protocol",
+            _LATENCY_BUCKETS_S,
+            r,
+        )
+        self.e2e = LoopHistogram(
+            "cadence_request_duration_seconds",
+            "From the front receiving a request to its stream ending.",
+            "protocol",
+            _DURATION_BUCKETS_S,
+            r,
+        )
+        self.queue_wait = LoopHistogram(
+            "cadence_queue_wait_seconds",
+            "From the front receiving a request to the engine step that admitted it.",
+            "protocol",
+            _LATENCY_BUCKETS_S,
+            r,
+        )
+        self.loop_lag = Histogram(
+            "cadence_event_loop_lag_seconds",
+            "How late the front's event loop woke for a timer, sampled "
+            "every --heartbeat-interval: time it spent in other callbacks.",
+            buckets=_LAG_BUCKETS_S,
+            registry=r,
+        )
+        self.requests = Counter(
+            "cadence_requests_total",
+            "Finished requests by gRPC status code (refusals included) and protocol.",
+            ["code", "protocol"],
+            registry=r,
+        )
         self._by_protocol: dict[str, ProtocolMetrics] = {}
-        self.failed_sends = Counter("cadence_failed_sends_total",
-                                    "Chunks whose send failed because the client had just "
-                                    "cancelled (grpc.aio's ExecuteBatchError; not logged).",
-                                    registry=r)
-        self.active = Gauge("cadence_active_streams", "Streams admitted and not yet finished.",
-                            registry=r)
-        self.batch_size = Gauge("cadence_worker_batch_size",
-                                "Sequences in the worker's last engine step; 0 while it has no "
-                                "open request.", ["worker"], registry=r)
-        self.step_time = Gauge("cadence_worker_step_seconds",
-                               "Duration of the worker's last engine step.", ["worker"], registry=r)
+        self.failed_sends = Counter(
+            "cadence_failed_sends_total",
+            "Chunks whose send failed because the client had just "
+            "cancelled (grpc.aio's ExecuteBatchError; not logged).",
+            registry=r,
+        )
+        self.active = Gauge(
+            "cadence_active_streams", "Streams admitted and not yet finished.", registry=r
+        )
+        self.batch_size = Gauge(
+            "cadence_worker_batch_size",
+            "Sequences in the worker's last engine step; 0 while it has no open request.",
+            ["worker"],
+            registry=r,
+        )
+        self.step_time = Gauge(
+            "cadence_worker_step_seconds",
+            "Duration of the worker's last engine step.",
+            ["worker"],
+            registry=r,
+        )
         self.steps = Counter("cadence_worker_steps_total", "Engine steps.", ["worker"], registry=r)
         # vLLM's pair (prefix_cache_queries / _hits, in tokens): hit rate = hits / queries.
         self.prefix_cache_queries = Counter(
             "cadence_prefix_cache_queries_total",
             "Prompt tokens of the requests the worker started with --prefix-caching on.",
-            ["worker"], registry=r)
+            ["worker"],
+            registry=r,
+        )
         self.prefix_cache_hits = Counter(
             "cadence_prefix_cache_hits_total",
             "Of those, prompt tokens whose keys and values the worker's prefix cache held "
-            "(not computed again).", ["worker"], registry=r)
-        self.deepest_buffer = Gauge("cadence_deepest_buffer_steps",
-                                    "Steps of output waiting in the fullest per-request buffer "
-                                    "(read at scrape time).", registry=r)
+            "(not computed again).",
+            ["worker"],
+            registry=r,
+        )
+        self.deepest_buffer = Gauge(
+            "cadence_deepest_buffer_steps",
+            "Steps of output waiting in the fullest per-request buffer (read at scrape time).",
+            registry=r,
+        )
         # Start-up, apart from serving latency: set on every WorkerReady, so a restarted
         # worker's values replace its predecessor's.
-        self.worker_load = Gauge("cadence_worker_load_seconds",
-                                 "The worker's model load (engine built: weights read or "
-                                 "created, cache allocated), at its last start.", ["worker"],
-                                 registry=r)
-        self.worker_warmup = Gauge("cadence_worker_warmup_seconds",
-                                   "The worker's warm-up steps before it reported ready (health "
-                                   "turns SERVING after them), at its last start.", ["worker"],
-                                   registry=r)
-        self.worker_first_step = Gauge("cadence_worker_first_step_seconds",
-                                       "The worker's first (cold) engine step, during warm-up, "
-                                       "at its last start.", ["worker"], registry=r)
-        self.worker_warm_step = Gauge("cadence_worker_warm_step_seconds",
-                                      "A decode step at the end of the worker's warm-up, to "
-                                      "compare with the first step.", ["worker"], registry=r)
-        self.accept_ahead = Gauge("cadence_accept_ahead_calls",
-                                  "Incoming calls of each streaming method requested from gRPC "
-                                  "ahead of their arrival (--accept-ahead); 0 when off, which "
-                                  "this grpcio's internals may force (see the start-up log).",
-                                  registry=r)
+        self.worker_load = Gauge(
+            "cadence_worker_load_seconds",
+            "The worker's model load (engine built: weights read or "
+            "created, cache allocated), at its last start.",
+            ["worker"],
+            registry=r,
+        )
+        self.worker_warmup = Gauge(
+            "cadence_worker_warmup_seconds",
+            "The worker's warm-up steps before it reported ready (health "
+            "turns SERVING after them), at its last start.",
+            ["worker"],
+            registry=r,
+        )
+        self.worker_first_step = Gauge(
+            "cadence_worker_first_step_seconds",
+            "The worker's first (cold) engine step, during warm-up, at its last start.",
+            ["worker"],
+            registry=r,
+        )
+        self.worker_warm_step = Gauge(
+            "cadence_worker_warm_step_seconds",
+            "A decode step at the end of the worker's warm-up, to compare with the first step.",
+            ["worker"],
+            registry=r,
+        )
+        self.accept_ahead = Gauge(
+            "cadence_accept_ahead_calls",
+            "Incoming calls of each streaming method requested from gRPC "
+            "ahead of their arrival (--accept-ahead); 0 when off, which "
+            "this grpcio's internals may force (see the start-up log).",
+            registry=r,
+        )
         self._restarts = _RestartCollector(
             "cadence_worker_restarts_total",
-            "Times the supervisor restarted the worker after it exited or hung.", "worker")
+            "Times the supervisor restarted the worker after it exited or hung.",
+            "worker",
+        )
         self._front_restarts = _RestartCollector(
             "cadence_front_restarts_total",
-            "Times front 0 restarted front N (--fronts) after it exited.", "front")
+            "Times front 0 restarted front N (--fronts) after it exited.",
+            "front",
+        )
         self._restart_backoff = _RestartCollector(
             "cadence_worker_restart_backoff_seconds",
-            ("The back-off before the worker's pending restart: 0 while it runs; 1 s, doubling "
-             "to 30 s, while it keeps failing soon after each start."), "worker", GaugeMetricFamily)
+            (
+                "The back-off before the worker's pending restart: 0 while it runs; 1 s, doubling "
+                "to 30 s, while it keeps failing soon after each start."
+            ),
+            "worker",
+            GaugeMetricFamily,
+        )
         self._ejections = _RestartCollector(
             "cadence_worker_ejections_total",
             "Times the worker was taken out of routing and restarted because its last "
-            "--worker-max-failed-steps engine steps all failed.", "worker")
+            "--worker-max-failed-steps engine steps all failed.",
+            "worker",
+        )
         r.register(self._restarts)
         r.register(self._ejections)
         r.register(self._front_restarts)
@@ -269,16 +359,22 @@ class FrontMetrics:
         for worker in range(workers):
             self.batch_size.labels(str(worker)).set_function(partial(batch_size, worker))
 
-    def watch_gateway(self, model_name: str, waiting: Callable[[], float],
-                      running: Callable[[], float], kv_cache_usage: Callable[[], float]) -> None:
+    def watch_gateway(
+        self,
+        model_name: str,
+        waiting: Callable[[], float],
+        running: Callable[[], float],
+        kv_cache_usage: Callable[[], float],
+    ) -> None:
         """The gauges an inference gateway's endpoint picker reads, under vLLM's names (see
         `_GatewayGauges`), read when scraped."""
         gauges = self._gateway
         gauges.model_name = model_name
         gauges.values = (waiting, running, kv_cache_usage)
 
-    def worker_started(self, worker: int, load_s: float, warmup_s: float, first_step_s: float,
-                       warm_step_s: float) -> None:
+    def worker_started(
+        self, worker: int, load_s: float, warmup_s: float, first_step_s: float, warm_step_s: float
+    ) -> None:
         """Record a worker's start-up (from its WorkerReady), replacing any earlier start's."""
         label = str(worker)
         self.worker_load.labels(label).set(load_s)
@@ -286,8 +382,9 @@ class FrontMetrics:
         self.worker_first_step.labels(label).set(first_step_s)
         self.worker_warm_step.labels(label).set(warm_step_s)
 
-    def watch_restarts(self, restarts: Sequence[int], delays: Sequence[float] = (),
-                       ejections: Sequence[int] = ()) -> None:
+    def watch_restarts(
+        self, restarts: Sequence[int], delays: Sequence[float] = (), ejections: Sequence[int] = ()
+    ) -> None:
         """Export `cadence_worker_restarts_total` from the supervisor's per-worker counts
         (read when scraped, so a restart that never comes back ready still counts),
         `cadence_worker_restart_backoff_seconds` from its pending restarts' back-offs, and
@@ -300,8 +397,9 @@ class FrontMetrics:
         """Export `cadence_front_restarts_total` from front 0's per-front counts."""
         self._front_restarts.restarts = restarts
 
-    def serve(self, port: int, host: str,
-              other_fronts: Callable[[], list[tuple[int, str]]] | None = None) -> int:
+    def serve(
+        self, port: int, host: str, other_fronts: Callable[[], list[tuple[int, str]]] | None = None
+    ) -> int:
         """Expose /metrics over HTTP (a background thread); returns the bound port.
 
         `other_fronts` (`--fronts N`, front 0): returns the other fronts' /metrics texts;
@@ -354,20 +452,48 @@ class _TallyCollector:
     """
 
     _FAMILIES = (
-        (CounterMetricFamily, "chunks", "cadence_chunks_total",
-         "Chunks (stream messages) handed to gRPC for clients."),
-        (CounterMetricFamily, "tokens", "cadence_output_tokens_total",
-         "Tokens handed to gRPC for clients."),
-        (CounterMetricFamily, "merged_steps", "cadence_merged_steps_total",
-         ("Engine steps whose tokens went out in one chunk with an earlier step's, because "
-          "the stream was not ready to send.")),
-        (CounterMetricFamily, "overflows", "cadence_buffer_overflows_total",
-         "Tokens that found a request's buffer at --queue-capacity."),
-        (CounterMetricFamily, "pauses", "cadence_sequence_pauses_total",
-         ("Sequences paused in the engine by --overflow block because their client read "
-          "too slowly (pauses issued; a sequence paused again counts again).")),
-        (GaugeMetricFamily, "paused", "cadence_paused_sequences",
-         "Sequences paused by --overflow block now, waiting for their client to read."),
+        (
+            CounterMetricFamily,
+            "chunks",
+            "cadence_chunks_total",
+            "Chunks (stream messages) handed to gRPC for clients.",
+        ),
+        (
+            CounterMetricFamily,
+            "tokens",
+            "cadence_output_tokens_total",
+            "Tokens handed to gRPC for clients.",
+        ),
+        (
+            CounterMetricFamily,
+            "merged_steps",
+            "cadence_merged_steps_total",
+            (
+                "Engine steps whose tokens went out in one chunk with an earlier step's, because "
+                "the stream was not ready to send."
+            ),
+        ),
+        (
+            CounterMetricFamily,
+            "overflows",
+            "cadence_buffer_overflows_total",
+            "Tokens that found a request's buffer at --queue-capacity.",
+        ),
+        (
+            CounterMetricFamily,
+            "pauses",
+            "cadence_sequence_pauses_total",
+            (
+                "Sequences paused in the engine by --overflow block because their client read "
+                "too slowly (pauses issued; a sequence paused again counts again)."
+            ),
+        ),
+        (
+            GaugeMetricFamily,
+            "paused",
+            "cadence_paused_sequences",
+            "Sequences paused by --overflow block now, waiting for their client to read.",
+        ),
     )
 
     def __init__(self, tally: StreamTally) -> None:
@@ -391,13 +517,21 @@ class _GatewayGauges:
     front's, shared by its workers). What each means here: docs/deploy.md."""
 
     FAMILIES = (
-        ("vllm:num_requests_waiting",
-         "Requests admitted and waiting for a place in an engine step (no token yet)."),
-        ("vllm:num_requests_running",
-         "Requests in the workers' engine steps (admitted into a batch, not finished)."),
-        ("vllm:kv_cache_usage_perc",
-         ("KV-cache usage, the workers' mean; 1 means 100 percent usage (0: the engine has "
-          "no KV cache).")),
+        (
+            "vllm:num_requests_waiting",
+            "Requests admitted and waiting for a place in an engine step (no token yet).",
+        ),
+        (
+            "vllm:num_requests_running",
+            "Requests in the workers' engine steps (admitted into a batch, not finished).",
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            (
+                "KV-cache usage, the workers' mean; 1 means 100 percent usage (0: the engine has "
+                "no KV cache)."
+            ),
+        ),
     )
 
     def __init__(self) -> None:
@@ -414,8 +548,11 @@ class _GatewayGauges:
             yield family
 
 
-_ACROSS_FRONTS = {"vllm:num_requests_waiting": sum, "vllm:num_requests_running": sum,
-                  "vllm:kv_cache_usage_perc": max}
+_ACROSS_FRONTS = {
+    "vllm:num_requests_waiting": sum,
+    "vllm:num_requests_running": sum,
+    "vllm:kv_cache_usage_perc": max,
+}
 """The gateway's gauges describe the server, not a front: with --fronts N, one series of
 each, the fronts' counts summed (each front holds its own requests) and the largest KV use."""
 
@@ -441,8 +578,9 @@ class _AllFronts:
             for family in families:
                 out = merged.get(family.name)
                 if out is None:
-                    out = merged[family.name] = Metric(family.name, family.documentation,
-                                                       family.type, family.unit)
+                    out = merged[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
                 if family.name in _ACROSS_FRONTS:
                     for sample in family.samples:
                         key = (sample.name, tuple(sorted(sample.labels.items())))
@@ -450,8 +588,13 @@ class _AllFronts:
                     continue
                 for sample in family.samples:
                     # A sample about a front (front restarts) keeps its own label.
-                    out.add_sample(sample.name, {"front": str(front), **sample.labels},
-                                   sample.value, sample.timestamp, sample.exemplar)
+                    out.add_sample(
+                        sample.name,
+                        {"front": str(front), **sample.labels},
+                        sample.value,
+                        sample.timestamp,
+                        sample.exemplar,
+                    )
         for (name, labels), values in across.items():
             merged[name].add_sample(name, dict(labels), _ACROSS_FRONTS[name](values))
         yield from merged.values()

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import msgspec
 
-SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
+SEED_RANGE = (-(2**63), 2**64 - 1)
 """A seed is any 64-bit integer, signed or not (OpenAI's clients send int64, cadence.v1 uint64);
 a wider one cannot cross to a worker."""
-TOKEN_ID_MAX = 2 ** 31 - 1
+TOKEN_ID_MAX = 2**31 - 1
 """Token ids are int32, as in cadence.v1's proto and the KServe model's tensors."""
-TOP_K_MAX = 2 ** 32 - 1
+TOP_K_MAX = 2**32 - 1
 """cadence.v1's uint32."""
-PRIORITY_RANGE = (-(2 ** 31), 2 ** 31 - 1)
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 """cadence.v1's int32."""
 REQUEST_ID_MAX_BYTES = 256
 """The longest client-given request id (UTF-8 bytes): cadence.v1 echoes it on every chunk and

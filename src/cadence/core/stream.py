@@ -54,13 +54,38 @@ class RequestStream:
     """The per-request buffer between the output reader and one request's `Generation`."""
 
     __slots__ = (
-        "_abort_on_overflow", "_block", "_capacity", "_decode", "_end_ns", "_ends", "_link",
+        "_abort_on_overflow",
+        "_block",
+        "_capacity",
+        "_decode",
+        "_end_ns",
+        "_ends",
+        "_link",
         "_paused",
-        "_paused_task", "_prompt_tokens", "_recv_ns", "_start_ns", "_steps", "_tally", "_texts",
-        "_tokens", "_waiter", "cached_tokens", "counts_pieces", "deliver", "end_call", "error",
+        "_paused_task",
+        "_prompt_tokens",
+        "_recv_ns",
+        "_start_ns",
+        "_steps",
+        "_tally",
+        "_texts",
+        "_tokens",
+        "_waiter",
+        "cached_tokens",
+        "counts_pieces",
+        "deliver",
+        "end_call",
+        "error",
         "finish",
-        "first_token_ns", "include_timing", "received_ns", "scheduled_ns", "sending_since_ns",
-        "sent_tokens", "seq_id", "task", "worker",
+        "first_token_ns",
+        "include_timing",
+        "received_ns",
+        "scheduled_ns",
+        "sending_since_ns",
+        "sent_tokens",
+        "seq_id",
+        "task",
+        "worker",
     )
 
     def __init__(
@@ -143,8 +168,9 @@ class RequestStream:
     def done(self) -> bool:
         return self.finish != Finish.NONE or self.error is not None
 
-    def push(self, tokens: int | list[int], text: str | None, start_ns: int, end_ns: int,
-             recv_ns: int) -> None:
+    def push(
+        self, tokens: int | list[int], text: str | None, start_ns: int, end_ns: int, recv_ns: int
+    ) -> None:
         """Add one step's piece of output: its token, or its tokens (copied: the caller may
         reuse the list), and their text when the worker detokenizes (None: the front decodes
         them). Called by the output reader only."""
@@ -285,7 +311,7 @@ class RequestStream:
             self._steps = 0
             finish = self.finish
         else:
-            self._tokens = self._tokens[len(tokens):]
+            self._tokens = self._tokens[len(tokens) :]
             self._steps = max(self._steps - steps, 1)
             finish = Finish.NONE
         if self._paused:
@@ -310,8 +336,16 @@ class RequestStream:
             if index == 0:
                 timing.received_ns = self.received_ns
                 timing.scheduled_ns = self.scheduled_ns
-        chunk = Chunk(index, tokens, text, finish, self._prompt_tokens if index == 0 else 0, timing,
-                      self.cached_tokens, positions if positions != len(tokens) else 0)
+        chunk = Chunk(
+            index,
+            tokens,
+            text,
+            finish,
+            self._prompt_tokens if index == 0 else 0,
+            timing,
+            self.cached_tokens,
+            positions if positions != len(tokens) else 0,
+        )
         self.sent_tokens = index + positions
         tally.chunks += 1
         tally.tokens += positions
@@ -326,7 +360,8 @@ class RequestStream:
         taken = 0
         for i, piece in enumerate(texts):
             size += len(piece.encode("utf-8", "surrogatepass")) + TOKEN_ID_BYTES * (
-                ends[i] - (ends[i - 1] if i else 0))
+                ends[i] - (ends[i - 1] if i else 0)
+            )
             if size > MAX_CHUNK_BYTES and i:
                 break
             taken = i + 1

@@ -36,8 +36,11 @@ def endpoint_from_env(environ: os._Environ | dict = os.environ) -> str:
         return ""
     if environ.get("OTEL_TRACES_EXPORTER", "otlp").lower() in ("none", ""):
         return ""
-    return (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "")
+    return (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or ""
+    )
 
 
 def epoch_offset_ns() -> int:
@@ -74,10 +77,12 @@ class RequestTracer:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        resource = Resource.create({
-            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "cadence",
-            "cadence.front": front,
-        })
+        resource = Resource.create(
+            {
+                "service.name": os.environ.get("OTEL_SERVICE_NAME") or "cadence",
+                "cadence.front": front,
+            }
+        )
         # The SDK's sampler comes from OTEL_TRACES_SAMPLER (default: the caller's decision,
         # else always), and the batch processor's sizes from OTEL_BSP_*.
         # Shut down by `close` alone, bounded: the SDK's exit hook would wait for an
@@ -105,8 +110,9 @@ class RequestTracer:
         except Exception:
             if not self._failed:
                 self._failed = True
-                log.exception("tracing: a request's span could not be made; later failures "
-                              "are not logged")
+                log.exception(
+                    "tracing: a request's span could not be made; later failures are not logged"
+                )
 
     def _record(self, generation) -> None:
         stream = generation.stream
@@ -156,8 +162,12 @@ class RequestTracer:
         if failure is not None:
             attributes["error.type"] = failure.name
         span = self._tracer.start_span(
-            f"{operation} {self._model}", context=parent, kind=self._server_kind,
-            attributes=attributes, start_time=received + offset)
+            f"{operation} {self._model}",
+            context=parent,
+            kind=self._server_kind,
+            attributes=attributes,
+            start_time=received + offset,
+        )
         if failure is not None:
             status, error = self._error
             span.set_status(status(error, _failure_text(generation, failure)))
@@ -177,8 +187,11 @@ class RequestTracer:
         if flushed.wait(timeout_s):
             self._provider.shutdown()
             return
-        log.warning("tracing: the last spans were not exported within %g s (is the OTLP "
-                    "endpoint reachable?); they are dropped", timeout_s)
+        log.warning(
+            "tracing: the last spans were not exported within %g s (is the OTLP "
+            "endpoint reachable?); they are dropped",
+            timeout_s,
+        )
         self._exporter.shutdown()  # ends the export that is still retrying
 
 
@@ -188,8 +201,11 @@ def _failure_text(generation, failure: Failure) -> str:
 
 
 def _exporter(endpoint: str):
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    )
     if protocol.startswith("http"):
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -197,7 +213,8 @@ def _exporter(endpoint: str):
             raise RuntimeError(
                 f"OTLP protocol {protocol!r} needs the package "
                 "'opentelemetry-exporter-otlp-proto-http', which is not installed; install it "
-                "or use the default protocol (grpc)") from None
+                "or use the default protocol (grpc)"
+            ) from None
         return OTLPSpanExporter(endpoint=endpoint or None)
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 

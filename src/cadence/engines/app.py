@@ -95,8 +95,11 @@ class TokenizerFailed(Exception):
         super().__init__(f"tokenizer.{method} raised {type(exc).__name__}: {exc}")
 
 
-def piece_tokens(piece: object, vocab_size: int | None = VOCAB_SIZE,
-                 encode: Callable[[str], list[int]] | None = None) -> list[int]:
+def piece_tokens(
+    piece: object,
+    vocab_size: int | None = VOCAB_SIZE,
+    encode: Callable[[str], list[int]] | None = None,
+) -> list[int]:
     """The token ids of one yielded piece; TypeError/ValueError says what is wrong with it,
     TokenizerFailed that `encode` raised.
 
@@ -114,14 +117,22 @@ def piece_tokens(piece: object, vocab_size: int | None = VOCAB_SIZE,
             raise TokenizerFailed("encode", exc) from exc
     if isinstance(piece, (list, tuple)):
         tokens = list(piece)
-        if tokens and not (all(type(t) is int for t in tokens) and 0 <= min(tokens)
-                           and (vocab_size is None or max(tokens) < vocab_size)):
+        if tokens and not (
+            all(type(t) is int for t in tokens)
+            and 0 <= min(tokens)
+            and (vocab_size is None or max(tokens) < vocab_size)
+        ):
             raise ValueError(
-                f"the app yielded token ids {tokens[:8]!r}; ids must be ints in " + (
+                f"the app yielded token ids {tokens[:8]!r}; ids must be ints in "
+                + (
                     f"[0, {vocab_size}) (byte tokens); yield str pieces for text, or give the "
-                    "function a `tokenizer`" if encode is None else
-                    f"[0, {vocab_size}) (its tokenizer's vocabulary)" if vocab_size is not None
-                    else "[0, ...) (not negative)"))
+                    "function a `tokenizer`"
+                    if encode is None
+                    else f"[0, {vocab_size}) (its tokenizer's vocabulary)"
+                    if vocab_size is not None
+                    else "[0, ...) (not negative)"
+                )
+            )
         return tokens
     raise TypeError(
         f"the app yielded a {type(piece).__name__}; yield str (text) or list[int] (token ids)"

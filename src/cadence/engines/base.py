@@ -17,8 +17,20 @@ class Sequence:
     """One request inside a worker: its prompt, limits, sampling parameters and how far it
     has got. A model reads it and keeps its own per-sequence data in `state`."""
 
-    __slots__ = ("seq_id", "request", "stop_token_ids", "generated", "state", "detokenize",
-                 "prompt", "prefilled", "prefill_to", "prefill_ids", "cached_tokens", "arrival")
+    __slots__ = (
+        "seq_id",
+        "request",
+        "stop_token_ids",
+        "generated",
+        "state",
+        "detokenize",
+        "prompt",
+        "prefilled",
+        "prefill_to",
+        "prefill_ids",
+        "cached_tokens",
+        "arrival",
+    )
 
     def __init__(self, request: AddRequest) -> None:
         self.seq_id = request.seq_id
@@ -82,8 +94,10 @@ class Sequence:
         return self.request.seed
 
     def __repr__(self) -> str:
-        return (f"Sequence(seq_id={self.seq_id}, prompt={self.prompt!r}, "
-                f"generated={self.generated}, max_tokens={self.max_tokens})")
+        return (
+            f"Sequence(seq_id={self.seq_id}, prompt={self.prompt!r}, "
+            f"generated={self.generated}, max_tokens={self.max_tokens})"
+        )
 
 
 class StepFailed(Exception):
@@ -106,8 +120,9 @@ class SequenceError(Exception):
 
     def __init__(self, message: str, status: str = "INTERNAL") -> None:
         if status not in self.STATUSES:
-            raise ValueError(f"SequenceError status must be one of {', '.join(self.STATUSES)}; "
-                             f"got {status!r}")
+            raise ValueError(
+                f"SequenceError status must be one of {', '.join(self.STATUSES)}; got {status!r}"
+            )
         super().__init__(message)
         self.message = message
         self.status = status

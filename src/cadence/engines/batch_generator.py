@@ -26,9 +26,14 @@ from cadence.wording import counted
 class BatchGenerator:
     """One running `generate_stream` generator at a time, stepped one yield per step."""
 
-    def __init__(self, generate_stream: Callable[[list[Sequence]], Iterator[list]],
-                 label: str, max_batch: int, batch_timeout_s: float,
-                 release: Callable[[Sequence], None] | None) -> None:
+    def __init__(
+        self,
+        generate_stream: Callable[[list[Sequence]], Iterator[list]],
+        label: str,
+        max_batch: int,
+        batch_timeout_s: float,
+        release: Callable[[Sequence], None] | None,
+    ) -> None:
         self._generate = generate_stream
         self._label = label
         self._max_batch = max_batch
@@ -84,10 +89,12 @@ class BatchGenerator:
         outputs = list(outputs)
         positions = self._positions
         if len(outputs) <= max(positions.values(), default=-1):
-            raise ValueError(f"{self._label}.generate_stream yielded "
-                             f"{counted(len(outputs), 'output')} for a batch of "
-                             f"{counted(len(prefill) or len(positions), 'sequence')}; yield one "
-                             "per sequence")
+            raise ValueError(
+                f"{self._label}.generate_stream yielded "
+                f"{counted(len(outputs), 'output')} for a batch of "
+                f"{counted(len(prefill) or len(positions), 'sequence')}; yield one "
+                "per sequence"
+            )
         behind = self._behind
         stepped = prefill + decode
         if behind or len(stepped) < len(positions):

@@ -58,7 +58,9 @@ class TextStreams:
 
     def encode_piece(self, text: str) -> list[int]:
         """A piece of output text's ids: no special tokens where the tokenizer can leave them out."""
-        return _ids(self._encode(text, add_special_tokens=False) if self._plain else self._encode(text))
+        return _ids(
+            self._encode(text, add_special_tokens=False) if self._plain else self._encode(text)
+        )
 
     def decode(self, token_ids: list[int]) -> str:
         return self._decode(token_ids)
@@ -128,8 +130,10 @@ def text_streams(tokenizer: object | None) -> TextStreams | ByteText | Streaming
         return cast(StreamingTokenizer, tokenizer)
     for name in ("encode", "decode"):
         if not callable(getattr(tokenizer, name, None)):
-            raise TypeError(f"the tokenizer, a {type(tokenizer).__name__}, has no {name}() method; "
-                            "give an object with encode(text) and decode(ids)")
+            raise TypeError(
+                f"the tokenizer, a {type(tokenizer).__name__}, has no {name}() method; "
+                "give an object with encode(text) and decode(ids)"
+            )
     assert isinstance(tokenizer, EncodeDecode)  # both checked callable just above
     return TextStreams(tokenizer)
 
@@ -140,7 +144,8 @@ def piece_encoder(text: TextStreams | ByteText | StreamingTokenizer) -> Callable
 
 
 def prompt_decoder(
-        text: TextStreams | ByteText | StreamingTokenizer) -> Callable[[list[int]], str] | None:
+    text: TextStreams | ByteText | StreamingTokenizer,
+) -> Callable[[list[int]], str] | None:
     """The decoder of prompts sent as token ids of what text_streams gave, or None: a
     tokenizer that streams on its own need not have `decode` (base's contract)."""
     decode = getattr(text, "decode", None)

@@ -104,7 +104,14 @@ class Model:
         return None
 
     OPTIONAL: ClassVar[tuple[str, ...]] = (
-        "reserve", "release", "check", "close", "max_batch", "tokenizer", "takes_prefill_chunks")
+        "reserve",
+        "release",
+        "check",
+        "close",
+        "max_batch",
+        "tokenizer",
+        "takes_prefill_chunks",
+    )
     """The optional members, each with its default above."""
 
 
@@ -140,6 +147,8 @@ def misspelled_members(cls: type, names: Iterable[str] | None = None) -> list[st
             continue
         close = difflib.get_close_matches(name, MEMBERS, n=1, cutoff=0.8)
         if close:
-            found.append(f"{cls.__qualname__} has `{name}`: did you mean `{close[0]}`? "
-                         "(cadence never calls it; see docs/models.md)")
+            found.append(
+                f"{cls.__qualname__} has `{name}`: did you mean `{close[0]}`? "
+                "(cadence never calls it; see docs/models.md)"
+            )
     return found

@@ -57,8 +57,12 @@ class StepGroup:
         framed = len(payload).to_bytes(8, "little") + payload + bytes(-len(payload) % 8)
         self._group.send_plan(self._torch.frombuffer(bytearray(framed), dtype=self._torch.int64))
 
-    def follow(self, step: Callable, release: Callable[[Sequence], None],
-               prepare: Callable[[list[Sequence]], None]) -> None:
+    def follow(
+        self,
+        step: Callable,
+        release: Callable[[Sequence], None],
+        prepare: Callable[[list[Sequence]], None],
+    ) -> None:
         """Followers: run every step rank 0 announces, until it stops the group."""
         running: dict[int, Sequence] = {}
         while (packed := self._group.receive_plan()) is not None:

@@ -36,11 +36,15 @@ def text_problem(text: str) -> str | None:
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        return (f"a text that UTF-8 cannot carry ({exc.reason}: {text[exc.start]!r} at "
-                f"character {exc.start}); return valid Unicode text")
+        return (
+            f"a text that UTF-8 cannot carry ({exc.reason}: {text[exc.start]!r} at "
+            f"character {exc.start}); return valid Unicode text"
+        )
     if size > MAX_OUTPUT_BYTES:
-        return (f"a text of {size:,} bytes, over the {MAX_OUTPUT_BYTES:,} bytes (1 MiB) one "
-                "output may hold; give a long text over several outputs")
+        return (
+            f"a text of {size:,} bytes, over the {MAX_OUTPUT_BYTES:,} bytes (1 MiB) one "
+            "output may hold; give a long text over several outputs"
+        )
     return None
 
 
@@ -48,8 +52,10 @@ def ids_problem(count: int) -> str | None:
     """Why an output of `count` token ids cannot be one output (to follow "a text of"), or
     None when it can."""
     if count > MAX_OUTPUT_TOKENS:
-        return (f"{count:,} token ids, over the {MAX_OUTPUT_TOKENS:,} one output may hold; "
-                "give a long text over several outputs")
+        return (
+            f"{count:,} token ids, over the {MAX_OUTPUT_TOKENS:,} one output may hold; "
+            "give a long text over several outputs"
+        )
     return None
 
 
@@ -67,5 +73,6 @@ def texts_problems(texts: list[str]) -> list[tuple[int, str]]:
             return []
     except UnicodeEncodeError:
         pass
-    return [(i, problem) for i, text in enumerate(texts)
-            if (problem := text_problem(text)) is not None]
+    return [
+        (i, problem) for i, text in enumerate(texts) if (problem := text_problem(text)) is not None
+    ]

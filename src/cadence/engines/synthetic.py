@@ -77,8 +77,10 @@ class SyntheticEngine:
         self._config = config
         self._rng = random.Random(config.seed)
         self._corpus = _corpus(config.seed)
-        self._word_starts = [0, *(i + 1 for i, byte in enumerate(self._corpus[:-1])
-                                  if byte == 0x20)]
+        self._word_starts = [
+            0,
+            *(i + 1 for i, byte in enumerate(self._corpus[:-1]) if byte == 0x20),
+        ]
         """Where words begin: a sequence's text starts at one, not mid-word."""
         self._first_step = True
         by_worker = config.step_ms_by_worker
@@ -86,8 +88,9 @@ class SyntheticEngine:
         self._per_seq_s = config.per_seq_ms / 1e3
         self._prefill_s = config.prefill_ms_per_token / 1e3
         self._jitter_s = config.jitter_ms / 1e3
-        self._prefixes = (BlockLRU(config.kv_cache_tokens // BLOCK) if config.prefix_caching
-                          else None)
+        self._prefixes = (
+            BlockLRU(config.kv_cache_tokens // BLOCK) if config.prefix_caching else None
+        )
         """Prefix caching: the block hashes held."""
 
     def start(self) -> None:

@@ -67,22 +67,31 @@ class TransformersModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if not model:
-            raise ValueError("--engine transformers needs --model PATH (a local folder that "
-                             "transformers' AutoModelForCausalLM loads)")
-        torch_dtype = _DTYPES.get(dtype) or ("auto" if device.startswith("cuda") else
-                                             torch.float32)
+            raise ValueError(
+                "--engine transformers needs --model PATH (a local folder that "
+                "transformers' AutoModelForCausalLM loads)"
+            )
+        torch_dtype = _DTYPES.get(dtype) or ("auto" if device.startswith("cuda") else torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model, local_files_only=True, dtype=torch_dtype).to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
+        loaded = AutoModelForCausalLM.from_pretrained(
+            model, local_files_only=True, dtype=torch_dtype
+        )
+        # transformers' @wraps(Module.to) types `to` unbound
+        self.model = loaded.to(device).eval()  # type: ignore[arg-type]
         self.config = self.model.config
         problems = unsupported_layers(self.config)
         if problems:
-            raise ValueError(f"{model}: its {', '.join(problems)} layers are not batched by "
-                             "--engine transformers (full and sliding-window attention are)")
+            raise ValueError(
+                f"{model}: its {', '.join(problems)} layers are not batched by "
+                "--engine transformers (full and sliding-window attention are)"
+            )
         self.device = torch.device(device)
         text = self.config.get_text_config(decoder=True)
-        self.context = (getattr(text, "max_position_embeddings", None)
-                        or getattr(text, "n_positions", None) or 0)
+        self.context = (
+            getattr(text, "max_position_embeddings", None)
+            or getattr(text, "n_positions", None)
+            or 0
+        )
         """Positions the model has (0: no limit known); a sequence that reaches it stops."""
         self._eos = frozenset(_eos_ids(self.model))
         params = inspect.signature(self.model.forward).parameters
@@ -111,8 +120,11 @@ class TransformersModel:
         if running:
             logits.append(self._decode(running))
         stepped = prefill + running
-        tokens = sample(torch.cat(logits).float(), [_state(s).sampler for s in stepped]) if (
-            logits) else []
+        tokens = (
+            sample(torch.cat(logits).float(), [_state(s).sampler for s in stepped])
+            if (logits)
+            else []
+        )
         for seq, token in zip(stepped, tokens):
             _state(seq).last = token
         if len(running) == len(decode):
@@ -136,13 +148,18 @@ class TransformersModel:
         ids = torch.zeros((len(prefill), width), dtype=torch.long)  # 0: padding, masked out
         mask = torch.zeros_like(ids)
         for i, (seq, n) in enumerate(zip(prefill, lengths)):
-            ids[i, width - n:] = torch.tensor(seq.prompt_token_ids)
-            mask[i, width - n:] = 1
+            ids[i, width - n :] = torch.tensor(seq.prompt_token_ids)
+            mask[i, width - n :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = new_cache(self.config)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                         position_ids=positions.to(self.device), use_cache=True,
-                         logits_to_keep=1, **{self._cache_arg: cache})
+        out = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: cache},
+        )
         if min(lengths) < width:
             zero_padding(cache, mask.to(self.device))
         for row, (seq, n) in enumerate(zip(prefill, lengths)):
@@ -157,8 +174,13 @@ class TransformersModel:
         rows = self._rows
         assert rows is not None  # _regroup made it
         ids = torch.tensor([[_state(s).last] for s in decode], device=self.device)
-        out = self.model(input_ids=ids, attention_mask=rows.mask, position_ids=rows.positions,
-                         use_cache=True, **{self._cache_arg: rows.cache})
+        out = self.model(
+            input_ids=ids,
+            attention_mask=rows.mask,
+            position_ids=rows.positions,
+            use_cache=True,
+            **{self._cache_arg: rows.cache},
+        )
         rows.advanced()
         for seq in decode:
             _state(seq).length += 1
@@ -176,8 +198,9 @@ class TransformersModel:
                 state.cache = old.row_cache(self.config, state.row, state.length)
                 state.row = 0
         states = [_state(s) for s in decode]
-        rows = self._rows = Rows(self.config, [(s.cache, s.row) for s in states],
-                          [s.length for s in states])
+        rows = self._rows = Rows(
+            self.config, [(s.cache, s.row) for s in states], [s.length for s in states]
+        )
         for row, state in enumerate(states):
             state.cache, state.row = rows.cache, row
         self._batch = list(decode)

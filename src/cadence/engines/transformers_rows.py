@@ -91,8 +91,7 @@ class Rows:
 
     __slots__ = ("cache", "mask", "positions", "width")
 
-    def __init__(self, config, sources: list[tuple[DynamicCache, int]],
-                 lengths: list[int]) -> None:
+    def __init__(self, config, sources: list[tuple[DynamicCache, int]], lengths: list[int]) -> None:
         width = max(lengths)
         first = sources[0][0]
         cache = new_cache(config, len(first.layers))
@@ -101,8 +100,12 @@ class Rows:
         lengths_t = torch.tensor(lengths, device=device)
         for index, layer in enumerate(cache.layers):
             keep = _kept(layer, width)
-            _fill(layer, gather(partial(_layer_part, index, 0), keep),
-                  gather(partial(_layer_part, index, 1), keep), width)
+            _fill(
+                layer,
+                gather(partial(_layer_part, index, 0), keep),
+                gather(partial(_layer_part, index, 1), keep),
+                width,
+            )
         self.cache = cache
         self.width = width
         """Columns of every row, padding included: the cache's length to transformers."""
@@ -124,8 +127,12 @@ class Rows:
         for layer, source in zip(cache.layers, self.cache.layers):
             keep = _kept(layer, length)
             keys, values = _tensors(source)
-            _fill(layer, keys[row:row + 1, :, keys.shape[2] - keep:].clone(),
-                  values[row:row + 1, :, values.shape[2] - keep:].clone(), length)
+            _fill(
+                layer,
+                keys[row : row + 1, :, keys.shape[2] - keep :].clone(),
+                values[row : row + 1, :, values.shape[2] - keep :].clone(),
+                length,
+            )
         return cache
 
 
@@ -146,7 +153,9 @@ class _Gather:
             self._back = torch.empty(len(order), dtype=torch.long, device=device)
             self._back[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
 
-    def __call__(self, tensor_of: Callable[[DynamicCache], torch.Tensor], keep: int) -> torch.Tensor:
+    def __call__(
+        self, tensor_of: Callable[[DynamicCache], torch.Tensor], keep: int
+    ) -> torch.Tensor:
         """[rows, heads, keep, dim]: each row's last `keep` columns, left-padded with zeros
         when its source has fewer. Sources hold zeros left of a row's tokens (`zero_padding`),
         so a row's padding is zeros either way."""
@@ -154,7 +163,10 @@ class _Gather:
         for cache, rows in self._groups:
             t = tensor_of(cache).index_select(0, rows)
             have = t.shape[2]
-            parts.append(t[:, :, have - keep:] if have >= keep else
-                         torch.nn.functional.pad(t, (0, 0, keep - have, 0)))
+            parts.append(
+                t[:, :, have - keep :]
+                if have >= keep
+                else torch.nn.functional.pad(t, (0, 0, keep - have, 0))
+            )
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out if self._back is None else out.index_select(0, self._back)

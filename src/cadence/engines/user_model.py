@@ -50,15 +50,21 @@ def load_model_class(reference: str) -> type:
         target = load_app(reference)
     except Exception as exc:
         raise EngineLoadError(
-            f"cannot load model {reference!r}: {type(exc).__name__}: {exc}") from None
+            f"cannot load model {reference!r}: {type(exc).__name__}: {exc}"
+        ) from None
     if not inspect.isclass(target):
         raise EngineLoadError(
             f"{reference} is a {type(target).__name__}, not a class; serve a generator "
-            "function with --app instead, or name a class with step(prefill, decode)")
-    if not (callable(getattr(target, "step", None))
-            or callable(getattr(target, "generate_stream", None))):
-        raise EngineLoadError(f"{reference} has no step(prefill, decode) method (nor "
-                              "generate_stream(batch)); see docs/models.md")
+            "function with --app instead, or name a class with step(prefill, decode)"
+        )
+    if not (
+        callable(getattr(target, "step", None))
+        or callable(getattr(target, "generate_stream", None))
+    ):
+        raise EngineLoadError(
+            f"{reference} has no step(prefill, decode) method (nor "
+            "generate_stream(batch)); see docs/models.md"
+        )
     return target
 
 
@@ -74,20 +80,30 @@ def construct(cls: type, device: str, offered: dict[str, object]) -> object:
     if offered.get("group_size", 1) != 1 and not {"rank", "group_size"} <= kwargs.keys():
         raise EngineLoadError(
             f"--tp {offered['group_size']}: {cls.__qualname__}.__init__ must take rank= and "
-            "group_size= to learn its place in the tensor-parallel group (see docs/models.md)")
+            "group_size= to learn its place in the tensor-parallel group (see docs/models.md)"
+        )
     try:
         return cls(device, **kwargs)
     except Exception as exc:
         log.debug("constructing %s failed", cls.__qualname__, exc_info=exc)
-        raise EngineLoadError(f"{cls.__qualname__}({device!r}) raised {type(exc).__name__}: "
-                              f"{exc}") from None
+        raise EngineLoadError(
+            f"{cls.__qualname__}({device!r}) raised {type(exc).__name__}: {exc}"
+        ) from None
 
 
 class ModelEngine:
     """A user's model object behind the `Engine` protocol (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig, device: str, *, rank: int = 0, group_size: int = 1,
-                 dist_init: str = "", worker: int = 0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        device: str,
+        *,
+        rank: int = 0,
+        group_size: int = 1,
+        dist_init: str = "",
+        worker: int = 0,
+    ) -> None:
         cls = load_model_class(config.model_class)
         self.name = config.model_class
         self._label = cls.__qualname__
@@ -97,9 +113,17 @@ class ModelEngine:
             from cadence.engines.model_group import StepGroup
 
             self.group = StepGroup(rank, group_size, dist_init, device)
-        model = construct(cls, device, {"rank": rank, "group_size": group_size,
-                                        "worker": worker, "model": config.model,
-                                        "dtype": config.dtype})
+        model = construct(
+            cls,
+            device,
+            {
+                "rank": rank,
+                "group_size": group_size,
+                "worker": worker,
+                "model": config.model,
+                "dtype": config.dtype,
+            },
+        )
         self.model = model
         if worker == 0 and rank == 0:  # once per server, before it serves
             for line in misspelled_members(cls):
@@ -122,8 +146,9 @@ class ModelEngine:
             self._step = step
             self._step_name = "step"
             # Not across a tensor-parallel group: its followers rebuild whole-prompt steps.
-            self.takes_prefill_chunks = (member(model, "takes_prefill_chunks") is True
-                                         and self.group is None)
+            self.takes_prefill_chunks = (
+                member(model, "takes_prefill_chunks") is True and self.group is None
+            )
             reserve = member(model, "reserve")
             if callable(reserve):
                 self.reserve = reserve
@@ -131,8 +156,13 @@ class ModelEngine:
             from cadence.engines.batch_generator import BatchGenerator
 
             # load_model_class checked: without a step, the class has generate_stream.
-            shape = BatchGenerator(member(model, "generate_stream"), self._label, self.max_batch,
-                                   config.batch_timeout_ms / 1e3, self._release)
+            shape = BatchGenerator(
+                member(model, "generate_stream"),
+                self._label,
+                self.max_batch,
+                config.batch_timeout_ms / 1e3,
+                self._release,
+            )
             self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
             self._step_name = "generate_stream"
@@ -157,8 +187,9 @@ class ModelEngine:
         one output may hold (cadence.engines.output_text)."""
         ids = self._encode_piece(text)
         if len(ids) > MAX_OUTPUT_TOKENS:
-            raise StepFailed(f"{self._label}.{self._step_name} returned a text of "
-                             f"{ids_problem(len(ids))}")
+            raise StepFailed(
+                f"{self._label}.{self._step_name} returned a text of {ids_problem(len(ids))}"
+            )
         return ids
 
     def start(self) -> None:
@@ -172,8 +203,10 @@ class ModelEngine:
             bad = next(t for t in prompt if not 0 <= t < vocab)
             return f"prompt_token_ids must be in [0, {vocab}); got {bad}"
         if prompt and not request.prompt_text and self._decode_prompt is None:
-            return (f"{self.tokenizer_name} has no decode(ids), so this model cannot read a "
-                    "prompt sent as token ids; send the prompt as text")
+            return (
+                f"{self.tokenizer_name} has no decode(ids), so this model cannot read a "
+                "prompt sent as token ids; send the prompt as text"
+            )
         problem = None if self._check is None else self._checked_by_model(request)
         if problem is None and self._arrived is not None:
             self._arrived()
@@ -184,8 +217,12 @@ class ModelEngine:
         try:
             self._prepare([seq])
         except Exception as exc:
-            log.error("%s.decode raised on request %d's prompt", self.tokenizer_name, seq.seq_id,
-                      exc_info=exc)
+            log.error(
+                "%s.decode raised on request %d's prompt",
+                self.tokenizer_name,
+                seq.seq_id,
+                exc_info=exc,
+            )
             return f"{self.tokenizer_name}.decode raised {type(exc).__name__}: {exc}"
         try:
             return self._check(seq)
@@ -249,8 +286,9 @@ class ModelEngine:
             if not seq.prompt:
                 seq.prompt = decode(seq.request.prompt_token_ids)
 
-    def _checked(self, outputs: object, prefill: list[Sequence],
-                 decode: list[Sequence]) -> list[int | str | None]:
+    def _checked(
+        self, outputs: object, prefill: list[Sequence], decode: list[Sequence]
+    ) -> list[int | str | None]:
         """`outputs` as a list of int, str or None, one per sequence, or StepFailed."""
         name = f"{self._label}.{self._step_name}"
         if type(outputs) is not list:
@@ -260,20 +298,25 @@ class ModelEngine:
                 # item is checked below (a bad one fails its sequence, its place ignored).
                 items = iter(cast("Iterable[int | str | None]", outputs))
             except TypeError:
-                raise StepFailed(f"{name} returned a {returned}; return a list "
-                                 "with one output per sequence") from None
+                raise StepFailed(
+                    f"{name} returned a {returned}; return a list with one output per sequence"
+                ) from None
             try:
                 outputs = list(items)
             except Exception as exc:  # the model's own iterator: its failure is the step's
                 log.error("%s returned a %s that raised", name, returned, exc_info=exc)
-                raise StepFailed(f"{name} returned a {returned} whose iteration raised "
-                                 f"{type(exc).__name__}: {exc}; return a list with one output "
-                                 "per sequence") from None
+                raise StepFailed(
+                    f"{name} returned a {returned} whose iteration raised "
+                    f"{type(exc).__name__}: {exc}; return a list with one output "
+                    "per sequence"
+                ) from None
         count = len(prefill) + len(decode)
         if len(outputs) != count:
-            raise StepFailed(f"{name} returned {counted(len(outputs), 'output')} for "
-                             f"{counted(count, 'sequence')}; return one per sequence, in "
-                             "prefill + decode order")
+            raise StepFailed(
+                f"{name} returned {counted(len(outputs), 'output')} for "
+                f"{counted(count, 'sequence')}; return one per sequence, in "
+                "prefill + decode order"
+            )
         limit = self.vocab_size or None
         for i, out in enumerate(outputs):
             kind = type(out)
@@ -292,20 +335,39 @@ class ModelEngine:
                     out = outputs[i] = operator.index(out)  # numpy and torch integers
                 except TypeError:
                     self._failed_alone(
-                        prefill, decode, i, f"{name} returned a {kind.__name__} for this "
+                        prefill,
+                        decode,
+                        i,
+                        f"{name} returned a {kind.__name__} for this "
                         "request; return an int (token id), a str (text), None (done) or an "
-                        "exception (this request failed)")
+                        "exception (this request failed)",
+                    )
                     continue
             if out < 0 or (limit is not None and out >= limit):
-                self._failed_alone(prefill, decode, i, f"{name} returned token id {out}, " + (
-                    "but the model has no tokenizer, so ids are bytes (0..255): give the class "
-                    "a `tokenizer` or return str pieces" if self._bytes_only else
-                    f"outside its tokenizer's vocabulary [0, {limit})" if limit else
-                    "which is negative"))
+                self._failed_alone(
+                    prefill,
+                    decode,
+                    i,
+                    f"{name} returned token id {out}, "
+                    + (
+                        "but the model has no tokenizer, so ids are bytes (0..255): give the class "
+                        "a `tokenizer` or return str pieces"
+                        if self._bytes_only
+                        else f"outside its tokenizer's vocabulary [0, {limit})"
+                        if limit
+                        else "which is negative"
+                    ),
+                )
         return outputs
 
-    def _failed_alone(self, prefill: list[Sequence], decode: list[Sequence], i: int,
-                      message: str, failure: Failure = Failure.INTERNAL) -> None:
+    def _failed_alone(
+        self,
+        prefill: list[Sequence],
+        decode: list[Sequence],
+        i: int,
+        message: str,
+        failure: Failure = Failure.INTERNAL,
+    ) -> None:
         """The sequence at `i` (in prefill + decode) failed alone: the batching loop ends it
         with `failure` and `message` and ignores its output (`step_errors`)."""
         seq = prefill[i] if i < len(prefill) else decode[i - len(prefill)]
@@ -317,6 +379,10 @@ class ModelEngine:
         its traceback if it was raised: what the model's author needs)."""
         if isinstance(error, SequenceError):
             return error.message, Failure[error.status]
-        log.error("%s gave %s for a request", name, type(error).__name__,
-                  exc_info=error if error.__traceback__ is not None else None)
+        log.error(
+            "%s gave %s for a request",
+            name,
+            type(error).__name__,
+            exc_info=error if error.__traceback__ is not None else None,
+        )
         return f"{name} failed this request: {type(error).__name__}: {error}", Failure.INTERNAL

@@ -104,9 +104,14 @@ class Workload:
         if self.rate is not None and self.rate <= 0:
             raise ValueError(f"rate must be positive, got {self.rate}")
 
-    def plans(self, target: str, processes: int, channels: int = 1,
-              credentials: ClientCredentials | None = None,
-              protocol: Target = CADENCE) -> list[ProcessPlan]:
+    def plans(
+        self,
+        target: str,
+        processes: int,
+        channels: int = 1,
+        credentials: ClientCredentials | None = None,
+        protocol: Target = CADENCE,
+    ) -> list[ProcessPlan]:
         """Split the requests and the concurrency evenly over `processes` client processes,
         each speaking `protocol`."""
         return [
@@ -135,15 +140,21 @@ class Workload:
         ]
 
 
-def run_bench(target: str, workload: Workload, processes: int = 1, channels: int = 1,
-              baseline: bool = False, credentials: ClientCredentials | None = None,
-              protocol: Target = CADENCE,
-              counter: RequestCounter | None = None,
-              server_pid: int | None = None,
-              slo: Sequence[results.SloTerm] = (),
-              scrape: Sequence[str] = (),
-              traces: TraceReceiver | None = None,
-              traces_wait_s: float = 10.0) -> results.BenchResult:
+def run_bench(
+    target: str,
+    workload: Workload,
+    processes: int = 1,
+    channels: int = 1,
+    baseline: bool = False,
+    credentials: ClientCredentials | None = None,
+    protocol: Target = CADENCE,
+    counter: RequestCounter | None = None,
+    server_pid: int | None = None,
+    slo: Sequence[results.SloTerm] = (),
+    scrape: Sequence[str] = (),
+    traces: TraceReceiver | None = None,
+    traces_wait_s: float = 10.0,
+) -> results.BenchResult:
     """Run `workload` against `target`; return the summary plus the raw records.
 
     With `baseline`, also replay the workload through the server's engine alone (the server
@@ -191,14 +202,25 @@ class _Plan:
     """What the result says was sent, and to what."""
 
 
-def _plan(target: str, workload: Workload, processes: int, channels: int,
-          credentials: ClientCredentials | None, protocol: Target,
-          server_pid: int | None) -> _Plan:
+def _plan(
+    target: str,
+    workload: Workload,
+    processes: int,
+    channels: int,
+    credentials: ClientCredentials | None,
+    protocol: Target,
+    server_pid: int | None,
+) -> _Plan:
     address = protocol.address(target)
     record = _workload_record(address, workload, processes, channels, protocol)
-    return _Plan(address=address, protocol=protocol, workload=workload,
-                 processes=workload.plans(address, processes, channels, credentials, protocol),
-                 server=_server_to_sample(address, protocol, server_pid), record=record)
+    return _Plan(
+        address=address,
+        protocol=protocol,
+        workload=workload,
+        processes=workload.plans(address, processes, channels, credentials, protocol),
+        server=_server_to_sample(address, protocol, server_pid),
+        record=record,
+    )
 
 
 @dataclass
@@ -223,31 +245,37 @@ class _Measuring:
             self.pages.stop()
 
 
-def _measure(plan: _Plan, credentials: ClientCredentials | None,
-             scrape: Sequence[str]) -> _Measuring:
+def _measure(
+    plan: _Plan, credentials: ClientCredentials | None, scrape: Sequence[str]
+) -> _Measuring:
     """Read what is read before the run and start what samples during it."""
     protocol = plan.protocol
     started_at = datetime.now(UTC)
     # Before the run: the connection it opens would be one more on the server meanwhile.
-    http2 = (read_settings(plan.address, credentials) if protocol.HTTP2_SETTINGS
-             else msgspec.UNSET)
-    sampler = SystemSampler(metrics_url=metrics_url(plan.address)
-                            if protocol.CADENCE_SERVER else None)
+    http2 = read_settings(plan.address, credentials) if protocol.HTTP2_SETTINGS else msgspec.UNSET
+    sampler = SystemSampler(
+        metrics_url=metrics_url(plan.address) if protocol.CADENCE_SERVER else None
+    )
     for process_name, pid in plan.server.items():
         sampler.watch(process_name, pid)
     # A server that times every hop says more than its stacks; any other gets py-spy.
     roots = _roots(plan.server)
-    measuring = _Measuring(started_at=started_at, http2=http2, sampler=sampler,
-                           threads=ThreadReader(roots),
-                           stacks=StackSampler(roots if not protocol.SERVER_TIMING else []),
-                           pages=None)
+    measuring = _Measuring(
+        started_at=started_at,
+        http2=http2,
+        sampler=sampler,
+        threads=ThreadReader(roots),
+        stacks=StackSampler(roots if not protocol.SERVER_TIMING else []),
+        pages=None,
+    )
     sampler.start()
     measuring.pages = PageScraper(scrape, sampler.started_ns).start() if scrape else None
     return measuring
 
 
-def _drive(plan: _Plan, measuring: _Measuring,
-           counter: RequestCounter | None) -> list[ProcessResult]:
+def _drive(
+    plan: _Plan, measuring: _Measuring, counter: RequestCounter | None
+) -> list[ProcessResult]:
     """Send the load from the client processes; the sampling stops however it ends."""
     try:
         return run_load(
@@ -271,8 +299,12 @@ class _Run:
     server_threads: results.ServerThreads | None
 
 
-def _collect(measuring: _Measuring, out: list[ProcessResult],
-             traces: TraceReceiver | None, traces_wait_s: float) -> _Run:
+def _collect(
+    measuring: _Measuring,
+    out: list[ProcessResult],
+    traces: TraceReceiver | None,
+    traces_wait_s: float,
+) -> _Run:
     """Stop what still samples, gather the records, and wait for the server's spans."""
     server_threads = measuring.threads.stop()
     if server_threads is not None:
@@ -281,12 +313,12 @@ def _collect(measuring: _Measuring, out: list[ProcessResult],
     records = [r for p in out for r in p.records]
     if traces is not None:
         traces.wait_for({r.trace_id for r in records if r.trace_id}, traces_wait_s)
-    return _Run(measuring=measuring, processes=out, records=records,
-                server_threads=server_threads)
+    return _Run(measuring=measuring, processes=out, records=records, server_threads=server_threads)
 
 
-def _analyse(plan: _Plan, run: _Run, slo: Sequence[results.SloTerm],
-             traces: TraceReceiver | None) -> results.BenchResult:
+def _analyse(
+    plan: _Plan, run: _Run, slo: Sequence[results.SloTerm], traces: TraceReceiver | None
+) -> results.BenchResult:
     """The run's aggregates from its records and measurements (lab/analysis/)."""
     workload, records, out = plan.workload, run.records, run.processes
     measuring = run.measuring
@@ -295,16 +327,18 @@ def _analyse(plan: _Plan, run: _Run, slo: Sequence[results.SloTerm],
     client_cpu_s = sum(p.cpu_s for p in out)
     result = results.BenchResult(
         **msgspec.structs.asdict(stats),
-        workers=worker_curves(records, worker_devices(plan.address)
-                              if plan.protocol.CADENCE_SERVER else {}),
+        workers=worker_curves(
+            records, worker_devices(plan.address) if plan.protocol.CADENCE_SERVER else {}
+        ),
         client=results.Client(
             processes=len(plan.processes),
             cpu_s=client_cpu_s,
             cpu_per_chunk_us=client_cpu_s / stats.chunks * 1e6 if stats.chunks else None,
             busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in out if p.wall_s),
             schedule_slips=sum(p.schedule_slips for p in out),
-            **schedule(workload.offered_rate, out,
-                       open_loop=bool(workload.rate or workload.shape.trace)),
+            **schedule(
+                workload.offered_rate, out, open_loop=bool(workload.rate or workload.shape.trace)
+            ),
         ),
         system=measuring.system,
         workload=plan.record,
@@ -318,11 +352,11 @@ def _analyse(plan: _Plan, run: _Run, slo: Sequence[results.SloTerm],
     if watched:
         result.saturation = next((w for w in watched if w.stopped), watched[0])
     if measuring.pages is not None:
-        result.scraped = measuring.pages.result(run_window(records,
-                                                           measuring.sampler.started_ns))
+        result.scraped = measuring.pages.result(run_window(records, measuring.sampler.started_ns))
     if traces is not None:
-        result.server_spans = join_spans(records, traces.spans(), epoch_offset_ns(),
-                                         traces.port, traces.dropped)
+        result.server_spans = join_spans(
+            records, traces.spans(), epoch_offset_ns(), traces.port, traces.dropped
+        )
     if slo:
         result.goodput = goodput(records, list(slo), stats)
     if workload.shape.mix is not None and result.by_class:
@@ -335,13 +369,15 @@ def _report(result: results.BenchResult) -> results.BenchResult:
     result.diagnosis = diagnose(result)
     result.verdict, unexplained = judge(result)
     result.diagnosis += unexplained
-    result.system.flags = [f.finding for f in result.diagnosis
-                           if f.rule == RULE_CPU_BUSY_CARDS_IDLE]
+    result.system.flags = [
+        f.finding for f in result.diagnosis if f.rule == RULE_CPU_BUSY_CARDS_IDLE
+    ]
     return result
 
 
-def _workload_record(address: str, workload: Workload, processes: int, channels: int,
-                     protocol: Target) -> results.Workload:
+def _workload_record(
+    address: str, workload: Workload, processes: int, channels: int, protocol: Target
+) -> results.Workload:
     """What the result says was sent, and to what."""
     record = results.Workload(
         target=address,
@@ -359,8 +395,11 @@ def _workload_record(address: str, workload: Workload, processes: int, channels:
         seed=workload.shape.seed,
         read_delay_ms=workload.read_delay_ms,
         client_processes=processes,
-        trace=(workload.trace or described_trace(workload.shape)
-               if workload.shape.trace else msgspec.UNSET),
+        trace=(
+            workload.trace or described_trace(workload.shape)
+            if workload.shape.trace
+            else msgspec.UNSET
+        ),
         conversation=_conversation(workload.shape),
         mix=_mix(workload.shape),
         channels_per_process=channels,
@@ -370,8 +409,7 @@ def _workload_record(address: str, workload: Workload, processes: int, channels:
     return record
 
 
-def _class_goodput(by_class: dict[str, results.Population], mix, records,
-                   wall_s: float) -> None:
+def _class_goodput(by_class: dict[str, results.Population], mix, records, wall_s: float) -> None:
     """Each request class with SLO terms of its own: its goodput on them, over the run's
     wall time."""
     from cadence.lab.analysis.goodput import parse_term
@@ -381,19 +419,27 @@ def _class_goodput(by_class: dict[str, results.Population], mix, records,
         if cls.slo and cls.name in by_class:
             group = groups[cls.name]
             stats = msgspec.structs.replace(summarize(group), wall_s=wall_s)
-            by_class[cls.name].goodput = goodput(
-                group, [parse_term(t) for t in cls.slo], stats)
+            by_class[cls.name].goodput = goodput(group, [parse_term(t) for t in cls.slo], stats)
 
 
-def described_trace(shape: RequestShape, file: str = "", speed: float = 1.0,
-                    window: tuple[float, float | None] = (0.0, None)) -> results.TraceWorkload:
+def described_trace(
+    shape: RequestShape,
+    file: str = "",
+    speed: float = 1.0,
+    window: tuple[float, float | None] = (0.0, None),
+) -> results.TraceWorkload:
     """What the result says of the trace `shape` replays (read from `file`, ...)."""
     rows = shape.trace
     return results.TraceWorkload(
-        file=file, requests=len(rows), span_s=rows[-1].offset_s, speed=speed,
-        window_s=list(window), block_tokens=shape.block_tokens,
+        file=file,
+        requests=len(rows),
+        span_s=rows[-1].offset_s,
+        speed=speed,
+        window_s=list(window),
+        block_tokens=shape.block_tokens,
         with_hash_ids=sum(1 for r in rows if r.hash_ids),
-        sessions=len({r.session for r in rows if r.session}))
+        sessions=len({r.session for r in rows if r.session}),
+    )
 
 
 def _said(lengths) -> str | msgspec.UnsetType:
@@ -404,21 +450,30 @@ def _conversation(shape: RequestShape) -> results.ConversationWorkload | msgspec
     c = shape.conversation
     if c is None:
         return msgspec.UNSET
-    return results.ConversationWorkload(sessions=c.sessions, turns=c.turns,
-                                        think_ms=c.think_ms,
-                                        session_header=shape.session_header or None)
+    return results.ConversationWorkload(
+        sessions=c.sessions,
+        turns=c.turns,
+        think_ms=c.think_ms,
+        session_header=shape.session_header or None,
+    )
 
 
 def _mix(shape: RequestShape) -> list[results.ClassWorkload] | msgspec.UnsetType:
     mix = shape.mix
     if mix is None:
         return msgspec.UNSET
-    return [results.ClassWorkload(
-        name=c.name, share=share, prompt_tokens=list(c.prompt_tokens),
-        max_tokens=list(c.max_tokens),
-        prompt_length_distribution=_said(c.prompt_lengths) or None,
-        output_length_distribution=_said(c.output_lengths) or None, slo=c.slo)
-        for c, share in zip(mix.classes, mix.shares, strict=True)]
+    return [
+        results.ClassWorkload(
+            name=c.name,
+            share=share,
+            prompt_tokens=list(c.prompt_tokens),
+            max_tokens=list(c.max_tokens),
+            prompt_length_distribution=_said(c.prompt_lengths) or None,
+            output_length_distribution=_said(c.output_lengths) or None,
+            slo=c.slo,
+        )
+        for c, share in zip(mix.classes, mix.shares, strict=True)
+    ]
 
 
 def _roots(server: dict[str, int]) -> list[int]:
@@ -428,8 +483,7 @@ def _roots(server: dict[str, int]) -> list[int]:
     return [first] if first is not None else []
 
 
-def _server_to_sample(target: str, protocol: Target,
-                      server_pid: int | None) -> dict[str, int]:
+def _server_to_sample(target: str, protocol: Target, server_pid: int | None) -> dict[str, int]:
     """{name: pid} of the server's processes whose CPU the run samples, the front (or the
     one server process) first; {} when unknown."""
     if server_pid:
@@ -443,20 +497,32 @@ def _server_to_sample(target: str, protocol: Target,
 _OVERHEAD_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 
 
-def _baseline(target: str, workload: Workload, served: results.BenchResult
-              ) -> tuple[results.EngineOnly, dict[str, results.Overhead]]:
+def _baseline(
+    target: str, workload: Workload, served: results.BenchResult
+) -> tuple[results.EngineOnly, dict[str, results.Overhead]]:
     found = engine_config_of(target)
     if found is None:
         return results.EngineOnly(
-            error="the engine-only baseline needs a cadence server on this host"), {}
+            error="the engine-only baseline needs a cadence server on this host"
+        ), {}
     config, workers = found
-    records = run_baseline(config, workers, workload.shape, workload.requests,
-                           workload.duration_s, workload.concurrency, workload.rate)
-    engine_only = results.EngineOnly(**msgspec.structs.asdict(summarize(records)),
-                                     workers=workers)
+    records = run_baseline(
+        config,
+        workers,
+        workload.shape,
+        workload.requests,
+        workload.duration_s,
+        workload.concurrency,
+        workload.rate,
+    )
+    engine_only = results.EngineOnly(**msgspec.structs.asdict(summarize(records)), workers=workers)
     overhead = {
-        m: results.Overhead(**{q: getattr(getattr(served, m), q) - getattr(getattr(engine_only, m), q)
-                               for q in ("mean", "p50", "p90", "p99", "max")})
+        m: results.Overhead(
+            **{
+                q: getattr(getattr(served, m), q) - getattr(getattr(engine_only, m), q)
+                for q in ("mean", "p50", "p90", "p99", "max")
+            }
+        )
         for m in _OVERHEAD_METRICS
     }
     return engine_only, overhead

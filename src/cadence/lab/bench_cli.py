@@ -29,7 +29,8 @@ def read_prompts(path: str) -> list[tuple[list[int], int]]:
                 prompts.append((tokenizer.encode(item["prompt"]), int(item.get("max_tokens", 0))))
             except (ValueError, KeyError, TypeError) as exc:
                 raise SystemExit(
-                    f"cadence bench: {path}:{n}: expected {{\"prompt\": ...}}: {exc}") from None
+                    f'cadence bench: {path}:{n}: expected {{"prompt": ...}}: {exc}'
+                ) from None
     if not prompts:
         raise SystemExit(f"cadence bench: {path} holds no prompts")
     return prompts
@@ -42,18 +43,21 @@ EXIT_INTEGRITY = 3
 """The run went through but the output was not whole: tokens lost, repeated or reordered, or
 streams that ended short (the `integrity_faults` finding), among the checks its protocol
 counts. The summary and the JSON are written first."""
-EXIT_CODES = (f"exit status: 0 the run went through (whatever its verdict); {EXIT_RUN_FAILED} "
-              "it cannot stand for the server (stopped early, every request failed) or could "
-              "not start; 2 a usage error; "
-              f"{EXIT_INTEGRITY} the output was not whole (lost, repeated or reordered tokens, "
-              "short streams, extra SSE events)")
+EXIT_CODES = (
+    f"exit status: 0 the run went through (whatever its verdict); {EXIT_RUN_FAILED} "
+    "it cannot stand for the server (stopped early, every request failed) or could "
+    "not start; 2 a usage error; "
+    f"{EXIT_INTEGRITY} the output was not whole (lost, repeated or reordered tokens, "
+    "short streams, extra SSE events)"
+)
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
     from cadence.lab.options import BENCH, add_flags
 
-    p = sub.add_parser("bench", help="measure a running server: TTFT, ITL, tails, segments",
-                       epilog=EXIT_CODES)
+    p = sub.add_parser(
+        "bench", help="measure a running server: TTFT, ITL, tails, segments", epilog=EXIT_CODES
+    )
     add_flags(p, BENCH)  # as cadence.lab.options declares them
     p.set_defaults(func=_bench)
 
@@ -89,8 +93,10 @@ def protocol_from_args(args: argparse.Namespace, command: str):
             sys.exit(f"cadence {command}: {', '.join(given)} need --protocol grpc")
         return None, None
     if not args.method or args.request_json is None:
-        sys.exit(f"cadence {command}: --protocol grpc needs --method PACKAGE.SERVICE/METHOD and "
-                 "--request-json JSON")
+        sys.exit(
+            f"cadence {command}: --protocol grpc needs --method PACKAGE.SERVICE/METHOD and "
+            "--request-json JSON"
+        )
     from cadence.lab.load.grpc_service import headers_of
 
     try:
@@ -138,9 +144,13 @@ def _grpc_target(args: argparse.Namespace, target: str, credentials, headers):
     else:
         with credentials.channel(target) as channel:
             schema = grpc_schema.from_reflection(channel, args.method, metadata=headers)
-    grpc = GrpcTarget(schema=schema, request_json=args.request_json,
-                      tokens_field=args.tokens_field, index_field=args.index_field,
-                      headers=headers)
+    grpc = GrpcTarget(
+        schema=schema,
+        request_json=args.request_json,
+        tokens_field=args.tokens_field,
+        index_field=args.index_field,
+        headers=headers,
+    )
     check_request(grpc, workload_from_args(args).shape.request(0))
     return grpc
 
@@ -156,8 +166,10 @@ def workload_from_args(args: argparse.Namespace):
     if args.sessions is not None:
         turns = args.turns or 3
         conversation = Conversation(args.sessions, turns, args.think_ms)
-        requests, concurrency = min(requests or args.sessions * turns,
-                                    args.sessions * turns), args.sessions
+        requests, concurrency = (
+            min(requests or args.sessions * turns, args.sessions * turns),
+            args.sessions,
+        )
     elif args.turns is not None or args.think_ms:
         sys.exit("cadence bench: --turns and --think-ms need --sessions")
     if trace:
@@ -206,8 +218,10 @@ def _class_mix(args: argparse.Namespace):
             sys.exit("cadence bench: --class needs --mix (the classes' shares)")
         return None
     if args.prompts or args.trace or args.sessions:
-        sys.exit("cadence bench: --mix makes the requests itself: not with --prompts, --trace "
-                 "or --sessions")
+        sys.exit(
+            "cadence bench: --mix makes the requests itself: not with --prompts, --trace "
+            "or --sessions"
+        )
     from cadence.lab.load.plan import ClassMix, RequestClass
     from cadence.lab.options import length
 
@@ -218,16 +232,24 @@ def _class_mix(args: argparse.Namespace):
             sys.exit(f"cadence bench: --mix names {name!r}, but no --class defines it")
         prompt, out, slo = defined[name]
         lengths = {}
-        for key, text, default in (("prompt", prompt, args.prompt_tokens),
-                                   ("max", out, args.max_tokens)):
+        for key, text, default in (
+            ("prompt", prompt, args.prompt_tokens),
+            ("max", out, args.max_tokens),
+        ):
             try:
                 lengths[key] = length(text) if text else default
             except argparse.ArgumentTypeError as exc:
                 sys.exit(f"cadence bench: --class {name}: {key}={text}: {exc}")
-        classes.append(RequestClass(
-            name=name, prompt_tokens=_bounds(lengths["prompt"]),
-            max_tokens=_bounds(lengths["max"]), prompt_lengths=_distribution(lengths["prompt"]),
-            output_lengths=_distribution(lengths["max"]), slo=slo))
+        classes.append(
+            RequestClass(
+                name=name,
+                prompt_tokens=_bounds(lengths["prompt"]),
+                max_tokens=_bounds(lengths["max"]),
+                prompt_lengths=_distribution(lengths["prompt"]),
+                output_lengths=_distribution(lengths["max"]),
+                slo=slo,
+            )
+        )
     return ClassMix(classes=classes, shares=[share for _, share in args.mix])
 
 
@@ -237,8 +259,10 @@ def _saturation_window(args: argparse.Namespace, stages) -> float:
     if window is None:
         return 0.0
     if not stages:
-        sys.exit("cadence bench: --saturation-stop needs a rising load: --rate LO:HI --ramp S "
-                 "or --stages")
+        sys.exit(
+            "cadence bench: --saturation-stop needs a rising load: --rate LO:HI --ramp S "
+            "or --stages"
+        )
     if not window > 0:
         sys.exit("cadence bench: --saturation-stop takes a window above 0 seconds")
     return window
@@ -254,8 +278,10 @@ def _client_mix(args: argparse.Namespace):
     if not (read_delay[1] or cancel[1] or deadline[1]):
         return None
     if read_delay[1] + cancel[1] + deadline[1] > 1.0 + 1e-9:
-        sys.exit("cadence bench: the shares of --read-delay-ms, --cancel-ms and --deadline-ms "
-                 "add up to more than 100%")
+        sys.exit(
+            "cadence bench: the shares of --read-delay-ms, --cancel-ms and --deadline-ms "
+            "add up to more than 100%"
+        )
     return ClientMix(read_delay=read_delay, cancel=cancel, deadline=deadline)
 
 
@@ -320,7 +346,7 @@ def _say_replay_length(args: argparse.Namespace, numbered: list) -> None:
     """Say on stderr how long the replay will take and its longest pause (an operator never
     watches a silent wait); exit 2 when it would outlast REPLAY_LIMIT_S without a
     `--duration` that allows it."""
-    sent = numbered[:args.requests] if args.requests else numbered
+    sent = numbered[: args.requests] if args.requests else numbered
     if args.duration is not None:
         sent = [(n, row) for n, row in sent if row.offset_s <= args.duration]
     pause, before = 0.0, None
@@ -330,15 +356,20 @@ def _say_replay_length(args: argparse.Namespace, numbered: list) -> None:
     span = sent[-1][1].offset_s if sent else 0.0
     longest = f"; the longest pause: {pause:g} s, before row {before}" if before else ""
     if args.duration is None and span > REPLAY_LIMIT_S:
-        print(f"cadence bench: --trace {args.trace}: the replay would take {span:g} s{longest}; "
-              f"give --duration S to replay that long, or cut it with --trace-window, "
-              f"--trace-speed or --requests", file=sys.stderr)
+        print(
+            f"cadence bench: --trace {args.trace}: the replay would take {span:g} s{longest}; "
+            f"give --duration S to replay that long, or cut it with --trace-window, "
+            f"--trace-speed or --requests",
+            file=sys.stderr,
+        )
         sys.exit(2)
-    cut = len(numbered[:args.requests] if args.requests else numbered) - len(sent)
-    print(f"cadence bench: replaying {len(sent)} requests of {args.trace} over {span:g} s"
-          + (longest if pause >= 60 else "")
-          + (f" (--duration {args.duration:g} leaves out {cut} later rows)" if cut else ""),
-          file=sys.stderr)
+    cut = len(numbered[: args.requests] if args.requests else numbered) - len(sent)
+    print(
+        f"cadence bench: replaying {len(sent)} requests of {args.trace} over {span:g} s"
+        + (longest if pause >= 60 else "")
+        + (f" (--duration {args.duration:g} leaves out {cut} later rows)" if cut else ""),
+        file=sys.stderr,
+    )
 
 
 def _bench(args: argparse.Namespace) -> None:
@@ -367,12 +398,23 @@ def _bench(args: argparse.Namespace) -> None:
     try:
         for _ in range(args.repeat):
             with shown:
-                runs.append(run_bench(args.target, workload, processes=args.procs,
-                                      channels=args.channels, baseline=args.baseline,
-                                      credentials=credentials, protocol=protocol,
-                                      counter=counter, server_pid=args.server_pid, slo=slo,
-                                      scrape=args.scrape, traces=traces,
-                                      traces_wait_s=args.otlp_wait))
+                runs.append(
+                    run_bench(
+                        args.target,
+                        workload,
+                        processes=args.procs,
+                        channels=args.channels,
+                        baseline=args.baseline,
+                        credentials=credentials,
+                        protocol=protocol,
+                        counter=counter,
+                        server_pid=args.server_pid,
+                        slo=slo,
+                        scrape=args.scrape,
+                        traces=traces,
+                        traces_wait_s=args.otlp_wait,
+                    )
+                )
             if _failed(runs[-1]):
                 break
             if counter is not None:  # each run its own bar

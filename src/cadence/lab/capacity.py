@@ -41,9 +41,9 @@ RATE_TOLERANCE = 1.05
 _CLIENT_LIMITED = {RULE_CLIENT_SATURATED, RULE_CLIENT_BEHIND_SCHEDULE}
 _PART_MEANS = {
     "client_to_front": "reaching the server: its intake of new calls (accept, thread pool), "
-                       "or the network",
+    "or the network",
     "queue": "waiting for a place in an engine step: a batch limit (--max-batch, KV-cache "
-             "capacity) or --max-concurrent",
+    "capacity) or --max-concurrent",
     "first_step": "the first engine step itself: prefill grows with the batch",
     "transfer": "the step's output reaching the front",
     "buffer": "the front sending: its CPU or its event loop",
@@ -64,16 +64,22 @@ def point(value: float, result: BenchResult) -> CapacityPoint:
     failed = [n for n, t in goodput.terms.items() if not t.met] if goodput else []
     errors = sum(result.errors_by_code.values())
     return CapacityPoint(
-        value=value, passed=bool(goodput and goodput.passed) and not errors
-        and not result.aborted,
+        value=value,
+        passed=bool(goodput and goodput.passed) and not errors and not result.aborted,
         client_limited=bool(_CLIENT_LIMITED & set(rules)),
-        ttft_p99_ms=result.ttft_ms.p99, itl_p99_ms=result.itl_ms.p99,
+        ttft_p99_ms=result.ttft_ms.p99,
+        itl_p99_ms=result.itl_ms.p99,
         tokens_per_s=result.tokens_per_s,
         goodput_tokens_per_s=goodput.tokens_per_s if goodput else math.nan,
         failed_terms=failed + ([f"errors ({errors})"] if errors else []),
-        errors=errors, diagnosis=rules,
-        ttft_p99_parts_ms={part: getattr(result.ttft_segments_ms, part).p99
-                           for part in TTFT_SEGMENTS} if result.ttft_segments_ms else {})
+        errors=errors,
+        diagnosis=rules,
+        ttft_p99_parts_ms={
+            part: getattr(result.ttft_segments_ms, part).p99 for part in TTFT_SEGMENTS
+        }
+        if result.ttft_segments_ms
+        else {},
+    )
 
 
 CONFIRM_RUNS = 3
@@ -90,9 +96,16 @@ class _ClientLimited(Exception):
     """A run the client limited: the search stops (the server was not what was measured)."""
 
 
-def search(run: Callable[[float], BenchResult], kind: str, low: float, high: float,
-           slo: list[SloTerm], repeat: int = 1,
-           progress: Callable[[str], None] = print, confirm: int = CONFIRM_RUNS) -> Capacity:
+def search(
+    run: Callable[[float], BenchResult],
+    kind: str,
+    low: float,
+    high: float,
+    slo: list[SloTerm],
+    repeat: int = 1,
+    progress: Callable[[str], None] = print,
+    confirm: int = CONFIRM_RUNS,
+) -> Capacity:
     """The largest value in [low, high] whose runs meet the SLO; `run(value)` benches once.
 
     Bracket and bisect (each load judged on `repeat` runs, failing at its first failed run),
@@ -115,9 +128,11 @@ def search(run: Callable[[float], BenchResult], kind: str, low: float, high: flo
         result = run(value)
         p = point(value, result)
         capacity.points.append(p)
-        progress(f"{kind} {value:g}: " + ("passed" if p.passed else
-                 f"failed ({', '.join(p.failed_terms)})")
-                 + (" [client-limited]" if p.client_limited else ""))
+        progress(
+            f"{kind} {value:g}: "
+            + ("passed" if p.passed else f"failed ({', '.join(p.failed_terms)})")
+            + (" [client-limited]" if p.client_limited else "")
+        )
         if p.client_limited:
             capacity.client_limited_at = value
             raise _ClientLimited
@@ -172,8 +187,14 @@ def search(run: Callable[[float], BenchResult], kind: str, low: float, high: flo
                 # The largest passing load, and one a step under it, on repeated runs: near
                 # a noisy knee a load passes once by luck, and the search must go below it.
                 under = _step_under(lo, low, integer)
-                failed = next((v for v in (lo, under) if v is not None
-                               and not top_up(v, stop_at_failure=True)), None)
+                failed = next(
+                    (
+                        v
+                        for v in (lo, under)
+                        if v is not None and not top_up(v, stop_at_failure=True)
+                    ),
+                    None,
+                )
                 if failed is None:
                     # The smallest failing load, and one a step over it, on repeated runs
                     # too: how far up runs still meet the SLO is the knee's spread.
@@ -214,16 +235,19 @@ def _step_over(value: float, high: float, integer: bool) -> float | None:
     return min(over, high)
 
 
-def _retry_non_monotone(outcomes: dict[float, list[bool]],
-                        top_up: Callable[..., bool]) -> None:
+def _retry_non_monotone(outcomes: dict[float, list[bool]], top_up: Callable[..., bool]) -> None:
     """A load that failed below one that passed every run gets its full runs again."""
     for value in sorted(outcomes):
         if not all(outcomes[value]) and any(all(outcomes[w]) for w in outcomes if w > value):
             top_up(value, stop_at_failure=False)
 
 
-def _finish(capacity: Capacity, outcomes: dict[float, list[bool]],
-            failing_runs: dict[float, BenchResult], started: float) -> Capacity:
+def _finish(
+    capacity: Capacity,
+    outcomes: dict[float, list[bool]],
+    failing_runs: dict[float, BenchResult],
+    started: float,
+) -> Capacity:
     """The answer from every run: the largest load that passed all its runs with every load
     tried below it; the knee's spread; the non-monotone pairs; why the first failing load
     failed."""
@@ -238,8 +262,7 @@ def _finish(capacity: Capacity, outcomes: dict[float, list[bool]],
         capacity.max_passing = v
     above = [v for v in failed if capacity.max_passing is None or v > capacity.max_passing]
     capacity.first_failing = above[0] if above else None
-    capacity.non_monotone = [[v, w] for v in failed for w in values
-                             if w > v and all(outcomes[w])]
+    capacity.non_monotone = [[v, w] for v in failed for w in values if w > v and all(outcomes[w])]
     if capacity.max_passing is not None and capacity.first_failing is not None:
         met = [v for v in values if any(outcomes[v])]
         capacity.knee_spread = [capacity.max_passing, max(capacity.first_failing, met[-1])]
@@ -248,12 +271,12 @@ def _finish(capacity: Capacity, outcomes: dict[float, list[bool]],
         first = next(p for p in capacity.points if p.value == failing and not p.passed)
         capacity.binding = first.failed_terms
         failed_run = failing_runs.get(failing)
-        capacity.why = [f for f in (failed_run.diagnosis if failed_run else [])
-                        if f.rule != RULE_UNDER_CAPACITY]
+        capacity.why = [
+            f for f in (failed_run.diagnosis if failed_run else []) if f.rule != RULE_UNDER_CAPACITY
+        ]
         if failed_run is not None:
             capacity.reasons = binding_reasons(first, failed_run)
-        passing = [p for p in capacity.points
-                   if p.value == capacity.max_passing and p.passed]
+        passing = [p for p in capacity.points if p.value == capacity.max_passing and p.passed]
         if passing:
             capacity.knee = _knee(passing[-1], first)
     return capacity
@@ -271,52 +294,78 @@ def binding_reasons(point: CapacityPoint, result: BenchResult) -> dict[str, str]
         match = _TERM.match(term)
         if match is None:  # "errors (N)"
             first = next(iter(result.first_error_by_code.items()), ("?", ""))
-            reasons[term] = (f"{point.errors} of {result.requests} requests failed; the first "
-                             f"{first[0]}: {first[1] or '(no message)'}")
+            reasons[term] = (
+                f"{point.errors} of {result.requests} requests failed; the first "
+                f"{first[0]}: {first[1] or '(no message)'}"
+            )
             continue
         metric = f"{match['metric']}_ms"
-        measured = result.goodput.terms[term].measured_ms if result.goodput and \
-            term in result.goodput.terms else math.nan
+        measured = (
+            result.goodput.terms[term].measured_ms
+            if result.goodput and term in result.goodput.terms
+            else math.nan
+        )
         head = f"{term} {measured:.1f}"
         tail = tails.get(metric)
-        explaining = [f.rule for f in result.diagnosis
-                      if f.rule in TAIL_RULES.get(metric, ())
-                      or (f.rule == RULE_UNEXPLAINED_TAIL and f.evidence.get("tail") == metric)]
+        explaining = [
+            f.rule
+            for f in result.diagnosis
+            if f.rule in TAIL_RULES.get(metric, ())
+            or (f.rule == RULE_UNEXPLAINED_TAIL and f.evidence.get("tail") == metric)
+        ]
         if tail is not None and tail.state == "bad" and match["stat"] != "p50":
-            reasons[term] = (f"{head}: the tail is bad (p99 {tail.value_ms:.1f} ms against a "
-                             f"p50 of {tail.p50_ms:.1f}): " + attribution_words(tail))
+            reasons[term] = (
+                f"{head}: the tail is bad (p99 {tail.value_ms:.1f} ms against a "
+                f"p50 of {tail.p50_ms:.1f}): " + attribution_words(tail)
+            )
             continue
         dist = getattr(result, metric, None)
-        median = (f"the median is {dist.p50:.1f} ms and the p99 {dist.p99:.1f}"
-                  if dist is not None and dist.count else "the run's values are all high")
-        reasons[term] = (f"{head}: not a tail of a few: {median}, so most "
-                         f"{_UNITS.get(metric, 'values')} are slow at this load"
-                         + (f" ({', '.join(explaining)})" if explaining else
-                            f": {_MEANS.get(metric, 'the server is slower at this load')}"))
+        median = (
+            f"the median is {dist.p50:.1f} ms and the p99 {dist.p99:.1f}"
+            if dist is not None and dist.count
+            else "the run's values are all high"
+        )
+        reasons[term] = (
+            f"{head}: not a tail of a few: {median}, so most "
+            f"{_UNITS.get(metric, 'values')} are slow at this load"
+            + (
+                f" ({', '.join(explaining)})"
+                if explaining
+                else f": {_MEANS.get(metric, 'the server is slower at this load')}"
+            )
+        )
     return reasons
 
 
-_UNITS = {"itl_ms": "gaps between tokens", "ttft_ms": "first outputs",
-          "tpot_ms": "requests' tokens", "e2e_ms": "requests", "token_delay_ms": "tokens"}
+_UNITS = {
+    "itl_ms": "gaps between tokens",
+    "ttft_ms": "first outputs",
+    "tpot_ms": "requests' tokens",
+    "e2e_ms": "requests",
+    "token_delay_ms": "tokens",
+}
 _MEANS = {
     "itl_ms": "each step (or the server's work per token) takes longer with more streams: "
-              "a batch's cost, or a server that serves streams in turn",
+    "a batch's cost, or a server that serves streams in turn",
     "ttft_ms": "every request waits before its first output: a queue, a pool, a stream "
-               "limit, or prefill that grows with the load",
+    "limit, or prefill that grows with the load",
 }
 
 
 def _knee(passing: CapacityPoint, failing: CapacityPoint) -> str | None:
     """The part of TTFT (p99) that grew the most between the two loads, in one sentence."""
-    parts = [(failing.ttft_p99_parts_ms[p] - passing.ttft_p99_parts_ms[p], p)
-             for p in TTFT_SEGMENTS
-             if p in passing.ttft_p99_parts_ms and p in failing.ttft_p99_parts_ms]
+    parts = [
+        (failing.ttft_p99_parts_ms[p] - passing.ttft_p99_parts_ms[p], p)
+        for p in TTFT_SEGMENTS
+        if p in passing.ttft_p99_parts_ms and p in failing.ttft_p99_parts_ms
+    ]
     if not parts:
         return None
     grew, part = max(parts)
     if not grew > 0:
         return None
-    return (f"from {passing.value:g} to {failing.value:g}, TTFT's {part} grew the most at p99 "
-            f"({passing.ttft_p99_parts_ms[part]:.1f} -> {failing.ttft_p99_parts_ms[part]:.1f} "
-            f"ms): {_PART_MEANS[part]}")
-
+    return (
+        f"from {passing.value:g} to {failing.value:g}, TTFT's {part} grew the most at p99 "
+        f"({passing.ttft_p99_parts_ms[part]:.1f} -> {failing.ttft_p99_parts_ms[part]:.1f} "
+        f"ms): {_PART_MEANS[part]}"
+    )

@@ -36,8 +36,9 @@ def run_demo(workers: int = 2, step_ms: float = 20.0, streams: int = 64) -> None
                     f"all after {(time.monotonic() - t0) * 1e3:.0f} ms (step {step_ms:g} ms)[/]"
                 )
         console.print(f"\n[bold]Short bench:[/] {streams} streams of 64 tokens starting together")
-        workload = Workload(requests=streams, concurrency=streams,
-                            shape=RequestShape(max_tokens=(64, 64)))
+        workload = Workload(
+            requests=streams, concurrency=streams, shape=RequestShape(max_tokens=(64, 64))
+        )
         result = run_bench(server.target, workload)
         print_summary(result)
     console.print("server stopped; no process left behind")

@@ -117,6 +117,7 @@ class LabOption:
 
 # --- the flags' texts to values (argparse types) ---
 
+
 def length(text: str):
     """`--max-tokens`/`--prompt-tokens` (`cadence.lab.load.lengths.token_lengths`)."""
     from cadence.lab.load.lengths import token_lengths
@@ -183,7 +184,8 @@ def _request_class(text: str) -> tuple[str, str | None, str | None, list[str]]:
         key, sep, value = item.partition("=")
         if not sep or key not in _CLASS_KEYS or not value:
             raise argparse.ArgumentTypeError(
-                f"expected 'NAME prompt=LEN max=LEN slo=TERM,...', got {item!r} in {text!r}")
+                f"expected 'NAME prompt=LEN max=LEN slo=TERM,...', got {item!r} in {text!r}"
+            )
         given[key] = value
     if not name.isidentifier():
         raise argparse.ArgumentTypeError(f"a class name is one word, got {name!r}")
@@ -206,12 +208,14 @@ def _mix_shares(text: str) -> list[tuple[str, float]]:
         except ValueError:
             value = math.nan
         if not name or not value > 0:
-            raise argparse.ArgumentTypeError(f"expected NAME:SHARE%,... (e.g. chat:70%,"
-                                             f"summarize:30%), got {part!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected NAME:SHARE%,... (e.g. chat:70%,summarize:30%), got {part!r}"
+            )
         shares.append((name, value))
     if abs(sum(v for _, v in shares) - 1.0) > 1e-6:
-        raise argparse.ArgumentTypeError(f"the shares of --mix add up to "
-                                         f"{sum(v for _, v in shares):.0%}, not 100%")
+        raise argparse.ArgumentTypeError(
+            f"the shares of --mix add up to {sum(v for _, v in shares):.0%}, not 100%"
+        )
     return shares
 
 
@@ -256,12 +260,14 @@ def _stages(text: str) -> list[tuple[float, float, float]]:
             r = s = 0.0
         if not sep or r <= 0 or s <= 0:
             raise argparse.ArgumentTypeError(
-                f"expected RATE:SECONDS,... (e.g. 10:30,50:30), got {part!r}")
+                f"expected RATE:SECONDS,... (e.g. 10:30,50:30), got {part!r}"
+            )
         stages.append((r, r, s))
     return stages
 
 
 # --- how a swept value changes a run's load (cadence.lab.sweep.Load; ValueError) ---
+
 
 def _whole(text: str, least: int = 1) -> int:
     try:
@@ -299,6 +305,7 @@ def _lengths(text: str) -> tuple[int, int]:
 
 # --- the options' declarations, read ---
 
+
 @functools.cache
 def declared(cls: type) -> tuple[LabOption, ...]:
     """The options that `cls`'s fields declare, in their order."""
@@ -306,18 +313,17 @@ def declared(cls: type) -> tuple[LabOption, ...]:
     options = []
     for field in msgspec.structs.fields(cls):
         flag = next(m for m in hints[field.name].__metadata__ if isinstance(m, Flag))
-        default = (field.default_factory() if field.default is msgspec.NODEFAULT
-                   else field.default)
-        options.append(LabOption(field.name, typing.get_args(hints[field.name])[0], default,
-                                 flag))
+        default = field.default_factory() if field.default is msgspec.NODEFAULT else field.default
+        options.append(LabOption(field.name, typing.get_args(hints[field.name])[0], default, flag))
     return tuple(options)
 
 
 def client_variables() -> dict[str, Callable[[Any, str], Any]]:
     """The load options the sweep can vary (`Flag.vary`), each with how one value changes a
     run's load."""
-    return {o.name: o.declared.vary for o in declared(WorkloadOptions)
-            if o.declared.vary is not None}
+    return {
+        o.name: o.declared.vary for o in declared(WorkloadOptions) if o.declared.vary is not None
+    }
 
 
 # --- the declarations ---
@@ -329,50 +335,96 @@ SERVE_ARGS = "--devices cpu:2 --step-ms 20"
 class ProtocolOptions(msgspec.Struct, kw_only=True):
     """How the load talks to the server."""
 
-    protocol: Annotated[Literal["cadence", "kserve", "grpc", "openai"], Flag(
-        "cadence.v1.Inference/Generate (default), the Open Inference Protocol (KServe v2 / "
-        "Triton gRPC, ModelStreamInfer) of any server that speaks it, any gRPC streaming "
-        "method (--method, --request-json), or the OpenAI HTTP API with SSE of any server "
-        "that speaks it (docs/openai.md)", PROTOCOL)] = "cadence"
-    model: Annotated[str, Flag(
-        "--protocol kserve or openai: the model to drive (default: cadence's own)",
-        PROTOCOL)] = "cadence"
-    endpoint: Annotated[Literal["completions", "chat"], Flag(
-        "--protocol openai: /v1/completions (default) or /v1/chat/completions",
-        PROTOCOL)] = "completions"
-    tokenizer: Annotated[str | None, Flag(
-        "--protocol openai: a Hugging Face tokenizer folder (its tokenizer.json, on this "
-        "host): another server's output is counted in its tokens rather than by events or the "
-        "server's usage", PROTOCOL, metavar="PATH")] = None
-    kserve_inputs: Annotated[str, Flag(
-        "--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the prompt's token "
-        "ids), max_tokens, or an integer (e.g. 'N=max_tokens,DELAY_MS=10' for the PyTriton "
-        "peer), each optionally followed by :batched (a leading batch dimension of one, for "
-        "a Triton model with batching)", PROTOCOL,
-        metavar="NAME=SOURCE,...")] = "PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens"
-    method: Annotated[str | None, Flag(
-        "the method to drive", GRPC, metavar="PACKAGE.SERVICE/METHOD")] = None
-    request_json: Annotated[str | None, Flag(
-        'the request in the proto3 JSON mapping; whole string values "{max_tokens}", '
-        '"{prompt}", "{request_id}" and "{i}" are replaced per request', GRPC,
-        metavar="JSON")] = None
-    proto: Annotated[list[str], Flag(
-        "the service's .proto file (repeatable), when the server offers no reflection", GRPC,
-        metavar="FILE")] = []
-    proto_path: Annotated[list[str], Flag(
-        "where --proto files and their imports are found (repeatable)", GRPC,
-        metavar="DIR")] = []
-    tokens_field: Annotated[str, Flag(
-        "the response field that holds its tokens (a repeated field counts its elements, a "
-        "number is a count, a string is one); default: one message is one token", GRPC,
-        metavar="NAME")] = ""
-    index_field: Annotated[str, Flag(
-        "the response field that numbers the output (the position of the message's first "
-        "token, or the message's number without --tokens-field): turns on the "
-        "lost/repeated/reordered checks", GRPC, metavar="NAME")] = ""
-    header: Annotated[list[str], Flag(
-        "metadata sent with every call (repeatable), e.g. authorization=...", GRPC,
-        metavar="KEY=VALUE")] = []
+    protocol: Annotated[
+        Literal["cadence", "kserve", "grpc", "openai"],
+        Flag(
+            "cadence.v1.Inference/Generate (default), the Open Inference Protocol (KServe v2 / "
+            "Triton gRPC, ModelStreamInfer) of any server that speaks it, any gRPC streaming "
+            "method (--method, --request-json), or the OpenAI HTTP API with SSE of any server "
+            "that speaks it (docs/openai.md)",
+            PROTOCOL,
+        ),
+    ] = "cadence"
+    model: Annotated[
+        str,
+        Flag("--protocol kserve or openai: the model to drive (default: cadence's own)", PROTOCOL),
+    ] = "cadence"
+    endpoint: Annotated[
+        Literal["completions", "chat"],
+        Flag("--protocol openai: /v1/completions (default) or /v1/chat/completions", PROTOCOL),
+    ] = "completions"
+    tokenizer: Annotated[
+        str | None,
+        Flag(
+            "--protocol openai: a Hugging Face tokenizer folder (its tokenizer.json, on this "
+            "host): another server's output is counted in its tokens rather than by events or the "
+            "server's usage",
+            PROTOCOL,
+            metavar="PATH",
+        ),
+    ] = None
+    kserve_inputs: Annotated[
+        str,
+        Flag(
+            "--protocol kserve: the model's INT32 inputs; SOURCE is prompt (the prompt's token "
+            "ids), max_tokens, or an integer (e.g. 'N=max_tokens,DELAY_MS=10' for the PyTriton "
+            "peer), each optionally followed by :batched (a leading batch dimension of one, for "
+            "a Triton model with batching)",
+            PROTOCOL,
+            metavar="NAME=SOURCE,...",
+        ),
+    ] = "PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens"
+    method: Annotated[
+        str | None, Flag("the method to drive", GRPC, metavar="PACKAGE.SERVICE/METHOD")
+    ] = None
+    request_json: Annotated[
+        str | None,
+        Flag(
+            'the request in the proto3 JSON mapping; whole string values "{max_tokens}", '
+            '"{prompt}", "{request_id}" and "{i}" are replaced per request',
+            GRPC,
+            metavar="JSON",
+        ),
+    ] = None
+    proto: Annotated[
+        list[str],
+        Flag(
+            "the service's .proto file (repeatable), when the server offers no reflection",
+            GRPC,
+            metavar="FILE",
+        ),
+    ] = []
+    proto_path: Annotated[
+        list[str],
+        Flag("where --proto files and their imports are found (repeatable)", GRPC, metavar="DIR"),
+    ] = []
+    tokens_field: Annotated[
+        str,
+        Flag(
+            "the response field that holds its tokens (a repeated field counts its elements, a "
+            "number is a count, a string is one); default: one message is one token",
+            GRPC,
+            metavar="NAME",
+        ),
+    ] = ""
+    index_field: Annotated[
+        str,
+        Flag(
+            "the response field that numbers the output (the position of the message's first "
+            "token, or the message's number without --tokens-field): turns on the "
+            "lost/repeated/reordered checks",
+            GRPC,
+            metavar="NAME",
+        ),
+    ] = ""
+    header: Annotated[
+        list[str],
+        Flag(
+            "metadata sent with every call (repeatable), e.g. authorization=...",
+            GRPC,
+            metavar="KEY=VALUE",
+        ),
+    ] = []
 
 
 GRPC_ONLY = tuple(o.name for o in declared(ProtocolOptions) if o.declared.section == GRPC)
@@ -384,150 +436,358 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
     the clients behave (cadence.lab.bench_cli.workload_from_args makes the bench's Workload of
     them)."""
 
-    concurrency: Annotated[int, Flag(
-        "streams open at once (closed loop)", LOAD, exclusive=ARRIVALS,
-        vary=lambda load, v: _workload(load, concurrency=_whole(v), rate=None))] = 64
-    rate: Annotated[float | tuple[float, float] | None, Flag(
-        "requests/s, Poisson arrivals (open loop); LO:HI with --ramp: rising from LO to HI",
-        LOAD, parse=_rate, metavar="R|LO:HI", exclusive=ARRIVALS,
-        vary=lambda load, v: _workload(load, rate=_number(v)))] = None
-    stages: Annotated[list[tuple[float, float, float]] | None, Flag(
-        "open loop in steps: R requests/s for S seconds, then the next; the run ends with "
-        "the last", LOAD, parse=_stages, metavar="R:S,R:S,...", exclusive=ARRIVALS)] = None
-    trace: Annotated[str | None, Flag(
-        "replay a trace (open loop, each request at its time): JSONL or CSV rows of timestamp "
-        "(ms), input_length, output_length and optionally hash_ids (Mooncake: prompts that "
-        "share blocks share prefixes) and session_id", LOAD, metavar="FILE",
-        exclusive=ARRIVALS)] = None
-    sessions: Annotated[int | None, Flag(
-        "N conversations at once, each --turns turns: every turn sends the history and a new "
-        "user message (--prompt-tokens long; the answers in the history are stand-ins "
-        "--max-tokens long)", LOAD, parse=_positive, metavar="N", exclusive=ARRIVALS)] = None
-    requests: Annotated[int | None, Flag(
-        "requests in all (default: --concurrency, unless --duration is given)", LOAD,
-        vary=lambda load, v: _workload(load, requests=_whole(v)))] = None
-    duration: Annotated[float | None, Flag(
-        "stop sending new requests after S seconds", LOAD,
-        vary=lambda load, v: _workload(load, duration_s=_number(v)))] = None
-    max_tokens: Annotated[str, Flag(
-        "N, LO:HI (uniform), normal:MEAN,SD, lognormal:MEAN,SD (either with ,MIN,MAX) or "
-        "empirical:FILE (one length a line)", REQUESTS, parse=length,
-        vary=lambda load, v: _shape(load, max_tokens=_lengths(v), output_lengths=None))] = "128"
-    prompt_tokens: Annotated[str, Flag(
-        "as --max-tokens, for the prompt", REQUESTS, parse=length,
-        vary=lambda load, v: _shape(load, prompt_tokens=_lengths(v), prompt_lengths=None))] = "16"
-    prompts: Annotated[str | None, Flag(
-        'JSONL file of {"prompt": ..., "max_tokens": ...}', REQUESTS)] = None
-    classes: Annotated[list[str], Flag(
-        "a request class for --mix (repeatable): its name, then its prompt and output lengths "
-        "(as --prompt-tokens and --max-tokens; default theirs) and optionally its own SLO "
-        "terms (as --slo), separated by spaces, e.g. --class 'chat prompt=128 max=64 "
-        "slo=ttft_p99_ms=200'", REQUESTS, flag="--class", parse=_request_class,
-        metavar="'NAME prompt=LEN max=LEN slo=TERM,...'")] = []
-    mix: Annotated[list[tuple[str, float]] | None, Flag(
-        "send the --class classes in these shares (e.g. 'chat:70%,summarize:30%'; they add up "
-        "to 100%): results by class", REQUESTS, parse=_mix_shares,
-        metavar="NAME:SHARE%,...")] = None
-    ramp: Annotated[float | None, Flag(
-        "with --rate LO:HI: the rate rises linearly from LO to HI over S seconds (e.g. 120s), "
-        "then holds", LOAD, parse=_duration, metavar="S")] = None
-    saturation_stop: Annotated[float | None, Flag(
-        "with --rate LO:HI --ramp S or --stages: end the run once the server no longer keeps "
-        "up (in windows of WINDOW_S seconds, default 2: the achieved rate more than 10% under "
-        "the offered one while TTFT p50 grows past twice its floor, two windows in a row) and "
-        "report the knee's rate (JSON `saturation`)", LOAD, parse=_duration, const=2.0,
-        metavar="WINDOW_S")] = None
-    warmup_duration: Annotated[float, Flag(
-        "the requests sent in the run's first S seconds are sent but not counted", LOAD,
-        parse=_duration, metavar="S")] = 0.0
-    trace_speed: Annotated[float, Flag(
-        "--trace: play it X times as fast (0.5: half as fast)", REPLAY, parse=_speed,
-        metavar="X")] = 1.0
-    trace_window: Annotated[tuple[float, float | None] | None, Flag(
-        "--trace: only the rows from START to END seconds after its first (either may be left "
-        "out), the replay starting at START", REPLAY, parse=_window,
-        metavar="START:END")] = None
-    trace_block_tokens: Annotated[int, Flag(
-        "--trace: tokens per hash_ids block (Mooncake's: 512)", REPLAY, parse=_positive,
-        metavar="N")] = 512
-    turns: Annotated[int | None, Flag(
-        "--sessions: turns per conversation (default 3)", SESSIONS, parse=_positive,
-        metavar="K")] = None
-    think_ms: Annotated[float, Flag(
-        "--sessions: pause between a turn's end and the next turn", SESSIONS, parse=_seconds,
-        metavar="D")] = 0.0
-    session_header: Annotated[str, Flag(
-        "send each request's session id in this header (gRPC metadata, HTTP header), for a "
-        "server or proxy that routes a session to one replica (--sessions, or a --trace with "
-        "session_id)", SESSIONS, metavar="NAME")] = ""
+    concurrency: Annotated[
+        int,
+        Flag(
+            "streams open at once (closed loop)",
+            LOAD,
+            exclusive=ARRIVALS,
+            vary=lambda load, v: _workload(load, concurrency=_whole(v), rate=None),
+        ),
+    ] = 64
+    rate: Annotated[
+        float | tuple[float, float] | None,
+        Flag(
+            "requests/s, Poisson arrivals (open loop); LO:HI with --ramp: rising from LO to HI",
+            LOAD,
+            parse=_rate,
+            metavar="R|LO:HI",
+            exclusive=ARRIVALS,
+            vary=lambda load, v: _workload(load, rate=_number(v)),
+        ),
+    ] = None
+    stages: Annotated[
+        list[tuple[float, float, float]] | None,
+        Flag(
+            "open loop in steps: R requests/s for S seconds, then the next; the run ends with "
+            "the last",
+            LOAD,
+            parse=_stages,
+            metavar="R:S,R:S,...",
+            exclusive=ARRIVALS,
+        ),
+    ] = None
+    trace: Annotated[
+        str | None,
+        Flag(
+            "replay a trace (open loop, each request at its time): JSONL or CSV rows of timestamp "
+            "(ms), input_length, output_length and optionally hash_ids (Mooncake: prompts that "
+            "share blocks share prefixes) and session_id",
+            LOAD,
+            metavar="FILE",
+            exclusive=ARRIVALS,
+        ),
+    ] = None
+    sessions: Annotated[
+        int | None,
+        Flag(
+            "N conversations at once, each --turns turns: every turn sends the history and a new "
+            "user message (--prompt-tokens long; the answers in the history are stand-ins "
+            "--max-tokens long)",
+            LOAD,
+            parse=_positive,
+            metavar="N",
+            exclusive=ARRIVALS,
+        ),
+    ] = None
+    requests: Annotated[
+        int | None,
+        Flag(
+            "requests in all (default: --concurrency, unless --duration is given)",
+            LOAD,
+            vary=lambda load, v: _workload(load, requests=_whole(v)),
+        ),
+    ] = None
+    duration: Annotated[
+        float | None,
+        Flag(
+            "stop sending new requests after S seconds",
+            LOAD,
+            vary=lambda load, v: _workload(load, duration_s=_number(v)),
+        ),
+    ] = None
+    max_tokens: Annotated[
+        str,
+        Flag(
+            "N, LO:HI (uniform), normal:MEAN,SD, lognormal:MEAN,SD (either with ,MIN,MAX) or "
+            "empirical:FILE (one length a line)",
+            REQUESTS,
+            parse=length,
+            vary=lambda load, v: _shape(load, max_tokens=_lengths(v), output_lengths=None),
+        ),
+    ] = "128"
+    prompt_tokens: Annotated[
+        str,
+        Flag(
+            "as --max-tokens, for the prompt",
+            REQUESTS,
+            parse=length,
+            vary=lambda load, v: _shape(load, prompt_tokens=_lengths(v), prompt_lengths=None),
+        ),
+    ] = "16"
+    prompts: Annotated[
+        str | None, Flag('JSONL file of {"prompt": ..., "max_tokens": ...}', REQUESTS)
+    ] = None
+    classes: Annotated[
+        list[str],
+        Flag(
+            "a request class for --mix (repeatable): its name, then its prompt and output lengths "
+            "(as --prompt-tokens and --max-tokens; default theirs) and optionally its own SLO "
+            "terms (as --slo), separated by spaces, e.g. --class 'chat prompt=128 max=64 "
+            "slo=ttft_p99_ms=200'",
+            REQUESTS,
+            flag="--class",
+            parse=_request_class,
+            metavar="'NAME prompt=LEN max=LEN slo=TERM,...'",
+        ),
+    ] = []
+    mix: Annotated[
+        list[tuple[str, float]] | None,
+        Flag(
+            "send the --class classes in these shares (e.g. 'chat:70%,summarize:30%'; they add up "
+            "to 100%): results by class",
+            REQUESTS,
+            parse=_mix_shares,
+            metavar="NAME:SHARE%,...",
+        ),
+    ] = None
+    ramp: Annotated[
+        float | None,
+        Flag(
+            "with --rate LO:HI: the rate rises linearly from LO to HI over S seconds (e.g. 120s), "
+            "then holds",
+            LOAD,
+            parse=_duration,
+            metavar="S",
+        ),
+    ] = None
+    saturation_stop: Annotated[
+        float | None,
+        Flag(
+            "with --rate LO:HI --ramp S or --stages: end the run once the server no longer keeps "
+            "up (in windows of WINDOW_S seconds, default 2: the achieved rate more than 10% under "
+            "the offered one while TTFT p50 grows past twice its floor, two windows in a row) and "
+            "report the knee's rate (JSON `saturation`)",
+            LOAD,
+            parse=_duration,
+            const=2.0,
+            metavar="WINDOW_S",
+        ),
+    ] = None
+    warmup_duration: Annotated[
+        float,
+        Flag(
+            "the requests sent in the run's first S seconds are sent but not counted",
+            LOAD,
+            parse=_duration,
+            metavar="S",
+        ),
+    ] = 0.0
+    trace_speed: Annotated[
+        float,
+        Flag(
+            "--trace: play it X times as fast (0.5: half as fast)",
+            REPLAY,
+            parse=_speed,
+            metavar="X",
+        ),
+    ] = 1.0
+    trace_window: Annotated[
+        tuple[float, float | None] | None,
+        Flag(
+            "--trace: only the rows from START to END seconds after its first (either may be left "
+            "out), the replay starting at START",
+            REPLAY,
+            parse=_window,
+            metavar="START:END",
+        ),
+    ] = None
+    trace_block_tokens: Annotated[
+        int,
+        Flag(
+            "--trace: tokens per hash_ids block (Mooncake's: 512)",
+            REPLAY,
+            parse=_positive,
+            metavar="N",
+        ),
+    ] = 512
+    turns: Annotated[
+        int | None,
+        Flag(
+            "--sessions: turns per conversation (default 3)", SESSIONS, parse=_positive, metavar="K"
+        ),
+    ] = None
+    think_ms: Annotated[
+        float,
+        Flag(
+            "--sessions: pause between a turn's end and the next turn",
+            SESSIONS,
+            parse=_seconds,
+            metavar="D",
+        ),
+    ] = 0.0
+    session_header: Annotated[
+        str,
+        Flag(
+            "send each request's session id in this header (gRPC metadata, HTTP header), for a "
+            "server or proxy that routes a session to one replica (--sessions, or a --trace with "
+            "session_id)",
+            SESSIONS,
+            metavar="NAME",
+        ),
+    ] = ""
     seed: Annotated[int, Flag("seed of the requests' lengths and prompts", REQUESTS)] = 0
-    warmup: Annotated[int, Flag(
-        "requests per process sent first, not counted", CLIENTS,
-        vary=lambda load, v: _workload(load, warmup=_whole(v, least=0)))] = 0
-    timeout: Annotated[float | None, Flag(
-        "per-request deadline (s)", CLIENTS,
-        vary=lambda load, v: _workload(load, timeout_s=_number(v)))] = None
-    stall_limit: Annotated[float | None, Flag(
-        "end a request that gets no message for S seconds (its first counted from its start) "
-        "as failed, code STALLED (default: 60 without --timeout, none with it; 0: none)",
-        CLIENTS, parse=_seconds, metavar="S")] = None
-    procs: Annotated[int, Flag(
-        "load-generating processes", CLIENTS,
-        vary=lambda load, v: dataclasses.replace(load, processes=_whole(v)))] = 1
-    channels: Annotated[int, Flag(
-        "gRPC connections per process", CLIENTS,
-        vary=lambda load, v: dataclasses.replace(load, channels=_whole(v)))] = 1
-    read_delay_ms: Annotated[tuple[float, float], Flag(
-        "pause after each chunk, to play a slow-reading client; with @SHARE% only that share "
-        "of the requests (the slow_reader population)", CLIENTS, parse=_share_of,
-        metavar="MS[@SHARE%]",
-        vary=lambda load, v: _workload(load, read_delay_ms=_number(v)))] = (0.0, 1.0)
-    cancel_ms: Annotated[tuple[float, float] | None, Flag(
-        "cancel that share of the requests MS after their send, mid-stream (the cancelling "
-        "population; counted apart from errors)", CLIENTS, parse=_share_of,
-        metavar="MS@SHARE%")] = None
-    deadline_ms: Annotated[tuple[float, float] | None, Flag(
-        "give that share of the requests a deadline of MS (the deadline population)", CLIENTS,
-        parse=_share_of, metavar="MS@SHARE%")] = None
+    warmup: Annotated[
+        int,
+        Flag(
+            "requests per process sent first, not counted",
+            CLIENTS,
+            vary=lambda load, v: _workload(load, warmup=_whole(v, least=0)),
+        ),
+    ] = 0
+    timeout: Annotated[
+        float | None,
+        Flag(
+            "per-request deadline (s)",
+            CLIENTS,
+            vary=lambda load, v: _workload(load, timeout_s=_number(v)),
+        ),
+    ] = None
+    stall_limit: Annotated[
+        float | None,
+        Flag(
+            "end a request that gets no message for S seconds (its first counted from its start) "
+            "as failed, code STALLED (default: 60 without --timeout, none with it; 0: none)",
+            CLIENTS,
+            parse=_seconds,
+            metavar="S",
+        ),
+    ] = None
+    procs: Annotated[
+        int,
+        Flag(
+            "load-generating processes",
+            CLIENTS,
+            vary=lambda load, v: dataclasses.replace(load, processes=_whole(v)),
+        ),
+    ] = 1
+    channels: Annotated[
+        int,
+        Flag(
+            "gRPC connections per process",
+            CLIENTS,
+            vary=lambda load, v: dataclasses.replace(load, channels=_whole(v)),
+        ),
+    ] = 1
+    read_delay_ms: Annotated[
+        tuple[float, float],
+        Flag(
+            "pause after each chunk, to play a slow-reading client; with @SHARE% only that share "
+            "of the requests (the slow_reader population)",
+            CLIENTS,
+            parse=_share_of,
+            metavar="MS[@SHARE%]",
+            vary=lambda load, v: _workload(load, read_delay_ms=_number(v)),
+        ),
+    ] = (0.0, 1.0)
+    cancel_ms: Annotated[
+        tuple[float, float] | None,
+        Flag(
+            "cancel that share of the requests MS after their send, mid-stream (the cancelling "
+            "population; counted apart from errors)",
+            CLIENTS,
+            parse=_share_of,
+            metavar="MS@SHARE%",
+        ),
+    ] = None
+    deadline_ms: Annotated[
+        tuple[float, float] | None,
+        Flag(
+            "give that share of the requests a deadline of MS (the deadline population)",
+            CLIENTS,
+            parse=_share_of,
+            metavar="MS@SHARE%",
+        ),
+    ] = None
     no_timing: Annotated[bool, Flag("do not ask for server timestamps", CLIENTS)] = False
 
 
 class MeasureOptions(msgspec.Struct, kw_only=True):
     """What the run reads besides its requests, and what it is judged by."""
 
-    server_pid: Annotated[int | None, Flag(
-        "the server process whose CPU to sample (default: cadence's processes, or the process "
-        "listening on a local target's port)", MEASURE, commands=(BENCH,),
-        metavar="PID")] = None
-    baseline: Annotated[bool, Flag(
-        "also run the workload through the engine alone (local server only) and report "
-        "serving overhead", MEASURE, commands=(BENCH,))] = False
-    slo: Annotated[list[str], Flag({
-        BENCH: "a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
-               "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, p90, p99 "
-               "or max): goodput counts the requests that meet every term, and the run passes "
-               "when its percentiles do (default: none)",
-        CAPACITY: "a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
-                  "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, p90, "
-                  "p99 or max); a load passes when its run's percentiles meet every term and "
-                  "no request failed"},
-        MEASURE, commands=(BENCH, CAPACITY), required=(CAPACITY,),
-        metavar="METRIC_STAT_ms=BOUND")] = []
-    scrape: Annotated[list[str], Flag(
-        "a Prometheus metrics page of any server (e.g. vLLM's http://HOST:8000/metrics), "
-        "repeatable: read every 0.5 s during the run, its gauges and counters' rates kept on "
-        "the run's time axis (JSON `scraped`), and the requests running, waiting and the KV "
-        "cache in use of vLLM, SGLang, Triton and cadence given to the diagnosis; checked "
-        "before the run (default: none)", MEASURE, metavar="URL")] = []
-    otlp_receive: Annotated[str | None, Flag(
-        "receive the server's OpenTelemetry spans (OTLP/gRPC) here during the run and join "
-        "them to the requests by trace id: TTFT split before, inside and after the server's "
-        "span (point the server at it, e.g. cadence serve or vllm serve "
-        "--otlp-traces-endpoint http://127.0.0.1:PORT); HOST defaults to 127.0.0.1 (default: "
-        "off)", MEASURE, commands=(BENCH,), metavar="[HOST:]PORT")] = None
-    otlp_wait: Annotated[float, Flag(
-        "after the run, wait up to S seconds for the last spans (a server's batch processor "
-        "sends every few seconds)", MEASURE, commands=(BENCH,), metavar="S")] = 10.0
+    server_pid: Annotated[
+        int | None,
+        Flag(
+            "the server process whose CPU to sample (default: cadence's processes, or the process "
+            "listening on a local target's port)",
+            MEASURE,
+            commands=(BENCH,),
+            metavar="PID",
+        ),
+    ] = None
+    baseline: Annotated[
+        bool,
+        Flag(
+            "also run the workload through the engine alone (local server only) and report "
+            "serving overhead",
+            MEASURE,
+            commands=(BENCH,),
+        ),
+    ] = False
+    slo: Annotated[
+        list[str],
+        Flag(
+            {
+                BENCH: "a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
+                "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, p90, p99 "
+                "or max): goodput counts the requests that meet every term, and the run passes "
+                "when its percentiles do (default: none)",
+                CAPACITY: "a latency SLO term, repeatable (e.g. --slo ttft_p99_ms=150 --slo "
+                "itl_p99_ms=40; METRIC ttft, itl, tpot, e2e or token_delay, STAT p50, p90, "
+                "p99 or max); a load passes when its run's percentiles meet every term and "
+                "no request failed",
+            },
+            MEASURE,
+            commands=(BENCH, CAPACITY),
+            required=(CAPACITY,),
+            metavar="METRIC_STAT_ms=BOUND",
+        ),
+    ] = []
+    scrape: Annotated[
+        list[str],
+        Flag(
+            "a Prometheus metrics page of any server (e.g. vLLM's http://HOST:8000/metrics), "
+            "repeatable: read every 0.5 s during the run, its gauges and counters' rates kept on "
+            "the run's time axis (JSON `scraped`), and the requests running, waiting and the KV "
+            "cache in use of vLLM, SGLang, Triton and cadence given to the diagnosis; checked "
+            "before the run (default: none)",
+            MEASURE,
+            metavar="URL",
+        ),
+    ] = []
+    otlp_receive: Annotated[
+        str | None,
+        Flag(
+            "receive the server's OpenTelemetry spans (OTLP/gRPC) here during the run and join "
+            "them to the requests by trace id: TTFT split before, inside and after the server's "
+            "span (point the server at it, e.g. cadence serve or vllm serve "
+            "--otlp-traces-endpoint http://127.0.0.1:PORT); HOST defaults to 127.0.0.1 (default: "
+            "off)",
+            MEASURE,
+            commands=(BENCH,),
+            metavar="[HOST:]PORT",
+        ),
+    ] = None
+    otlp_wait: Annotated[
+        float,
+        Flag(
+            "after the run, wait up to S seconds for the last spans (a server's batch processor "
+            "sends every few seconds)",
+            MEASURE,
+            commands=(BENCH,),
+            metavar="S",
+        ),
+    ] = 10.0
 
 
 SERVER_VARIABLES = {
@@ -548,58 +808,120 @@ flag each sets."""
 class RunOptions(msgspec.Struct, kw_only=True):
     """What each command runs against, how often, and where it writes what it found."""
 
-    target: Annotated[str | None, Flag({
-        BENCH: "HOST:PORT of the server (--protocol openai: http://HOST:PORT)",
-        SWEEP: "sweep the load against this running server, restarting nothing (--protocol "
-               "openai: http://HOST:PORT); default: a fresh server per run",
-        CAPACITY: "HOST:PORT of the running server (--protocol openai: http://HOST:PORT)"},
-        required=(BENCH, CAPACITY), metavar="HOST:PORT")] = None
-    vary: Annotated[list[str], Flag(
-        "the variable and its values; repeat it for a grid of every combination. The "
-        f"server's: {', '.join(SERVER_VARIABLES)} (engine_threads: the app engine's); with "
-        "--server-cmd, any {NAME} of the command. The load's (named as the flags below): "
-        f"{', '.join(client_variables())}", commands=(SWEEP,), required=(SWEEP,),
-        metavar="NAME=V1,V2,...")] = []
-    search: Annotated[Literal["concurrency", "rate"], Flag(
-        "what to raise: streams at once (closed loop) or requests/s (open loop)",
-        commands=(CAPACITY,), required=(CAPACITY,))] = "concurrency"
+    target: Annotated[
+        str | None,
+        Flag(
+            {
+                BENCH: "HOST:PORT of the server (--protocol openai: http://HOST:PORT)",
+                SWEEP: "sweep the load against this running server, restarting nothing (--protocol "
+                "openai: http://HOST:PORT); default: a fresh server per run",
+                CAPACITY: "HOST:PORT of the running server (--protocol openai: http://HOST:PORT)",
+            },
+            required=(BENCH, CAPACITY),
+            metavar="HOST:PORT",
+        ),
+    ] = None
+    vary: Annotated[
+        list[str],
+        Flag(
+            "the variable and its values; repeat it for a grid of every combination. The "
+            f"server's: {', '.join(SERVER_VARIABLES)} (engine_threads: the app engine's); with "
+            "--server-cmd, any {NAME} of the command. The load's (named as the flags below): "
+            f"{', '.join(client_variables())}",
+            commands=(SWEEP,),
+            required=(SWEEP,),
+            metavar="NAME=V1,V2,...",
+        ),
+    ] = []
+    search: Annotated[
+        Literal["concurrency", "rate"],
+        Flag(
+            "what to raise: streams at once (closed loop) or requests/s (open loop)",
+            commands=(CAPACITY,),
+            required=(CAPACITY,),
+        ),
+    ] = "concurrency"
     low: Annotated[float, Flag("the smallest load tried", commands=(CAPACITY,))] = 1.0
     high: Annotated[float, Flag("the largest load tried", commands=(CAPACITY,))] = 256.0
-    repeat: Annotated[int, Flag({
-        BENCH: "run the workload N times back to back: the JSON's `repeats` holds each key "
-               "figure's value per run, mean and 95% confidence interval (the rest is the "
-               "first run's), and `cadence report a.json b.json --fail-if` then judges a "
-               "regression only outside that noise",
-        SWEEP: "runs per point",
-        CAPACITY: "runs per load; a load passes only when every run does"},
-        parse=_positive, metavar="N")] = 1
-    serve_args: Annotated[str, Flag(
-        "arguments of `cadence serve` that stay fixed (quoted)", SERVERS,
-        commands=(SWEEP,))] = SERVE_ARGS
-    server_cmd: Annotated[str | None, Flag(
-        "sweep a server of your own instead: a shell command with {port} (a free port) and "
-        "{NAME} (the varied value) replaced; it runs in its own process group, stopped with "
-        "SIGTERM (SIGKILL after 5 s)", SERVERS, commands=(SWEEP,), metavar="COMMAND")] = None
-    ready_timeout: Annotated[float, Flag(
-        "--server-cmd: how long to wait for the server to answer gRPC (health SERVING, or any "
-        "answer when it has no health service)", SERVERS, commands=(SWEEP,),
-        metavar="S")] = 60.0
-    json_path: Annotated[str | None, Flag({
-        BENCH: "write every aggregate and raw record here",
-        SWEEP: "write the sweep's results here",
-        CAPACITY: "write the search here"}, flag="--json")] = None
-    csv_path: Annotated[str | None, Flag(
-        "write one row per point here: its values, the table's metrics, the diagnosis rules",
-        commands=(SWEEP,), flag="--csv", metavar="PATH")] = None
-    report: Annotated[str | None, Flag(
-        "render plots and an HTML report into this folder", commands=(SWEEP,))] = None
-    export: Annotated[str | None, Flag(
-        "also write one row per request (ids, tokens, TTFT, ITL, dispatch delay, ...): CSV "
-        "when FILE ends in .csv, Parquet in .parquet (the parquet extra), else JSONL",
-        commands=(BENCH,), metavar="FILE")] = None
-    no_progress: Annotated[bool, Flag(
-        "no progress bar (there is none anyway when stderr is not a terminal)",
-        commands=(BENCH,))] = False
+    repeat: Annotated[
+        int,
+        Flag(
+            {
+                BENCH: "run the workload N times back to back: the JSON's `repeats` holds each key "
+                "figure's value per run, mean and 95% confidence interval (the rest is the "
+                "first run's), and `cadence report a.json b.json --fail-if` then judges a "
+                "regression only outside that noise",
+                SWEEP: "runs per point",
+                CAPACITY: "runs per load; a load passes only when every run does",
+            },
+            parse=_positive,
+            metavar="N",
+        ),
+    ] = 1
+    serve_args: Annotated[
+        str,
+        Flag("arguments of `cadence serve` that stay fixed (quoted)", SERVERS, commands=(SWEEP,)),
+    ] = SERVE_ARGS
+    server_cmd: Annotated[
+        str | None,
+        Flag(
+            "sweep a server of your own instead: a shell command with {port} (a free port) and "
+            "{NAME} (the varied value) replaced; it runs in its own process group, stopped with "
+            "SIGTERM (SIGKILL after 5 s)",
+            SERVERS,
+            commands=(SWEEP,),
+            metavar="COMMAND",
+        ),
+    ] = None
+    ready_timeout: Annotated[
+        float,
+        Flag(
+            "--server-cmd: how long to wait for the server to answer gRPC (health SERVING, or any "
+            "answer when it has no health service)",
+            SERVERS,
+            commands=(SWEEP,),
+            metavar="S",
+        ),
+    ] = 60.0
+    json_path: Annotated[
+        str | None,
+        Flag(
+            {
+                BENCH: "write every aggregate and raw record here",
+                SWEEP: "write the sweep's results here",
+                CAPACITY: "write the search here",
+            },
+            flag="--json",
+        ),
+    ] = None
+    csv_path: Annotated[
+        str | None,
+        Flag(
+            "write one row per point here: its values, the table's metrics, the diagnosis rules",
+            commands=(SWEEP,),
+            flag="--csv",
+            metavar="PATH",
+        ),
+    ] = None
+    report: Annotated[
+        str | None, Flag("render plots and an HTML report into this folder", commands=(SWEEP,))
+    ] = None
+    export: Annotated[
+        str | None,
+        Flag(
+            "also write one row per request (ids, tokens, TTFT, ITL, dispatch delay, ...): CSV "
+            "when FILE ends in .csv, Parquet in .parquet (the parquet extra), else JSONL",
+            commands=(BENCH,),
+            metavar="FILE",
+        ),
+    ] = None
+    no_progress: Annotated[
+        bool,
+        Flag(
+            "no progress bar (there is none anyway when stderr is not a terminal)",
+            commands=(BENCH,),
+        ),
+    ] = False
 
 
 DECLARING = (RunOptions, ProtocolOptions, WorkloadOptions, MeasureOptions)
@@ -626,10 +948,12 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
             if command not in flag.commands:
                 continue
             group = sections.get(flag.section) or sections.setdefault(
-                flag.section, parser.add_argument_group(flag.section))
+                flag.section, parser.add_argument_group(flag.section)
+            )
             if flag.exclusive:
                 group = exclusive.get(flag.exclusive) or exclusive.setdefault(
-                    flag.exclusive, group.add_mutually_exclusive_group())
+                    flag.exclusive, group.add_mutually_exclusive_group()
+                )
             group.add_argument(option.flag, **option.argument(command))
         if cls is ProtocolOptions:
             add_arguments(parser)  # the client's security, shared with `cadence generate`

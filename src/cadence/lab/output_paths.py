@@ -31,8 +31,11 @@ def unwritable_folder(path: str) -> str | None:
     if os.path.exists(full):
         if not os.path.isdir(full):
             return "is not a folder"
-        return None if os.access(full, os.W_OK | os.X_OK) else (
-            "cannot be written into (permission denied)")
+        return (
+            None
+            if os.access(full, os.W_OK | os.X_OK)
+            else ("cannot be written into (permission denied)")
+        )
     while not os.path.exists(full):  # the folder is made with its parents: the first that is
         full = os.path.dirname(full)
     return _unwritable_parent(full)
@@ -48,14 +51,17 @@ def _unwritable_parent(folder: str) -> str | None:
     return None
 
 
-def check_outputs(command: str, files: dict[str, str | None],
-                  folders: dict[str, str | None] | None = None) -> None:
+def check_outputs(
+    command: str, files: dict[str, str | None], folders: dict[str, str | None] | None = None
+) -> None:
     """Exit EXIT_USAGE with one line (per bad path) naming the flag and the path when one of
     the `files` (flag: path) or `folders` cannot be written; None paths are not asked for."""
-    bad = [f"cadence {command}: {flag} {path}: {why}"
-           for paths, check in ((files, unwritable_file), (folders or {}, unwritable_folder))
-           for flag, path in paths.items()
-           if path is not None and (why := check(path)) is not None]
+    bad = [
+        f"cadence {command}: {flag} {path}: {why}"
+        for paths, check in ((files, unwritable_file), (folders or {}, unwritable_folder))
+        for flag, path in paths.items()
+        if path is not None and (why := check(path)) is not None
+    ]
     if bad:
         print("\n".join(bad), file=sys.stderr)
         sys.exit(EXIT_USAGE)
@@ -68,6 +74,8 @@ def writing(command: str, flag: str, path: str, code: int = 1) -> Iterator[None]
     try:
         yield
     except OSError as exc:
-        print(f"cadence {command}: {flag} {path}: cannot write it: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"cadence {command}: {flag} {path}: cannot write it: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         sys.exit(code)

@@ -15,11 +15,13 @@ EXIT_USAGE = 2
 EXIT_CANNOT_REPORT = 3
 """The report cannot be made: a result file cannot be read, is not JSON or is not the kind of
 result the command takes, or plotting is not installed."""
-EXIT_CODES = (f"exit status: 0 the report was written and every gate passed; "
-              f"{EXIT_GATE_FAILED} a run failed a --fail-if gate; {EXIT_USAGE} a usage error "
-              "(a gate that does not parse, an unknown metric); "
-              f"{EXIT_CANNOT_REPORT} the report cannot be made (a result cannot be read, or "
-              "matplotlib is missing)")
+EXIT_CODES = (
+    f"exit status: 0 the report was written and every gate passed; "
+    f"{EXIT_GATE_FAILED} a run failed a --fail-if gate; {EXIT_USAGE} a usage error "
+    "(a gate that does not parse, an unknown metric); "
+    f"{EXIT_CANNOT_REPORT} the report cannot be made (a result cannot be read, or "
+    "matplotlib is missing)"
+)
 
 
 def _exit(message: str, code: int) -> None:
@@ -28,19 +30,34 @@ def _exit(message: str, code: int) -> None:
 
 
 def add_report(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="render a bench or sweep JSON result as one HTML page, "
-                                      "or compare bench runs side by side", epilog=EXIT_CODES)
-    p.add_argument("results", nargs="+",
-                   help="JSON written by `cadence bench --json` (or a sweep); two or more bench "
-                        "results: one table of their metrics, with each run's ratio to the first")
-    p.add_argument("--out", default=None,
-                   help="folder for report.html and the PNGs (default: <stem>-report/ next to the JSON)")
-    p.add_argument("--fail-if", action="append", default=[], metavar="GATE",
-                   help=f"exit {EXIT_GATE_FAILED} when a later run fails the gate, e.g. "
-                        "'ttft_p99_ms>1.1x' (above 1.1 times the first run's), "
-                        "'tokens_per_s<0.9x', 'errors>0', 'lost_tokens>0', "
-                        "'reordered_chunks>0', 'integrity_faults>0'; with one run, absolute "
-                        "gates are judged on it (repeatable; default: none)")
+    p = sub.add_parser(
+        "report",
+        help="render a bench or sweep JSON result as one HTML page, "
+        "or compare bench runs side by side",
+        epilog=EXIT_CODES,
+    )
+    p.add_argument(
+        "results",
+        nargs="+",
+        help="JSON written by `cadence bench --json` (or a sweep); two or more bench "
+        "results: one table of their metrics, with each run's ratio to the first",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="folder for report.html and the PNGs (default: <stem>-report/ next to the JSON)",
+    )
+    p.add_argument(
+        "--fail-if",
+        action="append",
+        default=[],
+        metavar="GATE",
+        help=f"exit {EXIT_GATE_FAILED} when a later run fails the gate, e.g. "
+        "'ttft_p99_ms>1.1x' (above 1.1 times the first run's), "
+        "'tokens_per_s<0.9x', 'errors>0', 'lost_tokens>0', "
+        "'reordered_chunks>0', 'integrity_faults>0'; with one run, absolute "
+        "gates are judged on it (repeatable; default: none)",
+    )
     p.set_defaults(func=_report)
 
 
@@ -53,8 +70,10 @@ def missing_plotting() -> str | None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        return ("the report's plots need matplotlib, which is not installed; install it with: "
-                "pip install 'cadence[lab]'")
+        return (
+            "the report's plots need matplotlib, which is not installed; install it with: "
+            "pip install 'cadence[lab]'"
+        )
     return None
 
 
@@ -85,8 +104,11 @@ def _gates(texts: list[str], runs: int) -> list:
             _exit(str(exc), EXIT_USAGE)
     relative = [g.text for g in gates if g.relative]
     if runs < 2 and relative:
-        _exit(f"--fail-if {', '.join(relative)} judges a run against an earlier one: give two "
-              "or more results", EXIT_USAGE)
+        _exit(
+            f"--fail-if {', '.join(relative)} judges a run against an earlier one: give two "
+            "or more results",
+            EXIT_USAGE,
+        )
     return gates
 
 
@@ -120,8 +142,11 @@ def _compare(args: argparse.Namespace) -> None:
     for path in args.results:
         data = _read(path)
         if "sweep" in data or "capacity" in data:
-            _exit(f"{path} is not a bench result; comparisons take bench results (cadence "
-                  "bench --json)", EXIT_CANNOT_REPORT)
+            _exit(
+                f"{path} is not a bench result; comparisons take bench results (cadence "
+                "bench --json)",
+                EXIT_CANNOT_REPORT,
+            )
         data.pop("records", None)  # not compared: no need to decode them
         try:
             runs.append(msgspec.convert(data, BenchResult))

@@ -44,7 +44,8 @@ class Distribution(msgspec.Struct, kw_only=True):
     def usable(self) -> bool:
         """Values to reason about: some counted and every figure finite."""
         return self.count > 0 and all(
-            math.isfinite(v) for v in (self.mean, self.p50, self.p90, self.p99, self.max))
+            math.isfinite(v) for v in (self.mean, self.p50, self.p90, self.p99, self.max)
+        )
 
 
 class Integrity(msgspec.Struct, kw_only=True):
@@ -967,16 +968,24 @@ them is written as before they existed."""
 def to_builtins(result: BenchResult | SweepResult) -> dict:
     """`result` as plain data for `json.dump`, keys as the lab has always written them."""
     out = msgspec.to_builtins(result)
-    runs = ([(result, out)] if isinstance(result, BenchResult) else
-            [(r, o) for p, po in zip(result.sweep.points, out["sweep"]["points"], strict=True)
-             for r, o in zip(p.repeats, po["repeats"], strict=True)])
+    runs = (
+        [(result, out)]
+        if isinstance(result, BenchResult)
+        else [
+            (r, o)
+            for p, po in zip(result.sweep.points, out["sweep"]["points"], strict=True)
+            for r, o in zip(p.repeats, po["repeats"], strict=True)
+        ]
+    )
     defaults = [f.default for f in msgspec.structs.fields(RequestRecord)]
     kept = RequestRecord.__struct_fields__.index("trace_id")
     for run, written in runs:
         if run.baseline and run.baseline.error:
             written["baseline"] = {"error": run.baseline.error}
-        for integrity in (written.get("integrity"), (written.get("baseline") or {}).get(
-                "integrity")):
+        for integrity in (
+            written.get("integrity"),
+            (written.get("baseline") or {}).get("integrity"),
+        ):
             for key in _INTEGRITY_ADDED:  # SSE's counts, written only where they are not 0
                 if integrity and integrity.get(key) == 0:
                     del integrity[key]

@@ -65,8 +65,9 @@ TABLE_METRICS = (
 )
 
 
-def parse_vary(text: str, server_cmd: str | None = None, *,
-               running: bool = False) -> tuple[str, list[str]]:
+def parse_vary(
+    text: str, server_cmd: str | None = None, *, running: bool = False
+) -> tuple[str, list[str]]:
     """`name=v1,v2,...` → (name, values). With `server_cmd`, NAME is any `{NAME}` of the
     command (or a client variable); with `running` (a server the sweep does not start),
     only a client variable."""
@@ -75,13 +76,17 @@ def parse_vary(text: str, server_cmd: str | None = None, *,
     if server_cmd is None or name.replace("-", "_") in CLIENT_VARIABLES:
         name = name.replace("-", "_")
     if running and name in SERVER_VARIABLES:
-        raise ValueError(f"{name} changes the server, and --target drives a running one that "
-                         "the sweep does not restart: sweep it with --serve-args or "
-                         "--server-cmd instead")
+        raise ValueError(
+            f"{name} changes the server, and --target drives a running one that "
+            "the sweep does not restart: sweep it with --serve-args or "
+            "--server-cmd instead"
+        )
     if server_cmd is not None:
         if name not in CLIENT_VARIABLES and "{" + name + "}" not in server_cmd:
-            raise ValueError(f"--server-cmd has no {{{name}}} to vary (nor is {name!r} one of "
-                             f"the client variables {', '.join(CLIENT_VARIABLES)})")
+            raise ValueError(
+                f"--server-cmd has no {{{name}}} to vary (nor is {name!r} one of "
+                f"the client variables {', '.join(CLIENT_VARIABLES)})"
+            )
         if name == "port":
             raise ValueError("{port} is chosen by the sweep; vary another name")
     elif name not in CLIENT_VARIABLES and (running or name not in SERVER_VARIABLES):
@@ -108,8 +113,9 @@ def grid(axes: list[tuple[str, list[str]]], base: Load) -> list[Point]:
     if repeated:
         raise ValueError(f"--vary {repeated[0]} is given twice; give all its values in one")
     if "concurrency" in names and "rate" in names:
-        raise ValueError("--vary concurrency (closed loop) and --vary rate (open loop) do not "
-                         "combine; sweep one")
+        raise ValueError(
+            "--vary concurrency (closed loop) and --vary rate (open loop) do not combine; sweep one"
+        )
     points = []
     for combination in itertools.product(*(values for _, values in axes)):
         values = dict(zip(names, combination, strict=True))
@@ -131,13 +137,21 @@ def _server_args(base: list[str], variable: str, value: str) -> list[str]:
     return [*base, flag, value]  # argparse keeps the last occurrence of a flag
 
 
-def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: int = 1,
-              progress=print, *, target: str | None = None, server_cmd: str | None = None,
-              ready_timeout: float = 60.0, credentials: ClientCredentials | None = None,
-              kserve: KServeTarget | None = None,
-              resolve_grpc: Callable | None = None,
-              openai: OpenAITarget | None = None,
-              scrape: Sequence[str] = ()) -> SweepResult:
+def run_sweep(
+    points: list[Point],
+    serve_args: list[str] | None = None,
+    repeat: int = 1,
+    progress=print,
+    *,
+    target: str | None = None,
+    server_cmd: str | None = None,
+    ready_timeout: float = 60.0,
+    credentials: ClientCredentials | None = None,
+    kserve: KServeTarget | None = None,
+    resolve_grpc: Callable | None = None,
+    openai: OpenAITarget | None = None,
+    scrape: Sequence[str] = (),
+) -> SweepResult:
     """Every point, `repeat` times; results without raw records.
 
     The server is the one running at `target` (its load's variables only; `openai` then
@@ -158,15 +172,21 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
         failures: list[str] = []
         problem: str | None
         for n in range(repeat):
-            described, server = _server_of(point.values, serve_args or [], target, server_cmd,
-                                           ready_timeout, credentials, openai)
+            described, server = _server_of(
+                point.values,
+                serve_args or [],
+                target,
+                server_cmd,
+                ready_timeout,
+                credentials,
+                openai,
+            )
             progress(f"{label} run {n + 1}/{repeat}: {described}")
             try:
                 with server as (address, http):
                     if resolve_grpc is not None and grpc is None:
                         grpc = resolve_grpc(address, credentials)
-                    result = _bench(address, point.load, credentials, kserve, grpc, http,
-                                    scrape)
+                    result = _bench(address, point.load, credentials, kserve, grpc, http, scrape)
             except SchemaError:
                 raise  # the same for every point: the sweep cannot run
             except RuntimeError as exc:
@@ -179,10 +199,22 @@ def run_sweep(points: list[Point], serve_args: list[str] | None = None, repeat: 
                     continue
             progress(f"{label} run {n + 1}/{repeat} failed: {problem}")
             failures.append(problem)
-        done.append(SweepPoint(value=",".join(point.values.values()), values=point.values,
-                               repeats=runs, failed=not runs, failures=failures or msgspec.UNSET))
-    sweep = Sweep(variable=",".join(variables), variables=variables, repeat=repeat,
-                  points=done, table=sweep_table(done))
+        done.append(
+            SweepPoint(
+                value=",".join(point.values.values()),
+                values=point.values,
+                repeats=runs,
+                failed=not runs,
+                failures=failures or msgspec.UNSET,
+            )
+        )
+    sweep = Sweep(
+        variable=",".join(variables),
+        variables=variables,
+        repeat=repeat,
+        points=done,
+        table=sweep_table(done),
+    )
     if target is not None:
         sweep.target = target
     elif server_cmd is not None:
@@ -196,9 +228,15 @@ Serving = tuple[str, OpenAITarget | None]
 """A run's server: its gRPC address, and with `--protocol openai` the HTTP target."""
 
 
-def _server_of(values: dict[str, str], serve_args: list[str], target: str | None,
-               server_cmd: str | None, ready_timeout: float, credentials: ClientCredentials,
-               openai: OpenAITarget | None) -> tuple[str, AbstractContextManager[Serving]]:
+def _server_of(
+    values: dict[str, str],
+    serve_args: list[str],
+    target: str | None,
+    server_cmd: str | None,
+    ready_timeout: float,
+    credentials: ClientCredentials,
+    openai: OpenAITarget | None,
+) -> tuple[str, AbstractContextManager[Serving]]:
     """(what the server is, in words; a context that yields its gRPC address and its
     OpenAI target) for one run."""
     if target is not None:
@@ -215,8 +253,9 @@ def _server_of(values: dict[str, str], serve_args: list[str], target: str | None
 
 
 @contextlib.contextmanager
-def _running(target: str, credentials: ClientCredentials,
-             openai: OpenAITarget | None) -> Iterator[Serving]:
+def _running(
+    target: str, credentials: ClientCredentials, openai: OpenAITarget | None
+) -> Iterator[Serving]:
     """The server someone else started: checked that it answers, never restarted."""
     if openai is None:
         require_reachable(target, credentials)
@@ -226,8 +265,9 @@ def _running(target: str, credentials: ClientCredentials,
 
 
 @contextlib.contextmanager
-def _started(server: ServerProcess | CommandServer,
-             openai: OpenAITarget | None) -> Iterator[Serving]:
+def _started(
+    server: ServerProcess | CommandServer, openai: OpenAITarget | None
+) -> Iterator[Serving]:
     with server:
         if openai is None:
             yield server.target, None
@@ -236,13 +276,25 @@ def _started(server: ServerProcess | CommandServer,
             yield server.target, _http_target(server, openai)
 
 
-def _bench(address: str, load: Load, credentials: ClientCredentials,
-           kserve: KServeTarget | None, grpc: GrpcTarget | None,
-           openai: OpenAITarget | None, scrape: Sequence[str] = ()) -> BenchResult:
+def _bench(
+    address: str,
+    load: Load,
+    credentials: ClientCredentials,
+    kserve: KServeTarget | None,
+    grpc: GrpcTarget | None,
+    openai: OpenAITarget | None,
+    scrape: Sequence[str] = (),
+) -> BenchResult:
     """The sweep's one call into the bench."""
-    return run_bench(address, load.workload, processes=load.processes, channels=load.channels,
-                     credentials=credentials, protocol=openai or grpc or kserve or CADENCE,
-                     scrape=scrape)
+    return run_bench(
+        address,
+        load.workload,
+        processes=load.processes,
+        channels=load.channels,
+        credentials=credentials,
+        protocol=openai or grpc or kserve or CADENCE,
+        scrape=scrape,
+    )
 
 
 def _failed(result: BenchResult) -> str | None:
@@ -254,8 +306,9 @@ def _failed(result: BenchResult) -> str | None:
         return None
     codes = ", ".join(f"{count} {code}" for code, count in result.errors_by_code.items())
     first = next(iter(result.first_error_by_code.values()), "")
-    return (f"no request of {result.requests} succeeded"
-            + (f" ({codes}; first: {first})" if codes else ""))
+    return f"no request of {result.requests} succeeded" + (
+        f" ({codes}; first: {first})" if codes else ""
+    )
 
 
 def _http_target(server: ServerProcess, openai: OpenAITarget) -> OpenAITarget:
@@ -282,12 +335,16 @@ def sweep_table(points: list[SweepPoint]) -> list[SweepRow]:
         if point.repeats:
             for name, get in TABLE_METRICS:
                 values = [get(r) for r in point.repeats]
-                setattr(row, name, Spread(
-                    mean=statistics.fmean(values),
-                    min=min(values),
-                    max=max(values),
-                    stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
-                ))
+                setattr(
+                    row,
+                    name,
+                    Spread(
+                        mean=statistics.fmean(values),
+                        min=min(values),
+                        max=max(values),
+                        stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
+                    ),
+                )
             row.diagnosis = list(dict.fromkeys(f.rule for r in point.repeats for f in r.diagnosis))
         rows.append(row)
     return rows
@@ -297,16 +354,27 @@ def write_csv(result: SweepResult, path: str) -> None:
     """One row per point: its values, each table metric's mean, min, max and stdev, the
     runs that went through and failed, and the diagnosis rules (space-separated)."""
     s = result.sweep
-    spread = [f"{name}{part}" for name, _ in TABLE_METRICS
-              for part in ("", "_min", "_max", "_stdev")]
+    spread = [
+        f"{name}{part}" for name, _ in TABLE_METRICS for part in ("", "_min", "_max", "_stdev")
+    ]
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow([*_variables(s), "runs", "failed_runs", *spread, "diagnosis"])
         for point, row in zip(s.points, s.table, strict=True):
-            figures = [getattr(getattr(row, name), part) if getattr(row, name) else ""
-                       for name, _ in TABLE_METRICS for part in ("mean", "min", "max", "stdev")]
-            out.writerow([*_values(point), len(point.repeats), row.failures or 0, *figures,
-                          " ".join(row.diagnosis or [])])
+            figures = [
+                getattr(getattr(row, name), part) if getattr(row, name) else ""
+                for name, _ in TABLE_METRICS
+                for part in ("mean", "min", "max", "stdev")
+            ]
+            out.writerow(
+                [
+                    *_values(point),
+                    len(point.repeats),
+                    row.failures or 0,
+                    *figures,
+                    " ".join(row.diagnosis or []),
+                ]
+            )
 
 
 def _variables(s: Sweep) -> list[str]:
@@ -325,8 +393,10 @@ def print_table(result: SweepResult) -> None:
     s = result.sweep
     variables = _variables(s)
     where = f" of {s.target}" if s.target else ""
-    table = Table(title=f"cadence sweep{where}: {' x '.join(variables)} ({s.repeat} run(s) "
-                        "each; mean \\[min-max])")
+    table = Table(
+        title=f"cadence sweep{where}: {' x '.join(variables)} ({s.repeat} run(s) "
+        "each; mean \\[min-max])"
+    )
     for name in variables:
         table.add_column(name)
     for name, _ in TABLE_METRICS:

@@ -17,8 +17,10 @@ from cadence.lab.options import SERVE_ARGS, SWEEP, add_flags
 
 
 def add_sweep(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="vary server or load settings (one, or a grid of several); "
-                                     "same workload per point")
+    p = sub.add_parser(
+        "sweep",
+        help="vary server or load settings (one, or a grid of several); same workload per point",
+    )
     add_flags(p, SWEEP)  # as cadence.lab.options declares them
     p.set_defaults(func=_sweep)
 
@@ -39,18 +41,24 @@ def _sweep(args: argparse.Namespace) -> None:
     )
 
     if args.target is not None and (args.server_cmd or args.serve_args != SERVE_ARGS):
-        sys.exit("cadence sweep: --target drives a running server; --serve-args and "
-                 "--server-cmd start servers: give one or the other")
-    check_outputs("sweep", {"--json": args.json_path, "--csv": args.csv_path},
-                  {"--report": args.report})
+        sys.exit(
+            "cadence sweep: --target drives a running server; --serve-args and "
+            "--server-cmd start servers: give one or the other"
+        )
+    check_outputs(
+        "sweep", {"--json": args.json_path, "--csv": args.csv_path}, {"--report": args.report}
+    )
     if args.scrape and args.target is None:
-        sys.exit("cadence sweep: --scrape needs --target: a server the sweep starts per run "
-                 "has no metrics address known before it starts")
+        sys.exit(
+            "cadence sweep: --scrape needs --target: a server the sweep starts per run "
+            "has no metrics address known before it starts"
+        )
     check_scrapes(args.scrape, "sweep")
     base = Load(workload_from_args(args), args.procs, args.channels)
     try:
-        axes = [parse_vary(text, args.server_cmd, running=args.target is not None)
-                for text in args.vary]
+        axes = [
+            parse_vary(text, args.server_cmd, running=args.target is not None) for text in args.vary
+        ]
         points = grid(axes, base)
         credentials = from_arguments(args)
     except ValueError as exc:
@@ -63,14 +71,24 @@ def _sweep(args: argparse.Namespace) -> None:
     kserve, resolve = protocol_from_args(args, "sweep")
     openai = openai_from_args(args, "sweep")
     if openai is not None and args.server_cmd:
-        sys.exit("cadence sweep: --protocol openai runs cadence serve (with --http-port), not "
-                 "--server-cmd")
+        sys.exit(
+            "cadence sweep: --protocol openai runs cadence serve (with --http-port), not "
+            "--server-cmd"
+        )
     try:
-        result = run_sweep(points, shlex.split(args.serve_args), repeat=args.repeat,
-                           target=args.target, server_cmd=args.server_cmd,
-                           ready_timeout=args.ready_timeout, credentials=credentials,
-                           kserve=kserve, resolve_grpc=resolve, openai=openai,
-                           scrape=args.scrape)
+        result = run_sweep(
+            points,
+            shlex.split(args.serve_args),
+            repeat=args.repeat,
+            target=args.target,
+            server_cmd=args.server_cmd,
+            ready_timeout=args.ready_timeout,
+            credentials=credentials,
+            kserve=kserve,
+            resolve_grpc=resolve,
+            openai=openai,
+            scrape=args.scrape,
+        )
     except SchemaError as exc:
         sys.exit(f"cadence sweep: {exc}")
     print_table(result)
@@ -90,5 +108,4 @@ def _sweep(args: argparse.Namespace) -> None:
             print(render_report(result, Path(args.report)))
     if every_run_failed(result):
         runs = sum(len(p.failures or []) for p in result.sweep.points)
-        sys.exit(f"cadence sweep: every run failed ({runs} of {runs}); each one's reason is "
-                 "above")
+        sys.exit(f"cadence sweep: every run failed ({runs} of {runs}); each one's reason is above")

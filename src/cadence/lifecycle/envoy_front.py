@@ -62,8 +62,13 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "INFO", *,
-                child: tuple[int, str, int] | None = None) -> None:
+async def run_in_envoy(
+    config: ServerConfig,
+    on_started=None,
+    log_level: str = "INFO",
+    *,
+    child: tuple[int, str, int] | None = None,
+) -> None:
     """Run the front in Envoy until SIGINT or SIGTERM, then stop it cleanly.
 
     `child`: (K, BASE_DIR, GENERATION) of front K of `--fronts N` (started by front 0 through
@@ -73,8 +78,10 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
     try:
         import pyvoy  # noqa: F401
     except ImportError:
-        raise StartupError("--grpc-server native needs the package 'pyvoy', which is not "
-                           "installed; install it with: pip install 'cadence[native]'") from None
+        raise StartupError(
+            "--grpc-server native needs the package 'pyvoy', which is not "
+            "installed; install it with: pip install 'cadence[native]'"
+        ) from None
     port = config.port or _free_port(config.host)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -94,24 +101,43 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
         tls = {}
         if config.tls_cert:
             assert config.tls_key is not None  # ServerConfig takes --tls-cert only with --tls-key
-            tls = {"tls_cert": Path(config.tls_cert), "tls_key": Path(config.tls_key),
-                   "tls_enable_http3": False}
+            tls = {
+                "tls_cert": Path(config.tls_cert),
+                "tls_key": Path(config.tls_key),
+                "tls_enable_http3": False,
+            }
             if config.tls_client_ca:
-                tls.update(tls_ca_cert=Path(config.tls_client_ca), tls_require_client_certificate=True)
+                tls.update(
+                    tls_ca_cert=Path(config.tls_client_ca), tls_require_client_certificate=True
+                )
         envoy = EnvoyProcess(
-            app=f"{__name__}:app", address=config.host, port=port, lifespan=True, log_level="error",
+            app=f"{__name__}:app",
+            address=config.host,
+            port=port,
+            lifespan=True,
+            log_level="error",
             idle_timeout_s=config.idle_connection_timeout_s,
-            stderr=None, env={
-                CONFIG_ENV: msgspec.json.encode(msgspec.structs.replace(config, port=port)).decode(),
-                CONTROL_ENV: path, PYTHON_ENV: sys.executable, LOG_LEVEL_ENV: log_level,
-                **({FRONT_ENV: " ".join(map(str, child))} if child else {})},
-            killed_with_starter=child is not None, **tls)
+            stderr=None,
+            env={
+                CONFIG_ENV: msgspec.json.encode(
+                    msgspec.structs.replace(config, port=port)
+                ).decode(),
+                CONTROL_ENV: path,
+                PYTHON_ENV: sys.executable,
+                LOG_LEVEL_ENV: log_level,
+                **({FRONT_ENV: " ".join(map(str, child))} if child else {}),
+            },
+            killed_with_starter=child is not None,
+            **tls,
+        )
         try:
             try:
                 await envoy.start()
             except EnvoyStartupError as exc:  # Envoy exited; its stderr says why
-                raise StartupError(f"Envoy did not start on {config.host}:{port} ({exc}); "
-                                   "is the port in use? Choose another with --port") from None
+                raise StartupError(
+                    f"Envoy did not start on {config.host}:{port} ({exc}); "
+                    "is the port in use? Choose another with --port"
+                ) from None
             exited = asyncio.ensure_future(envoy.wait())
             reader, writer = await _first(connected, exited, stop, what="the front to start")
             control.close()
@@ -141,9 +167,11 @@ async def run_in_envoy(config: ServerConfig, on_started=None, log_level: str = "
             control.close()
     if failed:
         status = exited.result() if exited.done() else "unknown"
-        raise ServingFailed(f"Envoy stopped while serving on {config.host}:{port} (exit status "
-                            f"{status}: a crash or a kill); its streams "
-                            "were cut and the server stopped")
+        raise ServingFailed(
+            f"Envoy stopped while serving on {config.host}:{port} (exit status "
+            f"{status}: a crash or a kill); its streams "
+            "were cut and the server stopped"
+        )
 
 
 async def _first(awaitable, exited: asyncio.Future, stop: asyncio.Event, what: str):
@@ -190,9 +218,14 @@ class _Front:
         sys.executable = os.environ.get(PYTHON_ENV, sys.executable)
         os.environ.pop("LD_PRELOAD", None)
         front = os.environ.get(FRONT_ENV, "0").split(" ")[0]
-        logging.basicConfig(level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(), format=(
-            f"%(asctime)s front-{front} %(name)s %(message)s" if front != "0"
-            else "%(asctime)s %(name)s %(message)s"))
+        logging.basicConfig(
+            level=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
+            format=(
+                f"%(asctime)s front-{front} %(name)s %(message)s"
+                if front != "0"
+                else "%(asctime)s %(name)s %(message)s"
+            ),
+        )
         self._envoy_stopping = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
 
@@ -227,8 +260,12 @@ class _Front:
                 writer.write(json.dumps({"error": str(exc)}).encode() + b"\n")
                 return
             served = True
-            writer.write(json.dumps({"ready": {
-                "http_port": server.http_port, "metrics_port": server.metrics_port}}).encode() + b"\n")
+            writer.write(
+                json.dumps(
+                    {"ready": {"http_port": server.http_port, "metrics_port": server.metrics_port}}
+                ).encode()
+                + b"\n"
+            )
             await writer.drain()
             # "stop", or b"" once `run_in_envoy` is gone
             told = asyncio.ensure_future(reader.readline())
@@ -241,8 +278,11 @@ class _Front:
                 server.unlink_sockets()
             told.cancel()
             stopping.cancel()
-            log.info("stopping: %d stream(s) open, drain timeout %.1f s", server.core.active,
-                     config.drain_timeout_s)
+            log.info(
+                "stopping: %d stream(s) open, drain timeout %.1f s",
+                server.core.active,
+                config.drain_timeout_s,
+            )
         finally:
             await server.stop()
             if served:

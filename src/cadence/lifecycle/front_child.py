@@ -51,8 +51,11 @@ def _serve(argv: list[str]) -> None:
         from cadence.lifecycle import ServingFailed, StartupError, envoy_front
 
         try:
-            event_loop.run(envoy_front.run_in_envoy(config, log_level=logging.getLevelName(level),
-                                                    child=(front, base, generation)))
+            event_loop.run(
+                envoy_front.run_in_envoy(
+                    config, log_level=logging.getLevelName(level), child=(front, base, generation)
+                )
+            )
         except (StartupError, ServingFailed) as exc:
             sys.exit(f"front {front}: {exc}")
         return

@@ -37,8 +37,15 @@ _MAX_BACKOFF_S = 30.0
 class FrontChildren:
     """Fronts 1..N-1 of a server on `port`, sharing front 0's private folder `base`."""
 
-    def __init__(self, config: ServerConfig, base: str, port: int, *,
-                 on_gone: Callable[[int], None], on_back: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        base: str,
+        port: int,
+        *,
+        on_gone: Callable[[int], None],
+        on_back: Callable[[int], None],
+    ) -> None:
         self._config = msgspec.structs.replace(config, port=port)
         self._base = base
         self._on_gone = on_gone
@@ -60,10 +67,18 @@ class FrontChildren:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._ready_file(k))  # a predecessor's
         self._children[k] = subprocess.Popen(
-            [sys.executable, "-m", "cadence.lifecycle.front_child", str(k), self._base,
-             msgspec.json.encode(self._config).decode(),
-             str(logging.getLogger().getEffectiveLevel()), str(self.restarts[k])],
-            start_new_session=True, env=child_environment(),
+            [
+                sys.executable,
+                "-m",
+                "cadence.lifecycle.front_child",
+                str(k),
+                self._base,
+                msgspec.json.encode(self._config).decode(),
+                str(logging.getLogger().getEffectiveLevel()),
+                str(self.restarts[k]),
+            ],
+            start_new_session=True,
+            env=child_environment(),
         )
 
     def launch(self) -> None:
@@ -77,8 +92,10 @@ class FrontChildren:
         for k, child in self._children.items():
             while not os.path.exists(self._ready_file(k)):
                 if child.poll() is not None:
-                    raise StartupError(f"front {k} exited during start-up (status "
-                                       f"{child.returncode}); see its output above")
+                    raise StartupError(
+                        f"front {k} exited during start-up (status "
+                        f"{child.returncode}); see its output above"
+                    )
                 if time.monotonic() > deadline:
                     raise StartupError(f"front {k} was not ready within {timeout:.0f} s")
                 await asyncio.sleep(_POLL_S)
@@ -105,9 +122,13 @@ class FrontChildren:
                 if child.poll() is not None:
                     del self._children[k]
                     self._waiting_ready.discard(k)
-                    log.error("front %d stopped (exit status %s); the other fronts keep "
-                              "serving; restarting it in %.0f s", k, child.returncode,
-                              self._backoff[k])
+                    log.error(
+                        "front %d stopped (exit status %s); the other fronts keep "
+                        "serving; restarting it in %.0f s",
+                        k,
+                        child.returncode,
+                        self._backoff[k],
+                    )
                     self._on_gone(k)
                     self._restart_at[k] = now + self._backoff[k]
                     self._backoff[k] = min(self._backoff[k] * 2, _MAX_BACKOFF_S)

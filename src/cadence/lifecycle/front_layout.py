@@ -27,8 +27,9 @@ class FrontLayout:
     """Front `front` of `config.fronts`; `base` is front 0's private folder (a child front is
     given it; front 0 creates it when it binds)."""
 
-    def __init__(self, config: ServerConfig, front: int = 0, base: str | None = None,
-                 generation: int = 0) -> None:
+    def __init__(
+        self, config: ServerConfig, front: int = 0, base: str | None = None, generation: int = 0
+    ) -> None:
         self._config = config
         self.front = front
         self.fronts = config.fronts
@@ -49,13 +50,19 @@ class FrontLayout:
     def sequence_ids(self) -> Iterator[int]:
         return sequence_ids(self.front, self.fronts, self._generation)
 
-    def bind(self, workers: int, worker_host: str, stack: contextlib.AsyncExitStack,
-             ) -> tuple[FrontChannel, AdmissionGate | SharedAdmissionGate]:
+    def bind(
+        self,
+        workers: int,
+        worker_host: str,
+        stack: contextlib.AsyncExitStack,
+    ) -> tuple[FrontChannel, AdmissionGate | SharedAdmissionGate]:
         """This front's sockets, and its admission gate (shared by all fronts with N > 1)."""
         config = self._config
         if self.fronts == 1:
-            channel = FrontChannel(*local_addresses(workers, config.transport, worker_host),
-                                   secure=config.transport == "tcp")
+            channel = FrontChannel(
+                *local_addresses(workers, config.transport, worker_host),
+                secure=config.transport == "tcp",
+            )
             self.gate = AdmissionGate(config.max_concurrent)
             return channel, self.gate
         if self.front == 0:
@@ -63,8 +70,9 @@ class FrontLayout:
             stack.callback(shutil.rmtree, self.base, ignore_errors=True)
         assert self.base is not None  # front 0 made it just above; a child front is given it
         channel = FrontChannel(*front_addresses(self.base, self.front, workers))
-        self.gate = SharedAdmissionGate(f"{self.base}/admission", self.front, self.fronts,
-                                        config.max_concurrent)
+        self.gate = SharedAdmissionGate(
+            f"{self.base}/admission", self.front, self.fronts, config.max_concurrent
+        )
         return channel, self.gate
 
     def other_fronts_sockets(self, workers: int) -> tuple[list[list[str]], list[str]]:

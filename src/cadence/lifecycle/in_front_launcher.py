@@ -86,5 +86,8 @@ class InFrontLauncher:
         # No output high-water mark: the reader of these messages is this same loop, so a
         # blocking send would wait for itself.
         if await serve_app(app, spec, output_hwm=0):
-            log.warning("in-front app worker %d: the app is still running in an executor "
-                        "thread; the front will wait for it when it exits", spec.index)
+            log.warning(
+                "in-front app worker %d: the app is still running in an executor "
+                "thread; the front will wait for it when it exits",
+                spec.index,
+            )

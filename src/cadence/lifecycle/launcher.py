@@ -149,7 +149,10 @@ class LocalLauncher:
         ranks = []
         for rank, device in enumerate(devices):
             rank_spec = msgspec.structs.replace(
-                spec, device=device, rank=rank, group_size=len(devices),
+                spec,
+                device=device,
+                rank=rank,
+                group_size=len(devices),
                 dist_init=f"file://{store_dir}/store",
             )
             ranks.append(LocalProcess(spec.index, self._start(rank_spec)))
@@ -159,7 +162,8 @@ class LocalLauncher:
     def _start(spec: WorkerSpec) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "cadence.worker", msgspec.json.encode(spec).decode()],
-            start_new_session=True, env=child_environment(),
+            start_new_session=True,
+            env=child_environment(),
         )
 
 
@@ -168,8 +172,10 @@ _EXTRAS = {
     "transformers": ("--engine transformers", ("torch", "transformers")),
     "ray": ("--launcher ray", ("ray",)),
     "native": ("--grpc-server native", ("pyvoy",)),
-    "otel": ("--otlp-traces-endpoint",
-             ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc")),
+    "otel": (
+        "--otlp-traces-endpoint",
+        ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.grpc"),
+    ),
 }
 """Each optional extra: the option that needs it and the packages it installs."""
 
@@ -195,28 +201,40 @@ def missing_extra(config: ServerConfig) -> str | None:
             option, packages = "--tp with --engine MODULE:CLASS", ("torch",)
         for package in packages:
             if not _installed(package):
-                return (f"{option} needs the package {package!r}, which is not installed; "
-                        f"install it with: pip install 'cadence[{extra}]'")
+                return (
+                    f"{option} needs the package {package!r}, which is not installed; "
+                    f"install it with: pip install 'cadence[{extra}]'"
+                )
     return None
 
 
 def absent_cards(config: ServerConfig) -> str | None:
     """Why the CUDA cards `config` names cannot be opened on this host (one line), or None.
     Checked with the packages, before any worker starts; Ray's workers run on other hosts."""
-    wanted = sorted({int(d.partition(":")[2]) for group in config.devices
-                     for d in group.split(",") if d.startswith("cuda:")})
+    wanted = sorted(
+        {
+            int(d.partition(":")[2])
+            for group in config.devices
+            for d in group.split(",")
+            if d.startswith("cuda:")
+        }
+    )
     if not wanted or config.launcher == "ray":
         return None
     if not _installed("torch"):
-        return (f"--devices cuda:{','.join(map(str, wanted))} needs torch to open the cards, "
-                "which is not installed; install it with: pip install 'cadence[torch]'")
+        return (
+            f"--devices cuda:{','.join(map(str, wanted))} needs torch to open the cards, "
+            "which is not installed; install it with: pip install 'cadence[torch]'"
+        )
     visible = cuda_device_count()
     missing = [i for i in wanted if i >= visible]
     if not missing:
         return None
     has = f"only cuda:0 to cuda:{visible - 1}" if visible else "none"
-    return (f"--devices names CUDA card(s) {', '.join(f'cuda:{i}' for i in missing)}, but this "
-            f"host has {has} visible; use cpu:N, or auto for every visible card")
+    return (
+        f"--devices names CUDA card(s) {', '.join(f'cuda:{i}' for i in missing)}, but this "
+        f"host has {has} visible; use cpu:N, or auto for every visible card"
+    )
 
 
 def _installed(package: str) -> bool:

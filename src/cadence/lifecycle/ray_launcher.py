@@ -85,8 +85,10 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as exc:
-        raise RuntimeError(f"cannot reach the Ray cluster at {address}: {exc}; is `ray start "
-                           "--head` running there, and is --ray-address right?") from None
+        raise RuntimeError(
+            f"cannot reach the Ray cluster at {address}: {exc}; is `ray start "
+            "--head` running there, and is --ray-address right?"
+        ) from None
 
 
 def _interface_of(ip: str) -> str:
@@ -118,8 +120,12 @@ class RayWorker:
         self._started = threading.Event()
         self._lock = threading.Lock()
         self._stopped = False
-        threading.Thread(target=self._start, args=(launcher, spec), daemon=True,
-                         name=f"cadence-ray-start-{spec.index}").start()
+        threading.Thread(
+            target=self._start,
+            args=(launcher, spec),
+            daemon=True,
+            name=f"cadence-ray-start-{spec.index}",
+        ).start()
 
     def _start(self, launcher: RayLauncher, spec: WorkerSpec) -> None:
         import ray
@@ -142,7 +148,10 @@ class RayWorker:
                     return
                 for rank, (actor, device) in enumerate(zip(self._actors, devices)):
                     rank_spec = msgspec.structs.replace(
-                        spec, device=device, rank=rank, group_size=len(devices),
+                        spec,
+                        device=device,
+                        rank=rank,
+                        group_size=len(devices),
                         dist_init=dist_init,
                     )
                     self._refs.append(actor.run.remote(msgspec.json.encode(rank_spec)))
@@ -233,12 +242,19 @@ class RayLauncher:
                 # A Ray instance of our own, with a card per rank. `local`, because without an
                 # address ray.init joins whatever cluster /tmp/ray/ray_current_cluster names,
                 # even one long gone.
-                ray.init(address="local", namespace="cadence", include_dashboard=False,
-                         log_to_driver=True, resources={CARD: sum(not g for g in self._gpu)})
+                ray.init(
+                    address="local",
+                    namespace="cadence",
+                    include_dashboard=False,
+                    log_to_driver=True,
+                    resources={CARD: sum(not g for g in self._gpu)},
+                )
         except (ConnectionError, ValueError) as exc:
             where = config.ray_address or "a new local instance"
-            raise RuntimeError(f"cannot join the Ray cluster at {where}: {exc}; check "
-                               "--ray-address and RAY_AUTH_TOKEN") from exc
+            raise RuntimeError(
+                f"cannot join the Ray cluster at {where}: {exc}; check "
+                "--ray-address and RAY_AUTH_TOKEN"
+            ) from exc
         finally:
             if threading.current_thread() is threading.main_thread():
                 for sig, handler in handlers.items():
@@ -303,8 +319,10 @@ class RayLauncher:
                 for info in infos:
                     processes.append(info.process)
                     try:
-                        pids.update(child.pid for child in
-                                    psutil.Process(info.process.pid).children(recursive=True))
+                        pids.update(
+                            child.pid
+                            for child in psutil.Process(info.process.pid).children(recursive=True)
+                        )
                     except psutil.Error:
                         pass
         for pid in pids:
@@ -335,9 +353,12 @@ class RayLauncher:
         # A daemon thread: one stuck in Ray's calls must not hold the front's exit.
         threading.Thread(target=release, daemon=True, name="cadence-ray-close").start()
         if not done.wait(_CLOSE_TIMEOUT_S):
-            log.warning("Ray did not shut down within %.0f s (was it stopped from outside, by a "
-                        "signal to the whole process group or cgroup?); killing what is left "
-                        "of it on this host", _CLOSE_TIMEOUT_S)
+            log.warning(
+                "Ray did not shut down within %.0f s (was it stopped from outside, by a "
+                "signal to the whole process group or cgroup?); killing what is left "
+                "of it on this host",
+                _CLOSE_TIMEOUT_S,
+            )
             self.kill_local()
             # Ray's own exit hooks would wait for it again, and its threads, stuck in calls to
             # processes that are gone, crash the interpreter's teardown: leave at once.

@@ -58,9 +58,16 @@ class CadenceServer:
     supervisor: WorkerSupervisor | WorkerWatcher
     """Front 0's supervisor of its workers, or a child front's watcher (set by `start`)."""
 
-    def __init__(self, config: ServerConfig, launcher: Launcher | None = None, *,
-                 front: int = 0, base_dir: str | None = None, generation: int = 0,
-                 grpc_app: GrpcAsgiApp | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        launcher: Launcher | None = None,
+        *,
+        front: int = 0,
+        base_dir: str | None = None,
+        generation: int = 0,
+        grpc_app: GrpcAsgiApp | None = None,
+    ) -> None:
         self.config = config
         self._grpc_app = grpc_app
         """`--grpc-server native`: the ASGI app Envoy serves, in place of a grpc.aio server."""
@@ -98,19 +105,21 @@ class CadenceServer:
         # 2. Sockets: the front binds, workers connect.
         layout = self.layout
         channel, gate = layout.bind(
-            n, config.worker_host or launcher.worker_host or "127.0.0.1", stack)
+            n, config.worker_host or launcher.worker_host or "127.0.0.1", stack
+        )
         links = self._links = channel.links(loop)
         self._channel = channel
         stack.callback(channel.close)
 
         # 3. The data path: the core, the output reader, the protocol adapters.
         core = self.core = FrontCore(
-            config, links, self.router, self.metrics, gate=gate,
-            seq_ids=layout.sequence_ids())
+            config, links, self.router, self.metrics, gate=gate, seq_ids=layout.sequence_ids()
+        )
         if config.otlp_traces_endpoint:
             try:
-                core.tracer = RequestTracer(config.otlp_traces_endpoint, config.model_name,
-                                            layout.front)
+                core.tracer = RequestTracer(
+                    config.otlp_traces_endpoint, config.model_name, layout.front
+                )
             except RuntimeError as exc:
                 raise StartupError(str(exc)) from None
             # Last out: the drain's requests end (and are recorded) before the final export.
@@ -119,8 +128,9 @@ class CadenceServer:
         reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
         reader.stalled_ns, reader.on_sick = watcher.stalled_ns, self._on_worker_sick
-        self.metrics.watch_gateway(config.model_name, core.requests_waiting,
-                                   core.requests_running, reader.kv_cache_usage)
+        self.metrics.watch_gateway(
+            config.model_name, core.requests_waiting, core.requests_running, reader.kv_cache_usage
+        )
         channel.start_reading(loop, reader.handle)
         v1 = InferenceService(core, layout.metadata())
         kserve = KServeService(core, config.model_name, self._serving)
@@ -135,8 +145,11 @@ class CadenceServer:
         #    A child front (--fronts N) opens the shared port only once they are: a connection
         #    the kernel gives it (a restarted front's too) never meets a front still starting.
         self._grpc = GrpcServer(
-            config, {SERVICE_NAME: v1.handlers(), KSERVE_SERVICE_NAME: kserve.handlers()},
-            self.metrics, native=self._grpc_app)
+            config,
+            {SERVICE_NAME: v1.handlers(), KSERVE_SERVICE_NAME: kserve.handlers()},
+            self.metrics,
+            native=self._grpc_app,
+        )
         if layout.launches_workers:
             await self._open_port()
 
@@ -152,11 +165,15 @@ class CadenceServer:
 
         # 7. --fronts N, front 0: the other fronts, ready and watched.
         if layout.launches_fronts:
-            shared = (msgspec.structs.replace(config, http_port=self.http_port)
-                      if self.http_port is not None else config)  # every front: one HTTP port
+            shared = (
+                msgspec.structs.replace(config, http_port=self.http_port)
+                if self.http_port is not None
+                else config
+            )  # every front: one HTTP port
             assert layout.base is not None  # front 0 made the fronts' folder when it bound
-            fronts = FrontChildren(shared, layout.base, self.port, on_gone=self._front_gone,
-                                   on_back=self._front_back)
+            fronts = FrontChildren(
+                shared, layout.base, self.port, on_gone=self._front_gone, on_back=self._front_back
+            )
             self.metrics.watch_front_restarts(fronts.restarts)
             self._fronts = fronts
             fronts.launch()
@@ -175,11 +192,20 @@ class CadenceServer:
         if not layout.launches_workers:
             layout.write_ready_file(self.metrics_port)
         else:
-            log.info("serving on %s:%d with %d worker(s) on %s", config.host, self.port, n,
-                     config.devices)
+            log.info(
+                "serving on %s:%d with %d worker(s) on %s",
+                config.host,
+                self.port,
+                n,
+                config.devices,
+            )
             if self.http_port is not None:
-                log.info("OpenAI-compatible HTTP on %s:%d, model %r", config.host,
-                         self.http_port, config.model_name)
+                log.info(
+                    "OpenAI-compatible HTTP on %s:%d, model %r",
+                    config.host,
+                    self.http_port,
+                    config.model_name,
+                )
         return self.port
 
     async def stop(self) -> None:
@@ -213,10 +239,16 @@ class CadenceServer:
         config = self.config
         tokens = read_tokens(config.auth_token_file) if config.auth_token_file else None
         service = OpenAIService(
-            core, config.model_name, self._serving, chat_format(config),
-            default_max_tokens=config.max_tokens_limit, max_body=config.max_message_bytes,
-            body_timeout_s=config.http_body_timeout_s, tokens=tokens,
-            headers=self.layout.metadata())
+            core,
+            config.model_name,
+            self._serving,
+            chat_format(config),
+            default_max_tokens=config.max_tokens_limit,
+            max_body=config.max_message_bytes,
+            body_timeout_s=config.http_body_timeout_s,
+            tokens=tokens,
+            headers=self.layout.metadata(),
+        )
         return HttpServer(config, service.app())
 
     def _make_launcher(self) -> Launcher:
@@ -227,38 +259,52 @@ class CadenceServer:
         except RuntimeError as exc:  # no room in the Ray cluster, unreachable: said, not traced
             raise StartupError(str(exc)) from exc
 
-    def _watcher(self, n: int, launcher: Launcher,
-                 channel: FrontChannel) -> WorkerSupervisor | WorkerWatcher:
+    def _watcher(
+        self, n: int, launcher: Launcher, channel: FrontChannel
+    ) -> WorkerSupervisor | WorkerWatcher:
         """Front 0's supervisor of the workers it launches, or a child front's watcher."""
         config = self.config
         if not self.layout.launches_workers:
-            self.supervisor = WorkerWatcher(self.router, n, on_down=self.core.fail_worker,
-                                            on_health=self._refresh_health)
+            self.supervisor = WorkerWatcher(
+                self.router, n, on_down=self.core.fail_worker, on_health=self._refresh_health
+            )
             return self.supervisor
         extra_inputs, front_outputs = self.layout.other_fronts_sockets(n)
         specs = [
             WorkerSpec(
-                index=index, device=device, engine=config.engine,
+                index=index,
+                device=device,
+                engine=config.engine,
                 input_address=channel.input_addresses[index],
                 output_address=channel.output_address,
-                extra_input_addresses=extra_inputs[index], front_output_addresses=front_outputs,
+                extra_input_addresses=extra_inputs[index],
+                front_output_addresses=front_outputs,
                 heartbeat_address=channel.heartbeat_address,
                 heartbeat_interval_s=config.heartbeat_interval_s,
                 heartbeat_timeout_s=config.heartbeat_timeout_s,
                 curve_server_key=channel.curve_server_key,
                 curve_public_key=channel.curve_client_keys[0],
                 curve_secret_key=channel.curve_client_keys[1],
-                dist_ifname=config.dist_ifname, max_prompt_tokens=config.max_prompt_tokens,
+                dist_ifname=config.dist_ifname,
+                max_prompt_tokens=config.max_prompt_tokens,
                 max_failed_steps=config.worker_max_failed_steps,
             )
             for index, device in enumerate(config.devices)
         ]
         supervisor = self.supervisor = WorkerSupervisor(
-            launcher, specs, self.router, self._links, on_down=self.core.fail_worker,
-            on_health=self._refresh_health, hang_timeout_s=config.worker_timeout_s,
-            restart=config.restart_workers, heartbeat_timeout_s=config.heartbeat_timeout_s)
-        self.metrics.watch_restarts(supervisor.restarts, supervisor.restart_delay_s,
-                                    supervisor.ejections)
+            launcher,
+            specs,
+            self.router,
+            self._links,
+            on_down=self.core.fail_worker,
+            on_health=self._refresh_health,
+            hang_timeout_s=config.worker_timeout_s,
+            restart=config.restart_workers,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+        )
+        self.metrics.watch_restarts(
+            supervisor.restarts, supervisor.restart_delay_s, supervisor.ejections
+        )
         return supervisor
 
     def _serve_metrics(self) -> None:
@@ -307,19 +353,22 @@ class CadenceServer:
         deadline = loop.time() + timeout
         # A child front binds after the workers connected: it waits until each worker's
         # input socket takes a message (a send before then would be dropped).
-        while not (all(watcher.ready)
-                   and (self.layout.launches_workers
-                        or all(link.connected() for link in links))):
+        while not (
+            all(watcher.ready)
+            and (self.layout.launches_workers or all(link.connected() for link in links))
+        ):
             _fail_if_a_worker_exited(watcher)
             if loop.time() > deadline:
                 missing = [i for i, ready in enumerate(watcher.ready) if not ready]
                 raise StartupError(
                     f"workers {missing} were not ready within {timeout:.0f} s; check their "
-                    "output above, or raise --startup-timeout for slow model loads")
+                    "output above, or raise --startup-timeout for slow model loads"
+                )
             await asyncio.sleep(_STARTUP_POLL_S)
 
-    async def _while_no_worker_exits(self, watcher: WorkerSupervisor | WorkerWatcher,
-                                     awaitable) -> None:
+    async def _while_no_worker_exits(
+        self, watcher: WorkerSupervisor | WorkerWatcher, awaitable
+    ) -> None:
         """`awaitable` (a stage after the workers are ready), failed as `_wait_for_workers`
         fails when a worker exits meanwhile: until start-up is over nothing else watches
         them (the supervisor runs from stage 8), and the start must not wait for a dead one."""
@@ -337,25 +386,40 @@ class CadenceServer:
         if message.load_ms or message.warmup_ms:  # zero: an app worker, which measures none
             # Every front gets the same WorkerReady, so each front's page is whole; the
             # values of a restart overwrite the previous start's.
-            self.metrics.worker_started(message.worker, message.load_ms / 1e3,
-                                        message.warmup_ms / 1e3, message.first_step_ms / 1e3,
-                                        message.warm_step_ms / 1e3)
+            self.metrics.worker_started(
+                message.worker,
+                message.load_ms / 1e3,
+                message.warmup_ms / 1e3,
+                message.first_step_ms / 1e3,
+                message.warm_step_ms / 1e3,
+            )
         if self.layout.launches_workers:
-            log.info("worker %d ready (pid %d, engine %s)", message.worker, message.pid,
-                     message.engine)
+            log.info(
+                "worker %d ready (pid %d, engine %s)", message.worker, message.pid, message.engine
+            )
             if message.load_ms or message.warmup_ms:
                 # Start-up apart from serving: model load, warm-up, and a cold vs a warm step.
-                log.info("worker %d start-up: load %.0f ms, warm-up %.0f ms (first step %.1f "
-                         "ms, warm step %.1f ms)", message.worker, message.load_ms,
-                         message.warmup_ms, message.first_step_ms, message.warm_step_ms)
+                log.info(
+                    "worker %d start-up: load %.0f ms, warm-up %.0f ms (first step %.1f "
+                    "ms, warm step %.1f ms)",
+                    message.worker,
+                    message.load_ms,
+                    message.warmup_ms,
+                    message.first_step_ms,
+                    message.warm_step_ms,
+                )
         self.supervisor.mark_ready(message.worker, message.pid)
 
     def _on_worker_sick(self, message: StepsFailing) -> None:
         """A worker's last steps all failed (--worker-max-failed-steps): every front routes
         around it; front 0 restarts it."""
-        self.supervisor.eject(message.worker, (
-            f"worker {message.worker} failed {message.steps} steps in a row (the last: "
-            f"{message.message}) and was taken out; retry the request"))
+        self.supervisor.eject(
+            message.worker,
+            (
+                f"worker {message.worker} failed {message.steps} steps in a row (the last: "
+                f"{message.message}) and was taken out; retry the request"
+            ),
+        )
 
     def _front_gone(self, k: int) -> None:
         """Front k died: its admission slots are free, the workers drop its sequences."""
@@ -398,8 +462,9 @@ class CadenceServer:
         core.refusal = "the server is shutting down; retry on another server"
         loop = asyncio.get_running_loop()
         await self._until_no_streams(loop.time() + self.config.drain_timeout_s)
-        core.fail_all(Failure.UNAVAILABLE,
-                      "the server shut down before this stream finished; retry elsewhere")
+        core.fail_all(
+            Failure.UNAVAILABLE, "the server shut down before this stream finished; retry elsewhere"
+        )
         await self._until_no_streams(loop.time() + _FINAL_CHUNK_WAIT_S)
 
     async def _until_no_streams(self, deadline: float) -> None:
@@ -414,8 +479,9 @@ def _fail_if_a_worker_exited(watcher: WorkerSupervisor | WorkerWatcher) -> None:
     supervisor restarts such a worker instead."""
     exited = watcher.exited()
     if exited is not None:
-        raise StartupError(f"worker {exited[0]} exited during start-up (status "
-                           f"{exited[1]}); see its output above")
+        raise StartupError(
+            f"worker {exited[0]} exited during start-up (status {exited[1]}); see its output above"
+        )
 
 
 async def unless_stopped(awaitable, stop: asyncio.Event):
@@ -450,14 +516,18 @@ async def run_until_signalled(server: CadenceServer, on_started=None) -> None:
         if on_started is not None:
             on_started(server, port)
         await stop.wait()
-        log.info("stopping: %d stream(s) open, drain timeout %.1f s", server.core.active,
-                 server.config.drain_timeout_s)
+        log.info(
+            "stopping: %d stream(s) open, drain timeout %.1f s",
+            server.core.active,
+            server.config.drain_timeout_s,
+        )
     finally:
         await server.stop()
 
 
-async def run_server(config: ServerConfig, on_started=None,
-                     launcher: Launcher | None = None) -> None:
+async def run_server(
+    config: ServerConfig, on_started=None, launcher: Launcher | None = None
+) -> None:
     """`cadence serve`'s body (and `cadence.serve`'s): build a server from `config`, run it until
     SIGINT or SIGTERM, then stop it cleanly. (With `--grpc-server native`,
     `envoy_front.run_in_envoy` instead.)"""
@@ -471,6 +541,8 @@ def log_totals(server: CadenceServer) -> None:
     value = server.metrics.registry.get_sample_value
     log.info(
         "stopped: %d chunks, %d tokens, %d steps merged, %d buffer overflows",
-        value("cadence_chunks_total"), value("cadence_output_tokens_total"),
-        value("cadence_merged_steps_total"), value("cadence_buffer_overflows_total"),
+        value("cadence_chunks_total"),
+        value("cadence_output_tokens_total"),
+        value("cadence_merged_steps_total"),
+        value("cadence_buffer_overflows_total"),
     )

@@ -142,13 +142,21 @@ class WorkerSupervisor:
                 elif (
                     self._hang_timeout_ns is not None
                     and self.ready[i]
-                    and (now - max(self.last_output_ns[i], self._idle_ns[i],
-                                   self._router.busy_since_ns[i]) > self._hang_timeout_ns
-                         or self.stalled_ns[i] > self._hang_timeout_ns)  # any front's work
+                    and (
+                        now
+                        - max(
+                            self.last_output_ns[i], self._idle_ns[i], self._router.busy_since_ns[i]
+                        )
+                        > self._hang_timeout_ns
+                        or self.stalled_ns[i] > self._hang_timeout_ns
+                    )  # any front's work
                 ):
                     worker.kill()
-                    self._down(i, f"worker {i} made no step for "
-                                  f"{self._hang_timeout_ns / 1e9:.0f} s and was stopped; retry")
+                    self._down(
+                        i,
+                        f"worker {i} made no step for "
+                        f"{self._hang_timeout_ns / 1e9:.0f} s and was stopped; retry",
+                    )
                 elif (
                     # Silent (gone, stopped, or cut off by the network) before its process
                     # is seen to exit; a worker that never beat (inside the front) is exempt.
@@ -158,8 +166,11 @@ class WorkerSupervisor:
                     and now - self.last_heard_ns[i] > self._heartbeat_timeout_ns
                 ):
                     worker.kill()
-                    self._down(i, f"worker {i} sent no heartbeat for "
-                                  f"{self._heartbeat_timeout_ns / 1e9:g} s and was stopped; retry")
+                    self._down(
+                        i,
+                        f"worker {i} sent no heartbeat for "
+                        f"{self._heartbeat_timeout_ns / 1e9:g} s and was stopped; retry",
+                    )
 
     def eject(self, index: int, message: str) -> None:
         """The worker reported its steps failing in a row: route around it, kill it, and
@@ -185,8 +196,12 @@ class WorkerSupervisor:
             self._ready_at[index] = 0.0  # a replacement that dies before ready ran for no time
             delay = self.restart_delay_s[index] = self._backoff[index]
             if delay > _FIRST_BACKOFF_S:
-                log.error("worker %d keeps failing (%d restarts so far); restarting it in %.0f s",
-                          index, self.restarts[index], delay)
+                log.error(
+                    "worker %d keeps failing (%d restarts so far); restarting it in %.0f s",
+                    index,
+                    self.restarts[index],
+                    delay,
+                )
             self._restart_at[index] = now + delay
             self._backoff[index] = min(delay * 2, _MAX_BACKOFF_S)
 
@@ -212,8 +227,14 @@ class WorkerWatcher:
     """A child front's view of the workers: ready once each said so to this front, down when
     its process is gone (front 0 restarts it; the replacement reports ready again)."""
 
-    def __init__(self, router: WorkerRouter, workers: int, *,
-                 on_down: Callable[[int, str], None], on_health: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        router: WorkerRouter,
+        workers: int,
+        *,
+        on_down: Callable[[int, str], None],
+        on_health: Callable[[], None],
+    ) -> None:
         self._router = router
         self._on_down = on_down
         self._on_health = on_health

@@ -28,13 +28,23 @@ import grpc
 
 log = logging.getLogger("cadence.server")
 
-_RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding",
-                       b"grpc-accept-encoding", b"content-length"))
+_RESERVED = frozenset(
+    (
+        b"content-type",
+        b"te",
+        b"grpc-timeout",
+        b"grpc-encoding",
+        b"grpc-accept-encoding",
+        b"content-length",
+    )
+)
 """Request headers that are the protocol's, not the call's metadata."""
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 """zlib's window bits for each `grpc-encoding` a request may use."""
-_HEADERS = [(b"content-type", b"application/grpc"),
-            (b"grpc-accept-encoding", b"identity,deflate,gzip")]
+_HEADERS = [
+    (b"content-type", b"application/grpc"),
+    (b"grpc-accept-encoding", b"identity,deflate,gzip"),
+]
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 WATCH_FIRST_S = 0.02
 """How often a call that has sent nothing yet asks whether its client went away."""
@@ -79,7 +89,12 @@ class _CallDetails(grpc.HandlerCallDetails):
 
 def parse_timeout(value: str) -> float:
     """A `grpc-timeout` header (at most 8 digits and a unit) in seconds."""
-    if len(value) < 2 or len(value) > 9 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
+    if (
+        len(value) < 2
+        or len(value) > 9
+        or value[-1] not in _TIMEOUT_UNITS
+        or not value[:-1].isdigit()
+    ):
         raise ValueError(f"malformed grpc-timeout {value!r}")
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
 
@@ -88,8 +103,10 @@ def percent_encode(message: str) -> bytes:
     """`grpc-message` as the gRPC spec writes it: UTF-8 with '%' and every byte outside
     printable ASCII as %XX, nothing else (grpc-js decodes with decodeURI, which would leave
     an encoded ':' or ',' as it is)."""
-    return b"".join(b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
-                    for b in message.encode())
+    return b"".join(
+        b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
+        for b in message.encode()
+    )
 
 
 def _metadata(headers: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str | bytes], ...]:
@@ -100,12 +117,13 @@ def _metadata(headers: Iterable[tuple[bytes, bytes]]) -> tuple[tuple[str, str | 
         key = name.decode("latin-1")
         if key.endswith("-bin"):
             try:
-                out.append((key, base64.b64decode(value + b"=" * (-len(value) % 4),
-                                                  validate=True)))
+                out.append((key, base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)))
             except binascii.Error:
                 # A client's bytes, not the server's fault: grpc.aio's status and words.
-                raise AbortError(grpc.StatusCode.INTERNAL, f"Error parsing '{key}' metadata: "
-                                 "illegal base64 encoding") from None
+                raise AbortError(
+                    grpc.StatusCode.INTERNAL,
+                    f"Error parsing '{key}' metadata: illegal base64 encoding",
+                ) from None
         else:
             out.append((key, value.decode("latin-1")))
     return tuple(out)
@@ -115,8 +133,12 @@ def _wire(metadata: Iterable[tuple[str, str | bytes]]) -> list[tuple[bytes, byte
     out = []
     for key, value in metadata:
         if key.endswith("-bin"):
-            value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(b"=")
-        out.append((key.encode("latin-1"), value if isinstance(value, bytes) else value.encode("latin-1")))
+            value = base64.b64encode(value if isinstance(value, bytes) else value.encode()).rstrip(
+                b"="
+            )
+        out.append(
+            (key.encode("latin-1"), value if isinstance(value, bytes) else value.encode("latin-1"))
+        )
     return out
 
 
@@ -151,7 +173,9 @@ class AsgiServicerContext:
     def done(self) -> bool:
         return self._call.ended
 
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()) -> None:
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple = ()
+    ) -> None:
         if trailing_metadata:
             self.trailing = tuple(trailing_metadata)
         raise AbortError(code, details)
@@ -242,8 +266,14 @@ class _Call:
     async def start(self, metadata: Iterable = ()) -> None:
         if not self.started:
             self.started = True
-            await self._deliver({"type": "http.response.start", "status": 200, "trailers": True,
-                                 "headers": [*_HEADERS, *_wire(metadata)]})
+            await self._deliver(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "trailers": True,
+                    "headers": [*_HEADERS, *_wire(metadata)],
+                }
+            )
 
     async def write(self, message: object) -> None:
         if not self.started:
@@ -251,8 +281,13 @@ class _Call:
         # Without a serializer the method's messages are bytes already (grpc's contract).
         data = self.serializer(message) if self.serializer else cast(bytes, message)
         self.sent += 1
-        await self._deliver({"type": "http.response.body", "more_body": True,
-                             "body": b"\0" + len(data).to_bytes(4, "big") + data})
+        await self._deliver(
+            {
+                "type": "http.response.body",
+                "more_body": True,
+                "body": b"\0" + len(data).to_bytes(4, "big") + data,
+            }
+        )
 
     def write_now(self, message: object) -> None:
         """Hand `message` to the ASGI server without waiting for it to be taken, once the
@@ -261,8 +296,13 @@ class _Call:
         message behind another, then it awaits `flushed()`)."""
         data = self.serializer(message) if self.serializer else cast(bytes, message)  # as in write
         self.sent += 1
-        sent = self._send({"type": "http.response.body", "more_body": True,
-                           "body": b"\0" + len(data).to_bytes(4, "big") + data})
+        sent = self._send(
+            {
+                "type": "http.response.body",
+                "more_body": True,
+                "body": b"\0" + len(data).to_bytes(4, "big") + data,
+            }
+        )
         if asyncio.isfuture(sent) and not sent.done():
             if self._in_flight is not None:  # handed over behind another: taken in order
                 self._in_flight.add_done_callback(_read_error)
@@ -309,8 +349,9 @@ class _Call:
         if details:
             trailers.append((b"grpc-message", percent_encode(details)))
         await self._deliver({"type": "http.response.body", "body": b"", "more_body": False})
-        await self._deliver({"type": "http.response.trailers", "headers": trailers,
-                             "more_trailers": False})
+        await self._deliver(
+            {"type": "http.response.trailers", "headers": trailers, "more_trailers": False}
+        )
 
     async def messages(self) -> AsyncIterator[bytes]:
         """The request's messages as they arrive."""
@@ -318,15 +359,19 @@ class _Call:
             while len(self._buffer) >= 5:
                 compressed = self._buffer[0]
                 if compressed and self._wbits is None:
-                    raise AbortError(grpc.StatusCode.INTERNAL,
-                                     "a message flagged compressed without a grpc-encoding")
+                    raise AbortError(
+                        grpc.StatusCode.INTERNAL,
+                        "a message flagged compressed without a grpc-encoding",
+                    )
                 size = int.from_bytes(self._buffer[1:5], "big")
                 if size > self._max_receive:
-                    raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                     f"received message larger than max ({size} vs. {self._max_receive})")
+                    raise AbortError(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"received message larger than max ({size} vs. {self._max_receive})",
+                    )
                 if len(self._buffer) < 5 + size:
                     break
-                data, self._buffer = self._buffer[5:5 + size], self._buffer[5 + size:]
+                data, self._buffer = self._buffer[5 : 5 + size], self._buffer[5 + size :]
                 if compressed:
                     data = self._inflate(data)
                 yield data
@@ -349,9 +394,11 @@ class _Call:
         """The request's `grpc-encoding`."""
         if name != b"identity":
             if name not in _WBITS:
-                raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
-                                 f"grpc-encoding {name.decode('latin-1')} is not supported; use "
-                                 "gzip, deflate or none")
+                raise AbortError(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    f"grpc-encoding {name.decode('latin-1')} is not supported; use "
+                    "gzip, deflate or none",
+                )
             self._wbits = _WBITS[name]
 
     def _inflate(self, data: bytes) -> bytes:
@@ -362,11 +409,15 @@ class _Call:
         try:
             out = inflater.decompress(data, self._max_receive + 1)
         except zlib.error as exc:
-            raise AbortError(grpc.StatusCode.INTERNAL, f"could not decompress a message: {exc}") from None
+            raise AbortError(
+                grpc.StatusCode.INTERNAL, f"could not decompress a message: {exc}"
+            ) from None
         if len(out) > self._max_receive or inflater.unconsumed_tail:
-            raise AbortError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"received message larger than max (over {self._max_receive} bytes "
-                             "once decompressed)")
+            raise AbortError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"received message larger than max (over {self._max_receive} bytes "
+                "once decompressed)",
+            )
         return out
 
     async def watch(self) -> None:
@@ -448,7 +499,9 @@ class GrpcAsgiApp:
     def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         self._generic.extend(handlers)
 
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
         for method, handler in handlers.items():
             self._registered[f"/{service}/{method}"] = handler
 
@@ -470,8 +523,9 @@ class GrpcAsgiApp:
 
     # --- life --------------------------------------------------------------------------------
 
-    def lifespan(self, startup: Callable[[], Awaitable[None]],
-                 shutdown: Callable[[], Awaitable[None]]) -> None:
+    def lifespan(
+        self, startup: Callable[[], Awaitable[None]], shutdown: Callable[[], Awaitable[None]]
+    ) -> None:
         self._startup, self._shutdown = startup, shutdown
 
     def _opened_event(self) -> asyncio.Event:
@@ -495,8 +549,9 @@ class GrpcAsgiApp:
         for task in left:
             task.cancel()
         await asyncio.wait(left, timeout=1.0)
-        log.info("stopping: %d gRPC call(s) still open after the grace ended UNAVAILABLE",
-                 len(left))
+        log.info(
+            "stopping: %d gRPC call(s) still open after the grace ended UNAVAILABLE", len(left)
+        )
 
     # --- ASGI ----------------------------------------------------------------------------------
 
@@ -535,10 +590,19 @@ class GrpcAsgiApp:
         headers = scope["headers"]
         content_type = next((v for k, v in headers if k == b"content-type"), b"")
         if scope["method"] != "POST" or not content_type.startswith(b"application/grpc"):
-            await send({"type": "http.response.start", "status": 415,
-                        "headers": [(b"content-type", b"text/plain")]})
-            await send({"type": "http.response.body",
-                        "body": b"this port speaks gRPC: POST with content-type application/grpc\n"})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 415,
+                    "headers": [(b"content-type", b"text/plain")],
+                }
+            )
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"this port speaks gRPC: POST with content-type application/grpc\n",
+                }
+            )
             return
         method = scope["path"]
         call = _Call(receive, send, self.max_receive)
@@ -557,8 +621,10 @@ class GrpcAsgiApp:
                     call.encoding(value)
             if self._refusal is _STARTING:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._opened_event().wait(),
-                                           min(STARTING_WAIT_S, timeout or STARTING_WAIT_S))
+                    await asyncio.wait_for(
+                        self._opened_event().wait(),
+                        min(STARTING_WAIT_S, timeout or STARTING_WAIT_S),
+                    )
             if self._refusal is not None:
                 raise AbortError(grpc.StatusCode.UNAVAILABLE, self._refusal)
             metadata = _metadata(headers)
@@ -573,8 +639,9 @@ class GrpcAsgiApp:
             context = AsgiServicerContext(call, metadata, deadline, peer)
             watcher = asyncio.ensure_future(call.watch())
             try:
-                async with asyncio.timeout_at(None if deadline is None
-                                              else deadline + _DEADLINE_GRACE_S):
+                async with asyncio.timeout_at(
+                    None if deadline is None else deadline + _DEADLINE_GRACE_S
+                ):
                     await self._run(handler, call, context)
             finally:
                 watcher.cancel()
@@ -615,6 +682,7 @@ class GrpcAsgiApp:
     async def _run(self, handler: grpc.RpcMethodHandler, call: _Call, context) -> None:
         deserialize = _parser(handler.request_deserializer)
         if handler.request_streaming:
+
             async def requests():
                 async for data in call.messages():
                     yield deserialize(data)
@@ -626,8 +694,9 @@ class GrpcAsgiApp:
             async for data in call.messages():
                 messages.append(data)
                 if len(messages) > 1:
-                    raise AbortError(grpc.StatusCode.UNIMPLEMENTED,
-                                     "expected one request message, got more")
+                    raise AbortError(
+                        grpc.StatusCode.UNIMPLEMENTED, "expected one request message, got more"
+                    )
             if not messages:
                 raise AbortError(grpc.StatusCode.INTERNAL, "expected one request message, got none")
             request = deserialize(messages[0])

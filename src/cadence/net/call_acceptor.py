@@ -29,8 +29,14 @@ from grpc._cython import cygrpc
 log = logging.getLogger("cadence.front")
 
 _SIGNATURES = {
-    "_handle_rpc": ("method_name", "method_resolver", "interceptors", "rpc_state", "loop",
-                    "concurrency_exceeded"),
+    "_handle_rpc": (
+        "method_name",
+        "method_resolver",
+        "interceptors",
+        "rpc_state",
+        "loop",
+        "concurrency_exceeded",
+    ),
     "_schedule_rpc_coro": ("rpc_coro", "rpc_state", "loop", "method_name"),
 }
 
@@ -84,10 +90,13 @@ class CallAcceptor:
         if not supported(self._server):
             # Said loudly (and in cadence_accept_ahead_calls = 0): under load, bursts of new
             # calls then wait seconds for grpc.aio's loop to take them in.
-            log.warning("--accept-ahead is off: grpcio %s's internals are not those the call "
-                        "acceptor was tested on (grpcio 1.85); new calls are taken in one at a "
-                        "time, so under load a burst of calls can wait for its first token. "
-                        "Install the grpcio version cadence requires.", grpc.__version__)
+            log.warning(
+                "--accept-ahead is off: grpcio %s's internals are not those the call "
+                "acceptor was tested on (grpcio 1.85); new calls are taken in one at a "
+                "time, so under load a burst of calls can wait for its first token. "
+                "Install the grpcio version cadence requires.",
+                grpc.__version__,
+            )
             return False
         loop = asyncio.get_running_loop()
         resolver = cygrpc._MethodResolver([], self._handlers)

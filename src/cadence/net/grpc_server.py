@@ -47,14 +47,19 @@ def _serve_reflection(server: _Answering | GrpcAsgiApp, services: tuple[str, ...
     one servicer answers both, and v1's file joins the pool so that it can be described."""
     _add_v1_reflection_file()
     servicer = reflection.aio.ReflectionServicer(
-        (*services, reflection.SERVICE_NAME, _REFLECTION_V1), pool=ReflectionPool())
+        (*services, reflection.SERVICE_NAME, _REFLECTION_V1), pool=ReflectionPool()
+    )
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
-    server.add_registered_method_handlers(_REFLECTION_V1, {
-        "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
-            servicer.ServerReflectionInfo,
-            request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
-            response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString),
-    })
+    server.add_registered_method_handlers(
+        _REFLECTION_V1,
+        {
+            "ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+                servicer.ServerReflectionInfo,
+                request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+                response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+            ),
+        },
+    )
 
 
 def _add_v1_reflection_file() -> None:
@@ -130,14 +135,16 @@ def _reading_its_request(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandle
                 await responses.aclose()
 
         return grpc.stream_stream_rpc_method_handler(
-            stream, response_serializer=handler.response_serializer)
+            stream, response_serializer=handler.response_serializer
+        )
     unary = handler.unary_unary
 
     async def single(requests: object, context: grpc.aio.ServicerContext) -> object:
         return await unary(await request(context), context)
 
     return grpc.stream_unary_rpc_method_handler(
-        single, response_serializer=handler.response_serializer)
+        single, response_serializer=handler.response_serializer
+    )
 
 
 def _parsing_its_requests(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -153,25 +160,30 @@ def _parsing_its_requests(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandl
 
     # grpc.aio tells an async handler from a sync one by its function: each is `async def`.
     if handler.response_streaming:
+
         async def stream_stream(requests, context):
             async for response in handler.stream_stream(each(requests, context), context):
                 yield response
 
         return grpc.stream_stream_rpc_method_handler(
-            stream_stream, response_serializer=handler.response_serializer)
+            stream_stream, response_serializer=handler.response_serializer
+        )
 
     async def stream_unary(requests, context):
         return await handler.stream_unary(each(requests, context), context)
 
     return grpc.stream_unary_rpc_method_handler(
-        stream_unary, response_serializer=handler.response_serializer)
+        stream_unary, response_serializer=handler.response_serializer
+    )
 
 
 def _answering(handlers: dict[str, grpc.RpcMethodHandler]) -> dict[str, grpc.RpcMethodHandler]:
     """`handlers` as the grpc.aio server registers them: every call of every method gets an
     answer, and no client bytes reach grpcio's tracebacks."""
-    return {method: _reading_its_request(_parsing_its_requests(handler))
-            for method, handler in handlers.items()}
+    return {
+        method: _reading_its_request(_parsing_its_requests(handler))
+        for method, handler in handlers.items()
+    }
 
 
 class _Held:
@@ -214,8 +226,13 @@ class GrpcServer:
     """One gRPC server for `services` (full service name -> handlers by method name): grpc.aio,
     or `native`, an ASGI app that Envoy already serves on the configured port."""
 
-    def __init__(self, config: ServerConfig, services: dict[str, dict[str, grpc.RpcMethodHandler]],
-                 metrics: FrontMetrics, native: GrpcAsgiApp | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        services: dict[str, dict[str, grpc.RpcMethodHandler]],
+        metrics: FrontMetrics,
+        native: GrpcAsgiApp | None = None,
+    ) -> None:
         self._config = config
         self._metrics = metrics
         self._native = native
@@ -226,17 +243,22 @@ class GrpcServer:
             native.intercept(interceptors)
             native.max_receive = config.max_message_bytes
         else:
-            server = grpc.aio.server(options=[
-                ("grpc.so_reuseport", 1 if config.fronts > 1 else 0),
-                ("grpc.max_receive_message_length", config.max_message_bytes),
-                ("grpc.server.max_pending_requests", _PENDING_CALLS),
-                ("grpc.server.max_pending_requests_hard_limit", 3 * _PENDING_CALLS),
-                # A connection with no call open this long gets a GOAWAY and is closed, and
-                # one that never finishes its handshake is closed as soon (grpc's own: 2 min).
-                ("grpc.max_connection_idle_ms", round(config.idle_connection_timeout_s * 1e3)),
-                ("grpc.server_handshake_timeout_ms",
-                 round(config.idle_connection_timeout_s * 1e3)),
-            ], interceptors=interceptors)
+            server = grpc.aio.server(
+                options=[
+                    ("grpc.so_reuseport", 1 if config.fronts > 1 else 0),
+                    ("grpc.max_receive_message_length", config.max_message_bytes),
+                    ("grpc.server.max_pending_requests", _PENDING_CALLS),
+                    ("grpc.server.max_pending_requests_hard_limit", 3 * _PENDING_CALLS),
+                    # A connection with no call open this long gets a GOAWAY and is closed, and
+                    # one that never finishes its handshake is closed as soon (grpc's own: 2 min).
+                    ("grpc.max_connection_idle_ms", round(config.idle_connection_timeout_s * 1e3)),
+                    (
+                        "grpc.server_handshake_timeout_ms",
+                        round(config.idle_connection_timeout_s * 1e3),
+                    ),
+                ],
+                interceptors=interceptors,
+            )
         self._server = server
         registry = server if native is not None else _Answering(server)
         # Registered, not generic: the core then matches calls to methods itself, and the
@@ -246,10 +268,18 @@ class GrpcServer:
             if native is None:
                 handlers = _answering(handlers)
             server.add_registered_method_handlers(name, handlers)
-            streaming.update({f"/{name}/{method}": handler for method, handler in handlers.items()
-                              if handler.response_streaming})
-        self._acceptor = (CallAcceptor(server, streaming, interceptors, config.accept_ahead)
-                          if native is None else None)
+            streaming.update(
+                {
+                    f"/{name}/{method}": handler
+                    for method, handler in handlers.items()
+                    if handler.response_streaming
+                }
+            )
+        self._acceptor = (
+            CallAcceptor(server, streaming, interceptors, config.accept_ahead)
+            if native is None
+            else None
+        )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, registry)
         self._names = ("", *services)
@@ -275,14 +305,19 @@ class GrpcServer:
         address, credentials = f"{config.host}:{config.port}", security.server_credentials(config)
         with _core_log_held() as held:
             try:
-                port = (server.add_secure_port(address, credentials) if credentials
-                        else server.add_insecure_port(address))
+                port = (
+                    server.add_secure_port(address, credentials)
+                    if credentials
+                    else server.add_insecure_port(address)
+                )
             except RuntimeError:
                 port = 0
             held.drop = port == 0  # gRPC core's own line of it; cadence's one line follows
         if port == 0:
-            raise StartupError(f"could not bind {config.host}:{config.port}; is the port in use? "
-                               "Choose another with --port (0 picks a free one)")
+            raise StartupError(
+                f"could not bind {config.host}:{config.port}; is the port in use? "
+                "Choose another with --port (0 picks a free one)"
+            )
         await server.start()
         accepting = acceptor.start()
         self._metrics.accept_ahead.set(config.accept_ahead if accepting else 0)

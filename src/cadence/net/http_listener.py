@@ -30,9 +30,14 @@ rests before accepting again; the queued connections wait in the kernel meanwhil
 class Listener:
     """Listening sockets for `protocol_factory`'s connections, on the running loop."""
 
-    def __init__(self, protocol_factory: Callable[[], asyncio.Protocol], *,
-                 ssl_context: ssl.SSLContext | None, backlog: int,
-                 stall_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        *,
+        ssl_context: ssl.SSLContext | None,
+        backlog: int,
+        stall_timeout_s: float | None = None,
+    ) -> None:
         self._factory = protocol_factory
         self._stalled = StalledPeers(stall_timeout_s) if stall_timeout_s else None
         self._ssl = ssl_context
@@ -50,8 +55,13 @@ class Listener:
         """Bind every address of `host` (one port for all, when `port` is 0), listen and
         accept; return the bound port. Raises OSError (nothing left open) when one fails."""
         loop = self._loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host or None, port, family=socket.AF_UNSPEC,
-                                       type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = await loop.getaddrinfo(
+            host or None,
+            port,
+            family=socket.AF_UNSPEC,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )
         try:
             for family, kind, proto, _, address in dict.fromkeys(infos):
                 sock = socket.socket(family, kind, proto)
@@ -96,8 +106,11 @@ class Listener:
             except ConnectionAbortedError:
                 continue
             except OSError as exc:
-                log.warning("accepting HTTP connections paused for %.0f s: %s",
-                            _ACCEPT_RETRY_S, exc.strerror or exc)
+                log.warning(
+                    "accepting HTTP connections paused for %.0f s: %s",
+                    _ACCEPT_RETRY_S,
+                    exc.strerror or exc,
+                )
                 loop.remove_reader(sock.fileno())
                 loop.call_later(_ACCEPT_RETRY_S, self._resume, sock)
                 return

@@ -52,17 +52,24 @@ class _Connection(web.RequestHandler):
     traceback at ERROR: any client could flood the log with them. aiohttp has no option for
     its parser's error response, nor for the protocol class (`connection_factory`)."""
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500,
-                     exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         if not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
         what = " ".join((exc.message or "").split())  # the parser's message spans lines
         log.info("refused malformed HTTP from %s: %s", request.remote, what)
         response = web.Response(
-            status=exc.code or 400, content_type="application/json",
-            body=error_body(f"malformed HTTP request: {what}", "invalid_request_error",
-                            "malformed_request"))
+            status=exc.code or 400,
+            content_type="application/json",
+            body=error_body(
+                f"malformed HTTP request: {what}", "invalid_request_error", "malformed_request"
+            ),
+        )
         response.force_close()
         return response
 
@@ -77,11 +84,14 @@ class HttpServer:
         # keepalive_timeout is aiohttp's idle timer, which runs from the connection's start
         # and between requests until a whole request's headers are in: the header timeout,
         # and the idle connection timeout, whichever is shorter.
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                               shutdown_timeout=_SHUTDOWN_S,
-                               keepalive_timeout=min(config.http_header_timeout_s,
-                                                     config.idle_connection_timeout_s),
-                               lingering_time=_LINGER_S)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=_SHUTDOWN_S,
+            keepalive_timeout=min(config.http_header_timeout_s, config.idle_connection_timeout_s),
+            lingering_time=_LINGER_S,
+        )
         self._listener: Listener | None = None
 
     async def start(self) -> int:
@@ -89,17 +99,23 @@ class HttpServer:
         config = self._config
         await self._runner.setup()
         assert self._runner.server is not None
-        listener = Listener(connection_factory(self._runner.server, _Connection),
-                            ssl_context=ssl_context(config),
-                            backlog=_BACKLOG, stall_timeout_s=config.stall_timeout_s)
+        listener = Listener(
+            connection_factory(self._runner.server, _Connection),
+            ssl_context=ssl_context(config),
+            backlog=_BACKLOG,
+            stall_timeout_s=config.stall_timeout_s,
+        )
         try:
-            port = await listener.open(config.host, config.http_port or 0,
-                                       reuse_port=config.fronts > 1)
+            port = await listener.open(
+                config.host, config.http_port or 0, reuse_port=config.fronts > 1
+            )
         except OSError as exc:
             await self._runner.cleanup()
-            raise StartupError(f"could not bind {config.host}:{config.http_port} for HTTP "
-                               f"({exc.strerror or exc}); choose another --http-port (0 picks "
-                               "a free one)") from None
+            raise StartupError(
+                f"could not bind {config.host}:{config.http_port} for HTTP "
+                f"({exc.strerror or exc}); choose another --http-port (0 picks "
+                "a free one)"
+            ) from None
         self._listener = listener
         return port
 

@@ -86,8 +86,9 @@ class StalledPeers:
                     seen[1], seen[2] = acked, now
                 elif now - seen[2] >= self._timeout_s:
                     del self._watched[transport]
-                    log.debug("reset a connection whose client took nothing for %g s",
-                              self._timeout_s)
+                    log.debug(
+                        "reset a connection whose client took nothing for %g s", self._timeout_s
+                    )
                     with contextlib.suppress(OSError):
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
                     transport.abort()

@@ -29,8 +29,7 @@ class WorkerRouter:
     of a conversation goes where turn N went, unless that worker is `slack` requests behind.
     """
 
-    def __init__(self, workers: int, prefixes: PrefixIndex | None = None,
-                 slack: int = 4) -> None:
+    def __init__(self, workers: int, prefixes: PrefixIndex | None = None, slack: int = 4) -> None:
         self.load = [0] * workers
         self.requests = [0] * workers
         self.alive = [True] * workers
@@ -67,8 +66,9 @@ class WorkerRouter:
         for i, up in enumerate(self.alive):
             if up and requests[i] <= ceiling:
                 held = prefixes.match(i, hashes)
-                if held > longest or (held == longest and held and
-                                      self.load[i] < self.load[chosen]):
+                if held > longest or (
+                    held == longest and held and self.load[i] < self.load[chosen]
+                ):
                     chosen, longest = i, held
         return chosen
 

@@ -116,8 +116,12 @@ class WorkerLink:
         self._flush_scheduled = False
         if self._adds or self._aborts or self._pauses or self._resumes:
             # The worker decodes `adds` as AddRequests: the raw frames are spliced in as is.
-            message = WorkerInputs(self._adds,  # type: ignore[arg-type]  # Raw: encoded AddRequests
-                                   self._aborts, self._pauses, self._resumes)
+            message = WorkerInputs(
+                self._adds,  # type: ignore[arg-type]  # Raw: encoded AddRequests
+                self._aborts,
+                self._pauses,
+                self._resumes,
+            )
             self._adds, self._aborts, self._pauses, self._resumes = [], [], [], []
             # Never blocks: the input socket has no high-water mark and admission bounds
             # how much can be outstanding. It fails only when no worker is connected,
@@ -137,8 +141,9 @@ class FrontChannel:
     encrypted. ipc sockets live in a private folder instead.
     """
 
-    def __init__(self, input_addresses: list[str], output_address: str, *,
-                 secure: bool = False) -> None:
+    def __init__(
+        self, input_addresses: list[str], output_address: str, *, secure: bool = False
+    ) -> None:
         self._context = zmq.Context()
         self.curve_server_key = ""
         self.curve_client_keys = ("", "")
@@ -148,8 +153,11 @@ class FrontChannel:
             self.curve_server_key = public.decode()
             client_public, client_secret = zmq.curve_keypair()
             self.curve_client_keys = (client_public.decode(), client_secret.decode())
-            for option, value in ((zmq.CURVE_SERVER, 1), (zmq.CURVE_SECRETKEY, secret),
-                                  (zmq.CURVE_PUBLICKEY, public)):
+            for option, value in (
+                (zmq.CURVE_SERVER, 1),
+                (zmq.CURVE_SECRETKEY, secret),
+                (zmq.CURVE_PUBLICKEY, public),
+            ):
                 self._context.setsockopt(option, value)
         self._inputs: list[zmq.Socket] = []
         self.input_addresses: list[str] = []
@@ -182,8 +190,9 @@ class FrontChannel:
     def links(self, loop: asyncio.AbstractEventLoop) -> list[WorkerLink]:
         return [WorkerLink(sock, loop) for sock in self._inputs]
 
-    def start_reading(self, loop: asyncio.AbstractEventLoop,
-                      handle: Callable[[WorkerOutput, int], None]) -> None:
+    def start_reading(
+        self, loop: asyncio.AbstractEventLoop, handle: Callable[[WorkerOutput, int], None]
+    ) -> None:
         """From now on, hand every worker message to `handle` with the time it was read.
 
         The event loop watches the socket's file descriptor directly (no future per read);

@@ -26,8 +26,14 @@ class WorkerHeartbeat(threading.Thread):
     stuck inside a step, and front 0 judges the hang whichever front the work came from.
     """
 
-    def __init__(self, spec: WorkerSpec, on_lost: Callable[[], None], *, send: bool = True,
-                 stalled: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        on_lost: Callable[[], None],
+        *,
+        send: bool = True,
+        stalled: Callable[[], int] | None = None,
+    ) -> None:
         super().__init__(name="cadence-heartbeat", daemon=True)
         self._spec = spec
         self._on_lost = on_lost
@@ -55,8 +61,9 @@ class WorkerHeartbeat(threading.Thread):
             while not self._stop.is_set():
                 if tell is not None:
                     with contextlib.suppress(zmq.Again):
-                        tell.send(encode(Heartbeat(worker, time.monotonic_ns(), stalled())),
-                                  zmq.NOBLOCK)
+                        tell.send(
+                            encode(Heartbeat(worker, time.monotonic_ns(), stalled())), zmq.NOBLOCK
+                        )
                 if listen.poll(int(interval * 1e3)):
                     while True:
                         try:

@@ -119,7 +119,7 @@ def step_pieces(step: StepOutput) -> Iterator[tuple[int, int | list[int], str | 
     if not counts:
         return zip(step.seq_ids, step.token_ids, texts)
     tokens = step.token_ids
-    pieces = [tokens[at - count:at] for at, count in zip(accumulate(counts), counts)]
+    pieces = [tokens[at - count : at] for at, count in zip(accumulate(counts), counts)]
     return zip(step.seq_ids, pieces, texts)
 
 

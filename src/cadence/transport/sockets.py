@@ -58,13 +58,14 @@ def ipc_files(addresses: list[str]) -> dict[str, tuple[int, int]]:
     for address in addresses:
         if address.startswith("ipc://"):
             with contextlib.suppress(OSError):
-                stat = os.stat(address[len("ipc://"):])
+                stat = os.stat(address[len("ipc://") :])
                 files[address] = (stat.st_dev, stat.st_ino)
     return files
 
 
-def remove_ipc_sockets(addresses: list[str],
-                       bound: dict[str, tuple[int, int]] | None = None) -> None:
+def remove_ipc_sockets(
+    addresses: list[str], bound: dict[str, tuple[int, int]] | None = None
+) -> None:
     """Unlink the socket files of the ipc addresses among `addresses`, then their folders
     once empty (a folder that still holds another's sockets stays).
 
@@ -75,7 +76,7 @@ def remove_ipc_sockets(addresses: list[str],
     folders = set()
     for address in addresses:
         if address.startswith("ipc://"):
-            path = address[len("ipc://"):]
+            path = address[len("ipc://") :]
             folders.add(os.path.dirname(path))
             if bound is not None:
                 try:

@@ -17,8 +17,14 @@ class WorkerChannel:
     fronts = 1
     """Fronts this worker serves (`--fronts N`: worker_to_fronts.MultiFrontChannel)."""
 
-    def __init__(self, input_address: str, output_address: str,
-                 output_hwm: int = OUTPUT_HWM, *, curve: WorkerSpec | None = None) -> None:
+    def __init__(
+        self,
+        input_address: str,
+        output_address: str,
+        output_hwm: int = OUTPUT_HWM,
+        *,
+        curve: WorkerSpec | None = None,
+    ) -> None:
         # output_hwm 0 (no limit) is for a worker inside the front: blocking on its own
         # event loop's reader would deadlock.
         self._output_hwm = output_hwm
@@ -71,8 +77,10 @@ def worker_context(spec: WorkerSpec | None) -> zmq.Context:
     """A ZeroMQ context whose sockets are CURVE clients of the front when `spec` says so."""
     context = zmq.Context()
     if spec is not None and spec.curve_server_key:
-        for option, value in ((zmq.CURVE_SERVERKEY, spec.curve_server_key),
-                              (zmq.CURVE_PUBLICKEY, spec.curve_public_key),
-                              (zmq.CURVE_SECRETKEY, spec.curve_secret_key)):
+        for option, value in (
+            (zmq.CURVE_SERVERKEY, spec.curve_server_key),
+            (zmq.CURVE_PUBLICKEY, spec.curve_public_key),
+            (zmq.CURVE_SECRETKEY, spec.curve_secret_key),
+        ):
             context.setsockopt(option, value.encode())
     return context

@@ -24,9 +24,14 @@ from cadence.transport.worker_channel import WorkerChannel
 def worker_channel(spec: WorkerSpec, output_hwm: int = OUTPUT_HWM) -> WorkerChannel:
     """The worker's end for `spec`: to its one front, or to every front with `--fronts N`."""
     if spec.front_output_addresses:
-        return MultiFrontChannel(spec.input_address, spec.output_address, output_hwm,
-                                 extra_inputs=spec.extra_input_addresses,
-                                 front_outputs=spec.front_output_addresses, curve=spec)
+        return MultiFrontChannel(
+            spec.input_address,
+            spec.output_address,
+            output_hwm,
+            extra_inputs=spec.extra_input_addresses,
+            front_outputs=spec.front_output_addresses,
+            curve=spec,
+        )
     return WorkerChannel(spec.input_address, spec.output_address, output_hwm, curve=spec)
 
 
@@ -34,9 +39,16 @@ class MultiFrontChannel(WorkerChannel):
     """A worker's end with `--fronts N`: the same PULL takes every front's inputs; one PUSH
     per front, each sent only what its front owns."""
 
-    def __init__(self, input_address: str, output_address: str, output_hwm: int = OUTPUT_HWM,
-                 *, extra_inputs: list[str], front_outputs: list[str],
-                 curve: WorkerSpec | None = None) -> None:
+    def __init__(
+        self,
+        input_address: str,
+        output_address: str,
+        output_hwm: int = OUTPUT_HWM,
+        *,
+        extra_inputs: list[str],
+        front_outputs: list[str],
+        curve: WorkerSpec | None = None,
+    ) -> None:
         super().__init__(input_address, output_address, output_hwm, curve=curve)
         self.fronts = 1 + len(front_outputs)
         self.gone: set[int] = set()
@@ -97,7 +109,9 @@ class MultiFrontChannel(WorkerChannel):
             if self._input in ready:
                 while True:
                     try:
-                        self._pending.append(self._note(self._decode(self._input.recv(zmq.NOBLOCK))))
+                        self._pending.append(
+                            self._note(self._decode(self._input.recv(zmq.NOBLOCK)))
+                        )
                     except zmq.Again:
                         break
 
@@ -153,9 +167,22 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
     for seq_id, count in message.cached_tokens.items():
         cached[seq_id % fronts][seq_id] = count
     return [
-        StepOutput(message.worker, message.step, message.start_ns, message.end_ns, seq_ids[f],
-                   tokens[f], finished[f], reasons[f], counts[f], texts[f],
-                   prompt_lens[f], message.kv_cache_usage, cached[f])
-        if seq_ids[f] or finished[f] or prompt_lens[f] else None
+        StepOutput(
+            message.worker,
+            message.step,
+            message.start_ns,
+            message.end_ns,
+            seq_ids[f],
+            tokens[f],
+            finished[f],
+            reasons[f],
+            counts[f],
+            texts[f],
+            prompt_lens[f],
+            message.kv_cache_usage,
+            cached[f],
+        )
+        if seq_ids[f] or finished[f] or prompt_lens[f]
+        else None
         for f in range(fronts)
     ]

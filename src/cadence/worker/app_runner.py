@@ -84,9 +84,25 @@ class _Raised:
 class _Seq:
     """One request inside the app worker."""
 
-    __slots__ = ("busy", "context", "detokenize", "done", "generated", "iterator", "mark",
-                 "max_tokens", "parked", "paused", "prompt_len", "request", "resumed", "seq_id",
-                 "stop", "task", "timer")
+    __slots__ = (
+        "busy",
+        "context",
+        "detokenize",
+        "done",
+        "generated",
+        "iterator",
+        "mark",
+        "max_tokens",
+        "parked",
+        "paused",
+        "prompt_len",
+        "request",
+        "resumed",
+        "seq_id",
+        "stop",
+        "task",
+        "timer",
+    )
 
     def __init__(self, request: AppRequest, context: AppContext) -> None:
         self.seq_id = request.seq_id
@@ -125,16 +141,26 @@ class AppRunner:
     the front (the worker's output socket).
     """
 
-    def __init__(self, app: App, *, worker: int, device: str, threads: int,
-                 send: Callable[[WorkerOutput], None]) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        worker: int,
+        device: str,
+        threads: int,
+        send: Callable[[WorkerOutput], None],
+    ) -> None:
         self._app = app
         self._async = is_async_app(app)
         self._worker = worker
         self._device = device
         self._send = send
         self._loop = asyncio.get_running_loop()
-        self._executor = None if self._async else ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix=f"cadence-app-{worker}")
+        self._executor = (
+            None
+            if self._async
+            else ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"cadence-app-{worker}")
+        )
         self._seqs: dict[int, _Seq] = {}
         self._tasks: set[asyncio.Task] = set()
         self._jobs: set[Future] = set()
@@ -204,23 +230,36 @@ class AppRunner:
         vocab = self._vocab_size
         if prompt and not (0 <= min(prompt) and (vocab is None or max(prompt) < vocab)):
             bad = next(t for t in prompt if not 0 <= t < (vocab or t + 1))
-            self._failures.append(RequestFailed(
-                add.seq_id, Failure.INVALID_ARGUMENT,
-                f"prompt_token_ids must be in [0, {vocab}); got {bad}"))
+            self._failures.append(
+                RequestFailed(
+                    add.seq_id,
+                    Failure.INVALID_ARGUMENT,
+                    f"prompt_token_ids must be in [0, {vocab}); got {bad}",
+                )
+            )
             self._schedule_flush()
             return
         if not text and prompt and self._decode_prompt is None:
-            self._failures.append(RequestFailed(
-                add.seq_id, Failure.INVALID_ARGUMENT,
-                "the app's tokenizer has no decode(ids), so the app cannot read a prompt sent "
-                "as token ids; send the prompt as text"))
+            self._failures.append(
+                RequestFailed(
+                    add.seq_id,
+                    Failure.INVALID_ARGUMENT,
+                    "the app's tokenizer has no decode(ids), so the app cannot read a prompt sent "
+                    "as token ids; send the prompt as text",
+                )
+            )
             self._schedule_flush()
             return
         request = AppRequest(
-            seq_id=add.seq_id, prompt=text or self._decoded(prompt),
+            seq_id=add.seq_id,
+            prompt=text or self._decoded(prompt),
             prompt_token_ids=list(prompt),
-            max_tokens=add.max_tokens, stop_token_ids=list(add.stop_token_ids),
-            temperature=add.temperature, top_p=add.top_p, top_k=add.top_k, seed=add.seed,
+            max_tokens=add.max_tokens,
+            stop_token_ids=list(add.stop_token_ids),
+            temperature=add.temperature,
+            top_p=add.top_p,
+            top_k=add.top_k,
+            seed=add.seed,
             device=self._device,
         )
         context = AppContext(self._device, self._worker)
@@ -250,11 +289,17 @@ class AppRunner:
 
     def _refuse(self, seq_id: int, method: str, exc: Exception) -> None:
         """The function's tokenizer raised on a request's prompt: the request fails alone."""
-        log.error("the app's tokenizer.%s raised on request %d's prompt", method, seq_id,
-                  exc_info=exc)
-        self._failures.append(RequestFailed(
-            seq_id, Failure.INTERNAL, f"the app's tokenizer.{method} raised "
-            f"{type(exc).__name__}: {exc} (on the prompt); fix the tokenizer"))
+        log.error(
+            "the app's tokenizer.%s raised on request %d's prompt", method, seq_id, exc_info=exc
+        )
+        self._failures.append(
+            RequestFailed(
+                seq_id,
+                Failure.INTERNAL,
+                f"the app's tokenizer.{method} raised "
+                f"{type(exc).__name__}: {exc} (on the prompt); fix the tokenizer",
+            )
+        )
         self._schedule_flush()
 
     def abort(self, seq_id: int) -> None:
@@ -283,9 +328,13 @@ class AppRunner:
 
     def _expire(self, seq: _Seq) -> None:
         if not seq.done:
-            self._failures.append(RequestFailed(
-                seq.seq_id, Failure.DEADLINE_EXCEEDED,
-                "the request's deadline passed before generation finished"))
+            self._failures.append(
+                RequestFailed(
+                    seq.seq_id,
+                    Failure.DEADLINE_EXCEEDED,
+                    "the request's deadline passed before generation finished",
+                )
+            )
             self._schedule_flush()
             self._cancel(seq)
 
@@ -317,8 +366,10 @@ class AppRunner:
             if inspect.isawaitable(result):  # a coroutine function that returns an iterator
                 result = await result
             if not isinstance(result, AsyncIterable):
-                raise TypeError(f"an async app must return an async iterator (an `async def` "
-                                f"with `yield`), not a {type(result).__name__}")
+                raise TypeError(
+                    f"an async app must return an async iterator (an `async def` "
+                    f"with `yield`), not a {type(result).__name__}"
+                )
             iterator = result.__aiter__()
             anext = iterator.__anext__
             while True:
@@ -431,8 +482,11 @@ class AppRunner:
             self._fail(seq, exc)
             return False
         except TokenizerFailed as exc:
-            self._fail(seq, exc.__cause__,
-                       f"the app's {exc} (on a piece the app yielded); fix the tokenizer")
+            self._fail(
+                seq,
+                exc.__cause__,
+                f"the app's {exc} (on a piece the app yielded); fix the tokenizer",
+            )
             return False
         if not tokens:
             return True
@@ -457,11 +511,16 @@ class AppRunner:
         detokenize = seq.detokenize
         if detokenize is not None:
             try:
-                text = self._text_of(detokenize, piece, tokens, reason != Finish.NONE,
-                                     len(tokens) < whole)
+                text = self._text_of(
+                    detokenize, piece, tokens, reason != Finish.NONE, len(tokens) < whole
+                )
             except Exception as exc:
-                self._fail(seq, exc, f"the app's tokenizer.{self._streams_with} raised "
-                                     f"{type(exc).__name__}: {exc}; fix the tokenizer")
+                self._fail(
+                    seq,
+                    exc,
+                    f"the app's tokenizer.{self._streams_with} raised "
+                    f"{type(exc).__name__}: {exc}; fix the tokenizer",
+                )
                 return False
             problem = text_problem(text)
             if problem is not None:  # no message could carry it, or too large for one
@@ -486,8 +545,13 @@ class AppRunner:
         return not reason
 
     @staticmethod
-    def _text_of(detokenize: Callable[[int, bool], str], piece: object, tokens: list[int],
-                 last: bool, cut: bool) -> str:
+    def _text_of(
+        detokenize: Callable[[int, bool], str],
+        piece: object,
+        tokens: list[int],
+        last: bool,
+        cut: bool,
+    ) -> str:
         """A piece's text, with the function's tokenizer: a `str` piece as yielded (unless
         cut short), else what its tokens add to the sequence's text. Every token goes through
         the sequence's detokenizer, so the text of later pieces merges right."""
@@ -532,9 +596,17 @@ class AppRunner:
             end = self._end_ns or time.monotonic_ns()
             self._steps += 1
             message = StepOutput(
-                self._worker, self._steps, self._start_ns or end, end, self._seq_ids,
-                self._token_ids, self._finished, self._reasons,
-                self._counts if self._several else [], self._texts, self._prompt_lens,
+                self._worker,
+                self._steps,
+                self._start_ns or end,
+                end,
+                self._seq_ids,
+                self._token_ids,
+                self._finished,
+                self._reasons,
+                self._counts if self._several else [],
+                self._texts,
+                self._prompt_lens,
             )
             self._texts, self._prompt_lens = [], {}
             self._seq_ids, self._token_ids, self._counts = [], [], []
@@ -576,8 +648,13 @@ async def serve_app(app: App, spec: WorkerSpec, *, output_hwm: int = OUTPUT_HWM)
     """
     loop = asyncio.get_running_loop()
     channel = worker_channel(spec, output_hwm)
-    runner = AppRunner(app, worker=spec.index, device=spec.device,
-                       threads=spec.engine.engine_threads, send=channel.send)
+    runner = AppRunner(
+        app,
+        worker=spec.index,
+        device=spec.device,
+        threads=spec.engine.engine_threads,
+        send=channel.send,
+    )
     stopped = loop.create_future()
 
     def on_readable() -> None:
@@ -609,14 +686,19 @@ def run_app_worker(spec: WorkerSpec) -> None:
     try:
         app = load_app(spec.engine.app)
     except Exception as exc:
-        sys.exit(f"cadence worker {spec.index}: cannot load app {spec.engine.app!r}: "
-                 f"{type(exc).__name__}: {exc}")
+        sys.exit(
+            f"cadence worker {spec.index}: cannot load app {spec.engine.app!r}: "
+            f"{type(exc).__name__}: {exc}"
+        )
     stuck = event_loop.run(serve_app(app, spec))
     if stuck:
         # A thread is blocked inside the user's function; the interpreter would wait for it
         # at exit. The sockets are closed and nothing else is pending: leave now.
-        log.warning("worker %d: the app is still running in %s; exiting without it",
-                    spec.index, [t.name for t in threading.enumerate() if t.name.startswith("cadence-app")])
+        log.warning(
+            "worker %d: the app is still running in %s; exiting without it",
+            spec.index,
+            [t.name for t in threading.enumerate() if t.name.startswith("cadence-app")],
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

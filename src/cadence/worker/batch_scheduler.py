@@ -39,9 +39,17 @@ log = logging.getLogger("cadence.model")
 class BatchScheduler:
     """Owns a worker's waiting queue and running batch, and turns one engine step into one message."""
 
-    def __init__(self, engine: Engine, worker: int, max_batch: int,
-                 budget: StepBudget | None = None, *, preempt: bool = False,
-                 report_cached: bool = False, max_prompt_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        worker: int,
+        max_batch: int,
+        budget: StepBudget | None = None,
+        *,
+        preempt: bool = False,
+        report_cached: bool = False,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
         self._engine = engine
         self._worker = worker
         self._max_batch = max_batch
@@ -63,13 +71,14 @@ class BatchScheduler:
         # Optional engine capabilities (see cadence.engines.base.Engine).
         self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
         self._tokenizer = getattr(engine, "tokenizer", None)
-        self._kv_cache_usage: Callable[[], float] = getattr(engine, "kv_cache_usage",
-                                                            lambda: 0.0)
+        self._kv_cache_usage: Callable[[], float] = getattr(engine, "kv_cache_usage", lambda: 0.0)
         self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
-            engine, "text_piece_ids", None)
+            engine, "text_piece_ids", None
+        )
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
         self._step_errors: list[tuple[Sequence, Failure, str]] | None = getattr(
-            engine, "step_errors", None)
+            engine, "step_errors", None
+        )
         """Filled by the engine's step with the sequences that failed alone (a user's model)."""
         self._tokenizer_name = getattr(engine, "tokenizer_name", "the model's tokenizer")
         self._streams_with = getattr(self._tokenizer, "streams_with", "stream")
@@ -78,7 +87,8 @@ class BatchScheduler:
         """Sequences the last step lost alone (a user tokenizer's fault), to send after its
         output; the worker loop empties it."""
         self._preempt: Callable[[Sequence], list[int]] | None = (
-            getattr(engine, "preempt", None) if preempt else None)
+            getattr(engine, "preempt", None) if preempt else None
+        )
         self._max_prompt_tokens = max_prompt_tokens
         """--max-prompt-tokens for the prompts this worker tokenizes (the front checks its own)."""
         self._report_cached = report_cached
@@ -95,8 +105,11 @@ class BatchScheduler:
             except Exception as exc:
                 return self._lost(request.seq_id, "encode", exc, "the prompt")
             request = msgspec.structs.replace(request, prompt_token_ids=ids)
-            refusal = (None if self._max_prompt_tokens is None else
-                       prompt_over_limit(len(request.prompt_token_ids), self._max_prompt_tokens))
+            refusal = (
+                None
+                if self._max_prompt_tokens is None
+                else prompt_over_limit(len(request.prompt_token_ids), self._max_prompt_tokens)
+            )
             if refusal is not None:
                 return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, refusal)
         problem = self._engine.check(request)
@@ -128,8 +141,11 @@ class BatchScheduler:
         preempted since the front last heard of it is paused too, for when it runs again."""
         running, prefilling = self._running, self._prefilling
         for seq_id in seq_ids:
-            if (seq_id in running or seq_id in prefilling
-                    or any(e[2].seq_id == seq_id for e in self._waiting)):
+            if (
+                seq_id in running
+                or seq_id in prefilling
+                or any(e[2].seq_id == seq_id for e in self._waiting)
+            ):
                 self._paused.add(seq_id)
 
     def resume(self, seq_ids: list[int]) -> None:
@@ -138,8 +154,9 @@ class BatchScheduler:
     @property
     def has_work(self) -> bool:
         """Something to step: waiting sequences, or running ones that are not all paused."""
-        return (bool(self._waiting) or bool(self._prefilling)
-                or len(self._running) > len(self._paused))
+        return (
+            bool(self._waiting) or bool(self._prefilling) or len(self._running) > len(self._paused)
+        )
 
     def step(self) -> StepOutput | list[RequestFailed] | None:
         """Admit waiting sequences, run one engine step, retire finished sequences.
@@ -158,8 +175,11 @@ class BatchScheduler:
         else:
             prefill = self._admit_within_budget(budget, len(self._running) - len(paused))
         # After admission: a preemption may have taken a sequence out of the running ones.
-        decode = [s for s in self._running.values() if s.seq_id not in paused] if paused else (
-            list(self._running.values()))
+        decode = (
+            [s for s in self._running.values() if s.seq_id not in paused]
+            if paused
+            else (list(self._running.values()))
+        )
         if not prefill and not decode:
             return None
         start = time.monotonic_ns()
@@ -209,16 +229,30 @@ class BatchScheduler:
             stepped, tokens = [stepped[i] for i in kept], [tokens[i] for i in kept]
         piece_ids = self._text_piece_ids
         if piece_ids is not None:
-            seq_ids, tokens, counts = self._retire_pieces(piece_ids, stepped, tokens, texts,
-                                                          finished, reasons)
+            seq_ids, tokens, counts = self._retire_pieces(
+                piece_ids, stepped, tokens, texts, finished, reasons
+            )
             if texts:
                 problems = texts_problems(texts)
                 if problems:
-                    counts = self._fail_texts(problems, seq_ids, tokens, counts, texts,
-                                              finished, reasons)
+                    counts = self._fail_texts(
+                        problems, seq_ids, tokens, counts, texts, finished, reasons
+                    )
             return StepOutput(
-                self._worker, self._steps, start, end, seq_ids, tokens, finished, reasons,
-                counts, texts, prompt_lens, self._kv_cache_usage(), cached, bool(counts),
+                self._worker,
+                self._steps,
+                start,
+                end,
+                seq_ids,
+                tokens,
+                finished,
+                reasons,
+                counts,
+                texts,
+                prompt_lens,
+                self._kv_cache_usage(),
+                cached,
+                bool(counts),
             )
         ids = cast("list[int]", tokens)  # no text_piece_ids: token ids alone (base.StepResult)
         for seq, token in zip(stepped, ids):
@@ -240,8 +274,17 @@ class BatchScheduler:
             paused.discard(seq.seq_id)  # one paused when preempted ends in its re-prefill
             self._engine.release(seq)
         return StepOutput(
-            self._worker, self._steps, start, end, seq_ids, ids, finished, reasons,
-            texts=texts, prompt_lens=prompt_lens, kv_cache_usage=self._kv_cache_usage(),
+            self._worker,
+            self._steps,
+            start,
+            end,
+            seq_ids,
+            ids,
+            finished,
+            reasons,
+            texts=texts,
+            prompt_lens=prompt_lens,
+            kv_cache_usage=self._kv_cache_usage(),
             cached_tokens=cached,
         )
 
@@ -347,8 +390,14 @@ class BatchScheduler:
         self.preemptions += 1
         return True
 
-    def _after_chunks(self, budget: StepBudget, prefill: list[Sequence], decode: list[Sequence],
-                      outputs: StepResult, duration_ns: int) -> tuple[list[Sequence], StepResult]:
+    def _after_chunks(
+        self,
+        budget: StepBudget,
+        prefill: list[Sequence],
+        decode: list[Sequence],
+        outputs: StepResult,
+        duration_ns: int,
+    ) -> tuple[list[Sequence], StepResult]:
         """Tell the budget what the step cost; drop the outputs of sequences whose prompt is
         not all prefilled yet (they stay in `_prefilling`), and take the rest out of it."""
         tokens = 0
@@ -365,13 +414,16 @@ class BatchScheduler:
             return prefill + decode, outputs
         n = len(prefill)
         done = [i for i, seq in enumerate(prefill) if seq.prefill_to == len(seq.prefill_ids)]
-        return ([prefill[i] for i in done] + decode,
-                [outputs[i] for i in done] + outputs[n:])
+        return ([prefill[i] for i in done] + decode, [outputs[i] for i in done] + outputs[n:])
 
     def _retire_pieces(
-        self, piece_ids: Callable[[str], list[int]], stepped: list[Sequence],
-        outputs: StepResult, texts: list[str],
-        finished: list[int], reasons: list[int],
+        self,
+        piece_ids: Callable[[str], list[int]],
+        stepped: list[Sequence],
+        outputs: StepResult,
+        texts: list[str],
+        finished: list[int],
+        reasons: list[int],
     ) -> tuple[list[int], list[int], list[int]]:
         """The step loop for an engine whose output for a sequence may also be a text piece
         (`str`: its text as given, its ids from the engine) or None (the sequence is done,
@@ -397,11 +449,13 @@ class BatchScheduler:
                         continue
                     except Exception as exc:
                         self._drop(seq)
-                        self.failed.append(self._lost(seq.seq_id, "encode", exc,
-                                                      "a text piece the model returned"))
+                        self.failed.append(
+                            self._lost(seq.seq_id, "encode", exc, "a text piece the model returned")
+                        )
                         continue
-                    reason = (Finish.LENGTH if seq.generated >= seq.request.max_tokens
-                              else Finish.NONE)
+                    reason = (
+                        Finish.LENGTH if seq.generated >= seq.request.max_tokens else Finish.NONE
+                    )
                     text = out
                     token_ids += ids
                     several = several or len(ids) != 1
@@ -420,8 +474,9 @@ class BatchScheduler:
                         text = seq.detokenize(token, reason != Finish.NONE)  # type: ignore[misc]  # a model's tokenizer is never None: ByteText
                     except Exception as exc:
                         self._drop(seq)
-                        self.failed.append(self._lost(seq.seq_id, self._streams_with, exc,
-                                                      f"token {token}"))
+                        self.failed.append(
+                            self._lost(seq.seq_id, self._streams_with, exc, f"token {token}")
+                        )
                         continue
                     token_ids.append(token)
                     counts.append(1)
@@ -454,13 +509,22 @@ class BatchScheduler:
         Logged with its traceback: not on the token path, and what the model's author needs."""
         name = f"{self._tokenizer_name}.{method}"
         log.error("%s raised on %s of request %d", name, on, seq_id, exc_info=exc)
-        return RequestFailed(seq_id, Failure.INTERNAL,
-                             f"{name} raised {type(exc).__name__}: {exc} (on {on}); fix the "
-                             "tokenizer")
+        return RequestFailed(
+            seq_id,
+            Failure.INTERNAL,
+            f"{name} raised {type(exc).__name__}: {exc} (on {on}); fix the tokenizer",
+        )
 
-    def _fail_texts(self, problems: list[tuple[int, str]], seq_ids: list[int],
-                    token_ids: list[int], counts: list[int], texts: list[str],
-                    finished: list[int], reasons: list[int]) -> list[int]:
+    def _fail_texts(
+        self,
+        problems: list[tuple[int, str]],
+        seq_ids: list[int],
+        token_ids: list[int],
+        counts: list[int],
+        texts: list[str],
+        finished: list[int],
+        reasons: list[int],
+    ) -> list[int]:
         """Take the pieces `problems` names (index into `seq_ids`, the texts a tokenizer's
         decoder gave that no message can carry or that are too large) out of this step's
         output, in place, and fail their sequences; returns the new counts."""
@@ -481,20 +545,25 @@ class BatchScheduler:
                 if seq_id in finished:
                     at = finished.index(seq_id)
                     del finished[at], reasons[at]
-                self.failed.append(RequestFailed(
-                    seq_id, Failure.INTERNAL,
-                    f"{self._tokenizer_name}.{self._streams_with} gave {bad[i]}"))
+                self.failed.append(
+                    RequestFailed(
+                        seq_id,
+                        Failure.INTERNAL,
+                        f"{self._tokenizer_name}.{self._streams_with} gave {bad[i]}",
+                    )
+                )
             else:
                 keep_ids.append(seq_id)
-                keep_tokens += ids[offset:offset + count]
+                keep_tokens += ids[offset : offset + count]
                 keep_counts.append(count)
                 keep_texts.append(texts[i])
             offset += count
         seq_ids[:], token_ids[:], texts[:] = keep_ids, keep_tokens, keep_texts
         return keep_counts if any(c != 1 for c in keep_counts) else []
 
-    def _fail(self, prefill: list[Sequence], decode: list[Sequence],
-              message: str) -> list[RequestFailed]:
+    def _fail(
+        self, prefill: list[Sequence], decode: list[Sequence], message: str
+    ) -> list[RequestFailed]:
         """The engine lost a step: its sequences end with INTERNAL; the others go on."""
         for seq in decode:
             del self._running[seq.seq_id]

@@ -25,7 +25,12 @@ from cadence.worker.step_health import StepHealth
 
 
 def build_engine(
-    config: EngineConfig, device: str, *, rank: int = 0, group_size: int = 1, dist_init: str = "",
+    config: EngineConfig,
+    device: str,
+    *,
+    rank: int = 0,
+    group_size: int = 1,
+    dist_init: str = "",
     worker: int = 0,
 ) -> Engine:
     """The engine named in `config`, on `device` (one rank of a tensor-parallel group when
@@ -54,10 +59,13 @@ def build_engine(
     if config.name == "model":
         from cadence.engines.user_model import ModelEngine
 
-        return ModelEngine(config, device, rank=rank, group_size=group_size, dist_init=dist_init,
-                           worker=worker)
-    raise ValueError(f"unknown engine {config.name!r}; choose 'synthetic', 'torch', "
-                     "'transformers', 'app' or MODULE:CLASS")
+        return ModelEngine(
+            config, device, rank=rank, group_size=group_size, dist_init=dist_init, worker=worker
+        )
+    raise ValueError(
+        f"unknown engine {config.name!r}; choose 'synthetic', 'torch', "
+        "'transformers', 'app' or MODULE:CLASS"
+    )
 
 
 _BLOCKED_POLL_MS = 5
@@ -79,8 +87,12 @@ def run_worker(spec: WorkerSpec) -> None:
     load_start = time.perf_counter()
     try:
         engine = build_engine(
-            spec.engine, spec.device, rank=spec.rank, group_size=spec.group_size,
-            dist_init=spec.dist_init, worker=spec.index,
+            spec.engine,
+            spec.device,
+            rank=spec.rank,
+            group_size=spec.group_size,
+            dist_init=spec.dist_init,
+            worker=spec.index,
         )
     except EngineLoadError as exc:  # one line that says what to fix, not a traceback
         sys.exit(f"cadence worker {spec.index} (rank {spec.rank}): {exc}")
@@ -90,8 +102,10 @@ def run_worker(spec: WorkerSpec) -> None:
         # would otherwise wait in a collective forever once the link to its rank 0 is cut).
         start_heartbeat(spec, send=False)
         if not isinstance(engine, Follower):
-            sys.exit(f"cadence worker {spec.index} (rank {spec.rank}): the {spec.engine.name} "
-                     "engine does not run tensor-parallel; serve it without --tp")
+            sys.exit(
+                f"cadence worker {spec.index} (rank {spec.rank}): the {spec.engine.name} "
+                "engine does not run tensor-parallel; serve it without --tp"
+            )
         engine.follow()
         return
     warmup_start = time.perf_counter()
@@ -103,20 +117,28 @@ def run_worker(spec: WorkerSpec) -> None:
     budget = budget_for(spec.engine, spec.index)
     if budget is not None:
         announce_budget(budget, engine, spec.index)
-    scheduler = BatchScheduler(engine, spec.index,
-                               getattr(engine, "max_batch", spec.engine.max_batch), budget,
-                               preempt=spec.engine.preempt,
-                               report_cached=spec.engine.prefix_caching,
-                               max_prompt_tokens=spec.max_prompt_tokens)
+    scheduler = BatchScheduler(
+        engine,
+        spec.index,
+        getattr(engine, "max_batch", spec.engine.max_batch),
+        budget,
+        preempt=spec.engine.preempt,
+        report_cached=spec.engine.prefix_caching,
+        max_prompt_tokens=spec.max_prompt_tokens,
+    )
     settle_heap()
-    channel.send(WorkerReady(
-        spec.index, os.getpid(), engine.name,
-        load_ms=(warmup_start - load_start) * 1e3,
-        warmup_ms=(ready - warmup_start) * 1e3,
-        first_step_ms=getattr(engine, "first_step_ms", 0.0),
-        warm_step_ms=getattr(engine, "warm_step_ms", 0.0),
-        boot_id=boot_id(),
-    ))
+    channel.send(
+        WorkerReady(
+            spec.index,
+            os.getpid(),
+            engine.name,
+            load_ms=(warmup_start - load_start) * 1e3,
+            warmup_ms=(ready - warmup_start) * 1e3,
+            first_step_ms=getattr(engine, "first_step_ms", 0.0),
+            warm_step_ms=getattr(engine, "warm_step_ms", 0.0),
+            boot_id=boot_id(),
+        )
+    )
     stepped = False
     try:
         while True:
@@ -185,21 +207,29 @@ def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    chunks = "in chunks" if getattr(engine, "takes_prefill_chunks", False) else (
-        "whole (this engine takes no prefill chunks)")
+    chunks = (
+        "in chunks"
+        if getattr(engine, "takes_prefill_chunks", False)
+        else ("whole (this engine takes no prefill chunks)")
+    )
     log.info("worker %d: %s; prompts prefilled %s", worker, budget.describe(), chunks)
 
 
-def start_heartbeat(spec: WorkerSpec, *, send: bool = True,
-                    stalled: Callable[[], int] | None = None) -> WorkerHeartbeat | None:
+def start_heartbeat(
+    spec: WorkerSpec, *, send: bool = True, stalled: Callable[[], int] | None = None
+) -> WorkerHeartbeat | None:
     """Beat to the front and exit once it has been silent too long (see `WorkerHeartbeat`);
     `stalled`: the step loop's stall clock, carried by each beat."""
     if not spec.heartbeat_address:
         return None
 
     def lost() -> None:
-        print(f"cadence worker {spec.index} (rank {spec.rank}): no heartbeat from the front "
-              f"for {spec.heartbeat_timeout_s:g} s; exiting", file=sys.stderr, flush=True)
+        print(
+            f"cadence worker {spec.index} (rank {spec.rank}): no heartbeat from the front "
+            f"for {spec.heartbeat_timeout_s:g} s; exiting",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(3)  # the engine loop may be blocked in a send or a collective
 
     heartbeat = WorkerHeartbeat(spec, lost, send=send, stalled=stalled)
@@ -220,8 +250,15 @@ def main(argv: list[str] | None = None) -> None:
     def on_sigterm(*_) -> None:
         if starter_gone(parent):
             # The front is gone (killed) and could not remove its socket files.
-            remove_ipc_sockets([spec.input_address, spec.output_address, spec.heartbeat_address,
-                                *spec.extra_input_addresses, *spec.front_output_addresses])
+            remove_ipc_sockets(
+                [
+                    spec.input_address,
+                    spec.output_address,
+                    spec.heartbeat_address,
+                    *spec.extra_input_addresses,
+                    *spec.front_output_addresses,
+                ]
+            )
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)

@@ -200,9 +200,12 @@ class TargetBudget:
             elif not self.fitted:
                 self.ceiling = max(MIN_PREFILL_CHUNK, prefill // 2)
         if not self.fitted:
-            self.fitted = (model.steps >= 8 and model.prefill_steps >= 3
-                           and model.prefill_spread >= MIN_PREFILL_CHUNK / 4
-                           and model.coef[2] > 0.0)
+            self.fitted = (
+                model.steps >= 8
+                and model.prefill_steps >= 3
+                and model.prefill_spread >= MIN_PREFILL_CHUNK / 4
+                and model.coef[2] > 0.0
+            )
             if not self.fitted:
                 return
         budget = decodes + self.prefill_tokens(decodes)
@@ -211,15 +214,23 @@ class TargetBudget:
             now = time.monotonic()
             if now - self._logged_at >= 5.0 or not logged:
                 self._logged_budget, self._logged_at = budget, now
-                log.info("worker %d: step budget %s (%s + %d prefill) for --itl-target-ms %g; "
-                         "step model %s", self._worker, counted(budget, "token"),
-                         counted(decodes, "decode"), budget - decodes, self.target_s * 1e3,
-                         self.describe_model())
+                log.info(
+                    "worker %d: step budget %s (%s + %d prefill) for --itl-target-ms %g; "
+                    "step model %s",
+                    self._worker,
+                    counted(budget, "token"),
+                    counted(decodes, "decode"),
+                    budget - decodes,
+                    self.target_s * 1e3,
+                    self.describe_model(),
+                )
 
     def describe_model(self) -> str:
         fixed, per_decode, per_prefill = self.model.coef
-        return (f"{fixed * 1e3:.2f} ms + {per_decode * 1e3:.4f} ms/decode + "
-                f"{per_prefill * 1e3:.4f} ms/prefill token")
+        return (
+            f"{fixed * 1e3:.2f} ms + {per_decode * 1e3:.4f} ms/decode + "
+            f"{per_prefill * 1e3:.4f} ms/prefill token"
+        )
 
     def describe(self) -> str:
         return f"--itl-target-ms {self.target_s * 1e3:g}: prefill fit to the measured step time"

@@ -60,8 +60,12 @@ OUTPUTS = (
 )
 _INPUTS = {spec.name: spec for spec in INPUTS}
 _OUTPUT_NAMES = frozenset(spec.name for spec in OUTPUTS)
-_CONFIG_TYPES = {"BYTES": mpb.TYPE_STRING, "INT32": mpb.TYPE_INT32, "FP32": mpb.TYPE_FP32,
-                 "UINT64": mpb.TYPE_UINT64}
+_CONFIG_TYPES = {
+    "BYTES": mpb.TYPE_STRING,
+    "INT32": mpb.TYPE_INT32,
+    "FP32": mpb.TYPE_FP32,
+    "UINT64": mpb.TYPE_UINT64,
+}
 _UINT32_MAX, _UINT64_MAX, _INT32 = 2**32 - 1, 2**64 - 1, (-(2**31), 2**31 - 1)
 
 
@@ -89,8 +93,12 @@ def config(name: str) -> mpb.ModelConfig:
     """The model's ModelConfig: no batching (shapes are whole), decoupled."""
     result = mpb.ModelConfig(name=name, platform=PLATFORM, backend=PLATFORM, max_batch_size=0)
     for spec in INPUTS:
-        result.input.add(name=spec.name, data_type=_CONFIG_TYPES[spec.datatype], dims=spec.shape,
-                         optional=spec.optional)
+        result.input.add(
+            name=spec.name,
+            data_type=_CONFIG_TYPES[spec.datatype],
+            dims=spec.shape,
+            optional=spec.optional,
+        )
     for spec in OUTPUTS:
         result.output.add(name=spec.name, data_type=_CONFIG_TYPES[spec.datatype], dims=spec.shape)
     result.model_transaction_policy.decoupled = True
@@ -101,14 +109,17 @@ def to_stream_request(request: kpb.ModelInferRequest) -> StreamRequest:
     """Read the request's tensors into the core's request; raise InvalidRequest."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
-        raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for "
-                             f"{len(request.inputs)} inputs; give one per input, or none")
+        raise InvalidRequest(
+            f"raw_input_contents has {len(raw)} entries for "
+            f"{len(request.inputs)} inputs; give one per input, or none"
+        )
     values: dict[str, list] = {}
     for i, tensor in enumerate(request.inputs):
         spec = _INPUTS.get(tensor.name)
         if spec is None:
-            raise InvalidRequest(f"unknown input {tensor.name!r}; the model takes "
-                                 f"{', '.join(_INPUTS)}")
+            raise InvalidRequest(
+                f"unknown input {tensor.name!r}; the model takes {', '.join(_INPUTS)}"
+            )
         if tensor.name in values:
             raise InvalidRequest(f"input {tensor.name!r} is given twice")
         _check_datatype(spec, tensor.datatype)
@@ -141,8 +152,10 @@ def to_stream_request(request: kpb.ModelInferRequest) -> StreamRequest:
     wanted = {output.name for output in request.outputs}
     unknown = wanted - _OUTPUT_NAMES
     if unknown:
-        raise InvalidRequest(f"unknown output {min(unknown)!r}; the model has "
-                             f"{', '.join(spec.name for spec in OUTPUTS)}")
+        raise InvalidRequest(
+            f"unknown output {min(unknown)!r}; the model has "
+            f"{', '.join(spec.name for spec in OUTPUTS)}"
+        )
     empty_final = request.parameters.get(EMPTY_FINAL_PARAMETER)
     generate.priority = _priority(request.parameters.get(PRIORITY_PARAMETER))
     return StreamRequest(
@@ -158,8 +171,10 @@ def _priority(parameter: kpb.InferParameter | None) -> int:
         return 0
     kind = parameter.WhichOneof("parameter_choice")
     if kind not in ("int64_param", "uint64_param"):
-        raise InvalidRequest(f"parameter {PRIORITY_PARAMETER!r} must be an integer "
-                             "(int64_param or uint64_param); lower is served first")
+        raise InvalidRequest(
+            f"parameter {PRIORITY_PARAMETER!r} must be an integer "
+            "(int64_param or uint64_param); lower is served first"
+        )
     return getattr(parameter, kind)
 
 
@@ -171,8 +186,9 @@ def _check_datatype(spec: TensorSpec, datatype: str) -> None:
     else:
         ok = datatype in INTEGER_TYPES
     if not ok:
-        raise InvalidRequest(f"input {spec.name!r} has datatype {datatype!r}; expected "
-                             f"{spec.datatype}")
+        raise InvalidRequest(
+            f"input {spec.name!r} has datatype {datatype!r}; expected {spec.datatype}"
+        )
 
 
 def _integer(values: dict[str, list], name: str, lo: int, hi: int) -> int:

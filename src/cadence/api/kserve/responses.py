@@ -73,8 +73,14 @@ class ResponseEncoder:
 
     __slots__ = ("_empty_head", "_head", "_want_text", "_want_tokens")
 
-    def __init__(self, model_name: str, model_version: str, request_id: str,
-                 want_tokens: bool, want_text: bool) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str,
+        request_id: str,
+        want_tokens: bool,
+        want_text: bool,
+    ) -> None:
         name, request = _field(1, model_name.encode()), _field(3, request_id.encode())
         self._head = name + _field(2, model_version.encode()) + request
         self._empty_head = name + request
@@ -82,8 +88,14 @@ class ResponseEncoder:
         self._want_tokens = want_tokens
         self._want_text = want_text
 
-    def chunk(self, tokens: Sequence[int], text: str, finish: str | None,
-              cached_tokens: int = 0, outputs: int = 0) -> bytes:
+    def chunk(
+        self,
+        tokens: Sequence[int],
+        text: str,
+        finish: str | None,
+        cached_tokens: int = 0,
+        outputs: int = 0,
+    ) -> bytes:
         """A response with the chunk's TOKEN_IDS and TEXT; `finish` (one of FINISH_NAMES)
         marks the request's last response, which carries `cached_tokens` when not 0.
         `outputs`, when not 0, is the parameter of that name: the outputs (stream positions)
@@ -97,8 +109,11 @@ class ResponseEncoder:
                 parts.append(_parameter("cached_tokens", _int64(cached_tokens)))
         raw: list[bytes] = []
         if self._want_tokens:
-            parts.append(_ONE_TOKEN_OUTPUT if len(tokens) == 1
-                         else _output("TOKEN_IDS", "INT32", (len(tokens),)))
+            parts.append(
+                _ONE_TOKEN_OUTPUT
+                if len(tokens) == 1
+                else _output("TOKEN_IDS", "INT32", (len(tokens),))
+            )
             data = int32_raw(tokens)
             raw += (_RAW_TAG, _length(len(data)), data)
         if self._want_text:

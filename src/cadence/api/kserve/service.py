@@ -47,7 +47,11 @@ from cadence.vocabulary import Failure, Finish
 
 SERVICE_NAME = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 
-_FINISH_NAMES: dict[int, str] = {Finish.LENGTH: "length", Finish.STOP: "stop", Finish.CANCELLED: "cancelled"}
+_FINISH_NAMES: dict[int, str] = {
+    Finish.LENGTH: "length",
+    Finish.STOP: "stop",
+    Finish.CANCELLED: "cancelled",
+}
 """The final response's `finish_reason` parameter (cadence's own; Triton has none)."""
 _EXTENSIONS = ("model_configuration", "statistics", "parameters", "binary_tensor_data")
 
@@ -76,20 +80,25 @@ class KServeService:
 
         def unary(method, request_type, response_type) -> grpc.RpcMethodHandler:
             return grpc.unary_unary_rpc_method_handler(
-                method, request_deserializer=request_type.FromString,
-                response_serializer=response_type.SerializeToString)
+                method,
+                request_deserializer=request_type.FromString,
+                response_serializer=response_type.SerializeToString,
+            )
 
         return {
             "ServerLive": unary(self.ServerLive, kpb.ServerLiveRequest, kpb.ServerLiveResponse),
             "ServerReady": unary(self.ServerReady, kpb.ServerReadyRequest, kpb.ServerReadyResponse),
             "ModelReady": unary(self.ModelReady, kpb.ModelReadyRequest, kpb.ModelReadyResponse),
-            "ServerMetadata": unary(self.ServerMetadata, kpb.ServerMetadataRequest,
-                                    kpb.ServerMetadataResponse),
-            "ModelMetadata": unary(self.ModelMetadata, kpb.ModelMetadataRequest,
-                                   kpb.ModelMetadataResponse),
+            "ServerMetadata": unary(
+                self.ServerMetadata, kpb.ServerMetadataRequest, kpb.ServerMetadataResponse
+            ),
+            "ModelMetadata": unary(
+                self.ModelMetadata, kpb.ModelMetadataRequest, kpb.ModelMetadataResponse
+            ),
             "ModelConfig": unary(self.ModelConfig, kpb.ModelConfigRequest, kpb.ModelConfigResponse),
-            "ModelStatistics": unary(self.ModelStatistics, kpb.ModelStatisticsRequest,
-                                     kpb.ModelStatisticsResponse),
+            "ModelStatistics": unary(
+                self.ModelStatistics, kpb.ModelStatisticsRequest, kpb.ModelStatisticsResponse
+            ),
             "ModelInfer": unary(self.ModelInfer, kpb.ModelInferRequest, kpb.ModelInferResponse),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self.ModelStreamInfer),
         }
@@ -99,40 +108,50 @@ class KServeService:
         if name != self.model_name:
             return f"unknown model {name!r}; this server serves {self.model_name!r}"
         if version not in ("", model.MODEL_VERSION):
-            return (f"model {name!r} has no version {version!r}; it has version "
-                    f"{model.MODEL_VERSION!r} (or leave the version empty)")
+            return (
+                f"model {name!r} has no version {version!r}; it has version "
+                f"{model.MODEL_VERSION!r} (or leave the version empty)"
+            )
         return None
 
-    async def ServerLive(self, request: kpb.ServerLiveRequest,
-                         context: grpc.aio.ServicerContext) -> kpb.ServerLiveResponse:
+    async def ServerLive(
+        self, request: kpb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ServerLiveResponse:
         return kpb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: kpb.ServerReadyRequest,
-                          context: grpc.aio.ServicerContext) -> kpb.ServerReadyResponse:
+    async def ServerReady(
+        self, request: kpb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ServerReadyResponse:
         return kpb.ServerReadyResponse(ready=self._ready())
 
-    async def ModelReady(self, request: kpb.ModelReadyRequest,
-                         context: grpc.aio.ServicerContext) -> kpb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: kpb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ModelReadyResponse:
         ready = self.unknown_model(request.name, request.version) is None and self._ready()
         return kpb.ModelReadyResponse(ready=ready)
 
-    async def ServerMetadata(self, request: kpb.ServerMetadataRequest,
-                             context: grpc.aio.ServicerContext) -> kpb.ServerMetadataResponse:
-        return kpb.ServerMetadataResponse(name="cadence", version=cadence.__version__,
-                                          extensions=_EXTENSIONS)
+    async def ServerMetadata(
+        self, request: kpb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ServerMetadataResponse:
+        return kpb.ServerMetadataResponse(
+            name="cadence", version=cadence.__version__, extensions=_EXTENSIONS
+        )
 
-    async def ModelMetadata(self, request: kpb.ModelMetadataRequest,
-                            context: grpc.aio.ServicerContext) -> kpb.ModelMetadataResponse:
+    async def ModelMetadata(
+        self, request: kpb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ModelMetadataResponse:
         await self._abort_if_unknown(request.name, request.version, context)
         return self._metadata
 
-    async def ModelConfig(self, request: kpb.ModelConfigRequest,
-                          context: grpc.aio.ServicerContext) -> kpb.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: kpb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ModelConfigResponse:
         await self._abort_if_unknown(request.name, request.version, context)
         return self._config
 
-    async def ModelStatistics(self, request: kpb.ModelStatisticsRequest,
-                              context: grpc.aio.ServicerContext) -> kpb.ModelStatisticsResponse:
+    async def ModelStatistics(
+        self, request: kpb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> kpb.ModelStatisticsResponse:
         """Requests of ModelStreamInfer that finished OK (`success`, time from arrival to the
         last response) and that failed (`fail`); of those a worker took, the time before it
         did (`queue`: admission, routing, the worker's waiting queue) and after (`compute_infer`,
@@ -141,9 +160,11 @@ class KServeService:
         if request.name:
             await self._abort_if_unknown(request.name, request.version, context)
         stats = kpb.ModelStatistics(
-            name=self.model_name, version=model.MODEL_VERSION,
+            name=self.model_name,
+            version=model.MODEL_VERSION,
             last_inference=self._last_inference_ms,
-            inference_count=self._succeeded, execution_count=self._succeeded,
+            inference_count=self._succeeded,
+            execution_count=self._succeeded,
         )
         stats.inference_stats.success.count = self._succeeded
         stats.inference_stats.success.ns = self._succeeded_ns
@@ -152,14 +173,22 @@ class KServeService:
         infer = stats.inference_stats
         # Clients (perf_analyzer) expect the three compute counts to agree; cadence does not
         # time input and output handling apart, so those two take no time.
-        for duration in (infer.queue, infer.compute_input, infer.compute_infer, infer.compute_output):
+        for duration in (
+            infer.queue,
+            infer.compute_input,
+            infer.compute_infer,
+            infer.compute_output,
+        ):
             duration.count = self._scheduled
         infer.queue.ns = self._queue_ns
         infer.compute_infer.ns = self._compute_ns
         return kpb.ModelStatisticsResponse(model_stats=[stats])
 
-    async def ModelInfer(self, request: kpb.ModelInferRequest,  # type: ignore[return]  # grpc is untyped: abort() raises
-                         context: grpc.aio.ServicerContext) -> kpb.ModelInferResponse:
+    async def ModelInfer(  # type: ignore[return]  # grpc is untyped: abort() raises
+        self,
+        request: kpb.ModelInferRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> kpb.ModelInferResponse:
         await self._abort_if_unknown(request.model_name, request.model_version, context)
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
@@ -167,14 +196,16 @@ class KServeService:
             f"{self.model_name!r} answers one response per chunk of output; use ModelStreamInfer",
         )
 
-    async def _abort_if_unknown(self, name: str, version: str,
-                                context: grpc.aio.ServicerContext) -> None:
+    async def _abort_if_unknown(
+        self, name: str, version: str, context: grpc.aio.ServicerContext
+    ) -> None:
         problem = self.unknown_model(name, version)
         if problem is not None:
             await context.abort(grpc.StatusCode.NOT_FOUND, problem)
 
-    async def ModelStreamInfer(self, requests: AsyncIterator[bytes],
-                               context: grpc.aio.ServicerContext) -> None:
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
         call = _StreamCall(self, context)
         try:
             async for raw in requests:
@@ -215,8 +246,9 @@ class _StreamCall:
         self._lock = asyncio.Lock()
         self._handler = asyncio.current_task()
         """Cancelled by the stall sweep: a client that reads nothing stalls the whole call."""
-        self._trace = (trace_context(context.invocation_metadata())
-                       if kserve.core.tracer is not None else None)
+        self._trace = (
+            trace_context(context.invocation_metadata()) if kserve.core.tracer is not None else None
+        )
         """The call's trace context, shared by every request it carries (tracing on)."""
 
     async def start(self, raw: bytes, received_ns: int) -> None:
@@ -228,7 +260,8 @@ class _StreamCall:
                 request = kpb.ModelInferRequest.FromString(raw)
             except DecodeError as exc:
                 raise InvalidRequest(
-                    f"the request is not a valid inference.ModelInferRequest: {exc}") from None
+                    f"the request is not a valid inference.ModelInferRequest: {exc}"
+                ) from None
             request_id = request.id
             problem = kserve.unknown_model(request.model_name, request.model_version)
             if problem is not None:
@@ -242,9 +275,14 @@ class _StreamCall:
             return
         try:
             # Triton does not require unique ids: they are only echoed.
-            generation = kserve.core.open(translated.request, received_ns,
-                                          self._context.time_remaining, protocol=KSERVE,
-                                          unique_id=False, task=self._handler)
+            generation = kserve.core.open(
+                translated.request,
+                received_ns,
+                self._context.time_remaining,
+                protocol=KSERVE,
+                unique_id=False,
+                task=self._handler,
+            )
         except RequestError as exc:  # counted by the core
             await self._fail(request_id, exc)
             return
@@ -258,8 +296,13 @@ class _StreamCall:
         """Write one response per chunk of one request until its last."""
         kserve = self._kserve
         request_id = translated.request.request_id
-        encoder = ResponseEncoder(kserve.model_name, model.MODEL_VERSION, request_id,
-                                  translated.want_tokens, translated.want_text)
+        encoder = ResponseEncoder(
+            kserve.model_name,
+            model.MODEL_VERSION,
+            request_id,
+            translated.want_tokens,
+            translated.want_text,
+        )
         empty_final = translated.empty_final
         try:
             with generation:
@@ -268,8 +311,13 @@ class _StreamCall:
                         final = chunk.finish != Finish.NONE
                         finish = _FINISH_NAMES[chunk.finish] if final else None
                         if chunk.token_ids or chunk.outputs:
-                            response = encoder.chunk(chunk.token_ids, chunk.text, finish,
-                                                     chunk.cached_tokens, chunk.outputs)
+                            response = encoder.chunk(
+                                chunk.token_ids,
+                                chunk.text,
+                                finish,
+                                chunk.cached_tokens,
+                                chunk.outputs,
+                            )
                         elif empty_final:  # the finish came after the last tokens
                             assert finish is not None  # only the last chunk has no tokens
                             response = encoder.final_only(finish, chunk.cached_tokens)
@@ -280,8 +328,9 @@ class _StreamCall:
                 except RequestError as exc:
                     await self._write(_error(request_id, exc))
         finally:
-            kserve.record(generation.failure is None, generation.received_ns,
-                          generation.scheduled_ns)
+            kserve.record(
+                generation.failure is None, generation.received_ns, generation.scheduled_ns
+            )
 
     async def _fail(self, request_id: str, exc: RequestError) -> None:
         """Answer a request that never started with an in-band error."""
@@ -310,6 +359,7 @@ class _StreamCall:
 def _error(request_id: str, exc: RequestError) -> bytes:
     """One request's failure, in-band (cadence.api.errors names it), with the request's id."""
     response = kpb.ModelStreamInferResponse(
-        error_message=kserve_error_message(exc.failure, exc.message))
+        error_message=kserve_error_message(exc.failure, exc.message)
+    )
     response.infer_response.id = request_id
     return response.SerializeToString()

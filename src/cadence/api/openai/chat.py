@@ -40,8 +40,15 @@ class PlainChat:
 class TemplateChat:
     """A checkpoint's jinja2 chat template, rendered as transformers renders it."""
 
-    def __init__(self, template: str, bos_token: str = "", eos_token: str = "", *,
-                 drop_bos: bool = False, source: str = "") -> None:
+    def __init__(
+        self,
+        template: str,
+        bos_token: str = "",
+        eos_token: str = "",
+        *,
+        drop_bos: bool = False,
+        source: str = "",
+    ) -> None:
         from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -51,8 +58,9 @@ class TemplateChat:
         def tojson(value: Any, indent: int | None = None, **_: Any) -> str:
             return json.dumps(value, indent=indent, ensure_ascii=False)
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[loopcontrols])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+        )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -63,10 +71,11 @@ class TemplateChat:
         self.source = source
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        text = self._template.render(messages=messages, add_generation_prompt=True,
-                                     bos_token=self._bos, eos_token=self._eos)
+        text = self._template.render(
+            messages=messages, add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos
+        )
         if self._drop_bos and text.startswith(self._bos):
-            text = text[len(self._bos):]
+            text = text[len(self._bos) :]
         return text
 
 

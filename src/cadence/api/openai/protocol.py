@@ -75,8 +75,11 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
     except msgspec.DecodeError as exc:
         raise BadField(None, f"the request body is not valid JSON: {exc}") from None
     except RecursionError:  # msgspec's guard against a nesting bomb: refused, not a 500
-        raise BadField(None, "the request body nests arrays or objects too deeply; no field "
-                       "of a request nests more than a few levels") from None
+        raise BadField(
+            None,
+            "the request body nests arrays or objects too deeply; no field "
+            "of a request nests more than a few levels",
+        ) from None
     if not isinstance(data, dict):
         raise BadField(None, "the request body must be a JSON object")
     model = data.get("model")
@@ -94,8 +97,13 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
         include_timing=_boolean(data, "cadence_timing"),
         priority=_integer(data, "priority", 0, *PRIORITY_RANGE),
     )
-    out = OpenAIRequest(endpoint=endpoint, model=model, request=request,
-                        stream=_boolean(data, "stream"), stops=_stops(data))
+    out = OpenAIRequest(
+        endpoint=endpoint,
+        model=model,
+        request=request,
+        stream=_boolean(data, "stream"),
+        stops=_stops(data),
+    )
     options = data.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
@@ -104,8 +112,9 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
     timeout = data.get("cadence_timeout_s")
     if timeout is not None:
         if not _is_number(timeout) or timeout <= 0:
-            raise BadField("cadence_timeout_s", "cadence_timeout_s must be a positive number "
-                           "of seconds")
+            raise BadField(
+                "cadence_timeout_s", "cadence_timeout_s must be a positive number of seconds"
+            )
         out.timeout_s = float(timeout)
     if endpoint == CHAT:
         out.messages = _messages(data)
@@ -164,8 +173,9 @@ def _token_ids(data: dict, name: str, *, required: bool) -> list[int]:
     if value is None and not required:
         return []
     if not isinstance(value, list) or not all(map(_is_token_id, value)):
-        raise BadField(name, f"{name} must be a list of token ids (integers from 0 to "
-                       f"{TOKEN_ID_MAX})")
+        raise BadField(
+            name, f"{name} must be a list of token ids (integers from 0 to {TOKEN_ID_MAX})"
+        )
     return value
 
 
@@ -175,10 +185,14 @@ def _stops(data: dict) -> list[str]:
         return []
     if isinstance(value, str):
         value = [value]
-    if (not isinstance(value, list) or len(value) > _MAX_STOPS
-            or not all(isinstance(s, str) and s for s in value)):
-        raise BadField("stop", f"stop must be a non-empty string or a list of up to "
-                       f"{_MAX_STOPS} of them")
+    if (
+        not isinstance(value, list)
+        or len(value) > _MAX_STOPS
+        or not all(isinstance(s, str) and s for s in value)
+    ):
+        raise BadField(
+            "stop", f"stop must be a non-empty string or a list of up to {_MAX_STOPS} of them"
+        )
     return value
 
 
@@ -188,25 +202,29 @@ def _prompt(data: dict, request: Request) -> None:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
         request.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
         if not all(map(_is_token_id, prompt)):
-            raise BadField("prompt", f"prompt token ids must be integers from 0 to "
-                           f"{TOKEN_ID_MAX}")
+            raise BadField("prompt", f"prompt token ids must be integers from 0 to {TOKEN_ID_MAX}")
         request.prompt_token_ids = prompt
     elif isinstance(prompt, list) and len(prompt) > 1:
-        raise BadField("prompt", "prompt must be one prompt: this server does not batch "
-                       "several prompts in one request")
+        raise BadField(
+            "prompt",
+            "prompt must be one prompt: this server does not batch several prompts in one request",
+        )
     else:
-        raise BadField("prompt", "prompt is required: a non-empty string or a list of "
-                       "token ids")
+        raise BadField("prompt", "prompt is required: a non-empty string or a list of token ids")
 
 
 def _messages(data: dict) -> list[dict[str, str]]:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadField("messages", "messages is required: a non-empty list of "
-                       "{role, content} objects")
+        raise BadField(
+            "messages", "messages is required: a non-empty list of {role, content} objects"
+        )
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
@@ -215,17 +233,23 @@ def _messages(data: dict) -> list[dict[str, str]]:
         if isinstance(content, list):  # content parts: text only
             texts = []
             for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                        part.get("text"), str):
-                    raise BadField(f"messages[{i}].content",
-                                   "only text content parts are supported")
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
+                    raise BadField(
+                        f"messages[{i}].content", "only text content parts are supported"
+                    )
                 texts.append(part["text"])
             content = "".join(texts)
         elif content is None:
             content = ""
         elif not isinstance(content, str):
-            raise BadField(f"messages[{i}].content",
-                           f"messages[{i}].content must be a string or a list of text parts")
+            raise BadField(
+                f"messages[{i}].content",
+                f"messages[{i}].content must be a string or a list of text parts",
+            )
         out.append({"role": message["role"], "content": content})
     return out
 
@@ -259,7 +283,7 @@ class StopStrings:
             if any(s.startswith(tail) for s in self._stops):
                 keep = size
                 break
-        self._pending = pending[len(pending) - keep:] if keep else ""
+        self._pending = pending[len(pending) - keep :] if keep else ""
         return pending[: len(pending) - keep]
 
 
@@ -267,9 +291,12 @@ def _extension(chunk: Chunk, timing: ChunkTiming) -> bytes:
     """`cadence_timing`'s field of one event: the chunk's position, the positions it covers
     (`tokens`: an event can hold several tokens, or a model's text pieces, each one) and the
     server's timestamps."""
-    return (b',"cadence":{"index":%d,"tokens":%d,"timing":' % (chunk.index,
-                                                               chunk.outputs or len(chunk.token_ids))
-            + _encode(timing) + b"}")
+    return (
+        b',"cadence":{"index":%d,"tokens":%d,"timing":'
+        % (chunk.index, chunk.outputs or len(chunk.token_ids))
+        + _encode(timing)
+        + b"}"
+    )
 
 
 class Encoder:
@@ -280,9 +307,20 @@ class Encoder:
     null` with `include_usage`) is encoded once, here; per event there is the text's JSON
     string, the finish reason and, with `cadence_timing`, the extension."""
 
-    __slots__ = ("_chat", "_first", "_head", "_open", "_open_first", "_tail", "cached_tokens",
-                 "completion_tokens",
-                 "created", "id", "model", "prompt_tokens")
+    __slots__ = (
+        "_chat",
+        "_first",
+        "_head",
+        "_open",
+        "_open_first",
+        "_tail",
+        "cached_tokens",
+        "completion_tokens",
+        "created",
+        "id",
+        "model",
+        "prompt_tokens",
+    )
 
     def __init__(self, endpoint: str, model: str, *, usage_null: bool = False) -> None:
         self._chat = endpoint == CHAT
@@ -290,20 +328,28 @@ class Encoder:
         self.created = int(time.time())  # the wire's field: seconds since the epoch
         self.model = model
         obj = "chat.completion.chunk" if self._chat else "text_completion"
-        self._head = (b'data: {"id":"' + self.id.encode() + b'","object":"' + obj.encode()
-                      + b'","created":%d,"model":' % self.created + _encode(model))
+        self._head = (
+            b'data: {"id":"'
+            + self.id.encode()
+            + b'","object":"'
+            + obj.encode()
+            + b'","created":%d,"model":' % self.created
+            + _encode(model)
+        )
         if self._chat:
             self._open = self._head + b',"choices":[{"index":0,"delta":{"content":'
-            self._open_first = (self._head
-                                + b',"choices":[{"index":0,"delta":{"role":"assistant",'
-                                b'"content":')
+            self._open_first = (
+                self._head + b',"choices":[{"index":0,"delta":{"role":"assistant","content":'
+            )
             close = b'},"logprobs":null,"finish_reason":'
         else:
             self._open = self._open_first = self._head + b',"choices":[{"index":0,"text":'
             close = b',"logprobs":null,"finish_reason":'
         usage = b',"usage":null' if usage_null else b""
-        self._tail = {finish: close + _encode(finish) + b"}]" + usage
-                      for finish in (None, *FINISH_REASON.values())}
+        self._tail = {
+            finish: close + _encode(finish) + b"}]" + usage
+            for finish in (None, *FINISH_REASON.values())
+        }
         """What follows the text, by finish reason: the choice's end, then `usage`."""
         self._first = True
         self.prompt_tokens = 0
@@ -333,8 +379,10 @@ class Encoder:
         """OpenAI's usage; `prompt_tokens_details.cached_tokens` as OpenAI and vLLM give it
         (the prompt tokens the prefix cache served), when the server caches prefixes."""
         usage: dict[str, object] = {
-            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens}
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
         if self.cached_tokens:
             usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
         return usage
@@ -353,15 +401,24 @@ class Encoder:
     def whole(self, text: str, finish: str | None) -> bytes:
         """The body of a response with `stream: false`."""
         if self._chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return _encode({
-            "id": self.id, "object": "chat.completion" if self._chat else "text_completion",
-            "created": self.created, "model": self.model, "choices": [choice],
-            "usage": self.usage(),
-        })
+        return _encode(
+            {
+                "id": self.id,
+                "object": "chat.completion" if self._chat else "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice],
+                "usage": self.usage(),
+            }
+        )
 
 
 def error_body(message: str, kind: str, code: str | None, param: str | None = None) -> bytes:
@@ -377,5 +434,9 @@ def failure_body(failure: Failure, message: str, param: str | None = None) -> tu
 
 
 def models_body(model: str, created: int) -> bytes:
-    return _encode({"object": "list", "data": [
-        {"id": model, "object": "model", "created": created, "owned_by": "cadence"}]})
+    return _encode(
+        {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": created, "owned_by": "cadence"}],
+        }
+    )

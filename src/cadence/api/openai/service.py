@@ -60,20 +60,29 @@ from cadence.core.requests import Chunk
 from cadence.vocabulary import Failure
 
 _JSON = "application/json"
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no"}
+_SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
 _OPEN_PATHS = ("/health",)
 """Routes that need no bearer token (probes; see cadence.api.security)."""
-_CORE_PARAMS = (("max_tokens", "max_tokens"), ("the prompt", "prompt"), ("prompt", "prompt"),
-                ("sampling.temperature", "temperature"), ("sampling.top_p", "top_p"),
-                ("sampling.seed", "seed"), ("stop_token_ids", "stop_token_ids"))
+_CORE_PARAMS = (
+    ("max_tokens", "max_tokens"),
+    ("the prompt", "prompt"),
+    ("prompt", "prompt"),
+    ("sampling.temperature", "temperature"),
+    ("sampling.top_p", "top_p"),
+    ("sampling.seed", "seed"),
+    ("stop_token_ids", "stop_token_ids"),
+)
 """The field a core's InvalidRequest is about, from how its message begins."""
 _TOKEN_REFUSALS = {
     TokenRefusal.MISSING: "this server requires a bearer token: send the header "
-                          "'Authorization: Bearer <token>'",
+    "'Authorization: Bearer <token>'",
     TokenRefusal.MALFORMED: "the Authorization header must be 'Bearer <token>'",
     TokenRefusal.WRONG: "the bearer token is not one this server accepts (see the server's "
-                        "--auth-token-file)",
+    "--auth-token-file)",
     TokenRefusal.SEVERAL: "send one Authorization header: this request carries several",
 }
 _STALLED_CLOSE_S = 1.0
@@ -116,6 +125,7 @@ def _param(exc: RequestError, endpoint: str) -> str | None:
 _OPERATIONS = {CHAT: "chat", COMPLETIONS: "text_completion"}
 """Each endpoint's `gen_ai.operation.name` in traces."""
 
+
 class OpenAIService:
     """Serves the OpenAI-compatible routes for one model, `model_name`, through `core`.
 
@@ -128,10 +138,19 @@ class OpenAIService:
     response (`--fronts N`: which front serves it, as cadence.v1's initial metadata).
     """
 
-    def __init__(self, core: FrontCore, model_name: str, ready: Callable[[], bool],
-                 chat: TemplateChat | PlainChat, *, default_max_tokens: int, max_body: int,
-                 body_timeout_s: float = 60.0, tokens: list[str] | None = None,
-                 headers: tuple[tuple[str, str], ...] | None = None) -> None:
+    def __init__(
+        self,
+        core: FrontCore,
+        model_name: str,
+        ready: Callable[[], bool],
+        chat: TemplateChat | PlainChat,
+        *,
+        default_max_tokens: int,
+        max_body: int,
+        body_timeout_s: float = 60.0,
+        tokens: list[str] | None = None,
+        headers: tuple[tuple[str, str], ...] | None = None,
+    ) -> None:
         self.core = core
         self.model_name = model_name
         self._ready = ready
@@ -144,11 +163,11 @@ class OpenAIService:
         self._sse_headers = {**_SSE_HEADERS, **dict(headers or ())}
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors_and_auth],
-                              client_max_size=self._max_body)
+        app = web.Application(middlewares=[self._errors_and_auth], client_max_size=self._max_body)
         app.router.add_post("/v1/completions", self.completions, expect_handler=self._expect)
-        app.router.add_post("/v1/chat/completions", self.chat_completions,
-                            expect_handler=self._expect)
+        app.router.add_post(
+            "/v1/chat/completions", self.chat_completions, expect_handler=self._expect
+        )
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         return app
@@ -167,8 +186,9 @@ class OpenAIService:
     async def health(self, request: web.Request) -> web.Response:
         if self._ready():
             return _json(b'{"status":"ok"}')
-        return _failure(Failure.UNAVAILABLE, self.core.refusal or
-                        "no worker is ready; retry shortly")
+        return _failure(
+            Failure.UNAVAILABLE, self.core.refusal or "no worker is ready; retry shortly"
+        )
 
     # --- middleware ------------------------------------------------------------------------
 
@@ -179,8 +199,9 @@ class OpenAIService:
             refusal = self._tokens.check(request.headers.getall("Authorization", ()))
             if refusal is not None:
                 status, kind = HTTP_UNAUTHENTICATED
-                response = _json(error_body(_TOKEN_REFUSALS[refusal], kind, "invalid_api_key"),
-                                 status)
+                response = _json(
+                    error_body(_TOKEN_REFUSALS[refusal], kind, "invalid_api_key"), status
+                )
                 # Kept alive, the connection would first have to take in the whole body of a
                 # client that may send megabytes it has no right to send.
                 return _closing(response) if request.body_exists else response
@@ -207,14 +228,22 @@ class OpenAIService:
         try:
             return await handler(request)
         except web.HTTPNotFound:
-            return _failure(Failure.NOT_FOUND, f"no route {request.path}; this server serves "
-                            "POST /v1/completions, POST /v1/chat/completions, GET /v1/models "
-                            "and GET /health")
+            return _failure(
+                Failure.NOT_FOUND,
+                f"no route {request.path}; this server serves "
+                "POST /v1/completions, POST /v1/chat/completions, GET /v1/models "
+                "and GET /health",
+            )
         except web.HTTPMethodNotAllowed as exc:
-            return _json(error_body(
-                f"{request.method} is not allowed on {request.path}; use "
-                f"{', '.join(sorted(exc.allowed_methods))}", "invalid_request_error",
-                "method_not_allowed"), 405)
+            return _json(
+                error_body(
+                    f"{request.method} is not allowed on {request.path}; use "
+                    f"{', '.join(sorted(exc.allowed_methods))}",
+                    "invalid_request_error",
+                    "method_not_allowed",
+                ),
+                405,
+            )
 
     # --- generation ------------------------------------------------------------------------
 
@@ -230,15 +259,27 @@ class OpenAIService:
         except TimeoutError:
             core.refused(Failure.DEADLINE_EXCEEDED, OPENAI)
             status, kind = HTTP_REQUEST_TIMEOUT
-            return _closing(_json(error_body(
-                f"the request body did not arrive within {self._body_timeout_s:g} s "
-                "(the server's --http-body-timeout)", kind, "request_timeout"), status))
+            return _closing(
+                _json(
+                    error_body(
+                        f"the request body did not arrive within {self._body_timeout_s:g} s "
+                        "(the server's --http-body-timeout)",
+                        kind,
+                        "request_timeout",
+                    ),
+                    status,
+                )
+            )
         try:
             wire = parse(body, endpoint, default_max_tokens=self._default_max_tokens)
             if wire.model != self.model_name:
                 core.refused(Failure.NOT_FOUND, OPENAI)
-                return _failure(Failure.NOT_FOUND, f"the model {wire.model!r} does not exist "
-                                f"here; this server serves {self.model_name!r}", "model")
+                return _failure(
+                    Failure.NOT_FOUND,
+                    f"the model {wire.model!r} does not exist "
+                    f"here; this server serves {self.model_name!r}",
+                    "model",
+                )
             if endpoint == CHAT:
                 try:
                     wire.request.prompt = self._chat.render(wire.messages)
@@ -252,8 +293,13 @@ class OpenAIService:
             wire.request.traceparent = headers.get("traceparent", "")
             wire.request.tracestate = headers.get("tracestate", "")
         try:
-            generation = core.open(wire.request, received_ns, _time_remaining(wire.timeout_s),
-                                   protocol=OPENAI, operation=_OPERATIONS[endpoint])
+            generation = core.open(
+                wire.request,
+                received_ns,
+                _time_remaining(wire.timeout_s),
+                protocol=OPENAI,
+                operation=_OPERATIONS[endpoint],
+            )
         except RequestError as exc:  # counted by the core
             return _failure(exc.failure, exc.message, _param(exc, endpoint))
         with generation:
@@ -261,16 +307,19 @@ class OpenAIService:
                 return await self._stream(http, wire, generation)
             return await self._whole(wire, generation)
 
-    async def _stream(self, http: web.Request, wire: OpenAIRequest,
-                      generation: Generation) -> web.StreamResponse:
+    async def _stream(
+        self, http: web.Request, wire: OpenAIRequest, generation: Generation
+    ) -> web.StreamResponse:
         # The Generation's iterator unrolled into `ready` and `take`. The task writes the first
         # event (the response starts with it) and any that waited; in between, the output
         # reader writes each step's event (`write_from_reader`) and the task sleeps until the
         # stream ends, fails, stops or the client's socket is full.
         ready, take = generation.ready, generation.take
-        events = _Events(generation, Encoder(wire.endpoint, self.model_name,
-                                             usage_null=wire.include_usage),
-                         StopStrings(wire.stops) if wire.stops else None)
+        events = _Events(
+            generation,
+            Encoder(wire.endpoint, self.model_name, usage_null=wire.include_usage),
+            StopStrings(wire.stops) if wire.stops else None,
+        )
         response: web.StreamResponse | None = None
         try:
             try:
@@ -305,8 +354,9 @@ class OpenAIService:
                 response = self._sse_response(http)
                 await response.prepare(http)
             # The last event(s) and the body's end in one write.
-            await response.write_eof(events.encoder.usage_event() + DONE if wire.include_usage
-                                     else DONE)
+            await response.write_eof(
+                events.encoder.usage_event() + DONE if wire.include_usage else DONE
+            )
         except ConnectionError:  # the client went away mid-write: the Generation closes
             pass
         except asyncio.CancelledError:
@@ -348,11 +398,19 @@ class _Events:
     matched or the socket's buffer is past its high-water mark (the transport paused the
     protocol), so that the task drains it before anything more is written."""
 
-    __slots__ = ("_chunked", "_generation", "_protocol", "_stops", "_transport", "_writer",
-                 "encoder", "paused", "stopped")
+    __slots__ = (
+        "_chunked",
+        "_generation",
+        "_protocol",
+        "_stops",
+        "_transport",
+        "_writer",
+        "encoder",
+        "paused",
+        "stopped",
+    )
 
-    def __init__(self, generation: Generation, encoder: Encoder,
-                 stops: StopStrings | None) -> None:
+    def __init__(self, generation: Generation, encoder: Encoder, stops: StopStrings | None) -> None:
         self._generation = generation
         self.encoder = encoder
         self._stops = stops
@@ -372,8 +430,7 @@ class _Events:
         """Write `chunk`'s event; True when the task must act first: a stop string matched,
         or the socket's buffer is full (drain). Raises ConnectionResetError when the client's
         connection is closed."""
-        text, finish, self.stopped = _text_of(chunk, self._generation, self.encoder,
-                                              self._stops)
+        text, finish, self.stopped = _text_of(chunk, self._generation, self.encoder, self._stops)
         event = self.encoder.event(text, finish, chunk)
         transport = self._transport
         if transport is None or transport.is_closing():
@@ -387,8 +444,9 @@ class _Events:
         await self._writer.drain()
 
 
-async def _cut_off(http: web.Request, response: web.StreamResponse,
-                   error: tuple[Failure, str]) -> None:
+async def _cut_off(
+    http: web.Request, response: web.StreamResponse, error: tuple[Failure, str]
+) -> None:
     """End a stream that the core failed while its write waited on a client that reads nothing
     (--stall-timeout): the error event and [DONE] go into the socket's buffer, and after
     `_STALLED_CLOSE_S` the connection is reset with whatever the client has not taken. A plain
@@ -415,8 +473,9 @@ async def _cut_off(http: web.Request, response: web.StreamResponse,
         transport.abort()
 
 
-def _text_of(chunk: Chunk, generation: Generation, encoder: Encoder,
-             stops: StopStrings | None) -> tuple[str, str | None, bool]:
+def _text_of(
+    chunk: Chunk, generation: Generation, encoder: Encoder, stops: StopStrings | None
+) -> tuple[str, str | None, bool]:
     """A chunk's text and finish reason, counted by `encoder`, with the stop strings applied:
     at a match the text is cut there, the finish is "stop", and the request ends OK (True;
     the core aborts its sequence in the worker when the Generation closes)."""

@@ -32,14 +32,22 @@ def to_request(raw: bytes) -> Request:
     try:
         message = pb.GenerateRequest.FromString(raw)
     except DecodeError as exc:
-        raise InvalidRequest(f"the request is not a valid cadence.v1.GenerateRequest: {exc}") from None
+        raise InvalidRequest(
+            f"the request is not a valid cadence.v1.GenerateRequest: {exc}"
+        ) from None
     sampling = message.sampling
     return Request(
-        request_id=message.request_id, prompt=message.prompt,
-        prompt_token_ids=list(message.prompt_token_ids), max_tokens=message.max_tokens,
-        stop_token_ids=list(message.stop_token_ids), temperature=sampling.temperature,
-        top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed,
-        include_timing=message.include_timing, priority=message.priority,
+        request_id=message.request_id,
+        prompt=message.prompt,
+        prompt_token_ids=list(message.prompt_token_ids),
+        max_tokens=message.max_tokens,
+        stop_token_ids=list(message.stop_token_ids),
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=sampling.seed,
+        include_timing=message.include_timing,
+        priority=message.priority,
     )
 
 
@@ -47,8 +55,9 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
     """A core chunk as a `GenerateChunk` of request `request_id`."""
     # Only fields that differ from proto3's defaults are set: each set costs as much as a
     # field's encoding, and a zero is not sent either way.
-    out = pb.GenerateChunk(request_id=request_id, index=chunk.index, token_ids=chunk.token_ids,
-                           text=chunk.text)
+    out = pb.GenerateChunk(
+        request_id=request_id, index=chunk.index, token_ids=chunk.token_ids, text=chunk.text
+    )
     if chunk.finish:
         out.finish_reason = chunk.finish  # type: ignore[assignment]  # protoc's .pyi wants the enum class; its int value is what protobuf takes
     if chunk.prompt_tokens:  # the first chunk's
@@ -108,7 +117,9 @@ class InferenceService:
     `metadata`: initial metadata for every stream (`--fronts N`: which front serves it).
     """
 
-    def __init__(self, core: FrontCore, metadata: tuple[tuple[str, str], ...] | None = None) -> None:
+    def __init__(
+        self, core: FrontCore, metadata: tuple[tuple[str, str], ...] | None = None
+    ) -> None:
         self._core = core
         self._metadata = metadata
         self._lag_sent = ""
@@ -116,11 +127,15 @@ class InferenceService:
 
     def handlers(self) -> dict[str, grpc.RpcMethodHandler]:
         """The service's handlers by method name, taking the request as bytes."""
-        return {"Generate": grpc.unary_stream_rpc_method_handler(
-            self.Generate, response_serializer=pb.GenerateChunk.SerializeToString)}
+        return {
+            "Generate": grpc.unary_stream_rpc_method_handler(
+                self.Generate, response_serializer=pb.GenerateChunk.SerializeToString
+            )
+        }
 
-    async def Generate(self, raw: bytes,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+    async def Generate(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
         received_ns = time.monotonic_ns()
         core = self._core
         try:
@@ -131,8 +146,9 @@ class InferenceService:
         if core.tracer is not None:
             request.traceparent, request.tracestate = trace_context(context.invocation_metadata())
         try:
-            generation = core.open(request, received_ns, context.time_remaining,
-                                   protocol=CADENCE_V1)
+            generation = core.open(
+                request, received_ns, context.time_remaining, protocol=CADENCE_V1
+            )
         except RequestError as exc:  # counted by the core
             await context.abort(grpc_status(exc.failure), exc.message)
         lag = core.metrics.loop_lag_tally if request.include_timing else None

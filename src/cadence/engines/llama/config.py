@@ -86,10 +86,20 @@ def from_hf(config: dict[str, Any], generation: dict[str, Any] | None = None) ->
     if config.get("use_sliding_window") or (
         model_type == "mistral" and config.get("sliding_window") is not None
     ):
-        raise UnsupportedModel("sliding_window / use_sliding_window is set; only full attention is implemented")
+        raise UnsupportedModel(
+            "sliding_window / use_sliding_window is set; only full attention is implemented"
+        )
     if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise UnsupportedModel("partial_rotary_factor is not 1.0; only full-width rotary embeddings are implemented")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        raise UnsupportedModel(
+            "partial_rotary_factor is not 1.0; only full-width rotary embeddings are implemented"
+        )
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+    ):
         if not isinstance(config.get(name), int) or config[name] < 1:
             raise UnsupportedModel(f"{name} must be a positive integer, got {config.get(name)!r}")
     heads = config["num_attention_heads"]
@@ -157,7 +167,9 @@ def _rope(config: dict[str, Any]) -> RopeConfig:
         low_freq_factor=float(params["low_freq_factor"]),
         high_freq_factor=float(params["high_freq_factor"]),
         original_max_position=int(
-            params.get("original_max_position_embeddings", config.get("max_position_embeddings", 8192))
+            params.get(
+                "original_max_position_embeddings", config.get("max_position_embeddings", 8192)
+            )
         ),
     )
 
@@ -174,4 +186,3 @@ def tiny() -> LlamaConfig:
         head_dim=32,
         max_position=2048,
     )
-

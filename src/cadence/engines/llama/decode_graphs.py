@@ -47,8 +47,9 @@ def _bucket(n: int, lowest: int = 1) -> int:
 class _Bucket:
     """Static inputs of one (batch, width) shape, and its graph once captured."""
 
-    def __init__(self, batch: int, width: int, block_size: int, scratch: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, batch: int, width: int, block_size: int, scratch: int, device: torch.device
+    ) -> None:
         slots = width * block_size
         self.batch = batch
         self.scratch_block, self.scratch_slot = scratch, scratch * block_size
@@ -59,10 +60,18 @@ class _Bucket:
         self.mask = torch.zeros(batch, 1, 1, slots, dtype=torch.bool, device=device)
         self.mask[..., 0] = True  # a padding row attends to its own scratch slot
         self.inputs = StepInputs(
-            tokens=self.tokens, positions=self.positions, write_index=self.write_index,
-            prefill_count=0, prefill_tokens=0, prefill_pad_index=None, prefill_width=0,
-            prefill_mask=None, decode_count=batch, decode_blocks=self.blocks,
-            decode_mask=self.mask, last_index=torch.arange(batch, device=device),
+            tokens=self.tokens,
+            positions=self.positions,
+            write_index=self.write_index,
+            prefill_count=0,
+            prefill_tokens=0,
+            prefill_pad_index=None,
+            prefill_width=0,
+            prefill_mask=None,
+            decode_count=batch,
+            decode_blocks=self.blocks,
+            decode_mask=self.mask,
+            last_index=torch.arange(batch, device=device),
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
@@ -92,8 +101,15 @@ class _Bucket:
 class DecodeGraphs:
     """Runs decode-only steps through padded, static-shape buckets (see the module docstring)."""
 
-    def __init__(self, model: LlamaModel, cache: KVCache, *, max_batch: int,
-                 capture: bool, max_graphs: int = 64) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        cache: KVCache,
+        *,
+        max_batch: int,
+        capture: bool,
+        max_graphs: int = 64,
+    ) -> None:
         self._model = model
         self._cache = cache
         self.max_batch = _bucket(max(1, max_batch))
@@ -152,8 +168,9 @@ class DecodeGraphs:
             return bucket
         if len(self._buckets) >= self._max_graphs:
             return None
-        bucket = _Bucket(batch, width, self._cache.block_size, self.scratch_block,
-                         self._model.device)
+        bucket = _Bucket(
+            batch, width, self._cache.block_size, self.scratch_block, self._model.device
+        )
         if self._capture:
             try:
                 self._record(bucket)

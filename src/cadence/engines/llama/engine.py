@@ -53,7 +53,9 @@ def resolve_device(device: str) -> torch.device:
             raise RuntimeError(f"device {device} was asked for, but torch sees no CUDA card")
         index = dev.index or 0
         if index >= torch.cuda.device_count():
-            raise RuntimeError(f"device {device} does not exist ({torch.cuda.device_count()} card(s))")
+            raise RuntimeError(
+                f"device {device} does not exist ({torch.cuda.device_count()} card(s))"
+            )
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     if dev.type != "cpu":
@@ -77,8 +79,12 @@ def _extend_hashes(hashes: list[bytes], tokens: list[int], blocks: int) -> list[
     `blocks` blocks (hashing only the blocks it lacks)."""
     known = len(hashes)
     if known < blocks:
-        hashes += block_hashes(tokens[known * BLOCK_SIZE:blocks * BLOCK_SIZE], BLOCK_SIZE,
-                               blocks - known, hashes[-1] if hashes else ROOT)
+        hashes += block_hashes(
+            tokens[known * BLOCK_SIZE : blocks * BLOCK_SIZE],
+            BLOCK_SIZE,
+            blocks - known,
+            hashes[-1] if hashes else ROOT,
+        )
     return hashes
 
 
@@ -134,7 +140,9 @@ class LlamaEngine:
         self.rank = rank
         self._seed = config.seed
         if not config.model:
-            raise ValueError("the torch engine needs --model PATH (a local Hugging Face folder) or tiny")
+            raise ValueError(
+                "the torch engine needs --model PATH (a local Hugging Face folder) or tiny"
+            )
         self.model_config = read_config(config.model)
         check_shardable(self.model_config, group_size)
         self.dtype = resolve_dtype(config.dtype, self.model_config.dtype, self.device)
@@ -170,13 +178,16 @@ class LlamaEngine:
         self.graphs: DecodeGraphs | None = None
         """CUDA graphs for decode steps (CUDA, one rank, --cuda-graph-batch > 0)."""
         if self.device.type == "cuda" and group_size == 1 and config.cuda_graph_batch > 0:
-            self.graphs = DecodeGraphs(self.model, self.cache, max_batch=config.cuda_graph_batch,
-                                       capture=True)
+            self.graphs = DecodeGraphs(
+                self.model, self.cache, max_batch=config.cuda_graph_batch, capture=True
+            )
         self.tokenizer: TextTokenizer | ByteText | None = None
         """The model folder's tokenizer, or byte-level text (`tiny`, no tokenizer.json); the
         worker tokenizes text prompts and detokenizes output with it (rank 0 only)."""
         if rank == 0:
-            self.tokenizer = ByteText() if config.model == TINY else load_tokenizer(Path(config.model))
+            self.tokenizer = (
+                ByteText() if config.model == TINY else load_tokenizer(Path(config.model))
+            )
         self.vocab_size = self.model_config.vocab_size
         self.context = self.model_config.max_position
         self._eos = frozenset(self.model_config.eos_token_ids)
@@ -249,8 +260,9 @@ class LlamaEngine:
             return False  # next step: this one's prefill is full
         state = seq.state
         if state is None:
-            state = seq.state = _SeqState(Sampler(request, self._seed, self.device),
-                                          list(seq.prefill_ids))
+            state = seq.state = _SeqState(
+                Sampler(request, self._seed, self.device), list(seq.prefill_ids)
+            )
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
         assert isinstance(state, _SeqState)  # `state` is only ever set by this engine
@@ -315,12 +327,13 @@ class LlamaEngine:
         if chunks:
             # Sample only the sequences whose prompt ends here (a sampler's random state
             # must advance once per output token, chunked or not).
-            ends = [i for i, seq in enumerate(prefill)
-                    if seq.prefill_to == len(seq.prefill_ids)]
+            ends = [i for i, seq in enumerate(prefill) if seq.prefill_to == len(seq.prefill_ids)]
             rows = ends + list(range(len(prefill), len(prefill) + len(decode)))
-            sampled = sample(logits[rows], [_state(prefill[i]).sampler for i in ends]
-                             + [s.sampler for s in states])
-            tokens = [-1] * len(prefill) + sampled[len(ends):]
+            sampled = sample(
+                logits[rows],
+                [_state(prefill[i]).sampler for i in ends] + [s.sampler for s in states],
+            )
+            tokens = [-1] * len(prefill) + sampled[len(ends) :]
             for i, token in zip(ends, sampled):
                 tokens[i] = token
         else:
@@ -335,7 +348,7 @@ class LlamaEngine:
                 state.tokens.append(token)
             if caching and state.cached >= (state.registered + 1) * bs:
                 self._register(state)
-        for state, token in zip(states, tokens[len(prefill):]):
+        for state, token in zip(states, tokens[len(prefill) :]):
             state.cached += 1
             state.last = token
             state.tokens.append(token)

@@ -46,8 +46,14 @@ class KVCache:
         self.capacity_tokens = self.num_blocks * block_size
         """Tokens the cache holds, all sequences together (rounded down to whole blocks)."""
         slots = self.capacity_tokens
-        self.keys = [torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.keys = [
+            torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(layers)
+        ]
+        self.values = [
+            torch.zeros(slots, kv_heads, head_dim, dtype=dtype, device=device)
+            for _ in range(layers)
+        ]
         # Popped from the end: the lowest-numbered blocks go out first.
         self._free = list(range(self.num_blocks - 1, -1, -1))
         self._refs = [0] * self.num_blocks

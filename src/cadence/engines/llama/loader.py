@@ -123,7 +123,9 @@ def _build(
     kv_heads = config.num_kv_heads // shard.size
     inner = config.intermediate_size // shard.size
 
-    def get(name: str, shape: tuple[int, ...], dim: int | None = None, width: int = 0) -> torch.Tensor:
+    def get(
+        name: str, shape: tuple[int, ...], dim: int | None = None, width: int = 0
+    ) -> torch.Tensor:
         start = shard.rank * width
         t = fetch(name, dim, start, start + width)
         if t is None:
@@ -141,41 +143,51 @@ def _build(
         a = p + "self_attn."
         m = p + "mlp."
         q_rows, kv_rows = heads * d, kv_heads * d
-        qkv = torch.cat([
-            get(a + "q_proj.weight", (q_rows, h), 0, q_rows),
-            get(a + "k_proj.weight", (kv_rows, h), 0, kv_rows),
-            get(a + "v_proj.weight", (kv_rows, h), 0, kv_rows),
-        ])
+        qkv = torch.cat(
+            [
+                get(a + "q_proj.weight", (q_rows, h), 0, q_rows),
+                get(a + "k_proj.weight", (kv_rows, h), 0, kv_rows),
+                get(a + "v_proj.weight", (kv_rows, h), 0, kv_rows),
+            ]
+        )
         qkv_bias = None
         if config.qkv_bias:
-            qkv_bias = torch.cat([
-                get(a + "q_proj.bias", (q_rows,), 0, q_rows),
-                get(a + "k_proj.bias", (kv_rows,), 0, kv_rows),
-                get(a + "v_proj.bias", (kv_rows,), 0, kv_rows),
-            ])
-        gate_up = torch.cat([
-            get(m + "gate_proj.weight", (inner, h), 0, inner),
-            get(m + "up_proj.weight", (inner, h), 0, inner),
-        ])
+            qkv_bias = torch.cat(
+                [
+                    get(a + "q_proj.bias", (q_rows,), 0, q_rows),
+                    get(a + "k_proj.bias", (kv_rows,), 0, kv_rows),
+                    get(a + "v_proj.bias", (kv_rows,), 0, kv_rows),
+                ]
+            )
+        gate_up = torch.cat(
+            [
+                get(m + "gate_proj.weight", (inner, h), 0, inner),
+                get(m + "up_proj.weight", (inner, h), 0, inner),
+            ]
+        )
         gate_up_bias = None
         if config.mlp_bias:
-            gate_up_bias = torch.cat([
-                get(m + "gate_proj.bias", (inner,), 0, inner),
-                get(m + "up_proj.bias", (inner,), 0, inner),
-            ])
-        layers.append(LayerWeights(
-            input_norm=get(p + "input_layernorm.weight", (h,)),
-            qkv=qkv,
-            qkv_bias=qkv_bias,
-            o=get(a + "o_proj.weight", (h, q_rows), 1, q_rows),
-            # Row-parallel biases are added once, after the all-reduce: every rank holds all.
-            o_bias=get(a + "o_proj.bias", (h,)) if config.o_bias else None,
-            post_norm=get(p + "post_attention_layernorm.weight", (h,)),
-            gate_up=gate_up,
-            gate_up_bias=gate_up_bias,
-            down=get(m + "down_proj.weight", (h, inner), 1, inner),
-            down_bias=get(m + "down_proj.bias", (h,)) if config.mlp_bias else None,
-        ))
+            gate_up_bias = torch.cat(
+                [
+                    get(m + "gate_proj.bias", (inner,), 0, inner),
+                    get(m + "up_proj.bias", (inner,), 0, inner),
+                ]
+            )
+        layers.append(
+            LayerWeights(
+                input_norm=get(p + "input_layernorm.weight", (h,)),
+                qkv=qkv,
+                qkv_bias=qkv_bias,
+                o=get(a + "o_proj.weight", (h, q_rows), 1, q_rows),
+                # Row-parallel biases are added once, after the all-reduce: every rank holds all.
+                o_bias=get(a + "o_proj.bias", (h,)) if config.o_bias else None,
+                post_norm=get(p + "post_attention_layernorm.weight", (h,)),
+                gate_up=gate_up,
+                gate_up_bias=gate_up_bias,
+                down=get(m + "down_proj.weight", (h, inner), 1, inner),
+                down_bias=get(m + "down_proj.bias", (h,)) if config.mlp_bias else None,
+            )
+        )
     embed = get("model.embed_tokens.weight", (config.vocab_size, h))
     head = None
     if lm_head:

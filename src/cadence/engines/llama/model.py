@@ -205,10 +205,15 @@ class LlamaModel:
             blocks = step.prefill_blocks
             shape = (bp, blocks.shape[1] * block_size, keys.shape[1], keys.shape[2])
             past_k = keys.view(-1, block_size, *keys.shape[1:])[blocks].view(shape).transpose(1, 2)
-            past_v = values.view(-1, block_size, *values.shape[1:])[blocks].view(shape).transpose(1, 2)
+            past_v = (
+                values.view(-1, block_size, *values.shape[1:])[blocks].view(shape).transpose(1, 2)
+            )
             out = F.scaled_dot_product_attention(
-                rows.view(bp, width, *q.shape[1:]).transpose(1, 2), past_k, past_v,
-                attn_mask=step.prefill_mask, enable_gqa=True,
+                rows.view(bp, width, *q.shape[1:]).transpose(1, 2),
+                past_k,
+                past_v,
+                attn_mask=step.prefill_mask,
+                enable_gqa=True,
             )
             parts.append(out.transpose(1, 2).reshape(bp * width, *q.shape[1:])[pad])
         elif step.prefill_count == 1:
@@ -236,11 +241,15 @@ class LlamaModel:
             parts.append(out.transpose(1, 2).reshape(bp * width, *q.shape[1:])[pad])
         if step.decode_count:
             bd = step.decode_count
-            assert step.decode_blocks is not None  # decoded sequences carry their blocks (plan.unpack)
+            assert (
+                step.decode_blocks is not None
+            )  # decoded sequences carry their blocks (plan.unpack)
             blocks = step.decode_blocks
             shape = (bd, blocks.shape[1] * block_size, keys.shape[1], keys.shape[2])
             past_k = keys.view(-1, block_size, *keys.shape[1:])[blocks].view(shape).transpose(1, 2)
-            past_v = values.view(-1, block_size, *values.shape[1:])[blocks].view(shape).transpose(1, 2)
+            past_v = (
+                values.view(-1, block_size, *values.shape[1:])[blocks].view(shape).transpose(1, 2)
+            )
             out = F.scaled_dot_product_attention(
                 q[np_:, :, None, :], past_k, past_v, attn_mask=step.decode_mask, enable_gqa=True
             )

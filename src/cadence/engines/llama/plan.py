@@ -46,7 +46,13 @@ class StepPlan:
         wp = max((len(b) for b in self.prefill_blocks), default=0)
         wd = max((len(b) for b in self.decode_blocks), default=0)
         flat_prompt = [t for p in self.prefill_tokens for t in p]
-        out: list[int] = [len(self.prefill_tokens), len(self.decode_tokens), wp, wd, len(flat_prompt)]
+        out: list[int] = [
+            len(self.prefill_tokens),
+            len(self.decode_tokens),
+            wp,
+            wd,
+            len(flat_prompt),
+        ]
         out += [len(p) for p in self.prefill_tokens]
         out += self.prefill_starts or [0] * len(self.prefill_tokens)
         out += flat_prompt

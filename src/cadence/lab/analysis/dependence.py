@@ -121,41 +121,63 @@ def _cause(latency: str, variable: str, shape: str) -> str:
     """What usually makes that dependence."""
     rising = shape in (LINEAR, FASTER, MONOTONE, STEP)
     if shape == GROUP:
-        return (f"one {variable.replace('_', ' ')} served apart: a slower card or replica, a "
-                "connection or proxy of its own, a population or class treated differently")
+        return (
+            f"one {variable.replace('_', ' ')} served apart: a slower card or replica, a "
+            "connection or proxy of its own, a population or class treated differently"
+        )
     if variable == "position":
         if shape == PERIODIC:
-            return ("a per-block cost every K tokens: a KV-cache block allocated or swapped in, "
-                    "a paged buffer, a detokenizer or writer that flushes every K outputs")
+            return (
+                "a per-block cost every K tokens: a KV-cache block allocated or swapped in, "
+                "a paged buffer, a detokenizer or writer that flushes every K outputs"
+            )
         if shape == STEP:
-            return ("a change of path past a length: a cache or buffer that fills there, a "
-                    "switch of kernel or sequence bucket, a block table that spills")
-        return ("work over the stream's whole context each token: attention without a KV "
-                "cache (each step recomputes the prompt and the output so far), or per-token "
-                "work over the text so far (re-detokenizing, a stop-string search)")
+            return (
+                "a change of path past a length: a cache or buffer that fills there, a "
+                "switch of kernel or sequence bucket, a block table that spills"
+            )
+        return (
+            "work over the stream's whole context each token: attention without a KV "
+            "cache (each step recomputes the prompt and the output so far), or per-token "
+            "work over the text so far (re-detokenizing, a stop-string search)"
+        )
     if variable in ("time_in_run_s", "tokens_sent", "arrival_order") and rising:
-        return ("something that grows with the run: a leak (a list or cache kept and scanned "
-                "every step), throttling (heat, a power or rate cap), a queue that grows "
-                "because the server takes requests slower than they come")
+        return (
+            "something that grows with the run: a leak (a list or cache kept and scanned "
+            "every step), throttling (heat, a power or rate cap), a queue that grows "
+            "because the server takes requests slower than they come"
+        )
     if variable == "context_in_flight":
-        return ("each step costs the context of its batch: attention without a KV cache (every "
-                "step recomputes each stream's prompt and output), or a cache that spills "
-                "(offload, swap)")
+        return (
+            "each step costs the context of its batch: attention without a KV cache (every "
+            "step recomputes each stream's prompt and output), or a cache that spills "
+            "(offload, swap)"
+        )
     if variable in ("streams_receiving", "streams_open", "streams_open_at_send"):
-        return ("each stream in flight adds its own work: batching that is not free, a step "
-                "serving one stream at a time, a slot or pool per stream")
+        return (
+            "each stream in flight adds its own work: batching that is not free, a step "
+            "serving one stream at a time, a slot or pool per stream"
+        )
     if variable == "prompt_tokens":
         if latency == FIRST:
-            return ("prefill cost: linear in the prompt for the matrix work, as its square for "
-                    "attention over the prompt (no flash or chunked kernel)")
-        return ("the stream's prompt in every step: no KV cache of the prompt, or attention "
-                "over it each token")
+            return (
+                "prefill cost: linear in the prompt for the matrix work, as its square for "
+                "attention over the prompt (no flash or chunked kernel)"
+            )
+        return (
+            "the stream's prompt in every step: no KV cache of the prompt, or attention "
+            "over it each token"
+        )
     if variable == "max_tokens":
-        return ("a scheduler that orders by length (shortest or longest first, a budget per "
-                "step by output length), starving the others")
+        return (
+            "a scheduler that orders by length (shortest or longest first, a budget per "
+            "step by output length), starving the others"
+        )
     if variable == "waiting_at_send":
-        return ("a queue: each request waits for those ahead of it (a slot limit, a batch cap, "
-                "one request admitted per step)")
+        return (
+            "a queue: each request waits for those ahead of it (a slot limit, a batch cap, "
+            "one request admitted per step)"
+        )
     return "work that grows with this variable"
 
 
@@ -185,8 +207,11 @@ class Dependence:
     @property
     def named(self) -> bool:
         """Significant, with an effect, and explaining a meaningful part of the tail."""
-        return (self.significant and self.tail_share >= MIN_TAIL_SHARE
-                and self.slow_explained >= MIN_SLOW)
+        return (
+            self.significant
+            and self.tail_share >= MIN_TAIL_SHARE
+            and self.slow_explained >= MIN_SLOW
+        )
 
     @property
     def cause(self) -> str:
@@ -194,8 +219,11 @@ class Dependence:
 
     def row(self) -> str:
         """Its line in the dependence table."""
-        head = (f"{self.variable} rho {self.strength:.2f}" if self.variable in UNITS
-                else f"{self.variable} apart {self.strength:.2f}")
+        head = (
+            f"{self.variable} rho {self.strength:.2f}"
+            if self.variable in UNITS
+            else f"{self.variable} apart {self.strength:.2f}"
+        )
         p = f"p {self.p_value:.0e}" if self.p_value >= 1e-12 else "p<1e-12"
         if not self.significant:
             return f"{head} ({p}, not significant)"
@@ -229,8 +257,9 @@ class Table:
 class _Latency:
     """One latency's values, which are slow, their excess, and the run's yardstick."""
 
-    def __init__(self, name: str, y: np.ndarray, slow: np.ndarray, excess: np.ndarray,
-                 typical: float) -> None:
+    def __init__(
+        self, name: str, y: np.ndarray, slow: np.ndarray, excess: np.ndarray, typical: float
+    ) -> None:
         self.name = name
         self.y = y
         self.slow = slow
@@ -280,9 +309,14 @@ def _median_ci(values: np.ndarray, seed: int) -> tuple[float, float]:
     if len(values) < 3 or np.all(values == values[0]):
         v = float(np.median(values))
         return v, v
-    ci = stats.bootstrap((values,), np.median, n_resamples=BOOTSTRAP_RESAMPLES,
-                         confidence_level=CONFIDENCE, method="percentile",
-                         rng=np.random.default_rng(seed)).confidence_interval
+    ci = stats.bootstrap(
+        (values,),
+        np.median,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        confidence_level=CONFIDENCE,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    ).confidence_interval
     return float(ci.low), float(ci.high)
 
 
@@ -318,13 +352,19 @@ def _numeric(lat: _Latency, variable: str, x: np.ndarray) -> Dependence | None:
     lo_ci = _median_ci(y[bins == lo_b], 1)
     hi_ci = _median_ci(y[bins == hi_b], 2)
     d.evidence = {
-        "rho": round(rho, 3), "p_value": float(f"{p:.3g}"), "bins": nb,
-        "median_low_ms": round(float(my[lo_b]), 2), "median_high_ms": round(float(my[hi_b]), 2),
-        "at_low": round(float(cx[lo_b]), 3), "at_high": round(float(cx[hi_b]), 3),
-        "median_high_ci_low_ms": round(hi_ci[0], 2), "median_low_ci_high_ms": round(lo_ci[1], 2),
+        "rho": round(rho, 3),
+        "p_value": float(f"{p:.3g}"),
+        "bins": nb,
+        "median_low_ms": round(float(my[lo_b]), 2),
+        "median_high_ms": round(float(my[hi_b]), 2),
+        "at_low": round(float(cx[lo_b]), 3),
+        "at_high": round(float(cx[hi_b]), 3),
+        "median_high_ci_low_ms": round(hi_ci[0], 2),
+        "median_low_ci_high_ms": round(lo_ci[1], 2),
     }
-    d.significant = (p < P_MAX and abs(rho) >= MIN_RHO and rise >= lat.min_rise
-                     and hi_ci[0] > lo_ci[1])
+    d.significant = (
+        p < P_MAX and abs(rho) >= MIN_RHO and rise >= lat.min_rise and hi_ci[0] > lo_ci[1]
+    )
     if not d.significant:
         return d
     _shape(d, lat, variable, x, y, cx, my, rho)
@@ -336,8 +376,16 @@ def _r2(fitted: np.ndarray, my: np.ndarray) -> float:
     return 1.0 - float(((my - fitted) ** 2).sum()) / total if total > 0 else 0.0
 
 
-def _shape(d: Dependence, lat: _Latency, variable: str, x: np.ndarray, y: np.ndarray,
-           cx: np.ndarray, my: np.ndarray, rho: float) -> None:
+def _shape(
+    d: Dependence,
+    lat: _Latency,
+    variable: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    cx: np.ndarray,
+    my: np.ndarray,
+    rho: float,
+) -> None:
     """The shape of a significant monotone dependence, and its size in words."""
     what = "a gap" if lat.name == GAP else "TTFT"
     unit_words = UNITS.get(variable, variable)
@@ -361,11 +409,20 @@ def _shape(d: Dependence, lat: _Latency, variable: str, x: np.ndarray, y: np.nda
         r2 = _r2(fitted, my)
         if r2 > r2_step:
             r2_step, split = r2, k
-    d.evidence.update({"r2_linear": round(r2_line, 3), "r2_power": round(r2_power, 3),
-                       "r2_step": round(r2_step, 3)})
+    d.evidence.update(
+        {
+            "r2_linear": round(r2_line, 3),
+            "r2_power": round(r2_power, 3),
+            "r2_step": round(r2_step, 3),
+        }
+    )
+
     def better(r2: float, than: float) -> bool:
-        return (r2 >= FIT_MIN_R2 and 1 - than >= NONLINEAR_MIN_LEFT
-                and (1 - r2) * NONLINEAR_GAIN <= 1 - than)
+        return (
+            r2 >= FIT_MIN_R2
+            and 1 - than >= NONLINEAR_MIN_LEFT
+            and (1 - r2) * NONLINEAR_GAIN <= 1 - than
+        )
 
     if better(r2_step, max(r2_line, r2_power)):
         d.shape = STEP
@@ -377,14 +434,26 @@ def _shape(d: Dependence, lat: _Latency, variable: str, x: np.ndarray, y: np.nda
         edge_hi = float(x[x > (low_x + high_x) / 2].min())
         ratio = after / before if before > 0 else math.inf
         big, small = (after, before) if after >= before else (before, after)
-        lead = ((f"{what} with {variable} >= {_num(edge_hi)} is {big / max(small, 1e-9):.1f}x "
-                 f"that with {variable} <= {_num(edge_lo)}") if after >= before else
-                (f"{what} with {variable} <= {_num(edge_lo)} is {big / max(small, 1e-9):.1f}x "
-                 f"that with {variable} >= {_num(edge_hi)}"))
+        lead = (
+            (
+                f"{what} with {variable} >= {_num(edge_hi)} is {big / max(small, 1e-9):.1f}x "
+                f"that with {variable} <= {_num(edge_lo)}"
+            )
+            if after >= before
+            else (
+                f"{what} with {variable} <= {_num(edge_lo)} is {big / max(small, 1e-9):.1f}x "
+                f"that with {variable} >= {_num(edge_hi)}"
+            )
+        )
         d.size = f"{lead} ({small:.1f} ms against {big:.1f})"
-        d.evidence.update({"step_at": round((edge_lo + edge_hi) / 2, 3),
-                           "below_ms": round(before, 2), "above_ms": round(after, 2),
-                           "step_ratio": round(ratio, 2)})
+        d.evidence.update(
+            {
+                "step_at": round((edge_lo + edge_hi) / 2, 3),
+                "below_ms": round(before, 2),
+                "above_ms": round(after, 2),
+                "step_ratio": round(ratio, 2),
+            }
+        )
         return
     lo, hi = float(np.quantile(x, 0.1)), float(np.quantile(x, 0.9))
     if best_c > 1 and better(r2_power, r2_line) and abs(power[1]) > 0:
@@ -392,23 +461,38 @@ def _shape(d: Dependence, lat: _Latency, variable: str, x: np.ndarray, y: np.nda
         # Said at the binned medians (the fit's own values can undershoot at the low end).
         at = [float(np.interp(v, cx, my)) for v in (lo, hi)]
         power_words = {2.0: "the square", 3.0: "the cube"}.get(best_c, f"the power {best_c:g}")
-        d.size = (f"{what} grows as {power_words} of {variable}: {at[0]:.1f} ms at "
-                  f"{_num(lo)}, {at[1]:.1f} ms at {_num(hi)}")
-        d.evidence.update({"power": best_c, "ms_at_p10": round(at[0], 2),
-                           "ms_at_p90": round(at[1], 2), "x_p10": round(lo, 3),
-                           "x_p90": round(hi, 3)})
+        d.size = (
+            f"{what} grows as {power_words} of {variable}: {at[0]:.1f} ms at "
+            f"{_num(lo)}, {at[1]:.1f} ms at {_num(hi)}"
+        )
+        d.evidence.update(
+            {
+                "power": best_c,
+                "ms_at_p10": round(at[0], 2),
+                "ms_at_p90": round(at[1], 2),
+                "x_p10": round(lo, 3),
+                "x_p90": round(hi, 3),
+            }
+        )
         return
     d.shape = LINEAR if r2_line >= FIT_MIN_R2 else MONOTONE
     slope, low, high = _theil_sen(x, y)
     unit = _unit(variable, float(x.max() - x.min()))
     verb = "adds" if slope >= 0 else "takes"
-    d.size = (f"each {_num(unit)} {unit_words} {verb} {abs(slope) * unit:.2g} ms "
-              f"{'to' if slope >= 0 else 'from'} {what} (95% CI {low * unit:.2g} to "
-              f"{high * unit:.2g}); {float(my[0]):.1f} ms at {_num(float(cx[0]))}, "
-              f"{float(my[-1]):.1f} ms at {_num(float(cx[-1]))}")
-    d.evidence.update({"ms_per_unit": round(slope * unit, 4), "unit": unit,
-                       "ms_per_unit_ci_low": round(low * unit, 4),
-                       "ms_per_unit_ci_high": round(high * unit, 4)})
+    d.size = (
+        f"each {_num(unit)} {unit_words} {verb} {abs(slope) * unit:.2g} ms "
+        f"{'to' if slope >= 0 else 'from'} {what} (95% CI {low * unit:.2g} to "
+        f"{high * unit:.2g}); {float(my[0]):.1f} ms at {_num(float(cx[0]))}, "
+        f"{float(my[-1]):.1f} ms at {_num(float(cx[-1]))}"
+    )
+    d.evidence.update(
+        {
+            "ms_per_unit": round(slope * unit, 4),
+            "unit": unit,
+            "ms_per_unit_ci_low": round(low * unit, 4),
+            "ms_per_unit_ci_high": round(high * unit, 4),
+        }
+    )
 
 
 def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
@@ -456,17 +540,30 @@ def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence
     ends = np.sort(t1[inside & slow])
     instants = 1 + int(np.count_nonzero(np.diff(ends) > lat.typical * 1e6)) if len(ends) else 0
     spread = instants / max(1, len(ends))
-    d.significant = bool(p < PERIODIC_P_MAX and ma >= MIN_RATIO * mb
-                         and ma - mb >= lat.min_rise and share >= 0.5
-                         and share >= 4 * other_share and len(at) >= MIN_PERIODS
-                         and spread >= PERIODIC_INSTANTS_SHARE)
+    d.significant = bool(
+        p < PERIODIC_P_MAX
+        and ma >= MIN_RATIO * mb
+        and ma - mb >= lat.min_rise
+        and share >= 0.5
+        and share >= 4 * other_share
+        and len(at) >= MIN_PERIODS
+        and spread >= PERIODIC_INSTANTS_SHARE
+    )
     shown = ", ".join(str(int(v)) for v in at[:4])
-    d.size = (f"gaps at positions {shown} ... (every {k}) are {ma / max(mb, 1e-9):.1f}x the "
-              f"others ({ma:.1f} ms against {mb:.1f})")
-    d.evidence = {"period": k, "residue": r, "median_at_period_ms": round(ma, 2),
-                  "median_others_ms": round(mb, 2), "slow_share_at_period": round(share, 3),
-                  "slow_share_others": round(other_share, 3), "instants_share": round(spread, 3),
-                  "p_value": float(f"{p:.3g}")}
+    d.size = (
+        f"gaps at positions {shown} ... (every {k}) are {ma / max(mb, 1e-9):.1f}x the "
+        f"others ({ma:.1f} ms against {mb:.1f})"
+    )
+    d.evidence = {
+        "period": k,
+        "residue": r,
+        "median_at_period_ms": round(ma, 2),
+        "median_others_ms": round(mb, 2),
+        "slow_share_at_period": round(share, 3),
+        "slow_share_others": round(other_share, 3),
+        "instants_share": round(spread, 3),
+        "p_value": float(f"{p:.3g}"),
+    }
     return d
 
 
@@ -492,19 +589,29 @@ def _group(lat: _Latency, variable: str, labels: list[str]) -> Dependence | None
     predicted = np.where(codes == apart, medians[apart], mr)
     d.tail_share, d.tail_ms, d.slow_explained = lat.explained(predicted)
     ratio = medians[apart] / mr if mr > 0 else math.inf
-    d.significant = (d.p_value < P_MAX and ratio >= MIN_RATIO
-                     and medians[apart] - mr >= lat.min_rise)
+    d.significant = d.p_value < P_MAX and ratio >= MIN_RATIO and medians[apart] - mr >= lat.min_rise
     what = "gaps" if lat.name == GAP else "TTFT"
-    d.size = (f"{what} of {variable} {names[apart]} are {ratio:.1f}x the others' "
-              f"({medians[apart]:.1f} ms against {mr:.1f})")
-    d.evidence = {"group": names[apart], "groups": len(kept),
-                  "median_group_ms": round(medians[apart], 2), "median_others_ms": round(mr, 2),
-                  "p_value": float(f"{d.p_value:.3g}")}
+    d.size = (
+        f"{what} of {variable} {names[apart]} are {ratio:.1f}x the others' "
+        f"({medians[apart]:.1f} ms against {mr:.1f})"
+    )
+    d.evidence = {
+        "group": names[apart],
+        "groups": len(kept),
+        "median_group_ms": round(medians[apart], 2),
+        "median_others_ms": round(mr, 2),
+        "p_value": float(f"{d.p_value:.3g}"),
+    }
     return d
 
 
-def _table(lat: _Latency, numeric: dict[str, np.ndarray], groups: dict[str, list[str]],
-           position: np.ndarray | None, t1: np.ndarray | None = None) -> Table:
+def _table(
+    lat: _Latency,
+    numeric: dict[str, np.ndarray],
+    groups: dict[str, list[str]],
+    position: np.ndarray | None,
+    t1: np.ndarray | None = None,
+) -> Table:
     rows: list[Dependence] = []
     for name, x in numeric.items():
         found = _numeric(lat, name, x)
@@ -514,8 +621,11 @@ def _table(lat: _Latency, numeric: dict[str, np.ndarray], groups: dict[str, list
         cycle = _periodic(lat, position, t1)
         # A period is the position's dependence when it explains more than a monotone one.
         if cycle is not None and cycle.significant:
-            rows = [r for r in rows if not (r.variable == "position"
-                                            and r.tail_share <= cycle.tail_share)]
+            rows = [
+                r
+                for r in rows
+                if not (r.variable == "position" and r.tail_share <= cycle.tail_share)
+            ]
             if not any(r.variable == "position" for r in rows):
                 rows.append(cycle)
     for name, labels in groups.items():
@@ -543,8 +653,13 @@ def _goes_with(lat: _Latency, rows: list[Dependence], numeric: dict[str, np.ndar
     nb = int(bins.max()) + 1
     cx = np.array([np.median(x[bins == b]) for b in range(nb)])
     my = np.array([np.median(lat.y[bins == b]) for b in range(nb)])
-    rest = _Latency(lat.name, lat.y - np.interp(x, cx, my) + float(np.median(lat.y)),
-                    lat.slow, lat.excess, lat.typical)
+    rest = _Latency(
+        lat.name,
+        lat.y - np.interp(x, cx, my) + float(np.median(lat.y)),
+        lat.slow,
+        lat.excess,
+        lat.typical,
+    )
     for other in named[1:]:
         rho = stats.spearmanr(x, numeric[other.variable])[0]
         same = bool(np.isfinite(rho) and abs(rho) >= SAME_VARIABLE_RHO)
@@ -587,7 +702,7 @@ def gaps(reads: Reads, records: list[RequestRecord] | None = None) -> Table | No
     # Context of the streams receiving: their prompts and what they had got, i.e. every
     # stream's tokens so far less those of the streams already ended.
     context = (prompt_by_first[n_first] - prompt_by_end[n_end]) + (sent - total_by_end[n_end])
-    position = np.array([sum(g.stream.tokens[:g.read]) for g in reads.gaps])
+    position = np.array([sum(g.stream.tokens[: g.read]) for g in reads.gaps])
     numeric = {
         "position": position.astype(float),
         "time_in_run_s": (t1 - t0) / 1e9,
@@ -620,12 +735,14 @@ def first_outputs(reads: Reads, records: list[RequestRecord] | None = None) -> T
         "prompt_tokens": np.array([s.prompt_tokens for s in streams], dtype=float),
         "max_tokens": np.array([r.max_tokens for r in ok], dtype=float) if ok else None,
         "arrival_order": stats.rankdata(sends, method="ordinal") - 1.0,
-        "waiting_at_send": (np.searchsorted(starts_sorted, sends, side="left")
-                            - np.searchsorted(firsts_sorted, sends, side="left")
-                            ).astype(float),
-        "streams_open_at_send": (np.searchsorted(starts_sorted, sends, side="left")
-                                 - np.searchsorted(ends_sorted, sends, side="left")
-                                 ).astype(float),
+        "waiting_at_send": (
+            np.searchsorted(starts_sorted, sends, side="left")
+            - np.searchsorted(firsts_sorted, sends, side="left")
+        ).astype(float),
+        "streams_open_at_send": (
+            np.searchsorted(starts_sorted, sends, side="left")
+            - np.searchsorted(ends_sorted, sends, side="left")
+        ).astype(float),
         "time_in_run_s": (sends - t0) / 1e9,
     }
     kept = {k: v for k, v in numeric.items() if v is not None and len(np.unique(v)) >= 3}
@@ -644,8 +761,9 @@ def _ok_records(records: list[RequestRecord] | None, streams: int) -> list[Reque
     return ok if len(ok) == streams else []
 
 
-def _stream_groups(reads: Reads, records: list[RequestRecord] | None,
-                   numbers: list[int]) -> dict[str, list[str]]:
+def _stream_groups(
+    reads: Reads, records: list[RequestRecord] | None, numbers: list[int]
+) -> dict[str, list[str]]:
     """Each value's group labels by its stream, for the group variables that vary."""
     ok = _ok_records(records, len(reads.streams))
     out: dict[str, list[str]] = {}
@@ -660,8 +778,7 @@ def _stream_groups(reads: Reads, records: list[RequestRecord] | None,
     return out
 
 
-def tables(records: list[RequestRecord], reads: Reads | None = None
-           ) -> dict[str, Table | None]:
+def tables(records: list[RequestRecord], reads: Reads | None = None) -> dict[str, Table | None]:
     """Both tables of a run from its records: {"gap": ..., "ttft": ...}."""
     if reads is None:
         from cadence.lab.analysis.diagnosis.reads import Reads
@@ -672,8 +789,6 @@ def tables(records: list[RequestRecord], reads: Reads | None = None
     return {GAP: gaps(reads, records), FIRST: first_outputs(reads, records)}
 
 
-
-
 def table_evidence(records: list[RequestRecord], metric: str) -> dict[str, str | float]:
     """The dependence table of a tail (`metric` itl_ms or ttft_ms) as an `unexplained_tail`
     finding carries it: every variable's strength in one line (`dependence`), the strongest
@@ -682,12 +797,22 @@ def table_evidence(records: list[RequestRecord], metric: str) -> dict[str, str |
     if table is None or not table.rows:
         return {}
     top = table.rows[0]
-    return {"dependence": table.words(len(table.rows)),
-            "dependence_strongest": top.variable,
-            "dependence_strongest_strength": round(top.strength, 3),
-            "dependence_strongest_tail_share": round(top.tail_share, 3)
-            if top.significant else 0.0}
+    return {
+        "dependence": table.words(len(table.rows)),
+        "dependence_strongest": top.variable,
+        "dependence_strongest_strength": round(top.strength, 3),
+        "dependence_strongest_tail_share": round(top.tail_share, 3) if top.significant else 0.0,
+    }
 
 
-__all__ = ["FIRST", "GAP", "SHAPES", "Dependence", "Table", "first_outputs", "gaps",
-           "table_evidence", "tables"]
+__all__ = [
+    "FIRST",
+    "GAP",
+    "SHAPES",
+    "Dependence",
+    "Table",
+    "first_outputs",
+    "gaps",
+    "table_evidence",
+    "tables",
+]

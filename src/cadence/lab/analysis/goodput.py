@@ -30,7 +30,8 @@ def parse_term(text: str) -> SloTerm:
         raise ValueError(
             f"--slo {text!r}: expected METRIC_STAT_ms=BOUND with METRIC one of "
             f"{', '.join(METRICS)} and STAT one of {', '.join(STATS)} "
-            "(e.g. ttft_p99_ms=150)")
+            "(e.g. ttft_p99_ms=150)"
+        )
     bound = float(match["bound"])
     if not bound > 0:
         raise ValueError(f"--slo {text!r}: the bound must be a positive number of ms")
@@ -54,8 +55,9 @@ def _own(r: RequestRecord, term: SloTerm) -> float:
     if term.metric == "itl":
         values = sorted(itl for _, itl in itl_points(r))
     else:  # token_delay: each chunk's arrival after the step that made it (server timing)
-        values = sorted((a - end) / _NS_PER_MS for a, end in zip(r.arrival_ns, r.t_step_end_ns)
-                        if end)
+        values = sorted(
+            (a - end) / _NS_PER_MS for a, end in zip(r.arrival_ns, r.t_step_end_ns) if end
+        )
     return percentile(values, STATS[term.stat]) if values else math.nan
 
 
@@ -66,16 +68,19 @@ def _meets(value: float, term: SloTerm) -> bool:
 
 def goodput(records: list[RequestRecord], terms: list[SloTerm], stats: RunStats) -> Goodput:
     """Good requests per second and each term against the run's own percentile."""
-    good = [r for r in records
-            if is_ok(r) and all(_meets(_own(r, term), term) for term in terms)]
+    good = [r for r in records if is_ok(r) and all(_meets(_own(r, term), term) for term in terms)]
     wall_s = stats.wall_s
     results = {}
     for term in terms:
         dist = getattr(stats, f"{term.metric}_ms", None)
-        measured = getattr(dist, term.stat) if isinstance(dist, Distribution) and dist.count \
-            else math.nan
-        results[name(term)] = TermResult(bound_ms=term.bound_ms, measured_ms=measured,
-                                         met=not math.isnan(measured) and measured <= term.bound_ms)
+        measured = (
+            getattr(dist, term.stat) if isinstance(dist, Distribution) and dist.count else math.nan
+        )
+        results[name(term)] = TermResult(
+            bound_ms=term.bound_ms,
+            measured_ms=measured,
+            met=not math.isnan(measured) and measured <= term.bound_ms,
+        )
     per_s = (lambda n: n / wall_s) if wall_s and math.isfinite(wall_s) else (lambda n: math.nan)
     return Goodput(
         terms=results,
@@ -94,5 +99,7 @@ def slo_names(slo: list[SloTerm]) -> str:
 
 def terms_words(goodput: Goodput) -> str:
     """Each SLO term against the run's value, in words ("ttft_p99_ms 80.1 <= 100 met")."""
-    return ", ".join(f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} "
-                     + ("met" if t.met else "NOT met") for term, t in goodput.terms.items())
+    return ", ".join(
+        f"{term} {t.measured_ms:.1f} <= {t.bound_ms:g} " + ("met" if t.met else "NOT met")
+        for term, t in goodput.terms.items()
+    )

@@ -43,9 +43,13 @@ from cadence.lab.results import Integrity, Workload
 
 CHECKS = ("lost_tokens", "repeated_tokens", "reordered_chunks", "short_streams", "extra_events")
 """The integrity counts of a result, in the order they are shown."""
-CHECK_WORDS = {"lost_tokens": "lost", "repeated_tokens": "repeated",
-               "reordered_chunks": "reordered", "short_streams": "short streams",
-               "extra_events": "extra events"}
+CHECK_WORDS = {
+    "lost_tokens": "lost",
+    "repeated_tokens": "repeated",
+    "reordered_chunks": "reordered",
+    "short_streams": "short streams",
+    "extra_events": "extra events",
+}
 """Each check as the summary and the findings say it."""
 _POSITIONS = CHECKS[:3]
 """The checks read from each chunk's position in its stream."""
@@ -69,8 +73,7 @@ def counted_checks(workload: Workload) -> tuple[str, ...]:
 
 def faults(integrity: Integrity, workload: Workload) -> dict[str, int]:
     """The counted checks that are not 0, by name."""
-    return {name: count for name in counted_checks(workload)
-            if (count := getattr(integrity, name))}
+    return {name: count for name in counted_checks(workload) if (count := getattr(integrity, name))}
 
 
 @dataclass
@@ -170,7 +173,8 @@ def check_integrity(records: list[RequestRecord]) -> Integrity:
             result.usage_above_events += above
             result.usage_above_events_streams += bool(above)
             end = usage
-        if r.code == "OK" and (r.finish_reason == 0
-                               or (finished_for_length and end != r.max_tokens)):
+        if r.code == "OK" and (
+            r.finish_reason == 0 or (finished_for_length and end != r.max_tokens)
+        ):
             result.short_streams += 1
     return result

@@ -17,13 +17,52 @@ from collections.abc import Sequence
 
 from cadence.lab.results import BenchResult, RepeatedFigure, Repeats
 
-FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "ttft_p999_ms", "itl_p50_ms", "itl_p99_ms",
-           "tpot_p50_ms", "e2e_p50_ms", "e2e_p99_ms", "tokens_per_s", "requests_per_s")
+FIGURES = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "ttft_p999_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tpot_p50_ms",
+    "e2e_p50_ms",
+    "e2e_p99_ms",
+    "tokens_per_s",
+    "requests_per_s",
+)
 """The figures whose noise a repeated run keeps: DIST_STAT_ms of a distribution, or a rate."""
 
-_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T95 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 """Student's t, two-sided 95%, for 1..30 degrees of freedom (1.96 beyond)."""
 
 
@@ -49,18 +88,19 @@ def spread(values: Sequence[float]) -> RepeatedFigure:
     mean = statistics.fmean(kept)
     stdev = statistics.stdev(kept) if len(kept) > 1 else math.nan
     half = t95(len(kept) - 1) * stdev / math.sqrt(len(kept)) if len(kept) > 1 else math.nan
-    return RepeatedFigure(values=list(values), mean=mean, stdev=stdev, ci95_low=mean - half,
-                          ci95_high=mean + half)
+    return RepeatedFigure(
+        values=list(values), mean=mean, stdev=stdev, ci95_low=mean - half, ci95_high=mean + half
+    )
 
 
 def repeats(runs: Sequence[BenchResult]) -> Repeats:
     """Each figure over the runs."""
-    return Repeats(runs=len(runs),
-                   figures={name: spread([figure(r, name) for r in runs]) for name in FIGURES})
+    return Repeats(
+        runs=len(runs), figures={name: spread([figure(r, name) for r in runs]) for name in FIGURES}
+    )
 
 
-def beyond_noise(base: RepeatedFigure, run: RepeatedFigure, factor: float,
-                 above: bool) -> bool:
+def beyond_noise(base: RepeatedFigure, run: RepeatedFigure, factor: float, above: bool) -> bool:
     """Whether `run` is past FACTOR times `base` by more than their noise: its interval wholly
     beyond the bound made from the base's interval."""
     if above:

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 _LAG_FLOOR_MS = 10.0
 
 
-def schedule(rate: float | None, processes: list[ProcessResult],
-             open_loop: bool | None = None) -> dict:
+def schedule(
+    rate: float | None, processes: list[ProcessResult], open_loop: bool | None = None
+) -> dict:
     """`offered_rate_per_s`, `achieved_rate_per_s`, `schedule_lag_ms` (a distribution) and
     `behind_schedule`, as fields of `results.Client`; the first three None in a closed loop
     (`open_loop` false; by default, open when a `rate` is given). `rate` is the offered rate
@@ -29,8 +30,12 @@ def schedule(rate: float | None, processes: list[ProcessResult],
     if open_loop is None:
         open_loop = bool(rate)
     if not open_loop:
-        return {"offered_rate_per_s": None, "achieved_rate_per_s": None,
-                "schedule_lag_ms": None, "behind_schedule": False}
+        return {
+            "offered_rate_per_s": None,
+            "achieved_rate_per_s": None,
+            "schedule_lag_ms": None,
+            "behind_schedule": False,
+        }
     sends = [r.start_ns for p in processes for r in p.records]
     started = min(p.started_ns for p in processes)
     span_s = (max(sends) - started) / 1e9 if sends else 0.0
@@ -39,6 +44,6 @@ def schedule(rate: float | None, processes: list[ProcessResult],
         "offered_rate_per_s": rate,
         "achieved_rate_per_s": len(sends) / span_s if span_s > 0 else None,
         "schedule_lag_ms": lag,
-        "behind_schedule": lag.count > 0 and lag.p90 > max(1e3 / rate if rate else 0.0,
-                                                           _LAG_FLOOR_MS),
+        "behind_schedule": lag.count > 0
+        and lag.p90 > max(1e3 / rate if rate else 0.0, _LAG_FLOOR_MS),
     }

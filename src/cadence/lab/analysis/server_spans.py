@@ -49,8 +49,13 @@ SPLIT = ("before", "inside", "queue", "prefill", "inside_other", "after", "insid
 _NS_PER_MS = 1e6
 
 
-def join_spans(records: list[RequestRecord], spans: list[ReceivedSpan], epoch_offset_ns: int,
-               port: int, dropped: int = 0) -> ServerSpans:
+def join_spans(
+    records: list[RequestRecord],
+    spans: list[ReceivedSpan],
+    epoch_offset_ns: int,
+    port: int,
+    dropped: int = 0,
+) -> ServerSpans:
     """`spans` joined to `records` by trace id; `epoch_offset_ns` is this host's wall clock
     minus its monotonic clock (Unix ns = monotonic ns + offset)."""
     by_trace: dict[str, list[ReceivedSpan]] = defaultdict(list)
@@ -75,15 +80,17 @@ def join_spans(records: list[RequestRecord], spans: list[ReceivedSpan], epoch_of
         matched=len(joined),
         foreign_traces=len(by_trace.keys() - ours),
         services=sorted({j.service for j in joined}),
-        clock_suspect=sum(1 for j in joined
-                          if j.before_ms is not None and j.before_ms < -CLOCK_SLACK_MS),
+        clock_suspect=sum(
+            1 for j in joined if j.before_ms is not None and j.before_ms < -CLOCK_SLACK_MS
+        ),
         ttft_split_ms={name: distribution(values) for name, values in parts.items() if values},
         requests=joined,
     )
 
 
-def _join(record: RequestRecord, spans: list[ReceivedSpan] | None,
-          offset: int) -> RequestSpans | None:
+def _join(
+    record: RequestRecord, spans: list[ReceivedSpan] | None, offset: int
+) -> RequestSpans | None:
     if not spans:
         return None
     ids = {s.span_id for s in spans}
@@ -96,10 +103,17 @@ def _join(record: RequestRecord, spans: list[ReceivedSpan] | None,
         return (t_ns - start) / _NS_PER_MS
 
     out = RequestSpans(
-        request_id=record.request_id, trace_id=record.trace_id, service=root.service,
-        name=root.name, start_ms=ms(root.start_ns), end_ms=ms(root.end_ns), error=root.error,
-        children=[SpanTime(name=c.name, start_ms=ms(c.start_ns), end_ms=ms(c.end_ns))
-                  for c in children[:MAX_CHILDREN]],
+        request_id=record.request_id,
+        trace_id=record.trace_id,
+        service=root.service,
+        name=root.name,
+        start_ms=ms(root.start_ns),
+        end_ms=ms(root.end_ns),
+        error=root.error,
+        children=[
+            SpanTime(name=c.name, start_ms=ms(c.start_ns), end_ms=ms(c.end_ns))
+            for c in children[:MAX_CHILDREN]
+        ],
     )
     if record.code != "OK" or not record.arrival_ns:
         return out
@@ -130,8 +144,12 @@ def _first_send(root: ReceivedSpan) -> int | None:
     return None
 
 
-def _part(root: ReceivedSpan, children: list[ReceivedSpan], attributes: tuple[str, ...],
-          words: tuple[str, ...]) -> float | None:
+def _part(
+    root: ReceivedSpan,
+    children: list[ReceivedSpan],
+    attributes: tuple[str, ...],
+    words: tuple[str, ...],
+) -> float | None:
     """One named part of the server's time (ms): from the root's attribute, else the child
     spans named so (added up), else None."""
     for key in attributes:

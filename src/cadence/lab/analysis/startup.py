@@ -23,7 +23,7 @@ def worker_startup(server_metrics: dict | None) -> list[dict]:
         # Only the keys labelled by worker alone: with `--fronts N` those hold the value
         # over all fronts, and the per-front copies (front=K,worker=W) repeat it.
         if name in STARTUP and labels.startswith("worker=") and "," not in labels:
-            worker = int(labels[len("worker="):].rstrip("}"))
+            worker = int(labels[len("worker=") :].rstrip("}"))
             workers.setdefault(worker, {})[name] = value
     rows = []
     for worker in sorted(workers):
@@ -32,7 +32,8 @@ def worker_startup(server_metrics: dict | None) -> list[dict]:
         for field, name in STARTUP_FIELDS:
             row[field] = found.get(name)
         restarts_key = series_key("cadence_worker_restarts_total", {"worker": str(worker)})
-        row["restarts_during_run"] = (None if row["restarts"] is None
-                                      else row["restarts"] - first.get(restarts_key, 0.0))
+        row["restarts_during_run"] = (
+            None if row["restarts"] is None else row["restarts"] - first.get(restarts_key, 0.0)
+        )
         rows.append(row)
     return rows

@@ -141,8 +141,9 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     result = RunStats(
         requests=len(records),
         requests_ok=len(ok),
-        errors_by_code=dict(Counter(r.code for r in records
-                                    if r.code not in ("OK", CLIENT_CANCELLED))),
+        errors_by_code=dict(
+            Counter(r.code for r in records if r.code not in ("OK", CLIENT_CANCELLED))
+        ),
         first_error_by_code=_first_errors(records),
         wall_s=wall_s,
         output_tokens=out_tokens,
@@ -166,9 +167,11 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     scheduled = [r for r in ok if r.scheduled_ns]
     if scheduled:
         result.ttft_from_schedule_ms = distribution(
-            (r.arrival_ns[0] - r.scheduled_ns) / _NS_PER_MS for r in scheduled)
+            (r.arrival_ns[0] - r.scheduled_ns) / _NS_PER_MS for r in scheduled
+        )
         result.e2e_from_schedule_ms = distribution(
-            (r.arrival_ns[-1] - r.scheduled_ns) / _NS_PER_MS for r in scheduled)
+            (r.arrival_ns[-1] - r.scheduled_ns) / _NS_PER_MS for r in scheduled
+        )
     by_turn: dict[int, list[float]] = {}
     for r in ok:
         if r.turn:
@@ -179,24 +182,28 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     if cancelled:
         result.cancelled_by_client = cancelled
     if any(r.population for r in records):
-        result.by_population = {name: population(group)
-                                for name, group in grouped(records).items()}
+        result.by_population = {name: population(group) for name, group in grouped(records).items()}
     if any(r.request_class for r in records):
-        result.by_class = {name: population(group, lengths=True)
-                           for name, group in grouped(records, "request_class").items()}
+        result.by_class = {
+            name: population(group, lengths=True)
+            for name, group in grouped(records, "request_class").items()
+        }
     reasoned = [r for r in ok if r.first_reasoning_ns]
     if reasoned:
         result.ttft_reasoning_ms = distribution(
-            (r.first_reasoning_ns - r.start_ns) / _NS_PER_MS for r in reasoned)
+            (r.first_reasoning_ns - r.start_ns) / _NS_PER_MS for r in reasoned
+        )
         result.ttft_answer_ms = distribution(
-            (r.first_answer_ns - r.start_ns) / _NS_PER_MS for r in reasoned if r.first_answer_ns)
+            (r.first_answer_ns - r.start_ns) / _NS_PER_MS for r in reasoned if r.first_answer_ns
+        )
     reported = [r for r in records if r.cached_tokens >= 0]
     if reported:
         sent = sum(r.prompt_tokens for r in reported)
         result.cached_tokens = CachedTokens(
             requests=len(reported),
             per_request=distribution(r.cached_tokens for r in reported),
-            share_of_prompt=sum(r.cached_tokens for r in reported) / sent if sent else math.nan)
+            share_of_prompt=sum(r.cached_tokens for r in reported) / sent if sent else math.nan,
+        )
     if delay:
         result.token_delay_ms = distribution(delay)
         result.segments_ms = Segments(
@@ -209,13 +216,15 @@ def summarize(records: list[RequestRecord]) -> RunStats:
         )
         token = {"engine_step": engine, "transfer": transfer, "buffer": buffer, "send": send}
         result.ttft_segments_ms = TtftSegments(
-            **{name: distribution(v) for name, v in first.items()})
+            **{name: distribution(v) for name, v in first.items()}
+        )
         result.segment_shares = SegmentShares(ttft=_shares(first), token=_shares(token))
     return result
 
 
-def grouped(records: list[RequestRecord], key: str = "population"
-            ) -> dict[str, list[RequestRecord]]:
+def grouped(
+    records: list[RequestRecord], key: str = "population"
+) -> dict[str, list[RequestRecord]]:
     """The records by client population (or, by `key`, request class), in name order."""
     groups: dict[str, list[RequestRecord]] = {}
     for r in records:
@@ -227,11 +236,13 @@ def population(group: list[RequestRecord], lengths: bool = False) -> Population:
     """One group's requests and figures; with `lengths`, its prompt and max_tokens too."""
     ok = [r for r in group if is_ok(r)]
     out = Population(
-        requests=len(group), requests_ok=len(ok),
+        requests=len(group),
+        requests_ok=len(ok),
         codes=dict(Counter(r.code for r in group)),
         ttft_ms=distribution(ttft_ms(r) for r in group if r.arrival_ns),
         itl_ms=distribution(v for r in ok for _, v in itl_points(r)),
-        e2e_ms=distribution((r.arrival_ns[-1] - r.start_ns) / _NS_PER_MS for r in ok))
+        e2e_ms=distribution((r.arrival_ns[-1] - r.start_ns) / _NS_PER_MS for r in ok),
+    )
     if lengths:
         out.prompt_tokens = distribution(r.prompt_tokens for r in group)
         out.max_tokens = distribution(r.max_tokens for r in group)
@@ -278,7 +289,9 @@ def front_loop(records: list[RequestRecord]) -> FrontLoop | None:
     bounds = loop_lag.BOUNDS_S
     delta = [0] * (len(bounds) + 1)
     for k, (_, start) in first.items():
-        for i, (a, b) in enumerate(zip(loop_lag.counts(start), loop_lag.counts(last[k][1]), strict=True)):
+        for i, (a, b) in enumerate(
+            zip(loop_lag.counts(start), loop_lag.counts(last[k][1]), strict=True)
+        ):
             delta[i] += b - a
     samples = sum(delta)
     edges = [*bounds, math.inf]
@@ -300,4 +313,3 @@ def front_loop(records: list[RequestRecord]) -> FrontLoop | None:
         p99_ms_at_most=upper(0.99),
         max_ms_at_most=upper(1.0),
     )
-

@@ -112,13 +112,16 @@ def slow_gaps(records: list[RequestRecord], bound_ms: float) -> dict:
         "streams_with_slow_gaps_share": round(len(streams) / len(run.streams), 3),
         "slow_gaps_in_one_stream_max": per_stream,
         "slow_gaps_others_received_share": round(
-            sum(1 for a, b, _ in slow if run.received_during(a, b)) / len(slow), 3),
+            sum(1 for a, b, _ in slow if run.received_during(a, b)) / len(slow), 3
+        ),
         "streams_started_during_slow_gaps": started,
         "streams_started_by_chance": round(by_chance, 1),
-        "open_streams_at_slow_gaps_p50": percentile(sorted(float(run.open_at(b))
-                                                           for _, b, _ in slow), 50),
-        "open_streams_at_gaps_p50": percentile(sorted(float(run.open_at(b))
-                                                      for _, b, _ in gaps), 50),
+        "open_streams_at_slow_gaps_p50": percentile(
+            sorted(float(run.open_at(b)) for _, b, _ in slow), 50
+        ),
+        "open_streams_at_gaps_p50": percentile(
+            sorted(float(run.open_at(b)) for _, b, _ in gaps), 50
+        ),
     }
 
 
@@ -136,8 +139,8 @@ def slow_first_outputs(records: list[RequestRecord], bound_ms: float) -> dict:
         "requests_with_output": len(sent),
         "slow_first_outputs_sent_at_s": at,
         "slow_first_outputs_in_tenths_of_run": parts,
-        "open_streams_at_slow_sends_p50": percentile(sorted(float(run.open_at(t))
-                                                            for t in slow), 50),
-        "open_streams_at_sends_p50": percentile(sorted(float(run.open_at(t))
-                                                       for t, _ in sent), 50),
+        "open_streams_at_slow_sends_p50": percentile(
+            sorted(float(run.open_at(t)) for t in slow), 50
+        ),
+        "open_streams_at_sends_p50": percentile(sorted(float(run.open_at(t)) for t, _ in sent), 50),
     }

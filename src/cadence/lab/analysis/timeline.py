@@ -50,8 +50,9 @@ MIN_BURST = 8
 def timeline(records: list[RequestRecord]) -> Timeline | None:
     """The three pieces of evidence above; None without two streams that got output."""
     streams = [r for r in records if r.arrival_ns]
-    gaps = sorted((b - a) / _NS_PER_MS for r in streams
-                  for a, b in zip(r.arrival_ns, r.arrival_ns[1:]))
+    gaps = sorted(
+        (b - a) / _NS_PER_MS for r in streams for a, b in zip(r.arrival_ns, r.arrival_ns[1:])
+    )
     if len(streams) < 2 or not gaps:
         return None
     typical = percentile(gaps, 50)

@@ -65,13 +65,15 @@ UNEXPLAINED_MIN_SHARE = 0.25
 """Findings whose shares leave this much of a bad tail or more leave it unexplained (shares
 are estimates; a rest below this is their error)."""
 
-HEALTHY = (f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms (or the run's "
-           f"noise floor, when larger) and never above {ITL_TAIL_CAP_RATIO:g} x p50 + the noise "
-           f"floor (over {MIN_GAPS}+ gaps), TTFT p99 within the "
-           f"engine's own time to a first output + {TTFT_ITL_STEPS:g} outputs' time (ITL p50, or "
-           f"the typical gap per token where outputs come grouped) + {TTFT_SLACK_MS:g} ms or the "
-           f"noise floor (over {MIN_FIRST_OUTPUTS}+ requests), the output whole, under {FAILING_SHARE:.0%} of "
-           "requests failed")
+HEALTHY = (
+    f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms (or the run's "
+    f"noise floor, when larger) and never above {ITL_TAIL_CAP_RATIO:g} x p50 + the noise "
+    f"floor (over {MIN_GAPS}+ gaps), TTFT p99 within the "
+    f"engine's own time to a first output + {TTFT_ITL_STEPS:g} outputs' time (ITL p50, or "
+    f"the typical gap per token where outputs come grouped) + {TTFT_SLACK_MS:g} ms or the "
+    f"noise floor (over {MIN_FIRST_OUTPUTS}+ requests), the output whole, under {FAILING_SHARE:.0%} of "
+    "requests failed"
+)
 """What a healthy run is, in words (from the thresholds above)."""
 
 SHARE_KEYS = {"itl_ms": "itl_tail_share", "ttft_ms": "ttft_tail_share"}
@@ -79,28 +81,54 @@ SHARE_KEYS = {"itl_ms": "itl_tail_share", "ttft_ms": "ttft_tail_share"}
 
 TAIL_RULES = {
     "itl_ms": {
-        rules.RULE_ITL_UNSTABLE_ENGINE, rules.RULE_ITL_UNSTABLE_NETWORK, rules.RULE_SLOW_READER,
-        rules.RULE_STREAMS_STALL_TOGETHER, rules.RULE_FRONT_LOOP_BLOCKED, rules.RULE_SLOW_WORKER,
-        rules.RULE_OUTPUT_HELD_BACK, rules.RULE_SLOW_STREAM_GROUP,
-        rules.RULE_SERVER_ONE_CORE_BOUND, rules.RULE_SERVER_THREADS_WAIT_FOR_CPU,
-        rules.RULE_FRONT_CPU_BOUND, rules.RULE_CPU_BUSY_CARDS_IDLE, rules.RULE_CLIENT_SATURATED,
-        rules.RULE_CLIENT_BEHIND_SCHEDULE, rules.RULE_KV_CACHE_FULL, rules.RULE_HOST_CONTENDED,
+        rules.RULE_ITL_UNSTABLE_ENGINE,
+        rules.RULE_ITL_UNSTABLE_NETWORK,
+        rules.RULE_SLOW_READER,
+        rules.RULE_STREAMS_STALL_TOGETHER,
+        rules.RULE_FRONT_LOOP_BLOCKED,
+        rules.RULE_SLOW_WORKER,
+        rules.RULE_OUTPUT_HELD_BACK,
+        rules.RULE_SLOW_STREAM_GROUP,
+        rules.RULE_SERVER_ONE_CORE_BOUND,
+        rules.RULE_SERVER_THREADS_WAIT_FOR_CPU,
+        rules.RULE_FRONT_CPU_BOUND,
+        rules.RULE_CPU_BUSY_CARDS_IDLE,
+        rules.RULE_CLIENT_SATURATED,
+        rules.RULE_CLIENT_BEHIND_SCHEDULE,
+        rules.RULE_KV_CACHE_FULL,
+        rules.RULE_HOST_CONTENDED,
     },
     "ttft_ms": {
-        rules.RULE_TTFT_ENGINE_START, rules.RULE_TTFT_QUEUEING, rules.RULE_TTFT_GROWS_WITH_STREAMS,
-        rules.RULE_SERVER_STREAM_LIMIT, rules.RULE_SLOW_CONNECT, rules.RULE_SLOW_FIRST_MESSAGE,
-        rules.RULE_TTFT_BEFORE_SERVER, rules.RULE_TTFT_AFTER_SERVER, rules.RULE_TTFT_SERVER_QUEUE,
-        rules.RULE_KV_CACHE_FULL, rules.RULE_SERVER_QUEUE_GROWS, rules.RULE_CLIENT_SATURATED,
-        rules.RULE_CLIENT_BEHIND_SCHEDULE, rules.RULE_FRONT_CPU_BOUND,
-        rules.RULE_FRONT_LOOP_BLOCKED, rules.RULE_SERVER_ONE_CORE_BOUND,
-        rules.RULE_SERVER_THREADS_WAIT_FOR_CPU, rules.RULE_STREAMS_STALL_TOGETHER,
-        rules.RULE_CPU_BUSY_CARDS_IDLE, rules.RULE_HOST_CONTENDED,
+        rules.RULE_TTFT_ENGINE_START,
+        rules.RULE_TTFT_QUEUEING,
+        rules.RULE_TTFT_GROWS_WITH_STREAMS,
+        rules.RULE_SERVER_STREAM_LIMIT,
+        rules.RULE_SLOW_CONNECT,
+        rules.RULE_SLOW_FIRST_MESSAGE,
+        rules.RULE_TTFT_BEFORE_SERVER,
+        rules.RULE_TTFT_AFTER_SERVER,
+        rules.RULE_TTFT_SERVER_QUEUE,
+        rules.RULE_KV_CACHE_FULL,
+        rules.RULE_SERVER_QUEUE_GROWS,
+        rules.RULE_CLIENT_SATURATED,
+        rules.RULE_CLIENT_BEHIND_SCHEDULE,
+        rules.RULE_FRONT_CPU_BOUND,
+        rules.RULE_FRONT_LOOP_BLOCKED,
+        rules.RULE_SERVER_ONE_CORE_BOUND,
+        rules.RULE_SERVER_THREADS_WAIT_FOR_CPU,
+        rules.RULE_STREAMS_STALL_TOGETHER,
+        rules.RULE_CPU_BUSY_CARDS_IDLE,
+        rules.RULE_HOST_CONTENDED,
     },
 }
 """The rules whose findings bear on each tail."""
-NOT_TAIL_RULES = {rules.RULE_REQUESTS_FAILING, rules.RULE_INTEGRITY_FAULTS,
-                  rules.RULE_UNDER_CAPACITY, RULE_UNEXPLAINED_TAIL,
-                  rules.RULE_USAGE_ABOVE_EVENTS}
+NOT_TAIL_RULES = {
+    rules.RULE_REQUESTS_FAILING,
+    rules.RULE_INTEGRITY_FAULTS,
+    rules.RULE_UNDER_CAPACITY,
+    RULE_UNEXPLAINED_TAIL,
+    rules.RULE_USAGE_ABOVE_EVENTS,
+}
 """Rules that explain no tail (they make a run unhealthy on their own, or say it is fine)."""
 
 TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
@@ -169,26 +197,43 @@ def _tails(result: BenchResult) -> list[TailVerdict]:
     noise = noise_floor(result)
     if itl.count:
         bound, words = itl_bound(itl.p50, noise)
-        tails.append(TailVerdict(
-            metric="itl_ms", value_ms=itl.p99, p50_ms=itl.p50, bound_ms=bound, bound=words,
-            values=itl.count, noise_ms=round(noise.ms, 3), noise_terms_ms=noise.terms_ms,
-            state="not_judged" if itl.count < MIN_GAPS or not itl.usable
-            else "bad" if itl.p99 > bound else "healthy"))
+        tails.append(
+            TailVerdict(
+                metric="itl_ms",
+                value_ms=itl.p99,
+                p50_ms=itl.p50,
+                bound_ms=bound,
+                bound=words,
+                values=itl.count,
+                noise_ms=round(noise.ms, 3),
+                noise_terms_ms=noise.terms_ms,
+                state="not_judged"
+                if itl.count < MIN_GAPS or not itl.usable
+                else "bad"
+                if itl.p99 > bound
+                else "healthy",
+            )
+        )
     if ttft.count:
-        tail = TailVerdict(metric="ttft_ms", value_ms=ttft.p99, p50_ms=ttft.p50,
-                           values=ttft.count)
+        tail = TailVerdict(metric="ttft_ms", value_ms=ttft.p99, p50_ms=ttft.p50, values=ttft.count)
         if itl.usable and itl.count:
             floor, source = ttft_floor(result)
             step, step_words = _time_per_output(result)
             slack = max(TTFT_SLACK_MS, noise.ms)
             tail.bound_ms = floor + TTFT_ITL_STEPS * step + slack
-            tail.bound = (f"{TTFT_ITL_STEPS:g} x {step_words} + "
-                          + (f"noise {slack:.1f} ms" if slack > TTFT_SLACK_MS
-                             else f"{TTFT_SLACK_MS:g} ms")
-                          + (f" + {source} {floor:.1f}" if source else ""))
+            tail.bound = (
+                f"{TTFT_ITL_STEPS:g} x {step_words} + "
+                + (f"noise {slack:.1f} ms" if slack > TTFT_SLACK_MS else f"{TTFT_SLACK_MS:g} ms")
+                + (f" + {source} {floor:.1f}" if source else "")
+            )
             tail.noise_ms, tail.noise_terms_ms = round(noise.ms, 3), noise.terms_ms
-            tail.state = ("not_judged" if ttft.count < MIN_FIRST_OUTPUTS or not ttft.usable
-                          else "bad" if ttft.p99 > tail.bound_ms else "healthy")
+            tail.state = (
+                "not_judged"
+                if ttft.count < MIN_FIRST_OUTPUTS or not ttft.usable
+                else "bad"
+                if ttft.p99 > tail.bound_ms
+                else "healthy"
+            )
         else:
             tail.bound = "no ITL to measure it against (outputs of one token)"
         tails.append(tail)
@@ -228,12 +273,14 @@ def _problems(result: BenchResult) -> list[str]:
     problems = []
     found = faults(result.integrity, result.workload)
     if found:
-        problems.append(f"{rules.RULE_INTEGRITY_FAULTS}: "
-                        + ", ".join(f"{n} {c}" for n, c in found.items()))
+        problems.append(
+            f"{rules.RULE_INTEGRITY_FAULTS}: " + ", ".join(f"{n} {c}" for n, c in found.items())
+        )
     failed = sum(result.errors_by_code.values())
     if result.requests and failed and failed >= FAILING_SHARE * result.requests:
-        problems.append(f"{rules.RULE_REQUESTS_FAILING}: {failed} of {result.requests} "
-                        "requests failed")
+        problems.append(
+            f"{rules.RULE_REQUESTS_FAILING}: {failed} of {result.requests} requests failed"
+        )
     if result.requests and not result.requests_ok:
         problems.append("no request succeeded")
     if result.aborted:
@@ -250,8 +297,10 @@ def judge(result: BenchResult) -> tuple[Verdict, list[Finding]]:
         if tail.state != "bad":
             continue
         _attribute(tail, result.diagnosis)
-        already = any(f.rule == RULE_UNEXPLAINED_TAIL and f.evidence.get("tail") == tail.metric
-                      for f in result.diagnosis)
+        already = any(
+            f.rule == RULE_UNEXPLAINED_TAIL and f.evidence.get("tail") == tail.metric
+            for f in result.diagnosis
+        )
         share = tail.unexplained_share
         if share is not None and share >= UNEXPLAINED_MIN_SHARE and not already:
             findings.append(unexplained(result, tail))
@@ -283,13 +332,16 @@ def _tail_words(tail: TailVerdict) -> str:
         if not math.isfinite(tail.bound_ms):
             return f"{name} not judged ({tail.bound})"
         least = MIN_GAPS if tail.metric == "itl_ms" else MIN_FIRST_OUTPUTS
-        return (f"{name} not judged ({tail.values} values, fewer than {least}: p99 "
-                f"{tail.value_ms:.1f} ms, p50 {tail.p50_ms:.1f})")
+        return (
+            f"{name} not judged ({tail.values} values, fewer than {least}: p99 "
+            f"{tail.value_ms:.1f} ms, p50 {tail.p50_ms:.1f})"
+        )
     if tail.state == "healthy":
-        return (f"{name} p99 {tail.value_ms:.1f} ms within {tail.bound_ms:.1f} "
-                f"({tail.bound})")
-    words = (f"{name} p99 {tail.value_ms:.1f} ms over {tail.bound_ms:.1f} ({tail.bound}), "
-             f"p50 {tail.p50_ms:.1f}")
+        return f"{name} p99 {tail.value_ms:.1f} ms within {tail.bound_ms:.1f} ({tail.bound})"
+    words = (
+        f"{name} p99 {tail.value_ms:.1f} ms over {tail.bound_ms:.1f} ({tail.bound}), "
+        f"p50 {tail.p50_ms:.1f}"
+    )
     explained, unexplained = cause_words(tail), _unexplained_words(tail)
     if explained:
         words += ": explained by " + ", ".join(explained)
@@ -300,8 +352,10 @@ def _tail_words(tail: TailVerdict) -> str:
 
 def cause_words(tail: TailVerdict) -> list[str]:
     """A bad tail's causes with their shares where known ("slow_worker 60%")."""
-    return [rule + (f" {share:.0%}" if share is not None else "")
-            for rule, share in tail.explained_by.items()]
+    return [
+        rule + (f" {share:.0%}" if share is not None else "")
+        for rule, share in tail.explained_by.items()
+    ]
 
 
 def _unexplained_words(tail: TailVerdict) -> str:
@@ -327,7 +381,8 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
         f"{name.lower()}_p50_ms": round(tail.p50_ms, 2),
         f"{name.lower()}_p99_ms": round(tail.value_ms, 2),
         f"{name.lower()}_p99_over_p50": round(tail.value_ms / tail.p50_ms, 2)
-        if tail.p50_ms > 0 else None,
+        if tail.p50_ms > 0
+        else None,
         f"{name.lower()}_p99_excess_ms": round(tail.value_ms - tail.p50_ms, 2),
         "healthy_p99_at_most_ms": round(tail.bound_ms, 2),
         "unexplained_share": round(share, 3),
@@ -336,8 +391,15 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
         evidence["ttft_p90_ms"] = round(result.ttft_ms.p90, 2)
         evidence["itl_p50_ms"] = round(result.itl_ms.p50, 2)
     records = result.records or []
-    where = (tail_evidence.slow_gaps(records, tail.bound_ms) if tail.metric == "itl_ms"
-             else tail_evidence.slow_first_outputs(records, tail.bound_ms)) if records else {}
+    where = (
+        (
+            tail_evidence.slow_gaps(records, tail.bound_ms)
+            if tail.metric == "itl_ms"
+            else tail_evidence.slow_first_outputs(records, tail.bound_ms)
+        )
+        if records
+        else {}
+    )
     evidence.update(where)
     # What the tail was set against and found not to follow (or to follow too weakly).
     table = dependence.table_evidence(records, tail.metric)
@@ -355,46 +417,61 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
 
 def _unexplained_sentence(tail: TailVerdict, share: float, where: dict) -> str:
     name = TAIL_WORDS[tail.metric]
-    head = (f"{name} p99 {tail.value_ms:.1f} ms is {tail.value_ms / tail.p50_ms:.1f}x its p50 "
-            f"{tail.p50_ms:.1f} ms (healthy: at most {tail.bound_ms:.1f}) and no rule explains "
-            f"{share:.0%} of it" if tail.p50_ms > 0 else
-            f"{name} p99 {tail.value_ms:.1f} ms is over {tail.bound_ms:.1f} and no rule "
-            f"explains {share:.0%} of it")
+    head = (
+        f"{name} p99 {tail.value_ms:.1f} ms is {tail.value_ms / tail.p50_ms:.1f}x its p50 "
+        f"{tail.p50_ms:.1f} ms (healthy: at most {tail.bound_ms:.1f}) and no rule explains "
+        f"{share:.0%} of it"
+        if tail.p50_ms > 0
+        else f"{name} p99 {tail.value_ms:.1f} ms is over {tail.bound_ms:.1f} and no rule "
+        f"explains {share:.0%} of it"
+    )
     if not where:
         return head + " (no records to say when)"
     if tail.metric == "itl_ms":
-        return (head + f": {where['slow_gaps']} slow gaps ({where['slow_gap_share']:.1%} of "
-                f"{where['gaps']}) in {where['streams_with_slow_gaps']} of {where['streams']} "
-                f"streams, at {where['slow_gaps_at_s']} s; "
-                f"other streams got output during {where['slow_gaps_others_received_share']:.0%}"
-                f" of them (their own delay, not a stall of all), "
-                f"{where['streams_started_during_slow_gaps']} streams were sent during them "
-                f"(the run's rate of sends would put {where['streams_started_by_chance']:g} "
-                "there)")
-    return (head + f": {where['slow_first_outputs']} of {where['requests_with_output']} "
-            f"requests, sent at {where['slow_first_outputs_sent_at_s']} s, with "
-            f"{where['open_streams_at_slow_sends_p50']:.0f} streams open at their send (p50; "
-            f"{where['open_streams_at_sends_p50']:.0f} for all requests)")
+        return (
+            head + f": {where['slow_gaps']} slow gaps ({where['slow_gap_share']:.1%} of "
+            f"{where['gaps']}) in {where['streams_with_slow_gaps']} of {where['streams']} "
+            f"streams, at {where['slow_gaps_at_s']} s; "
+            f"other streams got output during {where['slow_gaps_others_received_share']:.0%}"
+            f" of them (their own delay, not a stall of all), "
+            f"{where['streams_started_during_slow_gaps']} streams were sent during them "
+            f"(the run's rate of sends would put {where['streams_started_by_chance']:g} "
+            "there)"
+        )
+    return (
+        head + f": {where['slow_first_outputs']} of {where['requests_with_output']} "
+        f"requests, sent at {where['slow_first_outputs_sent_at_s']} s, with "
+        f"{where['open_streams_at_slow_sends_p50']:.0f} streams open at their send (p50; "
+        f"{where['open_streams_at_sends_p50']:.0f} for all requests)"
+    )
 
 
 def _what_would_decide(result: BenchResult, metric: str) -> str:
     """The evidence the run lacks that would tell the cause, as options of cadence bench."""
     wanted = []
     if not result.server_threads:
-        wanted.append("--server-pid PID (the server's threads and CPU: a busy thread, a "
-                      "collection pause, threads waiting for a CPU)")
+        wanted.append(
+            "--server-pid PID (the server's threads and CPU: a busy thread, a "
+            "collection pause, threads waiting for a CPU)"
+        )
     if not result.scraped:
-        wanted.append("--scrape URL (the server's own metrics: requests running and waiting, "
-                      "the KV cache, its step times)")
+        wanted.append(
+            "--scrape URL (the server's own metrics: requests running and waiting, "
+            "the KV cache, its step times)"
+        )
     if not result.server_spans:
-        wanted.append("--otlp-receive PORT (the server's spans: where each request's time "
-                      "goes inside it)")
+        wanted.append(
+            "--otlp-receive PORT (the server's spans: where each request's time goes inside it)"
+        )
     if result.workload.protocol == "cadence" and not result.segments_ms:
-        wanted.append("cadence's server timing (drop --no-timing): each chunk's engine step "
-                      "and path")
-    what = ("the slow gaps' timestamps against the server's own record of those instants"
-            if metric == "itl_ms" else
-            "where the slow first outputs waited: a queue, a pool, a stream limit or prefill")
+        wanted.append(
+            "cadence's server timing (drop --no-timing): each chunk's engine step and path"
+        )
+    what = (
+        "the slow gaps' timestamps against the server's own record of those instants"
+        if metric == "itl_ms"
+        else "where the slow first outputs waited: a queue, a pool, a stream limit or prefill"
+    )
     if not wanted:
         return f"{what}; the run had every source the lab reads: see the server's own logs"
     return f"{what}; rerun with " + "; ".join(wanted)

@@ -24,8 +24,9 @@ MAX_POINTS = 2000
 """Per worker, the series keeps at most this many steps (evenly thinned) for the plot."""
 
 
-def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None = None
-                  ) -> list[WorkerCurve] | None:
+def worker_curves(
+    records: list[RequestRecord], devices: dict[int, str] | None = None
+) -> list[WorkerCurve] | None:
     """One entry per worker seen in the timing, in worker order; None without timing."""
     steps: dict[int, dict[tuple[int, int], int]] = defaultdict(dict)
     tokens: dict[int, int] = defaultdict(int)
@@ -34,14 +35,16 @@ def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None =
         if r.worker < 0 or not r.t_step_start_ns:
             continue
         mine = steps[r.worker]
-        for start, end, count in zip(r.t_step_start_ns, r.t_step_end_ns, r.tokens,
-                                     strict=False):
+        for start, end, count in zip(r.t_step_start_ns, r.t_step_end_ns, r.tokens, strict=False):
             if end:
                 mine[(start, end)] = mine.get((start, end), 0) + 1
             tokens[r.worker] += count
         arrival = r.arrival_ns
-        itl[r.worker].extend((arrival[i] - arrival[i - 1]) / _NS_PER_MS / r.tokens[i]
-                             for i in range(1, len(arrival)) if r.tokens[i])
+        itl[r.worker].extend(
+            (arrival[i] - arrival[i - 1]) / _NS_PER_MS / r.tokens[i]
+            for i in range(1, len(arrival))
+            if r.tokens[i]
+        )
     steps = {worker: mine for worker, mine in steps.items() if mine}
     if not steps:
         return None  # timing without step times (a server that only echoes the fields)
@@ -56,17 +59,21 @@ def worker_curves(records: list[RequestRecord], devices: dict[int, str] | None =
         seqs = sorted(float(n) for _, n in ordered)
         every = max(1, math.ceil(len(ordered) / MAX_POINTS))
         its = sorted(itl[worker])
-        curves.append(WorkerCurve(
-            worker=worker,
-            device=(devices or {}).get(worker),
-            steps=len(ordered),
-            step_ms_p50=percentile(ms, 50),
-            step_ms_p90=percentile(ms, 90),
-            sequences_per_step_p50=percentile(seqs, 50),
-            tokens_per_s=tokens[worker] / span_s,
-            token_share=tokens[worker] / total,
-            itl_ms_p50=percentile(its, 50),
-            series=[(round((start - t0) / 1e9, 4), round((end - start) / _NS_PER_MS, 3), n)
-                    for (start, end), n in ordered[::every]],
-        ))
+        curves.append(
+            WorkerCurve(
+                worker=worker,
+                device=(devices or {}).get(worker),
+                steps=len(ordered),
+                step_ms_p50=percentile(ms, 50),
+                step_ms_p90=percentile(ms, 90),
+                sequences_per_step_p50=percentile(seqs, 50),
+                tokens_per_s=tokens[worker] / span_s,
+                token_share=tokens[worker] / total,
+                itl_ms_p50=percentile(its, 50),
+                series=[
+                    (round((start - t0) / 1e9, 4), round((end - start) / _NS_PER_MS, 3), n)
+                    for (start, end), n in ordered[::every]
+                ],
+            )
+        )
     return curves

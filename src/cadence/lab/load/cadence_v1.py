@@ -49,11 +49,18 @@ class CadenceDriver(ChannelDriver):
     def stub(self, channel) -> Callable:
         return generate_method(channel)
 
-    async def one(self, request: RequestPlan, process: int,
-                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+    async def one(
+        self, request: RequestPlan, process: int, lane: int
+    ) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
-        return await one_cadence(self.stubs[lane % len(self.stubs)], request, process,
-                                 s.include_timing, *s.for_request(request), s.stall_s)
+        return await one_cadence(
+            self.stubs[lane % len(self.stubs)],
+            request,
+            process,
+            s.include_timing,
+            *s.for_request(request),
+            s.stall_s,
+        )
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         decode_chunks(record, chunks, self.session.include_timing)
@@ -69,10 +76,15 @@ def generate_method(channel) -> Callable:
     return channel.unary_stream(GENERATE, request_serializer=pb.GenerateRequest.SerializeToString)
 
 
-async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
-               include_timing: bool, timeout: float | None,
-               read_delay_s: float = 0.0,
-               stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
+async def one_cadence(
+    generate: Callable,
+    plan: RequestPlan,
+    process: int,
+    include_timing: bool,
+    timeout: float | None,
+    read_delay_s: float = 0.0,
+    stall_s: float | None = None,
+) -> tuple[RequestRecord, list[bytes]]:
     request = pb.GenerateRequest(
         request_id=plan.request_id,
         prompt_token_ids=plan.prompt_token_ids,
@@ -84,8 +96,9 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
     arrival = record.arrival_ns
     chunks: list[bytes] = []
     keep = chunks.append
-    call = generate(request, timeout=timeout,
-                    metadata=(("traceparent", traceparent(record)), *plan.headers))
+    call = generate(
+        request, timeout=timeout, metadata=(("traceparent", traceparent(record)), *plan.headers)
+    )
     with recording(record, stall_s, plan.cancel_s):
         async for chunk in call:
             arrival.append(monotonic_ns())
@@ -93,8 +106,9 @@ async def one_cadence(generate: Callable, plan: RequestPlan, process: int,
             if read_delay_s:
                 await asyncio.sleep(read_delay_s)
         if include_timing:
-            record.loop_lag = loop_lag(await call.initial_metadata(),
-                                        await call.trailing_metadata())
+            record.loop_lag = loop_lag(
+                await call.initial_metadata(), await call.trailing_metadata()
+            )
     return record, chunks
 
 
@@ -112,7 +126,10 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
     parse = pb.GenerateChunk.FromString
     tokens, index = record.tokens, record.index
     starts, ends, recvs, sends = (
-        record.t_step_start_ns, record.t_step_end_ns, record.t_front_recv_ns, record.t_send_ns
+        record.t_step_start_ns,
+        record.t_step_end_ns,
+        record.t_front_recv_ns,
+        record.t_send_ns,
     )
     for data in chunks:
         chunk = parse(data)

@@ -42,8 +42,10 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
 
     def for_request(self, request: RequestPlan) -> tuple[float | None, float]:
         """(deadline, read delay) of `request`: its population's, else the session's."""
-        return (request.deadline_s or self.timeout_s,
-                request.read_delay_s if request.read_delay_s >= 0 else self.read_delay_s)
+        return (
+            request.deadline_s or self.timeout_s,
+            request.read_delay_s if request.read_delay_s >= 0 else self.read_delay_s,
+        )
 
 
 class Driver(abc.ABC):
@@ -56,8 +58,9 @@ class Driver(abc.ABC):
         """Open `session.channels` connections and wait until they are ready."""
 
     @abc.abstractmethod
-    async def one(self, request: RequestPlan, process: int,
-                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+    async def one(
+        self, request: RequestPlan, process: int, lane: int
+    ) -> tuple[RequestRecord, list[bytes]]:
         """Send `request` on connection `lane` (modulo their number); return its record and
         the chunks kept unparsed. Never raises: an error is recorded."""
 
@@ -83,7 +86,8 @@ class ChannelDriver(Driver):
         self.session = session
         self._channels = [
             (session.credentials or ClientCredentials()).aio_channel(
-                session.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                session.address, options=[("grpc.use_local_subchannel_pool", 1)]
+            )
             for _ in range(session.channels)
         ]
         for channel in self._channels:

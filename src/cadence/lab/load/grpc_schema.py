@@ -65,8 +65,12 @@ def split_method(text: str) -> tuple[str, str]:
 _REFLECTION = ("grpc.reflection.v1", "grpc.reflection.v1alpha")
 
 
-def from_reflection(channel: grpc.Channel, method: str, timeout: float = 10.0,
-                    metadata: Sequence[tuple[str, str]] = ()) -> MethodSchema:
+def from_reflection(
+    channel: grpc.Channel,
+    method: str,
+    timeout: float = 10.0,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> MethodSchema:
     """Ask the server's reflection service for `method`'s file and its imports."""
     from grpc_reflection.v1alpha import reflection_pb2 as rpb
 
@@ -79,8 +83,9 @@ def from_reflection(channel: grpc.Channel, method: str, timeout: float = 10.0,
         )
 
         def ask(info=info, **request) -> rpb.ServerReflectionResponse:
-            (reply,) = info(iter((rpb.ServerReflectionRequest(**request),)), timeout=timeout,
-                            metadata=metadata)
+            (reply,) = info(
+                iter((rpb.ServerReflectionRequest(**request),)), timeout=timeout, metadata=metadata
+            )
             return reply
 
         try:
@@ -92,17 +97,25 @@ def from_reflection(channel: grpc.Channel, method: str, timeout: float = 10.0,
         if reply.HasField("error_response"):
             offered = _services(ask(list_services=""))
             raise SchemaError(
-                f"the server has no service {service!r} (it offers: {', '.join(offered) or 'none'})")
-        files = _with_imports(reply.file_descriptor_response.file_descriptor_proto,
-                              lambda filename: ask(file_by_filename=filename))
+                f"the server has no service {service!r} (it offers: {', '.join(offered) or 'none'})"
+            )
+        files = _with_imports(
+            reply.file_descriptor_response.file_descriptor_proto,
+            lambda filename: ask(file_by_filename=filename),
+        )
         return _schema(files, service, name, f"reflection {package.rsplit('.', 1)[1]}")
-    raise SchemaError("the server offers no reflection service (grpc.reflection.v1 or v1alpha): "
-                      "give its protos with --proto FILE (and --proto-path DIR)")
+    raise SchemaError(
+        "the server offers no reflection service (grpc.reflection.v1 or v1alpha): "
+        "give its protos with --proto FILE (and --proto-path DIR)"
+    )
 
 
 def _services(reply) -> list[str]:
-    return sorted(s.name for s in reply.list_services_response.service
-                  if not s.name.startswith(("grpc.reflection.", "grpc.health.")))
+    return sorted(
+        s.name
+        for s in reply.list_services_response.service
+        if not s.name.startswith(("grpc.reflection.", "grpc.health."))
+    )
 
 
 def _with_imports(first: Iterable[bytes], fetch) -> list[descriptor_pb2.FileDescriptorProto]:
@@ -119,8 +132,10 @@ def _with_imports(first: Iterable[bytes], fetch) -> list[descriptor_pb2.FileDesc
                 continue
             reply = fetch(dependency)
             if reply.HasField("error_response"):
-                raise SchemaError(f"the server's reflection does not return {dependency!r}, which "
-                                  f"{proto.name!r} imports: give the protos with --proto")
+                raise SchemaError(
+                    f"the server's reflection does not return {dependency!r}, which "
+                    f"{proto.name!r} imports: give the protos with --proto"
+                )
             todo.extend(reply.file_descriptor_response.file_descriptor_proto)
     return list(files.values())
 
@@ -142,8 +157,13 @@ def from_protos(protos: Sequence[str], proto_paths: Sequence[str], method: str) 
         names.append(found or proto)  # not found: protoc says so
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "set.pb")
-        args = ["protoc", f"--descriptor_set_out={out}", "--include_imports",
-                *(f"--proto_path={p}" for p in [*paths, *include]), *names]
+        args = [
+            "protoc",
+            f"--descriptor_set_out={out}",
+            "--include_imports",
+            *(f"--proto_path={p}" for p in [*paths, *include]),
+            *names,
+        ]
         if protoc.main(args) != 0:
             raise SchemaError("--proto: protoc could not compile the files (its message is above)")
         with open(out, "rb") as f:
@@ -162,8 +182,9 @@ def _relative(proto: str, paths: list[str]) -> str | None:
     return None
 
 
-def _schema(files: list[descriptor_pb2.FileDescriptorProto], service: str, method: str,
-            source: str) -> MethodSchema:
+def _schema(
+    files: list[descriptor_pb2.FileDescriptorProto], service: str, method: str, source: str
+) -> MethodSchema:
     found = None
     services = []
     for proto in files:
@@ -173,22 +194,33 @@ def _schema(files: list[descriptor_pb2.FileDescriptorProto], service: str, metho
             if full == service:
                 found = s
     if found is None:
-        raise SchemaError(f"no service {service!r} in the {source} (found: "
-                          f"{', '.join(sorted(services)) or 'none'})")
+        raise SchemaError(
+            f"no service {service!r} in the {source} (found: "
+            f"{', '.join(sorted(services)) or 'none'})"
+        )
     for m in found.method:
         if m.name == method:
             break
     else:
-        raise SchemaError(f"service {service!r} has no method {method!r} (it has: "
-                          f"{', '.join(m.name for m in found.method)})")
+        raise SchemaError(
+            f"service {service!r} has no method {method!r} (it has: "
+            f"{', '.join(m.name for m in found.method)})"
+        )
     if not m.server_streaming:
-        raise SchemaError(f"{service}/{method} does not stream its response: cadence bench "
-                          "measures server-streaming and bidirectional methods")
+        raise SchemaError(
+            f"{service}/{method} does not stream its response: cadence bench "
+            "measures server-streaming and bidirectional methods"
+        )
     schema = MethodSchema(
-        service=service, method=method,
-        request_type=m.input_type.lstrip("."), response_type=m.output_type.lstrip("."),
-        client_streaming=m.client_streaming, server_streaming=m.server_streaming,
-        files=descriptor_pb2.FileDescriptorSet(file=files).SerializeToString(), source=source)
+        service=service,
+        method=method,
+        request_type=m.input_type.lstrip("."),
+        response_type=m.output_type.lstrip("."),
+        client_streaming=m.client_streaming,
+        server_streaming=m.server_streaming,
+        files=descriptor_pb2.FileDescriptorSet(file=files).SerializeToString(),
+        source=source,
+    )
     message_classes(schema)  # fails here, in the parent, if the files do not build
     return schema
 
@@ -213,8 +245,10 @@ def message_classes(schema: MethodSchema) -> tuple[type[Message], type[Message]]
     try:
         for name in files:
             add(name)
-        return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(t))
-                     for t in (schema.request_type, schema.response_type))
+        return tuple(
+            message_factory.GetMessageClass(pool.FindMessageTypeByName(t))
+            for t in (schema.request_type, schema.response_type)
+        )
     except (TypeError, KeyError) as exc:
         raise SchemaError(f"the method's descriptors do not build: {exc}") from None
 

@@ -77,10 +77,14 @@ class GrpcTarget(msgspec.Struct, frozen=True, kw_only=True, tag="grpc"):
 
     def describe(self, workload: Workload) -> None:
         workload.grpc = GrpcWorkload(
-            method=self.schema.path, types_from=self.schema.source,
-            bidirectional=self.schema.client_streaming, request_json=self.request_json,
-            tokens_field=self.tokens_field or None, index_field=self.index_field or None,
-            headers=sorted({k for k, _ in self.headers}))
+            method=self.schema.path,
+            types_from=self.schema.source,
+            bidirectional=self.schema.client_streaming,
+            request_json=self.request_json,
+            tokens_field=self.tokens_field or None,
+            index_field=self.index_field or None,
+            headers=sorted({k for k, _ in self.headers}),
+        )
 
 
 def parse_header(text: str) -> tuple[str, str]:
@@ -126,8 +130,13 @@ class RequestTemplate:
             self._prototype = self._parse(fixed)
 
     def _find(self, node, path: list) -> None:
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(
-            node, list) else ()
+        items = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
         for key, value in items:
             if isinstance(value, str) and value in PLACEHOLDERS:
                 self._slots.append(([*path, key], value))
@@ -142,7 +151,8 @@ class RequestTemplate:
                 if not isinstance(key, str) or current is None:
                     return None
                 field = current.fields_by_name.get(key) or next(
-                    (f for f in current.fields if f.json_name == key), None)
+                    (f for f in current.fields if f.json_name == key), None
+                )
                 if field is None or field.is_repeated:
                     return None
                 names.append(field.name)
@@ -164,9 +174,12 @@ class RequestTemplate:
 
     def message(self, plan: RequestPlan):
         """The request message of `plan`; SchemaError names a field the type lacks."""
-        values = {"{max_tokens}": str(plan.max_tokens), "{request_id}": plan.request_id,
-                  "{i}": str(plan.number), "{prompt}": bytes(plan.prompt_token_ids).decode(
-                      "utf-8", errors="replace")}
+        values = {
+            "{max_tokens}": str(plan.max_tokens),
+            "{request_id}": plan.request_id,
+            "{i}": str(plan.number),
+            "{prompt}": bytes(plan.prompt_token_ids).decode("utf-8", errors="replace"),
+        }
         if self._fields is None:
             doc = json.loads(json.dumps(self._doc))
             for path, placeholder in self._slots:
@@ -184,15 +197,20 @@ class RequestTemplate:
             try:
                 setattr(node, names[-1], kind(values[placeholder]))
             except ValueError as exc:
-                raise SchemaError(f"--request-json: {'.'.join(names)} cannot hold "
-                                  f"{placeholder} ({exc})") from None
+                raise SchemaError(
+                    f"--request-json: {'.'.join(names)} cannot hold {placeholder} ({exc})"
+                ) from None
         return message
 
 
-_INTEGER_CPP_TYPES = frozenset((descriptor.FieldDescriptor.CPPTYPE_INT32,
-                                descriptor.FieldDescriptor.CPPTYPE_INT64,
-                                descriptor.FieldDescriptor.CPPTYPE_UINT32,
-                                descriptor.FieldDescriptor.CPPTYPE_UINT64))
+_INTEGER_CPP_TYPES = frozenset(
+    (
+        descriptor.FieldDescriptor.CPPTYPE_INT32,
+        descriptor.FieldDescriptor.CPPTYPE_INT64,
+        descriptor.FieldDescriptor.CPPTYPE_UINT32,
+        descriptor.FieldDescriptor.CPPTYPE_UINT64,
+    )
+)
 
 
 def _field(message_type: descriptor.Descriptor, path: str, option: str) -> list:
@@ -202,8 +220,9 @@ def _field(message_type: descriptor.Descriptor, path: str, option: str) -> list:
     for part in path.split("."):
         if current is None or part not in current.fields_by_name:
             names = ", ".join(current.fields_by_name) if current is not None else "none"
-            raise SchemaError(f"{option}: {message_type.full_name} has no field {path!r} "
-                              f"(its fields: {names})")
+            raise SchemaError(
+                f"{option}: {message_type.full_name} has no field {path!r} (its fields: {names})"
+            )
         field = current.fields_by_name[part]
         fields.append(field)
         current = field.message_type if field.type == field.TYPE_MESSAGE else None
@@ -240,13 +259,19 @@ class GrpcCodec:
         self.response_type = response_type
         self.template = RequestTemplate(request_type, target.request_json)
         out = response_type.DESCRIPTOR
-        self._tokens = (_counter(_field(out, target.tokens_field, "--tokens-field"),
-                                 "--tokens-field") if target.tokens_field else None)
+        self._tokens = (
+            _counter(_field(out, target.tokens_field, "--tokens-field"), "--tokens-field")
+            if target.tokens_field
+            else None
+        )
         self._index: Callable[[object], int] | None
         if target.index_field:
             index = _field(out, target.index_field, "--index-field")
             if index[-1].is_repeated or index[-1].type in (
-                    index[-1].TYPE_STRING, index[-1].TYPE_BYTES, index[-1].TYPE_MESSAGE):
+                index[-1].TYPE_STRING,
+                index[-1].TYPE_BYTES,
+                index[-1].TYPE_MESSAGE,
+            ):
                 raise SchemaError(f"--index-field: {target.index_field} is not an integer")
             self._index = _counter(index, "--index-field")
         else:
@@ -289,9 +314,16 @@ class GrpcCodec:
             position += n
 
 
-async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, process: int,
-                   include_timing: bool, timeout: float | None, read_delay_s: float = 0.0,
-                   stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
+async def one_grpc(
+    codec: GrpcCodec,
+    method: Callable,
+    plan: RequestPlan,
+    process: int,
+    include_timing: bool,
+    timeout: float | None,
+    read_delay_s: float = 0.0,
+    stall_s: float | None = None,
+) -> tuple[RequestRecord, list[bytes]]:
     """Send one request, stamp and keep every response (its bytes, or what is read of it,
     see UNPARSED_BYTES); never raises (errors are recorded; `stall_s`: see `recording`).
 
@@ -306,8 +338,7 @@ async def one_grpc(codec: GrpcCodec, method: Callable, plan: RequestPlan, proces
     """Whether this request's messages are parsed as they come (the process's unparsed
     bytes ran out): then every later one is, so that its counts stay in arrival order."""
     with recording(record, stall_s, plan.cancel_s):
-        metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)),
-                    *plan.headers)
+        metadata = (*(codec.metadata or ()), ("traceparent", traceparent(record)), *plan.headers)
         async for message in method(request, timeout=timeout, metadata=metadata):
             arrival.append(monotonic_ns())
             if not parsing and codec.unparsed + len(message) <= codec.unparsed_limit:
@@ -336,11 +367,19 @@ class GrpcDriver(ChannelDriver):
     def prepare(self, requests) -> None:
         self.codec.prepare(requests)
 
-    async def one(self, request: RequestPlan, process: int,
-                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+    async def one(
+        self, request: RequestPlan, process: int, lane: int
+    ) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
-        return await one_grpc(self.codec, self.stubs[lane % len(self.stubs)], request, process,
-                              s.include_timing, *s.for_request(request), s.stall_s)
+        return await one_grpc(
+            self.codec,
+            self.stubs[lane % len(self.stubs)],
+            request,
+            process,
+            s.include_timing,
+            *s.for_request(request),
+            s.stall_s,
+        )
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         self.codec.decode(record, chunks)

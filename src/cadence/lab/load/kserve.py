@@ -83,12 +83,19 @@ class KServeDriver(ChannelDriver):
     def stub(self, channel: grpc.aio.Channel) -> kpb_grpc.GRPCInferenceServiceStub:
         return stub(channel)
 
-    async def one(self, request: RequestPlan, process: int,
-                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+    async def one(
+        self, request: RequestPlan, process: int, lane: int
+    ) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
-        return await one_kserve(self.target, self.stubs[lane % len(self.stubs)], request,
-                                process, s.include_timing, *s.for_request(request),
-                                s.stall_s)
+        return await one_kserve(
+            self.target,
+            self.stubs[lane % len(self.stubs)],
+            request,
+            process,
+            s.include_timing,
+            *s.for_request(request),
+            s.stall_s,
+        )
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         """Nothing left: each response was read as it arrived."""
@@ -107,8 +114,10 @@ def parse_inputs(text: str) -> tuple[tuple[str, str], ...]:
             try:
                 int(value)
             except ValueError:
-                raise ValueError(f"the source of {name} must be prompt, max_tokens or an "
-                                 f"integer (then optionally {BATCHED}), got {source!r}") from None
+                raise ValueError(
+                    f"the source of {name} must be prompt, max_tokens or an "
+                    f"integer (then optionally {BATCHED}), got {source!r}"
+                ) from None
         inputs.append((name, source))
     if not inputs:
         raise ValueError("give at least one input")
@@ -125,18 +134,29 @@ def build_request(target: KServeTarget, plan: RequestPlan) -> kpb.ModelInferRequ
     request.parameters["triton_enable_empty_final_response"].bool_param = True
     for name, source in target.inputs:
         value = source.removesuffix(BATCHED)
-        values = (plan.prompt_token_ids if value == PROMPT
-                  else [plan.max_tokens] if value == MAX_TOKENS else [int(value)])
+        values = (
+            plan.prompt_token_ids
+            if value == PROMPT
+            else [plan.max_tokens]
+            if value == MAX_TOKENS
+            else [int(value)]
+        )
         shape = (len(values),) if value == source else (1, len(values))
         request.inputs.add(name=name, datatype="INT32", shape=shape)
         request.raw_input_contents.append(int32_raw(values))
     return request
 
 
-async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceStub,
-                     plan: RequestPlan, process: int, include_timing: bool,
-                     timeout: float | None, read_delay_s: float = 0.0,
-                     stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
+async def one_kserve(
+    target: KServeTarget,
+    stub: kpb_grpc.GRPCInferenceServiceStub,
+    plan: RequestPlan,
+    process: int,
+    include_timing: bool,
+    timeout: float | None,
+    read_delay_s: float = 0.0,
+    stall_s: float | None = None,
+) -> tuple[RequestRecord, list[bytes]]:
     """Send one request, record every response; never raises (errors are recorded).
 
     The load generator's signature: `include_timing` is accepted (the protocol has none), and
@@ -147,9 +167,11 @@ async def one_kserve(target: KServeTarget, stub: kpb_grpc.GRPCInferenceServiceSt
     arrival, tokens, index = record.arrival_ns, record.tokens, record.index
     received = 0
     # The request and then the half-close: the server ends the call after the last response.
-    call = stub.ModelStreamInfer(iter((request,)), timeout=timeout,
-                                 metadata=(("traceparent", traceparent(record)),
-                                           *plan.headers))
+    call = stub.ModelStreamInfer(
+        iter((request,)),
+        timeout=timeout,
+        metadata=(("traceparent", traceparent(record)), *plan.headers),
+    )
     with recording(record, stall_s, plan.cancel_s):
         async for response in call:
             now = monotonic_ns()

@@ -87,8 +87,10 @@ def parse_lengths(text: str) -> Lengths:
     except ValueError:
         numbers = []
     if kind not in KINDS or len(numbers) not in (2, 4):
-        raise ValueError(f"expected N, LO:HI, normal:MEAN,SD, lognormal:MEAN,SD (each with "
-                         f"an optional ,MIN,MAX) or empirical:FILE, got {text!r}")
+        raise ValueError(
+            f"expected N, LO:HI, normal:MEAN,SD, lognormal:MEAN,SD (each with "
+            f"an optional ,MIN,MAX) or empirical:FILE, got {text!r}"
+        )
     mean, sd, *clip = numbers
     low, high = (int(clip[0]), int(clip[1])) if clip else (1, 1_000_000)
     if not (mean > 0 and sd >= 0 and 1 <= low <= high):

@@ -97,14 +97,21 @@ class OpenAIDriver(Driver):
         self._count = token_counter(self.target.tokenizer) if self.target.tokenizer else None
         """Counts text in the --tokenizer's tokens; None: the server's usage counts."""
 
-    async def one(self, request: RequestPlan, process: int,
-                  lane: int) -> tuple[RequestRecord, list[bytes]]:
+    async def one(
+        self, request: RequestPlan, process: int, lane: int
+    ) -> tuple[RequestRecord, list[bytes]]:
         s = self.session
         if self._count is not None:  # its prompt counted after the run, in the tokenizer's tokens
             self._prompts[request.request_id] = request.prompt_token_ids
-        return await one_openai(self.target, self._clients[lane % len(self._clients)], request,
-                                process, s.include_timing, *s.for_request(request),
-                                s.stall_s)
+        return await one_openai(
+            self.target,
+            self._clients[lane % len(self._clients)],
+            request,
+            process,
+            s.include_timing,
+            *s.for_request(request),
+            s.stall_s,
+        )
 
     def decode(self, record: RequestRecord, chunks: list[bytes]) -> None:
         count = self._count
@@ -124,8 +131,9 @@ def client_session(target: OpenAITarget) -> aiohttp.ClientSession:
     import aiohttp
 
     headers = {"Authorization": f"Bearer {target.token}"} if target.token else None
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers,
-                                 trace_configs=[_connect_timer()])
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), headers=headers, trace_configs=[_connect_timer()]
+    )
 
 
 def _connect_timer() -> aiohttp.TraceConfig:
@@ -158,8 +166,10 @@ def require_http(target: OpenAITarget, timeout: float = 5.0) -> None:
     except urllib.error.HTTPError:
         return
     except http.client.HTTPException as exc:  # something answers, but not in HTTP/1.1
-        raise RuntimeError(f"no HTTP server answers at {target.base_url}: the answer is not "
-                           f"HTTP/1.1 ({type(exc).__name__}; a gRPC port?)") from None
+        raise RuntimeError(
+            f"no HTTP server answers at {target.base_url}: the answer is not "
+            f"HTTP/1.1 ({type(exc).__name__}; a gRPC port?)"
+        ) from None
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise RuntimeError(f"no HTTP server answers at {target.base_url}: {reason}") from None
@@ -177,14 +187,19 @@ def messages(text: str, parts: list[int]) -> list[dict]:
         return [{"role": "user", "content": text}]
     out, at = [], 0
     for k, length in enumerate(parts):
-        out.append({"role": "assistant" if k % 2 else "user", "content": text[at:at + length]})
+        out.append({"role": "assistant" if k % 2 else "user", "content": text[at : at + length]})
         at += length
     return out
 
 
 def build_body(target: OpenAITarget, plan: RequestPlan, include_timing: bool) -> bytes:
-    body: dict = {"model": target.model, "max_tokens": plan.max_tokens, "stream": True,
-                  "stream_options": {"include_usage": True}, "temperature": 0}
+    body: dict = {
+        "model": target.model,
+        "max_tokens": plan.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
+    }
     text = prompt_text(plan.prompt_token_ids)
     if target.endpoint == "chat":
         body["messages"] = messages(text, plan.parts)
@@ -195,10 +210,16 @@ def build_body(target: OpenAITarget, plan: RequestPlan, include_timing: bool) ->
     return msgspec.json.encode(body)
 
 
-async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: RequestPlan,
-                     process: int, include_timing: bool, timeout: float | None,
-                     read_delay_s: float = 0.0,
-                     stall_s: float | None = None) -> tuple[RequestRecord, list[bytes]]:
+async def one_openai(
+    target: OpenAITarget,
+    client: aiohttp.ClientSession,
+    plan: RequestPlan,
+    process: int,
+    include_timing: bool,
+    timeout: float | None,
+    read_delay_s: float = 0.0,
+    stall_s: float | None = None,
+) -> tuple[RequestRecord, list[bytes]]:
     """Send one request, stamp and keep every event; never raises (errors are recorded)."""
     import aiohttp
 
@@ -211,11 +232,18 @@ async def one_openai(target: OpenAITarget, client: aiohttp.ClientSession, plan: 
     events: list[bytes] = []
     stamp, keep = arrival.append, events.append
     with recording(record, stall_s, plan.cancel_s):
-        headers = {"Content-Type": "application/json", "traceparent": traceparent(record),
-                   **dict(plan.headers)}
-        async with client.post(url, data=body, headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=timeout),
-                               trace_request_ctx=record) as response:
+        headers = {
+            "Content-Type": "application/json",
+            "traceparent": traceparent(record),
+            **dict(plan.headers),
+        }
+        async with client.post(
+            url,
+            data=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            trace_request_ctx=record,
+        ) as response:
             if response.status != 200:
                 record.code = f"HTTP_{response.status}"
                 record.error = _message(await response.read())
@@ -247,8 +275,9 @@ def token_counter(folder: str) -> Callable[[str], int]:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ValueError("--tokenizer needs the tokenizers package (pip install "
-                         "tokenizers)") from None
+        raise ValueError(
+            "--tokenizer needs the tokenizers package (pip install tokenizers)"
+        ) from None
     path = os.path.join(folder, "tokenizer.json") if os.path.isdir(folder) else folder
     try:
         tokenizer = Tokenizer.from_file(path)
@@ -257,8 +286,12 @@ def token_counter(folder: str) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def decode_events(record: RequestRecord, events: list[bytes], include_timing: bool,
-                  count: Callable[[str], int] | None = None) -> None:
+def decode_events(
+    record: RequestRecord,
+    events: list[bytes],
+    include_timing: bool,
+    count: Callable[[str], int] | None = None,
+) -> None:
     """Fill the record's per-chunk fields from the events `one_openai` kept; `count` (from
     `token_counter`) counts the output's tokens where the server's extension does not."""
     arrivals, kept_arrivals = record.arrival_ns, []
@@ -297,8 +330,11 @@ def decode_events(record: RequestRecord, events: list[bytes], include_timing: bo
             continue
         delta = choice.get("delta", choice)
         text = delta.get("content") if "delta" in choice else choice.get("text")
-        thought = (delta.get("reasoning_content") or delta.get("reasoning")) \
-            if "delta" in choice else None
+        thought = (
+            (delta.get("reasoning_content") or delta.get("reasoning"))
+            if "delta" in choice
+            else None
+        )
         if thought and not record.first_reasoning_ns:
             record.first_reasoning_ns = at
         if text and not record.first_answer_ns:

@@ -56,9 +56,11 @@ class ClientMix(msgspec.Struct, frozen=True, kw_only=True):
     def place(self, plan: RequestPlan, seed: int) -> RequestPlan:
         """`plan` in its population."""
         u = random.Random(seed * 1_000_003 + plan.number + 0x5EED).random()
-        for name, (ms, share), field in (("slow_reader", self.read_delay, "read_delay_s"),
-                                         ("cancelling", self.cancel, "cancel_s"),
-                                         ("deadline", self.deadline, "deadline_s")):
+        for name, (ms, share), field in (
+            ("slow_reader", self.read_delay, "read_delay_s"),
+            ("cancelling", self.cancel, "cancel_s"),
+            ("deadline", self.deadline, "deadline_s"),
+        ):
             if u < share:
                 return msgspec.structs.replace(plan, population=name, **{field: ms / 1e3})
             u -= share
@@ -158,9 +160,14 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
     def _request(self, i: int) -> RequestPlan:
         if self.trace:
             row = self.trace[i]
-            return RequestPlan(f"bench-{i}", _prompts(self.seed, self.block_tokens).prompt(row, i),
-                               row.output_length, i, row.turn,
-                               headers=self._session(row.session))
+            return RequestPlan(
+                f"bench-{i}",
+                _prompts(self.seed, self.block_tokens).prompt(row, i),
+                row.output_length,
+                i,
+                row.turn,
+                headers=self._session(row.session),
+            )
         if self.conversation is not None:
             return self._turn(i, self.conversation)
         rng = random.Random(self.seed * 1_000_003 + i)
@@ -194,8 +201,15 @@ class RequestShape(msgspec.Struct, frozen=True, kw_only=True):
                 answer = printable(rng, max_tokens)
                 prompt += answer
                 parts.append(len(answer))
-        return RequestPlan(f"bench-{i}", list(prompt), max_tokens, i, turn + 1, parts,
-                           self._session(f"session-{session}"))
+        return RequestPlan(
+            f"bench-{i}",
+            list(prompt),
+            max_tokens,
+            i,
+            turn + 1,
+            parts,
+            self._session(f"session-{session}"),
+        )
 
 
 @functools.lru_cache(maxsize=4)
@@ -204,8 +218,7 @@ def _prompts(seed: int, block_tokens: int) -> Prompts:
     return Prompts(seed, block_tokens)
 
 
-def poisson_offsets(rate: float, seed: int,
-                    stages: Sequence[tuple[float, float, float]] = ()):
+def poisson_offsets(rate: float, seed: int, stages: Sequence[tuple[float, float, float]] = ()):
     """Arrival times (seconds from the start) of a Poisson process: exponential gaps. With
     `stages`, (rate at its start, rate at its end, seconds) each, the rate follows them (a
     ramp when the two differ, a step when they do not) and the arrivals end with the last
@@ -243,6 +256,9 @@ def _stage_time(r0: float, r1: float, length: float, m: float) -> float | None:
         t = m / r0 if r0 > 0 else math.inf
     else:
         a = (r1 - r0) / (2 * length)
-        t = (-r0 + math.sqrt(r0 * r0 + 4 * a * m)) / (2 * a) if r0 * r0 + 4 * a * m >= 0 \
+        t = (
+            (-r0 + math.sqrt(r0 * r0 + 4 * a * m)) / (2 * a)
+            if r0 * r0 + 4 * a * m >= 0
             else math.inf
+        )
     return t if t <= length else None

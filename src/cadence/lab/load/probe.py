@@ -18,8 +18,9 @@ from cadence.lab.records import RequestRecord
 _TIMEOUT_S = 10.0
 
 
-def require_protocol(protocol: Target, address: str,
-                     credentials: ClientCredentials | None = None) -> None:
+def require_protocol(
+    protocol: Target, address: str, credentials: ClientCredentials | None = None
+) -> None:
     """Raise RuntimeError (one line) when `address` answers one request UNIMPLEMENTED."""
     record = event_loop.run(_one(protocol, address, credentials))
     if record.code != "UNIMPLEMENTED":
@@ -27,15 +28,21 @@ def require_protocol(protocol: Target, address: str,
     name = protocol_name(protocol)
     others = ", ".join(p for p in PROTOCOLS if p != name)
     error = record.error.splitlines()[0] if record.error else "no message"
-    raise RuntimeError(f"{address} does not speak --protocol {name}: it answers UNIMPLEMENTED "
-                       f"({error}); is it another service? use --protocol {others}")
+    raise RuntimeError(
+        f"{address} does not speak --protocol {name}: it answers UNIMPLEMENTED "
+        f"({error}); is it another service? use --protocol {others}"
+    )
 
 
-async def _one(protocol: Target, address: str,
-               credentials: ClientCredentials | None) -> RequestRecord:
+async def _one(
+    protocol: Target, address: str, credentials: ClientCredentials | None
+) -> RequestRecord:
     driver = protocol.driver()
-    await driver.connect(Session(address=address, credentials=credentials,
-                                 include_timing=False, timeout_s=_TIMEOUT_S))
+    await driver.connect(
+        Session(
+            address=address, credentials=credentials, include_timing=False, timeout_s=_TIMEOUT_S
+        )
+    )
     try:
         record, _ = await driver.one(RequestPlan("probe", [1, 2, 3], 1), 0, 0)
     finally:

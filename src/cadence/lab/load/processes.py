@@ -74,8 +74,13 @@ def my_requests(plan: ProcessPlan):
     """(i, arrival offset in s or None) for this process's share of the run (the baseline
     server replays the same share: `servers/baseline.py`)."""
     trace = plan.shape.trace
-    offsets = (iter([row.offset_s for row in trace]) if trace else
-               poisson_offsets(plan.rate, plan.shape.seed, plan.stages) if plan.rate else None)
+    offsets = (
+        iter([row.offset_s for row in trace])
+        if trace
+        else poisson_offsets(plan.rate, plan.shape.seed, plan.stages)
+        if plan.rate
+        else None
+    )
     requests = plan.requests
     if trace:
         requests = len(trace) if requests is None else min(requests, len(trace))
@@ -122,20 +127,30 @@ class FailureStreak:
         quiet = now - self._last_ok
         if self.reason is None and self._failures >= self.FAILURES and quiet >= self.QUIET_S:
             error = record.error.splitlines()[0] if record.error else ""
-            self.reason = (f"stopped early: {self._failures} requests in a row failed and none "
-                           f"succeeded for {quiet:.1f} s (last: {record.code}"
-                           + (f": {error})" if error else ")"))
+            self.reason = (
+                f"stopped early: {self._failures} requests in a row failed and none "
+                f"succeeded for {quiet:.1f} s (last: {record.code}"
+                + (f": {error})" if error else ")")
+            )
 
 
-async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
-                       completed=None) -> ProcessResult:
+async def _run_process(
+    plan: ProcessPlan, ready: Callable[[], int], completed=None
+) -> ProcessResult:
     """Connect, warm up, report `ready()` (which returns the agreed start time), then run.
     `completed` (a shared c_longlong, or None) gets one added per measured request."""
     driver = plan.protocol.driver()
-    await driver.connect(Session(
-        address=plan.target, channels=plan.channels, credentials=plan.credentials,
-        include_timing=plan.include_timing, timeout_s=plan.timeout_s,
-        read_delay_s=plan.read_delay_ms / 1e3, stall_s=plan.stall_s))
+    await driver.connect(
+        Session(
+            address=plan.target,
+            channels=plan.channels,
+            credentials=plan.credentials,
+            include_timing=plan.include_timing,
+            timeout_s=plan.timeout_s,
+            read_delay_s=plan.read_delay_ms / 1e3,
+            stall_s=plan.stall_s,
+        )
+    )
     for i in range(plan.warmup):
         await driver.one(RequestPlan(f"warmup-{plan.process}-{i}", [1, 2, 3], 4), plan.process, i)
     # The closed loop's first wave starts at one instant: its requests are made now, so that
@@ -158,16 +173,20 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
     streak = FailureStreak(wall0)
     slips, lags = 0, []
-    watch = (SaturationWatch(plan.saturation_window_s, plan.stages, plan.processes)
-             if plan.saturation_window_s and open_loop else None)
+    watch = (
+        SaturationWatch(plan.saturation_window_s, plan.stages, plan.processes)
+        if plan.saturation_window_s and open_loop
+        else None
+    )
 
     async def send(i: int, lane: int, intended_ns: int | None = None) -> None:
         request = made.pop(i, None) or plan.shape.request(i)
         record, chunks = await driver.one(request, plan.process, lane)
         if watch is not None:
-            watch.ended((record.end_ns - started_ns) / 1e9,
-                        (record.arrival_ns[0] - record.start_ns) / 1e6 if record.arrival_ns
-                        else math.nan)
+            watch.ended(
+                (record.end_ns - started_ns) / 1e9,
+                (record.arrival_ns[0] - record.start_ns) / 1e6 if record.arrival_ns else math.nan,
+            )
         kept.append((record, chunks))
         streak.add(record)
         if intended_ns is not None:
@@ -205,6 +224,7 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
             tasks.append(asyncio.ensure_future(send(i, n, started_ns + int(offset * 1e9))))
         await asyncio.gather(*tasks)
     elif conversation is not None:
+
         async def session(s: int) -> None:
             for turn in range(conversation.turns):
                 await send(s * conversation.turns + turn, s)
@@ -218,6 +238,7 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
         mine = range(plan.process, conversation.sessions, plan.processes)
         await asyncio.gather(*(session(s) for s in mine))
     else:
+
         async def lane(k: int) -> None:
             for i, _ in todo:
                 await send(i, k)
@@ -233,9 +254,17 @@ async def _run_process(plan: ProcessPlan, ready: Callable[[], int],
     for record, chunks in kept:
         driver.decode(record, chunks)
     await driver.close()
-    return ProcessResult(plan.process, [record for record, _ in kept], cpu_s, wall_s, slips,
-                         started_ns, lags, streak.reason,
-                         watch.result if watch is not None else None)
+    return ProcessResult(
+        plan.process,
+        [record for record, _ in kept],
+        cpu_s,
+        wall_s,
+        slips,
+        started_ns,
+        lags,
+        streak.reason,
+        watch.result if watch is not None else None,
+    )
 
 
 _SPIN_S = 0.0005
@@ -295,10 +324,12 @@ _START_MARGIN_NS = 20_000_000
 """Between the last process reporting ready and the agreed start, so all are waiting."""
 
 
-def run_load(plans: list[ProcessPlan],
-             on_started: Callable[[int, int], None] | None = None,
-             counter: RequestCounter | None = None,
-             on_start: Callable[[], None] | None = None) -> list[ProcessResult]:
+def run_load(
+    plans: list[ProcessPlan],
+    on_started: Callable[[int, int], None] | None = None,
+    counter: RequestCounter | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> list[ProcessResult]:
     """Run each plan in its own process and gather every process's result.
 
     `on_started(process_number, pid)` is called for each process once it runs. Every process
@@ -311,8 +342,9 @@ def run_load(plans: list[ProcessPlan],
     for plan in plans:
         here, there = context.Pipe()
         completed = counter.slot(context) if counter is not None else None
-        proc = context.Process(target=_process_main,
-                               args=(msgspec.msgpack.encode(plan), there, completed))
+        proc = context.Process(
+            target=_process_main, args=(msgspec.msgpack.encode(plan), there, completed)
+        )
         proc.start()
         assert proc.pid is not None  # set by start()
         there.close()

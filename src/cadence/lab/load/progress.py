@@ -37,17 +37,27 @@ class BenchProgress(Progress):
     of `duration_s`. Use as a context manager around the run; the bar is removed at its end
     (the summary follows). `console`: where to draw (default: stderr)."""
 
-    def __init__(self, counter: RequestCounter, requests: int | None, duration_s: float | None,
-                 console: Console | None = None) -> None:
+    def __init__(
+        self,
+        counter: RequestCounter,
+        requests: int | None,
+        duration_s: float | None,
+        console: Console | None = None,
+    ) -> None:
         self._counter = counter
         self._requests = requests
         self._duration_s = duration_s
         self._task = None
         # Set first: rich builds the first frame (and so polls) within its own __init__.
-        super().__init__(TextColumn("cadence bench"), BarColumn(),
-                         TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                         console=console or Console(stderr=True), transient=True,
-                         refresh_per_second=_REDRAWS_PER_S)
+        super().__init__(
+            TextColumn("cadence bench"),
+            BarColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console or Console(stderr=True),
+            transient=True,
+            refresh_per_second=_REDRAWS_PER_S,
+        )
         total = requests if requests is not None else duration_s
         self._task = self.add_task("load", total=total, status="connecting")
 

@@ -20,11 +20,17 @@ if TYPE_CHECKING:
 
 def sent(plan: RequestPlan, process: int) -> RequestRecord:
     """The record of `plan`, its start stamped now: make it just before the request goes."""
-    return RequestRecord(request_id=plan.request_id, process=process,
-                         start_ns=time.monotonic_ns(), max_tokens=plan.max_tokens,
-                         prompt_tokens=len(plan.prompt_token_ids), trace_id=os.urandom(16).hex(),
-                         turn=plan.turn, population=plan.population,
-                         request_class=plan.request_class)
+    return RequestRecord(
+        request_id=plan.request_id,
+        process=process,
+        start_ns=time.monotonic_ns(),
+        max_tokens=plan.max_tokens,
+        prompt_tokens=len(plan.prompt_token_ids),
+        trace_id=os.urandom(16).hex(),
+        turn=plan.turn,
+        population=plan.population,
+        request_class=plan.request_class,
+    )
 
 
 def traceparent(record: RequestRecord) -> str:
@@ -38,8 +44,9 @@ STALLED = "STALLED"
 
 
 @contextlib.contextmanager
-def recording(record: RequestRecord, stall_s: float | None = None,
-              cancel_s: float = 0.0) -> Iterator[RequestRecord]:
+def recording(
+    record: RequestRecord, stall_s: float | None = None, cancel_s: float = 0.0
+) -> Iterator[RequestRecord]:
     """Around one request's stream: an error is recorded, never raised (one request must not
     stop the run), and the end time is stamped however the stream ends. With `stall_s`, a
     request that gets no chunk for that long (the first counted from its start) is ended,
@@ -54,15 +61,19 @@ def recording(record: RequestRecord, stall_s: float | None = None,
         if cancel is not None and cancel.fired:
             cancel.task.uncancel()
             record.code = CLIENT_CANCELLED
-            record.error = (f"cancelled by the client {cancel_s * 1e3:g} ms after its send, "
-                            f"after {len(record.arrival_ns)} messages (--cancel-ms)")
+            record.error = (
+                f"cancelled by the client {cancel_s * 1e3:g} ms after its send, "
+                f"after {len(record.arrival_ns)} messages (--cancel-ms)"
+            )
             return
         if stall is None or not stall.fired:
             raise
         stall.task.uncancel()
         record.code = STALLED
-        record.error = (f"no message for {stall_s:g} s (after {len(record.arrival_ns)}): "
-                        "ended by the stall limit (cadence bench --stall-limit)")
+        record.error = (
+            f"no message for {stall_s:g} s (after {len(record.arrival_ns)}): "
+            "ended by the stall limit (cadence bench --stall-limit)"
+        )
     except grpc.aio.AioRpcError as exc:
         record.code = exc.code().name
         record.error = exc.details() or ""

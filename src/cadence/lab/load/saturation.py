@@ -52,8 +52,9 @@ def offered_between(stages: Sequence[tuple[float, float, float]], a: float, b: f
 class SaturationWatch:
     """One load process's judge of the windows (see the module's docstring)."""
 
-    def __init__(self, window_s: float, stages: Sequence[tuple[float, float, float]],
-                 processes: int = 1) -> None:
+    def __init__(
+        self, window_s: float, stages: Sequence[tuple[float, float, float]], processes: int = 1
+    ) -> None:
         self._window_s, self._stages, self._processes = window_s, list(stages), processes
         self._ended: defaultdict[int, list[float]] = defaultdict(list)
         """The TTFT (ms, or NaN) of each request that ended, by the window it ended in."""
@@ -97,11 +98,11 @@ class SaturationWatch:
             saturated = short and sent > 0 and math.isfinite(self._floor) and not ttfts
             p50 = math.inf if saturated else math.nan
         else:
-            saturated = (short and p50 > GROWTH * self._floor
-                         and not p50 <= self._previous)
+            saturated = short and p50 > GROWTH * self._floor and not p50 <= self._previous
             self._floor = min(self._floor, p50)
-        self.result.peak_achieved_rate_per_s = max(self.result.peak_achieved_rate_per_s or 0.0,
-                                                   achieved)
+        self.result.peak_achieved_rate_per_s = max(
+            self.result.peak_achieved_rate_per_s or 0.0, achieved
+        )
         self._streak = self._streak + 1 if saturated else 0
         if self._streak == 1:  # the queue began to build in the window before: its middle
             self._knee_at = max(0.0, a - (b - a) / 2)

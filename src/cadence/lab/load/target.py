@@ -29,8 +29,8 @@ def _tag(target: Target | type[Target]) -> str:
 
 
 PROTOCOLS: dict[str, type[Target]] = {
-    _tag(cls): cls
-    for cls in (CadenceTarget, KServeTarget, GrpcTarget, OpenAITarget)}
+    _tag(cls): cls for cls in (CadenceTarget, KServeTarget, GrpcTarget, OpenAITarget)
+}
 """Each protocol's target by its name (`--protocol`), cadence's own first."""
 
 

@@ -68,15 +68,17 @@ mistyped length (a timestamp in the wrong column) must be refused, not allocated
 _MAX_HASH_ID = 2**63 - 1
 
 
-def read_trace(path: str, speed: float = 1.0,
-               window: tuple[float, float | None] = (0.0, None)) -> list[TraceRow]:
+def read_trace(
+    path: str, speed: float = 1.0, window: tuple[float, float | None] = (0.0, None)
+) -> list[TraceRow]:
     """The requests of the trace at `path` (JSONL, or CSV by its `.csv` name), in time order,
     windowed and scaled (see the module's docstring); TraceError when it cannot be read."""
     return [row for _, row in numbered_trace(path, speed, window)]
 
 
-def numbered_trace(path: str, speed: float = 1.0,
-                   window: tuple[float, float | None] = (0.0, None)) -> list[tuple[int, TraceRow]]:
+def numbered_trace(
+    path: str, speed: float = 1.0, window: tuple[float, float | None] = (0.0, None)
+) -> list[tuple[int, TraceRow]]:
     """`read_trace`, each row with its line in the file (to name it in a message). Every row
     is checked before any is kept: TraceError names each bad one."""
     if not speed > 0:
@@ -87,8 +89,9 @@ def numbered_trace(path: str, speed: float = 1.0,
     except OSError as exc:
         raise TraceError(f"--trace {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise TraceError(f"--trace {path}: not UTF-8 text ({exc.reason} at byte "
-                         f"{exc.start})") from None
+        raise TraceError(
+            f"--trace {path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
     except csv.Error as exc:
         raise TraceError(f"--trace {path}: not CSV ({exc})") from None
     rows, bad = [], []
@@ -99,8 +102,12 @@ def numbered_trace(path: str, speed: float = 1.0,
             bad.append(f"--trace {path}:{n}: {exc}")
     if bad:
         more = len(bad) - SHOWN_BAD_ROWS
-        raise TraceError("\n".join(bad[:SHOWN_BAD_ROWS] + (
-            [f"--trace {path}: and {more} more bad rows"] if more > 0 else [])))
+        raise TraceError(
+            "\n".join(
+                bad[:SHOWN_BAD_ROWS]
+                + ([f"--trace {path}: and {more} more bad rows"] if more > 0 else [])
+            )
+        )
     if not rows:
         raise TraceError(f"--trace {path} holds no requests")
     rows.sort(key=lambda r: r[0])
@@ -115,12 +122,20 @@ def numbered_trace(path: str, speed: float = 1.0,
         turn = 0
         if session:
             turn = turns[session] = turns.get(session, 0) + 1
-        kept.append((n, TraceRow((since_s - start) / speed, input_length, output_length,
-                                 hash_ids, session, turn)))
+        kept.append(
+            (
+                n,
+                TraceRow(
+                    (since_s - start) / speed, input_length, output_length, hash_ids, session, turn
+                ),
+            )
+        )
     if not kept:
-        raise TraceError(f"--trace {path}: no request in the window {start:g}:"
-                         f"{'' if end is None else f'{end:g}'} s (the trace spans "
-                         f"{(rows[-1][0] - first) / 1e3:g} s)")
+        raise TraceError(
+            f"--trace {path}: no request in the window {start:g}:"
+            f"{'' if end is None else f'{end:g}'} s (the trace spans "
+            f"{(rows[-1][0] - first) / 1e3:g} s)"
+        )
     return kept
 
 
@@ -217,8 +232,10 @@ def _whole(value, field: str, least: int, most: int) -> int:
 
 
 def _missing(field: str) -> str:
-    return (f"no {field!r} (a trace row needs timestamp, input_length, output_length; "
-            "hash_ids and session_id optional)")
+    return (
+        f"no {field!r} (a trace row needs timestamp, input_length, output_length; "
+        "hash_ids and session_id optional)"
+    )
 
 
 def _shown(value) -> str:
@@ -240,6 +257,7 @@ def printable(rng: random.Random, tokens: int) -> bytes:
     """`tokens` random token ids in printable ASCII (32-126), one byte each: a prompt that
     reads the same as text (OpenAI), bytes (a gRPC `{prompt}`) and token ids."""
     return rng.randbytes(tokens).translate(_PRINTABLE)
+
 
 _KEPT_BLOCKS = 8192
 """Blocks a load process keeps made (4 MiB of 512-token blocks): a block is made again,
@@ -271,4 +289,4 @@ class Prompts:
             out += made
         if len(out) < row.input_length:
             out += block(self.seed, -(i + 1), row.input_length - len(out))
-        return list(out[:row.input_length])
+        return list(out[: row.input_length])

@@ -85,8 +85,13 @@ def _listeners(target: str) -> list[int]:
         connections = psutil.net_connections(kind="tcp")
     except psutil.AccessDenied:
         return []
-    return sorted({c.pid for c in connections
-                   if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port) and c.pid})
+    return sorted(
+        {
+            c.pid
+            for c in connections
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port) and c.pid
+        }
+    )
 
 
 def listener_pid(target: str) -> int | None:
@@ -144,9 +149,13 @@ def _metrics_port_arg(process: psutil.Process) -> int | None:
     except psutil.Error:
         return None
     for k, arg in enumerate(cmdline):
-        value = (arg.partition("=")[2] if arg.startswith("--metrics-port=")
-                 else cmdline[k + 1] if arg == "--metrics-port" and k + 1 < len(cmdline)
-                 else None)
+        value = (
+            arg.partition("=")[2]
+            if arg.startswith("--metrics-port=")
+            else cmdline[k + 1]
+            if arg == "--metrics-port" and k + 1 < len(cmdline)
+            else None
+        )
         if value is not None:
             return int(value) if value.isdigit() else None
     return None
@@ -178,16 +187,18 @@ def metrics_url(target: str) -> str | None:
     if front is not None:
         port = _metrics_port_arg(front)
         if port is None and front.name() == "envoy":  # --grpc-server native: the flags are
-            with contextlib.suppress(psutil.Error):   # those of `cadence serve`, Envoy's parent
+            with contextlib.suppress(psutil.Error):  # those of `cadence serve`, Envoy's parent
                 parent = front.parent()
                 port = _metrics_port_arg(parent) if parent is not None else None
     if port is None or front is None:
         return None  # another server (its other ports speak other protocols), or no metrics
-    listening = [conn.laddr for conn in front.net_connections(kind="tcp")
-                 if conn.status == psutil.CONN_LISTEN]
+    listening = [
+        conn.laddr
+        for conn in front.net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN
+    ]
     if port:
-        return next((f"http://{a.ip}:{a.port}/metrics" for a in listening if a.port == port),
-                    None)
+        return next((f"http://{a.ip}:{a.port}/metrics" for a in listening if a.port == port), None)
     grpc_port = int(target.rpartition(":")[2])
     for address in listening:
         url = f"http://{address.ip}:{address.port}/metrics"

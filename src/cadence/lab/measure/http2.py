@@ -22,8 +22,9 @@ from cadence.credentials import ClientCredentials
 from cadence.lab.results import Http2Settings
 
 
-def read_settings(target: str, credentials: ClientCredentials | None = None,
-                  timeout_s: float = 3.0) -> Http2Settings:
+def read_settings(
+    target: str, credentials: ClientCredentials | None = None, timeout_s: float = 3.0
+) -> Http2Settings:
     """Connect to `target` (host:port), speak HTTP/2's preface and read the server's first
     SETTINGS frame; the fields it left out are HTTP/2's defaults (the server did not limit
     them). A server that cannot be read gets `error` instead: the run goes on without."""
@@ -40,9 +41,12 @@ def read_settings(target: str, credentials: ClientCredentials | None = None,
 
 def _tls(raw: socket.socket, host: str, credentials: ClientCredentials) -> ssl.SSLSocket:
     context = ssl.create_default_context(
-        cadata=credentials.root_ca.decode() if credentials.root_ca else None)
+        cadata=credentials.root_ca.decode() if credentials.root_ca else None
+    )
     context.set_alpn_protocols(["h2"])
-    if credentials.cert_chain is not None and credentials.private_key is not None:  # both or neither
+    if (
+        credentials.cert_chain is not None and credentials.private_key is not None
+    ):  # both or neither
         # ssl loads a client certificate from files only; the credentials hold bytes.
         import tempfile
 
@@ -62,8 +66,11 @@ def _settings(sock: socket.socket, tls: bool) -> Http2Settings:
     while True:
         data = sock.recv(65536)
         if not data:
-            return Http2Settings(tls=tls, error="the server closed the connection before its "
-                                                "SETTINGS (not HTTP/2, or TLS expected)")
+            return Http2Settings(
+                tls=tls,
+                error="the server closed the connection before its "
+                "SETTINGS (not HTTP/2, or TLS expected)",
+            )
         for event in connection.receive_data(data):
             if isinstance(event, h2.events.RemoteSettingsChanged):
                 return _announced(event.changed_settings, tls)

@@ -82,11 +82,14 @@ KNOWN = (
     Known("sglang:num_running_reqs", ROLE_RUNNING, "sglang"),
     Known("sglang:num_queue_reqs", ROLE_WAITING, "sglang"),
     Known("sglang:token_usage", ROLE_KV_CACHE_USE, "sglang"),
-    Known("nv_trt_llm_request_metrics", ROLE_RUNNING, "triton",
-          (("request_type", "scheduled"),)),
+    Known("nv_trt_llm_request_metrics", ROLE_RUNNING, "triton", (("request_type", "scheduled"),)),
     Known("nv_trt_llm_request_metrics", ROLE_WAITING, "triton", (("request_type", "waiting"),)),
-    Known("nv_trt_llm_kv_cache_block_metrics", ROLE_KV_CACHE_USE, "triton",
-          (("kv_cache_block_type", "fraction"),)),
+    Known(
+        "nv_trt_llm_kv_cache_block_metrics",
+        ROLE_KV_CACHE_USE,
+        "triton",
+        (("kv_cache_block_type", "fraction"),),
+    ),
     Known("nv_inference_pending_request_count", ROLE_WAITING, "triton"),
     Known("trtllm_num_requests_running", ROLE_RUNNING, "tensorrt-llm"),
     Known("trtllm_num_requests_waiting", ROLE_WAITING, "tensorrt-llm"),
@@ -115,8 +118,9 @@ class ScrapeBound(ScrapeError):
     it (each later scrape would cost the same again)."""
 
 
-def read_page(url: str, deadline_s: float | None = None,
-              max_bytes: int | None = None) -> list[tuple[str, str, dict, float]]:
+def read_page(
+    url: str, deadline_s: float | None = None, max_bytes: int | None = None
+) -> list[tuple[str, str, dict, float]]:
     """Every sample of the page at `url` as (family type, sample name, labels, value), within
     `deadline_s` (SCRAPE_DEADLINE_S) and `max_bytes` (MAX_PAGE_BYTES); raises ScrapeError,
     worded for one line, when it cannot be had (ScrapeBound when a bound was hit)."""
@@ -179,13 +183,17 @@ def _mib(n: float) -> str:
 
 
 def _over(max_bytes: int, how: str) -> ScrapeBound:
-    return ScrapeBound(f"the page is larger than {_mib(max_bytes)}, the most read of one page"
-                       + (f" ({how})" if how else ""))
+    return ScrapeBound(
+        f"the page is larger than {_mib(max_bytes)}, the most read of one page"
+        + (f" ({how})" if how else "")
+    )
 
 
 def _late(deadline_s: float, got: int) -> ScrapeBound:
-    return ScrapeBound(f"the page was not read within {deadline_s:g} s, the limit of one "
-                       f"scrape ({got} bytes of it had come)")
+    return ScrapeBound(
+        f"the page was not read within {deadline_s:g} s, the limit of one "
+        f"scrape ({got} bytes of it had come)"
+    )
 
 
 class _Watch:
@@ -236,8 +244,9 @@ class _WatchedHandler:
 
     def do_open(self, http_class, req, **kwargs):
         watch = self._watch
-        return super().do_open(lambda host, **kw: watch.watched(http_class(host, **kw)), req,
-                               **kwargs)
+        return super().do_open(
+            lambda host, **kw: watch.watched(http_class(host, **kw)), req, **kwargs
+        )
 
 
 @functools.cache
@@ -261,8 +270,9 @@ def parse_page(text: str) -> list[tuple[str, str, dict, float]]:
     return list(_parsed(text))
 
 
-def _parsed(text: str, deadline: float | None = None,
-            deadline_s: float = 0.0) -> Iterator[tuple[str, str, dict, float]]:
+def _parsed(
+    text: str, deadline: float | None = None, deadline_s: float = 0.0
+) -> Iterator[tuple[str, str, dict, float]]:
     """The samples of `text` as they are parsed (a family at a time, so a large page is
     never held as samples all at once); past `deadline` (monotonic) raises ScrapeBound."""
     from prometheus_client.parser import text_fd_to_metric_families
@@ -271,8 +281,10 @@ def _parsed(text: str, deadline: float | None = None,
         for n, line in enumerate(io.StringIO(text)):
             # Checked as lines are read: one family can fill the whole page.
             if deadline is not None and n % 1024 == 0 and time.monotonic() > deadline:
-                raise ScrapeBound(f"the page was not read and parsed within {deadline_s:g} "
-                                  f"s, the limit of one scrape ({_mib(len(text))} of text)")
+                raise ScrapeBound(
+                    f"the page was not read and parsed within {deadline_s:g} "
+                    f"s, the limit of one scrape ({_mib(len(text))} of text)"
+                )
             yield line
 
     try:
@@ -283,8 +295,9 @@ def _parsed(text: str, deadline: float | None = None,
     except (ValueError, TypeError, IndexError) as exc:
         head = text.lstrip()[:200]
         first = head.splitlines()[0][:60] if head else ""
-        raise ScrapeError(f"not a Prometheus metrics page ({str(exc)[:80]}; it begins "
-                          f"{first!r})") from None
+        raise ScrapeError(
+            f"not a Prometheus metrics page ({str(exc)[:80]}; it begins {first!r})"
+        ) from None
 
 
 def check_scrape_url(url: str) -> None:
@@ -328,8 +341,9 @@ class _Endpoint:
     stopped: str | None = None
     """Why the page is no longer read (a ScrapeBound); None while it is."""
 
-    def take(self, tick: int, started: float, t: float,
-             samples: Iterable[tuple[Key, _Sample]]) -> None:
+    def take(
+        self, tick: int, started: float, t: float, samples: Iterable[tuple[Key, _Sample]]
+    ) -> None:
         """Keep a scrape's samples of the series admitted: a role's always, any other while
         its name has fewer than MAX_LABEL_SETS and the page fewer than MAX_SERIES. Decided as
         the samples come, so a page of thousands of series costs a long run, or the scrape
@@ -347,8 +361,7 @@ class _Endpoint:
                 name = key[0]
                 self.per_name[name] = self.per_name.get(name, 0) + 1
                 role = any(_matches(known, key) for known in KNOWN)
-                if role or (self.per_name[name] <= MAX_LABEL_SETS
-                            and len(self.kept) < MAX_SERIES):
+                if role or (self.per_name[name] <= MAX_LABEL_SETS and len(self.kept) < MAX_SERIES):
                     self.kept[key] = None
                 else:
                     self.dropped.add(hash(key))
@@ -382,9 +395,14 @@ class PageScraper:
     """Scrapes `urls` every `interval_s` on a thread of its own (a slow page delays none of
     the sampler's readings), on the axis of the sampler that started at `t0_ns`."""
 
-    def __init__(self, urls: Sequence[str], t0_ns: int,
-                 interval_s: float = SCRAPE_INTERVAL_S, deadline_s: float | None = None,
-                 max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        t0_ns: int,
+        interval_s: float = SCRAPE_INTERVAL_S,
+        deadline_s: float | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         self.interval_s = interval_s
         self._t0_ns = t0_ns
         self._deadline_s = SCRAPE_DEADLINE_S if deadline_s is None else deadline_s
@@ -416,8 +434,7 @@ class PageScraper:
             try:
                 text = fetch_page(endpoint.url, self._deadline_s, self._max_bytes)
                 t = (time.monotonic_ns() - self._t0_ns) / 1e9
-                endpoint.take(tick, started, t, _samples(
-                    _parsed(text, deadline, self._deadline_s)))
+                endpoint.take(tick, started, t, _samples(_parsed(text, deadline, self._deadline_s)))
             except ScrapeError as exc:
                 endpoint.failed += 1
                 endpoint.first_error = endpoint.first_error or str(exc)
@@ -438,9 +455,11 @@ class PageScraper:
         return build(self._endpoints, self.interval_s, self._t0_ns, window)
 
 
-def from_pages(pages: dict[str, list[tuple[float, str]]],
-               window: tuple[float, float] | None = None,
-               interval_s: float = SCRAPE_INTERVAL_S) -> ScrapedMetrics:
+def from_pages(
+    pages: dict[str, list[tuple[float, str]]],
+    window: tuple[float, float] | None = None,
+    interval_s: float = SCRAPE_INTERVAL_S,
+) -> ScrapedMetrics:
     """The series and roles of pages already read: for each URL, its texts and the time
     (on the run's axis) each was read, the k-th text of every URL one tick."""
     endpoints = []
@@ -452,8 +471,12 @@ def from_pages(pages: dict[str, list[tuple[float, str]]],
     return build(endpoints, interval_s, 0, window)
 
 
-def build(endpoints: Sequence[_Endpoint], interval_s: float, t0_ns: int,
-          window: tuple[float, float] | None) -> ScrapedMetrics:
+def build(
+    endpoints: Sequence[_Endpoint],
+    interval_s: float,
+    t0_ns: int,
+    window: tuple[float, float] | None,
+) -> ScrapedMetrics:
     series: list[ScrapedSeries] = []
     found: list[ScrapedEndpoint] = []
     role_parts: dict[str, list[tuple[Known, _Endpoint, dict[int, tuple[float, float]]]]] = {}
@@ -465,18 +488,27 @@ def build(endpoints: Sequence[_Endpoint], interval_s: float, t0_ns: int,
         own = [one for key in kept for one in _series(endpoint, key)]
         series.extend(own)
         servers = sorted({known.server for known, _ in roles.values()})
-        found.append(ScrapedEndpoint(
-            url=endpoint.url, server=",".join(servers) or None, scrapes=len(endpoint.scrapes),
-            failed_scrapes=endpoint.failed, first_error=endpoint.first_error,
-            stopped=endpoint.stopped,
-            series=len(own), dropped_series=len(endpoint.dropped),
-            dropped=sorted(endpoint.dropped_names)[:20]))
+        found.append(
+            ScrapedEndpoint(
+                url=endpoint.url,
+                server=",".join(servers) or None,
+                scrapes=len(endpoint.scrapes),
+                failed_scrapes=endpoint.failed,
+                first_error=endpoint.first_error,
+                stopped=endpoint.stopped,
+                series=len(own),
+                dropped_series=len(endpoint.dropped),
+                dropped=sorted(endpoint.dropped_names)[:20],
+            )
+        )
     scraped = ScrapedMetrics(
-        interval_s=interval_s, started_ns=t0_ns,
-        run_window_s=window, endpoints=found,
-        roles={role: _role(role, role_parts[role], window) for role in ROLES
-               if role in role_parts},
-        series=series)
+        interval_s=interval_s,
+        started_ns=t0_ns,
+        run_window_s=window,
+        endpoints=found,
+        roles={role: _role(role, role_parts[role], window) for role in ROLES if role in role_parts},
+        series=series,
+    )
     hits = prefix_cache_hits(endpoints)
     if hits:
         scraped.prefix_cache = hits
@@ -511,10 +543,16 @@ def prefix_cache_hits(endpoints: Sequence[_Endpoint]) -> list[PrefixCacheHits]:
             for hits, queries in PREFIX_CACHE_COUNTERS:
                 if name == hits:
                     asked = growth.get((queries, labels), 0.0)
-                    found.append(PrefixCacheHits(
-                        url=endpoint.url, labels=dict(labels), metric=name,
-                        query_tokens=asked, hit_tokens=got,
-                        hit_rate=got / asked if asked else None))
+                    found.append(
+                        PrefixCacheHits(
+                            url=endpoint.url,
+                            labels=dict(labels),
+                            metric=name,
+                            query_tokens=asked,
+                            hit_tokens=got,
+                            hit_rate=got / asked if asked else None,
+                        )
+                    )
     return sorted(found, key=lambda h: (h.url, sorted(h.labels.items())))
 
 
@@ -548,8 +586,11 @@ def _roles_of(endpoint: _Endpoint) -> dict[str, tuple[Known, dict[int, tuple[flo
 
 def _rates_by_tick(values: dict[int, tuple[float, float]]) -> dict[int, tuple[float, float]]:
     ticks = sorted(values)
-    return {b: (values[b][0], _rate(values[a], values[b])) for a, b in pairwise(ticks)
-            if values[b][0] > values[a][0]}
+    return {
+        b: (values[b][0], _rate(values[a], values[b]))
+        for a, b in pairwise(ticks)
+        if values[b][0] > values[a][0]
+    }
 
 
 def _rate(earlier: tuple[float, float], later: tuple[float, float]) -> float:
@@ -574,14 +615,20 @@ def _series(endpoint: _Endpoint, key: Key) -> list[ScrapedSeries]:
     kind = points[0][2].kind
     if kind == "gauge":
         return [_one(endpoint.url, name, labels, "gauge", [(t, s.value) for _, t, s in points])]
-    rates = [(t1, _rate((t0, s0.value), (t1, s1.value)))
-             for (_, t0, s0), (_, t1, s1) in pairwise(points) if t1 > t0]
+    rates = [
+        (t1, _rate((t0, s0.value), (t1, s1.value)))
+        for (_, t0, s0), (_, t1, s1) in pairwise(points)
+        if t1 > t0
+    ]
     out = [_one(endpoint.url, name, labels, "rate", rates)]
     if kind == "count":
         family = points[0][2].family
         sum_key = (f"{family}_sum", labels)
-        sums = {tick: samples[sum_key].value for tick, _, samples in endpoint.scrapes
-                if sum_key in samples}
+        sums = {
+            tick: samples[sum_key].value
+            for tick, _, samples in endpoint.scrapes
+            if sum_key in samples
+        }
         means = []
         for (tick0, _, c0), (tick1, t1, c1) in pairwise(points):
             counted = c1.value - c0.value
@@ -591,10 +638,16 @@ def _series(endpoint: _Endpoint, key: Key) -> list[ScrapedSeries]:
     return out
 
 
-def _one(url: str, name: str, labels: tuple[tuple[str, str], ...], kind: str,
-         points: list[tuple[float, float]]) -> ScrapedSeries:
-    return ScrapedSeries(url=url, name=name, labels=dict(labels), kind=kind,
-                         points=thin(points, MAX_POINTS))
+def _one(
+    url: str,
+    name: str,
+    labels: tuple[tuple[str, str], ...],
+    kind: str,
+    points: list[tuple[float, float]],
+) -> ScrapedSeries:
+    return ScrapedSeries(
+        url=url, name=name, labels=dict(labels), kind=kind, points=thin(points, MAX_POINTS)
+    )
 
 
 def thin(points: list, most: int) -> list:
@@ -605,14 +658,16 @@ def thin(points: list, most: int) -> list:
     return [points[round(i * step)] for i in range(most)]
 
 
-def _role(role: str, parts: list[tuple[Known, _Endpoint, dict[int, tuple[float, float]]]],
-          window: tuple[float, float] | None) -> ScrapedRole:
+def _role(
+    role: str,
+    parts: list[tuple[Known, _Endpoint, dict[int, tuple[float, float]]]],
+    window: tuple[float, float] | None,
+) -> ScrapedRole:
     """One role over every endpoint that has it: at each tick every endpoint has a value for,
     their sum (the fullest, for the KV cache); its peak and mean inside the run's window."""
     combine = max if role in _FULLEST else sum
     ticks = sorted(set.intersection(*(set(points) for _, _, points in parts)))
-    points = [(parts[0][1].ticks[tick], combine(p[tick][1] for _, _, p in parts))
-              for tick in ticks]
+    points = [(parts[0][1].ticks[tick], combine(p[tick][1] for _, _, p in parts)) for tick in ticks]
     inside = [v for t, v in points if window is None or window[0] <= t <= window[1]]
     return ScrapedRole(
         metric=", ".join(dict.fromkeys(_described(known) for known, _, _ in parts)),

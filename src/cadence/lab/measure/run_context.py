@@ -50,6 +50,8 @@ def _server(pid: int | None) -> dict:
         serve = parent.cmdline() if parent is not None else []
     except psutil.Error:
         return {}
-    return {"server_cmdline": serve if "serve" in serve else None,
-            "server_process": f"envoy (pid {pid}), serving the gRPC port with the front inside "
-                              "(--grpc-server native)"}
+    return {
+        "server_cmdline": serve if "serve" in serve else None,
+        "server_process": f"envoy (pid {pid}), serving the gRPC port with the front inside "
+        "(--grpc-server native)",
+    }

@@ -38,8 +38,9 @@ OTHER_MIN_PCT = 10.0
 class SystemSampler:
     """Samples every watched process's CPU % (100 = one core) and every card's utilisation."""
 
-    def __init__(self, interval_s: float = 0.1, metrics_url: str | None = None,
-                 scrape_every: int = 5) -> None:
+    def __init__(
+        self, interval_s: float = 0.1, metrics_url: str | None = None, scrape_every: int = 5
+    ) -> None:
         self.interval_s = interval_s
         self._metrics_url = metrics_url
         self._scrape_every = scrape_every
@@ -97,8 +98,9 @@ class SystemSampler:
             ticks += 1
             if ticks % self._scrape_every == 0:
                 self._scrape(t)
-            self._host_samples.append((t, psutil.cpu_percent(None) * self._cpus,
-                                       self._lab.cpu_percent(None)))
+            self._host_samples.append(
+                (t, psutil.cpu_percent(None) * self._cpus, self._lab.cpu_percent(None))
+            )
             with self._lock:
                 watched = list(self._processes.items())
             for name, process in watched:
@@ -175,24 +177,35 @@ class SystemSampler:
         gpus = []
         for i, samples in enumerate(self._gpu_samples):
             utils = [u for _, u, _ in samples]
-            gpus.append(Gpu(
-                index=i,
-                util_pct_mean=sum(utils) / len(utils) if utils else None,
-                util_pct_max=max(utils) if utils else None,
-                mem_used_mb_max=max((m for _, _, m in samples), default=None),
-                samples=[(t, u, m) for t, u, m in samples],
-            ))
+            gpus.append(
+                Gpu(
+                    index=i,
+                    util_pct_mean=sum(utils) / len(utils) if utils else None,
+                    util_pct_max=max(utils) if utils else None,
+                    mem_used_mb_max=max((m for _, _, m in samples), default=None),
+                    samples=[(t, u, m) for t, u, m in samples],
+                )
+            )
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
-        return System(interval_s=self.interval_s, processes=processes, gpus=gpus,
-                      host=self._host(), server_metrics=self._server_metrics())
+        return System(
+            interval_s=self.interval_s,
+            processes=processes,
+            gpus=gpus,
+            host=self._host(),
+            server_metrics=self._server_metrics(),
+        )
 
     def _host(self) -> HostCpu:
         busy = [pct for _, pct, _ in self._host_samples]
         others = self._others()  # while the probe, a child of the lab, still runs
-        return HostCpu(cpus=self._cpus, busy_pct_mean=sum(busy) / len(busy) if busy else None,
-                       samples=self._host_samples, others=others,
-                       wakeups=self._wakeups.stop())
+        return HostCpu(
+            cpus=self._cpus,
+            busy_pct_mean=sum(busy) / len(busy) if busy else None,
+            samples=self._host_samples,
+            others=others,
+            wakeups=self._wakeups.stop(),
+        )
 
     def _others(self) -> list[OtherProcess]:
         """The busiest processes that are neither watched nor the lab, nor children of either

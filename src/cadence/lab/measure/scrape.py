@@ -6,11 +6,19 @@ from __future__ import annotations
 from cadence.lab.measure.prometheus import read_page
 from cadence.lab.scraped_keys import STARTUP, series_key
 
-SCRAPED_GAUGES = ("cadence_deepest_buffer_steps", "cadence_active_streams",
-                   "cadence_worker_batch_size", "cadence_paused_sequences")
-SCRAPED_COUNTERS = ("cadence_merged_steps_total", "cadence_buffer_overflows_total",
-                     "cadence_sequence_pauses_total", "cadence_chunks_total",
-                     "cadence_output_tokens_total")
+SCRAPED_GAUGES = (
+    "cadence_deepest_buffer_steps",
+    "cadence_active_streams",
+    "cadence_worker_batch_size",
+    "cadence_paused_sequences",
+)
+SCRAPED_COUNTERS = (
+    "cadence_merged_steps_total",
+    "cadence_buffer_overflows_total",
+    "cadence_sequence_pauses_total",
+    "cadence_chunks_total",
+    "cadence_output_tokens_total",
+)
 
 
 LOOP_SAMPLES = "cadence_event_loop_lag_seconds_count"
@@ -40,8 +48,12 @@ def scrape(url: str) -> dict[str, float]:
     values: dict[str, float] = {}
     combined: dict[str, float] = {}
     for _, name, labels, value in read_page(url):
-        if (name in SCRAPED_GAUGES or name in SCRAPED_COUNTERS or name in STARTUP
-                or (name in _LOOP_LAG and labels.get("le", _LATE_S) == _LATE_S)):
+        if (
+            name in SCRAPED_GAUGES
+            or name in SCRAPED_COUNTERS
+            or name in STARTUP
+            or (name in _LOOP_LAG and labels.get("le", _LATE_S) == _LATE_S)
+        ):
             values[series_key(name, labels)] = value
             if "front" in labels:
                 rest = {k: v for k, v in labels.items() if k != "front"}

@@ -19,8 +19,9 @@ from pathlib import Path
 from cadence.lab.measure.threads import group_name
 from cadence.lab.results import StackGroup, StackSpot
 
-_LIBRARY_ROOTS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
-                                                          "platlib")})
+_LIBRARY_ROOTS = tuple(
+    {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
 _DUMP_TIMEOUT_S = 5.0
 MAX_DUMPS = 8
 """Dumps per process over the run: enough to see where threads sit, few enough to cost the
@@ -78,9 +79,13 @@ class StackSampler:
         if self._command is None:  # start() runs no thread without py-spy
             return
         try:
-            done = subprocess.run([self._command, "dump", "--pid", str(pid), "--json",
-                                   "--nonblocking"], capture_output=True, text=True,
-                                  timeout=_DUMP_TIMEOUT_S, check=False)
+            done = subprocess.run(
+                [self._command, "dump", "--pid", str(pid), "--json", "--nonblocking"],
+                capture_output=True,
+                text=True,
+                timeout=_DUMP_TIMEOUT_S,
+                check=False,
+            )
             threads = json.loads(done.stdout) if done.returncode == 0 else []
         except (OSError, subprocess.TimeoutExpired, ValueError):
             return  # not a Python process, gone, or no permission: nothing to count
@@ -99,8 +104,15 @@ class StackSampler:
             self._thread.join()
         if not self._samples:
             return None
-        return [StackGroup(
-            name=group, threads=len(self._threads[group]), samples=self._samples[group],
-            spots=[StackSpot(where=where, code=code, count=count)
-                   for (where, code), count in self._spots[group].most_common(3)])
-            for group, _ in self._samples.most_common()]
+        return [
+            StackGroup(
+                name=group,
+                threads=len(self._threads[group]),
+                samples=self._samples[group],
+                spots=[
+                    StackSpot(where=where, code=code, count=count)
+                    for (where, code), count in self._spots[group].most_common(3)
+                ],
+            )
+            for group, _ in self._samples.most_common()
+        ]

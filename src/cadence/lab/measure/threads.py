@@ -72,13 +72,19 @@ def _read(pid: int, tid: str) -> _Thread | None:
     except (OSError, ValueError):
         return None  # the thread ended meanwhile, or a kernel without schedstat
     # The name is between the first "(" and the last ")": it may hold spaces and parentheses.
-    name = stat[stat.index("(") + 1: stat.rindex(")")]
-    fields = stat[stat.rindex(")") + 2:].split()
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
     # schedstat's time on a CPU, in ns; stat's user + system time counts whole clock ticks.
     cpu_s = run_ns / 1e9 if run_ns else (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
-    return _Thread(pid, name, cpu_s, run_ns, wait_ns,
-                   int(status.get("voluntary_ctxt_switches", "0")),
-                   int(status.get("nonvoluntary_ctxt_switches", "0")))
+    return _Thread(
+        pid,
+        name,
+        cpu_s,
+        run_ns,
+        wait_ns,
+        int(status.get("voluntary_ctxt_switches", "0")),
+        int(status.get("nonvoluntary_ctxt_switches", "0")),
+    )
 
 
 def group_name(name: str) -> str:
@@ -114,9 +120,19 @@ class ThreadReader:
             wait_ns = now.wait_ns - (then.wait_ns if then else 0)
             voluntary = now.voluntary - (then.voluntary if then else 0)
             involuntary = now.involuntary - (then.involuntary if then else 0)
-            g = groups.setdefault(group_name(now.name), {
-                "threads": 0, "processes": set(), "cpu_s": 0.0, "busiest_s": 0.0,
-                "run_ns": 0, "wait_ns": 0, "voluntary": 0, "involuntary": 0})
+            g = groups.setdefault(
+                group_name(now.name),
+                {
+                    "threads": 0,
+                    "processes": set(),
+                    "cpu_s": 0.0,
+                    "busiest_s": 0.0,
+                    "run_ns": 0,
+                    "wait_ns": 0,
+                    "voluntary": 0,
+                    "involuntary": 0,
+                },
+            )
             g["threads"] += 1
             g["processes"].add(now.process)
             g["cpu_s"] += cpu_s
@@ -125,31 +141,47 @@ class ThreadReader:
             g["wait_ns"] += wait_ns
             g["voluntary"] += voluntary
             g["involuntary"] += involuntary
-        rows = [ThreadGroup(
-            name=name, threads=g["threads"], processes=len(g["processes"]),
-            cpu_pct=100 * g["cpu_s"] / wall_s,
-            busiest_thread_cpu_pct=100 * g["busiest_s"] / wall_s,
-            wait_for_cpu_pct=100 * g["wait_ns"] / 1e9 / wall_s,
-            wait_share=g["wait_ns"] / (g["run_ns"] + g["wait_ns"])
-            if g["run_ns"] + g["wait_ns"] else 0.0,
-            voluntary_switches_per_s=g["voluntary"] / wall_s,
-            involuntary_switches_per_s=g["involuntary"] / wall_s,
-        ) for name, g in groups.items()]
+        rows = [
+            ThreadGroup(
+                name=name,
+                threads=g["threads"],
+                processes=len(g["processes"]),
+                cpu_pct=100 * g["cpu_s"] / wall_s,
+                busiest_thread_cpu_pct=100 * g["busiest_s"] / wall_s,
+                wait_for_cpu_pct=100 * g["wait_ns"] / 1e9 / wall_s,
+                wait_share=g["wait_ns"] / (g["run_ns"] + g["wait_ns"])
+                if g["run_ns"] + g["wait_ns"]
+                else 0.0,
+                voluntary_switches_per_s=g["voluntary"] / wall_s,
+                involuntary_switches_per_s=g["involuntary"] / wall_s,
+            )
+            for name, g in groups.items()
+        ]
         rows.sort(key=lambda r: r.cpu_pct, reverse=True)
-        return ServerThreads(wall_s=wall_s, pids=list(self._pids), cpus=os.cpu_count() or 1,
-                             threads=sum(r.threads for r in rows), groups=rows,
-                             processes=self._processes(after, wall_s))
+        return ServerThreads(
+            wall_s=wall_s,
+            pids=list(self._pids),
+            cpus=os.cpu_count() or 1,
+            threads=sum(r.threads for r in rows),
+            groups=rows,
+            processes=self._processes(after, wall_s),
+        )
 
-    def _processes(self, after: dict[tuple[int, int], _Thread],
-                   wall_s: float) -> list[ServerProcessThreads]:
+    def _processes(
+        self, after: dict[tuple[int, int], _Thread], wall_s: float
+    ) -> list[ServerProcessThreads]:
         """Per process: its CPU over the run and its busiest thread (a process at one core
         spread over many threads is one that a lock such as Python's GIL holds to one)."""
         per: dict[int, list[tuple[str, float, float]]] = {}
         for key, now in after.items():
             then = self._before.get(key)
             per.setdefault(now.process, []).append(
-                (now.name, now.cpu_s - (then.cpu_s if then else 0.0),
-                 (now.wait_ns - (then.wait_ns if then else 0)) / 1e9))
+                (
+                    now.name,
+                    now.cpu_s - (then.cpu_s if then else 0.0),
+                    (now.wait_ns - (then.wait_ns if then else 0)) / 1e9,
+                )
+            )
         rows = []
         for pid, threads in per.items():
             name, busiest, waited = max(threads, key=lambda t: t[1])
@@ -157,11 +189,17 @@ class ThreadReader:
                 command = psutil.Process(pid).cmdline()
             except psutil.Error:
                 command = []
-            rows.append(ServerProcessThreads(
-                pid=pid, command=" ".join(command)[:200], threads=len(threads),
-                python=any("python" in os.path.basename(part) for part in command[:1]),
-                cpu_pct=100 * sum(cpu for _, cpu, _ in threads) / wall_s,
-                busiest_thread=name, busiest_thread_cpu_pct=100 * busiest / wall_s,
-                busiest_thread_wait_pct=100 * waited / wall_s))
+            rows.append(
+                ServerProcessThreads(
+                    pid=pid,
+                    command=" ".join(command)[:200],
+                    threads=len(threads),
+                    python=any("python" in os.path.basename(part) for part in command[:1]),
+                    cpu_pct=100 * sum(cpu for _, cpu, _ in threads) / wall_s,
+                    busiest_thread=name,
+                    busiest_thread_cpu_pct=100 * busiest / wall_s,
+                    busiest_thread_wait_pct=100 * waited / wall_s,
+                )
+            )
         rows.sort(key=lambda r: r.cpu_pct, reverse=True)
         return rows

@@ -36,16 +36,23 @@ def otlp_available() -> str | None:
     try:
         import opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc  # noqa: F401
     except ImportError:
-        return ("--otlp-receive needs the package 'opentelemetry-proto', which is not "
-                "installed; install it with: pip install 'cadence[otel]'")
+        return (
+            "--otlp-receive needs the package 'opentelemetry-proto', which is not "
+            "installed; install it with: pip install 'cadence[otel]'"
+        )
     return None
 
 
 class TraceReceiver:
     """Listens on `host:port` (0: any free port; `port` after `start`) until `stop`."""
 
-    def __init__(self, port: int, host: str = "0.0.0.0", max_spans: int = MAX_SPANS,
-                 max_bytes: int = MAX_KEPT_BYTES) -> None:
+    def __init__(
+        self,
+        port: int,
+        host: str = "0.0.0.0",
+        max_spans: int = MAX_SPANS,
+        max_bytes: int = MAX_KEPT_BYTES,
+    ) -> None:
         self._address = f"{host}:{port}"
         self.port = port
         self._server = None
@@ -75,9 +82,13 @@ class TraceReceiver:
 
         # No SO_REUSEPORT (grpc's default): a second receiver on the port would take half
         # the server's spans instead of failing.
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="otlp"),
-                             options=[("grpc.so_reuseport", 0),
-                                      ("grpc.max_receive_message_length", MAX_EXPORT_BYTES)])
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="otlp"),
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_receive_message_length", MAX_EXPORT_BYTES),
+            ],
+        )
         pb_grpc.add_TraceServiceServicer_to_server(Service(), server)
         port = server.add_insecure_port(self._address)
         if not port:
@@ -127,31 +138,50 @@ class TraceReceiver:
 
 def span_bytes(span: ReceivedSpan) -> int:
     """What one kept span costs in memory, about (see _SPAN_BYTES)."""
-    texts = (len(span.name) + len(span.service) + len(span.error or "")
-             + sum(len(k) + (len(v) if isinstance(v, str) else 8)
-                   for k, v in span.attributes.items())
-             + sum(len(name) for name, _ in span.events))
+    texts = (
+        len(span.name)
+        + len(span.service)
+        + len(span.error or "")
+        + sum(len(k) + (len(v) if isinstance(v, str) else 8) for k, v in span.attributes.items())
+        + sum(len(name) for name, _ in span.events)
+    )
     return _SPAN_BYTES + texts + _ITEM_BYTES * (len(span.attributes) + len(span.events))
 
 
 def _spans_of(resource_spans) -> list[ReceivedSpan]:
-    service = next((a.value.string_value[:MAX_TEXT] for a in resource_spans.resource.attributes
-                    if a.key == "service.name"), "")
+    service = next(
+        (
+            a.value.string_value[:MAX_TEXT]
+            for a in resource_spans.resource.attributes
+            if a.key == "service.name"
+        ),
+        "",
+    )
     out = []
     for scope in resource_spans.scope_spans:
         for span in scope.spans:
             status = span.status
-            error = ((status.message[:MAX_TEXT] or "error") if status.code == 2  # ERROR
-                     else None)
-            out.append(ReceivedSpan(
-                trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                parent_id=span.parent_span_id.hex(), name=span.name[:MAX_TEXT],
-                service=service, start_ns=span.start_time_unix_nano,
-                end_ns=span.end_time_unix_nano, attributes=_attributes(span.attributes),
-                events=[(e.name[:MAX_TEXT], e.time_unix_nano)
-                        for e in span.events[:MAX_ATTRIBUTES]],
-                error=error,
-            ))
+            error = (
+                (status.message[:MAX_TEXT] or "error")
+                if status.code == 2  # ERROR
+                else None
+            )
+            out.append(
+                ReceivedSpan(
+                    trace_id=span.trace_id.hex(),
+                    span_id=span.span_id.hex(),
+                    parent_id=span.parent_span_id.hex(),
+                    name=span.name[:MAX_TEXT],
+                    service=service,
+                    start_ns=span.start_time_unix_nano,
+                    end_ns=span.end_time_unix_nano,
+                    attributes=_attributes(span.attributes),
+                    events=[
+                        (e.name[:MAX_TEXT], e.time_unix_nano) for e in span.events[:MAX_ATTRIBUTES]
+                    ],
+                    error=error,
+                )
+            )
     return out
 
 

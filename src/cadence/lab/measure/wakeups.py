@@ -36,7 +36,9 @@ class WakeupProbe:
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "cadence.lab.measure.wakeups"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError:
             self._process = None  # no probe: the run goes on without the measure
         return self

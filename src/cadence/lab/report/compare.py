@@ -26,8 +26,18 @@ DISTRIBUTIONS = ("ttft", "itl", "tpot", "e2e", "chunk_gap", "token_delay")
 STATS = ("p50", "p90", "p99", "p999", "max", "mean")
 FIGURES = ("tokens_per_s", "requests_per_s", "chunks_per_s", "errors")
 INTEGRITY = (*CHECKS, "integrity_faults")
-SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p99_ms",
-         "token_delay_p99_ms", "tokens_per_s", "requests_per_s", "errors", "integrity_faults")
+SHOWN = (
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "e2e_p99_ms",
+    "token_delay_p99_ms",
+    "tokens_per_s",
+    "requests_per_s",
+    "errors",
+    "integrity_faults",
+)
 _METRIC = re.compile(r"^(?P<dist>[a-z0-9_]+?)_(?P<stat>p50|p90|p999|p99|max|mean)_ms$")
 _GATE = re.compile(r"^(?P<metric>[a-z0-9_]+)\s*(?P<op>[<>])\s*(?P<value>[0-9.]+)(?P<x>x?)$")
 
@@ -45,15 +55,17 @@ def metric(result: BenchResult, name: str) -> float:
     if name in INTEGRITY:
         counted = counted_checks(result.workload)
         if name == "integrity_faults":
-            return float(sum(getattr(result.integrity, c) for c in counted)) if counted \
-                else math.nan
+            return (
+                float(sum(getattr(result.integrity, c) for c in counted)) if counted else math.nan
+            )
         return float(getattr(result.integrity, name)) if name in counted else math.nan
     match = _METRIC.match(name)
     if match is None or match["dist"] not in DISTRIBUTIONS:
         raise UnknownMetric(
             f"unknown metric {name!r}: use DIST_STAT_ms with DIST one of "
             f"{', '.join(DISTRIBUTIONS)} and STAT one of {', '.join(STATS)}, or one of "
-            f"{', '.join((*FIGURES, *INTEGRITY))}")
+            f"{', '.join((*FIGURES, *INTEGRITY))}"
+        )
     return figure(result, name)
 
 
@@ -68,7 +80,9 @@ class Gate:
 
     @property
     def text(self) -> str:
-        return f"{self.metric}{'>' if self.above else '<'}{self.value:g}{'x' if self.relative else ''}"
+        return (
+            f"{self.metric}{'>' if self.above else '<'}{self.value:g}{'x' if self.relative else ''}"
+        )
 
     def failure(self, base: BenchResult, run: BenchResult, label: str) -> str | None:
         """Why `run` fails the gate, in one line; None when it passes."""
@@ -80,28 +94,34 @@ class Gate:
         is not judged a regression, in one line; None when it passes plainly."""
         return self.verdict(base, run, label)[0]
 
-    def verdict(self, base: BenchResult, run: BenchResult,
-                label: str) -> tuple[str | None, bool]:
+    def verdict(self, base: BenchResult, run: BenchResult, label: str) -> tuple[str | None, bool]:
         """(`judge`'s line, whether the run fails). With repeats on both sides (`--repeat`),
         a relative gate compares the means and fails only outside the runs' noise
         (`cadence.lab.analysis.noise`)."""
         noisy = self._repeated(base, run)
         value = noisy[1].mean if noisy else metric(run, self.metric)
-        bound = self.value * (noisy[0].mean if noisy else metric(base, self.metric)) \
-            if self.relative else self.value
+        bound = (
+            self.value * (noisy[0].mean if noisy else metric(base, self.metric))
+            if self.relative
+            else self.value
+        )
         if math.isnan(value) or math.isnan(bound):
             return f"{label}: {self.text}: {self.metric} is missing, so the gate cannot pass", True
         if not ((value > bound) if self.above else (value < bound)):
             return None, False
         if noisy is None:
-            return (f"{label}: {self.text} failed: {self.metric} {value:.4g} against a bound of "
-                    f"{bound:.4g}"), True
+            return (
+                f"{label}: {self.text} failed: {self.metric} {value:.4g} against a bound of "
+                f"{bound:.4g}"
+            ), True
         first, later = noisy
         failed = beyond_noise(first, later, self.value, self.above)
-        said = (f"{label}: {self.text}{' failed' if failed else ''}: {self.metric} mean "
-                f"{value:.4g} (95% CI {later.ci95_low:.4g}-{later.ci95_high:.4g}, "
-                f"{len(later.values)} runs) against a bound of {bound:.4g} (first: "
-                f"{first.ci95_low:.4g}-{first.ci95_high:.4g}, {len(first.values)} runs)")
+        said = (
+            f"{label}: {self.text}{' failed' if failed else ''}: {self.metric} mean "
+            f"{value:.4g} (95% CI {later.ci95_low:.4g}-{later.ci95_high:.4g}, "
+            f"{len(later.values)} runs) against a bound of {bound:.4g} (first: "
+            f"{first.ci95_low:.4g}-{first.ci95_high:.4g}, {len(first.values)} runs)"
+        )
         return (said, True) if failed else (f"{said}: {WITHIN_NOISE}", False)
 
     def _repeated(self, base: BenchResult, run: BenchResult):
@@ -116,10 +136,16 @@ class Gate:
 def parse_gate(text: str) -> Gate:
     match = _GATE.match(text.strip())
     if match is None:
-        raise ValueError(f"--fail-if {text!r}: expected METRIC>FACTORx, METRIC<FACTORx, "
-                         "METRIC>VALUE or METRIC<VALUE (e.g. 'ttft_p99_ms>1.1x')")
-    gate = Gate(metric=match["metric"], above=match["op"] == ">", value=float(match["value"]),
-                relative=bool(match["x"]))
+        raise ValueError(
+            f"--fail-if {text!r}: expected METRIC>FACTORx, METRIC<FACTORx, "
+            "METRIC>VALUE or METRIC<VALUE (e.g. 'ttft_p99_ms>1.1x')"
+        )
+    gate = Gate(
+        metric=match["metric"],
+        above=match["op"] == ">",
+        value=float(match["value"]),
+        relative=bool(match["x"]),
+    )
     metric(BenchResult(), gate.metric)  # an unknown name fails here, before any judging
     return gate
 
@@ -134,10 +160,14 @@ def rows(results: list[BenchResult], names: tuple[str, ...] = SHOWN) -> list[lis
         base = values[0]
         cells = [name, _number(base) + _ci(noise[0])]
         for value, spread in zip(values[1:], noise[1:], strict=True):
-            ratio = value / base if base and not math.isnan(base) and not math.isnan(value) \
+            ratio = (
+                value / base
+                if base and not math.isnan(base) and not math.isnan(value)
                 else math.nan
-            cells.append(_number(value) + _ci(spread)
-                         + ("" if math.isnan(ratio) else f" ({ratio:.2f}x)"))
+            )
+            cells.append(
+                _number(value) + _ci(spread) + ("" if math.isnan(ratio) else f" ({ratio:.2f}x)")
+            )
         out.append(cells)
     return out
 

@@ -20,10 +20,27 @@ from collections.abc import Iterable
 from cadence.lab.analysis.stats import itl_points, ttft_ms
 from cadence.lab.records import RequestRecord
 
-COLUMNS = ("request_id", "process", "code", "turn", "prompt_tokens", "output_tokens",
-           "max_tokens", "chunks", "cached_tokens", "sent_s", "dispatch_delay_ms", "connect_ms",
-           "ttft_ms", "ttft_from_schedule_ms", "itl_mean_ms", "e2e_ms", "error",
-           "population", "request_class")
+COLUMNS = (
+    "request_id",
+    "process",
+    "code",
+    "turn",
+    "prompt_tokens",
+    "output_tokens",
+    "max_tokens",
+    "chunks",
+    "cached_tokens",
+    "sent_s",
+    "dispatch_delay_ms",
+    "connect_ms",
+    "ttft_ms",
+    "ttft_from_schedule_ms",
+    "itl_mean_ms",
+    "e2e_ms",
+    "error",
+    "population",
+    "request_class",
+)
 
 _MS = 1e6
 
@@ -36,23 +53,33 @@ def rows(records: Iterable[RequestRecord]) -> list[dict]:
     for r in ordered:
         first = r.arrival_ns[0] if r.arrival_ns else None
         itl = [v for _, v in itl_points(r)]
-        out.append({
-            "request_id": r.request_id, "process": r.process, "code": r.code, "turn": r.turn,
-            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
-            "max_tokens": r.max_tokens, "chunks": len(r.arrival_ns),
-            "cached_tokens": r.cached_tokens if r.cached_tokens >= 0 else None,
-            "sent_s": (r.start_ns - zero) / 1e9,
-            "dispatch_delay_ms": (r.start_ns - r.scheduled_ns) / _MS if r.scheduled_ns else None,
-            "connect_ms": r.connect_ns / _MS if r.connect_ns >= 0 else None,
-            "ttft_ms": ttft_ms(r) if first else None,
-            "ttft_from_schedule_ms": (first - r.scheduled_ns) / _MS
-            if first and r.scheduled_ns else None,
-            "itl_mean_ms": sum(itl) / len(itl) if itl else None,
-            "e2e_ms": (r.arrival_ns[-1] - r.start_ns) / _MS if first else None,
-            "error": r.error,
-            "population": r.population,
-            "request_class": r.request_class,
-        })
+        out.append(
+            {
+                "request_id": r.request_id,
+                "process": r.process,
+                "code": r.code,
+                "turn": r.turn,
+                "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "max_tokens": r.max_tokens,
+                "chunks": len(r.arrival_ns),
+                "cached_tokens": r.cached_tokens if r.cached_tokens >= 0 else None,
+                "sent_s": (r.start_ns - zero) / 1e9,
+                "dispatch_delay_ms": (r.start_ns - r.scheduled_ns) / _MS
+                if r.scheduled_ns
+                else None,
+                "connect_ms": r.connect_ns / _MS if r.connect_ns >= 0 else None,
+                "ttft_ms": ttft_ms(r) if first else None,
+                "ttft_from_schedule_ms": (first - r.scheduled_ns) / _MS
+                if first and r.scheduled_ns
+                else None,
+                "itl_mean_ms": sum(itl) / len(itl) if itl else None,
+                "e2e_ms": (r.arrival_ns[-1] - r.start_ns) / _MS if first else None,
+                "error": r.error,
+                "population": r.population,
+                "request_class": r.request_class,
+            }
+        )
     return out
 
 
@@ -67,8 +94,10 @@ def check(path: str) -> None:
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            raise ExportError(f"{path}: Parquet needs pyarrow (pip install 'cadence[parquet]'), "
-                              "or name the file .csv or .jsonl") from None
+            raise ExportError(
+                f"{path}: Parquet needs pyarrow (pip install 'cadence[parquet]'), "
+                "or name the file .csv or .jsonl"
+            ) from None
 
 
 def write(path: str, records: Iterable[RequestRecord]) -> int:
@@ -94,7 +123,14 @@ def write(path: str, records: Iterable[RequestRecord]) -> int:
 def _parquet_schema(pa):
     """The COLUMNS' types, stated so that a column empty in every row keeps its type."""
     text, integer, number = pa.string(), pa.int64(), pa.float64()
-    types = {"request_id": text, "code": text, "error": text, "population": text,
-             "request_class": text, "sent_s": number, "itl_mean_ms": number}
+    types = {
+        "request_id": text,
+        "code": text,
+        "error": text,
+        "population": text,
+        "request_class": text,
+        "sent_s": number,
+        "itl_mean_ms": number,
+    }
     types.update({c: number for c in COLUMNS if c.endswith("_ms")})
     return pa.schema([(c, types.get(c, integer)) for c in COLUMNS])

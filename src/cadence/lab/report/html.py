@@ -80,8 +80,11 @@ def fmt(value: Any) -> str:
     return esc(value)
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]],
-          bad: Callable[[int, Any], bool] | None = None) -> str:
+def table(
+    header: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    bad: Callable[[int, Any], bool] | None = None,
+) -> str:
     """An HTML table, "" without rows; cells are formatted with `fmt` unless already markup
     (a `Raw`). `bad(column, cell)` marks the cells to highlight."""
     body = []
@@ -94,8 +97,15 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]],
         body.append("</tr>")
     if not body:
         return ""
-    return "".join(["<table><thead><tr>", *(f"<th>{esc(h)}</th>" for h in header),
-                    "</tr></thead><tbody>", *body, "</tbody></table>"])
+    return "".join(
+        [
+            "<table><thead><tr>",
+            *(f"<th>{esc(h)}</th>" for h in header),
+            "</tr></thead><tbody>",
+            *body,
+            "</tbody></table>",
+        ]
+    )
 
 
 def section(heading: str, *parts: str, level: int = 2) -> str:
@@ -114,8 +124,10 @@ def figure(path: Path | None, caption: str) -> str:
     if path is None:
         return ""
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{esc(caption)}">'
-            f"<figcaption>{esc(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{esc(caption)}">'
+        f"<figcaption>{esc(caption)}</figcaption></figure>"
+    )
 
 
 def page(title: str, subtitle: str, parts: Iterable[str]) -> str:

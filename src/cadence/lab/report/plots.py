@@ -50,8 +50,15 @@ def itl_values(records: Sequence[RequestRecord]) -> list[float]:
 
 
 AGGREGATES = (
-    "ttft_ms", "connect_ms", "ttft_after_connect_ms", "itl_ms", "chunk_gap_ms", "tpot_ms",
-    "e2e_ms", "token_delay_ms", "chunk_tokens",
+    "ttft_ms",
+    "connect_ms",
+    "ttft_after_connect_ms",
+    "itl_ms",
+    "chunk_gap_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "token_delay_ms",
+    "chunk_tokens",
 )
 """Aggregates in the order they are shown; any other distribution-shaped key follows."""
 STATS = ("mean", "p50", "p90", "p99", "max")
@@ -61,8 +68,11 @@ STATS = ("mean", "p50", "p90", "p99", "max")
 def aggregate_names(result: Any) -> list[str]:
     """The distributions of a result (or of its baseline) that counted something, known ones
     first."""
-    counted = [n for n in result.__struct_fields__
-               if isinstance(d := getattr(result, n), Distribution) and d.count]
+    counted = [
+        n
+        for n in result.__struct_fields__
+        if isinstance(d := getattr(result, n), Distribution) and d.count
+    ]
     return [n for n in AGGREGATES if n in counted] + [n for n in counted if n not in AGGREGATES]
 
 
@@ -80,8 +90,9 @@ def _finite(values: Iterable[Any]) -> list[float]:
 # -- figures --------------------------------------------------------------------------------
 
 
-def _figure(width: float = 8.0, height: float = 4.5, ncols: int = 1, nrows: int = 1,
-            sharex: bool = True):
+def _figure(
+    width: float = 8.0, height: float = 4.5, ncols: int = 1, nrows: int = 1, sharex: bool = True
+):
     """A figure on an Agg canvas (no pyplot) and its axes, as a flat list; rows share their
     x axis unless `sharex` is False."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -142,7 +153,9 @@ def plot_itl_cdf(records: Sequence[RequestRecord], path: Path) -> Path | None:
 def pick_streams(records: Sequence[RequestRecord], count: int = 5) -> list[RequestRecord]:
     """Up to `count` OK streams with ITL values: the one holding the worst ITL, then streams
     spread evenly over the start order."""
-    candidates = sorted((r for r in records if is_ok(r) and itl_points(r)), key=lambda r: r.start_ns)
+    candidates = sorted(
+        (r for r in records if is_ok(r) and itl_points(r)), key=lambda r: r.start_ns
+    )
     if len(candidates) <= count:
         return candidates
     worst = max(candidates, key=lambda r: max(v for _, v in itl_points(r)))
@@ -154,7 +167,9 @@ def pick_streams(records: Sequence[RequestRecord], count: int = 5) -> list[Reque
     return sorted(picked, key=lambda r: r.start_ns)
 
 
-def plot_itl_over_time(records: Sequence[RequestRecord], path: Path, streams: int = 5) -> Path | None:
+def plot_itl_over_time(
+    records: Sequence[RequestRecord], path: Path, streams: int = 5
+) -> Path | None:
     """Per-chunk ITL of a few streams against the time since the run started."""
     picked = pick_streams(records, streams)
     if not picked:
@@ -208,16 +223,22 @@ def segment_stacks(result: BenchResult) -> list[Stack]:
         segments = field(result, key)
         if segments is None:
             continue
-        parts = [(n, float(d.mean)) for n in order
-                 if (d := getattr(segments, n)).count and math.isfinite(d.mean)]
+        parts = [
+            (n, float(d.mean))
+            for n in order
+            if (d := getattr(segments, n)).count and math.isfinite(d.mean)
+        ]
         if parts:
             stacks.append(Stack(title, parts))
     spans = field(result, "server_spans")
     split = spans.ttft_split_ms if spans is not None else {}
     # Without a first send, queue and prefill lie inside inside_or_after: not stacked apart.
     order = SPAN_STACK_ORDER if "inside" in split else ("before", "inside_or_after")
-    parts = [(name, float(split[name].mean)) for name in order
-             if name in split and math.isfinite(split[name].mean)]
+    parts = [
+        (name, float(split[name].mean))
+        for name in order
+        if name in split and math.isfinite(split[name].mean)
+    ]
     if parts:
         stacks.append(Stack("time to first token at the server's span edges (OTLP)", parts))
     return stacks
@@ -236,8 +257,14 @@ def plot_segments(stacks: Sequence[Stack], path: Path) -> Path | None:
         for name, value in stack.parts:
             ax.barh([0], [value], left=left, color=colors[name], label=name, height=0.6)
             if stack.total and value / stack.total > 0.08:  # label only the parts with room
-                ax.text(left + value / 2, 0, f"{value:.2f}", ha="center", va="center",
-                        fontsize="x-small")
+                ax.text(
+                    left + value / 2,
+                    0,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize="x-small",
+                )
             left += value
         ax.text(left, 0, f"  {stack.total:.2f} ms", va="center", fontsize="small")
         ax.set_xlim(0, left * 1.18 or 1)
@@ -263,23 +290,46 @@ def plot_attribution(tails: Sequence[Any], path: Path) -> Path | None:
         for rule, share in tail.explained_by.items():
             if share:
                 ax.barh([0], [share], left=left, color=colors[rule], label=rule, height=0.6)
-                ax.text(left + share / 2, 0, f"{share:.0%}", ha="center", va="center",
-                        fontsize="x-small")
+                ax.text(
+                    left + share / 2,
+                    0,
+                    f"{share:.0%}",
+                    ha="center",
+                    va="center",
+                    fontsize="x-small",
+                )
                 left += share
         unshared = [r for r, share in tail.explained_by.items() if share is None]
         rest = max(0.0, 1.0 - left)
         if unshared:
-            ax.barh([0], [rest], left=left, color="#d6dbe1", hatch="//", height=0.6,
-                    label="explained, share not measured: " + ", ".join(unshared))
+            ax.barh(
+                [0],
+                [rest],
+                left=left,
+                color="#d6dbe1",
+                hatch="//",
+                height=0.6,
+                label="explained, share not measured: " + ", ".join(unshared),
+            )
         elif rest > 0:
             ax.barh([0], [rest], left=left, color="#d9534f", height=0.6, label="unexplained")
-            ax.text(left + rest / 2, 0, f"{rest:.0%}", ha="center", va="center",
-                    fontsize="x-small", color="white")
+            ax.text(
+                left + rest / 2,
+                0,
+                f"{rest:.0%}",
+                ha="center",
+                va="center",
+                fontsize="x-small",
+                color="white",
+            )
         ax.set_xlim(0, 1)
         ax.set_yticks([])
         name = "ITL" if tail.metric == "itl_ms" else "TTFT"
-        ax.set_title(f"{name} tail: p99 {tail.value_ms:.1f} ms against a healthy "
-                     f"{tail.bound_ms:.1f} ms, by cause", fontsize="medium")
+        ax.set_title(
+            f"{name} tail: p99 {tail.value_ms:.1f} ms against a healthy "
+            f"{tail.bound_ms:.1f} ms, by cause",
+            fontsize="medium",
+        )
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     axes[-1].set_xlabel("share of the tail's time")
     return _save(fig, path)
@@ -316,8 +366,12 @@ def plot_cpu(system: System, path: Path) -> Path | None:
     if cards:
         ax = axes[k]
         for gpu in cards:
-            ax.plot([s[0] for s in gpu.samples], [s[1] for s in gpu.samples], lw=1,
-                    label=f"card {gpu.index}")
+            ax.plot(
+                [s[0] for s in gpu.samples],
+                [s[1] for s in gpu.samples],
+                lw=1,
+                label=f"card {gpu.index}",
+            )
         ax.set_ylabel("card utilisation %")
         ax.set_ylim(0, 105)
         ax.set_title("Card utilisation")
@@ -326,8 +380,9 @@ def plot_cpu(system: System, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_worker_curves(workers: list[WorkerCurve] | None, path: Path, bin_s: float = 0.25
-                       ) -> Path | None:
+def plot_worker_curves(
+    workers: list[WorkerCurve] | None, path: Path, bin_s: float = 0.25
+) -> Path | None:
     """Each worker's output curve on one time axis: its step time, this run's sequences per
     step, and the tokens it made per second (steps' sequences over `bin_s` windows)."""
     curves = [w for w in workers or [] if w.series]
@@ -347,8 +402,13 @@ def plot_worker_curves(workers: list[WorkerCurve] | None, path: Path, bin_s: flo
             k = int(p[0] / bin_s)
             bins[k] = bins.get(k, 0.0) + p[2] * weight
         keys = sorted(bins)
-        axes[2].plot([(k + 0.5) * bin_s for k in keys], [bins[k] / bin_s for k in keys],
-                     lw=1, marker=".", label=label)
+        axes[2].plot(
+            [(k + 0.5) * bin_s for k in keys],
+            [bins[k] / bin_s for k in keys],
+            lw=1,
+            marker=".",
+            label=label,
+        )
     for ax, ylabel in zip(axes, ("step (ms)", "sequences per step", "tokens/s"), strict=True):
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)
@@ -379,9 +439,17 @@ def plot_scraped(result: BenchResult, path: Path) -> Path | None:
     if scraped is None or not (scraped.roles or scraped.series):
         return None
     records = [r for r in field(result, "records") or [] if is_ok(r)]
-    panels = [(label, [(scraped.roles[role], name) for role, name in roles
-                       if role in scraped.roles and scraped.roles[role].points])
-              for label, roles in _ROLE_PANELS]
+    panels = [
+        (
+            label,
+            [
+                (scraped.roles[role], name)
+                for role, name in roles
+                if role in scraped.roles and scraped.roles[role].points
+            ],
+        )
+        for label, roles in _ROLE_PANELS
+    ]
     panels = [(label, lines) for label, lines in panels if lines]
     others = [] if panels else _other_series(scraped)
     count = bool(records) + len(panels) + bool(others)
@@ -393,12 +461,18 @@ def plot_scraped(result: BenchResult, path: Path) -> Path | None:
     if records:
         ax = axes[k]
         itl = [((a - t0) / 1e9, v) for r in records for a, v in itl_points(r)]
-        itl = itl[::max(1, len(itl) // _LATENCY_POINTS)]
-        ax.scatter([t for t, _ in itl], [v for _, v in itl], s=2, alpha=0.3, label="ITL",
-                   color="tab:grey")
+        itl = itl[:: max(1, len(itl) // _LATENCY_POINTS)]
+        ax.scatter(
+            [t for t, _ in itl], [v for _, v in itl], s=2, alpha=0.3, label="ITL", color="tab:grey"
+        )
         ttft = [((r.start_ns - t0) / 1e9, ttft_ms(r)) for r in records]
-        ax.scatter([t for t, _ in ttft], [v for _, v in ttft], s=8, label="TTFT (at its send)",
-                   color="tab:red")
+        ax.scatter(
+            [t for t, _ in ttft],
+            [v for _, v in ttft],
+            s=8,
+            label="TTFT (at its send)",
+            color="tab:red",
+        )
         _log_if_skewed(ax, [v for _, v in itl] + [v for _, v in ttft], "y")
         ax.set_ylabel("ms")
         ax.set_title("The run's latency and the server's own metrics")
@@ -409,10 +483,13 @@ def plot_scraped(result: BenchResult, path: Path) -> Path | None:
         percent = label.endswith("(%)")
         for role, name in lines:
             # A gauge holds until the next scrape; a rate is of the interval before its point.
-            ax.step([p[0] for p in role.points],
-                    [p[1] * (100 if percent else 1) for p in role.points],
-                    where="pre" if name == "preempted" else "post",
-                    lw=1.2, label=f"{name} ({role.metric})")
+            ax.step(
+                [p[0] for p in role.points],
+                [p[1] * (100 if percent else 1) for p in role.points],
+                where="pre" if name == "preempted" else "post",
+                lw=1.2,
+                label=f"{name} ({role.metric})",
+            )
         ax.set_ylabel(label)
         if percent:
             ax.set_ylim(0, 105)
@@ -423,8 +500,12 @@ def plot_scraped(result: BenchResult, path: Path) -> Path | None:
     if others:
         ax = axes[k]
         for series in others:
-            ax.plot([p[0] for p in series.points], [p[1] for p in series.points], lw=1,
-                    label=series_label(series))
+            ax.plot(
+                [p[0] for p in series.points],
+                [p[1] for p in series.points],
+                lw=1,
+                label=series_label(series),
+            )
         ax.set_ylabel("value (no known role)")
         _log_if_skewed(ax, [p[1] for s in others for p in s.points], "y")
         ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -445,12 +526,15 @@ def series_label(series: Any) -> str:
 def _other_series(scraped: Any) -> list:
     """The gauges (then the rest) with the largest changes over the run, at most
     _OTHER_SERIES: a flat series says nothing on a time axis."""
+
     def change(series) -> float:
         values = [p[1] for p in series.points]
         return max(values) - min(values) if values else 0.0
 
-    ranked = sorted((s for s in scraped.series if len(s.points) > 1 and change(s) > 0),
-                    key=lambda s: (s.kind != "gauge", -change(s)))
+    ranked = sorted(
+        (s for s in scraped.series if len(s.points) > 1 and change(s) > 0),
+        key=lambda s: (s.kind != "gauge", -change(s)),
+    )
     return ranked[:_OTHER_SERIES]
 
 
@@ -550,8 +634,17 @@ def sweep_figure(sweep: Sweep):
                     high.append(hi - m if math.isfinite(m) else 0.0)
                 shown += mean
                 label = (f"{name} {stat}" if stat else name) + (f" · {key}" if key else "")
-                ax.errorbar(xs, mean, yerr=[low, high], marker="o", ms=4, capsize=3, ls=style,
-                            color=color if len(lines) > 1 else None, label=label)
+                ax.errorbar(
+                    xs,
+                    mean,
+                    yerr=[low, high],
+                    marker="o",
+                    ms=4,
+                    capsize=3,
+                    ls=style,
+                    color=color if len(lines) > 1 else None,
+                    label=label,
+                )
         if numeric and spans_decades(position.values()):
             ax.set_xscale("log")
         if len(x_values) <= 12:
@@ -565,8 +658,10 @@ def sweep_figure(sweep: Sweep):
         ax.set_ylabel(ylabel)
         ax.legend(fontsize="small")
     repeats = sorted({len(p.repeats) for p in points})
-    fig.suptitle(f"sweep over {' × '.join([x_name, *others])} "
-                 f"({'/'.join(map(str, repeats))} repeats per point; bars: min–max)")
+    fig.suptitle(
+        f"sweep over {' × '.join([x_name, *others])} "
+        f"({'/'.join(map(str, repeats))} repeats per point; bars: min–max)"
+    )
     return fig
 
 
@@ -589,27 +684,39 @@ def plot_capacity(capacity: Capacity, path: Path) -> Path | None:
     top.plot(xs, [p.tokens_per_s for p in points], marker="o", label="tokens/s")
     top.plot(xs, [p.goodput_tokens_per_s for p in points], marker="s", label="goodput tokens/s")
     top.set_ylabel("tokens/s")
-    for name, values in (("TTFT p99", [p.ttft_p99_ms for p in points]),
-                         ("ITL p99", [p.itl_p99_ms for p in points])):
+    for name, values in (
+        ("TTFT p99", [p.ttft_p99_ms for p in points]),
+        ("ITL p99", [p.itl_p99_ms for p in points]),
+    ):
         bottom.plot(xs, values, marker="o", label=name)
     for term in capacity.slo:
         if term.metric in ("ttft", "itl") and term.stat in ("p99", "p90", "p50", "max"):
             bottom.axhline(term.bound_ms, ls="--", lw=1, color="grey")
-            bottom.annotate(f"SLO {term.metric}_{term.stat} {term.bound_ms:g} ms",
-                            (xs[0], term.bound_ms), fontsize=8, va="bottom")
+            bottom.annotate(
+                f"SLO {term.metric}_{term.stat} {term.bound_ms:g} ms",
+                (xs[0], term.bound_ms),
+                fontsize=8,
+                va="bottom",
+            )
     bottom.set_ylabel("ms")
     bottom.set_xlabel(capacity.search)
     if xs[-1] / xs[0] >= 10:
         bottom.set_xscale("log")
-        values = [v for p in points for v in (p.ttft_p99_ms, p.itl_p99_ms)
-                  if math.isfinite(v) and v > 0]
+        values = [
+            v for p in points for v in (p.ttft_p99_ms, p.itl_p99_ms) if math.isfinite(v) and v > 0
+        ]
         if values and max(values) / min(values) >= 10:
             bottom.set_yscale("log")
     if capacity.max_passing is not None:
         for ax in (top, bottom):
             ax.axvline(capacity.max_passing, color="green", lw=1.5, alpha=0.7)
-        top.annotate(f"knee: {capacity.max_passing:g}", (capacity.max_passing, 0),
-                     xycoords=("data", "axes fraction"), fontsize=9, va="bottom")
+        top.annotate(
+            f"knee: {capacity.max_passing:g}",
+            (capacity.max_passing, 0),
+            xycoords=("data", "axes fraction"),
+            fontsize=9,
+            va="bottom",
+        )
     top.legend(fontsize=8)
     bottom.legend(fontsize=8)
     return _save(fig, path)

@@ -16,8 +16,13 @@ from cadence.lab.report import plots
 from cadence.lab.report.html import Raw, esc, figure, fmt, note, section, table
 from cadence.lab.results import BenchResult, Sweep, SweepPoint
 
-_COLUMNS = (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("itl_ms", "mean"), ("itl_ms", "p90"),
-            ("tokens_per_s", None))
+_COLUMNS = (
+    ("ttft_ms", "p50"),
+    ("ttft_ms", "p99"),
+    ("itl_ms", "mean"),
+    ("itl_ms", "p90"),
+    ("tokens_per_s", None),
+)
 
 
 def title(sweep: Sweep) -> str:
@@ -69,9 +74,15 @@ def sweep_section(sweep: Sweep, out_dir: Path) -> str:
     points = plots.sweep_points(sweep)
     if not points:
         return section("Points", note("The sweep has no points."))
-    header = (*variables, "repeats", "requests OK",
-              *(f"{n} {s}" if s else n for n, s in _COLUMNS), "errors", "integrity",
-              "diagnosis")
+    header = (
+        *variables,
+        "repeats",
+        "requests OK",
+        *(f"{n} {s}" if s else n for n, s in _COLUMNS),
+        "errors",
+        "integrity",
+        "diagnosis",
+    )
     rows = []
     for p in points:
         repeats = p.repeats
@@ -81,24 +92,45 @@ def sweep_section(sweep: Sweep, out_dir: Path) -> str:
         for r in repeats:
             errors.update(r.errors_by_code)
         broken = sum(sum(msgspec.structs.astuple(r.integrity)) for r in repeats)
-        rows.append((*(Raw(esc(plots.point_value(p, n))) for n in variables), len(repeats),
-                     Raw(f"{ok}/{total}"), *(_spread_cell(repeats, n, s) for n, s in _COLUMNS),
-                     Raw(esc(", ".join(f"{k} {v}" for k, v in errors.items())) or "none"),
-                     broken, Raw(esc(_rules(repeats)))))
+        rows.append(
+            (
+                *(Raw(esc(plots.point_value(p, n))) for n in variables),
+                len(repeats),
+                Raw(f"{ok}/{total}"),
+                *(_spread_cell(repeats, n, s) for n, s in _COLUMNS),
+                Raw(esc(", ".join(f"{k} {v}" for k, v in errors.items())) or "none"),
+                broken,
+                Raw(esc(_rules(repeats))),
+            )
+        )
     integrity_column = len(header) - 2
-    parts = [table(header, rows, bad=lambda i, v: i == integrity_column and v != 0),
-             note("Mean over repeats, [lowest–highest] when they differ; diagnosis: the rules "
-                  "that fired in any repeat.")]
+    parts = [
+        table(header, rows, bad=lambda i, v: i == integrity_column and v != 0),
+        note(
+            "Mean over repeats, [lowest–highest] when they differ; diagnosis: the rules "
+            "that fired in any repeat."
+        ),
+    ]
     failures = [(_label(p, variables), text) for p in points for text in p.failures or []]
-    parts.append(section("Runs that failed", table(("point", "why"), failures,
-                                                   bad=lambda i, v: i == 1), level=3))
+    parts.append(
+        section(
+            "Runs that failed", table(("point", "why"), failures, bad=lambda i, v: i == 1), level=3
+        )
+    )
     parts.append(_settings(sweep))
     path = plots.plot_sweep(sweep, out_dir / "sweep.png")
-    parts.append(figure(path, f"TTFT, ITL and throughput against {variables[0]}: markers at "
-                              "the mean over repeats, bars from the lowest to the highest."))
+    parts.append(
+        figure(
+            path,
+            f"TTFT, ITL and throughput against {variables[0]}: markers at "
+            "the mean over repeats, bars from the lowest to the highest.",
+        )
+    )
     for p in points:
-        parts.append(f"<details><summary>{esc(_label(p, variables))} "
-                     f"({len(p.repeats)} repeats)</summary>{_point_detail(p.repeats)}</details>")
+        parts.append(
+            f"<details><summary>{esc(_label(p, variables))} "
+            f"({len(p.repeats)} repeats)</summary>{_point_detail(p.repeats)}</details>"
+        )
     return section("Points", *parts)
 
 
@@ -110,13 +142,19 @@ def _point_detail(repeats: Sequence[BenchResult]) -> str:
     rows = [(n, *(_spread_cell(repeats, n, s) for s in plots.STATS)) for n in names]
     segments = [s for r in repeats if (s := plots.field(r, "segments_ms")) is not None]
     if segments:
-        rows += [(f"segment {n}", *(_spread_cell(segments, n, s) for s in plots.STATS))
-                 for n in plots.SEGMENT_ORDER]
+        rows += [
+            (f"segment {n}", *(_spread_cell(segments, n, s) for s in plots.STATS))
+            for n in plots.SEGMENT_ORDER
+        ]
     cpu = [r.system.processes for r in repeats]
-    cpu_rows = [(f"CPU % {n}", _spread_cell(cpu, n, "cpu_pct_mean"),
-                 _spread_cell(cpu, n, "cpu_pct_max")) for n in _names_in(cpu)]
-    parts = [table(("metric", *plots.STATS), rows),
-             table(("process", "CPU % mean", "CPU % max"), cpu_rows)]
+    cpu_rows = [
+        (f"CPU % {n}", _spread_cell(cpu, n, "cpu_pct_mean"), _spread_cell(cpu, n, "cpu_pct_max"))
+        for n in _names_in(cpu)
+    ]
+    parts = [
+        table(("metric", *plots.STATS), rows),
+        table(("process", "CPU % mean", "CPU % max"), cpu_rows),
+    ]
     for i, r in enumerate(repeats):
         text = "; ".join(f"{f.rule}: {f.finding}" for f in r.diagnosis) or "no rule fired"
         parts.append(note(f"repeat {i + 1} diagnosis: {text}"))

@@ -42,9 +42,16 @@ def engine_config_of(target: str) -> tuple[EngineConfig, int] | None:
     return msgspec.convert(specs[0]["engine"], EngineConfig), len(specs)
 
 
-def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
-           duration_s: float | None, concurrency: int, rate: float | None,
-           worker: int, workers: int) -> list[RequestRecord]:
+def replay(
+    config: EngineConfig,
+    shape: RequestShape,
+    requests: int | None,
+    duration_s: float | None,
+    concurrency: int,
+    rate: float | None,
+    worker: int,
+    workers: int,
+) -> list[RequestRecord]:
     """Run this worker's share of the workload through the engine alone."""
     from cadence.worker.batch_scheduler import BatchScheduler
     from cadence.worker.process import build_engine
@@ -53,8 +60,15 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
     engine.start()
     scheduler = BatchScheduler(engine, worker, config.max_batch)
     # The same request sequence and arrival schedule as the bench, this worker's share.
-    plan = ProcessPlan(process=worker, processes=workers, target="", shape=shape,
-                       requests=requests, duration_s=duration_s, rate=rate)
+    plan = ProcessPlan(
+        process=worker,
+        processes=workers,
+        target="",
+        shape=shape,
+        requests=requests,
+        duration_s=duration_s,
+        rate=rate,
+    )
     todo = deque(my_requests(plan))
     lanes = max(1, len(range(worker, concurrency, workers)))
     records: dict[int, RequestRecord] = {}
@@ -64,9 +78,13 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
     def admit(now: int) -> None:
         i, _ = todo.popleft()
         req = shape.request(i)
-        records[i] = RequestRecord(request_id=req.request_id, process=worker, start_ns=now,
-                                   max_tokens=req.max_tokens,
-                                   prompt_tokens=len(req.prompt_token_ids))
+        records[i] = RequestRecord(
+            request_id=req.request_id,
+            process=worker,
+            start_ns=now,
+            max_tokens=req.max_tokens,
+            prompt_tokens=len(req.prompt_token_ids),
+        )
         scheduler.add(AddRequest(i, req.prompt_token_ids, req.max_tokens))
 
     open_now = 0
@@ -102,8 +120,10 @@ def replay(config: EngineConfig, shape: RequestShape, requests: int | None,
 
 
 def _lost_step(failures: list[RequestFailed]) -> RuntimeError:
-    return RuntimeError("the engine failed a step of the baseline: "
-                        + "; ".join(dict.fromkeys(f.message for f in failures)))
+    return RuntimeError(
+        "the engine failed a step of the baseline: "
+        + "; ".join(dict.fromkeys(f.message for f in failures))
+    )
 
 
 def _replay_main(args: bytes, conn) -> None:
@@ -114,15 +134,30 @@ def _replay_main(args: bytes, conn) -> None:
     conn.close()
 
 
-def run_baseline(config: EngineConfig, workers: int, shape: RequestShape, requests: int | None,
-                 duration_s: float | None, concurrency: int, rate: float | None) -> list[RequestRecord]:
+def run_baseline(
+    config: EngineConfig,
+    workers: int,
+    shape: RequestShape,
+    requests: int | None,
+    duration_s: float | None,
+    concurrency: int,
+    rate: float | None,
+) -> list[RequestRecord]:
     """Replay every worker's share at once, each in its own process, like the server runs."""
     context = mp.get_context("spawn")
     running = []
     for w in range(workers):
         receiver, sender = context.Pipe(duplex=False)
-        kw = {"config": config, "shape": shape, "requests": requests, "duration_s": duration_s,
-                  "concurrency": concurrency, "rate": rate, "worker": w, "workers": workers}
+        kw = {
+            "config": config,
+            "shape": shape,
+            "requests": requests,
+            "duration_s": duration_s,
+            "concurrency": concurrency,
+            "rate": rate,
+            "worker": w,
+            "workers": workers,
+        }
         proc = context.Process(target=_replay_main, args=(msgspec.msgpack.encode(kw), sender))
         proc.start()
         sender.close()

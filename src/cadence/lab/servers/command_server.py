@@ -40,8 +40,14 @@ class CommandServer:
     127.0.0.1:port, and stop its whole process group on exit. `start` raises RuntimeError
     (one line, with the end of the server's output) when it exits or is not ready in time."""
 
-    def __init__(self, command: str, values: dict[str, str], ready_timeout: float = 60.0,
-                 grace_s: float = 5.0, credentials: ClientCredentials | None = None) -> None:
+    def __init__(
+        self,
+        command: str,
+        values: dict[str, str],
+        ready_timeout: float = 60.0,
+        grace_s: float = 5.0,
+        credentials: ClientCredentials | None = None,
+    ) -> None:
         self.port = free_port()
         self.command = fill(command, {**values, "port": str(self.port)})
         self.target = f"127.0.0.1:{self.port}"
@@ -53,8 +59,12 @@ class CommandServer:
 
     def start(self) -> str:
         self.process = subprocess.Popen(
-            ["/bin/sh", "-c", self.command], stdin=subprocess.DEVNULL, stdout=self._log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            ["/bin/sh", "-c", self.command],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_ready(self.target, self._ready_timeout, self.process.poll, self._credentials)
         except RuntimeError as exc:
@@ -66,8 +76,11 @@ class CommandServer:
 
     def _tail(self, lines: int = 3) -> str:
         self._log.seek(0)
-        text = [line.strip() for line in self._log.read().decode(errors="replace").splitlines()
-                if line.strip()][-lines:]
+        text = [
+            line.strip()
+            for line in self._log.read().decode(errors="replace").splitlines()
+            if line.strip()
+        ][-lines:]
         return f"; its last output: {' | '.join(text)}" if text else ""
 
     def stop(self, keep_log: bool = False) -> None:

@@ -21,15 +21,18 @@ _CHECK = "/grpc.health.v1.Health/Check"
 _SERVING = 1
 
 
-def probe(target: str, credentials: ClientCredentials | None = None,
-          timeout: float = 2.0) -> tuple[bool, str]:
+def probe(
+    target: str, credentials: ClientCredentials | None = None, timeout: float = 2.0
+) -> tuple[bool, str]:
     """(ready, what was seen) after one health check of `target`."""
     from grpc_health.v1 import health_pb2
 
     with (credentials or ClientCredentials()).channel(target) as channel:
         check = channel.unary_unary(
-            _CHECK, request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString)
+            _CHECK,
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
         try:
             reply = check(health_pb2.HealthCheckRequest(), timeout=timeout, wait_for_ready=False)
         except grpc.RpcError as exc:
@@ -53,8 +56,13 @@ def require_reachable(target: str, credentials: ClientCredentials | None = None)
         raise RuntimeError(f"no gRPC server answers at {target}: {seen}")
 
 
-def wait_ready(target: str, timeout: float, exited: Callable[[], int | None],
-               credentials: ClientCredentials | None = None, poll_s: float = 0.1) -> str:
+def wait_ready(
+    target: str,
+    timeout: float,
+    exited: Callable[[], int | None],
+    credentials: ClientCredentials | None = None,
+    poll_s: float = 0.1,
+) -> str:
     """Poll until `target` is ready; return what was seen. RuntimeError when `exited()`
     returns an exit status (the server's process ended) or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout

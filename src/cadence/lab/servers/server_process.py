@@ -17,8 +17,9 @@ class ServerProcess:
     Use as a context manager: leaving stops the server with SIGTERM (and its workers with it).
     """
 
-    def __init__(self, *args: str, log_level: str = "WARNING",
-                 command: list[str] | None = None) -> None:
+    def __init__(
+        self, *args: str, log_level: str = "WARNING", command: list[str] | None = None
+    ) -> None:
         self.args = list(args)
         self._log_level = log_level
         self._command = command
@@ -30,8 +31,14 @@ class ServerProcess:
 
     def start(self) -> str:
         """Start the server and return HOST:PORT once every worker is ready."""
-        command = self._command or [sys.executable, "-m", "cadence.cli", "serve",
-                                    "--log-level", self._log_level]
+        command = self._command or [
+            sys.executable,
+            "-m",
+            "cadence.cli",
+            "serve",
+            "--log-level",
+            self._log_level,
+        ]
         self.process = subprocess.Popen(
             [*command, "--port", "0", *self.args],
             stdout=subprocess.PIPE,
@@ -42,7 +49,9 @@ class ServerProcess:
         match = _BANNER.search(line)
         if not match:
             code = self.process.wait()
-            raise RuntimeError(f"cadence serve {' '.join(self.args)} did not start (exit status {code})")
+            raise RuntimeError(
+                f"cadence serve {' '.join(self.args)} did not start (exit status {code})"
+            )
         self.target = f"{match.group(1)}:{match.group(2)}"
         return self.target
 

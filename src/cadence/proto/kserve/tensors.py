@@ -23,26 +23,47 @@ class TensorError(ValueError):
 
 
 _ARRAY_CODES = {
-    "BOOL": "B", "INT8": "b", "UINT8": "B", "INT16": "h", "UINT16": "H",
-    "INT32": "i", "UINT32": "I", "INT64": "q", "UINT64": "Q", "FP32": "f", "FP64": "d",
+    "BOOL": "B",
+    "INT8": "b",
+    "UINT8": "B",
+    "INT16": "h",
+    "UINT16": "H",
+    "INT32": "i",
+    "UINT32": "I",
+    "INT64": "q",
+    "UINT64": "Q",
+    "FP32": "f",
+    "FP64": "d",
 }
 """Python `array` type codes of the fixed-size datatypes (sizes checked at import below)."""
 
 _CONTENTS_FIELD = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-    "INT32": "int_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-    "UINT32": "uint_contents", "INT64": "int64_contents", "UINT64": "uint64_contents",
-    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "INT64": "int64_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 
-INTEGER_TYPES = frozenset(("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"))
+INTEGER_TYPES = frozenset(
+    ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")
+)
 FLOAT_TYPES = frozenset(("FP32", "FP64"))
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
 _LENGTH = struct.Struct("<I")
 
-assert all(array(code).itemsize == size for code, size in (("b", 1), ("h", 2), ("i", 4), ("q", 8),
-                                                           ("f", 4), ("d", 8)))
+assert all(
+    array(code).itemsize == size
+    for code, size in (("b", 1), ("h", 2), ("i", 4), ("q", 8), ("f", 4), ("d", 8))
+)
 
 
 def element_count(shape: list[int]) -> int:
@@ -63,25 +84,33 @@ def decode_input(tensor: kpb.ModelInferRequest.InferInputTensor, raw: bytes | No
     if raw is None:
         field = _CONTENTS_FIELD.get(datatype)
         if field is None:
-            raise TensorError(f"input {name!r} has datatype {datatype!r}, which cadence does not read")
+            raise TensorError(
+                f"input {name!r} has datatype {datatype!r}, which cadence does not read"
+            )
         values = list(getattr(tensor.contents, field))
     elif datatype == "BYTES":
         values = _split_bytes(raw, name)
     else:
         code = _ARRAY_CODES.get(datatype)
         if code is None:
-            raise TensorError(f"input {name!r} has datatype {datatype!r}, which cadence does not read")
+            raise TensorError(
+                f"input {name!r} has datatype {datatype!r}, which cadence does not read"
+            )
         elements = array(code)
         if len(raw) % elements.itemsize:
-            raise TensorError(f"input {name!r}: {len(raw)} bytes of raw data is not a whole "
-                              f"number of {datatype} elements")
+            raise TensorError(
+                f"input {name!r}: {len(raw)} bytes of raw data is not a whole "
+                f"number of {datatype} elements"
+            )
         elements.frombytes(raw)
         if not _LITTLE_ENDIAN:
             elements.byteswap()
         values = elements.tolist()
     if len(values) != count:
-        raise TensorError(f"input {name!r} has shape {list(tensor.shape)} ({count} elements) "
-                          f"but carries {len(values)}")
+        raise TensorError(
+            f"input {name!r} has shape {list(tensor.shape)} ({count} elements) "
+            f"but carries {len(values)}"
+        )
     return values
 
 
@@ -95,7 +124,7 @@ def _split_bytes(raw: bytes, name: str) -> list[bytes]:
         at += 4
         if at + length > end:
             raise TensorError(f"input {name!r}: a raw BYTES element runs past the data")
-        out.append(raw[at:at + length])
+        out.append(raw[at : at + length])
         at += length
     return out
 

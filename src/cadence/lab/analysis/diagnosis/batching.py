@@ -32,25 +32,37 @@ def prefill_stalls_decode(facts: RunFacts) -> list[Finding]:
         return []
     tail, signature = found
     ev = signature.evidence
-    per_token = (f" ({ev['ms_per_new_prompt_token']:.2f} ms per prompt token)"
-                 if "ms_per_new_prompt_token" in ev else "")
-    ttft = (f" and {tail.ttft_share(RULE_PREFILL_STALLS_DECODE):.0%} of the first outputs' tail"
-            if tail.ttft_ms.get(RULE_PREFILL_STALLS_DECODE) else "")
-    return [Finding(
-        rule=RULE_PREFILL_STALLS_DECODE,
-        finding=(f"slow gaps coincide with other streams starting: "
-                 f"{ev['slow_share_of_those']:.0%} of the {ev['gaps_ending_with_new_streams']} "
-                 f"gaps that ended with a new stream's first output were slow, against "
-                 f"{ev['slow_share_of_other_gaps']:.0%} of the others; each new stream adds "
-                 f"about {ev['ms_per_new_stream']:.0f} ms{per_token} to a step that every "
-                 f"stream on its card waits for. Prefill inside the decode step explains "
-                 f"{tail.itl_share(RULE_PREFILL_STALLS_DECODE):.0%} of the gaps' tail{ttft}"),
-        evidence={**ev, **tail.shares(RULE_PREFILL_STALLS_DECODE)},
-        look_at=("split prefill from decode: chunked prefill (vLLM --enable-chunked-prefill "
-                 "with --max-num-batched-tokens, SGLang --chunked-prefill-size), a prefill "
-                 "budget per step (tokens or new sequences admitted per step), or prefill on "
-                 "other cards (disaggregated prefill); shorter prompts cost less"),
-    )]
+    per_token = (
+        f" ({ev['ms_per_new_prompt_token']:.2f} ms per prompt token)"
+        if "ms_per_new_prompt_token" in ev
+        else ""
+    )
+    ttft = (
+        f" and {tail.ttft_share(RULE_PREFILL_STALLS_DECODE):.0%} of the first outputs' tail"
+        if tail.ttft_ms.get(RULE_PREFILL_STALLS_DECODE)
+        else ""
+    )
+    return [
+        Finding(
+            rule=RULE_PREFILL_STALLS_DECODE,
+            finding=(
+                f"slow gaps coincide with other streams starting: "
+                f"{ev['slow_share_of_those']:.0%} of the {ev['gaps_ending_with_new_streams']} "
+                f"gaps that ended with a new stream's first output were slow, against "
+                f"{ev['slow_share_of_other_gaps']:.0%} of the others; each new stream adds "
+                f"about {ev['ms_per_new_stream']:.0f} ms{per_token} to a step that every "
+                f"stream on its card waits for. Prefill inside the decode step explains "
+                f"{tail.itl_share(RULE_PREFILL_STALLS_DECODE):.0%} of the gaps' tail{ttft}"
+            ),
+            evidence={**ev, **tail.shares(RULE_PREFILL_STALLS_DECODE)},
+            look_at=(
+                "split prefill from decode: chunked prefill (vLLM --enable-chunked-prefill "
+                "with --max-num-batched-tokens, SGLang --chunked-prefill-size), a prefill "
+                "budget per step (tokens or new sequences admitted per step), or prefill on "
+                "other cards (disaggregated prefill); shorter prompts cost less"
+            ),
+        )
+    ]
 
 
 def one_stream_at_a_time(facts: RunFacts) -> list[Finding]:
@@ -64,27 +76,37 @@ def one_stream_at_a_time(facts: RunFacts) -> list[Finding]:
     if low is not None and low_gaps >= SERIAL_MIN_LOW_GAPS:
         if low > SERIAL_GROWTH_RATIO * ev["typical_gap_ms"]:
             return []  # the gaps do not grow with the streams: a batch, however it is read
-        growth = (f"; with half the streams or fewer receiving, the gap was {low:.1f} ms "
-                  f"against {ev['typical_gap_ms']:.1f} ms")
+        growth = (
+            f"; with half the streams or fewer receiving, the gap was {low:.1f} ms "
+            f"against {ev['typical_gap_ms']:.1f} ms"
+        )
         decide = ""
     else:
         growth = ""
-        decide = ("; a run with --concurrency 1 decides it: served in turn, one stream alone "
-                  f"gets a gap of about {ev['ms_per_open_stream']:.1f} ms")
-    return [Finding(
-        rule=RULE_ONE_STREAM_AT_A_TIME,
-        finding=(f"outputs of different streams never arrive together: inside one stream's "
-                 f"gap the others keep receiving (the longest silence is "
-                 f"{ev['silence_share_of_gap_p50']:.0%} of the gap at the median, where a "
-                 f"batch leaves most of it silent), and the gap is about "
-                 f"{ev['ms_per_open_stream']:.1f} ms per stream open "
-                 f"({ev['streams_receiving_p50']:g} at the median){growth}: the engine serves one stream at a time{decide}"),
-        evidence={**ev, **tail.shares(RULE_ONE_STREAM_AT_A_TIME)},
-        look_at=("batch the streams: one engine loop stepping every open stream together "
-                 "(continuous batching) instead of a generate() call per request; a lock "
-                 "around the model call, a worker pool of one, or a queue drained one request "
-                 "at a time serialises them"),
-    )]
+        decide = (
+            "; a run with --concurrency 1 decides it: served in turn, one stream alone "
+            f"gets a gap of about {ev['ms_per_open_stream']:.1f} ms"
+        )
+    return [
+        Finding(
+            rule=RULE_ONE_STREAM_AT_A_TIME,
+            finding=(
+                f"outputs of different streams never arrive together: inside one stream's "
+                f"gap the others keep receiving (the longest silence is "
+                f"{ev['silence_share_of_gap_p50']:.0%} of the gap at the median, where a "
+                f"batch leaves most of it silent), and the gap is about "
+                f"{ev['ms_per_open_stream']:.1f} ms per stream open "
+                f"({ev['streams_receiving_p50']:g} at the median){growth}: the engine serves one stream at a time{decide}"
+            ),
+            evidence={**ev, **tail.shares(RULE_ONE_STREAM_AT_A_TIME)},
+            look_at=(
+                "batch the streams: one engine loop stepping every open stream together "
+                "(continuous batching) instead of a generate() call per request; a lock "
+                "around the model call, a worker pool of one, or a queue drained one request "
+                "at a time serialises them"
+            ),
+        )
+    ]
 
 
 RULES = (

@@ -55,26 +55,43 @@ def under_capacity(facts: RunFacts) -> list[Finding]:
     }
     if facts.result.workload.concurrency is not None:
         evidence["concurrency"] = facts.result.workload.concurrency
-    return [Finding(
-        rule=RULE_UNDER_CAPACITY,
-        finding=(f"latency is normal but each worker makes {per_step:.1f} tokens per engine "
-                 "step: the server has room for more streams"),
-        evidence=evidence,
-        look_at="raise the concurrency (or the request rate) until latency starts to grow",
-    )]
+    return [
+        Finding(
+            rule=RULE_UNDER_CAPACITY,
+            finding=(
+                f"latency is normal but each worker makes {per_step:.1f} tokens per engine "
+                "step: the server has room for more streams"
+            ),
+            evidence=evidence,
+            look_at="raise the concurrency (or the request rate) until latency starts to grow",
+        )
+    ]
 
 
 _SOMETHING_WRONG = (
-    RULE_REQUESTS_FAILING, RULE_TTFT_ENGINE_START, RULE_TTFT_QUEUEING,
-    RULE_ITL_UNSTABLE_ENGINE, RULE_ITL_UNSTABLE_NETWORK, RULE_SLOW_READER,
-    RULE_FRONT_CPU_BOUND, RULE_CLIENT_SATURATED, RULE_CLIENT_BEHIND_SCHEDULE,
-    RULE_STREAMS_STALL_TOGETHER, RULE_TTFT_GROWS_WITH_STREAMS,
-    RULE_FRONT_LOOP_BLOCKED, RULE_SLOW_WORKER, RULE_SERVER_QUEUE_GROWS, RULE_KV_CACHE_FULL,
+    RULE_REQUESTS_FAILING,
+    RULE_TTFT_ENGINE_START,
+    RULE_TTFT_QUEUEING,
+    RULE_ITL_UNSTABLE_ENGINE,
+    RULE_ITL_UNSTABLE_NETWORK,
+    RULE_SLOW_READER,
+    RULE_FRONT_CPU_BOUND,
+    RULE_CLIENT_SATURATED,
+    RULE_CLIENT_BEHIND_SCHEDULE,
+    RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_GROWS_WITH_STREAMS,
+    RULE_FRONT_LOOP_BLOCKED,
+    RULE_SLOW_WORKER,
+    RULE_SERVER_QUEUE_GROWS,
+    RULE_KV_CACHE_FULL,
 )
 """More streams help only a server that is otherwise well: any of these explains the low
 batch better."""
 
 RULES = (
-    Rule(RULE_UNDER_CAPACITY, under_capacity,
-         gives_way_to=tuple(GiveWay(name) for name in _SOMETHING_WRONG)),
+    Rule(
+        RULE_UNDER_CAPACITY,
+        under_capacity,
+        gives_way_to=tuple(GiveWay(name) for name in _SOMETHING_WRONG),
+    ),
 )

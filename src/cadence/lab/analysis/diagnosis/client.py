@@ -32,13 +32,17 @@ def saturated(facts: RunFacts) -> list[Finding]:
     if finite(client.cpu_per_chunk_us):
         evidence["cpu_per_chunk_us"] = rounded(client.cpu_per_chunk_us, 0)
     evidence["client_processes"] = client.processes
-    return [Finding(
-        rule=RULE_CLIENT_SATURATED,
-        finding=("a load-generating process is near a full core: the numbers measure the "
-                 "client as much as the server"),
-        evidence=evidence,
-        look_at="add client processes (--procs) or channels, or run the client elsewhere",
-    )]
+    return [
+        Finding(
+            rule=RULE_CLIENT_SATURATED,
+            finding=(
+                "a load-generating process is near a full core: the numbers measure the "
+                "client as much as the server"
+            ),
+            evidence=evidence,
+            look_at="add client processes (--procs) or channels, or run the client elsewhere",
+        )
+    ]
 
 
 def behind_schedule(facts: RunFacts) -> list[Finding]:
@@ -59,16 +63,24 @@ def behind_schedule(facts: RunFacts) -> list[Finding]:
         lagging = f", sending up to {lag.max:.0f} ms late (p99 {lag.p99:.0f} ms)"
     rates = ""
     if "offered_rate_per_s" in evidence and "achieved_rate_per_s" in evidence:
-        rates = (f": it sent {evidence['achieved_rate_per_s']:g} requests/s of the "
-                 f"{evidence['offered_rate_per_s']:g} asked for")
-    return [Finding(
-        rule=RULE_CLIENT_BEHIND_SCHEDULE,
-        finding=(f"the client fell behind its open-loop schedule{rates}{lagging}; the "
-                 "arrival rate and the latencies are the client's, not the server's"),
-        evidence=evidence,
-        look_at=("add client processes (--procs) or run the client on another machine, or "
-                 "lower --rate; check the client's CPU (client_saturated)"),
-    )]
+        rates = (
+            f": it sent {evidence['achieved_rate_per_s']:g} requests/s of the "
+            f"{evidence['offered_rate_per_s']:g} asked for"
+        )
+    return [
+        Finding(
+            rule=RULE_CLIENT_BEHIND_SCHEDULE,
+            finding=(
+                f"the client fell behind its open-loop schedule{rates}{lagging}; the "
+                "arrival rate and the latencies are the client's, not the server's"
+            ),
+            evidence=evidence,
+            look_at=(
+                "add client processes (--procs) or run the client on another machine, or "
+                "lower --rate; check the client's CPU (client_saturated)"
+            ),
+        )
+    ]
 
 
 RULES = (

@@ -36,14 +36,25 @@ from cadence.lab.results import BenchResult
 
 S = TypeVar("S", bound=Signature)
 
-GAP_SIGNATURES: tuple[type[Signature], ...] = (HeldBack, PrefillStalls, SlowSteps, SharedStalls,
-                                               SlowGroup)
+GAP_SIGNATURES: tuple[type[Signature], ...] = (
+    HeldBack,
+    PrefillStalls,
+    SlowSteps,
+    SharedStalls,
+    SlowGroup,
+)
 """Claim each slow gap's excess in this order; `FixedGaps` then reads what they left. A slow
 step of the engine's own (the server's timing) comes after prefill, which names why a step
 was slow, and before a silence of every stream, which a slow step also makes."""
 
-FIRST_SIGNATURES: tuple[type[Signature], ...] = (HeldBack, PrefillStalls, SharedStalls,
-                                                 FixedFirstCost, WaitsForSlot, BurstSpread)
+FIRST_SIGNATURES: tuple[type[Signature], ...] = (
+    HeldBack,
+    PrefillStalls,
+    SharedStalls,
+    FixedFirstCost,
+    WaitsForSlot,
+    BurstSpread,
+)
 """Claim each slow first output's excess in this order."""
 
 
@@ -59,8 +70,7 @@ class Attribution:
         found: dict[type[Signature], Signature | None] = {}
         for kind in dict.fromkeys((*GAP_SIGNATURES, *FIRST_SIGNATURES)):
             found[kind] = kind.detect(reads, result)
-        self.signatures: dict[type[Signature], Signature] = {
-            k: s for k, s in found.items() if s}
+        self.signatures: dict[type[Signature], Signature] = {k: s for k, s in found.items() if s}
         """Each signature recognised in the run, by its kind."""
         left = self._claim_gaps([s for k in GAP_SIGNATURES if (s := found[k])])
         untouched = {id(g) for g, r in left if r >= g.excess_ms}
@@ -75,8 +85,9 @@ class Attribution:
             left = self._claim_left(left, host)
         self.unexplained_gaps = [(g, r) for g, r in left if r > 0]
         """Each slow gap with tail time no signature claimed, and that time (ms)."""
-        self._claim_firsts([s for k in FIRST_SIGNATURES if (s := found[k])]
-                           + ([host] if host is not None else []))
+        self._claim_firsts(
+            [s for k in FIRST_SIGNATURES if (s := found[k])] + ([host] if host is not None else [])
+        )
         serial = OneAtATime.detect(reads, result)
         if serial is not None:
             self.signatures[OneAtATime] = serial
@@ -94,17 +105,19 @@ class Attribution:
             for signature in signatures:
                 if remaining <= 0:
                     break
-                remaining -= self._take(self.itl_ms, signature,
-                                        signature.claim_gap(gap, remaining))
+                remaining -= self._take(self.itl_ms, signature, signature.claim_gap(gap, remaining))
             left.append((gap, remaining))
         return left
 
-    def _claim_left(self, left: list, signature: Signature, among: set[int] | None = None
-                    ) -> list:
+    def _claim_left(self, left: list, signature: Signature, among: set[int] | None = None) -> list:
         """`signature` claims from what other signatures left of each slow gap (of the gaps
         whose ids are `among`, when given)."""
-        return [(g, r - self._take(self.itl_ms, signature, signature.claim_gap(g, r)))
-                if r > 0 and (among is None or id(g) in among) else (g, r) for g, r in left]
+        return [
+            (g, r - self._take(self.itl_ms, signature, signature.claim_gap(g, r)))
+            if r > 0 and (among is None or id(g) in among)
+            else (g, r)
+            for g, r in left
+        ]
 
     def _claim_firsts(self, signatures: list[Signature]) -> None:
         self.unexplained_firsts = []
@@ -114,8 +127,9 @@ class Attribution:
             for signature in signatures:
                 if remaining <= 0:
                     break
-                remaining -= self._take(self.ttft_ms, signature,
-                                        signature.claim_first(stream, remaining))
+                remaining -= self._take(
+                    self.ttft_ms, signature, signature.claim_first(stream, remaining)
+                )
             if remaining > 0:
                 self.unexplained_firsts.append((stream, remaining))
 
@@ -161,8 +175,7 @@ class Attribution:
         return (t_ns - start) / NS_PER_MS / 1e3
 
 
-_attributions: weakref.WeakKeyDictionary[RunFacts, Attribution | None] = (
-    weakref.WeakKeyDictionary())
+_attributions: weakref.WeakKeyDictionary[RunFacts, Attribution | None] = weakref.WeakKeyDictionary()
 
 
 def attribution(facts: RunFacts) -> Attribution | None:
@@ -171,18 +184,23 @@ def attribution(facts: RunFacts) -> Attribution | None:
     if facts not in _attributions:
         records = facts.result.records or []
         reads = Reads(records) if records else None
-        _attributions[facts] = (Attribution(reads, facts.result)
-                                if reads is not None and reads.usable else None)
+        _attributions[facts] = (
+            Attribution(reads, facts.result) if reads is not None and reads.usable else None
+        )
     return _attributions[facts]
 
 
-def recognised(facts: RunFacts, kind: type[S],
-               min_itl_share: float = 0.0) -> tuple[Attribution, S] | None:
+def recognised(
+    facts: RunFacts, kind: type[S], min_itl_share: float = 0.0
+) -> tuple[Attribution, S] | None:
     """The run's attribution and its signature of `kind`, when the run carries that signature
     and it explains at least `min_itl_share` of the gaps' tail; else None."""
     tail = attribution(facts)
     signature = tail.signature(kind) if tail else None
-    if tail is None or signature is None or (min_itl_share
-                                             and tail.itl_share(signature.rule) < min_itl_share):
+    if (
+        tail is None
+        or signature is None
+        or (min_itl_share and tail.itl_share(signature.rule) < min_itl_share)
+    ):
         return None
     return tail, signature

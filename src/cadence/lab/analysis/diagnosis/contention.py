@@ -17,19 +17,24 @@ def host_contended(facts: RunFacts) -> list[Finding]:
     found = facts.contention
     if found is None:
         return []
-    evidence: dict = {"host_cpus": found.cpus, "host_busy_cores": rounded(found.busy / 100),
-                      "others_cores": rounded(found.others / 100),
-                      "server_cores": rounded(found.server / 100),
-                      "client_cores": rounded(found.client / 100),
-                      "lab_cores": rounded(found.lab / 100)}
+    evidence: dict = {
+        "host_cpus": found.cpus,
+        "host_busy_cores": rounded(found.busy / 100),
+        "others_cores": rounded(found.others / 100),
+        "server_cores": rounded(found.server / 100),
+        "client_cores": rounded(found.client / 100),
+        "lab_cores": rounded(found.lab / 100),
+    }
     threads = facts.result.server_threads or None
     if threads:
         evidence["server_waited_for_cpu_cores"] = rounded(
-            sum(g.wait_for_cpu_pct for g in threads.groups) / 100)
+            sum(g.wait_for_cpu_pct for g in threads.groups) / 100
+        )
     host = facts.result.system.host
     # `contention` found the host sampled (else `found` is None).
-    named = (", ".join(f"{o.name} (pid {o.pid}) {o.cpu_pct:.0f}%" for o in host.others)
-             if host else "")
+    named = (
+        ", ".join(f"{o.name} (pid {o.pid}) {o.cpu_pct:.0f}%" for o in host.others) if host else ""
+    )
     if named:
         evidence["other_processes"] = named
     late = recognised(facts, HostDelays)
@@ -40,16 +45,22 @@ def host_contended(facts: RunFacts) -> list[Finding]:
         evidence.update(signature.evidence)
         evidence["itl_tail_share"] = round(tail.itl_share(RULE_HOST_CONTENDED), 3)
         evidence["ttft_tail_share"] = round(tail.ttft_share(RULE_HOST_CONTENDED), 3)
-    return [Finding(
-        rule=RULE_HOST_CONTENDED,
-        finding=(f"other work on this host used {found.others / 100:.1f} of its {found.cpus} "
-                 f"cores during the run{f' ({named})' if named else ''}, and the host had no "
-                 "core to spare: the server's and the client's threads waited for CPUs, so "
-                 "this run's tails are partly the host's"),
-        evidence=evidence,
-        look_at=("measure on a quiet host, or give the server and the load cores no other job "
-                 "uses (taskset, cgroup cpusets); top or pidstat names the other work"),
-    )]
+    return [
+        Finding(
+            rule=RULE_HOST_CONTENDED,
+            finding=(
+                f"other work on this host used {found.others / 100:.1f} of its {found.cpus} "
+                f"cores during the run{f' ({named})' if named else ''}, and the host had no "
+                "core to spare: the server's and the client's threads waited for CPUs, so "
+                "this run's tails are partly the host's"
+            ),
+            evidence=evidence,
+            look_at=(
+                "measure on a quiet host, or give the server and the load cores no other job "
+                "uses (taskset, cgroup cpusets); top or pidstat names the other work"
+            ),
+        )
+    ]
 
 
 RULES = (Rule(RULE_HOST_CONTENDED, host_contended),)

@@ -17,7 +17,8 @@ from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.results import Finding
 
 _tables: weakref.WeakKeyDictionary[RunFacts, dict[str, dependence.Table | None]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def tables(facts: RunFacts) -> dict[str, dependence.Table | None]:
@@ -26,8 +27,11 @@ def tables(facts: RunFacts) -> dict[str, dependence.Table | None]:
     if facts not in _tables:
         tail = attribution(facts)
         records = facts.result.records or []
-        _tables[facts] = (dependence.tables(records, tail.reads) if tail is not None
-                          else {dependence.GAP: None, dependence.FIRST: None})
+        _tables[facts] = (
+            dependence.tables(records, tail.reads)
+            if tail is not None
+            else {dependence.GAP: None, dependence.FIRST: None}
+        )
     return _tables[facts]
 
 
@@ -40,26 +44,41 @@ def _findings(facts: RunFacts, latency: str, rule: str) -> list[Finding]:
     out = []
     for d in table.named:
         evidence: dict = {
-            "variable": d.variable, "shape": d.shape, "size": d.size,
-            "strength": round(d.strength, 3), "values": d.values, "slow": table.slow,
+            "variable": d.variable,
+            "shape": d.shape,
+            "size": d.size,
+            "strength": round(d.strength, 3),
+            "values": d.values,
+            "slow": table.slow,
             "slow_explained": d.slow_explained,
-            f"{key}_tail_share": round(d.tail_share, 3), f"{key}_tail_ms": round(d.tail_ms, 1),
+            f"{key}_tail_share": round(d.tail_share, 3),
+            f"{key}_tail_ms": round(d.tail_ms, 1),
             f"{key}_tail_total_ms": round(table.tail_ms, 1),
-            "goes_with": ", ".join(d.goes_with), "dependence": table.words(),
+            "goes_with": ", ".join(d.goes_with),
+            "dependence": table.words(),
             **{k: v for k, v in d.evidence.items() if k != "p_value"},
             "p_value": d.evidence.get("p_value", d.p_value),
         }
-        together = (f" ({', '.join(d.goes_with)} moved with it: the run cannot tell them "
-                    "apart)" if d.goes_with else "")
-        out.append(Finding(
-            rule=rule,
-            finding=(f"The {what} depend on {d.variable} ({d.shape.replace('_', ' ')}): "
-                     f"{d.size}{together}. It explains {d.tail_share:.0%} of the {what}' "
-                     f"tail ({d.slow_explained} of {table.slow} slow)"),
-            evidence=evidence,
-            look_at=(f"what usually makes it: {d.cause}; to confirm, run again with "
-                     f"{d.variable} held fixed or varied alone (cadence sweep)"),
-        ))
+        together = (
+            f" ({', '.join(d.goes_with)} moved with it: the run cannot tell them apart)"
+            if d.goes_with
+            else ""
+        )
+        out.append(
+            Finding(
+                rule=rule,
+                finding=(
+                    f"The {what} depend on {d.variable} ({d.shape.replace('_', ' ')}): "
+                    f"{d.size}{together}. It explains {d.tail_share:.0%} of the {what}' "
+                    f"tail ({d.slow_explained} of {table.slow} slow)"
+                ),
+                evidence=evidence,
+                look_at=(
+                    f"what usually makes it: {d.cause}; to confirm, run again with "
+                    f"{d.variable} held fixed or varied alone (cadence sweep)"
+                ),
+            )
+        )
     return out
 
 

@@ -85,8 +85,9 @@ class RunFacts:
         self.step = usable(segments.engine_step) if segments else None
         self.delay = usable(result.token_delay_ms or None)
         self.first_step = usable(first.first_step) if first else None
-        self.workers = sorted(n for n in result.system.processes
-                              if n.startswith("worker") and ".rank" not in n)
+        self.workers = sorted(
+            n for n in result.system.processes if n.startswith("worker") and ".rank" not in n
+        )
 
     @property
     def typical_step(self) -> float | None:

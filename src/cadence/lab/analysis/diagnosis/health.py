@@ -41,14 +41,18 @@ def requests_failing(facts: RunFacts) -> list[Finding]:
         evidence["aborted"] = result.aborted
     counted = ", ".join(f"{code} {count}" for code, count in codes)
     hints = [_CODE_HINTS[code] for code, _ in codes if code in _CODE_HINTS]
-    return [Finding(
-        rule=RULE_REQUESTS_FAILING,
-        finding=(f"{failed / result.requests:.0%} of the requests ({failed} of "
-                 f"{result.requests}) ended in an error ({counted}); the first {first_code}: "
-                 f"{first_message or '(no message)'}; the latencies are of the others only"),
-        evidence=evidence,
-        look_at="; ".join([*hints, "the server's log at the first error's time"]),
-    )]
+    return [
+        Finding(
+            rule=RULE_REQUESTS_FAILING,
+            finding=(
+                f"{failed / result.requests:.0%} of the requests ({failed} of "
+                f"{result.requests}) ended in an error ({counted}); the first {first_code}: "
+                f"{first_message or '(no message)'}; the latencies are of the others only"
+            ),
+            evidence=evidence,
+            look_at="; ".join([*hints, "the server's log at the first error's time"]),
+        )
+    ]
 
 
 def _all_refused(finding: Finding, facts: RunFacts) -> bool:
@@ -56,5 +60,10 @@ def _all_refused(finding: Finding, facts: RunFacts) -> bool:
     return refused_calls(facts) == sum(facts.result.errors_by_code.values())
 
 
-RULES = (Rule(RULE_REQUESTS_FAILING, requests_failing,
-              gives_way_to=(GiveWay(RULE_SERVER_STREAM_LIMIT, _all_refused),)),)
+RULES = (
+    Rule(
+        RULE_REQUESTS_FAILING,
+        requests_failing,
+        gives_way_to=(GiveWay(RULE_SERVER_STREAM_LIMIT, _all_refused),),
+    ),
+)

@@ -19,8 +19,11 @@ IDLE_CARD_PCT = 30.0
 def _fronts(facts: RunFacts) -> list[str]:
     """The sampled front processes: "front" (one front), or "front0", "front1", ... with
     `--fronts N`, in front order."""
-    names = [n for n in facts.result.system.processes
-             if n == "front" or (n.startswith("front") and n[5:].isdigit())]
+    names = [
+        n
+        for n in facts.result.system.processes
+        if n == "front" or (n.startswith("front") and n[5:].isdigit())
+    ]
     return sorted(names, key=lambda n: int(n[5:] or 0))
 
 
@@ -34,20 +37,26 @@ def front_cpu_bound(facts: RunFacts) -> list[Finding]:
     evidence: dict = {f"{name}_cpu_pct": rounded(pct, 1) for name, pct in cpu.items()}
     if finite(facts.result.chunks_per_s):
         evidence["chunks_per_s"] = rounded(facts.result.chunks_per_s, 0)
-    look_at = ("more front processes, fewer chunks (let tokens merge, larger steps), less "
-               "work per chunk in the front (timing, text decoding)")
+    look_at = (
+        "more front processes, fewer chunks (let tokens merge, larger steps), less "
+        "work per chunk in the front (timing, text decoding)"
+    )
     if list(cpu) == ["front"]:
-        finding = (f"the front used {cpu['front']:.0f}% of a core during the run: it is the "
-                   "bottleneck")
+        finding = (
+            f"the front used {cpu['front']:.0f}% of a core during the run: it is the bottleneck"
+        )
     else:
         pct = max(cpu[name] for name in busy)
-        finding = (f"{' and '.join(busy)} of {len(cpu)} fronts used up to {pct:.0f}% of a core "
-                   "during the run: a busy front is the bottleneck for its connections")
+        finding = (
+            f"{' and '.join(busy)} of {len(cpu)} fronts used up to {pct:.0f}% of a core "
+            "during the run: a busy front is the bottleneck for its connections"
+        )
         if len(busy) < len(cpu):
-            look_at += ("; the kernel spreads connections, not streams, over the fronts: more "
-                        "client connections (--channels, --procs) even them out")
-    return [Finding(rule=RULE_FRONT_CPU_BOUND, finding=finding, evidence=evidence,
-                    look_at=look_at)]
+            look_at += (
+                "; the kernel spreads connections, not streams, over the fronts: more "
+                "client connections (--channels, --procs) even them out"
+            )
+    return [Finding(rule=RULE_FRONT_CPU_BOUND, finding=finding, evidence=evidence, look_at=look_at)]
 
 
 def cpu_busy_cards_idle(facts: RunFacts) -> list[Finding]:
@@ -58,18 +67,30 @@ def cpu_busy_cards_idle(facts: RunFacts) -> list[Finding]:
     busy = [n for n, p in system.processes.items() if (p.cpu_pct_mean or 0) >= BUSY_CPU_PCT]
     if not busy:
         return []
-    gpus = {f"gpu{g.index}_util_pct": rounded(g.util_pct_mean, 1)
-            for g in system.gpus if finite(g.util_pct_mean)}
-    cpu = {f"{name}_cpu_pct_mean": rounded(p.cpu_pct_mean, 1)
-           for name, p in system.processes.items() if finite(p.cpu_pct_mean)}
-    return [Finding(
-        rule=RULE_CPU_BUSY_CARDS_IDLE,
-        finding=(f"CPU busy while the cards idle: {', '.join(busy)} at >= {BUSY_CPU_PCT:.0f}% "
-                 f"of a core, cards at most {max(utils):.0f}% utilised"),
-        evidence={**cpu, **gpus},
-        look_at=("host-side work that keeps the cards waiting: data movement, collective "
-                 "communication on CPU, Python between steps, the front"),
-    )]
+    gpus = {
+        f"gpu{g.index}_util_pct": rounded(g.util_pct_mean, 1)
+        for g in system.gpus
+        if finite(g.util_pct_mean)
+    }
+    cpu = {
+        f"{name}_cpu_pct_mean": rounded(p.cpu_pct_mean, 1)
+        for name, p in system.processes.items()
+        if finite(p.cpu_pct_mean)
+    }
+    return [
+        Finding(
+            rule=RULE_CPU_BUSY_CARDS_IDLE,
+            finding=(
+                f"CPU busy while the cards idle: {', '.join(busy)} at >= {BUSY_CPU_PCT:.0f}% "
+                f"of a core, cards at most {max(utils):.0f}% utilised"
+            ),
+            evidence={**cpu, **gpus},
+            look_at=(
+                "host-side work that keeps the cards waiting: data movement, collective "
+                "communication on CPU, Python between steps, the front"
+            ),
+        )
+    ]
 
 
 RULES = (

@@ -14,14 +14,14 @@ from cadence.lab.results import Finding
 
 _LOOK_AT = {
     "lost_tokens": "outputs dropped between the engine and the stream (a queue that drops, "
-                   "an overflow policy, a hand-off that overwrites)",
+    "an overflow policy, a hand-off that overwrites)",
     "repeated_tokens": "outputs sent twice (a retry that resends, a hand-off read twice)",
     "reordered_chunks": "outputs handed between threads or tasks without an order (a racy "
-                        "hand-off, one queue read by several senders)",
+    "hand-off, one queue read by several senders)",
     "short_streams": "streams ended before their last output (an error swallowed, a "
-                     "length limit of the server's)",
+    "length limit of the server's)",
     "extra_events": "text events sent beyond the server's own count of outputs (an event "
-                    "written twice: a retry that resends, a buffer flushed twice)",
+    "written twice: a retry that resends, a buffer flushed twice)",
 }
 
 _POSITIONS_FROM = {
@@ -42,21 +42,28 @@ def integrity_faults(facts: RunFacts) -> list[Finding]:
     evidence: dict = dict(found)
     positions = _POSITIONS_FROM.get(result.workload.protocol, "the client's count")
     evidence["positions_from"] = positions
-    streams = [r for r in result.records or ()
-               if (c := count_stream(r.index, r.tokens)).lost or c.repeated or c.reordered]
+    streams = [
+        r
+        for r in result.records or ()
+        if (c := count_stream(r.index, r.tokens)).lost or c.repeated or c.reordered
+    ]
     if result.records:
         evidence["streams_with_position_faults"] = len(streams)
         evidence["streams"] = len(result.records)
         if streams:
             evidence["first_such_request"] = streams[0].request_id
     counted = ", ".join(f"{CHECK_WORDS[name]} {count}" for name, count in found.items())
-    return [Finding(
-        rule=RULE_INTEGRITY_FAULTS,
-        finding=(f"the output is not whole: {counted} (positions from {positions}); the "
-                 "latencies describe a stream that is wrong"),
-        evidence=evidence,
-        look_at="; ".join(_LOOK_AT[name] for name in found),
-    )]
+    return [
+        Finding(
+            rule=RULE_INTEGRITY_FAULTS,
+            finding=(
+                f"the output is not whole: {counted} (positions from {positions}); the "
+                "latencies describe a stream that is wrong"
+            ),
+            evidence=evidence,
+            look_at="; ".join(_LOOK_AT[name] for name in found),
+        )
+    ]
 
 
 def usage_above_events(facts: RunFacts) -> list[Finding]:
@@ -68,26 +75,40 @@ def usage_above_events(facts: RunFacts) -> list[Finding]:
     if not streams:
         return []
     above = [r for r in facts.result.records or () if r.usage_outputs > len(r.tokens)]
-    evidence: dict = {"usage_above_events": integrity.usage_above_events,
-                      "usage_above_events_streams": streams}
+    evidence: dict = {
+        "usage_above_events": integrity.usage_above_events,
+        "usage_above_events_streams": streams,
+    }
     said = f"usage counts {integrity.usage_above_events} outputs more than the text events"
     if above:
-        evidence.update(usage_outputs=sum(r.usage_outputs for r in above),
-                        text_events=sum(len(r.tokens) for r in above),
-                        first_such_request=above[0].request_id)
-        said = (f"usage counts {evidence['usage_outputs']} outputs where "
-                f"{evidence['text_events']} text events arrived")
-    return [Finding(
-        rule=RULE_USAGE_ABOVE_EVENTS,
-        finding=(f"in {streams} streams the server's {said}: several tokens an event, or "
-                 "events missing (its events carry no position of its own, so which cannot "
-                 "be told); each event is counted as one output"),
-        evidence=evidence,
-        look_at=("whether the server sends several tokens an event (a stream interval, a "
-                 "detokenizer that holds back partial characters; --tokenizer then counts "
-                 "real tokens), else a writer that drops events"),
-    )]
+        evidence.update(
+            usage_outputs=sum(r.usage_outputs for r in above),
+            text_events=sum(len(r.tokens) for r in above),
+            first_such_request=above[0].request_id,
+        )
+        said = (
+            f"usage counts {evidence['usage_outputs']} outputs where "
+            f"{evidence['text_events']} text events arrived"
+        )
+    return [
+        Finding(
+            rule=RULE_USAGE_ABOVE_EVENTS,
+            finding=(
+                f"in {streams} streams the server's {said}: several tokens an event, or "
+                "events missing (its events carry no position of its own, so which cannot "
+                "be told); each event is counted as one output"
+            ),
+            evidence=evidence,
+            look_at=(
+                "whether the server sends several tokens an event (a stream interval, a "
+                "detokenizer that holds back partial characters; --tokenizer then counts "
+                "real tokens), else a writer that drops events"
+            ),
+        )
+    ]
 
 
-RULES = (Rule(RULE_INTEGRITY_FAULTS, integrity_faults),
-         Rule(RULE_USAGE_ABOVE_EVENTS, usage_above_events))
+RULES = (
+    Rule(RULE_INTEGRITY_FAULTS, integrity_faults),
+    Rule(RULE_USAGE_ABOVE_EVENTS, usage_above_events),
+)

@@ -93,8 +93,9 @@ class _Spread:
 def _spread(facts: RunFacts) -> _Spread | None:
     """The split, when ITL is uneven and there is a spread to split; else None."""
     itl, step, delay = facts.itl, facts.step, facts.delay
-    if not (itl and step and delay and facts.typical_step
-            and itl_uneven(facts, ITL_UNEVEN_P90_RATIO)):
+    if not (
+        itl and step and delay and facts.typical_step and itl_uneven(facts, ITL_UNEVEN_P90_RATIO)
+    ):
         return None
     spread = _Spread(itl, step, delay)
     return spread if spread.total > 0 else None
@@ -105,72 +106,98 @@ ENGINE_TAIL_SHARE = 0.25
 they explain at least this share of the gaps' tail time: a p99 a few slow steps make, which
 the p90 test above does not see."""
 
-_ENGINE_LOOK_AT = ("the engine's step time: batch composition (prefill in decode steps), "
-                   "host-side work in the step, other jobs on the card, clock throttling, "
-                   "or a host CPU too busy to run the worker on time")
+_ENGINE_LOOK_AT = (
+    "the engine's step time: batch composition (prefill in decode steps), "
+    "host-side work in the step, other jobs on the card, clock throttling, "
+    "or a host CPU too busy to run the worker on time"
+)
 
 
 def unstable_engine(facts: RunFacts) -> list[Finding]:
     tail = attribution(facts)
     shares = tail.shares(RULE_ITL_UNSTABLE_ENGINE) if tail else {}
     spread = _spread(facts)
-    if spread and spread.engine >= ENGINE_SIDE_SHARE * spread.total and steps_vary(
-            spread.step.p50, spread.step.p90):
+    if (
+        spread
+        and spread.engine >= ENGINE_SIDE_SHARE * spread.total
+        and steps_vary(spread.step.p50, spread.step.p90)
+    ):
         itl, step = spread.itl, spread.step
-        return [Finding(
-            rule=RULE_ITL_UNSTABLE_ENGINE,
-            finding=(f"ITL is unstable (p90 {itl.p90:.1f} ms vs p50 {itl.p50:.1f} ms) "
-                     f"and the engine's steps vary as much (p90 {step.p90:.1f} ms vs p50 "
-                     f"{step.p50:.1f} ms): the engine jitters, not the serving layer"),
-            evidence={**spread.evidence, **shares},
-            look_at=_ENGINE_LOOK_AT,
-        )]
+        return [
+            Finding(
+                rule=RULE_ITL_UNSTABLE_ENGINE,
+                finding=(
+                    f"ITL is unstable (p90 {itl.p90:.1f} ms vs p50 {itl.p50:.1f} ms) "
+                    f"and the engine's steps vary as much (p90 {step.p90:.1f} ms vs p50 "
+                    f"{step.p50:.1f} ms): the engine jitters, not the serving layer"
+                ),
+                evidence={**spread.evidence, **shares},
+                look_at=_ENGINE_LOOK_AT,
+            )
+        ]
     found = recognised(facts, SlowSteps, ENGINE_TAIL_SHARE)
     if found is None:
         return []
     tail, slow_steps = found
     ev = slow_steps.evidence
     share = tail.itl_share(RULE_ITL_UNSTABLE_ENGINE)
-    return [Finding(
-        rule=RULE_ITL_UNSTABLE_ENGINE,
-        finding=(f"the slow gaps fall on slow steps of the engine's own: "
-                 f"{ev['slow_gaps_on_slow_steps']} of {ev['slow_gaps']} slow gaps came from "
-                 f"steps {ev['engine_gap_at_those_p50_ms']:.1f} ms apart at the median (max "
-                 f"{ev['engine_gap_at_those_max_ms']:.1f}) where the engine's gap is "
-                 f"{ev['engine_gap_p50_ms']:.1f} ms; the engine's steps explain {share:.0%} of "
-                 "the gaps' tail, not the serving layer"),
-        evidence={**ev, **shares},
-        look_at=_ENGINE_LOOK_AT,
-    )]
+    return [
+        Finding(
+            rule=RULE_ITL_UNSTABLE_ENGINE,
+            finding=(
+                f"the slow gaps fall on slow steps of the engine's own: "
+                f"{ev['slow_gaps_on_slow_steps']} of {ev['slow_gaps']} slow gaps came from "
+                f"steps {ev['engine_gap_at_those_p50_ms']:.1f} ms apart at the median (max "
+                f"{ev['engine_gap_at_those_max_ms']:.1f}) where the engine's gap is "
+                f"{ev['engine_gap_p50_ms']:.1f} ms; the engine's steps explain {share:.0%} of "
+                "the gaps' tail, not the serving layer"
+            ),
+            evidence={**ev, **shares},
+            look_at=_ENGINE_LOOK_AT,
+        )
+    ]
 
 
 def unstable_network_side(facts: RunFacts) -> list[Finding]:
     spread = _spread(facts)
     if spread is None:
         return []
-    if not (spread.path >= SIDE_SHARE * spread.total
-            and itl_uneven(facts, NETWORK_UNSTABLE_P90_RATIO)):
+    if not (
+        spread.path >= SIDE_SHARE * spread.total and itl_uneven(facts, NETWORK_UNSTABLE_P90_RATIO)
+    ):
         return []
-    spreads = {name: d.p90 - d.p50 for name in ("transfer", "buffer", "send")
-               if (d := facts.segment(name))}
+    spreads = {
+        name: d.p90 - d.p50 for name in ("transfer", "buffer", "send") if (d := facts.segment(name))
+    }
     worst = max(spreads, key=spreads.__getitem__) if spreads else "send"
     # The front's own event-loop lag (when the server exports it): a loop late by more than
     # 20 ms in many samples says the front itself is blocked or saturated.
     scraped = facts.result.system.server_metrics
     loop = scraped.front_loop if scraped else None
-    loop_evidence = ({"front_loop_samples": loop.samples,
-                      "front_loop_late_over_20ms": loop.late_over_20ms}
-                     if loop and loop.samples else {})
-    return [Finding(
-        rule=RULE_ITL_UNSTABLE_NETWORK,
-        finding=(f"ITL is unstable (p90 {spread.itl.p90:.1f} ms vs p50 {spread.itl.p50:.1f} ms) "
-                 "and the extra time is on the way from the step to the client, mostly in "
-                 f"{worst}, not in the engine's steps"),
-        evidence={**spread.evidence, **{f"{n}_spread_ms": rounded(v) for n, v in spreads.items()},
-                  **loop_evidence},
-        look_at=("backlog on the network side: slow clients, HTTP/2 flow control, a blocked "
-                 "front event loop (front CPU), the output reader falling behind"),
-    )]
+    loop_evidence = (
+        {"front_loop_samples": loop.samples, "front_loop_late_over_20ms": loop.late_over_20ms}
+        if loop and loop.samples
+        else {}
+    )
+    return [
+        Finding(
+            rule=RULE_ITL_UNSTABLE_NETWORK,
+            finding=(
+                f"ITL is unstable (p90 {spread.itl.p90:.1f} ms vs p50 {spread.itl.p50:.1f} ms) "
+                "and the extra time is on the way from the step to the client, mostly in "
+                f"{worst}, not in the engine's steps"
+            ),
+            evidence={
+                **spread.evidence,
+                **{f"{n}_spread_ms": rounded(v) for n, v in spreads.items()},
+                **loop_evidence,
+            },
+            look_at=(
+                "backlog on the network side: slow clients, HTTP/2 flow control, a blocked "
+                "front event loop (front CPU), the output reader falling behind"
+            ),
+        )
+    ]
 
 
 def slow_reader(facts: RunFacts) -> list[Finding]:
@@ -198,21 +225,29 @@ def slow_reader(facts: RunFacts) -> list[Finding]:
         if scraped and finite(scraped.during_run.get(name)):
             evidence[name.removeprefix("cadence_")] = rounded(scraped.during_run[name], 0)
     if merging:
-        finding = (f"tokens reach the clients slower than the engine makes them: chunks carry "
-                   f"{tokens.mean:.1f} tokens on average and a chunk's first token waits "
-                   f"{buffer.p50:.1f} ms in the front's buffer (merging is in effect)")
+        finding = (
+            f"tokens reach the clients slower than the engine makes them: chunks carry "
+            f"{tokens.mean:.1f} tokens on average and a chunk's first token waits "
+            f"{buffer.p50:.1f} ms in the front's buffer (merging is in effect)"
+        )
     else:
-        finding = (f"clients read slower than tokens come: a token every {itl.p50:.1f} ms "
-                   f"reaches them against an engine step of {typical:.1f} ms, and "
-                   f"{path_share:.0%} of a token's path is after the front (buffer + send)")
-    return [Finding(
-        rule=RULE_SLOW_READER,
-        finding=finding,
-        evidence=evidence,
-        look_at=("the clients' read loop (work per chunk, --read-delay-ms), their CPU and "
-                 "network, or a front too busy to send (front_cpu_bound); --queue-capacity "
-                 "and --overflow decide whether the server merges tokens or ends the stream"),
-    )]
+        finding = (
+            f"clients read slower than tokens come: a token every {itl.p50:.1f} ms "
+            f"reaches them against an engine step of {typical:.1f} ms, and "
+            f"{path_share:.0%} of a token's path is after the front (buffer + send)"
+        )
+    return [
+        Finding(
+            rule=RULE_SLOW_READER,
+            finding=finding,
+            evidence=evidence,
+            look_at=(
+                "the clients' read loop (work per chunk, --read-delay-ms), their CPU and "
+                "network, or a front too busy to send (front_cpu_bound); --queue-capacity "
+                "and --overflow decide whether the server merges tokens or ends the stream"
+            ),
+        )
+    ]
 
 
 def _engine_in_front(finding: Finding, facts: RunFacts) -> bool:
@@ -221,10 +256,15 @@ def _engine_in_front(finding: Finding, facts: RunFacts) -> bool:
 
 
 RULES = (
-    Rule(RULE_ITL_UNSTABLE_ENGINE, unstable_engine,
-         # A slow card's streams have the slow gaps: that card is the finding.
-         gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),
-                       GiveWay(RULE_SLOW_WORKER))),
+    Rule(
+        RULE_ITL_UNSTABLE_ENGINE,
+        unstable_engine,
+        # A slow card's streams have the slow gaps: that card is the finding.
+        gives_way_to=(
+            GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),
+            GiveWay(RULE_SLOW_WORKER),
+        ),
+    ),
     Rule(RULE_ITL_UNSTABLE_NETWORK, unstable_network_side),
     Rule(RULE_SLOW_READER, slow_reader),
 )

@@ -90,8 +90,11 @@ class StreamReads:
                 if ends:
                     self.step_ends.append(ends[k])
             last = at
-        self.per_token_ms = [(self.times[j] - self.times[j - 1]) / NS_PER_MS / self.tokens[j]
-                             for j in range(1, len(self.times)) if self.tokens[j]]
+        self.per_token_ms = [
+            (self.times[j] - self.times[j - 1]) / NS_PER_MS / self.tokens[j]
+            for j in range(1, len(self.times))
+            if self.tokens[j]
+        ]
         """Each gap divided by the tokens of the read that ends it."""
 
     @property
@@ -131,9 +134,12 @@ class Reads:
 
     def __init__(self, records: list[RequestRecord]) -> None:
         ok = [r for r in records if r.code == "OK" and r.arrival_ns and sum(r.tokens)]
-        raw = [(b - a) / NS_PER_MS / n for r in ok
-               for a, b, n in zip(r.arrival_ns, r.arrival_ns[1:], r.tokens[1:], strict=False)
-               if n and b - a >= TOGETHER_MS * NS_PER_MS]
+        raw = [
+            (b - a) / NS_PER_MS / n
+            for r in ok
+            for a, b, n in zip(r.arrival_ns, r.arrival_ns[1:], r.tokens[1:], strict=False)
+            if n and b - a >= TOGETHER_MS * NS_PER_MS
+        ]
         spaced = percentile(sorted(raw), 50) if raw else 0.0
         together_ns = min(TOGETHER_MS, TOGETHER_SHARE * spaced) * NS_PER_MS
         self.together_ms = together_ns / NS_PER_MS
@@ -169,8 +175,9 @@ class Reads:
 
     def firsts_near(self, t_ns: int, window_ns: float) -> int:
         """First outputs of any stream within `window_ns` of `t_ns`."""
-        return (bisect.bisect_right(self.firsts, t_ns + window_ns)
-                - bisect.bisect_left(self.firsts, t_ns - window_ns))
+        return bisect.bisect_right(self.firsts, t_ns + window_ns) - bisect.bisect_left(
+            self.firsts, t_ns - window_ns
+        )
 
     def joined_at(self, t_ns: int, window_ns: float, stream: int) -> tuple[int, int]:
         """(streams, their prompt tokens) whose first output came within `window_ns` of

@@ -49,8 +49,7 @@ def _inside(facts: RunFacts, role: str) -> tuple[ScrapedRole | None, dict[float,
     if scraped is None or found is None:
         return None, {}
     window = scraped.run_window_s
-    return found, {t: v for t, v in found.points
-                   if window is None or window[0] <= t <= window[1]}
+    return found, {t: v for t, v in found.points if window is None or window[0] <= t <= window[1]}
 
 
 def _metrics(*roles: ScrapedRole | None) -> str:
@@ -88,20 +87,25 @@ def server_queue_grows(facts: RunFacts) -> list[Finding]:
     }
     if facts.ttft:
         evidence["ttft_p50_ms"] = rounded(facts.ttft.p50)
-    how = (f"grew from {first:.0f} to {last:.0f}" if grows
-           else f"held {mean:.0f} on average")
-    return [Finding(
-        rule=RULE_SERVER_QUEUE_GROWS,
-        finding=(f"the server's own queue {how} (up to {peak:.0f} requests waiting, in "
-                 f"{len(queued)} of the run's {len(both)} scrapes) while the requests it "
-                 f"ran stayed at their largest, {top:.0f}: new requests wait for a place in "
-                 "the batch, and TTFT includes the wait"),
-        evidence=evidence,
-        look_at=("the server's limit on requests running at once: vLLM --max-num-seqs (and "
-                 "--max-num-batched-tokens), SGLang --max-running-requests, TensorRT-LLM "
-                 "max_batch_size, Triton's dynamic batcher and instance count, cadence "
-                 "--max-batch; or more replicas, or a lower concurrency or rate"),
-    )]
+    how = f"grew from {first:.0f} to {last:.0f}" if grows else f"held {mean:.0f} on average"
+    return [
+        Finding(
+            rule=RULE_SERVER_QUEUE_GROWS,
+            finding=(
+                f"the server's own queue {how} (up to {peak:.0f} requests waiting, in "
+                f"{len(queued)} of the run's {len(both)} scrapes) while the requests it "
+                f"ran stayed at their largest, {top:.0f}: new requests wait for a place in "
+                "the batch, and TTFT includes the wait"
+            ),
+            evidence=evidence,
+            look_at=(
+                "the server's limit on requests running at once: vLLM --max-num-seqs (and "
+                "--max-num-batched-tokens), SGLang --max-running-requests, TensorRT-LLM "
+                "max_batch_size, Triton's dynamic batcher and instance count, cadence "
+                "--max-batch; or more replicas, or a lower concurrency or rate"
+            ),
+        )
+    ]
 
 
 def kv_cache_full(facts: RunFacts) -> list[Finding]:
@@ -111,8 +115,7 @@ def kv_cache_full(facts: RunFacts) -> list[Finding]:
     if len(kv) < MIN_SCRAPES:
         return []
     full = [t for t in sorted(kv) if kv[t] >= KV_FULL]
-    pressed = [t for t in full
-               if waiting.get(t, 0.0) >= WAITING_MIN or preempted.get(t, 0.0) > 0]
+    pressed = [t for t in full if waiting.get(t, 0.0) >= WAITING_MIN or preempted.get(t, 0.0) > 0]
     if len(pressed) < MIN_SCRAPES or len(pressed) < KV_FULL_SHARE * len(kv):
         return []
     peak = max(kv.values())
@@ -127,26 +130,34 @@ def kv_cache_full(facts: RunFacts) -> list[Finding]:
     preemptions = [preempted[t] for t in pressed if t in preempted]
     if preemptions:
         evidence["preempted_per_s_peak"] = rounded(max(preemptions), 2)
-    also = (f", and the server preempted up to {max(preemptions):.1f} requests/s to make "
-            "room" if preemptions and max(preemptions) > 0 else "")
-    return [Finding(
-        rule=RULE_KV_CACHE_FULL,
-        finding=(f"the server's KV cache was {peak:.0%} in use with requests waiting in "
-                 f"{len(pressed)} of the run's {len(kv)} scrapes{also}: it admits a request "
-                 "only when running ones free their cache, so the cache, not the batch "
-                 "limit, sets how many run at once"),
-        evidence=evidence,
-        look_at=("the KV cache's size against the requests' lengths: vLLM "
-                 "--gpu-memory-utilization, --max-model-len, --kv-cache-dtype fp8; SGLang "
-                 "--mem-fraction-static; shorter prompts or outputs (--max-tokens), a lower "
-                 "concurrency, or more cards (tensor parallel) or replicas"),
-    )]
+    also = (
+        f", and the server preempted up to {max(preemptions):.1f} requests/s to make room"
+        if preemptions and max(preemptions) > 0
+        else ""
+    )
+    return [
+        Finding(
+            rule=RULE_KV_CACHE_FULL,
+            finding=(
+                f"the server's KV cache was {peak:.0%} in use with requests waiting in "
+                f"{len(pressed)} of the run's {len(kv)} scrapes{also}: it admits a request "
+                "only when running ones free their cache, so the cache, not the batch "
+                "limit, sets how many run at once"
+            ),
+            evidence=evidence,
+            look_at=(
+                "the KV cache's size against the requests' lengths: vLLM "
+                "--gpu-memory-utilization, --max-model-len, --kv-cache-dtype fp8; SGLang "
+                "--mem-fraction-static; shorter prompts or outputs (--max-tokens), a lower "
+                "concurrency, or more cards (tensor parallel) or replicas"
+            ),
+        )
+    ]
 
 
 RULES = (
     Rule(RULE_KV_CACHE_FULL, kv_cache_full),
     # A full cache caps the batch below the server's limit on running requests: the cache is
     # the cause to name, not a batch limit.
-    Rule(RULE_SERVER_QUEUE_GROWS, server_queue_grows,
-         gives_way_to=(GiveWay(RULE_KV_CACHE_FULL),)),
+    Rule(RULE_SERVER_QUEUE_GROWS, server_queue_grows, gives_way_to=(GiveWay(RULE_KV_CACHE_FULL),)),
 )

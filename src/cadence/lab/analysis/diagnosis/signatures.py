@@ -81,13 +81,17 @@ HELD_RATE_RATIO = 1.5
 """...and those reads come at the engine's rate: their gap per token within this factor of
 the typical one (a read of five after five steps, not a late read after a stall)."""
 
+
 class HeldBack(Signature):
     rule = RULE_OUTPUT_HELD_BACK
 
     def __init__(self, reads: Reads, per_read: float, share: float, rate: float) -> None:
         self.typical = reads.typical_ms
-        self.evidence = {"tokens_per_read_p50": per_read, "reads_with_several_share": share,
-                         "gap_per_token_over_typical": rate}
+        self.evidence = {
+            "tokens_per_read_p50": per_read,
+            "reads_with_several_share": share,
+            "gap_per_token_over_typical": rate,
+        }
 
     @classmethod
     def detect(cls, reads: Reads, result: BenchResult) -> HeldBack | None:
@@ -142,8 +146,9 @@ def _slope(points: Sequence[tuple[float, float]]) -> float:
 class PrefillStalls(Signature):
     rule = RULE_PREFILL_STALLS_DECODE
 
-    def __init__(self, reads: Reads, per_stream: float, per_token: float | None,
-                 evidence: dict) -> None:
+    def __init__(
+        self, reads: Reads, per_stream: float, per_token: float | None, evidence: dict
+    ) -> None:
         self.reads = reads
         self.window = coincide_ns(reads)
         self.per_stream = per_stream
@@ -333,14 +338,16 @@ GROUP_MIN_READS = 5
 class SlowGroup(Signature):
     rule = RULE_SLOW_STREAM_GROUP
 
-    def __init__(self, slow: dict[int, float], fast: list[float], ratio: float,
-                 streams: int) -> None:
+    def __init__(
+        self, slow: dict[int, float], fast: list[float], ratio: float, streams: int
+    ) -> None:
         self.slow = slow
         """Stream number → its time per token, for the slow group."""
         self.fast_ms = statistics.median(fast)
         slow_speeds = sorted(slow.values())
         self.evidence = {
-            "streams": streams, "slow_streams": len(slow),
+            "streams": streams,
+            "slow_streams": len(slow),
             "slow_itl_p50_ms": round(statistics.median(slow_speeds), 2),
             "fast_itl_p50_ms": round(self.fast_ms, 2),
             "fastest_slow_itl_ms": round(slow_speeds[0], 2),
@@ -351,9 +358,11 @@ class SlowGroup(Signature):
     @classmethod
     def detect(cls, reads: Reads, result: BenchResult) -> SlowGroup | None:
         # A stream with reads has a speed (`speed_ms`).
-        speeds = sorted((v, s.number) for s in reads.streams
-                        if len(s.per_token_ms) >= GROUP_MIN_READS
-                        and (v := s.speed_ms) is not None)
+        speeds = sorted(
+            (v, s.number)
+            for s in reads.streams
+            if len(s.per_token_ms) >= GROUP_MIN_READS and (v := s.speed_ms) is not None
+        )
         if len(speeds) < GROUP_MIN_STREAMS:
             return None
         least = max(2, int(GROUP_MIN_SHARE * len(speeds) + 0.999))
@@ -442,16 +451,28 @@ class FixedGaps(Signature):
         ends = sorted(g.t1 for g in left if abs(g.ms - center) <= tol)
         apart = reads.typical_ms * NS_PER_MS
         instants = 1 + sum(1 for a, b in itertools.pairwise(ends) if b - a > apart) if ends else 0
-        if (inside < TIMER_MIN_GAPS or instants < TIMER_MIN_INSTANTS
-                or center < TIMER_MIN_TYPICAL * reads.typical_ms
-                or inside > TIMER_PER_INSTANT * instants
-                or inside < TIMER_SHARE * len(values)
-                or inside < TIMER_SHARP * band):
+        if (
+            inside < TIMER_MIN_GAPS
+            or instants < TIMER_MIN_INSTANTS
+            or center < TIMER_MIN_TYPICAL * reads.typical_ms
+            or inside > TIMER_PER_INSTANT * instants
+            or inside < TIMER_SHARE * len(values)
+            or inside < TIMER_SHARP * band
+        ):
             return None
-        return cls(center, tol, {
-            "gap_value_ms": round(center, 1), "tolerance_ms": round(tol, 1),
-            "gaps_at_value": inside, "instants": instants, "slow_gaps_left": len(values),
-            "gaps_near_but_outside": band, "typical_gap_ms": round(reads.typical_ms, 2)})
+        return cls(
+            center,
+            tol,
+            {
+                "gap_value_ms": round(center, 1),
+                "tolerance_ms": round(tol, 1),
+                "gaps_at_value": inside,
+                "instants": instants,
+                "slow_gaps_left": len(values),
+                "gaps_near_but_outside": band,
+                "typical_gap_ms": round(reads.typical_ms, 2),
+            },
+        )
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
         return remaining_ms if abs(gap.ms - self.value) <= self.tolerance else 0.0
@@ -527,7 +548,8 @@ class OneAtATime(Signature):
         if opened < SERIAL_MIN_OPEN:
             return None
         filled = statistics.median(
-            group.silence_ms(g.t0, g.t1, g.stream.number) / g.ms for group, g in sample)
+            group.silence_ms(g.t0, g.t1, g.stream.number) / g.ms for group, g in sample
+        )
         if filled > SERIAL_SILENCE_SHARE:
             return None
         shares = [v for group, g in sample if (v := _together_share(group, g)) is not None]
@@ -536,19 +558,24 @@ class OneAtATime(Signature):
             return None  # batches out of phase fill each other's gaps; turns do not arrive together
         points = [(group.open_at(g.t0), g.ms) for group, g in sample]
         per_stream = _slope(points)
-        evidence = {"silence_share_of_gap_p50": round(filled, 3),
-                    "streams_receiving_p50": opened,
-                    "ms_per_open_stream": round(per_stream, 2),
-                    "typical_gap_ms": round(reads.typical_ms, 2),
-                    "outputs_arriving_together_share_p50": round(together, 3)}
+        evidence = {
+            "silence_share_of_gap_p50": round(filled, 3),
+            "streams_receiving_p50": opened,
+            "ms_per_open_stream": round(per_stream, 2),
+            "typical_gap_ms": round(reads.typical_ms, 2),
+            "outputs_arriving_together_share_p50": round(together, 3),
+        }
         if len(groups) > 1:
             evidence["judged_per_worker"] = len(groups)
-        low = [g.ms for group in groups for g in group.gaps
-               if g.tokens == 1 and group.open_at(g.t0) <= opened / 2]
+        low = [
+            g.ms
+            for group in groups
+            for g in group.gaps
+            if g.tokens == 1 and group.open_at(g.t0) <= opened / 2
+        ]
         evidence["gaps_with_half_the_streams_or_fewer"] = len(low)
         if low:
-            evidence["gap_p50_with_half_the_streams_or_fewer_ms"] = round(
-                statistics.median(low), 2)
+            evidence["gap_p50_with_half_the_streams_or_fewer_ms"] = round(statistics.median(low), 2)
         return cls(evidence)
 
 
@@ -623,9 +650,14 @@ class WaitsForSlot(Signature):
         slow = len(reads.slow_firsts)
         if len(waited) < SLOT_MIN or len(waited) < SLOT_SHARE * slow:
             return None
-        return cls(waited, {"slow_first_outputs": slow,
-                            "first_output_right_after_another_stream_ended": len(waited),
-                            "slot_window_ms": round(window / NS_PER_MS, 1)})
+        return cls(
+            waited,
+            {
+                "slow_first_outputs": slow,
+                "first_output_right_after_another_stream_ended": len(waited),
+                "slot_window_ms": round(window / NS_PER_MS, 1),
+            },
+        )
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return remaining_ms if stream.number in self.waited else 0.0
@@ -661,13 +693,14 @@ class BurstSpread(Signature):
         k = 0
         while k < len(by_start):
             burst = [by_start[k]]
-            while (k + len(burst) < len(by_start)
-                   and by_start[k + len(burst)].start_ns - burst[-1].start_ns <= chain):
+            while (
+                k + len(burst) < len(by_start)
+                and by_start[k + len(burst)].start_ns - burst[-1].start_ns <= chain
+            ):
                 burst.append(by_start[k + len(burst)])
             k += len(burst)
             ttfts = sorted(s.ttft_ms for s in burst)
-            if (len(burst) < MIN_BURST
-                    or percentile(ttfts, 90) - percentile(ttfts, 10) < high):
+            if len(burst) < MIN_BURST or percentile(ttfts, 90) - percentile(ttfts, 10) < high:
                 continue
             bursts += 1
             for s in burst:
@@ -696,8 +729,10 @@ class HostDelays(Signature):
 
     def __init__(self, most_ms: float, late_ms: float) -> None:
         self.most_ms = most_ms
-        self.evidence = {"wakeup_late_max_ms": round(late_ms, 2),
-                         "host_delay_per_gap_ms_at_most": round(most_ms, 2)}
+        self.evidence = {
+            "wakeup_late_max_ms": round(late_ms, 2),
+            "host_delay_per_gap_ms_at_most": round(most_ms, 2),
+        }
 
     @classmethod
     def detect(cls, reads: Reads, result: BenchResult) -> HostDelays | None:

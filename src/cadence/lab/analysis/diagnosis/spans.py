@@ -64,47 +64,64 @@ def _holding(rule: str, part: str, says: str, look_at: str) -> Callable[[RunFact
         ttft, value = _ttft_mean(split), split[part].mean
         if not (ttft > 0 and value >= OUTSIDE_SHARE * ttft and value >= OUTSIDE_MIN_MS):
             return []
-        return [Finding(
-            rule=rule,
-            finding=f"{value / ttft:.0%} of TTFT ({value:.1f} of {ttft:.1f} ms on average) {says}",
-            evidence=_evidence(split, ttft),
-            look_at=look_at,
-        )]
+        return [
+            Finding(
+                rule=rule,
+                finding=f"{value / ttft:.0%} of TTFT ({value:.1f} of {ttft:.1f} ms on average) {says}",
+                evidence=_evidence(split, ttft),
+                look_at=look_at,
+            )
+        ]
 
     return check
 
 
 before_server = _holding(
-    RULE_TTFT_BEFORE_SERVER, "before",
+    RULE_TTFT_BEFORE_SERVER,
+    "before",
     "passes before the server's span for the request begins: the time is spent reaching the "
     "server's handler (the network, a proxy or load balancer, new connections, the server's "
     "accept queue), not in the server's handling",
     "what lies between client and server: proxies, TLS handshakes, new connections per "
     "request (reuse them), the server's listen backlog and accept loop, a busy or blocked "
-    "event loop taking calls in")
+    "event loop taking calls in",
+)
 after_server = _holding(
-    RULE_TTFT_AFTER_SERVER, "after",
+    RULE_TTFT_AFTER_SERVER,
+    "after",
     "passes after the server says it sent the first output and before the client reads it: "
     "the output waits on its way (network, a buffering proxy, the server's send path past its "
     "instrumentation, or a busy client)",
     "proxies that buffer streamed responses (nginx proxy_buffering, X-Accel-Buffering), "
     "compression, HTTP/2 flow-control windows, the server's event loop between its handler "
-    "and the socket, the client's CPU")
+    "and the socket, the client's CPU",
+)
 server_queue = _holding(
-    RULE_TTFT_SERVER_QUEUE, "queue",
+    RULE_TTFT_SERVER_QUEUE,
+    "queue",
     "is time the server's own spans put in its queue, before a step took the request",
     "the server's batch limit and scheduling (max running requests, KV-cache room), or less "
-    "load: `cadence capacity` finds how much meets the SLO")
+    "load: `cadence capacity` finds how much meets the SLO",
+)
 
 
 RULES = (
     # With cadence's own timing, ttft_queueing says the same from the other side (reaching
     # the front), and a blocked front loop is why the calls were not taken in.
-    Rule(RULE_TTFT_BEFORE_SERVER, before_server,
-         gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED), GiveWay(RULE_TTFT_QUEUEING))),
+    Rule(
+        RULE_TTFT_BEFORE_SERVER,
+        before_server,
+        gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED), GiveWay(RULE_TTFT_QUEUEING)),
+    ),
     Rule(RULE_TTFT_AFTER_SERVER, after_server),
     # The server's own metrics (--scrape) say why its queue grows: a full batch or KV cache.
-    Rule(RULE_TTFT_SERVER_QUEUE, server_queue,
-         gives_way_to=(GiveWay(RULE_TTFT_QUEUEING), GiveWay(RULE_SERVER_QUEUE_GROWS),
-                       GiveWay(RULE_KV_CACHE_FULL))),
+    Rule(
+        RULE_TTFT_SERVER_QUEUE,
+        server_queue,
+        gives_way_to=(
+            GiveWay(RULE_TTFT_QUEUEING),
+            GiveWay(RULE_SERVER_QUEUE_GROWS),
+            GiveWay(RULE_KV_CACHE_FULL),
+        ),
+    ),
 )

@@ -77,12 +77,14 @@ LOOP_GAP_TAIL_MS = 20.0
 (a blocked loop delays the next chunk of every stream by the time it was blocked)."""
 
 
-STALL_LOOK_AT = ("what can pause the whole server: a blocking call on its event loop, a "
-                 "thread pool or one queue that every stream waits on, the GIL held by "
-                 "compute, garbage collection (a regular period points at a timer or a "
-                 "periodic job: gc, a metrics flush, a health check), an engine (or its "
-                 "producer) blocked on a full queue; run the server under a profiler (py-spy) "
-                 "during the stalls, or give the lab --server-pid to read its threads")
+STALL_LOOK_AT = (
+    "what can pause the whole server: a blocking call on its event loop, a "
+    "thread pool or one queue that every stream waits on, the GIL held by "
+    "compute, garbage collection (a regular period points at a timer or a "
+    "periodic job: gc, a metrics flush, a health check), an engine (or its "
+    "producer) blocked on a full queue; run the server under a profiler (py-spy) "
+    "during the stalls, or give the lab --server-pid to read its threads"
+)
 
 
 def _client_side(facts: RunFacts) -> Timeline | None:
@@ -94,9 +96,13 @@ def _client_side(facts: RunFacts) -> Timeline | None:
 
 def stalled_together(stalls: Stalls | None) -> bool:
     """Enough stalls of every open stream at once to explain the gap tail (SHARED_*)."""
-    return (stalls is not None and stalls.shared >= SHARED_STALLS_MIN
-            and stalls.shared_time_share >= SHARED_TIME_SHARE and stalls.long_gaps > 0
-            and stalls.long_gaps_in_shared / stalls.long_gaps >= SHARED_LONG_GAP_SHARE)
+    return (
+        stalls is not None
+        and stalls.shared >= SHARED_STALLS_MIN
+        and stalls.shared_time_share >= SHARED_TIME_SHARE
+        and stalls.long_gaps > 0
+        and stalls.long_gaps_in_shared / stalls.long_gaps >= SHARED_LONG_GAP_SHARE
+    )
 
 
 def stall_together(facts: RunFacts) -> list[Finding]:
@@ -109,12 +115,16 @@ def stall_together(facts: RunFacts) -> list[Finding]:
     signature = tail.signature(SharedStalls)
     assert signature is not None  # SharedStalls.detect always gives one; its claims decide
     stalls = signature.stalls()
-    span_ms = (max(s.end_ns for s in tail.reads.streams)
-               - min(s.start_ns for s in tail.reads.streams)) / 1e6
+    span_ms = (
+        max(s.end_ns for s in tail.reads.streams) - min(s.start_ns for s in tail.reads.streams)
+    ) / 1e6
     stalled_ms = sum(length for _, length in stalls)
     share = tail.itl_share(RULE_STREAMS_STALL_TOGETHER)
-    if (len(stalls) < SHARED_STALLS_MIN or stalled_ms < SHARED_TIME_SHARE * span_ms
-            or share < STALL_MIN_SHARE):
+    if (
+        len(stalls) < SHARED_STALLS_MIN
+        or stalled_ms < SHARED_TIME_SHARE * span_ms
+        or share < STALL_MIN_SHARE
+    ):
         return []
     lengths = sorted(length for _, length in stalls)
     evidence: dict = {
@@ -130,18 +140,25 @@ def stall_together(facts: RunFacts) -> list[Finding]:
     if period is not None:
         evidence["stall_every_ms"] = rounded(period, 0)
     every = f", about every {period:.0f} ms" if period is not None else ""
-    ttft = (f" and {tail.ttft_share(RULE_STREAMS_STALL_TOGETHER):.0%} of the first outputs'"
-            if tail.ttft_ms.get(RULE_STREAMS_STALL_TOGETHER) else "")
-    return [Finding(
-        rule=RULE_STREAMS_STALL_TOGETHER,
-        finding=(f"every open stream stalled at the same instants: {len(stalls)} times"
-                 f"{every} (up to {lengths[-1]:.0f} ms, {stalled_ms / span_ms:.0%} of the run) "
-                 "no stream got anything while others were open; the pause is on the "
-                 f"server's side, not any one stream's. It explains {share:.0%} of the gaps' "
-                 f"tail{ttft}"),
-        evidence=evidence,
-        look_at=STALL_LOOK_AT,
-    )]
+    ttft = (
+        f" and {tail.ttft_share(RULE_STREAMS_STALL_TOGETHER):.0%} of the first outputs'"
+        if tail.ttft_ms.get(RULE_STREAMS_STALL_TOGETHER)
+        else ""
+    )
+    return [
+        Finding(
+            rule=RULE_STREAMS_STALL_TOGETHER,
+            finding=(
+                f"every open stream stalled at the same instants: {len(stalls)} times"
+                f"{every} (up to {lengths[-1]:.0f} ms, {stalled_ms / span_ms:.0%} of the run) "
+                "no stream got anything while others were open; the pause is on the "
+                f"server's side, not any one stream's. It explains {share:.0%} of the gaps' "
+                f"tail{ttft}"
+            ),
+            evidence=evidence,
+            look_at=STALL_LOOK_AT,
+        )
+    ]
 
 
 def _period_ms(stalls: list[tuple[int, float]]) -> float | None:
@@ -170,16 +187,20 @@ def _stalled_by_timeline(facts: RunFacts, timeline: Timeline) -> list[Finding]:
     }
     if facts.gaps:
         evidence["gap_p99_ms"] = rounded(facts.gaps.p99)
-    return [Finding(
-        rule=RULE_STREAMS_STALL_TOGETHER,
-        finding=(f"every open stream stalled at the same instants: {stalls.shared} times "
-                 f"(up to {stalls.shared_ms_max:.0f} ms, {stalls.shared_time_share:.0%}"
-                 f" of the run) no stream got anything although a median of "
-                 f"{stalls.streams_hit_p50:.0f} were open; the pause is on the server's "
-                 "side, not any one stream's"),
-        evidence=evidence,
-        look_at=STALL_LOOK_AT,
-    )]
+    return [
+        Finding(
+            rule=RULE_STREAMS_STALL_TOGETHER,
+            finding=(
+                f"every open stream stalled at the same instants: {stalls.shared} times "
+                f"(up to {stalls.shared_ms_max:.0f} ms, {stalls.shared_time_share:.0%}"
+                f" of the run) no stream got anything although a median of "
+                f"{stalls.streams_hit_p50:.0f} were open; the pause is on the server's "
+                "side, not any one stream's"
+            ),
+            evidence=evidence,
+            look_at=STALL_LOOK_AT,
+        )
+    ]
 
 
 def ttft_grows(facts: RunFacts) -> list[Finding]:
@@ -188,8 +209,11 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
         return []
     tail = attribution(facts)
     slot = tail.signature(WaitsForSlot) if tail else None
-    slot_share = (tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS)
-                  if tail is not None and slot is not None else 0.0)
+    slot_share = (
+        tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS)
+        if tail is not None and slot is not None
+        else 0.0
+    )
     waited_for = slot if slot is not None and slot_share >= SLOT_MIN_SHARE else None
     waited = waited_for is not None
     # With uneven gaps a spread of TTFTs may be theirs; a stream that starts the moment
@@ -197,9 +221,13 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
     normal = gaps.p50 > 0 and gaps.p90 <= GAPS_NORMAL_RATIO * gaps.p50
     high = max(TTFT_GROWTH_GAPS * timeline.gap_p50_ms, TTFT_GROWTH_MIN_MS)
     bursts, cap = timeline.bursts, timeline.concurrency
-    capped = (normal and cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
-              and cap.capped_share >= CAP_TIME_SHARE and facts.ttft is not None
-              and facts.ttft.p90 >= high)
+    capped = (
+        normal
+        and cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
+        and cap.capped_share >= CAP_TIME_SHARE
+        and facts.ttft is not None
+        and facts.ttft.p90 >= high
+    )
     spread = bursts.ttft_p90_ms - bursts.ttft_p10_ms
     burst = normal and bursts.largest >= MIN_BURST and finite(spread) and spread >= high
     if not (capped or burst or waited):
@@ -221,43 +249,65 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
     for signature in (slot, tail.signature(BurstSpread) if tail else None):
         if signature is not None:
             evidence.update(signature.evidence)
-    explains = (f"; waiting for a slot is {slot_share:.0%} "
-                "of the first outputs' tail" if waited else "")
+    explains = (
+        f"; waiting for a slot is {slot_share:.0%} of the first outputs' tail" if waited else ""
+    )
     if waited_for is not None and not capped:
         ev = waited_for.evidence
-        finding = (f"{ev['first_output_right_after_another_stream_ended']} of the "
-                   f"{ev['slow_first_outputs']} slow first outputs came within "
-                   f"{ev['slot_window_ms']:.0f} ms of another stream's last output, which "
-                   f"ended after they were sent: streams waited for others to end before "
-                   f"they started (at most {cap.peak_receiving} received at once of up to "
-                   f"{cap.peak_open} open){explains}")
-        look_at = ("a limit on the streams served at once: a thread pool (max_workers, a sync "
-                   "handler that holds its thread while it waits for output), the server's "
-                   "max concurrent streams, an engine batch limit (vLLM --max-num-seqs, "
-                   "SGLang --max-running-requests); raise it or forward output without holding "
-                   "a slot per stream; --scrape of the server's metrics shows its queue")
-        return [Finding(rule=RULE_TTFT_GROWS_WITH_STREAMS, finding=finding,
-                        evidence=evidence, look_at=look_at)]
+        finding = (
+            f"{ev['first_output_right_after_another_stream_ended']} of the "
+            f"{ev['slow_first_outputs']} slow first outputs came within "
+            f"{ev['slot_window_ms']:.0f} ms of another stream's last output, which "
+            f"ended after they were sent: streams waited for others to end before "
+            f"they started (at most {cap.peak_receiving} received at once of up to "
+            f"{cap.peak_open} open){explains}"
+        )
+        look_at = (
+            "a limit on the streams served at once: a thread pool (max_workers, a sync "
+            "handler that holds its thread while it waits for output), the server's "
+            "max concurrent streams, an engine batch limit (vLLM --max-num-seqs, "
+            "SGLang --max-running-requests); raise it or forward output without holding "
+            "a slot per stream; --scrape of the server's metrics shows its queue"
+        )
+        return [
+            Finding(
+                rule=RULE_TTFT_GROWS_WITH_STREAMS,
+                finding=finding,
+                evidence=evidence,
+                look_at=look_at,
+            )
+        ]
     if capped:
         assert facts.ttft is not None  # `capped` holds only with it
-        finding = (f"at most {cap.peak_receiving} streams received output at once while up "
-                   f"to {cap.peak_open} were open: the others waited for their first output "
-                   f"(TTFT p90 {facts.ttft.p90:.0f} ms) although gaps stay normal (p50 "
-                   f"{gaps.p50:.1f} ms); something holds one slot per stream{explains}")
-        look_at = ("a thread per stream (a ThreadPoolExecutor's max_workers, a sync handler "
-                   "that holds its thread while it waits for output), the server's max "
-                   "concurrent streams, an engine batch limit; forward output without holding a "
-                   "thread (an async server, per-request queues)")
+        finding = (
+            f"at most {cap.peak_receiving} streams received output at once while up "
+            f"to {cap.peak_open} were open: the others waited for their first output "
+            f"(TTFT p90 {facts.ttft.p90:.0f} ms) although gaps stay normal (p50 "
+            f"{gaps.p50:.1f} ms); something holds one slot per stream{explains}"
+        )
+        look_at = (
+            "a thread per stream (a ThreadPoolExecutor's max_workers, a sync handler "
+            "that holds its thread while it waits for output), the server's max "
+            "concurrent streams, an engine batch limit; forward output without holding a "
+            "thread (an async server, per-request queues)"
+        )
     else:
-        finding = (f"of {bursts.largest} streams opened at once, the first tenth got output "
-                   f"within {bursts.ttft_p10_ms:.0f} ms and the last tenth after "
-                   f"{bursts.ttft_p90_ms:.0f} ms, while gaps stay normal (p50 "
-                   f"{gaps.p50:.1f} ms): new streams are taken in one at a time{explains}")
-        look_at = ("call set-up: a server that accepts calls one at a time, a lock or a slow "
-                   "step at the start of each call (authentication, a per-call model lookup), "
-                   "an engine that admits one request per step, too few threads for new calls")
-    return [Finding(rule=RULE_TTFT_GROWS_WITH_STREAMS, finding=finding, evidence=evidence,
-                    look_at=look_at)]
+        finding = (
+            f"of {bursts.largest} streams opened at once, the first tenth got output "
+            f"within {bursts.ttft_p10_ms:.0f} ms and the last tenth after "
+            f"{bursts.ttft_p90_ms:.0f} ms, while gaps stay normal (p50 "
+            f"{gaps.p50:.1f} ms): new streams are taken in one at a time{explains}"
+        )
+        look_at = (
+            "call set-up: a server that accepts calls one at a time, a lock or a slow "
+            "step at the start of each call (authentication, a per-call model lookup), "
+            "an engine that admits one request per step, too few threads for new calls"
+        )
+    return [
+        Finding(
+            rule=RULE_TTFT_GROWS_WITH_STREAMS, finding=finding, evidence=evidence, look_at=look_at
+        )
+    ]
 
 
 def front_loop_blocked(facts: RunFacts) -> list[Finding]:
@@ -266,12 +316,20 @@ def front_loop_blocked(facts: RunFacts) -> list[Finding]:
         return []
     lag = facts.loop_lag()
     late = lag.late_over_20ms if lag else 0
-    direct = (lag is not None and late >= LOOP_LATE_MIN and late / lag.samples >= LOOP_LATE_SHARE
-              and gaps.p99 - gaps.p50 >= LOOP_GAP_TAIL_MS)
+    direct = (
+        lag is not None
+        and late >= LOOP_LATE_MIN
+        and late / lag.samples >= LOOP_LATE_SHARE
+        and gaps.p99 - gaps.p50 >= LOOP_GAP_TAIL_MS
+    )
     stalls = facts.result.timeline.stalls if facts.result.timeline else None
     step = facts.step
-    together = (stalled_together(stalls) and step is not None and facts.typical_step is not None
-                and not steps_vary(step.p50, step.p90))
+    together = (
+        stalled_together(stalls)
+        and step is not None
+        and facts.typical_step is not None
+        and not steps_vary(step.p50, step.p90)
+    )
     if not (direct or together):
         return []
     evidence: dict = {"gap_p50_ms": rounded(gaps.p50), "gap_p99_ms": rounded(gaps.p99)}
@@ -288,25 +346,33 @@ def front_loop_blocked(facts: RunFacts) -> list[Finding]:
         evidence["engine_step_p90_ms"] = rounded(step.p90)
     if direct:
         assert lag is not None  # `direct` holds only with it
-        finding = (f"the front's event loop was blocked: {late:.0f} of its "
-                   f"{lag.samples:.0f} timer wake-ups came more than 20 ms late, and the "
-                   f"streams' gaps have a tail of the same size (p99 {gaps.p99:.0f} ms "
-                   f"against p50 {gaps.p50:.0f} ms)")
+        finding = (
+            f"the front's event loop was blocked: {late:.0f} of its "
+            f"{lag.samples:.0f} timer wake-ups came more than 20 ms late, and the "
+            f"streams' gaps have a tail of the same size (p99 {gaps.p99:.0f} ms "
+            f"against p50 {gaps.p50:.0f} ms)"
+        )
     else:
         assert stalls is not None  # `together` holds only with them (`stalled_together`)
-        finding = (f"every open stream stalled at the same instants ({stalls.shared} "
-                   f"times, a median of {stalls.streams_hit_p50:.0f} streams each) while "
-                   "the engine's steps did not: the front stopped sending")
-    return [Finding(
-        rule=RULE_FRONT_LOOP_BLOCKED,
-        finding=finding,
-        evidence=evidence,
-        look_at=("blocking calls in async code on the front (time.sleep, file or network "
-                 "I/O, a lock, heavy Python between awaits), user code running in the front "
-                 "(--app-in-front: move it to workers or make it await), garbage "
-                 "collection pauses, a front at a full core (front_cpu_bound); py-spy dump "
-                 "of the front during a stall shows the culprit"),
-    )]
+        finding = (
+            f"every open stream stalled at the same instants ({stalls.shared} "
+            f"times, a median of {stalls.streams_hit_p50:.0f} streams each) while "
+            "the engine's steps did not: the front stopped sending"
+        )
+    return [
+        Finding(
+            rule=RULE_FRONT_LOOP_BLOCKED,
+            finding=finding,
+            evidence=evidence,
+            look_at=(
+                "blocking calls in async code on the front (time.sleep, file or network "
+                "I/O, a lock, heavy Python between awaits), user code running in the front "
+                "(--app-in-front: move it to workers or make it await), garbage "
+                "collection pauses, a front at a full core (front_cpu_bound); py-spy dump "
+                "of the front during a stall shows the culprit"
+            ),
+        )
+    ]
 
 
 RULES = (
@@ -314,8 +380,14 @@ RULES = (
     # A stream limit per connection makes the late streams wait for a free stream, and the
     # server's own queue (its metrics, --scrape) shows them waiting for a place in its batch
     # or cache: those are the causes to name, not call set-up or a slot per stream.
-    Rule(RULE_TTFT_GROWS_WITH_STREAMS, ttft_grows,
-         gives_way_to=(GiveWay(RULE_SERVER_STREAM_LIMIT), GiveWay(RULE_SERVER_QUEUE_GROWS),
-                       GiveWay(RULE_KV_CACHE_FULL))),
+    Rule(
+        RULE_TTFT_GROWS_WITH_STREAMS,
+        ttft_grows,
+        gives_way_to=(
+            GiveWay(RULE_SERVER_STREAM_LIMIT),
+            GiveWay(RULE_SERVER_QUEUE_GROWS),
+            GiveWay(RULE_KV_CACHE_FULL),
+        ),
+    ),
     Rule(RULE_FRONT_LOOP_BLOCKED, front_loop_blocked),
 )

@@ -37,7 +37,8 @@ ENGINE_STEP_LOOK_AT = (
     "the engine's step, not the serving layer: a faster step (a smaller or quantised model, a "
     "compiled or fused step, the engine's CPU threads: torch.set_num_threads, OMP_NUM_THREADS), "
     "or more workers or devices (--devices cpu:N, more cards) so that more batches step side "
-    "by side; py-spy dump --pid {pid} shows where the step goes")
+    "by side; py-spy dump --pid {pid} shows where the step goes"
+)
 
 
 def _role(facts: RunFacts, pid: int, command: str) -> str:
@@ -70,53 +71,73 @@ def server_one_core_bound(facts: RunFacts) -> list[Finding]:
         if not (one_thread or process.python):
             continue  # a native process spread over threads at one core is not held to it
         evidence: dict = {
-            "pid": process.pid, "process_cpu_pct": rounded(process.cpu_pct, 1),
+            "pid": process.pid,
+            "process_cpu_pct": rounded(process.cpu_pct, 1),
             "busiest_thread": process.busiest_thread,
             "busiest_thread_cpu_pct": rounded(process.busiest_thread_cpu_pct, 1),
             "busiest_thread_wait_for_cpu_pct": rounded(process.busiest_thread_wait_pct, 1),
-            "threads": process.threads, "host_cpus": threads.cpus}
+            "threads": process.threads,
+            "host_cpus": threads.cpus,
+        }
         role = _role(facts, process.pid, process.command)
         if role.startswith("worker"):
             evidence["process"] = role
             worker = f"{role[:6]} {role[6:]}".strip()
-            finding = (f"{worker} (pid {process.pid}), the process that runs the engine's "
-                       f"step, used {process.cpu_pct:.0f}% of a core (its busiest thread "
-                       f"{process.busiest_thread_cpu_pct:.0f}%, waiting "
-                       f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
-                       f"host has {threads.cpus}: the engine's step is the bound of every "
-                       "stream this worker serves")
+            finding = (
+                f"{worker} (pid {process.pid}), the process that runs the engine's "
+                f"step, used {process.cpu_pct:.0f}% of a core (its busiest thread "
+                f"{process.busiest_thread_cpu_pct:.0f}%, waiting "
+                f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
+                f"host has {threads.cpus}: the engine's step is the bound of every "
+                "stream this worker serves"
+            )
             look_at = ENGINE_STEP_LOOK_AT.format(pid=process.pid)
         elif role.startswith("front"):
             evidence["process"] = role
-            finding = (f"the front's event loop (pid {process.pid}, "
-                       f"'{process.busiest_thread}') ran at "
-                       f"{process.busiest_thread_cpu_pct:.0f}% of a core (and waited "
-                       f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
-                       f"host has {threads.cpus}: that loop sets the pace of every stream "
-                       "the front serves")
-            look_at = ("what runs on the front's loop: py-spy dump --pid "
-                       f"{process.pid}; user code in the front (--app-in-front) moves to the "
-                       "workers; --fronts N runs several fronts behind the port, each with "
-                       "its own loop")
+            finding = (
+                f"the front's event loop (pid {process.pid}, "
+                f"'{process.busiest_thread}') ran at "
+                f"{process.busiest_thread_cpu_pct:.0f}% of a core (and waited "
+                f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
+                f"host has {threads.cpus}: that loop sets the pace of every stream "
+                "the front serves"
+            )
+            look_at = (
+                "what runs on the front's loop: py-spy dump --pid "
+                f"{process.pid}; user code in the front (--app-in-front) moves to the "
+                "workers; --fronts N runs several fronts behind the port, each with "
+                "its own loop"
+            )
         elif one_thread:
-            finding = (f"one thread of the server (pid {process.pid}, '{process.busiest_thread}')"
-                       f" ran at {process.busiest_thread_cpu_pct:.0f}% of a core (and waited "
-                       f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
-                       f"host has {threads.cpus}: that thread (an event loop, a single "
-                       "dispatcher) sets the pace of every stream it serves")
-            look_at = ("what runs on that thread: profile it (py-spy dump for Python); move "
-                       "per-token work off the event loop, or run more processes behind the "
-                       "port (SO_REUSEPORT) so each has its own loop")
+            finding = (
+                f"one thread of the server (pid {process.pid}, '{process.busiest_thread}')"
+                f" ran at {process.busiest_thread_cpu_pct:.0f}% of a core (and waited "
+                f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
+                f"host has {threads.cpus}: that thread (an event loop, a single "
+                "dispatcher) sets the pace of every stream it serves"
+            )
+            look_at = (
+                "what runs on that thread: profile it (py-spy dump for Python); move "
+                "per-token work off the event loop, or run more processes behind the "
+                "port (SO_REUSEPORT) so each has its own loop"
+            )
         else:
-            finding = (f"the server's Python process (pid {process.pid}) used "
-                       f"{process.cpu_pct:.0f}% of a core spread over {process.threads} "
-                       f"threads, none above {process.busiest_thread_cpu_pct:.0f}%, while the "
-                       f"host has {threads.cpus}: its threads take turns on the GIL")
-            look_at = ("Python threads run one at a time: more threads in the pool add "
-                       "switching, not speed; serve from more processes, or move the "
-                       "per-token work into code that releases the GIL")
-        findings.append(Finding(rule=RULE_SERVER_ONE_CORE_BOUND, finding=finding,
-                                evidence=evidence, look_at=look_at))
+            finding = (
+                f"the server's Python process (pid {process.pid}) used "
+                f"{process.cpu_pct:.0f}% of a core spread over {process.threads} "
+                f"threads, none above {process.busiest_thread_cpu_pct:.0f}%, while the "
+                f"host has {threads.cpus}: its threads take turns on the GIL"
+            )
+            look_at = (
+                "Python threads run one at a time: more threads in the pool add "
+                "switching, not speed; serve from more processes, or move the "
+                "per-token work into code that releases the GIL"
+            )
+        findings.append(
+            Finding(
+                rule=RULE_SERVER_ONE_CORE_BOUND, finding=finding, evidence=evidence, look_at=look_at
+            )
+        )
     return findings
 
 
@@ -126,33 +147,47 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
         return []
     waited = sum(g.wait_for_cpu_pct for g in threads.groups) / 100
     ran = sum(g.cpu_pct for g in threads.groups) / 100
-    if (waited < WAIT_CORES or waited / (waited + ran) < WAIT_SHARE
-            or waited + ran < threads.cpus):
+    if waited < WAIT_CORES or waited / (waited + ran) < WAIT_SHARE or waited + ran < threads.cpus:
         return []  # ...and the server itself wants more cores than the host has
     worst = sorted(threads.groups, key=lambda g: g.wait_for_cpu_pct, reverse=True)[:3]
-    evidence: dict = {"waited_cores": rounded(waited), "ran_cores": rounded(ran),
-                      "host_cpus": threads.cpus, "server_threads": threads.threads}
+    evidence: dict = {
+        "waited_cores": rounded(waited),
+        "ran_cores": rounded(ran),
+        "host_cpus": threads.cpus,
+        "server_threads": threads.threads,
+    }
     for g in worst:
         evidence[f"{g.name}_wait_pct"] = rounded(g.wait_for_cpu_pct, 1)
-        evidence[f"{g.name}_involuntary_switches_per_s"] = rounded(
-            g.involuntary_switches_per_s, 0)
-    return [Finding(
-        rule=RULE_SERVER_THREADS_WAIT_FOR_CPU,
-        finding=(f"the server's threads waited for a CPU {waited:.1f} cores' worth of the run "
-                 f"while running {ran:.1f}: more threads were ready than the host's "
-                 f"{threads.cpus} cores could run, so each waits its turn (most: "
-                 f"{', '.join(g.name for g in worst)})"),
-        evidence=evidence,
-        look_at=("fewer runnable threads than cores: size thread pools (and OMP/MKL threads) "
-                 "to the cores left to the server, keep the load generator off the server's "
-                 "cores, or give the server more cores"),
-    )]
+        evidence[f"{g.name}_involuntary_switches_per_s"] = rounded(g.involuntary_switches_per_s, 0)
+    return [
+        Finding(
+            rule=RULE_SERVER_THREADS_WAIT_FOR_CPU,
+            finding=(
+                f"the server's threads waited for a CPU {waited:.1f} cores' worth of the run "
+                f"while running {ran:.1f}: more threads were ready than the host's "
+                f"{threads.cpus} cores could run, so each waits its turn (most: "
+                f"{', '.join(g.name for g in worst)})"
+            ),
+            evidence=evidence,
+            look_at=(
+                "fewer runnable threads than cores: size thread pools (and OMP/MKL threads) "
+                "to the cores left to the server, keep the load generator off the server's "
+                "cores, or give the server more cores"
+            ),
+        )
+    ]
 
 
 RULES = (
-    Rule(RULE_SERVER_ONE_CORE_BOUND, server_one_core_bound,
-         gives_way_to=(GiveWay(RULE_FRONT_CPU_BOUND),)),
+    Rule(
+        RULE_SERVER_ONE_CORE_BOUND,
+        server_one_core_bound,
+        gives_way_to=(GiveWay(RULE_FRONT_CPU_BOUND),),
+    ),
     # Other work that took the host's cores is why the server's threads waited.
-    Rule(RULE_SERVER_THREADS_WAIT_FOR_CPU, server_threads_wait_for_cpu,
-         gives_way_to=(GiveWay(RULE_HOST_CONTENDED),)),
+    Rule(
+        RULE_SERVER_THREADS_WAIT_FOR_CPU,
+        server_threads_wait_for_cpu,
+        gives_way_to=(GiveWay(RULE_HOST_CONTENDED),),
+    ),
 )

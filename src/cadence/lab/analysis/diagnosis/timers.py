@@ -23,28 +23,41 @@ def gaps_at_fixed_values(facts: RunFacts) -> list[Finding]:
     tail, signature = found
     ev = signature.evidence
     gaps = ev["gap_value_ms"] / ev["typical_gap_ms"]
-    return [Finding(
-        rule=RULE_GAPS_AT_FIXED_VALUES,
-        finding=(f"{ev['gaps_at_value']} slow gaps last {ev['gap_value_ms']:.0f} ms "
-                 f"(within {ev['tolerance_ms']:.1f} ms), {gaps:.0f} typical gaps, while only {ev['gaps_near_but_outside']} fall near that value: "
-                 f"these gaps end on a clock, not when output is ready. They explain "
-                 f"{tail.itl_share(RULE_GAPS_AT_FIXED_VALUES):.0%} of the gaps' tail"),
-        evidence={**ev, **tail.shares(RULE_GAPS_AT_FIXED_VALUES)},
-        look_at=(f"a wait of {ev['gap_value_ms']:.0f} ms in the path from the engine to the "
-                 "stream: a poll timeout (queue.get(timeout=...), a condition wait with a "
-                 "timeout), a flush or heartbeat timer, a sleep in a loop; when only some gaps "
-                 "hit it, a wake-up is lost and the timeout catches it (a notify before the "
-                 "wait, an event cleared after it was set, a hand-off between threads "
-                 "without a lock)"),
-    )]
+    return [
+        Finding(
+            rule=RULE_GAPS_AT_FIXED_VALUES,
+            finding=(
+                f"{ev['gaps_at_value']} slow gaps last {ev['gap_value_ms']:.0f} ms "
+                f"(within {ev['tolerance_ms']:.1f} ms), {gaps:.0f} typical gaps, while only {ev['gaps_near_but_outside']} fall near that value: "
+                f"these gaps end on a clock, not when output is ready. They explain "
+                f"{tail.itl_share(RULE_GAPS_AT_FIXED_VALUES):.0%} of the gaps' tail"
+            ),
+            evidence={**ev, **tail.shares(RULE_GAPS_AT_FIXED_VALUES)},
+            look_at=(
+                f"a wait of {ev['gap_value_ms']:.0f} ms in the path from the engine to the "
+                "stream: a poll timeout (queue.get(timeout=...), a condition wait with a "
+                "timeout), a flush or heartbeat timer, a sleep in a loop; when only some gaps "
+                "hit it, a wake-up is lost and the timeout catches it (a notify before the "
+                "wait, an event cleared after it was set, a hand-off between threads "
+                "without a lock)"
+            ),
+        )
+    ]
 
 
 def _gaps_at_fixed_positions(finding: Finding, facts: RunFacts) -> bool:
     """The slow gaps come every K positions of each stream (a per-block wait), not at any
     position on a clock: the dependence names them (issue 51)."""
-    return any(f.rule == RULE_ITL_DEPENDS_ON and f.evidence.get("shape") == "periodic"
-               for f in itl_depends_on(facts))
+    return any(
+        f.rule == RULE_ITL_DEPENDS_ON and f.evidence.get("shape") == "periodic"
+        for f in itl_depends_on(facts)
+    )
 
 
-RULES = (Rule(RULE_GAPS_AT_FIXED_VALUES, gaps_at_fixed_values,
-              gives_way_to=(GiveWay(RULE_ITL_DEPENDS_ON, _gaps_at_fixed_positions),)),)
+RULES = (
+    Rule(
+        RULE_GAPS_AT_FIXED_VALUES,
+        gaps_at_fixed_values,
+        gives_way_to=(GiveWay(RULE_ITL_DEPENDS_ON, _gaps_at_fixed_positions),),
+    ),
+)

@@ -83,7 +83,7 @@ def _start_up_steps(facts: RunFacts) -> float | None:
         if w in restarted and len(ordered) > 1:
             # Its steps after the restart follow its longest pause (the new process's load).
             pause = max(range(1, len(ordered)), key=lambda k: ordered[k] - ordered[k - 1])
-            first[w].update(ordered[pause:pause + STARTUP_FIRST_STEPS])
+            first[w].update(ordered[pause : pause + STARTUP_FIRST_STEPS])
     longest = 0.0
     for r in timed:
         if r.t_step_start_ns[0] in first[r.worker]:
@@ -97,8 +97,11 @@ def _restarted_in_run(facts: RunFacts) -> set[int]:
     scraped = facts.result.system.server_metrics
     if scraped is None:
         return set()
-    return {int(w["worker"]) for w in worker_startup(msgspec.to_builtins(scraped))
-            if w["restarts_during_run"]}
+    return {
+        int(w["worker"])
+        for w in worker_startup(msgspec.to_builtins(scraped))
+        if w["restarts_during_run"]
+    }
 
 
 def startup_stall(facts: RunFacts) -> float | None:
@@ -127,36 +130,54 @@ def engine_start(facts: RunFacts) -> list[Finding]:
         "engine_step_p50_ms": rounded(typical),
         "engine_step_p90_ms": rounded(step.p90),
     }
-    look_at = ("engine start-up: model load, kernel compilation or warm-up, or the first card's "
-               "scheduling (not the serving layer's threads); warm each worker up before "
-               "serving or measure with --warmup")
+    look_at = (
+        "engine start-up: model load, kernel compilation or warm-up, or the first card's "
+        "scheduling (not the serving layer's threads); warm each worker up before "
+        "serving or measure with --warmup"
+    )
     stall = startup_stall(facts)
-    if (stall is not None and stall >= STARTUP_TTFT_SHARE * ttft.p99
-            and ttft.p99 >= STARTUP_TTFT_SHARE * stall and ttft_high(typical, ttft.p99)):
+    if (
+        stall is not None
+        and stall >= STARTUP_TTFT_SHARE * ttft.p99
+        and ttft.p99 >= STARTUP_TTFT_SHARE * stall
+        and ttft_high(typical, ttft.p99)
+    ):
         queue = facts.segment("queue")
         if queue:
             evidence["queue_p50_ms"] = rounded(queue.p50)
         evidence["stall_over_step_p90"] = rounded(stall / step.p90, 1)
-        return [Finding(
-            rule=RULE_TTFT_ENGINE_START,
-            finding=(f"TTFT is high (p99 {ttft.p99:.0f} ms) because an engine step that "
-                     f"admitted requests took {stall:.0f} ms, {stall / step.p90:.0f}x a "
-                     "typical step; requests that arrived meanwhile queued behind it"),
-            evidence=evidence,
-            look_at=look_at,
-        )]
+        return [
+            Finding(
+                rule=RULE_TTFT_ENGINE_START,
+                finding=(
+                    f"TTFT is high (p99 {ttft.p99:.0f} ms) because an engine step that "
+                    f"admitted requests took {stall:.0f} ms, {stall / step.p90:.0f}x a "
+                    "typical step; requests that arrived meanwhile queued behind it"
+                ),
+                evidence=evidence,
+                look_at=look_at,
+            )
+        ]
     share = facts.share("ttft", "first_step")
-    if (share is not None and share >= FIRST_STEP_SHARE
-            and first.mean >= STARTUP_STEP_FACTOR * typical and ttft_high(typical, ttft.p50)):
+    if (
+        share is not None
+        and share >= FIRST_STEP_SHARE
+        and first.mean >= STARTUP_STEP_FACTOR * typical
+        and ttft_high(typical, ttft.p50)
+    ):
         evidence["ttft_share_first_step"] = rounded(share, 3)
-        return [Finding(
-            rule=RULE_TTFT_ENGINE_START,
-            finding=(f"TTFT is high (p50 {ttft.p50:.0f} ms) and {share:.0%} of it is the "
-                     f"step that admits a request ({first.mean:.0f} ms on average, a typical "
-                     f"step {typical:.1f} ms)"),
-            evidence=evidence,
-            look_at=look_at + "; or the prefill cost of long prompts",
-        )]
+        return [
+            Finding(
+                rule=RULE_TTFT_ENGINE_START,
+                finding=(
+                    f"TTFT is high (p50 {ttft.p50:.0f} ms) and {share:.0%} of it is the "
+                    f"step that admits a request ({first.mean:.0f} ms on average, a typical "
+                    f"step {typical:.1f} ms)"
+                ),
+                evidence=evidence,
+                look_at=look_at + "; or the prefill cost of long prompts",
+            )
+        ]
     return []
 
 
@@ -185,20 +206,28 @@ def queueing(facts: RunFacts) -> list[Finding]:
         evidence["startup_stall_ms"] = rounded(explained)
     if queue.mean >= to_front.mean:
         where = "waiting for a worker to admit it (queue)"
-        look_at = ("scheduling backlog: the workers' batches are full or busy; add workers, "
-                   "raise --max-batch, or lower the concurrency")
+        look_at = (
+            "scheduling backlog: the workers' batches are full or busy; add workers, "
+            "raise --max-batch, or lower the concurrency"
+        )
     else:
         where = "reaching the front (client_to_front)"
-        look_at = ("admission backlog: the front (or the client) is slow to accept new streams; "
-                   "check front and client CPU, open streams more gradually or lower the "
-                   "concurrency, add front or client processes")
-    return [Finding(
-        rule=RULE_TTFT_QUEUEING,
-        finding=(f"TTFT is high (p50 {ttft.p50:.0f} ms, {ttft.p50 / typical:.0f} engine "
-                 f"steps) and {wait / ttft.mean:.0%} of it is spent {where}"),
-        evidence=evidence,
-        look_at=look_at,
-    )]
+        look_at = (
+            "admission backlog: the front (or the client) is slow to accept new streams; "
+            "check front and client CPU, open streams more gradually or lower the "
+            "concurrency, add front or client processes"
+        )
+    return [
+        Finding(
+            rule=RULE_TTFT_QUEUEING,
+            finding=(
+                f"TTFT is high (p50 {ttft.p50:.0f} ms, {ttft.p50 / typical:.0f} engine "
+                f"steps) and {wait / ttft.mean:.0%} of it is spent {where}"
+            ),
+            evidence=evidence,
+            look_at=look_at,
+        )
+    ]
 
 
 def _engine_in_front(finding: Finding, facts: RunFacts) -> bool:
@@ -212,8 +241,14 @@ def _waiting_at_the_front(finding: Finding, facts: RunFacts) -> bool:
 
 
 RULES = (
-    Rule(RULE_TTFT_ENGINE_START, engine_start,
-         gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),)),
-    Rule(RULE_TTFT_QUEUEING, queueing,
-         gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _waiting_at_the_front),)),
+    Rule(
+        RULE_TTFT_ENGINE_START,
+        engine_start,
+        gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),),
+    ),
+    Rule(
+        RULE_TTFT_QUEUEING,
+        queueing,
+        gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _waiting_at_the_front),),
+    ),
 )

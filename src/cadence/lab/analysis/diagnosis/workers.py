@@ -45,8 +45,7 @@ def _expected_step(w: WorkerCurve, others: list[WorkerCurve]) -> float | None:
     model = step_model(others)
     if model is not None:
         fixed, per_seq = model
-        return max(fixed + per_seq * w.sequences_per_step_p50,
-                   min(o.step_ms_p50 for o in others))
+        return max(fixed + per_seq * w.sequences_per_step_p50, min(o.step_ms_p50 for o in others))
     batch = statistics.median(o.sequences_per_step_p50 for o in others)
     ratio = SLOW_WORKER_BATCH_RATIO
     if not batch / ratio <= w.sequences_per_step_p50 <= batch * ratio:
@@ -55,8 +54,11 @@ def _expected_step(w: WorkerCurve, others: list[WorkerCurve]) -> float | None:
 
 
 def slow_worker(facts: RunFacts) -> list[Finding]:
-    workers = [w for w in facts.result.workers or []
-               if finite(w.step_ms_p50) and finite(w.itl_ms_p50) and w.steps >= MIN_CPU_SAMPLES]
+    workers = [
+        w
+        for w in facts.result.workers or []
+        if finite(w.step_ms_p50) and finite(w.itl_ms_p50) and w.steps >= MIN_CPU_SAMPLES
+    ]
     if len(workers) < 2:
         return []
     findings = []
@@ -65,9 +67,11 @@ def slow_worker(facts: RunFacts) -> list[Finding]:
         step = _expected_step(w, others)
         batch = statistics.median(o.sequences_per_step_p50 for o in others)
         itl = statistics.median(o.itl_ms_p50 for o in others)
-        if step is None or not (w.step_ms_p50 >= SLOW_WORKER_RATIO * step
-                                and w.step_ms_p50 - step >= SLOW_WORKER_MIN_MS
-                                and w.itl_ms_p50 >= SLOW_WORKER_ITL_RATIO * itl):
+        if step is None or not (
+            w.step_ms_p50 >= SLOW_WORKER_RATIO * step
+            and w.step_ms_p50 - step >= SLOW_WORKER_MIN_MS
+            and w.itl_ms_p50 >= SLOW_WORKER_ITL_RATIO * itl
+        ):
             continue
         name = f"worker {w.worker}" + (f" ({w.device})" if w.device else "")
         evidence: dict = {
@@ -84,18 +88,24 @@ def slow_worker(facts: RunFacts) -> list[Finding]:
         cpu = facts.active_cpu(f"worker{w.worker}")
         if cpu is not None:
             evidence[f"worker{w.worker}_cpu_pct"] = rounded(cpu, 1)
-        findings.append(Finding(
-            rule=RULE_SLOW_WORKER,
-            finding=(f"{name} steps in {w.step_ms_p50:.1f} ms at p50 with "
-                     f"{w.sequences_per_step_p50:.0f} sequences per step, where the others "
-                     f"would take {step:.1f} ms with as many, and the streams "
-                     f"it serves get a token every {w.itl_ms_p50:.1f} ms against "
-                     f"{itl:.1f} ms: one card is slow, not the engine as a whole"),
-            evidence=evidence,
-            look_at=(f"that card: its clocks and temperature, other jobs on it, its PCIe / "
-                     f"NVLink, the host CPU of its process (worker{w.worker}); then the "
-                     "router, which gives it as many streams as the others"),
-        ))
+        findings.append(
+            Finding(
+                rule=RULE_SLOW_WORKER,
+                finding=(
+                    f"{name} steps in {w.step_ms_p50:.1f} ms at p50 with "
+                    f"{w.sequences_per_step_p50:.0f} sequences per step, where the others "
+                    f"would take {step:.1f} ms with as many, and the streams "
+                    f"it serves get a token every {w.itl_ms_p50:.1f} ms against "
+                    f"{itl:.1f} ms: one card is slow, not the engine as a whole"
+                ),
+                evidence=evidence,
+                look_at=(
+                    f"that card: its clocks and temperature, other jobs on it, its PCIe / "
+                    f"NVLink, the host CPU of its process (worker{w.worker}); then the "
+                    "router, which gives it as many streams as the others"
+                ),
+            )
+        )
     return findings
 
 
