@@ -56,11 +56,14 @@ def _expected(prompt_ids: list[int], count: int) -> list[int]:
 
 
 def _tokens(chunks: list) -> list[int]:
-    """The stream's ids; indexes contiguous, only the last chunk finishes."""
+    """The stream's ids; indexes contiguous (in outputs: a text piece of several ids is one),
+    only the last chunk finishes."""
     tokens: list[int] = []
+    position = 0
     for chunk in chunks:
-        assert chunk.index == len(tokens)
+        assert chunk.index == position
         tokens.extend(chunk.token_ids)
+        position += chunk.outputs or len(chunk.token_ids)
     assert [c.finish_reason for c in chunks[:-1]] == [0] * (len(chunks) - 1)
     return tokens
 

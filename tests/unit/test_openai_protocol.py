@@ -230,6 +230,7 @@ def test_the_lab_counts_each_text_event_as_one_position_and_keeps_usage_beside()
     # usage (5) is compared with the two events, never spread over them
     assert (record.arrival_ns, record.tokens, record.index) == ([1, 2], [1, 1], [0, 1])
     assert record.usage_outputs == 5
+    assert record.output_tokens == 5  # tokens/s in the server's tokens
     assert record.finish_reason == 1
     failed = RequestRecord(request_id="r", process=0, start_ns=0, arrival_ns=[1])
     decode_events(failed, [event({"error": {"code": "unavailable", "message": "gone"}})], False)

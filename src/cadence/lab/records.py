@@ -81,7 +81,10 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
 
     @property
     def output_tokens(self) -> int:
-        return sum(self.tokens)
+        """The outputs it delivered: its positions, or the server's own count where that says
+        more (an SSE server that sends several tokens an event): tokens/s in the server's
+        tokens, while positions and gaps stay per event."""
+        return max(sum(self.tokens), self.usage_outputs)
 
 
 class Saturation(msgspec.Struct, kw_only=True):

@@ -86,7 +86,7 @@ def goodput(records: list[RequestRecord], terms: list[SloTerm], stats: RunStats)
         terms=results,
         passed=all(t.met for t in results.values()),
         requests_per_s=per_s(len(good)),
-        tokens_per_s=per_s(sum(sum(r.tokens) for r in good)),
+        tokens_per_s=per_s(sum(r.output_tokens for r in good)),
         good_share=len(good) / len(records) if records else math.nan,
         good_requests=len(good),
     )

@@ -137,7 +137,7 @@ def summarize(records: list[RequestRecord]) -> RunStats:
     starts = [r.start_ns for r in records]
     ends = [r.end_ns for r in records]
     wall_s = (max(ends) - min(starts)) / 1e9 if records else math.nan
-    out_tokens = sum(sum(r.tokens) for r in ok)
+    out_tokens = sum(r.output_tokens for r in ok)
     result = RunStats(
         requests=len(records),
         requests_ok=len(ok),

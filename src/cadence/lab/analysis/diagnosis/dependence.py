@@ -12,8 +12,12 @@ import weakref
 from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts
-from cadence.lab.analysis.diagnosis.names import RULE_ITL_DEPENDS_ON, RULE_TTFT_DEPENDS_ON
-from cadence.lab.analysis.diagnosis.rule import Rule
+from cadence.lab.analysis.diagnosis.names import (
+    RULE_ITL_DEPENDS_ON,
+    RULE_TTFT_DEPENDS_ON,
+    RULE_TTFT_GROWS_WITH_STREAMS,
+)
+from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.results import Finding
 
 _tables: weakref.WeakKeyDictionary[RunFacts, dict[str, dependence.Table | None]] = (
@@ -90,4 +94,23 @@ def ttft_depends_on(facts: RunFacts) -> list[Finding]:
     return _findings(facts, dependence.FIRST, RULE_TTFT_DEPENDS_ON)
 
 
-RULES = (Rule(RULE_ITL_DEPENDS_ON, itl_depends_on), Rule(RULE_TTFT_DEPENDS_ON, ttft_depends_on))
+_QUEUE_VARIABLES = frozenset({"waiting_at_send", "arrival_order", "streams_open_at_send"})
+"""What `ttft_grows_with_streams` (streams opened together, taken in one at a time) is a
+dependence on: the requests ahead of each one."""
+
+
+def _the_queue(finding: Finding, facts: RunFacts) -> bool:
+    """The dependence is the taught signature's own (its variable, or one the run cannot tell
+    from it, is the requests ahead): the signature names it with its cause already."""
+    named = {finding.evidence["variable"], *str(finding.evidence["goes_with"]).split(", ")}
+    return bool(named & _QUEUE_VARIABLES)
+
+
+RULES = (
+    Rule(RULE_ITL_DEPENDS_ON, itl_depends_on),
+    Rule(
+        RULE_TTFT_DEPENDS_ON,
+        ttft_depends_on,
+        gives_way_to=(GiveWay(RULE_TTFT_GROWS_WITH_STREAMS, _the_queue),),
+    ),
+)
