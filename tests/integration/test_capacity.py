@@ -113,6 +113,8 @@ def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
             "1",
             "--max-tokens",
             "40",
+            "--confirm-runs",
+            "1",  # the knee found, not confirmed: the batch-limit test holds the confirmation
         )
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
@@ -202,6 +204,8 @@ def test_a_rising_rate_stops_at_the_knee_capacity_finds(tmp_path) -> None:
             "1",
             "--max-tokens",
             "10",
+            "--confirm-runs",
+            "1",
         )
     assert ramp.returncode == 0 and done.returncode == 0, ramp.stderr + done.stderr
     seen = json.loads(out.read_text())["saturation"]

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import start_server
+from tests.integration.conftest import runs_once, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = "tests.batched_models"
@@ -70,6 +70,7 @@ async def _health(channel: grpc.aio.Channel, service: str) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
+@runs_once  # the workers' supervision: no part of the gRPC server's
 @pytest.mark.parametrize("fronts", [1, 2])
 def test_a_worker_whose_every_step_fails_is_taken_out_and_restarted(tmp_path, fronts) -> None:
     """Worker 1's steps all raise: after `--worker-max-failed-steps` (5) of them it is ejected

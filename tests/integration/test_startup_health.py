@@ -30,7 +30,7 @@ import pytest
 from cadence.client import Client
 from cadence.proto.kserve import grpc_service_pb2 as kpb
 from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
-from tests.integration.conftest import SERVE_ARGS, wait_until
+from tests.integration.conftest import SERVE_ARGS, runs_once, wait_until
 from tests.startup_models import LOAD_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,13 +174,13 @@ def _server_ready(client: Client) -> bool:
 
 @pytest.mark.slow
 def test_health_says_serving_exactly_while_requests_are_admitted() -> None:
-    """Worker 0 ready in no time, worker 1 after 12 s: while worker 1 loads, the start is not
+    """Worker 0 ready in no time, worker 1 after 8 s: while worker 1 loads, the start is not
     over and requests are refused, so health (gRPC's, HTTP's, KServe's) says not serving;
     once the banner is out, all three say serving and requests are taken. Then worker 1 is
-    killed: while it restarts (12 s of loading again) the server still serves on worker 0,
+    killed: while it restarts (8 s of loading again) the server still serves on worker 0,
     and all three say so (one worker of several restarting takes no server out of a load
     balancer); `cadence.worker.1` tells the outage."""
-    with starting("--devices", "cpu:2", loads="0 12") as server, Client(server.target) as client:
+    with starting("--devices", "cpu:2", loads="0 8") as server, Client(server.target) as client:
         samples = []  # (gRPC health, HTTP status, admitted), where health held across the call
         saw_loading = False
         deadline = time.monotonic() + 90
@@ -227,6 +227,7 @@ def test_health_says_serving_exactly_while_requests_are_admitted() -> None:
         assert _grpc_health(client, "cadence.worker.1") == "NOT_SERVING"  # still loading
 
 
+@runs_once  # the workers and the start-up's order: no part of the gRPC server's
 @pytest.mark.slow
 @pytest.mark.parametrize("fronts", ["1", "2"])
 def test_a_worker_lost_just_after_ready_is_restarted_or_fails_the_start(fronts: str) -> None:

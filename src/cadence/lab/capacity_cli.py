@@ -46,7 +46,9 @@ def _capacity(args: argparse.Namespace) -> None:
         )
 
     try:
-        capacity = search(run, args.search, args.low, args.high, slo, args.repeat)
+        capacity = search(
+            run, args.search, args.low, args.high, slo, args.repeat, confirm=args.confirm_runs
+        )
     except RuntimeError as exc:
         sys.exit(f"cadence capacity: {exc}")
     print_capacity(capacity)

@@ -858,6 +858,17 @@ class RunOptions(msgspec.Struct, kw_only=True):
             metavar="N",
         ),
     ] = 1
+    confirm_runs: Annotated[
+        int,
+        Flag(
+            "runs at each load around the knee once it is found (the largest passing, the "
+            "smallest failing, and one a step beyond each): the answer holds on all of them; "
+            "1 confirms nothing",
+            commands=(CAPACITY,),
+            parse=_positive,
+            metavar="N",
+        ),
+    ] = 3
     serve_args: Annotated[
         str,
         Flag("arguments of `cadence serve` that stay fixed (quoted)", SERVERS, commands=(SWEEP,)),
