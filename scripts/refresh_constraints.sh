@@ -15,7 +15,7 @@ freeze() {  # VENV OUT WHAT
   {
     echo "# Pins for $3; written by scripts/refresh_constraints.sh on $(date -u +%F)"
     echo "# with $("$1/bin/python" --version). Do not edit by hand: refresh, test, commit."
-    "$1/bin/pip" freeze --exclude-editable | grep -v '^cadence'
+    "$1/bin/pip" freeze --exclude-editable  # cadence itself is the editable install
   } > "$2"
 }
 
