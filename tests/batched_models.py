@@ -73,14 +73,14 @@ class EchoModel:
 
 class SickModel(EchoModel):
     """EchoModel on a card with a sticky error: in the worker numbered
-    $CADENCE_TEST_SICK_WORKER every step raises, as a CUDA context does after an illegal
+    $SICK_MODEL_WORKER every step raises, as a CUDA context does after an illegal
     memory access, until the process is replaced. Its first start only: it leaves the file
-    $CADENCE_TEST_SICK_MARKER, and a replacement that finds it gets a healthy card."""
+    $SICK_MODEL_MARKER, and a replacement that finds it gets a healthy card."""
 
     def __init__(self, device: str, worker: int) -> None:
         super().__init__(device)
-        marker = os.environ.get("CADENCE_TEST_SICK_MARKER", "")
-        self.sick = worker == int(os.environ.get("CADENCE_TEST_SICK_WORKER", "-1")) and not (
+        marker = os.environ.get("SICK_MODEL_MARKER", "")
+        self.sick = worker == int(os.environ.get("SICK_MODEL_WORKER", "-1")) and not (
             marker and os.path.exists(marker)
         )
         if self.sick and marker:

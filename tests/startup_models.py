@@ -1,7 +1,7 @@
 """Model classes whose start-up the start-up tests control (`cadence serve --engine
 tests.startup_models:NAME`); worker processes import this module from the repository root.
 
-`SlowLoadModel` loads for the seconds `CADENCE_TEST_LOAD_S` gives its worker: a
+`SlowLoadModel` loads for the seconds `STARTUP_MODEL_LOAD_S` gives its worker: a
 space-separated list, one value per worker index (a worker past its end loads at once), so
 that "worker 0 ready, worker 1 still loading for a minute" is a command line away.
 """
@@ -13,7 +13,7 @@ import time
 
 from tests.batched_models import EchoModel
 
-LOAD_ENV = "CADENCE_TEST_LOAD_S"
+LOAD_ENV = "STARTUP_MODEL_LOAD_S"
 
 
 class SlowLoadModel(EchoModel):

@@ -40,11 +40,6 @@ NOT_FLAGS = frozenset(
         "CADENCE_IMAGE_BASE",
         "CADENCE_IMAGE_WHEELS",  # test_container.py
         "CADENCE_PODMAN_RUN_ARGS",
-        # the test suite's models, read in the workers they run in (tests/startup_models.py,
-        # tests/batched_models.py)
-        "CADENCE_TEST_LOAD_S",
-        "CADENCE_TEST_SICK_WORKER",
-        "CADENCE_TEST_SICK_MARKER",
     }
 )
 """CADENCE_ variables that cadence reads, or sets for its own processes, that are no flag of

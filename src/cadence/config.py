@@ -931,15 +931,13 @@ def serve_options() -> tuple[ServeOption, ...]:
 
 def _declared(cls: type) -> list[ServeOption]:
     hints = typing.get_type_hints(cls, include_extras=True)
+    options = _options(cls)
     declared = []
     for field in msgspec.structs.fields(cls):
         if field.type is EngineConfig:
             declared += _declared(EngineConfig)
             continue
-        option = next(
-            (m for m in getattr(hints[field.name], "__metadata__", ()) if isinstance(m, Option)),
-            None,
-        )
+        option = options.get(field.name)
         if option is None:
             continue
         default = field.default_factory() if field.default is msgspec.NODEFAULT else field.default

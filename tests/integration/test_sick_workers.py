@@ -79,8 +79,8 @@ def test_a_worker_whose_every_step_fails_is_taken_out_and_restarted(tmp_path, fr
     front 1, which routes around it too, while front 0 restarts it."""
     env = {
         **os.environ,
-        "CADENCE_TEST_SICK_WORKER": "1",
-        "CADENCE_TEST_SICK_MARKER": str(tmp_path / "was-sick"),
+        "SICK_MODEL_WORKER": "1",
+        "SICK_MODEL_MARKER": str(tmp_path / "was-sick"),
     }
     server = start_server(
         "--engine",
