@@ -152,16 +152,6 @@ def search(
                 break
         return all(outcomes[value])
 
-    def passing_below(value: float) -> float | None:
-        """The largest load tried below `value` that passed every run, as did every load
-        tried below it."""
-        best = None
-        for v in sorted(outcomes):
-            if v >= value or not all(outcomes[v]):
-                break
-            best = v
-        return best
-
     def bisect(lo: float, hi: float) -> tuple[float, float]:
         while (hi - lo > 1) if integer else (hi / lo > RATE_TOLERANCE):
             mid = math.sqrt(lo * hi) if hi / lo > 4 else (lo + hi) / 2
@@ -203,7 +193,7 @@ def search(
                     if over is not None:
                         top_up(over, stop_at_failure=False)
                     break
-                below = passing_below(failed)
+                below = _max_passing(outcomes, below=failed)
                 if below is None:
                     capacity.range_edge = "low"
                     break
@@ -235,6 +225,17 @@ def _step_over(value: float, high: float, integer: bool) -> float | None:
     return min(over, high)
 
 
+def _max_passing(outcomes: dict[float, list[bool]], below: float = math.inf) -> float | None:
+    """The largest load tried below `below` that passed every run, as did every load tried
+    below it."""
+    best = None
+    for v in sorted(outcomes):
+        if v >= below or not all(outcomes[v]):
+            break
+        best = v
+    return best
+
+
 def _retry_non_monotone(outcomes: dict[float, list[bool]], top_up: Callable[..., bool]) -> None:
     """A load that failed below one that passed every run gets its full runs again."""
     for value in sorted(outcomes):
@@ -256,10 +257,7 @@ def _finish(
     capacity.runs_by_value = {f"{v:g}": list(outcomes[v]) for v in sorted(outcomes)}
     values = sorted(outcomes)
     failed = [v for v in values if not all(outcomes[v])]
-    for v in values:
-        if not all(outcomes[v]):
-            break
-        capacity.max_passing = v
+    capacity.max_passing = _max_passing(outcomes)
     above = [v for v in failed if capacity.max_passing is None or v > capacity.max_passing]
     capacity.first_failing = above[0] if above else None
     capacity.non_monotone = [[v, w] for v in failed for w in values if w > v and all(outcomes[w])]

@@ -14,6 +14,7 @@ it), read one with `msgspec.convert(json.load(f), BenchResult)`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import msgspec
@@ -960,9 +961,32 @@ class CapacityResult(msgspec.Struct, kw_only=True):
     capacity: Capacity
 
 
-_INTEGRITY_ADDED = ("extra_events", "usage_above_events", "usage_above_events_streams")
-"""Integrity's counts added after its first four: left out while 0, so that a run without
-them is written as before they existed."""
+_ADDED_LATER = {RequestRecord: "trace_id", Integrity: "extra_events"}
+"""Structs that gained fields after they were first written, each with the first of those
+fields: while they hold their defaults they are left out (`_leave_out_added`), so that a run
+without them is written as before they existed (a record: no trace id, a connect time
+unmeasured everywhere but over HTTP, a closed loop, no conversation, no cached count;
+Integrity: SSE's counts, 0 over any other protocol)."""
+
+
+@functools.cache
+def _added(cls: type[msgspec.Struct]) -> tuple[int, list[tuple[str, object]]]:
+    """Where `cls`'s later fields start, and each field's (name, default)."""
+    defaults = [(f.encode_name, f.default) for f in msgspec.structs.fields(cls)]
+    return cls.__struct_fields__.index(_ADDED_LATER[cls]), defaults
+
+
+def _leave_out_added(written: dict | list | None, cls: type[msgspec.Struct]) -> None:
+    """Leave out of `written` (a `cls` as plain data) its later fields that hold their
+    defaults: a dict's keys; an array-like struct's values, from the end only."""
+    first, defaults = _added(cls)
+    if isinstance(written, dict):
+        for name, default in defaults[first:]:
+            if written.get(name, default) == default:
+                written.pop(name, None)
+    elif written:
+        while len(written) > first and written[-1] == defaults[len(written) - 1][1]:
+            written.pop()
 
 
 def to_builtins(result: BenchResult | SweepResult) -> dict:
@@ -977,23 +1001,11 @@ def to_builtins(result: BenchResult | SweepResult) -> dict:
             for r, o in zip(p.repeats, po["repeats"], strict=True)
         ]
     )
-    defaults = [f.default for f in msgspec.structs.fields(RequestRecord)]
-    kept = RequestRecord.__struct_fields__.index("trace_id")
     for run, written in runs:
         if run.baseline and run.baseline.error:
             written["baseline"] = {"error": run.baseline.error}
-        for integrity in (
-            written.get("integrity"),
-            (written.get("baseline") or {}).get("integrity"),
-        ):
-            for key in _INTEGRITY_ADDED:  # SSE's counts, written only where they are not 0
-                if integrity and integrity.get(key) == 0:
-                    del integrity[key]
+        _leave_out_added(written.get("integrity"), Integrity)
+        _leave_out_added((written.get("baseline") or {}).get("integrity"), Integrity)
         for record in written.get("records") or ():
-            # The fields added last (from trace_id on) are left out from the end while they
-            # hold their defaults (no trace id, a connect time unmeasured everywhere but over
-            # HTTP, a closed loop, no conversation, no cached count): such a record is
-            # written as before the fields existed.
-            while len(record) > kept and record[-1] == defaults[len(record) - 1]:
-                record.pop()
+            _leave_out_added(record, RequestRecord)
     return out

@@ -102,8 +102,13 @@ dependence on: the requests ahead of each one."""
 def _the_queue(finding: Finding, facts: RunFacts) -> bool:
     """The dependence is the taught signature's own (its variable, or one the run cannot tell
     from it, is the requests ahead): the signature names it with its cause already."""
-    named = {finding.evidence["variable"], *str(finding.evidence["goes_with"]).split(", ")}
-    return bool(named & _QUEUE_VARIABLES)
+    table = tables(facts).get(dependence.FIRST)
+    variable = finding.evidence["variable"]
+    return any(
+        {d.variable, *d.goes_with} & _QUEUE_VARIABLES
+        for d in (table.named if table else ())
+        if d.variable == variable
+    )
 
 
 RULES = (
