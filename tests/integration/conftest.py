@@ -224,6 +224,22 @@ def server_factory() -> Iterator:
         server.stop()
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def importable_models() -> Iterator[None]:
+    """Servers and their workers import test models (`tests.batched_models`,
+    `tests.startup_models`) from the repository root: the root on PYTHONPATH and the working
+    directory, for the module. A module whose every test needs it marks itself with
+    `pytestmark = pytest.mark.usefixtures("importable_models")`."""
+    with pytest.MonkeyPatch.context() as mp:
+        path = [str(ROOT), os.environ.get("PYTHONPATH")]
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
+        mp.chdir(ROOT)
+        yield
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     """A shared two-worker synthetic server with a short step."""

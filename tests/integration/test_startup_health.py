@@ -21,7 +21,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import psutil
@@ -33,18 +32,10 @@ from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
 from tests.integration.conftest import SERVE_ARGS, runs_once, wait_until
 from tests.startup_models import LOAD_ENV
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tests.startup_models:SlowLoadModel"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def importable_models() -> Iterator[None]:
-    """The server's workers import `tests.startup_models` from the repository root."""
-    with pytest.MonkeyPatch.context() as mp:
-        path = [str(ROOT), os.environ.get("PYTHONPATH")]
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
-        mp.chdir(ROOT)
-        yield
+pytestmark = pytest.mark.usefixtures("importable_models")
 
 
 def _free_port() -> int:
