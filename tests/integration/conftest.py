@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -152,6 +153,14 @@ def start_server(
     server.workers = [p for p in children if p not in envoy]
     server.front = envoy[0] if envoy else psutil.Process(process.pid)
     return server
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server whose port a test
+    must know before it starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _http_status(url: str, context: ssl.SSLContext | None) -> int:

@@ -12,7 +12,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,19 +28,13 @@ import pytest
 from cadence.client import Client
 from cadence.proto.kserve import grpc_service_pb2 as kpb
 from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
-from tests.integration.conftest import SERVE_ARGS, runs_once, wait_until
+from tests.integration.conftest import SERVE_ARGS, free_port, runs_once, wait_until
 from tests.startup_models import LOAD_ENV
 
 MODEL = "tests.startup_models:SlowLoadModel"
 
 
 pytestmark = pytest.mark.usefixtures("importable_models")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -83,7 +76,7 @@ class Starting:
 def starting(*args: str, loads: str) -> Iterator[Starting]:
     """`cadence serve --engine SlowLoadModel ARGS` with worker i loading `loads`'s i-th
     number of seconds; killed, with every process under it, on the way out."""
-    port, http_port = _free_port(), _free_port()
+    port, http_port = free_port(), free_port()
     argv = [
         sys.executable,
         "-m",
