@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -154,6 +155,14 @@ def start_server(
     return server
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server whose port a test
+    must know before it starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _http_status(url: str, context: ssl.SSLContext | None) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5, context=context) as response:
@@ -222,6 +231,22 @@ def server_factory() -> Iterator:
     yield factory
     for server in started:
         server.stop()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def importable_models() -> Iterator[None]:
+    """Servers and their workers import test models (`tests.batched_models`,
+    `tests.startup_models`) from the repository root: the root on PYTHONPATH and the working
+    directory, for the module. A module whose every test needs it marks itself with
+    `pytestmark = pytest.mark.usefixtures("importable_models")`."""
+    with pytest.MonkeyPatch.context() as mp:
+        path = [str(ROOT), os.environ.get("PYTHONPATH")]
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
+        mp.chdir(ROOT)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,10 @@ up at the front gets them in chunks a default client accepts (4 MiB at most).
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -33,7 +31,6 @@ from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import RunningServer, start_server, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
 _SMALL_WINDOW = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
 
 
@@ -43,15 +40,11 @@ def _metric(url: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[Callable[[str, str], RunningServer]]:
+def servers(importable_models) -> Iterator[Callable[[str, str], RunningServer]]:
     """Servers by their engine or app (`--engine X` or `--app X`), each started when a test
     first asks for it (`_server`), all stopped at the module's end. One worker each, so that
     the request after a bad one runs on the same worker."""
-    with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
-        mp.setenv(
-            "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        )
-        mp.chdir(ROOT)
+    with contextlib.ExitStack() as stack:
         started: dict[str, RunningServer] = {}
 
         def start(flag: str, name: str) -> RunningServer:

@@ -6,7 +6,6 @@ vocabulary, tensor parallelism, start-up errors."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import subprocess
 import sys
@@ -22,18 +21,10 @@ from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
 from tests.integration.conftest import RunningServer, start_server
 
-ROOT = Path(__file__).resolve().parents[2]
 MODELS = "tests.batched_models"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def importable_models() -> Iterator[None]:
-    """Servers and their workers import `tests.batched_models` from the repository root."""
-    with pytest.MonkeyPatch.context() as mp:
-        path = [str(ROOT), os.environ.get("PYTHONPATH")]
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
-        mp.chdir(ROOT)
-        yield
+pytestmark = pytest.mark.usefixtures("importable_models")
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,11 @@ def capacity(tmp_path: Path, *args: str) -> tuple[dict, subprocess.CompletedProc
     return (json.loads(out.read_text())["capacity"] if out.exists() else {}), done
 
 
-@pytest.mark.slow
-def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
-    """--max-batch 4 with 40-token streams: a fifth stream waits a whole stream (400 ms) for
-    a place. The SLO (200 ms) sits far from both sides of the knee: a loaded host's delays at
-    four streams stay under it, and the fifth's wait is over it however fast the host."""
+def batch_of_4(tmp_path: Path, high: int) -> tuple[dict, subprocess.CompletedProcess]:
+    """`cadence capacity --search concurrency` from 1 to `high`, SLO TTFT p99 200 ms, 40-token
+    streams, on a server of --max-batch 4 (10 ms steps)."""
     with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
-        found, done = capacity(
+        return capacity(
             tmp_path,
             "--target",
             server.target,
@@ -45,12 +43,20 @@ def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
             "--low",
             "1",
             "--high",
-            "32",
+            str(high),
             "--duration",
             "1",
             "--max-tokens",
             "40",
         )
+
+
+@pytest.mark.slow
+def test_a_batch_limit_is_found_exactly_and_named_as_queueing(tmp_path) -> None:
+    """--max-batch 4 with 40-token streams: a fifth stream waits a whole stream (400 ms) for
+    a place. The SLO (200 ms) sits far from both sides of the knee: a loaded host's delays at
+    four streams stay under it, and the fifth's wait is over it however fast the host."""
+    found, done = batch_of_4(tmp_path, high=32)
     assert done.returncode == 0, done.stderr
     assert (found["max_passing"], found["first_failing"]) == (4, 5)
     assert found["binding"] == ["ttft_p99_ms"] and found["runs"] <= 16
@@ -124,24 +130,7 @@ def test_a_foreign_thread_pool_is_found_exactly(tmp_path) -> None:
 def test_a_range_whose_top_passes_is_said_to_be_its_edge(tmp_path) -> None:
     """--high 3 on a server that takes 4: the answer is "at least 3", never "3" (issue 52:
     `--high 256` answered 256 after one run on a server whose knee was 46)."""
-    with start_server("--devices", "cpu:1", "--step-ms", "10", "--max-batch", "4") as server:
-        found, done = capacity(
-            tmp_path,
-            "--target",
-            server.target,
-            "--search",
-            "concurrency",
-            "--slo",
-            "ttft_p99_ms=200",
-            "--low",
-            "1",
-            "--high",
-            "3",
-            "--duration",
-            "1",
-            "--max-tokens",
-            "40",
-        )
+    found, done = batch_of_4(tmp_path, high=3)
     assert done.returncode == 0, done.stderr
     assert found["max_passing"] == 3 and found["range_edge"] == "high"
     assert found["runs_by_value"]["3"] == [True] * 3

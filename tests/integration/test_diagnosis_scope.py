@@ -5,7 +5,6 @@ a worker held to one core is the engine's step, and the advice must say so, not 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,8 @@ from cadence.lab.analysis import diagnosis as dx
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.trace import TraceRow
-from cadence.lab.results import BenchResult, to_builtins
 from tests.integration.conftest import start_server
-
-
-def _explain(result: BenchResult) -> str:
-    return json.dumps(to_builtins(result)["diagnosis"], indent=1)
+from tests.integration.test_engine_shaped_diagnosis import explain
 
 
 def test_batching_workers_out_of_phase_are_not_one_stream_at_a_time() -> None:
@@ -41,7 +36,7 @@ def test_batching_workers_out_of_phase_are_not_one_stream_at_a_time() -> None:
         )
     for result in (timed, untimed):
         assert result.requests_ok == 96, result.errors_by_code
-        assert dx.RULE_ONE_STREAM_AT_A_TIME not in {f.rule for f in result.diagnosis}, _explain(
+        assert dx.RULE_ONE_STREAM_AT_A_TIME not in {f.rule for f in result.diagnosis}, explain(
             result
         )
     assert len({r.worker for r in timed.records}) == 4
@@ -60,7 +55,7 @@ def test_a_long_prefill_late_in_the_run_is_not_an_engine_start() -> None:
         result = run_bench(server.target, workload)
     assert result.requests_ok == len(rows), result.errors_by_code
     assert result.ttft_segments_ms.first_step.max >= 100  # the trap: one long admitting step
-    assert dx.RULE_TTFT_ENGINE_START not in {f.rule for f in result.diagnosis}, _explain(result)
+    assert dx.RULE_TTFT_ENGINE_START not in {f.rule for f in result.diagnosis}, explain(result)
 
 
 def test_the_start_up_stall_is_still_named_on_a_fresh_worker() -> None:
@@ -68,7 +63,7 @@ def test_the_start_up_stall_is_still_named_on_a_fresh_worker() -> None:
     workload = Workload(requests=16, concurrency=16, shape=RequestShape(max_tokens=(50, 50)))
     with start_server("--devices", "cpu:1", "--step-ms", "10", "--first-step-ms", "400") as server:
         result = run_bench(server.target, workload)
-    assert dx.RULE_TTFT_ENGINE_START in {f.rule for f in result.diagnosis}, _explain(result)
+    assert dx.RULE_TTFT_ENGINE_START in {f.rule for f in result.diagnosis}, explain(result)
     assert result.system.processes["worker0"].age_s < 60
 
 
@@ -90,8 +85,8 @@ def test_a_worker_held_to_one_core_is_told_its_step_is_the_bound(tmp_path: Path)
     bound = [f for f in result.diagnosis if f.rule == dx.RULE_SERVER_ONE_CORE_BOUND]
     for finding in bound:
         # Whichever process it names, the advice fits that process.
-        assert "SO_REUSEPORT" not in finding.look_at, _explain(result)
+        assert "SO_REUSEPORT" not in finding.look_at, explain(result)
         if finding.evidence["pid"] == worker:
             assert finding.evidence["process"] == "worker0"
             assert "engine's step" in finding.finding and "--devices" in finding.look_at
-    assert any(f.evidence["pid"] == worker for f in bound), _explain(result)
+    assert any(f.evidence["pid"] == worker for f in bound), explain(result)

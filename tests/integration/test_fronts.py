@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import time
 import urllib.request
 
@@ -15,7 +14,13 @@ import pytest
 
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import SERVE_ARGS, live_workers, runs_once, wait_until_async
+from tests.integration.conftest import (
+    SERVE_ARGS,
+    free_port,
+    live_workers,
+    runs_once,
+    wait_until_async,
+)
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own: a new TCP connection, which the kernel gives to either front."""
@@ -66,14 +71,8 @@ def _whole(chunks: list, max_tokens: int) -> str:
     return "".join(c.text for c in chunks)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_connections_spread_over_both_fronts_and_every_stream_is_whole(server_factory) -> None:
-    metrics_port = _free_port()
+    metrics_port = free_port()
     server = server_factory(
         "--fronts", "2", "--devices", "cpu:2", "--step-ms", "5", "--metrics-port", str(metrics_port)
     )
@@ -208,7 +207,7 @@ def test_killing_one_front_ends_only_its_streams(server_factory) -> None:
 
 
 def test_a_killed_front_is_restarted_and_counted(server_factory) -> None:
-    metrics_port = _free_port()
+    metrics_port = free_port()
     server = server_factory(
         "--fronts", "2", "--devices", "cpu:2", "--step-ms", "5", "--metrics-port", str(metrics_port)
     )

@@ -37,13 +37,15 @@ TOKENS_REQUEST = '{"request_id": "{request_id}", "max_tokens": "{max_tokens}"}'
 
 
 def cadence(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`cadence ARGS` as a user runs it, from this checkout's `src` first (the code under test,
+    not an installed copy) with the repository root importable too (tests.*)."""
     return subprocess.run(
         [sys.executable, "-m", "cadence.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))},
     )
 
 

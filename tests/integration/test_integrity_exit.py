@@ -4,22 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import msgspec
 
 from cadence.lab.bench_cli import EXIT_INTEGRITY
 from cadence.lab.results import BenchResult
 from tests.engine_shaped_servers import MODEL
-from tests.integration.test_grpc_lab import (
-    ROOT,
-    TOKENS_METHOD,
-    TOKENS_REQUEST,
-    cadence,
-    python_server,
-)
+from tests.integration.test_grpc_lab import TOKENS_METHOD, TOKENS_REQUEST, cadence, python_server
 
 
 def bench(tmp_path, target: str, *args: str):
@@ -74,40 +65,28 @@ def test_a_whole_output_exits_0(tmp_path) -> None:
 
 def sse_bench(tmp_path, *server: str):
     """`cadence bench --protocol openai` on the engine-shaped SSE server (one event per token,
-    then its usage), 8 streams of 10 tokens, the planted fault in each.
-    This checkout's `src` first: the code under test, not an installed copy."""
+    then its usage), 8 streams of 10 tokens, the planted fault in each."""
     out = tmp_path / "run.json"
     with python_server(
         "tests/engine_shaped_servers.py", "--front", "sse", "--decode-ms", "2", *server
     ) as target:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "cadence.cli",
-                "bench",
-                "--target",
-                f"http://{target}",
-                "--protocol",
-                "openai",
-                "--model",
-                MODEL,
-                "--no-progress",
-                "--concurrency",
-                "4",
-                "--requests",
-                "8",
-                "--max-tokens",
-                "10",
-                "--json",
-                str(out),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-            check=False,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))},
+        done = cadence(
+            "bench",
+            "--target",
+            f"http://{target}",
+            "--protocol",
+            "openai",
+            "--model",
+            MODEL,
+            "--no-progress",
+            "--concurrency",
+            "4",
+            "--requests",
+            "8",
+            "--max-tokens",
+            "10",
+            "--json",
+            str(out),
         )
     return done, msgspec.convert(json.loads(out.read_text()), BenchResult)
 

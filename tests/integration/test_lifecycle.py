@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import time
 import urllib.request
 
@@ -17,7 +16,7 @@ import pytest
 from cadence.client import Client, build_request
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import live_workers, runs_once, start_server, wait_until
+from tests.integration.conftest import free_port, live_workers, runs_once, start_server, wait_until
 
 _SLOT_WAIT_S = 2.0
 """Upper bound for a freed slot to become usable: cancellation crosses the network."""
@@ -211,7 +210,7 @@ def test_an_idle_spell_never_counts_against_the_next_prefill(server_factory) -> 
 def test_a_restart_loop_backs_off_and_says_so(server_factory) -> None:
     """A worker that dies soon after each start is restarted after 1 s, then 2 s, then 4 s
     (not every second for ever), and the back-off is exported while it lasts."""
-    port = _free_port()
+    port = free_port()
     server = server_factory("--devices", "cpu:1", "--step-ms", "10", "--metrics-port", str(port))
     seen: set[int] = set()
     gaps, killed = [], 0.0
@@ -247,12 +246,6 @@ def _new_worker(server, seen: set[int], timeout: float = 30.0) -> psutil.Process
         time.sleep(0.02)
     seen.add(worker.pid)
     return worker
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_serving_workers(target: str, workers: int, timeout: float = 30.0) -> None:

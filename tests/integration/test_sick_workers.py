@@ -9,8 +9,6 @@ import os
 import re
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,20 +18,12 @@ from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
 from tests.integration.conftest import runs_once, start_server
 
-ROOT = Path(__file__).resolve().parents[2]
 MODELS = "tests.batched_models"
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 """A channel of its own: a new TCP connection, which the kernel gives to either front."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def importable_models() -> Iterator[None]:
-    """Servers and their workers import `tests.batched_models` from the repository root."""
-    with pytest.MonkeyPatch.context() as mp:
-        path = [str(ROOT), os.environ.get("PYTHONPATH")]
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
-        mp.chdir(ROOT)
-        yield
+pytestmark = pytest.mark.usefixtures("importable_models")
 
 
 def _sample(url: str, name: str, worker: int) -> float:

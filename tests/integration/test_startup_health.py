@@ -12,7 +12,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 import psutil
@@ -30,27 +28,13 @@ import pytest
 from cadence.client import Client
 from cadence.proto.kserve import grpc_service_pb2 as kpb
 from cadence.proto.kserve import grpc_service_pb2_grpc as kpb_grpc
-from tests.integration.conftest import SERVE_ARGS, runs_once, wait_until
+from tests.integration.conftest import SERVE_ARGS, free_port, runs_once, wait_until
 from tests.startup_models import LOAD_ENV
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tests.startup_models:SlowLoadModel"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def importable_models() -> Iterator[None]:
-    """The server's workers import `tests.startup_models` from the repository root."""
-    with pytest.MonkeyPatch.context() as mp:
-        path = [str(ROOT), os.environ.get("PYTHONPATH")]
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, path)))
-        mp.chdir(ROOT)
-        yield
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = pytest.mark.usefixtures("importable_models")
 
 
 @dataclass
@@ -92,7 +76,7 @@ class Starting:
 def starting(*args: str, loads: str) -> Iterator[Starting]:
     """`cadence serve --engine SlowLoadModel ARGS` with worker i loading `loads`'s i-th
     number of seconds; killed, with every process under it, on the way out."""
-    port, http_port = _free_port(), _free_port()
+    port, http_port = free_port(), free_port()
     argv = [
         sys.executable,
         "-m",

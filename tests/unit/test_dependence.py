@@ -11,16 +11,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import msgspec
 import pytest
 
 from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis import diagnose
 from cadence.lab.analysis.diagnosis.reads import Reads
-from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.verdict import RULE_UNEXPLAINED_TAIL, judge
 from cadence.lab.records import RequestRecord
-from cadence.lab.results import BenchResult
+from tests.unit.test_coincidence import as_bench
 
 MS = 1_000_000
 
@@ -135,12 +133,6 @@ def simulate(
             )
         )
     return records
-
-
-def as_bench(records: list[RequestRecord]) -> BenchResult:
-    result = BenchResult(**msgspec.structs.asdict(summarize(records)))
-    result.records = records
-    return result
 
 
 def findings(records: list[RequestRecord]) -> dict[str, dict]:

@@ -18,7 +18,8 @@ CONTRACT = Path(__file__).resolve().parents[1] / "data" / "lab_flags.json"
 COMMANDS = ("bench", "sweep", "capacity")
 
 
-def _command(name: str) -> argparse.ArgumentParser:
+def subcommand(name: str) -> argparse.ArgumentParser:
+    """`cadence NAME`'s parser."""
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices[name]
 
@@ -34,7 +35,7 @@ def _plain(value):
 
 def flags(name: str) -> dict[str, dict]:
     """Each flag of `cadence NAME` by its first option string."""
-    parser = _command(name)
+    parser = subcommand(name)
     exclusive = {
         id(a): sorted(b.option_strings[0] for b in g._group_actions)
         for g in parser._mutually_exclusive_groups

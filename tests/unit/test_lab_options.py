@@ -12,17 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cadence.cli import build_parser
 from cadence.lab import options
 from cadence.lab.sweep import CLIENT_VARIABLES
+from tests.unit.test_lab_flags import subcommand
 
 LAB = Path(options.__file__).parent
 SECURITY = {"--tls", "--tls-ca", "--tls-cert", "--tls-key", "--token-file"}
-
-
-def _command(name: str) -> argparse.ArgumentParser:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices[name]
 
 
 def test_no_flag_is_declared_twice() -> None:
@@ -34,7 +29,7 @@ def test_no_flag_is_declared_twice() -> None:
 @pytest.mark.parametrize("command", options.LAB)
 def test_every_flag_of_a_lab_command_is_a_declared_option(command: str) -> None:
     declared = {o.flag: o for o in options.lab_options(command)}
-    for action in _command(command)._actions:
+    for action in subcommand(command)._actions:
         if isinstance(action, argparse._HelpAction) or set(action.option_strings) <= SECURITY:
             continue
         (flag,) = action.option_strings
@@ -58,6 +53,6 @@ def test_the_lab_command_lines_add_no_flag_of_their_own() -> None:
 def test_the_sweeps_load_variables_are_the_declared_load_options() -> None:
     workload = {o.name for o in options.declared(options.WorkloadOptions)}
     assert set(CLIENT_VARIABLES) <= workload
-    vary = next(a for a in _command("sweep")._actions if a.dest == "vary")
+    vary = next(a for a in subcommand("sweep")._actions if a.dest == "vary")
     for name in [*CLIENT_VARIABLES, *options.SERVER_VARIABLES]:
         assert name in vary.help

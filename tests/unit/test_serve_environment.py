@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cadence.cli import _server_config, build_parser
+from tests.unit.test_lab_flags import subcommand
 
 
 def _serve(monkeypatch, env: dict[str, str], argv: list[str] = ()):
@@ -106,7 +107,7 @@ def test_the_variables_cadence_reads_for_itself_are_not_taken_for_misspelt_flags
         for path in (root / folder).rglob("*.py")
         for name in re.findall(r"[\"'](CADENCE_[A-Z0-9_]+)", path.read_text())
     }
-    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    serve = subcommand("serve")
     flags = {serve.env_name(a) for a in serve._actions if a.option_strings and a.dest != "help"}
     invented_here = {"CADENCE_DRAIN_TIMOUT", "CADENCE_SOMETHING_ELSE", "CADENCE_TARGET"}
     assert named - flags - invented_here <= NOT_FLAGS
