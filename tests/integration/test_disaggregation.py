@@ -86,6 +86,27 @@ def test_cadence_v1_streams_whole_from_the_decode_worker(colocated, disaggregate
     assert _metric(disaggregated, 'cadence_worker_role{role="prefill",worker="0"}') == 1
 
 
+def test_the_lab_splits_the_handoff(disaggregated) -> None:
+    from cadence.lab.bench import Workload, run_bench
+    from cadence.lab.load.plan import RequestShape
+
+    result = run_bench(
+        disaggregated.target,
+        Workload(
+            requests=8,
+            concurrency=4,
+            shape=RequestShape(prompt_tokens=(32, 32), max_tokens=(16, 16)),
+        ),
+    )
+    assert result.requests_ok == 8
+    assert result.integrity.lost_tokens == result.integrity.reordered_chunks == 0
+    handoff = result.handoff_segments_ms
+    assert handoff.requests == 8
+    assert handoff.by_prefill_worker == {"0": 8} and handoff.by_decode_worker == {"1": 8}
+    assert handoff.export.count == handoff.to_decode.count == 8
+    assert handoff.export.min >= 0 and handoff.to_decode.min >= 0
+
+
 def test_short_prompts_skip_the_handoff() -> None:
     with start_server(
         *DISAGGREGATED, "--disaggregate-above", "64", "--step-ms", "5", "--metrics-port", "0"
