@@ -101,7 +101,7 @@ def worker_curves(
                 tokens_per_s=tokens[worker] / span_s,
                 token_share=tokens[worker] / total,
                 itl_ms_p50=percentile(its, 50),
-                busy_share=min(1.0, sum(ms) / 1e3 / span_s),
+                busy_share=_busy_share(ordered, ms),
                 queue_ms_p50=percentile(sorted(queue[worker]), 50),
                 series=[
                     (round((start - t0) / 1e9, 4), round((end - start) / _NS_PER_MS, 3), n)
@@ -110,3 +110,12 @@ def worker_curves(
             )
         )
     return curves
+
+
+def _busy_share(ordered: list[tuple[tuple[int, int], int]], ms: list[float]) -> float:
+    """The worker's steps' time over its own span, from its first step's start to its last
+    step's end: a worker that stepped back to back while it had work is near 1, whatever
+    the run did before it started and after it ended (a prefill pool is done before the
+    decode workers' last streams end)."""
+    first, last = ordered[0][0][0], max(end for (_, end), _ in ordered)
+    return min(1.0, sum(ms) * _NS_PER_MS / (last - first)) if last > first else 1.0

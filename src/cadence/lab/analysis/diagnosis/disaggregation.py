@@ -28,10 +28,11 @@ from cadence.lab.analysis.diagnosis.workers import step_model
 from cadence.lab.results import Finding, WorkerCurve
 
 POOL_BUSY_SHARE = 0.8
-"""A pool is full when its workers' steps covered at least this share of the run (the
-median over its workers): it stepped back to back, and more work queues. A synthetic decode
-worker with a handful of streams covers 0.9 of a run; a prefill worker that a few long
-prompts keep busy now and then, 0.1-0.3."""
+"""A pool is full when its workers' steps covered at least this share of their time (each
+worker's own, from its first step to its last; the median over the pool): it stepped back
+to back, and more work queues. A synthetic decode worker that always holds a stream covers
+0.9-1.0; a prefill worker that long prompts keep busy now and then, 0.1-0.5; one prefill
+worker taking 5 prompts of 1,500 tokens a second (0.1 ms a token), 0.88."""
 
 PREFILL_TTFT_TAIL_SHARE = 0.5
 """The prefill pool holds TTFT back when the first outputs' time on prefill workers (their
@@ -121,17 +122,16 @@ def prefill_pool_bottleneck(facts: RunFacts) -> list[Finding]:
         evidence["handoff_to_decode_p50_ms"] = rounded(to_decode)
     if facts.ttft:
         evidence["ttft_p50_ms"] = rounded(facts.ttft.p50)
-    waits = f", waiting {queue:.0f} ms at the median before their prefill step" if queue else ""
+    waits = f" waiting {queue:.0f} ms at the median before their step" if queue else ""
     return [
         Finding(
             rule=RULE_PREFILL_POOL_BOTTLENECK,
             finding=(
                 f"the prefill pool holds TTFT back: its {len(prefill)} worker(s) stepped "
-                f"{busy:.0%} of the run with {evidence['prefill_sequences_per_step']:g} "
-                f"prompts per step{waits}, and their wait and prefill are "
-                f"{share:.0%} of the first outputs' tail, while the "
-                f"{len(decode)} decode worker(s) took each handed-off state at once "
-                f"(stepping {evidence['decode_busy_share']:.0%} of the run)"
+                f"{busy:.0%} of the time, {evidence['prefill_sequences_per_step']:g} "
+                f"prompt(s) a step, the first outputs made there{waits}, and their wait "
+                f"and prefill are {share:.0%} of the first outputs' tail, while the "
+                f"{len(decode)} decode worker(s) took each handed-off state at once"
             ),
             evidence=evidence,
             look_at=(
@@ -192,7 +192,7 @@ def decode_pool_bottleneck(facts: RunFacts) -> list[Finding]:
             + (f" (the gaps across hand-offs: {share:.0%} of the gaps' tail)" if share else "")
         )
     idle = (
-        f"; the {len(prefill)} prefill worker(s) stepped {evidence['prefill_busy_share']:.0%} of it"
+        f"; the {len(prefill)} prefill worker(s) stepped {evidence['prefill_busy_share']:.0%} of theirs"
         if prefill
         else ""
     )
@@ -201,7 +201,7 @@ def decode_pool_bottleneck(facts: RunFacts) -> list[Finding]:
             rule=RULE_DECODE_POOL_BOTTLENECK,
             finding=(
                 f"the decode pool is full: its {len(decode)} worker(s) stepped {busy:.0%} of "
-                f"the run, " + " and ".join(parts) + idle
+                f"the time, " + " and ".join(parts) + idle
             ),
             evidence=evidence,
             look_at=(
