@@ -295,7 +295,7 @@ def run_record(result: dict) -> dict:
     rules = sorted({f["rule"] for f in findings})
     bad = [t for t in verdict["tails"] if t["state"] == "bad"]
     on_host = verdict["state"] == "healthy" or (
-        not verdict["problems"] and all(HOST_RULE in t["explained_by"] for t in bad)
+        not verdict["problems"] and all(_on_host(t) for t in bad)
     )
     record = {
         "verdict": verdict["state"],
@@ -311,9 +311,20 @@ def run_record(result: dict) -> dict:
     }
     if verdict["state"] != "healthy":
         record["verdict_line"] = verdict["line"]
+        record["bad_tails"] = [
+            {k: t.get(k) for k in ("metric", "explained_by", "unexplained_share")} for t in bad
+        ]
     if findings:
         record["findings"] = {f["rule"]: f["finding"][:300] for f in findings}
     return record
+
+
+def _on_host(tail: dict) -> bool:
+    """A bad tail the verdict puts on the host: `host_contended` among its causes with a
+    share (or one it leaves unsaid), and no quarter of it left unexplained."""
+    share = tail["explained_by"].get(HOST_RULE, 0.0)
+    unexplained = tail.get("unexplained_share")
+    return (share is None or share > 0) and (unexplained is None or unexplained < 0.25)
 
 
 def _ms(value: float | None) -> float | None:
