@@ -18,7 +18,7 @@ from cadence.api.openai.protocol import (
     parse,
 )
 from cadence.core.requests import Chunk
-from cadence.vocabulary import Finish
+from cadence.vocabulary import Finish, Sampling
 
 
 def _parse(body: dict, endpoint: str = COMPLETIONS):
@@ -47,12 +47,9 @@ def test_completion_fields_map_to_the_core_request() -> None:
     assert (
         request.prompt,
         request.max_tokens,
-        request.temperature,
-        request.top_p,
-        request.seed,
-        request.stop_token_ids,
+        request.sampling,
         request.include_timing,
-    ) == ("Hi", 7, 0.5, 0.9, 3, [2], True)
+    ) == ("Hi", 7, Sampling(temperature=0.5, top_p=0.9, seed=3, stop_token_ids=(2,)), True)
     assert wire.stream and wire.include_usage and wire.stops == ["x"]
     assert wire.timeout_s == 2.0 and wire.model == "m"
 

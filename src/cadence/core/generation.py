@@ -256,16 +256,17 @@ class FrontCore:
         refusal = prompt_over_limit(len(prompt), config.max_prompt_tokens)
         if refusal is not None:
             raise InvalidRequest(refusal)
-        if not request.temperature >= 0 or math.isinf(request.temperature):
+        sampling = request.sampling
+        if not sampling.temperature >= 0 or math.isinf(sampling.temperature):
             raise InvalidRequest("sampling.temperature must be a finite number, 0 (greedy) or more")
-        if not 0 <= request.top_p <= 1:
+        if not 0 <= sampling.top_p <= 1:
             raise InvalidRequest("sampling.top_p must be between 0 and 1")
         # Every integer in range here, whatever the protocol: the worker's message holds 64 bits.
-        if not 0 <= request.top_k <= TOP_K_MAX:
+        if not 0 <= sampling.top_k <= TOP_K_MAX:
             raise InvalidRequest(f"sampling.top_k must be from 0 to {TOP_K_MAX}")
-        if not SEED_RANGE[0] <= request.seed <= SEED_RANGE[1]:
+        if not SEED_RANGE[0] <= sampling.seed <= SEED_RANGE[1]:
             raise InvalidRequest(f"sampling.seed must be from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
-        stops = request.stop_token_ids
+        stops = sampling.stop_token_ids
         if stops and (min(stops) < 0 or max(stops) > TOKEN_ID_MAX):
             raise InvalidRequest(f"stop_token_ids must be from 0 to {TOKEN_ID_MAX}")
         if not PRIORITY_RANGE[0] <= request.priority <= PRIORITY_RANGE[1]:
@@ -277,11 +278,7 @@ class FrontCore:
             seq_id,
             prompt,
             request.max_tokens,
-            request.stop_token_ids,
-            request.temperature,
-            request.top_p,
-            request.top_k,
-            request.seed,
+            sampling,
             prompt_text=prompt_text,
             priority=request.priority,
         )

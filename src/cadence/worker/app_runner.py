@@ -109,7 +109,7 @@ class _Seq:
         self.request = request
         self.context = context
         self.max_tokens = request.max_tokens
-        self.stop = frozenset(request.stop_token_ids)
+        self.stop = frozenset(request.sampling.stop_token_ids)
         self.generated = 0
         self.iterator: Iterator[object] | None = None
         """Sync: the function's iterator, once its first piece was asked for."""
@@ -255,11 +255,7 @@ class AppRunner:
             prompt=text or self._decoded(prompt),
             prompt_token_ids=list(prompt),
             max_tokens=add.max_tokens,
-            stop_token_ids=list(add.stop_token_ids),
-            temperature=add.temperature,
-            top_p=add.top_p,
-            top_k=add.top_k,
-            seed=add.seed,
+            sampling=add.sampling,
             device=self._device,
         )
         context = AppContext(self._device, self._worker)

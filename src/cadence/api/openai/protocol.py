@@ -31,7 +31,7 @@ from cadence.core.requests import (
     ChunkTiming,
     Request,
 )
-from cadence.vocabulary import Failure, Finish
+from cadence.vocabulary import Failure, Finish, Sampling
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -90,10 +90,12 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
         raise BadField("n", "n must be 1: this server returns one choice per request")
     request = Request(
         max_tokens=_max_tokens(data, endpoint, default_max_tokens),
-        temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(data, "top_p", 1.0, 0.0, 1.0),
-        seed=_integer(data, "seed", 0, *SEED_RANGE),
-        stop_token_ids=_token_ids(data, "stop_token_ids", required=False),
+        sampling=Sampling(
+            temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
+            top_p=_number(data, "top_p", 1.0, 0.0, 1.0),
+            seed=_integer(data, "seed", 0, *SEED_RANGE),
+            stop_token_ids=tuple(_token_ids(data, "stop_token_ids", required=False)),
+        ),
         include_timing=_boolean(data, "cadence_timing"),
         priority=_integer(data, "priority", 0, *PRIORITY_RANGE),
     )

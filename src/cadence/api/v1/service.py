@@ -23,6 +23,7 @@ from cadence.core.metrics import CADENCE_V1
 from cadence.core.requests import Chunk, Request
 from cadence.core.tracing import trace_context
 from cadence.proto.v1 import inference_pb2 as pb
+from cadence.vocabulary import Sampling
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 
@@ -41,11 +42,13 @@ def to_request(raw: bytes) -> Request:
         prompt=message.prompt,
         prompt_token_ids=list(message.prompt_token_ids),
         max_tokens=message.max_tokens,
-        stop_token_ids=list(message.stop_token_ids),
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        seed=sampling.seed,
+        sampling=Sampling(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop_token_ids=tuple(message.stop_token_ids),
+        ),
         include_timing=message.include_timing,
         priority=message.priority,
     )

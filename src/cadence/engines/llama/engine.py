@@ -261,7 +261,7 @@ class LlamaEngine:
         state = seq.state
         if state is None:
             state = seq.state = _SeqState(
-                Sampler(request, self._seed, self.device), list(seq.prefill_ids)
+                Sampler(seq.sampling, self._seed, self.device), list(seq.prefill_ids)
             )
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
