@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cadence.cli import _server_config, build_parser
-from tests.unit.test_lab_flags import subcommand
+from tests.unit.lab.test_lab_flags import subcommand
 
 
 def _serve(monkeypatch, env: dict[str, str], argv: list[str] = ()):

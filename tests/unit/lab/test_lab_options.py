@@ -14,7 +14,7 @@ import pytest
 
 from cadence.lab import options
 from cadence.lab.sweep import CLIENT_VARIABLES
-from tests.unit.test_lab_flags import subcommand
+from tests.unit.lab.test_lab_flags import subcommand
 
 LAB = Path(options.__file__).parent
 SECURITY = {"--tls", "--tls-ca", "--tls-cert", "--tls-key", "--token-file"}

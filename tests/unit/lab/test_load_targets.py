@@ -19,7 +19,7 @@ from cadence.lab.load.processes import ProcessPlan
 from cadence.lab.load.target import PROTOCOLS, protocol_name
 from cadence.lab.results import Workload
 
-PROTO = str(Path(__file__).resolve().parents[2] / "proto")
+PROTO = str(Path(__file__).resolve().parents[3] / "proto")
 TARGETS = {
     "cadence": CADENCE,
     "kserve": KServeTarget("m"),
@@ -80,7 +80,7 @@ def test_each_target_says_what_the_bench_may_look_up_of_its_server(name: str) ->
 
 def test_no_module_outside_the_registry_branches_on_the_protocol() -> None:
     # The bench's stages ask the target (lab/load/target.py's ServerFacts), never its type.
-    lab = Path(__file__).resolve().parents[2] / "src" / "cadence" / "lab"
+    lab = Path(__file__).resolve().parents[3] / "src" / "cadence" / "lab"
     text = (lab / "bench.py").read_text()
     assert "isinstance(" not in text
     assert not any(f'"{name}"' in text for name in TARGETS)

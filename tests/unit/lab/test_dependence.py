@@ -18,7 +18,7 @@ from cadence.lab.analysis.diagnosis import diagnose
 from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.verdict import RULE_UNEXPLAINED_TAIL, judge
 from cadence.lab.records import RequestRecord
-from tests.unit.test_coincidence import as_bench
+from tests.unit.lab.test_coincidence import as_bench
 
 MS = 1_000_000
 

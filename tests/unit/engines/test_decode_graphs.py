@@ -17,7 +17,7 @@ pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch
 from cadence.engines.llama.decode_graphs import DecodeGraphs
 from cadence.vocabulary import AddRequest
 from tests.llama_models import PROMPTS, hf_greedy, save_model
-from tests.unit.test_llama_engine import N, make_engine, run
+from tests.unit.engines.test_llama_engine import N, make_engine, run
 
 
 @pytest.fixture(scope="module")

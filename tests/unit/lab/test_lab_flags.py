@@ -1,7 +1,7 @@
 """The lab's flags are contracts: `cadence bench`, `sweep` and `capacity` keep every flag, its
 destination, default, constant, choices, nargs and whether it is required, exactly as
 tests/data/lab_flags.json holds them (a flag may be added: then add it there too, with
-`python tests/unit/test_lab_flags.py`, and say why in the commit). A refactor of how the
+`python tests/unit/lab/test_lab_flags.py`, and say why in the commit). A refactor of how the
 options are declared changes none of these."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from cadence.cli import build_parser
 
-CONTRACT = Path(__file__).resolve().parents[1] / "data" / "lab_flags.json"
+CONTRACT = Path(__file__).resolve().parents[2] / "data" / "lab_flags.json"
 COMMANDS = ("bench", "sweep", "capacity")
 
 

@@ -12,7 +12,7 @@ from cadence.core.errors import RequestError
 from cadence.proto.kserve import grpc_service_pb2 as kpb
 from cadence.vocabulary import Failure
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
 
 
 def _table() -> dict[str, tuple[str, str, str]]:

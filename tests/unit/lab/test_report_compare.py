@@ -13,7 +13,7 @@ from cadence.cli import main
 from cadence.lab.report.compare import metric, parse_gate, rows
 from cadence.lab.results import BenchResult
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 BASE = DATA / "bench_result_v0.json"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from cadence.lab.results import BenchResult, Client, SweepResult, to_builtins
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 BENCH_FIXTURES = sorted(p.name for p in DATA.glob("bench_result_*.json"))
 
 

@@ -699,7 +699,7 @@ def test_an_explained_finding_gives_way():
 # -- results written by the lab before the rules were laid out ----------------------------------
 
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 @pytest.mark.parametrize(

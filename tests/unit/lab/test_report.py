@@ -593,7 +593,7 @@ def test_sweep_axes_go_log_over_decades():
     assert not plots.spans_decades([0.0, 100.0])
 
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*_result*.json")))

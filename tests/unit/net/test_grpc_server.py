@@ -52,6 +52,6 @@ def test_a_grpcio_without_those_internals_is_said_in_the_log_and_the_metric(
 def test_grpcio_is_bounded_to_the_minor_version_the_acceptor_is_tested_on() -> None:
     from pathlib import Path
 
-    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    pyproject = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
     assert '"grpcio>=1.85.1,<1.86"' in pyproject
     assert grpc.__version__.startswith("1.85."), "test the acceptor, then move the bound"

@@ -13,7 +13,7 @@ from cadence.lab.load.grpc_service import GrpcCodec, GrpcTarget, RequestTemplate
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.records import RequestRecord
 
-PROTO = str(Path(__file__).resolve().parents[2] / "proto")
+PROTO = str(Path(__file__).resolve().parents[3] / "proto")
 SCHEMA = from_protos(["cadence/v1/inference.proto"], [PROTO], "cadence.v1.Inference/Generate")
 REQUEST, CHUNK = message_classes(SCHEMA)
 PLAN = RequestShape(prompt_tokens=(5, 5), max_tokens=(9, 9)).request(7)

@@ -4,7 +4,7 @@
 
 The pages are Prometheus text as vLLM, SGLang and Triton write it, parsed by
 prometheus_client as a scrape would; the runs' records are built by hand as a load process
-records them (tests/unit/test_client_side_diagnosis.py)."""
+records them (tests/unit/lab/test_client_side_diagnosis.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from cadence.lab.measure.prometheus import (
 from cadence.lab.report.run import render_report
 from cadence.lab.report.summary import scraped_lines
 from cadence.lab.results import BenchResult, ScrapedMetrics, to_builtins
-from tests.unit.test_client_side_diagnosis import MS, burst
+from tests.unit.lab.test_client_side_diagnosis import MS, burst
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
