@@ -652,7 +652,7 @@ def _blocking(during: dict, peaks: dict) -> str:
 
 
 def worker_lines(workers: list[WorkerCurve]) -> list[str]:
-    """One line per worker's output curve (lab/worker_curves.py)."""
+    """One line per worker's output curve (lab/analysis/worker_curves.py)."""
     return [
         f"worker {w.worker}"
         + (f" ({w.device})" if w.device else "")
