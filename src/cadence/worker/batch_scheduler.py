@@ -26,7 +26,8 @@ from typing import cast
 import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
-from cadence.engines.base import Engine, Sequence, StepFailed, StepResult
+from cadence.engines.base import Sequence, StepFailed, StepResult
+from cadence.engines.engine import Engine
 from cadence.engines.output_text import texts_problems
 from cadence.transport.messages import RequestFailed, StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
@@ -60,7 +61,7 @@ class BatchScheduler:
         self._prefilling: dict[int, Sequence] = {}
         """Admitted sequences part of whose prompt is still to prefill, oldest first."""
         self._budget = budget
-        self._chunks = bool(getattr(engine, "takes_prefill_chunks", False))
+        self._chunks = engine.takes_prefill_chunks
         """The engine prefills part of a prompt per step; without, a budget only limits the
         whole prompts a step admits."""
         self._paused: set[int] = set()
@@ -68,27 +69,22 @@ class BatchScheduler:
         running ones; a paused sequence that was preempted stays paused while it waits, is
         admitted again (its re-prefill gives one output) and is then skipped like the others."""
         self._steps = 0
-        # Optional engine capabilities (see cadence.engines.base.Engine).
-        self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
-        self._tokenizer = getattr(engine, "tokenizer", None)
-        self._kv_cache_usage: Callable[[], float] = getattr(engine, "kv_cache_usage", lambda: 0.0)
-        self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
-            engine, "text_piece_ids", None
-        )
+        # The engine's optional members, at their defaults where it has none
+        # (cadence.engines.engine.Engine).
+        self._reserve = engine.reserve
+        self._tokenizer = engine.tokenizer
+        self._kv_cache_usage = engine.kv_cache_usage
+        self._text_piece_ids = engine.text_piece_ids
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
-        self._step_errors: list[tuple[Sequence, Failure, str]] | None = getattr(
-            engine, "step_errors", None
-        )
+        self._step_errors = engine.step_errors
         """Filled by the engine's step with the sequences that failed alone (a user's model)."""
-        self._tokenizer_name = getattr(engine, "tokenizer_name", "the model's tokenizer")
+        self._tokenizer_name = engine.tokenizer_name
         self._streams_with = getattr(self._tokenizer, "streams_with", "stream")
         """The tokenizer's method that a sequence's decoder calls (named when it raises)."""
         self.failed: list[RequestFailed] = []
         """Sequences the last step lost alone (a user tokenizer's fault), to send after its
         output; the worker loop empties it."""
-        self._preempt: Callable[[Sequence], list[int]] | None = (
-            getattr(engine, "preempt", None) if preempt else None
-        )
+        self._preempt = engine.preempt if preempt else None
         self._max_prompt_tokens = max_prompt_tokens
         """--max-prompt-tokens for the prompts this worker tokenizes (the front checks its own)."""
         self._report_cached = report_cached
@@ -112,10 +108,10 @@ class BatchScheduler:
             )
             if refusal is not None:
                 return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, refusal)
-        problem = self._engine.check(request)
+        seq = Sequence(request)
+        problem = self._engine.check(seq)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
-        seq = Sequence(request)
         seq.arrival = next(self._arrivals)
         heapq.heappush(self._waiting, (request.priority, seq.arrival, seq))
         return None
@@ -348,8 +344,7 @@ class BatchScheduler:
         room, ask again. `occupied`: the batch's sequences, this step's `admitted` included."""
         if occupied >= self._max_batch:
             return None if self._make_room(seq, admitted) else False
-        reserve = self._reserve
-        if reserve is not None and not reserve(seq):
+        if not self._reserve(seq):
             # A refusal with sequences admitted already may be the step's prefill limit,
             # which no preemption lifts; the first one's is the KV cache's.
             return None if not admitted and self._make_room(seq, admitted) else False

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import msgspec
 
 from cadence.config import EngineConfig, WorkerSpec
-from cadence.engines.base import Engine, EngineLoadError, Follower
+from cadence.engines.base import EngineLoadError, Follower
+from cadence.engines.engine import Engine
 from cadence.heap import settle_heap
 from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
@@ -120,10 +121,10 @@ def run_worker(spec: WorkerSpec) -> None:
     scheduler = BatchScheduler(
         engine,
         spec.index,
-        getattr(engine, "max_batch", spec.engine.max_batch),
+        min(engine.max_batch or spec.engine.max_batch, spec.engine.max_batch),
         budget,
         preempt=spec.engine.preempt,
-        report_cached=spec.engine.prefix_caching,
+        report_cached=bool(spec.engine.prefix_caching),  # (a bool once the config is built)
         max_prompt_tokens=spec.max_prompt_tokens,
     )
     settle_heap()
@@ -134,8 +135,8 @@ def run_worker(spec: WorkerSpec) -> None:
             engine.name,
             load_ms=(warmup_start - load_start) * 1e3,
             warmup_ms=(ready - warmup_start) * 1e3,
-            first_step_ms=getattr(engine, "first_step_ms", 0.0),
-            warm_step_ms=getattr(engine, "warm_step_ms", 0.0),
+            first_step_ms=engine.first_step_ms,
+            warm_step_ms=engine.warm_step_ms,
             boot_id=boot_id(),
         )
     )
@@ -191,9 +192,7 @@ def run_worker(spec: WorkerSpec) -> None:
         if heartbeat is not None:
             heartbeat.stop()
         channel.close()
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        engine.close()
 
 
 def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:
@@ -209,7 +208,7 @@ def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:
         log.propagate = False
     chunks = (
         "in chunks"
-        if getattr(engine, "takes_prefill_chunks", False)
+        if engine.takes_prefill_chunks
         else ("whole (this engine takes no prefill chunks)")
     )
     log.info("worker %d: %s; prompts prefilled %s", worker, budget.describe(), chunks)
