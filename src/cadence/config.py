@@ -126,13 +126,12 @@ def _seconds_or_never(text: str) -> float | None:
         raise ValueError(f"invalid float value: {text!r}") from None
 
 
-PREFIX_CACHING_BY_DEFAULT: tuple[str, ...] = ()
-"""The engines whose prefix caching is on unless --no-prefix-caching. Meant for those with a
-prefix cache of their own (torch; the synthetic engine's is a model of it, asked for by
---prefix-caching, so that a lab run's modelled timing does not change under it), once its
-cost where no prompt shares a prefix is within 2% of tokens/s: on this project's CPU host it
-is above that (benchmarks/prefix_caching_cost.py, results/prefix_caching_cost.json,
-docs/models.md), so none for now."""
+PREFIX_CACHING_BY_DEFAULT: tuple[str, ...] = ("torch",)
+"""The engines whose prefix caching is on unless --no-prefix-caching: those with a prefix
+cache of their own, its cost where no prompt shares a prefix measured within 2% of tokens/s
+(benchmarks/prefix_caching_cost.py, results/prefix_caching_cost.json, docs/models.md). The
+synthetic engine's is a model of the torch engine's, asked for by --prefix-caching, so that a
+lab run's modelled timing does not change under it."""
 
 
 def _prefix_caching_default(_: object) -> str:
