@@ -420,6 +420,8 @@ def test_a_misspelled_member_is_named_with_what_it_was_meant_to_be() -> None:
         "max_batch",
         "tokenizer",
         "takes_prefill_chunks",
+        "export_state",
+        "import_state",
     }
 
 

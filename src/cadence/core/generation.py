@@ -25,6 +25,7 @@ import msgspec
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
+from cadence.core.handoff import HandOffs
 from cadence.core.intake_lull import IntakeLull
 from cadence.core.metrics import FrontMetrics, ProtocolMetrics
 from cadence.core.requests import (
@@ -90,6 +91,21 @@ class FrontCore:
         self.refusal: str | None = "the server is starting; retry shortly"
         """Why new requests are refused (start-up, drain), or None while serving."""
         self._lull = IntakeLull()
+        self.handoffs: HandOffs | None = None
+        """Disaggregated serving (`--prefill-devices`): the sequences between a prefill and a
+        decode worker; None: every request runs where it starts."""
+        if config.disaggregated:
+            prefill = len(config.prefill_devices)
+            self.handoffs = HandOffs(
+                links,
+                router,
+                self.streams,
+                range(prefill),
+                range(prefill, len(config.devices)),
+                config.handoff_window,
+            )
+            self.handoffs.on_handoff = metrics.handoffs.inc
+            metrics.watch_handoffs(config.roles, self.handoffs.waiting, self.handoffs.in_flight)
         self.tracer: RequestTracer | None = None
         """Exports a span per finished request (`--otlp-traces-endpoint`), or None."""
 
@@ -132,6 +148,7 @@ class FrontCore:
         the request's `gen_ai.operation.name` in traces (`text_completion` or `chat`).
         """
         self._lull.opened += 1
+        config = self._config
         try:
             if self.refusal is not None:
                 raise RequestError(Failure.UNAVAILABLE, self.refusal)
@@ -159,10 +176,17 @@ class FrontCore:
             try:
                 router = self._router
                 prefixes = router.prefixes
+                pool = None
+                handoffs = self.handoffs
+                if handoffs is not None:
+                    length = len(add.prompt_token_ids) or len(add.prompt_text)
+                    long = length > config.disaggregate_above
+                    pool = handoffs.prefill if long else handoffs.decode
                 worker = router.pick(
                     None
                     if prefixes is None
-                    else prompt_hashes(add.prompt_token_ids, add.prompt_text, prefixes.capacity)
+                    else prompt_hashes(add.prompt_token_ids, add.prompt_text, prefixes.capacity),
+                    pool,
                 )
             except NoWorkerAvailable:
                 self._gate.leave()
@@ -173,7 +197,6 @@ class FrontCore:
             self.refused(exc.failure, protocol)
             raise
 
-        config = self._config
         link = self._links[worker]
         stream = RequestStream(
             add.seq_id,
@@ -201,6 +224,8 @@ class FrontCore:
                 "the request's deadline passed before generation finished",
             )
         self._router.assign(worker, add.max_tokens)
+        if pool is not None and handoffs is not None and pool is handoffs.prefill:
+            handoffs.expect(add.seq_id, frame, add.max_tokens)
         link.add(frame)
         return Generation(
             self,
@@ -297,6 +322,8 @@ class FrontCore:
         worker = stream.worker
         self._router.release(worker, generation.max_tokens)
         self._gate.leave()
+        if self.handoffs is not None:
+            self.handoffs.ended(stream.seq_id, worker)
         if stream.finish in (Finish.NONE, Finish.CANCELLED):
             # Cancelled, past its deadline, failed or drained: the worker drops it at its
             # next step.
@@ -312,6 +339,8 @@ class FrontCore:
 
     def fail_worker(self, worker: int, message: str) -> None:
         """Worker `worker` stopped: end its streams at once (the others go on)."""
+        if self.handoffs is not None:
+            self.handoffs.worker_down(worker)
         for stream in list(self.streams.values()):
             if stream.worker == worker:
                 stream.fail(Failure.UNAVAILABLE, message)

@@ -64,6 +64,11 @@ class ChunkTiming(msgspec.Struct, kw_only=True, gc=False):
     """The front read that step's message."""
     send_ns: int = 0
     """The chunk was handed to the protocol adapter."""
+    prefill_worker: int = -1
+    """Disaggregated serving: the worker that prefilled the request, once it was handed off
+    to `worker` (-1: not handed off)."""
+    handoff_ns: int = 0
+    """When the front got the request's state from its prefill worker (0: not handed off)."""
 
 
 class Chunk(msgspec.Struct, array_like=True, gc=False):

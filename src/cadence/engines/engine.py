@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from cadence.engines.base import Sequence, StepResult
-from cadence.engines.model_api import Model
+from cadence.engines.model_api import Model, member
 from cadence.vocabulary import Failure
 
 
@@ -63,6 +63,9 @@ class Engine(Model):
     - `first_step_ms`, `warm_step_ms`: the warm-up's first and last step times, reported with
       the worker's readiness. Default 0: not measured.
     - `close()`: tensor-parallel groups stop their ranks here.
+    - `export_state(seq)`, `import_state(seq, data)`: as `cadence.Model`'s (disaggregated
+      serving); `hands_off_state()` says whether the engine has them: by default, whether
+      its class defines both (a `ModelEngine`: whether the user's model does).
     """
 
     name: str
@@ -87,8 +90,12 @@ class Engine(Model):
     def kv_cache_usage(self) -> float:
         return 0.0
 
+    def hands_off_state(self) -> bool:
+        return member(self, "export_state") is not None and member(self, "import_state") is not None
+
     OWN: ClassVar[tuple[str, ...]] = (
         "start",
+        "hands_off_state",
         "preempt",
         "text_piece_ids",
         "step_errors",

@@ -169,6 +169,12 @@ class ModelEngine(Engine):
             self._step, self._release, self._reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
             self._step_name = "generate_stream"
+        export, load = member(model, "export_state"), member(model, "import_state")
+        self._hand_off: (
+            tuple[Callable[[Sequence], bytes], Callable[[Sequence, bytes], bool]] | None
+        ) = (export, load) if callable(export) and callable(load) and self.group is None else None
+        """Disaggregated serving: the model's export_state and import_state (not across a
+        tensor-parallel group), or None."""
         tokenizer = member(model, "tokenizer")
         try:
             self.tokenizer = text_streams(tokenizer)
@@ -248,6 +254,17 @@ class ModelEngine(Engine):
 
     def reserve(self, seq: Sequence) -> bool:
         return self._reserve is None or self._reserve(seq)
+
+    def hands_off_state(self) -> bool:
+        return self._hand_off is not None
+
+    def export_state(self, seq: Sequence) -> bytes:
+        assert self._hand_off is not None  # the worker checked hands_off_state at start-up
+        return self._hand_off[0](seq)
+
+    def import_state(self, seq: Sequence, data: bytes) -> bool:
+        assert self._hand_off is not None  # as above
+        return self._hand_off[1](seq, data)
 
     def release(self, seq: Sequence) -> None:
         if self.group is not None:

@@ -20,6 +20,7 @@ import heapq
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import cast
 
@@ -29,7 +30,7 @@ from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Sequence, StepFailed, StepResult
 from cadence.engines.engine import Engine
 from cadence.engines.output_text import texts_problems
-from cadence.transport.messages import RequestFailed, StepOutput
+from cadence.transport.messages import RequestFailed, StateExport, StateImport, StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
 from cadence.worker.step_budget import StepBudget
 
@@ -50,6 +51,7 @@ class BatchScheduler:
         preempt: bool = False,
         report_cached: bool = False,
         max_prompt_tokens: int | None = None,
+        role: str = "",
     ) -> None:
         self._engine = engine
         self._worker = worker
@@ -90,9 +92,47 @@ class BatchScheduler:
         self._report_cached = report_cached
         """Send each sequence's `cached_tokens` with its first token (--prefix-caching)."""
         self.preemptions = 0
+        self._hands_off = role == "prefill"
+        """A prefill worker: each sequence leaves after its first token, as its state."""
+        self._imports: deque[tuple[Sequence, bytes]] = deque()
+        """Decode worker: sequences handed over with their states, taken into the batch in
+        arrival order as it has room (`_admit_imports`)."""
+        self._finished_prefill: list[tuple[Sequence, int | str | None]] = []
+        """Prefill worker: the sequences of the last step that gave their first output and
+        go on, with that output, to hand off (`export_states`)."""
 
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
+        seq = self._checked(request)
+        if isinstance(seq, RequestFailed):
+            return seq
+        seq.arrival = next(self._arrivals)
+        heapq.heappush(self._waiting, (seq.request.priority, seq.arrival, seq))
+        return None
+
+    def add_import(self, handed: StateImport) -> RequestFailed | None:
+        """Queue a sequence another worker prefilled (disaggregated serving), to decode from
+        its next output once the batch has room; or say why the engine cannot run it."""
+        seq = self._checked(handed.request)
+        if isinstance(seq, RequestFailed):
+            return seq
+        seq.arrival = next(self._arrivals)
+        seq.generated = handed.generated
+        seq.prefilled = seq.prefill_to = len(seq.prefill_ids)
+        tokenizer = self._tokenizer
+        if tokenizer is not None:
+            try:
+                seq.detokenize = tokenizer.stream(seq.prompt_token_ids)
+                for token in handed.tokens:  # their text went out from the prefill worker
+                    seq.detokenize(token, False)
+            except Exception as exc:
+                return self._lost(seq.seq_id, "stream", exc, "the prompt")
+        self._imports.append((seq, handed.state))
+        return None
+
+    def _checked(self, request: AddRequest) -> Sequence | RequestFailed:
+        """The request's sequence, its prompt tokenized where the front sent text, or why
+        the engine cannot run it."""
         if request.prompt_text and not request.prompt_token_ids:
             # The front sent text: tokenize it with the model's own tokenizer (bytes if none).
             tokenizer = self._tokenizer or _BYTES
@@ -112,9 +152,7 @@ class BatchScheduler:
         problem = self._engine.check(seq)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
-        seq.arrival = next(self._arrivals)
-        heapq.heappush(self._waiting, (request.priority, seq.arrival, seq))
-        return None
+        return seq
 
     def abort(self, seq_ids: list[int]) -> None:
         """Drop sequences now, so none of them is in the next step."""
@@ -127,10 +165,18 @@ class BatchScheduler:
             gone = set(seq_ids)
             self._waiting = [e for e in self._waiting if e[2].seq_id not in gone]
             heapq.heapify(self._waiting)
+        if seq_ids and self._imports:
+            gone = set(seq_ids)
+            self._imports = deque(e for e in self._imports if e[0].seq_id not in gone)
 
     def seq_ids(self) -> list[int]:
         """Every sequence the scheduler holds, running or waiting."""
-        return [*self._running, *self._prefilling, *(e[2].seq_id for e in self._waiting)]
+        return [
+            *self._running,
+            *self._prefilling,
+            *(e[2].seq_id for e in self._waiting),
+            *(e[0].seq_id for e in self._imports),
+        ]
 
     def pause(self, seq_ids: list[int]) -> None:
         """Skip these sequences at each step (they keep their place and engine state). One
@@ -141,6 +187,7 @@ class BatchScheduler:
                 seq_id in running
                 or seq_id in prefilling
                 or any(e[2].seq_id == seq_id for e in self._waiting)
+                or any(e[0].seq_id == seq_id for e in self._imports)
             ):
                 self._paused.add(seq_id)
 
@@ -151,7 +198,10 @@ class BatchScheduler:
     def has_work(self) -> bool:
         """Something to step: waiting sequences, or running ones that are not all paused."""
         return (
-            bool(self._waiting) or bool(self._prefilling) or len(self._running) > len(self._paused)
+            bool(self._waiting)
+            or bool(self._prefilling)
+            or bool(self._imports)
+            or len(self._running) > len(self._paused)
         )
 
     def step(self) -> StepOutput | list[RequestFailed] | None:
@@ -166,6 +216,7 @@ class BatchScheduler:
         """
         paused = self._paused
         budget = self._budget
+        imported = self._admit_imports() if self._imports else []
         if budget is None:
             prefill = self._admit_whole()
         else:
@@ -223,6 +274,13 @@ class BatchScheduler:
             lost = {f.seq_id for f in self.failed}
             kept = [i for i, seq in enumerate(stepped) if seq.seq_id not in lost]
             stepped, tokens = [stepped[i] for i in kept], [tokens[i] for i in kept]
+        if self._hands_off:
+            # The prefill part of `stepped` comes first: those whose prompt ended this step.
+            self._finished_prefill = [
+                (seq, out)
+                for seq, out in zip(stepped, tokens)
+                if seq.generated == 0 and seq.prefilled == len(seq.prefill_ids)
+            ]
         piece_ids = self._text_piece_ids
         if piece_ids is not None:
             seq_ids, tokens, counts = self._retire_pieces(
@@ -249,6 +307,7 @@ class BatchScheduler:
                 self._kv_cache_usage(),
                 cached,
                 bool(counts),
+                imported,
             )
         ids = cast("list[int]", tokens)  # no text_piece_ids: token ids alone (base.StepResult)
         for seq, token in zip(stepped, ids):
@@ -282,7 +341,61 @@ class BatchScheduler:
             prompt_lens=prompt_lens,
             kv_cache_usage=self._kv_cache_usage(),
             cached_tokens=cached,
+            imported=imported,
         )
+
+    def _admit_imports(self) -> list[int]:
+        """Decode worker: take handed-over sequences into the batch, oldest first, while it
+        has room (--max-batch) and the engine takes their state (`import_state`: False when
+        its cache has no room yet); the rest wait, and so does the front's queue behind them."""
+        imports, running = self._imports, self._running
+        load = self._engine.import_state  # an engine that has it (checked at start-up)
+        taken: list[int] = []
+        while imports and len(running) + len(self._prefilling) < self._max_batch:
+            seq, state = imports[0]
+            if not load(seq, state):
+                break
+            imports.popleft()
+            running[seq.seq_id] = seq
+            taken.append(seq.seq_id)
+        return taken
+
+    def export_states(self) -> list[StateExport | RequestFailed]:
+        """Prefill worker, after the step's output went out: each sequence that gave its first
+        output in it and goes on leaves this worker as its state (`export_state`), its engine
+        room freed; a sequence whose export raised fails alone."""
+        found, self._finished_prefill = self._finished_prefill, []
+        sent: list[StateExport | RequestFailed] = []
+        export = self._engine.export_state  # an engine that has it (checked at start-up)
+        for seq, out in found:
+            if self._running.pop(seq.seq_id, None) is None:
+                continue  # finished by its first output, or failed
+            self._paused.discard(seq.seq_id)
+            try:
+                state = export(seq)
+            except Exception as exc:
+                log.error("export_state raised on request %d", seq.seq_id, exc_info=exc)
+                sent.append(
+                    RequestFailed(
+                        seq.seq_id,
+                        Failure.INTERNAL,
+                        f"the engine's export_state raised {type(exc).__name__}: {exc}",
+                    )
+                )
+            else:
+                tokens = [out] if type(out) is int else []
+                sent.append(
+                    StateExport(
+                        self._worker,
+                        seq.seq_id,
+                        seq.generated,
+                        tokens,
+                        state,
+                        time.monotonic_ns(),
+                    )
+                )
+            self._engine.release(seq)
+        return sent
 
     def _admit_whole(self) -> list[Sequence]:
         """No budget: admit waiting sequences up to max_batch, each prompt whole in this step."""

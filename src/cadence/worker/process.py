@@ -109,6 +109,12 @@ def run_worker(spec: WorkerSpec) -> None:
             )
         engine.follow()
         return
+    if spec.role and not engine.hands_off_state():
+        sys.exit(
+            f"cadence worker {spec.index} (rank {spec.rank}): {engine.name} cannot be served "
+            "disaggregated (--prefill-devices, --decode-devices): it has no export_state and "
+            "import_state (docs/models.md)"
+        )
     warmup_start = time.perf_counter()
     engine.start()
     ready = time.perf_counter()
@@ -126,6 +132,7 @@ def run_worker(spec: WorkerSpec) -> None:
         preempt=spec.engine.preempt,
         report_cached=bool(spec.engine.prefix_caching),  # (a bool once the config is built)
         max_prompt_tokens=spec.max_prompt_tokens,
+        role=spec.role,
     )
     settle_heap()
     channel.send(
@@ -161,6 +168,10 @@ def run_worker(spec: WorkerSpec) -> None:
                     failure = scheduler.add(request)
                     if failure is not None:
                         channel.send(failure)
+                for handed in message.imports:
+                    failure = scheduler.add_import(handed)
+                    if failure is not None:
+                        channel.send(failure)
                 if message.aborts:
                     scheduler.abort(message.aborts)
                 if message.pauses:
@@ -184,6 +195,9 @@ def run_worker(spec: WorkerSpec) -> None:
             elif output is not None:
                 health.stepped()
                 channel.send(output)
+                if spec.role == "prefill":  # after the first tokens: they go out at once
+                    for state in scheduler.export_states():
+                        channel.send(state)
             if scheduler.failed:  # sequences the step lost alone (their tokenizer's fault)
                 for failure in scheduler.failed:
                     channel.send(failure)
