@@ -134,3 +134,10 @@ def test_prefix_caching_asked_for_an_app_is_refused_and_python_turns_it_off() ->
     served, _ = configure("json:dumps", {})
     assert served.engine.prefix_caching is False
     assert EngineConfig(name="torch", prefix_caching=False).prefix_caching is False
+
+
+def test_counts_read_as_plain_english() -> None:
+    with pytest.raises(ValueError, match=r"1 worker, got 2 values"):
+        ServerConfig(engine=EngineConfig(step_ms_by_worker=(1.0, 2.0)))
+    with pytest.raises(ValueError, match=r"2 workers, got 1 value$"):
+        ServerConfig(devices=["cpu", "cpu"], engine=EngineConfig(step_ms_by_worker=(1.0,)))
