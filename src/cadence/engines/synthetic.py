@@ -117,8 +117,7 @@ class SyntheticEngine(Engine):
         for seq in prefill:
             duration += self._prefill_s * (seq.prefill_to - seq.prefilled)
             if seq.state is None:
-                req = seq.request
-                key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
+                key = bytes(seq.prompt_token_ids) + f"|{seq.sampling.seed}".encode()
                 starts = self._word_starts
                 k = bisect_left(starts, zlib.crc32(key, self._config.seed) % size)
                 seq.state = starts[k % len(starts)]

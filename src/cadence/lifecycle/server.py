@@ -134,8 +134,9 @@ class CadenceServer:
             config.model_name, core.requests_waiting, core.requests_running, reader.kv_cache_usage
         )
         channel.start_reading(loop, reader.handle)
-        v1 = InferenceService(core, layout.metadata())
-        kserve = KServeService(core, config.model_name, self._serving)
+        native = self._grpc_app is not None
+        v1 = InferenceService(core, layout.metadata(), native=native)
+        kserve = KServeService(core, config.model_name, self._serving, native=native)
         self._http = self._http_server(core) if config.http_port is not None else None
 
         # 4. Metrics: the endpoint, and grpc.aio's failed sends counted instead of logged.

@@ -299,7 +299,7 @@ class LlamaEngine(Engine):
         state = seq.state
         if state is None:
             state = seq.state = _SeqState(
-                Sampler(request, self._seed, self.device), list(seq.prefill_ids)
+                Sampler(seq.sampling, self._seed, self.device), list(seq.prefill_ids)
             )
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
@@ -455,7 +455,7 @@ class LlamaEngine(Engine):
         for layer in range(len(cache.keys)):
             cache.keys[layer][slots] = keys[layer]
             cache.values[layer][slots] = values[layer]
-        sampler = Sampler(request, self._seed, self.device)
+        sampler = Sampler(seq.sampling, self._seed, self.device)
         if moved.generator and sampler.generator is not None:
             sampler.generator.set_state(
                 torch.frombuffer(bytearray(moved.generator), dtype=torch.uint8)
