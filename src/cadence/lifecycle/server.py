@@ -39,6 +39,7 @@ from cadence.router.worker_router import router_for
 from cadence.transport.front_channel import FrontChannel
 from cadence.transport.messages import StepsFailing, WorkerReady
 from cadence.vocabulary import Failure
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.server")
 
@@ -195,10 +196,10 @@ class CadenceServer:
             layout.write_ready_file(self.metrics_port)
         else:
             log.info(
-                "serving on %s:%d with %d worker(s) on %s",
+                "serving on %s:%d with %s on %s",
                 config.host,
                 self.port,
-                n,
+                counted(n, "worker"),
                 config.devices,
             )
             if self.http_port is not None:
@@ -520,8 +521,8 @@ async def run_until_signalled(server: CadenceServer, on_started=None) -> None:
             on_started(server, port)
         await stop.wait()
         log.info(
-            "stopping: %d stream(s) open, drain timeout %.1f s",
-            server.core.active,
+            "stopping: %s open, drain timeout %.1f s",
+            counted(server.core.active, "stream"),
             server.config.drain_timeout_s,
         )
     finally:

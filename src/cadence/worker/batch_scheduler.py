@@ -31,7 +31,8 @@ from typing import NamedTuple, cast
 import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
-from cadence.engines.base import Engine, Sequence, StepFailed, StepResult
+from cadence.engines.base import Sequence, StepFailed, StepResult
+from cadence.engines.engine import Engine
 from cadence.engines.output_text import texts_problems
 from cadence.transport.messages import RequestFailed, StateExport, StateImport, StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
@@ -87,7 +88,7 @@ class BatchScheduler:
         self._prefilling: dict[int, Sequence] = {}
         """Admitted sequences part of whose prompt is still to prefill, oldest first."""
         self._budget = budget
-        self._chunks = bool(getattr(engine, "takes_prefill_chunks", False))
+        self._chunks = engine.takes_prefill_chunks
         """The engine prefills part of a prompt per step; without, a budget only limits the
         whole prompts a step admits."""
         self._paused: set[int] = set()
@@ -95,27 +96,22 @@ class BatchScheduler:
         running ones; a paused sequence that was preempted stays paused while it waits, is
         admitted again (its re-prefill gives one output) and is then skipped like the others."""
         self._steps = 0
-        # Optional engine capabilities (see cadence.engines.base.Engine).
-        self._reserve: Callable[[Sequence], bool] | None = getattr(engine, "reserve", None)
-        self._tokenizer = getattr(engine, "tokenizer", None)
-        self._kv_cache_usage: Callable[[], float] = getattr(engine, "kv_cache_usage", lambda: 0.0)
-        self._text_piece_ids: Callable[[str], list[int]] | None = getattr(
-            engine, "text_piece_ids", None
-        )
+        # The engine's optional members, at their defaults where it has none
+        # (cadence.engines.engine.Engine).
+        self._reserve = engine.reserve
+        self._tokenizer = engine.tokenizer
+        self._kv_cache_usage = engine.kv_cache_usage
+        self._text_piece_ids = engine.text_piece_ids
         """Set for an engine whose outputs may be text pieces or None (a user's model)."""
-        self._step_errors: list[tuple[Sequence, Failure, str]] | None = getattr(
-            engine, "step_errors", None
-        )
+        self._step_errors = engine.step_errors
         """Filled by the engine's step with the sequences that failed alone (a user's model)."""
-        self._tokenizer_name = getattr(engine, "tokenizer_name", "the model's tokenizer")
+        self._tokenizer_name = engine.tokenizer_name
         self._streams_with = getattr(self._tokenizer, "streams_with", "stream")
         """The tokenizer's method that a sequence's decoder calls (named when it raises)."""
         self.failed: list[RequestFailed] = []
         """Sequences the last step lost alone (a user tokenizer's fault), to send after its
         output; the worker loop empties it."""
-        self._preempt: Callable[[Sequence], list[int]] | None = (
-            getattr(engine, "preempt", None) if preempt else None
-        )
+        self._preempt = engine.preempt if preempt else None
         self._max_prompt_tokens = max_prompt_tokens
         """--max-prompt-tokens for the prompts this worker tokenizes (the front checks its own)."""
         self._report_cached = report_cached
@@ -132,28 +128,26 @@ class BatchScheduler:
 
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
-        checked = self._checked(request)
-        if isinstance(checked, RequestFailed):
-            return checked
-        seq = Sequence(checked)
+        seq = self._checked(request)
+        if isinstance(seq, RequestFailed):
+            return seq
         seq.arrival = next(self._arrivals)
-        heapq.heappush(self._waiting, (checked.priority, seq.arrival, seq))
+        heapq.heappush(self._waiting, (seq.request.priority, seq.arrival, seq))
         return None
 
     def add_import(self, handed: StateImport) -> RequestFailed | None:
         """Queue a sequence another worker prefilled (disaggregated serving), to decode from
         its next output once the batch has room; or say why the engine cannot run it."""
-        checked = self._checked(handed.request)
-        if isinstance(checked, RequestFailed):
-            return checked
-        seq = Sequence(checked)
+        seq = self._checked(handed.request)
+        if isinstance(seq, RequestFailed):
+            return seq
         seq.arrival = next(self._arrivals)
         seq.generated = handed.generated
         seq.prefilled = seq.prefill_to = len(seq.prefill_ids)
         tokenizer = self._tokenizer
         if tokenizer is not None:
             try:
-                seq.detokenize = tokenizer.stream(checked.prompt_token_ids)
+                seq.detokenize = tokenizer.stream(seq.prompt_token_ids)
                 for token in handed.tokens:  # their text went out from the prefill worker
                     seq.detokenize(token, False)
             except Exception as exc:
@@ -161,9 +155,9 @@ class BatchScheduler:
         self._imports.append((seq, handed.state))
         return None
 
-    def _checked(self, request: AddRequest) -> AddRequest | RequestFailed:
-        """The request with its prompt tokenized where the front sent text, or why the
-        engine cannot run it."""
+    def _checked(self, request: AddRequest) -> Sequence | RequestFailed:
+        """The request's sequence, its prompt tokenized where the front sent text, or why
+        the engine cannot run it."""
         if request.prompt_text and not request.prompt_token_ids:
             # The front sent text: tokenize it with the model's own tokenizer (bytes if none).
             tokenizer = self._tokenizer or _BYTES
@@ -179,10 +173,11 @@ class BatchScheduler:
             )
             if refusal is not None:
                 return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, refusal)
-        problem = self._engine.check(request)
+        seq = Sequence(request)
+        problem = self._engine.check(seq)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
-        return request
+        return seq
 
     def abort(self, seq_ids: list[int]) -> None:
         """Drop sequences now, so none of them is in the next step."""
@@ -433,7 +428,7 @@ class BatchScheduler:
         has room (--max-batch) and the engine takes their state (`import_state`: False when
         its cache has no room yet); the rest wait, and so does the front's queue behind them."""
         imports, running = self._imports, self._running
-        load = self._engine.import_state  # type: ignore[attr-defined]  # checked at start-up
+        load = self._engine.import_state  # an engine that has it (checked at start-up)
         taken: list[int] = []
         while imports and len(running) + len(self._prefilling) < self._max_batch:
             seq, state = imports[0]
@@ -450,7 +445,7 @@ class BatchScheduler:
         room freed; a sequence whose export raised fails alone."""
         found, self._finished_prefill = self._finished_prefill, []
         sent: list[StateExport | RequestFailed] = []
-        export = self._engine.export_state  # type: ignore[attr-defined]  # checked at start-up
+        export = self._engine.export_state  # an engine that has it (checked at start-up)
         for seq, out in found:
             if self._running.pop(seq.seq_id, None) is None:
                 continue  # finished by its first output, or failed
@@ -541,8 +536,7 @@ class BatchScheduler:
         room, ask again. `occupied`: the batch's sequences, this step's `admitted` included."""
         if occupied >= self._max_batch:
             return None if self._make_room(seq, admitted) else False
-        reserve = self._reserve
-        if reserve is not None and not reserve(seq):
+        if not self._reserve(seq):
             # A refusal with sequences admitted already may be the step's prefill limit,
             # which no preemption lifts; the first one's is the KV cache's.
             return None if not admitted and self._make_room(seq, admitted) else False

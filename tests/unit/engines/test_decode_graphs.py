@@ -14,6 +14,7 @@ import pytest
 pytestmark = [pytest.mark.torch]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
+from cadence.engines.base import Sequence
 from cadence.engines.llama.decode_graphs import DecodeGraphs
 from cadence.vocabulary import AddRequest
 from tests.llama_models import PROMPTS, hf_greedy, save_model
@@ -74,7 +75,7 @@ def test_the_scratch_block_is_out_of_the_cache_capacity(model_dir):
     DecodeGraphs(engine.model, engine.cache, max_batch=4, capture=False)
     assert engine.cache.capacity_tokens == capacity - engine.cache.block_size
     assert engine.cache.free_tokens == engine.cache.capacity_tokens
-    assert "--kv-cache-tokens" in engine.check(AddRequest(0, [5] * 40, 10))
+    assert "--kv-cache-tokens" in engine.check(Sequence(AddRequest(0, [5] * 40, 10)))
 
 
 def test_steps_that_do_not_fit_a_bucket_run_eagerly(model_dir, prompt_ids):

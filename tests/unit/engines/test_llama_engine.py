@@ -11,6 +11,7 @@ pytestmark = [pytest.mark.torch]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
 from cadence.config import EngineConfig
+from cadence.engines.base import Sequence
 from cadence.engines.llama.engine import LlamaEngine
 from cadence.transport.messages import StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, Sampling
@@ -178,10 +179,10 @@ def test_admission_waits_for_cache_and_never_overfills_it(model_dir, prompt_ids,
 
 def test_check_refuses_requests_that_cannot_run_with_the_reason(model_dir):
     engine = make_engine(model_dir, kv_cache_tokens=64)
-    assert engine.check(AddRequest(0, [5, 6], 10)) is None
-    assert "context of 256" in engine.check(AddRequest(0, [5] * 250, 10))
-    assert "--kv-cache-tokens" in engine.check(AddRequest(0, [5] * 60, 10))
-    assert "must be in [0, " in engine.check(AddRequest(0, [5, 100_000], 10))
+    assert engine.check(Sequence(AddRequest(0, [5, 6], 10))) is None
+    assert "context of 256" in engine.check(Sequence(AddRequest(0, [5] * 250, 10)))
+    assert "--kv-cache-tokens" in engine.check(Sequence(AddRequest(0, [5] * 60, 10)))
+    assert "must be in [0, " in engine.check(Sequence(AddRequest(0, [5, 100_000], 10)))
     scheduler = BatchScheduler(engine, 0, 8)
     failure = scheduler.add(AddRequest(9, [5] * 250, 10))
     assert failure is not None and failure.failure == Failure.INVALID_ARGUMENT

@@ -433,12 +433,35 @@ def test_a_misspelled_member_is_named_with_what_it_was_meant_to_be() -> None:
     }
 
 
+def test_cadences_own_engines_are_models_with_every_member_declared() -> None:
+    from cadence.engines.engine import Engine
+    from cadence.engines.llama.engine import LlamaEngine
+    from cadence.engines.model_api import MEMBERS, member, misspelled_members
+    from cadence.engines.synthetic import SyntheticEngine
+    from cadence.engines.transformers_model import TransformersModel
+    from tests.batched_models import DeclaredModel
+
+    for cls in (SyntheticEngine, LlamaEngine, ModelEngine, TransformersModel):
+        assert issubclass(cls, cadence.Model), cls
+        assert misspelled_members(cls) == [], cls
+    for cls in (SyntheticEngine, LlamaEngine, ModelEngine):
+        assert issubclass(cls, Engine), cls
+    # Each member with its default, in one docstring: Model's (a user's model), Engine's.
+    model_doc, engine_doc = cadence.Model.__doc__ or "", Engine.__doc__ or ""
+    for name in MEMBERS:
+        assert f"``{name}" in model_doc, name
+    for name in (*cadence.Model.OPTIONAL, *Engine.OWN):
+        assert hasattr(Engine, name) and f"`{name}" in engine_doc, name
+    with pytest.raises(AssertionError, match="not declared"):
+        member(DeclaredModel("cpu"), "kv_cache_usage")
+
+
 def test_models_defaults_are_the_same_as_no_member() -> None:
     model_engine = engine("DeclaredModel")
     assert isinstance(model_engine.model, cadence.Model)
     assert isinstance(model_engine.model, cadence.StepModel)
     assert model_engine._check is None and model_engine._release is None
-    assert not hasattr(model_engine, "reserve") and model_engine.tokenizer is not None
+    assert model_engine._reserve is None and model_engine.tokenizer is not None
     assert not model_engine.takes_prefill_chunks
     s = BatchScheduler(model_engine, worker=0, max_batch=8)
     assert s.add(text_request(1, "abc", max_tokens=5)) is None

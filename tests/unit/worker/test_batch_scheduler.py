@@ -274,8 +274,8 @@ def test_out_of_range_prompt_ids_are_rejected(bad: int):
 
 def test_in_range_prompt_ids_are_accepted():
     e = engine()
-    assert e.check(req(1, prompt=[0, 255])) is None
-    assert e.check(req(1, prompt=[])) is None
+    assert e.check(Sequence(req(1, prompt=[0, 255]))) is None
+    assert e.check(Sequence(req(1, prompt=[]))) is None
 
 
 # -- determinism ----------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from cadence.lab.results import (
     Verdict,
     WorkerCurve,
 )
+from cadence.wording import counted
 
 PIPED_WIDTH = 10_000
 """Piped output is read by scripts and pasted: no line is wrapped (a number split across two
@@ -679,7 +680,7 @@ def startup_lines(startup: list[dict]) -> list[str]:
         )
         if w["restarts"]:
             line += (
-                f"; {w['restarts']:.0f} restart(s), {w['restarts_during_run']:.0f} during "
+                f"; {counted(int(w['restarts']), 'restart')}, {w['restarts_during_run']:.0f} during "
                 "the run (the values are of the last start)"
             )
         lines.append(line)
