@@ -26,7 +26,7 @@ With `--capacity`, each setup also gets `cadence capacity`'s search (the largest
 runs meet the SLO, `cadence.lab.capacity.search`), which takes about ten runs a setup.
 
     flock /tmp/cadence-bench.lock python benchmarks/disaggregation.py \\
-        [--duration 30] [--rates 3,6,9] [--sweep 0,64,256,1024,2048] [--capacity] \\
+        [--duration 30] [--rates 3,6,9] [--sweep 0,64,256,512,1024,2048] [--capacity] \\
         [--out results/disaggregation.json]
 """
 
@@ -210,7 +210,7 @@ def main() -> None:
     parser.add_argument(
         "--sweep",
         type=lambda t: [int(v) for v in t.split(",") if v],
-        default=[0, 64, 256, 1024, 2048],
+        default=[0, 64, 256, 512, 1024, 2048],
         help="--disaggregate-above values for the sweep ('' for none)",
     )
     parser.add_argument("--slo", action="append", default=None, help="e.g. ttft_p99_ms=1000")
