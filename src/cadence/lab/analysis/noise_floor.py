@@ -27,8 +27,11 @@ from typing import TypeGuard
 
 import msgspec
 
-from cadence.lab.analysis.diagnosis.signatures import HOPS
 from cadence.lab.results import BenchResult, Distribution
+
+HOPS = 3
+"""A token's way wakes three threads, each of which the host may wake late: the engine's step,
+the front's loop, the client's read."""
 
 TIMER_RESOLUTION_MS = 1.0
 """An event loop's timer ends up to this late: asyncio waits in epoll's whole milliseconds."""

@@ -15,7 +15,8 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SLOW_WORKER,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.analysis.diagnosis.signatures import HOPS, HostDelays, SlowSteps
+from cadence.lab.analysis.diagnosis.signatures import HostDelays, SlowSteps
+from cadence.lab.analysis.noise_floor import HOPS
 from cadence.lab.analysis.tail_bound import itl_tail_within_bound
 from cadence.lab.results import Distribution, Finding
 

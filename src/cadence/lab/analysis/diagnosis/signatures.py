@@ -37,6 +37,7 @@ from cadence.lab.analysis.diagnosis.reads import (
     Reads,
     StreamReads,
 )
+from cadence.lab.analysis.noise_floor import HOPS
 from cadence.lab.analysis.timeline import BURST_CHAIN_MS, MIN_BURST
 from cadence.lab.percentile import percentile
 from cadence.lab.results import BenchResult
@@ -723,10 +724,6 @@ class BurstSpread(Signature):
 
 
 # -- the host's own delays: other work filled the host's cores ------------------------------
-
-HOPS = 3
-"""A token's way wakes three threads, each of which the host may wake late: the engine's step,
-the front's loop, the client's read."""
 
 
 class HostDelays(Signature):
