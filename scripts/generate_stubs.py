@@ -5,7 +5,7 @@
   Inference Protocol, KServe v2 / Triton)
 
 The stubs are committed so a fresh clone works without grpcio-tools;
-tests/unit/test_stubs.py regenerates them and fails when they drift from the protos.
+tests/unit/proto/test_stubs.py regenerates them and fails when they drift from the protos.
 
     python scripts/generate_stubs.py [SRC_DIR]   # default: src
 """

@@ -84,9 +84,13 @@ class _CommandParser(argparse.ArgumentParser):
             if action.nargs == 0:  # a switch: given (true) or not (false)
                 if text.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
                     self.error(f"${name}: expected true or false, got {text!r}")
-                if text.lower() not in ("1", "true", "yes", "on"):
+                on = text.lower() in ("1", "true", "yes", "on")
+                if isinstance(action, _OnOrOff):  # false turns it off, not leaves the default
+                    value = on
+                elif not on:
                     continue
-                value = action.const
+                else:
+                    value = action.const
             else:
                 try:
                     value = self._get_value(action, text)
@@ -207,6 +211,9 @@ def _flag(option) -> dict:
         "default": argparse.SUPPRESS,
         "help": _help(declared.help, _shown(option)).replace("%", "%%"),
     }
+    if option.both_ways:
+        flag["action"] = _OnOrOff
+        return flag
     if option.kind is bool:
         flag["action"] = "store_false" if option.default else "store_true"
         return flag
@@ -218,6 +225,17 @@ def _flag(option) -> dict:
     flag["choices"] = option.choices
     flag["metavar"] = declared.metavar
     return flag
+
+
+class _OnOrOff(argparse.Action):
+    """`--flag` sets True, `--no-flag` False (a switch whose default depends on other options:
+    config.ServeOption.both_ways)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
 
 
 def _help(text: str, default: str) -> str:

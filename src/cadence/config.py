@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from cadence.wording import counted
+
 GENERAL = ""
 """The section of the help that lists the options with no section of their own."""
 ENGINE = "the engine (what generates the tokens)"
@@ -122,6 +124,19 @@ def _seconds_or_never(text: str) -> float | None:
         return float(text) or None
     except ValueError:
         raise ValueError(f"invalid float value: {text!r}") from None
+
+
+PREFIX_CACHING_BY_DEFAULT: tuple[str, ...] = ("torch",)
+"""The engines whose prefix caching is on unless --no-prefix-caching: those with a prefix
+cache of their own, its cost where no prompt shares a prefix measured within 2% of tokens/s
+(benchmarks/prefix_caching_cost.py, results/prefix_caching_cost.json, docs/models.md). The
+synthetic engine's is a model of the torch engine's, asked for by --prefix-caching, so that a
+lab run's modelled timing does not change under it."""
+
+
+def _prefix_caching_default(_: object) -> str:
+    engines = " and ".join(PREFIX_CACHING_BY_DEFAULT)
+    return f"on with the {engines} engine, off otherwise" if engines else "off"
 
 
 Role = Literal["", "prefill", "decode"]
@@ -304,17 +319,20 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ),
     ] = 0.0
     prefix_caching: Annotated[
-        bool,
+        bool | None,
         Option(
             "keep finished sequences' KV blocks for later requests that start the same way "
             "(torch; the synthetic engine models it), and route a request to the worker that "
-            "holds its longest prefix (--routing)",
+            "holds its longest prefix (--routing); --no-prefix-caching turns it off "
+            "(default: {default})",
             ENGINE,
+            show=_prefix_caching_default,
         ),
-    ] = False
+    ] = None
     """Torch: full KV blocks keyed by the chained hash of their tokens, shared read-only,
     evicted LRU (cadence.engines.llama.kv_cache); synthetic: a remembered prefix costs no
-    prefill time."""
+    prefill time. None (not given): on for the engines in PREFIX_CACHING_BY_DEFAULT, a bool
+    once the config is built."""
     preempt: Annotated[
         bool,
         Option(
@@ -336,6 +354,12 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         """A text prompt goes as its UTF-8 bytes (the front counts and checks them) and as
         text too, for an app function with its own tokenizer to encode (the app engine)."""
         return self.name == "app"
+
+    def __post_init__(self) -> None:
+        if self.prefix_caching is None:  # not given: on where the engine has a prefix cache
+            msgspec.structs.force_setattr(
+                self, "prefix_caching", self.name in PREFIX_CACHING_BY_DEFAULT
+            )
 
 
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -814,7 +838,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if by_worker and len(by_worker) != len(self.devices):
             problems.append(
                 f"step_ms_by_worker needs one step (>= 0 ms) per worker: "
-                f"{len(self.devices)} workers, got {len(by_worker)} value(s)"
+                f"{counted(len(self.devices), 'worker')}, got {counted(len(by_worker), 'value')}"
             )
         if self.engine.name == "app" and not self.engine.app:
             problems.append("the app engine needs a function: --app MODULE:FUNCTION")
@@ -1030,7 +1054,15 @@ class ServeOption:
     @property
     def flags(self) -> tuple[str, ...]:
         first = self.option.flag or "--" + self.name.removesuffix("_s").replace("_", "-")
+        if self.both_ways:
+            return (first, "--no-" + first.removeprefix("--"), *self.option.aliases)
         return (first, *self.option.aliases)
+
+    @property
+    def both_ways(self) -> bool:
+        """A switch whose default depends on other options (`bool | None`, None until the
+        config is built): `--flag` turns it on, `--no-flag` off."""
+        return self.kind == bool | None
 
     @property
     def choices(self) -> tuple | None:

@@ -63,7 +63,7 @@ def test_synthetic_text_starts_at_a_word(server) -> None:
 
 def test_a_bench_of_cadence_does_not_offer_py_spy(capsys) -> None:
     from cadence.lab.report import summary
-    from tests.unit.test_foreign_server_rules import threads_result
+    from tests.unit.lab.test_foreign_server_rules import threads_result
 
     # As where the lab extra was absent on the bench's host (the result records it).
     result = threads_result(

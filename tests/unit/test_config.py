@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from cadence import config
-from cadence.config import ServerConfig, parse_devices
+from cadence.config import EngineConfig, ServerConfig, parse_devices
 
 
 @pytest.mark.parametrize(
@@ -95,3 +96,48 @@ def test_cli_defaults_are_the_configs_own() -> None:
     from cadence.cli import _server_config, build_parser
 
     assert _server_config(build_parser().parse_args(["serve"])) == ServerConfig()
+
+
+@pytest.mark.parametrize(
+    ("argv", "on"),
+    [
+        # Not given: on for the engines of PREFIX_CACHING_BY_DEFAULT (none while its cost is
+        # above 2%: docs/models.md, "Prefix caching").
+        (["--engine", "torch", "--model", "tiny"], "torch" in config.PREFIX_CACHING_BY_DEFAULT),
+        (["--engine", "torch", "--model", "tiny", "--no-prefix-caching"], False),
+        (["--engine", "torch", "--model", "tiny", "--prefix-caching"], True),  # the old flag
+        ([], False),  # synthetic: its model of the torch engine's cache, when asked for
+        (["--prefix-caching"], True),
+        (["--engine", "mod:Model"], False),  # a model class: no cache cadence knows of
+        (["--app", "json:dumps"], False),
+        (["--engine", "transformers", "--model", "some/folder"], False),
+    ],
+)
+def test_prefix_caching_is_on_where_the_engine_has_a_prefix_cache(argv: list, on: bool) -> None:
+    from cadence.cli import _server_config, build_parser
+
+    config = _server_config(build_parser().parse_args(["serve", *argv]))
+    assert config.engine.prefix_caching is on
+    assert config.engine == msgspec.json.decode(
+        msgspec.json.encode(config.engine), type=EngineConfig
+    )  # as a worker receives it
+
+
+def test_prefix_caching_asked_for_an_app_is_refused_and_python_turns_it_off() -> None:
+    from cadence.serving import configure
+
+    with pytest.raises(ValueError, match="--prefix-caching and --preempt need a step engine"):
+        ServerConfig(engine=EngineConfig(name="app", app="json:dumps", prefix_caching=True))
+    assert EngineConfig(name="torch").prefix_caching is (
+        "torch" in config.PREFIX_CACHING_BY_DEFAULT
+    )
+    served, _ = configure("json:dumps", {})
+    assert served.engine.prefix_caching is False
+    assert EngineConfig(name="torch", prefix_caching=False).prefix_caching is False
+
+
+def test_counts_read_as_plain_english() -> None:
+    with pytest.raises(ValueError, match=r"1 worker, got 2 values"):
+        ServerConfig(engine=EngineConfig(step_ms_by_worker=(1.0, 2.0)))
+    with pytest.raises(ValueError, match=r"2 workers, got 1 value$"):
+        ServerConfig(devices=["cpu", "cpu"], engine=EngineConfig(step_ms_by_worker=(1.0,)))

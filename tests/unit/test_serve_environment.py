@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cadence.cli import _server_config, build_parser
-from tests.unit.test_lab_flags import subcommand
+from cadence.config import PREFIX_CACHING_BY_DEFAULT
+from tests.unit.lab.test_lab_flags import subcommand
 
 
 def _serve(monkeypatch, env: dict[str, str], argv: list[str] = ()):
@@ -113,3 +114,17 @@ def test_the_variables_cadence_reads_for_itself_are_not_taken_for_misspelt_flags
     assert named - flags - invented_here <= NOT_FLAGS
     _serve(monkeypatch, dict.fromkeys(NOT_FLAGS, "1"))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "on"),
+    [
+        ({}, [], "torch" in PREFIX_CACHING_BY_DEFAULT),  # not given
+        ({"CADENCE_PREFIX_CACHING": "false"}, [], False),  # false turns it off
+        ({"CADENCE_PREFIX_CACHING": "false"}, ["--prefix-caching"], True),
+        ({"CADENCE_PREFIX_CACHING": "true"}, ["--no-prefix-caching"], False),
+    ],
+)
+def test_a_switch_both_ways_is_set_by_true_and_by_false(monkeypatch, env, argv, on) -> None:
+    config = _serve(monkeypatch, env, ["--engine", "torch", "--model", "tiny", *argv])
+    assert config.engine.prefix_caching is on

@@ -1,7 +1,7 @@
 """The one error map: every `Failure` to its gRPC status (cadence.v1, and any call status),
 to the Open Inference Protocol's in-band error, and to the OpenAI-compatible HTTP API's
 status and error body. docs/architecture.md's table of failures
-is this map; tests/unit/test_error_map.py holds the two together.
+is this map; tests/unit/api/test_error_map.py holds the two together.
 """
 
 from __future__ import annotations

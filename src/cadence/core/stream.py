@@ -125,9 +125,10 @@ class RequestStream:
         self.task: asyncio.Task | None = None
         """The task serving this stream's call (cancelled when its client stalls)."""
         self.end_call: Callable[[Failure, str], Awaitable[None]] | None = None
-        """Set by an adapter whose call, once its task is cancelled, must still be ended with
-        a status (grpc.aio ends a cancelled handler's call with none, so a client that reads
-        again would wait for its deadline): the stall sweep awaits it after the cancel."""
+        """`FrontCore.open`'s `end_call`, from an adapter whose call, once its task is
+        cancelled, must still be ended with a status (grpc.aio ends a cancelled handler's call
+        with none, so a client that reads again would wait for its deadline): the stall
+        sweep awaits it after the cancel."""
         self.sending_since_ns = 0
         """When the chunk being written was handed to the adapter; 0 when no write is pending."""
         self._tokens: list[int] = []

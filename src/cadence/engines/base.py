@@ -1,4 +1,5 @@
-"""What the worker's batching loop needs from an engine, and the sequence it steps.
+"""The sequence a worker's engine steps, and how a step or a sequence fails
+(cadence.engines.engine.Engine is what the batching loop steps).
 
 `Sequence` is public (`cadence.Sequence`): a user's batched model (`--engine MODULE:CLASS`,
 see cadence.engines.user_model and docs/models.md) is handed the same objects as the
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from cadence.vocabulary import AddRequest
+from cadence.vocabulary import AddRequest, Sampling
 
 
 class Sequence:
@@ -37,8 +38,9 @@ class Sequence:
         """The server's number for this request (unique within a server run)."""
         self.request = request
         """The worker's message that started the sequence (every field below comes from it)."""
-        self.stop_token_ids = frozenset(request.stop_token_ids)
-        """Token ids that end the sequence (finish STOP) once the model outputs one."""
+        self.stop_token_ids = frozenset(request.sampling.stop_token_ids)
+        """Token ids that end the sequence (finish STOP) once the model outputs one: the
+        request's (`sampling.stop_token_ids`), and those an engine adds (its model's EOS)."""
         self.generated = 0
         """Outputs given so far: 0 while the sequence is in `prefill`."""
         self.prefill_ids = request.prompt_token_ids
@@ -77,21 +79,32 @@ class Sequence:
         return self.request.max_tokens
 
     @property
+    def sampling(self) -> Sampling:
+        """The request's generation parameters (temperature, top_p, top_k, seed, stop token
+        ids), as the client sent them."""
+        return self.request.sampling
+
+    # The sampling parameters one by one, as user models have read them: `sampling`'s.
+
+    @property
     def temperature(self) -> float:
-        """Sampling temperature; 0 asks for greedy decoding."""
-        return self.request.temperature
+        """Sampling temperature; 0 asks for greedy decoding (`sampling.temperature`)."""
+        return self.request.sampling.temperature
 
     @property
     def top_p(self) -> float:
-        return self.request.top_p
+        """`sampling.top_p`."""
+        return self.request.sampling.top_p
 
     @property
     def top_k(self) -> int:
-        return self.request.top_k
+        """`sampling.top_k`."""
+        return self.request.sampling.top_k
 
     @property
     def seed(self) -> int:
-        return self.request.seed
+        """`sampling.seed`."""
+        return self.request.sampling.seed
 
     def __repr__(self) -> str:
         return (
@@ -135,64 +148,6 @@ class EngineLoadError(Exception):
 StepResult = list[int] | list[int | str | None]
 """What `Engine.step` gives: one token id per sequence; an engine with `text_piece_ids` (a
 user's model) may also give a text piece (`str`) or None (done) in a sequence's place."""
-
-
-class Engine(Protocol):
-    """A model that steps a batch of sequences; it never sees sockets or clocks of the server.
-
-    Optional, looked up by the batching loop when present:
-    - `reserve(seq) -> bool`: claim what the sequence needs (KV cache) just before it is
-      admitted; False keeps it waiting until running sequences release theirs. An engine
-      with a prefix cache sets `seq.prefilled` to the leading tokens of `seq.prefill_ids`
-      it holds already (a whole block's worth each, never the last token).
-    - `preempt(seq) -> list[int]`: drop what a running (or part-prefilled) sequence holds
-      so that another can run; return the tokens to prefill when it is admitted again (its
-      prompt and its outputs so far), from which it goes on as if never stopped.
-    - `tokenizer`: an object with `encode(text) -> list[int]` and `stream(prompt_ids) ->
-      Callable[[int, bool], str]`; when not None the worker tokenizes text prompts and sends each
-      token's text piece (a model with its own vocabulary). Absent or None: byte tokens.
-      Without `decode(ids) -> str` too, a prompt sent as token ids has no text: user models
-      and apps refuse it (cadence.engines.detokenizer.prompt_decoder).
-    - `text_piece_ids(text) -> list[int]`: an engine whose step may also return a `str` (a
-      piece of text) or None (the sequence is done) for a sequence, instead of a token id,
-      gives a piece's token ids with it; it needs a `tokenizer` too. StepFailed from it
-      fails that one sequence. Such an engine's tokenizer is the user's: whatever its
-      `encode`, `stream` (and the decoders it returns) raise, and text they give that
-      cadence.engines.output_text finds fault with, fails that request alone.
-    - `tokenizer_name`: how messages name the tokenizer (e.g. `MyModel.tokenizer`).
-    - `step_errors`: a list that `step` fills with (sequence, Failure, message) for each
-      sequence of the step that failed alone (a user's model gave a `SequenceError`, another
-      exception or a bad output in its place); the batching loop ends those sequences with
-      their failure, ignores their outputs, and empties the list.
-    - `max_batch`: sequences per step at most, when below the server's --max-batch.
-    - `takes_prefill_chunks`: True when `step` can prefill part of a prompt: a sequence in
-      `prefill` then stands for its chunk `prompt_token_ids[seq.prefilled:seq.prefill_to]`,
-      to append to what the engine holds for it; its output is ignored (no token) until the
-      chunk that ends the prompt. Only with a step budget (cadence.worker.step_budget).
-    - `kv_cache_usage() -> float`: the share of its KV cache that sequences hold after a
-      step, 0 to 1 (exported as `vllm:kv_cache_usage_perc`); absent: 0, no cache to fill.
-    - `close()`: called once when the worker stops (tensor-parallel groups stop their ranks).
-    """
-
-    name: str
-    vocab_size: int
-
-    def start(self) -> None:
-        """Load weights and warm up; the worker reports ready after this returns."""
-
-    def check(self, request: AddRequest) -> str | None:
-        """Return why `request` cannot run on this engine (a message for the user), or None."""
-
-    def step(self, prefill: list[Sequence], decode: list[Sequence]) -> StepResult:
-        """Run one step: prefill the new sequences, decode the others; one new token each
-        (or, with `text_piece_ids`, a text piece or None).
-
-        Returns the tokens in the order `prefill + decode`. Raises StepFailed when only this
-        step's sequences are lost.
-        """
-
-    def release(self, seq: Sequence) -> None:
-        """Free what the engine holds for a sequence that finished or was aborted."""
 
 
 @runtime_checkable

@@ -83,8 +83,9 @@ class Model:
 
     - ``max_batch``: sequences per step at most, when below ``--max-batch``. Default: None.
     - ``tokenizer``: ``encode(text) -> list[int]`` and ``decode(ids) -> str`` (a Hugging Face
-      tokenizer works as it is; ``stream(prompt_ids)`` if it decodes incrementally itself).
-      Default None: prompts and int outputs are UTF-8 bytes.
+      tokenizer works as it is; ``stream(prompt_ids)`` if it decodes incrementally itself);
+      its ``vocab_size`` (or ``get_vocab_size()``), where it has one, bounds prompt and
+      output ids. Default None: prompts and int outputs are UTF-8 bytes.
     - ``takes_prefill_chunks``: True to be given long prompts in chunks under a step budget
       (``--max-step-tokens``, ``--itl-target-ms``). Default False.
 
@@ -138,6 +139,8 @@ MEMBERS = ("step", "generate_stream", *Model.OPTIONAL)
 def member(model: object, name: str) -> Any:
     """The model's `name` (one of MEMBERS), or None where it has none or keeps `Model`'s
     default (a default is the same as no member: nothing to call)."""
+    # Every name cadence looks up on a model is declared (and documented) in Model first.
+    assert name in MEMBERS, f"{name} is not declared in cadence.Model"
     value = getattr(model, name, None)
     if value is None or not isinstance(model, Model):
         return value

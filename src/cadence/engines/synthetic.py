@@ -23,8 +23,8 @@ from bisect import bisect_left
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
+from cadence.engines.engine import Engine
 from cadence.prefix_hash import BLOCK, BlockLRU, block_hashes
-from cadence.vocabulary import AddRequest
 
 _WORDS = (
     "the a stream token card batch step model latency queue buffer client server worker "
@@ -65,7 +65,7 @@ def _place(seq: Sequence) -> int:
     return place
 
 
-class SyntheticEngine:
+class SyntheticEngine(Engine):
     """Steps take modelled time; see EngineConfig for the knobs."""
 
     name = "synthetic"
@@ -96,12 +96,9 @@ class SyntheticEngine:
         self._handoff_s_per_token = config.handoff_bytes_per_token / (gbps * 1e9) if gbps else 0.0
         """Disaggregated serving: what moving one prompt token's state costs (export_state)."""
 
-    def start(self) -> None:
-        """Nothing to load."""
-
-    def check(self, request: AddRequest) -> str | None:
+    def check(self, seq: Sequence) -> str | None:
         """Every prompt of byte tokens is acceptable."""
-        bad = [t for t in request.prompt_token_ids if not 0 <= t < self.vocab_size]
+        bad = [t for t in seq.prompt_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             return f"prompt_token_ids must be in [0, {self.vocab_size}); got {bad[0]}"
         return None
@@ -120,8 +117,7 @@ class SyntheticEngine:
         for seq in prefill:
             duration += self._prefill_s * (seq.prefill_to - seq.prefilled)
             if seq.state is None:
-                req = seq.request
-                key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
+                key = bytes(seq.prompt_token_ids) + f"|{seq.sampling.seed}".encode()
                 starts = self._word_starts
                 k = bisect_left(starts, zlib.crc32(key, self._config.seed) % size)
                 seq.state = starts[k % len(starts)]

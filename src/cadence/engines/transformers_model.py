@@ -27,7 +27,9 @@ import torch
 
 from cadence.engines.base import Sequence
 from cadence.engines.llama.sampling import Sampler, sample
+from cadence.engines.model_api import Model
 from cadence.engines.transformers_rows import Rows, new_cache, unsupported_layers, zero_padding
+from cadence.wording import counted
 
 TRANSFORMERS_MODEL = "cadence.engines.transformers_model:TransformersModel"
 """What `--engine transformers` serves (as `--engine MODULE:CLASS`)."""
@@ -60,8 +62,9 @@ def _state(seq: Sequence) -> _SeqState:
     return state
 
 
-class TransformersModel:
-    """A transformers causal LM stepped as a batch (see the module docstring)."""
+class TransformersModel(Model):
+    """A transformers causal LM stepped as a batch (see the module docstring): a `cadence.Model`
+    with `step`, `check`, `release` and a `tokenizer` (the folder's)."""
 
     def __init__(self, device: str, *, model: str = "", dtype: str = "auto") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,7 +111,10 @@ class TransformersModel:
         if n == 0:
             return "the prompt is empty; the model needs at least one token"
         if self.context and n >= self.context:
-            return f"the prompt has {n} tokens; the model's context is {self.context}"
+            return (
+                f"the prompt has {counted(n, 'token')}; the model's context is "
+                f"{counted(self.context, 'token')}"
+            )
         return None
 
     @torch.inference_mode()
@@ -165,7 +171,7 @@ class TransformersModel:
         for row, (seq, n) in enumerate(zip(prefill, lengths)):
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
-            seq.state = _SeqState(Sampler(seq.request, 0, self.device), cache, row, n)
+            seq.state = _SeqState(Sampler(seq.sampling, 0, self.device), cache, row, n)
         return out.logits[:, -1]
 
     def _decode(self, decode: list[Sequence]) -> torch.Tensor:

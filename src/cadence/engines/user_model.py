@@ -30,9 +30,10 @@ from cadence.config import EngineConfig
 from cadence.engines.app import load_app
 from cadence.engines.base import EngineLoadError, Sequence, SequenceError, StepFailed
 from cadence.engines.detokenizer import piece_encoder, prompt_decoder, text_streams
+from cadence.engines.engine import Engine
 from cadence.engines.model_api import member, misspelled_members
 from cadence.engines.output_text import MAX_OUTPUT_TOKENS, ids_problem, text_problem
-from cadence.vocabulary import AddRequest, Failure
+from cadence.vocabulary import Failure
 from cadence.wording import counted
 
 log = logging.getLogger("cadence.model")
@@ -91,8 +92,8 @@ def construct(cls: type, device: str, offered: dict[str, object]) -> object:
         ) from None
 
 
-class ModelEngine:
-    """A user's model object behind the `Engine` protocol (see the module docstring)."""
+class ModelEngine(Engine):
+    """A user's model object as an `Engine` (see the module docstring)."""
 
     def __init__(
         self,
@@ -130,10 +131,12 @@ class ModelEngine:
                 log.warning("cadence: %s", line)
         self._release = member(model, "release")
         self._check = member(model, "check")
+        self._reserve: Callable[[Sequence], bool] | None = None
+        """The model's `reserve`, or the batch-generator shape's; None: always room."""
         own_max = member(model, "max_batch")
         self.max_batch = min(config.max_batch, int(own_max)) if own_max else config.max_batch
         self.step_errors: list[tuple[Sequence, Failure, str]] = []
-        """Sequences of the last step that failed alone (see cadence.engines.base.Engine)."""
+        """Sequences of the last step that failed alone (see cadence.engines.engine.Engine)."""
         self._arrived: Callable[[], None] | None = None
         """The batch-generator shape: told of each accepted request (it gathers batches)."""
         self.takes_prefill_chunks = False
@@ -151,7 +154,7 @@ class ModelEngine:
             )
             reserve = member(model, "reserve")
             if callable(reserve):
-                self.reserve = reserve
+                self._reserve = reserve
         else:
             from cadence.engines.batch_generator import BatchGenerator
 
@@ -163,13 +166,15 @@ class ModelEngine:
                 config.batch_timeout_ms / 1e3,
                 self._release,
             )
-            self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
+            self._step, self._release, self._reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
             self._step_name = "generate_stream"
         export, load = member(model, "export_state"), member(model, "import_state")
-        if callable(export) and callable(load) and self.group is None:
-            # Disaggregated serving: looked up by the worker (cadence.worker.process).
-            self.export_state, self.import_state = export, load
+        self._hand_off: (
+            tuple[Callable[[Sequence], bytes], Callable[[Sequence, bytes], bool]] | None
+        ) = (export, load) if callable(export) and callable(load) and self.group is None else None
+        """Disaggregated serving: the model's export_state and import_state (not across a
+        tensor-parallel group), or None."""
         tokenizer = member(model, "tokenizer")
         try:
             self.tokenizer = text_streams(tokenizer)
@@ -196,11 +201,9 @@ class ModelEngine:
             )
         return ids
 
-    def start(self) -> None:
-        """The constructor loaded the model."""
-
-    def check(self, request: AddRequest) -> str | None:
+    def check(self, seq: Sequence) -> str | None:
         """Prompt ids within the vocabulary, then the model's own `check(seq)` if it has one."""
+        request = seq.request
         prompt = request.prompt_token_ids
         vocab = self.vocab_size
         if vocab and prompt and not (0 <= min(prompt) and max(prompt) < vocab):
@@ -211,13 +214,12 @@ class ModelEngine:
                 f"{self.tokenizer_name} has no decode(ids), so this model cannot read a "
                 "prompt sent as token ids; send the prompt as text"
             )
-        problem = None if self._check is None else self._checked_by_model(request)
+        problem = None if self._check is None else self._checked_by_model(seq)
         if problem is None and self._arrived is not None:
             self._arrived()
         return problem
 
-    def _checked_by_model(self, request: AddRequest) -> str | None:
-        seq = Sequence(request)
+    def _checked_by_model(self, seq: Sequence) -> str | None:
         try:
             self._prepare([seq])
         except Exception as exc:
@@ -249,6 +251,20 @@ class ModelEngine:
             log.error("%s raised", name, exc_info=exc)
             raise StepFailed(f"{name} raised {type(exc).__name__}: {exc}") from None
         return self._checked(outputs, prefill, decode)
+
+    def reserve(self, seq: Sequence) -> bool:
+        return self._reserve is None or self._reserve(seq)
+
+    def hands_off_state(self) -> bool:
+        return self._hand_off is not None
+
+    def export_state(self, seq: Sequence) -> bytes:
+        assert self._hand_off is not None  # the worker checked hands_off_state at start-up
+        return self._hand_off[0](seq)
+
+    def import_state(self, seq: Sequence, data: bytes) -> bool:
+        assert self._hand_off is not None  # as above
+        return self._hand_off[1](seq, data)
 
     def release(self, seq: Sequence) -> None:
         if self.group is not None:

@@ -5,4 +5,4 @@ processes), `measure/` (what is read from the server and the host while a run la
 HTML report, plots) and `servers/` (the servers the lab starts). The stages run one way, load ->
 measure -> analysis -> report, over what they share below them: `records.py` (the raw
 per-request records), `results.py` (the typed results and their JSON keys), `percentile.py`
-and `scraped_keys.py` (tests/unit/test_lab_layers.py)."""
+and `scraped_keys.py` (tests/unit/lab/test_lab_layers.py)."""

@@ -165,7 +165,7 @@ def run_bench(
     segments), a `GrpcTarget` (that method of any gRPC service; no server timing either) or
     an `OpenAITarget`.
     `counter` counts finished requests while the load runs, for a progress display
-    (lab/progress.py); it changes nothing in the result. `server_pid` names the server process
+    (lab/load/progress.py); it changes nothing in the result. `server_pid` names the server process
     whose CPU to sample (default: cadence's processes, or for any other server, the process
     listening on the target's port when it is on this host). `scrape`: Prometheus pages of any
     server to read during the run (`cadence.lab.measure.prometheus`), into the result's

@@ -4,7 +4,7 @@ as `cadence serve`'s are in cadence.config: its type, default, choices (a `Liter
 flags and their help's sections are generated from these declarations (`add_flags`), and the
 sweep's load variables are the declared options marked `vary` (`client_variables`).
 
-The flags are contracts (tests/unit/test_lab_flags.py holds each one's destination, default,
+The flags are contracts (tests/unit/lab/test_lab_flags.py holds each one's destination, default,
 choices and the rest): a declaration may change how a flag is written down, never what it is.
 """
 

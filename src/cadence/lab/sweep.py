@@ -40,6 +40,7 @@ from cadence.lab.results import BenchResult, Spread, Sweep, SweepPoint, SweepRes
 from cadence.lab.servers.command_server import CommandServer
 from cadence.lab.servers.readiness import require_reachable
 from cadence.lab.servers.server_process import ServerProcess
+from cadence.wording import counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,7 +395,7 @@ def print_table(result: SweepResult) -> None:
     variables = _variables(s)
     where = f" of {s.target}" if s.target else ""
     table = Table(
-        title=f"cadence sweep{where}: {' x '.join(variables)} ({s.repeat} run(s) "
+        title=f"cadence sweep{where}: {' x '.join(variables)} ({counted(s.repeat, 'run')} "
         "each; mean \\[min-max])"
     )
     for name in variables:

@@ -39,6 +39,7 @@ from cadence.config import ServerConfig
 from cadence.lifecycle import ServingFailed, StartupError
 from cadence.lifecycle.envoy_process import EnvoyProcess, EnvoyStartupError
 from cadence.net.asgi_grpc import GrpcAsgiApp
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.server")
 
@@ -279,8 +280,8 @@ class _Front:
             told.cancel()
             stopping.cancel()
             log.info(
-                "stopping: %d stream(s) open, drain timeout %.1f s",
-                server.core.active,
+                "stopping: %s open, drain timeout %.1f s",
+                counted(server.core.active, "stream"),
                 config.drain_timeout_s,
             )
         finally:

@@ -232,7 +232,8 @@ def absent_cards(config: ServerConfig) -> str | None:
         return None
     has = f"only cuda:0 to cuda:{visible - 1}" if visible else "none"
     return (
-        f"--devices names CUDA card(s) {', '.join(f'cuda:{i}' for i in missing)}, but this "
+        f"--devices names {'a CUDA card' if len(missing) == 1 else 'CUDA cards'} "
+        f"{', '.join(f'cuda:{i}' for i in missing)}, but this "
         f"host has {has} visible; use cpu:N, or auto for every visible card"
     )
 

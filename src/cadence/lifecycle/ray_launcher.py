@@ -35,6 +35,7 @@ import threading
 import msgspec
 
 from cadence.config import ServerConfig, WorkerSpec
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.ray")
 
@@ -274,7 +275,7 @@ class RayLauncher:
             ray.util.remove_placement_group(self._group)
             ray.shutdown()
             raise RuntimeError(
-                f"the Ray cluster has no room for {len(bundles)} worker rank(s) "
+                f"the Ray cluster has no room for {counted(len(bundles), 'worker rank')} "
                 f"({sum(self._gpu)} GPU, {len(bundles) - sum(self._gpu)} '{CARD}') within "
                 f"{config.startup_timeout_s:.0f} s; start nodes with `ray start --resources "
                 f"'{{\"{CARD}\": N}}'` (CPU) or with GPUs, or ask for fewer --devices"

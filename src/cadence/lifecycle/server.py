@@ -39,6 +39,7 @@ from cadence.router.worker_router import router_for
 from cadence.transport.front_channel import FrontChannel
 from cadence.transport.messages import StepsFailing, WorkerReady
 from cadence.vocabulary import Failure
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.server")
 
@@ -133,8 +134,9 @@ class CadenceServer:
             config.model_name, core.requests_waiting, core.requests_running, reader.kv_cache_usage
         )
         channel.start_reading(loop, reader.handle)
-        v1 = InferenceService(core, layout.metadata())
-        kserve = KServeService(core, config.model_name, self._serving)
+        native = self._grpc_app is not None
+        v1 = InferenceService(core, layout.metadata(), native=native)
+        kserve = KServeService(core, config.model_name, self._serving, native=native)
         self._http = self._http_server(core) if config.http_port is not None else None
 
         # 4. Metrics: the endpoint, and grpc.aio's failed sends counted instead of logged.
@@ -194,10 +196,10 @@ class CadenceServer:
             layout.write_ready_file(self.metrics_port)
         else:
             log.info(
-                "serving on %s:%d with %d worker(s) on %s",
+                "serving on %s:%d with %s on %s",
                 config.host,
                 self.port,
-                n,
+                counted(n, "worker"),
                 config.devices,
             )
             if self.http_port is not None:
@@ -519,8 +521,8 @@ async def run_until_signalled(server: CadenceServer, on_started=None) -> None:
             on_started(server, port)
         await stop.wait()
         log.info(
-            "stopping: %d stream(s) open, drain timeout %.1f s",
-            server.core.active,
+            "stopping: %s open, drain timeout %.1f s",
+            counted(server.core.active, "stream"),
             server.config.drain_timeout_s,
         )
     finally:

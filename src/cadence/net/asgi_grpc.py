@@ -26,6 +26,8 @@ from typing import cast
 
 import grpc
 
+from cadence.wording import counted
+
 log = logging.getLogger("cadence.server")
 
 _RESERVED = frozenset(
@@ -550,7 +552,8 @@ class GrpcAsgiApp:
             task.cancel()
         await asyncio.wait(left, timeout=1.0)
         log.info(
-            "stopping: %d gRPC call(s) still open after the grace ended UNAVAILABLE", len(left)
+            "stopping: %s still open after the grace ended UNAVAILABLE",
+            counted(len(left), "gRPC call"),
         )
 
     # --- ASGI ----------------------------------------------------------------------------------

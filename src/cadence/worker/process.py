@@ -12,7 +12,8 @@ from collections.abc import Callable
 import msgspec
 
 from cadence.config import EngineConfig, WorkerSpec
-from cadence.engines.base import Engine, EngineLoadError, Follower
+from cadence.engines.base import EngineLoadError, Follower
+from cadence.engines.engine import Engine
 from cadence.heap import settle_heap
 from cadence.transport.heartbeat import WorkerHeartbeat
 from cadence.transport.messages import Shutdown, WorkerInputs, WorkerReady, boot_id
@@ -108,7 +109,7 @@ def run_worker(spec: WorkerSpec) -> None:
             )
         engine.follow()
         return
-    if spec.role and not hands_off_state(engine):
+    if spec.role and not engine.hands_off_state():
         sys.exit(
             f"cadence worker {spec.index} (rank {spec.rank}): {engine.name} cannot be served "
             "disaggregated (--prefill-devices, --decode-devices): it has no export_state and "
@@ -126,10 +127,10 @@ def run_worker(spec: WorkerSpec) -> None:
     scheduler = BatchScheduler(
         engine,
         spec.index,
-        getattr(engine, "max_batch", spec.engine.max_batch),
+        min(engine.max_batch or spec.engine.max_batch, spec.engine.max_batch),
         budget,
         preempt=spec.engine.preempt,
-        report_cached=spec.engine.prefix_caching,
+        report_cached=bool(spec.engine.prefix_caching),  # (a bool once the config is built)
         max_prompt_tokens=spec.max_prompt_tokens,
         role=spec.role,
     )
@@ -141,8 +142,8 @@ def run_worker(spec: WorkerSpec) -> None:
             engine.name,
             load_ms=(warmup_start - load_start) * 1e3,
             warmup_ms=(ready - warmup_start) * 1e3,
-            first_step_ms=getattr(engine, "first_step_ms", 0.0),
-            warm_step_ms=getattr(engine, "warm_step_ms", 0.0),
+            first_step_ms=engine.first_step_ms,
+            warm_step_ms=engine.warm_step_ms,
             boot_id=boot_id(),
         )
     )
@@ -205,16 +206,7 @@ def run_worker(spec: WorkerSpec) -> None:
         if heartbeat is not None:
             heartbeat.stop()
         channel.close()
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
-
-
-def hands_off_state(engine: Engine) -> bool:
-    """Whether the engine can move a sequence between workers (disaggregated serving)."""
-    return callable(getattr(engine, "export_state", None)) and callable(
-        getattr(engine, "import_state", None)
-    )
+        engine.close()
 
 
 def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:
@@ -230,7 +222,7 @@ def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:
         log.propagate = False
     chunks = (
         "in chunks"
-        if getattr(engine, "takes_prefill_chunks", False)
+        if engine.takes_prefill_chunks
         else ("whole (this engine takes no prefill chunks)")
     )
     log.info("worker %d: %s; prompts prefilled %s", worker, budget.describe(), chunks)

@@ -22,6 +22,7 @@ import torch
 from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.engines.detokenizer import ByteText
+from cadence.engines.engine import Engine
 from cadence.engines.llama.decode_graphs import DecodeGraphs
 from cadence.engines.llama.kv_cache import KVCache
 from cadence.engines.llama.loader import TINY, load_weights, read_config
@@ -32,6 +33,7 @@ from cadence.engines.llama.sampling import Sampler, sample
 from cadence.engines.llama.tokenizer import TextTokenizer, load_tokenizer
 from cadence.prefix_hash import BLOCK, ROOT, block_hashes
 from cadence.vocabulary import AddRequest
+from cadence.wording import counted
 
 log = logging.getLogger("cadence.engine.torch")
 
@@ -55,7 +57,7 @@ def resolve_device(device: str) -> torch.device:
         index = dev.index or 0
         if index >= torch.cuda.device_count():
             raise RuntimeError(
-                f"device {device} does not exist ({torch.cuda.device_count()} card(s))"
+                f"device {device} does not exist ({counted(torch.cuda.device_count(), 'card')})"
             )
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
@@ -151,7 +153,7 @@ def _state(seq: Sequence) -> _SeqState:
     return state
 
 
-class LlamaEngine:
+class LlamaEngine(Engine):
     """A Llama-family model (or one tensor-parallel rank of it) with continuous batching."""
 
     name = "torch"
@@ -260,8 +262,9 @@ class LlamaEngine:
         if self.graphs is not None:
             self.graphs.warm_up()
 
-    def check(self, request: AddRequest) -> str | None:
+    def check(self, seq: Sequence) -> str | None:
         """Why the request cannot run here (token ids, context, cache capacity), or None."""
+        request = seq.request
         prompt = request.prompt_token_ids
         if not prompt:
             return "the prompt has no tokens"
@@ -272,13 +275,14 @@ class LlamaEngine:
         need = len(prompt) + request.max_tokens - 1
         if need > self.context:
             return (
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({request.max_tokens}) exceeds "
-                f"the model's context of {self.context} tokens; shorten the prompt or lower max_tokens"
+                f"the prompt ({counted(len(prompt), 'token')}) plus max_tokens "
+                f"({request.max_tokens}) exceeds the model's context of "
+                f"{counted(self.context, 'token')}; shorten the prompt or lower max_tokens"
             )
         if need > self.cache.capacity_tokens:
             return (
-                f"the request needs {need} tokens of KV cache but this worker's cache holds "
-                f"{self.cache.capacity_tokens} (--kv-cache-tokens); lower max_tokens"
+                f"the request needs {counted(need, 'token')} of KV cache but this worker's "
+                f"cache holds {self.cache.capacity_tokens:,} (--kv-cache-tokens); lower max_tokens"
             )
         return None
 
@@ -295,7 +299,7 @@ class LlamaEngine:
         state = seq.state
         if state is None:
             state = seq.state = _SeqState(
-                Sampler(request, self._seed, self.device), list(seq.prefill_ids)
+                Sampler(seq.sampling, self._seed, self.device), list(seq.prefill_ids)
             )
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
@@ -451,7 +455,7 @@ class LlamaEngine:
         for layer in range(len(cache.keys)):
             cache.keys[layer][slots] = keys[layer]
             cache.values[layer][slots] = values[layer]
-        sampler = Sampler(request, self._seed, self.device)
+        sampler = Sampler(seq.sampling, self._seed, self.device)
         if moved.generator and sampler.generator is not None:
             sampler.generator.set_state(
                 torch.frombuffer(bytearray(moved.generator), dtype=torch.uint8)

@@ -24,6 +24,8 @@ from collections import OrderedDict
 
 import torch
 
+from cadence.wording import counted
+
 
 class KVCache:
     """Key/value tensors for every layer plus the free list of their blocks."""
@@ -40,7 +42,7 @@ class KVCache:
         device: torch.device,
     ) -> None:
         if capacity_tokens < block_size:
-            raise ValueError(f"the KV cache must hold at least {block_size} tokens")
+            raise ValueError(f"the KV cache must hold at least {counted(block_size, 'token')}")
         self.block_size = block_size
         self.num_blocks = capacity_tokens // block_size
         self.capacity_tokens = self.num_blocks * block_size
@@ -100,10 +102,16 @@ class KVCache:
         taken = free[cut:]
         del free[cut:]
         taken.reverse()
-        for _ in range(short):
-            block, _ = self._evictable.popitem(last=False)
-            del self._by_hash[self._hash_of.pop(block)]
-            taken.append(block)
+        if short > 0:
+            evictable, by_hash, hash_of = self._evictable, self._by_hash, self._hash_of
+            for _ in range(short):
+                block, _ = evictable.popitem(last=False)
+                del by_hash[hash_of.pop(block)]
+                taken.append(block)
+            # In address order, as the free list's are: evicted blocks come in the order
+            # they were released (a sequence's last first, sequences interleaved), and
+            # attention gathers a sequence's blocks in table order.
+            taken.sort()
         refs = self._refs
         for block in taken:
             refs[block] = 1

@@ -40,6 +40,7 @@ from cadence.lab.results import (
     SweepResult,
     System,
 )
+from cadence.wording import counted
 
 THROUGHPUT = (
     ("requests", "requests"),
@@ -341,13 +342,14 @@ def _server_spans(result: BenchResult) -> str:
         f"{spans.port} ({spans.spans_received} spans"
         + (f" from {', '.join(spans.services)}" if spans.services else "")
         + "; "
-        f"{spans.foreign_traces} trace(s) of the server's other work). TTFT splits at the "
+        f"{counted(spans.foreign_traces, 'trace')} of the server's other work). TTFT splits at the "
         "server span's edges: before it began (network, proxy, accept), inside it (queue and "
         "prefill where the server names them), after the server sent the first output "
         "(the way back); the means add up to the mean TTFT."
         + (
-            f" {spans.clock_suspect} request(s) show a span that began before the request was "
-            "sent: the server's clock disagrees with this host's."
+            f" {counted(spans.clock_suspect, 'request')} "
+            f"{'shows' if spans.clock_suspect == 1 else 'show'} a span that began before the "
+            "request was sent: the server's clock disagrees with this host's."
             if spans.clock_suspect
             else ""
         )

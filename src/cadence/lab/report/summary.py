@@ -32,6 +32,7 @@ from cadence.lab.results import (
     Verdict,
     WorkerCurve,
 )
+from cadence.wording import counted
 
 PIPED_WIDTH = 10_000
 """Piped output is read by scripts and pasted: no line is wrapped (a number split across two
@@ -653,7 +654,7 @@ def _blocking(during: dict, peaks: dict) -> str:
 
 
 def worker_lines(workers: list[WorkerCurve]) -> list[str]:
-    """One line per worker's output curve (lab/worker_curves.py)."""
+    """One line per worker's output curve (lab/analysis/worker_curves.py)."""
     return [
         f"worker {w.worker}"
         + (f" ({w.device})" if w.device else "")
@@ -680,7 +681,7 @@ def startup_lines(startup: list[dict]) -> list[str]:
         )
         if w["restarts"]:
             line += (
-                f"; {w['restarts']:.0f} restart(s), {w['restarts_during_run']:.0f} during "
+                f"; {counted(int(w['restarts']), 'restart')}, {w['restarts_during_run']:.0f} during "
                 "the run (the values are of the last start)"
             )
         lines.append(line)

@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Sequence
 
 from cadence.proto.kserve import grpc_service_pb2 as kpb
+from cadence.wording import counted
 
 
 class TensorError(ValueError):
@@ -99,7 +100,7 @@ def decode_input(tensor: kpb.ModelInferRequest.InferInputTensor, raw: bytes | No
         elements = array(code)
         if len(raw) % elements.itemsize:
             raise TensorError(
-                f"input {name!r}: {len(raw)} bytes of raw data is not a whole "
+                f"input {name!r}: {counted(len(raw), 'byte')} of raw data is not a whole "
                 f"number of {datatype} elements"
             )
         elements.frombytes(raw)

@@ -30,7 +30,7 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `dependence`: itl_depends_on, ttft_depends_on (what the gaps and the first outputs
   follow: a variable of the run, with the shape and size of the dependence)
 
-tests/unit/test_diagnosis_docstring.py checks that this list names every rule of `RULES`.
+tests/unit/lab/test_diagnosis_docstring.py checks that this list names every rule of `RULES`.
 
 The client-side rules on the streams' shape share one reading of the raw records
 (`coincidence`): the tail time of the slow gaps and slow first outputs, attributed to the

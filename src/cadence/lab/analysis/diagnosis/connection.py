@@ -11,6 +11,7 @@ from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import RULE_SERVER_STREAM_LIMIT, RULE_SLOW_CONNECT
 from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.results import Finding
+from cadence.wording import counted
 
 REFUSED_TEXTS = ("REFUSED_STREAM", "error code 7")
 """How gRPC clients word a stream the server refused (HTTP/2 error code 7, REFUSED_STREAM)
@@ -60,12 +61,13 @@ def server_stream_limit(facts: RunFacts) -> list[Finding]:
     if over:
         parts.append(
             f"the server lets one connection have {limit} streams open at once, and "
-            f"the bench opened up to {per_connection} on each of its {connections} "
-            "connection(s): the rest waited for a stream to end"
+            f"the bench opened up to {per_connection} on each of its "
+            f"{counted(connections, 'connection')}: the rest waited for a stream to end"
         )
     if refused:
         parts.append(
-            f"{refused} call(s) were refused by the server (HTTP/2 REFUSED_STREAM, "
+            f"{counted(refused, 'call')} {'was' if refused == 1 else 'were'} refused by the "
+            "server (HTTP/2 REFUSED_STREAM, "
             "error code 7: over its concurrent-stream limit)"
         )
     needed = (
