@@ -575,9 +575,9 @@ class Finding(msgspec.Struct, kw_only=True):
     finding: str
     evidence: dict[str, int | float | str | None]
     look_at: str
-    severity: str = ALARM
-    """`alarm` or `information`; a result written before severities says `alarm` of every
-    finding."""
+    severity: str | UnsetType = UNSET
+    """`alarm` or `information` (the diagnosis sets one on every finding); absent in a result
+    written before severities, whose findings are alarms."""
 
     @property
     def alarm(self) -> bool:

@@ -42,7 +42,7 @@ from cadence.lab.analysis.tail_bound import (
     ITL_TAIL_SLACK_MS,
     itl_bound,
 )
-from cadence.lab.results import BenchResult, Distribution, Finding, TailVerdict, Verdict
+from cadence.lab.results import ALARM, BenchResult, Distribution, Finding, TailVerdict, Verdict
 
 RULE_UNEXPLAINED_TAIL = "unexplained_tail"
 """A bad tail, or the part of one, that no rule explains (a rule name: a contract)."""
@@ -388,6 +388,7 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
         finding=sentence,
         evidence=evidence,
         look_at=_what_would_decide(result, tail.metric),
+        severity=ALARM,
     )
 
 

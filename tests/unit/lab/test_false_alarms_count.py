@@ -8,7 +8,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-_SCRIPT = Path(__file__).parents[2] / "benchmarks" / "false_alarms.py"
+_SCRIPT = Path(__file__).parents[3] / "benchmarks" / "false_alarms.py"
 
 
 def _matrix():
