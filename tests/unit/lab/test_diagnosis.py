@@ -794,3 +794,16 @@ def test_fast_or_small_connects_and_runs_without_them_do_not_fire_slow_connect()
     assert "slow_connect" not in rules(slow_connects(5.0, 1090.0))  # fast: not slow
     assert "slow_connect" not in rules(slow_connects(150.0, 1090.0))  # a small part of TTFT
     assert "slow_connect" not in rules(healthy())  # gRPC: no connect times at all
+
+
+def test_on_a_contended_host_an_itl_tail_within_its_bound_is_not_the_network_side():
+    """Token delay p90 30 ms over its p50, more than two of the host's late wake-ups (p99
+    10 ms) make; but the ITL p99 (45 ms) is within the bound the host's noise floor sets
+    (p50 10.4 x 1.5 + 1 + 3 x 10 ms): the tail the verdict calls healthy is the host's."""
+    r = network_jitter()
+    r["token_delay_ms"] = dist(3.0, 33.0, 38.0, mean=8.0, max=75.0)
+    assert {dx.RULE_HOST_CONTENDED, dx.RULE_ITL_UNSTABLE_NETWORK} <= set(
+        rules(contended(copy.deepcopy(r), wakeup_p99=4.0))
+    )
+    late = rules(contended(r, wakeup_p99=10.0))
+    assert dx.RULE_HOST_CONTENDED in late and dx.RULE_ITL_UNSTABLE_NETWORK not in late

@@ -298,10 +298,13 @@ unexplained (`verdict.UNEXPLAINED_MIN_SHARE`)."""
 
 def _path_late_by_the_host(finding: Finding, facts: RunFacts) -> bool:
     """The path's spread (token delay p90 over p50) within PATH_HOPS wake-ups at the probe's
-    p99, or its slow gaps the host's (HOST_TAIL_SHARE): a host that wakes the front and the
+    p99, or its slow gaps the host's (HOST_TAIL_SHARE), or the ITL tail within the run's
+    bound, whose noise floor holds the host's wake-ups: a host that wakes the front and the
     client late makes the spread, not the network side. The probe is one sleeping thread;
     a busy front's or client's threads wait for a CPU more often than it does, which the
     coincidence reading's per-gap claim of the host's latest wake-ups allows for."""
+    if facts.host_wakeups is not None and itl_tail_within_bound(facts.result):
+        return True
     if _late_by_the_host(
         finding, facts, "token_delay_p90_ms", "token_delay_p50_ms", PATH_HOPS, "p99"
     ):
