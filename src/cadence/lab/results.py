@@ -560,6 +560,14 @@ class Overhead(msgspec.Struct, kw_only=True):
     max: float
 
 
+ALARM = "alarm"
+"""A finding's severity: a fault to act on (a rule that fires on a healthy server raises a
+false alarm)."""
+INFORMATION = "information"
+"""A finding's severity: true of the run and worth knowing, not a fault (a light load, a CPU
+engine's worker filling its core): it explains no tail, and the verdict does not count it."""
+
+
 class Finding(msgspec.Struct, kw_only=True):
     """What a diagnosis rule found: one sentence, the numbers behind it, what to look at."""
 
@@ -567,6 +575,13 @@ class Finding(msgspec.Struct, kw_only=True):
     finding: str
     evidence: dict[str, int | float | str | None]
     look_at: str
+    severity: str | UnsetType = UNSET
+    """`alarm` or `information` (the diagnosis sets one on every finding); absent in a result
+    written before severities, whose findings are alarms."""
+
+    @property
+    def alarm(self) -> bool:
+        return self.severity != INFORMATION
 
 
 class TailVerdict(msgspec.Struct, kw_only=True):

@@ -981,8 +981,9 @@ def _diagnosis(result: BenchResult) -> str:
             for label, value in (("evidence", f.evidence), ("look at", f.look_at))
             if value
         )
+        kind = "" if f.alarm else f" ({esc(f.severity)})"
         parts.append(
-            f'<div class="finding"><div><span class="rule">{esc(f.rule)}</span>: '
+            f'<div class="finding"><div><span class="rule">{esc(f.rule)}</span>{kind}: '
             f"{esc(f.finding)}</div><dl>{details}</dl></div>"
         )
     return section("Diagnosis", *parts)

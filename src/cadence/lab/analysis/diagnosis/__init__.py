@@ -47,6 +47,8 @@ jitter, a slow reader) does with room to spare.
 
 from __future__ import annotations
 
+from msgspec import UNSET
+
 from cadence.lab.analysis.diagnosis import (
     batching,
     capacity,
@@ -152,7 +154,7 @@ from cadence.lab.analysis.diagnosis.workers import (
     SLOW_WORKER_MIN_MS,
     SLOW_WORKER_RATIO,
 )
-from cadence.lab.results import BenchResult, Finding
+from cadence.lab.results import ALARM, BenchResult, Finding
 
 RULES: tuple[Rule, ...] = (
     *health.RULES,
@@ -182,6 +184,9 @@ def diagnose(result: BenchResult) -> list[Finding]:
     facts = RunFacts(result)
     found = [(rule, f) for rule in RULES for f in rule.check(facts)]
     fired = {f.rule for _, f in found}
+    for _, f in found:
+        if f.severity is UNSET:
+            f.severity = ALARM
     return [
         f
         for rule, f in found
