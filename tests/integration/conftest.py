@@ -277,15 +277,17 @@ ALONE_MODULES = frozenset(
 )
 """Modules whose tests run alone (`alone`), not beside another test: they judge latencies (the
 lab's findings on planted and clean servers, capacity, the schedule, stop times), or start
-Ray clusters on emulated hosts, which want the whole machine."""
+Ray clusters on emulated hosts, which want the whole machine. A test of theirs that judges
+none of that (a bad argument's one line, a refused call) is marked `shares_host` and runs in
+the first stage beside the others."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test in this folder is an integration test (`-m "not integration"` runs the rest);
-    those of ALONE_MODULES are `alone` too."""
+    those of ALONE_MODULES are `alone` too, but for those marked `shares_host`."""
     here = Path(__file__).parent
     for item in items:
         if here in item.path.parents:
             item.add_marker(pytest.mark.integration)
-            if item.path.stem in ALONE_MODULES:
+            if item.path.stem in ALONE_MODULES and not item.get_closest_marker("shares_host"):
                 item.add_marker(pytest.mark.alone)

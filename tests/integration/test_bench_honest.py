@@ -61,6 +61,7 @@ def test_metrics_are_scraped_beside_an_http_port(tmp_path) -> None:
     assert "run: " in done.stdout
 
 
+@pytest.mark.shares_host
 @pytest.mark.parametrize("fault", ["errors", "die"])
 def test_a_server_failing_mid_run_stops_the_bench(tmp_path, fault) -> None:
     """The run would go on for a minute; it stops once the failures leave no doubt."""
@@ -97,6 +98,7 @@ def test_a_server_failing_mid_run_stops_the_bench(tmp_path, fault) -> None:
     assert result["wall_s"] < 30
 
 
+@pytest.mark.shares_host
 def test_default_protocol_at_another_grpc_service_says_so_before_the_run() -> None:
     with python_server("tests/planted_server.py", "--fault", "none") as target:
         done = bench("--target", target, "--requests", "4")

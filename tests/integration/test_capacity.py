@@ -137,6 +137,7 @@ def test_a_range_whose_top_passes_is_said_to_be_its_edge(tmp_path) -> None:
     assert "at least 3: the top of the range searched; raise --high" in done.stdout
 
 
+@pytest.mark.shares_host
 def test_bad_arguments_are_one_line(tmp_path) -> None:
     for args, said in (
         (["--slo", "ttft_p95_ms=1"], "METRIC_STAT_ms=BOUND"),

@@ -142,6 +142,7 @@ def test_node_bidirectional_method(ticker, tmp_path):
     assert result.output_tokens == 8 * 12 and result.workload.grpc.bidirectional
 
 
+@pytest.mark.shares_host
 def test_reflection_that_serves_one_file_per_proto_is_followed_through_its_imports(tmp_path):
     """Servers built from protoc descriptors return the method's file alone; its import
     (ticker/v1/tick.proto, which holds the response type) is fetched by name."""
@@ -163,6 +164,7 @@ def test_reflection_that_serves_one_file_per_proto_is_followed_through_its_impor
     assert result.output_tokens == 4 * 6 * 2
 
 
+@pytest.mark.shares_host
 @pytest.mark.slow
 def test_without_reflection_the_protos_give_the_types(tmp_path):
     with ticker_server(reflection=False) as target:
@@ -191,6 +193,7 @@ def test_without_reflection_the_protos_give_the_types(tmp_path):
     assert result.workload.grpc.types_from == "protos"
 
 
+@pytest.mark.shares_host
 @pytest.mark.slow
 def test_headers_reach_the_service_and_errors_are_counted_by_code(tmp_path):
     with ticker_server(token="s3cret") as target:
@@ -269,6 +272,7 @@ def test_headers_reach_the_service_and_errors_are_counted_by_code(tmp_path):
         ),
     ],
 )
+@pytest.mark.shares_host
 def test_bad_input_is_one_clear_line(ticker, args, message):
     done = cadence("bench", "--target", ticker, "--protocol", "grpc", *args)
     assert done.returncode == 1
@@ -276,6 +280,7 @@ def test_bad_input_is_one_clear_line(ticker, args, message):
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr
 
 
+@pytest.mark.shares_host
 def test_a_server_that_is_down_is_one_clear_line():
     with ticker_server() as target:
         pass  # stopped: nothing listens on its port any more
@@ -316,6 +321,7 @@ def tokens_bench(
     return run_bench(target, workload, protocol=grpc_target)
 
 
+@pytest.mark.shares_host
 def test_a_lost_token_is_seen_with_index_field():
     with python_server("tests/planted_server.py", "--fault", "skip", "--gap-ms", "5") as target:
         result = tokens_bench(target, streams=4, max_tokens=10)
@@ -411,6 +417,7 @@ def _group_gone(group: int) -> bool:
     return False
 
 
+@pytest.mark.shares_host
 def test_a_server_command_is_stopped_with_its_whole_process_group():
     """The command's shell starts a child that ignores SIGTERM: after the grace it is killed
     with the rest of the group."""
@@ -427,6 +434,7 @@ def test_a_server_command_is_stopped_with_its_whole_process_group():
     assert 1.0 <= time.monotonic() - started < 5
 
 
+@pytest.mark.shares_host
 def test_a_server_command_that_never_answers_is_given_up():
     server = CommandServer("echo starting; sleep 300", {}, ready_timeout=1.0, grace_s=1.0)
     with pytest.raises(RuntimeError, match=r"not ready within 1 s .*its last output: starting"):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.plan import RequestShape
@@ -108,6 +109,7 @@ def test_bench_scrapes_cadence_own_metrics_port() -> None:
     assert result.system.server_metrics.scrapes >= 1
 
 
+@pytest.mark.shares_host
 def test_a_page_that_cannot_be_read_stops_the_bench_before_the_run() -> None:
     with python_server("tests/vllm_metrics_page.py") as page:
         for url, why in (

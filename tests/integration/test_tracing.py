@@ -205,6 +205,7 @@ def test_bench_joins_an_instrumented_grpc_python_services_spans(receiver, tmp_pa
     assert "Server spans" in page and "slowest requests to first token" in page
 
 
+@pytest.mark.shares_host
 @pytest.mark.parametrize(
     ("where", "said"),
     [
@@ -235,6 +236,7 @@ def test_a_receiver_that_cannot_listen_is_one_line(receiver, where, said) -> Non
     assert out.stderr.strip().splitlines()[-1].startswith(f"cadence bench: {said}"), out.stderr
 
 
+@pytest.mark.shares_host
 @runs_once
 def test_an_unreachable_collector_neither_fails_requests_nor_holds_the_stop() -> None:
     with socket.socket() as closed:  # a port nothing listens on
