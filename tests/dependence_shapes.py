@@ -7,8 +7,11 @@ benchmarks/dependence_named.py (many).
 Each fault is the engine's cause, written without the rules: no KV cache (every step
 recomputes the batch's context), a leak (each step scans a record of every step before it),
 prefill as the square of the prompt, a stream that waits out of the batch for a new block
-every K tokens, a scheduler that admits by output budget, prefill on a prompt padded to its
-sequence bucket."""
+every K tokens, a scheduler that admits by output budget; and two the taught signatures
+were not written against: a front that waits for storage every K outputs of a stream (gaps
+of one value, as a clock's, but at fixed positions), a KV cache reserved per whole output
+that admits the shortest first (requests starved by their length with no cap on the count
+of streams, which a slot limit does not explain)."""
 
 from __future__ import annotations
 
@@ -137,6 +140,40 @@ PLANTED: dict[str, Planted] = {
                 streams=24,
                 requests=64,
                 max_tokens=(16, 96),
+            ),
+        ),
+    ),
+    # Each stream's front waits for storage after every K outputs (the engine goes on).
+    "wait-every-k-outputs": Planted(
+        RULE_ITL_DEPENDS_ON,
+        frozenset({"position"}),
+        frozenset({"periodic"}),
+        (
+            _case(
+                ("--sync-every", "16", "--sync-ms", "40", "--decode-ms", "6", "--jitter", "0.1"),
+                max_tokens=(40, 90),
+            ),
+            _case(
+                ("--sync-every", "8", "--sync-ms", "25", "--decode-ms", "4"),
+                streams=12,
+                max_tokens=(30, 60),
+            ),
+        ),
+        misnamed_by=frozenset({"gaps_at_fixed_values"}),
+    ),
+    # A KV cache reserved for each stream's whole output, the shortest admitted first among
+    # those that fit: no cap on the count of streams, the long ones starve.
+    "token-budget": Planted(
+        RULE_TTFT_DEPENDS_ON,
+        frozenset({"max_tokens"}),
+        GROWS,
+        (
+            _case(("--token-budget", "200", "--decode-ms", "4"), max_tokens=(8, 128)),
+            _case(
+                ("--token-budget", "300", "--decode-ms", "3", "--jitter", "0.1"),
+                streams=24,
+                requests=64,
+                max_tokens=(16, 160),
             ),
         ),
     ),

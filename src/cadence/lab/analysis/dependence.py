@@ -24,7 +24,8 @@ up to what the dependence predicts over its lowest level at that value of the va
 (`tail_share`: over the whole tail). It is *named* only with an effect (a rise of
 `MIN_RISE_MS` and half a typical gap or more, `MIN_RHO` for a monotone one), significance
 (p below `P_MAX`, the ends' confidence intervals apart), enough values (`MIN_VALUES`, each
-bin `MIN_PER_BIN`), and a meaningful part of the tail (`MIN_TAIL_SHARE`, `MIN_SLOW`): a clean
+bin `MIN_PER_BIN`), and a meaningful part of the tail (`MIN_TAIL_SHARE`, `MIN_SLOW`, at
+`MIN_INSTANTS` moments): a clean
 server whose steps jitter and whose lengths vary keeps a flat table.
 """
 
@@ -68,7 +69,11 @@ MIN_RATIO = 1.5
 MIN_TAIL_SHARE = 0.25
 """A dependence is named when it explains this share of its tail or more..."""
 MIN_SLOW = 8
-"""...over this many slow values or more."""
+"""...over this many slow values or more..."""
+MIN_INSTANTS = 4
+"""...that ended at this many distinct instants or more (a typical gap and 5 ms apart): the
+first burst of a run served in one late step, or one stall, is one moment, whatever the
+variables that moment had."""
 NONLINEAR_GAIN = 3.0
 NONLINEAR_MIN_LEFT = 0.02
 """A step or a faster-than-linear curve is preferred to a line when it leaves a third or less
@@ -309,10 +314,17 @@ class Table:
 
 
 class _Latency:
-    """One latency's values, which are slow, their excess, and the run's yardstick."""
+    """One latency's values, which are slow, their excess, when each ended (`at`, ns), and
+    the run's yardstick."""
 
     def __init__(
-        self, name: str, y: np.ndarray, slow: np.ndarray, excess: np.ndarray, typical: float
+        self,
+        name: str,
+        y: np.ndarray,
+        slow: np.ndarray,
+        excess: np.ndarray,
+        typical: float,
+        at: np.ndarray,
     ) -> None:
         self.name = name
         self.y = y
@@ -321,12 +333,18 @@ class _Latency:
         self.total_ms = float(self.excess.sum())
         self.typical = typical
         self.min_rise = max(MIN_RISE_MS, MIN_RISE_TYPICAL * typical)
+        self.at = at
 
     def explained(self, predicted: np.ndarray) -> tuple[float, float, int]:
         """(share, ms, slow values) of the tail that `predicted` (over its lowest level)
-        accounts for."""
+        accounts for, counting only slow values that ended at MIN_INSTANTS distinct
+        instants or more (else none)."""
         rise = np.maximum(predicted - float(np.min(predicted)), 0.0)
         claimed = np.minimum(self.excess, rise)
+        ends = np.sort(self.at[claimed > 0])
+        apart = max(self.typical, MIN_RISE_MS) * 1e6
+        if len(ends) == 0 or 1 + np.count_nonzero(np.diff(ends) > apart) < MIN_INSTANTS:
+            return 0.0, 0.0, 0
         ms = float(claimed.sum())
         count = int(np.count_nonzero(claimed[self.slow] > 0))
         return (ms / self.total_ms if self.total_ms > 0 else 0.0), ms, count
@@ -726,6 +744,7 @@ def _goes_with(lat: _Latency, rows: list[Dependence], numeric: dict[str, np.ndar
         lat.slow,
         lat.excess,
         lat.typical,
+        lat.at,
     )
     for other in named[1:]:
         rho = stats.spearmanr(x, numeric[other.variable])[0]
@@ -782,7 +801,7 @@ def gaps(reads: Reads, records: list[RequestRecord] | None = None) -> Table | No
     numeric = {k: v for k, v in numeric.items() if len(np.unique(v)) >= 3}
     y = np.array([g.ms for g in reads.gaps])
     slow = y > reads.slow_gap_ms
-    lat = _Latency(GAP, y, slow, y - reads.typical_ms, reads.typical_ms)
+    lat = _Latency(GAP, y, slow, y - reads.typical_ms, reads.typical_ms, t1)
     groups = _stream_groups(reads, records, [g.stream.number for g in reads.gaps])
     went_on = np.array(
         [
@@ -821,7 +840,14 @@ def first_outputs(reads: Reads, records: list[RequestRecord] | None = None) -> T
     kept = {k: v for k, v in numeric.items() if v is not None and len(np.unique(v)) >= 3}
     y = np.array([s.ttft_ms for s in streams])
     slow = y > reads.slow_first_ms
-    lat = _Latency(FIRST, y, slow, y - reads.typical_ms, reads.typical_ms)
+    lat = _Latency(
+        FIRST,
+        y,
+        slow,
+        y - reads.typical_ms,
+        reads.typical_ms,
+        np.array([s.first_ns for s in streams]),
+    )
     groups = _stream_groups(reads, records, [s.number for s in streams])
     return _table(lat, kept, groups, None)
 
