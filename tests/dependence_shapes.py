@@ -75,15 +75,15 @@ PLANTED: dict[str, Planted] = {
         GROWS,
         (
             _case(
-                ("--leak-ms-per-step", "0.1", "--decode-ms", "2"),
+                ("--leak-ms-per-step", "0.15", "--decode-ms", "2"),
                 streams=8,
-                requests=48,
+                requests=40,
                 max_tokens=(30, 60),
             ),
             _case(
-                ("--leak-ms-per-step", "0.07", "--decode-ms", "2", "--jitter", "0.1"),
-                streams=12,
-                requests=96,
+                ("--leak-ms-per-step", "0.25", "--decode-ms", "1", "--jitter", "0.1"),
+                streams=8,
+                requests=32,
                 max_tokens=(30, 50),
             ),
         ),
