@@ -5,7 +5,7 @@ as a user would drive a server cadence did not write.
 
 A planted run counts as named when the cause's rule (`itl_depends_on`, `ttft_depends_on`)
 fired and its strongest finding names one of the cause's variables, with one of its shapes,
-a size in ms and a quarter of its tail or more; as misnamed when a taught signature the cause
+a size in ms (for a period, the planted K) and a quarter of its tail or more; as misnamed when a taught signature the cause
 contradicts fired (`gaps_at_fixed_values` on a per-block wait). A clean run stays clean when
 neither dependence rule fired. Runs where the lab found the host contended (other jobs on its
 cores) are counted and kept: the figure is what the lab did on the host it had.
@@ -35,7 +35,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_TTFT_DEPENDS_ON,
 )
 from cadence.lab.results import BenchResult, to_builtins
-from tests.dependence_shapes import CLEAN, PLANTED, Planted, on_fronts
+from tests.dependence_shapes import CLEAN, PLANTED, Planted, on_fronts, planted_period
 from tests.integration.test_engine_shaped_diagnosis import Case, bench
 
 SHARE_MIN = 0.25
@@ -81,12 +81,14 @@ def planted_run(name: str, planted: Planted, case: Case) -> dict:
             "finding": found[0].finding if found else None,
         }
     )
+    row["period"] = top.get("period")
     row["named"] = bool(
         found
         and top["variable"] in planted.variables
         and top["shape"] in planted.shapes
         and "ms" in str(top.get("size"))
         and float(top.get(key) or 0) >= SHARE_MIN
+        and (top["shape"] != "periodic" or top.get("period") == planted_period(case))
     )
     row["misnamed_by"] = sorted(planted.misnamed_by & set(row["rules"]))
     return row

@@ -199,9 +199,17 @@ CLEAN: tuple[Case, ...] = (
 """Clean servers: steps that vary, lengths that vary, one or two cards; on `on_fronts`."""
 
 
+def planted_period(case: Case) -> int | None:
+    """The K of a planted wait every K outputs, from the server's arguments."""
+    for flag in ("--block-tokens", "--sync-every"):
+        if flag in case.server:
+            return int(case.server[case.server.index(flag) + 1])
+    return None
+
+
 def on_fronts(cases: tuple[Case, ...]) -> tuple[Case, ...]:
     """Each case on the gRPC front and on the SSE one."""
     return tuple(replace(c, front=f) for c in cases for f in ("grpc", "sse"))
 
 
-__all__ = ["CLEAN", "GROWS", "PLANTED", "Planted", "on_fronts"]
+__all__ = ["CLEAN", "GROWS", "PLANTED", "Planted", "on_fronts", "planted_period"]

@@ -604,6 +604,15 @@ def _periodic(
         return None
     share, k, r = next(f for f in found if f[0] >= 0.8 * best)  # the shortest period
     inside = (position % k) == r
+    # Outputs that pile up during a wait arrive in one read, so some positions end no gap:
+    # a wait every 8 leaves gaps only at 8, 14, 15, 16..., and every 4 then looks as slow.
+    # The slow positions' common step says the period.
+    slow_at = np.unique(position[inside & slow])
+    step = int(np.gcd.reduce(np.diff(slow_at))) if len(slow_at) >= MIN_PERIODS else k
+    if k < step <= MAX_PERIOD and step % k == 0:
+        wider = (position % step) == int(slow_at[0] % step)
+        if slow[wider].mean() >= 0.8 * best:
+            k, r, share, inside = step, int(slow_at[0] % step), float(slow[wider].mean()), wider
     a, b = lat.y[inside], lat.y[~inside]
     if len(a) < MIN_PER_BIN or len(b) < MIN_PER_BIN:
         return None
