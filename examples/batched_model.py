@@ -59,7 +59,7 @@ class BigramModel:
         batch = prefill + decode
         slots = np.fromiter((seq.state for seq in batch), dtype=np.int64, count=len(batch))
         temperature = np.fromiter(
-            (seq.temperature for seq in batch), dtype=np.float64, count=len(batch)
+            (seq.sampling.temperature for seq in batch), dtype=np.float64, count=len(batch)
         )
         logits = self.log_probs[self.last[slots]]
         # Gumbel-max sampling, greedy where temperature is 0: one pass for the whole batch.

@@ -71,6 +71,20 @@ class EchoModel:
                 f.write(f"released after {seq.generated} outputs at step {self.steps}\n")
 
 
+class MovableModel(EchoModel):
+    """EchoModel whose sequences can move between workers (disaggregated serving): its state
+    is the prompt's command and arguments."""
+
+    def export_state(self, seq: cadence.Sequence) -> bytes:
+        command, args = seq.state
+        return " ".join([command, *args]).encode()
+
+    def import_state(self, seq: cadence.Sequence, data: bytes) -> bool:
+        words = data.decode().split()
+        seq.state = (words[0] if words else "", words[1:])
+        return True
+
+
 class SickModel(EchoModel):
     """EchoModel on a card with a sticky error: in the worker numbered
     $SICK_MODEL_WORKER every step raises, as a CUDA context does after an illegal

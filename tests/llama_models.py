@@ -101,11 +101,12 @@ _MODELS: dict[Path, object] = {}
 def run_rank(
     folder: str, rank: int, size: int, init: str, requests: list[dict]
 ) -> list[list[int]] | None:
-    """One tensor-parallel rank stepping `requests` (AddRequest fields, plus `join` step) through
-    a BatchScheduler; rank 0 returns each request's tokens, the others follow and return None."""
+    """One tensor-parallel rank stepping `requests` (AddRequest fields, `sampling` as a dict of
+    its fields, plus `join` step) through a BatchScheduler; rank 0 returns each request's
+    tokens, the others follow and return None."""
     from cadence.config import EngineConfig
     from cadence.engines.llama.engine import LlamaEngine
-    from cadence.vocabulary import AddRequest
+    from cadence.vocabulary import AddRequest, Sampling
     from cadence.worker.batch_scheduler import BatchScheduler
 
     config = EngineConfig(name="torch", model=folder, kv_cache_tokens=1024, threads=1)
@@ -121,6 +122,7 @@ def run_rank(
         for i, r in enumerate(requests):
             if r["join"] == step:
                 fields = {k: v for k, v in r.items() if k != "join"}
+                fields["sampling"] = Sampling(**fields.get("sampling", {}))
                 assert scheduler.add(AddRequest(i, **fields)) is None
         out = scheduler.step()
         for seq_id, token in zip(out.seq_ids if out else [], out.token_ids if out else []):

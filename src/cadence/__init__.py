@@ -9,6 +9,7 @@ __all__ = [
     "Client",
     "ClientCredentials",
     "Model",
+    "Sampling",
     "Sequence",
     "SequenceError",
     "StepModel",
@@ -39,6 +40,10 @@ def __getattr__(name: str):
         from cadence.engines import model_api
 
         return getattr(model_api, name)
+    if name == "Sampling":  # what Sequence.sampling and AppRequest.sampling hold
+        from cadence.vocabulary import Sampling
+
+        return Sampling
     if name in ("AppContext", "AppRequest"):
         from cadence.engines import app
 

@@ -124,6 +124,10 @@ def _seconds_or_never(text: str) -> float | None:
         raise ValueError(f"invalid float value: {text!r}") from None
 
 
+Role = Literal["", "prefill", "decode"]
+"""A worker's part in disaggregated serving ("": both prefill and decode)."""
+
+
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     """What a worker needs to build its engine. Sent once, as JSON, at start-up."""
 
@@ -179,6 +183,28 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         ),
     ] = ()
     seed: Annotated[int, Option("seed of the synthetic engine's tokens and jitter", SYNTHETIC)] = 0
+    handoff_bytes_per_token: Annotated[
+        int,
+        Option(
+            "synthetic, disaggregated serving: KV-cache bytes a prompt token's state takes when "
+            "it moves from a prefill worker to a decode worker (default {default}: a Llama-3-8B "
+            "token in 16 bits)",
+            SYNTHETIC,
+            metavar="BYTES",
+            **NOT_NEGATIVE,
+        ),
+    ] = 131072
+    handoff_gbps: Annotated[
+        float,
+        Option(
+            "synthetic, disaggregated serving: the hand-off's bandwidth in GB/s (default "
+            "{default}: a PCIe 4.0 x16 link); a prefill worker spends bytes / bandwidth on each "
+            "state it exports",
+            SYNTHETIC,
+            metavar="GB/S",
+            **POSITIVE,
+        ),
+    ] = 25.0
     max_batch: Annotated[
         int,
         Option(
@@ -359,6 +385,10 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_failed_steps: int = 5
     """--worker-max-failed-steps: after this many failed engine steps in a row the worker
     tells every front (`StepsFailing`); 0: never."""
+    role: Role = ""
+    """Disaggregated serving (`--prefill-devices`, `--decode-devices`): a prefill worker hands
+    each sequence's state to the front after its first token (`StateExport`); a decode worker
+    also takes states in (`WorkerInputs.imports`). Empty: a worker that does both."""
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -375,6 +405,53 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ] = msgspec.field(default_factory=lambda: ["cpu"])
     """One worker per entry: `cpu` or `cuda:N`; a tensor-parallel worker lists one device per
     rank, comma separated (see `group_devices`)."""
+    prefill_devices: Annotated[
+        list[str],
+        Option(
+            "disaggregated serving: workers that prefill prompts and give each request's first "
+            "token, then hand its state to a decode worker (cpu:N or cuda:I,J,...; with "
+            "--decode-devices, in place of --devices; docs/architecture.md#disaggregated-serving)",
+            WORKERS,
+            metavar="DEVICES",
+            parse=str,
+            show=lambda devices: "none",
+        ),
+    ] = []
+    """The first `len(prefill_devices)` entries of `devices` (grouped as `devices` is)."""
+    decode_devices: Annotated[
+        list[str],
+        Option(
+            "disaggregated serving: workers that take the states prefill workers hand off and "
+            "stream the rest of each request (and serve prompts up to --disaggregate-above "
+            "whole)",
+            WORKERS,
+            metavar="DEVICES",
+            parse=str,
+            show=lambda devices: "none",
+        ),
+    ] = []
+    """The last `len(decode_devices)` entries of `devices`."""
+    disaggregate_above: Annotated[
+        int,
+        Option(
+            "disaggregated serving: a prompt of more than this many tokens is prefilled on a "
+            "prefill worker and handed off; a shorter one runs whole on a decode worker",
+            WORKERS,
+            metavar="TOKENS",
+            **NOT_NEGATIVE,
+        ),
+    ] = 256
+    """A prompt the worker tokenizes (text to a model's own tokenizer) counts its characters."""
+    handoff_window: Annotated[
+        int,
+        Option(
+            "disaggregated serving: states sent to one decode worker ahead of its taking them "
+            "into its batch; the rest wait in the front (back-pressure)",
+            WORKERS,
+            metavar="N",
+            at_least=1,
+        ),
+    ] = 4
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     max_concurrent: Annotated[
         int,
@@ -693,6 +770,20 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         """The name the model is served under: `served_model_name`, else `kserve_model_name`."""
         return self.served_model_name or self.kserve_model_name
 
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode run on different workers (`--prefill-devices`)."""
+        return bool(self.prefill_devices)
+
+    @property
+    def roles(self) -> list[Role]:
+        """Each worker's role, in `devices` order (all empty when not disaggregated)."""
+        if not self.prefill_devices:
+            return [""] * len(self.devices)
+        prefill = len(self.prefill_devices)
+        roles: list[Role] = ["prefill"] * prefill
+        return roles + ["decode"] * (len(self.devices) - prefill)
+
     def __post_init__(self) -> None:
         problems = [
             *_choice_problems(self),
@@ -747,6 +838,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.app_in_front and self.engine.name != "app":
             problems.append("app_in_front needs the app engine (--app MODULE:FUNCTION)")
         problems.extend(_torch_problems(self))
+        problems.extend(_disaggregation_problems(self))
         if self.grpc_server == "native" and self.launcher != "local":
             problems.append(
                 "--grpc-server native runs local workers only: drop --launcher, "
@@ -787,6 +879,29 @@ def _torch_problems(config: ServerConfig) -> list[str]:
     return problems
 
 
+def _disaggregation_problems(config: ServerConfig) -> list[str]:
+    prefill, decode = config.prefill_devices, config.decode_devices
+    if not prefill and not decode:
+        return []
+    if not prefill or not decode:
+        return ["--prefill-devices and --decode-devices go together: give both"]
+    problems = []
+    if config.devices != [*prefill, *decode]:
+        problems.append(
+            "with --prefill-devices and --decode-devices the workers are theirs: drop --devices"
+        )
+    if config.engine.name == "app":
+        problems.append(
+            "disaggregated serving needs a step engine with export_state and import_state "
+            "(an app function has no state to hand off)"
+        )
+    if config.fronts > 1:
+        problems.append("disaggregated serving runs one front: drop --fronts")
+    if any("," in d for d in [*prefill, *decode]):
+        problems.append("disaggregated serving moves whole states: drop --tp")
+    return problems
+
+
 def group_devices(devices: list[str], tp: int) -> list[str]:
     """Group a flat device list into tensor-parallel workers of `tp` ranks each:
     `["cpu"] * 4, tp=2` → `["cpu,cpu", "cpu,cpu"]` (two replicas of two ranks)."""
@@ -799,6 +914,17 @@ def group_devices(devices: list[str], tp: int) -> list[str]:
             f"--tp {tp} needs a multiple of {tp} devices; --devices gives {len(devices)}"
         )
     return [",".join(devices[i : i + tp]) for i in range(0, len(devices), tp)]
+
+
+def _role_devices(given: str | list[str], role: str) -> list[str]:
+    """`--prefill-devices` or `--decode-devices` (`role`: the field) as a list of devices."""
+    if not isinstance(given, str):
+        return list(given)
+    flag = "--" + role.replace("_", "-")
+    try:
+        return parse_devices(given)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("--devices", flag)) from None
 
 
 def cpu_threads_per_rank(devices: list[str]) -> int:
@@ -994,11 +1120,23 @@ def server_config(options: Mapping[str, Any]) -> ServerConfig:
     engine = {
         name: server.pop(name) for name in list(server) if name in EngineConfig.__struct_fields__
     }
+    tp = server.pop("tp", defaults["tp"])
     devices = server.pop("devices", defaults["devices"])
     devices = group_devices(
-        parse_devices(devices) if isinstance(devices, str) else list(devices),
-        server.pop("tp", defaults["tp"]),
+        parse_devices(devices) if isinstance(devices, str) else list(devices), tp
     )
+    roles = {}
+    for role in ("prefill_devices", "decode_devices"):
+        given = server.pop(role, None)
+        if given:
+            roles[role] = group_devices(_role_devices(given, role), tp)
+    if roles:
+        if "devices" in options:
+            raise ValueError(
+                "with --prefill-devices and --decode-devices the workers are theirs: drop --devices"
+            )
+        server.update(roles)
+        devices = [*roles.get("prefill_devices", []), *roles.get("decode_devices", [])]
     name = engine.get("name", defaults["name"])
     if engine.get("app"):
         name = "app"

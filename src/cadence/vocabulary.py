@@ -1,6 +1,7 @@
 """The words every stage of a token's path shares, below all of them and of no protocol: what
-a worker is asked to generate (`AddRequest`, as the front sends it and an engine reads it),
-and how a request ends (`Finish` when it completed, `Failure` when it did not). The front's
+a worker is asked to generate (`AddRequest`, as the front sends it and an engine reads it, with
+its `Sampling` carried whole from the protocol adapter that read it to the engine), and how a
+request ends (`Finish` when it completed, `Failure` when it did not). The front's
 core speaks them, every protocol adapter maps them to its wire (cadence.api.errors), the
 transport carries them between processes (cadence.transport.messages), workers and engines
 read and report them."""
@@ -12,15 +13,41 @@ import enum
 import msgspec
 
 
+class Sampling(
+    msgspec.Struct,
+    frozen=True,
+    omit_defaults=True,
+    rename={"temperature": "t", "top_p": "p", "top_k": "k", "seed": "s", "stop_token_ids": "x"},
+):
+    """A request's generation parameters: how each next token is chosen and which tokens end
+    the output. One value from the protocol adapter that read them (cadence.core.requests'
+    `Request`) through the worker's message (`AddRequest`) to the engine's `Sequence` and an
+    app's `AppRequest`; every stage reads the fields here, none restates them.
+
+    Encoded as a map without its default fields, under one-letter keys: a greedy request's
+    costs its worker message one byte."""
+
+    temperature: float = 0.0
+    """0: greedy."""
+    top_p: float = 0.0
+    """Nucleus sampling's mass; 0 or 1: off."""
+    top_k: int = 0
+    """0: off."""
+    seed: int = 0
+    """The request's seed; an engine mixes in its own (`--seed`)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end the output (finish STOP); the stop token itself is sent."""
+
+
+GREEDY = Sampling()
+"""The default: greedy, no stop tokens."""
+
+
 class AddRequest(msgspec.Struct, frozen=True, array_like=True):
     seq_id: int
     prompt_token_ids: list[int]
     max_tokens: int
-    stop_token_ids: list[int] = []
-    temperature: float = 0.0
-    top_p: float = 0.0
-    top_k: int = 0
-    seed: int = 0
+    sampling: Sampling = GREEDY
     timeout_ms: float = 0.0
     """Time left until the request's deadline when the front sent it; 0: no deadline.
     Relative, so it stays right when a worker's clock is not the front's."""

@@ -11,7 +11,7 @@ import pytest
 
 from cadence.engines.app import AppContext, AppRequest
 from cadence.transport.messages import RequestFailed, StepOutput, WorkerInputs, step_pieces
-from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.vocabulary import AddRequest, Failure, Finish, Sampling
 from cadence.worker.app_runner import AppRunner
 
 
@@ -107,7 +107,7 @@ def test_stop_token_ends_the_stream_after_it():
 
     async def main():
         h = Harness(app)
-        h.runner.add(AddRequest(1, [1], 100, [ord("c")]))
+        h.runner.add(AddRequest(1, [1], 100, Sampling(stop_token_ids=(ord("c"),))))
         await _until(lambda: h.ended(1))
         assert h.tokens(1) == [ord("a"), ord("b"), ord("c")]
         assert h.finish(1) == Finish.STOP
@@ -272,13 +272,14 @@ def test_request_fields_reach_the_function():
 
     async def main():
         h = Harness(app)
-        h.runner.add(AddRequest(7, list("hé".encode()), 3, [9], 0.5, 0.9, 40, 11))
+        h.runner.add(AddRequest(7, list("hé".encode()), 3, Sampling(0.5, 0.9, 40, 11, (9,))))
         await _until(lambda: h.ended(7))
         await h.runner.close()
 
     run(main())
     r = got[0]
     assert (r.seq_id, r.prompt, r.max_tokens, r.stop_token_ids) == (7, "hé", 3, [9])
+    assert r.sampling == Sampling(0.5, 0.9, 40, 11, (9,))
     assert (r.temperature, r.top_p, r.top_k, r.seed, r.device) == (
         0.5,
         pytest.approx(0.9),

@@ -8,7 +8,7 @@ from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.engines.synthetic import SyntheticEngine
 from cadence.transport.messages import RequestFailed, StepOutput
-from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.vocabulary import AddRequest, Failure, Finish, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
 
 PROMPT = list(b"Hello, cadence")
@@ -22,8 +22,13 @@ def scheduler(max_batch: int = 8, worker: int = 1, seed: int = 0) -> BatchSchedu
     return BatchScheduler(engine(seed), worker, max_batch)
 
 
-def req(seq_id: int, max_tokens: int = 4, prompt: list[int] | None = None, **kw) -> AddRequest:
-    return AddRequest(seq_id, PROMPT if prompt is None else prompt, max_tokens, **kw)
+def req(
+    seq_id: int, max_tokens: int = 4, prompt: list[int] | None = None, **sampling
+) -> AddRequest:
+    """A request; `sampling`: its Sampling's fields."""
+    return AddRequest(
+        seq_id, PROMPT if prompt is None else prompt, max_tokens, Sampling(**sampling)
+    )
 
 
 def run_to_end(s: BatchScheduler, limit: int = 10_000) -> list[StepOutput]:
@@ -117,7 +122,7 @@ def test_finish_by_stop_token():
     k = next(i for i in range(3, 20) if reference[i] not in reference[:i])
     stop = reference[k]
     s = scheduler()
-    s.add(req(1, max_tokens=20, stop_token_ids=[stop]))
+    s.add(req(1, max_tokens=20, stop_token_ids=(stop,)))
     outs = run_to_end(s)
     got = tokens_of(outs, 1)
     assert got == reference[: k + 1]  # the stop token itself is sent
@@ -129,7 +134,7 @@ def test_stop_wins_over_length_on_the_same_step():
     reference = generate(scheduler(), req(1, max_tokens=20))
     n = next(i for i in range(2, 20) if reference[i - 1] not in reference[: i - 1])
     s = scheduler()
-    s.add(req(1, max_tokens=n, stop_token_ids=[reference[n - 1]]))
+    s.add(req(1, max_tokens=n, stop_token_ids=(reference[n - 1],)))
     outs = run_to_end(s)
     assert len(outs) == n
     assert outs[-1].finish_reasons == [Finish.STOP]

@@ -15,7 +15,7 @@ from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.analysis.verdict import judge
 from cadence.lab.records import RequestRecord
-from cadence.lab.results import BenchResult
+from cadence.lab.results import BenchResult, Distribution, HostCpu, System
 
 MS = 1_000_000
 US = 1_000
@@ -204,3 +204,30 @@ def test_outputs_written_five_at_a_time_hold_the_first_one_at_the_engines_pace()
     assert ttft.state == "healthy" and "typical gap per token" in ttft.bound
     itl = next(t for t in verdict.tails if t.metric == "itl_ms")
     assert itl.state == "bad" and itl.explained_by["output_held_back"] > 0.9
+
+
+def test_a_ttft_tail_below_the_readings_yardstick_on_a_busy_host_is_put_on_the_host():
+    """Two of 32 first outputs 60 ms late on a host other work filled: over the verdict's
+    bound (5 steps and the noise floor), under the reading's 100 ms for a slow first output.
+    The reading has no tail to split, so the host bears on it without a share rather than
+    a share of 0 that would leave the server with all of it (`unexplained_tail`)."""
+    records = batched(streams=32, tokens=30)
+    for r in records[-2:]:
+        r.arrival_ns = [t + 60 * MS for t in r.arrival_ns]
+        r.end_ns = r.arrival_ns[-1]
+    result = as_bench(records)
+    ticks = [0.1 * i for i in range(1, int(result.wall_s * 10) + 4)]
+    result.system = System(
+        host=HostCpu(
+            cpus=2,
+            samples=[(t, 195.0, 2.0) for t in ticks],
+            wakeups=Distribution(count=500, p50=0.1, p90=0.5, p99=2.0, max=6.0),
+        )
+    )
+    result.diagnosis = diagnose(result)
+    [host] = [f for f in result.diagnosis if f.rule == "host_contended"]
+    assert "ttft_tail_share" not in host.evidence
+    verdict, unexplained = judge(result)
+    ttft = next(t for t in verdict.tails if t.metric == "ttft_ms")
+    assert ttft.state == "bad" and "host_contended" in ttft.explained_by, verdict.line
+    assert not unexplained

@@ -124,6 +124,10 @@ def test_each_sse_text_event_is_one_position_and_usage_is_kept_beside_them() -> 
     record = sse_record(5, 10)
     assert (record.tokens, record.index, record.usage_outputs) == ([1] * 5, [0, 1, 2, 3, 4], 10)
     assert sse_record(5, None).usage_outputs == -1
+    # A usage of no outputs beside text is a server that does not count (LitServe's zeros),
+    # not a count that makes every event extra; with no text it is a count like any other.
+    assert sse_record(5, 0).usage_outputs == -1
+    assert sse_record(0, 0, finish="stop").usage_outputs == 0
 
 
 def test_sse_events_against_usage() -> None:

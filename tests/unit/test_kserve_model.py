@@ -12,6 +12,7 @@ from cadence.lab.load.kserve import KServeTarget, _tokens_in, build_request, par
 from cadence.lab.load.plan import RequestPlan
 from cadence.proto.kserve import grpc_service_pb2 as kpb
 from cadence.proto.kserve.tensors import TensorError, bytes_raw, decode_input, int32_raw
+from cadence.vocabulary import Sampling
 
 
 def _request(*inputs: tuple[str, str, list[int], bytes], **fields) -> kpb.ModelInferRequest:
@@ -65,8 +66,7 @@ def test_a_request_becomes_cadences_own() -> None:
     translated = model.to_stream_request(request)
     g = translated.request
     assert (g.request_id, list(g.prompt_token_ids), g.max_tokens) == ("r1", [7, 8, 9], 12)
-    assert (g.temperature, g.top_k, g.seed) == (0.5, 4, 2**40)
-    assert list(g.stop_token_ids) == [9]
+    assert g.sampling == Sampling(temperature=0.5, top_k=4, seed=2**40, stop_token_ids=(9,))
     assert translated.empty_final and translated.want_text and not translated.want_tokens
     text = model.to_stream_request(
         _request(

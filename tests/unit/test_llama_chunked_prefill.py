@@ -14,7 +14,7 @@ pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch
 
 from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
-from cadence.vocabulary import AddRequest
+from cadence.vocabulary import AddRequest, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import FixedBudget
 from tests.llama_models import hf_greedy, save_model
@@ -89,7 +89,8 @@ def test_chunked_greedy_tokens_equal_transformers(engine, model_dir):
 def test_seeded_sampling_is_the_same_chunked_or_not(engine):
     ids = prompts()
     requests = [
-        AddRequest(i, p, N, temperature=0.9, top_k=20, seed=11 + i) for i, p in enumerate(ids)
+        AddRequest(i, p, N, Sampling(temperature=0.9, top_k=20, seed=11 + i))
+        for i, p in enumerate(ids)
     ]
     assert run(engine, requests, 24, {2: 1}) == run(engine, requests, None, {2: 1})
 

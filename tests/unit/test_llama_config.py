@@ -18,7 +18,7 @@ from cadence.engines.llama.engine import LlamaEngine
 from cadence.engines.llama.kv_cache import KVCache
 from cadence.engines.llama.loader import ModelFolderError, read_config
 from cadence.engines.llama.tokenizer import TextTokenizer
-from cadence.vocabulary import AddRequest
+from cadence.vocabulary import AddRequest, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests.llama_models import PROMPTS, hf_greedy, save_model, save_tokenizer
 
@@ -209,7 +209,8 @@ def test_without_tokenizer_json_text_is_byte_level_and_larger_ids_have_no_text(t
     scheduler = BatchScheduler(engine, 0, 4)
     # Sampled hot, so that ids beyond the bytes come out too.
     assert (
-        scheduler.add(AddRequest(1, [], 40, temperature=5.0, seed=3, prompt_text="héllo")) is None
+        scheduler.add(AddRequest(1, [], 40, Sampling(temperature=5.0, seed=3), prompt_text="héllo"))
+        is None
     )
     tokens, texts = [], []
     while scheduler.has_work:

@@ -13,7 +13,7 @@ pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch
 from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
 from cadence.transport.messages import StepOutput
-from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.vocabulary import AddRequest, Failure, Finish, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 
@@ -111,10 +111,12 @@ def test_greedy_tokens_equal_transformers_in_a_mixed_length_batch(engine, prompt
 @pytest.mark.slow
 def test_a_sequences_tokens_do_not_depend_on_its_batch(engine, prompt_ids):
     greedy = AddRequest(100, prompt_ids[2], 16)
-    sampled = AddRequest(101, prompt_ids[0], 16, temperature=0.9, top_p=0.95, top_k=50, seed=7)
+    sampled = AddRequest(
+        101, prompt_ids[0], 16, Sampling(temperature=0.9, top_p=0.95, top_k=50, seed=7)
+    )
     alone = {**run(engine, [greedy])[0], **run(engine, [sampled])[0]}
     others = [AddRequest(200 + i, ids, 3 + 4 * i) for i, ids in enumerate(prompt_ids)]
-    others.append(AddRequest(210, prompt_ids[3], 9, temperature=1.5, seed=1))
+    others.append(AddRequest(210, prompt_ids[3], 9, Sampling(temperature=1.5, seed=1)))
     for join_at in ({}, {100: 2, 101: 5, 201: 4, 203: 7}, {200: 3, 202: 9, 210: 1}):
         mixed, _ = run(engine, [greedy, sampled, *others], join_at=join_at)
         assert mixed[100] == alone[100]
@@ -187,9 +189,8 @@ def test_check_refuses_requests_that_cannot_run_with_the_reason(model_dir):
 
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(engine, prompt_ids, expected):
     def sampled(seed: int, **kw) -> list[int]:
-        request = AddRequest(
-            1, prompt_ids[0], N, temperature=kw.pop("temperature", 1.0), seed=seed, **kw
-        )
+        sampling = Sampling(temperature=kw.pop("temperature", 1.0), seed=seed, **kw)
+        request = AddRequest(1, prompt_ids[0], N, sampling)
         return run(engine, [request])[0][1]
 
     assert sampled(3) == sampled(3)

@@ -18,7 +18,12 @@ REQUESTS = [
     {"prompt_token_ids": [0, 17, 42, 99, 5, 250, 31], "max_tokens": N, "join": 0},
     {"prompt_token_ids": [0, 8], "max_tokens": N, "join": 0},
     {"prompt_token_ids": list(range(3, 40)), "max_tokens": N - 4, "join": 2},
-    {"prompt_token_ids": [0, 9, 9, 9], "max_tokens": N, "join": 3, "temperature": 0.8, "seed": 11},
+    {
+        "prompt_token_ids": [0, 9, 9, 9],
+        "max_tokens": N,
+        "join": 3,
+        "sampling": {"temperature": 0.8, "seed": 11},
+    },
 ]
 
 

@@ -15,7 +15,7 @@ from cadence.transport.messages import (
     WorkerOutput,
     WorkerReady,
 )
-from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.vocabulary import GREEDY, AddRequest, Failure, Finish, Sampling
 
 encode = msgspec.msgpack.Encoder().encode
 decode_input = msgspec.msgpack.Decoder(WorkerInput).decode
@@ -26,15 +26,26 @@ def test_worker_inputs_roundtrip():
     msg = WorkerInputs(
         adds=[
             AddRequest(1, [72, 105], 16),
-            AddRequest(2, [0, 255], 3, [10, 46], 0.7, 0.9, 40, 2**63 - 1),
+            AddRequest(2, [0, 255], 3, Sampling(0.7, 0.9, 40, 2**63 - 1, (10, 46))),
         ],
         aborts=[5, 6],
     )
     got = decode_input(encode(msg))
     assert type(got) is WorkerInputs
     assert got == msg
-    assert got.adds[0].stop_token_ids == []
-    assert got.adds[1].seed == 2**63 - 1
+    assert got.adds[0].sampling == GREEDY and got.adds[0].sampling.stop_token_ids == ()
+    assert got.adds[1].sampling.seed == 2**63 - 1
+
+
+def test_sampling_costs_a_greedy_request_one_byte():
+    """The sampling struct crosses to the worker without its defaults: a greedy request's
+    is one byte, and each field set adds only itself."""
+    assert encode(GREEDY) == b"\x80"
+    greedy = len(encode(AddRequest(1, [72], 16)))
+    sampled = len(encode(AddRequest(1, [72], 16, Sampling(temperature=0.5))))
+    assert sampled - greedy == len(encode({"t": 0.5})) - 1
+    stops = AddRequest(1, [72], 16, Sampling(stop_token_ids=(3, 4)))
+    assert decode_input(encode(WorkerInputs([stops], []))).adds == [stops]
 
 
 def test_empty_worker_inputs_roundtrip():

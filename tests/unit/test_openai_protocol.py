@@ -12,13 +12,18 @@ from cadence.api.openai.chat import PlainChat, load_template
 from cadence.api.openai.protocol import (
     CHAT,
     COMPLETIONS,
-    BadField,
     Encoder,
     StopStrings,
+    error_response,
     parse,
 )
-from cadence.core.requests import Chunk
-from cadence.vocabulary import Finish
+from cadence.config import ServerConfig
+from cadence.core.errors import InvalidRequest, RequestError
+from cadence.core.generation import FrontCore
+from cadence.core.metrics import OPENAI, FrontMetrics
+from cadence.core.requests import Chunk, Request
+from cadence.router import WorkerRouter
+from cadence.vocabulary import Failure, Finish, Sampling
 
 
 def _parse(body: dict, endpoint: str = COMPLETIONS):
@@ -47,12 +52,9 @@ def test_completion_fields_map_to_the_core_request() -> None:
     assert (
         request.prompt,
         request.max_tokens,
-        request.temperature,
-        request.top_p,
-        request.seed,
-        request.stop_token_ids,
+        request.sampling,
         request.include_timing,
-    ) == ("Hi", 7, 0.5, 0.9, 3, [2], True)
+    ) == ("Hi", 7, Sampling(temperature=0.5, top_p=0.9, seed=3, stop_token_ids=(2,)), True)
     assert wire.stream and wire.include_usage and wire.stops == ["x"]
     assert wire.timeout_s == 2.0 and wire.model == "m"
 
@@ -100,17 +102,59 @@ def test_defaults_and_prompt_forms() -> None:
     ],
 )
 def test_invalid_fields_are_named(body: dict, param: str) -> None:
-    with pytest.raises(BadField) as info:
+    with pytest.raises(InvalidRequest) as info:
         _parse(body)
-    assert info.value.param == param
+    assert info.value.parameter == param
+    # As the body names it, in the error body too.
+    status, error = error_response(info.value, COMPLETIONS)
+    assert status == 400 and json.loads(error)["error"]["param"] == param
 
 
 def test_chat_needs_messages_and_a_body_must_be_json() -> None:
-    with pytest.raises(BadField) as info:
+    with pytest.raises(InvalidRequest) as info:
         _parse({"model": "m", "messages": []}, CHAT)
-    assert info.value.param == "messages"
-    with pytest.raises(BadField):
+    assert info.value.parameter == "messages"
+    with pytest.raises(InvalidRequest) as info:
         parse(b"{not json", COMPLETIONS, default_max_tokens=1)
+    assert info.value.parameter is None
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "param", "chat_param"),
+    [
+        ({"max_tokens": 0}, "max_tokens", "max_tokens"),
+        ({"max_tokens": 10**9}, "max_tokens", "max_tokens"),
+        ({"prompt": ""}, "prompt", "messages"),
+        ({"prompt": "x" * 300}, "prompt", "messages"),
+        ({"prompt": "", "prompt_token_ids": [-1]}, "prompt", "messages"),
+        ({"sampling": Sampling(temperature=-1.0)}, "temperature", "temperature"),
+        ({"sampling": Sampling(top_p=1.5)}, "top_p", "top_p"),
+        ({"sampling": Sampling(top_k=2**32)}, "top_k", "top_k"),
+        ({"sampling": Sampling(seed=2**64)}, "seed", "seed"),
+        ({"sampling": Sampling(stop_token_ids=(-1,))}, "stop_token_ids", "stop_token_ids"),
+        ({"priority": 2**31}, "priority", "priority"),
+    ],
+)
+def test_the_cores_refusals_name_the_bodys_field(
+    request_fields: dict, param: str, chat_param: str
+) -> None:
+    """The core names the field of its Request that a refusal is about; `error_response`,
+    the one map to the OpenAI wire, names the body's, without reading the message."""
+    core = FrontCore(ServerConfig(max_prompt_tokens=256), [], WorkerRouter(1), FrontMetrics())
+    core.refusal = None
+    fields = {"prompt": "Hi", "max_tokens": 4, **request_fields}
+    with pytest.raises(InvalidRequest) as info:
+        core.open(Request(**fields), 0, lambda: None, protocol=OPENAI)
+    refusal = info.value
+    for endpoint, expected in ((COMPLETIONS, param), (CHAT, chat_param)):
+        status, body = error_response(refusal, endpoint)
+        error = json.loads(body)["error"]
+        assert (status, error["param"], error["message"]) == (400, expected, refusal.message)
+
+
+def test_a_refusal_about_no_one_field_has_no_param() -> None:
+    status, body = error_response(RequestError(Failure.UNAVAILABLE, "draining"), CHAT)
+    assert status == 503 and json.loads(body)["error"]["param"] is None
 
 
 def test_stop_strings_hold_back_a_possible_start_and_cut_at_a_match() -> None:

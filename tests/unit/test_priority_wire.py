@@ -10,7 +10,7 @@ import pytest
 
 from cadence.api.kserve import model
 from cadence.api.kserve.responses import ResponseEncoder
-from cadence.api.openai.protocol import COMPLETIONS, BadField, Encoder, parse
+from cadence.api.openai.protocol import COMPLETIONS, Encoder, parse
 from cadence.api.v1.service import to_chunk, to_request
 from cadence.core.errors import InvalidRequest
 from cadence.core.requests import Chunk
@@ -34,11 +34,11 @@ def test_openai_priority_as_vllm_accepts_it_and_cached_tokens_in_usage():
         parse(b'{"model": "m", "prompt": "hi"}', COMPLETIONS, default_max_tokens=8).request.priority
         == 0
     )
-    with pytest.raises(BadField) as bad:
+    with pytest.raises(InvalidRequest) as bad:
         parse(
             b'{"model": "m", "prompt": "hi", "priority": "high"}', COMPLETIONS, default_max_tokens=8
         )
-    assert bad.value.param == "priority"
+    assert bad.value.parameter == "priority"
     encoder = Encoder(COMPLETIONS, "m")
     encoder.count(Chunk(0, [1, 2], "ab", Finish.LENGTH, 40, None, 32))
     assert encoder.usage()["prompt_tokens_details"] == {"cached_tokens": 32}

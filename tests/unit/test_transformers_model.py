@@ -16,7 +16,7 @@ from cadence.config import EngineConfig, ServerConfig
 from cadence.engines.transformers_model import TRANSFORMERS_MODEL
 from cadence.engines.user_model import ModelEngine
 from cadence.transport.messages import StepOutput, step_pieces
-from cadence.vocabulary import AddRequest, Finish
+from cadence.vocabulary import AddRequest, Finish, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.process import build_engine
 from tests.llama_models import PROMPTS
@@ -147,9 +147,10 @@ def test_sampling_depends_on_the_seed_not_on_the_batch(checkpoints, prompt_ids) 
 
     def alone(seed: int) -> list[int]:
         scheduler = BatchScheduler(engine(folder), 0, 16)
-        return run(scheduler, {0: [AddRequest(0, prompt_ids[0], N, seed=seed, **sampled)]})[0][0]
+        request = AddRequest(0, prompt_ids[0], N, Sampling(seed=seed, **sampled))
+        return run(scheduler, {0: [request]})[0][0]
 
-    joins = staggered(prompt_ids, seed=7, **sampled)
+    joins = staggered(prompt_ids, sampling=Sampling(seed=7, **sampled))
     together = run(BatchScheduler(engine(folder), 0, 16), joins)
     assert together[0][0] == alone(7)
     assert alone(7) != alone(8)

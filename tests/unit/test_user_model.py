@@ -13,7 +13,7 @@ from cadence.engines.detokenizer import TextStreams
 from cadence.engines.output_text import MAX_OUTPUT_BYTES, MAX_OUTPUT_TOKENS
 from cadence.engines.user_model import ModelEngine
 from cadence.transport.messages import RequestFailed, StepOutput, step_pieces
-from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.vocabulary import AddRequest, Failure, Finish, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
 from tests import batched_models
 from tests.batched_models import WordTokenizer
@@ -62,9 +62,13 @@ def streamed(outs: list, seq_id: int) -> tuple[list[int], str, int]:
 
 
 def test_sequence_is_public_with_the_request_fields() -> None:
-    seq = cadence.Sequence(AddRequest(7, [104, 105], 9, [3], 0.5, 0.9, 40, 11, prompt_text="hi"))
+    seq = cadence.Sequence(
+        AddRequest(7, [104, 105], 9, Sampling(0.5, 0.9, 40, 11, (3,)), prompt_text="hi")
+    )
     assert (seq.seq_id, seq.prompt, seq.prompt_token_ids) == (7, "hi", [104, 105])
     assert seq.max_tokens == 9
+    assert seq.sampling == Sampling(0.5, 0.9, 40, 11, (3,))
+    # Each field on its own too, as user models have read them.
     assert (seq.temperature, seq.top_p, seq.top_k, seq.seed) == (0.5, 0.9, 40, 11)
     assert seq.stop_token_ids == {3} and seq.generated == 0 and seq.state is None
 
@@ -74,7 +78,9 @@ def test_int_str_and_none_outputs_with_their_finishes() -> None:
     assert s.add(text_request(1, "count 12")) is None  # bytes, then None: STOP
     assert s.add(text_request(2, "count 99", max_tokens=5)) is None  # LENGTH
     assert s.add(text_request(3, "batch", max_tokens=3)) is None  # text pieces
-    assert s.add(text_request(4, "abc", max_tokens=9, stop_token_ids=[99])) is None  # stop token
+    assert (
+        s.add(text_request(4, "abc", max_tokens=9, sampling=Sampling(stop_token_ids=(99,)))) is None
+    )  # stop token
     outs = run(s)
     assert streamed(outs, 1) == (list(b"012345678901"), "012345678901", Finish.STOP)
     assert streamed(outs, 2) == (list(b"01234"), "01234", Finish.LENGTH)
@@ -287,7 +293,9 @@ def test_the_example_model_runs_under_the_scheduler() -> None:
         max_batch=512,
     )
     for seq_id in range(1, 301):  # more than its 256 slots: the rest wait for released ones
-        assert s.add(text_request(seq_id, "The stream", max_tokens=20, temperature=0.7)) is None
+        assert (
+            s.add(text_request(seq_id, "The stream", max_tokens=20, sampling=Sampling(0.7))) is None
+        )
     outs = run(s)
     for seq_id in (1, 300):
         tokens, text, finish = streamed(outs, seq_id)
@@ -420,6 +428,8 @@ def test_a_misspelled_member_is_named_with_what_it_was_meant_to_be() -> None:
         "max_batch",
         "tokenizer",
         "takes_prefill_chunks",
+        "export_state",
+        "import_state",
     }
 
 

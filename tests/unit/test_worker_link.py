@@ -17,7 +17,7 @@ from cadence.transport.front_channel import FrontChannel, encode_add
 from cadence.transport.messages import WorkerInputs
 from cadence.transport.sockets import local_addresses
 from cadence.transport.worker_channel import WorkerChannel
-from cadence.vocabulary import AddRequest
+from cadence.vocabulary import AddRequest, Sampling
 
 
 def adds_received(worker: WorkerChannel) -> list[WorkerInputs]:
@@ -38,10 +38,10 @@ def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> No
             (link,) = front.links(asyncio.get_running_loop())
             while not link.connected():  # an empty probe, until the worker's end is there
                 await asyncio.sleep(0.01)
-            link.add(encode_add(AddRequest(1, [1, 2], 3, seed=2**64 - 1)))
+            link.add(encode_add(AddRequest(1, [1, 2], 3, Sampling(seed=2**64 - 1))))
             with pytest.raises(ValueError, match="64 bits"):
-                encode_add(AddRequest(2, [1], 3, stop_token_ids=[2**70]))
-            link.add(encode_add(AddRequest(3, [4], 5, seed=-(2**63))))
+                encode_add(AddRequest(2, [1], 3, Sampling(stop_token_ids=(2**70,))))
+            link.add(encode_add(AddRequest(3, [4], 5, Sampling(seed=-(2**63)))))
             link.abort(9)
             await asyncio.sleep(0)  # the tick ends: one flush
 
@@ -49,7 +49,10 @@ def test_a_request_msgpack_cannot_hold_fails_alone_and_its_batch_arrives() -> No
         received = adds_received(worker)
         assert received == [
             WorkerInputs(
-                [AddRequest(1, [1, 2], 3, seed=2**64 - 1), AddRequest(3, [4], 5, seed=-(2**63))],
+                [
+                    AddRequest(1, [1, 2], 3, Sampling(seed=2**64 - 1)),
+                    AddRequest(3, [4], 5, Sampling(seed=-(2**63))),
+                ],
                 [9],
             )
         ]

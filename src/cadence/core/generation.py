@@ -17,7 +17,7 @@ import itertools
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Self
 
 import msgspec
@@ -25,6 +25,7 @@ import msgspec
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.config import ServerConfig
 from cadence.core.errors import InvalidRequest, RequestError
+from cadence.core.handoff import HandOffs
 from cadence.core.intake_lull import IntakeLull
 from cadence.core.metrics import FrontMetrics, ProtocolMetrics
 from cadence.core.requests import (
@@ -90,6 +91,21 @@ class FrontCore:
         self.refusal: str | None = "the server is starting; retry shortly"
         """Why new requests are refused (start-up, drain), or None while serving."""
         self._lull = IntakeLull()
+        self.handoffs: HandOffs | None = None
+        """Disaggregated serving (`--prefill-devices`): the sequences between a prefill and a
+        decode worker; None: every request runs where it starts."""
+        if config.disaggregated:
+            prefill = len(config.prefill_devices)
+            self.handoffs = HandOffs(
+                links,
+                router,
+                self.streams,
+                range(prefill),
+                range(prefill, len(config.devices)),
+                config.handoff_window,
+            )
+            self.handoffs.on_handoff = metrics.handoffs.inc
+            metrics.watch_handoffs(config.roles, self.handoffs.waiting, self.handoffs.in_flight)
         self.tracer: RequestTracer | None = None
         """Exports a span per finished request (`--otlp-traces-endpoint`), or None."""
 
@@ -120,6 +136,7 @@ class FrontCore:
         protocol: str,
         unique_id: bool = True,
         task: asyncio.Task | None = None,
+        end_call: Callable[[Failure, str], Awaitable[None]] | None = None,
         operation: str = "text_completion",
     ) -> Generation:
         """Check, admit, route and start one request; raise RequestError if it cannot start.
@@ -128,10 +145,13 @@ class FrontCore:
         gives the seconds left before the call's deadline (None: no deadline); `protocol`
         labels the request's metrics (metrics.PROTOCOLS); with
         `unique_id` a `request_id` that an open request holds is refused; `task` is
-        cancelled if the client stops reading (default: the current one); `operation` is
+        cancelled if the client stops reading (default: the current one); `end_call`, for
+        a call that a cancelled task leaves without a status (grpc.aio's), ends it with the
+        failure's once the stall sweep cut it off (`RequestStream.end_call`); `operation` is
         the request's `gen_ai.operation.name` in traces (`text_completion` or `chat`).
         """
         self._lull.opened += 1
+        config = self._config
         try:
             if self.refusal is not None:
                 raise RequestError(Failure.UNAVAILABLE, self.refusal)
@@ -159,10 +179,17 @@ class FrontCore:
             try:
                 router = self._router
                 prefixes = router.prefixes
+                pool = None
+                handoffs = self.handoffs
+                if handoffs is not None:
+                    length = len(add.prompt_token_ids) or len(add.prompt_text)
+                    long = length > config.disaggregate_above
+                    pool = handoffs.prefill if long else handoffs.decode
                 worker = router.pick(
                     None
                     if prefixes is None
-                    else prompt_hashes(add.prompt_token_ids, add.prompt_text, prefixes.capacity)
+                    else prompt_hashes(add.prompt_token_ids, add.prompt_text, prefixes.capacity),
+                    pool,
                 )
             except NoWorkerAvailable:
                 self._gate.leave()
@@ -173,7 +200,6 @@ class FrontCore:
             self.refused(exc.failure, protocol)
             raise
 
-        config = self._config
         link = self._links[worker]
         stream = RequestStream(
             add.seq_id,
@@ -188,6 +214,7 @@ class FrontCore:
             link=link,
         )
         stream.task = task or asyncio.current_task()
+        stream.end_call = end_call
         self.streams[add.seq_id] = stream
         held_id = request_id if unique_id and request_id else None
         if held_id is not None:
@@ -201,6 +228,8 @@ class FrontCore:
                 "the request's deadline passed before generation finished",
             )
         self._router.assign(worker, add.max_tokens)
+        if pool is not None and handoffs is not None and pool is handoffs.prefill:
+            handoffs.expect(add.seq_id, frame, add.max_tokens)
         link.add(frame)
         return Generation(
             self,
@@ -228,22 +257,26 @@ class FrontCore:
             raise InvalidRequest(
                 f"request_id is {size} bytes long; at most "
                 f"{REQUEST_ID_MAX_BYTES} are accepted (it is echoed on every "
-                "response)"
+                "response)",
+                "request_id",
             )
         if request.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be at least 1")
+            raise InvalidRequest("max_tokens must be at least 1", "max_tokens")
         if request.max_tokens > config.max_tokens_limit:
             raise InvalidRequest(
                 f"max_tokens is {request.max_tokens}; this server allows at most "
-                f"{config.max_tokens_limit} (--max-tokens-limit)"
+                f"{config.max_tokens_limit} (--max-tokens-limit)",
+                "max_tokens",
             )
         prompt_text = ""
         if request.prompt_token_ids:
             prompt = request.prompt_token_ids
             if min(prompt) < 0:
-                raise InvalidRequest("prompt_token_ids must not be negative")
+                raise InvalidRequest("prompt_token_ids must not be negative", "prompt_token_ids")
             if max(prompt) > TOKEN_ID_MAX:
-                raise InvalidRequest(f"prompt_token_ids must be at most {TOKEN_ID_MAX}")
+                raise InvalidRequest(
+                    f"prompt_token_ids must be at most {TOKEN_ID_MAX}", "prompt_token_ids"
+                )
         elif request.prompt and self._text_to_worker:
             # Tokenized, counted and checked against the model's context by the worker.
             prompt, prompt_text = [], request.prompt
@@ -252,36 +285,41 @@ class FrontCore:
             if self._text_beside_bytes:
                 prompt_text = request.prompt
         else:
-            raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids")
+            raise InvalidRequest("the prompt is empty: set prompt or prompt_token_ids", "prompt")
         refusal = prompt_over_limit(len(prompt), config.max_prompt_tokens)
         if refusal is not None:
-            raise InvalidRequest(refusal)
-        if not request.temperature >= 0 or math.isinf(request.temperature):
-            raise InvalidRequest("sampling.temperature must be a finite number, 0 (greedy) or more")
-        if not 0 <= request.top_p <= 1:
-            raise InvalidRequest("sampling.top_p must be between 0 and 1")
+            raise InvalidRequest(refusal, "prompt")
+        sampling = request.sampling
+        if not sampling.temperature >= 0 or math.isinf(sampling.temperature):
+            raise InvalidRequest(
+                "sampling.temperature must be a finite number, 0 (greedy) or more",
+                "sampling.temperature",
+            )
+        if not 0 <= sampling.top_p <= 1:
+            raise InvalidRequest("sampling.top_p must be between 0 and 1", "sampling.top_p")
         # Every integer in range here, whatever the protocol: the worker's message holds 64 bits.
-        if not 0 <= request.top_k <= TOP_K_MAX:
-            raise InvalidRequest(f"sampling.top_k must be from 0 to {TOP_K_MAX}")
-        if not SEED_RANGE[0] <= request.seed <= SEED_RANGE[1]:
-            raise InvalidRequest(f"sampling.seed must be from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
-        stops = request.stop_token_ids
+        if not 0 <= sampling.top_k <= TOP_K_MAX:
+            raise InvalidRequest(f"sampling.top_k must be from 0 to {TOP_K_MAX}", "sampling.top_k")
+        if not SEED_RANGE[0] <= sampling.seed <= SEED_RANGE[1]:
+            raise InvalidRequest(
+                f"sampling.seed must be from {SEED_RANGE[0]} to {SEED_RANGE[1]}", "sampling.seed"
+            )
+        stops = sampling.stop_token_ids
         if stops and (min(stops) < 0 or max(stops) > TOKEN_ID_MAX):
-            raise InvalidRequest(f"stop_token_ids must be from 0 to {TOKEN_ID_MAX}")
+            raise InvalidRequest(
+                f"stop_token_ids must be from 0 to {TOKEN_ID_MAX}", "sampling.stop_token_ids"
+            )
         if not PRIORITY_RANGE[0] <= request.priority <= PRIORITY_RANGE[1]:
             raise InvalidRequest(
                 f"priority must be from {PRIORITY_RANGE[0]} to "
-                f"{PRIORITY_RANGE[1]} (lower is served first)"
+                f"{PRIORITY_RANGE[1]} (lower is served first)",
+                "priority",
             )
         return AddRequest(
             seq_id,
             prompt,
             request.max_tokens,
-            request.stop_token_ids,
-            request.temperature,
-            request.top_p,
-            request.top_k,
-            request.seed,
+            sampling,
             prompt_text=prompt_text,
             priority=request.priority,
         )
@@ -297,6 +335,8 @@ class FrontCore:
         worker = stream.worker
         self._router.release(worker, generation.max_tokens)
         self._gate.leave()
+        if self.handoffs is not None:
+            self.handoffs.ended(stream.seq_id, worker)
         if stream.finish in (Finish.NONE, Finish.CANCELLED):
             # Cancelled, past its deadline, failed or drained: the worker drops it at its
             # next step.
@@ -312,6 +352,8 @@ class FrontCore:
 
     def fail_worker(self, worker: int, message: str) -> None:
         """Worker `worker` stopped: end its streams at once (the others go on)."""
+        if self.handoffs is not None:
+            self.handoffs.worker_down(worker)
         for stream in list(self.streams.values()):
             if stream.worker == worker:
                 stream.fail(Failure.UNAVAILABLE, message)
@@ -534,6 +576,19 @@ class Generation:
             chunk.timing.send_ns = now
         stream.sending_since_ns = now
         return chunk
+
+    def write_waits(self) -> None:
+        """The adapter's last write is not taken yet (its server's buffer for the call is
+        full, or the client is not reading): the stall sweep (--stall-timeout) counts the
+        wait from now, or from when it began counting one."""
+        stream = self.stream
+        if not stream.sending_since_ns:
+            stream.sending_since_ns = time.monotonic_ns()
+
+    def finish_here(self) -> None:
+        """The adapter ended the output itself (an OpenAI stop string matched): the request
+        counts as finished OK, and closing aborts its sequence in the worker."""
+        self.failure = None
 
     def close(self) -> None:
         if (

@@ -299,6 +299,30 @@ class FrontMetrics:
             ["worker"],
             registry=r,
         )
+        # Disaggregated serving (--prefill-devices): set only then.
+        self.worker_role = Gauge(
+            "cadence_worker_role",
+            "1 for the worker's role in disaggregated serving: prefill (prompts and first "
+            "tokens) or decode (handed-over sequences, and prompts up to --disaggregate-above).",
+            ["worker", "role"],
+            registry=r,
+        )
+        self.handoffs = Counter(
+            "cadence_handoffs_total",
+            "Sequences handed from a prefill worker to a decode worker.",
+            registry=r,
+        )
+        self.handoffs_waiting = Gauge(
+            "cadence_handoff_states_waiting",
+            "Handed-over states held in the front until a decode worker has room "
+            "(beyond --handoff-window).",
+            registry=r,
+        )
+        self.handoffs_in_flight = Gauge(
+            "cadence_handoff_states_in_flight",
+            "Handed-over states sent to decode workers and not yet in their batches.",
+            registry=r,
+        )
         self.accept_ahead = Gauge(
             "cadence_accept_ahead_calls",
             "Incoming calls of each streaming method requested from gRPC "
@@ -353,6 +377,16 @@ class FrontMetrics:
         """Gauges computed only when scraped, so they cost nothing per token."""
         self.active.set_function(active)
         self.deepest_buffer.set_function(deepest_buffer)
+
+    def watch_handoffs(
+        self, roles: Sequence[str], waiting: Callable[[], float], in_flight: Callable[[], float]
+    ) -> None:
+        """Disaggregated serving: each worker's role, and the hand-offs' gauges (read when
+        scraped)."""
+        for worker, role in enumerate(roles):
+            self.worker_role.labels(str(worker), role).set(1)
+        self.handoffs_waiting.set_function(waiting)
+        self.handoffs_in_flight.set_function(in_flight)
 
     def watch_batches(self, batch_size: Callable[[int], float], workers: int) -> None:
         """`cadence_worker_batch_size` of each worker, `batch_size(worker)` when scraped."""

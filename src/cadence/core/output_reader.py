@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from cadence.core.handoff import HandOffs
 from cadence.core.metrics import FrontMetrics
 from cadence.core.stream import RequestStream
 from cadence.transport.messages import (
     Heartbeat,
     RequestFailed,
+    StateExport,
     StepOutput,
     StepsFailing,
     WorkerOutput,
@@ -57,6 +59,9 @@ class OutputReader:
         """What each worker's last heartbeat said of its step loop: how long it has had work
         without finishing a step (the supervisor's hang check reads it)."""
         self.on_sick: Callable[[StepsFailing], None] = lambda message: None
+        self.handoffs: HandOffs | None = None
+        """Disaggregated serving: told of each state a prefill worker hands over, and of
+        the handed-over sequences a decode worker took into its batch."""
         """Told when a worker reports its steps failing in a row (the supervisor ejects it)."""
         self._boot_id = boot_id()
         self.clock_offset_ns = [0] * workers
@@ -93,6 +98,8 @@ class OutputReader:
             self._on_ready(message)
         elif type(message) is StepsFailing:
             self.on_sick(message)
+        elif type(message) is StateExport and self.handoffs is not None:
+            self.handoffs.arrived(message, recv_ns)
 
     def _push_step(self, message: StepOutput, recv_ns: int) -> None:
         """Push each sequence's piece of one step into its stream, then end the finished.
@@ -113,6 +120,8 @@ class OutputReader:
                     stream.set_prompt_tokens(count)
         if message.cached_tokens:  # --prefix-caching: each new sequence's cache hit
             self._count_cached(message.cached_tokens, worker)
+        if message.imported and self.handoffs is not None:  # disaggregated: hand-offs done
+            self.handoffs.admitted(worker, message.imported)
         if message.piece_outputs:  # a model's text pieces: each is one position
             for seq_id in message.seq_ids:
                 stream = get(seq_id)

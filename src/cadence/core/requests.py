@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from cadence.vocabulary import GREEDY, Sampling
+
 SEED_RANGE = (-(2**63), 2**64 - 1)
 """A seed is any 64-bit integer, signed or not (OpenAI's clients send int64, cadence.v1 uint64);
 a wider one cannot cross to a worker."""
@@ -33,12 +35,9 @@ class Request(msgspec.Struct, kw_only=True):
     """Text; used when `prompt_token_ids` is empty."""
     prompt_token_ids: list[int] = []
     max_tokens: int = 0
-    stop_token_ids: list[int] = []
-    temperature: float = 0.0
-    """0: greedy."""
-    top_p: float = 0.0
-    top_k: int = 0
-    seed: int = 0
+    sampling: Sampling = GREEDY
+    """Temperature, top-p, top-k, seed and stop token ids, as one value: the worker's message
+    and the engine carry it as it is."""
     priority: int = 0
     """Scheduling priority, as vLLM's: lower is served first; FCFS within one."""
     include_timing: bool = False
@@ -64,6 +63,11 @@ class ChunkTiming(msgspec.Struct, kw_only=True, gc=False):
     """The front read that step's message."""
     send_ns: int = 0
     """The chunk was handed to the protocol adapter."""
+    prefill_worker: int = -1
+    """Disaggregated serving: the worker that prefilled the request, once it was handed off
+    to `worker` (-1: not handed off)."""
+    handoff_ns: int = 0
+    """When the front got the request's state from its prefill worker (0: not handed off)."""
 
 
 class Chunk(msgspec.Struct, array_like=True, gc=False):

@@ -78,7 +78,9 @@ class RequestStream:
         "error",
         "finish",
         "first_token_ns",
+        "handoff_ns",
         "include_timing",
+        "prefill_worker",
         "received_ns",
         "scheduled_ns",
         "sending_since_ns",
@@ -123,9 +125,10 @@ class RequestStream:
         self.task: asyncio.Task | None = None
         """The task serving this stream's call (cancelled when its client stalls)."""
         self.end_call: Callable[[Failure, str], Awaitable[None]] | None = None
-        """Set by an adapter whose call, once its task is cancelled, must still be ended with
-        a status (grpc.aio ends a cancelled handler's call with none, so a client that reads
-        again would wait for its deadline): the stall sweep awaits it after the cancel."""
+        """`FrontCore.open`'s `end_call`, from an adapter whose call, once its task is
+        cancelled, must still be ended with a status (grpc.aio ends a cancelled handler's call
+        with none, so a client that reads again would wait for its deadline): the stall
+        sweep awaits it after the cancel."""
         self.sending_since_ns = 0
         """When the chunk being written was handed to the adapter; 0 when no write is pending."""
         self._tokens: list[int] = []
@@ -154,6 +157,11 @@ class RequestStream:
         self.first_token_ns = 0
         """When the step that made the first token ended."""
         self._start_ns = self._end_ns = self._recv_ns = 0
+        self.prefill_worker = -1
+        """Disaggregated serving: the worker that prefilled the sequence before it was handed
+        to `worker` (-1: none, the sequence runs where it started)."""
+        self.handoff_ns = 0
+        """When the front got the sequence's state from its prefill worker (0: never)."""
 
     @property
     def waiting_steps(self) -> int:
@@ -231,6 +239,19 @@ class RequestStream:
             self._paused_task = None
             task.remove_done_callback(self._task_ended)
         return link
+
+    def handed_off(self, worker: int, link: WorkerLink, prefill_worker: int, at_ns: int) -> None:
+        """The sequence goes on on another worker (disaggregated serving: the front got its
+        state from `prefill_worker` at `at_ns`): aborts, pauses and a worker's death concern
+        that one from now on. A pause ends here (the worker that had it no longer holds the
+        sequence); the next overflow pauses it anew."""
+        self.prefill_worker = prefill_worker
+        self.handoff_ns = at_ns
+        if self._paused:
+            self._unpaused()
+        self.worker = worker
+        self._link = link
+        self._block = self._block and link is not None
 
     def _task_ended(self, _task: asyncio.Task) -> None:
         if self._paused:
@@ -329,6 +350,11 @@ class RequestStream:
         timing = None
         if self.include_timing:
             timing = ChunkTiming(worker=self.worker)
+            if self.handoff_ns:  # disaggregated: handed from its prefill worker
+                timing.prefill_worker = self.prefill_worker
+                timing.handoff_ns = self.handoff_ns
+                if tokens and self._recv_ns < self.handoff_ns:  # the prefill worker's token
+                    timing.worker = self.prefill_worker
             if tokens:
                 timing.step_start_ns = self._start_ns
                 timing.step_end_ns = self._end_ns

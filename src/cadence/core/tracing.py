@@ -141,14 +141,15 @@ class RequestTracer:
             "cadence.worker": stream.worker,
         }
         # Sampling parameters only when asked for: every attribute costs its encoding.
-        if request.temperature:
-            attributes["gen_ai.request.temperature"] = request.temperature
-        if request.top_p:
-            attributes["gen_ai.request.top_p"] = request.top_p
-        if request.top_k:
-            attributes["gen_ai.request.top_k"] = request.top_k
-        if request.seed:
-            attributes["gen_ai.request.seed"] = request.seed
+        sampling = request.sampling
+        if sampling.temperature:
+            attributes["gen_ai.request.temperature"] = sampling.temperature
+        if sampling.top_p:
+            attributes["gen_ai.request.top_p"] = sampling.top_p
+        if sampling.top_k:
+            attributes["gen_ai.request.top_k"] = sampling.top_k
+        if sampling.seed:
+            attributes["gen_ai.request.seed"] = sampling.seed
         reason = FINISH_REASONS.get(stream.finish)
         if reason is not None:
             attributes["gen_ai.response.finish_reasons"] = (reason,)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.output_text import text_problem
+from cadence.vocabulary import Sampling
 
 Piece = str | list[int]
 """What a function yields: text, or token ids."""
@@ -51,14 +52,38 @@ class AppRequest:
     client's ids), else UTF-8 bytes."""
     max_tokens: int
     """cadence stops the function once this many tokens were yielded (finish LENGTH)."""
-    stop_token_ids: list[int]
-    """cadence stops the function after a piece containing one of these (finish STOP)."""
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
+    sampling: Sampling
+    """The client's temperature, top_p, top_k, seed and stop token ids (cadence stops the
+    function after a piece containing one of these, finish STOP)."""
     device: str
     """The device of the worker serving this request: `cpu` or `cuda:N`."""
+
+    # `sampling`'s fields one by one, as functions have read them.
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """`sampling.stop_token_ids`, as a list."""
+        return list(self.sampling.stop_token_ids)
+
+    @property
+    def temperature(self) -> float:
+        """`sampling.temperature`; 0: greedy."""
+        return self.sampling.temperature
+
+    @property
+    def top_p(self) -> float:
+        """`sampling.top_p`."""
+        return self.sampling.top_p
+
+    @property
+    def top_k(self) -> int:
+        """`sampling.top_k`."""
+        return self.sampling.top_k
+
+    @property
+    def seed(self) -> int:
+        """`sampling.seed`."""
+        return self.sampling.seed
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from cadence.vocabulary import AddRequest
+from cadence.vocabulary import AddRequest, Sampling
 
 
 class Sequence:
@@ -37,8 +37,9 @@ class Sequence:
         """The server's number for this request (unique within a server run)."""
         self.request = request
         """The worker's message that started the sequence (every field below comes from it)."""
-        self.stop_token_ids = frozenset(request.stop_token_ids)
-        """Token ids that end the sequence (finish STOP) once the model outputs one."""
+        self.stop_token_ids = frozenset(request.sampling.stop_token_ids)
+        """Token ids that end the sequence (finish STOP) once the model outputs one: the
+        request's (`sampling.stop_token_ids`), and those an engine adds (its model's EOS)."""
         self.generated = 0
         """Outputs given so far: 0 while the sequence is in `prefill`."""
         self.prefill_ids = request.prompt_token_ids
@@ -77,21 +78,32 @@ class Sequence:
         return self.request.max_tokens
 
     @property
+    def sampling(self) -> Sampling:
+        """The request's generation parameters (temperature, top_p, top_k, seed, stop token
+        ids), as the client sent them."""
+        return self.request.sampling
+
+    # The sampling parameters one by one, as user models have read them: `sampling`'s.
+
+    @property
     def temperature(self) -> float:
-        """Sampling temperature; 0 asks for greedy decoding."""
-        return self.request.temperature
+        """Sampling temperature; 0 asks for greedy decoding (`sampling.temperature`)."""
+        return self.request.sampling.temperature
 
     @property
     def top_p(self) -> float:
-        return self.request.top_p
+        """`sampling.top_p`."""
+        return self.request.sampling.top_p
 
     @property
     def top_k(self) -> int:
-        return self.request.top_k
+        """`sampling.top_k`."""
+        return self.request.sampling.top_k
 
     @property
     def seed(self) -> int:
-        return self.request.seed
+        """`sampling.seed`."""
+        return self.request.sampling.seed
 
     def __repr__(self) -> str:
         return (

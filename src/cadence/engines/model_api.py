@@ -70,6 +70,14 @@ class Model:
     - ``check(seq) -> str | None``: called when a request arrives; a string refuses it with
       INVALID_ARGUMENT and that message. Default: every request is accepted.
     - ``close()``: called once when the worker stops.
+    - ``export_state(seq) -> bytes`` and ``import_state(seq, data) -> bool``: disaggregated
+      serving (``--prefill-devices``, ``--decode-devices``). On a prefill worker, after the
+      step that gave ``seq`` its first output, ``export_state`` returns everything the model
+      holds for it (its KV cache, ...) as bytes, and then ``release(seq)`` is called. On a
+      decode worker, ``import_state`` gets a new ``Sequence`` (``generated`` already counts
+      the outputs given) and those bytes, and sets ``seq.state`` so that ``step`` can decode it
+      from its next output; False (nothing taken) keeps it waiting for room. A model without
+      both cannot be served disaggregated: its workers refuse to start.
 
     Configuration (class or instance attributes):
 
@@ -103,6 +111,12 @@ class Model:
     def close(self) -> None:
         return None
 
+    def export_state(self, seq: Sequence) -> bytes:
+        raise NotImplementedError
+
+    def import_state(self, seq: Sequence, data: bytes) -> bool:
+        raise NotImplementedError
+
     OPTIONAL: ClassVar[tuple[str, ...]] = (
         "reserve",
         "release",
@@ -111,6 +125,8 @@ class Model:
         "max_batch",
         "tokenizer",
         "takes_prefill_chunks",
+        "export_state",
+        "import_state",
     )
     """The optional members, each with its default above."""
 

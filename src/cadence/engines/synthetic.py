@@ -92,6 +92,9 @@ class SyntheticEngine:
             BlockLRU(config.kv_cache_tokens // BLOCK) if config.prefix_caching else None
         )
         """Prefix caching: the block hashes held."""
+        gbps = config.handoff_gbps
+        self._handoff_s_per_token = config.handoff_bytes_per_token / (gbps * 1e9) if gbps else 0.0
+        """Disaggregated serving: what moving one prompt token's state costs (export_state)."""
 
     def start(self) -> None:
         """Nothing to load."""
@@ -117,8 +120,7 @@ class SyntheticEngine:
         for seq in prefill:
             duration += self._prefill_s * (seq.prefill_to - seq.prefilled)
             if seq.state is None:
-                req = seq.request
-                key = bytes(req.prompt_token_ids) + f"|{req.seed}".encode()
+                key = bytes(seq.prompt_token_ids) + f"|{seq.sampling.seed}".encode()
                 starts = self._word_starts
                 k = bisect_left(starts, zlib.crc32(key, self._config.seed) % size)
                 seq.state = starts[k % len(starts)]
@@ -141,6 +143,22 @@ class SyntheticEngine:
         """The sequence's tokens so far, to prefill again (its outputs are re-derived from
         its place in the corpus, which it keeps)."""
         return seq.request.prompt_token_ids + self._outputs(seq)
+
+    def export_state(self, seq: Sequence) -> bytes:
+        """Disaggregated serving: the sequence's state, after the time its KV cache would take
+        to move (its tokens x --handoff-bytes-per-token over --handoff-gbps, waited here: a
+        real engine copies the state out before it can send it). The bytes sent are only the
+        sequence's place in the corpus."""
+        tokens = len(seq.request.prompt_token_ids) + seq.generated
+        if self._handoff_s_per_token:
+            _wait_until(time.monotonic() + tokens * self._handoff_s_per_token)
+        return _place(seq).to_bytes(8, "little")
+
+    def import_state(self, seq: Sequence, data: bytes) -> bool:
+        """Take a sequence another worker prefilled: it goes on from its place (always
+        room: this engine holds no memory per token)."""
+        seq.state = int.from_bytes(data, "little")
+        return True
 
     def release(self, seq: Sequence) -> None:
         """Remember the sequence's blocks (prefix caching)."""

@@ -165,7 +165,7 @@ class TransformersModel:
         for row, (seq, n) in enumerate(zip(prefill, lengths)):
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
-            seq.state = _SeqState(Sampler(seq.request, 0, self.device), cache, row, n)
+            seq.state = _SeqState(Sampler(seq.sampling, 0, self.device), cache, row, n)
         return out.logits[:, -1]
 
     def _decode(self, decode: list[Sequence]) -> torch.Tensor:

@@ -166,6 +166,10 @@ class ModelEngine:
             self._step, self._release, self.reserve = shape.step, shape.release, shape.reserve
             self._arrived = shape.arrived
             self._step_name = "generate_stream"
+        export, load = member(model, "export_state"), member(model, "import_state")
+        if callable(export) and callable(load) and self.group is None:
+            # Disaggregated serving: looked up by the worker (cadence.worker.process).
+            self.export_state, self.import_state = export, load
         tokenizer = member(model, "tokenizer")
         try:
             self.tokenizer = text_streams(tokenizer)

@@ -78,6 +78,11 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     `usage.completion_tokens` counts, compared with the text events that arrived (each one
     position) and never spread over them; -1: it sent no usage, or its events are numbered
     (cadence's extension)."""
+    prefill_worker: int = -1
+    """Disaggregated serving (cadence, with timing): the worker that prefilled the request
+    before it was handed to `worker`; -1: not handed off."""
+    t_handoff_ns: int = 0
+    """With `prefill_worker`: when the front got the request's state from it (server)."""
 
     @property
     def output_tokens(self) -> int:

@@ -92,6 +92,23 @@ class TtftSegments(msgspec.Struct, kw_only=True):
     send: Distribution = msgspec.field(default_factory=Distribution)
 
 
+class HandOffSegments(msgspec.Struct, kw_only=True):
+    """Disaggregated serving: where a handed-off request's time goes between its first token
+    (on the prefill worker) and its second (on the decode worker), server timing, per request;
+    see `cadence.lab.analysis.stats`."""
+
+    requests: int = 0
+    """Requests handed off."""
+    export: Distribution = msgspec.field(default_factory=Distribution)
+    """The first token's step end to the front's reading the state: the prefill worker's
+    export and the state's way to the front."""
+    to_decode: Distribution = msgspec.field(default_factory=Distribution)
+    """The front's reading the state to the start of the decode worker's first step with the
+    request: its wait in the front, its way to the decode worker and its wait for room."""
+    by_prefill_worker: dict[str, int] = {}
+    by_decode_worker: dict[str, int] = {}
+
+
 class SegmentShares(msgspec.Struct, kw_only=True):
     """Each segment's mean over the sum of the means: of TTFT, and of a token's path."""
 
@@ -182,6 +199,8 @@ class RunStats(msgspec.Struct, kw_only=True):
     segments_ms: Segments | UnsetType = UNSET
     ttft_segments_ms: TtftSegments | UnsetType = UNSET
     segment_shares: SegmentShares | UnsetType = UNSET
+    handoff_segments_ms: HandOffSegments | UnsetType = UNSET
+    """Disaggregated serving (cadence, with timing): the hand-off's parts."""
     connect_ms: Distribution | UnsetType = UNSET
     """HTTP only (`--protocol openai`), as the one below: the connect (TCP, and TLS over https)
     of each request that opened a new connection; a part of its TTFT."""

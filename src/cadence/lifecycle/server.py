@@ -128,12 +128,14 @@ class CadenceServer:
         reader = OutputReader(core.streams, self._on_worker_ready, self.metrics, n)
         reader.last_output_ns, reader.last_heard_ns = watcher.last_output_ns, watcher.last_heard_ns
         reader.stalled_ns, reader.on_sick = watcher.stalled_ns, self._on_worker_sick
+        reader.handoffs = core.handoffs
         self.metrics.watch_gateway(
             config.model_name, core.requests_waiting, core.requests_running, reader.kv_cache_usage
         )
         channel.start_reading(loop, reader.handle)
-        v1 = InferenceService(core, layout.metadata())
-        kserve = KServeService(core, config.model_name, self._serving)
+        native = self._grpc_app is not None
+        v1 = InferenceService(core, layout.metadata(), native=native)
+        kserve = KServeService(core, config.model_name, self._serving, native=native)
         self._http = self._http_server(core) if config.http_port is not None else None
 
         # 4. Metrics: the endpoint, and grpc.aio's failed sends counted instead of logged.
@@ -288,8 +290,9 @@ class CadenceServer:
                 dist_ifname=config.dist_ifname,
                 max_prompt_tokens=config.max_prompt_tokens,
                 max_failed_steps=config.worker_max_failed_steps,
+                role=role,
             )
-            for index, device in enumerate(config.devices)
+            for index, (device, role) in enumerate(zip(config.devices, config.roles))
         ]
         supervisor = self.supervisor = WorkerSupervisor(
             launcher,

@@ -41,30 +41,37 @@ class WorkerRouter:
         """Prompts sent to each worker, for prefix-aware routing; None: load only."""
         self.slack = slack
 
-    def pick(self, hashes: list[bytes] | None = None) -> int:
+    def pick(self, hashes: list[bytes] | None = None, pool: range | None = None) -> int:
         """The worker for a request whose prompt's block hashes are `hashes` (None or empty:
-        by load only); records the prompt as held there."""
+        by load only), among the workers of `pool` (None: all; disaggregated serving: the
+        prefill or the decode workers); records the prompt as held there."""
         n = len(self.load)
         best = -1
         for k in range(n):
             i = (self._next + k) % n
-            if self.alive[i] and (best < 0 or self.load[i] < self.load[best]):
+            if (
+                self.alive[i]
+                and (pool is None or i in pool)
+                and (best < 0 or self.load[i] < self.load[best])
+            ):
                 best = i
         if best < 0:
             raise NoWorkerAvailable("no worker is running")
         prefixes = self.prefixes
         if hashes and prefixes is not None:
-            best = self._by_prefix(hashes, best, prefixes)
+            best = self._by_prefix(hashes, best, prefixes, range(n) if pool is None else pool)
             prefixes.record(best, hashes)
         self._next = (best + 1) % n
         return best
 
-    def _by_prefix(self, hashes: list[bytes], least: int, prefixes: PrefixIndex) -> int:
-        requests = self.requests
-        ceiling = min(r for r, up in zip(requests, self.alive) if up) + self.slack
+    def _by_prefix(
+        self, hashes: list[bytes], least: int, prefixes: PrefixIndex, pool: range
+    ) -> int:
+        requests, alive = self.requests, self.alive
+        ceiling = min(requests[i] for i in pool if alive[i]) + self.slack
         chosen, longest = least, 0
-        for i, up in enumerate(self.alive):
-            if up and requests[i] <= ceiling:
+        for i in pool:
+            if alive[i] and requests[i] <= ceiling:
                 held = prefixes.match(i, hashes)
                 if held > longest or (
                     held == longest and held and self.load[i] < self.load[chosen]

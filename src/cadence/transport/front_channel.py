@@ -12,7 +12,13 @@ from typing import cast
 import msgspec
 import zmq
 
-from cadence.transport.messages import Heartbeat, Shutdown, WorkerInputs, WorkerOutput
+from cadence.transport.messages import (
+    Heartbeat,
+    Shutdown,
+    StateImport,
+    WorkerInputs,
+    WorkerOutput,
+)
 from cadence.transport.sockets import (
     OUTPUT_HWM,
     heartbeat_address,
@@ -52,6 +58,7 @@ class WorkerLink:
         self._aborts: list[int] = []
         self._pauses: list[int] = []
         self._resumes: list[int] = []
+        self._imports: list[StateImport] = []
         self.paused = 0
         """Sequences paused now (the stream lowers it when the pause ends): a worker whose
         every request is paused has nothing to step, and is not hung."""
@@ -61,6 +68,12 @@ class WorkerLink:
     def add(self, request: msgspec.Raw) -> None:
         """Send one request (`encode_add`'s result) with this tick's batch."""
         self._adds.append(request)
+        self._schedule()
+
+    def add_import(self, handed: StateImport) -> None:
+        """Send a decode worker a sequence to go on with (its `request` an `encode_add`
+        frame, as an add's), with this tick's batch."""
+        self._imports.append(handed)
         self._schedule()
 
     def abort(self, seq_id: int) -> None:
@@ -114,15 +127,17 @@ class WorkerLink:
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        if self._adds or self._aborts or self._pauses or self._resumes:
+        if self._adds or self._aborts or self._pauses or self._resumes or self._imports:
             # The worker decodes `adds` as AddRequests: the raw frames are spliced in as is.
             message = WorkerInputs(
                 self._adds,  # type: ignore[arg-type]  # Raw: encoded AddRequests
                 self._aborts,
                 self._pauses,
                 self._resumes,
+                imports=self._imports,
             )
             self._adds, self._aborts, self._pauses, self._resumes = [], [], [], []
+            self._imports = []
             # Never blocks: the input socket has no high-water mark and admission bounds
             # how much can be outstanding. It fails only when no worker is connected,
             # i.e. the worker died; the front's monitor fails that worker's streams.

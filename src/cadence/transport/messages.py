@@ -35,6 +35,35 @@ class WorkerInputs(msgspec.Struct, frozen=True, array_like=True, tag="in"):
     back_fronts: list[int] = []
     """`--fronts N`: fronts front 0 restarted since they were gone: send to them again, first
     this worker's `WorkerReady`."""
+    imports: list[StateImport] = []
+    """Disaggregated serving, to a decode worker: sequences another worker prefilled, each
+    with its state, to decode from where they are (taken in as the batch has room)."""
+
+
+class StateImport(msgspec.Struct, frozen=True, array_like=True):
+    """A sequence a prefill worker started, for a decode worker to go on with: the request as
+    the front first sent it, the outputs given so far and the engine's state
+    (`export_state`'s bytes, opaque to everything but the engine)."""
+
+    request: AddRequest
+    generated: int
+    """Outputs given so far (the first token: 1)."""
+    tokens: list[int]
+    """Those outputs' token ids (for the decode worker's detokenizer)."""
+    state: bytes
+
+
+class StateExport(msgspec.Struct, frozen=True, array_like=True, tag="handoff"):
+    """A prefill worker gave a sequence its first token (in the `StepOutput` sent before
+    this) and no longer holds it: its state, for the front to send to a decode worker."""
+
+    worker: int
+    seq_id: int
+    generated: int
+    tokens: list[int]
+    state: bytes
+    exported_ns: int
+    """When the state was ready (the worker's clock): the hand-off's start."""
 
 
 class Shutdown(msgspec.Struct, frozen=True, array_like=True, tag="shutdown"):
@@ -103,6 +132,9 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     """Each piece is one output (one position of its stream, one toward max_tokens) whatever
     its token count: a batched model's text pieces. False: each token is one (an app's
     pieces), which is the same where every piece is one token."""
+    imported: list[int] = []
+    """Disaggregated serving: sequences this decode worker took into its batch in this step
+    from `WorkerInputs.imports` (their hand-off is over)."""
 
 
 def step_pieces(step: StepOutput) -> Iterator[tuple[int, int | list[int], str | None]]:
@@ -158,4 +190,4 @@ class StepsFailing(msgspec.Struct, frozen=True, array_like=True, tag="sick"):
 
 
 WorkerInput = WorkerInputs | Shutdown
-WorkerOutput = WorkerReady | StepOutput | RequestFailed | Heartbeat | StepsFailing
+WorkerOutput = WorkerReady | StepOutput | RequestFailed | Heartbeat | StepsFailing | StateExport

@@ -62,6 +62,7 @@ from cadence.transport.messages import (
 from cadence.transport.sockets import OUTPUT_HWM
 from cadence.transport.worker_to_fronts import worker_channel
 from cadence.vocabulary import AddRequest, Failure, Finish
+from cadence.worker.stop_check import stop_in_piece
 
 log = logging.getLogger("cadence.app")
 
@@ -99,7 +100,7 @@ class _Seq:
         "request",
         "resumed",
         "seq_id",
-        "stop",
+        "stop_token_ids",
         "task",
         "timer",
     )
@@ -109,7 +110,7 @@ class _Seq:
         self.request = request
         self.context = context
         self.max_tokens = request.max_tokens
-        self.stop = frozenset(request.stop_token_ids)
+        self.stop_token_ids = frozenset(request.sampling.stop_token_ids)
         self.generated = 0
         self.iterator: Iterator[object] | None = None
         """Sync: the function's iterator, once its first piece was asked for."""
@@ -255,11 +256,7 @@ class AppRunner:
             prompt=text or self._decoded(prompt),
             prompt_token_ids=list(prompt),
             max_tokens=add.max_tokens,
-            stop_token_ids=list(add.stop_token_ids),
-            temperature=add.temperature,
-            top_p=add.top_p,
-            top_k=add.top_k,
-            seed=add.seed,
+            sampling=add.sampling,
             device=self._device,
         )
         context = AppContext(self._device, self._worker)
@@ -472,7 +469,8 @@ class AppRunner:
     def _emit(self, seq: _Seq, piece: object, start_ns: int, end_ns: int) -> bool:
         """Queue one piece for this tick's message; False once the request has ended.
 
-        This (with `_text_of`) is the only code that loops over an app worker's output tokens.
+        This (with `_text_of`, and `stop_in_piece` for the piece's finish) is the only code
+        that loops over an app worker's output tokens.
         """
         if seq.done:
             return False
@@ -493,18 +491,10 @@ class AppRunner:
         if seq.prompt_len >= 0:
             self._prompt_lens[seq.seq_id] = seq.prompt_len
             seq.prompt_len = -1
-        reason = Finish.NONE
         whole = len(tokens)
-        room = seq.max_tokens - seq.generated
-        if len(tokens) >= room:
-            tokens = tokens[:room]
-            reason = Finish.LENGTH
-        if seq.stop:
-            for i, token in enumerate(tokens):
-                if token in seq.stop:
-                    tokens = tokens[: i + 1]
-                    reason = Finish.STOP
-                    break
+        sent, reason = stop_in_piece(tokens, seq.generated, seq.max_tokens, seq.stop_token_ids)
+        if sent < whole:
+            tokens = tokens[:sent]
         if len(tokens) > MAX_OUTPUT_TOKENS:
             self._fail(seq, None, f"the app yielded a piece of {ids_problem(len(tokens))}")
             return False

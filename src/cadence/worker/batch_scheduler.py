@@ -12,6 +12,10 @@ priority value above its own (the latest arrived among equals): the engine drops
 (`Engine.preempt`), it goes back to the waiting queue at its old place, and when admitted again
 it prefills its prompt and the outputs it gave, then goes on with its next token: its stream
 only waits.
+
+A step runs in three phases, as vLLM's `EngineCore.step`: schedule (the step's sequences),
+execute (the engine's step), update (its outputs into the step's message, each output's
+finish decided by cadence.worker.stop_check).
 """
 
 from __future__ import annotations
@@ -20,20 +24,42 @@ import heapq
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
-from typing import cast
+from typing import NamedTuple, cast
 
 import msgspec
 
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.engines.base import Engine, Sequence, StepFailed, StepResult
 from cadence.engines.output_text import texts_problems
-from cadence.transport.messages import RequestFailed, StepOutput
+from cadence.transport.messages import RequestFailed, StateExport, StateImport, StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
 from cadence.worker.step_budget import StepBudget
+from cadence.worker.stop_check import check_stop
 
 _BYTES = ByteTokenizer()
 log = logging.getLogger("cadence.model")
+
+
+class ScheduledStep(NamedTuple):
+    """The schedule phase's hand-off to the engine: the sequences of one step."""
+
+    prefill: list[Sequence]
+    """Admitted sequences whose prompt (or its next chunk) the step processes."""
+    decode: list[Sequence]
+    """Running sequences, not paused: one output each."""
+    imported: list[int]
+    """Disaggregated serving: sequences taken in from other workers' prefills for this step."""
+
+
+class EngineOutput(NamedTuple):
+    """The execute phase's hand-off to the update: what the engine's step gave, and when."""
+
+    outputs: StepResult
+    """One per sequence of `prefill + decode`, in that order."""
+    start_ns: int
+    end_ns: int
 
 
 class BatchScheduler:
@@ -49,6 +75,7 @@ class BatchScheduler:
         preempt: bool = False,
         report_cached: bool = False,
         max_prompt_tokens: int | None = None,
+        role: str = "",
     ) -> None:
         self._engine = engine
         self._worker = worker
@@ -94,9 +121,49 @@ class BatchScheduler:
         self._report_cached = report_cached
         """Send each sequence's `cached_tokens` with its first token (--prefix-caching)."""
         self.preemptions = 0
+        self._hands_off = role == "prefill"
+        """A prefill worker: each sequence leaves after its first token, as its state."""
+        self._imports: deque[tuple[Sequence, bytes]] = deque()
+        """Decode worker: sequences handed over with their states, taken into the batch in
+        arrival order as it has room (`_admit_imports`)."""
+        self._finished_prefill: list[tuple[Sequence, int | str | None]] = []
+        """Prefill worker: the sequences of the last step that gave their first output and
+        go on, with that output, to hand off (`export_states`)."""
 
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
+        checked = self._checked(request)
+        if isinstance(checked, RequestFailed):
+            return checked
+        seq = Sequence(checked)
+        seq.arrival = next(self._arrivals)
+        heapq.heappush(self._waiting, (checked.priority, seq.arrival, seq))
+        return None
+
+    def add_import(self, handed: StateImport) -> RequestFailed | None:
+        """Queue a sequence another worker prefilled (disaggregated serving), to decode from
+        its next output once the batch has room; or say why the engine cannot run it."""
+        checked = self._checked(handed.request)
+        if isinstance(checked, RequestFailed):
+            return checked
+        seq = Sequence(checked)
+        seq.arrival = next(self._arrivals)
+        seq.generated = handed.generated
+        seq.prefilled = seq.prefill_to = len(seq.prefill_ids)
+        tokenizer = self._tokenizer
+        if tokenizer is not None:
+            try:
+                seq.detokenize = tokenizer.stream(checked.prompt_token_ids)
+                for token in handed.tokens:  # their text went out from the prefill worker
+                    seq.detokenize(token, False)
+            except Exception as exc:
+                return self._lost(seq.seq_id, "stream", exc, "the prompt")
+        self._imports.append((seq, handed.state))
+        return None
+
+    def _checked(self, request: AddRequest) -> AddRequest | RequestFailed:
+        """The request with its prompt tokenized where the front sent text, or why the
+        engine cannot run it."""
         if request.prompt_text and not request.prompt_token_ids:
             # The front sent text: tokenize it with the model's own tokenizer (bytes if none).
             tokenizer = self._tokenizer or _BYTES
@@ -115,10 +182,7 @@ class BatchScheduler:
         problem = self._engine.check(request)
         if problem is not None:
             return RequestFailed(request.seq_id, Failure.INVALID_ARGUMENT, problem)
-        seq = Sequence(request)
-        seq.arrival = next(self._arrivals)
-        heapq.heappush(self._waiting, (request.priority, seq.arrival, seq))
-        return None
+        return request
 
     def abort(self, seq_ids: list[int]) -> None:
         """Drop sequences now, so none of them is in the next step."""
@@ -131,10 +195,18 @@ class BatchScheduler:
             gone = set(seq_ids)
             self._waiting = [e for e in self._waiting if e[2].seq_id not in gone]
             heapq.heapify(self._waiting)
+        if seq_ids and self._imports:
+            gone = set(seq_ids)
+            self._imports = deque(e for e in self._imports if e[0].seq_id not in gone)
 
     def seq_ids(self) -> list[int]:
         """Every sequence the scheduler holds, running or waiting."""
-        return [*self._running, *self._prefilling, *(e[2].seq_id for e in self._waiting)]
+        return [
+            *self._running,
+            *self._prefilling,
+            *(e[2].seq_id for e in self._waiting),
+            *(e[0].seq_id for e in self._imports),
+        ]
 
     def pause(self, seq_ids: list[int]) -> None:
         """Skip these sequences at each step (they keep their place and engine state). One
@@ -145,6 +217,7 @@ class BatchScheduler:
                 seq_id in running
                 or seq_id in prefilling
                 or any(e[2].seq_id == seq_id for e in self._waiting)
+                or any(e[0].seq_id == seq_id for e in self._imports)
             ):
                 self._paused.add(seq_id)
 
@@ -155,21 +228,39 @@ class BatchScheduler:
     def has_work(self) -> bool:
         """Something to step: waiting sequences, or running ones that are not all paused."""
         return (
-            bool(self._waiting) or bool(self._prefilling) or len(self._running) > len(self._paused)
+            bool(self._waiting)
+            or bool(self._prefilling)
+            or bool(self._imports)
+            or len(self._running) > len(self._paused)
         )
 
     def step(self) -> StepOutput | list[RequestFailed] | None:
-        """Admit waiting sequences, run one engine step, retire finished sequences.
+        """One engine step, in three phases as vLLM's `EngineCore.step`: `schedule` picks
+        the step's sequences, `execute` runs the engine on them, `update` turns its outputs
+        into the step's message.
 
         Returns the step's output, or the failures of its sequences when the engine lost the
         step (StepFailed), or None when there was nothing to step. A sequence lost alone (the
         engine's `step_errors`: a user's model failed it; a user's tokenizer raised on it, or
         its decoder gave text cadence.engines.output_text refuses) is left out of the output
-        and its failure put in `failed`. This and `_retire_pieces`
-        are the only places in the worker that loop over a step's tokens.
+        and its failure put in `failed`.
         """
+        scheduled = self.schedule()
+        if scheduled is None:
+            return None
+        executed = self.execute(scheduled)
+        if isinstance(executed, list):  # the engine lost the step
+            return executed
+        return self.update(scheduled, executed)
+
+    def schedule(self) -> ScheduledStep | None:
+        """The schedule phase: take in handed-over sequences, admit waiting ones (by priority,
+        within --max-batch, the engine's `reserve` and the step budget; preempting with
+        --preempt) and pick the running ones that are not paused; None when there is nothing
+        to step."""
         paused = self._paused
         budget = self._budget
+        imported = self._admit_imports() if self._imports else []
         if budget is None:
             prefill = self._admit_whole()
         else:
@@ -182,51 +273,53 @@ class BatchScheduler:
         )
         if not prefill and not decode:
             return None
+        return ScheduledStep(prefill, decode, imported)
+
+    def execute(self, scheduled: ScheduledStep) -> EngineOutput | list[RequestFailed]:
+        """The execute phase: the engine's step on the scheduled sequences, timed; or, when
+        the engine lost the step (StepFailed), the failures of its sequences, which are gone."""
+        prefill, decode = scheduled.prefill, scheduled.decode
         start = time.monotonic_ns()
         try:
-            tokens = self._engine.step(prefill, decode)
+            outputs = self._engine.step(prefill, decode)
         except StepFailed as exc:
             if self._step_errors:
                 self._step_errors.clear()
             return self._fail(prefill, decode, str(exc))
         end = time.monotonic_ns()
         self._steps += 1
+        return EngineOutput(outputs, start, end)
+
+    def update(self, scheduled: ScheduledStep, executed: EngineOutput) -> StepOutput:
+        """The update phase: the step's message from the engine's outputs. Prefilled
+        sequences join the running batch; each output is counted and `check_stop` decides
+        whether it ends its sequence, which then leaves the batch and is released. This
+        (through `_retire_tokens` or `_retire_pieces`) is the only place in the worker that
+        loops over a step's outputs."""
+        prefill, decode = scheduled.prefill, scheduled.decode
         stepped = prefill + decode
+        tokens = executed.outputs
+        start, end = executed.start_ns, executed.end_ns
+        budget = self._budget
         if budget is not None:
             stepped, tokens = self._after_chunks(budget, prefill, decode, tokens, end - start)
         if self._step_errors:
             self._fail_alone(self._step_errors)
-        seq_ids: list[int] = []
-        finished: list[int] = []
-        reasons: list[int] = []
-        running = self._running
-        tokenizer = self._tokenizer
-        texts: list[str] = []
-        prompt_lens: dict[int, int] = {}
-        cached: dict[int, int] = {}
-        lost = {f.seq_id for f in self.failed} if self.failed else ()
-        for seq in prefill:
-            request = seq.request
-            seq.prefilled = seq.prefill_to
-            if seq.prefilled < len(seq.prefill_ids) or seq.seq_id in lost:
-                continue  # a chunk (no output until the prompt's last one), or failed
-            running[seq.seq_id] = seq
-            if seq.generated:
-                continue  # back after a preemption: its stream knows its prompt already
-            if request.prompt_text:
-                prompt_lens[seq.seq_id] = len(request.prompt_token_ids)
-            if self._report_cached:
-                cached[seq.seq_id] = seq.cached_tokens
-            if tokenizer is not None:
-                try:
-                    seq.detokenize = tokenizer.stream(request.prompt_token_ids)
-                except Exception as exc:
-                    self._drop(seq)
-                    self.failed.append(self._lost(seq.seq_id, "stream", exc, "the prompt"))
+        prompt_lens, cached = self._start_running(prefill)
         if self.failed:
             lost = {f.seq_id for f in self.failed}
             kept = [i for i, seq in enumerate(stepped) if seq.seq_id not in lost]
             stepped, tokens = [stepped[i] for i in kept], [tokens[i] for i in kept]
+        if self._hands_off:
+            # The prefill part of `stepped` comes first: those whose prompt ended this step.
+            self._finished_prefill = [
+                (seq, out)
+                for seq, out in zip(stepped, tokens)
+                if seq.generated == 0 and seq.prefilled == len(seq.prefill_ids)
+            ]
+        texts: list[str] = []
+        finished: list[int] = []
+        reasons: list[int] = []
         piece_ids = self._text_piece_ids
         if piece_ids is not None:
             seq_ids, tokens, counts = self._retire_pieces(
@@ -253,26 +346,10 @@ class BatchScheduler:
                 self._kv_cache_usage(),
                 cached,
                 bool(counts),
+                scheduled.imported,
             )
         ids = cast("list[int]", tokens)  # no text_piece_ids: token ids alone (base.StepResult)
-        for seq, token in zip(stepped, ids):
-            seq.generated += 1
-            seq_ids.append(seq.seq_id)
-            if token in seq.stop_token_ids:
-                reason = Finish.STOP
-            elif seq.generated >= seq.request.max_tokens:
-                reason = Finish.LENGTH
-            else:
-                if tokenizer is not None:
-                    texts.append(seq.detokenize(token, False))  # type: ignore[misc]  # set with the tokenizer at the first prefill
-                continue
-            if tokenizer is not None:  # the last piece also flushes an incomplete character
-                texts.append(seq.detokenize(token, True))  # type: ignore[misc]  # as above
-            finished.append(seq.seq_id)
-            reasons.append(reason)
-            del running[seq.seq_id]
-            paused.discard(seq.seq_id)  # one paused when preempted ends in its re-prefill
-            self._engine.release(seq)
+        seq_ids = self._retire_tokens(stepped, ids, texts, finished, reasons)
         return StepOutput(
             self._worker,
             self._steps,
@@ -286,7 +363,123 @@ class BatchScheduler:
             prompt_lens=prompt_lens,
             kv_cache_usage=self._kv_cache_usage(),
             cached_tokens=cached,
+            imported=scheduled.imported,
         )
+
+    def _start_running(self, prefill: list[Sequence]) -> tuple[dict[int, int], dict[int, int]]:
+        """The step's prefilled sequences whose prompt is now all processed join the running
+        batch; those starting their output get their detokenizer (a tokenizer that raises
+        fails the sequence alone, into `failed`). Returns the prompt lengths of prompts this
+        worker tokenized and the prefix cache's tokens (--prefix-caching), by sequence, for
+        the step's message."""
+        running = self._running
+        tokenizer = self._tokenizer
+        prompt_lens: dict[int, int] = {}
+        cached: dict[int, int] = {}
+        lost = {f.seq_id for f in self.failed} if self.failed else ()
+        for seq in prefill:
+            request = seq.request
+            seq.prefilled = seq.prefill_to
+            if seq.prefilled < len(seq.prefill_ids) or seq.seq_id in lost:
+                continue  # a chunk (no output until the prompt's last one), or failed
+            running[seq.seq_id] = seq
+            if seq.generated:
+                continue  # back after a preemption: its stream knows its prompt already
+            if request.prompt_text:
+                prompt_lens[seq.seq_id] = len(request.prompt_token_ids)
+            if self._report_cached:
+                cached[seq.seq_id] = seq.cached_tokens
+            if tokenizer is not None:
+                try:
+                    seq.detokenize = tokenizer.stream(request.prompt_token_ids)
+                except Exception as exc:
+                    self._drop(seq)
+                    self.failed.append(self._lost(seq.seq_id, "stream", exc, "the prompt"))
+        return prompt_lens, cached
+
+    def _retire_tokens(
+        self,
+        stepped: list[Sequence],
+        ids: list[int],
+        texts: list[str],
+        finished: list[int],
+        reasons: list[int],
+    ) -> list[int]:
+        """The step loop for an engine that outputs token ids: count each sequence's token,
+        end it where `check_stop` says (the last token's text also flushes an incomplete
+        character) and release it; fills `texts` (with a tokenizer), `finished` and
+        `reasons`. Returns the sequences' ids, in the order of `ids`."""
+        running = self._running
+        paused = self._paused
+        tokenizer = self._tokenizer
+        seq_ids: list[int] = []
+        check = check_stop  # a local: one lookup per step, not per token
+        for seq, token in zip(stepped, ids):
+            seq.generated += 1
+            seq_ids.append(seq.seq_id)
+            reason = check(token, seq.generated, seq.request.max_tokens, seq.stop_token_ids)
+            if tokenizer is not None:  # the last token's text flushes an incomplete character
+                texts.append(seq.detokenize(token, reason != 0))  # type: ignore[misc]  # set with the tokenizer at the first prefill
+            if reason:  # not Finish.NONE (0)
+                finished.append(seq.seq_id)
+                reasons.append(reason)
+                del running[seq.seq_id]
+                paused.discard(seq.seq_id)  # one paused when preempted ends in its re-prefill
+                self._engine.release(seq)
+        return seq_ids
+
+    def _admit_imports(self) -> list[int]:
+        """Decode worker: take handed-over sequences into the batch, oldest first, while it
+        has room (--max-batch) and the engine takes their state (`import_state`: False when
+        its cache has no room yet); the rest wait, and so does the front's queue behind them."""
+        imports, running = self._imports, self._running
+        load = self._engine.import_state  # type: ignore[attr-defined]  # checked at start-up
+        taken: list[int] = []
+        while imports and len(running) + len(self._prefilling) < self._max_batch:
+            seq, state = imports[0]
+            if not load(seq, state):
+                break
+            imports.popleft()
+            running[seq.seq_id] = seq
+            taken.append(seq.seq_id)
+        return taken
+
+    def export_states(self) -> list[StateExport | RequestFailed]:
+        """Prefill worker, after the step's output went out: each sequence that gave its first
+        output in it and goes on leaves this worker as its state (`export_state`), its engine
+        room freed; a sequence whose export raised fails alone."""
+        found, self._finished_prefill = self._finished_prefill, []
+        sent: list[StateExport | RequestFailed] = []
+        export = self._engine.export_state  # type: ignore[attr-defined]  # checked at start-up
+        for seq, out in found:
+            if self._running.pop(seq.seq_id, None) is None:
+                continue  # finished by its first output, or failed
+            self._paused.discard(seq.seq_id)
+            try:
+                state = export(seq)
+            except Exception as exc:
+                log.error("export_state raised on request %d", seq.seq_id, exc_info=exc)
+                sent.append(
+                    RequestFailed(
+                        seq.seq_id,
+                        Failure.INTERNAL,
+                        f"the engine's export_state raised {type(exc).__name__}: {exc}",
+                    )
+                )
+            else:
+                tokens = [out] if type(out) is int else []
+                sent.append(
+                    StateExport(
+                        self._worker,
+                        seq.seq_id,
+                        seq.generated,
+                        tokens,
+                        state,
+                        time.monotonic_ns(),
+                    )
+                )
+            self._engine.release(seq)
+        return sent
 
     def _admit_whole(self) -> list[Sequence]:
         """No budget: admit waiting sequences up to max_batch, each prompt whole in this step."""
@@ -428,7 +621,7 @@ class BatchScheduler:
         """The step loop for an engine whose output for a sequence may also be a text piece
         (`str`: its text as given, its ids from the engine) or None (the sequence is done,
         STOP, with no output). Each output counts as one toward max_tokens; stop tokens are
-        looked for among the int outputs. Returns the pieces' seq_ids, token ids and token
+        looked for among the int outputs (`check_stop` decides both). Returns the pieces' seq_ids, token ids and token
         counts (empty when every piece is one token: StepOutput's one-token layout)."""
         running = self._running
         seq_ids: list[int] = []
@@ -453,8 +646,8 @@ class BatchScheduler:
                             self._lost(seq.seq_id, "encode", exc, "a text piece the model returned")
                         )
                         continue
-                    reason = (
-                        Finish.LENGTH if seq.generated >= seq.request.max_tokens else Finish.NONE
+                    reason = check_stop(
+                        None, seq.generated, seq.request.max_tokens, seq.stop_token_ids
                     )
                     text = out
                     token_ids += ids
@@ -464,12 +657,9 @@ class BatchScheduler:
                     # An int: `type() is str` (cheaper per output than isinstance) leaves
                     # mypy the union.
                     token: int = out  # type: ignore[assignment]  # see above
-                    if token in seq.stop_token_ids:
-                        reason = Finish.STOP
-                    elif seq.generated >= seq.request.max_tokens:
-                        reason = Finish.LENGTH
-                    else:
-                        reason = Finish.NONE
+                    reason = check_stop(
+                        token, seq.generated, seq.request.max_tokens, seq.stop_token_ids
+                    )
                     try:
                         text = seq.detokenize(token, reason != Finish.NONE)  # type: ignore[misc]  # a model's tokenizer is never None: ByteText
                     except Exception as exc:

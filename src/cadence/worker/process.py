@@ -108,6 +108,12 @@ def run_worker(spec: WorkerSpec) -> None:
             )
         engine.follow()
         return
+    if spec.role and not hands_off_state(engine):
+        sys.exit(
+            f"cadence worker {spec.index} (rank {spec.rank}): {engine.name} cannot be served "
+            "disaggregated (--prefill-devices, --decode-devices): it has no export_state and "
+            "import_state (docs/models.md)"
+        )
     warmup_start = time.perf_counter()
     engine.start()
     ready = time.perf_counter()
@@ -125,6 +131,7 @@ def run_worker(spec: WorkerSpec) -> None:
         preempt=spec.engine.preempt,
         report_cached=spec.engine.prefix_caching,
         max_prompt_tokens=spec.max_prompt_tokens,
+        role=spec.role,
     )
     settle_heap()
     channel.send(
@@ -160,6 +167,10 @@ def run_worker(spec: WorkerSpec) -> None:
                     failure = scheduler.add(request)
                     if failure is not None:
                         channel.send(failure)
+                for handed in message.imports:
+                    failure = scheduler.add_import(handed)
+                    if failure is not None:
+                        channel.send(failure)
                 if message.aborts:
                     scheduler.abort(message.aborts)
                 if message.pauses:
@@ -183,6 +194,9 @@ def run_worker(spec: WorkerSpec) -> None:
             elif output is not None:
                 health.stepped()
                 channel.send(output)
+                if spec.role == "prefill":  # after the first tokens: they go out at once
+                    for state in scheduler.export_states():
+                        channel.send(state)
             if scheduler.failed:  # sequences the step lost alone (their tokenizer's fault)
                 for failure in scheduler.failed:
                     channel.send(failure)
@@ -194,6 +208,13 @@ def run_worker(spec: WorkerSpec) -> None:
         close = getattr(engine, "close", None)
         if close is not None:
             close()
+
+
+def hands_off_state(engine: Engine) -> bool:
+    """Whether the engine can move a sequence between workers (disaggregated serving)."""
+    return callable(getattr(engine, "export_state", None)) and callable(
+        getattr(engine, "import_state", None)
+    )
 
 
 def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:

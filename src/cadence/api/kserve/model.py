@@ -20,6 +20,7 @@ from cadence.core.requests import Request
 from cadence.proto.kserve import grpc_service_pb2 as kpb
 from cadence.proto.kserve import model_config_pb2 as mpb
 from cadence.proto.kserve.tensors import FLOAT_TYPES, INTEGER_TYPES, TensorError, decode_input
+from cadence.vocabulary import Sampling
 
 MODEL_VERSION = "1"
 """cadence serves one version of its model; requests may name it or leave the version empty."""
@@ -136,19 +137,19 @@ def to_stream_request(request: kpb.ModelInferRequest) -> StreamRequest:
         request_id=request.id,
         max_tokens=_integer(values, "MAX_TOKENS", 1, _UINT32_MAX),
         prompt_token_ids=_integers(values, "PROMPT_TOKEN_IDS"),
-        stop_token_ids=_integers(values, "STOP_TOKEN_IDS"),
-        top_k=_integer(values, "TOP_K", 0, _UINT32_MAX),
-        seed=_integer(values, "SEED", 0, _UINT64_MAX),
+        sampling=Sampling(
+            stop_token_ids=tuple(_integers(values, "STOP_TOKEN_IDS")),
+            top_k=_integer(values, "TOP_K", 0, _UINT32_MAX),
+            seed=_integer(values, "SEED", 0, _UINT64_MAX),
+            temperature=_float(values, "TEMPERATURE"),
+            top_p=_float(values, "TOP_P"),
+        ),
     )
     if "PROMPT" in values:
         try:
             generate.prompt = values["PROMPT"][0].decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidRequest("input 'PROMPT' is not UTF-8 text") from None
-    if "TEMPERATURE" in values:
-        generate.temperature = float(values["TEMPERATURE"][0])
-    if "TOP_P" in values:
-        generate.top_p = float(values["TOP_P"][0])
     wanted = {output.name for output in request.outputs}
     unknown = wanted - _OUTPUT_NAMES
     if unknown:
@@ -198,6 +199,10 @@ def _integer(values: dict[str, list], name: str, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise InvalidRequest(f"input {name!r} is {value}; it must be between {lo} and {hi}")
     return value
+
+
+def _float(values: dict[str, list], name: str) -> float:
+    return float(values[name][0]) if name in values else 0.0
 
 
 def _integers(values: dict[str, list], name: str) -> list[int]:

@@ -60,10 +60,20 @@ class KServeService:
     """Serves one decoupled model, `model_name`, through the front's `core`.
 
     `ready()` says whether the server takes requests (every worker up, not draining).
+    `native`: served by the native server (`--grpc-server native`, net.asgi_grpc), which
+    ends a cancelled call itself; otherwise by grpc.aio.
     """
 
-    def __init__(self, core: FrontCore, model_name: str, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        core: FrontCore,
+        model_name: str,
+        ready: Callable[[], bool],
+        *,
+        native: bool = False,
+    ) -> None:
         self.core = core
+        self.native = native
         self.model_name = model_name
         self._ready = ready
         self._metadata = model.metadata(model_name)
@@ -282,12 +292,12 @@ class _StreamCall:
                 protocol=KSERVE,
                 unique_id=False,
                 task=self._handler,
+                # grpc.aio leaves a cancelled handler's call without a status.
+                end_call=None if kserve.native else partial(end_cancelled_call, self._context),
             )
         except RequestError as exc:  # counted by the core
             await self._fail(request_id, exc)
             return
-        if not hasattr(self._context, "write_now"):  # grpc.aio: see RequestStream.end_call
-            generation.stream.end_call = partial(end_cancelled_call, self._context)
         task = asyncio.get_running_loop().create_task(self._serve(generation, translated))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

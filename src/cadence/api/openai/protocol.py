@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from cadence.api.errors import http_status
-from cadence.core.errors import InvalidRequest
+from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.requests import (
     PRIORITY_RANGE,
     SEED_RANGE,
@@ -31,7 +31,7 @@ from cadence.core.requests import (
     ChunkTiming,
     Request,
 )
-from cadence.vocabulary import Failure, Finish
+from cadence.vocabulary import Failure, Finish, Sampling
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -44,14 +44,6 @@ FINISH_REASON: dict[int, str] = {Finish.LENGTH: "length", Finish.STOP: "stop"}
 
 _encode = msgspec.json.Encoder().encode
 _decode_body = msgspec.json.Decoder().decode
-
-
-class BadField(InvalidRequest):
-    """Invalid input in one field: `param` names it (the error body's `param`)."""
-
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class OpenAIRequest(msgspec.Struct, kw_only=True):
@@ -69,31 +61,33 @@ class OpenAIRequest(msgspec.Struct, kw_only=True):
 
 
 def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIRequest:
-    """A request body of `endpoint` (COMPLETIONS or CHAT); raise BadField naming the field."""
+    """A request body of `endpoint` (COMPLETIONS or CHAT); raise InvalidRequest naming the
+    field (`parameter`, as the body names it)."""
     try:
         data = _decode_body(body) if body else None
     except msgspec.DecodeError as exc:
-        raise BadField(None, f"the request body is not valid JSON: {exc}") from None
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:  # msgspec's guard against a nesting bomb: refused, not a 500
-        raise BadField(
-            None,
+        raise InvalidRequest(
             "the request body nests arrays or objects too deeply; no field "
-            "of a request nests more than a few levels",
+            "of a request nests more than a few levels"
         ) from None
     if not isinstance(data, dict):
-        raise BadField(None, "the request body must be a JSON object")
+        raise InvalidRequest("the request body must be a JSON object")
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise BadField("model", "model is required: the name GET /v1/models lists")
+        raise InvalidRequest("model is required: the name GET /v1/models lists", "model")
     n = data.get("n", 1)
     if n not in (1, None):
-        raise BadField("n", "n must be 1: this server returns one choice per request")
+        raise InvalidRequest("n must be 1: this server returns one choice per request", "n")
     request = Request(
         max_tokens=_max_tokens(data, endpoint, default_max_tokens),
-        temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(data, "top_p", 1.0, 0.0, 1.0),
-        seed=_integer(data, "seed", 0, *SEED_RANGE),
-        stop_token_ids=_token_ids(data, "stop_token_ids", required=False),
+        sampling=Sampling(
+            temperature=_number(data, "temperature", 1.0, 0.0, 2.0),
+            top_p=_number(data, "top_p", 1.0, 0.0, 1.0),
+            seed=_integer(data, "seed", 0, *SEED_RANGE),
+            stop_token_ids=tuple(_token_ids(data, "stop_token_ids", required=False)),
+        ),
         include_timing=_boolean(data, "cadence_timing"),
         priority=_integer(data, "priority", 0, *PRIORITY_RANGE),
     )
@@ -107,13 +101,13 @@ def parse(body: bytes, endpoint: str, *, default_max_tokens: int) -> OpenAIReque
     options = data.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
-            raise BadField("stream_options", "stream_options must be an object")
+            raise InvalidRequest("stream_options must be an object", "stream_options")
         out.include_usage = _boolean(options, "include_usage", "stream_options.include_usage")
     timeout = data.get("cadence_timeout_s")
     if timeout is not None:
         if not _is_number(timeout) or timeout <= 0:
-            raise BadField(
-                "cadence_timeout_s", "cadence_timeout_s must be a positive number of seconds"
+            raise InvalidRequest(
+                "cadence_timeout_s must be a positive number of seconds", "cadence_timeout_s"
             )
         out.timeout_s = float(timeout)
     if endpoint == CHAT:
@@ -132,7 +126,7 @@ def _number(data: dict, name: str, default: float, low: float, high: float) -> f
     if value is None:
         return default
     if not _is_number(value) or not low <= value <= high:
-        raise BadField(name, f"{name} must be a number from {low:g} to {high:g}")
+        raise InvalidRequest(f"{name} must be a number from {low:g} to {high:g}", name)
     return float(value)
 
 
@@ -141,7 +135,7 @@ def _integer(data: dict, name: str, default: int, low: int, high: int) -> int:
     if value is None:
         return default
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise BadField(name, f"{name} must be an integer from {low} to {high}")
+        raise InvalidRequest(f"{name} must be an integer from {low} to {high}", name)
     return value
 
 
@@ -154,7 +148,7 @@ def _boolean(data: dict, name: str, param: str | None = None) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise BadField(param or name, f"{param or name} must be true or false")
+        raise InvalidRequest(f"{param or name} must be true or false", param or name)
     return value
 
 
@@ -163,7 +157,7 @@ def _max_tokens(data: dict, endpoint: str, default: int) -> int:
         value = data.get(name)
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise BadField(name, f"{name} must be an integer of at least 1")
+                raise InvalidRequest(f"{name} must be an integer of at least 1", name)
             return value
     return DEFAULT_COMPLETION_TOKENS if endpoint == COMPLETIONS else default
 
@@ -173,8 +167,8 @@ def _token_ids(data: dict, name: str, *, required: bool) -> list[int]:
     if value is None and not required:
         return []
     if not isinstance(value, list) or not all(map(_is_token_id, value)):
-        raise BadField(
-            name, f"{name} must be a list of token ids (integers from 0 to {TOKEN_ID_MAX})"
+        raise InvalidRequest(
+            f"{name} must be a list of token ids (integers from 0 to {TOKEN_ID_MAX})", name
         )
     return value
 
@@ -190,8 +184,8 @@ def _stops(data: dict) -> list[str]:
         or len(value) > _MAX_STOPS
         or not all(isinstance(s, str) and s for s in value)
     ):
-        raise BadField(
-            "stop", f"stop must be a non-empty string or a list of up to {_MAX_STOPS} of them"
+        raise InvalidRequest(
+            f"stop must be a non-empty string or a list of up to {_MAX_STOPS} of them", "stop"
         )
     return value
 
@@ -208,27 +202,31 @@ def _prompt(data: dict, request: Request) -> None:
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
         if not all(map(_is_token_id, prompt)):
-            raise BadField("prompt", f"prompt token ids must be integers from 0 to {TOKEN_ID_MAX}")
+            raise InvalidRequest(
+                f"prompt token ids must be integers from 0 to {TOKEN_ID_MAX}", "prompt"
+            )
         request.prompt_token_ids = prompt
     elif isinstance(prompt, list) and len(prompt) > 1:
-        raise BadField(
-            "prompt",
+        raise InvalidRequest(
             "prompt must be one prompt: this server does not batch several prompts in one request",
+            "prompt",
         )
     else:
-        raise BadField("prompt", "prompt is required: a non-empty string or a list of token ids")
+        raise InvalidRequest(
+            "prompt is required: a non-empty string or a list of token ids", "prompt"
+        )
 
 
 def _messages(data: dict) -> list[dict[str, str]]:
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise BadField(
-            "messages", "messages is required: a non-empty list of {role, content} objects"
+        raise InvalidRequest(
+            "messages is required: a non-empty list of {role, content} objects", "messages"
         )
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadField(f"messages[{i}]", f"messages[{i}] must be an object with a role")
+            raise InvalidRequest(f"messages[{i}] must be an object with a role", f"messages[{i}]")
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
             texts = []
@@ -238,17 +236,17 @@ def _messages(data: dict) -> list[dict[str, str]]:
                     or part.get("type") != "text"
                     or not isinstance(part.get("text"), str)
                 ):
-                    raise BadField(
-                        f"messages[{i}].content", "only text content parts are supported"
+                    raise InvalidRequest(
+                        "only text content parts are supported", f"messages[{i}].content"
                     )
                 texts.append(part["text"])
             content = "".join(texts)
         elif content is None:
             content = ""
         elif not isinstance(content, str):
-            raise BadField(
-                f"messages[{i}].content",
+            raise InvalidRequest(
                 f"messages[{i}].content must be a string or a list of text parts",
+                f"messages[{i}].content",
             )
         out.append({"role": message["role"], "content": content})
     return out
@@ -431,6 +429,32 @@ def failure_body(failure: Failure, message: str, param: str | None = None) -> tu
     `code` is the failure's name in lower case."""
     status, kind = http_status(failure)
     return status, error_body(message, kind, failure.name.lower(), param)
+
+
+_CORE_FIELDS = {
+    "prompt_token_ids": "prompt",
+    "sampling.temperature": "temperature",
+    "sampling.top_p": "top_p",
+    "sampling.top_k": "top_k",
+    "sampling.seed": "seed",
+    "sampling.stop_token_ids": "stop_token_ids",
+}
+"""The body's field of each of the core's names (`RequestError.parameter`, its `Request`'s
+fields) that the OpenAI wire names otherwise; the rest (`max_tokens`, `prompt`, `priority`)
+are the same, and `parse`'s own are the body's already."""
+
+
+def error_response(exc: RequestError, endpoint: str) -> tuple[int, bytes]:
+    """The HTTP status and error body of a request's failure, whoever raised it (`parse`,
+    the core, a worker): the one map from cadence's errors to the OpenAI wire. The body's
+    `param` is the field the failure is about, as the body names it (a chat's prompt is its
+    `messages`); null when it is about no one field."""
+    param = exc.parameter
+    if param is not None:
+        param = _CORE_FIELDS.get(param, param)
+        if param == "prompt" and endpoint == CHAT:
+            param = "messages"
+    return failure_body(exc.failure, exc.message, param)
 
 
 def models_body(model: str, created: int) -> bytes:

@@ -43,17 +43,17 @@ from cadence.api.openai.protocol import (
     COMPLETIONS,
     DONE,
     FINISH_REASON,
-    BadField,
     Encoder,
     OpenAIRequest,
     StopStrings,
     error_body,
+    error_response,
     failure_body,
     models_body,
     parse,
 )
 from cadence.api.security import BearerTokens, TokenRefusal
-from cadence.core.errors import RequestError
+from cadence.core.errors import InvalidRequest, RequestError
 from cadence.core.generation import FrontCore, Generation
 from cadence.core.metrics import OPENAI
 from cadence.core.requests import Chunk
@@ -67,16 +67,6 @@ _SSE_HEADERS = {
 }
 _OPEN_PATHS = ("/health",)
 """Routes that need no bearer token (probes; see cadence.api.security)."""
-_CORE_PARAMS = (
-    ("max_tokens", "max_tokens"),
-    ("the prompt", "prompt"),
-    ("prompt", "prompt"),
-    ("sampling.temperature", "temperature"),
-    ("sampling.top_p", "top_p"),
-    ("sampling.seed", "seed"),
-    ("stop_token_ids", "stop_token_ids"),
-)
-"""The field a core's InvalidRequest is about, from how its message begins."""
 _TOKEN_REFUSALS = {
     TokenRefusal.MISSING: "this server requires a bearer token: send the header "
     "'Authorization: Bearer <token>'",
@@ -101,25 +91,19 @@ def _json(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type=_JSON)
 
 
-def _failure(failure: Failure, message: str, param: str | None = None) -> web.Response:
-    status, body = failure_body(failure, message, param)
+def _failure(failure: Failure, message: str) -> web.Response:
+    status, body = failure_body(failure, message)
+    return _json(body, status)
+
+
+def _error(exc: RequestError, endpoint: str) -> web.Response:
+    status, body = error_response(exc, endpoint)
     return _json(body, status)
 
 
 def _too_large() -> web.Response:
     status, kind = HTTP_PAYLOAD_TOO_LARGE
     return _closing(_json(error_body(_TOO_LARGE, kind, "request_too_large"), status))
-
-
-def _param(exc: RequestError, endpoint: str) -> str | None:
-    if isinstance(exc, BadField):
-        return exc.param
-    if exc.failure is not Failure.INVALID_ARGUMENT:
-        return None
-    for prefix, param in _CORE_PARAMS:
-        if exc.message.startswith(prefix):
-            return "messages" if param == "prompt" and endpoint == CHAT else param
-    return None
 
 
 _OPERATIONS = {CHAT: "chat", COMPLETIONS: "text_completion"}
@@ -273,8 +257,7 @@ class OpenAIService:
         try:
             wire = parse(body, endpoint, default_max_tokens=self._default_max_tokens)
             if wire.model != self.model_name:
-                core.refused(Failure.NOT_FOUND, OPENAI)
-                return _failure(
+                raise RequestError(
                     Failure.NOT_FOUND,
                     f"the model {wire.model!r} does not exist "
                     f"here; this server serves {self.model_name!r}",
@@ -284,10 +267,10 @@ class OpenAIService:
                 try:
                     wire.request.prompt = self._chat.render(wire.messages)
                 except Exception as exc:  # a template's own refusal or error
-                    raise BadField("messages", str(exc)) from None
-        except BadField as exc:
+                    raise InvalidRequest(str(exc), "messages") from None
+        except RequestError as exc:
             core.refused(exc.failure, OPENAI)
-            return _failure(exc.failure, exc.message, exc.param)
+            return _error(exc, endpoint)
         if core.tracer is not None:
             headers = http.headers
             wire.request.traceparent = headers.get("traceparent", "")
@@ -301,7 +284,7 @@ class OpenAIService:
                 operation=_OPERATIONS[endpoint],
             )
         except RequestError as exc:  # counted by the core
-            return _failure(exc.failure, exc.message, _param(exc, endpoint))
+            return _error(exc, endpoint)
         with generation:
             if wire.stream:
                 return await self._stream(http, wire, generation)
@@ -346,8 +329,8 @@ class OpenAIService:
                         await events.drain()
             except RequestError as exc:
                 if response is None:
-                    return _failure(exc.failure, exc.message)
-                _, body = failure_body(exc.failure, exc.message)
+                    return _error(exc, wire.endpoint)
+                _, body = error_response(exc, wire.endpoint)
                 await response.write_eof(b"data: " + body + b"\n\n" + DONE)
                 return response
             if response is None:  # cannot happen: the last chunk always comes
@@ -384,7 +367,7 @@ class OpenAIService:
                 if stopped:
                     break
         except RequestError as exc:
-            return _failure(exc.failure, exc.message)
+            return _error(exc, wire.endpoint)
         return _json(encoder.whole("".join(texts), finish))
 
 
@@ -485,7 +468,7 @@ def _text_of(
     if stops is not None:
         text = stops.feed(text, finish is not None)
         if stops.matched:
-            generation.failure = None
+            generation.finish_here()
             return text, "stop", True
     return text, finish, False
 

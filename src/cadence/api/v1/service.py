@@ -23,6 +23,7 @@ from cadence.core.metrics import CADENCE_V1
 from cadence.core.requests import Chunk, Request
 from cadence.core.tracing import trace_context
 from cadence.proto.v1 import inference_pb2 as pb
+from cadence.vocabulary import Sampling
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 
@@ -41,11 +42,13 @@ def to_request(raw: bytes) -> Request:
         prompt=message.prompt,
         prompt_token_ids=list(message.prompt_token_ids),
         max_tokens=message.max_tokens,
-        stop_token_ids=list(message.stop_token_ids),
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        seed=sampling.seed,
+        sampling=Sampling(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop_token_ids=tuple(message.stop_token_ids),
+        ),
         include_timing=message.include_timing,
         priority=message.priority,
     )
@@ -79,6 +82,9 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
             wire.step_start_ns = timing.step_start_ns
             wire.step_end_ns = timing.step_end_ns
             wire.front_recv_ns = timing.front_recv_ns
+        if timing.handoff_ns:  # disaggregated serving
+            wire.prefill_worker = timing.prefill_worker
+            wire.handoff_ns = timing.handoff_ns
     return out
 
 
@@ -89,7 +95,6 @@ async def _write_from_the_reader(generation: Generation, context, request_id: st
     taken yet (Envoy's thread is behind, or its buffer for the stream is full) one more is
     handed over, then the task waits for them and sends all that waited meanwhile as one
     message, as grpc.aio's path merges a stream whose write waits."""
-    stream = generation.stream
     take, write_now, in_flight = generation.take, context.write_now, context.in_flight
 
     def write(chunk: Chunk) -> bool:
@@ -98,8 +103,8 @@ async def _write_from_the_reader(generation: Generation, context, request_id: st
         return behind
 
     while True:
-        if in_flight():  # the stall sweep counts this wait (--stall-timeout)
-            stream.sending_since_ns = stream.sending_since_ns or time.monotonic_ns()
+        if in_flight():
+            generation.write_waits()
         await context.flushed()
         waiter = generation.ready()
         if waiter is not None:
@@ -115,12 +120,20 @@ class InferenceService:
     """Serves `cadence.v1.Inference` through `core`; each stream waits on its own buffer.
 
     `metadata`: initial metadata for every stream (`--fronts N`: which front serves it).
+    `native`: served by the native server (`--grpc-server native`, net.asgi_grpc), whose
+    contexts write without awaiting (`write_now`) and end a cancelled call themselves;
+    otherwise by grpc.aio.
     """
 
     def __init__(
-        self, core: FrontCore, metadata: tuple[tuple[str, str], ...] | None = None
+        self,
+        core: FrontCore,
+        metadata: tuple[tuple[str, str], ...] | None = None,
+        *,
+        native: bool = False,
     ) -> None:
         self._core = core
+        self._native = native
         self._metadata = metadata
         self._lag_sent = ""
         """The loop-lag tally that a stream's initial metadata last carried."""
@@ -147,7 +160,12 @@ class InferenceService:
             request.traceparent, request.tracestate = trace_context(context.invocation_metadata())
         try:
             generation = core.open(
-                request, received_ns, context.time_remaining, protocol=CADENCE_V1
+                request,
+                received_ns,
+                context.time_remaining,
+                protocol=CADENCE_V1,
+                # grpc.aio leaves a cancelled handler's call without a status.
+                end_call=None if self._native else partial(end_cancelled_call, context),
             )
         except RequestError as exc:  # counted by the core
             await context.abort(grpc_status(exc.failure), exc.message)
@@ -163,8 +181,6 @@ class InferenceService:
                 self._lag_sent = start
                 initial = (*(initial or ()), (lag.KEY, start))
         request_id = generation.request_id
-        if not hasattr(context, "write_now"):  # grpc.aio: see RequestStream.end_call
-            generation.stream.end_call = partial(end_cancelled_call, context)
         with generation:
             try:
                 if initial is not None:
@@ -173,7 +189,7 @@ class InferenceService:
                     await core.intake_lull(generation)
                     with contextlib.suppress(grpc.aio.BaseError):  # the call ended meanwhile
                         await context.send_initial_metadata(initial)
-                if hasattr(context, "write_now"):
+                if self._native:
                     await _write_from_the_reader(generation, context, request_id)
                 else:
                     async for chunk in generation:

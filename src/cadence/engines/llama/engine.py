@@ -16,6 +16,7 @@ import logging
 import time
 from pathlib import Path
 
+import msgspec
 import torch
 
 from cadence.config import EngineConfig
@@ -108,6 +109,39 @@ class _SeqState:
         """Prefix caching: the chained hashes of its full blocks known so far."""
         self.registered = 0
         """Prefix caching: its leading blocks registered in (or taken from) the cache."""
+
+
+class _MovedState(msgspec.Struct, array_like=True):
+    """A sequence's state between two workers (disaggregated serving)."""
+
+    tokens: list[int]
+    """The prompt and the outputs so far; the last one is the next decode step's input."""
+    cached: int
+    """Tokens whose keys and values follow."""
+    dtype: str
+    shape: list[int]
+    """Of `keys` and `values`: [layers, cached, kv_heads, head_dim]."""
+    keys: bytes
+    values: bytes
+    generator: bytes
+    """The sampler's random state (empty: greedy)."""
+
+
+_encode_state = msgspec.msgpack.Encoder().encode
+_decode_state = msgspec.msgpack.Decoder(_MovedState).decode
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """A tensor's raw bytes (any dtype, bfloat16 too), copied to the host."""
+    flat = tensor.detach().contiguous().reshape(-1).cpu()
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def _tensor(
+    data: bytes, dtype: torch.dtype, shape: list[int], device: torch.device
+) -> torch.Tensor:
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape).to(device)
 
 
 def _state(seq: Sequence) -> _SeqState:
@@ -261,7 +295,7 @@ class LlamaEngine:
         state = seq.state
         if state is None:
             state = seq.state = _SeqState(
-                Sampler(request, self._seed, self.device), list(seq.prefill_ids)
+                Sampler(seq.sampling, self._seed, self.device), list(seq.prefill_ids)
             )
             if self._eos:
                 seq.stop_token_ids = seq.stop_token_ids | self._eos
@@ -367,6 +401,78 @@ class LlamaEngine:
 
     def kv_cache_usage(self) -> float:
         return self.cache.usage
+
+    # -- disaggregated serving ----------------------------------------------------------------
+
+    def export_state(self, seq: Sequence) -> bytes:
+        """The sequence's keys and values (every layer, every cached token), its tokens and
+        its sampler's random state, as bytes for a decode worker's `import_state`."""
+        state = _state(seq)
+        cache = self.cache
+        slots = self._slots(state.blocks, state.cached)
+        keys = torch.stack([k[slots] for k in cache.keys])
+        values = torch.stack([v[slots] for v in cache.values])
+        generator = state.sampler.generator
+        return _encode_state(
+            _MovedState(
+                state.tokens,
+                state.cached,
+                str(keys.dtype).removeprefix("torch."),
+                list(keys.shape),
+                _tensor_bytes(keys),
+                _tensor_bytes(values),
+                b"" if generator is None else _tensor_bytes(generator.get_state()),
+            )
+        )
+
+    def import_state(self, seq: Sequence, data: bytes) -> bool:
+        """Take a sequence another worker prefilled: blocks for all it can need (False, and
+        nothing taken, while the cache has too few free), its keys and values written into
+        them; it decodes from its last token as if it had been prefilled here."""
+        moved = _decode_state(data)
+        request = seq.request
+        cache = self.cache
+        blocks = cache.allocate_blocks(
+            cache.blocks_for(len(request.prompt_token_ids) + request.max_tokens - 1)
+        )
+        if blocks is None:
+            return False
+        dtype = _DTYPES[moved.dtype]
+        if dtype != self.dtype:
+            cache.free(blocks)
+            raise ValueError(
+                f"a state in {moved.dtype} cannot join a cache in {self.dtype}: serve every "
+                "worker with one --dtype"
+            )
+        shape = moved.shape
+        keys = _tensor(moved.keys, dtype, shape, self.device)
+        values = _tensor(moved.values, dtype, shape, self.device)
+        slots = self._slots(blocks, moved.cached)
+        for layer in range(len(cache.keys)):
+            cache.keys[layer][slots] = keys[layer]
+            cache.values[layer][slots] = values[layer]
+        sampler = Sampler(seq.sampling, self._seed, self.device)
+        if moved.generator and sampler.generator is not None:
+            sampler.generator.set_state(
+                torch.frombuffer(bytearray(moved.generator), dtype=torch.uint8)
+            )
+        state = _SeqState(sampler, list(moved.tokens))
+        state.blocks = blocks
+        state.cached = moved.cached
+        state.last = moved.tokens[-1]
+        seq.state = state
+        if self._eos:
+            seq.stop_token_ids = seq.stop_token_ids | self._eos
+        if self._prefix_caching and state.cached >= BLOCK_SIZE:
+            self._register(state)
+        return True
+
+    def _slots(self, blocks: list[int], tokens: int) -> torch.Tensor:
+        """The cache slots of a sequence's first `tokens` tokens, in order."""
+        bs = BLOCK_SIZE
+        positions = torch.arange(tokens)
+        table = torch.tensor(blocks, dtype=torch.long)
+        return (table[positions // bs] * bs + positions % bs).to(self.device)
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache blocks back at once."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from cadence.vocabulary import AddRequest
+from cadence.vocabulary import Sampling
 
 
 class Sampler:
@@ -19,15 +19,15 @@ class Sampler:
 
     __slots__ = ("temperature", "top_p", "top_k", "generator")
 
-    def __init__(self, request: AddRequest, engine_seed: int, device: torch.device) -> None:
-        self.temperature = request.temperature
+    def __init__(self, sampling: Sampling, engine_seed: int, device: torch.device) -> None:
+        self.temperature = sampling.temperature
         # The wire protocol uses 0 for "off" in both fields.
-        self.top_p = request.top_p if 0 < request.top_p < 1 else 1.0
-        self.top_k = request.top_k
+        self.top_p = sampling.top_p if 0 < sampling.top_p < 1 else 1.0
+        self.top_k = sampling.top_k
         self.generator: torch.Generator | None = None
         if self.temperature > 0:
             self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(mix_seed(engine_seed, request.seed))
+            self.generator.manual_seed(mix_seed(engine_seed, sampling.seed))
 
     @property
     def greedy(self) -> bool:

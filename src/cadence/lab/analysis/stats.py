@@ -17,6 +17,10 @@ Definitions (all from client-side monotonic timestamps unless marked "server"):
   and send; they add up to ttft_ms exactly.
 - segment_shares: each segment's mean over the sum of the means, for TTFT and for a
   token's path from step start to client (engine_step, transfer, buffer, send).
+- handoff_segments_ms (disaggregated serving, server timing, per handed-off request): export
+  = the front read the state − the first token's step end (on the prefill worker);
+  to_decode = the start of the decode worker's first step with it − the front read the
+  state; with the requests per prefill and per decode worker.
 - timeline: the streams' arrival times read together (shared stalls, bursts of streams
   opened at once, open against receiving streams); defined in `cadence.lab.timeline`.
 - connect_ms (HTTP): per request that opened a new connection, the time to make it (TCP
@@ -57,6 +61,7 @@ from cadence.lab.records import CLIENT_CANCELLED, RequestRecord
 from cadence.lab.results import (
     CachedTokens,
     FrontLoop,
+    HandOffSegments,
     Population,
     RunStats,
     Segments,
@@ -204,6 +209,9 @@ def summarize(records: list[RequestRecord]) -> RunStats:
             per_request=distribution(r.cached_tokens for r in reported),
             share_of_prompt=sum(r.cached_tokens for r in reported) / sent if sent else math.nan,
         )
+    handed = [r for r in ok if r.prefill_worker >= 0 and r.t_send_ns and r.t_step_end_ns[0]]
+    if handed:
+        result.handoff_segments_ms = _handoff_segments(handed)
     if delay:
         result.token_delay_ms = distribution(delay)
         result.segments_ms = Segments(
@@ -220,6 +228,25 @@ def summarize(records: list[RequestRecord]) -> RunStats:
         )
         result.segment_shares = SegmentShares(ttft=_shares(first), token=_shares(token))
     return result
+
+
+def _handoff_segments(handed: list[RequestRecord]) -> HandOffSegments:
+    """The hand-off's parts of each request a prefill worker handed to a decode worker."""
+    export, to_decode = [], []
+    for r in handed:
+        export.append((r.t_handoff_ns - r.t_step_end_ns[0]) / _NS_PER_MS)
+        # The decode worker's first step: the first chunk whose step began after the state
+        # reached the front (a stream of one token after the first has none).
+        start = next((s for s in r.t_step_start_ns[1:] if s > r.t_handoff_ns), 0)
+        if start:
+            to_decode.append((start - r.t_handoff_ns) / _NS_PER_MS)
+    return HandOffSegments(
+        requests=len(handed),
+        export=distribution(export),
+        to_decode=distribution(to_decode),
+        by_prefill_worker=dict(Counter(str(r.prefill_worker) for r in handed)),
+        by_decode_worker=dict(Counter(str(r.worker) for r in handed)),
+    )
 
 
 def grouped(

@@ -348,7 +348,10 @@ def decode_events(
             texts.append(text)
     if not record.first_reasoning_ns:
         record.first_answer_ns = 0  # only beside reasoning
-    if not ours and isinstance(usage_tokens, int) and usage_tokens >= 0:
+    # A usage of no outputs beside text that arrived is a server that does not count them
+    # (LitServe's OpenAI spec sends zeros unless the API fills them in), not a count: no
+    # server sends text for nothing, so it is no evidence of extra events.
+    if not ours and isinstance(usage_tokens, int) and (usage_tokens > 0 or not texts):
         record.usage_outputs = usage_tokens
     counted = count("".join(texts)) if not ours and count is not None and texts else 0
     if counted and counted != len(tokens):  # the tokenizer's count, asked for: per real token

@@ -87,12 +87,19 @@ def print_summary(result: BenchResult) -> None:
     if result.segments_ms:
         for name, d in msgspec.structs.asdict(result.segments_ms).items():
             table.add_row(f"  segment {name}", *_cells(d))
+    if result.handoff_segments_ms:  # disaggregated serving
+        handoff = result.handoff_segments_ms
+        for name in ("export", "to_decode"):
+            d = getattr(handoff, name)
+            if d.count:
+                table.add_row(f"  hand-off {name}", *_cells(d))
     console.print(table)
     for line in (
         reasoning_line(result),
         turns_line(result),
         cached_line(result),
         prefix_cache_line(result),
+        handoff_line(result),
         *population_lines(result),
         *repeats_lines(result),
     ):
@@ -313,6 +320,22 @@ def repeats_lines(result: BenchResult) -> list[str]:
                 "runs " + ", ".join(f"{v:,.2f}" for v in f.values)
             )
     return lines
+
+
+def handoff_line(result: BenchResult) -> str:
+    """Disaggregated serving: how many requests moved, from which workers to which."""
+    handoff = result.handoff_segments_ms
+    if not handoff:
+        return ""
+    return (
+        f"handed off: {handoff.requests} requests from prefill worker(s) "
+        f"{_by_worker(handoff.by_prefill_worker)} to decode worker(s) "
+        f"{_by_worker(handoff.by_decode_worker)}"
+    )
+
+
+def _by_worker(counts: dict[str, int]) -> str:
+    return ", ".join(f"{w} ({n})" for w, n in sorted(counts.items()))
 
 
 def cached_line(result: BenchResult) -> str | None:

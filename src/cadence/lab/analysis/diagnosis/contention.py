@@ -41,10 +41,16 @@ def host_contended(facts: RunFacts) -> list[Finding]:
     if late is not None:
         # Explicit shares, zeros included: the host explains what its wake-ups can add to
         # each slow gap, not a whole tail (a server's own 150 ms stall stays the server's).
+        # Only of a tail the reading saw, though: where no gap or first output was slow by
+        # its yardstick (a first output is slow from 100 ms), a tail the verdict judges bad
+        # below that is one this reading cannot split, and a share of 0 would call it the
+        # server's; the host then bears on it without a share.
         tail, signature = late
         evidence.update(signature.evidence)
-        evidence["itl_tail_share"] = round(tail.itl_share(RULE_HOST_CONTENDED), 3)
-        evidence["ttft_tail_share"] = round(tail.ttft_share(RULE_HOST_CONTENDED), 3)
+        if tail.itl_total_ms > 0:
+            evidence["itl_tail_share"] = round(tail.itl_share(RULE_HOST_CONTENDED), 3)
+        if tail.ttft_total_ms > 0:
+            evidence["ttft_tail_share"] = round(tail.ttft_share(RULE_HOST_CONTENDED), 3)
     return [
         Finding(
             rule=RULE_HOST_CONTENDED,
