@@ -382,11 +382,12 @@ def _ordered_by_own_size(finding: Finding, facts: RunFacts) -> bool:
     prompt, its output budget), no cap on the streams receiving was seen, and what the size
     left to a slot is under SLOT_MIN_SHARE: a burst spread by its prompts or by a length
     order is not streams taken in one at a time."""
-    tail = attribution(facts)
-    ev = finding.evidence
+    tail, timeline = attribution(facts), _client_side(facts)
+    cap = timeline.concurrency if timeline is not None else None
     capped = (
-        ev["peak_receiving_streams"] <= CAP_RECEIVING_SHARE * ev["peak_open_streams"]
-        and (ev["share_at_cap_with_streams_waiting"] or 0.0) >= CAP_TIME_SHARE
+        cap is not None
+        and cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
+        and cap.capped_share >= CAP_TIME_SHARE
     )
     return (
         tail is not None
