@@ -264,9 +264,12 @@ def _problems(result: BenchResult) -> list[str]:
     return problems
 
 
-def judge(result: BenchResult) -> tuple[Verdict, list[Finding]]:
+def judge(
+    result: BenchResult, tables: dict[str, dependence.Table | None] | None = None
+) -> tuple[Verdict, list[Finding]]:
     """The run's verdict, and the `unexplained_tail` findings to add to its diagnosis (the
-    diagnosis must be made first: the verdict reads its findings)."""
+    diagnosis must be made first: the verdict reads its findings). `tables`: the run's
+    dependence tables when the diagnosis read them."""
     tails = _tails(result)
     findings = []
     for tail in tails:
@@ -279,7 +282,7 @@ def judge(result: BenchResult) -> tuple[Verdict, list[Finding]]:
         )
         share = tail.unexplained_share
         if share is not None and share >= UNEXPLAINED_MIN_SHARE and not already:
-            findings.append(unexplained(result, tail))
+            findings.append(unexplained(result, tail, tables))
     problems = _problems(result)
     if problems or any(t.state == "bad" for t in tails):
         state = "unhealthy"
@@ -347,7 +350,11 @@ def attribution_words(tail: TailVerdict) -> str:
     return ", ".join(w for w in (*cause_words(tail), _unexplained_words(tail)) if w)
 
 
-def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
+def unexplained(
+    result: BenchResult,
+    tail: TailVerdict,
+    tables: dict[str, dependence.Table | None] | None = None,
+) -> Finding:
     """The `unexplained_tail` finding of a bad tail: how much, when, which streams, what
     coincided, and what evidence would decide it."""
     name = TAIL_WORDS[tail.metric]
@@ -378,7 +385,7 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
     )
     evidence.update(where)
     # What the tail was set against and found not to follow (or to follow too weakly).
-    table = dependence.table_evidence(records, tail.metric)
+    table = dependence.table_evidence(records, tail.metric, tables)
     evidence.update(table)
     sentence = _unexplained_sentence(tail, share, where)
     if table:

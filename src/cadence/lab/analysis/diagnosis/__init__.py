@@ -179,9 +179,10 @@ RULES: tuple[Rule, ...] = (
 """Every rule, in the order their findings are listed."""
 
 
-def diagnose(result: BenchResult) -> list[Finding]:
-    """The findings for a bench result, in rule order; empty when no rule fired."""
-    facts = RunFacts(result)
+def diagnose(result: BenchResult, facts: RunFacts | None = None) -> list[Finding]:
+    """The findings for a bench result, in rule order; empty when no rule fired. `facts`:
+    the result's facts when the caller reads them too (they are computed once)."""
+    facts = facts if facts is not None else RunFacts(result)
     found = [(rule, f) for rule in RULES for f in rule.check(facts)]
     fired = {f.rule for _, f in found}
     for _, f in found:

@@ -15,6 +15,9 @@ import itertools
 import statistics
 from collections.abc import Sequence
 
+import numpy as np
+
+from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
@@ -27,6 +30,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SLOW_FIRST_MESSAGE,
     RULE_SLOW_STREAM_GROUP,
     RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_DEPENDS_ON,
     RULE_TTFT_GROWS_WITH_STREAMS,
 )
 from cadence.lab.analysis.diagnosis.reads import (
@@ -671,6 +675,36 @@ class WaitsForSlot(Signature):
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return remaining_ms if stream.number in self.waited else 0.0
+
+
+OWN_SIZE = ("prompt_tokens", "max_tokens")
+"""What a request brings itself: a wait that follows these is its own cost (a prefill) or a
+scheduler's choice by it (shortest first), not its place in a queue."""
+
+
+class FollowsOwnSize(Signature):
+    """Claims before `WaitsForSlot`: a first output as late as the request's own size makes
+    it (the TTFT's named dependence on its prompt or its output budget, `dependence`). A slot
+    limit makes each request wait for those ahead of it, whatever its size; where the wait
+    follows the size instead, a slot did not decide it, and only what the size leaves of it
+    may be a slot's."""
+
+    rule = RULE_TTFT_DEPENDS_ON
+
+    def __init__(self, rise: np.ndarray, evidence: dict) -> None:
+        self.rise = rise
+        self.evidence = evidence
+
+    @classmethod
+    def among(cls, table: dependence.Table | None) -> FollowsOwnSize | None:
+        """The strongest named dependence of the first outputs on their own size."""
+        found = next((d for d in (table.named if table else ()) if d.variable in OWN_SIZE), None)
+        if found is None or found.rise is None:
+            return None
+        return cls(found.rise, {"variable": found.variable, "shape": found.shape})
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, float(self.rise[stream.number]))
 
 
 # -- a burst of streams served one after another ---------------------------------------------
