@@ -5,8 +5,8 @@ in Python (a message, a map entry, two output tensors), about twenty times what 
 a `cadence.v1.GenerateChunk` costs; on the per-token path that is the front's CPU. The
 layout of these responses is fixed, so each request's constant part (model name, version,
 id) is encoded once and each chunk adds only its tokens and text.
-tests/unit/api/test_kserve_responses.py decodes the result with the generated message class and compares it with one
-built field by field.
+tests/unit/api/test_kserve_responses.py decodes the result with the generated message class
+and compares it with one built field by field.
 """
 
 from __future__ import annotations
