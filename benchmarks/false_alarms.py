@@ -3,11 +3,13 @@ counted, and how often each verdict said unhealthy.
 
     python benchmarks/false_alarms.py [--runs 20] [--quick] [--only NAME ...]
         [--protocols grpc sse] [--lengths short long] [--hosts quiet loaded]
-        [--venvs /work/venvs] [--out results/false_alarms.json]
+        [--venvs /work/venvs] [--out results/false_alarms.json] [--keep DIR]
 
 Every server here is healthy: it streams each request at its engine's pace, with no planted
-fault, well inside the host's CPU. So every finding of `cadence bench` (the `diagnosis` of its
-result JSON) on a quiet host is a false alarm, and so is a verdict other than healthy.
+fault, well inside the host's CPU. So every alarm of `cadence bench` (a finding of its result
+JSON's `diagnosis` whose `severity` is `alarm`) on a quiet host is a false alarm, and so is a
+verdict other than healthy. A finding of severity `information` (a light load, a CPU engine's
+worker filling its core) is true of a healthy server: it is counted apart, never as an alarm.
 
 | server | how it runs | protocols |
 |---|---|---|
@@ -28,6 +30,9 @@ cells (a synthetic engine has no start to warm: its first run counts). On the lo
 core the benchmark may use, started before the run and stopped after it; there the target is
 that the lab puts the tail on the host (the verdict healthy, or every bad tail explained by
 `host_contended`, nothing failed, the output whole).
+
+`--keep DIR` keeps every run's result JSON there (`DIR/SERVER_PROTOCOL_LENGTH_HOST_RUN.json`),
+the evidence behind each count: `cadence report` reads it.
 
 `--quick` is the CI subset: synthetic 5 ms steps, 1 and 2 workers, gRPC and SSE, short
 outputs, quiet host (tests/integration/test_false_alarms.py). The table prints per rule the
@@ -286,13 +291,16 @@ def bench(
 
 
 def run_record(result: dict) -> dict:
-    """What the matrix keeps of one run: its verdict, the rules that fired (with their
-    sentences), whether the tails were put on the host, and the key figures."""
+    """What the matrix keeps of one run: its verdict, the rules that raised an alarm and
+    those that gave information (with their sentences), whether the tails were put on the
+    host, and the key figures. Information (a light load, a CPU engine's worker filling its
+    core) is true of a healthy server: it is kept apart and is no false alarm."""
     if "error" in result:
-        return {"verdict": "error", "rules": [], "error": result["error"]}
+        return {"verdict": "error", "rules": [], "information": [], "error": result["error"]}
     verdict = result["verdict"]
     findings = result["diagnosis"]
-    rules = sorted({f["rule"] for f in findings})
+    rules = sorted({f["rule"] for f in findings if f.get("severity", "alarm") == "alarm"})
+    information = sorted({f["rule"] for f in findings} - set(rules))
     bad = [t for t in verdict["tails"] if t["state"] == "bad"]
     on_host = verdict["state"] == "healthy" or (
         not verdict["problems"] and all(_on_host(t) for t in bad)
@@ -300,6 +308,7 @@ def run_record(result: dict) -> dict:
     record = {
         "verdict": verdict["state"],
         "rules": rules,
+        "information": information,
         "tails_on_host": on_host,
         "itl_p50_ms": _ms(result["itl_ms"].get("p50")),
         "itl_p99_ms": _ms(result["itl_ms"].get("p99")),
@@ -317,6 +326,11 @@ def run_record(result: dict) -> dict:
     if findings:
         record["findings"] = {f["rule"]: f["finding"][:300] for f in findings}
     return record
+
+
+def _fired(records: list[dict], key: str) -> dict[str, int]:
+    """How many of `records` each rule of `key` ("rules": alarms, "information") came in."""
+    return dict(collections.Counter(x for r in records for x in r.get(key, [])))
 
 
 def _on_host(tail: dict) -> bool:
@@ -359,6 +373,10 @@ def measure(server: Server, args: argparse.Namespace, tmp: Path) -> list[dict]:
                         tmp / "run.json",
                         args.in_process,
                     )
+                if args.keep:
+                    _keep(
+                        tmp / "run.json", Path(args.keep), server.name, protocol, length, kind, run
+                    )
                 record = {
                     "server": server.name,
                     "protocol": protocol,
@@ -372,11 +390,27 @@ def measure(server: Server, args: argparse.Namespace, tmp: Path) -> list[dict]:
                 records.append(record)
                 print(
                     f"{server.name:<20} {protocol:<4} {length:<5} {kind:<6} run {run + 1:>2}: "
-                    f"{record['verdict']:<12} {' '.join(record['rules'])}",
+                    f"{record['verdict']:<12} {' '.join(record['rules'])}"
+                    + (
+                        f" (information: {' '.join(record['information'])})"
+                        if record.get("information")
+                        else ""
+                    ),
                     file=sys.stderr,
                     flush=True,
                 )
     return records
+
+
+def _keep(
+    run: Path, folder: Path, server: str, protocol: str, length: str, kind: str, number: int
+) -> None:
+    """A copy of one run's result JSON in `folder` (--keep), named by its cell and run."""
+    if not run.exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    name = "_".join((server.replace(" ", "-"), protocol, length, kind, str(number)))
+    (folder / f"{name}.json").write_bytes(run.read_bytes())
 
 
 def summarize(records: list[dict]) -> dict:
@@ -444,8 +478,14 @@ def summarize(records: list[dict]) -> dict:
         fired = collections.Counter(x for r in calm for x in r["rules"])
         fired["verdict not healthy"] = sum(r["verdict"] != "healthy" for r in calm)
         repeats[" / ".join(cell)] = sorted(rule for rule, n in fired.items() if n > 1)
+    information: dict[str, dict] = {}
+    for kind in ("quiet", "loaded"):
+        runs = [r for r in records if r["host"] == kind]
+        for rule, n in sorted(_fired(runs, "information").items()):
+            information.setdefault(rule, {})[kind] = {"fired": n, "runs": len(runs)}
     return {
         "rules": table,
+        "information": information,
         "verdicts": verdicts,
         "repeated_false_alarms": {cell: rules for cell, rules in repeats.items() if rules},
         "quiet_cells_all_contended": sorted(
@@ -480,6 +520,13 @@ def markdown(result: dict) -> str:
         )
     if not summary["rules"]:
         lines.append("| (none fired) | | | |")
+    if summary.get("information"):
+        said = [
+            f"`{rule}` "
+            + ", ".join(f"{v['fired']} / {v['runs']} {kind}" for kind, v in row.items())
+            for rule, row in summary["information"].items()
+        ]
+        lines += ["", "Information (true of a healthy server, no alarm): " + "; ".join(said) + "."]
     lines += [
         "",
         "| host | runs | healthy | unhealthy | inconclusive | tails on the host | "
@@ -510,6 +557,9 @@ def main(argv: list[str] | None = None) -> dict:
         help="each bench through cadence.cli.main in this process (the CI test), not a new one",
     )
     parser.add_argument("--out", default="results/false_alarms.json")
+    parser.add_argument(
+        "--keep", default="", help="a folder to keep every run's result JSON in (its evidence)"
+    )
     args = parser.parse_args(argv)
     chosen = servers(Path(args.venvs))
     if args.quick:

@@ -34,7 +34,13 @@ Faults, any of which combine:
 - `--block-tokens K --block-ms M`: a stream that fills a block of K tokens waits out of the
   batch M ms for its next block to be allocated (the others go on);
 - `--order-by-length shortest|longest` with `--max-batch N`: the waiting streams are admitted
-  by their output budget, shortest (or longest) first.
+  by their output budget, shortest (or longest) first;
+- `--token-budget B`: the card runs streams whose output budgets (`max_tokens`) add up to at
+  most B (a KV cache reserved for each stream's whole output), admitting the shortest first
+  among those that fit (no cap on the count of streams);
+- `--sync-every K --sync-ms M`: each stream's front, after every K outputs it sent, writes
+  the stream's transcript so far to storage and waits M ms for it (the engine goes on; what
+  it made meanwhile goes out after).
 - `--duplicate-event P` / `--drop-event P` (sse): each stream's writer sends its event at
   position P twice (a retry that resends) or never (a hand-off that overwrites); the usage
   still counts the outputs the engine made.
@@ -136,7 +142,19 @@ class Card:
                         reverse=args.order_by_length == "longest",
                     )
                 )
-            while self.waiting and (not args.max_batch or len(self.running) < args.max_batch):
+            if args.token_budget:  # the planted fault: a KV cache reserved per whole output
+                held = sum(s.max_tokens for s in self.running)
+                for stream in sorted(self.waiting, key=lambda s: s.max_tokens):
+                    if held + stream.max_tokens <= args.token_budget or not self.running:
+                        held += stream.max_tokens
+                        self.waiting.remove(stream)
+                        self.running.append(stream)
+                        admitted.append(stream)
+            while (
+                self.waiting
+                and not args.token_budget
+                and (not args.max_batch or len(self.running) < args.max_batch)
+            ):
                 stream = self.waiting.popleft()
                 self.running.append(stream)
                 admitted.append(stream)
@@ -233,12 +251,23 @@ class Engine:
         card.work.set()
 
 
+def _syncing(args: argparse.Namespace):
+    """The planted fault `--sync-every`: after every K outputs sent, a wait for storage."""
+
+    async def sync(position: int) -> None:
+        if args.sync_every and (position + 1) % args.sync_every == 0:
+            await asyncio.sleep(args.sync_ms / 1e3)
+
+    return sync
+
+
 async def serve_grpc(engine: Engine, args: argparse.Namespace) -> tuple[object, int]:
     import grpc
     from grpc_reflection.v1alpha import reflection
 
     sys.path.insert(0, _HERE)
     protos, services = grpc.protos_and_services("engine_shaped.proto")
+    _sync = _syncing(args)
 
     class EngineService(services.EngineServicer):
         async def Complete(self, request, context):
@@ -247,6 +276,7 @@ async def serve_grpc(engine: Engine, args: argparse.Namespace) -> tuple[object, 
                 async for positions in stream.outputs():
                     for position in positions:
                         yield protos.Piece(position=position, text=f"t{position} ")
+                        await _sync(position)
             finally:
                 stream.cancelled = True
 
@@ -265,6 +295,8 @@ def _event(body: dict) -> bytes:
 
 async def serve_sse(engine: Engine, args: argparse.Namespace) -> tuple[object, int]:
     from aiohttp import web
+
+    _sync = _syncing(args)
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
@@ -297,6 +329,7 @@ async def serve_sse(engine: Engine, args: argparse.Namespace) -> tuple[object, i
                     if len(held) >= args.flush_events:  # the planted fault when above 1
                         await response.write(b"".join(held))
                         held.clear()
+                    await _sync(position)
             held.append(
                 _event(
                     {
@@ -374,6 +407,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--block-tokens", type=int, default=0)
     p.add_argument("--block-ms", type=float, default=0.0)
     p.add_argument("--order-by-length", choices=["shortest", "longest"], default=None)
+    p.add_argument("--token-budget", type=int, default=0)
+    p.add_argument("--sync-every", type=int, default=0)
+    p.add_argument("--sync-ms", type=float, default=0.0)
     p.add_argument("--duplicate-event", type=int, default=-1)
     p.add_argument("--drop-event", type=int, default=-1)
     return p

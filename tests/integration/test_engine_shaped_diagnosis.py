@@ -49,11 +49,18 @@ class Case:
     prompt_tokens: tuple[int, int] = (16, 16)
     evidence: dict = field(default_factory=dict)
     """rule → {evidence key: (low, high)} that must hold."""
+    seed: int = 0
+    """The server's jitter and the load's lengths (another seed, another run)."""
 
 
 def bench(case: Case) -> BenchResult:
     with python_server(
-        "tests/engine_shaped_servers.py", "--front", case.front, *case.server
+        "tests/engine_shaped_servers.py",
+        "--front",
+        case.front,
+        "--seed",
+        str(case.seed),
+        *case.server,
     ) as target:
         if case.front == "grpc":
             with grpc.insecure_channel(target) as channel:
@@ -64,7 +71,9 @@ def bench(case: Case) -> BenchResult:
         workload = Workload(
             requests=case.requests,
             concurrency=case.streams,
-            shape=RequestShape(max_tokens=case.max_tokens, prompt_tokens=case.prompt_tokens),
+            shape=RequestShape(
+                max_tokens=case.max_tokens, prompt_tokens=case.prompt_tokens, seed=case.seed
+            ),
         )
         result = run_bench(target, workload, protocol=protocol)
     assert result.requests_ok == case.requests, result.errors_by_code

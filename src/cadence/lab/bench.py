@@ -11,7 +11,9 @@ import msgspec
 from cadence.core.tracing import epoch_offset_ns
 from cadence.credentials import ClientCredentials
 from cadence.lab import results
-from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, diagnose
+from cadence.lab.analysis import dependence
+from cadence.lab.analysis.diagnosis import RULE_CPU_BUSY_CARDS_IDLE, RunFacts, diagnose
+from cadence.lab.analysis.diagnosis.dependence import tables as dependence_tables
 from cadence.lab.analysis.goodput import goodput
 from cadence.lab.analysis.schedule import schedule
 from cadence.lab.analysis.server_spans import join_spans
@@ -372,8 +374,11 @@ def _analyse(
 
 def _report(result: results.BenchResult) -> results.BenchResult:
     """The run's diagnosis and verdict, written into its result."""
-    result.diagnosis = diagnose(result)
-    result.verdict, unexplained = judge(result)
+    facts = RunFacts(result)
+    result.diagnosis = diagnose(result, facts)
+    tables = dependence_tables(facts)
+    result.dependence = dependence.curves(tables) or msgspec.UNSET
+    result.verdict, unexplained = judge(result, tables)
     result.diagnosis += unexplained
     result.system.flags = [
         f.finding for f in result.diagnosis if f.rule == RULE_CPU_BUSY_CARDS_IDLE

@@ -21,11 +21,7 @@ import re
 import time
 from collections.abc import Callable
 
-from cadence.lab.analysis.diagnosis import (
-    RULE_CLIENT_BEHIND_SCHEDULE,
-    RULE_CLIENT_SATURATED,
-    RULE_UNDER_CAPACITY,
-)
+from cadence.lab.analysis.diagnosis import RULE_CLIENT_BEHIND_SCHEDULE, RULE_CLIENT_SATURATED
 from cadence.lab.analysis.stats import TTFT_SEGMENTS
 from cadence.lab.analysis.verdict import (
     RULE_UNEXPLAINED_TAIL,
@@ -269,9 +265,8 @@ def _finish(
         first = next(p for p in capacity.points if p.value == failing and not p.passed)
         capacity.binding = first.failed_terms
         failed_run = failing_runs.get(failing)
-        capacity.why = [
-            f for f in (failed_run.diagnosis if failed_run else []) if f.rule != RULE_UNDER_CAPACITY
-        ]
+        # Information (a light load, a CPU engine's full core) is no reason to stop there.
+        capacity.why = [f for f in (failed_run.diagnosis if failed_run else []) if f.alarm]
         if failed_run is not None:
             capacity.reasons = binding_reasons(first, failed_run)
         passing = [p for p in capacity.points if p.value == capacity.max_passing and p.passed]
@@ -308,7 +303,7 @@ def binding_reasons(point: CapacityPoint, result: BenchResult) -> dict[str, str]
         explaining = [
             f.rule
             for f in result.diagnosis
-            if f.rule in TAIL_RULES.get(metric, ())
+            if (f.alarm and f.rule in TAIL_RULES.get(metric, ()))
             or (f.rule == RULE_UNEXPLAINED_TAIL and f.evidence.get("tail") == metric)
         ]
         if tail is not None and tail.state == "bad" and match["stat"] != "p50":

@@ -569,6 +569,14 @@ class Overhead(msgspec.Struct, kw_only=True):
     max: float
 
 
+ALARM = "alarm"
+"""A finding's severity: a fault to act on (a rule that fires on a healthy server raises a
+false alarm)."""
+INFORMATION = "information"
+"""A finding's severity: true of the run and worth knowing, not a fault (a light load, a CPU
+engine's worker filling its core): it explains no tail, and the verdict does not count it."""
+
+
 class Finding(msgspec.Struct, kw_only=True):
     """What a diagnosis rule found: one sentence, the numbers behind it, what to look at."""
 
@@ -576,6 +584,13 @@ class Finding(msgspec.Struct, kw_only=True):
     finding: str
     evidence: dict[str, int | float | str | None]
     look_at: str
+    severity: str | UnsetType = UNSET
+    """`alarm` or `information` (the diagnosis sets one on every finding); absent in a result
+    written before severities, whose findings are alarms."""
+
+    @property
+    def alarm(self) -> bool:
+        return self.severity != INFORMATION
 
 
 class TailVerdict(msgspec.Struct, kw_only=True):
@@ -814,6 +829,34 @@ class RunInfo(msgspec.Struct, kw_only=True):
     --grpc-server native): its name, pid and role."""
 
 
+class DependenceCurve(msgspec.Struct, kw_only=True):
+    """The strongest dependence of one latency, as the report draws it
+    (`cadence.lab.analysis.dependence`): the latency's median and quartiles by bin of the
+    variable (quantile bins of a numeric one; each position within a period; each group)."""
+
+    latency: str
+    """gap (between reads) or ttft."""
+    variable: str
+    shape: str = ""
+    """linear, faster_than_linear, step, periodic, group, monotone; empty when it is not
+    significant."""
+    size: str = ""
+    named: bool = False
+    """Named by a finding (`itl_depends_on`, `ttft_depends_on`), else the table's strongest
+    row, shown for what was ruled out."""
+    strength: float = 0.0
+    tail_share: float = 0.0
+    period: int | None = None
+    """For a period: K, and `x` is the position within it (its residue)."""
+    x: list[float] = []
+    labels: list[str] = []
+    """For a group: each group's name (`x` is its index)."""
+    median_ms: list[float] = []
+    p25_ms: list[float] = []
+    p75_ms: list[float] = []
+    n: list[int] = []
+
+
 class BenchResult(RunStats, kw_only=True):
     """What `cadence.lab.bench.run_bench` returns and `cadence bench --json` writes."""
 
@@ -848,6 +891,9 @@ class BenchResult(RunStats, kw_only=True):
     repeats: Repeats | UnsetType = UNSET
     """`--repeat N`: every run's value of the key figures, their mean and confidence interval
     (the rest of the result is the first run's)."""
+    dependence: list[DependenceCurve] | UnsetType = UNSET
+    """The strongest dependence of the gaps and of the first outputs, with what the report
+    needs to draw it; unset without raw records or with too few values."""
 
 
 class RepeatedFigure(msgspec.Struct, kw_only=True):

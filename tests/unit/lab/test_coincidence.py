@@ -231,3 +231,48 @@ def test_a_ttft_tail_below_the_readings_yardstick_on_a_busy_host_is_put_on_the_h
     ttft = next(t for t in verdict.tails if t.metric == "ttft_ms")
     assert ttft.state == "bad" and "host_contended" in ttft.explained_by, verdict.line
     assert not unexplained
+
+
+def test_a_few_slow_steps_in_a_tail_within_its_bound_are_no_finding():
+    """One step of the engine 15 ms slow: all 16 streams' gaps there are slow and the
+    engine's steps explain all of that small tail, but ITL p99 stays within the run's bound
+    (the verdict calls it healthy): no finding. Five such steps make a bad tail, named."""
+    result = as_bench(timed(slow_steps={40: 15}))
+    result.diagnosis = diagnose(result)
+    assert "itl_unstable_engine" not in {f.rule for f in result.diagnosis}
+    assert judge(result)[0].state == "healthy"
+    assert "itl_unstable_engine" in fired(
+        timed(slow_steps=dict.fromkeys((20, 50, 80, 110, 140), 15))
+    )
+
+
+def on_contended_host(result: BenchResult, wakeup_max: float) -> BenchResult:
+    """`result` on a 2-core host other work filled, whose wake-up probe saw up to
+    `wakeup_max` ms."""
+    ticks = [0.1 * i for i in range(1, int(result.wall_s * 10) + 4)]
+    result.system = System(
+        host=HostCpu(
+            cpus=2,
+            samples=[(t, 195.0, 2.0) for t in ticks],
+            wakeups=Distribution(count=500, p50=0.1, p90=0.5, p99=2.0, max=wakeup_max),
+        )
+    )
+    return result
+
+
+def test_slow_steps_within_the_hosts_wake_up_lateness_are_the_hosts():
+    """Five steps 14 ms slow make a bad tail. On a host other work filled whose threads woke
+    up to 15 ms late, one late wake-up of the step makes each: the tail is the host's, all
+    of it, and the engine is not named. Where the host woke them no later than 6 ms, 8 ms of
+    each is the engine's own."""
+    slow = dict.fromkeys((20, 50, 80, 110, 140), 14)
+    result = on_contended_host(as_bench(timed(slow_steps=slow)), wakeup_max=15.0)
+    result.diagnosis = diagnose(result)
+    assert {f.rule for f in result.diagnosis} == {"host_contended"}
+    verdict, unexplained = judge(result)
+    itl = next(t for t in verdict.tails if t.metric == "itl_ms")
+    assert itl.state == "bad" and itl.explained_by["host_contended"] > 0.9 and not unexplained
+    result = on_contended_host(as_bench(timed(slow_steps=slow)), wakeup_max=6.0)
+    found = {f.rule: f.evidence for f in diagnose(result)}
+    assert found["itl_unstable_engine"]["host_late_per_step_ms"] == 6.0
+    assert found["host_contended"]["itl_tail_share"] > 0.2

@@ -265,3 +265,52 @@ def test_too_few_values_give_no_table() -> None:
     records = simulate(Engine(), streams=2, requests=2, outputs=(5, 5))
     assert dependence.tables(records)[dependence.FIRST] is None
     assert Reads(records).usable is False or dependence.tables(records)[dependence.GAP] is None
+
+
+def test_the_strongest_dependence_is_kept_with_its_curve() -> None:
+    """What the report draws: the latency's medians and quartiles by bin, from the result."""
+    block = dependence.curves(
+        dependence.tables(simulate(Engine(block_tokens=16, block_ms=40), outputs=(40, 100)))
+    )
+    [gap] = [c for c in block if c.latency == dependence.GAP]
+    assert gap.named and gap.shape == "periodic" and gap.period == 16
+    assert gap.x == [float(k) for k in range(16)]
+    assert gap.median_ms[0] > 3 * max(gap.median_ms[1:])
+    assert all(lo <= m <= hi for lo, m, hi in zip(gap.p25_ms, gap.median_ms, gap.p75_ms))
+    square = dependence.curves(
+        dependence.tables(
+            simulate(
+                Engine(prefill_ms=lambda prompt: 0.0008 * prompt**2),
+                prompts=(50, 700),
+                outputs=(10, 30),
+            )
+        )
+    )
+    [first] = [c for c in square if c.latency == dependence.FIRST]
+    assert first.variable == "prompt_tokens" and first.named
+    assert first.x == sorted(first.x) and first.median_ms[-1] > 5 * first.median_ms[0]
+    assert sum(first.n) == 64
+
+
+def test_gaps_at_a_period_of_the_stream_are_not_a_clock() -> None:
+    """A 40 ms wait every 16 tokens gives gaps of one value, as a timer would, but only at
+    positions 16, 32, 48...: the period names them and the clock never reads them."""
+    records = simulate(Engine(block_tokens=16, block_ms=40, jitter=0.02), outputs=(40, 100))
+    rules = findings(records)
+    assert rules["itl_depends_on"]["shape"] == "periodic"
+    assert "gaps_at_fixed_values" not in rules
+
+
+def test_a_stall_of_streams_in_lockstep_is_no_period() -> None:
+    """Streams opened together and never apart cross each position at the same step: a pause
+    of the whole engine every 16 steps cannot be told from a wait at every 16th position,
+    and no period is named (the others never went on during those gaps)."""
+    records = simulate(
+        Engine(step_ms=lambda r, a, n: 5.0 + (40.0 if n % 16 == 15 else 0.0), jitter=0.02),
+        streams=8,
+        requests=8,
+        outputs=(96, 96),
+    )
+    table = dependence.tables(records)[dependence.GAP]
+    assert table is not None
+    assert not any(d.shape == "periodic" for d in table.named), table.words()

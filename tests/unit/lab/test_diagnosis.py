@@ -168,10 +168,17 @@ def test_healthy_run_fires_nothing():
     assert diagnose(healthy()) == []
 
 
-def test_findings_have_the_four_keys_with_numeric_evidence():
+def test_findings_have_their_keys_with_numeric_evidence():
     r = slow_first_step()
     for finding in diagnose(r):
-        assert set(msgspec.to_builtins(finding)) == {"rule", "finding", "evidence", "look_at"}
+        assert set(msgspec.to_builtins(finding)) == {
+            "rule",
+            "finding",
+            "evidence",
+            "look_at",
+            "severity",
+        }
+        assert finding.severity in ("alarm", "information")
         assert finding.finding and finding.look_at
         assert finding.evidence
         assert all(isinstance(v, (int, float)) for v in finding.evidence.values())
@@ -553,6 +560,34 @@ def test_a_host_with_a_core_to_spare_or_no_other_work_is_not_contended():
     assert rules(on_host(ours + 2.0 + dx.OTHERS_MIN_PCT - 1, cpus=1)) == []  # others < half a core
 
 
+def contended(r: dict, wakeup_p99: float, wakeup_max: float | None = None) -> dict:
+    """`r` on a 2-core host other work filled, whose wake-up probe measured `wakeup_p99`."""
+    host = on_host(195.0)["system"]["host"]
+    host["wakeups"] = dist(0.1, wakeup_p99 / 2, wakeup_p99, max=wakeup_max or 2 * wakeup_p99)
+    r["system"]["host"] = host
+    return r
+
+
+def test_on_a_contended_host_network_side_spread_within_late_wake_ups_is_the_hosts():
+    """Tokens wait irregularly on their way to the client (token delay p90 18 ms over its
+    p50) on a host other work filled. When the host woke threads up to 10 ms late, two such
+    wake-ups (the front's loop, the client's read) make that spread: the host's finding
+    stands alone. Wake-ups of 2 ms make no 18 ms: the network side is named beside it."""
+    late = rules(contended(network_jitter(), wakeup_p99=10.0))
+    assert dx.RULE_HOST_CONTENDED in late and dx.RULE_ITL_UNSTABLE_NETWORK not in late
+    prompt = rules(contended(network_jitter(), wakeup_p99=2.0))
+    assert {dx.RULE_HOST_CONTENDED, dx.RULE_ITL_UNSTABLE_NETWORK} <= set(prompt)
+
+
+def test_on_a_contended_host_steps_that_vary_by_a_late_wake_up_are_the_hosts():
+    """The engine's steps vary by 13 ms (p90 over p50): jitter on a host whose wake-ups are
+    prompt, one late wake-up each on a host whose probe saw 15 ms."""
+    late = rules(contended(jittery(), wakeup_p99=15.0))
+    assert dx.RULE_HOST_CONTENDED in late and dx.RULE_ITL_UNSTABLE_ENGINE not in late
+    prompt = rules(contended(jittery(), wakeup_p99=2.0))
+    assert {dx.RULE_HOST_CONTENDED, dx.RULE_ITL_UNSTABLE_ENGINE} <= set(prompt)
+
+
 # -- under_capacity ------------------------------------------------------------------------------
 
 
@@ -569,6 +604,9 @@ def low_concurrency() -> dict:
 def test_low_concurrency_with_normal_latency_fires_under_capacity():
     findings = {f.rule: f for f in diagnose(low_concurrency())}
     assert set(findings) == {dx.RULE_UNDER_CAPACITY}
+    # A true statement about a light load, not a fault: information, never an alarm.
+    assert findings[dx.RULE_UNDER_CAPACITY].severity == "information"
+    assert not findings[dx.RULE_UNDER_CAPACITY].alarm
     evidence = findings[dx.RULE_UNDER_CAPACITY].evidence
     assert evidence["workers"] == 2
     assert evidence["tokens_per_worker_step"] == pytest.approx(94.0 * 10.2 / 1e3 / 2, abs=0.01)
@@ -713,8 +751,13 @@ DATA = Path(__file__).parents[2] / "data"
     ],
 )
 def test_saved_results_get_the_findings_they_were_written_with(name):
+    """The same findings, word for word; their severity is newer than these results (whose
+    findings read as alarms), and a light load is now information."""
     written = msgspec.convert(json.loads((DATA / name).read_text()), BenchResult)
-    assert dx.diagnose(written) == written.diagnosis
+    assert all(f.alarm for f in written.diagnosis)
+    found = dx.diagnose(written)
+    assert [msgspec.structs.replace(f, severity=msgspec.UNSET) for f in found] == written.diagnosis
+    assert {f.rule for f in found if not f.alarm} <= {dx.RULE_UNDER_CAPACITY}
 
 
 def test_a_saved_run_of_errors_only_now_names_them():
@@ -751,3 +794,16 @@ def test_fast_or_small_connects_and_runs_without_them_do_not_fire_slow_connect()
     assert "slow_connect" not in rules(slow_connects(5.0, 1090.0))  # fast: not slow
     assert "slow_connect" not in rules(slow_connects(150.0, 1090.0))  # a small part of TTFT
     assert "slow_connect" not in rules(healthy())  # gRPC: no connect times at all
+
+
+def test_on_a_contended_host_an_itl_tail_within_its_bound_is_not_the_network_side():
+    """Token delay p90 30 ms over its p50, more than two of the host's late wake-ups (p99
+    10 ms) make; but the ITL p99 (45 ms) is within the bound the host's noise floor sets
+    (p50 10.4 x 1.5 + 1 + 3 x 10 ms): the tail the verdict calls healthy is the host's."""
+    r = network_jitter()
+    r["token_delay_ms"] = dist(3.0, 33.0, 38.0, mean=8.0, max=75.0)
+    assert {dx.RULE_HOST_CONTENDED, dx.RULE_ITL_UNSTABLE_NETWORK} <= set(
+        rules(contended(copy.deepcopy(r), wakeup_p99=4.0))
+    )
+    late = rules(contended(r, wakeup_p99=10.0))
+    assert dx.RULE_HOST_CONTENDED in late and dx.RULE_ITL_UNSTABLE_NETWORK not in late

@@ -12,7 +12,7 @@ import pytest
 from cadence.lab.analysis.diagnosis import diagnose
 from cadence.lab.report.run import render_report
 from cadence.lab.report.summary import http2_line
-from cadence.lab.results import BenchResult, Http2Settings
+from cadence.lab.results import BenchResult, Distribution, HostCpu, Http2Settings, ProcessCpu
 
 
 def result(
@@ -213,3 +213,69 @@ def test_requests_failing_gives_way_when_every_failure_was_a_refused_stream() ->
         result(4, errors={"UNAVAILABLE": (4, refused), "INTERNAL": (4, "handler raised")})
     )
     assert {"server_stream_limit", "requests_failing"} <= set(mixed)
+
+
+WORKER_COMMAND = (
+    '/venv/bin/python -m cadence.worker {"index":0,"device":"%s","input_address":"ipc:///tmp/in"'
+)
+
+
+def cadence_threads(worker: dict, front: dict, device: str, **fields) -> BenchResult:
+    """A cadence server's two processes (pid 10 its front, pid 11 its worker 0 on `device`)."""
+    found = threads_result(
+        [
+            dict(front, pid=10, command="/venv/bin/python -m cadence.cli serve --port 1"),
+            dict(worker, pid=11, command=WORKER_COMMAND % device),
+        ],
+        [],
+        **fields,
+    )
+    found.system.processes = {"front": ProcessCpu(pid=10), "worker0": ProcessCpu(pid=11)}
+    return found
+
+
+STEPPING = {"python": True, "threads": 6, "cpu_pct": 98.0, "busiest_thread": "python"}
+STEPPING["busiest_thread_cpu_pct"] = 97.0
+IDLE_FRONT = dict(STEPPING, cpu_pct=12.0, busiest_thread_cpu_pct=9.0)
+
+
+def test_a_cpu_engines_worker_filling_its_core_is_information_not_an_alarm() -> None:
+    """A CPU engine's worker steps without pause while it has sequences: its full core is
+    the engine's nature. Said, with the advice of the engine's step, as information; a worker
+    that drives a card and fills a core is an alarm (the host side of its step holds the
+    card)."""
+    [found] = diagnose(cadence_threads(STEPPING, IDLE_FRONT, "cpu"))
+    assert found.rule == "server_one_core_bound" and found.severity == "information"
+    assert found.evidence["process"] == "worker0" and found.evidence["device"] == "cpu"
+    assert "on the CPU" in found.finding and "--devices" in found.look_at
+    [card] = diagnose(cadence_threads(STEPPING, IDLE_FRONT, "cuda:0"))
+    assert card.severity == "alarm" and card.evidence["device"] == "cuda:0"
+    # The front's event loop at a full core is an alarm whatever its workers run on.
+    [front] = diagnose(cadence_threads(IDLE_FRONT, STEPPING, "cpu"))
+    assert front.evidence["process"] == "front" and front.severity == "alarm"
+
+
+def contended(result: BenchResult, wall_s: float = 2.0) -> BenchResult:
+    """`result` on a 2-core host other work filled during its run."""
+    result.wall_s = wall_s
+    ticks = [0.1 * i for i in range(1, int(wall_s * 10) + 4)]
+    result.system.host = HostCpu(
+        cpus=2,
+        samples=[(t, 195.0, 2.0) for t in ticks],
+        wakeups=Distribution(count=500, p50=0.1, p90=0.5, p99=2.0, max=6.0),
+    )
+    return result
+
+
+def test_a_thread_starved_on_a_contended_host_gives_way_to_the_host() -> None:
+    """A front's loop that ran 20% of a core and waited 64% more for one, on a host other work
+    filled: what it asked for is the host's doing, not a core of its own load. A loop that
+    ran more than it waited is still named beside the host."""
+    starved = dict(STEPPING, cpu_pct=21.0, busiest_thread_cpu_pct=20.0)
+    starved["busiest_thread_wait_pct"] = 64.0
+    quiet = cadence_threads(IDLE_FRONT, starved, "cpu", cpus=2)
+    assert "server_one_core_bound" in findings(quiet)  # nothing else explains it
+    assert set(findings(contended(quiet))) == {"host_contended"}
+    running = dict(starved, cpu_pct=60.0, busiest_thread_cpu_pct=60.0, busiest_thread_wait_pct=30.0)
+    busy = findings(contended(cadence_threads(IDLE_FRONT, running, "cpu", cpus=2)))
+    assert {"host_contended", "server_one_core_bound"} <= set(busy)

@@ -624,3 +624,47 @@ def test_cli_report_of_something_else(tmp_path: Path, capsys):
     assert re.search(
         r"wrong.json is not a bench or sweep result: .*workload", capsys.readouterr().err
     )
+
+
+def test_the_strongest_dependence_is_drawn_from_what_the_result_keeps(tmp_path: Path):
+    """The report draws each latency's curve as the analysis stored it (no records needed):
+    a numeric variable as a line with its quartile band, a period as bars by position."""
+    result = _result(_records(), with_records=False)
+    result["dependence"] = [
+        {
+            "latency": "ttft",
+            "variable": "prompt_tokens",
+            "shape": "faster_than_linear",
+            "size": "TTFT grows as the square of prompt_tokens: 33.4 ms at 123, 349.3 ms at 635",
+            "named": True,
+            "strength": 0.93,
+            "tail_share": 0.91,
+            "x": [100.0, 300.0, 500.0, 700.0],
+            "median_ms": [20.0, 80.0, 210.0, 390.0],
+            "p25_ms": [15.0, 70.0, 190.0, 350.0],
+            "p75_ms": [25.0, 95.0, 230.0, 420.0],
+            "n": [12, 12, 12, 12],
+        },
+        {
+            "latency": "gap",
+            "variable": "position",
+            "shape": "periodic",
+            "size": "gaps at positions 16, 32 ... (every 16) are 5.1x the others",
+            "named": True,
+            "tail_share": 0.96,
+            "period": 4,
+            "x": [0.0, 1.0, 2.0, 3.0],
+            "median_ms": [43.5, 8.6, 8.5, 8.7],
+            "p25_ms": [41.0, 8.1, 8.0, 8.2],
+            "p75_ms": [46.0, 9.1, 9.0, 9.2],
+            "n": [30, 30, 30, 30],
+        },
+    ]
+    out = tmp_path / "rep"
+    page = render_report(result, out).read_text()
+    assert (out / "dependence.png").read_bytes().startswith(b"\x89PNG")
+    assert "What the latency depends on" in page
+    assert "TTFT grows as the square of prompt_tokens" in page and "91%" in page
+    assert page.count("dependence.png") == 0  # embedded, not linked
+    empty = render_report(_result(_records(), with_records=False), tmp_path / "none").read_text()
+    assert "What the latency depends on" not in empty

@@ -133,7 +133,7 @@ def test_startup_lines_show_load_warm_up_and_cold_against_warm_step() -> None:
         "start-up worker 0: load 2500 ms, warm-up 400 ms (first step 312 ms vs warm step 2.1 ms)",
         (
             "start-up worker 1: load 1250 ms, warm-up 50.0 ms (first step 0.40 ms vs warm step ?); "
-            "2 restart(s), 1 during the run (the values are of the last start)"
+            "2 restarts, 1 during the run (the values are of the last start)"
         ),
     ]
 

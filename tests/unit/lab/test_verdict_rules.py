@@ -206,6 +206,27 @@ def test_a_finding_without_a_share_explains_without_inventing_one() -> None:
     assert "explained by itl_unstable_engine;" in verdict.line
 
 
+def test_information_explains_no_tail_and_does_not_make_a_run_unhealthy() -> None:
+    """A CPU engine's worker filling its core is the engine's nature: said as information, it
+    leaves a bad tail unexplained (the tail is not its doing) and a healthy run healthy."""
+    busy = Finding(
+        rule="server_one_core_bound",
+        finding="...",
+        evidence={"pid": 7},
+        look_at="...",
+        severity="information",
+    )
+    verdict, extra = judge(run(itl=(10.0, 50.0), diagnosis=[busy]))
+    assert verdict.tails[0].explained_by == {} and verdict.tails[0].unexplained_share == 1.0
+    assert [f.rule for f in extra] == [RULE_UNEXPLAINED_TAIL]
+    verdict, extra = judge(run(diagnosis=[busy]))
+    assert verdict.state == "healthy" and extra == []
+    # The same finding raised as an alarm explains the tail.
+    busy.severity = "alarm"
+    verdict, _ = judge(run(itl=(10.0, 50.0), diagnosis=[busy]))
+    assert verdict.tails[0].explained_by == {"server_one_core_bound": None}
+
+
 def test_a_rule_of_the_other_tail_does_not_explain_this_one() -> None:
     _, extra = judge(run(itl=(10.0, 50.0), diagnosis=[finding("ttft_queueing")]))
     assert [f.evidence["tail"] for f in extra] == ["itl_ms"]

@@ -4,9 +4,9 @@ Building the response with the protobuf message API costs tens of microseconds p
 in Python (a message, a map entry, two output tensors), about twenty times what serializing
 a `cadence.v1.GenerateChunk` costs; on the per-token path that is the front's CPU. The
 layout of these responses is fixed, so each request's constant part (model name, version,
-id) is encoded once and each chunk adds only its tokens and text. tests/unit/test_kserve_
-responses.py decodes the result with the generated message class and compares it with one
-built field by field.
+id) is encoded once and each chunk adds only its tokens and text.
+tests/unit/api/test_kserve_responses.py decodes the result with the generated message class
+and compares it with one built field by field.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ up to what the dependence predicts over its lowest level at that value of the va
 (`tail_share`: over the whole tail). It is *named* only with an effect (a rise of
 `MIN_RISE_MS` and half a typical gap or more, `MIN_RHO` for a monotone one), significance
 (p below `P_MAX`, the ends' confidence intervals apart), enough values (`MIN_VALUES`, each
-bin `MIN_PER_BIN`), and a meaningful part of the tail (`MIN_TAIL_SHARE`, `MIN_SLOW`): a clean
+bin `MIN_PER_BIN`), and a meaningful part of the tail (`MIN_TAIL_SHARE`, `MIN_SLOW`, at
+`MIN_INSTANTS` moments): a clean
 server whose steps jitter and whose lengths vary keeps a flat table.
 """
 
@@ -38,6 +39,7 @@ import numpy as np
 from scipy import stats  # type: ignore[import-untyped]  # scipy ships no types; no stubs installed
 
 from cadence.lab.records import RequestRecord
+from cadence.lab.results import DependenceCurve
 
 if TYPE_CHECKING:
     from cadence.lab.analysis.diagnosis.reads import Reads
@@ -67,7 +69,11 @@ MIN_RATIO = 1.5
 MIN_TAIL_SHARE = 0.25
 """A dependence is named when it explains this share of its tail or more..."""
 MIN_SLOW = 8
-"""...over this many slow values or more."""
+"""...over this many slow values or more..."""
+MIN_INSTANTS = 4
+"""...that ended at this many distinct instants or more (a typical gap and 5 ms apart): the
+first burst of a run served in one late step, or one stall, is one moment, whatever the
+variables that moment had."""
 NONLINEAR_GAIN = 3.0
 NONLINEAR_MIN_LEFT = 0.02
 """A step or a faster-than-linear curve is preferred to a line when it leaves a third or less
@@ -77,7 +83,12 @@ FIT_MIN_R2 = 0.8
 """A shape is named as fitting when it explains this share of the binned medians' variance
 (else the dependence is monotone, of no simpler shape)."""
 PERIODIC_INSTANTS_SHARE = 0.25
-"""The slow gaps of a period end at this share of distinct instants or more (`_periodic`)."""
+"""The slow gaps of a period end at this share of distinct instants or more (`_periodic`)..."""
+PERIODIC_WENT_ON_SHARE = 0.5
+"""...or the other streams went on receiving during this share of them or more: a wait of
+the stream at its position lets the batch go on, a pause of the server at that moment does
+not (the longest silence of the others at most `WENT_ON_SILENCE` of the gap)."""
+WENT_ON_SILENCE = 0.5
 MAX_PERIOD = 64
 MIN_PERIODS = 3
 """Periods up to this many positions, seen at least this many times in a stream."""
@@ -182,6 +193,39 @@ def _cause(latency: str, variable: str, shape: str) -> str:
 
 
 @dataclass
+class Curve:
+    """The latency by the variable, as the report draws it: for each bin (a quantile bin of a
+    numeric variable, a position within the period, a group) where it is (`x`, or `labels`
+    for groups), the values in it, and their median and quartiles."""
+
+    x: list[float]
+    median_ms: list[float]
+    p25_ms: list[float]
+    p75_ms: list[float]
+    n: list[int]
+    labels: list[str] = field(default_factory=list)
+
+
+def _curve(
+    x: np.ndarray, y: np.ndarray, bins: np.ndarray, labels: list[str] | None = None
+) -> Curve:
+    """The curve of `y` over the bins (`bins`: each value's bin, 0..n-1), placed at x's
+    median in each bin."""
+    out = Curve([], [], [], [], [], labels or [])
+    for b in range(int(bins.max()) + 1):
+        inside = bins == b
+        if not np.any(inside):
+            continue
+        q25, q50, q75 = np.percentile(y[inside], [25, 50, 75])
+        out.x.append(round(float(np.median(x[inside])), 3))
+        out.median_ms.append(round(float(q50), 2))
+        out.p25_ms.append(round(float(q25), 2))
+        out.p75_ms.append(round(float(q75), 2))
+        out.n.append(int(inside.sum()))
+    return out
+
+
+@dataclass
 class Dependence:
     """How one latency depends on one variable."""
 
@@ -203,6 +247,12 @@ class Dependence:
     significant: bool = False
     evidence: dict[str, float | int | str] = field(default_factory=dict)
     goes_with: list[str] = field(default_factory=list)
+    curve: Curve | None = None
+    """What a plot of it needs: the latency's median and quartiles by bin of the variable
+    (by position within the period, by group)."""
+    rise: np.ndarray | None = field(default=None, repr=False)
+    """What it predicts of each value over its lowest level, ms (the values in the table's
+    order: each gap, or each stream's first output)."""
 
     @property
     def named(self) -> bool:
@@ -249,16 +299,32 @@ class Table:
                 out.append(d)
         return out
 
+    @property
+    def period(self) -> tuple[int, int] | None:
+        """(K, residue) of a significant period of the gaps' position: the gaps at those
+        positions wait on where the stream is, not on a clock."""
+        for d in self.rows:
+            if d.shape == PERIODIC and d.significant:
+                return int(d.evidence["period"]), int(d.evidence["residue"])
+        return None
+
     def words(self, rows: int = 6) -> str:
         """The table in one line: each variable's strength, p, shape and share."""
         return "; ".join(d.row() for d in self.rows[:rows])
 
 
 class _Latency:
-    """One latency's values, which are slow, their excess, and the run's yardstick."""
+    """One latency's values, which are slow, their excess, when each ended (`at`, ns), and
+    the run's yardstick."""
 
     def __init__(
-        self, name: str, y: np.ndarray, slow: np.ndarray, excess: np.ndarray, typical: float
+        self,
+        name: str,
+        y: np.ndarray,
+        slow: np.ndarray,
+        excess: np.ndarray,
+        typical: float,
+        at: np.ndarray,
     ) -> None:
         self.name = name
         self.y = y
@@ -267,12 +333,18 @@ class _Latency:
         self.total_ms = float(self.excess.sum())
         self.typical = typical
         self.min_rise = max(MIN_RISE_MS, MIN_RISE_TYPICAL * typical)
+        self.at = at
 
     def explained(self, predicted: np.ndarray) -> tuple[float, float, int]:
         """(share, ms, slow values) of the tail that `predicted` (over its lowest level)
-        accounts for."""
+        accounts for, counting only slow values that ended at MIN_INSTANTS distinct
+        instants or more (else none)."""
         rise = np.maximum(predicted - float(np.min(predicted)), 0.0)
         claimed = np.minimum(self.excess, rise)
+        ends = np.sort(self.at[claimed > 0])
+        apart = max(self.typical, MIN_RISE_MS) * 1e6
+        if len(ends) == 0 or 1 + np.count_nonzero(np.diff(ends) > apart) < MIN_INSTANTS:
+            return 0.0, 0.0, 0
         ms = float(claimed.sum())
         count = int(np.count_nonzero(claimed[self.slow] > 0))
         return (ms / self.total_ms if self.total_ms > 0 else 0.0), ms, count
@@ -347,6 +419,8 @@ def _numeric(lat: _Latency, variable: str, x: np.ndarray) -> Dependence | None:
     d = Dependence(lat.name, variable, len(y), abs(rho), p)
     predicted = np.interp(x, cx, my)
     d.tail_share, d.tail_ms, d.slow_explained = lat.explained(predicted)
+    d.rise = predicted - float(np.min(predicted))
+    d.curve = _curve(x, y, bins)
     rise = float(my.max() - my.min())
     lo_b, hi_b = int(np.argmin(my)), int(np.argmax(my))
     lo_ci = _median_ci(y[bins == lo_b], 1)
@@ -504,11 +578,14 @@ def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(found.slope), float(found.low_slope), float(found.high_slope)
 
 
-def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence | None:
+def _periodic(
+    lat: _Latency, position: np.ndarray, t1: np.ndarray, went_on: np.ndarray
+) -> Dependence | None:
     """Gaps at one position every K tokens apart from the others. Streams that cross those
     positions at the same instants (opened together, paused together) cannot tell a position
     from a moment: the slow gaps of the period must end at PERIODIC_INSTANTS_SHARE distinct
-    instants (a typical gap apart) or more."""
+    instants (a typical gap apart) or more, or the other streams must have gone on receiving
+    during PERIODIC_WENT_ON_SHARE of them (`went_on`: for each slow gap)."""
     top = int(position.max()) if len(position) else 0
     slow = lat.slow
     found: list[tuple[float, int, int]] = []
@@ -527,6 +604,15 @@ def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence
         return None
     share, k, r = next(f for f in found if f[0] >= 0.8 * best)  # the shortest period
     inside = (position % k) == r
+    # Outputs that pile up during a wait arrive in one read, so some positions end no gap:
+    # a wait every 8 leaves gaps only at 8, 14, 15, 16..., and every 4 then looks as slow.
+    # The slow positions' common step says the period.
+    slow_at = np.unique(position[inside & slow])
+    step = int(np.gcd.reduce(np.diff(slow_at))) if len(slow_at) >= MIN_PERIODS else k
+    if k < step <= MAX_PERIOD and step % k == 0:
+        wider = (position % step) == int(slow_at[0] % step)
+        if slow[wider].mean() >= 0.8 * best:
+            k, r, share, inside = step, int(slow_at[0] % step), float(slow[wider].mean()), wider
     a, b = lat.y[inside], lat.y[~inside]
     if len(a) < MIN_PER_BIN or len(b) < MIN_PER_BIN:
         return None
@@ -535,11 +621,15 @@ def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence
     d = Dependence(lat.name, "position", len(lat.y), share, p, shape=PERIODIC)
     predicted = np.where(inside, ma, mb)
     d.tail_share, d.tail_ms, d.slow_explained = lat.explained(predicted)
+    d.rise = predicted - float(np.min(predicted))
+    within = position % k
+    d.curve = _curve(within.astype(float), lat.y, within)
     other_share = float(slow[~inside].mean()) if np.any(~inside) else 0.0
     at = np.unique(position[inside & slow])
     ends = np.sort(t1[inside & slow])
     instants = 1 + int(np.count_nonzero(np.diff(ends) > lat.typical * 1e6)) if len(ends) else 0
     spread = instants / max(1, len(ends))
+    others_went_on = float(went_on[inside & slow].mean()) if np.any(inside & slow) else 0.0
     d.significant = bool(
         p < PERIODIC_P_MAX
         and ma >= MIN_RATIO * mb
@@ -547,7 +637,7 @@ def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence
         and share >= 0.5
         and share >= 4 * other_share
         and len(at) >= MIN_PERIODS
-        and spread >= PERIODIC_INSTANTS_SHARE
+        and (spread >= PERIODIC_INSTANTS_SHARE or others_went_on >= PERIODIC_WENT_ON_SHARE)
     )
     shown = ", ".join(str(int(v)) for v in at[:4])
     d.size = (
@@ -562,6 +652,7 @@ def _periodic(lat: _Latency, position: np.ndarray, t1: np.ndarray) -> Dependence
         "slow_share_at_period": round(share, 3),
         "slow_share_others": round(other_share, 3),
         "instants_share": round(spread, 3),
+        "others_went_on_share": round(others_went_on, 3),
         "p_value": float(f"{p:.3g}"),
     }
     return d
@@ -588,6 +679,8 @@ def _group(lat: _Latency, variable: str, labels: list[str]) -> Dependence | None
     d.strength = round(slow_in, 3)
     predicted = np.where(codes == apart, medians[apart], mr)
     d.tail_share, d.tail_ms, d.slow_explained = lat.explained(predicted)
+    d.rise = predicted - float(np.min(predicted))
+    d.curve = _curve(codes.astype(float), lat.y, codes, names)
     ratio = medians[apart] / mr if mr > 0 else math.inf
     d.significant = d.p_value < P_MAX and ratio >= MIN_RATIO and medians[apart] - mr >= lat.min_rise
     what = "gaps" if lat.name == GAP else "TTFT"
@@ -611,14 +704,15 @@ def _table(
     groups: dict[str, list[str]],
     position: np.ndarray | None,
     t1: np.ndarray | None = None,
+    went_on: np.ndarray | None = None,
 ) -> Table:
     rows: list[Dependence] = []
     for name, x in numeric.items():
         found = _numeric(lat, name, x)
         if found is not None:
             rows.append(found)
-    if position is not None and t1 is not None:
-        cycle = _periodic(lat, position, t1)
+    if position is not None and t1 is not None and went_on is not None:
+        cycle = _periodic(lat, position, t1, went_on)
         # A period is the position's dependence when it explains more than a monotone one.
         if cycle is not None and cycle.significant:
             rows = [
@@ -659,6 +753,7 @@ def _goes_with(lat: _Latency, rows: list[Dependence], numeric: dict[str, np.ndar
         lat.slow,
         lat.excess,
         lat.typical,
+        lat.at,
     )
     for other in named[1:]:
         rho = stats.spearmanr(x, numeric[other.variable])[0]
@@ -715,9 +810,15 @@ def gaps(reads: Reads, records: list[RequestRecord] | None = None) -> Table | No
     numeric = {k: v for k, v in numeric.items() if len(np.unique(v)) >= 3}
     y = np.array([g.ms for g in reads.gaps])
     slow = y > reads.slow_gap_ms
-    lat = _Latency(GAP, y, slow, y - reads.typical_ms, reads.typical_ms)
+    lat = _Latency(GAP, y, slow, y - reads.typical_ms, reads.typical_ms, t1)
     groups = _stream_groups(reads, records, [g.stream.number for g in reads.gaps])
-    return _table(lat, numeric, groups, position if "position" in numeric else None, t1)
+    went_on = np.array(
+        [
+            bool(s) and reads.silence_ms(g.t0, g.t1, g.stream.number) <= WENT_ON_SILENCE * g.ms
+            for g, s in zip(reads.gaps, slow, strict=True)
+        ]
+    )
+    return _table(lat, numeric, groups, position if "position" in numeric else None, t1, went_on)
 
 
 def first_outputs(reads: Reads, records: list[RequestRecord] | None = None) -> Table | None:
@@ -748,7 +849,14 @@ def first_outputs(reads: Reads, records: list[RequestRecord] | None = None) -> T
     kept = {k: v for k, v in numeric.items() if v is not None and len(np.unique(v)) >= 3}
     y = np.array([s.ttft_ms for s in streams])
     slow = y > reads.slow_first_ms
-    lat = _Latency(FIRST, y, slow, y - reads.typical_ms, reads.typical_ms)
+    lat = _Latency(
+        FIRST,
+        y,
+        slow,
+        y - reads.typical_ms,
+        reads.typical_ms,
+        np.array([s.first_ns for s in streams]),
+    )
     groups = _stream_groups(reads, records, [s.number for s in streams])
     return _table(lat, kept, groups, None)
 
@@ -789,11 +897,16 @@ def tables(records: list[RequestRecord], reads: Reads | None = None) -> dict[str
     return {GAP: gaps(reads, records), FIRST: first_outputs(reads, records)}
 
 
-def table_evidence(records: list[RequestRecord], metric: str) -> dict[str, str | float]:
+def table_evidence(
+    records: list[RequestRecord], metric: str, found: dict[str, Table | None] | None = None
+) -> dict[str, str | float]:
     """The dependence table of a tail (`metric` itl_ms or ttft_ms) as an `unexplained_tail`
     finding carries it: every variable's strength in one line (`dependence`), the strongest
-    variable and its rank correlation; {} without a table."""
-    table = tables(records).get(GAP if metric == "itl_ms" else FIRST) if records else None
+    variable and its rank correlation; {} without a table. `found`: the run's tables when
+    already read."""
+    if found is None:
+        found = tables(records) if records else {}
+    table = found.get(GAP if metric == "itl_ms" else FIRST)
     if table is None or not table.rows:
         return {}
     top = table.rows[0]
@@ -805,12 +918,45 @@ def table_evidence(records: list[RequestRecord], metric: str) -> dict[str, str |
     }
 
 
+def curves(found: dict[str, Table | None]) -> list[DependenceCurve]:
+    """The strongest dependence of each latency (the first named, else the table's strongest
+    row) with its curve, as the result keeps it for the report."""
+    out = []
+    for latency in (GAP, FIRST):
+        table = found.get(latency)
+        if table is None or not table.rows:
+            continue
+        d = table.named[0] if table.named else table.rows[0]
+        if d.curve is None:
+            continue
+        out.append(
+            DependenceCurve(
+                latency=latency,
+                variable=d.variable,
+                shape=d.shape if d.significant else "",
+                size=d.size if d.significant else "",
+                named=d.named,
+                strength=round(d.strength, 3),
+                tail_share=round(d.tail_share, 3),
+                period=int(d.evidence["period"]) if d.shape == PERIODIC else None,
+                x=d.curve.x,
+                labels=d.curve.labels,
+                median_ms=d.curve.median_ms,
+                p25_ms=d.curve.p25_ms,
+                p75_ms=d.curve.p75_ms,
+                n=d.curve.n,
+            )
+        )
+    return out
+
+
 __all__ = [
     "FIRST",
     "GAP",
     "SHAPES",
     "Dependence",
     "Table",
+    "curves",
     "first_outputs",
     "gaps",
     "table_evidence",

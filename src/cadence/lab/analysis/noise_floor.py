@@ -1,6 +1,6 @@
 """A run's own noise floor: how much later than the engine made it a token may reach the
 client's clock on this host, in this run, with no fault anywhere. The verdict's ITL bound
-adds it (`cadence.lab.analysis.verdict.itl_bound`), so a 3 ms step is judged by what the host
+adds it (`cadence.lab.analysis.tail_bound.itl_bound`), so a 3 ms step is judged by what the host
 can deliver and not by a fixed number of milliseconds.
 
 Its terms, each from where the run measured it:
@@ -27,8 +27,11 @@ from typing import TypeGuard
 
 import msgspec
 
-from cadence.lab.analysis.diagnosis.signatures import HOPS
 from cadence.lab.results import BenchResult, Distribution
+
+HOPS = 3
+"""A token's way wakes three threads, each of which the host may wake late: the engine's step,
+the front's loop, the client's read."""
 
 TIMER_RESOLUTION_MS = 1.0
 """An event loop's timer ends up to this late: asyncio waits in epoll's whole milliseconds."""

@@ -18,7 +18,8 @@ A tail taken over fewer than MIN_GAPS gaps (ITL) or MIN_FIRST_OUTPUTS requests (
 judged: its p99 is one or two values. A run with nothing bad but a tail not judged is
 inconclusive, never healthy.
 
-A bad tail is attributed to the findings that explain it: a finding whose evidence carries
+A bad tail is attributed to the findings that explain it (alarms: a finding of severity
+`information` states the run's state and explains nothing): a finding whose evidence carries
 `itl_tail_share` or `ttft_tail_share` (0..1 of that tail) explains that share; another finding
 of a rule that bears on the tail (`TAIL_RULES`; a rule this module does not know bears on
 both) explains it without a share. What no finding explains is the `unexplained_tail`
@@ -34,23 +35,18 @@ from cadence.lab.analysis.diagnosis import FAILING_SHARE
 from cadence.lab.analysis.diagnosis import names as rules
 from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.integrity import faults
-from cadence.lab.analysis.noise_floor import NoiseFloor, noise_floor
-from cadence.lab.results import BenchResult, Distribution, Finding, TailVerdict, Verdict
+from cadence.lab.analysis.noise_floor import noise_floor
+from cadence.lab.analysis.tail_bound import (
+    ITL_TAIL_CAP_RATIO,
+    ITL_TAIL_RATIO,
+    ITL_TAIL_SLACK_MS,
+    itl_bound,
+)
+from cadence.lab.results import ALARM, BenchResult, Distribution, Finding, TailVerdict, Verdict
 
 RULE_UNEXPLAINED_TAIL = "unexplained_tail"
 """A bad tail, or the part of one, that no rule explains (a rule name: a contract)."""
 
-ITL_TAIL_RATIO = 1.5
-ITL_TAIL_SLACK_MS = 5.0
-ITL_TAIL_CAP_RATIO = 2.0
-"""ITL p99 of a healthy run: at most 1.5 x p50 + 5 ms, and never above 2 x p50 (a tail twice
-the median is always a finding), each beside the run's own noise floor N: at most
-1.5 x p50 + max(5 ms, N) and 2 x p50 + N. The 5 ms stays the least slack (what the floor does
-not measure: the server's own collections, its threads); a fast step on a host whose
-wake-ups are late gets what the host adds on top of twice its median, no more."""
-TAIL_MIN_EXCESS_MS = 2.0
-"""...but a p99 within 2 ms of the p50 is healthy whatever the ratio: sub-millisecond gaps
-double on a timer's resolution and a busy host's scheduling."""
 TTFT_ITL_STEPS = 5.0
 TTFT_SLACK_MS = 5.0
 """TTFT p99 of a healthy run: the engine's own time to a first output, plus 5 ITL p50 (a wait
@@ -133,29 +129,6 @@ NOT_TAIL_RULES = {
 
 TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
 """Each judged tail by its short name."""
-
-
-def itl_bound(p50: float, noise: NoiseFloor | None = None) -> tuple[float, str]:
-    """The most a healthy run's ITL p99 may be, and how it was made, in words (with the
-    noise floor's terms and their sources when `noise` is given)."""
-    n = noise.ms if noise is not None else 0.0
-    slack = max(ITL_TAIL_SLACK_MS, n)
-    ratio = ITL_TAIL_RATIO * p50 + slack
-    cap = ITL_TAIL_CAP_RATIO * p50 + n
-    floor = p50 + TAIL_MIN_EXCESS_MS
-    bound = max(floor, min(ratio, cap))
-    plus_noise = " + noise" if n else ""
-    if bound == floor:
-        words = f"p50 {p50:.1f} + {TAIL_MIN_EXCESS_MS:g} ms"
-    elif bound == cap:
-        words = f"{ITL_TAIL_CAP_RATIO:g} x p50 {p50:.1f}{plus_noise}"
-    elif slack > ITL_TAIL_SLACK_MS:
-        words = f"{ITL_TAIL_RATIO:g} x p50 {p50:.1f} + noise"
-    else:
-        words = f"{ITL_TAIL_RATIO:g} x p50 {p50:.1f} + {ITL_TAIL_SLACK_MS:g} ms"
-    if noise is not None:
-        words += f"; {noise.describe()}"
-    return bound, words
 
 
 def ttft_floor(result: BenchResult) -> tuple[float, str]:
@@ -242,7 +215,10 @@ def _tails(result: BenchResult) -> list[TailVerdict]:
 
 def _explains(finding: Finding, metric: str) -> tuple[bool, float | None]:
     """Whether `finding` bears on the tail of `metric`, and its share when its evidence
-    gives one."""
+    gives one. Information (`Finding.alarm` false) bears on none: it is the run's state, not
+    a fault that made a tail."""
+    if not finding.alarm:
+        return False, None
     share = finding.evidence.get(SHARE_KEYS[metric])
     if isinstance(share, int | float) and math.isfinite(share):
         return True, min(1.0, max(0.0, float(share)))
@@ -288,9 +264,12 @@ def _problems(result: BenchResult) -> list[str]:
     return problems
 
 
-def judge(result: BenchResult) -> tuple[Verdict, list[Finding]]:
+def judge(
+    result: BenchResult, tables: dict[str, dependence.Table | None] | None = None
+) -> tuple[Verdict, list[Finding]]:
     """The run's verdict, and the `unexplained_tail` findings to add to its diagnosis (the
-    diagnosis must be made first: the verdict reads its findings)."""
+    diagnosis must be made first: the verdict reads its findings). `tables`: the run's
+    dependence tables when the diagnosis read them."""
     tails = _tails(result)
     findings = []
     for tail in tails:
@@ -303,7 +282,7 @@ def judge(result: BenchResult) -> tuple[Verdict, list[Finding]]:
         )
         share = tail.unexplained_share
         if share is not None and share >= UNEXPLAINED_MIN_SHARE and not already:
-            findings.append(unexplained(result, tail))
+            findings.append(unexplained(result, tail, tables))
     problems = _problems(result)
     if problems or any(t.state == "bad" for t in tails):
         state = "unhealthy"
@@ -371,7 +350,11 @@ def attribution_words(tail: TailVerdict) -> str:
     return ", ".join(w for w in (*cause_words(tail), _unexplained_words(tail)) if w)
 
 
-def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
+def unexplained(
+    result: BenchResult,
+    tail: TailVerdict,
+    tables: dict[str, dependence.Table | None] | None = None,
+) -> Finding:
     """The `unexplained_tail` finding of a bad tail: how much, when, which streams, what
     coincided, and what evidence would decide it."""
     name = TAIL_WORDS[tail.metric]
@@ -402,7 +385,7 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
     )
     evidence.update(where)
     # What the tail was set against and found not to follow (or to follow too weakly).
-    table = dependence.table_evidence(records, tail.metric)
+    table = dependence.table_evidence(records, tail.metric, tables)
     evidence.update(table)
     sentence = _unexplained_sentence(tail, share, where)
     if table:
@@ -412,6 +395,7 @@ def unexplained(result: BenchResult, tail: TailVerdict) -> Finding:
         finding=sentence,
         evidence=evidence,
         look_at=_what_would_decide(result, tail.metric),
+        severity=ALARM,
     )
 
 

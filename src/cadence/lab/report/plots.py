@@ -23,6 +23,7 @@ from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     BenchResult,
     Capacity,
+    DependenceCurve,
     Distribution,
     Sweep,
     SweepPoint,
@@ -340,6 +341,40 @@ def _palette(n: int) -> list:
 
     cmap = colormaps["tab10"]
     return [cmap(i % 10) for i in range(n)]
+
+
+def plot_dependence(curves: Sequence[DependenceCurve], path: Path) -> Path | None:
+    """One panel per latency (gaps, first outputs): its median (line) and quartiles (band)
+    by bin of the variable it depends on most, as the analysis stored them
+    (`BenchResult.dependence`): a curve over a numeric variable, bars by position within a
+    period or by group. None without a curve."""
+    shown = [c for c in curves if c.x]
+    if not shown:
+        return None
+    fig, axes = _figure(8.0, 3.2 * len(shown), nrows=len(shown), sharex=False)
+    for ax, c in zip(axes, shown):
+        what = "gap between reads" if c.latency == "gap" else "TTFT"
+        low = [m - q for m, q in zip(c.median_ms, c.p25_ms)]
+        high = [q - m for m, q in zip(c.median_ms, c.p75_ms)]
+        if c.period or c.labels:
+            ax.bar(c.x, c.median_ms, yerr=[low, high], color="#4c72b0", alpha=0.8, capsize=2)
+            if c.labels:
+                ax.set_xticks(c.x, c.labels)
+            ax.set_xlabel(
+                f"position modulo {c.period}" if c.period else c.variable.replace("_", " ")
+            )
+        else:
+            ax.fill_between(c.x, c.p25_ms, c.p75_ms, color="#4c72b0", alpha=0.25)
+            ax.plot(c.x, c.median_ms, marker="o", color="#4c72b0")
+            ax.set_xlabel(c.variable.replace("_", " "))
+        ax.set_ylabel(f"{what} (ms)")
+        state = (
+            f"{c.shape.replace('_', ' ')}, {c.tail_share:.0%} of the tail"
+            if c.named
+            else "not named" + (f" ({c.shape.replace('_', ' ')})" if c.shape else "")
+        )
+        ax.set_title(f"{what} by {c.variable}: {state}", fontsize="medium")
+    return _save(fig, path)
 
 
 def plot_cpu(system: System, path: Path) -> Path | None:

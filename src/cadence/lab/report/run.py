@@ -975,6 +975,33 @@ def _verdict(result: BenchResult, out_dir: Path) -> str:
     )
 
 
+def _dependence(result: BenchResult, out_dir: Path) -> str:
+    """What the latency depends on most, drawn from what the analysis stored."""
+    curves = result.dependence or []
+    if not curves:
+        return ""
+    rows = [
+        (
+            "gaps" if c.latency == "gap" else "first outputs",
+            c.variable,
+            c.shape or "not significant",
+            c.size or "—",
+            f"{c.tail_share:.0%}" if c.named else "not named",
+        )
+        for c in curves
+    ]
+    return section(
+        "What the latency depends on",
+        table(("latency", "variable", "shape", "size", "share of the tail"), rows),
+        figure(
+            plots.plot_dependence(curves, out_dir / "dependence.png"),
+            "Each latency's median (line) and quartiles (band) by bin of the variable it "
+            "depends on most; by position within the period for a period, by group for a "
+            "group (docs/lab.md, What the latency depends on).",
+        ),
+    )
+
+
 def _diagnosis(result: BenchResult) -> str:
     if not result.requests:
         return ""
@@ -987,8 +1014,9 @@ def _diagnosis(result: BenchResult) -> str:
             for label, value in (("evidence", f.evidence), ("look at", f.look_at))
             if value
         )
+        kind = "" if f.alarm else f" ({esc(f.severity)})"
         parts.append(
-            f'<div class="finding"><div><span class="rule">{esc(f.rule)}</span>: '
+            f'<div class="finding"><div><span class="rule">{esc(f.rule)}</span>{kind}: '
             f"{esc(f.finding)}</div><dl>{details}</dl></div>"
         )
     return section("Diagnosis", *parts)
@@ -1117,6 +1145,7 @@ def _run_sections(result: BenchResult, out_dir: Path, records_note: str) -> list
         _aborted(result),
         _verdict(result, out_dir),
         _diagnosis(result),
+        _dependence(result, out_dir),
         _goodput(result),
         _run(result),
         _workload(result),

@@ -537,8 +537,9 @@ def _print_diagnosis(console, findings: list[Finding]) -> None:
         console.print("diagnosis: no rule fired")
     for f in findings:
         evidence = ", ".join(f"{k} {v}" for k, v in f.evidence.items())
+        kind = "" if f.alarm else f" ({f.severity})"
         console.print(
-            f"[bold]diagnosis {f.rule}:[/] {f.finding}\n  evidence: {evidence}"
+            f"[bold]diagnosis{kind} {f.rule}:[/] {f.finding}\n  evidence: {evidence}"
             f"\n  look at: {f.look_at}",
             highlight=False,
         )

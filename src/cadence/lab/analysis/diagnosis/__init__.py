@@ -49,6 +49,8 @@ jitter, a slow reader) does with room to spare.
 
 from __future__ import annotations
 
+from msgspec import UNSET
+
 from cadence.lab.analysis.diagnosis import (
     batching,
     capacity,
@@ -165,7 +167,7 @@ from cadence.lab.analysis.diagnosis.workers import (
     SLOW_WORKER_MIN_MS,
     SLOW_WORKER_RATIO,
 )
-from cadence.lab.results import BenchResult, Finding
+from cadence.lab.results import ALARM, BenchResult, Finding
 
 RULES: tuple[Rule, ...] = (
     *health.RULES,
@@ -191,11 +193,15 @@ RULES: tuple[Rule, ...] = (
 """Every rule, in the order their findings are listed."""
 
 
-def diagnose(result: BenchResult) -> list[Finding]:
-    """The findings for a bench result, in rule order; empty when no rule fired."""
-    facts = RunFacts(result)
+def diagnose(result: BenchResult, facts: RunFacts | None = None) -> list[Finding]:
+    """The findings for a bench result, in rule order; empty when no rule fired. `facts`:
+    the result's facts when the caller reads them too (they are computed once)."""
+    facts = facts if facts is not None else RunFacts(result)
     found = [(rule, f) for rule in RULES for f in rule.check(facts)]
     fired = {f.rule for _, f in found}
+    for _, f in found:
+        if f.severity is UNSET:
+            f.severity = ALARM
     return [
         f
         for rule, f in found

@@ -1,5 +1,6 @@
 """Rules on throughput: `under_capacity` (normal latency, but each engine step makes few
-tokens: the server has room for more streams). It speaks only when nothing else is wrong."""
+tokens: the server has room for more streams). It speaks only when nothing else is wrong, and
+as information: a light load is a true statement about the run, not a fault of the server."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from cadence.lab.analysis.diagnosis.names import (
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.diagnosis.ttft import ttft_high
-from cadence.lab.results import Finding
+from cadence.lab.results import INFORMATION, Finding
 
 UNDER_CAPACITY_BATCH = 4.0
 """Throughput is under capacity when each worker makes fewer than this many tokens per
@@ -64,6 +65,7 @@ def under_capacity(facts: RunFacts) -> list[Finding]:
             ),
             evidence=evidence,
             look_at="raise the concurrency (or the request rate) until latency starts to grow",
+            severity=INFORMATION,
         )
     ]
 

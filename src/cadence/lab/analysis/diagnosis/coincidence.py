@@ -5,8 +5,11 @@ excess, `reads`). Each signature (`signatures`) recognised over the run claims, 
 part of each one's remaining excess it explains: most specific first (outputs held back in a
 read, then the streams that joined at that instant, then the engine's own slow step where
 the server's timing shows it, then a silence of every stream, then a slower subset, then a
-timer among what is left, then, on a host other work filled, the host's late wake-ups, up to
-what they can add). A cause's share is the tail time it claimed
+timer among what is left (at any position: gaps at the positions of a period of the stream,
+`dependence`, are where the stream is, not a clock), then, on a host other work filled, the
+host's late wake-ups, up to what they can add). A slow first output is claimed by the same
+instants, then by a fixed first cost, then by the request's own size where the first outputs
+follow it (`dependence`: a prefill, a scheduler that orders by length), then by a slot. A cause's share is the tail time it claimed
 over the whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
 A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is a finding.
 """
@@ -16,12 +19,14 @@ from __future__ import annotations
 import weakref
 from typing import TypeVar, cast
 
+from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.facts import RunFacts
-from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Reads
+from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Gap, Reads
 from cadence.lab.analysis.diagnosis.signatures import (
     BurstSpread,
     FixedFirstCost,
     FixedGaps,
+    FollowsOwnSize,
     HandOffGaps,
     HeldBack,
     HostDelays,
@@ -78,9 +83,17 @@ class Attribution:
             found[kind] = kind.detect(reads, result)
         self.signatures: dict[type[Signature], Signature] = {k: s for k, s in found.items() if s}
         """Each signature recognised in the run, by its kind."""
+        self.tables = dependence.tables(result.records or [], reads)
+        """What the gaps and the first outputs depend on (`dependence`), read once a run."""
         left = self._claim_gaps([s for k in GAP_SIGNATURES if (s := found[k])])
         untouched = {id(g) for g, r in left if r >= g.excess_ms}
-        timer = FixedGaps.among(reads, [g for g, _ in left if id(g) in untouched])
+        # A clock ends gaps at one value at any position; gaps at the positions of a period
+        # of the stream (a wait every K tokens) have that value because of where they are.
+        gap_table = self.tables[dependence.GAP]
+        period = gap_table.period if gap_table is not None else None
+        timer = FixedGaps.among(
+            reads, [g for g, _ in left if id(g) in untouched and not _on(period, g)]
+        )
         if timer is not None:
             self.signatures[FixedGaps] = timer
             left = self._claim_left(left, timer, untouched)
@@ -91,9 +104,19 @@ class Attribution:
             left = self._claim_left(left, host)
         self.unexplained_gaps = [(g, r) for g, r in left if r > 0]
         """Each slow gap with tail time no signature claimed, and that time (ms)."""
-        self._claim_firsts(
-            [s for k in FIRST_SIGNATURES if (s := found[k])] + ([host] if host is not None else [])
+        own = FollowsOwnSize.among(self.tables[dependence.FIRST])
+        if own is not None:
+            self.signatures[FollowsOwnSize] = own
+        firsts = [s for k in FIRST_SIGNATURES if (s := found[k])]
+        # The request's own size claims before a slot: a slot makes a request wait for those
+        # ahead of it, whatever its size.
+        at = next(
+            (i for i, s in enumerate(firsts) if isinstance(s, WaitsForSlot | BurstSpread)),
+            len(firsts),
         )
+        if own is not None:
+            firsts.insert(at, own)
+        self._claim_firsts(firsts + ([host] if host is not None else []))
         serial = OneAtATime.detect(reads, result)
         if serial is not None:
             self.signatures[OneAtATime] = serial
@@ -179,6 +202,14 @@ class Attribution:
         """`t_ns` as seconds from the run's first request."""
         start = min(s.start_ns for s in self.reads.streams)
         return (t_ns - start) / NS_PER_MS / 1e3
+
+
+def _on(period: tuple[int, int] | None, gap: Gap) -> bool:
+    """Whether the gap ends at a position of the period (K, residue)."""
+    if not period:
+        return False
+    k, residue = period
+    return sum(gap.stream.tokens[: gap.read]) % k == residue
 
 
 _attributions: weakref.WeakKeyDictionary[RunFacts, Attribution | None] = weakref.WeakKeyDictionary()

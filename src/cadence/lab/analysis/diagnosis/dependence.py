@@ -7,8 +7,6 @@ makes it, and its share of the tail (`cadence.lab.analysis.dependence`)."""
 
 from __future__ import annotations
 
-import weakref
-
 from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts
@@ -20,23 +18,12 @@ from cadence.lab.analysis.diagnosis.names import (
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.results import Finding
 
-_tables: weakref.WeakKeyDictionary[RunFacts, dict[str, dependence.Table | None]] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 def tables(facts: RunFacts) -> dict[str, dependence.Table | None]:
-    """The run's dependence tables, computed once per run (empty without raw records or too
-    few gaps to read)."""
-    if facts not in _tables:
-        tail = attribution(facts)
-        records = facts.result.records or []
-        _tables[facts] = (
-            dependence.tables(records, tail.reads)
-            if tail is not None
-            else {dependence.GAP: None, dependence.FIRST: None}
-        )
-    return _tables[facts]
+    """The run's dependence tables, read once with its attribution (none without raw records
+    or too few gaps to read)."""
+    tail = attribution(facts)
+    return tail.tables if tail is not None else {dependence.GAP: None, dependence.FIRST: None}
 
 
 def _findings(facts: RunFacts, latency: str, rule: str) -> list[Finding]:

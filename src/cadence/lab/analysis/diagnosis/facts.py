@@ -155,6 +155,23 @@ class RunFacts:
         found = Contention(cpus=host.cpus, busy=busy, server=server, client=client, lab=lab)
         return found if found.others >= OTHERS_MIN_PCT else None
 
+    @property
+    def host_wakeups(self) -> Distribution | None:
+        """How late a sleeping thread woke during the run (ms, the wake-up probe), when other
+        work filled the host (`contention`); else None. A thread of the server's may wake
+        that late at each sleep, with no fault of its own."""
+        host = self.result.system.host or None
+        wakeups = host.wakeups if host is not None else None
+        if wakeups is None or not wakeups.count or not finite(wakeups.max):
+            return None
+        return wakeups if self.contention is not None else None
+
+    @property
+    def host_late_ms(self) -> float | None:
+        """The latest wake-up of `host_wakeups` (ms), or None."""
+        wakeups = self.host_wakeups
+        return wakeups.max if wakeups is not None else None
+
     def loop_lag(self) -> FrontLoop | ScrapedFrontLoop | None:
         """The front's loop lag over the run: from the timed streams' tallies, else from the
         scraped metrics (`--metrics-port`); None without."""

@@ -10,7 +10,7 @@ from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import RULE_INTEGRITY_FAULTS, RULE_USAGE_ABOVE_EVENTS
 from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.analysis.integrity import CHECK_WORDS, count_stream, faults
-from cadence.lab.results import Finding
+from cadence.lab.results import INFORMATION, Finding
 
 _LOOK_AT = {
     "lost_tokens": "outputs dropped between the engine and the stream (a queue that drops, "
@@ -104,6 +104,7 @@ def usage_above_events(facts: RunFacts) -> list[Finding]:
                 "detokenizer that holds back partial characters; --tokenizer then counts "
                 "real tokens), else a writer that drops events"
             ),
+            severity=INFORMATION,
         )
     ]
 

@@ -8,13 +8,16 @@ from cadence.lab.analysis.diagnosis.coincidence import attribution, recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts, finite, rounded, steps_vary, usable
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
+    RULE_HOST_CONTENDED,
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ITL_UNSTABLE_NETWORK,
     RULE_SLOW_READER,
     RULE_SLOW_WORKER,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.analysis.diagnosis.signatures import SlowSteps
+from cadence.lab.analysis.diagnosis.signatures import HostDelays, SlowSteps
+from cadence.lab.analysis.noise_floor import HOPS
+from cadence.lab.analysis.tail_bound import itl_tail_within_bound
 from cadence.lab.results import Distribution, Finding
 
 ITL_UNEVEN_P90_RATIO = 1.3
@@ -104,7 +107,9 @@ def _spread(facts: RunFacts) -> _Spread | None:
 ENGINE_TAIL_SHARE = 0.25
 """The engine's own slow steps are named, from the gaps they coincide with (`SlowSteps`), when
 they explain at least this share of the gaps' tail time: a p99 a few slow steps make, which
-the p90 test above does not see."""
+the p90 test above does not see. Only of a tail the verdict calls bad (ITL p99 over the run's
+bound, `tail_bound`): a few steps a wake-up or two late make most of a healthy run's small
+tail, and are no finding."""
 
 _ENGINE_LOOK_AT = (
     "the engine's step time: batch composition (prefill in decode steps), "
@@ -136,7 +141,7 @@ def unstable_engine(facts: RunFacts) -> list[Finding]:
             )
         ]
     found = recognised(facts, SlowSteps, ENGINE_TAIL_SHARE)
-    if found is None:
+    if found is None or itl_tail_within_bound(facts.result):
         return []
     tail, slow_steps = found
     ev = slow_steps.evidence
@@ -255,6 +260,59 @@ def _engine_in_front(finding: Finding, facts: RunFacts) -> bool:
     return not facts.workers
 
 
+def _late_by_the_host(
+    finding: Finding, facts: RunFacts, slow: str, typical: str, hops: int, stat: str
+) -> bool:
+    """The finding's slow value (`slow` over `typical`, keys of its evidence) is no later
+    than `hops` wake-ups at the host's measured lateness (`RunFacts.host_wakeups`, on a host
+    other work filled; its percentile `stat`, like for like): the host's late wake-ups make
+    it."""
+    wakeups = facts.host_wakeups
+    a, b = finding.evidence.get(slow), finding.evidence.get(typical)
+    if wakeups is None or not (finite(a) and finite(b)):
+        return False
+    return a - b <= hops * getattr(wakeups, stat)
+
+
+def _steps_late_by_the_host(finding: Finding, facts: RunFacts) -> bool:
+    """The engine's steps vary no more than one wake-up each, late by the host: their p90
+    over their p50 within the probe's p99 (the slow-step reading's own steps are measured
+    against the host in `SlowSteps`, their slowest against the probe's latest)."""
+    return _late_by_the_host(
+        finding, facts, "engine_step_p90_ms", "engine_step_p50_ms", 1, "p99"
+    ) or _late_by_the_host(
+        finding, facts, "engine_gap_at_those_max_ms", "engine_gap_p50_ms", 1, "max"
+    )
+
+
+PATH_HOPS = HOPS - 1
+"""The way from the step to the client wakes the front's loop and the client's read: two of
+a token's wake-ups (`signatures.HOPS`)."""
+
+
+HOST_TAIL_SHARE = 0.75
+"""...or the host's late wake-ups explain at least this share of the gaps' tail (`HostDelays`,
+what no cause of the server's claimed): the rest is within what the verdict leaves
+unexplained (`verdict.UNEXPLAINED_MIN_SHARE`)."""
+
+
+def _path_late_by_the_host(finding: Finding, facts: RunFacts) -> bool:
+    """The path's spread (token delay p90 over p50) within PATH_HOPS wake-ups at the probe's
+    p99, or its slow gaps the host's (HOST_TAIL_SHARE), or the ITL tail within the run's
+    bound, whose noise floor holds the host's wake-ups: a host that wakes the front and the
+    client late makes the spread, not the network side. The probe is one sleeping thread;
+    a busy front's or client's threads wait for a CPU more often than it does, which the
+    coincidence reading's per-gap claim of the host's latest wake-ups allows for."""
+    if facts.host_wakeups is not None and itl_tail_within_bound(facts.result):
+        return True
+    if _late_by_the_host(
+        finding, facts, "token_delay_p90_ms", "token_delay_p50_ms", PATH_HOPS, "p99"
+    ):
+        return True
+    found = recognised(facts, HostDelays)
+    return found is not None and found[0].itl_share(RULE_HOST_CONTENDED) >= HOST_TAIL_SHARE
+
+
 RULES = (
     Rule(
         RULE_ITL_UNSTABLE_ENGINE,
@@ -263,8 +321,13 @@ RULES = (
         gives_way_to=(
             GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),
             GiveWay(RULE_SLOW_WORKER),
+            GiveWay(RULE_HOST_CONTENDED, _steps_late_by_the_host),
         ),
     ),
-    Rule(RULE_ITL_UNSTABLE_NETWORK, unstable_network_side),
+    Rule(
+        RULE_ITL_UNSTABLE_NETWORK,
+        unstable_network_side,
+        gives_way_to=(GiveWay(RULE_HOST_CONTENDED, _path_late_by_the_host),),
+    ),
     Rule(RULE_SLOW_READER, slow_reader),
 )

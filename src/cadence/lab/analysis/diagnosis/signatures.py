@@ -15,6 +15,9 @@ import itertools
 import statistics
 from collections.abc import Sequence
 
+import numpy as np
+
+from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
@@ -29,6 +32,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SLOW_FIRST_MESSAGE,
     RULE_SLOW_STREAM_GROUP,
     RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_DEPENDS_ON,
     RULE_TTFT_GROWS_WITH_STREAMS,
 )
 from cadence.lab.analysis.diagnosis.reads import (
@@ -39,6 +43,7 @@ from cadence.lab.analysis.diagnosis.reads import (
     Reads,
     StreamReads,
 )
+from cadence.lab.analysis.noise_floor import HOPS
 from cadence.lab.analysis.timeline import BURST_CHAIN_MS, MIN_BURST
 from cadence.lab.percentile import percentile
 from cadence.lab.results import BenchResult
@@ -266,13 +271,20 @@ class SlowSteps(Signature):
     """With the server's timing (cadence's `t_step_end_ns`), each slow gap is set against the
     engine's own time between the steps that made its two reads: when the card's compute
     fluctuated, the engine's gap holds the client's. Measured against the typical gap of the
-    stream's own worker, so a card that is steadily slower is a slower group, not jitter."""
+    stream's own worker, so a card that is steadily slower is a slower group, not jitter.
+
+    On a host other work filled, a step's own wake-up may come as late as the run's wake-up
+    probe measured (`RunFacts.host_late_ms`): that much of a slow step is the host's, left to
+    `HostDelays`, and a step no later than that is no slow step of the engine's."""
 
     rule = RULE_ITL_UNSTABLE_ENGINE
 
-    def __init__(self, typical_by_worker: dict[int, float], evidence: dict) -> None:
+    def __init__(
+        self, typical_by_worker: dict[int, float], evidence: dict, host_late_ms: float = 0.0
+    ) -> None:
         self.typical = typical_by_worker
         self.evidence = evidence
+        self.host_late_ms = host_late_ms
 
     @staticmethod
     def _engine_ms(gap: Gap) -> float | None:
@@ -291,7 +303,7 @@ class SlowSteps(Signature):
         if not per_worker:
             return None
         typical = {w: statistics.median(v) for w, v in per_worker.items()}
-        signature = cls(typical, {})
+        signature = cls(typical, {}, RunFacts(result).host_late_ms or 0.0)
         on_slow_steps = [g for g in reads.slow if signature.claim_gap(g, g.excess_ms) > 0]
         if len(on_slow_steps) < STEP_MIN_SLOW_GAPS:
             return None
@@ -304,6 +316,8 @@ class SlowSteps(Signature):
             "engine_gap_at_those_p50_ms": round(percentile(steps, 50), 2),
             "engine_gap_at_those_max_ms": round(steps[-1], 2),
         }
+        if signature.host_late_ms:
+            signature.evidence["host_late_per_step_ms"] = round(signature.host_late_ms, 2)
         return signature
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
@@ -311,7 +325,7 @@ class SlowSteps(Signature):
         typical = self.typical.get(gap.stream.worker)
         if engine is None or typical is None:
             return 0.0
-        over = engine - typical * max(gap.tokens, 1)
+        over = engine - typical * max(gap.tokens, 1) - self.host_late_ms
         return min(remaining_ms, over) if over > SLOW_GAP_MS else 0.0
 
 
@@ -711,6 +725,36 @@ class WaitsForSlot(Signature):
         return remaining_ms if stream.number in self.waited else 0.0
 
 
+OWN_SIZE = ("prompt_tokens", "max_tokens")
+"""What a request brings itself: a wait that follows these is its own cost (a prefill) or a
+scheduler's choice by it (shortest first), not its place in a queue."""
+
+
+class FollowsOwnSize(Signature):
+    """Claims before `WaitsForSlot`: a first output as late as the request's own size makes
+    it (the TTFT's named dependence on its prompt or its output budget, `dependence`). A slot
+    limit makes each request wait for those ahead of it, whatever its size; where the wait
+    follows the size instead, a slot did not decide it, and only what the size leaves of it
+    may be a slot's."""
+
+    rule = RULE_TTFT_DEPENDS_ON
+
+    def __init__(self, rise: np.ndarray, evidence: dict) -> None:
+        self.rise = rise
+        self.evidence = evidence
+
+    @classmethod
+    def among(cls, table: dependence.Table | None) -> FollowsOwnSize | None:
+        """The strongest named dependence of the first outputs on their own size."""
+        found = next((d for d in (table.named if table else ()) if d.variable in OWN_SIZE), None)
+        if found is None or found.rise is None:
+            return None
+        return cls(found.rise, {"variable": found.variable, "shape": found.shape})
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, float(self.rise[stream.number]))
+
+
 # -- a burst of streams served one after another ---------------------------------------------
 
 TTFT_GROWTH_GAPS = 5.0
@@ -762,10 +806,6 @@ class BurstSpread(Signature):
 
 
 # -- the host's own delays: other work filled the host's cores ------------------------------
-
-HOPS = 3
-"""A token's way wakes three threads, each of which the host may wake late: the engine's step,
-the front's loop, the client's read."""
 
 
 class HostDelays(Signature):

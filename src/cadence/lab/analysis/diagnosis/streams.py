@@ -15,6 +15,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SERVER_QUEUE_GROWS,
     RULE_SERVER_STREAM_LIMIT,
     RULE_STREAMS_STALL_TOGETHER,
+    RULE_TTFT_DEPENDS_ON,
     RULE_TTFT_GROWS_WITH_STREAMS,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
@@ -22,6 +23,7 @@ from cadence.lab.analysis.diagnosis.signatures import (
     TTFT_GROWTH_GAPS,
     TTFT_GROWTH_MIN_MS,
     BurstSpread,
+    FollowsOwnSize,
     SharedStalls,
     WaitsForSlot,
 )
@@ -375,6 +377,26 @@ def front_loop_blocked(facts: RunFacts) -> list[Finding]:
     ]
 
 
+def _ordered_by_own_size(finding: Finding, facts: RunFacts) -> bool:
+    """The first outputs follow the request's own size (`signatures.FollowsOwnSize`: its
+    prompt, its output budget), no cap on the streams receiving was seen, and what the size
+    left to a slot is under SLOT_MIN_SHARE: a burst spread by its prompts or by a length
+    order is not streams taken in one at a time."""
+    tail, timeline = attribution(facts), _client_side(facts)
+    cap = timeline.concurrency if timeline is not None else None
+    capped = (
+        cap is not None
+        and cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
+        and cap.capped_share >= CAP_TIME_SHARE
+    )
+    return (
+        tail is not None
+        and tail.signature(FollowsOwnSize) is not None
+        and not capped
+        and tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS) < SLOT_MIN_SHARE
+    )
+
+
 RULES = (
     Rule(RULE_STREAMS_STALL_TOGETHER, stall_together),
     # A stream limit per connection makes the late streams wait for a free stream, and the
@@ -387,6 +409,7 @@ RULES = (
             GiveWay(RULE_SERVER_STREAM_LIMIT),
             GiveWay(RULE_SERVER_QUEUE_GROWS),
             GiveWay(RULE_KV_CACHE_FULL),
+            GiveWay(RULE_TTFT_DEPENDS_ON, _ordered_by_own_size),
         ),
     ),
     Rule(RULE_FRONT_LOOP_BLOCKED, front_loop_blocked),

@@ -2,7 +2,14 @@
 `server_one_core_bound` (a server process held to about one core, by one busy thread or by a
 lock such as Python's GIL, while the host has cores to spare) and
 `server_threads_wait_for_cpu` (the server's threads were ready to run but waited for a CPU:
-more runnable threads than cores)."""
+more runnable threads than cores).
+
+Whose core it is decides what the finding is. A front's event loop or a foreign server's one
+serving thread at a full core sets the pace of every stream it serves: an alarm. A cadence
+worker whose engine steps on the CPU fills its core by design (it steps without pause while
+it has sequences): its step is the bound of its streams, which is the engine's nature and
+not a fault of the serving, so the finding is information. A worker that drives a card and
+fills a core is an alarm again: the host side of its step holds the card."""
 
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SERVER_THREADS_WAIT_FOR_CPU,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.results import Finding
+from cadence.lab.results import ALARM, INFORMATION, Finding
 
 ONE_CORE_CEILING_PCT = 115.0
 """A process above this much of one core runs on several at once: not held to one."""
@@ -39,6 +46,22 @@ ENGINE_STEP_LOOK_AT = (
     "or more workers or devices (--devices cpu:N, more cards) so that more batches step side "
     "by side; py-spy dump --pid {pid} shows where the step goes"
 )
+
+
+_DEVICE = re.compile(r'"device"\s*:\s*"([^"]*)"')
+"""A cadence worker's device in its command line (the JSON spec it starts with)."""
+
+
+def _worker_device(facts: RunFacts, role: str, command: str) -> str:
+    """The device a cadence worker steps on ("cpu", "cpu:0", "cuda:1", ...; "" when not
+    known): from the server's timing (`BenchResult.workers`), else from the spec on its
+    command line."""
+    index = role[6:]
+    for curve in facts.result.workers or ():
+        if index.isdigit() and curve.worker == int(index) and curve.device:
+            return curve.device
+    found = _DEVICE.search(command)
+    return found.group(1) if found else ""
 
 
 def _role(facts: RunFacts, pid: int, command: str) -> str:
@@ -80,17 +103,27 @@ def server_one_core_bound(facts: RunFacts) -> list[Finding]:
             "host_cpus": threads.cpus,
         }
         role = _role(facts, process.pid, process.command)
+        severity = ALARM
         if role.startswith("worker"):
             evidence["process"] = role
             worker = f"{role[:6]} {role[6:]}".strip()
+            device = _worker_device(facts, role, process.command)
+            if device:
+                evidence["device"] = device
+            on_cpu = device.split(":")[0] == "cpu"
             finding = (
                 f"{worker} (pid {process.pid}), the process that runs the engine's "
-                f"step, used {process.cpu_pct:.0f}% of a core (its busiest thread "
-                f"{process.busiest_thread_cpu_pct:.0f}%, waiting "
+                f"step{' on the CPU' if on_cpu else ''}, used {process.cpu_pct:.0f}% of a "
+                f"core (its busiest thread {process.busiest_thread_cpu_pct:.0f}%, waiting "
                 f"{process.busiest_thread_wait_pct:.0f}% more for one) while the "
                 f"host has {threads.cpus}: the engine's step is the bound of every "
                 "stream this worker serves"
             )
+            if on_cpu:
+                # A CPU engine's worker steps without pause while it has sequences: a full
+                # core is its nature, not a fault of the serving.
+                severity = INFORMATION
+                finding += " (a CPU engine's worker fills its core by design: information)"
             look_at = ENGINE_STEP_LOOK_AT.format(pid=process.pid)
         elif role.startswith("front"):
             evidence["process"] = role
@@ -135,7 +168,11 @@ def server_one_core_bound(facts: RunFacts) -> list[Finding]:
             )
         findings.append(
             Finding(
-                rule=RULE_SERVER_ONE_CORE_BOUND, finding=finding, evidence=evidence, look_at=look_at
+                rule=RULE_SERVER_ONE_CORE_BOUND,
+                finding=finding,
+                evidence=evidence,
+                look_at=look_at,
+                severity=severity,
             )
         )
     return findings
@@ -178,11 +215,22 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
     ]
 
 
+def _starved(finding: Finding, facts: RunFacts) -> bool:
+    """The busiest thread waited for a CPU longer than it ran. On a host other work filled
+    (`host_contended`) its waits are that work's doing: a thread that wakes for a little
+    work per token waits for a CPU at every wake-up, so running plus waiting reaches a core
+    with no load of its own to fill one. The lab then cannot tell it from a thread that
+    would fill a core; the cause it can see is the host's."""
+    ran = finding.evidence.get("busiest_thread_cpu_pct")
+    waited = finding.evidence.get("busiest_thread_wait_for_cpu_pct")
+    return isinstance(ran, int | float) and isinstance(waited, int | float) and waited > ran
+
+
 RULES = (
     Rule(
         RULE_SERVER_ONE_CORE_BOUND,
         server_one_core_bound,
-        gives_way_to=(GiveWay(RULE_FRONT_CPU_BOUND),),
+        gives_way_to=(GiveWay(RULE_FRONT_CPU_BOUND), GiveWay(RULE_HOST_CONTENDED, _starved)),
     ),
     # Other work that took the host's cores is why the server's threads waited.
     Rule(

@@ -1,14 +1,15 @@
 """Rule on gaps that end on a clock rather than when output is ready, from client timestamps
 alone: `gaps_at_fixed_values` (the slow gaps no other cause explains cluster sharply at one
-value, whatever the step: a poll timeout, a flush or heartbeat timer)."""
+value, whatever the step and at any position of the stream: a poll timeout, a flush or
+heartbeat timer; gaps at the positions of a period of the stream are a wait every K tokens,
+which `itl_depends_on` names, and are not read for a clock)."""
 
 from __future__ import annotations
 
 from cadence.lab.analysis.diagnosis.coincidence import recognised
-from cadence.lab.analysis.diagnosis.dependence import itl_depends_on
 from cadence.lab.analysis.diagnosis.facts import RunFacts
-from cadence.lab.analysis.diagnosis.names import RULE_GAPS_AT_FIXED_VALUES, RULE_ITL_DEPENDS_ON
-from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
+from cadence.lab.analysis.diagnosis.names import RULE_GAPS_AT_FIXED_VALUES
+from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.analysis.diagnosis.signatures import FixedGaps
 from cadence.lab.results import Finding
 
@@ -45,19 +46,4 @@ def gaps_at_fixed_values(facts: RunFacts) -> list[Finding]:
     ]
 
 
-def _gaps_at_fixed_positions(finding: Finding, facts: RunFacts) -> bool:
-    """The slow gaps come every K positions of each stream (a per-block wait), not at any
-    position on a clock: the dependence names them (issue 51)."""
-    return any(
-        f.rule == RULE_ITL_DEPENDS_ON and f.evidence.get("shape") == "periodic"
-        for f in itl_depends_on(facts)
-    )
-
-
-RULES = (
-    Rule(
-        RULE_GAPS_AT_FIXED_VALUES,
-        gaps_at_fixed_values,
-        gives_way_to=(GiveWay(RULE_ITL_DEPENDS_ON, _gaps_at_fixed_positions),),
-    ),
-)
+RULES = (Rule(RULE_GAPS_AT_FIXED_VALUES, gaps_at_fixed_values),)
