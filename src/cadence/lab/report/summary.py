@@ -668,7 +668,7 @@ def worker_lines(workers: list[WorkerCurve]) -> list[str]:
             if finite(w.itl_ms_p50)
             else "no stream's gaps"  # a prefill worker's: first outputs only
         )
-        + (f", busy {w.busy_share:.0%} of the run" if finite(w.busy_share) else "")
+        + (f", busy {w.busy_share:.0%} of its time" if finite(w.busy_share) else "")
         + (
             f", first outputs waited {w.queue_ms_p50:.1f} ms (p50)"
             if w.role and finite(w.queue_ms_p50)
