@@ -1,23 +1,33 @@
-"""Disaggregated serving (issue 54) against chunked prefill, on two synthetic workers, in one
-sitting: long prompts (16-3,000 tokens) arriving open loop among decoding streams.
+"""Disaggregated serving (issue 54) against colocated workers and chunked prefill, in one
+sitting: long prompts (16-3,000 tokens) arriving open loop among decoding streams, on 2 and 4
+synthetic workers, with goodput under an SLO on TTFT and ITL; and a sweep of
+`--disaggregate-above`.
 
-Three servers of two workers each, the same load on each:
+The setups, the same load on each (per worker, so a 4-worker setup gets twice a 2-worker's):
 
-- colocated: `--devices cpu:2` (each worker prefills whole prompts inside its decode steps);
-- colocated with a step budget: `--devices cpu:2 --itl-target-ms 40` (chunked prefill);
-- disaggregated: `--prefill-devices cpu:1 --decode-devices cpu:1` (prompts over
-  --disaggregate-above, 256 by default, prefilled on worker 0 and handed to worker 1; the
-  decoders' 16-token prompts run whole on worker 1).
+- 2 workers: colocated `--devices cpu:2`; colocated with a step budget `--itl-target-ms 40`
+  (chunked prefill); disaggregated 1 + 1 (`--prefill-devices cpu:1 --decode-devices cpu:1`);
+- 4 workers: colocated `cpu:4`; `cpu:4 --itl-target-ms 40`; disaggregated 1 + 3 and 2 + 2.
 
 Every worker is `--step-ms 20 --per-seq-ms 0.05 --prefill-ms-per-token 0.1` (a 3,000-token
 prefill costs 300 ms) with the hand-off's default cost (128 KiB a token over 25 GB/s: 16 ms
-for 3,000 tokens). The decoding streams come from the lab's bench (closed loop, 16-token
-prompts, 64-192 tokens each): their ITL, TTFT, tokens/s and integrity. The long prompts come
-from a cadence.client script in its own process: Poisson arrivals at --rate per second,
-lengths uniform in 16-3,000, 16 tokens each: their TTFT.
+for 3,000 tokens). The load is one open loop (Poisson) of the lab's bench with two request
+classes: `chat` (85%: 16-token prompts, 64-192 tokens each: the decoding streams) and `long`
+(15%: prompts of 16-3,000 tokens, 16 tokens each). Each run gives ITL p50 / p99 (every
+stream, and the chat streams'), TTFT p50 / p99 of each class, tokens/s, and the goodput
+under the SLO (`--slo`, default TTFT p99 <= 1,000 ms and ITL p99 <= 60 ms: a request is good
+when its own TTFT and its own ITL p99 meet them; `cadence.lab.analysis.goodput`).
+
+The sweep runs the disaggregated 1 + 1 setup at the highest load with each
+`--disaggregate-above` of `--sweep`: a prompt over it is prefilled on the prefill worker
+and handed off, a shorter one runs whole on the decode worker.
+
+With `--capacity`, each setup also gets `cadence capacity`'s search (the largest rate whose
+runs meet the SLO, `cadence.lab.capacity.search`), which takes about ten runs a setup.
 
     flock /tmp/cadence-bench.lock python benchmarks/disaggregation.py \\
-        [--duration 30] [--streams 32] [--rate 1] [--out results/disaggregation.json]
+        [--duration 30] [--rates 3,6,9] [--sweep 0,64,256,512,1024,2048] [--capacity] \\
+        [--out results/disaggregation.json]
 """
 
 from __future__ import annotations
@@ -25,150 +35,211 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
+import math
 import os
 import platform
-from collections import Counter
+import time
 from pathlib import Path
 
 import msgspec
 
-from cadence.lab.analysis.stats import distribution
+from cadence.lab.analysis.goodput import parse_term
 from cadence.lab.bench import Workload, run_bench
-from cadence.lab.load.plan import RequestShape
+from cadence.lab.capacity import search
+from cadence.lab.load.plan import ClassMix, RequestClass, RequestShape
+from cadence.lab.results import BenchResult, Distribution, SloTerm
 from cadence.lab.servers.server_process import ServerProcess
 
 ENGINE = ("--step-ms", "20", "--per-seq-ms", "0.05", "--prefill-ms-per-token", "0.1")
-SETUPS = {
-    "colocated": ("--devices", "cpu:2"),
-    "colocated --itl-target-ms 40": ("--devices", "cpu:2", "--itl-target-ms", "40"),
-    "disaggregated 1+1": ("--prefill-devices", "cpu:1", "--decode-devices", "cpu:1"),
+SETUPS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "colocated 2": (2, ("--devices", "cpu:2")),
+    "colocated 2 --itl-target-ms 40": (2, ("--devices", "cpu:2", "--itl-target-ms", "40")),
+    "disaggregated 1+1": (2, ("--prefill-devices", "cpu:1", "--decode-devices", "cpu:1")),
+    "colocated 4": (4, ("--devices", "cpu:4")),
+    "colocated 4 --itl-target-ms 40": (4, ("--devices", "cpu:4", "--itl-target-ms", "40")),
+    "disaggregated 1+3": (4, ("--prefill-devices", "cpu:1", "--decode-devices", "cpu:3")),
+    "disaggregated 2+2": (4, ("--prefill-devices", "cpu:2", "--decode-devices", "cpu:2")),
 }
-PROMPT_TOKENS = (16, 3000)
-LONG_OUTPUT = 16
-_BENCH_START_S = 3.0
-"""The bench's load processes start about this long after run_bench is called."""
+"""Each setup: its workers and its flags."""
+SWEEP_SETUP = "disaggregated 1+1"
+CHAT = RequestClass(name="chat", prompt_tokens=(16, 16), max_tokens=(64, 192))
+LONG = RequestClass(name="long", prompt_tokens=(16, 3000), max_tokens=(16, 16))
+SHAPE = RequestShape(mix=ClassMix(classes=[CHAT, LONG], shares=[0.85, 0.15]))
+DEFAULT_SLO = ("ttft_p99_ms=1000", "itl_p99_ms=60")
 
 
-def _long_prompts(target: str, duration: float, rate: float, out) -> None:
-    """Send prompts of PROMPT_TOKENS tokens at Poisson arrivals (`rate` a second) for
-    `duration` s, from when the bench's load starts; put each one's (TTFT ms or None,
-    tokens, error, prompt length)."""
-    import asyncio
-    import random
-    import time
-
-    from cadence.client import AsyncClient
-
-    rng = random.Random(1)
-
-    async def one(client: AsyncClient, i: int, length: int, results: list) -> None:
-        prompt = [rng.randrange(32, 127) for _ in range(length)]
-        sent = time.monotonic()
-        first, tokens = None, 0
-        try:
-            async for chunk in client.generate(
-                prompt, max_tokens=LONG_OUTPUT, request_id=f"long-{i}"
-            ):
-                first = first or time.monotonic()
-                tokens += len(chunk.token_ids)
-            results.append(((first - sent) * 1e3, tokens, "", length))
-        except Exception as exc:
-            results.append((None, tokens, type(exc).__name__, length))
-
-    async def main() -> list:
-        results: list = []
-        async with AsyncClient(target) as client:
-            await asyncio.sleep(_BENCH_START_S)
-            tasks, start, i = [], time.monotonic(), 0
-            at = rng.expovariate(rate)
-            while at < duration:
-                await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-                length = rng.randint(*PROMPT_TOKENS)
-                tasks.append(asyncio.create_task(one(client, i, length, results)))
-                i += 1
-                at += rng.expovariate(rate)
-            await asyncio.gather(*tasks)
-        return results
-
-    out.put(asyncio.run(main()))
-
-
-def _percentiles(values: list[float], digits: int = 1) -> dict:
-    if not values:
+def _stats(d: Distribution | None, digits: int = 1) -> dict:
+    if d is None or not d.count:
         return {}
-    dist = msgspec.to_builtins(distribution(values))
-    return {k: round(dist[k], digits) for k in ("p50", "p90", "p99", "max")}
+    return {k: round(getattr(d, k), digits) for k in ("p50", "p99", "max")}
 
 
-def _long_summary(results: list) -> dict:
+def _ratio(d: Distribution | None) -> float | None:
+    if d is None or not d.count or not d.p50:
+        return None
+    return round(d.p99 / d.p50, 2)
+
+
+def summary(result: BenchResult) -> dict:
+    """What the tables read of one run."""
+    classes = result.by_class or {}
+    chat, long = classes.get("chat"), classes.get("long")
+    goodput = result.goodput or None
+    handoff = result.handoff_segments_ms or None
     return {
-        "requests": len(results),
-        "requests_ok": sum(1 for t, *_ in results if t is not None),
-        "ttft_ms": _percentiles([t for t, *_ in results if t is not None]),
-        "ttft_ms_over_1000_tokens": _percentiles(
-            [t for t, _, _, n in results if t is not None and n > 1000]
-        ),
-        "errors": dict(Counter(e for _, _, e, _ in results if e)),
-        "short_streams": sum(1 for t, n, _, _ in results if t is not None and n != LONG_OUTPUT),
+        "requests": result.requests,
+        "requests_ok": result.requests_ok,
+        "itl_ms": _stats(result.itl_ms, 2),
+        "itl_p99_over_p50": _ratio(result.itl_ms),
+        "ttft_ms": _stats(result.ttft_ms),
+        "chat_itl_ms": _stats(chat.itl_ms if chat else None, 2),
+        "chat_itl_p99_over_p50": _ratio(chat.itl_ms if chat else None),
+        "chat_ttft_ms": _stats(chat.ttft_ms if chat else None),
+        "long_ttft_ms": _stats(long.ttft_ms if long else None),
+        "tokens_per_s": round(result.tokens_per_s, 1),
+        "goodput": {
+            "passed": goodput.passed,
+            "requests_per_s": round(goodput.requests_per_s, 2),
+            "tokens_per_s": round(goodput.tokens_per_s, 1),
+            "good_share": round(goodput.good_share, 3),
+            "terms": {
+                k: {"bound_ms": t.bound_ms, "measured_ms": round(t.measured_ms, 1), "met": t.met}
+                for k, t in goodput.terms.items()
+            },
+        }
+        if goodput
+        else None,
+        "handed_off": handoff.requests if handoff else 0,
+        "handoff_to_decode_p50_ms": round(handoff.to_decode.p50, 1)
+        if handoff and handoff.to_decode.count
+        else None,
+        "offered_rate_per_s": result.client.offered_rate_per_s or None,
+        "achieved_rate_per_s": result.client.achieved_rate_per_s or None,
+        "errors": result.errors_by_code,
+        "integrity": msgspec.to_builtins(result.integrity),
+        "diagnosis": [f.rule for f in result.diagnosis],
     }
 
 
-def run_once(name: str, flags: tuple[str, ...], args: argparse.Namespace) -> dict:
-    """Both loads against one server started with `flags`."""
+def bench(target: str, rate: float, duration: float, slo: list[SloTerm]) -> BenchResult:
+    return run_bench(
+        target, Workload(rate=rate, duration_s=duration, shape=SHAPE, timeout_s=120), slo=slo
+    )
+
+
+def run_setup(name: str, args: argparse.Namespace, slo: list[SloTerm]) -> dict:
+    """Every load of `--rates` against one server of setup `name`, lowest first."""
+    workers, flags = SETUPS[name]
+    out: dict = {"setup": name, "workers": workers, "flags": " ".join(flags), "loads": []}
     with ServerProcess(*ENGINE, *flags) as server:
-        queue = multiprocessing.Queue()
-        longs = multiprocessing.Process(
-            target=_long_prompts, args=(server.target, args.duration, args.rate, queue)
-        )
-        longs.start()
-        result = run_bench(
-            server.target,
-            Workload(
-                concurrency=args.streams,
-                duration_s=args.duration,
-                shape=RequestShape(prompt_tokens=(16, 16), max_tokens=(64, 192)),
-            ),
-        )
-        decoders = msgspec.to_builtins(result)
-        long_result = queue.get(timeout=args.duration + 300)
-        longs.join(60)
-    itl, ttft = decoders["itl_ms"], decoders["ttft_ms"]
+        for per_worker in args.rates:
+            rate = per_worker * workers
+            result = bench(server.target, rate, args.duration, slo)
+            row = {"rate_per_worker": per_worker, "rate_per_s": rate, **summary(result)}
+            out["loads"].append(row)
+            _print(name, row)
+        if args.capacity:
+            out["capacity"] = _capacity(server.target, workers, args, slo)
+    return out
+
+
+def _capacity(target: str, workers: int, args: argparse.Namespace, slo: list[SloTerm]) -> dict:
+    low, high = (r * workers for r in args.capacity_range)
+    found = search(
+        lambda rate: bench(target, rate, args.duration, slo), "rate", low, high, slo, confirm=1
+    )
+    best = max(
+        (p for p in found.points if p.passed and p.value == found.max_passing),
+        key=lambda p: p.goodput_tokens_per_s,
+        default=None,
+    )
     return {
-        "setup": name,
-        "flags": " ".join(flags),
-        "decoding_streams": {
-            "requests": decoders["requests"],
-            "requests_ok": decoders["requests_ok"],
-            "itl_ms": {k: round(itl[k], 2) for k in ("p50", "p90", "p99", "max")},
-            "itl_p99_over_p50": round(itl["p99"] / itl["p50"], 2),
-            "ttft_ms": {k: round(ttft[k], 1) for k in ("p50", "p90", "p99", "max")},
-            "tokens_per_s": round(decoders["tokens_per_s"], 1),
-            "errors": decoders["errors_by_code"],
-            "integrity": decoders["integrity"],
-        },
-        "long_prompts": _long_summary(long_result),
+        "max_passing_rate_per_s": found.max_passing,
+        "first_failing_rate_per_s": found.first_failing,
+        "range_edge": found.range_edge,
+        "binding": found.binding,
+        "reasons": found.reasons,
+        "goodput_tokens_per_s_at_max_passing": round(best.goodput_tokens_per_s, 1)
+        if best
+        else None,
+        "runs": found.runs,
+        "elapsed_s": round(found.elapsed_s),
     }
+
+
+def run_sweep(args: argparse.Namespace, slo: list[SloTerm]) -> list[dict]:
+    """The sweep setup at the highest load with each --disaggregate-above of `--sweep`."""
+    workers, flags = SETUPS[SWEEP_SETUP]
+    rate = max(args.rates) * workers
+    rows = []
+    for above in args.sweep:
+        with ServerProcess(*ENGINE, *flags, "--disaggregate-above", str(above)) as server:
+            result = bench(server.target, rate, args.duration, slo)
+        row = {"disaggregate_above": above, "rate_per_s": rate, **summary(result)}
+        rows.append(row)
+        _print(f"{SWEEP_SETUP} --disaggregate-above {above}", row)
+    return rows
+
+
+def _print(name: str, row: dict) -> None:
+    g = row["goodput"] or {}
+    itl, ttft = row["itl_ms"], row["long_ttft_ms"]
+    print(
+        f"{name:>34} @ {row['rate_per_s']:g}/s: ITL p50 {itl.get('p50', math.nan):.1f} p99 "
+        f"{itl.get('p99', math.nan):.1f} ms ({row['itl_p99_over_p50']}), TTFT p99 chat "
+        f"{row['chat_ttft_ms'].get('p99', math.nan):.0f} long {ttft.get('p99', math.nan):.0f} "
+        f"ms, {row['tokens_per_s']:.0f} tok/s, goodput {g.get('requests_per_s', math.nan):.2f} "
+        f"req/s ({g.get('good_share', math.nan):.0%} good, SLO "
+        f"{'met' if g.get('passed') else 'missed'}), {row['handed_off']} handed off; "
+        f"errors {row['errors'] or 'none'}; {', '.join(row['diagnosis']) or 'no finding'}",
+        flush=True,
+    )
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=30.0)
-    parser.add_argument("--streams", type=int, default=32, help="decoding streams (closed loop)")
-    parser.add_argument("--rate", type=float, default=1.0, help="long prompts a second")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds a run")
+    parser.add_argument(
+        "--rates", type=_floats, default=[3.0, 6.0, 9.0], help="requests/s per worker"
+    )
+    parser.add_argument("--setups", default=",".join(SETUPS), help="comma-separated names")
+    parser.add_argument(
+        "--sweep",
+        type=lambda t: [int(v) for v in t.split(",") if v],
+        default=[0, 64, 256, 512, 1024, 2048],
+        help="--disaggregate-above values for the sweep ('' for none)",
+    )
+    parser.add_argument("--slo", action="append", default=None, help="e.g. ttft_p99_ms=1000")
+    parser.add_argument("--capacity", action="store_true", help="also cadence capacity's search")
+    parser.add_argument(
+        "--capacity-range",
+        type=_floats,
+        default=[1.0, 16.0],
+        help="LOW,HIGH requests/s per worker",
+    )
     parser.add_argument("--out", default="results/disaggregation.json")
     args = parser.parse_args()
-    runs = [run_once(name, flags, args) for name, flags in SETUPS.items()]
+    slo = [parse_term(t) for t in args.slo or DEFAULT_SLO]
+    started = time.monotonic()
+    setups = [run_setup(name, args, slo) for name in args.setups.split(",") if name]
+    sweep = run_sweep(args, slo) if args.sweep else []
+    command = (
+        f"python benchmarks/disaggregation.py --duration {args.duration:g} --rates "
+        f"{','.join(f'{r:g}' for r in args.rates)} --sweep {','.join(map(str, args.sweep))}"
+        + (" --capacity" if args.capacity else "")
+    )
     out = {
-        "what": f"{args.streams} decoding streams (16-token prompts, 64-192 tokens each, closed "
-        f"loop) while prompts of {PROMPT_TOKENS[0]}-{PROMPT_TOKENS[1]} tokens ({LONG_OUTPUT} "
-        f"tokens each) arrive at {args.rate:g}/s (Poisson), {args.duration:g} s a run, two "
-        "synthetic workers",
+        "what": "open loop (Poisson) of two request classes: chat (85%, 16-token prompts, "
+        "64-192 tokens each) and long (15%, prompts of 16-3000 tokens, 16 tokens each), at "
+        f"{', '.join(f'{r:g}' for r in args.rates)} requests/s per worker, {args.duration:g} s "
+        "a run, synthetic workers",
         "engine": "cadence serve " + " ".join(ENGINE),
-        "command": (
-            f"python benchmarks/disaggregation.py --duration {args.duration:g} "
-            f"--streams {args.streams} --rate {args.rate:g}"
-        ),
+        "slo": [f"{t.metric}_{t.stat}_ms<={t.bound_ms:g}" for t in slo],
+        "command": command,
         "host": {
             "cores": os.cpu_count(),
             "machine": platform.machine(),
@@ -176,22 +247,14 @@ def main() -> None:
             "note": "a 2-core host shared with other work: clients, front and workers on it",
         },
         "date": datetime.date.today().isoformat(),
-        "runs": runs,
+        "wall_s": round(time.monotonic() - started),
+        "setups": setups,
+        "sweep_setup": SWEEP_SETUP,
+        "sweep": sweep,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    for run in runs:
-        d, lp = run["decoding_streams"], run["long_prompts"]
-        print(
-            f"{run['setup']:>30}: decoders ITL p50 {d['itl_ms']['p50']:.1f} p99 "
-            f"{d['itl_ms']['p99']:.1f} ms (p99/p50 {d['itl_p99_over_p50']}), TTFT p50 "
-            f"{d['ttft_ms']['p50']:.0f} p99 {d['ttft_ms']['p99']:.0f} ms, "
-            f"{d['tokens_per_s']:.0f} tok/s; long prompts TTFT p50 "
-            f"{lp['ttft_ms'].get('p50', float('nan')):.0f} p99 "
-            f"{lp['ttft_ms'].get('p99', float('nan')):.0f} ms; errors "
-            f"{d['errors'] or lp['errors'] or 'none'}, integrity {d['integrity']}"
-        )
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({out['wall_s']} s)")
 
 
 if __name__ == "__main__":

@@ -264,6 +264,7 @@ def pytest_configure(config: pytest.Config) -> None:
 ALONE_MODULES = frozenset(
     {
         "test_diagnosis_planted",
+        "test_disaggregation_diagnosis",
         "test_engine_shaped_diagnosis",
         "test_grpc_lab",
         "test_verdict",

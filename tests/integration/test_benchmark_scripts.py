@@ -112,3 +112,35 @@ def test_the_batched_side_by_side_benchmark_runs(tmp_path) -> None:
     assert all(r["front_cpu_us_per_token"] is not None for r in closed)
     assert "litserve/bin/python is missing" in result["skipped"]["LitServe"]
     assert result["limit"]["start"][0]["batch"] == 1
+
+
+def test_the_disaggregation_benchmark_runs(tmp_path) -> None:
+    """One disaggregated setup at one load, and a sweep of one --disaggregate-above."""
+    out = tmp_path / "disaggregation.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(_BENCHMARKS / "disaggregation.py"),
+            "--duration",
+            "2",
+            "--rates",
+            "2",
+            "--setups",
+            "disaggregated 1+1",
+            "--sweep",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        timeout=180,
+        check=True,
+    )
+    result = json.loads(out.read_text())
+    (setup,) = result["setups"]
+    (load,) = setup["loads"]
+    assert setup["workers"] == 2 and load["rate_per_s"] == 4
+    assert load["requests_ok"] == load["requests"] > 0
+    assert load["goodput"]["terms"].keys() == {"ttft_p99_ms", "itl_p99_ms"}
+    (swept,) = result["sweep"]
+    assert swept["disaggregate_above"] == 0 and swept["handed_off"] == swept["requests_ok"]

@@ -105,6 +105,44 @@ def test_the_lab_splits_the_handoff(disaggregated) -> None:
     assert handoff.by_prefill_worker == {"0": 8} and handoff.by_decode_worker == {"1": 8}
     assert handoff.export.count == handoff.to_decode.count == 8
     assert handoff.export.min >= 0 and handoff.to_decode.min >= 0
+    # Each worker's curve in its role: the prefill worker made the 8 first tokens, each in
+    # a step of its own or shared, and no gap of a stream; the decode worker the rest.
+    prefill, decode = result.workers
+    assert (prefill.worker, prefill.role, decode.worker, decode.role) == (
+        0,
+        "prefill",
+        1,
+        "decode",
+    )
+    assert prefill.token_share == 8 / (8 * 16)
+    assert prefill.itl_ms_p50 != prefill.itl_ms_p50  # nan: no stream's gaps are its own
+    assert prefill.queue_ms_p50 >= 0 and decode.queue_ms_p50 != decode.queue_ms_p50
+
+
+def test_the_lab_splits_the_handoff_over_openai(disaggregated) -> None:
+    """cadence's timing extension of the OpenAI API carries the hand-off too (KServe carries
+    no server timing at all)."""
+    from cadence.lab.bench import Workload, run_bench
+    from cadence.lab.load.openai_http import OpenAITarget
+    from cadence.lab.load.plan import RequestShape
+
+    result = run_bench(
+        "",
+        Workload(
+            requests=8,
+            concurrency=4,
+            shape=RequestShape(prompt_tokens=(32, 32), max_tokens=(16, 16)),
+        ),
+        protocol=OpenAITarget(disaggregated.base, "cadence"),
+    )
+    assert result.requests_ok == 8
+    handoff = result.handoff_segments_ms
+    assert handoff.requests == 8
+    assert handoff.by_prefill_worker == {"0": 8} and handoff.by_decode_worker == {"1": 8}
+    assert handoff.export.count == handoff.to_decode.count == 8
+    # The curves see both workers in their roles (from the timing: an OpenAI target is any
+    # server, whose processes the lab does not look for).
+    assert {(w.worker, w.role) for w in result.workers} == {(0, "prefill"), (1, "decode")}
 
 
 def test_short_prompts_skip_the_handoff() -> None:

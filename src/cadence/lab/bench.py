@@ -29,6 +29,7 @@ from cadence.lab.measure.discovery import (
     metrics_url,
     server_processes,
     worker_devices,
+    worker_roles,
 )
 from cadence.lab.measure.http2 import read_settings
 from cadence.lab.measure.prometheus import PageScraper, run_window
@@ -318,6 +319,13 @@ def _collect(
     return _Run(measuring=measuring, processes=out, records=records, server_threads=server_threads)
 
 
+def _worker_specs(plan: _Plan) -> tuple[dict[int, str], dict[int, str]]:
+    """Each worker's devices and role, from a cadence server's processes on this host."""
+    if not plan.protocol.CADENCE_SERVER:
+        return {}, {}
+    return worker_devices(plan.address), worker_roles(plan.address)
+
+
 def _analyse(
     plan: _Plan, run: _Run, slo: Sequence[results.SloTerm], traces: TraceReceiver | None
 ) -> results.BenchResult:
@@ -329,9 +337,7 @@ def _analyse(
     client_cpu_s = sum(p.cpu_s for p in out)
     result = results.BenchResult(
         **msgspec.structs.asdict(stats),
-        workers=worker_curves(
-            records, worker_devices(plan.address) if plan.protocol.CADENCE_SERVER else {}
-        ),
+        workers=worker_curves(records, *_worker_specs(plan)),
         client=results.Client(
             processes=len(plan.processes),
             cpu_s=client_cpu_s,

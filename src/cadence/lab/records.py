@@ -84,6 +84,28 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     t_handoff_ns: int = 0
     """With `prefill_worker`: when the front got the request's state from it (server)."""
 
+    def note_handoff(self, worker: int, prefill_worker: int, handoff_ns: int) -> None:
+        """A chunk's timing says the stream was handed from `prefill_worker` to a decode
+        worker: that one is the record's worker (`worker`, unless the chunk is the prefill
+        worker's own first token)."""
+        self.prefill_worker = prefill_worker
+        self.t_handoff_ns = handoff_ns
+        if worker != prefill_worker:
+            self.worker = worker
+
+    def chunk_workers(self) -> list[int]:
+        """With timing: the worker whose step made each chunk's first token, `worker`, but
+        for a stream handed off, the chunks the front read before it got the state (the
+        prefill worker's first token)."""
+        made = self.t_step_start_ns
+        if self.prefill_worker < 0:
+            return [self.worker] * len(made)
+        handoff, prefill = self.t_handoff_ns, self.prefill_worker
+        return [
+            prefill if 0 < recv < handoff else self.worker
+            for recv in self.t_front_recv_ns[: len(made)]
+        ]
+
     @property
     def output_tokens(self) -> int:
         """The outputs it delivered: its positions, or the server's own count where that says

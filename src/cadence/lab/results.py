@@ -273,6 +273,15 @@ class WorkerCurve(msgspec.Struct, kw_only=True):
     itl_ms_p50: float = math.nan
     series: list[tuple[float, float, int]] = []
     """[seconds from the run's first step, step ms, this run's sequences in it]."""
+    role: str | UnsetType = UNSET
+    """Disaggregated serving: "prefill" (prompts and first tokens) or "decode" (the rest of
+    each handed-off stream, and prompts up to --disaggregate-above); absent: both."""
+    busy_share: float | UnsetType = UNSET
+    """Its steps' time over its own span (from its first step's start to its last step's
+    end): near 1, it stepped back to back; the steps seen are those of this run's streams."""
+    queue_ms_p50: float | UnsetType = UNSET
+    """The requests whose first token it made: their wait from the front's receiving them to
+    the start of the step that admitted them, p50 (NaN: it made none)."""
 
 
 class Client(msgspec.Struct, kw_only=True):

@@ -7,7 +7,8 @@ when they are read together their arrival times say where a delay comes from:
   anything although at least two were mid-stream. Every stream stalled at the same instant,
   so the cause is on the server's side of the streams (a blocked event loop, a pool that all
   streams wait on, a collection pause, a stalled engine), not any one stream's. A long gap of
-  one stream that no shared stall covers is that stream's own.
+  one stream that no shared stall covers is that stream's own. A stream a disaggregated server
+  hands off is mid-stream from its decode worker's first output (server timing).
 - `bursts`: requests opened at once (starts chained less than `BURST_CHAIN_MS` apart) and how
   their times to first output spread: a server that takes calls in one at a time, or has one
   thread per stream, serves the first of a burst at once and the last much later.
@@ -69,7 +70,7 @@ def timeline(records: list[RequestRecord]) -> Timeline | None:
 def _stalls(streams: list[RequestRecord], threshold_ms: float, gap_count: int) -> Stalls:
     limit = threshold_ms * _NS_PER_MS
     merged = sorted(t for r in streams for t in r.arrival_ns)
-    firsts = sorted(r.arrival_ns[0] for r in streams)
+    firsts = sorted(_streaming_from(r) for r in streams)
     lasts = sorted(r.arrival_ns[-1] for r in streams)
     starts_waiting = sorted((r.start_ns, r.arrival_ns[0]) for r in streams)
     shared: list[tuple[int, int, int]] = []
@@ -108,6 +109,17 @@ def _stalls(streams: list[RequestRecord], threshold_ms: float, gap_count: int) -
         long_gaps=long_gaps,
         long_gaps_in_shared=in_shared,
     )
+
+
+def _streaming_from(r: RequestRecord) -> int:
+    """When the stream began to stream: its first output, or for one a disaggregated server
+    handed off (with timing), its decode worker's first, so that a stream is not mid-stream
+    across its hand-off (the streams prefilled in one step wait for theirs together)."""
+    if r.prefill_worker < 0:
+        return r.arrival_ns[0]
+    made_by = r.chunk_workers()
+    k = next((k for k, w in enumerate(made_by) if w == r.worker), len(r.arrival_ns) - 1)
+    return r.arrival_ns[min(k, len(r.arrival_ns) - 1)]
 
 
 def _bursts(streams: list[RequestRecord]) -> Bursts:

@@ -145,11 +145,8 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
                 record.worker = t.worker
                 record.t_received_ns = t.received_ns
                 record.t_scheduled_ns = t.scheduled_ns
-            if t.handoff_ns:  # handed to a decode worker: it is the record's worker
-                record.prefill_worker = t.prefill_worker
-                record.t_handoff_ns = t.handoff_ns
-                if t.worker != t.prefill_worker:  # not a chunk of the prefill worker's token
-                    record.worker = t.worker
+            if t.handoff_ns:  # handed to a decode worker
+                record.note_handoff(t.worker, t.prefill_worker, t.handoff_ns)
         if chunk.finish_reason:
             record.finish_reason = chunk.finish_reason
             if _CACHED_TOKENS:

@@ -371,3 +371,7 @@ def _timing(record: RequestRecord, extension: dict) -> None:
         record.worker = timing["worker"]
         record.t_received_ns = timing["received_ns"]
         record.t_scheduled_ns = timing["scheduled_ns"]
+    if timing.get("handoff_ns"):  # cadence, disaggregated: handed to a decode worker
+        record.note_handoff(
+            timing["worker"], timing.get("prefill_worker", -1), timing["handoff_ns"]
+        )

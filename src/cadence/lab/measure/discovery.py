@@ -47,19 +47,28 @@ def server_processes(target: str) -> dict[str, int]:
 
 def _worker_spec(process: psutil.Process) -> tuple[int, int, str] | None:
     """(index, rank, device) of a `python -m cadence.worker SPEC` process, else None."""
+    spec = _spec(process)
+    try:
+        return int(spec["index"]), int(spec.get("rank", 0)), str(spec["device"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _spec(process: psutil.Process) -> dict:
+    """The start-up spec of a `python -m cadence.worker SPEC` process; {} for another."""
     import json
 
     try:
         cmdline = process.cmdline()
     except psutil.Error:
-        return None
+        return {}
     if "cadence.worker" not in cmdline or not cmdline[-1].startswith("{"):
-        return None
+        return {}
     try:
         spec = json.loads(cmdline[-1])
-        return int(spec["index"]), int(spec.get("rank", 0)), str(spec["device"])
-    except (ValueError, KeyError, TypeError):
-        return None
+    except ValueError:
+        return {}
+    return spec if isinstance(spec, dict) else {}
 
 
 def worker_devices(target: str) -> dict[int, str]:
@@ -74,6 +83,20 @@ def worker_devices(target: str) -> dict[int, str]:
         if spec is not None:
             found.setdefault(spec[0], []).append((spec[1], spec[2]))
     return {k: "+".join(d for _, d in sorted(v)) for k, v in found.items()}
+
+
+def worker_roles(target: str) -> dict[int, str]:
+    """{worker index: its role} of a disaggregated cadence server on this host ("prefill"
+    or "decode", from its worker processes' start-up specs); {} for another server."""
+    front = _front_zero(target)
+    if front is None:
+        return {}
+    found = {}
+    for child in front.children():
+        spec = _spec(child)
+        if spec.get("role") and isinstance(spec.get("index"), int):
+            found[spec["index"]] = str(spec["role"])
+    return found
 
 
 def _listeners(target: str) -> list[int]:

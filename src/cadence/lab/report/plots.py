@@ -426,7 +426,11 @@ def plot_worker_curves(
     fig, axes = _figure(9.0, 8.0, nrows=3)
     for w in curves:
         series = w.series
-        label = f"worker {w.worker}" + (f" ({w.device})" if w.device else "")
+        label = (
+            f"worker {w.worker}"
+            + (f" ({w.device})" if w.device else "")
+            + (f" {w.role}" if w.role else "")
+        )
         t = [p[0] for p in series]
         axes[0].plot(t, [p[1] for p in series], lw=0.8, label=label)
         axes[1].plot(t, [p[2] for p in series], lw=0.8, label=label)

@@ -660,6 +660,7 @@ def _workers(result: BenchResult) -> str:
         (
             w.worker,
             w.device or "",
+            w.role or "",
             w.steps,
             w.step_ms_p50,
             w.step_ms_p90,
@@ -667,6 +668,8 @@ def _workers(result: BenchResult) -> str:
             w.tokens_per_s,
             w.token_share,
             w.itl_ms_p50,
+            None if w.busy_share is msgspec.UNSET else w.busy_share,
+            None if w.queue_ms_p50 is msgspec.UNSET else w.queue_ms_p50,
         )
         for w in result.workers or []
     ]
@@ -676,6 +679,7 @@ def _workers(result: BenchResult) -> str:
             (
                 "worker",
                 "device",
+                "role",
                 "steps",
                 "step p50 (ms)",
                 "step p90 (ms)",
@@ -683,6 +687,8 @@ def _workers(result: BenchResult) -> str:
                 "tokens/s",
                 "share of tokens",
                 "its streams' ITL p50 (ms)",
+                "busy (share of the run)",
+                "first outputs' wait p50 (ms)",
             ),
             rows,
         ),

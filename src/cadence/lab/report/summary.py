@@ -11,6 +11,7 @@ import msgspec
 from msgspec import UNSET
 
 from cadence.lab.analysis.diagnosis import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.facts import finite
 from cadence.lab.analysis.goodput import terms_words
 from cadence.lab.analysis.integrity import CHECK_WORDS, counted_checks
 from cadence.lab.analysis.startup import worker_startup
@@ -658,10 +659,21 @@ def worker_lines(workers: list[WorkerCurve]) -> list[str]:
     return [
         f"worker {w.worker}"
         + (f" ({w.device})" if w.device else "")
+        + (f" {w.role}" if w.role else "")
         + f": step p50 {w.step_ms_p50:.1f} / p90 {w.step_ms_p90:.1f} ms, "
         f"{w.sequences_per_step_p50:.0f} sequences per step, {w.tokens_per_s:,.0f} "
-        f"tokens/s ({w.token_share:.0%} of the run's), its streams' ITL p50 "
-        f"{w.itl_ms_p50:.1f} ms"
+        f"tokens/s ({w.token_share:.0%} of the run's), "
+        + (
+            f"its streams' ITL p50 {w.itl_ms_p50:.1f} ms"
+            if finite(w.itl_ms_p50)
+            else "no stream's gaps"  # a prefill worker's: first outputs only
+        )
+        + (f", busy {w.busy_share:.0%} of its time" if finite(w.busy_share) else "")
+        + (
+            f", first outputs waited {w.queue_ms_p50:.1f} ms (p50)"
+            if w.role and finite(w.queue_ms_p50)
+            else ""
+        )
         for w in workers
     ]
 

@@ -18,6 +18,8 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `client`: client_saturated, client_behind_schedule
 - `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
 - `workers`: slow_worker
+- `disaggregation`: prefill_pool_bottleneck, decode_pool_bottleneck (a disaggregated
+  server's prefill or decode workers hold the run back)
 - `shape`: output_held_back, slow_stream_group, slow_first_message
 - `batching`: prefill_stalls_decode, one_stream_at_a_time
 - `timers`: gaps_at_fixed_values
@@ -56,6 +58,7 @@ from cadence.lab.analysis.diagnosis import (
     connection,
     contention,
     dependence,
+    disaggregation,
     health,
     host,
     integrity,
@@ -72,6 +75,14 @@ from cadence.lab.analysis.diagnosis import (
 from cadence.lab.analysis.diagnosis.capacity import UNDER_CAPACITY_BATCH
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.connection import CONNECT_TTFT_SHARE, SLOW_CONNECT_MS
+from cadence.lab.analysis.diagnosis.disaggregation import (
+    DECODE_STEP_GROWTH,
+    DECODE_STEP_GROWTH_MIN_MS,
+    HANDOFF_WAIT_MIN_MS,
+    HANDOFF_WAIT_STEPS,
+    POOL_BUSY_SHARE,
+    PREFILL_TTFT_TAIL_SHARE,
+)
 from cadence.lab.analysis.diagnosis.facts import (
     ENGINE_UNSTABLE_MIN_MS,
     ENGINE_UNSTABLE_P90_RATIO,
@@ -96,6 +107,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_CLIENT_BEHIND_SCHEDULE,
     RULE_CLIENT_SATURATED,
     RULE_CPU_BUSY_CARDS_IDLE,
+    RULE_DECODE_POOL_BOTTLENECK,
     RULE_FRONT_CPU_BOUND,
     RULE_FRONT_LOOP_BLOCKED,
     RULE_HOST_CONTENDED,
@@ -105,6 +117,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_KV_CACHE_FULL,
     RULE_ONE_STREAM_AT_A_TIME,
     RULE_OUTPUT_HELD_BACK,
+    RULE_PREFILL_POOL_BOTTLENECK,
     RULE_PREFILL_STALLS_DECODE,
     RULE_REQUESTS_FAILING,
     RULE_SERVER_ONE_CORE_BOUND,
@@ -166,6 +179,7 @@ RULES: tuple[Rule, ...] = (
     *client.RULES,
     *streams.RULES,
     *workers.RULES,
+    *disaggregation.RULES,
     *shape.RULES,
     *batching.RULES,
     *timers.RULES,
@@ -201,12 +215,16 @@ __all__ = [
     "CAP_TIME_SHARE",
     "CLIENT_BUSY_SHARE",
     "CONNECT_TTFT_SHARE",
+    "DECODE_STEP_GROWTH",
+    "DECODE_STEP_GROWTH_MIN_MS",
     "ENGINE_SIDE_SHARE",
     "ENGINE_UNSTABLE_MIN_MS",
     "ENGINE_UNSTABLE_P90_RATIO",
     "FAILING_SHARE",
     "FIRST_STEP_SHARE",
     "GAPS_NORMAL_RATIO",
+    "HANDOFF_WAIT_MIN_MS",
+    "HANDOFF_WAIT_STEPS",
     "IDLE_CARD_PCT",
     "ITL_MIN_SPREAD_MS",
     "ITL_UNEVEN_P90_RATIO",
@@ -218,10 +236,13 @@ __all__ = [
     "MIN_CPU_SAMPLES",
     "NETWORK_UNSTABLE_P90_RATIO",
     "OTHERS_MIN_PCT",
+    "POOL_BUSY_SHARE",
+    "PREFILL_TTFT_TAIL_SHARE",
     "RULES",
     "RULE_CLIENT_BEHIND_SCHEDULE",
     "RULE_CLIENT_SATURATED",
     "RULE_CPU_BUSY_CARDS_IDLE",
+    "RULE_DECODE_POOL_BOTTLENECK",
     "RULE_FRONT_CPU_BOUND",
     "RULE_FRONT_LOOP_BLOCKED",
     "RULE_HOST_CONTENDED",
@@ -231,6 +252,7 @@ __all__ = [
     "RULE_KV_CACHE_FULL",
     "RULE_ONE_STREAM_AT_A_TIME",
     "RULE_OUTPUT_HELD_BACK",
+    "RULE_PREFILL_POOL_BOTTLENECK",
     "RULE_PREFILL_STALLS_DECODE",
     "RULE_REQUESTS_FAILING",
     "RULE_SERVER_ONE_CORE_BOUND",

@@ -27,9 +27,11 @@ from cadence.lab.analysis.diagnosis.signatures import (
     FixedFirstCost,
     FixedGaps,
     FollowsOwnSize,
+    HandOffGaps,
     HeldBack,
     HostDelays,
     OneAtATime,
+    PrefillPoolWait,
     PrefillStalls,
     SharedStalls,
     Signature,
@@ -43,24 +45,28 @@ S = TypeVar("S", bound=Signature)
 
 GAP_SIGNATURES: tuple[type[Signature], ...] = (
     HeldBack,
+    HandOffGaps,
     PrefillStalls,
     SlowSteps,
     SharedStalls,
     SlowGroup,
 )
-"""Claim each slow gap's excess in this order; `FixedGaps` then reads what they left. A slow
-step of the engine's own (the server's timing) comes after prefill, which names why a step
-was slow, and before a silence of every stream, which a slow step also makes."""
+"""Claim each slow gap's excess in this order; `FixedGaps` then reads what they left. A gap
+across a hand-off (disaggregated serving) is the hand-off's whole. A slow step of the
+engine's own (the server's timing) comes after prefill, which names why a step was slow, and
+before a silence of every stream, which a slow step also makes."""
 
 FIRST_SIGNATURES: tuple[type[Signature], ...] = (
     HeldBack,
+    PrefillPoolWait,
     PrefillStalls,
     SharedStalls,
     FixedFirstCost,
     WaitsForSlot,
     BurstSpread,
 )
-"""Claim each slow first output's excess in this order."""
+"""Claim each slow first output's excess in this order (one made on a prefill worker of a
+disaggregated server: its wait and its prefill there, before any cause the streams share)."""
 
 
 class Attribution:

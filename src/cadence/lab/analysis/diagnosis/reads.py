@@ -54,8 +54,10 @@ class StreamReads:
 
     __slots__ = (
         "end_ns",
+        "handoff_read",
         "number",
         "per_token_ms",
+        "prefilled_ms",
         "prompt_tokens",
         "start_ns",
         "step_ends",
@@ -78,6 +80,17 @@ class StreamReads:
         self.step_ends: list[int] = []
         """With the server's timing (cadence): when the engine's step that made each read's
         last output ended, on the server's clock; empty without it."""
+        self.handoff_read = 0
+        """Disaggregated serving (with the timing): the read that holds the decode worker's
+        first output, after the hand-off; 0: none (not handed off, or that output came in
+        the first read with the prefill worker's)."""
+        self.prefilled_ms = 0.0
+        """...and the first output's time on the server, from the front's receiving the
+        request to the end of its prefill worker's step; 0: not prefilled on one."""
+        decode = record.worker
+        made_by = record.chunk_workers() if record.prefill_worker >= 0 else ()
+        if made_by and record.t_received_ns and ends:
+            self.prefilled_ms = max(0.0, (ends[0] - record.t_received_ns) / NS_PER_MS)
         last = None
         for k, (at, n) in enumerate(zip(record.arrival_ns, record.tokens, strict=False)):
             if last is not None and at - last < together_ns:
@@ -89,6 +102,8 @@ class StreamReads:
                 self.tokens.append(n)
                 if ends:
                     self.step_ends.append(ends[k])
+            if not self.handoff_read and k < len(made_by) and made_by[k] == decode:
+                self.handoff_read = len(self.times) - 1
             last = at
         self.per_token_ms = [
             (self.times[j] - self.times[j - 1]) / NS_PER_MS / self.tokens[j]

@@ -21,11 +21,13 @@ from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
+    RULE_DECODE_POOL_BOTTLENECK,
     RULE_GAPS_AT_FIXED_VALUES,
     RULE_HOST_CONTENDED,
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ONE_STREAM_AT_A_TIME,
     RULE_OUTPUT_HELD_BACK,
+    RULE_PREFILL_POOL_BOTTLENECK,
     RULE_PREFILL_STALLS_DECODE,
     RULE_SLOW_FIRST_MESSAGE,
     RULE_SLOW_STREAM_GROUP,
@@ -119,6 +121,52 @@ class HeldBack(Signature):
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return min(remaining_ms, (stream.tokens[0] - 1) * self.typical)
+
+
+# -- disaggregated serving: the hand-off, and the wait for a prefill worker ------------------
+
+
+class HandOffGaps(Signature):
+    """With the server's timing of a disaggregated server: a stream's gap across its hand-off
+    (from its prefill worker's first output to its decode worker's first) is the hand-off's:
+    the state's export and its wait for room on a decode worker, not a step of either."""
+
+    rule = RULE_DECODE_POOL_BOTTLENECK
+
+    def __init__(self, evidence: dict) -> None:
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> HandOffGaps | None:
+        across = [g for g in reads.gaps if g.read == g.stream.handoff_read]
+        if not across:
+            return None
+        slow = sorted(g.ms for g in across if g.ms > reads.slow_gap_ms)
+        evidence = {"gaps_across_handoffs": len(across), "slow_gaps_across_handoffs": len(slow)}
+        return cls(evidence)
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        return remaining_ms if gap.read == gap.stream.handoff_read else 0.0
+
+
+class PrefillPoolWait(Signature):
+    """With the server's timing of a disaggregated server: a slow first output made on a
+    prefill worker took, on the server, the wait for that worker and its prefill step."""
+
+    rule = RULE_PREFILL_POOL_BOTTLENECK
+
+    def __init__(self, evidence: dict) -> None:
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, result: BenchResult) -> PrefillPoolWait | None:
+        prefilled = [s for s in reads.streams if s.prefilled_ms]
+        if not prefilled:
+            return None
+        return cls({"first_outputs_from_prefill_workers": len(prefilled)})
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, stream.prefilled_ms)
 
 
 # -- prefill inside the decode step: slow gaps end with other streams' first outputs ---------
@@ -241,8 +289,8 @@ class SlowSteps(Signature):
     @staticmethod
     def _engine_ms(gap: Gap) -> float | None:
         ends = gap.stream.step_ends
-        if not ends:
-            return None
+        if not ends or gap.read == gap.stream.handoff_read:
+            return None  # no timing, or steps of two workers (a hand-off: `HandOffGaps`)
         return (ends[gap.read] - ends[gap.read - 1]) / NS_PER_MS
 
     @classmethod

@@ -9,6 +9,7 @@ import msgspec
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_LOOP_BLOCKED,
+    RULE_PREFILL_POOL_BOTTLENECK,
     RULE_TTFT_ENGINE_START,
     RULE_TTFT_QUEUEING,
 )
@@ -244,11 +245,19 @@ RULES = (
     Rule(
         RULE_TTFT_ENGINE_START,
         engine_start,
-        gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),),
+        # A full prefill pool makes long admitting steps (its batched prompts): that pool is
+        # the finding, as it is of the queue before them.
+        gives_way_to=(
+            GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),
+            GiveWay(RULE_PREFILL_POOL_BOTTLENECK),
+        ),
     ),
     Rule(
         RULE_TTFT_QUEUEING,
         queueing,
-        gives_way_to=(GiveWay(RULE_FRONT_LOOP_BLOCKED, _waiting_at_the_front),),
+        gives_way_to=(
+            GiveWay(RULE_FRONT_LOOP_BLOCKED, _waiting_at_the_front),
+            GiveWay(RULE_PREFILL_POOL_BOTTLENECK),
+        ),
     ),
 )

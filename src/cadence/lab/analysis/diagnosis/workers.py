@@ -63,7 +63,11 @@ def slow_worker(facts: RunFacts) -> list[Finding]:
         return []
     findings = []
     for w in workers:
-        others = [o for o in workers if o is not w]
+        # A disaggregated server's prefill and decode workers run different steps: each is
+        # set against its own pool.
+        others = [o for o in workers if o is not w and o.role == w.role]
+        if not others:
+            continue
         step = _expected_step(w, others)
         batch = statistics.median(o.sequences_per_step_p50 for o in others)
         itl = statistics.median(o.itl_ms_p50 for o in others)
