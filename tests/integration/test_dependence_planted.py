@@ -88,14 +88,16 @@ def test_a_clean_server_with_varied_lengths_depends_on_nothing(case: Case) -> No
 
 
 def test_a_clock_beside_a_period_keeps_its_own_gaps() -> None:
-    """Lost wake-ups caught by a 50 ms poll (a clock, at any position) beside a 20 ms wait
+    """Lost wake-ups caught by a 50 ms poll (a clock, at any position) beside a 30 ms wait
     for a block every 16 tokens: both named, each with its share of the gaps' tail."""
     result = bench(
         Case(
             "grpc",
             (
                 *("--lost-wakeup-share", "0.05", "--poll-ms", "50"),
-                *("--block-tokens", "16", "--block-ms", "20", "--decode-ms", "5"),
+                # A wait of 30 ms leaves the period about 40% of the gaps' tail beside the
+                # clock's: a 20 ms one sat at the quarter a dependence needs to be named.
+                *("--block-tokens", "16", "--block-ms", "30", "--decode-ms", "5"),
             ),
             frozenset(),
             max_tokens=(40, 80),
