@@ -5,6 +5,7 @@ a worker held to one core is the engine's step, and the advice must say so, not 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,8 +77,17 @@ def test_a_worker_held_to_one_core_is_told_its_step_is_the_bound(tmp_path: Path)
 
     folder = save_checkpoint(tmp_path / "llama", "llama")
     workload = Workload(requests=48, concurrency=16, shape=RequestShape(max_tokens=(64, 64)))
+    # Held to one core indeed: alone on the host, torch's threads would spread the worker
+    # over both cores of a 2-core machine, and no thread would be the bound.
+    serve = [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", "--log-level", "WARNING"]
     with start_server(
-        "--engine", "transformers", "--model", str(folder), "--devices", "cpu:1"
+        "--engine",
+        "transformers",
+        "--model",
+        str(folder),
+        "--devices",
+        "cpu:1",
+        command=["taskset", "-c", "0", *serve],
     ) as server:
         result = run_bench(server.target, workload)
         worker = server.workers[0].pid

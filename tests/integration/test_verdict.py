@@ -143,7 +143,8 @@ def test_other_work_that_fills_the_host_is_named() -> None:
     assert any(f"(pid {pid})" in named for pid in hogs), (named, hogs)
     # Its part of the tail is what late wake-ups can add to each slow gap, measured.
     assert finding.evidence["wakeup_late_max_ms"] > 0
-    assert 0 <= finding.evidence["itl_tail_share"] <= 1
+    # A share where the reading saw slow gaps; else the host bears on the tail without one.
+    assert 0 <= finding.evidence.get("itl_tail_share", 0) <= 1
     assert_tails_put_on_host(result)
 
 
