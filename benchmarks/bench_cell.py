@@ -1,7 +1,9 @@
 """One cell of a side-by-side table: `cadence bench` against one running server, closed loop
-(`streams` at once) or open loop (`rate` requests/s), and the figures the tables compare.
+(`streams` at once) or open loop (`rate` requests/s), the figures the tables compare, and
+`stop_group` for the servers a benchmark starts.
 
-Used by benchmarks/batched_side_by_side.py and benchmarks/transformers_engine.py.
+Used by benchmarks/batched_side_by_side.py, transformers_engine.py, false_alarms.py and
+peers.py.
 """
 
 from __future__ import annotations
