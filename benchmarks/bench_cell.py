@@ -1,12 +1,17 @@
 """One cell of a side-by-side table: `cadence bench` against one running server, closed loop
-(`streams` at once) or open loop (`rate` requests/s), and the figures the tables compare.
+(`streams` at once) or open loop (`rate` requests/s), the figures the tables compare, and
+`stop_group` for the servers a benchmark starts.
 
-Used by benchmarks/batched_side_by_side.py and benchmarks/transformers_engine.py.
+Used by benchmarks/batched_side_by_side.py, transformers_engine.py, false_alarms.py and
+peers.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +41,19 @@ def wait_http(url: str, process: subprocess.Popen, timeout: float = 120.0) -> No
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
         time.sleep(0.2)
+
+
+def stop_group(process: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = 30.0) -> None:
+    """Send `sig` to the process group `process` leads (started with start_new_session), then
+    SIGKILL if the leader has not exited after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def bench(

@@ -52,7 +52,6 @@ import io
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -64,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_cell import free_port, wait_http
+from bench_cell import free_port, stop_group, wait_http
 
 STREAMS = 16
 HOST_TOKENS_PER_S = 3200
@@ -135,13 +134,7 @@ def _process(command: list[str], ready_url: str, env: dict | None = None) -> Ite
         yield
     finally:
         # The process group is the server's alone (its workers, LitServe's children).
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_group(process)
 
 
 @contextlib.contextmanager

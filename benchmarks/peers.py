@@ -42,7 +42,7 @@ from cadence.lab.servers.server_process import ServerProcess
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_cell import free_port, wait_http
+from bench_cell import free_port, stop_group, wait_http
 
 PEERS_SCRIPTS = ROOT.parent / "shared" / "peers"
 DELAY_MS = 10
@@ -150,12 +150,7 @@ def pytriton_server(peers: Path):
         yield f"127.0.0.1:{grpc_port}"
     finally:
         # The script's process group is ours alone: SIGINT stops PyTriton and its Triton.
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server, signal.SIGINT)
 
 
 def run_pytriton(streams: int, tokens: int, rounds: int, peers: Path) -> dict:

@@ -85,6 +85,16 @@ class MovableModel(EchoModel):
         return True
 
 
+class FragileImportModel(MovableModel):
+    """MovableModel whose `import_state` raises on a prompt that starts with `unmovable`
+    (a state the decode worker's engine cannot take)."""
+
+    def import_state(self, seq: cadence.Sequence, data: bytes) -> bool:
+        if data.startswith(b"unmovable"):
+            raise ValueError("this state cannot be taken here")
+        return super().import_state(seq, data)
+
+
 class SickModel(EchoModel):
     """EchoModel on a card with a sticky error: in the worker numbered
     $SICK_MODEL_WORKER every step raises, as a CUDA context does after an illegal

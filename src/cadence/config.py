@@ -128,8 +128,8 @@ def _seconds_or_never(text: str) -> float | None:
 
 PREFIX_CACHING_BY_DEFAULT: tuple[str, ...] = ("torch",)
 """The engines whose prefix caching is on unless --no-prefix-caching: those with a prefix
-cache of their own, its cost where no prompt shares a prefix measured within 2% of tokens/s
-(benchmarks/prefix_caching_cost.py, results/prefix_caching_cost.json, docs/models.md). The
+cache of their own, whose cost where no prompt shares a prefix is measured by
+benchmarks/prefix_caching_cost.py (results/prefix_caching_cost.json, docs/models.md). The
 synthetic engine's is a model of the torch engine's, asked for by --prefix-caching, so that a
 lab run's modelled timing does not change under it."""
 

@@ -406,3 +406,35 @@ def test_a_model_class_with_export_state_streams_as_colocated(importable_models)
         assert "".join(c.text for c in a) == "".join(c.text for c in b)
         assert a[-1].finish_reason == b[-1].finish_reason
         assert {c.timing.worker for c in b if c.index > 0} == {1}
+
+
+def test_an_import_that_raises_fails_its_sequence_alone(importable_models) -> None:
+    """The decode worker's engine raises on one state: that request fails with the engine's
+    message, the others stream whole, and the worker goes on serving."""
+    engine = ("--engine", "tests.batched_models:FragileImportModel")
+    with start_server(*engine, *DISAGGREGATED, "--disaggregate-above", "0") as server:
+        pids = [w.pid for w in server.workers]
+
+        async def run() -> list:
+            async with AsyncClient(server.target) as client:
+
+                async def one(prompt: str) -> list:
+                    return [c async for c in client.generate(prompt, max_tokens=10)]
+
+                return await asyncio.gather(
+                    *(one(p) for p in ("unmovable", "count 5", "hello world")),
+                    return_exceptions=True,
+                )
+
+        failed, *whole = asyncio.run(run())
+        assert isinstance(failed, grpc.aio.AioRpcError), failed
+        assert failed.code() == grpc.StatusCode.INTERNAL
+        assert "import_state raised ValueError: this state cannot be taken here" in (
+            failed.details() or ""
+        )
+        for chunks in whole:
+            assert not isinstance(chunks, BaseException), chunks
+            assert chunks[-1].finish_reason
+        again = asyncio.run(_streams(server.target, ["hello world"], 10))
+        assert again[0][-1].finish_reason
+        assert [w.pid for w in server.workers] == pids

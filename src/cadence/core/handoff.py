@@ -55,8 +55,6 @@ class HandOffs:
         """Sequences sent to a decode worker and not yet in its batch, by their worker."""
         self._sent = [0] * len(links)
         """States each decode worker has been sent and not yet taken (at most the window)."""
-        self.handed_off = 0
-        """States moved (the front's count)."""
         self.on_handoff: Callable[[], None] = lambda: None
         """Told of each hand-off (the metrics count it)."""
 
@@ -85,7 +83,6 @@ class HandOffs:
         router.release(stream.worker, max_tokens)
         router.assign(worker, max_tokens)
         stream.handed_off(worker, self._links[worker], message.worker, recv_ns)
-        self.handed_off += 1
         self.on_handoff()
         handed = StateImport(
             request,  # type: ignore[arg-type]  # Raw: the encoded AddRequest

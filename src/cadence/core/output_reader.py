@@ -59,10 +59,10 @@ class OutputReader:
         """What each worker's last heartbeat said of its step loop: how long it has had work
         without finishing a step (the supervisor's hang check reads it)."""
         self.on_sick: Callable[[StepsFailing], None] = lambda message: None
+        """Told when a worker reports its steps failing in a row (the supervisor ejects it)."""
         self.handoffs: HandOffs | None = None
         """Disaggregated serving: told of each state a prefill worker hands over, and of
         the handed-over sequences a decode worker took into its batch."""
-        """Told when a worker reports its steps failing in a row (the supervisor ejects it)."""
         self._boot_id = boot_id()
         self.clock_offset_ns = [0] * workers
         """Added to a worker's timestamps to put them on the front's clock: 0 on this host;

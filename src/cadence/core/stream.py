@@ -251,7 +251,6 @@ class RequestStream:
             self._unpaused()
         self.worker = worker
         self._link = link
-        self._block = self._block and link is not None
 
     def _task_ended(self, _task: asyncio.Task) -> None:
         if self._paused:

@@ -426,13 +426,21 @@ class BatchScheduler:
     def _admit_imports(self) -> list[int]:
         """Decode worker: take handed-over sequences into the batch, oldest first, while it
         has room (--max-batch) and the engine takes their state (`import_state`: False when
-        its cache has no room yet); the rest wait, and so does the front's queue behind them."""
+        its cache has no room yet); the rest wait, and so does the front's queue behind them.
+        A sequence whose import raised fails alone, as one whose export raised does."""
         imports, running = self._imports, self._running
         load = self._engine.import_state  # an engine that has it (checked at start-up)
         taken: list[int] = []
         while imports and len(running) + len(self._prefilling) < self._max_batch:
             seq, state = imports[0]
-            if not load(seq, state):
+            try:
+                loaded = load(seq, state)
+            except Exception as exc:
+                imports.popleft()
+                log.error("import_state raised on request %d", seq.seq_id, exc_info=exc)
+                self.failed.append(_state_raised("import_state", seq.seq_id, exc))
+                continue
+            if not loaded:
                 break
             imports.popleft()
             running[seq.seq_id] = seq
@@ -454,13 +462,7 @@ class BatchScheduler:
                 state = export(seq)
             except Exception as exc:
                 log.error("export_state raised on request %d", seq.seq_id, exc_info=exc)
-                sent.append(
-                    RequestFailed(
-                        seq.seq_id,
-                        Failure.INTERNAL,
-                        f"the engine's export_state raised {type(exc).__name__}: {exc}",
-                    )
-                )
+                sent.append(_state_raised("export_state", seq.seq_id, exc))
             else:
                 tokens = [out] if type(out) is int else []
                 sent.append(
@@ -757,3 +759,10 @@ class BatchScheduler:
             self._paused.discard(seq.seq_id)
             self._engine.release(seq)
         return [RequestFailed(seq.seq_id, Failure.INTERNAL, message) for seq in prefill + decode]
+
+
+def _state_raised(member: str, seq_id: int, exc: Exception) -> RequestFailed:
+    """The failure of a sequence whose hand-off (`export_state`, `import_state`) raised."""
+    return RequestFailed(
+        seq_id, Failure.INTERNAL, f"the engine's {member} raised {type(exc).__name__}: {exc}"
+    )

@@ -441,20 +441,11 @@ class LlamaEngine(Engine):
         )
         if blocks is None:
             return False
-        dtype = _DTYPES[moved.dtype]
-        if dtype != self.dtype:
-            cache.free(blocks)
-            raise ValueError(
-                f"a state in {moved.dtype} cannot join a cache in {self.dtype}: serve every "
-                "worker with one --dtype"
-            )
-        shape = moved.shape
-        keys = _tensor(moved.keys, dtype, shape, self.device)
-        values = _tensor(moved.values, dtype, shape, self.device)
-        slots = self._slots(blocks, moved.cached)
-        for layer in range(len(cache.keys)):
-            cache.keys[layer][slots] = keys[layer]
-            cache.values[layer][slots] = values[layer]
+        try:
+            self._write_state(moved, blocks)
+        except BaseException:
+            cache.free(blocks)  # nothing taken: the scheduler fails the sequence alone
+            raise
         sampler = Sampler(seq.sampling, self._seed, self.device)
         if moved.generator and sampler.generator is not None:
             sampler.generator.set_state(
@@ -477,6 +468,22 @@ class LlamaEngine(Engine):
         positions = torch.arange(tokens)
         table = torch.tensor(blocks, dtype=torch.long)
         return (table[positions // bs] * bs + positions % bs).to(self.device)
+
+    def _write_state(self, moved: _MovedState, blocks: list[int]) -> None:
+        """Write a handed-over sequence's keys and values into its new blocks."""
+        dtype = _DTYPES[moved.dtype]
+        if dtype != self.dtype:
+            raise ValueError(
+                f"a state in {moved.dtype} cannot join a cache in {self.dtype}: serve every "
+                "worker with one --dtype"
+            )
+        cache = self.cache
+        keys = _tensor(moved.keys, dtype, moved.shape, self.device)
+        values = _tensor(moved.values, dtype, moved.shape, self.device)
+        slots = self._slots(blocks, moved.cached)
+        for layer in range(len(cache.keys)):
+            cache.keys[layer][slots] = keys[layer]
+            cache.values[layer][slots] = values[layer]
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache blocks back at once."""

@@ -313,6 +313,13 @@ class Table:
         return "; ".join(d.row() for d in self.rows[:rows])
 
 
+def _instants(ends_ns: np.ndarray, apart_ms: float) -> int:
+    """How many distinct moments the values ended at: ends more than `apart_ms` apart."""
+    if len(ends_ns) == 0:
+        return 0
+    return 1 + int(np.count_nonzero(np.diff(np.sort(ends_ns)) > apart_ms * 1e6))
+
+
 class _Latency:
     """One latency's values, which are slow, their excess, when each ended (`at`, ns), and
     the run's yardstick."""
@@ -341,9 +348,7 @@ class _Latency:
         instants or more (else none)."""
         rise = np.maximum(predicted - float(np.min(predicted)), 0.0)
         claimed = np.minimum(self.excess, rise)
-        ends = np.sort(self.at[claimed > 0])
-        apart = max(self.typical, MIN_RISE_MS) * 1e6
-        if len(ends) == 0 or 1 + np.count_nonzero(np.diff(ends) > apart) < MIN_INSTANTS:
+        if _instants(self.at[claimed > 0], max(self.typical, MIN_RISE_MS)) < MIN_INSTANTS:
             return 0.0, 0.0, 0
         ms = float(claimed.sum())
         count = int(np.count_nonzero(claimed[self.slow] > 0))
@@ -626,9 +631,8 @@ def _periodic(
     d.curve = _curve(within.astype(float), lat.y, within)
     other_share = float(slow[~inside].mean()) if np.any(~inside) else 0.0
     at = np.unique(position[inside & slow])
-    ends = np.sort(t1[inside & slow])
-    instants = 1 + int(np.count_nonzero(np.diff(ends) > lat.typical * 1e6)) if len(ends) else 0
-    spread = instants / max(1, len(ends))
+    ends = t1[inside & slow]
+    spread = _instants(ends, lat.typical) / max(1, len(ends))
     others_went_on = float(went_on[inside & slow].mean()) if np.any(inside & slow) else 0.0
     d.significant = bool(
         p < PERIODIC_P_MAX

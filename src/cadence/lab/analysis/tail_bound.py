@@ -1,7 +1,8 @@
 """The most a healthy run's ITL p99 may be: near its median, beside the run's own noise floor
 (`cadence.lab.analysis.noise_floor`). The verdict judges the tail by it
 (`cadence.lab.analysis.verdict`); a rule that reads a tail the verdict calls healthy stays
-quiet by it (`diagnosis.itl`)."""
+quiet by it (`diagnosis.itl`). Beside it, the least of a bad tail that the verdict calls
+unexplained, which a rule that leaves the rest to the host reads too."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ wake-ups are late gets what the host adds on top of twice its median, no more.""
 TAIL_MIN_EXCESS_MS = 2.0
 """...but a p99 within 2 ms of the p50 is healthy whatever the ratio: sub-millisecond gaps
 double on a timer's resolution and a busy host's scheduling."""
+UNEXPLAINED_MIN_SHARE = 0.25
+"""Findings whose shares leave this much of a bad tail or more leave it unexplained (shares
+are estimates; a rest below this is their error)."""
 
 
 def itl_bound(p50: float, noise: NoiseFloor | None = None) -> tuple[float, str]:

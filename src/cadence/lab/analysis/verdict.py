@@ -40,6 +40,7 @@ from cadence.lab.analysis.tail_bound import (
     ITL_TAIL_CAP_RATIO,
     ITL_TAIL_RATIO,
     ITL_TAIL_SLACK_MS,
+    UNEXPLAINED_MIN_SHARE,
     itl_bound,
 )
 from cadence.lab.results import ALARM, BenchResult, Distribution, Finding, TailVerdict, Verdict
@@ -57,9 +58,6 @@ MIN_GAPS = 100
 """ITL's tail is judged over at least this many gaps."""
 MIN_FIRST_OUTPUTS = 16
 """TTFT's tail is judged over at least this many requests with an output."""
-UNEXPLAINED_MIN_SHARE = 0.25
-"""Findings whose shares leave this much of a bad tail or more leave it unexplained (shares
-are estimates; a rest below this is their error)."""
 
 HEALTHY = (
     f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms (or the run's "

@@ -39,7 +39,6 @@ from cadence.lab.analysis.diagnosis.signatures import (
     SlowSteps,
     WaitsForSlot,
 )
-from cadence.lab.results import BenchResult
 
 S = TypeVar("S", bound=Signature)
 
@@ -72,7 +71,7 @@ disaggregated server: its wait and its prefill there, before any cause the strea
 class Attribution:
     """The tail time of a run, by cause."""
 
-    def __init__(self, reads: Reads, result: BenchResult) -> None:
+    def __init__(self, reads: Reads, facts: RunFacts) -> None:
         self.reads = reads
         self.itl_total_ms = reads.itl_excess_ms()
         self.ttft_total_ms = reads.ttft_excess_ms()
@@ -80,10 +79,10 @@ class Attribution:
         self.ttft_ms: dict[str, float] = {}
         found: dict[type[Signature], Signature | None] = {}
         for kind in dict.fromkeys((*GAP_SIGNATURES, *FIRST_SIGNATURES)):
-            found[kind] = kind.detect(reads, result)
+            found[kind] = kind.detect(reads, facts)
         self.signatures: dict[type[Signature], Signature] = {k: s for k, s in found.items() if s}
         """Each signature recognised in the run, by its kind."""
-        self.tables = dependence.tables(result.records or [], reads)
+        self.tables = dependence.tables(facts.result.records or [], reads)
         """What the gaps and the first outputs depend on (`dependence`), read once a run."""
         left = self._claim_gaps([s for k in GAP_SIGNATURES if (s := found[k])])
         untouched = {id(g) for g, r in left if r >= g.excess_ms}
@@ -98,7 +97,7 @@ class Attribution:
             self.signatures[FixedGaps] = timer
             left = self._claim_left(left, timer, untouched)
         # Last: a busy host's late wake-ups claim only what no cause of the server's did.
-        host = HostDelays.detect(reads, result)
+        host = HostDelays.detect(reads, facts)
         if host is not None:
             self.signatures[HostDelays] = host
             left = self._claim_left(left, host)
@@ -117,7 +116,7 @@ class Attribution:
         if own is not None:
             firsts.insert(at, own)
         self._claim_firsts(firsts + ([host] if host is not None else []))
-        serial = OneAtATime.detect(reads, result)
+        serial = OneAtATime.detect(reads, facts)
         if serial is not None:
             self.signatures[OneAtATime] = serial
 
@@ -222,7 +221,7 @@ def attribution(facts: RunFacts) -> Attribution | None:
         records = facts.result.records or []
         reads = Reads(records) if records else None
         _attributions[facts] = (
-            Attribution(reads, facts.result) if reads is not None and reads.usable else None
+            Attribution(reads, facts) if reads is not None and reads.usable else None
         )
     return _attributions[facts]
 

@@ -17,7 +17,7 @@ from cadence.lab.analysis.diagnosis.names import (
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.diagnosis.signatures import HostDelays, SlowSteps
 from cadence.lab.analysis.noise_floor import HOPS
-from cadence.lab.analysis.tail_bound import itl_tail_within_bound
+from cadence.lab.analysis.tail_bound import UNEXPLAINED_MIN_SHARE, itl_tail_within_bound
 from cadence.lab.results import Distribution, Finding
 
 ITL_UNEVEN_P90_RATIO = 1.3
@@ -287,13 +287,13 @@ def _steps_late_by_the_host(finding: Finding, facts: RunFacts) -> bool:
 
 PATH_HOPS = HOPS - 1
 """The way from the step to the client wakes the front's loop and the client's read: two of
-a token's wake-ups (`signatures.HOPS`)."""
+a token's wake-ups (`noise_floor.HOPS`)."""
 
 
-HOST_TAIL_SHARE = 0.75
+HOST_TAIL_SHARE = 1 - UNEXPLAINED_MIN_SHARE
 """...or the host's late wake-ups explain at least this share of the gaps' tail (`HostDelays`,
 what no cause of the server's claimed): the rest is within what the verdict leaves
-unexplained (`verdict.UNEXPLAINED_MIN_SHARE`)."""
+unexplained."""
 
 
 def _path_late_by_the_host(finding: Finding, facts: RunFacts) -> bool:

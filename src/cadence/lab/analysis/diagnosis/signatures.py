@@ -66,7 +66,7 @@ class Signature:
     evidence: dict
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> Signature | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> Signature | None:
         """The signature when the run carries it, else None (each kind reads its own)."""
         raise NotImplementedError
 
@@ -101,7 +101,8 @@ class HeldBack(Signature):
         }
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> HeldBack | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> HeldBack | None:
+        result = facts.result
         if result.segments_ms or result.workload.read_delay_ms:
             return None  # cadence's own timing names its merges (slow_reader); a slow client
         if (result.client.busiest_process_cpu_share or 0.0) >= CLIENT_BUSY_SHARE:
@@ -137,7 +138,7 @@ class HandOffGaps(Signature):
         self.evidence = evidence
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> HandOffGaps | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> HandOffGaps | None:
         across = [g for g in reads.gaps if g.read == g.stream.handoff_read]
         if not across:
             return None
@@ -159,7 +160,7 @@ class PrefillPoolWait(Signature):
         self.evidence = evidence
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> PrefillPoolWait | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> PrefillPoolWait | None:
         prefilled = [s for s in reads.streams if s.prefilled_ms]
         if not prefilled:
             return None
@@ -209,7 +210,7 @@ class PrefillStalls(Signature):
         self.evidence = evidence
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> PrefillStalls | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> PrefillStalls | None:
         window = coincide_ns(reads)
         prompts = sorted(s.prompt_tokens for s in reads.streams)
         # Each gap against its own stream's pace, so that a slower card's every gap is not
@@ -294,7 +295,7 @@ class SlowSteps(Signature):
         return (ends[gap.read] - ends[gap.read - 1]) / NS_PER_MS
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> SlowSteps | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> SlowSteps | None:
         per_worker: dict[int, list[float]] = {}
         for g in reads.gaps:
             engine = cls._engine_ms(g)
@@ -303,7 +304,7 @@ class SlowSteps(Signature):
         if not per_worker:
             return None
         typical = {w: statistics.median(v) for w, v in per_worker.items()}
-        signature = cls(typical, {}, RunFacts(result).host_late_ms or 0.0)
+        signature = cls(typical, {}, facts.host_late_ms or 0.0)
         on_slow_steps = [g for g in reads.slow if signature.claim_gap(g, g.excess_ms) > 0]
         if len(on_slow_steps) < STEP_MIN_SLOW_GAPS:
             return None
@@ -352,7 +353,7 @@ class SharedStalls(Signature):
         self.evidence = {}
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> SharedStalls:
+    def detect(cls, reads: Reads, facts: RunFacts) -> SharedStalls:
         return cls(reads)  # the claims say whether it holds: see `finish`
 
     def _silence(self, t0: int, t1: int, stream: int) -> float:
@@ -418,7 +419,7 @@ class SlowGroup(Signature):
         }
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> SlowGroup | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> SlowGroup | None:
         # A stream with reads has a speed (`speed_ms`).
         speeds = sorted(
             (v, s.number)
@@ -600,8 +601,8 @@ class OneAtATime(Signature):
         self.evidence = evidence
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> OneAtATime | None:
-        groups = _judged_apart(reads, result)
+    def detect(cls, reads: Reads, facts: RunFacts) -> OneAtATime | None:
+        groups = _judged_apart(reads, facts.result)
         step = max(1, len(reads.gaps) // SERIAL_SAMPLE)
         sample = [(group, g) for group in groups for g in group.gaps[::step] if g.tokens == 1]
         if not sample:
@@ -686,7 +687,7 @@ class FixedFirstCost(Signature):
         self.evidence = {"ttft_floor_ms": round(floor_ms, 1)}
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> FixedFirstCost | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> FixedFirstCost | None:
         # The floor of the streams that did not wait for another to end: those that waited
         # say how long the others held their slots, not what every stream pays.
         waited = slot_waiters(reads)
@@ -706,7 +707,7 @@ class WaitsForSlot(Signature):
         self.evidence = evidence
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> WaitsForSlot | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> WaitsForSlot | None:
         waited = slot_waiters(reads)
         window = (SLOT_WINDOW_GAPS * reads.typical_ms + SLOT_WINDOW_MS) * NS_PER_MS
         slow = len(reads.slow_firsts)
@@ -776,7 +777,7 @@ class BurstSpread(Signature):
         self.evidence = evidence
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> BurstSpread | None:
+    def detect(cls, reads: Reads, facts: RunFacts) -> BurstSpread | None:
         high = max(TTFT_GROWTH_GAPS * reads.typical_ms, TTFT_GROWTH_MIN_MS)
         chain = BURST_CHAIN_MS * NS_PER_MS
         after: dict[int, float] = {}
@@ -823,12 +824,9 @@ class HostDelays(Signature):
         }
 
     @classmethod
-    def detect(cls, reads: Reads, result: BenchResult) -> HostDelays | None:
-        host = result.system.host or None
-        wakeups = host.wakeups if host is not None else None
-        if wakeups is None or not wakeups.count or RunFacts(result).contention is None:
-            return None
-        return cls(HOPS * wakeups.max, wakeups.max)
+    def detect(cls, reads: Reads, facts: RunFacts) -> HostDelays | None:
+        wakeups = facts.host_wakeups
+        return cls(HOPS * wakeups.max, wakeups.max) if wakeups is not None else None
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
         return min(remaining_ms, self.most_ms)

@@ -28,7 +28,7 @@ from cadence.lab.analysis.diagnosis.signatures import (
     WaitsForSlot,
 )
 from cadence.lab.analysis.timeline import MIN_BURST
-from cadence.lab.results import Finding, Stalls, Timeline
+from cadence.lab.results import Finding, Stalls, StreamConcurrency, Timeline
 
 SHARED_STALLS_MIN = 3
 """Stalls that hit every open stream at once count from this many: one or two are what a
@@ -57,6 +57,15 @@ CAP_TIME_SHARE = 0.5
 once, and the receiving count sat at its peak, with streams waiting, for at least this share
 of the run. A server that is merely slow to start streams (a long prefill) lets the
 receiving count wander below its peak instead of holding it."""
+
+
+def _receiving_capped(cap: StreamConcurrency) -> bool:
+    """The streams receiving output sat at a hard cap (CAP_RECEIVING_SHARE, CAP_TIME_SHARE)."""
+    return (
+        cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
+        and cap.capped_share >= CAP_TIME_SHARE
+    )
+
 
 SLOT_MIN_SHARE = 0.2
 """Streams waited for a slot, read from the raw records whatever the gaps do, when first
@@ -223,13 +232,7 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
     normal = gaps.p50 > 0 and gaps.p90 <= GAPS_NORMAL_RATIO * gaps.p50
     high = max(TTFT_GROWTH_GAPS * timeline.gap_p50_ms, TTFT_GROWTH_MIN_MS)
     bursts, cap = timeline.bursts, timeline.concurrency
-    capped = (
-        normal
-        and cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
-        and cap.capped_share >= CAP_TIME_SHARE
-        and facts.ttft is not None
-        and facts.ttft.p90 >= high
-    )
+    capped = normal and _receiving_capped(cap) and facts.ttft is not None and facts.ttft.p90 >= high
     spread = bursts.ttft_p90_ms - bursts.ttft_p10_ms
     burst = normal and bursts.largest >= MIN_BURST and finite(spread) and spread >= high
     if not (capped or burst or waited):
@@ -384,15 +387,10 @@ def _ordered_by_own_size(finding: Finding, facts: RunFacts) -> bool:
     order is not streams taken in one at a time."""
     tail, timeline = attribution(facts), _client_side(facts)
     cap = timeline.concurrency if timeline is not None else None
-    capped = (
-        cap is not None
-        and cap.peak_receiving <= CAP_RECEIVING_SHARE * cap.peak_open
-        and cap.capped_share >= CAP_TIME_SHARE
-    )
     return (
         tail is not None
         and tail.signature(FollowsOwnSize) is not None
-        and not capped
+        and not (cap is not None and _receiving_capped(cap))
         and tail.ttft_share(RULE_TTFT_GROWS_WITH_STREAMS) < SLOT_MIN_SHARE
     )
 
