@@ -7,10 +7,14 @@ cadence, and compare with transformers' own `generate(do_sample=False)` on the s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tests.bpe_tokenizer import CORPUS, build_tokenizer  # noqa: F401 - tests import them from here
+
+if TYPE_CHECKING:
+    from cadence.engines.llama.engine import LlamaEngine
 
 PROMPTS = [
     "the quick brown fox",
@@ -96,6 +100,16 @@ def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int) -> list[
 
 
 _MODELS: dict[Path, object] = {}
+
+
+def started_engine(folder: Path, **config) -> LlamaEngine:
+    """cadence's torch engine on `folder` (EngineConfig fields in `config`), started on the CPU."""
+    from cadence.config import EngineConfig
+    from cadence.engines.llama.engine import LlamaEngine
+
+    engine = LlamaEngine(EngineConfig(name="torch", model=str(folder), **config), "cpu")
+    engine.start()
+    return engine
 
 
 def run_rank(

@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -153,6 +154,36 @@ def start_server(
     server.workers = [p for p in children if p not in envoy]
     server.front = envoy[0] if envoy else psutil.Process(process.pid)
     return server
+
+
+def serve_refused(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `cadence serve --port 0 ARGS` (`env`: variables added to ours), which should exit
+    before it serves, and return its exit status and stderr.
+
+    Its own start, not start_server's: there is no health to wait for. A server that starts
+    anyway is stopped and reads as status 0 with stderr "it started", so that a test's
+    `returncode != 0` fails at once instead of waiting out a timeout.
+    """
+    argv = [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *args]
+    with tempfile.TemporaryFile("w+") as stderr:  # a file: a long log cannot fill a pipe
+        process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        if process.stdout.readline().startswith("cadence serving on"):  # "": it exited
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=60)
+            return subprocess.CompletedProcess(argv, 0, "", "it started")
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()  # as subprocess.run does
+            raise
+        stderr.seek(0)
+        return subprocess.CompletedProcess(argv, process.returncode, "", stderr.read())
 
 
 def free_port() -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import pytest
 from cadence.byte_tokenizer import ByteTokenizer
 from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
-from tests.integration.conftest import RunningServer, runs_once, start_server
+from tests.integration.conftest import RunningServer, runs_once, serve_refused, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,24 +191,7 @@ def test_serve_from_python_starts_workers_and_stops_on_sigterm(importable_apps) 
 
 
 def test_an_app_that_cannot_be_imported_fails_the_start(importable_apps) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cadence.cli",
-            "serve",
-            "--port",
-            "0",
-            "--startup-timeout",
-            "20",
-            "--app",
-            "tests.apps:no_such_function",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = serve_refused("--startup-timeout", "20", "--app", "tests.apps:no_such_function")
     assert out.returncode != 0
     assert "cannot load app 'tests.apps:no_such_function'" in out.stderr
     assert "AttributeError" in out.stderr

@@ -19,7 +19,7 @@ import pytest
 
 from cadence.client import AsyncClient, Client
 from cadence.proto.v1 import inference_pb2 as pb
-from tests.integration.conftest import RunningServer, start_server
+from tests.integration.conftest import RunningServer, serve_refused, start_server
 
 MODELS = "tests.batched_models"
 
@@ -415,24 +415,7 @@ def test_serve_a_model_class_from_python(importable_models) -> None:
 def test_a_model_that_cannot_start_fails_the_start_in_one_line(
     name, problem, importable_models
 ) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cadence.cli",
-            "serve",
-            "--port",
-            "0",
-            "--startup-timeout",
-            "20",
-            "--engine",
-            f"{MODELS}:{name}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = serve_refused("--startup-timeout", "20", "--engine", f"{MODELS}:{name}")
     assert out.returncode != 0
     assert f"cadence worker 0 (rank 0): {problem}" in out.stderr
     assert "Traceback" not in out.stderr

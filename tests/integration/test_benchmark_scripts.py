@@ -17,6 +17,17 @@ from tests.integration.conftest import start_server
 _BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
 
 
+def _benchmark(script: str, *args: str, out: Path, timeout: float = 120) -> dict:
+    """Run `benchmarks/SCRIPT ARGS --out OUT` and return the JSON it wrote."""
+    subprocess.run(
+        [sys.executable, str(_BENCHMARKS / script), *args, "--out", str(out)],
+        capture_output=True,
+        timeout=timeout,
+        check=True,
+    )
+    return json.loads(out.read_text())
+
+
 def test_chunk_path_measures_the_fronts_python_per_chunk() -> None:
     out = subprocess.run(
         [sys.executable, str(_BENCHMARKS / "chunk_path.py"), "--chunks", "200", "--repeat", "1"],
@@ -51,26 +62,18 @@ def test_the_plain_reference_sends_the_timing_the_lab_asks_for() -> None:
 def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
     """Without `transformers serve`'s packages the peer is skipped, saying why."""
     out = tmp_path / "transformers_engine.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(_BENCHMARKS / "transformers_engine.py"),
-            "--workers",
-            "1",
-            "--streams",
-            "2",
-            "--requests-per-stream",
-            "1",
-            "--max-tokens",
-            "4",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        timeout=120,
-        check=True,
+    result = _benchmark(
+        "transformers_engine.py",
+        "--workers",
+        "1",
+        "--streams",
+        "2",
+        "--requests-per-stream",
+        "1",
+        "--max-tokens",
+        "4",
+        out=out,
     )
-    result = json.loads(out.read_text())
     [row] = result["rows"]
     assert row["requests_ok"] == 2 and row["output_tokens"] == 8
     assert "fastapi" in result["skipped"]["transformers serve"]
@@ -79,33 +82,25 @@ def test_the_transformers_engine_benchmark_runs(tmp_path) -> None:
 def test_the_batched_side_by_side_benchmark_runs(tmp_path) -> None:
     """One small cadence row, and a peer without its venv skipped, saying why."""
     out = tmp_path / "side_by_side.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(_BENCHMARKS / "batched_side_by_side.py"),
-            "--only",
-            "cadence step",
-            "LitServe",
-            "--streams",
-            "2",
-            "--max-tokens",
-            "4",
-            "--rounds",
-            "1",
-            "--open-s",
-            "0",
-            "--limit-steps",
-            "2",
-            "--venvs",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        timeout=120,
-        check=True,
+    result = _benchmark(
+        "batched_side_by_side.py",
+        "--only",
+        "cadence step",
+        "LitServe",
+        "--streams",
+        "2",
+        "--max-tokens",
+        "4",
+        "--rounds",
+        "1",
+        "--open-s",
+        "0",
+        "--limit-steps",
+        "2",
+        "--venvs",
+        str(tmp_path),
+        out=out,
     )
-    result = json.loads(out.read_text())
     closed = [r for r in result["rows"] if r["loop"] == "closed"]
     assert {r["server"] for r in closed} == {"cadence step", "cadence step (OpenAI)"}
     assert all(r["requests_ok"] == 2 and r["output_tokens"] == 8 for r in closed)
@@ -117,26 +112,19 @@ def test_the_batched_side_by_side_benchmark_runs(tmp_path) -> None:
 def test_the_disaggregation_benchmark_runs(tmp_path) -> None:
     """One disaggregated setup at one load, and a sweep of one --disaggregate-above."""
     out = tmp_path / "disaggregation.json"
-    subprocess.run(
-        [
-            sys.executable,
-            str(_BENCHMARKS / "disaggregation.py"),
-            "--duration",
-            "2",
-            "--rates",
-            "2",
-            "--setups",
-            "disaggregated 1+1",
-            "--sweep",
-            "0",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
+    result = _benchmark(
+        "disaggregation.py",
+        "--duration",
+        "2",
+        "--rates",
+        "2",
+        "--setups",
+        "disaggregated 1+1",
+        "--sweep",
+        "0",
+        out=out,
         timeout=180,
-        check=True,
     )
-    result = json.loads(out.read_text())
     (setup,) = result["setups"]
     (load,) = setup["loads"]
     assert setup["workers"] == 2 and load["rate_per_s"] == 4

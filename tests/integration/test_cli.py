@@ -10,6 +10,7 @@ from importlib.metadata import version
 import pytest
 
 from cadence.cli import build_parser
+from tests.integration.conftest import serve_refused
 
 COMMANDS = ("serve", "generate", "demo", "bench", "sweep", "capacity", "report")
 
@@ -75,39 +76,6 @@ def test_a_mistyped_flag_prints_its_command_usage_and_one_error_line() -> None:
     )
 
 
-def _serve_refused(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """`cadence serve ARGS`'s exit status and stderr; a server that starts anyway (it should
-    not) is stopped, and its status is 0."""
-    import os
-    import signal
-
-    process = subprocess.Popen(  # own start: refused before it serves, no health to wait for
-        [
-            sys.executable,
-            "-m",
-            "cadence.cli",
-            "serve",
-            "--port",
-            "0",
-            "--devices",
-            "cpu:1",
-            "--log-level",
-            "WARNING",
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    if process.stdout.readline().startswith("cadence serving on"):  # EOF: it exited
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=60)
-        return 0, "it started"
-    _, stderr = process.communicate(timeout=60)
-    return process.returncode, stderr
-
-
 @pytest.mark.parametrize(
     ("args", "env", "said"),
     [
@@ -126,7 +94,8 @@ def _serve_refused(args: list[str], env: dict[str, str] | None = None) -> tuple[
     ],
 )
 def test_a_setting_that_would_start_a_broken_server_is_refused_in_one_line(args, env, said) -> None:
-    code, stderr = _serve_refused(args, env)
+    out = serve_refused("--devices", "cpu:1", "--log-level", "WARNING", *args, env=env)
+    code, stderr = out.returncode, out.stderr
     assert code != 0, f"cadence serve {args} {env} started"
     assert stderr.strip().splitlines() == [
         f"cadence serve: {said}"

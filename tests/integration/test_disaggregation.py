@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -17,7 +15,13 @@ import grpc
 import pytest
 
 from cadence.client import AsyncClient, Client
-from tests.integration.conftest import RunningServer, live_workers, start_server, wait_until
+from tests.integration.conftest import (
+    RunningServer,
+    live_workers,
+    serve_refused,
+    start_server,
+    wait_until,
+)
 
 DISAGGREGATED = ("--prefill-devices", "cpu:1", "--decode-devices", "cpu:1")
 PROMPTS = [f"prompt {i}: " + "the stream " * (i + 1) for i in range(6)]
@@ -379,24 +383,8 @@ def test_torch_tokens_identical_to_a_colocated_server(tmp_path) -> None:
 
 
 def test_a_model_class_without_export_state_is_refused_in_one_line(importable_models) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cadence.cli",
-            "serve",
-            "--port",
-            "0",
-            "--startup-timeout",
-            "20",
-            "--engine",
-            "tests.batched_models:EchoModel",
-            *DISAGGREGATED,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    out = serve_refused(
+        "--startup-timeout", "20", "--engine", "tests.batched_models:EchoModel", *DISAGGREGATED
     )
     assert out.returncode != 0
     assert (

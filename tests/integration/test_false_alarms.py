@@ -8,11 +8,11 @@ there another job's delays are real."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_import import import_script
 
 pytestmark = [pytest.mark.alone, pytest.mark.slow]
 
@@ -21,12 +21,7 @@ RUNS = 3
 
 
 def _matrix():
-    spec = importlib.util.spec_from_file_location("cadence_false_alarms", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return import_script(_SCRIPT, "cadence_false_alarms")
 
 
 def test_healthy_servers_raise_no_false_alarm_twice(tmp_path) -> None:

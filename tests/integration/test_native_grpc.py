@@ -36,7 +36,7 @@ from cadence.lab.measure.run_context import run_context
 from cadence.lab.report.summary import run_line
 from cadence.proto.v1 import inference_pb2 as pb
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import start_server
+from tests.integration.conftest import serve_refused, start_server
 from tests.integration.raw_h2 import framed, h2_call
 
 pytestmark = pytest.mark.native
@@ -135,13 +135,7 @@ def test_what_the_asgi_layer_refuses_says_what_to_do(server_factory) -> None:
 
 
 def test_ray_workers_are_refused_in_one_line() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *NATIVE, "--launcher", "ray"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = serve_refused(*NATIVE, "--launcher", "ray")
     assert done.returncode != 0
     assert "--grpc-server native runs local workers only" in done.stderr
     assert "Traceback" not in done.stderr

@@ -36,7 +36,7 @@ pytest.importorskip("ray", reason="--launcher ray needs the ray extra (pip insta
 
 from cadence.client import Client, build_request
 from cadence.proto.v1 import inference_pb2_grpc as pb_grpc
-from tests.integration.conftest import start_server
+from tests.integration.conftest import serve_refused, start_server
 from tests.llama_models import PROMPTS, hf_greedy, save_model
 from tests.netns_hosts import Front, TwoHosts, ip, netns_unavailable
 
@@ -229,23 +229,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_an_unreachable_ray_cluster_is_a_clear_start_up_error() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cadence.cli",
-            "serve",
-            "--port",
-            "0",
-            "--launcher",
-            "ray",
-            "--ray-address",
-            "127.0.0.1:1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = serve_refused("--launcher", "ray", "--ray-address", "127.0.0.1:1")
     assert out.returncode != 0
     assert "cannot reach the Ray cluster at 127.0.0.1:1" in out.stderr
     assert "Traceback" not in out.stderr

@@ -30,7 +30,7 @@ from cadence.credentials import ClientCredentials
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, run_load
 from cadence.proto.v1 import inference_pb2 as pb
-from tests.integration.conftest import start_server
+from tests.integration.conftest import serve_refused, start_server
 
 TOKEN = "correct-horse-battery-staple"
 COMMENT = "# the tokens of the tests"
@@ -413,12 +413,7 @@ def test_serve_names_the_file_that_is_wrong(
         for k, v in fields.items()
         for arg in ("--" + k.replace("_", "-"), str(paths.get(v) or getattr(pki, v)))
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "cadence.cli", "serve", "--port", "0", *flags],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = serve_refused(*flags)
     assert done.returncode != 0 and message in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
 

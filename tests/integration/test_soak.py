@@ -3,22 +3,18 @@ killed midway, then the loss and leak checks. The full run lasts minutes; this o
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_import import import_script
 
 _SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
 def _load_soak():
-    spec = importlib.util.spec_from_file_location("cadence_soak", _SOAK)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return import_script(_SOAK, "cadence_soak")
 
 
 @pytest.mark.slow

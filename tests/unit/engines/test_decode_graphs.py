@@ -17,8 +17,8 @@ pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch
 from cadence.engines.base import Sequence
 from cadence.engines.llama.decode_graphs import DecodeGraphs
 from cadence.vocabulary import AddRequest
-from tests.llama_models import PROMPTS, hf_greedy, save_model
-from tests.unit.engines.test_llama_engine import N, make_engine, run
+from tests.llama_models import PROMPTS, hf_greedy, save_model, started_engine
+from tests.unit.engines.test_llama_engine import N, run
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def prompt_ids(model_dir) -> list[list[int]]:
 
 
 def padded_engine(model_dir: Path, max_batch: int):
-    engine = make_engine(model_dir, kv_cache_tokens=4096)
+    engine = started_engine(model_dir, kv_cache_tokens=4096)
     engine.graphs = DecodeGraphs(engine.model, engine.cache, max_batch=max_batch, capture=False)
     return engine
 
@@ -70,7 +70,7 @@ def test_padding_rows_write_only_to_the_scratch_block(model_dir, prompt_ids):
 
 
 def test_the_scratch_block_is_out_of_the_cache_capacity(model_dir):
-    engine = make_engine(model_dir, kv_cache_tokens=64)
+    engine = started_engine(model_dir, kv_cache_tokens=64)
     capacity = engine.cache.capacity_tokens
     DecodeGraphs(engine.model, engine.cache, max_batch=4, capture=False)
     assert engine.cache.capacity_tokens == capacity - engine.cache.block_size
@@ -87,4 +87,4 @@ def test_steps_that_do_not_fit_a_bucket_run_eagerly(model_dir, prompt_ids):
 
 
 def test_cuda_graphs_are_off_on_the_cpu(model_dir):
-    assert make_engine(model_dir, kv_cache_tokens=256).graphs is None
+    assert started_engine(model_dir, kv_cache_tokens=256).graphs is None

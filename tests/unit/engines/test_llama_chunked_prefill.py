@@ -12,12 +12,11 @@ import pytest
 pytestmark = [pytest.mark.torch]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
-from cadence.config import EngineConfig
 from cadence.engines.llama.engine import LlamaEngine
 from cadence.vocabulary import AddRequest, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import FixedBudget
-from tests.llama_models import hf_greedy, save_model
+from tests.llama_models import hf_greedy, save_model, started_engine
 
 N = 10
 
@@ -29,11 +28,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_dir) -> LlamaEngine:
-    engine = LlamaEngine(
-        EngineConfig(name="torch", model=str(model_dir), kv_cache_tokens=4096), "cpu"
-    )
-    engine.start()
-    return engine
+    return started_engine(model_dir, kv_cache_tokens=4096)
 
 
 @pytest.fixture(autouse=True)

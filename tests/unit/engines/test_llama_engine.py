@@ -10,13 +10,12 @@ import pytest
 pytestmark = [pytest.mark.torch]
 pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
 
-from cadence.config import EngineConfig
 from cadence.engines.base import Sequence
 from cadence.engines.llama.engine import LlamaEngine
 from cadence.transport.messages import StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, Sampling
 from cadence.worker.batch_scheduler import BatchScheduler
-from tests.llama_models import PROMPTS, hf_greedy, save_model
+from tests.llama_models import PROMPTS, hf_greedy, save_model, started_engine
 
 N = 12
 
@@ -43,15 +42,9 @@ def expected(model_dir, prompt_ids) -> list[list[int]]:
     return [hf_greedy(model_dir, ids, N) for ids in prompt_ids]
 
 
-def make_engine(model_dir: Path, **config) -> LlamaEngine:
-    engine = LlamaEngine(EngineConfig(name="torch", model=str(model_dir), **config), "cpu")
-    engine.start()
-    return engine
-
-
 @pytest.fixture(scope="module")
 def engine(model_dir) -> LlamaEngine:
-    return make_engine(model_dir, kv_cache_tokens=4096)
+    return started_engine(model_dir, kv_cache_tokens=4096)
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +135,7 @@ def test_stop_at_eos_like_transformers(model_dir, prompt_ids):
     # Make EOS the first greedy token of one prompt: both must stop there.
     first = hf_greedy(model_dir, prompt_ids[1], 1)[0]
     folder = save_model(model_dir.parent / "eos", eos_token_id=first)
-    engine = make_engine(folder, kv_cache_tokens=512)
+    engine = started_engine(folder, kv_cache_tokens=512)
     tokens, outputs = run(engine, [AddRequest(1, prompt_ids[1], N)])
     assert tokens[1] == [first] == hf_greedy(folder, prompt_ids[1], N)
     assert outputs[-1].finish_reasons == [Finish.STOP]
@@ -169,7 +162,7 @@ def test_cancelled_and_finished_sequences_free_their_cache_at_once(engine, promp
 
 def test_admission_waits_for_cache_and_never_overfills_it(model_dir, prompt_ids, expected):
     # Room for one request at a time: the second waits in the queue, then runs correctly.
-    engine = make_engine(model_dir, kv_cache_tokens=32)
+    engine = started_engine(model_dir, kv_cache_tokens=32)
     requests = [AddRequest(0, prompt_ids[0], N), AddRequest(1, prompt_ids[1], N)]
     tokens, outputs = run(engine, requests)
     assert tokens == {0: expected[0], 1: expected[1]}
@@ -178,7 +171,7 @@ def test_admission_waits_for_cache_and_never_overfills_it(model_dir, prompt_ids,
 
 
 def test_check_refuses_requests_that_cannot_run_with_the_reason(model_dir):
-    engine = make_engine(model_dir, kv_cache_tokens=64)
+    engine = started_engine(model_dir, kv_cache_tokens=64)
     assert engine.check(Sequence(AddRequest(0, [5, 6], 10))) is None
     assert "context of 256" in engine.check(Sequence(AddRequest(0, [5] * 250, 10)))
     assert "--kv-cache-tokens" in engine.check(Sequence(AddRequest(0, [5] * 60, 10)))
@@ -207,7 +200,7 @@ def test_start_up_measures_a_cold_and_a_warm_step(engine):
 def test_a_burst_of_long_prompts_is_prefilled_over_several_steps(model_dir):
     from cadence.engines.llama.engine import PREFILL_BUDGET
 
-    engine = make_engine(model_dir, kv_cache_tokens=16384)
+    engine = started_engine(model_dir, kv_cache_tokens=16384)
     scheduler = BatchScheduler(engine, 0, 64)
     for i in range(30):
         assert scheduler.add(AddRequest(i, [0] + [7 + i] * 199, 2)) is None

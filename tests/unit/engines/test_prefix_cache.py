@@ -21,7 +21,7 @@ from cadence.router.worker_router import WorkerRouter, router_for
 from cadence.transport.messages import AddRequest
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import FixedBudget
-from tests.llama_models import save_model
+from tests.llama_models import save_model, started_engine
 
 
 def run(s: BatchScheduler, requests: list[AddRequest]) -> tuple[dict[int, list[int]], dict]:
@@ -43,18 +43,9 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def engine(model_dir: Path, prefix_caching: bool, kv_tokens: int = 2048) -> LlamaEngine:
-    e = LlamaEngine(
-        EngineConfig(
-            name="torch",
-            model=str(model_dir),
-            threads=1,
-            kv_cache_tokens=kv_tokens,
-            prefix_caching=prefix_caching,
-        ),
-        "cpu",
+    return started_engine(
+        model_dir, threads=1, kv_cache_tokens=kv_tokens, prefix_caching=prefix_caching
     )
-    e.start()
-    return e
 
 
 def turns() -> list[AddRequest]:

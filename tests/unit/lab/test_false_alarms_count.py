@@ -4,20 +4,15 @@ its core) is counted apart and never repeats as one."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from tests.script_import import import_script
 
 _SCRIPT = Path(__file__).parents[3] / "benchmarks" / "false_alarms.py"
 
 
 def _matrix():
-    spec = importlib.util.spec_from_file_location("cadence_false_alarms_count", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return import_script(_SCRIPT, "cadence_false_alarms_count")
 
 
 def result(*findings: tuple[str, str]) -> dict:

@@ -13,21 +13,20 @@ from cadence.lab.results import BenchResult
 MS = 1_000_000
 
 
-def stream(k: int, worker: int, step_ms: float, steps: int = 40) -> RequestRecord:
-    """A stream on `worker`, one token per step of `step_ms`, all streams stepping together."""
-    starts = [int(i * step_ms * MS) for i in range(steps)]
-    ends = [s + int(step_ms * MS) for s in starts]
+def stepped(k: int, worker: int, starts: list[int], ends: list[int]) -> RequestRecord:
+    """Stream k on `worker`, one token made in each step (start, end ns), at the client half
+    a millisecond after its step ends."""
     arrival = [e + MS // 2 for e in ends]
     return RequestRecord(
         request_id=f"bench-{k}",
         process=0,
         start_ns=0,
         end_ns=arrival[-1],
-        max_tokens=steps,
+        max_tokens=len(ends),
         finish_reason=1,
         arrival_ns=arrival,
-        tokens=[1] * steps,
-        index=list(range(steps)),
+        tokens=[1] * len(ends),
+        index=list(range(len(ends))),
         worker=worker,
         t_received_ns=1,
         t_scheduled_ns=1,
@@ -36,6 +35,12 @@ def stream(k: int, worker: int, step_ms: float, steps: int = 40) -> RequestRecor
         t_front_recv_ns=ends,
         t_send_ns=ends,
     )
+
+
+def stream(k: int, worker: int, step_ms: float, steps: int = 40) -> RequestRecord:
+    """A stream on `worker`, one token per step of `step_ms`, all streams stepping together."""
+    starts = [int(i * step_ms * MS) for i in range(steps)]
+    return stepped(k, worker, starts, [s + int(step_ms * MS) for s in starts])
 
 
 def test_curves_per_worker():
@@ -92,31 +97,10 @@ def shared_steps(worker: int, lengths: list[int], step_ms, first: int = 0) -> li
         starts.append(t)
         t += int(step_ms(n) * MS)
         ends.append(t)
-    records = []
-    for k, length in enumerate(lengths):
-        s, e = starts[:length], ends[:length]
-        arrival = [x + MS // 2 for x in e]
-        records.append(
-            RequestRecord(
-                request_id=f"bench-{first + k}",
-                process=0,
-                start_ns=0,
-                end_ns=arrival[-1],
-                max_tokens=length,
-                finish_reason=1,
-                arrival_ns=arrival,
-                tokens=[1] * length,
-                index=list(range(length)),
-                worker=worker,
-                t_received_ns=1,
-                t_scheduled_ns=1,
-                t_step_start_ns=s,
-                t_step_end_ns=e,
-                t_front_recv_ns=e,
-                t_send_ns=e,
-            )
-        )
-    return records
+    return [
+        stepped(first + k, worker, starts[:length], ends[:length])
+        for k, length in enumerate(lengths)
+    ]
 
 
 def test_a_slow_card_holding_more_streams_is_named_by_the_step_model():

@@ -3,7 +3,6 @@ grpcio-tools generates them; the versions they demand at run time are ones caden
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import tomllib
 from pathlib import Path
@@ -12,20 +11,14 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from tests.script_import import import_script
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "generate_stubs.py"
 SRC = ROOT / "src"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("generate_stubs", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-generate_stubs = _load_script()
+generate_stubs = import_script(SCRIPT, "generate_stubs")
 STUB_FILES = [
     (stub_set.out_subdir / name) for stub_set in generate_stubs.STUB_SETS for name in stub_set.stubs
 ]

@@ -15,7 +15,7 @@ from cadence.engines.synthetic import SyntheticEngine
 from cadence.transport.messages import AddRequest
 from cadence.worker.batch_scheduler import BatchScheduler
 from cadence.worker.step_budget import FixedBudget
-from tests.llama_models import save_model
+from tests.llama_models import save_model, started_engine
 
 PROMPT = list(b"Hello, cadence")
 
@@ -130,18 +130,9 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def torch_engine(model_dir: Path, kv_tokens: int, prefix_caching: bool = False) -> LlamaEngine:
-    engine = LlamaEngine(
-        EngineConfig(
-            name="torch",
-            model=str(model_dir),
-            threads=1,
-            kv_cache_tokens=kv_tokens,
-            prefix_caching=prefix_caching,
-        ),
-        "cpu",
+    return started_engine(
+        model_dir, threads=1, kv_cache_tokens=kv_tokens, prefix_caching=prefix_caching
     )
-    engine.start()
-    return engine
 
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["recompute", "recompute-cached"])
