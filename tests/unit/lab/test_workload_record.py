@@ -1,17 +1,21 @@
 """The result's workload record (cadence.lab.results.Workload, JSON `workload`) is a contract:
-for each kind of run, its keys and values are pinned here as `cadence bench` writes them."""
+for each kind of run, its keys and values are pinned here as `cadence bench` writes them. Its
+entries follow from the lab's option declarations (cadence.lab.options, `Flag.record`): every
+option says which entries carry it, or that none does, so a new flag cannot be left out of the
+record unseen."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from cadence.credentials import from_arguments
-from cadence.lab import bench, bench_cli
+from cadence.lab import bench, bench_cli, options, results
 from cadence.lab.load.cadence_v1 import CadenceTarget
 from tests.unit.lab.test_lab_flags import subcommand
 
@@ -242,3 +246,21 @@ def test_the_workload_record_of_each_kind_of_run(
     monkeypatch.chdir(tmp_path)
     argv, expected = RUNS[run]
     assert workload_record(argv) == expected
+
+
+OPTIONS = [o for cls in options.DECLARING for o in options.declared(cls)]
+RECORD_KEYS = {f.encode_name for f in msgspec.structs.fields(results.Workload)}
+
+
+def test_every_option_says_whether_the_workload_record_carries_it() -> None:
+    unsaid = [o.flag for o in OPTIONS if o.declared.record is None]
+    assert unsaid == [], "say on each Flag: record={KEY: value or DERIVED} or NOT_RECORDED"
+
+
+def test_the_options_entries_are_the_workload_records() -> None:
+    entries = [(key, value) for o in OPTIONS for key, value in (o.declared.record or {}).items()]
+    assert {key for key, _ in entries} == RECORD_KEYS
+    own = Counter(key for key, value in entries if value is not options.DERIVED)
+    assert [key for key, n in own.items() if n > 1] == [], "an option's own entry is its alone"
+    derived = {key for key, value in entries if value is options.DERIVED}
+    assert derived.isdisjoint(own), "an entry is one option's own or built of several, not both"
