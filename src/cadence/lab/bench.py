@@ -21,6 +21,7 @@ from cadence.lab.analysis.stats import grouped, summarize
 from cadence.lab.analysis.verdict import judge
 from cadence.lab.analysis.worker_curves import worker_curves
 from cadence.lab.load.cadence_v1 import CADENCE
+from cadence.lab.load.lengths import Lengths
 from cadence.lab.load.plan import RequestShape
 from cadence.lab.load.processes import ProcessPlan, RequestCounter, run_load
 from cadence.lab.load.target import Target, protocol_name
@@ -38,6 +39,7 @@ from cadence.lab.measure.sampler import SystemSampler
 from cadence.lab.measure.stacks import StackSampler
 from cadence.lab.measure.threads import ThreadReader
 from cadence.lab.measure.trace_receiver import TraceReceiver
+from cadence.lab.options import recorded
 from cadence.lab.records import ProcessResult, RequestRecord
 from cadence.lab.servers.baseline import engine_config_of, run_baseline
 
@@ -389,23 +391,15 @@ def _report(result: results.BenchResult) -> results.BenchResult:
 def _workload_record(
     address: str, workload: Workload, processes: int, channels: int, protocol: Target
 ) -> results.Workload:
-    """What the result says was sent, and to what."""
+    """What the result says was sent, and to what: each entry that holds one load option as
+    the option declares it (cadence.lab.options, `Flag.record`), then those built of several
+    or of what the bench is given beside the load (the options' DERIVED entries)."""
     record = results.Workload(
+        **recorded(workload),
         target=address,
-        requests=workload.requests,
-        duration_s=workload.duration_s,
-        concurrency=None if workload.rate or workload.shape.trace else workload.concurrency,
-        rate=workload.rate,
-        rate_stages=[list(s) for s in workload.stages] or msgspec.UNSET,
-        warmup_s=workload.warmup_s or msgspec.UNSET,
-        max_tokens=list(workload.shape.max_tokens),
-        prompt_tokens=list(workload.shape.prompt_tokens),
-        prompts_from_file=len(workload.shape.prompts),
-        prompt_length_distribution=_said(workload.shape.prompt_lengths),
-        output_length_distribution=_said(workload.shape.output_lengths),
-        seed=workload.shape.seed,
-        read_delay_ms=workload.read_delay_ms,
         client_processes=processes,
+        channels_per_process=channels,
+        rate_stages=[list(s) for s in workload.stages] or msgspec.UNSET,
         trace=(
             workload.trace or described_trace(workload.shape)
             if workload.shape.trace
@@ -413,10 +407,9 @@ def _workload_record(
         ),
         conversation=_conversation(workload.shape),
         mix=_mix(workload.shape),
-        channels_per_process=channels,
         protocol=protocol_name(protocol),
     )
-    protocol.describe(record)
+    protocol.describe(record)  # its model, and its own entry (`openai`, `grpc`)
     return record
 
 
@@ -453,10 +446,6 @@ def described_trace(
     )
 
 
-def _said(lengths) -> str | msgspec.UnsetType:
-    return lengths.text or lengths.kind if lengths is not None else msgspec.UNSET
-
-
 def _conversation(shape: RequestShape) -> results.ConversationWorkload | msgspec.UnsetType:
     c = shape.conversation
     if c is None:
@@ -479,12 +468,17 @@ def _mix(shape: RequestShape) -> list[results.ClassWorkload] | msgspec.UnsetType
             share=share,
             prompt_tokens=list(c.prompt_tokens),
             max_tokens=list(c.max_tokens),
-            prompt_length_distribution=_said(c.prompt_lengths) or None,
-            output_length_distribution=_said(c.output_lengths) or None,
+            prompt_length_distribution=_said(c.prompt_lengths),
+            output_length_distribution=_said(c.output_lengths),
             slo=c.slo,
         )
         for c, share in zip(mix.classes, mix.shares, strict=True)
     ]
+
+
+def _said(lengths: Lengths | None) -> str | None:
+    """A class's length distribution as the record says it; null for N or LO:HI."""
+    return lengths.said if lengths is not None else None
 
 
 def _roots(server: dict[str, int]) -> list[int]:

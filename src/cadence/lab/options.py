@@ -1,8 +1,10 @@
 """The options of `cadence bench`, `sweep` and `capacity`, each stated here once, on its field,
 as `cadence serve`'s are in cadence.config: its type, default, choices (a `Literal`) and, as a
 `Flag`, its help, its section of the help and the commands that take it. The three commands'
-flags and their help's sections are generated from these declarations (`add_flags`), and the
-sweep's load variables are the declared options marked `vary` (`client_variables`).
+flags and their help's sections are generated from these declarations (`add_flags`); the
+sweep's load variables are the declared options marked `vary` (`client_variables`); and each
+option says which entries of the result's workload record carry it (`Flag.record`), those that
+hold it alone read from the run's load as it says (`recorded`).
 
 The flags are contracts (tests/unit/lab/test_lab_flags.py holds each one's destination, default,
 choices and the rest): a declaration may change how a flag is written down, never what it is.
@@ -16,6 +18,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
@@ -72,6 +75,19 @@ class Flag:
     """Set: `cadence sweep --vary NAME=V1,...` varies this load option: how one value changes
     a run's load (a `cadence.lab.sweep.Load`); raises ValueError when the value does not fit
     (cadence.lab.sweep.CLIENT_VARIABLES)."""
+    record: Mapping[str, Callable[[Any], Any] | None] | None = None
+    """Where the result's workload record (cadence.lab.results.Workload) carries the option:
+    its JSON keys, each with how its value is read from the run's load (a
+    `cadence.lab.bench.Workload`), or DERIVED; NOT_RECORDED: nowhere. Every option says
+    (tests/unit/lab/test_workload_record.py holds it), so none is left out unseen."""
+
+
+DERIVED = None
+"""A workload record's entry that the bench builds of more than one option's value, or of
+what it is given beside the load (cadence.lab.bench._workload_record, the protocol's
+`describe`)."""
+NOT_RECORDED: Mapping[str, Callable[[Any], Any] | None] = types.MappingProxyType({})
+"""The option is in no entry of the workload record."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +334,23 @@ def declared(cls: type) -> tuple[LabOption, ...]:
     return tuple(options)
 
 
+def recorded(load: Any) -> dict[str, Any]:
+    """The workload record's entries that each hold one option, as the options declare them
+    (`Flag.record`), read from the run's load (a `cadence.lab.bench.Workload`)."""
+    return {
+        key: value(load)
+        for cls in DECLARING
+        for option in declared(cls)
+        for key, value in (option.declared.record or {}).items()
+        if value is not DERIVED
+    }
+
+
+def _said(lengths: Any) -> Any:
+    """A length option's distribution as the workload record says it; unset for N or LO:HI."""
+    return msgspec.UNSET if lengths is None else lengths.said
+
+
 def client_variables() -> dict[str, Callable[[Any, str], Any]]:
     """The load options the sweep can vary (`Flag.vary`), each with how one value changes a
     run's load."""
@@ -343,15 +376,24 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             "method (--method, --request-json), or the OpenAI HTTP API with SSE of any server "
             "that speaks it (docs/openai.md)",
             PROTOCOL,
+            record={"protocol": DERIVED},
         ),
     ] = "cadence"
     model: Annotated[
         str,
-        Flag("--protocol kserve or openai: the model to drive (default: cadence's own)", PROTOCOL),
+        Flag(
+            "--protocol kserve or openai: the model to drive (default: cadence's own)",
+            PROTOCOL,
+            record={"model": DERIVED},
+        ),
     ] = "cadence"
     endpoint: Annotated[
         Literal["completions", "chat"],
-        Flag("--protocol openai: /v1/completions (default) or /v1/chat/completions", PROTOCOL),
+        Flag(
+            "--protocol openai: /v1/completions (default) or /v1/chat/completions",
+            PROTOCOL,
+            record={"openai": DERIVED},
+        ),
     ] = "completions"
     tokenizer: Annotated[
         str | None,
@@ -361,6 +403,7 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             "server's usage",
             PROTOCOL,
             metavar="PATH",
+            record=NOT_RECORDED,
         ),
     ] = None
     kserve_inputs: Annotated[
@@ -372,10 +415,14 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             "a Triton model with batching)",
             PROTOCOL,
             metavar="NAME=SOURCE,...",
+            record=NOT_RECORDED,
         ),
     ] = "PROMPT_TOKEN_IDS=prompt,MAX_TOKENS=max_tokens"
     method: Annotated[
-        str | None, Flag("the method to drive", GRPC, metavar="PACKAGE.SERVICE/METHOD")
+        str | None,
+        Flag(
+            "the method to drive", GRPC, metavar="PACKAGE.SERVICE/METHOD", record={"grpc": DERIVED}
+        ),
     ] = None
     request_json: Annotated[
         str | None,
@@ -384,6 +431,7 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             '"{prompt}", "{request_id}" and "{i}" are replaced per request',
             GRPC,
             metavar="JSON",
+            record={"grpc": DERIVED},
         ),
     ] = None
     proto: Annotated[
@@ -392,11 +440,17 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             "the service's .proto file (repeatable), when the server offers no reflection",
             GRPC,
             metavar="FILE",
+            record={"grpc": DERIVED},
         ),
     ] = []
     proto_path: Annotated[
         list[str],
-        Flag("where --proto files and their imports are found (repeatable)", GRPC, metavar="DIR"),
+        Flag(
+            "where --proto files and their imports are found (repeatable)",
+            GRPC,
+            metavar="DIR",
+            record=NOT_RECORDED,
+        ),
     ] = []
     tokens_field: Annotated[
         str,
@@ -405,6 +459,7 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             "number is a count, a string is one); default: one message is one token",
             GRPC,
             metavar="NAME",
+            record={"grpc": DERIVED},
         ),
     ] = ""
     index_field: Annotated[
@@ -415,6 +470,7 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             "lost/repeated/reordered checks",
             GRPC,
             metavar="NAME",
+            record={"grpc": DERIVED},
         ),
     ] = ""
     header: Annotated[
@@ -423,6 +479,7 @@ class ProtocolOptions(msgspec.Struct, kw_only=True):
             "metadata sent with every call (repeatable), e.g. authorization=...",
             GRPC,
             metavar="KEY=VALUE",
+            record={"grpc": DERIVED},
         ),
     ] = []
 
@@ -443,6 +500,11 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             LOAD,
             exclusive=ARRIVALS,
             vary=lambda load, v: _workload(load, concurrency=_whole(v), rate=None),
+            record={
+                "concurrency": lambda load: (
+                    None if load.rate or load.shape.trace else load.concurrency
+                )
+            },
         ),
     ] = 64
     rate: Annotated[
@@ -454,6 +516,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             metavar="R|LO:HI",
             exclusive=ARRIVALS,
             vary=lambda load, v: _workload(load, rate=_number(v)),
+            record={"rate": lambda load: load.rate},
         ),
     ] = None
     stages: Annotated[
@@ -465,6 +528,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             parse=_stages,
             metavar="R:S,R:S,...",
             exclusive=ARRIVALS,
+            record={"rate_stages": DERIVED},
         ),
     ] = None
     trace: Annotated[
@@ -476,6 +540,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             LOAD,
             metavar="FILE",
             exclusive=ARRIVALS,
+            record={"trace": DERIVED},
         ),
     ] = None
     sessions: Annotated[
@@ -488,6 +553,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             parse=_positive,
             metavar="N",
             exclusive=ARRIVALS,
+            record={"conversation": DERIVED},
         ),
     ] = None
     requests: Annotated[
@@ -496,6 +562,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             "requests in all (default: --concurrency, unless --duration is given)",
             LOAD,
             vary=lambda load, v: _workload(load, requests=_whole(v)),
+            record={"requests": lambda load: load.requests},
         ),
     ] = None
     duration: Annotated[
@@ -504,6 +571,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             "stop sending new requests after S seconds",
             LOAD,
             vary=lambda load, v: _workload(load, duration_s=_number(v)),
+            record={"duration_s": lambda load: load.duration_s},
         ),
     ] = None
     max_tokens: Annotated[
@@ -514,6 +582,10 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             REQUESTS,
             parse=length,
             vary=lambda load, v: _shape(load, max_tokens=_lengths(v), output_lengths=None),
+            record={
+                "max_tokens": lambda load: list(load.shape.max_tokens),
+                "output_length_distribution": lambda load: _said(load.shape.output_lengths),
+            },
         ),
     ] = "128"
     prompt_tokens: Annotated[
@@ -523,10 +595,19 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             REQUESTS,
             parse=length,
             vary=lambda load, v: _shape(load, prompt_tokens=_lengths(v), prompt_lengths=None),
+            record={
+                "prompt_tokens": lambda load: list(load.shape.prompt_tokens),
+                "prompt_length_distribution": lambda load: _said(load.shape.prompt_lengths),
+            },
         ),
     ] = "16"
     prompts: Annotated[
-        str | None, Flag('JSONL file of {"prompt": ..., "max_tokens": ...}', REQUESTS)
+        str | None,
+        Flag(
+            'JSONL file of {"prompt": ..., "max_tokens": ...}',
+            REQUESTS,
+            record={"prompts_from_file": lambda load: len(load.shape.prompts)},
+        ),
     ] = None
     classes: Annotated[
         list[str],
@@ -539,6 +620,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             flag="--class",
             parse=_request_class,
             metavar="'NAME prompt=LEN max=LEN slo=TERM,...'",
+            record={"mix": DERIVED},
         ),
     ] = []
     mix: Annotated[
@@ -549,6 +631,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             REQUESTS,
             parse=_mix_shares,
             metavar="NAME:SHARE%,...",
+            record={"mix": DERIVED},
         ),
     ] = None
     ramp: Annotated[
@@ -559,6 +642,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             LOAD,
             parse=_duration,
             metavar="S",
+            record={"rate_stages": DERIVED},
         ),
     ] = None
     saturation_stop: Annotated[
@@ -572,6 +656,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             parse=_duration,
             const=2.0,
             metavar="WINDOW_S",
+            record=NOT_RECORDED,
         ),
     ] = None
     warmup_duration: Annotated[
@@ -581,6 +666,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             LOAD,
             parse=_duration,
             metavar="S",
+            record={"warmup_s": lambda load: load.warmup_s or msgspec.UNSET},
         ),
     ] = 0.0
     trace_speed: Annotated[
@@ -590,6 +676,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             REPLAY,
             parse=_speed,
             metavar="X",
+            record={"trace": DERIVED},
         ),
     ] = 1.0
     trace_window: Annotated[
@@ -600,6 +687,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             REPLAY,
             parse=_window,
             metavar="START:END",
+            record={"trace": DERIVED},
         ),
     ] = None
     trace_block_tokens: Annotated[
@@ -609,12 +697,17 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             REPLAY,
             parse=_positive,
             metavar="N",
+            record={"trace": DERIVED},
         ),
     ] = 512
     turns: Annotated[
         int | None,
         Flag(
-            "--sessions: turns per conversation (default 3)", SESSIONS, parse=_positive, metavar="K"
+            "--sessions: turns per conversation (default 3)",
+            SESSIONS,
+            parse=_positive,
+            metavar="K",
+            record={"conversation": DERIVED},
         ),
     ] = None
     think_ms: Annotated[
@@ -624,6 +717,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             SESSIONS,
             parse=_seconds,
             metavar="D",
+            record={"conversation": DERIVED},
         ),
     ] = 0.0
     session_header: Annotated[
@@ -634,15 +728,24 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             "session_id)",
             SESSIONS,
             metavar="NAME",
+            record={"conversation": DERIVED},
         ),
     ] = ""
-    seed: Annotated[int, Flag("seed of the requests' lengths and prompts", REQUESTS)] = 0
+    seed: Annotated[
+        int,
+        Flag(
+            "seed of the requests' lengths and prompts",
+            REQUESTS,
+            record={"seed": lambda load: load.shape.seed},
+        ),
+    ] = 0
     warmup: Annotated[
         int,
         Flag(
             "requests per process sent first, not counted",
             CLIENTS,
             vary=lambda load, v: _workload(load, warmup=_whole(v, least=0)),
+            record=NOT_RECORDED,
         ),
     ] = 0
     timeout: Annotated[
@@ -651,6 +754,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             "per-request deadline (s)",
             CLIENTS,
             vary=lambda load, v: _workload(load, timeout_s=_number(v)),
+            record=NOT_RECORDED,
         ),
     ] = None
     stall_limit: Annotated[
@@ -661,6 +765,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             CLIENTS,
             parse=_seconds,
             metavar="S",
+            record=NOT_RECORDED,
         ),
     ] = None
     procs: Annotated[
@@ -669,6 +774,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             "load-generating processes",
             CLIENTS,
             vary=lambda load, v: dataclasses.replace(load, processes=_whole(v)),
+            record={"client_processes": DERIVED},
         ),
     ] = 1
     channels: Annotated[
@@ -677,6 +783,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             "gRPC connections per process",
             CLIENTS,
             vary=lambda load, v: dataclasses.replace(load, channels=_whole(v)),
+            record={"channels_per_process": DERIVED},
         ),
     ] = 1
     read_delay_ms: Annotated[
@@ -688,6 +795,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             parse=_share_of,
             metavar="MS[@SHARE%]",
             vary=lambda load, v: _workload(load, read_delay_ms=_number(v)),
+            record={"read_delay_ms": lambda load: load.read_delay_ms},
         ),
     ] = (0.0, 1.0)
     cancel_ms: Annotated[
@@ -698,6 +806,7 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             CLIENTS,
             parse=_share_of,
             metavar="MS@SHARE%",
+            record=NOT_RECORDED,
         ),
     ] = None
     deadline_ms: Annotated[
@@ -707,9 +816,12 @@ class WorkloadOptions(msgspec.Struct, kw_only=True):
             CLIENTS,
             parse=_share_of,
             metavar="MS@SHARE%",
+            record=NOT_RECORDED,
         ),
     ] = None
-    no_timing: Annotated[bool, Flag("do not ask for server timestamps", CLIENTS)] = False
+    no_timing: Annotated[
+        bool, Flag("do not ask for server timestamps", CLIENTS, record=NOT_RECORDED)
+    ] = False
 
 
 class MeasureOptions(msgspec.Struct, kw_only=True):
@@ -723,6 +835,7 @@ class MeasureOptions(msgspec.Struct, kw_only=True):
             MEASURE,
             commands=(BENCH,),
             metavar="PID",
+            record=NOT_RECORDED,
         ),
     ] = None
     baseline: Annotated[
@@ -732,6 +845,7 @@ class MeasureOptions(msgspec.Struct, kw_only=True):
             "serving overhead",
             MEASURE,
             commands=(BENCH,),
+            record=NOT_RECORDED,
         ),
     ] = False
     slo: Annotated[
@@ -751,6 +865,7 @@ class MeasureOptions(msgspec.Struct, kw_only=True):
             commands=(BENCH, CAPACITY),
             required=(CAPACITY,),
             metavar="METRIC_STAT_ms=BOUND",
+            record=NOT_RECORDED,
         ),
     ] = []
     scrape: Annotated[
@@ -763,6 +878,7 @@ class MeasureOptions(msgspec.Struct, kw_only=True):
             "before the run (default: none)",
             MEASURE,
             metavar="URL",
+            record=NOT_RECORDED,
         ),
     ] = []
     otlp_receive: Annotated[
@@ -776,6 +892,7 @@ class MeasureOptions(msgspec.Struct, kw_only=True):
             MEASURE,
             commands=(BENCH,),
             metavar="[HOST:]PORT",
+            record=NOT_RECORDED,
         ),
     ] = None
     otlp_wait: Annotated[
@@ -786,6 +903,7 @@ class MeasureOptions(msgspec.Struct, kw_only=True):
             MEASURE,
             commands=(BENCH,),
             metavar="S",
+            record=NOT_RECORDED,
         ),
     ] = 10.0
 
@@ -819,6 +937,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
             },
             required=(BENCH, CAPACITY),
             metavar="HOST:PORT",
+            record={"target": DERIVED},
         ),
     ] = None
     vary: Annotated[
@@ -831,6 +950,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
             commands=(SWEEP,),
             required=(SWEEP,),
             metavar="NAME=V1,V2,...",
+            record=NOT_RECORDED,
         ),
     ] = []
     search: Annotated[
@@ -839,10 +959,15 @@ class RunOptions(msgspec.Struct, kw_only=True):
             "what to raise: streams at once (closed loop) or requests/s (open loop)",
             commands=(CAPACITY,),
             required=(CAPACITY,),
+            record=NOT_RECORDED,
         ),
     ] = "concurrency"
-    low: Annotated[float, Flag("the smallest load tried", commands=(CAPACITY,))] = 1.0
-    high: Annotated[float, Flag("the largest load tried", commands=(CAPACITY,))] = 256.0
+    low: Annotated[
+        float, Flag("the smallest load tried", commands=(CAPACITY,), record=NOT_RECORDED)
+    ] = 1.0
+    high: Annotated[
+        float, Flag("the largest load tried", commands=(CAPACITY,), record=NOT_RECORDED)
+    ] = 256.0
     repeat: Annotated[
         int,
         Flag(
@@ -856,6 +981,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
             },
             parse=_positive,
             metavar="N",
+            record=NOT_RECORDED,
         ),
     ] = 1
     confirm_runs: Annotated[
@@ -867,11 +993,17 @@ class RunOptions(msgspec.Struct, kw_only=True):
             commands=(CAPACITY,),
             parse=_positive,
             metavar="N",
+            record=NOT_RECORDED,
         ),
     ] = 3
     serve_args: Annotated[
         str,
-        Flag("arguments of `cadence serve` that stay fixed (quoted)", SERVERS, commands=(SWEEP,)),
+        Flag(
+            "arguments of `cadence serve` that stay fixed (quoted)",
+            SERVERS,
+            commands=(SWEEP,),
+            record=NOT_RECORDED,
+        ),
     ] = SERVE_ARGS
     server_cmd: Annotated[
         str | None,
@@ -882,6 +1014,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
             SERVERS,
             commands=(SWEEP,),
             metavar="COMMAND",
+            record=NOT_RECORDED,
         ),
     ] = None
     ready_timeout: Annotated[
@@ -892,6 +1025,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
             SERVERS,
             commands=(SWEEP,),
             metavar="S",
+            record=NOT_RECORDED,
         ),
     ] = 60.0
     json_path: Annotated[
@@ -903,6 +1037,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
                 CAPACITY: "write the search here",
             },
             flag="--json",
+            record=NOT_RECORDED,
         ),
     ] = None
     csv_path: Annotated[
@@ -912,10 +1047,16 @@ class RunOptions(msgspec.Struct, kw_only=True):
             commands=(SWEEP,),
             flag="--csv",
             metavar="PATH",
+            record=NOT_RECORDED,
         ),
     ] = None
     report: Annotated[
-        str | None, Flag("render plots and an HTML report into this folder", commands=(SWEEP,))
+        str | None,
+        Flag(
+            "render plots and an HTML report into this folder",
+            commands=(SWEEP,),
+            record=NOT_RECORDED,
+        ),
     ] = None
     export: Annotated[
         str | None,
@@ -924,6 +1065,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
             "when FILE ends in .csv, Parquet in .parquet (the parquet extra), else JSONL",
             commands=(BENCH,),
             metavar="FILE",
+            record=NOT_RECORDED,
         ),
     ] = None
     no_progress: Annotated[
@@ -931,6 +1073,7 @@ class RunOptions(msgspec.Struct, kw_only=True):
         Flag(
             "no progress bar (there is none anyway when stderr is not a terminal)",
             commands=(BENCH,),
+            record=NOT_RECORDED,
         ),
     ] = False
 

@@ -45,6 +45,11 @@ class Lengths(msgspec.Struct, frozen=True, kw_only=True):
         return min(self.high, max(self.low, round(value)))
 
     @property
+    def said(self) -> str:
+        """As the result's workload record says it: as given, else its kind."""
+        return self.text or self.kind
+
+    @property
     def bounds(self) -> tuple[int, int]:
         """The least and the most length it can draw."""
         if self.kind == "empirical":
