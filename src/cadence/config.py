@@ -952,11 +952,18 @@ def _role_devices(given: str | list[str], role: str) -> list[str]:
 
 
 def cpu_threads_per_rank(devices: list[str]) -> int:
-    """Torch threads for each CPU rank, so that all CPU ranks together use every core once."""
+    """Torch threads for each CPU rank, so that all CPU ranks together use every core once,
+    less one core left to the front (its event loop and the transport's threads) where the
+    host has more cores than ranks: a rank whose threads fill every core makes the front
+    wait for a CPU at each token, and a step wait for the front's turn (vLLM's CPU backend
+    leaves the serving process a core the same way)."""
     import os
 
     ranks = sum(d.count("cpu") for d in devices)
-    return max(1, (os.cpu_count() or 1) // ranks) if ranks else 0
+    if not ranks:
+        return 0
+    cores = os.cpu_count() or 1
+    return max(1, (cores - 1 if cores > ranks else cores) // ranks)
 
 
 def parse_devices(text: str) -> list[str]:

@@ -141,3 +141,21 @@ def test_counts_read_as_plain_english() -> None:
         ServerConfig(engine=EngineConfig(step_ms_by_worker=(1.0, 2.0)))
     with pytest.raises(ValueError, match=r"2 workers, got 1 value$"):
         ServerConfig(devices=["cpu", "cpu"], engine=EngineConfig(step_ms_by_worker=(1.0,)))
+
+
+@pytest.mark.parametrize(
+    ("cores", "devices", "threads"),
+    [
+        (2, ["cpu"], 1),  # one core left to the front
+        (16, ["cpu"], 15),
+        (16, ["cpu", "cpu"], 7),
+        (2, ["cpu", "cpu"], 1),  # no core to leave: one thread each
+        (1, ["cpu"], 1),
+        (4, ["cuda:0", "cuda:1"], 0),  # no CPU rank: torch's own default
+    ],
+)
+def test_cpu_ranks_leave_the_front_a_core_where_the_host_has_one_to_spare(
+    monkeypatch: pytest.MonkeyPatch, cores: int, devices: list[str], threads: int
+) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    assert config.cpu_threads_per_rank(devices) == threads
