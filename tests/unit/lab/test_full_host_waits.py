@@ -30,17 +30,18 @@ def on_host(
     result: BenchResult,
     busy: float = 190.0,
     client: float = 40.0,
+    others: float = 0.0,
     waited: float = 80.0,
     step_wait: float = 30.0,
     named: bool = True,
 ) -> BenchResult:
-    """`result` on a 2-core host `busy` % of a core (the load's client `client` of it, the
-    server the rest but for the lab's 2), the server's threads waiting `waited` % of a core
+    """`result` on a 2-core host `busy` % of a core (the load's client `client` of it, other
+    work `others`, the server the rest but for the lab's 2), the server's threads waiting `waited` % of a core
     for a CPU, each worker's busiest thread `step_wait` % of the run. `named`: the lab named
     the workers' processes (a gRPC front; an HTTP front's lab names the front "server" only)."""
     wall = result.wall_s
     ticks = [0.1 * i for i in range(1, int(wall * 10) + 4)]
-    server = busy - client - 2.0
+    server = busy - client - others - 2.0
 
     def sampled(pct: float, pid: int) -> ProcessCpu:
         return ProcessCpu(pid=pid, samples=[(t, pct) for t in ticks])
@@ -134,6 +135,15 @@ def test_silent_with_a_core_to_spare_or_waits_too_small() -> None:
     of a core: the slow steps stay the engine's."""
     assert rules(run(busy=120.0, client=20.0)) == {"itl_unstable_engine"}
     assert rules(run(waited=15.0)) == {"itl_unstable_engine"}
+
+
+def test_other_work_that_filled_the_host_is_the_hosts_finding() -> None:
+    """Other work took most of a core: `host_contended` names it, the waits' finding gives way
+    to it, and the engine's slow steps are read against the host as before (steps slower
+    than the host's wake-ups stay the engine's)."""
+    found = rules(run(busy=198.0, client=5.0, others=56.0))
+    assert RULE not in found and "host_contended" in found, found
+    assert "itl_unstable_engine" in found
 
 
 def test_the_engine_gives_way_only_where_its_step_threads_waited_for_the_slow_steps() -> None:

@@ -292,8 +292,10 @@ def _steps_waited_for_cpu(finding: Finding, facts: RunFacts) -> bool:
     whose steps were slow waited for a CPU, over the run, at least as long as those slow
     steps took beyond its typical step (`SlowSteps.excess_ms_by_worker`): a step thread kept
     off a CPU makes a slow step that is the host's, not the engine's compute. A worker whose
-    slow steps outlast its waits (an engine that jitters on a busy host) keeps the finding."""
-    if facts.host_full is None:
+    slow steps outlast its waits (an engine that jitters on a busy host) keeps the finding.
+    Where other work filled the host, `server_threads_wait_for_cpu` gives way to
+    `host_contended`, whose own reading of the steps decides (`_steps_late_by_the_host`)."""
+    if facts.host_full is None or facts.contention is not None:
         return False
     found = recognised(facts, SlowSteps)
     waited = step_thread_waits_ms(facts)

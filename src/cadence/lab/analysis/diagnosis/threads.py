@@ -327,7 +327,7 @@ def _filled_by(full: Contention) -> str:
         f"the server's threads {full.server / 100:.2f} cores",
         f"the load's client {full.client / 100:.2f}",
     ]
-    if full.others > 0:
+    if full.others >= 5.0:  # below a twentieth of a core: the samplers' disagreement
         parts.append(f"other work {full.others / 100:.2f}")
     return f"{full.busy / 100:.2f} of its {full.cpus} cores busy: " + ", ".join(parts)
 
