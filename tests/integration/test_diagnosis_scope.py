@@ -69,6 +69,7 @@ def test_the_start_up_stall_is_still_named_on_a_fresh_worker() -> None:
 
 
 @pytest.mark.torch
+@pytest.mark.alone  # a thread at its core is seen only where no other test takes the cores
 def test_a_worker_held_to_one_core_is_told_its_step_is_the_bound(tmp_path: Path) -> None:
     """`--engine transformers` on one CPU worker steps without pause: its thread is the
     bound. The advice is the engine's (a faster step, more workers), not a front's."""

@@ -4,6 +4,7 @@ or fault, and the rule that must name it (and no other rule that would mislead).
 from __future__ import annotations
 
 import grpc
+import pytest
 
 from cadence.lab.bench import Workload, run_bench
 from cadence.lab.load.grpc_schema import from_reflection
@@ -71,6 +72,7 @@ def test_a_port_that_is_not_http2_is_said_so() -> None:
     assert settings.error and "refused" in settings.error.lower()
 
 
+@pytest.mark.alone  # a thread at its core is seen only where no other test takes the cores
 def test_a_server_held_to_one_core_by_its_event_loop_is_named() -> None:
     with python_server(
         "tests/planted_server.py", "--fault", "cpu", "--cpu-ms", "2", "--gap-ms", "10"
