@@ -7,14 +7,13 @@ import pytest
 
 from cadence.lab.analysis import tail_evidence
 from cadence.lab.analysis.noise_floor import TIMER_RESOLUTION_MS, noise_floor
-from cadence.lab.analysis.verdict import (
+from cadence.lab.analysis.tail_bound import (
     ITL_TAIL_CAP_RATIO,
     MIN_FIRST_OUTPUTS,
     MIN_GAPS,
-    RULE_UNEXPLAINED_TAIL,
     itl_bound,
-    judge,
 )
+from cadence.lab.analysis.verdict import RULE_UNEXPLAINED_TAIL, judge
 from cadence.lab.records import RequestRecord
 from cadence.lab.results import (
     BenchResult,

@@ -35,29 +35,21 @@ from cadence.lab.analysis.diagnosis import FAILING_SHARE
 from cadence.lab.analysis.diagnosis import names as rules
 from cadence.lab.analysis.diagnosis.reads import Reads
 from cadence.lab.analysis.integrity import faults
-from cadence.lab.analysis.noise_floor import noise_floor
 from cadence.lab.analysis.tail_bound import (
     ITL_TAIL_CAP_RATIO,
     ITL_TAIL_RATIO,
     ITL_TAIL_SLACK_MS,
+    MIN_FIRST_OUTPUTS,
+    MIN_GAPS,
+    TTFT_ITL_STEPS,
+    TTFT_SLACK_MS,
     UNEXPLAINED_MIN_SHARE,
-    itl_bound,
+    tails,
 )
-from cadence.lab.results import ALARM, BenchResult, Distribution, Finding, TailVerdict, Verdict
+from cadence.lab.results import ALARM, BenchResult, Finding, TailVerdict, Verdict
 
 RULE_UNEXPLAINED_TAIL = "unexplained_tail"
 """A bad tail, or the part of one, that no rule explains (a rule name: a contract)."""
-
-TTFT_ITL_STEPS = 5.0
-TTFT_SLACK_MS = 5.0
-"""TTFT p99 of a healthy run: the engine's own time to a first output, plus 5 ITL p50 (a wait
-for the step under way and the next, and the way to the client) + 5 ms (the call's set-up),
-or the run's noise floor when that is larger (a first output wakes the same threads a gap
-does)."""
-MIN_GAPS = 100
-"""ITL's tail is judged over at least this many gaps."""
-MIN_FIRST_OUTPUTS = 16
-"""TTFT's tail is judged over at least this many requests with an output."""
 
 HEALTHY = (
     f"ITL p99 within {ITL_TAIL_RATIO:g} x p50 + {ITL_TAIL_SLACK_MS:g} ms (or the run's "
@@ -129,88 +121,6 @@ TAIL_WORDS = {"itl_ms": "ITL", "ttft_ms": "TTFT"}
 """Each judged tail by its short name."""
 
 
-def ttft_floor(result: BenchResult) -> tuple[float, str]:
-    """The engine's own time to a first output, as far as the run knows it (ms), and where
-    it comes from; (0, "") when unknown."""
-    known: list[tuple[float, str]] = []
-    first = result.ttft_segments_ms
-    if first and _usable(first.first_step):
-        known.append((first.first_step.p99, "the first step's p99"))
-    baseline = result.baseline
-    if baseline and not baseline.error and _usable(baseline.ttft_ms):
-        known.append((baseline.ttft_ms.p99, "the engine-only baseline's TTFT p99"))
-    spans = result.server_spans
-    prefill = spans.ttft_split_ms.get("prefill") if spans else None
-    if prefill is not None and _usable(prefill):
-        known.append((prefill.p99, "the server's prefill span p99"))
-    return max(known) if known else (0.0, "")
-
-
-def _time_per_output(result: BenchResult) -> tuple[float, str]:
-    """What one output takes, for the TTFT bound: ITL p50, or, where outputs come grouped
-    (a writer that flushes every few outputs: most gaps are ~0 and ITL p50 with them), the
-    run's typical gap per token between reads (`diagnosis.reads`), whichever is larger."""
-    p50 = result.itl_ms.p50
-    if result.records:
-        reads = Reads(result.records)
-        if reads.usable and reads.typical_ms > p50:
-            return reads.typical_ms, f"the typical gap per token {reads.typical_ms:.1f}"
-    return p50, f"ITL p50 {p50:.1f}"
-
-
-def _usable(d: Distribution | None) -> bool:
-    return d is not None and d.usable
-
-
-def _tails(result: BenchResult) -> list[TailVerdict]:
-    itl, ttft = result.itl_ms, result.ttft_ms
-    tails = []
-    noise = noise_floor(result)
-    if itl.count:
-        bound, words = itl_bound(itl.p50, noise)
-        tails.append(
-            TailVerdict(
-                metric="itl_ms",
-                value_ms=itl.p99,
-                p50_ms=itl.p50,
-                bound_ms=bound,
-                bound=words,
-                values=itl.count,
-                noise_ms=round(noise.ms, 3),
-                noise_terms_ms=noise.terms_ms,
-                state="not_judged"
-                if itl.count < MIN_GAPS or not itl.usable
-                else "bad"
-                if itl.p99 > bound
-                else "healthy",
-            )
-        )
-    if ttft.count:
-        tail = TailVerdict(metric="ttft_ms", value_ms=ttft.p99, p50_ms=ttft.p50, values=ttft.count)
-        if itl.usable and itl.count:
-            floor, source = ttft_floor(result)
-            step, step_words = _time_per_output(result)
-            slack = max(TTFT_SLACK_MS, noise.ms)
-            tail.bound_ms = floor + TTFT_ITL_STEPS * step + slack
-            tail.bound = (
-                f"{TTFT_ITL_STEPS:g} x {step_words} + "
-                + (f"noise {slack:.1f} ms" if slack > TTFT_SLACK_MS else f"{TTFT_SLACK_MS:g} ms")
-                + (f" + {source} {floor:.1f}" if source else "")
-            )
-            tail.noise_ms, tail.noise_terms_ms = round(noise.ms, 3), noise.terms_ms
-            tail.state = (
-                "not_judged"
-                if ttft.count < MIN_FIRST_OUTPUTS or not ttft.usable
-                else "bad"
-                if ttft.p99 > tail.bound_ms
-                else "healthy"
-            )
-        else:
-            tail.bound = "no ITL to measure it against (outputs of one token)"
-        tails.append(tail)
-    return tails
-
-
 def _explains(finding: Finding, metric: str) -> tuple[bool, float | None]:
     """Whether `finding` bears on the tail of `metric`, and its share when its evidence
     gives one. Information (`Finding.alarm` false) bears on none: it is the run's state, not
@@ -268,9 +178,10 @@ def judge(
     """The run's verdict, and the `unexplained_tail` findings to add to its diagnosis (the
     diagnosis must be made first: the verdict reads its findings). `tables`: the run's
     dependence tables when the diagnosis read them."""
-    tails = _tails(result)
+    reads = Reads(result.records) if result.records else None
+    judged = tails(result, reads.typical_ms if reads is not None and reads.usable else None)
     findings = []
-    for tail in tails:
+    for tail in judged:
         if tail.state != "bad":
             continue
         _attribute(tail, result.diagnosis)
@@ -282,13 +193,13 @@ def judge(
         if share is not None and share >= UNEXPLAINED_MIN_SHARE and not already:
             findings.append(unexplained(result, tail, tables))
     problems = _problems(result)
-    if problems or any(t.state == "bad" for t in tails):
+    if problems or any(t.state == "bad" for t in judged):
         state = "unhealthy"
-    elif not tails or any(t.state == "not_judged" for t in tails):
+    elif not judged or any(t.state == "not_judged" for t in judged):
         state = "inconclusive"
     else:
         state = "healthy"
-    verdict = Verdict(state=state, tails=tails, problems=problems)
+    verdict = Verdict(state=state, tails=judged, problems=problems)
     verdict.line = _line(verdict)
     return verdict, findings
 

@@ -135,9 +135,10 @@ class RunFacts:
         return sum(inside) / len(inside)
 
     @cached_property
-    def contention(self) -> Contention | None:
-        """The host's CPU when other work filled it (OTHERS_MIN_PCT, HOST_FULL_SPARE_CORES)
-        while the run was going; None when it did not, or the host was not sampled."""
+    def host_full(self) -> Contention | None:
+        """The host's CPU when it had no core to spare while the run was going (busy above
+        its cores minus HOST_FULL_SPARE_CORES), whoever used the cores: the server, the load's
+        clients, the lab or other work; None when it had one, or the host was not sampled."""
         system = self.result.system
         host = system.host or None
         if host is None:
@@ -152,8 +153,15 @@ class RunFacts:
         threads = self.result.server_threads or None
         # The server's thread reading holds its children too (a foreign server's engines).
         server = max(sampled, sum(p.cpu_pct for p in threads.processes) if threads else 0.0)
-        found = Contention(cpus=host.cpus, busy=busy, server=server, client=client, lab=lab)
-        return found if found.others >= OTHERS_MIN_PCT else None
+        return Contention(cpus=host.cpus, busy=busy, server=server, client=client, lab=lab)
+
+    @property
+    def contention(self) -> Contention | None:
+        """The host's CPU when other work filled it (`host_full`, and others used
+        OTHERS_MIN_PCT or more) while the run was going; None when it did not, or the host was
+        not sampled."""
+        full = self.host_full
+        return full if full is not None and full.others >= OTHERS_MIN_PCT else None
 
     @property
     def host_wakeups(self) -> Distribution | None:

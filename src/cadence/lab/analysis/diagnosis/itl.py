@@ -11,11 +11,13 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_HOST_CONTENDED,
     RULE_ITL_UNSTABLE_ENGINE,
     RULE_ITL_UNSTABLE_NETWORK,
+    RULE_SERVER_THREADS_WAIT_FOR_CPU,
     RULE_SLOW_READER,
     RULE_SLOW_WORKER,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.diagnosis.signatures import HostDelays, SlowSteps
+from cadence.lab.analysis.diagnosis.threads import step_thread_waits_ms
 from cadence.lab.analysis.noise_floor import HOPS
 from cadence.lab.analysis.tail_bound import UNEXPLAINED_MIN_SHARE, itl_tail_within_bound
 from cadence.lab.results import Distribution, Finding
@@ -285,6 +287,27 @@ def _steps_late_by_the_host(finding: Finding, facts: RunFacts) -> bool:
     )
 
 
+def _steps_waited_for_cpu(finding: Finding, facts: RunFacts) -> bool:
+    """On a host with no core to spare (`RunFacts.host_full`), the step thread of each worker
+    whose steps were slow waited for a CPU, over the run, at least as long as those slow
+    steps took beyond its typical step (`SlowSteps.excess_ms_by_worker`): a step thread kept
+    off a CPU makes a slow step that is the host's, not the engine's compute. A worker whose
+    slow steps outlast its waits (an engine that jitters on a busy host) keeps the finding.
+    Where other work filled the host, `server_threads_wait_for_cpu` gives way to
+    `host_contended`, whose own reading of the steps decides (`_steps_late_by_the_host`)."""
+    if facts.host_full is None or facts.contention is not None:
+        return False
+    found = recognised(facts, SlowSteps)
+    waited = step_thread_waits_ms(facts)
+    if found is None or not waited:
+        return False
+    tail, slow_steps = found
+    excess = slow_steps.excess_ms_by_worker(tail.reads.slow)
+    return bool(excess) and all(
+        worker in waited and waited[worker] >= ms for worker, ms in excess.items()
+    )
+
+
 PATH_HOPS = HOPS - 1
 """The way from the step to the client wakes the front's loop and the client's read: two of
 a token's wake-ups (`noise_floor.HOPS`)."""
@@ -322,6 +345,8 @@ RULES = (
             GiveWay(RULE_FRONT_LOOP_BLOCKED, _engine_in_front),
             GiveWay(RULE_SLOW_WORKER),
             GiveWay(RULE_HOST_CONTENDED, _steps_late_by_the_host),
+            # A full host kept the step threads off a CPU: the slow steps are its.
+            GiveWay(RULE_SERVER_THREADS_WAIT_FOR_CPU, _steps_waited_for_cpu),
         ),
     ),
     Rule(

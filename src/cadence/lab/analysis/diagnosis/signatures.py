@@ -316,6 +316,7 @@ class SlowSteps(Signature):
             "slow_gaps": len(reads.slow),
             "engine_gap_at_those_p50_ms": round(percentile(steps, 50), 2),
             "engine_gap_at_those_max_ms": round(steps[-1], 2),
+            "slow_step_workers": sorted({g.stream.worker for g in on_slow_steps}),
         }
         if signature.host_late_ms:
             signature.evidence["host_late_per_step_ms"] = round(signature.host_late_ms, 2)
@@ -328,6 +329,19 @@ class SlowSteps(Signature):
             return 0.0
         over = engine - typical * max(gap.tokens, 1) - self.host_late_ms
         return min(remaining_ms, over) if over > SLOW_GAP_MS else 0.0
+
+    def excess_ms_by_worker(self, slow: Sequence[Gap]) -> dict[int, float]:
+        """How much longer than its worker's typical the slow steps under the slow gaps
+        `slow` took, together, by worker (ms): each step once, however many streams' gaps it
+        made (a batch's step ends every stream's gap at once)."""
+        steps: dict[int, dict[int, float]] = {}
+        for gap in slow:
+            engine = self._engine_ms(gap)
+            if engine is None or self.claim_gap(gap, gap.excess_ms) <= 0:
+                continue
+            over = engine - self.typical[gap.stream.worker] * max(gap.tokens, 1)
+            steps.setdefault(gap.stream.worker, {})[gap.stream.step_ends[gap.read]] = over
+        return {worker: sum(by_end.values()) for worker, by_end in steps.items()}
 
 
 # -- every open stream paused at the same instants ------------------------------------------

@@ -2,7 +2,8 @@
 `server_one_core_bound` (a server process held to about one core, by one busy thread or by a
 lock such as Python's GIL, while the host has cores to spare) and
 `server_threads_wait_for_cpu` (the server's threads were ready to run but waited for a CPU:
-more runnable threads than cores).
+more runnable threads than cores, or a host with no core to spare whose waits made a bad
+tail).
 
 Whose core it is decides what the finding is. A front's event loop or a foreign server's one
 serving thread at a full core sets the pace of every stream it serves: an alarm. A cadence
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import re
 
-from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
+from cadence.lab.analysis.diagnosis.coincidence import attribution
+from cadence.lab.analysis.diagnosis.facts import Contention, RunFacts, rounded
 from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT
 from cadence.lab.analysis.diagnosis.names import (
     RULE_FRONT_CPU_BOUND,
@@ -24,7 +26,8 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SERVER_THREADS_WAIT_FOR_CPU,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.results import ALARM, INFORMATION, Finding
+from cadence.lab.analysis.tail_bound import tails
+from cadence.lab.results import ALARM, INFORMATION, Finding, ServerProcessThreads
 
 ONE_CORE_CEILING_PCT = 115.0
 """A process above this much of one core runs on several at once: not held to one."""
@@ -39,6 +42,17 @@ thread always ready but not running): the host has too few cores for its runnabl
 WAIT_SHARE = 0.5
 """...and waiting made at least this share of their time on or ready for a CPU."""
 
+FULL_HOST_WAIT_CORES = 0.25
+"""On a host with no core to spare (`RunFacts.host_full`, whoever filled it), the server's
+threads that waited for a CPU this many cores' worth of the run or more bear on a bad tail.
+A thread ready to run on a full host waits for the one running to use up its scheduler slice,
+longer than a fast engine's step or a token's send: a step the wait falls into comes out
+several times its median, and a handful of them make the p99. A quarter of a core's worth
+is one of the server's busy threads kept off a CPU a quarter of the run, on every few of its
+steps rather than at the odd wake-up (which the run's noise floor, its wake-up probe, holds
+already), and stays below what a server whose threads fit the cores waits on the same full
+host, so the waits alone, without a bad tail, are no finding."""
+
 
 ENGINE_STEP_LOOK_AT = (
     "the engine's step, not the serving layer: a faster step (a smaller or quantised model, a "
@@ -50,6 +64,8 @@ ENGINE_STEP_LOOK_AT = (
 
 _DEVICE = re.compile(r'"device"\s*:\s*"([^"]*)"')
 """A cadence worker's device in its command line (the JSON spec it starts with)."""
+_INDEX = re.compile(r'"index"\s*:\s*(\d+)')
+"""...and its index."""
 
 
 def _worker_device(facts: RunFacts, role: str, command: str) -> str:
@@ -71,7 +87,11 @@ def _role(facts: RunFacts, pid: int, command: str) -> str:
     and its children "workerN", so the name alone does not tell)."""
     named = next((name for name, p in facts.result.system.processes.items() if p.pid == pid), "")
     if "cadence.worker" in command:
-        return named if named.startswith("worker") else "worker"
+        if named.startswith("worker"):
+            return named
+        # A front the lab named "server" (an HTTP front) leaves its workers unnamed.
+        index = _INDEX.search(command)
+        return f"worker{index.group(1)}" if index else "worker"
     if re.search(r"cadence(\.cli)?\s+serve\b", command):
         return "front"
     return ""
@@ -185,7 +205,9 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
     waited = sum(g.wait_for_cpu_pct for g in threads.groups) / 100
     ran = sum(g.cpu_pct for g in threads.groups) / 100
     if waited < WAIT_CORES or waited / (waited + ran) < WAIT_SHARE or waited + ran < threads.cpus:
-        return []  # ...and the server itself wants more cores than the host has
+        # ...and the server itself wants more cores than the host has; else a host whoever
+        # filled, whose waits made a tail bad.
+        return _full_host_waits(facts, waited, ran)
     worst = sorted(threads.groups, key=lambda g: g.wait_for_cpu_pct, reverse=True)[:3]
     evidence: dict = {
         "waited_cores": rounded(waited),
@@ -213,6 +235,118 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
             ),
         )
     ]
+
+
+def bad_tails(facts: RunFacts) -> list[str]:
+    """The tails the verdict judges bad ("itl_ms", "ttft_ms"), by the same bounds
+    (`tail_bound.tails`)."""
+    tail = attribution(facts)
+    typical = tail.reads.typical_ms if tail is not None else None
+    return [t.metric for t in tails(facts.result, typical) if t.state == "bad"]
+
+
+def _named(facts: RunFacts, process: ServerProcessThreads) -> str:
+    """The process as a finding names it: "worker 0", "the front", or "pid N"."""
+    role = _role(facts, process.pid, process.command)
+    if role.startswith("worker"):
+        return f"worker {role[6:]}".strip()
+    return "the front" if role == "front" else f"pid {process.pid}"
+
+
+def step_thread_waits_ms(facts: RunFacts) -> dict[int, float]:
+    """How long each cadence worker's busiest thread (its step's, for an engine stepping on
+    the CPU) waited for a CPU over the run, by worker index (ms); {} without the server's
+    threads."""
+    threads = facts.result.server_threads or None
+    if threads is None or not threads.wall_s:
+        return {}
+    waits = {}
+    for process in threads.processes:
+        role = _role(facts, process.pid, process.command)
+        if role[6:].isdigit():
+            waits[int(role[6:])] = process.busiest_thread_wait_pct / 100 * threads.wall_s * 1e3
+    return waits
+
+
+def _full_host_waits(facts: RunFacts, waited: float, ran: float) -> list[Finding]:
+    """The host had no core to spare, the server's threads waited for a CPU
+    FULL_HOST_WAIT_CORES or more, and a tail the verdict judges is bad: the waits bear on it,
+    whoever filled the cores (the server's own threads, the load's client, other work)."""
+    threads = facts.result.server_threads
+    full = facts.host_full
+    if not threads or full is None or waited < FULL_HOST_WAIT_CORES:
+        return []
+    bad = bad_tails(facts)
+    if not bad:
+        return []
+    waiting = sorted(threads.processes, key=lambda p: p.busiest_thread_wait_pct, reverse=True)
+    waiting = [p for p in waiting if p.busiest_thread_wait_pct > 0][:3]
+    evidence: dict = {
+        "host_cpus": full.cpus,
+        "host_busy_cores": rounded(full.busy / 100),
+        "server_cores": rounded(full.server / 100),
+        "client_cores": rounded(full.client / 100),
+        "others_cores": rounded(max(0.0, full.others) / 100),
+        "lab_cores": rounded(full.lab / 100),
+        "waited_cores": rounded(waited),
+        "ran_cores": rounded(ran),
+        "server_threads": threads.threads,
+        "bad_tails": bad,
+    }
+    for p in waiting:
+        key = _role(facts, p.pid, p.command) or f"pid{p.pid}"
+        evidence[f"{key}_busiest_thread_wait_pct"] = rounded(p.busiest_thread_wait_pct, 1)
+        evidence[f"{key}_busiest_thread_cpu_pct"] = rounded(p.busiest_thread_cpu_pct, 1)
+    who = "; ".join(
+        f"{_named(facts, p)}'s busiest thread (pid {p.pid}) waited "
+        f"{p.busiest_thread_wait_pct:.0f}% of the run on top of running "
+        f"{p.busiest_thread_cpu_pct:.0f}%"
+        for p in waiting
+    )
+    words = " and ".join({"itl_ms": "ITL", "ttft_ms": "TTFT"}[m] for m in bad)
+    return [
+        Finding(
+            rule=RULE_SERVER_THREADS_WAIT_FOR_CPU,
+            finding=(
+                f"the host had no core to spare ({_filled_by(full)}) and the server's threads "
+                f"waited for a CPU {waited:.2f} cores' worth of the run while running "
+                f"{ran:.2f}{f' ({who})' if who else ''}: a thread kept off a CPU for a "
+                "scheduler slice makes a slow step or a late send, so the "
+                f"{words} tail{'s are' if len(bad) > 1 else ' is'} the full host's, not the "
+                "server's code"
+            ),
+            evidence=evidence,
+            look_at=_full_host_look_at(facts),
+        )
+    ]
+
+
+def _filled_by(full: Contention) -> str:
+    """Who used the host's cores, in words."""
+    parts = [
+        f"the server's threads {full.server / 100:.2f} cores",
+        f"the load's client {full.client / 100:.2f}",
+    ]
+    if full.others >= 5.0:  # below a twentieth of a core: the samplers' disagreement
+        parts.append(f"other work {full.others / 100:.2f}")
+    return f"{full.busy / 100:.2f} of its {full.cpus} cores busy: " + ", ".join(parts)
+
+
+def _full_host_look_at(facts: RunFacts) -> str:
+    threads = facts.result.server_threads or None
+    cadence = threads is not None and any(_role(facts, p.pid, p.command) for p in threads.processes)
+    fewer = (
+        "fewer busy threads than cores: the engine's CPU threads (torch.set_num_threads, "
+        "OMP_NUM_THREADS) and fewer workers (--devices cpu:N)"
+        if cadence
+        else "fewer busy threads than cores: the server's workers and its engine's CPU "
+        "threads (OMP_NUM_THREADS, thread pools)"
+    )
+    return (
+        f"{fewer}, so the server's threads fit the cores the load leaves them; the load on "
+        "other cores (taskset -c for the server and for cadence bench) or on another host; "
+        "or a host with more cores"
+    )
 
 
 def _starved(finding: Finding, facts: RunFacts) -> bool:
