@@ -151,3 +151,14 @@ def test_the_engine_gives_way_only_where_its_step_threads_waited_for_the_slow_st
     the typical step: the steps are the engine's own, named beside the full host's waits."""
     assert rules(run(step_wait=2.0)) == {RULE, "itl_unstable_engine"}
     assert "itl_unstable_engine" not in rules(run(step_wait=30.0))
+
+
+def test_waits_of_a_saturated_server_whose_tails_held_are_information() -> None:
+    """The server's threads waited more than a core's worth (more threads ready than cores)
+    but every tail stayed within its bound: said, with no alarm; with a bad tail, an alarm."""
+    healthy = run(slow=None, busy=200.0, client=10.0, waited=150.0)
+    [found] = [f for f in healthy.diagnosis if f.rule == RULE]
+    assert not found.alarm and "within its bound" in found.finding
+    assert judge(healthy)[0].state == "healthy"
+    bad = run(busy=200.0, client=10.0, waited=150.0)
+    assert any(f.rule == RULE and f.alarm for f in bad.diagnosis)

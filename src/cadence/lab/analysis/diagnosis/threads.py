@@ -27,7 +27,7 @@ from cadence.lab.analysis.diagnosis.names import (
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.tail_bound import tails
-from cadence.lab.results import ALARM, INFORMATION, Finding, ServerProcessThreads
+from cadence.lab.results import ALARM, INFORMATION, Finding, ServerProcessThreads, TailVerdict
 
 ONE_CORE_CEILING_PCT = 115.0
 """A process above this much of one core runs on several at once: not held to one."""
@@ -218,6 +218,11 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
     for g in worst:
         evidence[f"{g.name}_wait_pct"] = rounded(g.wait_for_cpu_pct, 1)
         evidence[f"{g.name}_involuntary_switches_per_s"] = rounded(g.involuntary_switches_per_s, 0)
+    # The waits cost the streams something only where a judged tail went over its bound; a
+    # run whose tails held is told of them, with no alarm (a healthy server's waits are no
+    # fault to chase).
+    judged = judged_tails(facts)
+    held = bool(judged) and all(t.state == "healthy" for t in judged)
     return [
         Finding(
             rule=RULE_SERVER_THREADS_WAIT_FOR_CPU,
@@ -226,6 +231,7 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
                 f"while running {ran:.1f}: more threads were ready than the host's "
                 f"{threads.cpus} cores could run, so each waits its turn (most: "
                 f"{', '.join(g.name for g in worst)})"
+                + ("; every tail judged stayed within its bound (information)" if held else "")
             ),
             evidence=evidence,
             look_at=(
@@ -233,16 +239,20 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
                 "to the cores left to the server, keep the load generator off the server's "
                 "cores, or give the server more cores"
             ),
+            severity=INFORMATION if held else ALARM,
         )
     ]
 
 
-def bad_tails(facts: RunFacts) -> list[str]:
-    """The tails the verdict judges bad ("itl_ms", "ttft_ms"), by the same bounds
-    (`tail_bound.tails`)."""
+def judged_tails(facts: RunFacts) -> list[TailVerdict]:
+    """The run's tails as the verdict judges them, by the same bounds (`tail_bound.tails`)."""
     tail = attribution(facts)
-    typical = tail.reads.typical_ms if tail is not None else None
-    return [t.metric for t in tails(facts.result, typical) if t.state == "bad"]
+    return tails(facts.result, tail.reads.typical_ms if tail is not None else None)
+
+
+def bad_tails(facts: RunFacts) -> list[str]:
+    """The tails the verdict judges bad ("itl_ms", "ttft_ms")."""
+    return [t.metric for t in judged_tails(facts) if t.state == "bad"]
 
 
 def _named(facts: RunFacts, process: ServerProcessThreads) -> str:
