@@ -109,7 +109,7 @@ def test_a_full_host_whose_waits_made_a_bad_tail_is_named_with_who_filled_it() -
     assert rules(result) == {RULE}, rules(result)
     [found] = [f for f in result.diagnosis if f.rule == RULE]
     assert found.evidence["client_cores"] == 0.4 and found.evidence["others_cores"] < 0.5
-    assert found.evidence["waited_cores"] == 0.8 and found.evidence["bad_tails"] == ["itl_ms"]
+    assert found.evidence["waited_cores"] == 0.8 and found.evidence["bad_tails"] == "itl_ms"
     assert found.evidence["worker0_busiest_thread_wait_pct"] == 30.0
     assert (
         "the load's client 0.40" in found.finding and "worker 1's busiest thread" in found.finding
@@ -119,6 +119,8 @@ def test_a_full_host_whose_waits_made_a_bad_tail_is_named_with_who_filled_it() -
     itl = next(t for t in verdict.tails if t.metric == "itl_ms")
     assert itl.state == "bad" and itl.explained_by == {RULE: None} and not unexplained
     # An HTTP front's run names the workers from their command lines all the same.
+    # The result, finding and all, reads back as written (evidence holds scalars only).
+    assert msgspec.convert(msgspec.to_builtins(result), BenchResult).diagnosis == result.diagnosis
     sse = run(named=False)
     [found] = [f for f in sse.diagnosis if f.rule == RULE]
     assert rules(sse) == {RULE} and "worker1_busiest_thread_wait_pct" in found.evidence

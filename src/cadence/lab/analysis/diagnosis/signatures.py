@@ -11,6 +11,7 @@ thresholds stand beside it; `evidence` holds the numbers that made it hold.
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import statistics
 from collections.abc import Sequence
@@ -410,6 +411,30 @@ GROUP_MIN_SHARE = 0.1
 """Each group holds at least this share of the streams (and two streams)."""
 GROUP_MIN_STREAMS = 8
 GROUP_MIN_READS = 5
+GROUP_SIDE_BY_SIDE = 0.5
+"""...and the groups ran side by side: at the median, a fast stream received while a slow one
+was receiving too for at least this share of its time. Streams a different moment of the run
+served faster (a wave of them alone after the others, a quieter spell of the host) are a
+dependence on the run's time, not a part of the streams served by something slower."""
+
+
+def _side_by_side(fast: list[StreamReads], slow: list[StreamReads]) -> float:
+    """The median share of a fast stream's receiving time during which a slow stream was
+    receiving too."""
+    spans = sorted((s.first_ns, s.end_ns) for s in slow)
+    shares = []
+    for f in fast:
+        length = f.end_ns - f.first_ns
+        if length <= 0:
+            continue
+        covered, reach = 0, f.first_ns
+        for a, b in spans:
+            a, b = max(a, reach), min(b, f.end_ns)
+            if b > a:
+                covered += b - a
+                reach = b
+        shares.append(covered / length)
+    return statistics.median(shares) if shares else 0.0
 
 
 class SlowGroup(Signature):
@@ -454,6 +479,11 @@ class SlowGroup(Signature):
         if best is None:
             return None
         ratio, split = best
+        by_number = {s.number: s for s in reads.streams}
+        fast_streams = [by_number[n] for _, n in speeds[:split]]
+        slow_streams = [by_number[n] for _, n in speeds[split:]]
+        if _side_by_side(fast_streams, slow_streams) < GROUP_SIDE_BY_SIDE:
+            return None
         return cls({n: v for v, n in speeds[split:]}, values[:split], ratio, len(speeds))
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
@@ -583,6 +613,21 @@ batch's outputs are read one right after another (0.43-1.0 measured with 2 to 4 
 stepping out of phase, whose batches do fill each other's gaps)."""
 
 
+SERIAL_SHARED_STEPS = 0.5
+"""With the server's timing (each output's step end), streams are batched, never served in
+turn, when at least this share of their outputs came from a step that made another stream's
+output too: the reads' spacing then is the way out (a front or a client that sends or reads
+one stream's output after another's, each a share of a fast step), not the engine's."""
+
+
+def _steps_shared(reads: Reads) -> float | None:
+    """The share of the streams' outputs whose step (its end on the server's clock) made
+    another stream's output too; None without the server's timing."""
+    ends = collections.Counter(e for s in reads.streams for e in s.step_ends if e)
+    total = sum(ends.values())
+    return sum(n for n in ends.values() if n > 1) / total if total else None
+
+
 def _judged_apart(reads: Reads, result: BenchResult) -> list[Reads]:
     """Each worker's streams apart when the server's timing names two or more workers (each
     steps its own batch: another worker's outputs inside a stream's gap say nothing of how its
@@ -617,6 +662,9 @@ class OneAtATime(Signature):
     @classmethod
     def detect(cls, reads: Reads, facts: RunFacts) -> OneAtATime | None:
         groups = _judged_apart(reads, facts.result)
+        shared = [v for group in groups if (v := _steps_shared(group)) is not None]
+        if shared and statistics.median(shared) >= SERIAL_SHARED_STEPS:
+            return None  # one step made several streams' outputs: a batch, read one by one
         step = max(1, len(reads.gaps) // SERIAL_SAMPLE)
         sample = [(group, g) for group in groups for g in group.gaps[::step] if g.tokens == 1]
         if not sample:

@@ -301,7 +301,7 @@ def _full_host_waits(facts: RunFacts, waited: float, ran: float) -> list[Finding
         "waited_cores": rounded(waited),
         "ran_cores": rounded(ran),
         "server_threads": threads.threads,
-        "bad_tails": bad,
+        "bad_tails": ",".join(bad),  # evidence holds scalars: "itl_ms,ttft_ms"
     }
     for p in waiting:
         key = _role(facts, p.pid, p.command) or f"pid{p.pid}"
