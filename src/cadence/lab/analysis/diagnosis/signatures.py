@@ -317,7 +317,6 @@ class SlowSteps(Signature):
             "slow_gaps": len(reads.slow),
             "engine_gap_at_those_p50_ms": round(percentile(steps, 50), 2),
             "engine_gap_at_those_max_ms": round(steps[-1], 2),
-            "slow_step_workers": sorted({g.stream.worker for g in on_slow_steps}),
         }
         if signature.host_late_ms:
             signature.evidence["host_late_per_step_ms"] = round(signature.host_late_ms, 2)
