@@ -51,6 +51,8 @@ class Case:
     """rule → {evidence key: (low, high)} that must hold."""
     seed: int = 0
     """The server's jitter and the load's lengths (another seed, another run)."""
+    may_also: frozenset[str] = frozenset()
+    """Rules that may fire beside `named`, of the same planted fault read another way."""
 
 
 def bench(case: Case) -> BenchResult:
@@ -192,6 +194,10 @@ CASES = {
         frozenset({"prefill_stalls_decode", "slow_stream_group"}),
         requests=64,
         max_tokens=(20, 40),
+        # A burst admitted over several steps, each with its streams' 20 ms prefills, spreads
+        # the burst's first outputs: read from the first outputs alone, as call set-up taking
+        # new streams one at a time (in some runs, as the gaps are just even enough).
+        may_also=frozenset({"ttft_grows_with_streams"}),
         evidence={
             "prefill_stalls_decode": {"itl_tail_share": (0.15, 0.9)},
             "slow_stream_group": {"itl_tail_share": (0.1, 0.85)},
@@ -219,7 +225,7 @@ CASES = {
 def test_an_engine_shaped_fault_is_named_with_its_share(name: str) -> None:
     case = CASES[name]
     result = bench(case)
-    assert_named(result, case.named, among=LATENCY_RULES)
+    assert_named(result, case.named, among=LATENCY_RULES - case.may_also)
     if contended(result):
         return  # another job's stalls of the server blur the sizes the evidence states
     for rule, bounds in case.evidence.items():
