@@ -68,13 +68,26 @@ _INDEX = re.compile(r'"index"\s*:\s*(\d+)')
 """...and its index."""
 
 
+def _worker_index(role: str) -> int | None:
+    """A cadence worker's index from its role ("worker3" → 3); None for any other role, or
+    a worker whose index is not known."""
+    index = role.removeprefix("worker")
+    return int(index) if role.startswith("worker") and index.isdigit() else None
+
+
+def _worker_words(role: str) -> str:
+    """A worker's role as a finding says it: "worker 3" ("worker" with no index)."""
+    index = _worker_index(role)
+    return "worker" if index is None else f"worker {index}"
+
+
 def _worker_device(facts: RunFacts, role: str, command: str) -> str:
     """The device a cadence worker steps on ("cpu", "cpu:0", "cuda:1", ...; "" when not
     known): from the server's timing (`BenchResult.workers`), else from the spec on its
     command line."""
-    index = role[6:]
+    index = _worker_index(role)
     for curve in facts.result.workers or ():
-        if index.isdigit() and curve.worker == int(index) and curve.device:
+        if index is not None and curve.worker == index and curve.device:
             return curve.device
     found = _DEVICE.search(command)
     return found.group(1) if found else ""
@@ -126,7 +139,7 @@ def server_one_core_bound(facts: RunFacts) -> list[Finding]:
         severity = ALARM
         if role.startswith("worker"):
             evidence["process"] = role
-            worker = f"{role[:6]} {role[6:]}".strip()
+            worker = _worker_words(role)
             device = _worker_device(facts, role, process.command)
             if device:
                 evidence["device"] = device
@@ -259,7 +272,7 @@ def _named(facts: RunFacts, process: ServerProcessThreads) -> str:
     """The process as a finding names it: "worker 0", "the front", or "pid N"."""
     role = _role(facts, process.pid, process.command)
     if role.startswith("worker"):
-        return f"worker {role[6:]}".strip()
+        return _worker_words(role)
     return "the front" if role == "front" else f"pid {process.pid}"
 
 
@@ -272,9 +285,9 @@ def step_thread_waits_ms(facts: RunFacts) -> dict[int, float]:
         return {}
     waits = {}
     for process in threads.processes:
-        role = _role(facts, process.pid, process.command)
-        if role[6:].isdigit():
-            waits[int(role[6:])] = process.busiest_thread_wait_pct / 100 * threads.wall_s * 1e3
+        index = _worker_index(_role(facts, process.pid, process.command))
+        if index is not None:
+            waits[index] = process.busiest_thread_wait_pct / 100 * threads.wall_s * 1e3
     return waits
 
 
