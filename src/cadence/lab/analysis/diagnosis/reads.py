@@ -58,6 +58,7 @@ class StreamReads:
         "number",
         "per_token_ms",
         "prefilled_ms",
+        "process",
         "prompt_tokens",
         "start_ns",
         "step_ends",
@@ -72,6 +73,8 @@ class StreamReads:
         self.end_ns = record.arrival_ns[-1]
         self.prompt_tokens = record.prompt_tokens
         self.worker = record.worker
+        self.process = record.process
+        """The load process that read it (`client.loop_stalls` are per process)."""
         self.times: list[int] = []
         """Each read's arrival (its first output's stamp)."""
         self.tokens: list[int] = []
