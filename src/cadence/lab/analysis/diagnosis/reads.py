@@ -59,6 +59,7 @@ class StreamReads:
         "per_token_ms",
         "prefilled_ms",
         "prompt_tokens",
+        "record",
         "start_ns",
         "step_ends",
         "times",
@@ -68,6 +69,7 @@ class StreamReads:
 
     def __init__(self, number: int, record: RequestRecord, together_ns: float) -> None:
         self.number = number
+        self.record = record
         self.start_ns = record.start_ns
         self.end_ns = record.arrival_ns[-1]
         self.prompt_tokens = record.prompt_tokens
