@@ -60,6 +60,7 @@ class StreamReads:
         "prefilled_ms",
         "process",
         "prompt_tokens",
+        "record",
         "start_ns",
         "step_ends",
         "times",
@@ -69,6 +70,7 @@ class StreamReads:
 
     def __init__(self, number: int, record: RequestRecord, together_ns: float) -> None:
         self.number = number
+        self.record = record
         self.start_ns = record.start_ns
         self.end_ns = record.arrival_ns[-1]
         self.prompt_tokens = record.prompt_tokens

@@ -20,6 +20,7 @@ import numpy as np
 
 from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.engine_waits import engine_waits
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
     RULE_CLIENT_READ_LATE,
@@ -829,21 +830,29 @@ thread per stream, serves the last of 32 streams hundreds of ms after the first.
 
 
 class BurstSpread(Signature):
-    """Claims after `WaitsForSlot`: what is left of a burst's first outputs is their order."""
+    """Claims after `WaitsForSlot`: what is left of a burst's first outputs is their order,
+    less what the engine's own steps took beyond their pace while each stream waited
+    (`engine_waits`). Call set-up takes new streams in one at a time while the engine goes on
+    at its pace; steps made long by the prefills they admitted, or a slower card's steps,
+    spread a burst's first outputs too, and that spread is theirs, not the front's."""
 
     rule = RULE_TTFT_GROWS_WITH_STREAMS
 
     def __init__(self, after: dict[int, float], evidence: dict) -> None:
         self.after = after
-        """Stream number → how long after its burst's first output its own came (ms)."""
+        """Stream number → how long after its burst's first output its own came, less the
+        engine's part of its wait, beyond the burst's least (ms)."""
         self.evidence = evidence
 
     @classmethod
     def detect(cls, reads: Reads, facts: RunFacts) -> BurstSpread | None:
         high = max(TTFT_GROWTH_GAPS * reads.typical_ms, TTFT_GROWTH_MIN_MS)
         chain = BURST_CHAIN_MS * NS_PER_MS
+        prefill = PrefillStalls.detect(reads, facts)
+        engine = engine_waits(reads, facts.typical_step, prefill.window if prefill else None)
         after: dict[int, float] = {}
         bursts = 0
+        widest = 0.0
         by_start = sorted(reads.streams, key=lambda s: s.start_ns)
         k = 0
         while k < len(by_start):
@@ -854,15 +863,21 @@ class BurstSpread(Signature):
             ):
                 burst.append(by_start[k + len(burst)])
             k += len(burst)
-            ttfts = sorted(s.ttft_ms for s in burst)
-            if len(burst) < MIN_BURST or percentile(ttfts, 90) - percentile(ttfts, 10) < high:
+            own = {s.number: s.ttft_ms - engine.get(s.number, 0.0) for s in burst}
+            ordered = sorted(own.values())
+            spread = percentile(ordered, 90) - percentile(ordered, 10)
+            if len(burst) < MIN_BURST or spread < high:
                 continue
             bursts += 1
-            for s in burst:
-                after[s.number] = s.ttft_ms - ttfts[0]
+            widest = max(widest, spread)
+            for n, ms in own.items():
+                after[n] = ms - ordered[0]
         if not bursts:
             return None
-        return cls(after, {"bursts_spread": bursts, "streams_in_them": len(after)})
+        evidence: dict = {"bursts_spread": bursts, "streams_in_them": len(after)}
+        if engine:
+            evidence["burst_spread_beyond_engine_steps_ms"] = round(widest, 1)
+        return cls(after, evidence)
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return min(remaining_ms, self.after.get(stream.number, 0.0))
