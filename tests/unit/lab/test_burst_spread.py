@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import msgspec
 
-from cadence.lab.analysis.diagnosis import RULE_TTFT_GROWS_WITH_STREAMS, diagnose
+from cadence.lab.analysis.diagnosis import (
+    RULE_PREFILL_STALLS_DECODE,
+    RULE_TTFT_GROWS_WITH_STREAMS,
+    diagnose,
+)
 from cadence.lab.analysis.diagnosis.coincidence import Attribution, attribution
+from cadence.lab.analysis.diagnosis.engine_waits import prefill_waits
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.signatures import (
     TTFT_GROWTH_GAPS,
     TTFT_GROWTH_MIN_MS,
     BurstSpread,
     PrefillStalls,
+    coincide_ns,
 )
 from cadence.lab.analysis.stats import summarize
 from cadence.lab.percentile import percentile
@@ -178,3 +184,40 @@ def test_with_both_the_set_up_keeps_only_its_own_part():
     shown = last.ttft_ms - min(s.ttft_ms for s in opened)
     set_up = (last.record.t_received_ns - last.start_ns) / MS
     assert burst.after[last.number] <= set_up + 15.0 < shown
+
+
+def others_prefills_before(records: list[RequestRecord], prefill_ms: float) -> dict[str, float]:
+    """Request id → the prefills of other streams its worker ran before its first output
+    (the planted truth: each stream taken in costs its step `prefill_ms`)."""
+    firsts = [(r.worker, r.t_step_end_ns[0]) for r in records]
+    return {
+        r.request_id: prefill_ms * (sum(1 for f in firsts if f[0] == w and f[1] <= end) - 1)
+        for r, (w, end) in zip(records, firsts, strict=True)
+    }
+
+
+def test_the_first_outputs_admitting_steps_prefills_delayed_are_prefill_stalls():
+    """Each stream of the burst waited through its worker's earlier admitting steps and the
+    other prefills of its own: prefill_stalls_decode claims that wait, never more than those
+    prefills, where before it claimed only the streams that joined at the same instant."""
+    records = prefill_on_a_slower_card()
+    truth = others_prefills_before(records, 30.0)
+    for tail in (read(records), read(untimed(records))):
+        prefill = tail.signature(PrefillStalls)
+        assert prefill is not None
+        assert tail.ttft_share(RULE_PREFILL_STALLS_DECODE) >= 0.75
+        assert tail.unexplained_ttft_ms <= 0.15 * tail.ttft_total_ms
+        for stream in tail.reads.slow_firsts:
+            claim = prefill.claim_first(stream, stream.ttft_ms)
+            assert claim <= truth[stream.record.request_id] + 1.0
+
+
+def test_a_burst_without_prefill_cost_leaves_its_first_outputs_to_other_causes():
+    """A slower card and a front taking calls in one at a time spread the burst's first
+    outputs, but no step ran a prefill: nothing of their wait is prefill's."""
+    records = served(step_ms=(10.0, 25.0), set_up_ms=15.0)
+    for tail in (read(records), read(untimed(records))):
+        assert tail.ttft_total_ms > 0
+        assert tail.signature(PrefillStalls) is None
+        assert RULE_PREFILL_STALLS_DECODE not in tail.ttft_ms
+        assert not any(prefill_waits(tail.reads, coincide_ns(tail.reads)).values())

@@ -13,11 +13,17 @@ Without it the streams already receiving show the steps, where admitting steps a
 their first output is an admitting step, and what it took beyond that stream's own pace is
 the engine's, for every stream that waited meanwhile (which worker a stream waited on is
 not known without the timing).
+
+Of that time, what admitting steps took running other streams' prefills is
+`signatures.PrefillStalls`' (`prefill_waits`): a stream taken in by its worker's k-th
+admitting step waited for the k-1 before it and for the others taken in with it.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
+import statistics
 
 from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, SLOW_GAP_MS, SLOW_GAP_RATIO, Reads
 
@@ -82,3 +88,58 @@ def engine_waits(
             spans.append((g.t1 - over * NS_PER_MS, float(g.t1)))
     stalls_seen = Stalls(spans)
     return {s.number: stalls_seen.within_ms(s.start_ns, s.first_ns) for s in reads.streams}
+
+
+def prefill_waits(reads: Reads, admitting_within_ns: float) -> dict[int, float]:
+    """Stream number → ms of its time to first output that admitting steps took beyond their
+    pace running other streams' prefills (`signatures.PrefillStalls`): the whole of each
+    admitting step it waited through before the one that took it in, and of that one the
+    share of the other streams taken in with it; its own prefill is its own first cost.
+
+    Against each worker's own pace (with the server's timing) or each stream's own (without),
+    so a slower card's steps are not taken for prefills; a step that took no stream in is no
+    prefill's, however long."""
+    records = {s.number: s.record for s in reads.streams}
+    spans: dict[int, list[tuple[float, float]]] = {}
+    """Where (a worker, or 0 for the run without the timing) → its admitting steps' time
+    beyond pace, (from, to) ns."""
+    waits: dict[int, tuple[int, float, float, float, int]] = {}
+    """Stream number → (where, from, to) it waited, its own step's time beyond pace (ms) and
+    the streams that step took in."""
+    if all(r.t_step_end_ns and r.t_received_ns for r in records.values()):
+        steps: dict[int, dict[int, float]] = {}
+        for r in records.values():
+            for w, s0, s1 in zip(r.chunk_workers(), r.t_step_start_ns, r.t_step_end_ns):
+                if s1:
+                    steps.setdefault(w, {})[s1] = (s1 - s0) / NS_PER_MS
+        pace = {w: statistics.median(by_end.values()) for w, by_end in steps.items()}
+        taken_in = collections.Counter(
+            (r.chunk_workers()[0], r.t_step_end_ns[0]) for r in records.values()
+        )
+        over = {(w, end): _slow_by(steps[w][end], pace[w]) for w, end in taken_in}
+        for (w, end), ms in over.items():
+            if ms:
+                spans.setdefault(w, []).append((end - ms * NS_PER_MS, end))
+        for n, r in records.items():
+            step = (r.chunk_workers()[0], r.t_step_end_ns[0])
+            waits[n] = (step[0], r.t_received_ns, step[1], over[step], taken_in[step])
+    else:
+        ends: list[tuple[int, float]] = []
+        for g in reads.gaps:
+            ms = _slow_by(g.ms, g.tokens * (g.stream.speed_ms or reads.typical_ms))
+            if ms and reads.joined_at(g.t1, admitting_within_ns, g.stream.number)[0]:
+                ends.append((g.t1, ms))
+        ends.sort()
+        spans[0] = [(end - ms * NS_PER_MS, end) for end, ms in ends]
+        for s in reads.streams:
+            # Its own step ended where the other streams' slow gaps ended at its first output.
+            k = bisect.bisect_left(ends, (s.first_ns - admitting_within_ns,))
+            near = [ms for end, ms in ends[k:] if end <= s.first_ns + admitting_within_ns]
+            taken = 1 + reads.joined_at(s.first_ns, admitting_within_ns, s.number)[0]
+            waits[s.number] = (0, s.start_ns, s.first_ns, max(near, default=0.0), taken)
+    stalls = {w: Stalls(v) for w, v in spans.items()}
+    return {
+        n: max(0.0, stalls[w].within_ms(lo, hi) - own / taken)
+        for n, (w, lo, hi, own, taken) in waits.items()
+        if w in stalls
+    }

@@ -20,7 +20,7 @@ import numpy as np
 
 from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
-from cadence.lab.analysis.diagnosis.engine_waits import engine_waits
+from cadence.lab.analysis.diagnosis.engine_waits import engine_waits, prefill_waits
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
     RULE_CLIENT_READ_LATE,
@@ -211,6 +211,9 @@ class PrefillStalls(Signature):
         self.per_stream = per_stream
         self.per_token = per_token
         self.evidence = evidence
+        self.waits = prefill_waits(reads, self.window)
+        """Stream number → how long the engine ran other streams' prefills while it waited
+        for its first output (ms, `engine_waits.prefill_waits`)."""
 
     @classmethod
     def detect(cls, reads: Reads, facts: RunFacts) -> PrefillStalls | None:
@@ -259,9 +262,12 @@ class PrefillStalls(Signature):
         return min(remaining_ms, self._cost(n, tokens)) if n else 0.0
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
-        # The streams admitted in the same step made this one wait for their prefill too.
+        # The streams admitted in the same step made this one wait for their prefill too,
+        # and so did those of every admitting step it waited through before: what the steps
+        # took for them where the engine's time shows it, else their fitted cost.
         n, tokens = self.reads.joined_at(stream.first_ns, self.window, stream.number)
-        return min(remaining_ms, self._cost(n, tokens)) if n else 0.0
+        fitted = self._cost(n, tokens) if n else 0.0
+        return min(remaining_ms, max(fitted, self.waits.get(stream.number, 0.0)))
 
 
 # -- the engine's own steps slow at the slow gaps (the server's timing) ---------------------
