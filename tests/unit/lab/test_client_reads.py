@@ -67,6 +67,19 @@ def test_slow_reads_the_clients_loop_stamped_late_are_the_clients() -> None:
     itl = next(t for t in verdict.tails if t.metric == "itl_ms")
     assert itl.state == "bad" and itl.explained_by["client_read_late"] > 0.9
     assert not unexplained
+    # The tail says nothing of the server: the run cannot judge it, and says whose it is.
+    assert verdict.state == "inconclusive", verdict.line
+    assert "the lab's own client's, not the server's: client_read_late" in verdict.line
+
+
+def test_a_tail_the_client_explains_beside_a_server_cause_is_unhealthy() -> None:
+    """The client's late reads and the server's own pause each make part of the tail: the
+    server's part is enough for the run to be unhealthy."""
+    records = batched(tokens=80, pauses=(10, 30, 50, 70), pause_ms=80)
+    result = client_stalled(records, [k * 97 * MS + 3 * MS for k in (1, 3, 5)])
+    result.diagnosis = diagnose(result)
+    verdict, _ = judge(result)
+    assert verdict.state == "unhealthy", verdict.line
 
 
 def test_the_servers_own_stall_is_not_the_clients() -> None:

@@ -17,7 +17,7 @@ import time
 from array import array
 
 PERIOD_S = 0.005
-"""Between ticks: 200 a second, a fraction of a percent of the process's core."""
+"""Between ticks: 200 a second (their cost: docs/lab.md, the noise floor)."""
 LATE_MS = 2.0
 """A tick this late or more was held up (a loop's timer otherwise runs up to a millisecond
 late: epoll waits in whole milliseconds); its stretch is a stall."""
