@@ -3,8 +3,9 @@
 The tail is what the slow gaps and the slow first outputs took beyond one typical gap (their
 excess, `reads`). Each signature (`signatures`) recognised over the run claims, in turn, the
 part of each one's remaining excess it explains: most specific first (outputs held back in a
-read, then the streams that joined at that instant, then the engine's own slow step where
-the server's timing shows it, then a silence of every stream, then a slower subset, then a
+read, then what a slow step's threads waited for a CPU where the server measured it per step,
+then the streams that joined at that instant, then the engine's own slow step where the
+server's timing shows it, then a silence of every stream, then a slower subset, then a
 timer among what is left (at any position: gaps at the positions of a period of the stream,
 `dependence`, are where the stream is, not a clock), then, on a host other work filled, the
 host's late wake-ups, up to what they can add). A slow first output is claimed by the same
@@ -37,6 +38,7 @@ from cadence.lab.analysis.diagnosis.signatures import (
     Signature,
     SlowGroup,
     SlowSteps,
+    StepsWaitedForCpu,
     WaitsForSlot,
 )
 
@@ -45,15 +47,18 @@ S = TypeVar("S", bound=Signature)
 GAP_SIGNATURES: tuple[type[Signature], ...] = (
     HeldBack,
     HandOffGaps,
+    StepsWaitedForCpu,
     PrefillStalls,
     SlowSteps,
     SharedStalls,
     SlowGroup,
 )
 """Claim each slow gap's excess in this order; `FixedGaps` then reads what they left. A gap
-across a hand-off (disaggregated serving) is the hand-off's whole. A slow step of the
-engine's own (the server's timing) comes after prefill, which names why a step was slow, and
-before a silence of every stream, which a slow step also makes."""
+across a hand-off (disaggregated serving) is the hand-off's whole. A step's measured wait for
+a CPU (cadence's per-step figure) comes before the causes that are estimated: it is what that
+step's threads lost, in that step. A slow step of the engine's own (the server's timing)
+comes after prefill, which names why a step was slow, and before a silence of every stream,
+which a slow step also makes."""
 
 FIRST_SIGNATURES: tuple[type[Signature], ...] = (
     HeldBack,
