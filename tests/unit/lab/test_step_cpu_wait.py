@@ -121,3 +121,20 @@ def test_a_record_without_the_figure_reads_as_before_it_existed() -> None:
     assert len(written[0]) < fields.index("t_step_cpu_wait_ns")  # left out, as before
     back = msgspec.convert({"records": written}, BenchResult).records
     assert back[0].t_step_cpu_wait_ns == [] and back[1].t_step_cpu_wait_ns == [1000, -1, 2000]
+
+
+def test_a_slow_first_output_whose_step_waited_for_a_cpu_is_the_hosts() -> None:
+    """Two of 16 streams' first outputs 130 ms late, their first step's threads kept off a CPU
+    that long: the TTFT tail is the host's (with the figure), not a share of 0."""
+    records = waited(timed(), {})
+    for r in records[-2:]:
+        r.arrival_ns = [t + 130 * MS for t in r.arrival_ns]
+        r.end_ns = r.arrival_ns[-1]
+        r.t_step_end_ns = [t + 130 * MS for t in r.t_step_end_ns]
+        r.t_step_cpu_wait_ns[0] += 130 * MS
+    result = contended(records)
+    host = alarms(result)["host_contended"]
+    assert host["ttft_tail_share"] > 0.9, host
+    for r in records:
+        r.t_step_cpu_wait_ns = []
+    assert alarms(contended(records))["host_contended"]["ttft_tail_share"] < 0.5

@@ -8,10 +8,11 @@ then the streams that joined at that instant, then the engine's own slow step wh
 server's timing shows it, then a silence of every stream, then a slower subset, then a
 timer among what is left (at any position: gaps at the positions of a period of the stream,
 `dependence`, are where the stream is, not a clock), then, on a host other work filled, the
-host's late wake-ups, up to what they can add). A slow first output is claimed by the same
-instants, then by a fixed first cost, then by the request's own size where the first outputs
-follow it (`dependence`: a prefill, a scheduler that orders by length), then by a slot. A cause's share is the tail time it claimed
-over the whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
+host's late wake-ups, up to what they can add). A slow first output is claimed by its step's
+measured wait for a CPU and the same instants, then by a fixed first cost, then by the
+request's own size where the first outputs follow it (`dependence`: a prefill, a scheduler
+that orders by length), then by a slot. A cause's share is the tail time it claimed over the
+whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
 A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is a finding.
 """
 
@@ -63,6 +64,7 @@ which a slow step also makes."""
 FIRST_SIGNATURES: tuple[type[Signature], ...] = (
     HeldBack,
     PrefillPoolWait,
+    StepsWaitedForCpu,
     PrefillStalls,
     SharedStalls,
     FixedFirstCost,
@@ -70,7 +72,8 @@ FIRST_SIGNATURES: tuple[type[Signature], ...] = (
     BurstSpread,
 )
 """Claim each slow first output's excess in this order (one made on a prefill worker of a
-disaggregated server: its wait and its prefill there, before any cause the streams share)."""
+disaggregated server: its wait and its prefill there, before any cause the streams share;
+then what its step's threads waited for a CPU, measured)."""
 
 
 class Attribution:

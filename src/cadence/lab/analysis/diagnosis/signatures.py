@@ -331,6 +331,18 @@ class EngineGaps:
             return 0.0
         return max(0.0, wait - usual * max(gap.tokens, 1))
 
+    def first_waited_ms(self, stream: StreamReads) -> float:
+        """How much longer than its worker's typical the threads of the step that made the
+        stream's first output waited for a CPU (ms), from the worker's step before it: 0
+        where that is not known, or the step was a prefill worker's (disaggregated)."""
+        waits = stream.step_waits
+        usual = self.typical_wait.get(stream.worker)
+        if not self.with_waits or not waits or waits[0] < 0 or usual is None:
+            return 0.0
+        if stream.prefilled_ms:
+            return 0.0
+        return max(0.0, waits[0] - usual * max(stream.tokens[0], 1))
+
     def slow_steps(self, slow: Sequence[Gap]) -> dict[int, dict[int, tuple[float, float]]]:
         """The steps under the slow gaps `slow` that came more than SLOW_GAP_MS late, by
         worker and step end: (how late, how much longer than usual its threads waited for a
@@ -416,7 +428,8 @@ class StepsWaitedForCpu(Signature):
     its step's threads spent waiting for a CPU beyond what its worker's steps usually wait,
     up to how late the step came (`EngineGaps`), is the host's, not the engine's compute. A
     thread ready to run on a full host waits for the one running to use up its scheduler
-    slice, longer than the host's wake-up probe (a sleeping thread) is ever late.
+    slice, longer than the host's wake-up probe (a sleeping thread) is ever late. Of a slow
+    first output, what its first step's threads waited beyond their usual.
 
     Whose it is: the host's (`host_contended`) when other work filled it, else the server's
     own threads' (`server_threads_wait_for_cpu`: the server and its load fill the host)."""
@@ -452,6 +465,11 @@ class StepsWaitedForCpu(Signature):
         if late is None or late <= 0:
             return 0.0
         return min(remaining_ms, late, self.gaps.waited_ms(gap))
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        # The first output's step is in its TTFT whole: what its threads waited beyond
+        # their usual is time the first output lost.
+        return min(remaining_ms, self.gaps.first_waited_ms(stream))
 
     def covers(self, slow: Sequence[Gap], host_late_ms: float = 0.0) -> bool:
         """Whether the slow steps under the slow gaps `slow` (`EngineGaps.slow_steps`) are the
