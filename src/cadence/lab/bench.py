@@ -40,6 +40,7 @@ from cadence.lab.measure.stacks import StackSampler
 from cadence.lab.measure.threads import ThreadReader
 from cadence.lab.measure.trace_receiver import TraceReceiver
 from cadence.lab.options import recorded
+from cadence.lab.percentile import distribution
 from cadence.lab.records import ProcessResult, RequestRecord
 from cadence.lab.servers.baseline import engine_config_of, run_baseline
 
@@ -346,6 +347,8 @@ def _analyse(
             cpu_per_chunk_us=client_cpu_s / stats.chunks * 1e6 if stats.chunks else None,
             busiest_process_cpu_share=max(p.cpu_s / p.wall_s for p in out if p.wall_s),
             schedule_slips=sum(p.schedule_slips for p in out),
+            loop_lag_ms=distribution(lag for p in out for lag in p.loop_late_ms),
+            loop_stalls=sorted((p.process, *stall) for p in out for stall in p.loop_stalls),
             **schedule(
                 workload.offered_rate, out, open_loop=bool(workload.rate or workload.shape.trace)
             ),

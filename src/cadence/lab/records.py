@@ -156,6 +156,10 @@ class ProcessResult(msgspec.Struct, array_like=True):
     """Why the process stopped sending early (`FailureStreak`); None: it ran to its end."""
     saturation: Saturation | None = None
     """With the over-saturation stop: what it saw of the load."""
+    loop_late_ms: list[float] = []
+    """How late each tick of the process's loop ran (`cadence.lab.load.loop_lateness`)."""
+    loop_stalls: list[tuple[int, int]] = []
+    """The stretches its loop ran late: (from, to), time.monotonic_ns."""
 
 
 MAX_SPANS = 500_000

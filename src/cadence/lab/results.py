@@ -299,6 +299,13 @@ class Client(msgspec.Struct, kw_only=True):
     """Actual minus intended send time of each open-loop request (null in a closed loop)."""
     behind_schedule: bool | UnsetType = UNSET
     """The client fell behind its schedule: its figures are the client's, not the server's."""
+    loop_lag_ms: Distribution | UnsetType = UNSET
+    """How late the load processes' event loops ran a timer due every few milliseconds
+    (`cadence.lab.load.loop_lateness`): the client's read lag. Unset in a result written
+    before it was kept."""
+    loop_stalls: list[tuple[int, int, int]] | UnsetType = UNSET
+    """(process, from, to) of each stretch a load process's loop ran late
+    (time.monotonic_ns): a read due then was stamped late by the client."""
 
 
 class ProcessCpu(msgspec.Struct, kw_only=True):

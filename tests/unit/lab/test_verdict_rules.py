@@ -93,7 +93,7 @@ def test_the_noise_floor_is_made_of_what_the_run_measured() -> None:
     bare = noise_floor(run())
     assert bare.terms_ms == {"timer_resolution": TIMER_RESOLUTION_MS}
     assert "host wake-ups not measured" in bare.describe()
-    assert "not measured (closed loop)" in bare.describe()
+    assert "client read lag not measured" in bare.describe()
     full = noise_floor(run(**noisy(wakeup_p99=2.0, client_lag_p99=0.5)))
     assert full.terms_ms == {"timer_resolution": 1.0, "host_wakeups": 6.0, "client_read_lag": 0.5}
     assert full.ms == pytest.approx(7.5)
@@ -101,6 +101,12 @@ def test_the_noise_floor_is_made_of_what_the_run_measured() -> None:
     assert "client lag p99 0.5 ms (its open-loop sends)" in full.describe()
     behind = noise_floor(run(**noisy(client_lag_p99=300.0, behind=True)))
     assert "client_read_lag" not in behind.terms_ms  # its own finding explains the tail
+    # The client's loop's ticks measure its read lag in any loop; they come first.
+    ticked = noise_floor(
+        run(client=Client(loop_lag_ms=dist(0.1, 3.0, count=400), schedule_lag_ms=dist(0.1, 0.5)))
+    )
+    assert ticked.terms_ms["client_read_lag"] == 3.0
+    assert "client loop lag p99 3.0 ms (its loop's timer)" in ticked.describe()
 
 
 @pytest.mark.parametrize(

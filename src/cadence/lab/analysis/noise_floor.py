@@ -11,12 +11,13 @@ Its terms, each from where the run measured it:
   how late a sleeping thread woke during the run; a token's way wakes HOPS threads (the
   engine's step, the front's loop, the client's read), each of which may wake that late: HOPS
   x the probe's p99;
-- the client's read lag: how late the lab's own load loop acted on an event that was due,
-  measured in an open loop as each send's lateness to its schedule (`client.schedule_lag_ms`,
-  p99). A client that fell behind its schedule is left out: its finding
-  (`client_behind_schedule`) explains the tail instead. A closed loop does not measure it.
+- the client's read lag: how late the lab's own load loop acted on an event that was due:
+  its loops' timer ticks' lateness (`client.loop_lag_ms`, p99; a result from before it was
+  kept: an open loop's sends' lateness to their schedule, `client.schedule_lag_ms`). A client
+  that fell behind its schedule is left out: its finding (`client_behind_schedule`) explains
+  the tail instead.
 
-A term the run did not measure (a result from before the probe, a closed loop) adds nothing
+A term the run did not measure (a result from before the probe or the ticks) adds nothing
 and the line says so.
 """
 
@@ -65,14 +66,17 @@ def noise_floor(result: BenchResult) -> NoiseFloor:
     else:
         words.append("host wake-ups not measured")
     client = result.client
-    lag = client.schedule_lag_ms or None
+    ticks, sends = client.loop_lag_ms or None, client.schedule_lag_ms or None
     if client.behind_schedule is True:
         words.append("client read lag left out (it fell behind its schedule)")
-    elif _usable(lag):
-        terms["client_read_lag"] = lag.p99
-        words.append(f"client lag p99 {lag.p99:.1f} ms (its open-loop sends)")
+    elif _usable(ticks):
+        terms["client_read_lag"] = ticks.p99
+        words.append(f"client loop lag p99 {ticks.p99:.1f} ms (its loop's timer)")
+    elif _usable(sends):
+        terms["client_read_lag"] = sends.p99
+        words.append(f"client lag p99 {sends.p99:.1f} ms (its open-loop sends)")
     else:
-        words.append("client read lag not measured (closed loop)")
+        words.append("client read lag not measured")
     return NoiseFloor(terms_ms={k: round(v, 3) for k, v in terms.items()}, words=words)
 
 

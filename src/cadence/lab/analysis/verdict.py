@@ -14,6 +14,11 @@ A run is healthy only when all of these hold:
 - its output is whole (no integrity fault among the checks its protocol counts);
 - fewer than FAILING_SHARE of its requests failed, and it ran to its end.
 
+A bad tail that only the lab's own client explains (`CLIENT_RULES`: its loop stamped the slow
+reads late, a load process near a full core, an open loop behind its schedule), with less
+than UNEXPLAINED_MIN_SHARE left unexplained, says nothing of the server: such a run is
+inconclusive, not unhealthy, and its line says whose the tail is.
+
 A tail taken over fewer than MIN_GAPS gaps (ITL) or MIN_FIRST_OUTPUTS requests (TTFT) is not
 judged: its p99 is one or two values. A run with nothing bad but a tail not judged is
 inconclusive, never healthy.
@@ -81,6 +86,7 @@ TAIL_RULES = {
         rules.RULE_CPU_BUSY_CARDS_IDLE,
         rules.RULE_CLIENT_SATURATED,
         rules.RULE_CLIENT_BEHIND_SCHEDULE,
+        rules.RULE_CLIENT_READ_LATE,
         rules.RULE_KV_CACHE_FULL,
         rules.RULE_HOST_CONTENDED,
     },
@@ -98,6 +104,7 @@ TAIL_RULES = {
         rules.RULE_SERVER_QUEUE_GROWS,
         rules.RULE_CLIENT_SATURATED,
         rules.RULE_CLIENT_BEHIND_SCHEDULE,
+        rules.RULE_CLIENT_READ_LATE,
         rules.RULE_FRONT_CPU_BOUND,
         rules.RULE_FRONT_LOOP_BLOCKED,
         rules.RULE_SERVER_ONE_CORE_BOUND,
@@ -108,6 +115,10 @@ TAIL_RULES = {
     },
 }
 """The rules whose findings bear on each tail."""
+CLIENT_RULES = frozenset(
+    {rules.RULE_CLIENT_READ_LATE, rules.RULE_CLIENT_SATURATED, rules.RULE_CLIENT_BEHIND_SCHEDULE}
+)
+"""Rules that put a tail on the lab's own client, not on the server."""
 NOT_TAIL_RULES = {
     rules.RULE_REQUESTS_FAILING,
     rules.RULE_INTEGRITY_FAULTS,
@@ -193,8 +204,11 @@ def judge(
         if share is not None and share >= UNEXPLAINED_MIN_SHARE and not already:
             findings.append(unexplained(result, tail, tables))
     problems = _problems(result)
-    if problems or any(t.state == "bad" for t in judged):
+    bad = [t for t in judged if t.state == "bad"]
+    if problems or any(not _the_clients(t) for t in bad):
         state = "unhealthy"
+    elif bad:
+        state = "inconclusive"
     elif not judged or any(t.state == "not_judged" for t in judged):
         state = "inconclusive"
     else:
@@ -202,6 +216,18 @@ def judge(
     verdict = Verdict(state=state, tails=judged, problems=problems)
     verdict.line = _line(verdict)
     return verdict, findings
+
+
+def _the_clients(tail: TailVerdict) -> bool:
+    """A bad tail the lab's own client explains, and nothing else: it says nothing of the
+    server."""
+    explained = tail.explained_by
+    unexplained = tail.unexplained_share
+    return (
+        bool(explained)
+        and set(explained) <= CLIENT_RULES
+        and (unexplained is None or unexplained < UNEXPLAINED_MIN_SHARE)
+    )
 
 
 def _line(verdict: Verdict) -> str:
@@ -231,7 +257,9 @@ def _tail_words(tail: TailVerdict) -> str:
         f"p50 {tail.p50_ms:.1f}"
     )
     explained, unexplained = cause_words(tail), _unexplained_words(tail)
-    if explained:
+    if _the_clients(tail):
+        words += ": the lab's own client's, not the server's: " + ", ".join(explained)
+    elif explained:
         words += ": explained by " + ", ".join(explained)
     if unexplained:
         words += (", " if explained else ": ") + unexplained

@@ -21,6 +21,7 @@ from cadence.credentials import ClientCredentials
 from cadence.heap import settle_heap
 from cadence.lab.load.cadence_v1 import CADENCE
 from cadence.lab.load.driver import Session
+from cadence.lab.load.loop_lateness import LoopLateness
 from cadence.lab.load.plan import RequestPlan, RequestShape, poisson_offsets
 from cadence.lab.load.saturation import SaturationWatch
 from cadence.lab.load.target import Target
@@ -168,6 +169,7 @@ async def _run_process(
     if delay > 0:
         await asyncio.sleep(delay)
     cpu0, wall0, started_ns = time.process_time(), time.monotonic(), time.monotonic_ns()
+    lateness = LoopLateness().start()
     kept: list[tuple[RequestRecord, list[bytes]]] = []
     """Each request's record and its chunks' bytes, parsed after the run."""
     stop_at = wall0 + plan.duration_s if plan.duration_s is not None else float("inf")
@@ -247,6 +249,7 @@ async def _run_process(
 
         await asyncio.gather(*(lane(k) for k in range(plan.concurrency)))
     cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+    await lateness.stop()
     if plan.warmup_s:
         counted_from = started_ns + int(plan.warmup_s * 1e9)
         counted = [k for k, (record, _) in enumerate(kept) if record.start_ns >= counted_from]
@@ -264,6 +267,8 @@ async def _run_process(
         lags,
         streak.reason,
         watch.result if watch is not None else None,
+        lateness.late_ms.tolist(),
+        lateness.stalls,
     )
 
 

@@ -16,6 +16,7 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `host`: front_cpu_bound, cpu_busy_cards_idle
 - `contention`: host_contended (other work filled the host)
 - `client`: client_saturated, client_behind_schedule
+- `client_reads`: client_read_late (the lab's own client stamped slow reads late)
 - `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
 - `workers`: slow_worker
 - `disaggregation`: prefill_pool_bottleneck, decode_pool_bottleneck (a disaggregated
@@ -55,6 +56,7 @@ from cadence.lab.analysis.diagnosis import (
     batching,
     capacity,
     client,
+    client_reads,
     connection,
     contention,
     dependence,
@@ -74,6 +76,7 @@ from cadence.lab.analysis.diagnosis import (
 )
 from cadence.lab.analysis.diagnosis.capacity import UNDER_CAPACITY_BATCH
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.client_reads import CLIENT_LATE_MIN_SHARE
 from cadence.lab.analysis.diagnosis.connection import CONNECT_TTFT_SHARE, SLOW_CONNECT_MS
 from cadence.lab.analysis.diagnosis.disaggregation import (
     DECODE_STEP_GROWTH,
@@ -105,6 +108,7 @@ from cadence.lab.analysis.diagnosis.itl import (
 )
 from cadence.lab.analysis.diagnosis.names import (
     RULE_CLIENT_BEHIND_SCHEDULE,
+    RULE_CLIENT_READ_LATE,
     RULE_CLIENT_SATURATED,
     RULE_CPU_BUSY_CARDS_IDLE,
     RULE_DECODE_POOL_BOTTLENECK,
@@ -177,6 +181,7 @@ RULES: tuple[Rule, ...] = (
     *itl.RULES,
     *host.RULES,
     *client.RULES,
+    *client_reads.RULES,
     *streams.RULES,
     *workers.RULES,
     *disaggregation.RULES,
@@ -214,6 +219,7 @@ __all__ = [
     "CAP_RECEIVING_SHARE",
     "CAP_TIME_SHARE",
     "CLIENT_BUSY_SHARE",
+    "CLIENT_LATE_MIN_SHARE",
     "CONNECT_TTFT_SHARE",
     "DECODE_STEP_GROWTH",
     "DECODE_STEP_GROWTH_MIN_MS",
@@ -240,6 +246,7 @@ __all__ = [
     "PREFILL_TTFT_TAIL_SHARE",
     "RULES",
     "RULE_CLIENT_BEHIND_SCHEDULE",
+    "RULE_CLIENT_READ_LATE",
     "RULE_CLIENT_SATURATED",
     "RULE_CPU_BUSY_CARDS_IDLE",
     "RULE_DECODE_POOL_BOTTLENECK",

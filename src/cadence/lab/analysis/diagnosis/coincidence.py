@@ -7,12 +7,13 @@ read, then what a slow step's threads waited for a CPU where the server measured
 then the streams that joined at that instant, then the engine's own slow step where the
 server's timing shows it, then a silence of every stream, then a slower subset, then a
 timer among what is left (at any position: gaps at the positions of a period of the stream,
-`dependence`, are where the stream is, not a clock), then, on a host other work filled, the
-host's late wake-ups, up to what they can add). A slow first output is claimed by its step's
-measured wait for a CPU and the same instants, then by a fixed first cost, then by the
-request's own size where the first outputs follow it (`dependence`: a prefill, a scheduler
-that orders by length), then by a slot. A cause's share is the tail time it claimed over the
-whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
+`dependence`, are where the stream is, not a clock), then the lab's own client where its loop
+ran late as the gap ended, then, on a host other work filled, the host's late wake-ups, up to
+what they can add). A slow first output is claimed by its step's measured wait for a CPU and
+the same instants, then by a fixed first cost, then by the request's own size where the first
+outputs follow it (`dependence`: a prefill, a scheduler that orders by length), then by a
+slot. A cause's share is the tail time it claimed over the whole tail; what no signature
+claimed stays `unexplained`, with the gaps it is in.
 A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is a finding.
 """
 
@@ -26,6 +27,7 @@ from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Gap, Reads
 from cadence.lab.analysis.diagnosis.signatures import (
     BurstSpread,
+    ClientStalls,
     FixedFirstCost,
     FixedGaps,
     FollowsOwnSize,
@@ -104,6 +106,12 @@ class Attribution:
         if timer is not None:
             self.signatures[FixedGaps] = timer
             left = self._claim_left(left, timer, untouched)
+        # Then the lab's own client, where its loop ran late when a gap ended: a stamp it
+        # made late, up to how long its loop had been late.
+        client = ClientStalls.detect(reads, facts)
+        if client is not None:
+            self.signatures[ClientStalls] = client
+            left = self._claim_left(left, client)
         # Last: a busy host's late wake-ups claim only what no cause of the server's did.
         host = HostDelays.detect(reads, facts)
         if host is not None:
@@ -123,7 +131,7 @@ class Attribution:
         )
         if own is not None:
             firsts.insert(at, own)
-        self._claim_firsts(firsts + ([host] if host is not None else []))
+        self._claim_firsts(firsts + [s for s in (client, host) if s is not None])
         serial = OneAtATime.detect(reads, facts)
         if serial is not None:
             self.signatures[OneAtATime] = serial

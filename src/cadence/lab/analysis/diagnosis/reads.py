@@ -58,7 +58,9 @@ class StreamReads:
         "number",
         "per_token_ms",
         "prefilled_ms",
+        "process",
         "prompt_tokens",
+        "record",
         "start_ns",
         "step_ends",
         "step_waits",
@@ -69,10 +71,13 @@ class StreamReads:
 
     def __init__(self, number: int, record: RequestRecord, together_ns: float) -> None:
         self.number = number
+        self.record = record
         self.start_ns = record.start_ns
         self.end_ns = record.arrival_ns[-1]
         self.prompt_tokens = record.prompt_tokens
         self.worker = record.worker
+        self.process = record.process
+        """The load process that read it (`client.loop_stalls` are per process)."""
         self.times: list[int] = []
         """Each read's arrival (its first output's stamp)."""
         self.tokens: list[int] = []

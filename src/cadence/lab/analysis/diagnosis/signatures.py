@@ -20,8 +20,10 @@ import numpy as np
 
 from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
+from cadence.lab.analysis.diagnosis.engine_waits import engine_waits
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
+    RULE_CLIENT_READ_LATE,
     RULE_DECODE_POOL_BOTTLENECK,
     RULE_GAPS_AT_FIXED_VALUES,
     RULE_HOST_CONTENDED,
@@ -969,21 +971,29 @@ thread per stream, serves the last of 32 streams hundreds of ms after the first.
 
 
 class BurstSpread(Signature):
-    """Claims after `WaitsForSlot`: what is left of a burst's first outputs is their order."""
+    """Claims after `WaitsForSlot`: what is left of a burst's first outputs is their order,
+    less what the engine's own steps took beyond their pace while each stream waited
+    (`engine_waits`). Call set-up takes new streams in one at a time while the engine goes on
+    at its pace; steps made long by the prefills they admitted, or a slower card's steps,
+    spread a burst's first outputs too, and that spread is theirs, not the front's."""
 
     rule = RULE_TTFT_GROWS_WITH_STREAMS
 
     def __init__(self, after: dict[int, float], evidence: dict) -> None:
         self.after = after
-        """Stream number → how long after its burst's first output its own came (ms)."""
+        """Stream number → how long after its burst's first output its own came, less the
+        engine's part of its wait, beyond the burst's least (ms)."""
         self.evidence = evidence
 
     @classmethod
     def detect(cls, reads: Reads, facts: RunFacts) -> BurstSpread | None:
         high = max(TTFT_GROWTH_GAPS * reads.typical_ms, TTFT_GROWTH_MIN_MS)
         chain = BURST_CHAIN_MS * NS_PER_MS
+        prefill = PrefillStalls.detect(reads, facts)
+        engine = engine_waits(reads, facts.typical_step, prefill.window if prefill else None)
         after: dict[int, float] = {}
         bursts = 0
+        widest = 0.0
         by_start = sorted(reads.streams, key=lambda s: s.start_ns)
         k = 0
         while k < len(by_start):
@@ -994,15 +1004,21 @@ class BurstSpread(Signature):
             ):
                 burst.append(by_start[k + len(burst)])
             k += len(burst)
-            ttfts = sorted(s.ttft_ms for s in burst)
-            if len(burst) < MIN_BURST or percentile(ttfts, 90) - percentile(ttfts, 10) < high:
+            own = {s.number: s.ttft_ms - engine.get(s.number, 0.0) for s in burst}
+            ordered = sorted(own.values())
+            spread = percentile(ordered, 90) - percentile(ordered, 10)
+            if len(burst) < MIN_BURST or spread < high:
                 continue
             bursts += 1
-            for s in burst:
-                after[s.number] = s.ttft_ms - ttfts[0]
+            widest = max(widest, spread)
+            for n, ms in own.items():
+                after[n] = ms - ordered[0]
         if not bursts:
             return None
-        return cls(after, {"bursts_spread": bursts, "streams_in_them": len(after)})
+        evidence: dict = {"bursts_spread": bursts, "streams_in_them": len(after)}
+        if engine:
+            evidence["burst_spread_beyond_engine_steps_ms"] = round(widest, 1)
+        return cls(after, evidence)
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return min(remaining_ms, self.after.get(stream.number, 0.0))
@@ -1035,3 +1051,62 @@ class HostDelays(Signature):
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return min(remaining_ms, self.most_ms)
+
+
+# -- the lab's own client read late: its load loop ran behind --------------------------------
+
+STALL_READS_MS = 2.0
+"""After a stretch its loop ran late, a load process stamps the reads that came meanwhile one
+after another: a read stamped this soon after the stretch ended was held by it too."""
+
+
+class ClientStalls(Signature):
+    """The load process that read a stream ran its loop late (`client.loop_stalls`: its
+    ticks ran late, the process busy or waiting for a core): a gap or first output that
+    ended in such a stretch may have been stamped late by as much as the stretch had lasted
+    by then (from the gap's start at the latest), and no more."""
+
+    rule = RULE_CLIENT_READ_LATE
+
+    def __init__(self, stalls: dict[int, list[tuple[int, int]]], evidence: dict) -> None:
+        self.stalls = stalls
+        self.starts = {p: [a for a, _ in spans] for p, spans in stalls.items()}
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, facts: RunFacts) -> ClientStalls | None:
+        found = facts.result.client.loop_stalls or []
+        if not found:
+            return None
+        stalls: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+        for process, a, b in sorted(found):
+            stalls[process].append((a, b))
+        lengths = [(b - a) / NS_PER_MS for _, a, b in found]
+        return cls(
+            dict(stalls),
+            {
+                "client_loop_stalls": len(found),
+                "client_loop_stall_max_ms": round(max(lengths), 1),
+                "client_loop_stalled_ms": round(sum(lengths), 1),
+            },
+        )
+
+    def _held_ms(self, process: int, t0: int, t1: int) -> float:
+        """How long the read at t1 may have waited for its process's loop: from the start of
+        the stretch it ended in (or t0, the gap's start, when later)."""
+        starts = self.starts.get(process)
+        if not starts:
+            return 0.0
+        k = bisect.bisect_left(starts, t1) - 1
+        if k < 0:
+            return 0.0
+        a, b = self.stalls[process][k]
+        if t1 > b + STALL_READS_MS * NS_PER_MS:
+            return 0.0
+        return max(0.0, (t1 - max(a, t0)) / NS_PER_MS)
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        return min(remaining_ms, self._held_ms(gap.stream.process, gap.t0, gap.t1))
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        return min(remaining_ms, self._held_ms(stream.process, stream.start_ns, stream.first_ns))

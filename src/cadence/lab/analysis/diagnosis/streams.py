@@ -234,7 +234,10 @@ def ttft_grows(facts: RunFacts) -> list[Finding]:
     bursts, cap = timeline.bursts, timeline.concurrency
     capped = normal and _receiving_capped(cap) and facts.ttft is not None and facts.ttft.p90 >= high
     spread = bursts.ttft_p90_ms - bursts.ttft_p10_ms
-    burst = normal and bursts.largest >= MIN_BURST and finite(spread) and spread >= high
+    # Read from the raw records, the spread must be call set-up's: what the engine's steps
+    # took beyond their pace while the streams waited is not (`BurstSpread`).
+    set_up = tail is None or tail.signature(BurstSpread) is not None
+    burst = normal and set_up and bursts.largest >= MIN_BURST and finite(spread) and spread >= high
     if not (capped or burst or waited):
         return []
     evidence: dict = {
