@@ -2,8 +2,8 @@
 
     flock /tmp/cadence-bench.lock python benchmarks/chunk_path.py [--chunks 10000] [--repeat 7]
 
-One stream with its output always waiting (no event-loop wake-up is timed): push one token as
-the output reader does, take the chunk through `Generation.__anext__` (the core) and
+One stream with its output always waiting (no event-loop wake-up is timed): push one token
+(with its step's times and CPU wait) as the output reader does, take the chunk through `Generation.__anext__` (the core) and
 `to_chunk` plus serialization (the v1 adapter). What grpc.aio and the kernel then do per
 chunk is the same for any Python server and is not in this figure.
 """
@@ -47,7 +47,7 @@ async def _run(chunks: int, repeat: int, piece: object) -> list[float]:
         stream = generation.stream
         started = time.process_time()
         for _ in range(chunks):
-            stream.push(piece, None, 1, 2, 3)
+            stream.push(piece, None, 1, 2, 3, 4)
             to_chunk(await generation.__anext__(), "r").SerializeToString()
         runs.append((time.process_time() - started) / chunks * 1e9)
         generation.close()

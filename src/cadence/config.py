@@ -139,6 +139,13 @@ def _prefix_caching_default(_: object) -> str:
     return f"on with the {engines} engine, off otherwise" if engines else "off"
 
 
+def _threads_default(_: object) -> str:
+    return (
+        "the host's cores shared among the CPU ranks, less one core left to the front where "
+        "the host has more cores than ranks"
+    )
+
+
 Role = Literal["", "prefill", "decode"]
 """A worker's part in disaggregated serving ("": both prefill and decode)."""
 
@@ -292,8 +299,19 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             **NOT_NEGATIVE,
         ),
     ] = 32
-    threads: int = 0
-    """Torch and transformers on CPU: intra-op threads per rank; 0 leaves torch's default."""
+    threads: Annotated[
+        int,
+        Option(
+            "torch and transformers engines on CPU: torch's intra-op threads per rank "
+            "(torch.set_num_threads; 0 leaves the number to torch) (default: {default})",
+            ENGINE,
+            metavar="N",
+            show=_threads_default,
+            **NOT_NEGATIVE,
+        ),
+    ] = 0
+    """Torch and transformers on CPU: intra-op threads per rank; 0 leaves torch's default.
+    Not given: `cpu_threads_per_rank` (set when the config is built)."""
     max_step_tokens: Annotated[
         int,
         Option(

@@ -192,3 +192,23 @@ def test_bounds_hold_for_the_python_api_too() -> None:
     with pytest.raises(ValueError, match="drain_timeout_s must be a finite number"):
         ServerConfig(drain_timeout_s=float("nan"))
     assert configure(_APP, {"worker_timeout_s": 0.5, "port": 0, "drain_timeout_s": 0})
+
+
+def test_threads_sets_the_torch_threads_of_each_cpu_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--threads N` is what each CPU rank gives torch.set_num_threads; not given, the host's
+    cores shared among the ranks (`cpu_threads_per_rank`), which the help says."""
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    parser = build_parser()
+
+    def threads(*flags: str) -> int:
+        args = ["serve", "--engine", "transformers", "--model", "m", "--devices", "cpu:2"]
+        return _server_config(parser.parse_args([*args, *flags])).engine.threads
+
+    assert threads() == 7
+    assert threads("--threads", "3") == 3
+    assert threads("--threads", "0") == 0  # torch's own number
+    assert "cores shared among the CPU ranks" in _flags()["threads"].help
+    with pytest.raises(ValueError, match=re.escape("threads must not be negative (got -1)")):
+        _server_config(parser.parse_args(["serve", "--threads", "-1"]))
+    config, _ = configure("json:dumps", {"threads": 2})
+    assert config.engine.threads == 2

@@ -128,10 +128,11 @@ class OutputReader:
                 if stream is not None:
                     stream.counts_pieces = True
         direct = self._direct
+        cpu_wait = message.cpu_wait_ns
         for seq_id, tokens, text in step_pieces(message):
             stream = get(seq_id)
             if stream is not None:
-                stream.push(tokens, text, start, end, recv_ns)
+                stream.push(tokens, text, start, end, recv_ns, cpu_wait)
                 if stream.deliver is not None:
                     direct[stream] = None
         for seq_id, reason in zip(message.finished_ids, message.finish_reasons):

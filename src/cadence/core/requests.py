@@ -63,6 +63,10 @@ class ChunkTiming(msgspec.Struct, kw_only=True, gc=False):
     """The front read that step's message."""
     send_ns: int = 0
     """The chunk was handed to the protocol adapter."""
+    step_cpu_wait_ns: int = -1
+    """How long the engine's threads waited for a CPU from the worker's step before the
+    chunk's first token's step to that step's end (`StepOutput.cpu_wait_ns`; -1: not
+    measured)."""
     prefill_worker: int = -1
     """Disaggregated serving: the worker that prefilled the request, once it was handed off
     to `worker` (-1: not handed off)."""

@@ -57,6 +57,7 @@ class RequestStream:
         "_abort_on_overflow",
         "_block",
         "_capacity",
+        "_cpu_wait_ns",
         "_decode",
         "_end_ns",
         "_ends",
@@ -157,6 +158,7 @@ class RequestStream:
         self.first_token_ns = 0
         """When the step that made the first token ended."""
         self._start_ns = self._end_ns = self._recv_ns = 0
+        self._cpu_wait_ns = -1
         self.prefill_worker = -1
         """Disaggregated serving: the worker that prefilled the sequence before it was handed
         to `worker` (-1: none, the sequence runs where it started)."""
@@ -177,11 +179,18 @@ class RequestStream:
         return self.finish != Finish.NONE or self.error is not None
 
     def push(
-        self, tokens: int | list[int], text: str | None, start_ns: int, end_ns: int, recv_ns: int
+        self,
+        tokens: int | list[int],
+        text: str | None,
+        start_ns: int,
+        end_ns: int,
+        recv_ns: int,
+        cpu_wait_ns: int = -1,
     ) -> None:
         """Add one step's piece of output: its token, or its tokens (copied: the caller may
         reuse the list), and their text when the worker detokenizes (None: the front decodes
-        them). Called by the output reader only."""
+        them); the step's times and its threads' wait for a CPU (-1: not measured). Called by
+        the output reader only."""
         if self._steps >= self._capacity:
             self._tally.overflows += 1
             if self._block:
@@ -197,6 +206,7 @@ class RequestStream:
                 return
         if not self._tokens:
             self._start_ns, self._end_ns, self._recv_ns = start_ns, end_ns, recv_ns
+            self._cpu_wait_ns = cpu_wait_ns
             if not self.scheduled_ns:
                 self.scheduled_ns, self.first_token_ns = start_ns, end_ns
         if type(tokens) is int:  # a piece of one token, as a batching engine sends
@@ -358,6 +368,7 @@ class RequestStream:
                 timing.step_start_ns = self._start_ns
                 timing.step_end_ns = self._end_ns
                 timing.front_recv_ns = self._recv_ns
+                timing.step_cpu_wait_ns = self._cpu_wait_ns
             if index == 0:
                 timing.received_ns = self.received_ns
                 timing.scheduled_ns = self.scheduled_ns

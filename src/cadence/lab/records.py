@@ -83,6 +83,11 @@ class RequestRecord(msgspec.Struct, array_like=True, kw_only=True):
     before it was handed to `worker`; -1: not handed off."""
     t_handoff_ns: int = 0
     """With `prefill_worker`: when the front got the request's state from it (server)."""
+    t_step_cpu_wait_ns: list[int] = []
+    """cadence.v1 with timing, per chunk: how long the worker's engine threads waited for a
+    CPU from its step before the one of the chunk's first output to that step's end (the
+    host's part of the step's time), -1 where the chunk carried none; empty where no chunk
+    did (a server that cannot measure it, or one from before it could)."""
 
     def note_handoff(self, worker: int, prefill_worker: int, handoff_ns: int) -> None:
         """A chunk's timing says the stream was handed from `prefill_worker` to a decode

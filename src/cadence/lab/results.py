@@ -1046,14 +1046,24 @@ _ADDED_LATER = {RequestRecord: "trace_id", Integrity: "extra_events"}
 """Structs that gained fields after they were first written, each with the first of those
 fields: while they hold their defaults they are left out (`_leave_out_added`), so that a run
 without them is written as before they existed (a record: no trace id, a connect time
-unmeasured everywhere but over HTTP, a closed loop, no conversation, no cached count;
+unmeasured everywhere but over HTTP, a closed loop, no conversation, no cached count, no
+steps' waits for a CPU;
 Integrity: SSE's counts, 0 over any other protocol)."""
 
 
 @functools.cache
 def _added(cls: type[msgspec.Struct]) -> tuple[int, list[tuple[str, object]]]:
     """Where `cls`'s later fields start, and each field's (name, default)."""
-    defaults = [(f.encode_name, f.default) for f in msgspec.structs.fields(cls)]
+    defaults = [
+        (
+            f.encode_name,
+            # A list's default is a factory (a fresh [] each time): the value it makes.
+            f.default_factory()
+            if f.default is msgspec.NODEFAULT and f.default_factory is not msgspec.NODEFAULT
+            else f.default,
+        )
+        for f in msgspec.structs.fields(cls)
+    ]
     return cls.__struct_fields__.index(_ADDED_LATER[cls]), defaults
 
 

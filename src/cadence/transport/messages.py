@@ -135,6 +135,11 @@ class StepOutput(msgspec.Struct, frozen=True, array_like=True, tag="step"):
     imported: list[int] = []
     """Disaggregated serving: sequences this decode worker took into its batch in this step
     from `WorkerInputs.imports` (their hand-off is over)."""
+    cpu_wait_ns: int = -1
+    """How long the engine's threads waited for a CPU (runnable, in a run queue) from the
+    worker's previous step's end to this one's: the longest wait of any one of them
+    (cadence.worker.cpu_wait). -1: not measured (no /proc, or an engine not stepped by the
+    batching loop)."""
 
 
 def step_pieces(step: StepOutput) -> Iterator[tuple[int, int | list[int], str | None]]:

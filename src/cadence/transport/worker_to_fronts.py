@@ -181,6 +181,7 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
             prompt_lens[f],
             message.kv_cache_usage,
             cached[f],
+            cpu_wait_ns=message.cpu_wait_ns,
         )
         if seq_ids[f] or finished[f] or prompt_lens[f]
         else None

@@ -36,6 +36,7 @@ from cadence.engines.engine import Engine
 from cadence.engines.output_text import texts_problems
 from cadence.transport.messages import RequestFailed, StateExport, StateImport, StepOutput
 from cadence.vocabulary import AddRequest, Failure, Finish, prompt_over_limit
+from cadence.worker.cpu_wait import ABSENT, CpuWait
 from cadence.worker.step_budget import StepBudget
 from cadence.worker.stop_check import check_stop
 
@@ -61,6 +62,9 @@ class EngineOutput(NamedTuple):
     """One per sequence of `prefill + decode`, in that order."""
     start_ns: int
     end_ns: int
+    cpu_wait_ns: int = ABSENT
+    """How long the engine's threads waited for a CPU since the previous step's end
+    (`CpuWait`); ABSENT: not measured."""
 
 
 class BatchScheduler:
@@ -77,6 +81,7 @@ class BatchScheduler:
         report_cached: bool = False,
         max_prompt_tokens: int | None = None,
         role: str = "",
+        cpu_wait: CpuWait | None = None,
     ) -> None:
         self._engine = engine
         self._worker = worker
@@ -125,6 +130,8 @@ class BatchScheduler:
         self._finished_prefill: list[tuple[Sequence, int | str | None]] = []
         """Prefill worker: the sequences of the last step that gave their first output and
         go on, with that output, to hand off (`export_states`)."""
+        self._cpu_wait = cpu_wait
+        """Read once per step, at its end (None: not measured)."""
 
     def add(self, request: AddRequest) -> RequestFailed | None:
         """Queue a request for the next step boundary, or say why the engine cannot run it."""
@@ -283,7 +290,8 @@ class BatchScheduler:
             return self._fail(prefill, decode, str(exc))
         end = time.monotonic_ns()
         self._steps += 1
-        return EngineOutput(outputs, start, end)
+        cpu_wait = self._cpu_wait
+        return EngineOutput(outputs, start, end, cpu_wait.since_last() if cpu_wait else ABSENT)
 
     def update(self, scheduled: ScheduledStep, executed: EngineOutput) -> StepOutput:
         """The update phase: the step's message from the engine's outputs. Prefilled
@@ -342,6 +350,7 @@ class BatchScheduler:
                 cached,
                 bool(counts),
                 scheduled.imported,
+                executed.cpu_wait_ns,
             )
         ids = cast("list[int]", tokens)  # no text_piece_ids: token ids alone (base.StepResult)
         seq_ids = self._retire_tokens(stepped, ids, texts, finished, reasons)
@@ -359,6 +368,7 @@ class BatchScheduler:
             kv_cache_usage=self._kv_cache_usage(),
             cached_tokens=cached,
             imported=scheduled.imported,
+            cpu_wait_ns=executed.cpu_wait_ns,
         )
 
     def _start_running(self, prefill: list[Sequence]) -> tuple[dict[int, int], dict[int, int]]:

@@ -21,6 +21,7 @@ from cadence.transport.sockets import remove_ipc_sockets
 from cadence.transport.worker_to_fronts import worker_channel
 from cadence.worker import bind_to_starter, starter_gone
 from cadence.worker.batch_scheduler import BatchScheduler
+from cadence.worker.cpu_wait import CpuWait, thread_ids
 from cadence.worker.step_budget import StepBudget, budget_for
 from cadence.worker.step_health import StepHealth
 
@@ -86,6 +87,7 @@ def run_worker(spec: WorkerSpec) -> None:
                 heartbeat.stop()
         return
     load_start = time.perf_counter()
+    before_engine = thread_ids()
     try:
         engine = build_engine(
             spec.engine,
@@ -118,6 +120,8 @@ def run_worker(spec: WorkerSpec) -> None:
     warmup_start = time.perf_counter()
     engine.start()
     ready = time.perf_counter()
+    # Before the transport's and the heartbeat's threads are born: they are not the step's.
+    cpu_wait = CpuWait.of_engine(before_engine)
     channel = worker_channel(spec)
     health = StepHealth(spec.index, spec.max_failed_steps)
     heartbeat = start_heartbeat(spec, stalled=health.stalled_ns)
@@ -133,6 +137,7 @@ def run_worker(spec: WorkerSpec) -> None:
         report_cached=bool(spec.engine.prefix_caching),  # (a bool once the config is built)
         max_prompt_tokens=spec.max_prompt_tokens,
         role=spec.role,
+        cpu_wait=cpu_wait,
     )
     settle_heap()
     channel.send(
@@ -207,6 +212,8 @@ def run_worker(spec: WorkerSpec) -> None:
             heartbeat.stop()
         channel.close()
         engine.close()
+        if cpu_wait is not None:
+            cpu_wait.close()
 
 
 def announce_budget(budget: StepBudget, engine: Engine, worker: int) -> None:

@@ -82,6 +82,8 @@ def to_chunk(chunk: Chunk, request_id: str) -> pb.GenerateChunk:
             wire.step_start_ns = timing.step_start_ns
             wire.step_end_ns = timing.step_end_ns
             wire.front_recv_ns = timing.front_recv_ns
+            if timing.step_cpu_wait_ns >= 0:  # measured (absent, not 0, where it is not)
+                wire.step_cpu_wait_ns = timing.step_cpu_wait_ns
         if timing.handoff_ns:  # disaggregated serving
             wire.prefill_worker = timing.prefill_worker
             wire.handoff_ns = timing.handoff_ns

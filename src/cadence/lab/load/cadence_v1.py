@@ -131,6 +131,7 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
         record.t_front_recv_ns,
         record.t_send_ns,
     )
+    waits: list[int] = []
     for data in chunks:
         chunk = parse(data)
         tokens.append(chunk.outputs or len(chunk.token_ids))  # a model's text pieces: outputs
@@ -141,6 +142,7 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
             ends.append(t.step_end_ns)
             recvs.append(t.front_recv_ns)
             sends.append(t.send_ns)
+            waits.append(t.step_cpu_wait_ns if t.HasField("step_cpu_wait_ns") else -1)
             if chunk.index == 0:
                 record.worker = t.worker
                 record.t_received_ns = t.received_ns
@@ -151,3 +153,5 @@ def decode_chunks(record: RequestRecord, chunks: list[bytes], include_timing: bo
             record.finish_reason = chunk.finish_reason
             if _CACHED_TOKENS:
                 record.cached_tokens = chunk.cached_tokens
+    if any(w >= 0 for w in waits):
+        record.t_step_cpu_wait_ns = waits

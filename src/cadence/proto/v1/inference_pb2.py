@@ -24,23 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63\x61\x64\x65nce/v1/inference.proto\x12\ncadence.v1\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xd3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.cadence.v1.SamplingParams\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x16\n\x0einclude_timing\x18\x07 \x01(\x08\x12\x10\n\x08priority\x18\x08 \x01(\x05\"\xdb\x01\n\x06Timing\x12\x13\n\x0breceived_ns\x18\x01 \x01(\x03\x12\x14\n\x0cscheduled_ns\x18\x02 \x01(\x03\x12\x15\n\rstep_start_ns\x18\x03 \x01(\x03\x12\x13\n\x0bstep_end_ns\x18\x04 \x01(\x03\x12\x15\n\rfront_recv_ns\x18\x05 \x01(\x03\x12\x0f\n\x07send_ns\x18\x06 \x01(\x03\x12\x0e\n\x06worker\x18\x07 \x01(\r\x12\x1b\n\x0eprefill_worker\x18\x08 \x01(\rH\x00\x88\x01\x01\x12\x12\n\nhandoff_ns\x18\t \x01(\x03\x42\x11\n\x0f_prefill_worker\"\xe7\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.cadence.v1.FinishReason\x12\"\n\x06timing\x18\x06 \x01(\x0b\x32\x12.cadence.v1.Timing\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\x12\x0f\n\x07outputs\x18\t \x01(\r*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x32Q\n\tInference\x12\x44\n\x08Generate\x12\x1b.cadence.v1.GenerateRequest\x1a\x19.cadence.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63\x61\x64\x65nce/v1/inference.proto\x12\ncadence.v1\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xd3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.cadence.v1.SamplingParams\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x12\x16\n\x0einclude_timing\x18\x07 \x01(\x08\x12\x10\n\x08priority\x18\x08 \x01(\x05\"\x8f\x02\n\x06Timing\x12\x13\n\x0breceived_ns\x18\x01 \x01(\x03\x12\x14\n\x0cscheduled_ns\x18\x02 \x01(\x03\x12\x15\n\rstep_start_ns\x18\x03 \x01(\x03\x12\x13\n\x0bstep_end_ns\x18\x04 \x01(\x03\x12\x15\n\rfront_recv_ns\x18\x05 \x01(\x03\x12\x0f\n\x07send_ns\x18\x06 \x01(\x03\x12\x0e\n\x06worker\x18\x07 \x01(\r\x12\x1b\n\x0eprefill_worker\x18\x08 \x01(\rH\x00\x88\x01\x01\x12\x12\n\nhandoff_ns\x18\t \x01(\x03\x12\x1d\n\x10step_cpu_wait_ns\x18\n \x01(\x03H\x01\x88\x01\x01\x42\x11\n\x0f_prefill_workerB\x13\n\x11_step_cpu_wait_ns\"\xe7\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.cadence.v1.FinishReason\x12\"\n\x06timing\x18\x06 \x01(\x0b\x32\x12.cadence.v1.Timing\x12\x15\n\rprompt_tokens\x18\x07 \x01(\r\x12\x15\n\rcached_tokens\x18\x08 \x01(\r\x12\x0f\n\x07outputs\x18\t \x01(\r*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x32Q\n\tInference\x12\x44\n\x08Generate\x12\x1b.cadence.v1.GenerateRequest\x1a\x19.cadence.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cadence.proto.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=795
-  _globals['_FINISHREASON']._serialized_end=919
+  _globals['_FINISHREASON']._serialized_start=847
+  _globals['_FINISHREASON']._serialized_end=971
   _globals['_SAMPLINGPARAMS']._serialized_start=42
   _globals['_SAMPLINGPARAMS']._serialized_end=123
   _globals['_GENERATEREQUEST']._serialized_start=126
   _globals['_GENERATEREQUEST']._serialized_end=337
   _globals['_TIMING']._serialized_start=340
-  _globals['_TIMING']._serialized_end=559
-  _globals['_GENERATECHUNK']._serialized_start=562
-  _globals['_GENERATECHUNK']._serialized_end=793
-  _globals['_INFERENCE']._serialized_start=921
-  _globals['_INFERENCE']._serialized_end=1002
+  _globals['_TIMING']._serialized_end=611
+  _globals['_GENERATECHUNK']._serialized_start=614
+  _globals['_GENERATECHUNK']._serialized_end=845
+  _globals['_INFERENCE']._serialized_start=973
+  _globals['_INFERENCE']._serialized_end=1054
 # @@protoc_insertion_point(module_scope)

@@ -51,7 +51,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., include_timing: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("received_ns", "scheduled_ns", "step_start_ns", "step_end_ns", "front_recv_ns", "send_ns", "worker", "prefill_worker", "handoff_ns")
+    __slots__ = ("received_ns", "scheduled_ns", "step_start_ns", "step_end_ns", "front_recv_ns", "send_ns", "worker", "prefill_worker", "handoff_ns", "step_cpu_wait_ns")
     RECEIVED_NS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_NS_FIELD_NUMBER: _ClassVar[int]
     STEP_START_NS_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class Timing(_message.Message):
     WORKER_FIELD_NUMBER: _ClassVar[int]
     PREFILL_WORKER_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_NS_FIELD_NUMBER: _ClassVar[int]
+    STEP_CPU_WAIT_NS_FIELD_NUMBER: _ClassVar[int]
     received_ns: int
     scheduled_ns: int
     step_start_ns: int
@@ -70,7 +71,8 @@ class Timing(_message.Message):
     worker: int
     prefill_worker: int
     handoff_ns: int
-    def __init__(self, received_ns: _Optional[int] = ..., scheduled_ns: _Optional[int] = ..., step_start_ns: _Optional[int] = ..., step_end_ns: _Optional[int] = ..., front_recv_ns: _Optional[int] = ..., send_ns: _Optional[int] = ..., worker: _Optional[int] = ..., prefill_worker: _Optional[int] = ..., handoff_ns: _Optional[int] = ...) -> None: ...
+    step_cpu_wait_ns: int
+    def __init__(self, received_ns: _Optional[int] = ..., scheduled_ns: _Optional[int] = ..., step_start_ns: _Optional[int] = ..., step_end_ns: _Optional[int] = ..., front_recv_ns: _Optional[int] = ..., send_ns: _Optional[int] = ..., worker: _Optional[int] = ..., prefill_worker: _Optional[int] = ..., handoff_ns: _Optional[int] = ..., step_cpu_wait_ns: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("request_id", "index", "token_ids", "text", "finish_reason", "timing", "prompt_tokens", "cached_tokens", "outputs")

@@ -3,15 +3,17 @@
 The tail is what the slow gaps and the slow first outputs took beyond one typical gap (their
 excess, `reads`). Each signature (`signatures`) recognised over the run claims, in turn, the
 part of each one's remaining excess it explains: most specific first (outputs held back in a
-read, then the streams that joined at that instant, then the engine's own slow step where
-the server's timing shows it, then a silence of every stream, then a slower subset, then a
+read, then what a slow step's threads waited for a CPU where the server measured it per step,
+then the streams that joined at that instant, then the engine's own slow step where the
+server's timing shows it, then a silence of every stream, then a slower subset, then a
 timer among what is left (at any position: gaps at the positions of a period of the stream,
 `dependence`, are where the stream is, not a clock), then the lab's own client where its loop
 ran late as the gap ended, then, on a host other work filled, the host's late wake-ups, up to
-what they can add). A slow first output is claimed by the same
-instants, then by a fixed first cost, then by the request's own size where the first outputs
-follow it (`dependence`: a prefill, a scheduler that orders by length), then by a slot. A cause's share is the tail time it claimed
-over the whole tail; what no signature claimed stays `unexplained`, with the gaps it is in.
+what they can add). A slow first output is claimed by its step's measured wait for a CPU and
+the same instants, then by a fixed first cost, then by the request's own size where the first
+outputs follow it (`dependence`: a prefill, a scheduler that orders by length), then by a
+slot. A cause's share is the tail time it claimed over the whole tail; what no signature
+claimed stays `unexplained`, with the gaps it is in.
 A rule reads its own share (`itl_share`, `ttft_share`) and decides whether it is a finding.
 """
 
@@ -39,6 +41,7 @@ from cadence.lab.analysis.diagnosis.signatures import (
     Signature,
     SlowGroup,
     SlowSteps,
+    StepsWaitedForCpu,
     WaitsForSlot,
 )
 
@@ -47,19 +50,23 @@ S = TypeVar("S", bound=Signature)
 GAP_SIGNATURES: tuple[type[Signature], ...] = (
     HeldBack,
     HandOffGaps,
+    StepsWaitedForCpu,
     PrefillStalls,
     SlowSteps,
     SharedStalls,
     SlowGroup,
 )
 """Claim each slow gap's excess in this order; `FixedGaps` then reads what they left. A gap
-across a hand-off (disaggregated serving) is the hand-off's whole. A slow step of the
-engine's own (the server's timing) comes after prefill, which names why a step was slow, and
-before a silence of every stream, which a slow step also makes."""
+across a hand-off (disaggregated serving) is the hand-off's whole. A step's measured wait for
+a CPU (cadence's per-step figure) comes before the causes that are estimated: it is what that
+step's threads lost, in that step. A slow step of the engine's own (the server's timing)
+comes after prefill, which names why a step was slow, and before a silence of every stream,
+which a slow step also makes."""
 
 FIRST_SIGNATURES: tuple[type[Signature], ...] = (
     HeldBack,
     PrefillPoolWait,
+    StepsWaitedForCpu,
     PrefillStalls,
     SharedStalls,
     FixedFirstCost,
@@ -67,7 +74,8 @@ FIRST_SIGNATURES: tuple[type[Signature], ...] = (
     BurstSpread,
 )
 """Claim each slow first output's excess in this order (one made on a prefill worker of a
-disaggregated server: its wait and its prefill there, before any cause the streams share)."""
+disaggregated server: its wait and its prefill there, before any cause the streams share;
+then what its step's threads waited for a CPU, measured)."""
 
 
 class Attribution:

@@ -1,15 +1,17 @@
 """The rule on other work that filled the host: `host_contended` (processes outside the
 server, its children and the lab took the cores they needed; `RunFacts.contention`). It
-explains of each slow gap what the host's late wake-ups can add (`signatures.HostDelays`);
-without the raw records or the wake-ups measured, the tail as a whole."""
+explains of each slow gap what the host's late wake-ups can add (`signatures.HostDelays`)
+and, where cadence measured it per step, what its steps' threads waited for a CPU
+(`signatures.StepsWaitedForCpu`); without the raw records or the wake-ups measured, the tail
+as a whole."""
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.coincidence import recognised
+from cadence.lab.analysis.diagnosis.coincidence import attribution
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import RULE_HOST_CONTENDED
 from cadence.lab.analysis.diagnosis.rule import Rule
-from cadence.lab.analysis.diagnosis.signatures import HostDelays
+from cadence.lab.analysis.diagnosis.signatures import HostDelays, StepsWaitedForCpu
 from cadence.lab.results import Finding
 
 
@@ -37,16 +39,20 @@ def host_contended(facts: RunFacts) -> list[Finding]:
     )
     if named:
         evidence["other_processes"] = named
-    late = recognised(facts, HostDelays)
-    if late is not None:
-        # Explicit shares, zeros included: the host explains what its wake-ups can add to
-        # each slow gap, not a whole tail (a server's own 150 ms stall stays the server's).
-        # Only of a tail the reading saw, though: where no gap or first output was slow by
-        # its yardstick (a first output is slow from 100 ms), a tail the verdict judges bad
-        # below that is one this reading cannot split, and a share of 0 would call it the
-        # server's; the host then bears on it without a share.
-        tail, signature = late
-        evidence.update(signature.evidence)
+    tail = attribution(facts)
+    waited = tail.signature(StepsWaitedForCpu) if tail is not None else None
+    if waited is not None and waited.rule == RULE_HOST_CONTENDED:
+        evidence.update(waited.evidence)  # the steps' own waits for a CPU (cadence's figure)
+    late = tail.signature(HostDelays) if tail is not None else None
+    if tail is not None and late is not None:
+        # Explicit shares, zeros included: the host explains what its wake-ups (and its
+        # steps' measured waits for a CPU) can add to each slow gap, not a whole tail (a
+        # server's own 150 ms stall stays the server's). Only of a tail the reading saw,
+        # though: where no gap or first output was slow by its yardstick (a first output is
+        # slow from 100 ms), a tail the verdict judges bad below that is one this reading
+        # cannot split, and a share of 0 would call it the server's; the host then bears on
+        # it without a share.
+        evidence.update(late.evidence)
         if tail.itl_total_ms > 0:
             evidence["itl_tail_share"] = round(tail.itl_share(RULE_HOST_CONTENDED), 3)
         if tail.ttft_total_ms > 0:

@@ -16,7 +16,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SLOW_WORKER,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.analysis.diagnosis.signatures import HostDelays, SlowSteps
+from cadence.lab.analysis.diagnosis.signatures import HostDelays, SlowSteps, StepsWaitedForCpu
 from cadence.lab.analysis.diagnosis.threads import step_thread_waits_ms
 from cadence.lab.analysis.noise_floor import HOPS
 from cadence.lab.analysis.tail_bound import UNEXPLAINED_MIN_SHARE, itl_tail_within_bound
@@ -279,24 +279,47 @@ def _late_by_the_host(
 def _steps_late_by_the_host(finding: Finding, facts: RunFacts) -> bool:
     """The engine's steps vary no more than one wake-up each, late by the host: their p90
     over their p50 within the probe's p99 (the slow-step reading's own steps are measured
-    against the host in `SlowSteps`, their slowest against the probe's latest)."""
-    return _late_by_the_host(
-        finding, facts, "engine_step_p90_ms", "engine_step_p50_ms", 1, "p99"
-    ) or _late_by_the_host(
-        finding, facts, "engine_gap_at_those_max_ms", "engine_gap_p50_ms", 1, "max"
+    against the host in `SlowSteps`, their slowest against the probe's latest); or, with
+    cadence's per-step wait for a CPU, the slow steps' threads waited for a CPU at least as
+    long as those steps were late (`_slow_steps_waited`, each step's wait counted at least a
+    wake-up as late as the probe's latest)."""
+    return (
+        _late_by_the_host(finding, facts, "engine_step_p90_ms", "engine_step_p50_ms", 1, "p99")
+        or _late_by_the_host(
+            finding, facts, "engine_gap_at_those_max_ms", "engine_gap_p50_ms", 1, "max"
+        )
+        or bool(_slow_steps_waited(facts, facts.host_late_ms or 0.0))
     )
 
 
+def _slow_steps_waited(facts: RunFacts, host_late_ms: float = 0.0) -> bool | None:
+    """With cadence's per-step wait for a CPU (`StepsWaitedForCpu`), on a host with no core
+    to spare: whether each worker's slow steps (under the slow gaps) waited for a CPU, beyond
+    their usual, at least as long as they took beyond its typical step; None where the run
+    has no such figure (a result from before it, another server, no /proc on the server)."""
+    found = recognised(facts, StepsWaitedForCpu)
+    if found is None:
+        return None
+    tail, waits = found
+    return waits.covers(tail.reads.slow, host_late_ms)
+
+
 def _steps_waited_for_cpu(finding: Finding, facts: RunFacts) -> bool:
-    """On a host with no core to spare (`RunFacts.host_full`), the step thread of each worker
-    whose steps were slow waited for a CPU, over the run, at least as long as those slow
-    steps took beyond its typical step (`SlowSteps.excess_ms_by_worker`): a step thread kept
-    off a CPU makes a slow step that is the host's, not the engine's compute. A worker whose
-    slow steps outlast its waits (an engine that jitters on a busy host) keeps the finding.
-    Where other work filled the host, `server_threads_wait_for_cpu` gives way to
-    `host_contended`, whose own reading of the steps decides (`_steps_late_by_the_host`)."""
+    """On a host with no core to spare (`RunFacts.host_full`), the threads of each worker
+    whose steps were slow waited for a CPU at least as long as those slow steps took beyond
+    its typical step: a step thread kept off a CPU makes a slow step that is the host's, not
+    the engine's compute. Read from the steps' own waits where the server measured them
+    (`_slow_steps_waited`); else approximated from the sampled threads: the busiest thread's
+    wait over the whole run against the slow steps' excess (`SlowSteps.excess_ms_by_worker`).
+    A worker whose slow steps outlast its waits (an engine that jitters on a busy host)
+    keeps the finding. Where other work filled the host, `server_threads_wait_for_cpu` gives
+    way to `host_contended`, whose own reading of the steps decides
+    (`_steps_late_by_the_host`)."""
     if facts.host_full is None or facts.contention is not None:
         return False
+    exact = _slow_steps_waited(facts)
+    if exact is not None:
+        return exact
     found = recognised(facts, SlowSteps)
     waited = step_thread_waits_ms(facts)
     if found is None or not waited:

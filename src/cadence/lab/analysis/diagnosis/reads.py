@@ -63,6 +63,7 @@ class StreamReads:
         "record",
         "start_ns",
         "step_ends",
+        "step_waits",
         "times",
         "tokens",
         "worker",
@@ -85,6 +86,16 @@ class StreamReads:
         self.step_ends: list[int] = []
         """With the server's timing (cadence): when the engine's step that made each read's
         last output ended, on the server's clock; empty without it."""
+        waits = (
+            record.t_step_cpu_wait_ns
+            if ends and len(record.t_step_cpu_wait_ns) == len(ends)
+            else ()
+        )
+        self.step_waits: list[float] = []
+        """With cadence's per-step wait for a CPU (`t_step_cpu_wait_ns`): how long the engine's
+        threads waited for one in the steps of each read's outputs, added up (ms), from the
+        step after the previous read's to the read's own; -1 where none of its outputs carried
+        it. Empty without it."""
         self.handoff_read = 0
         """Disaggregated serving (with the timing): the read that holds the decode worker's
         first output, after the hand-off; 0: none (not handed off, or that output came in
@@ -98,15 +109,20 @@ class StreamReads:
             self.prefilled_ms = max(0.0, (ends[0] - record.t_received_ns) / NS_PER_MS)
         last = None
         for k, (at, n) in enumerate(zip(record.arrival_ns, record.tokens, strict=False)):
+            wait = waits[k] / NS_PER_MS if waits and waits[k] >= 0 else -1.0
             if last is not None and at - last < together_ns:
                 self.tokens[-1] += n
                 if ends:
                     self.step_ends[-1] = ends[k]
+                if waits and wait >= 0:
+                    self.step_waits[-1] = max(self.step_waits[-1], 0.0) + wait
             else:
                 self.times.append(at)
                 self.tokens.append(n)
                 if ends:
                     self.step_ends.append(ends[k])
+                if waits:
+                    self.step_waits.append(wait)
             if not self.handoff_read and k < len(made_by) and made_by[k] == decode:
                 self.handoff_read = len(self.times) - 1
             last = at

@@ -32,6 +32,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_OUTPUT_HELD_BACK,
     RULE_PREFILL_POOL_BOTTLENECK,
     RULE_PREFILL_STALLS_DECODE,
+    RULE_SERVER_THREADS_WAIT_FOR_CPU,
     RULE_SLOW_FIRST_MESSAGE,
     RULE_SLOW_STREAM_GROUP,
     RULE_STREAMS_STALL_TOGETHER,
@@ -277,50 +278,128 @@ STEP_MIN_SLOW_GAPS = 3
 of their own."""
 
 
-class SlowSteps(Signature):
-    """With the server's timing (cadence's `t_step_end_ns`), each slow gap is set against the
-    engine's own time between the steps that made its two reads: when the card's compute
-    fluctuated, the engine's gap holds the client's. Measured against the typical gap of the
-    stream's own worker, so a card that is steadily slower is a slower group, not jitter.
+class EngineGaps:
+    """With the server's timing (cadence's `t_step_end_ns`), the engine's own time between the
+    steps that made a gap's two reads, and with cadence's per-step wait for a CPU
+    (`t_step_cpu_wait_ns`) how long the engine's threads waited for one in that time: each
+    against the typical of the stream's own worker (its median per token), so that a card
+    that is steadily slower, or a worker whose threads always wait a little, is no slow step.
 
-    On a host other work filled, a step's own wake-up may come as late as the run's wake-up
-    probe measured (`RunFacts.host_late_ms`): that much of a slow step is the host's, left to
-    `HostDelays`, and a step no later than that is no slow step of the engine's."""
+    The waits are read only where the host had no core to spare (`RunFacts.host_full`),
+    where `StepsWaitedForCpu` names whose they are; elsewhere a step's wait is none."""
 
-    rule = RULE_ITL_UNSTABLE_ENGINE
-
-    def __init__(
-        self, typical_by_worker: dict[int, float], evidence: dict, host_late_ms: float = 0.0
-    ) -> None:
-        self.typical = typical_by_worker
-        self.evidence = evidence
-        self.host_late_ms = host_late_ms
+    def __init__(self, reads: Reads, facts: RunFacts) -> None:
+        gaps: dict[int, list[float]] = {}
+        waits: dict[int, list[float]] = {}
+        self.with_waits = facts.host_full is not None and any(s.step_waits for s in reads.streams)
+        for g in reads.gaps:
+            engine = self.engine_ms(g)
+            if engine is None:
+                continue
+            tokens = max(g.tokens, 1)
+            gaps.setdefault(g.stream.worker, []).append(engine / tokens)
+            wait = self._wait_ms(g)
+            if wait is not None:
+                waits.setdefault(g.stream.worker, []).append(wait / tokens)
+        self.typical = {w: statistics.median(v) for w, v in gaps.items()}
+        """Each worker's typical engine gap per token (ms)."""
+        self.typical_wait = {w: statistics.median(v) for w, v in waits.items()}
+        """Each worker's typical wait for a CPU per token (ms): its steps' usual share of the
+        host's, in `typical` already."""
 
     @staticmethod
-    def _engine_ms(gap: Gap) -> float | None:
+    def engine_ms(gap: Gap) -> float | None:
         ends = gap.stream.step_ends
         if not ends or gap.read == gap.stream.handoff_read:
             return None  # no timing, or steps of two workers (a hand-off: `HandOffGaps`)
         return (ends[gap.read] - ends[gap.read - 1]) / NS_PER_MS
 
+    def _wait_ms(self, gap: Gap) -> float | None:
+        waits = gap.stream.step_waits
+        if not self.with_waits or not waits or gap.read == gap.stream.handoff_read:
+            return None
+        wait = waits[gap.read]
+        return wait if wait >= 0 else None
+
+    def late_ms(self, gap: Gap) -> float | None:
+        """How much longer than its worker's typical the engine took over the gap (ms), or
+        None without the server's timing."""
+        engine = self.engine_ms(gap)
+        typical = self.typical.get(gap.stream.worker)
+        if engine is None or typical is None:
+            return None
+        return engine - typical * max(gap.tokens, 1)
+
+    def waited_ms(self, gap: Gap) -> float:
+        """How much longer than its worker's typical the engine's threads waited for a CPU
+        over the gap (ms): 0 where that is not known."""
+        wait = self._wait_ms(gap)
+        usual = self.typical_wait.get(gap.stream.worker)
+        if wait is None or usual is None:
+            return 0.0
+        return max(0.0, wait - usual * max(gap.tokens, 1))
+
+    def first_waited_ms(self, stream: StreamReads) -> float:
+        """How much longer than its worker's typical the threads of the step that made the
+        stream's first output waited for a CPU (ms), from the worker's step before it: 0
+        where that is not known, or the step was a prefill worker's (disaggregated)."""
+        waits = stream.step_waits
+        usual = self.typical_wait.get(stream.worker)
+        if not self.with_waits or not waits or waits[0] < 0 or usual is None:
+            return 0.0
+        if stream.prefilled_ms:
+            return 0.0
+        return max(0.0, waits[0] - usual * max(stream.tokens[0], 1))
+
+    def slow_steps(self, slow: Sequence[Gap]) -> dict[int, dict[int, tuple[float, float]]]:
+        """The steps under the slow gaps `slow` that came more than SLOW_GAP_MS late, by
+        worker and step end: (how late, how much longer than usual its threads waited for a
+        CPU), each step once however many streams' gaps it made (a batch's step ends every
+        stream's gap at once)."""
+        steps: dict[int, dict[int, tuple[float, float]]] = {}
+        for gap in slow:
+            late = self.late_ms(gap)
+            if late is None or late <= SLOW_GAP_MS:
+                continue
+            end = gap.stream.step_ends[gap.read]
+            steps.setdefault(gap.stream.worker, {})[end] = (late, self.waited_ms(gap))
+        return steps
+
+
+class SlowSteps(Signature):
+    """With the server's timing (cadence's `t_step_end_ns`), each slow gap is set against the
+    engine's own time between the steps that made its two reads (`EngineGaps`): when the
+    card's compute fluctuated, the engine's gap holds the client's. Measured against the
+    typical gap of the stream's own worker, so a card that is steadily slower is a slower
+    group, not jitter.
+
+    On a host other work filled, a step's own wake-up may come as late as the run's wake-up
+    probe measured (`RunFacts.host_late_ms`), and on a host with no core to spare its threads
+    may have waited for a CPU (`EngineGaps.waited_ms`, cadence's per-step figure): whichever
+    is more of a slow step is the host's, left to `StepsWaitedForCpu` and `HostDelays`, and a
+    step no later than that is no slow step of the engine's."""
+
+    rule = RULE_ITL_UNSTABLE_ENGINE
+
+    def __init__(self, gaps: EngineGaps, evidence: dict, host_late_ms: float = 0.0) -> None:
+        self.gaps = gaps
+        self.typical = gaps.typical
+        self.evidence = evidence
+        self.host_late_ms = host_late_ms
+
     @classmethod
     def detect(cls, reads: Reads, facts: RunFacts) -> SlowSteps | None:
-        per_worker: dict[int, list[float]] = {}
-        for g in reads.gaps:
-            engine = cls._engine_ms(g)
-            if engine is not None:
-                per_worker.setdefault(g.stream.worker, []).append(engine / max(g.tokens, 1))
-        if not per_worker:
+        gaps = EngineGaps(reads, facts)
+        if not gaps.typical:
             return None
-        typical = {w: statistics.median(v) for w, v in per_worker.items()}
-        signature = cls(typical, {}, facts.host_late_ms or 0.0)
+        signature = cls(gaps, {}, facts.host_late_ms or 0.0)
         on_slow_steps = [g for g in reads.slow if signature.claim_gap(g, g.excess_ms) > 0]
         if len(on_slow_steps) < STEP_MIN_SLOW_GAPS:
             return None
         # A gap claims a slow step only where the engine's gap is known (`claim_gap`).
-        steps = sorted(e for g in on_slow_steps if (e := cls._engine_ms(g)) is not None)
+        steps = sorted(e for g in on_slow_steps if (e := gaps.engine_ms(g)) is not None)
         signature.evidence = {
-            "engine_gap_p50_ms": round(statistics.median(typical.values()), 2),
+            "engine_gap_p50_ms": round(statistics.median(gaps.typical.values()), 2),
             "slow_gaps_on_slow_steps": len(on_slow_steps),
             "slow_gaps": len(reads.slow),
             "engine_gap_at_those_p50_ms": round(percentile(steps, 50), 2),
@@ -331,11 +410,10 @@ class SlowSteps(Signature):
         return signature
 
     def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
-        engine = self._engine_ms(gap)
-        typical = self.typical.get(gap.stream.worker)
-        if engine is None or typical is None:
+        late = self.gaps.late_ms(gap)
+        if late is None:
             return 0.0
-        over = engine - typical * max(gap.tokens, 1) - self.host_late_ms
+        over = late - max(self.host_late_ms, self.gaps.waited_ms(gap))
         return min(remaining_ms, over) if over > SLOW_GAP_MS else 0.0
 
     def excess_ms_by_worker(self, slow: Sequence[Gap]) -> dict[int, float]:
@@ -344,12 +422,75 @@ class SlowSteps(Signature):
         made (a batch's step ends every stream's gap at once)."""
         steps: dict[int, dict[int, float]] = {}
         for gap in slow:
-            engine = self._engine_ms(gap)
-            if engine is None or self.claim_gap(gap, gap.excess_ms) <= 0:
+            late = self.gaps.late_ms(gap)
+            if late is None or self.claim_gap(gap, gap.excess_ms) <= 0:
                 continue
-            over = engine - self.typical[gap.stream.worker] * max(gap.tokens, 1)
-            steps.setdefault(gap.stream.worker, {})[gap.stream.step_ends[gap.read]] = over
+            steps.setdefault(gap.stream.worker, {})[gap.stream.step_ends[gap.read]] = late
         return {worker: sum(by_end.values()) for worker, by_end in steps.items()}
+
+
+class StepsWaitedForCpu(Signature):
+    """With cadence's per-step wait for a CPU (`t_step_cpu_wait_ns`: how long the worker's
+    engine threads were ready to run but waited in the kernel's run queue, from its previous
+    step's end to the step's), on a host with no core to spare: the part of a slow gap that
+    its step's threads spent waiting for a CPU beyond what its worker's steps usually wait,
+    up to how late the step came (`EngineGaps`), is the host's, not the engine's compute. A
+    thread ready to run on a full host waits for the one running to use up its scheduler
+    slice, longer than the host's wake-up probe (a sleeping thread) is ever late. Of a slow
+    first output, what its first step's threads waited beyond their usual.
+
+    Whose it is: the host's (`host_contended`) when other work filled it, else the server's
+    own threads' (`server_threads_wait_for_cpu`: the server and its load fill the host)."""
+
+    rule = RULE_HOST_CONTENDED
+
+    def __init__(self, gaps: EngineGaps, rule: str, evidence: dict) -> None:
+        self.gaps = gaps
+        self.rule = rule
+        self.evidence = evidence
+
+    @classmethod
+    def detect(cls, reads: Reads, facts: RunFacts) -> StepsWaitedForCpu | None:
+        gaps = EngineGaps(reads, facts)
+        if not gaps.with_waits or not gaps.typical_wait:
+            return None
+        rule = (
+            RULE_HOST_CONTENDED
+            if facts.contention is not None
+            else RULE_SERVER_THREADS_WAIT_FOR_CPU
+        )
+        waited = [w for g in reads.slow if (w := gaps.waited_ms(g)) > 0]
+        evidence: dict = {
+            "step_cpu_wait_p50_ms": round(statistics.median(gaps.typical_wait.values()), 3),
+            "slow_gaps_on_steps_that_waited": len(waited),
+        }
+        if waited:
+            evidence["step_cpu_wait_at_those_max_ms"] = round(max(waited), 2)
+        return cls(gaps, rule, evidence)
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        late = self.gaps.late_ms(gap)
+        if late is None or late <= 0:
+            return 0.0
+        return min(remaining_ms, late, self.gaps.waited_ms(gap))
+
+    def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
+        # The first output's step is in its TTFT whole: what its threads waited beyond
+        # their usual is time the first output lost.
+        return min(remaining_ms, self.gaps.first_waited_ms(stream))
+
+    def covers(self, slow: Sequence[Gap], host_late_ms: float = 0.0) -> bool:
+        """Whether the slow steps under the slow gaps `slow` (`EngineGaps.slow_steps`) are the
+        host's: for each worker, its threads waited for a CPU, beyond their usual, at least as
+        long as those steps took beyond its typical step, together (each step's wait counted
+        at least `host_late_ms`, a wake-up the host made late). False when no step was slow:
+        then no slow step is the host's either."""
+        steps = self.gaps.slow_steps(slow)
+        return bool(steps) and all(
+            sum(max(host_late_ms, waited) for _, waited in by_end.values())
+            >= sum(late for late, _ in by_end.values())
+            for by_end in steps.values()
+        )
 
 
 # -- every open stream paused at the same instants ------------------------------------------
