@@ -87,6 +87,7 @@ TAIL_RULES = {
         rules.RULE_CLIENT_SATURATED,
         rules.RULE_CLIENT_BEHIND_SCHEDULE,
         rules.RULE_CLIENT_READ_LATE,
+        rules.RULE_ARRIVALS_STALL_STREAMS,
         rules.RULE_KV_CACHE_FULL,
         rules.RULE_HOST_CONTENDED,
     },

@@ -17,6 +17,7 @@ rules it gives way to (a finding another rule's finding explains is dropped):
 - `contention`: host_contended (other work filled the host)
 - `client`: client_saturated, client_behind_schedule
 - `client_reads`: client_read_late (the lab's own client stamped slow reads late)
+- `arrivals`: arrivals_stall_streams (new requests hold the running streams)
 - `streams`: streams_stall_together, ttft_grows_with_streams, front_loop_blocked
 - `workers`: slow_worker
 - `disaggregation`: prefill_pool_bottleneck, decode_pool_bottleneck (a disaggregated
@@ -53,6 +54,7 @@ from __future__ import annotations
 from msgspec import UNSET
 
 from cadence.lab.analysis.diagnosis import (
+    arrivals,
     batching,
     capacity,
     client,
@@ -74,6 +76,7 @@ from cadence.lab.analysis.diagnosis import (
     ttft,
     workers,
 )
+from cadence.lab.analysis.diagnosis.arrivals import ARRIVALS_MIN_SHARE
 from cadence.lab.analysis.diagnosis.capacity import UNDER_CAPACITY_BATCH
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.client_reads import CLIENT_LATE_MIN_SHARE
@@ -107,6 +110,7 @@ from cadence.lab.analysis.diagnosis.itl import (
     SLOW_READER_PATH_SHARE,
 )
 from cadence.lab.analysis.diagnosis.names import (
+    RULE_ARRIVALS_STALL_STREAMS,
     RULE_CLIENT_BEHIND_SCHEDULE,
     RULE_CLIENT_READ_LATE,
     RULE_CLIENT_SATURATED,
@@ -182,6 +186,7 @@ RULES: tuple[Rule, ...] = (
     *host.RULES,
     *client.RULES,
     *client_reads.RULES,
+    *arrivals.RULES,
     *streams.RULES,
     *workers.RULES,
     *disaggregation.RULES,
@@ -215,6 +220,7 @@ def diagnose(result: BenchResult, facts: RunFacts | None = None) -> list[Finding
 
 
 __all__ = [
+    "ARRIVALS_MIN_SHARE",
     "BUSY_CPU_PCT",
     "CAP_RECEIVING_SHARE",
     "CAP_TIME_SHARE",
@@ -245,6 +251,7 @@ __all__ = [
     "POOL_BUSY_SHARE",
     "PREFILL_TTFT_TAIL_SHARE",
     "RULES",
+    "RULE_ARRIVALS_STALL_STREAMS",
     "RULE_CLIENT_BEHIND_SCHEDULE",
     "RULE_CLIENT_READ_LATE",
     "RULE_CLIENT_SATURATED",

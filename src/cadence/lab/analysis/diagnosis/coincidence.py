@@ -8,7 +8,8 @@ then the streams that joined at that instant, then the engine's own slow step wh
 server's timing shows it, then a silence of every stream, then a slower subset, then a
 timer among what is left (at any position: gaps at the positions of a period of the stream,
 `dependence`, are where the stream is, not a clock), then the lab's own client where its loop
-ran late as the gap ended, then, on a host other work filled, the host's late wake-ups, up to
+ran late as the gap ended, then requests sent inside the gap where the slow gaps left hold
+sends beyond chance (arrivals the server's handling of held the streams), then, on a host other work filled, the host's late wake-ups, up to
 what they can add). A slow first output is claimed by its step's measured wait for a CPU and
 the same instants, then by a fixed first cost, then by the request's own size where the first
 outputs follow it (`dependence`: a prefill, a scheduler that orders by length), then by a
@@ -26,6 +27,7 @@ from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.reads import NS_PER_MS, Gap, Reads
 from cadence.lab.analysis.diagnosis.signatures import (
+    ArrivalStalls,
     BurstSpread,
     ClientStalls,
     FixedFirstCost,
@@ -112,6 +114,12 @@ class Attribution:
         if client is not None:
             self.signatures[ClientStalls] = client
             left = self._claim_left(left, client)
+        # Then new requests' arrivals, where the slow gaps still unexplained hold the run's
+        # sends beyond chance: the server's handling of new calls held the running streams.
+        arrivals = ArrivalStalls.among(reads, [g for g, r in left if r > 0])
+        if arrivals is not None:
+            self.signatures[ArrivalStalls] = arrivals
+            left = self._claim_left(left, arrivals)
         # Last: a busy host's late wake-ups claim only what no cause of the server's did.
         host = HostDelays.detect(reads, facts)
         if host is not None:

@@ -18,7 +18,7 @@ from cadence.lab.analysis.diagnosis.names import (
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
 from cadence.lab.analysis.diagnosis.signatures import HostDelays, SlowSteps, StepsWaitedForCpu
 from cadence.lab.analysis.diagnosis.threads import step_thread_waits_ms
-from cadence.lab.analysis.noise_floor import HOPS
+from cadence.lab.analysis.noise_floor import HOPS, noise_floor
 from cadence.lab.analysis.tail_bound import UNEXPLAINED_MIN_SHARE, itl_tail_within_bound
 from cadence.lab.results import Distribution, Finding
 
@@ -172,6 +172,11 @@ def unstable_network_side(facts: RunFacts) -> list[Finding]:
     if not (
         spread.path >= SIDE_SHARE * spread.total and itl_uneven(facts, NETWORK_UNSTABLE_P90_RATIO)
     ):
+        return []
+    # The way to the client is where the run's noise floor lies (the front's and the
+    # client's wake-ups, the client's read lag): a spread within it is the host's and the
+    # lab's own, not the network side's.
+    if spread.itl.p90 - spread.itl.p50 < noise_floor(facts.result).ms:
         return []
     spreads = {
         name: d.p90 - d.p50 for name in ("transfer", "buffer", "send") if (d := facts.segment(name))

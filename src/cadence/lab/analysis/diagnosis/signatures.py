@@ -17,12 +17,14 @@ import statistics
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import stats  # type: ignore[import-untyped]  # scipy ships no types
 
 from cadence.lab.analysis import dependence
 from cadence.lab.analysis.diagnosis.client import CLIENT_BUSY_SHARE
 from cadence.lab.analysis.diagnosis.engine_waits import engine_waits, prefill_waits
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import (
+    RULE_ARRIVALS_STALL_STREAMS,
     RULE_CLIENT_READ_LATE,
     RULE_DECODE_POOL_BOTTLENECK,
     RULE_GAPS_AT_FIXED_VALUES,
@@ -1116,3 +1118,71 @@ class ClientStalls(Signature):
 
     def claim_first(self, stream: StreamReads, remaining_ms: float) -> float:
         return min(remaining_ms, self._held_ms(stream.process, stream.start_ns, stream.first_ns))
+
+
+# -- new requests hold the running streams: slow gaps come as requests arrive -----------------
+
+ARRIVAL_MIN_GAPS = 5
+"""Slow gaps with a request sent inside them, at the least, for arrivals to be a cause."""
+ARRIVAL_SLOW_SHARE = 0.5
+"""...and at least this share of the slow gaps..."""
+ARRIVAL_OVER_CHANCE = 2.0
+"""...at least this many times as many as chance puts there (gaps of their lengths laid at
+random over the run, with its sends where they were)..."""
+ARRIVAL_P = 1e-3
+"""...and no likelier than this by chance (Poisson, at the chance count)."""
+
+
+class ArrivalStalls(Signature):
+    """The server's handling of newly arrived requests holds the streams already running (a
+    front that parses, tokenizes or admits each new call on the loop or thread that sends the
+    others' tokens): slow gaps hold a request's send far more often than gaps of their
+    lengths would by chance. Each slow gap that holds one is the arrival's, what is left of
+    it. Read from the client's sends and reads alone, so it speaks of any server."""
+
+    rule = RULE_ARRIVALS_STALL_STREAMS
+
+    def __init__(self, sends: list[int], evidence: dict) -> None:
+        self.sends = sends
+        self.evidence = evidence
+
+    @staticmethod
+    def _holds_send(sends: list[int], gap: Gap) -> bool:
+        k = bisect.bisect_right(sends, gap.t0)
+        return k < len(sends) and sends[k] < gap.t1
+
+    @classmethod
+    def among(cls, reads: Reads, slow: list[Gap]) -> ArrivalStalls | None:
+        """The signature when the slow gaps `slow` (those no cause of the server's timing,
+        nor the client's loop, explained) hold the run's sends beyond chance, else None."""
+        sends = sorted(s.start_ns for s in reads.streams)
+        if len(slow) < ARRIVAL_MIN_GAPS or len(sends) < 2:
+            return None
+        holding = [g for g in slow if cls._holds_send(sends, g)]
+        if len(holding) < ARRIVAL_MIN_GAPS or len(holding) < ARRIVAL_SLOW_SHARE * len(slow):
+            return None
+        # A window of length L holds a send when it ends within L after one: the measure of
+        # those ends is the sum over sends of the time to the previous send, at most L.
+        since = np.diff(np.asarray(sends, dtype=np.float64))
+        span = float(max(reads.ends[-1], sends[-1]) - sends[0])
+        chance = sum(
+            min(1.0, (float(np.minimum(since, g.t1 - g.t0).sum()) + g.t1 - g.t0) / span)
+            for g in slow
+        )
+        if len(holding) < ARRIVAL_OVER_CHANCE * chance:
+            return None
+        p = float(stats.poisson.sf(len(holding) - 1, chance))
+        if p > ARRIVAL_P:
+            return None
+        return cls(
+            sends,
+            {
+                "slow_gaps_holding_a_send": len(holding),
+                "slow_gaps_judged": len(slow),
+                "slow_gaps_holding_a_send_by_chance": round(chance, 1),
+                "sends_p": float(f"{p:.1e}"),
+            },
+        )
+
+    def claim_gap(self, gap: Gap, remaining_ms: float) -> float:
+        return remaining_ms if self._holds_send(self.sends, gap) else 0.0
