@@ -4,6 +4,7 @@ counted, and how often each verdict said unhealthy.
     python benchmarks/false_alarms.py [--runs 20] [--quick] [--only NAME ...]
         [--protocols grpc sse] [--lengths short long] [--hosts quiet loaded]
         [--venvs /work/venvs] [--out results/false_alarms.json] [--keep DIR]
+    python benchmarks/false_alarms.py --reread DIR ... --out FILE
 
 Every server here is healthy: it streams each request at its engine's pace, with no planted
 fault, well inside the host's CPU. So every alarm of `cadence bench` (a finding of its result
@@ -32,7 +33,9 @@ that the lab puts the tail on the host (the verdict healthy, or every bad tail e
 `host_contended`, nothing failed, the output whole).
 
 `--keep DIR` keeps every run's result JSON there (`DIR/SERVER_PROTOCOL_LENGTH_HOST_RUN.json`),
-the evidence behind each count: `cadence report` reads it.
+the evidence behind each count: `cadence report` reads it. `--reread DIR ...` benches nothing:
+it reads those runs again with the rules of the day (their diagnosis and verdict made anew from
+the same records and measurements) and counts them as a measured matrix does.
 
 `--quick` is the CI subset: synthetic 5 ms steps, 1 and 2 workers, gRPC and SSE, short
 outputs, quiet host (tests/integration/test_false_alarms.py). The table prints per rule the
@@ -59,6 +62,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
+from msgspec import UNSET
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -395,6 +401,32 @@ def measure(server: Server, args: argparse.Namespace, tmp: Path) -> list[dict]:
     return records
 
 
+def reread(folders: list[Path]) -> list[dict]:
+    """Every run kept in `folders` (--keep) read again with the rules of the day: its
+    diagnosis and verdict made anew from the same records and measurements
+    (`cadence.lab.bench.judged`), its record as `measure` makes it."""
+    from cadence.lab.bench import judged
+    from cadence.lab.report.run import decode_result
+
+    records = []
+    for path in sorted(p for folder in folders for p in folder.glob("*.json")):
+        server, protocol, length, kind, run = path.stem.rsplit("_", 4)
+        result, _ = decode_result(json.loads(path.read_text()))
+        result.diagnosis, result.verdict = [], UNSET
+        kept = json.loads(msgspec.json.encode(judged(result)))
+        records.append(
+            {
+                "server": server.replace("-", " "),
+                "protocol": protocol,
+                "length": length,
+                "host": kind,
+                "run": int(run),
+                **run_record(kept),
+            }
+        )
+    return records
+
+
 def _keep(
     run: Path, folder: Path, server: str, protocol: str, length: str, kind: str, number: int
 ) -> None:
@@ -553,6 +585,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--keep", default="", help="a folder to keep every run's result JSON in (its evidence)"
     )
+    parser.add_argument(
+        "--reread",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="bench nothing: read the runs kept in these folders (--keep) again with the "
+        "rules of the day, and count as a measured matrix does",
+    )
     args = parser.parse_args(argv)
     chosen = servers(Path(args.venvs))
     if args.quick:
@@ -560,17 +600,17 @@ def main(argv: list[str] | None = None) -> dict:
         args.lengths, args.hosts = ["short"], ["quiet"]
     if args.only:
         chosen = [s for s in chosen if any(o in s.name for o in args.only)]
-    planned = sum(len(cells(s, args)) for s in chosen) * args.runs
+    planned = 0 if args.reread else sum(len(cells(s, args)) for s in chosen) * args.runs
     print(
         f"{len(chosen)} servers, {planned} runs (about {planned * 5 / 60:.0f} min)",
         file=sys.stderr,
         flush=True,
     )
     started = time.monotonic()
-    records: list[dict] = []
+    records: list[dict] = reread([Path(d) for d in args.reread]) if args.reread else []
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for server in chosen:
+        for server in [] if args.reread else chosen:
             try:
                 records += measure(server, args, Path(tmp))
             except RuntimeError as e:

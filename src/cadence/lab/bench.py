@@ -189,7 +189,7 @@ def run_bench(
     result = _analyse(plan, run, slo, traces)
     if baseline:
         result.baseline, result.overhead_ms = _baseline(plan.address, workload, result)
-    return _report(result)
+    return judged(result)
 
 
 @dataclass(frozen=True)
@@ -377,8 +377,9 @@ def _analyse(
     return result
 
 
-def _report(result: results.BenchResult) -> results.BenchResult:
-    """The run's diagnosis and verdict, written into its result."""
+def judged(result: results.BenchResult) -> results.BenchResult:
+    """The run's diagnosis and verdict, written into its result (made anew: a kept result read
+    again with the rules of the day, `benchmarks/false_alarms.py --reread`)."""
     facts = RunFacts(result)
     result.diagnosis = diagnose(result, facts)
     tables = dependence_tables(facts)
