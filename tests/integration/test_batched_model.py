@@ -368,6 +368,23 @@ def test_text_pieces_count_one_output_each_on_every_protocol(importable_models, 
 
 @pytest.mark.slow
 @pytest.mark.torch
+def test_text_pieces_count_one_output_each_with_two_fronts(importable_models) -> None:
+    """With `--fronts 2` each front gets its part of a step: a piece is still one output on
+    either front, for streams owned by both."""
+    server = start_server("--engine", f"{MODELS}:PieceModel", "--devices", "cpu:1", "--fronts", "2")
+    expected = "".join(f"wörd{i} " for i in range(12))
+    try:
+        for _ in range(6):  # connections spread over both fronts
+            with Client(server.target) as client:
+                chunks = list(client.generate("hi", max_tokens=12))
+            positions = [c.outputs or len(c.token_ids) for c in chunks]
+            assert sum(positions) == 12 and chunks[-1].finish_reason == pb.FINISH_REASON_LENGTH
+            assert [c.index for c in chunks] == [sum(positions[:i]) for i in range(len(chunks))]
+            assert "".join(c.text for c in chunks) == expected
+    finally:
+        server.stop()
+
+
 def test_tensor_parallel_ranks_step_together(importable_models) -> None:
     pytest.importorskip("torch", reason="the torch extra: pip install 'cadence[torch]'")
     server = start_server("--engine", f"{MODELS}:GroupModel", "--devices", "cpu:2", "--tp", "2")

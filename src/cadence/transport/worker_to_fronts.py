@@ -166,6 +166,9 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
         prompt_lens[seq_id % fronts][seq_id] = count
     for seq_id, count in message.cached_tokens.items():
         cached[seq_id % fronts][seq_id] = count
+    imported: list[list[int]] = [[] for _ in range(fronts)]
+    for seq_id in message.imported:
+        imported[seq_id % fronts].append(seq_id)
     return [
         StepOutput(
             message.worker,
@@ -181,9 +184,11 @@ def split_step(message: StepOutput, fronts: int) -> list[StepOutput | None]:
             prompt_lens[f],
             message.kv_cache_usage,
             cached[f],
+            piece_outputs=message.piece_outputs,
+            imported=imported[f],
             cpu_wait_ns=message.cpu_wait_ns,
         )
-        if seq_ids[f] or finished[f] or prompt_lens[f]
+        if seq_ids[f] or finished[f] or prompt_lens[f] or imported[f]
         else None
         for f in range(fronts)
     ]

@@ -40,6 +40,36 @@ def test_split_step_keeps_pieces_and_texts_and_skips_idle_fronts() -> None:
     assert (one.token_ids, one.token_counts, one.texts) == ([65], [1], ["A"])
 
 
+def test_split_step_keeps_what_each_piece_counts_for_and_the_hand_offs_done() -> None:
+    """A batched model's text pieces are one output each, however many tokens: each front's
+    part says so too (else its front counts every token as an output); a decode worker's
+    imported sequences go to their owners."""
+    pieces = StepOutput(
+        0,
+        1,
+        0,
+        1,
+        [1, 2],
+        [65, 66, 67],
+        [],
+        [],
+        token_counts=[1, 2],
+        texts=["A", "BC"],
+        piece_outputs=True,
+        imported=[2, 5],
+        cpu_wait_ns=7,
+    )
+    zero, one = split_step(pieces, 2)
+    assert zero.piece_outputs and one.piece_outputs
+    assert (zero.imported, one.imported) == ([2], [5])
+    assert zero.cpu_wait_ns == one.cpu_wait_ns == 7
+    only_imports = StepOutput(0, 1, 0, 1, [], [], [], [], imported=[3])
+    assert split_step(only_imports, 2) == [
+        None,
+        StepOutput(0, 1, 0, 1, [], [], [], [], imported=[3]),
+    ]
+
+
 def test_step_pieces_reads_every_layout() -> None:
     one = StepOutput(0, 1, 0, 1, [4, 5], [65, 66], [], [])
     assert list(step_pieces(one)) == [(4, 65, None), (5, 66, None)]  # a bare token each
