@@ -208,10 +208,8 @@ def judge(
     bad = [t for t in judged if t.state == "bad"]
     if problems or any(not _the_clients(t) for t in bad):
         state = "unhealthy"
-    elif bad:
-        state = "inconclusive"
-    elif not judged or any(t.state == "not_judged" for t in judged):
-        state = "inconclusive"
+    elif bad or not judged or any(t.state == "not_judged" for t in judged):
+        state = "inconclusive"  # the client's tails, or one not judged
     else:
         state = "healthy"
     verdict = Verdict(state=state, tails=judged, problems=problems)

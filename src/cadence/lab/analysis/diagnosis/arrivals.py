@@ -5,12 +5,11 @@ others' tokens; `signatures.ArrivalStalls`)."""
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.coincidence import recognised
+from cadence.lab.analysis.diagnosis.coincidence import bad_tails, recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts
 from cadence.lab.analysis.diagnosis.names import RULE_ARRIVALS_STALL_STREAMS
 from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.analysis.diagnosis.signatures import ArrivalStalls
-from cadence.lab.analysis.diagnosis.threads import bad_tails
 from cadence.lab.results import Finding
 
 ARRIVALS_MIN_SHARE = 0.2

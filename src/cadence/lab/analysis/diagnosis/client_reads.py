@@ -4,12 +4,11 @@ the lab's, not the server's; `signatures.ClientStalls`)."""
 
 from __future__ import annotations
 
-from cadence.lab.analysis.diagnosis.coincidence import recognised
+from cadence.lab.analysis.diagnosis.coincidence import bad_tails, recognised
 from cadence.lab.analysis.diagnosis.facts import RunFacts, rounded
 from cadence.lab.analysis.diagnosis.names import RULE_CLIENT_READ_LATE
 from cadence.lab.analysis.diagnosis.rule import Rule
 from cadence.lab.analysis.diagnosis.signatures import ClientStalls
-from cadence.lab.analysis.diagnosis.threads import bad_tails
 from cadence.lab.results import Finding
 
 CLIENT_LATE_MIN_SHARE = 0.2

@@ -8,8 +8,9 @@ then the streams that joined at that instant, then the engine's own slow step wh
 server's timing shows it, then a silence of every stream, then a slower subset, then a
 timer among what is left (at any position: gaps at the positions of a period of the stream,
 `dependence`, are where the stream is, not a clock), then the lab's own client where its loop
-ran late as the gap ended, then requests sent inside the gap where the slow gaps left hold
-sends beyond chance (arrivals the server's handling of held the streams), then, on a host other work filled, the host's late wake-ups, up to
+ran late as the gap ended, then new requests sent inside the gap where the slow gaps left
+hold the run's sends beyond chance (the server's handling of new calls held the running
+streams), then, on a host other work filled, the host's late wake-ups, up to
 what they can add). A slow first output is claimed by its step's measured wait for a CPU and
 the same instants, then by a fixed first cost, then by the request's own size where the first
 outputs follow it (`dependence`: a prefill, a scheduler that orders by length), then by a
@@ -46,6 +47,8 @@ from cadence.lab.analysis.diagnosis.signatures import (
     StepsWaitedForCpu,
     WaitsForSlot,
 )
+from cadence.lab.analysis.tail_bound import tails
+from cadence.lab.results import TailVerdict
 
 S = TypeVar("S", bound=Signature)
 
@@ -248,6 +251,18 @@ def attribution(facts: RunFacts) -> Attribution | None:
             Attribution(reads, facts) if reads is not None and reads.usable else None
         )
     return _attributions[facts]
+
+
+def judged_tails(facts: RunFacts) -> list[TailVerdict]:
+    """The run's tails as the verdict judges them, by the same bounds (`tail_bound.tails`)."""
+    tail = attribution(facts)
+    return tails(facts.result, tail.reads.typical_ms if tail is not None else None)
+
+
+def bad_tails(facts: RunFacts) -> list[str]:
+    """The tails the verdict judges bad ("itl_ms", "ttft_ms"): a rule that explains a tail
+    speaks only of one the verdict calls bad."""
+    return [t.metric for t in judged_tails(facts) if t.state == "bad"]
 
 
 def recognised(

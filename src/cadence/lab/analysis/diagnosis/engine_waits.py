@@ -57,6 +57,18 @@ def _slow_by(ms: float, typical_ms: float) -> float:
     return ms - typical_ms if ms > SLOW_GAP_RATIO * typical_ms + SLOW_GAP_MS else 0.0
 
 
+def _admitting(reads: Reads, within_ns: float) -> list[tuple[int, float]]:
+    """Without the server's timing, the admitting steps the streams already receiving show:
+    (end, ms beyond the stream's own pace) of each slow gap that ends within `within_ns` of
+    another stream's first output, in time order."""
+    found = []
+    for g in reads.gaps:
+        over = _slow_by(g.ms, g.tokens * (g.stream.speed_ms or reads.typical_ms))
+        if over and reads.joined_at(g.t1, within_ns, g.stream.number)[0]:
+            found.append((g.t1, over))
+    return sorted(found)
+
+
 def engine_waits(
     reads: Reads, typical_step_ms: float | None, admitting_within_ns: float | None
 ) -> dict[int, float]:
@@ -81,12 +93,9 @@ def engine_waits(
         return out
     if admitting_within_ns is None:
         return {}
-    spans = []
-    for g in reads.gaps:
-        over = _slow_by(g.ms, g.tokens * (g.stream.speed_ms or reads.typical_ms))
-        if over and reads.joined_at(g.t1, admitting_within_ns, g.stream.number)[0]:
-            spans.append((g.t1 - over * NS_PER_MS, float(g.t1)))
-    stalls_seen = Stalls(spans)
+    stalls_seen = Stalls(
+        [(end - ms * NS_PER_MS, float(end)) for end, ms in _admitting(reads, admitting_within_ns)]
+    )
     return {s.number: stalls_seen.within_ms(s.start_ns, s.first_ns) for s in reads.streams}
 
 
@@ -124,12 +133,7 @@ def prefill_waits(reads: Reads, admitting_within_ns: float) -> dict[int, float]:
             step = (r.chunk_workers()[0], r.t_step_end_ns[0])
             waits[n] = (step[0], r.t_received_ns, step[1], over[step], taken_in[step])
     else:
-        ends: list[tuple[int, float]] = []
-        for g in reads.gaps:
-            ms = _slow_by(g.ms, g.tokens * (g.stream.speed_ms or reads.typical_ms))
-            if ms and reads.joined_at(g.t1, admitting_within_ns, g.stream.number)[0]:
-                ends.append((g.t1, ms))
-        ends.sort()
+        ends = _admitting(reads, admitting_within_ns)
         spans[0] = [(end - ms * NS_PER_MS, end) for end, ms in ends]
         for s in reads.streams:
             # Its own step ended where the other streams' slow gaps ended at its first output.

@@ -58,7 +58,6 @@ class StreamReads:
         "number",
         "per_token_ms",
         "prefilled_ms",
-        "process",
         "prompt_tokens",
         "record",
         "start_ns",
@@ -76,8 +75,6 @@ class StreamReads:
         self.end_ns = record.arrival_ns[-1]
         self.prompt_tokens = record.prompt_tokens
         self.worker = record.worker
-        self.process = record.process
-        """The load process that read it (`client.loop_stalls` are per process)."""
         self.times: list[int] = []
         """Each read's arrival (its first output's stamp)."""
         self.tokens: list[int] = []
@@ -132,6 +129,11 @@ class StreamReads:
             if self.tokens[j]
         ]
         """Each gap divided by the tokens of the read that ends it."""
+
+    @property
+    def process(self) -> int:
+        """The load process that read it (`client.loop_stalls` are per process)."""
+        return self.record.process
 
     @property
     def speed_ms(self) -> float | None:

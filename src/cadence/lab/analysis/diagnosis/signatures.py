@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import itertools
 import statistics
 from collections.abc import Sequence
@@ -214,9 +215,13 @@ class PrefillStalls(Signature):
         self.per_stream = per_stream
         self.per_token = per_token
         self.evidence = evidence
-        self.waits = prefill_waits(reads, self.window)
+
+    @functools.cached_property
+    def waits(self) -> dict[int, float]:
         """Stream number → how long the engine ran other streams' prefills while it waited
-        for its first output (ms, `engine_waits.prefill_waits`)."""
+        for its first output (ms, `engine_waits.prefill_waits`); read once a first output is
+        claimed (`BurstSpread` detects this signature only to know whether it holds)."""
+        return prefill_waits(self.reads, self.window)
 
     @classmethod
     def detect(cls, reads: Reads, facts: RunFacts) -> PrefillStalls | None:
@@ -385,7 +390,6 @@ class SlowSteps(Signature):
 
     def __init__(self, gaps: EngineGaps, evidence: dict, host_late_ms: float = 0.0) -> None:
         self.gaps = gaps
-        self.typical = gaps.typical
         self.evidence = evidence
         self.host_late_ms = host_late_ms
 
@@ -422,13 +426,11 @@ class SlowSteps(Signature):
         """How much longer than its worker's typical the slow steps under the slow gaps
         `slow` took, together, by worker (ms): each step once, however many streams' gaps it
         made (a batch's step ends every stream's gap at once)."""
-        steps: dict[int, dict[int, float]] = {}
-        for gap in slow:
-            late = self.gaps.late_ms(gap)
-            if late is None or self.claim_gap(gap, gap.excess_ms) <= 0:
-                continue
-            steps.setdefault(gap.stream.worker, {})[gap.stream.step_ends[gap.read]] = late
-        return {worker: sum(by_end.values()) for worker, by_end in steps.items()}
+        claimed = [gap for gap in slow if self.claim_gap(gap, gap.excess_ms) > 0]
+        return {
+            worker: sum(late for late, _ in by_end.values())
+            for worker, by_end in self.gaps.slow_steps(claimed).items()
+        }
 
 
 class StepsWaitedForCpu(Signature):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from cadence.lab.analysis.diagnosis.coincidence import attribution
+from cadence.lab.analysis.diagnosis.coincidence import bad_tails, judged_tails
 from cadence.lab.analysis.diagnosis.facts import Contention, RunFacts, rounded
 from cadence.lab.analysis.diagnosis.host import BUSY_CPU_PCT
 from cadence.lab.analysis.diagnosis.names import (
@@ -26,8 +26,7 @@ from cadence.lab.analysis.diagnosis.names import (
     RULE_SERVER_THREADS_WAIT_FOR_CPU,
 )
 from cadence.lab.analysis.diagnosis.rule import GiveWay, Rule
-from cadence.lab.analysis.tail_bound import tails
-from cadence.lab.results import ALARM, INFORMATION, Finding, ServerProcessThreads, TailVerdict
+from cadence.lab.results import ALARM, INFORMATION, Finding, ServerProcessThreads
 
 ONE_CORE_CEILING_PCT = 115.0
 """A process above this much of one core runs on several at once: not held to one."""
@@ -255,17 +254,6 @@ def server_threads_wait_for_cpu(facts: RunFacts) -> list[Finding]:
             severity=INFORMATION if held else ALARM,
         )
     ]
-
-
-def judged_tails(facts: RunFacts) -> list[TailVerdict]:
-    """The run's tails as the verdict judges them, by the same bounds (`tail_bound.tails`)."""
-    tail = attribution(facts)
-    return tails(facts.result, tail.reads.typical_ms if tail is not None else None)
-
-
-def bad_tails(facts: RunFacts) -> list[str]:
-    """The tails the verdict judges bad ("itl_ms", "ttft_ms")."""
-    return [t.metric for t in judged_tails(facts) if t.state == "bad"]
 
 
 def _named(facts: RunFacts, process: ServerProcessThreads) -> str:
